@@ -1,0 +1,222 @@
+/* tern — public C API: models, sessions, session state, sampling.
+ *
+ * Conventions (STYLE.md):
+ * - Fallible calls return enum tern_status (0 = ok, negative = error); on error
+ *   tern_last_error() gives a message naming the bad value and the limit.
+ * - Opaque handles; every constructor has a free function; free(NULL) is a no-op.
+ * - Library code never prints to stdout and never exits; it logs through a hook.
+ *
+ * The state model is DESIGN.md §3: a session is a model state plus the exact token
+ * sequence T[0..n) it has consumed. Attention layers keep KV rows [0, n) and can be
+ * rewound to any p <= n. Recurrent layers (Gated DeltaNet) are valid only at n; a
+ * checkpoint copies them so that a session can later be restored to that position.
+ * Every computation is independent of chunking and thread count (DESIGN.md §5), so a
+ * resumed session is bit-identical to a cold one over the same tokens. */
+#ifndef TERN_H
+#define TERN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status and errors ------------------------------------------------------------ */
+
+enum tern_status {
+    TERN_OK = 0,
+    TERN_ERR_NOMEM = -1,       /* an allocation failed */
+    TERN_ERR_IO = -2,          /* a file could not be opened, read or mapped */
+    TERN_ERR_FORMAT = -3,      /* malformed input: GGUF, JSON, token ids ... */
+    TERN_ERR_UNSUPPORTED = -4, /* well-formed but not supported (arch, type, version) */
+    TERN_ERR_INVALID = -5,     /* an invalid argument or request */
+    TERN_ERR_RANGE = -6,       /* a value out of range, e.g. a prompt longer than the context */
+    TERN_ERR_STATE = -7,       /* not valid in this state, e.g. rewinding a hybrid session */
+    TERN_ERR_CANCELLED = -8,   /* stopped by a cancel flag or callback */
+    TERN_ERR_TEMPLATE = -9,    /* a chat template failed to parse or render */
+    TERN_ERR_LIMIT = -10,      /* a configured limit (size, depth, iterations) was hit */
+    TERN_ERR_INTERNAL = -11,   /* a bug */
+};
+
+const char *tern_status_str(enum tern_status st);
+/* The calling thread's message for the last error (never NULL). */
+const char *tern_last_error(void);
+
+/* ---- logging ---------------------------------------------------------------------- */
+
+enum tern_log_level { TERN_LOG_ERROR = 0, TERN_LOG_WARN = 1, TERN_LOG_INFO = 2, TERN_LOG_DEBUG = 3 };
+typedef void (*tern_log_hook)(enum tern_log_level level, const char *msg, void *user);
+/* NULL restores the default hook (stderr). */
+void tern_log_set_hook(tern_log_hook hook, void *user);
+void tern_log_set_level(enum tern_log_level level);
+
+/* ---- models ----------------------------------------------------------------------- */
+
+struct tern_model;
+struct tern_tokenizer; /* src/tokenizer/tokenizer.h */
+
+struct tern_model_params {
+    const char *path;  /* GGUF file */
+    bool no_mmap;      /* read the weights into anonymous memory instead of mapping */
+    bool mlock;        /* pin the weights in memory */
+    int n_threads;     /* compute threads; 0 = number of online cores */
+};
+
+void tern_model_params_default(struct tern_model_params *p);
+/* Loads a model. Weights are used in place from the mapping (no dequantization at
+ * load). On error *out is NULL. */
+enum tern_status tern_model_load(const struct tern_model_params *p, struct tern_model **out);
+void tern_model_free(struct tern_model *m);
+
+struct tern_model_info {
+    const char *arch;           /* "llama", "qwen2", "qwen3", "qwen35" */
+    const char *name;           /* general.name, or the file name */
+    uint32_t n_vocab;
+    uint32_t n_ctx_train;
+    uint32_t n_embd;
+    uint32_t n_layer;
+    uint32_t n_attn_layers;      /* layers with a KV cache */
+    uint32_t n_recurrent_layers; /* layers with recurrent state (0 for attention-only) */
+    bool hybrid;                 /* n_recurrent_layers > 0: rewinding needs checkpoints */
+    uint64_t n_params;
+    uint64_t weight_bytes;       /* bytes of all tensors, as read per decoded token */
+    size_t kv_bytes_per_token_f16; /* KV bytes per position, F16 cache */
+    size_t recurrent_bytes;      /* bytes of the recurrent state (= a checkpoint's payload) */
+    int n_threads;
+};
+
+const struct tern_model_info *tern_model_info(const struct tern_model *m);
+/* The model's tokenizer (owned by the model). */
+const struct tern_tokenizer *tern_model_tokenizer(const struct tern_model *m);
+/* tokenizer.chat_template, or NULL when the file has none. Owned by the model. */
+const char *tern_model_chat_template(const struct tern_model *m);
+
+/* ---- sessions --------------------------------------------------------------------- */
+
+struct tern_session;
+struct tern_checkpoint;
+
+enum tern_kv_type { TERN_KV_F16 = 0, TERN_KV_F32 = 1 };
+
+struct tern_session_params {
+    uint32_t n_ctx;    /* 0 = min(model context, 32768) */
+    enum tern_kv_type kv_type;
+    uint32_t n_chunk;  /* tokens per priming chunk; 0 = 512 */
+};
+
+void tern_session_params_default(struct tern_session_params *p);
+/* KV memory grows with use (it is not reserved for n_ctx up front). */
+enum tern_status tern_session_new(struct tern_model *m, const struct tern_session_params *p,
+                                  struct tern_session **out);
+void tern_session_free(struct tern_session *s);
+
+struct tern_model *tern_session_model(const struct tern_session *s);
+uint32_t tern_session_n_ctx(const struct tern_session *s);
+/* Number of consumed tokens n, and the tokens T[0..n). */
+uint32_t tern_session_n_past(const struct tern_session *s);
+const int32_t *tern_session_tokens(const struct tern_session *s);
+/* Bytes of memory the session holds (KV rows, recurrent state, scratch). */
+size_t tern_session_bytes(const struct tern_session *s);
+
+/* Called when evaluation reaches a checkpoint position; takes ownership of ckpt. */
+typedef void (*tern_ckpt_cb)(void *user, struct tern_checkpoint *ckpt);
+/* Called after every chunk with tokens done so far; a nonzero return cancels. */
+typedef int (*tern_progress_cb)(void *user, size_t done, size_t total);
+
+struct tern_eval_opts {
+    uint32_t n_chunk;              /* 0 = the session's */
+    float *logits_all;             /* if set: [n][n_vocab] logits of every evaluated token */
+    const volatile int *cancel;    /* checked between chunks: nonzero stops */
+    tern_progress_cb progress;
+    void *user;                    /* passed to progress and on_ckpt */
+    /* Checkpoint positions, ascending, each in (n_past, n_past + n]: a checkpoint of
+     * the state after consuming T[0..p) is taken before token p is consumed (p ==
+     * n_past + n means after the last one). Priming splits chunks at these positions;
+     * results do not depend on it. */
+    const uint32_t *ckpt_pos;
+    size_t n_ckpt;
+    tern_ckpt_cb on_ckpt;
+};
+
+/* Consumes toks[0..n) in chunks. The logits after the last token are then available
+ * from tern_session_logits().
+ * Errors: TERN_ERR_RANGE when n_past + n exceeds n_ctx (checked before anything is
+ * computed: the session is unchanged; the message has both numbers); TERN_ERR_FORMAT
+ * for a token id outside the vocabulary (unchanged); TERN_ERR_CANCELLED when cancelled
+ * (the session has consumed a prefix ending at a chunk boundary: see n_past, and it
+ * is consistent and usable). */
+enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, size_t n,
+                                   const struct tern_eval_opts *opts);
+/* Logits [n_vocab] after the last consumed token; NULL when none (n_past == 0, or
+ * after a rewind/restore until the next eval). */
+const float *tern_session_logits(const struct tern_session *s);
+
+/* Rewinds to position p <= n_past. Attention-only models: always possible. Hybrid
+ * models: only p == n_past; otherwise TERN_ERR_STATE saying a checkpoint is needed (the
+ * session is unchanged). */
+enum tern_status tern_session_rewind(struct tern_session *s, uint32_t p);
+
+/* Takes a checkpoint at the current position n_past: a copy of every non-positional
+ * part of the state (conv windows, recurrent matrices) plus the position and a hash of
+ * T[0..n). For attention-only models it holds only the position. */
+enum tern_status tern_session_checkpoint(struct tern_session *s, struct tern_checkpoint **out);
+/* Restores a checkpoint taken from this session's lineage: requires pos <= n_past and
+ * the session's tokens T[0..pos) to hash as the checkpoint's (else TERN_ERR_STATE, the
+ * session unchanged). Copies the recurrent parts back and sets every attention layer's
+ * length to pos. */
+enum tern_status tern_session_restore(struct tern_session *s, const struct tern_checkpoint *c);
+uint32_t tern_checkpoint_pos(const struct tern_checkpoint *c);
+size_t tern_checkpoint_bytes(const struct tern_checkpoint *c);
+void tern_checkpoint_free(struct tern_checkpoint *c);
+
+/* A new session holding src's state at position p: KV rows [0, p) copied, recurrent
+ * parts from src (p == n_past) or from ckpt (ckpt pos == p, taken from src's lineage).
+ * Hybrid with p < n_past and no matching checkpoint: TERN_ERR_STATE. */
+enum tern_status tern_session_fork(const struct tern_session *src, uint32_t p,
+                                   const struct tern_checkpoint *ckpt, struct tern_session **out);
+
+/* ---- state hashes (DESIGN.md §5, TERN_STATE_HASH=1) ------------------------------- */
+
+struct tern_hash_component {
+    char name[48];  /* "blk.3.k", "blk.3.v", "blk.0.conv", "blk.0.ssm", "tokens" */
+    uint64_t hash;  /* xxh3-64 of the component's bytes ([0, n) rows for KV) */
+};
+
+/* Fills up to cap components and returns how many there are in total. */
+size_t tern_session_hash_components(const struct tern_session *s, struct tern_hash_component *out,
+                                    size_t cap);
+/* One hash over every component, in order. */
+uint64_t tern_session_hash(const struct tern_session *s);
+
+/* ---- sampling --------------------------------------------------------------------- */
+
+struct tern_sampler;
+
+struct tern_sampler_params {
+    float temperature;       /* <= 0: greedy (argmax, ties -> lowest id) */
+    int32_t top_k;           /* <= 0: off */
+    float top_p;             /* >= 1: off */
+    float min_p;             /* <= 0: off */
+    float repeat_penalty;    /* 1: off */
+    int32_t repeat_last_n;   /* window for the penalties; 0 = the whole history */
+    float presence_penalty;  /* 0: off */
+    float frequency_penalty; /* 0: off */
+    uint64_t seed;
+};
+
+void tern_sampler_params_default(struct tern_sampler_params *p);
+enum tern_status tern_sampler_new(const struct tern_sampler_params *p, uint32_t n_vocab,
+                                  struct tern_sampler **out);
+void tern_sampler_free(struct tern_sampler *s);
+/* Picks the next token from logits [n_vocab]; history is the generated (and, for the
+ * repetition penalty, prompt) tokens the penalties look at. */
+int32_t tern_sampler_sample(struct tern_sampler *s, const float *logits, const int32_t *history,
+                            size_t n_history);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

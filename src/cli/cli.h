@@ -1,0 +1,53 @@
+/* The `tern` command line: one file per command (cmd-NAME.c), each registering itself
+ * with TERN_COMMAND so that commands can be added without touching a shared table.
+ *
+ * Conventions: GNU-style long options (getopt_long); `tern CMD --help` prints usage
+ * to stdout and exits 0; a usage error prints one line "tern CMD: reason" (plus a hint
+ * to use --help) to stderr and exits 2; other failures exit 1 with the error message. */
+#ifndef TERN_CLI_H
+#define TERN_CLI_H
+
+#include "tern.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+
+typedef int (*cli_main_fn)(int argc, char **argv);
+
+struct cli_command {
+    const char *name;
+    const char *summary; /* one line for `tern --help` */
+    cli_main_fn main;
+};
+
+void cli_register(const struct cli_command *cmd);
+
+#define TERN_COMMAND(cname, summary_, fn)                                                   \
+    static const struct cli_command cli_cmd_##fn = {cname, summary_, fn};                  \
+    __attribute__((constructor)) static void cli_register_##fn(void) { cli_register(&cli_cmd_##fn); }
+
+/* Prints "tern <cmd>: <reason>" and a --help hint to stderr; returns 2 (exit status). */
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prints "tern <cmd>: <message>" to stderr; returns 1. */
+int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Strict number parsing for option values: false on junk, overflow or out of range. */
+bool cli_parse_int(const char *s, long min, long max, long *out);
+bool cli_parse_float(const char *s, double min, double max, double *out);
+
+
+/* `tern bench <what>`: benchmarks register themselves the same way. `tern bench` with
+ * no subcommand (or options first) runs the one registered as "model". */
+struct cli_bench {
+    const char *name;
+    const char *summary;
+    cli_main_fn main;
+};
+void cli_register_bench(const struct cli_bench *b);
+#define TERN_BENCH(bname, summary_, fn)                                                      \
+    static const struct cli_bench cli_bench_##fn = {bname, summary_, fn};                   \
+    __attribute__((constructor)) static void cli_register_bench_##fn(void) {                \
+        cli_register_bench(&cli_bench_##fn);                                                \
+    }
+
+#endif

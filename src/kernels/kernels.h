@@ -1,0 +1,59 @@
+/* Matrix kernels: weight rows of any supported type times activation rows.
+ *
+ * Exactness contract (DESIGN.md §5): every output element y[t][r] is a pure function
+ * of (weight row r, activation row t, k, the ISA chosen at start-up). It does not
+ * depend on n_tok, on r0/r1, or on where row t sits in the batch: each dot product
+ * reduces over k in one fixed order. Threads split rows r (callers do that), never k.
+ * The matrix-matrix path and the matrix-vector path (n_tok == 1) therefore give
+ * bit-identical results, which is what makes a resumed session equal a cold one.
+ *
+ * Activations are prepared once per row for the weight type's activation format
+ * (F32 for float weights; Q8_0 blocks for the 32-element quants; Q8_K blocks for the
+ * K-quants), as ggml does; quantizing an activation row is per token, so it is also
+ * independent of batching. */
+#ifndef TERN_KERNELS_H
+#define TERN_KERNELS_H
+
+#include "util/dtype.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum tern_isa { TERN_ISA_PORTABLE = 0, TERN_ISA_AVX2 = 1 };
+
+/* Chooses the ISA once (CPUID; the environment variable TERN_ISA=portable forces the
+ * portable kernels). Safe to call from many threads; every entry point calls it. */
+void tern_kernels_init(void);
+enum tern_isa tern_kernels_isa(void);
+const char *tern_isa_name(enum tern_isa isa);
+/* For tests and benchmarks: force an ISA (false if the CPU lacks it). Not thread-safe
+ * with respect to running kernels. */
+bool tern_kernels_set_isa(enum tern_isa isa);
+
+/* Whether weights of this type can be multiplied (dtype supported flag). */
+bool tern_matmul_supported(enum tern_dtype wtype);
+/* Row length granularity the type needs (its block size). */
+uint32_t tern_matmul_k_multiple(enum tern_dtype wtype);
+
+/* Activation format for a weight type, and the bytes of one prepared row of k. */
+enum tern_dtype tern_act_type(enum tern_dtype wtype);
+size_t tern_act_row_bytes(enum tern_dtype wtype, size_t k);
+/* Prepares one activation row x[k] for weights of type wtype. */
+void tern_act_prepare(enum tern_dtype wtype, const float *x, void *out, size_t k);
+
+/* y[t * ldy + r] = dot(w row r, act row t) for r in [r0, r1), t in [0, n_tok).
+ * w: rows of k elements of type wtype, row r at w + r * w_row_bytes.
+ * act: n_tok prepared rows, row t at act + t * act_row_bytes. */
+void tern_matmul(enum tern_dtype wtype, const void *w, size_t w_row_bytes, size_t k,
+                 const void *act, size_t act_row_bytes, size_t n_tok, float *y, size_t ldy,
+                 size_t r0, size_t r1);
+
+/* Dequantizes / quantizes one row of k elements (portable reference; used for
+ * embeddings lookups, tests and the model generator). tern_quantize_row returns false
+ * for types without a quantizer. */
+void tern_dequantize_row(enum tern_dtype type, const void *src, float *dst, size_t k);
+bool tern_quantize_row(enum tern_dtype type, const float *src, void *dst, size_t k);
+bool tern_quantize_supported(enum tern_dtype type);
+
+#endif

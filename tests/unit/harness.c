@@ -1,0 +1,98 @@
+#include "harness.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+const char *th_shared_dir(void) {
+    static char dir[4096];
+    const char *e = getenv("TERN_SHARED_DIR");
+    if (!e || !*e) e = "../shared";
+    struct stat st;
+    if (stat(e, &st) != 0 || !S_ISDIR(st.st_mode)) return NULL;
+    snprintf(dir, sizeof dir, "%s", e);
+    return dir;
+}
+
+const char *th_shared_path(const char *rel) {
+    static char path[4096];
+    const char *d = th_shared_dir();
+    if (!d) return NULL;
+    snprintf(path, sizeof path, "%s/%s", d, rel);
+    return path;
+}
+
+void th_require_shared(const char *rel) {
+    const char *d = th_shared_dir();
+    if (!d) {
+        printf("SKIP: the shared data kit (../shared, or $TERN_SHARED_DIR) is absent; "
+               "this test needs it\n");
+        exit(77);
+    }
+    if (rel) {
+        const char *p = th_shared_path(rel);
+        struct stat st;
+        if (stat(p, &st) != 0) {
+            printf("SKIP: %s is absent from the shared data kit\n", p);
+            exit(77);
+        }
+    }
+}
+
+static char tmpdir_path[256];
+
+static void rm_tmpdir(void) {
+    if (tmpdir_path[0]) {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir_path);
+        if (system(cmd) != 0) { /* best effort */ }
+    }
+}
+
+const char *th_tmpdir(void) {
+    if (!tmpdir_path[0]) {
+        snprintf(tmpdir_path, sizeof tmpdir_path, "/tmp/tern-test-XXXXXX");
+        if (!mkdtemp(tmpdir_path)) {
+            perror("mkdtemp");
+            abort();
+        }
+        atexit(rm_tmpdir);
+    }
+    return tmpdir_path;
+}
+
+char *th_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    if (fseek(f, 0, SEEK_END) != 0) {
+        fclose(f);
+        return NULL;
+    }
+    long n = ftell(f);
+    if (n < 0) {
+        fclose(f);
+        return NULL;
+    }
+    rewind(f);
+    char *buf = malloc((size_t)n + 1);
+    if (!buf) {
+        fclose(f);
+        return NULL;
+    }
+    size_t got = fread(buf, 1, (size_t)n, f);
+    fclose(f);
+    if (got != (size_t)n) {
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    if (len) *len = (size_t)n;
+    return buf;
+}
+
+const char *th_tern_bin(void) {
+    const char *e = getenv("TERN_BIN");
+    return e && *e ? e : "./tern";
+}

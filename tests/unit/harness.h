@@ -1,0 +1,25 @@
+/* Shared helpers for unit tests (linked into every cmocka test binary). */
+#ifndef TERN_TEST_HARNESS_H
+#define TERN_TEST_HARNESS_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+/* The shared data kit (../shared), or NULL when absent. */
+const char *th_shared_dir(void);
+/* "<shared>/<rel>" in a static buffer (valid until the next call); NULL if no kit. */
+const char *th_shared_path(const char *rel);
+/* Exits the test binary with status 77 (ctest: skipped) and a clear message when the
+ * shared kit (or the given file in it) is absent. */
+void th_require_shared(const char *rel);
+/* A fresh private temporary directory (removed at exit). */
+const char *th_tmpdir(void);
+/* Reads a whole file (caller frees); NULL on error. */
+char *th_read_file(const char *path, size_t *len);
+/* The built tern executable (TERN_BIN), for tests that drive the CLI. */
+const char *th_tern_bin(void);
+
+#endif

@@ -1,0 +1,97 @@
+/* util: status messages, buffers, checked arithmetic, dtype table, fp16/bf16. */
+#include "harness.h"
+
+#include "util/buf.h"
+#include "util/dtype.h"
+#include "util/fp16.h"
+#include "util/mem.h"
+#include "util/status.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void test_errorf_keeps_message(void **state) {
+    (void)state;
+    enum tern_status st = tern_errorf(TERN_ERR_RANGE, "n_ctx %u exceeds %u", 5000u, 4096u);
+    assert_int_equal(st, TERN_ERR_RANGE);
+    assert_string_equal(tern_last_error(), "n_ctx 5000 exceeds 4096");
+    tern_error_prefix(st, "session");
+    assert_string_equal(tern_last_error(), "session: n_ctx 5000 exceeds 4096");
+    assert_string_equal(tern_status_str(TERN_ERR_STATE), "invalid state");
+}
+
+static void test_buf_append_and_limit(void **state) {
+    (void)state;
+    struct tern_buf b = TERN_BUF_INIT;
+    for (int i = 0; i < 1000; i++) assert_int_equal(tern_buf_printf(&b, "%d,", i), TERN_OK);
+    assert_true(b.len > 3000);
+    assert_int_equal(b.data[b.len], 0);
+    assert_memory_equal(b.data, "0,1,2,", 6);
+    tern_buf_free(&b);
+    b.limit = 4;
+    assert_int_equal(tern_buf_puts(&b, "abcd"), TERN_OK);
+    assert_int_equal(tern_buf_puts(&b, "e"), TERN_ERR_LIMIT);
+    assert_int_equal(b.len, 4); /* unchanged on error */
+    tern_buf_free(&b);
+}
+
+static void test_alloc_fault_injection(void **state) {
+    (void)state;
+    tern_alloc_fail_after(1);
+    void *a = tern_malloc(16);
+    void *b = tern_malloc(16);
+    tern_alloc_fail_after(-1);
+    assert_non_null(a);
+    assert_null(b);
+    free(a);
+    size_t out;
+    assert_true(tern_mul_overflow(SIZE_MAX / 2, 3, &out));
+    assert_false(tern_mul_overflow(1000, 1000, &out));
+    assert_null(tern_calloc(SIZE_MAX / 2, 3));
+}
+
+static void test_dtype_table(void **state) {
+    (void)state;
+    uint64_t bytes;
+    assert_true(tern_dtype_row_size(TERN_DTYPE_Q4_K, 512, &bytes));
+    assert_int_equal(bytes, 288);
+    assert_false(tern_dtype_row_size(TERN_DTYPE_Q4_K, 100, &bytes)); /* not a block multiple */
+    assert_true(tern_dtype_row_size(TERN_DTYPE_Q8_0, 64, &bytes));
+    assert_int_equal(bytes, 68);
+    assert_null(tern_dtype_info(4)); /* removed Q4_2 */
+    assert_null(tern_dtype_info(1000));
+    enum tern_dtype t;
+    assert_true(tern_dtype_from_name("q6_k", &t));
+    assert_int_equal(t, TERN_DTYPE_Q6_K);
+    assert_false(tern_dtype_from_name("q9_9", &t));
+}
+
+static void test_fp16_roundtrip_all(void **state) {
+    (void)state;
+    /* Every finite half converts to float and back unchanged. */
+    for (uint32_t h = 0; h < 65536; h++) {
+        uint16_t x = (uint16_t)h;
+        if ((x & 0x7c00) == 0x7c00 && (x & 0x03ff)) continue; /* NaN payloads */
+        float f = tern_fp16_to_f32(x);
+        assert_int_equal(tern_f32_to_fp16(f), x);
+    }
+    assert_true(tern_fp16_to_f32(0x3c00) == 1.0f);
+    assert_true(tern_fp16_to_f32(0x0001) == 0x1p-24f);
+    assert_int_equal(tern_f32_to_fp16(65520.0f), 0x7c00); /* rounds to inf */
+    assert_true(isnan(tern_fp16_to_f32(tern_f32_to_fp16(NAN))));
+    assert_int_equal(tern_f32_to_bf16(1.0f), 0x3f80);
+    assert_true(tern_bf16_to_f32(0x3f80) == 1.0f);
+    /* round to nearest even */
+    assert_int_equal(tern_f32_to_bf16(tern_bits_f32(0x3f808000)), 0x3f80);
+    assert_int_equal(tern_f32_to_bf16(tern_bits_f32(0x3f818000)), 0x3f82);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_errorf_keeps_message), cmocka_unit_test(test_buf_append_and_limit),
+        cmocka_unit_test(test_alloc_fault_injection), cmocka_unit_test(test_dtype_table),
+        cmocka_unit_test(test_fp16_roundtrip_all),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
