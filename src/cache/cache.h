@@ -1,0 +1,95 @@
+/* Conversation reuse: parked sessions, checkpoints, affinity, and the planner
+ * (DESIGN.md §3-§4). "Identity nominates, bytes decide."
+ *
+ * The server's engine worker brackets every request with cache_acquire() and
+ * cache_release(). In between it owns the lease's session exclusively: it primes
+ * P[r..m) (passing the lease's checkpoint plan to tern_session_eval, whose checkpoints
+ * go to cache_on_checkpoint), decodes, and then releases, which parks the session
+ * under the request's key. The cache is used from the engine worker thread only
+ * (its stats can be read from any thread). */
+#ifndef TERN_CACHE_H
+#define TERN_CACHE_H
+
+#include "tern.h"
+#include "util/status.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct cache;
+
+struct cache_params {
+    struct tern_session_params session; /* for sessions the cache creates */
+    size_t ram_bytes;        /* --cache-ram: budget over all parked state */
+    uint32_t max_ckpts;      /* --prompt-cache: checkpoints per session (0 = none) */
+    uint32_t ckpt_every;     /* --prompt-cache-every: periodic checkpoint spacing */
+    int32_t turn_token;      /* --turn-token: id of the turn-start control token, -1 = none */
+    bool affinity;           /* TERN_AFFINITY (fingerprint nomination) */
+    bool pool;               /* TERN_REUSE_POOL (parked sessions beyond the live one) */
+    bool ckpt_reread;        /* TERN_CKPT_REREAD: re-read instead of restoring */
+};
+
+enum cache_key_kind { CACHE_KEY_NONE = 0, CACHE_KEY_EXPLICIT = 1 };
+
+/* Who is asking: the tenant namespace (API key or cache_salt; "" = default) and the
+ * session key (body session_id > prompt_cache_key > user > header x-session-id). */
+struct cache_ident {
+    const char *tenant;
+    const char *key;        /* NULL or "" = unnamed */
+};
+
+enum cache_tier {
+    CACHE_TIER_COLD = 0,
+    CACHE_TIER_LIVE,        /* the live session's end extended */
+    CACHE_TIER_PREFIX,      /* a rewind of an attention-only session / prefix probe */
+    CACHE_TIER_CHECKPOINT,  /* a restored checkpoint (hybrid) */
+    CACHE_TIER_AFFINITY,    /* a session nominated by the structural fingerprint */
+    CACHE_TIER_PREDICTED,   /* a checkpoint primed ahead of time (predictive priming) */
+};
+const char *cache_tier_name(enum cache_tier t);
+
+/* The decision for one request, reported in the log line, metrics and the response. */
+struct cache_decision {
+    enum cache_tier tier;
+    uint32_t cached;        /* tokens not read again (the resume point r) */
+    uint32_t read;          /* tokens to prime: m - r */
+    bool key_explicit;      /* the request named a session key */
+    bool key_implicit;      /* the winner was nominated by the fingerprint */
+    char reason[160];       /* why (e.g. "history diverged at 12233 of checkpoint 12234") */
+};
+
+struct cache_lease {
+    struct tern_session *session;  /* positioned at r: tokens[0..r) == prompt[0..r) */
+    struct cache_decision decision;
+    uint32_t *ckpt_pos;            /* checkpoint plan for priming prompt[r..m) */
+    size_t n_ckpt;
+    void *priv;                    /* the cache's bookkeeping */
+};
+
+enum tern_status cache_new(struct tern_model *m, const struct cache_params *p, struct cache **out);
+void cache_free(struct cache *c);
+
+/* Picks the state to resume from for prompt[0..m) and positions a session at r.
+ * On error no state is lost (the candidates stay parked). */
+enum tern_status cache_acquire(struct cache *c, const struct cache_ident *id, const int32_t *prompt,
+                               size_t m, struct cache_lease *out);
+/* tern_eval_opts.on_ckpt target (user = the lease). */
+void cache_on_checkpoint(void *lease, struct tern_checkpoint *ckpt);
+/* Parks the session (prompt + generated tokens) under the request's key. ok = false
+ * when the request failed in a way that leaves the state unusable: it is dropped. */
+void cache_release(struct cache *c, struct cache_lease *lease, bool ok);
+
+struct cache_stats {
+    uint64_t requests_by_tier[CACHE_TIER_PREDICTED + 1];
+    uint64_t declines;          /* candidates compared and refused */
+    uint64_t tokens_cached;
+    uint64_t tokens_read;
+    uint64_t evictions;
+    size_t pool_bytes;
+    uint32_t n_sessions;
+    uint32_t n_checkpoints;
+};
+void cache_get_stats(const struct cache *c, struct cache_stats *out);
+
+#endif
