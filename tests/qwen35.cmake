@@ -1,0 +1,2 @@
+# qwen35: the Gated DeltaNet core and the hybrid architecture (docs/qwen35.md).
+tern_unit_test(test-deltanet ${CMAKE_SOURCE_DIR}/tests/unit/test-deltanet.c TIMEOUT 120)
