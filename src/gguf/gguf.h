@@ -37,7 +37,8 @@ const char *gguf_type_name(enum gguf_type t);
 #define GGUF_MAX_DIMS 4
 #define GGUF_DEFAULT_ALIGNMENT 32
 
-/* A string: NUL-terminated copy (ptr[len] == 0); may contain inner NUL bytes. */
+/* A string: NUL-terminated copy (ptr[len] == 0); may contain inner NUL bytes.
+ * Zero-length arrays have a non-NULL data/strs pointer. */
 struct gguf_str {
     const char *ptr;
     uint64_t len;
@@ -55,7 +56,7 @@ struct gguf_kv {
         struct {
             enum gguf_type type; /* element type (never ARRAY: nested arrays are refused) */
             uint64_t n;
-            const void *data;            /* numeric elements, little-endian, packed */
+            const void *data;            /* numeric elements, packed, 8-byte aligned (a copy) */
             const struct gguf_str *strs; /* STRING elements */
         } arr;
     } v;
@@ -80,7 +81,10 @@ struct gguf_open_opts {
     bool no_data;  /* metadata only: tensor data need not be present (vocab files are fine either way) */
 };
 
-/* Opens and validates a file. On error *out is NULL and the message names the problem. */
+/* Opens and validates a file. On error *out is NULL and the message names the problem
+ * (prefixed with the path). opts may be NULL (mmap, no mlock, data required). A failed
+ * mlock is logged as a warning, not an error. With no_data, a tensor whose bytes lie
+ * past the end of the file has data == NULL instead of failing the open. */
 enum tern_status gguf_open(const char *path, const struct gguf_open_opts *opts, struct gguf_file **out);
 /* Same from a memory buffer (not copied: it must outlive the gguf_file). */
 enum tern_status gguf_open_mem(const void *data, size_t size, struct gguf_file **out);
@@ -134,7 +138,8 @@ enum tern_status gguf_writer_set_u64(struct gguf_writer *w, const char *key, uin
 enum tern_status gguf_writer_set_f32(struct gguf_writer *w, const char *key, float v);
 enum tern_status gguf_writer_set_bool(struct gguf_writer *w, const char *key, bool v);
 enum tern_status gguf_writer_set_str(struct gguf_writer *w, const char *key, const char *v);
-/* Generic: a scalar of any type, from a kv (e.g. copied from another file). */
+/* Generic: a kv of any type (scalar, string or array), e.g. copied verbatim from
+ * another file; the key is kv->key. */
 enum tern_status gguf_writer_set_kv(struct gguf_writer *w, const struct gguf_kv *kv);
 /* Arrays: numeric (elements packed little-endian, elem a numeric type) or strings. */
 enum tern_status gguf_writer_set_arr(struct gguf_writer *w, const char *key, enum gguf_type elem,
@@ -144,6 +149,15 @@ enum tern_status gguf_writer_set_arr_str(struct gguf_writer *w, const char *key,
 /* A tensor; data (size bytes, which must match type and shape) is copied. */
 enum tern_status gguf_writer_add_tensor(struct gguf_writer *w, const char *name, enum tern_dtype type,
                                         uint32_t n_dims, const uint64_t *ne, const void *data, uint64_t size);
+/* A tensor whose data is produced while the file is written, so that a large model
+ * never has to sit in memory in full. fill is called during each gguf_writer_write /
+ * _write_mem, for consecutive row ranges [row0, row0 + n_rows) in ascending order
+ * (tensors in the order they were added), with dst sized n_rows * row bytes; a "row" is
+ * ne[0] elements, and there are ne[1] * ne[2] * ne[3] of them. A non-OK return aborts
+ * the write with that status (the callback sets the message). */
+typedef enum tern_status (*gguf_fill_fn)(void *user, uint64_t row0, uint64_t n_rows, void *dst);
+enum tern_status gguf_writer_add_tensor_cb(struct gguf_writer *w, const char *name, enum tern_dtype type,
+                                           uint32_t n_dims, const uint64_t *ne, gguf_fill_fn fill, void *user);
 /* Writes the file (alignment from "general.alignment" if set, else 32). Writes to a
  * temporary name and renames, so a failed write leaves no partial file. */
 enum tern_status gguf_writer_write(struct gguf_writer *w, const char *path);
