@@ -39,21 +39,31 @@ uint32_t tern_matmul_k_multiple(enum tern_dtype wtype);
 /* Activation format for a weight type, and the bytes of one prepared row of k. */
 enum tern_dtype tern_act_type(enum tern_dtype wtype);
 size_t tern_act_row_bytes(enum tern_dtype wtype, size_t k);
-/* Prepares one activation row x[k] for weights of type wtype. */
+/* Prepares one activation row x[k] for weights of type wtype (out holds
+ * tern_act_row_bytes(wtype, k) bytes). A pure function of x: both ISAs write the same
+ * bytes. */
 void tern_act_prepare(enum tern_dtype wtype, const float *x, void *out, size_t k);
 
 /* y[t * ldy + r] = dot(w row r, act row t) for r in [r0, r1), t in [0, n_tok).
  * w: rows of k elements of type wtype, row r at w + r * w_row_bytes.
- * act: n_tok prepared rows, row t at act + t * act_row_bytes. */
+ * act: n_tok prepared rows, row t at act + t * act_row_bytes.
+ * Shapes are the caller's to validate (the model loader does): an unsupported type, a k
+ * that is not a multiple of tern_matmul_k_multiple(), or row strides smaller than a
+ * row are programmer errors (TERN_ASSERT). No allocation; any thread may call it
+ * concurrently on disjoint outputs (threads split [r0, r1), never k). */
 void tern_matmul(enum tern_dtype wtype, const void *w, size_t w_row_bytes, size_t k,
                  const void *act, size_t act_row_bytes, size_t n_tok, float *y, size_t ldy,
                  size_t r0, size_t r1);
 
 /* Dequantizes / quantizes one row of k elements (portable reference; used for
- * embeddings lookups, tests and the model generator). tern_quantize_row returns false
- * for types without a quantizer. */
-void tern_dequantize_row(enum tern_dtype type, const void *src, float *dst, size_t k);
+ * embeddings lookups, tests and the model generator). Both return false, with a message
+ * (tern_last_error) naming the type and k, for a type they do not handle or a k that is
+ * not a multiple of the type's block size; dst is then untouched.
+ * Dequantization is bit-identical to ggml's. Quantization is tern's own (docs/kernels.md):
+ * F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and Q8_K. */
+bool tern_dequantize_row(enum tern_dtype type, const void *src, float *dst, size_t k);
 bool tern_quantize_row(enum tern_dtype type, const float *src, void *dst, size_t k);
 bool tern_quantize_supported(enum tern_dtype type);
+bool tern_dequantize_supported(enum tern_dtype type);
 
 #endif

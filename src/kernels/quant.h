@@ -1,0 +1,151 @@
+/* Quantized block layouts, byte for byte as ggml stores them in GGUF files (weights
+ * are used straight from the mapped file), plus the small helpers that every kernel
+ * (portable or SIMD) shares to read them.
+ *
+ * All multi-byte fields are little-endian (x86 and every GGUF producer); halves are
+ * IEEE binary16 bit patterns (util/fp16.h converts them exactly).
+ *
+ * Element order inside a block, for the 32-element types: qs[j] holds element j in
+ * its low nibble and element j + 16 in its high nibble; for Q5_x bit j of qh is the
+ * fifth bit of element j. For the 256-element K-quants see the struct comments. */
+#ifndef TERN_KERNELS_QUANT_H
+#define TERN_KERNELS_QUANT_H
+
+#include "util/fp16.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define TERN_QK 32   /* elements per block of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 */
+#define TERN_QK_K 256 /* elements per super-block of the K-quants and Q8_K */
+
+#define TERN_PACKED __attribute__((packed))
+
+/* x = d * (q - 8), q in [0, 15] */
+struct TERN_PACKED tern_block_q4_0 {
+    tern_fp16 d;
+    uint8_t qs[TERN_QK / 2];
+};
+_Static_assert(sizeof(struct tern_block_q4_0) == 18, "block_q4_0 size");
+
+/* x = d * q + m, q in [0, 15] */
+struct TERN_PACKED tern_block_q4_1 {
+    tern_fp16 d;
+    tern_fp16 m;
+    uint8_t qs[TERN_QK / 2];
+};
+_Static_assert(sizeof(struct tern_block_q4_1) == 20, "block_q4_1 size");
+
+/* x = d * (q - 16), q in [0, 31]: low nibble in qs, fifth bit in qh (bit j = element j) */
+struct TERN_PACKED tern_block_q5_0 {
+    tern_fp16 d;
+    uint8_t qh[4];
+    uint8_t qs[TERN_QK / 2];
+};
+_Static_assert(sizeof(struct tern_block_q5_0) == 22, "block_q5_0 size");
+
+/* x = d * q + m, q in [0, 31] */
+struct TERN_PACKED tern_block_q5_1 {
+    tern_fp16 d;
+    tern_fp16 m;
+    uint8_t qh[4];
+    uint8_t qs[TERN_QK / 2];
+};
+_Static_assert(sizeof(struct tern_block_q5_1) == 24, "block_q5_1 size");
+
+/* x = d * q, q in [-127, 127] (tern never writes -128; it reads it correctly) */
+struct TERN_PACKED tern_block_q8_0 {
+    tern_fp16 d;
+    int8_t qs[TERN_QK];
+};
+_Static_assert(sizeof(struct tern_block_q8_0) == 34, "block_q8_0 size");
+
+/* ggml's activation format for Q4_1/Q5_1 (s = d * sum(qs)). tern does not compute with
+ * it (see docs/kernels.md); the layout is here so files holding it can be read. */
+struct TERN_PACKED tern_block_q8_1 {
+    tern_fp16 d;
+    tern_fp16 s;
+    int8_t qs[TERN_QK];
+};
+_Static_assert(sizeof(struct tern_block_q8_1) == 36, "block_q8_1 size");
+
+/* 8 sub-blocks of 32: x = d * sc[j] * q - dmin * m[j], q in [0, 15], sc and m 6-bit
+ * (packed in scales[12], see tern_k4_scale_min). qs[32 * c + l] holds element
+ * 64 c + l (low nibble) and 64 c + 32 + l (high nibble). */
+struct TERN_PACKED tern_block_q4_k {
+    tern_fp16 d;
+    tern_fp16 dmin;
+    uint8_t scales[12];
+    uint8_t qs[TERN_QK_K / 2];
+};
+_Static_assert(sizeof(struct tern_block_q4_k) == 144, "block_q4_K size");
+
+/* As Q4_K with a fifth bit: q in [0, 31]; bit 2c of qh[l] is the fifth bit of element
+ * 64 c + l, bit 2c + 1 that of element 64 c + 32 + l. */
+struct TERN_PACKED tern_block_q5_k {
+    tern_fp16 d;
+    tern_fp16 dmin;
+    uint8_t scales[12];
+    uint8_t qh[TERN_QK_K / 8];
+    uint8_t qs[TERN_QK_K / 2];
+};
+_Static_assert(sizeof(struct tern_block_q5_k) == 176, "block_q5_K size");
+
+/* 16 sub-blocks of 16: x = d * scales[j] * (q - 32), q in [0, 63]. Each half of 128
+ * elements h uses ql[64 h ..], qh[32 h ..]: for l in [0, 32) the four elements
+ * 128 h + l + {0, 32, 64, 96} take their low nibbles from ql[64h + l] (low),
+ * ql[64h + 32 + l] (low), ql[64h + l] (high), ql[64h + 32 + l] (high) and their top two
+ * bits from qh[32h + l] bits 0-1, 2-3, 4-5, 6-7. */
+struct TERN_PACKED tern_block_q6_k {
+    uint8_t ql[TERN_QK_K / 2];
+    uint8_t qh[TERN_QK_K / 4];
+    int8_t scales[TERN_QK_K / 16];
+    tern_fp16 d;
+};
+_Static_assert(sizeof(struct tern_block_q6_k) == 210, "block_q6_K size");
+
+/* Activation format for the K-quants: x = d * q, q in [-127, 127] as tern writes it;
+ * bsums[g] = sum of qs[16 g .. 16 g + 15]. */
+struct TERN_PACKED tern_block_q8_k {
+    float d;
+    int8_t qs[TERN_QK_K];
+    int16_t bsums[TERN_QK_K / 16];
+};
+_Static_assert(sizeof(struct tern_block_q8_k) == 292, "block_q8_K size");
+
+/* The j-th (0..7) 6-bit scale and min of a Q4_K/Q5_K block. The first four live in
+ * the low 6 bits of bytes 0-3 (scales) and 4-7 (mins); the last four keep their low
+ * 4 bits in bytes 8-11 and their top 2 bits in the top bits of bytes 0-7. */
+static inline void tern_k4_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4));
+        *m = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
+}
+
+/* Inverse of tern_k4_scale_min: packs 8 scales and 8 mins (each < 64). */
+static inline void tern_k4_pack_scale_min(uint8_t *s, const uint8_t *sc, const uint8_t *m) {
+    for (int j = 0; j < 4; j++) {
+        s[j] = (uint8_t)((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+        s[j + 4] = (uint8_t)((m[j] & 63) | ((m[j + 4] >> 4) << 6));
+        s[j + 8] = (uint8_t)((sc[j + 4] & 0xF) | ((m[j + 4] & 0xF) << 4));
+    }
+}
+
+/* Rounds to nearest (ties to even, like the SIMD conversion under the default MXCSR)
+ * after clamping to [lo, hi]; NaN becomes lo. The clamp is written as the SIMD
+ * max/min instructions behave (the second operand wins when the compare is false),
+ * so portable and SIMD quantizers give the same bits for every input. */
+int tern_round_clamp(float v, float lo, float hi);
+
+/* Activation quantizers (also the Q8_0 / Q8_K weight quantizers). d of a block is
+ * amax / 127; a block whose amax is below 2^-100 (or NaN) is stored as zeros with
+ * d = 0. Q8_0 rounds d to half first (saturating at 65504) and quantizes with 1/d of
+ * the rounded value. k must be a multiple of the block size (callers check). */
+void tern_quantize_q8_0_ref(const float *x, struct tern_block_q8_0 *y, size_t k);
+void tern_quantize_q8_k_ref(const float *x, struct tern_block_q8_k *y, size_t k);
+
+#endif

@@ -1,0 +1,396 @@
+/* kernels/quant: block layouts, dequantization (hand-built blocks with independently
+ * computed values), quantize -> dequantize round trips within per-type error budgets
+ * on random and edge data, and refusal of row lengths that are not a block multiple. */
+#include "harness.h"
+
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+#include "tern.h"
+#include "util/dtype.h"
+#include "util/fp16.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* xorshift + Box-Muller: deterministic data, independent of libc's rand(). */
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint32_t rng_u32(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 32);
+}
+static float rng_unit(void) { return ((float)rng_u32() + 0.5f) * 0x1p-32f; }
+static float rng_gauss(void) {
+    const float u = rng_unit(), v = rng_unit();
+    return sqrtf(-2.0f * logf(u)) * cosf(6.2831853f * v);
+}
+
+static const enum tern_dtype quant_types[] = {
+    TERN_DTYPE_F32,  TERN_DTYPE_F16,  TERN_DTYPE_BF16, TERN_DTYPE_Q4_0, TERN_DTYPE_Q4_1,
+    TERN_DTYPE_Q5_0, TERN_DTYPE_Q5_1, TERN_DTYPE_Q8_0, TERN_DTYPE_Q4_K, TERN_DTYPE_Q5_K,
+    TERN_DTYPE_Q6_K, TERN_DTYPE_Q8_K,
+};
+
+static void test_block_sizes_match_dtype_table(void **state) {
+    (void)state;
+    const struct {
+        enum tern_dtype t;
+        size_t size, blck;
+    } s[] = {
+        {TERN_DTYPE_Q4_0, sizeof(struct tern_block_q4_0), TERN_QK},
+        {TERN_DTYPE_Q4_1, sizeof(struct tern_block_q4_1), TERN_QK},
+        {TERN_DTYPE_Q5_0, sizeof(struct tern_block_q5_0), TERN_QK},
+        {TERN_DTYPE_Q5_1, sizeof(struct tern_block_q5_1), TERN_QK},
+        {TERN_DTYPE_Q8_0, sizeof(struct tern_block_q8_0), TERN_QK},
+        {TERN_DTYPE_Q8_1, sizeof(struct tern_block_q8_1), TERN_QK},
+        {TERN_DTYPE_Q4_K, sizeof(struct tern_block_q4_k), TERN_QK_K},
+        {TERN_DTYPE_Q5_K, sizeof(struct tern_block_q5_k), TERN_QK_K},
+        {TERN_DTYPE_Q6_K, sizeof(struct tern_block_q6_k), TERN_QK_K},
+        {TERN_DTYPE_Q8_K, sizeof(struct tern_block_q8_k), TERN_QK_K},
+    };
+    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
+        const struct tern_dtype_info *info = tern_dtype_info(s[i].t);
+        assert_non_null(info);
+        assert_int_equal(info->type_size, s[i].size);
+        assert_int_equal(info->blck_size, s[i].blck);
+    }
+    for (size_t i = 0; i < sizeof quant_types / sizeof quant_types[0]; i++) {
+        assert_true(tern_quantize_supported(quant_types[i]));
+        assert_true(tern_dequantize_supported(quant_types[i]));
+    }
+    assert_false(tern_quantize_supported(TERN_DTYPE_IQ2_XS));
+    assert_false(tern_dequantize_supported(TERN_DTYPE_Q2_K));
+}
+
+/* ---- dequantization of hand-built blocks: each expected value is computed here from
+ * the format's definition (ggml's formulas), element by element. */
+
+static void put_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+
+static void test_dequant_q4_0_q4_1_layout(void **state) {
+    (void)state;
+    struct tern_block_q4_0 b0;
+    b0.d = tern_f32_to_fp16(0.5f);
+    for (int j = 0; j < 16; j++) b0.qs[j] = (uint8_t)(j | ((15 - j) << 4));
+    float y[32];
+    assert_true(tern_dequantize_row(TERN_DTYPE_Q4_0, &b0, y, 32));
+    for (int j = 0; j < 16; j++) {
+        assert_true(y[j] == (float)(j - 8) * 0.5f);
+        assert_true(y[j + 16] == (float)(15 - j - 8) * 0.5f);
+    }
+    struct tern_block_q4_1 b1;
+    b1.d = tern_f32_to_fp16(0.25f);
+    b1.m = tern_f32_to_fp16(-1.5f);
+    for (int j = 0; j < 16; j++) b1.qs[j] = (uint8_t)((j ^ 5) | (j << 4));
+    assert_true(tern_dequantize_row(TERN_DTYPE_Q4_1, &b1, y, 32));
+    for (int j = 0; j < 16; j++) {
+        assert_true(y[j] == (float)(j ^ 5) * 0.25f + -1.5f);
+        assert_true(y[j + 16] == (float)j * 0.25f + -1.5f);
+    }
+}
+
+static void test_dequant_q5_layout(void **state) {
+    (void)state;
+    /* fifth bits: element j <- bit j of qh (little-endian u32) */
+    const uint32_t qh = 0xA5C3F00Fu;
+    struct tern_block_q5_0 b0;
+    b0.d = tern_f32_to_fp16(-0.75f);
+    put_u32(b0.qh, qh);
+    for (int j = 0; j < 16; j++) b0.qs[j] = (uint8_t)((j * 3 & 15) | ((j * 7 & 15) << 4));
+    struct tern_block_q5_1 b1;
+    b1.d = tern_f32_to_fp16(0.125f);
+    b1.m = tern_f32_to_fp16(2.0f);
+    memcpy(b1.qh, b0.qh, 4);
+    memcpy(b1.qs, b0.qs, 16);
+    float y0[32], y1[32];
+    assert_true(tern_dequantize_row(TERN_DTYPE_Q5_0, &b0, y0, 32));
+    assert_true(tern_dequantize_row(TERN_DTYPE_Q5_1, &b1, y1, 32));
+    for (int e = 0; e < 32; e++) {
+        const int nib = e < 16 ? (b0.qs[e] & 15) : (b0.qs[e - 16] >> 4);
+        const int q = nib + (int)((qh >> e) & 1) * 16;
+        assert_true(y0[e] == (float)(q - 16) * -0.75f);
+        assert_true(y1[e] == (float)q * 0.125f + 2.0f);
+    }
+}
+
+/* Fills a K-quant scales[12] so that sub-block j has scale sc[j] and min m[j], packed
+ * by hand from the format's description (independent of tern_k4_pack_scale_min). */
+static void pack_k4_by_hand(uint8_t s[12], const uint8_t sc[8], const uint8_t m[8]) {
+    memset(s, 0, 12);
+    for (int j = 0; j < 4; j++) {
+        s[j] = sc[j];
+        s[j + 4] = m[j];
+    }
+    for (int j = 4; j < 8; j++) {
+        s[j + 4] = (uint8_t)((sc[j] & 15) | ((m[j] & 15) << 4));
+        s[j - 4] |= (uint8_t)((sc[j] >> 4) << 6);
+        s[j] |= (uint8_t)((m[j] >> 4) << 6);
+    }
+}
+
+static void test_dequant_k4_k5_layout(void **state) {
+    (void)state;
+    const uint8_t sc[8] = {1, 63, 17, 40, 5, 33, 62, 48};
+    const uint8_t m[8] = {60, 2, 31, 16, 47, 0, 63, 21};
+    struct tern_block_q4_k b4;
+    struct tern_block_q5_k b5;
+    b4.d = b5.d = tern_f32_to_fp16(0.01f);
+    b4.dmin = b5.dmin = tern_f32_to_fp16(0.003f);
+    pack_k4_by_hand(b4.scales, sc, m);
+    memcpy(b5.scales, b4.scales, 12);
+    for (int i = 0; i < 128; i++) b4.qs[i] = b5.qs[i] = (uint8_t)(rng_u32() & 0xFF);
+    for (int i = 0; i < 32; i++) b5.qh[i] = (uint8_t)(rng_u32() & 0xFF);
+    for (int j = 0; j < 8; j++) {
+        uint8_t s1, m1;
+        tern_k4_scale_min(b4.scales, j, &s1, &m1);
+        assert_int_equal(s1, sc[j]);
+        assert_int_equal(m1, m[j]);
+    }
+    float y4[256], y5[256];
+    assert_true(tern_dequantize_row(TERN_DTYPE_Q4_K, &b4, y4, 256));
+    assert_true(tern_dequantize_row(TERN_DTYPE_Q5_K, &b5, y5, 256));
+    const float d = tern_fp16_to_f32(b4.d), dmin = tern_fp16_to_f32(b4.dmin);
+    for (int e = 0; e < 256; e++) {
+        const int c = e / 64, hi = (e % 64) >= 32, l = e % 32, j = e / 32;
+        const int nib = hi ? b4.qs[32 * c + l] >> 4 : b4.qs[32 * c + l] & 15;
+        const int bit5 = (b5.qh[l] >> (2 * c + hi)) & 1;
+        const float dsc = d * (float)sc[j], dm = dmin * (float)m[j];
+        assert_true(y4[e] == dsc * (float)nib - dm);
+        assert_true(y5[e] == dsc * (float)(nib + 16 * bit5) - dm);
+    }
+}
+
+static void test_dequant_q6_k_layout(void **state) {
+    (void)state;
+    struct tern_block_q6_k b;
+    for (int i = 0; i < 128; i++) b.ql[i] = (uint8_t)(rng_u32() & 0xFF);
+    for (int i = 0; i < 64; i++) b.qh[i] = (uint8_t)(rng_u32() & 0xFF);
+    for (int i = 0; i < 16; i++) b.scales[i] = (int8_t)(i * 17 - 128);
+    b.d = tern_f32_to_fp16(0.002f);
+    float y[256];
+    assert_true(tern_dequantize_row(TERN_DTYPE_Q6_K, &b, y, 256));
+    const float d = tern_fp16_to_f32(b.d);
+    for (int e = 0; e < 256; e++) {
+        const int h = e / 128, r = e % 128, quarter = r / 32, l = r % 32;
+        const uint8_t lo = b.ql[64 * h + l + (quarter & 1) * 32];
+        const int nib = quarter >= 2 ? lo >> 4 : lo & 15;
+        const int top = (b.qh[32 * h + l] >> (2 * quarter)) & 3;
+        const int q = (nib | (top << 4)) - 32;
+        assert_true(y[e] == d * (float)b.scales[e / 16] * (float)q);
+    }
+}
+
+static void test_dequant_q8_and_floats(void **state) {
+    (void)state;
+    struct tern_block_q8_0 b;
+    b.d = tern_f32_to_fp16(-0.0625f);
+    for (int j = 0; j < 32; j++) b.qs[j] = (int8_t)(j * 8 - 128);
+    float y[256];
+    assert_true(tern_dequantize_row(TERN_DTYPE_Q8_0, &b, y, 32));
+    for (int j = 0; j < 32; j++) assert_true(y[j] == (float)(j * 8 - 128) * -0.0625f);
+    struct tern_block_q8_k bk;
+    bk.d = 0.5f;
+    for (int j = 0; j < 256; j++) bk.qs[j] = (int8_t)(j - 128);
+    assert_true(tern_dequantize_row(TERN_DTYPE_Q8_K, &bk, y, 256));
+    for (int j = 0; j < 256; j++) assert_true(y[j] == 0.5f * (float)(j - 128));
+    const uint16_t h[3] = {0x3C00, 0xC000, 0x0001}; /* 1, -2, smallest subnormal */
+    assert_true(tern_dequantize_row(TERN_DTYPE_F16, h, y, 3));
+    assert_true(y[0] == 1.0f && y[1] == -2.0f && y[2] == 0x1p-24f);
+    const uint16_t bf[2] = {0x3F80, 0x4049}; /* 1, 3.140625 */
+    assert_true(tern_dequantize_row(TERN_DTYPE_BF16, bf, y, 2));
+    assert_true(y[0] == 1.0f && y[1] == 3.140625f);
+}
+
+/* ---- round trips ----------------------------------------------------------------------- */
+
+/* RMS relative error budgets for N(0, 1)-like rows. Measured values (tern's quantizers,
+ * k = 4096): see docs/kernels.md; budgets leave about 1.3x headroom. */
+static double budget(enum tern_dtype t) {
+    switch (t) {
+    case TERN_DTYPE_F32: return 0.0;
+    case TERN_DTYPE_F16: return 4e-4;
+    case TERN_DTYPE_BF16: return 3e-3;
+    case TERN_DTYPE_Q8_0: return 6e-3;
+    case TERN_DTYPE_Q8_K: return 8e-3;
+    case TERN_DTYPE_Q6_K: return 2.2e-2;
+    case TERN_DTYPE_Q5_0: return 4.5e-2;
+    case TERN_DTYPE_Q5_1: return 4.5e-2;
+    case TERN_DTYPE_Q5_K: return 4.5e-2;
+    case TERN_DTYPE_Q4_0: return 9.5e-2;
+    case TERN_DTYPE_Q4_1: return 9.5e-2;
+    case TERN_DTYPE_Q4_K: return 9.5e-2;
+    default: return 0.0;
+    }
+}
+
+static double rms_rel(const float *x, const float *y, size_t n) {
+    double se = 0, sx = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double e = (double)y[i] - x[i];
+        se += e * e;
+        sx += (double)x[i] * x[i];
+    }
+    if (sx == 0) return se == 0 ? 0 : INFINITY;
+    return sqrt(se / sx);
+}
+
+/* Quantizes and dequantizes x[k]; returns the RMS relative error. */
+static double round_trip(enum tern_dtype t, const float *x, float *y, size_t k) {
+    uint64_t bytes;
+    assert_true(tern_dtype_row_size(t, k, &bytes));
+    void *q = malloc(bytes);
+    assert_non_null(q);
+    assert_true(tern_quantize_row(t, x, q, k));
+    assert_true(tern_dequantize_row(t, q, y, k));
+    free(q);
+    for (size_t i = 0; i < k; i++) assert_true(isfinite(y[i]));
+    return rms_rel(x, y, k);
+}
+
+static void check(enum tern_dtype t, const char *what, double err, double limit) {
+    if (!(err <= limit))
+        fail_msg("%s %s: RMS relative error %.3g exceeds the budget %.3g", tern_dtype_name(t), what, err,
+                 limit);
+}
+
+#define K_RT 4096
+
+static void test_round_trip_random(void **state) {
+    (void)state;
+    static float x[K_RT], y[K_RT];
+    for (size_t ti = 0; ti < sizeof quant_types / sizeof quant_types[0]; ti++) {
+        const enum tern_dtype t = quant_types[ti];
+        for (int i = 0; i < K_RT; i++) x[i] = rng_gauss();
+        const double e = round_trip(t, x, y, K_RT);
+        if (getenv("TERN_TEST_VERBOSE")) printf("  %-5s gauss rms rel %.4g\n", tern_dtype_name(t), e);
+        check(t, "gaussian", e, budget(t));
+        if (t == TERN_DTYPE_F32) assert_memory_equal(x, y, sizeof x);
+        /* uniform and heavy-tailed (Laplace-like) rows */
+        for (int i = 0; i < K_RT; i++) x[i] = 2.0f * rng_unit() - 1.0f;
+        check(t, "uniform", round_trip(t, x, y, K_RT), budget(t));
+        for (int i = 0; i < K_RT; i++) x[i] = logf(rng_unit()) * (rng_u32() & 1 ? 1.0f : -1.0f);
+        check(t, "laplace", round_trip(t, x, y, K_RT), budget(t) * 1.25);
+    }
+}
+
+static void test_round_trip_edges(void **state) {
+    (void)state;
+    static float x[K_RT], y[K_RT];
+    for (size_t ti = 0; ti < sizeof quant_types / sizeof quant_types[0]; ti++) {
+        const enum tern_dtype t = quant_types[ti];
+        const double b = budget(t);
+        /* zeros come back exactly */
+        memset(x, 0, sizeof x);
+        round_trip(t, x, y, K_RT);
+        for (int i = 0; i < K_RT; i++) assert_true(y[i] == 0.0f);
+        /* constant rows, both signs */
+        for (int sgn = -1; sgn <= 1; sgn += 2) {
+            for (int i = 0; i < K_RT; i++) x[i] = 0.37f * (float)sgn;
+            check(t, "constant", round_trip(t, x, y, K_RT), b > 0 ? b : 0);
+        }
+        /* huge and tiny magnitudes, within what each format can hold: half values and
+         * half offsets (Q4_1/Q5_1 m) stop at 65504 */
+        const bool f32_range = t == TERN_DTYPE_F32 || t == TERN_DTYPE_BF16 || t == TERN_DTYPE_Q8_K;
+        const float huge = f32_range ? 1e30f : 1e4f;
+        for (int i = 0; i < K_RT; i++) x[i] = rng_gauss() * huge;
+        check(t, "huge", round_trip(t, x, y, K_RT), b);
+        const float tiny = f32_range ? 1e-25f : 1e-2f;
+        for (int i = 0; i < K_RT; i++) x[i] = rng_gauss() * tiny;
+        check(t, "tiny", round_trip(t, x, y, K_RT), b);
+        /* a single outlier among small values: the row error stays in budget and the
+         * outlier itself is kept to its block's precision */
+        for (int i = 0; i < K_RT; i++) x[i] = rng_gauss() * 0.01f;
+        x[1000] = 50.0f;
+        check(t, "outlier", round_trip(t, x, y, K_RT), b);
+        assert_true(fabsf(y[1000] - 50.0f) <= 50.0f * (float)(b > 0 ? b : 1e-7) * 2.0f);
+    }
+}
+
+/* Values whose blocks are exactly representable come back exactly. */
+static void test_round_trip_exact_grids(void **state) {
+    (void)state;
+    float x[256], y[256];
+    /* Q8_0: integers in [-127, 127] times a power of two */
+    for (int i = 0; i < 256; i++) x[i] = (float)((i * 37) % 255 - 127) * 0x1p-6f;
+    for (int i = 0; i < 256; i += 32) x[i] = 127 * 0x1p-6f; /* every block reaches +127 */
+    round_trip(TERN_DTYPE_Q8_0, x, y, 256);
+    assert_memory_equal(x, y, sizeof x);
+    /* Q4_0: levels -8..7 times 0.5, each block reaching -8 */
+    for (int i = 0; i < 256; i++) x[i] = (float)((i * 5) % 16 - 8) * 0.5f;
+    for (int i = 0; i < 256; i += 32) x[i] = -4.0f;
+    round_trip(TERN_DTYPE_Q4_0, x, y, 256);
+    assert_memory_equal(x, y, sizeof x);
+}
+
+static void test_odd_lengths_refused(void **state) {
+    (void)state;
+    float x[512] = {0}, y[512];
+    uint8_t q[1024];
+    const struct {
+        enum tern_dtype t;
+        size_t k;
+    } bad[] = {{TERN_DTYPE_Q8_0, 33}, {TERN_DTYPE_Q4_0, 16},  {TERN_DTYPE_Q5_1, 48},
+               {TERN_DTYPE_Q4_K, 255}, {TERN_DTYPE_Q6_K, 288}, {TERN_DTYPE_Q8_K, 100}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memset(q, 0xAB, sizeof q);
+        assert_false(tern_quantize_row(bad[i].t, x, q, bad[i].k));
+        assert_non_null(strstr(tern_last_error(), "not a multiple"));
+        char num[32];
+        snprintf(num, sizeof num, "%zu", bad[i].k);
+        assert_non_null(strstr(tern_last_error(), num));
+        for (size_t j = 0; j < sizeof q; j++) assert_int_equal(q[j], 0xAB); /* untouched */
+        for (size_t j = 0; j < 512; j++) y[j] = 1.0f;
+        assert_false(tern_dequantize_row(bad[i].t, q, y, bad[i].k));
+        for (size_t j = 0; j < 512; j++) assert_true(y[j] == 1.0f);
+    }
+    assert_false(tern_quantize_row(TERN_DTYPE_IQ2_XXS, x, q, 256));
+    assert_non_null(strstr(tern_last_error(), "IQ2_XXS"));
+    assert_false(tern_dequantize_row(TERN_DTYPE_Q3_K, q, y, 256));
+    assert_true(tern_quantize_row(TERN_DTYPE_F16, x, q, 7)); /* float types take any k */
+}
+
+/* Activation quantizers: Q8_K bsums are the sums of their groups; -128 never appears;
+ * NaN and infinity give finite scales or zeros, never a crash. */
+static void test_activation_blocks(void **state) {
+    (void)state;
+    float x[512];
+    for (int i = 0; i < 512; i++) x[i] = rng_gauss() * 3.0f;
+    struct tern_block_q8_k bk[2];
+    assert_true(tern_quantize_row(TERN_DTYPE_Q8_K, x, bk, 512));
+    for (int b = 0; b < 2; b++) {
+        for (int g = 0; g < 16; g++) {
+            int s = 0;
+            for (int j = 0; j < 16; j++) s += bk[b].qs[16 * g + j];
+            assert_int_equal(bk[b].bsums[g], s);
+        }
+        for (int j = 0; j < 256; j++) assert_true(bk[b].qs[j] >= -127);
+    }
+    struct tern_block_q8_0 b0[16];
+    x[3] = NAN;
+    x[40] = INFINITY;
+    assert_true(tern_quantize_row(TERN_DTYPE_Q8_0, x, b0, 512));
+    assert_true(tern_quantize_row(TERN_DTYPE_Q8_K, x, bk, 512));
+    for (int b = 0; b < 16; b++)
+        for (int j = 0; j < 32; j++) assert_true(b0[b].qs[j] >= -127);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_block_sizes_match_dtype_table),
+        cmocka_unit_test(test_dequant_q4_0_q4_1_layout),
+        cmocka_unit_test(test_dequant_q5_layout),
+        cmocka_unit_test(test_dequant_k4_k5_layout),
+        cmocka_unit_test(test_dequant_q6_k_layout),
+        cmocka_unit_test(test_dequant_q8_and_floats),
+        cmocka_unit_test(test_round_trip_random),
+        cmocka_unit_test(test_round_trip_edges),
+        cmocka_unit_test(test_round_trip_exact_grids),
+        cmocka_unit_test(test_odd_lengths_refused),
+        cmocka_unit_test(test_activation_blocks),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
