@@ -3,12 +3,14 @@
  * on random and edge data, and refusal of row lengths that are not a block multiple. */
 #include "harness.h"
 
+#include "gguf/gguf.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 #include "tern.h"
 #include "util/dtype.h"
 #include "util/fp16.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -378,6 +380,145 @@ static void test_activation_blocks(void **state) {
         for (int j = 0; j < 32; j++) assert_true(b0[b].qs[j] >= -127);
 }
 
+
+/* ---- the shared models ------------------------------------------------------------------ */
+
+/* shared/conformance/dequant: rows dequantized by ggml, compared bit for bit. */
+static void test_conformance_dequant_bit_exact(void **state) {
+    (void)state;
+    th_require_shared("conformance/dequant");
+    static const char *stems[] = {"tiny-qwen3-q8_0", "tiny-qwen3-q4_0", "tiny-qwen3-q4_k_m", "tiny-qwen3-q6_k",
+                                  "tiny-qwen35-q8_0", "tiny-qwen35-q4_k_m"};
+    int n_checked = 0;
+    for (size_t si = 0; si < sizeof stems / sizeof stems[0]; si++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "conformance/dequant/%s.json", stems[si]);
+        json_error_t jerr;
+        json_t *doc = json_load_file(th_shared_path(rel), 0, &jerr);
+        if (!doc) fail_msg("%s: %s", rel, jerr.text);
+        snprintf(rel, sizeof rel, "conformance/dequant/%s.f32", stems[si]);
+        size_t ref_len;
+        char *ref = th_read_file(th_shared_path(rel), &ref_len);
+        assert_non_null(ref);
+        snprintf(rel, sizeof rel, "models/%s.gguf", stems[si]);
+        th_require_shared(rel);
+        struct gguf_file *g;
+        if (gguf_open(th_shared_path(rel), NULL, &g) != TERN_OK) fail_msg("%s: %s", rel, tern_last_error());
+        size_t i;
+        json_t *e;
+        json_array_foreach(json_object_get(doc, "entries"), i, e) {
+            const char *name = json_string_value(json_object_get(e, "tensor"));
+            const size_t r0 = (size_t)json_integer_value(json_array_get(json_object_get(e, "rows"), 0));
+            const size_t r1 = (size_t)json_integer_value(json_array_get(json_object_get(e, "rows"), 1));
+            const size_t n_cols = (size_t)json_integer_value(json_object_get(e, "n_cols"));
+            const size_t off = (size_t)json_integer_value(json_object_get(e, "byte_offset"));
+            const struct gguf_tensor *t = gguf_find_tensor(g, name);
+            assert_non_null(t);
+            assert_int_equal(t->ne[0], n_cols);
+            assert_string_equal(tern_dtype_name(t->type), json_string_value(json_object_get(e, "type")));
+            assert_true(off + (r1 - r0) * n_cols * 4 <= ref_len);
+            uint64_t rb;
+            assert_true(tern_dtype_row_size(t->type, n_cols, &rb));
+            float *y = malloc(n_cols * sizeof(float));
+            assert_non_null(y);
+            for (size_t r = r0; r < r1; r++) {
+                assert_true(tern_dequantize_row(t->type, (const uint8_t *)t->data + r * rb, y, n_cols));
+                const char *want = ref + off + (r - r0) * n_cols * 4;
+                for (size_t c = 0; c < n_cols; c++) {
+                    if (memcmp(&y[c], want + 4 * c, 4) != 0) {
+                        float wv;
+                        memcpy(&wv, want + 4 * c, 4);
+                        fail_msg("%s %s (%s) row %zu col %zu: %.9g, ggml %.9g", stems[si], name,
+                                 tern_dtype_name(t->type), r, c, y[c], wv);
+                    }
+                }
+                n_checked++;
+            }
+            free(y);
+        }
+        gguf_close(g);
+        free(ref);
+        json_decref(doc);
+    }
+    assert_true(n_checked >= 40);
+}
+
+/* Every quantized tensor of the tiny-qwen3 files dequantizes to values consistent with
+ * the F32 file they were made from (llama-quantize, no imatrix): per-row RMS error
+ * relative to the row's RMS within the type's budget. tern's own quantizer on the same
+ * rows must do about as well as llama-quantize did. */
+static void test_models_consistent_with_f32(void **state) {
+    (void)state;
+    th_require_shared("models/tiny-qwen3-f32.gguf");
+    struct gguf_file *f32;
+    if (gguf_open(th_shared_path("models/tiny-qwen3-f32.gguf"), NULL, &f32) != TERN_OK)
+        fail_msg("%s", tern_last_error());
+    static const char *models[] = {"tiny-qwen3-q8_0", "tiny-qwen3-q4_0", "tiny-qwen3-q4_k_m", "tiny-qwen3-q6_k"};
+    for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "models/%s.gguf", models[mi]);
+        th_require_shared(rel);
+        struct gguf_file *q;
+        if (gguf_open(th_shared_path(rel), NULL, &q) != TERN_OK) fail_msg("%s: %s", rel, tern_last_error());
+        int n_tensors = 0;
+        for (uint64_t ti = 0; ti < gguf_n_tensors(q); ti++) {
+            const struct gguf_tensor *tq = gguf_tensor_at(q, ti);
+            if (tq->type == TERN_DTYPE_F32) continue;
+            const struct gguf_tensor *tf = gguf_find_tensor(f32, tq->name.ptr);
+            assert_non_null(tf);
+            assert_int_equal(tf->type, TERN_DTYPE_F32);
+            assert_int_equal(tf->n_elements, tq->n_elements);
+            const size_t k = tq->ne[0], rows = tq->n_elements / k;
+            uint64_t rb;
+            assert_true(tern_dtype_row_size(tq->type, k, &rb));
+            float *y = malloc(k * sizeof(float)), *mine = malloc(k * sizeof(float));
+            void *requant = malloc(rb);
+            assert_true(y && mine && requant);
+            double se_file = 0, se_mine = 0, sx = 0;
+            /* Requantizing every row is the slow part: do it for a spread of rows. */
+            const size_t requant_every = rows > 64 ? rows / 64 : 1;
+            double se_file_sub = 0;
+            for (size_t r = 0; r < rows; r++) {
+                const float *x = (const float *)tf->data + r * k;
+                assert_true(tern_dequantize_row(tq->type, (const uint8_t *)tq->data + r * rb, y, k));
+                const double e = rms_rel(x, y, k);
+                if (!(e <= budget(tq->type) * 1.6))
+                    fail_msg("%s %s (%s) row %zu: RMS relative error %.3g vs the F32 file exceeds %.3g", models[mi],
+                             tq->name.ptr, tern_dtype_name(tq->type), r, e, budget(tq->type) * 1.6);
+                double rx = 0;
+                for (size_t c = 0; c < k; c++) {
+                    rx += (double)x[c] * x[c];
+                    se_file += ((double)y[c] - x[c]) * ((double)y[c] - x[c]);
+                }
+                sx += rx;
+                if (r % requant_every == 0) {
+                    assert_true(tern_quantize_row(tq->type, x, requant, k));
+                    assert_true(tern_dequantize_row(tq->type, requant, mine, k));
+                    for (size_t c = 0; c < k; c++) {
+                        se_mine += ((double)mine[c] - x[c]) * ((double)mine[c] - x[c]);
+                        se_file_sub += ((double)y[c] - x[c]) * ((double)y[c] - x[c]);
+                    }
+                }
+            }
+            const double err_file = sqrt(se_file / sx);
+            check(tq->type, tq->name.ptr, err_file, budget(tq->type));
+            if (getenv("TERN_TEST_VERBOSE"))
+                printf("  %s %-24s %-5s file %.4g, tern requantized / file on sampled rows %.3f\n", models[mi],
+                       tq->name.ptr, tern_dtype_name(tq->type), err_file, sqrt(se_mine / se_file_sub));
+            if (!(se_mine <= se_file_sub * 1.1 * 1.1))
+                fail_msg("%s %s (%s): tern's quantizer error is %.3fx llama-quantize's", models[mi], tq->name.ptr,
+                         tern_dtype_name(tq->type), sqrt(se_mine / se_file_sub));
+            free(y);
+            free(mine);
+            free(requant);
+            n_tensors++;
+        }
+        assert_true(n_tensors >= 25);
+        gguf_close(q);
+    }
+    gguf_close(f32);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_block_sizes_match_dtype_table),
@@ -391,6 +532,8 @@ int main(void) {
         cmocka_unit_test(test_round_trip_exact_grids),
         cmocka_unit_test(test_odd_lengths_refused),
         cmocka_unit_test(test_activation_blocks),
+        cmocka_unit_test(test_conformance_dequant_bit_exact),
+        cmocka_unit_test(test_models_consistent_with_f32),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
