@@ -1,0 +1,2 @@
+tern_unit_test(test-server-request ${CMAKE_SOURCE_DIR}/tests/unit/test-server-request.c)
+tern_unit_test(test-server-reply ${CMAKE_SOURCE_DIR}/tests/unit/test-server-reply.c)

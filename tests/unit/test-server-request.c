@@ -1,0 +1,327 @@
+/* server/request: OpenAI request parsing, validation, normalisation, error shapes. */
+#include "harness.h"
+
+#include "server/request.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool parse(enum srv_endpoint ep, const char *body, struct srv_request *req, struct srv_error *err) {
+    struct srv_parse_opts o = {.max_body = 1 << 20};
+    return srv_request_parse(ep, body, strlen(body), &o, req, err);
+}
+
+/* Parses a body that must fail; checks status and that param/message mention `what`. */
+static void expect_error(enum srv_endpoint ep, const char *body, int status, const char *param,
+                         const char *in_message) {
+    struct srv_request req;
+    struct srv_error err;
+    memset(&err, 0, sizeof err);
+    bool ok = parse(ep, body, &req, &err);
+    if (ok) fail_msg("accepted: %s", body);
+    assert_int_equal(err.status, status);
+    if (param) assert_string_equal(err.param, param);
+    if (in_message && !strstr(err.message, in_message))
+        fail_msg("message '%s' lacks '%s' (body %s)", err.message, in_message, body);
+    /* every error renders to the OpenAI shape */
+    char *js = srv_error_json(&err);
+    assert_non_null(js);
+    json_t *o = json_loads(js, 0, NULL);
+    assert_non_null(o);
+    json_t *e = json_object_get(o, "error");
+    assert_true(json_is_object(e));
+    assert_true(json_is_string(json_object_get(e, "message")));
+    assert_true(json_is_string(json_object_get(e, "type")));
+    assert_non_null(json_object_get(e, "param"));
+    assert_non_null(json_object_get(e, "code"));
+    json_decref(o);
+    free(js);
+}
+
+static void test_minimal_chat(void **state) {
+    (void)state;
+    struct srv_request req;
+    struct srv_error err;
+    assert_true(parse(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", &req, &err));
+    assert_int_equal(req.ep, SRV_EP_CHAT);
+    assert_string_equal(req.model, "");
+    assert_false(req.stream);
+    assert_int_equal(req.max_tokens, -1);
+    assert_int_equal(json_array_size(req.messages), 1);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(req.messages, 0), "content")), "hi");
+    assert_null(req.tools);
+    assert_null(req.session_key);
+    srv_request_free(&req);
+}
+
+static void test_all_fields(void **state) {
+    (void)state;
+    const char *body =
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"s\"},"
+        "{\"role\":\"user\",\"content\":\"q\"}],\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+        "\"max_tokens\":7,\"max_completion_tokens\":9,\"temperature\":0.5,\"top_p\":0.9,\"top_k\":40,"
+        "\"min_p\":0.05,\"seed\":-3,\"stop\":[\"x\",\"\",\"yz\"],\"presence_penalty\":1,"
+        "\"frequency_penalty\":-0.5,\"chat_template_kwargs\":{\"enable_thinking\":false},"
+        "\"prompt_cache_key\":\"pk\",\"user\":\"u\",\"cache_salt\":\"salt\",\"unknown_field\":[1,2,{}],"
+        "\"n\":1,\"logprobs\":null,\"tools\":[],\"tool_choice\":\"auto\"}";
+    struct srv_request req;
+    struct srv_error err;
+    assert_true(parse(SRV_EP_CHAT, body, &req, &err));
+    assert_string_equal(req.model, "m");
+    assert_true(req.stream);
+    assert_true(req.include_usage);
+    assert_int_equal(req.max_tokens, 9); /* max_completion_tokens wins */
+    assert_float_equal(req.sampling.temperature, 0.5, 1e-6);
+    assert_float_equal(req.sampling.top_p, 0.9, 1e-6);
+    assert_int_equal(req.sampling.top_k, 40);
+    assert_float_equal(req.sampling.min_p, 0.05, 1e-6);
+    assert_float_equal(req.sampling.presence_penalty, 1, 1e-6);
+    assert_float_equal(req.sampling.frequency_penalty, -0.5, 1e-6);
+    assert_true(req.seed_set);
+    assert_int_equal((int64_t)req.sampling.seed, -3);
+    assert_int_equal(req.n_stop, 2); /* the empty stop string is dropped */
+    assert_string_equal(req.stop[1], "yz");
+    assert_string_equal(req.session_key, "pk"); /* prompt_cache_key beats user */
+    assert_string_equal(req.cache_salt, "salt");
+    assert_null(req.tools); /* an empty tools array is no tools */
+    json_t *vars = srv_template_vars(&req, "<s>", "</s>");
+    assert_non_null(vars);
+    assert_true(json_is_false(json_object_get(vars, "enable_thinking")));
+    assert_true(json_is_true(json_object_get(vars, "add_generation_prompt")));
+    assert_string_equal(json_string_value(json_object_get(vars, "bos_token")), "<s>");
+    assert_null(json_object_get(vars, "tools"));
+    json_decref(vars);
+    srv_request_free(&req);
+
+    assert_true(parse(SRV_EP_CHAT,
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"session_id\":\"sid\","
+                      "\"prompt_cache_key\":\"pk\",\"max_tokens\":3.0,\"stop\":\"END\"}",
+                      &req, &err));
+    assert_string_equal(req.session_key, "sid");
+    assert_int_equal(req.max_tokens, 3);
+    assert_int_equal(req.n_stop, 1);
+    assert_string_equal(req.stop[0], "END");
+    srv_request_free(&req);
+}
+
+static void test_normalise_messages(void **state) {
+    (void)state;
+    const char *body =
+        "{\"messages\":["
+        "{\"role\":\"developer\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"text\":\"b\"}]},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"only\"}],\"name\":\"bob\"},"
+        "{\"role\":\"assistant\",\"content\":null,\"reasoning_content\":\"hmm\",\"tool_calls\":["
+        "{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"x\\\":1}\"}},"
+        "{\"id\":\"call_2\",\"type\":\"function\",\"function\":{\"name\":\"g\",\"arguments\":\"not json\"}},"
+        "{\"id\":\"call_3\",\"type\":\"function\",\"function\":{\"name\":\"h\",\"arguments\":{\"y\":[2]}}},"
+        "{\"id\":\"call_4\",\"type\":\"function\",\"function\":{\"name\":\"k\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":[{\"type\":\"text\",\"text\":\"r1\"},"
+        "{\"type\":\"text\",\"text\":\"r2\"}]},"
+        "{\"role\":\"assistant\"}]}";
+    struct srv_request req;
+    struct srv_error err;
+    if (!parse(SRV_EP_CHAT, body, &req, &err)) fail_msg("%s", err.message);
+    json_t *m = req.messages;
+    assert_string_equal(json_string_value(json_object_get(json_array_get(m, 0), "content")), "a\nb");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(m, 1), "content")), "only");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(m, 1), "name")), "bob");
+    json_t *a = json_array_get(m, 2);
+    assert_string_equal(json_string_value(json_object_get(a, "content")), "");
+    assert_string_equal(json_string_value(json_object_get(a, "reasoning_content")), "hmm");
+    json_t *calls = json_object_get(a, "tool_calls");
+    assert_int_equal(json_array_size(calls), 4);
+    json_t *a0 = json_object_get(json_object_get(json_array_get(calls, 0), "function"), "arguments");
+    assert_true(json_is_object(a0));
+    assert_int_equal(json_integer_value(json_object_get(a0, "x")), 1);
+    json_t *a1 = json_object_get(json_object_get(json_array_get(calls, 1), "function"), "arguments");
+    assert_string_equal(json_string_value(a1), "not json");
+    json_t *a2 = json_object_get(json_object_get(json_array_get(calls, 2), "function"), "arguments");
+    assert_true(json_is_array(json_object_get(a2, "y")));
+    json_t *a3 = json_object_get(json_object_get(json_array_get(calls, 3), "function"), "arguments");
+    assert_true(json_is_object(a3) && json_object_size(a3) == 0);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(calls, 0), "id")), "call_1");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(m, 3), "content")), "r1\nr2");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(m, 3), "tool_call_id")), "call_1");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(m, 4), "content")), "");
+    srv_request_free(&req);
+}
+
+static void test_tools_without_parameters(void **state) {
+    (void)state;
+    const char *body =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tools\":["
+        "{\"type\":\"function\",\"function\":{\"name\":\"now\",\"description\":\"time\"}},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"get\",\"parameters\":{\"type\":\"object\"}}}],"
+        "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get\"}}}";
+    struct srv_request req;
+    struct srv_error err;
+    if (!parse(SRV_EP_CHAT, body, &req, &err)) fail_msg("%s", err.message);
+    assert_int_equal(json_array_size(req.tools), 2);
+    assert_int_equal(req.tool_choice, SRV_TOOLS_NAMED);
+    /* tools pass to the template unchanged (bytes matter: no parameters added) */
+    json_t *vars = srv_template_vars(&req, "", "");
+    json_t *t0 = json_object_get(json_array_get(json_object_get(vars, "tools"), 0), "function");
+    assert_null(json_object_get(t0, "parameters"));
+    json_decref(vars);
+    srv_request_free(&req);
+}
+
+static void test_completion_prompts(void **state) {
+    (void)state;
+    struct srv_request req;
+    struct srv_error err;
+    assert_true(parse(SRV_EP_COMPLETION, "{\"prompt\":\"Once upon\",\"max_tokens\":4}", &req, &err));
+    assert_string_equal(req.prompt, "Once upon");
+    srv_request_free(&req);
+    assert_true(parse(SRV_EP_COMPLETION, "{\"prompt\":[\"one\"]}", &req, &err));
+    assert_string_equal(req.prompt, "one");
+    srv_request_free(&req);
+    assert_true(parse(SRV_EP_COMPLETION, "{\"prompt\":[1,403,407]}", &req, &err));
+    assert_null(req.prompt);
+    assert_int_equal(req.n_prompt_ids, 3);
+    assert_int_equal(req.prompt_ids[1], 403);
+    srv_request_free(&req);
+}
+
+static void test_errors(void **state) {
+    (void)state;
+    expect_error(SRV_EP_CHAT, "", 400, "", "empty");
+    expect_error(SRV_EP_CHAT, "{\"messages\": [", 400, "", "line 1, column");
+    expect_error(SRV_EP_CHAT, "[1,2]", 400, "", "must be a JSON object");
+    expect_error(SRV_EP_CHAT, "{}", 400, "messages", "required");
+    expect_error(SRV_EP_CHAT, "{\"messages\":[]}", 400, "messages", "at least one");
+    expect_error(SRV_EP_CHAT, "{\"messages\":\"hi\"}", 400, "messages", "must be an array");
+    expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 400, "messages[0].role",
+                 "wizard");
+    expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"content\":\"x\"}]}", 400,
+                 "messages[1].role", "must be a string");
+    expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\"}]}", 400, "messages[0].content", "missing");
+    expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":7}]}", 400, "messages[0].content",
+                 "an integer");
+    expect_error(SRV_EP_CHAT,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]}", 400,
+                 "messages[0].content[0]", "image_url");
+    expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", 400, "n",
+                 "only n = 1");
+    expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":\"hot\"}", 400,
+                 "temperature", "must be a number");
+    expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_p\":1.5}", 400, "top_p",
+                 "between 0 and 1");
+    expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}", 400,
+                 "max_tokens", "between 1");
+    expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1.5}", 400,
+                 "max_tokens", "integer");
+    expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream\":\"yes\"}", 400,
+                 "stream", "boolean");
+    expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[1]}", 400, "stop",
+                 "must be a string");
+    expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\"}]}",
+                 400, "tools[0]", "name");
+    expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"always\"}",
+                 400, "tool_choice", "always");
+    expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"user\":5}", 400, "user",
+                 "must be a string");
+    expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tern_forced_output\":\"x\"}",
+                 400, "tern_forced_output", "test-only");
+    expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"\\u0000\"}]}", 400, "", "NUL");
+    expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}", 400, "", "UTF-8");
+    expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"\\ud800\"}]}", 400, "", NULL);
+    expect_error(SRV_EP_CHAT,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"tool_calls\":[{\"function\":{\"name\":\"f\"}}]}]}",
+                 400, "messages[0].tool_calls", "only assistant");
+    expect_error(SRV_EP_COMPLETION, "{}", 400, "prompt", "required");
+    expect_error(SRV_EP_COMPLETION, "{\"prompt\":[\"a\",\"b\"]}", 400, "prompt", "batch");
+    expect_error(SRV_EP_COMPLETION, "{\"prompt\":[1,-2]}", 400, "prompt", "token id");
+    expect_error(SRV_EP_COMPLETION, "{\"prompt\":\"x\",\"echo\":true}", 400, "echo", "not supported");
+    /* a deeply nested body is refused, not a stack overflow */
+    char deep[5000];
+    memset(deep, '[', 4000);
+    deep[4000] = 0;
+    expect_error(SRV_EP_CHAT, deep, 400, "", NULL);
+}
+
+static void test_body_limit(void **state) {
+    (void)state;
+    struct srv_request req;
+    struct srv_error err;
+    struct srv_parse_opts o = {.max_body = 10};
+    const char *b = "{\"messages\":[]}";
+    assert_false(srv_request_parse(SRV_EP_CHAT, b, strlen(b), &o, &req, &err));
+    assert_int_equal(err.status, 413);
+    assert_non_null(strstr(err.message, "limit is 10"));
+}
+
+static void test_forced_output_allowed(void **state) {
+    (void)state;
+    struct srv_request req;
+    struct srv_error err;
+    struct srv_parse_opts o = {.allow_forced_output = true};
+    const char *b = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tern_forced_output\":\"<think>a</think>b\"}";
+    assert_true(srv_request_parse(SRV_EP_CHAT, b, strlen(b), &o, &req, &err));
+    assert_string_equal(req.forced_output, "<think>a</think>b");
+    srv_request_free(&req);
+}
+
+static void test_utf8_validator(void **state) {
+    (void)state;
+    assert_true(srv_utf8_valid("h\xc3\xa9llo \xe2\x82\xac \xf0\x9f\x98\x80", 15));
+    assert_false(srv_utf8_valid("\xc0\xaf", 2));         /* overlong */
+    assert_false(srv_utf8_valid("\xed\xa0\x80", 3));     /* surrogate */
+    assert_false(srv_utf8_valid("\xf4\x90\x80\x80", 4)); /* > U+10FFFF */
+    assert_false(srv_utf8_valid("\xe2\x82", 2));         /* truncated */
+    assert_false(srv_utf8_valid("\x80", 1));
+}
+
+/* Every request body of the shared agent transcripts is accepted and normalised. */
+static void test_bench_bodies(void **state) {
+    (void)state;
+    const char *files[] = {"bench/agent-short.jsonl", "bench/agent-long-stripped.jsonl", "bench/compaction-short.jsonl"};
+    if (!th_shared_dir()) skip();
+    for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
+        size_t len;
+        char *data = th_read_file(th_shared_path(files[f]), &len);
+        assert_non_null(data);
+        int n = 0;
+        for (char *line = data; line && *line;) {
+            char *nl = strchr(line, '\n');
+            size_t ll = nl ? (size_t)(nl - line) : strlen(line);
+            json_t *rec = json_loadb(line, ll, 0, NULL);
+            assert_non_null(rec);
+            char *body = json_dumps(json_object_get(rec, "request"), JSON_COMPACT);
+            struct srv_request req;
+            struct srv_error err;
+            if (!parse(SRV_EP_CHAT, body, &req, &err)) fail_msg("%s line %d: %s", files[f], n, err.message);
+            assert_true(req.stream);
+            assert_int_equal(req.max_tokens, 16);
+            assert_non_null(req.tools);
+            /* content parts were flattened: every message content is a string */
+            for (size_t i = 0; i < json_array_size(req.messages); i++)
+                assert_true(json_is_string(json_object_get(json_array_get(req.messages, i), "content")));
+            srv_request_free(&req);
+            free(body);
+            json_decref(rec);
+            n++;
+            line = nl ? nl + 1 : NULL;
+        }
+        assert_true(n >= 12);
+        free(data);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_minimal_chat),
+        cmocka_unit_test(test_all_fields),
+        cmocka_unit_test(test_normalise_messages),
+        cmocka_unit_test(test_tools_without_parameters),
+        cmocka_unit_test(test_completion_prompts),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_body_limit),
+        cmocka_unit_test(test_forced_output_allowed),
+        cmocka_unit_test(test_utf8_validator),
+        cmocka_unit_test(test_bench_bodies),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
