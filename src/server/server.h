@@ -1,0 +1,113 @@
+/* The HTTP server: libmicrohttpd, routing, auth, limits, one engine worker behind a
+ * bounded queue, SSE streaming, cancellation on disconnect, metrics, request log.
+ *
+ * The server knows HTTP and scheduling; what a request *does* is a backend (the engine
+ * backend in engine.h; tests plug in their own). The HTTP side and the engine meet at
+ * one queue (STYLE.md): a connection thread parses and prepares a job (validation,
+ * template, tokens — all 4xx decided here, before any byte of the response), the
+ * single worker thread runs jobs one at a time, and the job's output buffer carries
+ * the bytes back. A client that goes away sets the job's cancel flag, which the engine
+ * checks between chunks and between tokens. */
+#ifndef TERN_SERVER_SERVER_H
+#define TERN_SERVER_SERVER_H
+
+#include "server/request.h"
+#include "util/buf.h"
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct srv_params {
+    const char *host;            /* "127.0.0.1"; an IPv6 literal works too */
+    int port;                    /* 0: pick a free port (see srv_port) */
+    uint32_t n_queue;            /* requests waiting beyond the running one; full -> 429 */
+    size_t max_body;             /* bytes; larger bodies -> 413 */
+    const char *const *api_keys; /* when n_api_keys > 0 every route but /health needs one */
+    size_t n_api_keys;
+    bool allow_forced_output;    /* test-only request field tern_forced_output */
+    uint32_t max_connections;    /* 0 = 256 */
+};
+
+void srv_params_default(struct srv_params *p);
+
+/* One request on its way through the server. Fields marked (http) are set before the
+ * job is queued and read-only afterwards; (backend) fields belong to the backend. */
+struct srv_job {
+    /* (http) */
+    uint64_t seq;
+    char id[48];                 /* "chatcmpl-<seq>-<random>" / "cmpl-..." */
+    enum srv_endpoint ep;
+    const char *path;
+    struct srv_request req;
+    char *tenant;                /* API key used and/or cache_salt; "" = default */
+    char *key;                   /* session key (body beats header x-session-id); NULL = none */
+    int64_t created;
+    double t_arrive;             /* tern_now_s() */
+
+    /* (backend, set in prepare) */
+    int32_t *prompt;             /* tern_malloc'd; freed by the server */
+    size_t n_prompt;
+    void *priv;                  /* freed through backend->job_free */
+
+    /* set by the connection when the client goes away; read by the engine */
+    volatile int cancel;
+
+    /* (backend) figures for the log line */
+    uint32_t n_cached, n_read, n_generated;
+    double t_first;              /* first token out (0 = none) */
+    char note[160];              /* error message for the log, if any */
+
+    /* output channel (locked) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct tern_buf out;         /* response body bytes (SSE when streaming) */
+    size_t out_read;             /* consumed by the connection (streaming) */
+    bool done;
+    int status;                  /* HTTP status of a non-streamed response */
+    int refs;
+
+    /* (server internal) */
+    void *priv_server;
+    int fd;                      /* the client's socket, polled for a hang-up */
+};
+
+/* Backend helpers: append response bytes / end the response. For a non-streamed job
+ * the bytes are the whole body and status is its HTTP status. */
+void srv_job_write(struct srv_job *j, const char *data, size_t n);
+void srv_job_finish(struct srv_job *j, int status);
+/* Streaming jobs only: true when the client is still there. */
+static inline bool srv_job_cancelled(const struct srv_job *j) { return j->cancel != 0; }
+
+struct srv_backend {
+    void *self;
+    /* connection thread, concurrently with the worker: validate beyond the JSON
+     * (template, tokens, context length) and fill job->prompt. false + *err = reject. */
+    bool (*prepare)(void *self, struct srv_job *job, struct srv_error *err);
+    /* the worker thread: run the job, write its output, call srv_job_finish. */
+    void (*run)(void *self, struct srv_job *job);
+    void (*job_free)(void *self, struct srv_job *job);
+    /* POST /tokenize and /detokenize bodies -> response object (new ref) or NULL + err */
+    json_t *(*tokenize)(void *self, const json_t *body, struct srv_error *err);
+    json_t *(*detokenize)(void *self, const json_t *body, struct srv_error *err);
+    /* one entry of GET /v1/models' data (new ref) */
+    json_t *(*model_entry)(void *self);
+    /* extra Prometheus lines for /metrics */
+    void (*metrics)(void *self, struct tern_buf *out);
+};
+
+struct srv_server;
+
+/* Binds and starts serving (routes answer 503 until a backend is set). On error *out
+ * is NULL and the message names the address. */
+enum tern_status srv_start(const struct srv_params *p, struct srv_server **out);
+/* The model is loaded: requests are served from now on. The backend must outlive the
+ * server (srv_stop before freeing it). */
+void srv_set_backend(struct srv_server *s, const struct srv_backend *b);
+int srv_port(const struct srv_server *s);
+/* Cancels what is running and queued, closes connections, joins threads, frees. */
+void srv_stop(struct srv_server *s);
+
+#endif

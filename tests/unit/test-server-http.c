@@ -1,0 +1,494 @@
+/* server/http: routing, auth, limits, queue (429), SSE framing, cancellation on
+ * disconnect, /health before and after the model is ready, /metrics — over real
+ * sockets against a scripted backend (no model: the engine backend has its own e2e
+ * tests). The backend streams its text through the real output parser and response
+ * builders, one byte per "token". */
+#include "harness.h"
+
+#include "server/reply.h"
+#include "server/respond.h"
+#include "server/server.h"
+#include "util/mem.h"
+
+#include <arpa/inet.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- the scripted backend ---------------------------------------------------------- */
+
+static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
+static bool gate_open = true;
+static atomic_int runs, cancelled_runs, running_now;
+
+static const char *last_content(const struct srv_job *j) {
+    size_t n = json_array_size(j->req.messages);
+    return n ? json_string_value(json_object_get(json_array_get(j->req.messages, n - 1), "content")) : "";
+}
+
+static bool fake_prepare(void *self, struct srv_job *j, struct srv_error *err) {
+    (void)self;
+    const char *text = j->ep == SRV_EP_CHAT ? last_content(j) : (j->req.prompt ? j->req.prompt : "");
+    if (!strcmp(text, "toolong")) {
+        srv_error_bad(err, "messages", "the prompt is 9000 tokens; the context holds 4096");
+        return false;
+    }
+    j->n_prompt = strlen(text);
+    j->prompt = tern_malloc((j->n_prompt + 1) * sizeof *j->prompt);
+    for (size_t i = 0; i < j->n_prompt; i++) j->prompt[i] = (unsigned char)text[i];
+    return true;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void fake_run(void *self, struct srv_job *j) {
+    (void)self;
+    atomic_fetch_add(&runs, 1);
+    atomic_fetch_add(&running_now, 1);
+    const char *prompt = j->ep == SRV_EP_CHAT ? last_content(j) : (j->req.prompt ? j->req.prompt : "");
+    if (!strcmp(prompt, "block")) {
+        pthread_mutex_lock(&gate_mu);
+        while (!gate_open) pthread_cond_wait(&gate_cv, &gate_mu);
+        pthread_mutex_unlock(&gate_mu);
+    }
+    bool slow = !strcmp(prompt, "slow");
+    const char *text = j->req.forced_output ? j->req.forced_output : slow ? "abcdefghijklmnopqrstuvwxyz" : "Hello world";
+    struct srv_resp_ctx ctx = {.id = j->id, .model = "fake", .created = j->created, .ep = j->ep};
+    struct reply_parser p;
+    reply_parser_init(&p, &reply_format_qwen, j->req.tools != NULL, false, j->seq);
+    struct tern_buf out = TERN_BUF_INIT;
+    if (j->req.stream && j->ep == SRV_EP_CHAT) srv_sse_data(&out, srv_chunk_chat(&ctx, NULL, &p, true, NULL, NULL));
+    if (j->req.stream) srv_sse_comment(&out, "priming %zu/%zu", j->n_prompt, j->n_prompt);
+    size_t n = strlen(text);
+    for (size_t i = 0; i < n && !j->cancel; i++) {
+        if (slow) sleep_ms(40);
+        if (i == 0) j->t_first = 1e-9;
+        j->n_generated++;
+        reply_parser_feed(&p, text + i, 1);
+        if (j->req.stream && !reply_delta_empty(reply_parser_delta(&p))) {
+            srv_sse_data(&out, srv_chunk_chat(&ctx, reply_parser_delta(&p), &p, false, NULL, NULL));
+            reply_delta_reset(reply_parser_delta(&p));
+        }
+        if (out.len) {
+            srv_job_write(j, out.data, out.len);
+            tern_buf_clear(&out);
+        }
+    }
+    if (j->cancel) {
+        atomic_fetch_add(&cancelled_runs, 1);
+        srv_job_finish(j, 499);
+    } else {
+        reply_parser_finish(&p);
+        const char *finish = p.n_calls ? "tool_calls" : "stop";
+        struct srv_usage u = {.prompt_tokens = (uint32_t)j->n_prompt, .completion_tokens = j->n_generated};
+        struct srv_reuse r = {.tier = "cold", .read = (uint32_t)j->n_prompt, .key = j->key ? "explicit" : "none"};
+        if (j->req.stream) {
+            srv_sse_data(&out, srv_chunk_chat(&ctx, reply_parser_delta(&p), &p, false, finish, &r));
+            if (j->req.include_usage) srv_sse_data(&out, srv_chunk_usage(&ctx, &u, &r));
+            srv_sse_done(&out);
+        } else {
+            json_t *o = srv_response_chat(&ctx, &p, finish, &u, &r);
+            json_object_set_new(o, "seen_key", json_string(j->key ? j->key : ""));
+            json_object_set_new(o, "seen_tenant", json_string(j->tenant));
+            char *s = json_dumps(o, JSON_COMPACT);
+            tern_buf_puts(&out, s);
+            free(s);
+            json_decref(o);
+        }
+        srv_job_write(j, out.data, out.len);
+        srv_job_finish(j, 200);
+    }
+    tern_buf_free(&out);
+    reply_parser_free(&p);
+    atomic_fetch_sub(&running_now, 1);
+}
+
+static json_t *fake_tokenize(void *self, const json_t *body, struct srv_error *err) {
+    (void)self;
+    const char *s = json_string_value(json_object_get(body, "content"));
+    if (!s) {
+        srv_error_bad(err, "content", "'content' must be a string");
+        return NULL;
+    }
+    json_t *a = json_array();
+    for (const char *q = s; *q; q++) json_array_append_new(a, json_integer((unsigned char)*q));
+    return json_pack("{s:o}", "tokens", a);
+}
+
+static json_t *fake_model(void *self) {
+    (void)self;
+    return json_pack("{s:s,s:s}", "id", "fake", "object", "model");
+}
+
+static const struct srv_backend fake = {
+    .prepare = fake_prepare, .run = fake_run, .tokenize = fake_tokenize, .detokenize = fake_tokenize,
+    .model_entry = fake_model,
+};
+
+/* ---- a tiny HTTP client ------------------------------------------------------------ */
+
+static int port;
+
+static int connect_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+static void send_request(int fd, const char *method, const char *path, const char *headers, const char *body) {
+    char head[1024];
+    size_t bl = body ? strlen(body) : 0;
+    int n = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%sContent-Length: %zu\r\n\r\n",
+                     method, path, headers ? headers : "", bl);
+    assert_int_equal(write(fd, head, (size_t)n), n);
+    if (bl) assert_int_equal(write(fd, body, bl), (ssize_t)bl);
+}
+
+struct reply {
+    int status;
+    char *head;
+    char *body; /* de-chunked */
+};
+
+static void dechunk(char *b) {
+    char *in = b, *out = b;
+    for (;;) {
+        char *end;
+        unsigned long n = strtoul(in, &end, 16);
+        if (end == in || strncmp(end, "\r\n", 2)) break;
+        in = end + 2;
+        if (n == 0) break;
+        memmove(out, in, n);
+        out += n;
+        in += n + 2;
+    }
+    *out = 0;
+}
+
+static struct reply http(const char *method, const char *path, const char *headers, const char *body) {
+    int fd = connect_port();
+    send_request(fd, method, path, headers, body);
+    struct tern_buf b = TERN_BUF_INIT;
+    char tmp[4096];
+    ssize_t r;
+    while ((r = read(fd, tmp, sizeof tmp)) > 0) tern_buf_append(&b, tmp, (size_t)r);
+    close(fd);
+    struct reply rep = {0};
+    assert_non_null(b.data);
+    assert_int_equal(sscanf(b.data, "HTTP/1.1 %d", &rep.status), 1);
+    char *sep = strstr(b.data, "\r\n\r\n");
+    assert_non_null(sep);
+    *sep = 0;
+    rep.head = tern_strdup(b.data);
+    rep.body = tern_strdup(sep + 4);
+    if (strcasestr(rep.head, "transfer-encoding: chunked")) dechunk(rep.body);
+    tern_buf_free(&b);
+    return rep;
+}
+
+static void reply_free(struct reply *r) {
+    free(r->head);
+    free(r->body);
+}
+
+static void assert_error_shape(const struct reply *r, int status, const char *type) {
+    assert_int_equal(r->status, status);
+    json_t *o = json_loads(r->body, 0, NULL);
+    if (!o) fail_msg("not JSON: %s", r->body);
+    json_t *e = json_object_get(o, "error");
+    assert_true(json_is_string(json_object_get(e, "message")));
+    assert_string_equal(json_string_value(json_object_get(e, "type")), type);
+    assert_non_null(json_object_get(e, "param"));
+    assert_non_null(json_object_get(e, "code"));
+    json_decref(o);
+}
+
+static struct srv_server *start(uint32_t n_queue, const char *const *keys, size_t n_keys) {
+    struct srv_params p;
+    srv_params_default(&p);
+    p.port = 0;
+    p.n_queue = n_queue;
+    p.max_body = 4096;
+    p.api_keys = keys;
+    p.n_api_keys = n_keys;
+    p.allow_forced_output = true;
+    struct srv_server *s;
+    assert_int_equal(srv_start(&p, &s), TERN_OK);
+    port = srv_port(s);
+    assert_true(port > 0);
+    return s;
+}
+
+#define CHAT(content) "{\"messages\":[{\"role\":\"user\",\"content\":\"" content "\"}]"
+
+/* ---- tests ------------------------------------------------------------------------- */
+
+static void test_routes_and_errors(void **state) {
+    (void)state;
+    struct srv_server *s = start(4, NULL, 0);
+    struct reply r = http("GET", "/health", NULL, NULL);
+    assert_int_equal(r.status, 503); /* no backend yet: loading */
+    reply_free(&r);
+    r = http("POST", "/v1/chat/completions", NULL, CHAT("hi") "}");
+    assert_error_shape(&r, 503, "unavailable_error");
+    reply_free(&r);
+    srv_set_backend(s, &fake);
+    r = http("GET", "/health", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    reply_free(&r);
+    r = http("GET", "/nope", NULL, NULL);
+    assert_error_shape(&r, 404, "not_found_error");
+    reply_free(&r);
+    r = http("GET", "/v1/chat/completions", NULL, NULL);
+    assert_error_shape(&r, 405, "invalid_request_error");
+    assert_non_null(strcasestr(r.head, "Allow: POST"));
+    reply_free(&r);
+    r = http("POST", "/v1/chat/completions", NULL, "{\"messages\":[{\"role\":\"user\",");
+    assert_error_shape(&r, 400, "invalid_request_error");
+    assert_non_null(strstr(r.body, "column"));
+    reply_free(&r);
+    r = http("POST", "/v1/chat/completions", NULL, CHAT("toolong") "}");
+    assert_error_shape(&r, 400, "invalid_request_error");
+    assert_non_null(strstr(r.body, "9000"));
+    reply_free(&r);
+    char big[6000];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    r = http("POST", "/v1/chat/completions", NULL, big);
+    assert_error_shape(&r, 413, "invalid_request_error");
+    reply_free(&r);
+    r = http("GET", "/v1/models", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"id\":\"fake\""));
+    reply_free(&r);
+    r = http("POST", "/tokenize", NULL, "{\"content\":\"ab\"}");
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.body, "{\"tokens\":[97,98]}");
+    reply_free(&r);
+    r = http("GET", "/metrics", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "tern_requests_total{route=\"/v1/chat/completions\",status=\"400\"} 2"));
+    assert_non_null(strstr(r.body, "tern_queue_capacity 4"));
+    reply_free(&r);
+    srv_stop(s);
+}
+
+static void test_auth(void **state) {
+    (void)state;
+    const char *keys[] = {"k1", "k2"};
+    struct srv_server *s = start(4, keys, 2);
+    srv_set_backend(s, &fake);
+    struct reply r = http("POST", "/v1/chat/completions", NULL, CHAT("hi") "}");
+    assert_error_shape(&r, 401, "authentication_error");
+    reply_free(&r);
+    r = http("POST", "/v1/chat/completions", "Authorization: Bearer nope\r\n", CHAT("hi") "}");
+    assert_error_shape(&r, 401, "authentication_error");
+    reply_free(&r);
+    r = http("GET", "/health", NULL, NULL); /* health needs no key */
+    assert_int_equal(r.status, 200);
+    reply_free(&r);
+    r = http("POST", "/v1/chat/completions", "Authorization: Bearer k2\r\nx-session-id: hdr\r\n",
+             CHAT("hi") ",\"cache_salt\":\"s1\"}");
+    assert_int_equal(r.status, 200);
+    json_t *o = json_loads(r.body, 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(o, "seen_key")), "hdr");
+    assert_string_equal(json_string_value(json_object_get(o, "seen_tenant")), "key1/salt:s1");
+    json_decref(o);
+    reply_free(&r);
+    /* the body's key beats the header */
+    r = http("POST", "/v1/chat/completions", "Authorization: Bearer k1\r\nx-session-id: hdr\r\n",
+             CHAT("hi") ",\"user\":\"body\"}");
+    o = json_loads(r.body, 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(o, "seen_key")), "body");
+    assert_string_equal(json_string_value(json_object_get(o, "seen_tenant")), "key0");
+    json_decref(o);
+    reply_free(&r);
+    srv_stop(s);
+}
+
+static void test_non_stream_and_stream(void **state) {
+    (void)state;
+    struct srv_server *s = start(4, NULL, 0);
+    srv_set_backend(s, &fake);
+    struct reply r = http("POST", "/v1/chat/completions", NULL, CHAT("hi") ",\"tern_forced_output\":\"<think>r</think>ok\"}");
+    assert_int_equal(r.status, 200);
+    json_t *o = json_loads(r.body, 0, NULL);
+    json_t *msg = json_object_get(json_array_get(json_object_get(o, "choices"), 0), "message");
+    assert_string_equal(json_string_value(json_object_get(msg, "content")), "ok");
+    assert_string_equal(json_string_value(json_object_get(msg, "reasoning_content")), "r");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(json_object_get(o, "tern"), "reuse"), "tier")),
+                        "cold");
+    json_decref(o);
+    reply_free(&r);
+
+    r = http("POST", "/v1/chat/completions", NULL,
+             CHAT("hi") ",\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+                        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+                        "\"tern_forced_output\":\"<tool_call>{\\\"name\\\":\\\"f\\\",\\\"arguments\\\":{\\\"a\\\":1}}</tool_call>\"}");
+    assert_int_equal(r.status, 200);
+    assert_non_null(strcasestr(r.head, "text/event-stream"));
+    /* frames: data lines, a comment, the usage chunk with choices [], [DONE] last */
+    assert_non_null(strstr(r.body, ": priming 2/2\n\n"));
+    const char *done = strstr(r.body, "data: [DONE]\n\n");
+    assert_non_null(done);
+    assert_string_equal(done, "data: [DONE]\n\n");
+    struct tern_buf args = TERN_BUF_INIT;
+    int n_data = 0, n_begin = 0;
+    bool saw_usage = false, saw_finish = false;
+    for (char *line = strtok(r.body, "\n"); line; line = strtok(NULL, "\n")) {
+        if (strncmp(line, "data: ", 6) || !strcmp(line, "data: [DONE]")) continue;
+        n_data++;
+        json_t *c = json_loads(line + 6, 0, NULL);
+        assert_non_null(c);
+        json_t *choices = json_object_get(c, "choices");
+        if (json_array_size(choices) == 0) {
+            saw_usage = true;
+            assert_int_equal(json_integer_value(json_object_get(json_object_get(c, "usage"), "completion_tokens")),
+                             strlen("<tool_call>{\"name\":\"f\",\"arguments\":{\"a\":1}}</tool_call>"));
+        } else {
+            json_t *ch = json_array_get(choices, 0);
+            json_t *tc = json_object_get(json_object_get(ch, "delta"), "tool_calls");
+            for (size_t i = 0; i < json_array_size(tc); i++) {
+                json_t *t = json_array_get(tc, i);
+                json_t *fn = json_object_get(t, "function");
+                if (json_object_get(t, "id")) {
+                    n_begin++;
+                    assert_string_equal(json_string_value(json_object_get(fn, "name")), "f");
+                }
+                tern_buf_puts(&args, json_string_value(json_object_get(fn, "arguments")));
+            }
+            const char *fin = json_string_value(json_object_get(ch, "finish_reason"));
+            if (fin) {
+                saw_finish = true;
+                assert_string_equal(fin, "tool_calls");
+                assert_non_null(json_object_get(c, "tern"));
+            }
+        }
+        json_decref(c);
+    }
+    assert_true(n_data > 3);
+    assert_int_equal(n_begin, 1);
+    assert_true(saw_usage && saw_finish);
+    assert_string_equal(args.data, "{\"a\":1}");
+    tern_buf_free(&args);
+    reply_free(&r);
+    srv_stop(s);
+}
+
+struct bg {
+    const char *body;
+    struct reply r;
+};
+
+static void *bg_request(void *arg) {
+    struct bg *b = arg;
+    b->r = http("POST", "/v1/chat/completions", NULL, b->body);
+    return NULL;
+}
+
+static void test_queue_full_429(void **state) {
+    (void)state;
+    struct srv_server *s = start(1, NULL, 0);
+    srv_set_backend(s, &fake);
+    pthread_mutex_lock(&gate_mu);
+    gate_open = false;
+    pthread_mutex_unlock(&gate_mu);
+    struct bg a = {.body = CHAT("block") "}"}, b = {.body = CHAT("block") "}"};
+    pthread_t ta, tb;
+    atomic_store(&running_now, 0);
+    pthread_create(&ta, NULL, bg_request, &a);
+    while (atomic_load(&running_now) == 0) sleep_ms(5); /* a runs (blocked) */
+    pthread_create(&tb, NULL, bg_request, &b);
+    /* wait until b sits in the queue (metrics say so) */
+    for (int i = 0; i < 400; i++) {
+        struct reply m = http("GET", "/metrics", NULL, NULL);
+        bool queued = strstr(m.body, "tern_queue_depth 1\n") != NULL;
+        reply_free(&m);
+        if (queued) break;
+        sleep_ms(5);
+    }
+    struct reply r = http("POST", "/v1/chat/completions", NULL, CHAT("hi") "}");
+    assert_error_shape(&r, 429, "rate_limit_error");
+    assert_non_null(strcasestr(r.head, "Retry-After: 1"));
+    reply_free(&r);
+    pthread_mutex_lock(&gate_mu);
+    gate_open = true;
+    pthread_cond_broadcast(&gate_cv);
+    pthread_mutex_unlock(&gate_mu);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    assert_int_equal(a.r.status, 200);
+    assert_int_equal(b.r.status, 200);
+    reply_free(&a.r);
+    reply_free(&b.r);
+    srv_stop(s);
+}
+
+static void test_disconnect_cancels(void **state) {
+    (void)state;
+    struct srv_server *s = start(4, NULL, 0);
+    srv_set_backend(s, &fake);
+    int before = atomic_load(&cancelled_runs);
+    for (int stream = 0; stream < 2; stream++) {
+        int fd = connect_port();
+        send_request(fd, "POST", "/v1/chat/completions", NULL,
+                     stream ? CHAT("slow") ",\"stream\":true}" : CHAT("slow") "}");
+        if (stream) {
+            char tmp[256];
+            assert_true(read(fd, tmp, sizeof tmp) > 0); /* the stream has started */
+        } else {
+            sleep_ms(100);
+        }
+        close(fd);
+        /* the backend sees the cancel flag long before its 26 x 40 ms are over */
+        for (int i = 0; i < 200 && atomic_load(&cancelled_runs) == before + stream; i++) sleep_ms(10);
+        assert_int_equal(atomic_load(&cancelled_runs), before + stream + 1);
+    }
+    /* and the server serves the next request normally */
+    struct reply r = http("POST", "/v1/chat/completions", NULL, CHAT("hi") "}");
+    assert_int_equal(r.status, 200);
+    reply_free(&r);
+    struct reply m = http("GET", "/metrics", NULL, NULL);
+    assert_non_null(strstr(m.body, "tern_requests_cancelled_total 2"));
+    reply_free(&m);
+    srv_stop(s);
+}
+
+static void test_stop_with_requests_in_flight(void **state) {
+    (void)state;
+    struct srv_server *s = start(4, NULL, 0);
+    srv_set_backend(s, &fake);
+    struct bg a = {.body = CHAT("slow") ",\"stream\":true}"};
+    pthread_t ta;
+    atomic_store(&running_now, 0);
+    pthread_create(&ta, NULL, bg_request, &a);
+    while (atomic_load(&running_now) == 0) sleep_ms(5);
+    srv_stop(s); /* must not hang or leak */
+    pthread_join(ta, NULL);
+    reply_free(&a.r);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_routes_and_errors),
+        cmocka_unit_test(test_auth),
+        cmocka_unit_test(test_non_stream_and_stream),
+        cmocka_unit_test(test_queue_full_429),
+        cmocka_unit_test(test_disconnect_cancels),
+        cmocka_unit_test(test_stop_with_requests_in_flight),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
