@@ -1,0 +1,91 @@
+// Shared helpers for the server tests driven from node: make a small model with
+// `tern mkmodel`, start `tern serve` on a free loopback port, stop it.
+import { spawn, spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync, existsSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+export const bin = process.env.TERN_BIN || './tern';
+export const sourceDir = process.env.TERN_SOURCE_DIR || process.cwd();
+
+export function skip(why) {
+  console.log(`SKIP: ${why}`);
+  process.exit(77);
+}
+
+// A temporary directory removed at exit.
+export function tmp() {
+  const d = mkdtempSync(join(tmpdir(), 'tern-srv-'));
+  process.on('exit', () => rmSync(d, { recursive: true, force: true }));
+  return d;
+}
+
+// A tiny random qwen3 model with the generator's built-in Qwen-style vocabulary
+// (<|im_start|>, <think>, <tool_call> ... and a ChatML template).
+export function makeModel(dir, extra = []) {
+  const out = join(dir, 'model.gguf');
+  const r = spawnSync(bin, ['mkmodel', '--preset', 'tiny-qwen3', '--type', 'q8_0', '--out', out, ...extra],
+    { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`tern mkmodel failed: ${r.stderr}`);
+  return out;
+}
+
+// Starts `tern serve` with args on port 0; resolves once /health says 200.
+export async function startServer(args, env = {}) {
+  const proc = spawn(bin, ['serve', '--port', '0', '--threads', '2', ...args], {
+    env: { ...process.env, TERN_LOG: 'info', ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let log = '';
+  const port = await new Promise((resolve, reject) => {
+    const onData = (d) => {
+      log += d.toString();
+      const m = log.match(/listening on http:\/\/[^:]+:(\d+)/);
+      if (m) resolve(Number(m[1]));
+    };
+    proc.stderr.on('data', onData);
+    proc.stdout.on('data', onData);
+    proc.on('exit', (code) => reject(new Error(`tern serve exited ${code}: ${log}`)));
+    setTimeout(() => reject(new Error(`tern serve did not start: ${log}`)), 60000);
+  });
+  const base = `http://127.0.0.1:${port}`;
+  for (let i = 0; i < 600; i++) {
+    try {
+      const r = await fetch(`${base}/health`);
+      if (r.status === 200) break;
+    } catch { /* not yet */ }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  return {
+    proc, port, base,
+    log: () => log,
+    async stop() {
+      if (proc.exitCode !== null) return proc.exitCode;
+      const done = new Promise((r) => proc.on('exit', (code, sig) => r(code ?? sig)));
+      proc.kill('SIGTERM');
+      return done;
+    },
+  };
+}
+
+export function requireOpenAI() {
+  const p = join(sourceDir, 'third_party', 'node_modules', 'openai');
+  if (!existsSync(p)) skip(`the openai npm package is not installed (${p}); run ./scripts/deps.sh`);
+  return p;
+}
+
+// Parses an SSE body into frames: {data, event, comment}.
+export function sseFrames(text) {
+  const frames = [];
+  for (const block of text.split('\n\n')) {
+    if (!block) continue;
+    const f = { data: null, event: null, comment: null };
+    for (const line of block.split('\n')) {
+      if (line.startsWith(':')) f.comment = line.slice(1).trim();
+      else if (line.startsWith('data: ')) f.data = line.slice(6);
+      else if (line.startsWith('event: ')) f.event = line.slice(7);
+    }
+    frames.push(f);
+  }
+  return frames;
+}
