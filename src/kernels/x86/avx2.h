@@ -1,0 +1,151 @@
+/* Shared by the AVX2 kernel files (compiled with -mavx2 -mfma -mf16c): small helpers
+ * and the tiling driver.
+ *
+ * How the exactness contract is kept: every kernel is a "tile" computing an R x T block
+ * of outputs (R weight rows x T activation rows) over the whole of k. A tile keeps one
+ * accumulator per (row, token) pair and applies to it exactly the same sequence of
+ * operations, block by block in order, whatever R and T are; the final horizontal sum
+ * is the same function for every pair. Tiles of every shape up to the maximum are
+ * instantiated from one always-inline body, and the driver picks shapes freely (larger
+ * tiles in the middle, smaller ones at the edges, different ones for n_tok = 1): the
+ * shape decides only which pairs share loads, never what a pair computes. */
+#ifndef TERN_KERNELS_X86_AVX2_H
+#define TERN_KERNELS_X86_AVX2_H
+
+#include "kernels/kernels-impl.h"
+#include "kernels/quant.h"
+
+#include <immintrin.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define AVX2_INLINE static inline __attribute__((always_inline))
+#define UNROLL _Pragma("GCC unroll 8")
+
+/* The one horizontal sum every output goes through: (lo128 + hi128), then pairs. */
+AVX2_INLINE float hsum8(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+AVX2_INLINE float h2f(tern_fp16 h) { return _cvtsh_ss(h); }
+
+AVX2_INLINE __m256i loadu256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+AVX2_INLINE __m128i loadu128(const void *p) { return _mm_loadu_si128((const __m128i *)p); }
+
+/* 16 bytes of nibbles -> 32 bytes: low nibbles in bytes 0-15, high nibbles in 16-31. */
+AVX2_INLINE __m256i nibbles32(const uint8_t *p) {
+    const __m128i q = loadu128(p);
+    const __m256i v = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+/* 32 bits -> 32 bytes, byte j = 0xFF where bit j is set. */
+AVX2_INLINE __m256i bits_to_bytes(uint32_t bits) {
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)bits),
+        _mm256_set_epi64x(0x0303030303030303ll, 0x0202020202020202ll, 0x0101010101010101ll, 0));
+    const __m256i sel = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel);
+}
+
+/* Sum of 4 adjacent u8 x s8 products per int32 lane (no saturation for |u| <= 128,
+ * |s| <= 127: pairs stay below 2^15). */
+AVX2_INLINE __m256i dot_u8s8_32(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+/* ---- tiling driver ------------------------------------------------------------------- */
+
+/* Computes rows [0, R) x tokens [0, T) of one tile: y[t * ldy + r]. w points at the
+ * first row, a at the first token row. */
+typedef void (*avx2_tile_fn)(const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb, size_t k,
+                             float *y, size_t ldy);
+
+#define AVX2_RMAX 4
+#define AVX2_TMAX 4
+
+struct avx2_tiles {
+    avx2_tile_fn fn[AVX2_RMAX + 1][AVX2_TMAX + 1]; /* [R][T], 1-based */
+    int gemv_r;      /* rows per tile when n_tok == 1 */
+    int gemm_r, gemm_t; /* tile shape for batches */
+};
+
+/* Bytes of activation rows to keep hot while weight rows stream past (an L2 share). */
+#define AVX2_ACT_BLOCK_BYTES (160 * 1024)
+
+static inline void avx2_drive(const struct avx2_tiles *tiles, const void *wv, size_t wrb, size_t k,
+                              const void *av, size_t arb, size_t n_tok, float *y, size_t ldy, size_t r0,
+                              size_t r1) {
+    const uint8_t *w = wv;
+    const uint8_t *a = av;
+    if (n_tok == 1) {
+        const size_t R = (size_t)tiles->gemv_r;
+        for (size_t r = r0; r < r1; r += R) {
+            const size_t nr = r1 - r < R ? r1 - r : R;
+            tiles->fn[nr][1](w + r * wrb, wrb, a, arb, k, y + r, ldy);
+        }
+        return;
+    }
+    const size_t R = (size_t)tiles->gemm_r, T = (size_t)tiles->gemm_t;
+    size_t tb = AVX2_ACT_BLOCK_BYTES / (arb ? arb : 1);
+    tb = tb < T ? T : tb / T * T;
+    for (size_t t0 = 0; t0 < n_tok; t0 += tb) {
+        const size_t t1 = n_tok - t0 < tb ? n_tok : t0 + tb;
+        for (size_t r = r0; r < r1; r += R) {
+            const size_t nr = r1 - r < R ? r1 - r : R;
+            for (size_t t = t0; t < t1; t += T) {
+                const size_t nt = t1 - t < T ? t1 - t : T;
+                tiles->fn[nr][nt](w + r * wrb, wrb, a + t * arb, arb, k, y + t * ldy + r, ldy);
+            }
+        }
+    }
+}
+
+/* Instantiates NAME_RxT wrappers of an always-inline body BODY(R, T, args...) and a
+ * table initializer for all shapes up to 4 x 4. */
+#define AVX2_TILE_INST(body, R, T)                                                              \
+    static void body##_##R##x##T(const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb,    \
+                                 size_t k, float *y, size_t ldy) {                             \
+        body(R, T, w, wrb, a, arb, k, y, ldy);                                                  \
+    }
+#define AVX2_TILE_INST_ROW(body, R)                                                              \
+    AVX2_TILE_INST(body, R, 1) AVX2_TILE_INST(body, R, 2) AVX2_TILE_INST(body, R, 3)           \
+        AVX2_TILE_INST(body, R, 4)
+#define AVX2_TILE_INST_ALL(body)                                                                 \
+    AVX2_TILE_INST_ROW(body, 1) AVX2_TILE_INST_ROW(body, 2) AVX2_TILE_INST_ROW(body, 3)        \
+        AVX2_TILE_INST_ROW(body, 4)
+#define AVX2_TILE_ROW_INIT(body, R)                                                              \
+    { NULL, body##_##R##x1, body##_##R##x2, body##_##R##x3, body##_##R##x4 }
+#define AVX2_TILE_TABLE_INIT(body)                                                               \
+    {                                                                                            \
+        {NULL}, AVX2_TILE_ROW_INIT(body, 1), AVX2_TILE_ROW_INIT(body, 2),                       \
+            AVX2_TILE_ROW_INIT(body, 3), AVX2_TILE_ROW_INIT(body, 4)                             \
+    }
+
+/* A matmul entry point for the kernel table from a tile table. */
+#define AVX2_MATMUL(name, tiles)                                                                 \
+    void name(const void *w, size_t wrb, size_t k, const void *a, size_t arb, size_t n_tok,      \
+              float *y, size_t ldy, size_t r0, size_t r1) {                                      \
+        avx2_drive(&(tiles), w, wrb, k, a, arb, n_tok, y, ldy, r0, r1);                         \
+    }
+
+/* Entry points defined by the x86 files, collected in matmul-avx2.c. */
+void tern_avx2_matmul_f32(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
+void tern_avx2_matmul_f16(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
+void tern_avx2_matmul_bf16(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
+void tern_avx2_matmul_q8_0(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
+void tern_avx2_matmul_q4_0(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
+void tern_avx2_matmul_q4_1(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
+void tern_avx2_matmul_q5_0(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
+void tern_avx2_matmul_q5_1(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
+void tern_avx2_matmul_q4_k(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
+void tern_avx2_matmul_q5_k(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
+void tern_avx2_matmul_q6_k(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
+void tern_avx2_act_q8_0(const float *x, void *out, size_t k);
+void tern_avx2_act_q8_k(const float *x, void *out, size_t k);
+
+#endif

@@ -1,0 +1,111 @@
+/* AVX2 kernels for the 32-element quants (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1) times Q8_0
+ * activations.
+ *
+ * Per (row, token) pair and block: the weight levels are widened to 32 signed bytes
+ * (Q8_0/Q4_0/Q5_0) and multiplied with the activation bytes by the sign trick
+ * (maddubs(|w|, sign(a, w)), exact: |w| <= 128, |a| <= 127), or kept unsigned
+ * (Q4_1/Q5_1) and multiplied directly; madd with ones gives 8 int32 lanes of 4 products
+ * each, converted exactly to float and accumulated as acc = fma(lanes, dw*da, acc).
+ * Q4_1/Q5_1 add their offset as acc = fma(lanes of a, m*da, acc). */
+#include "kernels/x86/avx2.h"
+
+enum q32_kind { K_Q8_0, K_Q4_0, K_Q5_0, K_Q4_1, K_Q5_1 };
+
+AVX2_INLINE size_t q32_block_bytes(int kind) {
+    switch (kind) {
+    case K_Q8_0: return sizeof(struct tern_block_q8_0);
+    case K_Q4_0: return sizeof(struct tern_block_q4_0);
+    case K_Q5_0: return sizeof(struct tern_block_q5_0);
+    case K_Q4_1: return sizeof(struct tern_block_q4_1);
+    default: return sizeof(struct tern_block_q5_1);
+    }
+}
+
+/* The block's levels as 32 bytes: signed for the symmetric types, unsigned otherwise. */
+AVX2_INLINE __m256i q32_levels(int kind, const uint8_t *blk) {
+    switch (kind) {
+    case K_Q8_0: return loadu256(blk + 2);
+    case K_Q4_0: return _mm256_sub_epi8(nibbles32(blk + 2), _mm256_set1_epi8(8));
+    case K_Q5_0: {
+        /* fifth bit set: level = nibble; clear: nibble - 16 = nibble | 0xF0 as int8 */
+        uint32_t qh;
+        memcpy(&qh, blk + 2, 4);
+        const __m256i hi = _mm256_andnot_si256(bits_to_bytes(qh), _mm256_set1_epi8((char)0xF0));
+        return _mm256_or_si256(nibbles32(blk + 6), hi);
+    }
+    case K_Q4_1: return nibbles32(blk + 4);
+    default: {
+        uint32_t qh;
+        memcpy(&qh, blk + 4, 4);
+        const __m256i hi = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
+        return _mm256_or_si256(nibbles32(blk + 8), hi);
+    }
+    }
+}
+
+AVX2_INLINE bool q32_signed(int kind) { return kind == K_Q8_0 || kind == K_Q4_0 || kind == K_Q5_0; }
+
+AVX2_INLINE void q32_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb,
+                          size_t k, float *y, size_t ldy) {
+    const size_t bb = q32_block_bytes(kind);
+    const size_t ab = sizeof(struct tern_block_q8_0);
+    const size_t nb = k / TERN_QK;
+    __m256 acc[AVX2_RMAX][AVX2_TMAX];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    for (size_t b = 0; b < nb; b++) {
+        __m256i wq[AVX2_RMAX], wu[AVX2_RMAX];
+        float dw[AVX2_RMAX], mw[AVX2_RMAX];
+        UNROLL for (int r = 0; r < R; r++) {
+            const uint8_t *blk = w + (size_t)r * wrb + b * bb;
+            tern_fp16 h;
+            memcpy(&h, blk, 2);
+            dw[r] = h2f(h);
+            if (!q32_signed(kind)) {
+                memcpy(&h, blk + 2, 2);
+                mw[r] = h2f(h);
+            }
+            wq[r] = q32_levels(kind, blk);
+            wu[r] = q32_signed(kind) ? _mm256_sign_epi8(wq[r], wq[r]) : wq[r];
+        }
+        UNROLL for (int t = 0; t < T; t++) {
+            const uint8_t *ablk = a + (size_t)t * arb + b * ab;
+            tern_fp16 h;
+            memcpy(&h, ablk, 2);
+            const float da = h2f(h);
+            const __m256i aq = loadu256(ablk + 2);
+            __m256 asum = _mm256_setzero_ps();
+            if (!q32_signed(kind)) asum = _mm256_cvtepi32_ps(dot_u8s8_32(_mm256_set1_epi8(1), aq));
+            UNROLL for (int r = 0; r < R; r++) {
+                const __m256i s = q32_signed(kind) ? _mm256_sign_epi8(aq, wq[r]) : aq;
+                const __m256 p = _mm256_cvtepi32_ps(dot_u8s8_32(wu[r], s));
+                acc[r][t] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw[r] * da), acc[r][t]);
+                if (!q32_signed(kind)) acc[r][t] = _mm256_fmadd_ps(asum, _mm256_set1_ps(mw[r] * da), acc[r][t]);
+            }
+        }
+    }
+    UNROLL for (int t = 0; t < T; t++) UNROLL for (int r = 0; r < R; r++) y[(size_t)t * ldy + r] = hsum8(acc[r][t]);
+}
+
+#define Q8_0_TILE(R, T, ...) q32_tile(K_Q8_0, R, T, __VA_ARGS__)
+#define Q4_0_TILE(R, T, ...) q32_tile(K_Q4_0, R, T, __VA_ARGS__)
+#define Q5_0_TILE(R, T, ...) q32_tile(K_Q5_0, R, T, __VA_ARGS__)
+#define Q4_1_TILE(R, T, ...) q32_tile(K_Q4_1, R, T, __VA_ARGS__)
+#define Q5_1_TILE(R, T, ...) q32_tile(K_Q5_1, R, T, __VA_ARGS__)
+
+AVX2_TILE_INST_ALL(Q8_0_TILE)
+AVX2_TILE_INST_ALL(Q4_0_TILE)
+AVX2_TILE_INST_ALL(Q5_0_TILE)
+AVX2_TILE_INST_ALL(Q4_1_TILE)
+AVX2_TILE_INST_ALL(Q5_1_TILE)
+
+static const struct avx2_tiles q8_0_tiles = {AVX2_TILE_TABLE_INIT(Q8_0_TILE), 4, 2, 4};
+static const struct avx2_tiles q4_0_tiles = {AVX2_TILE_TABLE_INIT(Q4_0_TILE), 4, 2, 4};
+static const struct avx2_tiles q5_0_tiles = {AVX2_TILE_TABLE_INIT(Q5_0_TILE), 4, 2, 4};
+static const struct avx2_tiles q4_1_tiles = {AVX2_TILE_TABLE_INIT(Q4_1_TILE), 4, 2, 4};
+static const struct avx2_tiles q5_1_tiles = {AVX2_TILE_TABLE_INIT(Q5_1_TILE), 4, 2, 4};
+
+AVX2_MATMUL(tern_avx2_matmul_q8_0, q8_0_tiles)
+AVX2_MATMUL(tern_avx2_matmul_q4_0, q4_0_tiles)
+AVX2_MATMUL(tern_avx2_matmul_q5_0, q5_0_tiles)
+AVX2_MATMUL(tern_avx2_matmul_q4_1, q4_1_tiles)
+AVX2_MATMUL(tern_avx2_matmul_q5_1, q5_1_tiles)

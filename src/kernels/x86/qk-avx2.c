@@ -1,0 +1,185 @@
+/* AVX2 kernels for the K-quants (Q4_K, Q5_K, Q6_K) times Q8_K activations.
+ *
+ * Per (row, token) pair and super-block of 256: every sub-block's levels times the
+ * activation bytes (maddubs, exact), times the sub-block's integer scale (madd with the
+ * scale broadcast to int16), summed into 8 int32 lanes: all integer, so exact. Then,
+ * once per super-block:
+ *   Q4_K/Q5_K: acc = fma(lanes, d*dy, acc); acc = fnmadd(mins . bsums lanes, dmin*dy, acc)
+ *   Q6_K:      acc = fma(lanes - 32 * (scales . bsums lanes), d*dy, acc)
+ * (levels of Q6_K are kept unsigned in [0, 63]; the -32 is applied through the group
+ * sums of the activations). Finally hsum8. */
+#include "kernels/x86/avx2.h"
+
+enum qk_kind { K_Q4_K, K_Q5_K, K_Q6_K };
+
+#define Q8K_D 0
+#define Q8K_QS 4
+#define Q8K_BSUMS 260
+
+AVX2_INLINE size_t qk_block_bytes(int kind) {
+    return kind == K_Q4_K ? sizeof(struct tern_block_q4_k)
+           : kind == K_Q5_K ? sizeof(struct tern_block_q5_k)
+                            : sizeof(struct tern_block_q6_k);
+}
+
+/* Int16 lane pattern selecting element j of 8 int16 (both 128-bit lanes). */
+AVX2_INLINE __m256i sel16(int j) { return _mm256_set1_epi16((short)(((2 * j + 1) << 8) | (2 * j))); }
+/* Low lane element jl, high lane element jh. */
+AVX2_INLINE __m256i sel16x2(int jl, int jh) {
+    return _mm256_set_m128i(_mm_set1_epi16((short)(((2 * jh + 1) << 8) | (2 * jh))),
+                            _mm_set1_epi16((short)(((2 * jl + 1) << 8) | (2 * jl))));
+}
+
+AVX2_INLINE float q8k_d(const uint8_t *ablk) {
+    float d;
+    memcpy(&d, ablk + Q8K_D, 4);
+    return d;
+}
+
+/* ---- Q4_K and Q5_K ------------------------------------------------------------------- */
+
+AVX2_INLINE void k4_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb,
+                         size_t k, float *y, size_t ldy) {
+    const size_t bb = qk_block_bytes(kind);
+    const size_t ab = sizeof(struct tern_block_q8_k);
+    const size_t qs_off = kind == K_Q4_K ? 16 : 48;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[AVX2_RMAX][AVX2_TMAX];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    for (size_t b = 0; b < k / TERN_QK_K; b++) {
+        __m256i scales[AVX2_RMAX], mins[AVX2_RMAX], qh[AVX2_RMAX];
+        float dw[AVX2_RMAX], dmw[AVX2_RMAX];
+        UNROLL for (int r = 0; r < R; r++) {
+            const uint8_t *blk = w + (size_t)r * wrb + b * bb;
+            tern_fp16 h;
+            memcpy(&h, blk, 2);
+            dw[r] = h2f(h);
+            memcpy(&h, blk + 2, 2);
+            dmw[r] = h2f(h);
+            uint32_t u[3];
+            memcpy(u, blk + 4, 12);
+            const uint32_t sc_lo = u[0] & 0x3f3f3f3fu, m_lo = u[1] & 0x3f3f3f3fu;
+            const uint32_t sc_hi = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u);
+            const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
+            scales[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, 0, 0)));
+            const __m256i m16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_setr_epi32((int)m_lo, (int)m_hi, 0, 0)));
+            /* [m0 m0 m1 m1 m2 m2 m3 m3 | m4 m4 ... m7 m7], to pair with the 16 group sums */
+            mins[r] = _mm256_shuffle_epi8(
+                m16, _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7, 8, 9, 8, 9, 10, 11, 10, 11, 12,
+                                      13, 12, 13, 14, 15, 14, 15));
+            if (kind == K_Q5_K) qh[r] = loadu256(blk + 16);
+        }
+        __m256i sumi[AVX2_RMAX][AVX2_TMAX];
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) sumi[r][t] = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            __m256i lo[AVX2_RMAX], hi[AVX2_RMAX], slo[AVX2_RMAX], shi[AVX2_RMAX];
+            UNROLL for (int r = 0; r < R; r++) {
+                const __m256i q = loadu256(w + (size_t)r * wrb + b * bb + qs_off + 32 * c);
+                lo[r] = _mm256_and_si256(q, m4);
+                hi[r] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                if (kind == K_Q5_K) {
+                    const __m256i one = _mm256_set1_epi8(1);
+                    const __m256i b0 = _mm256_and_si256(_mm256_srli_epi16(qh[r], 2 * c), one);
+                    const __m256i b1 = _mm256_and_si256(_mm256_srli_epi16(qh[r], 2 * c + 1), one);
+                    lo[r] = _mm256_or_si256(lo[r], _mm256_slli_epi16(b0, 4));
+                    hi[r] = _mm256_or_si256(hi[r], _mm256_slli_epi16(b1, 4));
+                }
+                slo[r] = _mm256_shuffle_epi8(scales[r], sel16(2 * c));
+                shi[r] = _mm256_shuffle_epi8(scales[r], sel16(2 * c + 1));
+            }
+            UNROLL for (int t = 0; t < T; t++) {
+                const uint8_t *aq = a + (size_t)t * arb + b * ab + Q8K_QS + 64 * c;
+                const __m256i alo = loadu256(aq), ahi = loadu256(aq + 32);
+                UNROLL for (int r = 0; r < R; r++) {
+                    const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo[r], alo), slo[r]);
+                    const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi[r], ahi), shi[r]);
+                    sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_add_epi32(p0, p1));
+                }
+            }
+        }
+        UNROLL for (int t = 0; t < T; t++) {
+            const uint8_t *ablk = a + (size_t)t * arb + b * ab;
+            const float dy = q8k_d(ablk);
+            const __m256i bs = loadu256(ablk + Q8K_BSUMS);
+            UNROLL for (int r = 0; r < R; r++) {
+                const __m256 m = _mm256_cvtepi32_ps(_mm256_madd_epi16(mins[r], bs));
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r][t]), _mm256_set1_ps(dw[r] * dy), acc[r][t]);
+                acc[r][t] = _mm256_fnmadd_ps(m, _mm256_set1_ps(dmw[r] * dy), acc[r][t]);
+            }
+        }
+    }
+    UNROLL for (int t = 0; t < T; t++) UNROLL for (int r = 0; r < R; r++) y[(size_t)t * ldy + r] = hsum8(acc[r][t]);
+}
+
+/* ---- Q6_K ----------------------------------------------------------------------------- */
+
+AVX2_INLINE void q6k_tile(int R, int T, const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb, size_t k,
+                          float *y, size_t ldy) {
+    const size_t bb = sizeof(struct tern_block_q6_k);
+    const size_t ab = sizeof(struct tern_block_q8_k);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    __m256 acc[AVX2_RMAX][AVX2_TMAX];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    for (size_t b = 0; b < k / TERN_QK_K; b++) {
+        __m256i sc16[AVX2_RMAX]; /* the 16 scales as int16 */
+        float dw[AVX2_RMAX];
+        UNROLL for (int r = 0; r < R; r++) {
+            const uint8_t *blk = w + (size_t)r * wrb + b * bb;
+            tern_fp16 h;
+            memcpy(&h, blk + 208, 2);
+            dw[r] = h2f(h);
+            sc16[r] = _mm256_cvtepi8_epi16(loadu128(blk + 192));
+        }
+        __m256i sumi[AVX2_RMAX][AVX2_TMAX];
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) sumi[r][t] = _mm256_setzero_si256();
+        for (int hf = 0; hf < 2; hf++) {
+            UNROLL for (int j = 0; j < 4; j++) {
+                __m256i q[AVX2_RMAX], sv[AVX2_RMAX];
+                UNROLL for (int r = 0; r < R; r++) {
+                    const uint8_t *blk = w + (size_t)r * wrb + b * bb;
+                    const __m256i ql = loadu256(blk + 64 * hf + 32 * (j & 1));
+                    const __m256i qhv = loadu256(blk + 128 + 32 * hf);
+                    const __m256i low = j < 2 ? _mm256_and_si256(ql, m4) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
+                    const __m256i top = _mm256_and_si256(_mm256_srli_epi16(qhv, 2 * j), m2);
+                    q[r] = _mm256_or_si256(low, _mm256_slli_epi16(top, 4));
+                    /* sub-blocks 8 hf + 2 j (low 128) and 8 hf + 2 j + 1 (high 128) */
+                    const __m256i s8 = hf ? _mm256_permute2x128_si256(sc16[r], sc16[r], 0x11)
+                                          : _mm256_permute2x128_si256(sc16[r], sc16[r], 0x00);
+                    sv[r] = _mm256_shuffle_epi8(s8, sel16x2(2 * j, 2 * j + 1));
+                }
+                UNROLL for (int t = 0; t < T; t++) {
+                    const __m256i av = loadu256(a + (size_t)t * arb + b * ab + Q8K_QS + 128 * hf + 32 * j);
+                    UNROLL for (int r = 0; r < R; r++)
+                        sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_madd_epi16(_mm256_maddubs_epi16(q[r], av), sv[r]));
+                }
+            }
+        }
+        UNROLL for (int t = 0; t < T; t++) {
+            const uint8_t *ablk = a + (size_t)t * arb + b * ab;
+            const float dy = q8k_d(ablk);
+            const __m256i bs = loadu256(ablk + Q8K_BSUMS);
+            UNROLL for (int r = 0; r < R; r++) {
+                const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16[r], bs), 5);
+                const __m256 s = _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[r][t], corr));
+                acc[r][t] = _mm256_fmadd_ps(s, _mm256_set1_ps(dw[r] * dy), acc[r][t]);
+            }
+        }
+    }
+    UNROLL for (int t = 0; t < T; t++) UNROLL for (int r = 0; r < R; r++) y[(size_t)t * ldy + r] = hsum8(acc[r][t]);
+}
+
+#define Q4_K_TILE(R, T, ...) k4_tile(K_Q4_K, R, T, __VA_ARGS__)
+#define Q5_K_TILE(R, T, ...) k4_tile(K_Q5_K, R, T, __VA_ARGS__)
+#define Q6_K_TILE(R, T, ...) q6k_tile(R, T, __VA_ARGS__)
+
+AVX2_TILE_INST_ALL(Q4_K_TILE)
+AVX2_TILE_INST_ALL(Q5_K_TILE)
+AVX2_TILE_INST_ALL(Q6_K_TILE)
+
+static const struct avx2_tiles q4_k_tiles = {AVX2_TILE_TABLE_INIT(Q4_K_TILE), 2, 1, 4};
+static const struct avx2_tiles q5_k_tiles = {AVX2_TILE_TABLE_INIT(Q5_K_TILE), 2, 1, 4};
+static const struct avx2_tiles q6_k_tiles = {AVX2_TILE_TABLE_INIT(Q6_K_TILE), 2, 1, 4};
+
+AVX2_MATMUL(tern_avx2_matmul_q4_k, q4_k_tiles)
+AVX2_MATMUL(tern_avx2_matmul_q5_k, q5_k_tiles)
+AVX2_MATMUL(tern_avx2_matmul_q6_k, q6_k_tiles)
