@@ -240,7 +240,7 @@ enum tern_status tpl_apply_test(struct ctx *c, int id, const char *name, struct 
         else if (v.kind == V_NONE || v.kind == V_UNDEF) *out = true;
         else if (v.kind == V_BOOL) *out = v.u.b == x.u.b;
         else if (v.kind == V_INT) *out = v.u.i == x.u.i && v.u.i >= -5 && v.u.i <= 256;
-        else if (v.kind == V_STR) *out = v.u.s.p == x.u.s.p && v.u.s.n == x.u.s.n;
+        else if (v.kind == V_STR) *out = v.u.s.n == x.u.s.n && !memcmp(v.u.s.p, x.u.s.p, v.u.s.n); /* interned */
         else *out = v.rep == x.rep && v.u.l == x.u.l;
         return TERN_OK;
     case TS_IN:
@@ -790,7 +790,16 @@ enum tern_status tpl_apply_filter(struct ctx *c, int id, const char *name, struc
     case FL_ATTR: {
         if (a->n_pos != 1 || a->n_kw) return tern_errorf(TERN_ERR_TEMPLATE, "attr() takes exactly one argument");
         if (a->pos[0].kind != V_STR) return tern_errorf(TERN_ERR_TEMPLATE, "attribute name must be string");
+        /* attributes only: unlike x.name, no fallback to the item x['name'] */
         struct val nm = a->pos[0];
+        if (v.kind == V_DICT) {
+            bool safe;
+            int m = tpl_method_id(nm.u.s.p, nm.u.s.n);
+            if (!tpl_has_method(v, m, &safe)) {
+                *out = v_undef_attr(v, nm.u.s.p, nm.u.s.n);
+                return TERN_OK;
+            }
+        }
         return tpl_getattr(c, v, nm.u.s.p, nm.u.s.n, tpl_method_id(nm.u.s.p, nm.u.s.n), out);
     }
     case FL_MAP: return do_map(c, v, a, out);

@@ -187,15 +187,15 @@ static enum tern_status decode_string(struct lexer *lx, size_t a, size_t b, stru
         i++;
         unsigned char e = (unsigned char)s[i];
         if (e >= 0x80) {
-            /* backslashreplace turned the character into an escape sequence first, so
-             * the backslash and that sequence come out literally. */
+            /* backslashreplace turns the character into an escape sequence first; its
+             * backslash pairs with this one, so the sequence's text comes out literally:
+             * '\é' is the four characters \xe9. */
             size_t len;
             uint32_t cp = utf8_decode(s + i, b - i, &len);
             char tmp[16];
             int m = cp < 0x100     ? snprintf(tmp, sizeof tmp, "\\x%02x", cp)
                     : cp < 0x10000 ? snprintf(tmp, sizeof tmp, "\\u%04x", cp)
                                    : snprintf(tmp, sizeof tmp, "\\U%08x", cp);
-            o[k++] = '\\';
             memcpy(o + k, tmp, (size_t)m);
             k += (size_t)m;
             i += len;
@@ -446,7 +446,8 @@ static enum tern_status lex_tag(struct lexer *lx, size_t p, bool is_block, size_
                 return lex_error(lx, p, "unexpected '%s'", c1);
             }
             if (stack[depth - 1] != (char)ch) {
-                char msg[2] = {stack[depth - 1], 0};
+                char msg[16];
+                snprintf(msg, sizeof msg, "%c', got '%c", stack[depth - 1], (char)ch);
                 return lex_error(lx, p, "expected '%s'", msg);
             }
             depth--;

@@ -1552,14 +1552,11 @@ static enum tern_status format_spec(struct ctx *c, struct tern_buf *b, struct va
     }
 pad:
     if (!st) {
-        if (!align) align = numeric ? '>' : '<';
-        if (zero && !(align == '<' || align == '>' || align == '^') && numeric) {
-            fill = '0';
-            align = '=';
-        } else if (zero && numeric && width > 0 && !align) {
+        if (zero && numeric && !align) {
             fill = '0';
             align = '=';
         }
+        if (!align) align = numeric ? '>' : '<';
         size_t len = utf8_count(t.data ? t.data : "", t.len);
         size_t pad = width > (int64_t)len ? (size_t)width - len : 0;
         size_t left = align == '<' ? 0 : align == '^' ? pad / 2 : pad;

@@ -12,7 +12,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#define MAX_NEST 128
+#define MAX_NEST 128        /* parser recursion: nested blocks, brackets, unary operators */
+#define MAX_EXPR_DEPTH 1000 /* depth of expression trees (a + b + c ... chains are deep) */
 
 struct parser {
     struct tern_template *t;
@@ -871,7 +872,8 @@ static enum tern_status check_args_depth(struct parser *p, const struct args *a,
 
 static enum tern_status check_depth(struct parser *p, const struct node *n, uint32_t d) {
     if (!n) return TERN_OK;
-    if (d > MAX_NEST) return fail_at(p, n->pos, "expression nested too deeply (limit %d levels)", MAX_NEST);
+    if (d > MAX_EXPR_DEPTH)
+        return fail_at(p, n->pos, "expression nested too deeply (limit %d levels)", MAX_EXPR_DEPTH);
     enum tern_status st;
     switch (n->type) {
     case N_GETATTR: return check_depth(p, n->u.attr.obj, d + 1);
