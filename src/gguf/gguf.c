@@ -509,7 +509,7 @@ static enum tern_status parse(struct gguf_file *f, bool no_data) {
     f->alignment = GGUF_DEFAULT_ALIGNMENT;
     const struct gguf_kv *akv = gguf_find_kv(f, "general.alignment");
     if (akv) {
-        if (!is_int_type(akv->type) || is_signed_type(akv->type))
+        if (akv->type != GGUF_TYPE_UINT32)
             return tern_errorf(TERN_ERR_FORMAT, "general.alignment has type %s, expected u32",
                                gguf_type_name(akv->type));
         uint64_t a = akv->v.u64;

@@ -940,9 +940,133 @@ static void test_alloc_failures(void **state) {
     free(mem);
 }
 
+/* ---- fuzz seeds ------------------------------------------------------------------------ */
+
+static void write_bytes(const char *dir, const char *name, const void *p, size_t n) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *fp = fopen(path, "wb");
+    if (!fp || fwrite(p, 1, n, fp) != n) {
+        perror(path);
+        exit(1);
+    }
+    fclose(fp);
+    printf("%s: %zu bytes\n", path, n);
+}
+
+static void write_seed(const char *dir, const char *name, struct gguf_writer *w) {
+    void *mem;
+    size_t size;
+    CHECK_OK(gguf_writer_write_mem(w, &mem, &size));
+    write_bytes(dir, name, mem, size);
+    free(mem);
+    gguf_writer_free(w);
+}
+
+/* A real model shrunk to fuzzing size: every kv (arrays cut to 8 elements) and every
+ * tensor name and type, each tensor one row of one block taken from the real data. */
+static void write_shrunk(const char *dir, const char *rel, const char *name) {
+    const char *path = th_shared_path(rel);
+    struct gguf_file *f;
+    if (!path || gguf_open(path, NULL, &f)) return;
+    struct gguf_writer *w;
+    CHECK_OK(gguf_writer_new(&w));
+    for (uint64_t i = 0; i < gguf_n_kv(f); i++) {
+        struct gguf_kv kv = *gguf_kv_at(f, i);
+        if (kv.type == GGUF_TYPE_ARRAY && kv.v.arr.n > 8) kv.v.arr.n = 8;
+        if (kv.type == GGUF_TYPE_STRING && kv.v.str.len > 200) kv.v.str.len = 200; /* chat template */
+        CHECK_OK(gguf_writer_set_kv(w, &kv));
+    }
+    for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(f, i);
+        const struct tern_dtype_info *info = tern_dtype_info(t->type);
+        uint64_t ne[GGUF_MAX_DIMS] = {info->blck_size, 1, 1, 1};
+        CHECK_OK(gguf_writer_add_tensor(w, t->name.ptr, t->type, t->n_dims, ne, t->data, info->type_size));
+    }
+    gguf_close(f);
+    write_seed(dir, name, w);
+}
+
+/* A real file cut after its tensor infos and a little data (or at max bytes). */
+static void write_prefix(const char *dir, const char *rel, const char *name, size_t max) {
+    const char *path = th_shared_path(rel);
+    size_t len;
+    char *bytes = path ? th_read_file(path, &len) : NULL;
+    if (!bytes) return;
+    struct gguf_open_opts opts = {.no_data = true};
+    struct gguf_file *f;
+    size_t cut = max;
+    if (!gguf_open(path, &opts, &f)) {
+        cut = TERN_MIN((size_t)gguf_data_offset(f) + 256, max);
+        gguf_close(f);
+    }
+    write_bytes(dir, name, bytes, TERN_MIN(cut, len));
+    free(bytes);
+}
+
+static int write_seeds(const char *dir) {
+    write_seed(dir, "seed-everything.gguf", writer_everything());
+    struct gguf_writer *w;
+    CHECK_OK(gguf_writer_new(&w));
+    write_seed(dir, "seed-empty.gguf", w);
+
+    CHECK_OK(gguf_writer_new(&w));
+    CHECK_OK(gguf_writer_set_u32(w, "general.alignment", 64));
+    CHECK_OK(gguf_writer_set_str(w, "general.architecture", "llama"));
+    float x[64];
+    for (int i = 0; i < 64; i++) x[i] = (float)i;
+    uint64_t ne_a[2] = {8, 8}, ne_b[3] = {2, 2, 2};
+    CHECK_OK(gguf_writer_add_tensor(w, "token_embd.weight", TERN_DTYPE_F32, 2, ne_a, x, sizeof x));
+    CHECK_OK(gguf_writer_add_tensor(w, "output_norm.weight", TERN_DTYPE_F32, 3, ne_b, x, 32));
+    write_seed(dir, "seed-align64.gguf", w);
+
+    /* Vocab-style: tokens, scores, types, merges, no tensors. */
+    CHECK_OK(gguf_writer_new(&w));
+    const struct gguf_str toks[] = {{"<unk>", 5}, {"a", 1}, {"b", 1}, {"ab", 2}, {"\xc4\xa0", 2}};
+    const float scores[] = {0, -1, -2, -3, -4};
+    const int32_t types[] = {2, 1, 1, 1, 1};
+    const struct gguf_str merges[] = {{"a b", 3}};
+    CHECK_OK(gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"));
+    CHECK_OK(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 5));
+    CHECK_OK(gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores, 5));
+    CHECK_OK(gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, 5));
+    CHECK_OK(gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, 1));
+    CHECK_OK(gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 0));
+    CHECK_OK(gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", false));
+    write_seed(dir, "seed-vocab.gguf", w);
+
+    /* One tensor of every type the dtype table knows, one block each. */
+    CHECK_OK(gguf_writer_new(&w));
+    uint8_t block[512];
+    for (size_t i = 0; i < sizeof block; i++) block[i] = (uint8_t)(i * 13 + 1);
+    for (uint32_t id = 0; id < TERN_DTYPE_COUNT; id++) {
+        const struct tern_dtype_info *info = tern_dtype_info(id);
+        if (!info) continue;
+        char name[64];
+        snprintf(name, sizeof name, "t.%s", info->name);
+        uint64_t ne[1] = {info->blck_size};
+        CHECK_OK(gguf_writer_add_tensor(w, name, (enum tern_dtype)id, 1, ne, block, info->type_size));
+    }
+    write_seed(dir, "seed-all-types.gguf", w);
+
+    if (th_shared_dir()) {
+        write_shrunk(dir, "models/tiny-qwen3-f32.gguf", "seed-shrunk-tiny-qwen3-f32.gguf");
+        write_shrunk(dir, "models/tiny-qwen35-q4_k_m.gguf", "seed-shrunk-tiny-qwen35-q4_k_m.gguf");
+        write_shrunk(dir, "models/tiny-qwen3-q4_0.gguf", "seed-shrunk-tiny-qwen3-q4_0.gguf");
+        write_shrunk(dir, "models/stories260K.gguf", "seed-shrunk-stories260K.gguf");
+        write_shrunk(dir, "conformance/tokenizer/ggml-vocab-llama-spm.gguf", "seed-shrunk-vocab-llama-spm.gguf");
+        write_prefix(dir, "models/stories260K.gguf", "seed-prefix-stories260K.gguf", 60000);
+        write_prefix(dir, "models/tiny-qwen35-f32.gguf", "seed-prefix-tiny-qwen35-f32.gguf", 32768);
+        write_prefix(dir, "conformance/tokenizer/ggml-vocab-bert-bge.gguf", "seed-prefix-vocab-bert-bge.gguf", 16384);
+    }
+    return 0;
+}
+
 /* Two binaries from this file: test-gguf (self-contained) and test-gguf-shared (the
- * real files of the shared kit; it skips as a whole when the kit is absent). */
+ * real files of the shared kit; it skips as a whole when the kit is absent).
+ * `test-gguf write-seeds DIR` writes the fuzz seed corpus (tests/fuzz/corpus/gguf). */
 int main(int argc, char **argv) {
+    if (argc > 2 && !strcmp(argv[1], "write-seeds")) return write_seeds(argv[2]);
     if (argc > 1 && !strcmp(argv[1], "shared")) {
         th_require_shared("models/tiny-qwen3-f32.gguf");
         const struct CMUnitTest shared[] = {
