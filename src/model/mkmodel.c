@@ -1,0 +1,746 @@
+/* Random-weight model generator (see mkmodel.h). */
+#include "model/mkmodel.h"
+
+#include "gguf/gguf.h"
+#include "kernels/kernels.h"
+#include "util/hash.h"
+#include "util/log.h"
+#include "util/mem.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* ---- PRNG: xoshiro256** seeded by splitmix64, normals by Box-Muller ----------------- */
+
+struct rng {
+    uint64_t s[4];
+    double spare;
+    bool has_spare;
+};
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += UINT64_C(0x9e3779b97f4a7c15));
+    z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+    return z ^ (z >> 31);
+}
+
+static void rng_seed(struct rng *r, uint64_t seed) {
+    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);
+    r->has_spare = false;
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t rng_next(struct rng *r) {
+    uint64_t *s = r->s;
+    const uint64_t result = rotl(s[1] * 5, 7) * 9;
+    const uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+static double rng_uniform(struct rng *r) { return (double)(rng_next(r) >> 11) * 0x1p-53; } /* [0, 1) */
+
+static double rng_normal(struct rng *r) {
+    if (r->has_spare) {
+        r->has_spare = false;
+        return r->spare;
+    }
+    double u1 = 1.0 - rng_uniform(r); /* (0, 1]: log is finite */
+    double u2 = rng_uniform(r);
+    double rad = sqrt(-2.0 * log(u1));
+    double th = 6.283185307179586 * u2;
+    r->spare = rad * sin(th);
+    r->has_spare = true;
+    return rad * cos(th);
+}
+
+/* ---- architectures, presets, types --------------------------------------------------- */
+
+static const char *const arch_names[] = {"llama", "qwen2", "qwen3", "qwen35"};
+
+const char *tern_mk_arch_name(enum tern_mk_arch a) {
+    return (unsigned)a < TERN_ARRAY_LEN(arch_names) ? arch_names[a] : "unknown";
+}
+
+bool tern_mk_arch_from_name(const char *s, enum tern_mk_arch *out) {
+    for (size_t i = 0; i < TERN_ARRAY_LEN(arch_names); i++) {
+        if (!strcmp(s, arch_names[i])) {
+            *out = (enum tern_mk_arch)i;
+            return true;
+        }
+    }
+    return false;
+}
+
+void tern_mkmodel_defaults(enum tern_mk_arch arch, struct tern_mkmodel_params *p) {
+    memset(p, 0, sizeof *p);
+    p->arch = arch;
+    p->n_layer = 4;
+    p->n_embd = 256;
+    p->n_head = 4;
+    p->n_head_kv = 2;
+    p->head_dim = 64;
+    p->n_ff = 768;
+    p->rms_eps = 1e-6f;
+    p->ssm_k_heads = 2;
+    p->ssm_v_heads = 4;
+    p->ssm_state = 64;
+    p->ssm_conv = 4;
+    p->full_attn_interval = 4;
+    p->wtype = TERN_DTYPE_F32;
+    p->mix = TERN_MK_UNIFORM;
+    p->seed = 1234;
+    switch (arch) {
+    case TERN_MK_LLAMA: p->n_ctx = 4096; p->rope_theta = 10000.0f; p->rms_eps = 1e-5f; break;
+    case TERN_MK_QWEN2: p->n_ctx = 32768; p->rope_theta = 1e6f; break;
+    case TERN_MK_QWEN3: p->n_ctx = 40960; p->rope_theta = 1e6f; break;
+    case TERN_MK_QWEN35: p->n_ctx = 262144; p->rope_theta = 1e7f; break;
+    }
+}
+
+struct preset {
+    const char *name;
+    enum tern_mk_arch arch;
+    uint32_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab;
+    bool tied;
+    uint32_t ssm_k_heads, ssm_v_heads, ssm_state, ssm_conv, full_attn_interval, rope_dim;
+};
+
+static const struct preset presets[] = {
+    /* The shapes of /work/shared/models/tiny-*.gguf (n_vocab of the qwen-mini vocab). */
+    {"tiny-qwen3", TERN_MK_QWEN3, 4, 256, 4, 2, 64, 768, 4122, false, 0, 0, 0, 0, 0, 0},
+    {"tiny-qwen35", TERN_MK_QWEN35, 8, 256, 4, 2, 64, 768, 4122, false, 2, 4, 64, 4, 4, 16},
+    {"tiny-llama", TERN_MK_LLAMA, 4, 256, 4, 2, 64, 768, 4122, false, 0, 0, 0, 0, 0, 0},
+    {"tiny-qwen2", TERN_MK_QWEN2, 4, 256, 4, 2, 64, 768, 4122, false, 0, 0, 0, 0, 0, 0},
+    /* Qwen3-0.6B. */
+    {"qwen3-0.6b", TERN_MK_QWEN3, 28, 1024, 16, 8, 128, 3072, 151936, true, 0, 0, 0, 0, 0, 0},
+    /* The Qwen3.5-0.8B text model (conformance/perf-reference.md). */
+    {"qwen3.5-0.8b", TERN_MK_QWEN35, 24, 1024, 8, 2, 256, 3584, 248320, true, 16, 16, 128, 4, 4, 64},
+};
+
+const char *tern_mkmodel_preset_names(void) {
+    return "tiny-qwen3, tiny-qwen35, tiny-llama, tiny-qwen2, qwen3-0.6b, qwen3.5-0.8b";
+}
+
+enum tern_status tern_mkmodel_preset(const char *name, struct tern_mkmodel_params *p) {
+    for (size_t i = 0; i < TERN_ARRAY_LEN(presets); i++) {
+        const struct preset *s = &presets[i];
+        if (strcmp(s->name, name)) continue;
+        tern_mkmodel_defaults(s->arch, p);
+        p->n_layer = s->n_layer;
+        p->n_embd = s->n_embd;
+        p->n_head = s->n_head;
+        p->n_head_kv = s->n_head_kv;
+        p->head_dim = s->head_dim;
+        p->n_ff = s->n_ff;
+        p->n_vocab = s->n_vocab;
+        p->tied = s->tied;
+        if (s->arch == TERN_MK_QWEN35) {
+            p->ssm_k_heads = s->ssm_k_heads;
+            p->ssm_v_heads = s->ssm_v_heads;
+            p->ssm_state = s->ssm_state;
+            p->ssm_conv = s->ssm_conv;
+            p->full_attn_interval = s->full_attn_interval;
+            p->rope_dim = s->rope_dim;
+        }
+        return TERN_OK;
+    }
+    return tern_errorf(TERN_ERR_INVALID, "unknown preset '%s' (known: %s)", name, tern_mkmodel_preset_names());
+}
+
+bool tern_mkmodel_parse_type(const char *s, enum tern_dtype *wtype, enum tern_mk_mix *mix) {
+    static const struct {
+        const char *name;
+        enum tern_dtype t;
+        enum tern_mk_mix mix;
+    } types[] = {
+        {"f32", TERN_DTYPE_F32, TERN_MK_UNIFORM},        {"f16", TERN_DTYPE_F16, TERN_MK_UNIFORM},
+        {"bf16", TERN_DTYPE_BF16, TERN_MK_UNIFORM},      {"q8_0", TERN_DTYPE_Q8_0, TERN_MK_LIKE_QUANTIZE},
+        {"q4_0", TERN_DTYPE_Q4_0, TERN_MK_LIKE_QUANTIZE}, {"q4_1", TERN_DTYPE_Q4_1, TERN_MK_LIKE_QUANTIZE},
+        {"q5_0", TERN_DTYPE_Q5_0, TERN_MK_LIKE_QUANTIZE}, {"q5_1", TERN_DTYPE_Q5_1, TERN_MK_LIKE_QUANTIZE},
+        {"q4_k", TERN_DTYPE_Q4_K, TERN_MK_LIKE_QUANTIZE}, {"q5_k", TERN_DTYPE_Q5_K, TERN_MK_LIKE_QUANTIZE},
+        {"q6_k", TERN_DTYPE_Q6_K, TERN_MK_LIKE_QUANTIZE}, {"q4_k_m", TERN_DTYPE_Q4_K, TERN_MK_Q4_K_M},
+    };
+    for (size_t i = 0; i < TERN_ARRAY_LEN(types); i++) {
+        if (!strcasecmp(s, types[i].name)) {
+            *wtype = types[i].t;
+            *mix = types[i].mix;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* llama.cpp's LLAMA_FTYPE numbering for general.file_type. */
+static uint32_t file_type(enum tern_dtype t, enum tern_mk_mix mix) {
+    if (mix == TERN_MK_Q4_K_M) return 15;
+    switch (t) {
+    case TERN_DTYPE_F32: return 0;
+    case TERN_DTYPE_F16: return 1;
+    case TERN_DTYPE_Q4_0: return 2;
+    case TERN_DTYPE_Q4_1: return 3;
+    case TERN_DTYPE_Q8_0: return 7;
+    case TERN_DTYPE_Q5_0: return 8;
+    case TERN_DTYPE_Q5_1: return 9;
+    case TERN_DTYPE_Q4_K: return 14; /* Q4_K_S */
+    case TERN_DTYPE_Q5_K: return 16; /* Q5_K_S */
+    case TERN_DTYPE_Q6_K: return 18;
+    case TERN_DTYPE_BF16: return 32;
+    default: return 0;
+    }
+}
+
+static bool is_float_type(enum tern_dtype t) {
+    return t == TERN_DTYPE_F32 || t == TERN_DTYPE_F16 || t == TERN_DTYPE_BF16;
+}
+
+#define LIMIT_DIM 1048576u     /* embedding, ffn and head sizes */
+#define LIMIT_VOCAB 16777216u
+#define LIMIT_LAYERS 1024u
+#define LIMIT_HEADS 4096u
+
+static enum tern_status check_range(const char *what, uint32_t v, uint32_t lo, uint32_t hi) {
+    if (v < lo || v > hi) return tern_errorf(TERN_ERR_INVALID, "%s %u is outside %u..%u", what, v, lo, hi);
+    return TERN_OK;
+}
+
+enum tern_status tern_mkmodel_check(const struct tern_mkmodel_params *p) {
+    enum tern_status st;
+    if ((unsigned)p->arch >= TERN_ARRAY_LEN(arch_names))
+        return tern_errorf(TERN_ERR_INVALID, "unknown architecture %d", (int)p->arch);
+    if ((st = check_range("n_layer", p->n_layer, 1, LIMIT_LAYERS))) return st;
+    if ((st = check_range("n_embd", p->n_embd, 1, LIMIT_DIM))) return st;
+    if ((st = check_range("n_head", p->n_head, 1, LIMIT_HEADS))) return st;
+    if ((st = check_range("n_head_kv", p->n_head_kv, 1, p->n_head))) return st;
+    if ((st = check_range("head_dim", p->head_dim, 1, 65536))) return st;
+    if ((st = check_range("n_ff", p->n_ff, 1, LIMIT_DIM))) return st;
+    if ((st = check_range("n_ctx", p->n_ctx, 1, UINT32_MAX))) return st;
+    if (p->n_vocab && (st = check_range("n_vocab", p->n_vocab, 1, LIMIT_VOCAB))) return st;
+    if (p->n_head % p->n_head_kv)
+        return tern_errorf(TERN_ERR_INVALID, "n_head %u is not a multiple of n_head_kv %u", p->n_head, p->n_head_kv);
+    if ((uint64_t)p->n_head * p->head_dim > LIMIT_DIM)
+        return tern_errorf(TERN_ERR_INVALID, "n_head x head_dim = %" PRIu64 " exceeds %u",
+                           (uint64_t)p->n_head * p->head_dim, LIMIT_DIM);
+    uint32_t rope_dim = p->rope_dim;
+    if (rope_dim && (rope_dim > p->head_dim || rope_dim % 2))
+        return tern_errorf(TERN_ERR_INVALID, "rope dimension %u must be even and at most head_dim %u", rope_dim,
+                           p->head_dim);
+    if (!(p->rope_theta > 0) || !(p->rms_eps > 0))
+        return tern_errorf(TERN_ERR_INVALID, "rope_theta %g and rms_eps %g must be positive", p->rope_theta,
+                           p->rms_eps);
+    if (p->arch == TERN_MK_QWEN35) {
+        if ((st = check_range("ssm k-heads", p->ssm_k_heads, 1, LIMIT_HEADS))) return st;
+        if ((st = check_range("ssm v-heads", p->ssm_v_heads, 1, LIMIT_HEADS))) return st;
+        if ((st = check_range("ssm state", p->ssm_state, 1, 65536))) return st;
+        if ((st = check_range("ssm conv kernel", p->ssm_conv, 1, 64))) return st;
+        if ((st = check_range("full attention interval", p->full_attn_interval, 1, LIMIT_LAYERS))) return st;
+        if (p->ssm_v_heads % p->ssm_k_heads)
+            return tern_errorf(TERN_ERR_INVALID, "ssm v-heads %u is not a multiple of ssm k-heads %u", p->ssm_v_heads,
+                               p->ssm_k_heads);
+        if ((uint64_t)(2 * p->ssm_k_heads + p->ssm_v_heads) * p->ssm_state > LIMIT_DIM)
+            return tern_errorf(TERN_ERR_INVALID, "ssm projection width exceeds %u", LIMIT_DIM);
+        uint32_t rd = rope_dim ? rope_dim : p->head_dim / 4;
+        int32_t sum = 0;
+        for (int i = 0; i < 4; i++) {
+            if (p->rope_sections[i] < 0)
+                return tern_errorf(TERN_ERR_INVALID, "rope section %d is negative (%d)", i, p->rope_sections[i]);
+            sum += p->rope_sections[i];
+        }
+        if (sum && (uint32_t)sum * 2 != rd)
+            return tern_errorf(TERN_ERR_INVALID, "rope sections sum to %d pairs, rope dimension %u has %u", sum, rd,
+                               rd / 2);
+        if (rd < 2)
+            return tern_errorf(TERN_ERR_INVALID, "rope dimension %u (head_dim %u / 4) is below 2", rd, p->head_dim);
+    }
+    if (!tern_dtype_info((uint32_t)p->wtype) || (!is_float_type(p->wtype) && !tern_quantize_supported(p->wtype)))
+        return tern_errorf(TERN_ERR_UNSUPPORTED, "no quantizer for type %s", tern_dtype_name((uint32_t)p->wtype));
+    return TERN_OK;
+}
+
+/* ---- tensors ------------------------------------------------------------------------ */
+
+enum init { INIT_WEIGHT, INIT_NORM, INIT_SSM_A, INIT_DT_BIAS, INIT_CONV };
+
+struct mk_tensor {
+    char name[96];
+    enum init init;
+    enum tern_dtype type;
+    uint32_t n_dims;
+    uint64_t ne[GGUF_MAX_DIMS];
+    uint64_t row_bytes;
+    uint64_t seed;
+    struct rng rng;
+    float *scratch; /* one row of ne[0] floats, shared by all tensors */
+};
+
+struct mk_ctx {
+    const struct tern_mkmodel_params *p;
+    struct mk_tensor *t;
+    uint32_t n, cap;
+    uint32_t n_wv, i_wv; /* llama-quantize's count of attn_v / attn_qkv tensors (Q4_K_M) */
+    uint32_t n_fallback;
+    uint64_t max_ne0;
+};
+
+static enum tern_status fill(void *user, uint64_t row0, uint64_t n_rows, void *dst) {
+    struct mk_tensor *t = user;
+    if (row0 == 0) rng_seed(&t->rng, t->seed);
+    uint64_t k = t->ne[0];
+    for (uint64_t r = 0; r < n_rows; r++) {
+        float *row = t->type == TERN_DTYPE_F32 ? (float *)((uint8_t *)dst + r * t->row_bytes) : t->scratch;
+        for (uint64_t i = 0; i < k; i++) {
+            double v;
+            switch (t->init) {
+            case INIT_NORM:
+            case INIT_DT_BIAS: v = 1.0 + 0.02 * rng_normal(&t->rng); break;
+            case INIT_SSM_A: v = -exp(rng_uniform(&t->rng) * log(16.0)); break;
+            case INIT_CONV: v = 0.3 * rng_normal(&t->rng); break;
+            default: v = 0.02 * rng_normal(&t->rng); break;
+            }
+            row[i] = (float)v;
+        }
+        if (t->type != TERN_DTYPE_F32 &&
+            !tern_quantize_row(t->type, row, (uint8_t *)dst + r * t->row_bytes, (size_t)k))
+            return tern_error_prefix(TERN_ERR_INTERNAL, "quantizing '%s'", t->name);
+    }
+    return TERN_OK;
+}
+
+/* use_more_bits as llama-quantize decides it: the first and last eighth of the layers
+ * and every third one between get the larger type. */
+static bool more_bits(uint32_t i, uint32_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+static bool name_ends(const char *name, const char *suffix) {
+    size_t n = strlen(name), s = strlen(suffix);
+    return n >= s && !strcmp(name + n - s, suffix);
+}
+
+/* The type a tensor gets: 1-D tensors and the ones llama-quantize keeps in F32 stay F32;
+ * matrices get the weight type, adjusted by the mix; a row length the type's blocks do
+ * not divide falls back to F32. */
+static enum tern_dtype pick_type(struct mk_ctx *c, const struct mk_tensor *t, uint32_t layer) {
+    const struct tern_mkmodel_params *p = c->p;
+    if (t->n_dims < 2 || t->init != INIT_WEIGHT) return TERN_DTYPE_F32;
+    enum tern_dtype type = p->wtype;
+    bool is_output = !strcmp(t->name, "output.weight") || (p->tied && !strcmp(t->name, "token_embd.weight"));
+    if (p->mix != TERN_MK_UNIFORM && is_output && type != TERN_DTYPE_Q8_0 && type != TERN_DTYPE_Q6_K &&
+        !is_float_type(type))
+        type = TERN_DTYPE_Q6_K;
+    if (p->mix == TERN_MK_Q4_K_M) {
+        if (name_ends(t->name, ".attn_v.weight") || name_ends(t->name, ".attn_qkv.weight")) {
+            if (more_bits(c->i_wv, c->n_wv)) type = TERN_DTYPE_Q6_K;
+            c->i_wv++;
+        } else if (name_ends(t->name, ".ffn_down.weight") && more_bits(layer, p->n_layer)) {
+            type = TERN_DTYPE_Q6_K;
+        }
+    }
+    const struct tern_dtype_info *info = tern_dtype_info((uint32_t)type);
+    if (t->ne[0] % info->blck_size) {
+        TERN_LOG_INFO("mkmodel: '%s' stays F32: its rows of %" PRIu64 " are not a multiple of the %s block size %u",
+                      t->name, t->ne[0], info->name, info->blck_size);
+        c->n_fallback++;
+        return TERN_DTYPE_F32;
+    }
+    return type;
+}
+
+static enum tern_status add(struct mk_ctx *c, enum init init, uint32_t layer, uint64_t ne0, uint64_t ne1,
+                            const char *fmt, ...) {
+    if (c->n == c->cap) {
+        uint32_t cap = c->cap ? c->cap * 2 : 64;
+        struct mk_tensor *t = tern_reallocarray(c->t, cap, sizeof *t);
+        if (!t) return tern_errorf(TERN_ERR_NOMEM, "mkmodel: no memory for the tensor list");
+        c->t = t;
+        c->cap = cap;
+    }
+    struct mk_tensor *t = &c->t[c->n];
+    memset(t, 0, sizeof *t);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t->name, sizeof t->name, fmt, ap);
+    va_end(ap);
+    t->init = init;
+    t->n_dims = ne1 ? 2 : 1;
+    t->ne[0] = ne0;
+    t->ne[1] = ne1 ? ne1 : 1;
+    t->ne[2] = t->ne[3] = 1;
+    t->seed = c->p->seed ^ tern_hash64(t->name, strlen(t->name));
+    t->type = pick_type(c, t, layer);
+    c->max_ne0 = TERN_MAX(c->max_ne0, ne0);
+    c->n++;
+    return TERN_OK;
+}
+
+static bool is_full_attn(const struct tern_mkmodel_params *p, uint32_t il) {
+    return p->arch != TERN_MK_QWEN35 || (il + 1) % p->full_attn_interval == 0;
+}
+
+static enum tern_status build_tensors(struct mk_ctx *c, uint32_t n_vocab) {
+    const struct tern_mkmodel_params *p = c->p;
+    const uint64_t e = p->n_embd, hd = p->head_dim, q = (uint64_t)p->n_head * hd, kv = (uint64_t)p->n_head_kv * hd;
+    const uint64_t ssm_inner = (uint64_t)p->ssm_v_heads * p->ssm_state;
+    const uint64_t ssm_conv_ch = 2 * (uint64_t)p->ssm_k_heads * p->ssm_state + ssm_inner;
+    /* The Q4_K_M mix counts attn_v/attn_qkv tensors before it picks any type. */
+    c->n_wv = p->n_layer;
+    enum tern_status st = TERN_OK;
+#define ADD(...) do { if ((st = add(c, __VA_ARGS__))) return st; } while (0)
+    ADD(INIT_WEIGHT, 0, e, n_vocab, "token_embd.weight");
+    ADD(INIT_NORM, 0, e, 0, "output_norm.weight");
+    if (!p->tied) ADD(INIT_WEIGHT, 0, e, n_vocab, "output.weight");
+    for (uint32_t il = 0; il < p->n_layer; il++) {
+        ADD(INIT_NORM, il, e, 0, "blk.%u.attn_norm.weight", il);
+        if (p->arch == TERN_MK_QWEN35) {
+            ADD(INIT_NORM, il, e, 0, "blk.%u.post_attention_norm.weight", il);
+            if (is_full_attn(p, il)) {
+                ADD(INIT_WEIGHT, il, e, 2 * q, "blk.%u.attn_q.weight", il); /* per head: q then gate */
+                ADD(INIT_WEIGHT, il, e, kv, "blk.%u.attn_k.weight", il);
+                ADD(INIT_WEIGHT, il, e, kv, "blk.%u.attn_v.weight", il);
+                ADD(INIT_WEIGHT, il, q, e, "blk.%u.attn_output.weight", il);
+                ADD(INIT_NORM, il, hd, 0, "blk.%u.attn_q_norm.weight", il);
+                ADD(INIT_NORM, il, hd, 0, "blk.%u.attn_k_norm.weight", il);
+            } else {
+                ADD(INIT_WEIGHT, il, e, ssm_conv_ch, "blk.%u.attn_qkv.weight", il);
+                ADD(INIT_WEIGHT, il, e, ssm_inner, "blk.%u.attn_gate.weight", il);
+                ADD(INIT_CONV, il, p->ssm_conv, ssm_conv_ch, "blk.%u.ssm_conv1d.weight", il);
+                ADD(INIT_DT_BIAS, il, p->ssm_v_heads, 0, "blk.%u.ssm_dt.bias", il);
+                ADD(INIT_SSM_A, il, p->ssm_v_heads, 0, "blk.%u.ssm_a", il);
+                ADD(INIT_WEIGHT, il, e, p->ssm_v_heads, "blk.%u.ssm_beta.weight", il);
+                ADD(INIT_WEIGHT, il, e, p->ssm_v_heads, "blk.%u.ssm_alpha.weight", il);
+                ADD(INIT_NORM, il, p->ssm_state, 0, "blk.%u.ssm_norm.weight", il);
+                ADD(INIT_WEIGHT, il, ssm_inner, e, "blk.%u.ssm_out.weight", il);
+            }
+        } else {
+            bool bias = p->arch == TERN_MK_QWEN2;
+            ADD(INIT_WEIGHT, il, e, q, "blk.%u.attn_q.weight", il);
+            if (bias) ADD(INIT_WEIGHT, il, q, 0, "blk.%u.attn_q.bias", il);
+            ADD(INIT_WEIGHT, il, e, kv, "blk.%u.attn_k.weight", il);
+            if (bias) ADD(INIT_WEIGHT, il, kv, 0, "blk.%u.attn_k.bias", il);
+            ADD(INIT_WEIGHT, il, e, kv, "blk.%u.attn_v.weight", il);
+            if (bias) ADD(INIT_WEIGHT, il, kv, 0, "blk.%u.attn_v.bias", il);
+            ADD(INIT_WEIGHT, il, q, e, "blk.%u.attn_output.weight", il);
+            if (p->arch == TERN_MK_QWEN3) {
+                ADD(INIT_NORM, il, hd, 0, "blk.%u.attn_k_norm.weight", il);
+                ADD(INIT_NORM, il, hd, 0, "blk.%u.attn_q_norm.weight", il);
+            }
+            ADD(INIT_NORM, il, e, 0, "blk.%u.ffn_norm.weight", il);
+        }
+        ADD(INIT_WEIGHT, il, e, p->n_ff, "blk.%u.ffn_gate.weight", il);
+        ADD(INIT_WEIGHT, il, e, p->n_ff, "blk.%u.ffn_up.weight", il);
+        ADD(INIT_WEIGHT, il, p->n_ff, e, "blk.%u.ffn_down.weight", il);
+    }
+#undef ADD
+    return TERN_OK;
+}
+
+/* ---- vocabulary ---------------------------------------------------------------------- */
+
+/* GPT-2's byte-to-unicode map: printable bytes stand for themselves, the others are
+ * shifted to U+0100 and up, so that every byte has a visible one-character token. The
+ * token ids follow GPT-2's order: the printable bytes first, then the rest. */
+static void byte_tokens(char text[256][4], uint8_t order[256]) {
+    uint32_t n = 0, extra = 0;
+    bool seen[256] = {false};
+    for (uint32_t b = 0; b < 256; b++) {
+        if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255)) {
+            order[n++] = (uint8_t)b;
+            seen[b] = true;
+        }
+    }
+    for (uint32_t b = 0; b < 256; b++)
+        if (!seen[b]) order[n++] = (uint8_t)b;
+    for (uint32_t b = 0; b < 256; b++) {
+        uint32_t cp = seen[b] ? b : 256 + extra++;
+        if (cp < 0x80) {
+            text[b][0] = (char)cp;
+            text[b][1] = 0;
+        } else {
+            text[b][0] = (char)(0xc0 | (cp >> 6));
+            text[b][1] = (char)(0x80 | (cp & 0x3f));
+            text[b][2] = 0;
+        }
+    }
+}
+
+/* A small ChatML template written for tern (the format Qwen models use). */
+static const char chat_template[] =
+    "{%- for message in messages -%}\n"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "{{- '<|im_start|>assistant\\n' -}}\n"
+    "{%- endif -%}\n";
+
+static const char *const builtin_merges[][2] = {
+    {"\xc4\xa0", "t"}, {"h", "e"}, {"i", "n"}, {"e", "r"}, {"o", "n"}, {"r", "e"}, {"a", "n"}, {"\xc4\xa0t", "he"},
+};
+static const struct {
+    const char *text;
+    int32_t type; /* 3 control, 4 user-defined */
+} builtin_specials[] = {
+    {"<|endoftext|>", 3}, {"<|im_start|>", 3}, {"<|im_end|>", 3}, {"<think>", 4},
+    {"</think>", 4},      {"<tool_call>", 4},  {"</tool_call>", 4},
+};
+#define BUILTIN_N (256 + TERN_ARRAY_LEN(builtin_merges) + TERN_ARRAY_LEN(builtin_specials))
+
+/* Token arrays padded up to n with "[PAD<id>]" tokens of type UNUSED (5), as llama.cpp's
+ * converter pads a vocabulary to the embedding size. */
+struct vocab_arrays {
+    struct gguf_str *tokens;
+    char *pad_text;
+    int32_t *types;
+    float *scores;
+};
+
+static void vocab_arrays_free(struct vocab_arrays *v) {
+    free(v->tokens);
+    free(v->pad_text);
+    free(v->types);
+    free(v->scores);
+}
+
+static enum tern_status pad_tokens(struct vocab_arrays *v, uint32_t n_have, uint32_t n) {
+    size_t text_bytes = (size_t)(n - n_have) * 20;
+    v->pad_text = tern_malloc(text_bytes ? text_bytes : 1);
+    if (!v->pad_text) return tern_errorf(TERN_ERR_NOMEM, "mkmodel: no memory to pad the vocabulary");
+    for (uint32_t i = n_have; i < n; i++) {
+        char *s = v->pad_text + (size_t)(i - n_have) * 20;
+        int len = snprintf(s, 20, "[PAD%u]", i);
+        v->tokens[i] = (struct gguf_str){s, (uint64_t)len};
+        if (v->types) v->types[i] = 5;
+        if (v->scores) v->scores[i] = 0.0f;
+    }
+    return TERN_OK;
+}
+
+static enum tern_status write_builtin_vocab(struct gguf_writer *w, uint32_t n_vocab) {
+    char text[256][4];
+    uint8_t order[256];
+    byte_tokens(text, order);
+    struct vocab_arrays v = {0};
+    v.tokens = tern_calloc(n_vocab, sizeof *v.tokens);
+    v.types = tern_calloc(n_vocab, sizeof *v.types);
+    char merged[TERN_ARRAY_LEN(builtin_merges)][16];
+    char merge_text[TERN_ARRAY_LEN(builtin_merges)][16];
+    struct gguf_str merges[TERN_ARRAY_LEN(builtin_merges)];
+    enum tern_status st = TERN_OK;
+    if (!v.tokens || !v.types) st = tern_errorf(TERN_ERR_NOMEM, "mkmodel: no memory for the vocabulary");
+    if (!st) {
+        uint32_t id = 0;
+        for (; id < 256; id++) {
+            v.tokens[id] = (struct gguf_str){text[order[id]], strlen(text[order[id]])};
+            v.types[id] = 1;
+        }
+        for (size_t i = 0; i < TERN_ARRAY_LEN(builtin_merges); i++, id++) {
+            int n = snprintf(merged[i], sizeof merged[i], "%s%s", builtin_merges[i][0], builtin_merges[i][1]);
+            v.tokens[id] = (struct gguf_str){merged[i], (uint64_t)n};
+            v.types[id] = 1;
+            n = snprintf(merge_text[i], sizeof merge_text[i], "%s %s", builtin_merges[i][0], builtin_merges[i][1]);
+            merges[i] = (struct gguf_str){merge_text[i], (uint64_t)n};
+        }
+        for (size_t i = 0; i < TERN_ARRAY_LEN(builtin_specials); i++, id++) {
+            v.tokens[id] = (struct gguf_str){builtin_specials[i].text, strlen(builtin_specials[i].text)};
+            v.types[id] = builtin_specials[i].type;
+        }
+        st = pad_tokens(&v, id, n_vocab);
+    }
+    const uint32_t endoftext = 256 + TERN_ARRAY_LEN(builtin_merges), im_end = endoftext + 2;
+    if (!st) st = gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
+    if (!st) st = gguf_writer_set_str(w, "tokenizer.ggml.pre", "qwen2");
+    if (!st) st = gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", v.tokens, n_vocab);
+    if (!st) st = gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, v.types, n_vocab);
+    if (!st) st = gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", merges, TERN_ARRAY_LEN(builtin_merges));
+    if (!st) st = gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", im_end);
+    if (!st) st = gguf_writer_set_u32(w, "tokenizer.ggml.padding_token_id", endoftext);
+    if (!st) st = gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", endoftext);
+    if (!st) st = gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", false);
+    if (!st) st = gguf_writer_set_str(w, "tokenizer.chat_template", chat_template);
+    vocab_arrays_free(&v);
+    return st;
+}
+
+/* Copies every tokenizer.* key of vf; the per-token arrays are padded to n_vocab. */
+static enum tern_status copy_vocab(struct gguf_writer *w, const struct gguf_file *vf, uint32_t n_have,
+                                   uint32_t n_vocab) {
+    for (uint64_t i = 0; i < gguf_n_kv(vf); i++) {
+        const struct gguf_kv *kv = gguf_kv_at(vf, i);
+        if (strncmp(kv->key.ptr, "tokenizer.", 10)) continue;
+        bool per_token = kv->type == GGUF_TYPE_ARRAY && kv->v.arr.n == n_have &&
+                         (!strcmp(kv->key.ptr, "tokenizer.ggml.tokens") ||
+                          (!strcmp(kv->key.ptr, "tokenizer.ggml.token_type") && kv->v.arr.type == GGUF_TYPE_INT32) ||
+                          (!strcmp(kv->key.ptr, "tokenizer.ggml.scores") && kv->v.arr.type == GGUF_TYPE_FLOAT32));
+        enum tern_status st;
+        if (n_vocab == n_have || !per_token) {
+            st = gguf_writer_set_kv(w, kv);
+        } else {
+            struct vocab_arrays v = {0};
+            st = TERN_OK;
+            if (kv->v.arr.type == GGUF_TYPE_STRING) {
+                v.tokens = tern_calloc(n_vocab, sizeof *v.tokens);
+                if (!v.tokens) st = tern_errorf(TERN_ERR_NOMEM, "mkmodel: no memory to pad the vocabulary");
+                if (!st) {
+                    memcpy(v.tokens, kv->v.arr.strs, (size_t)n_have * sizeof *v.tokens);
+                    st = pad_tokens(&v, n_have, n_vocab);
+                }
+                if (!st) st = gguf_writer_set_arr_str(w, kv->key.ptr, v.tokens, n_vocab);
+            } else {
+                size_t es = 4;
+                void *a = tern_calloc(n_vocab, es);
+                if (!a) st = tern_errorf(TERN_ERR_NOMEM, "mkmodel: no memory to pad the vocabulary");
+                if (!st) {
+                    memcpy(a, kv->v.arr.data, (size_t)n_have * es);
+                    for (uint32_t j = n_have; j < n_vocab; j++) {
+                        if (kv->v.arr.type == GGUF_TYPE_INT32) ((int32_t *)a)[j] = 5;
+                        else ((float *)a)[j] = 0.0f;
+                    }
+                    st = gguf_writer_set_arr(w, kv->key.ptr, kv->v.arr.type, a, n_vocab);
+                }
+                free(a);
+            }
+            vocab_arrays_free(&v);
+        }
+        if (st) return st;
+    }
+    return TERN_OK;
+}
+
+/* ---- metadata and the file ------------------------------------------------------------ */
+
+static enum tern_status set_arch_u32(struct gguf_writer *w, const char *arch, const char *key, uint32_t v) {
+    char k[128];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    return gguf_writer_set_u32(w, k, v);
+}
+
+static enum tern_status set_arch_f32(struct gguf_writer *w, const char *arch, const char *key, float v) {
+    char k[128];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    return gguf_writer_set_f32(w, k, v);
+}
+
+static enum tern_status write_metadata(struct gguf_writer *w, const struct tern_mkmodel_params *p,
+                                       const struct gguf_file *vf, uint32_t n_have, uint32_t n_vocab) {
+    const char *a = tern_mk_arch_name(p->arch);
+    char name[128];
+    if (p->name) snprintf(name, sizeof name, "%s", p->name);
+    else snprintf(name, sizeof name, "%s-random", a);
+    enum tern_status st = gguf_writer_set_str(w, "general.architecture", a);
+    if (!st) st = gguf_writer_set_str(w, "general.name", name);
+    if (!st) st = set_arch_u32(w, a, "block_count", p->n_layer);
+    if (!st) st = set_arch_u32(w, a, "context_length", p->n_ctx);
+    if (!st) st = set_arch_u32(w, a, "embedding_length", p->n_embd);
+    if (!st) st = set_arch_u32(w, a, "feed_forward_length", p->n_ff);
+    if (!st) st = set_arch_u32(w, a, "attention.head_count", p->n_head);
+    if (!st) st = set_arch_u32(w, a, "attention.head_count_kv", p->n_head_kv);
+    if (!st) st = set_arch_f32(w, a, "rope.freq_base", p->rope_theta);
+    if (!st) st = set_arch_f32(w, a, "attention.layer_norm_rms_epsilon", p->rms_eps);
+    /* Qwen3 and Qwen3.5 converters always write the head size; llama and qwen2 ones
+     * only where it differs from n_embd / n_head (the loader's default). */
+    bool head_keys = p->arch == TERN_MK_QWEN3 || p->arch == TERN_MK_QWEN35 ||
+                     (uint64_t)p->head_dim * p->n_head != p->n_embd;
+    if (!st && head_keys) st = set_arch_u32(w, a, "attention.key_length", p->head_dim);
+    if (!st && head_keys) st = set_arch_u32(w, a, "attention.value_length", p->head_dim);
+    if (!st) st = gguf_writer_set_u32(w, "general.file_type", file_type(p->wtype, p->mix));
+    if (!st && !is_float_type(p->wtype)) st = gguf_writer_set_u32(w, "general.quantization_version", 2);
+    if (!st && p->arch == TERN_MK_LLAMA) st = set_arch_u32(w, a, "rope.dimension_count", p->rope_dim ? p->rope_dim : p->head_dim);
+    if (!st && p->arch == TERN_MK_QWEN35) {
+        uint32_t rd = p->rope_dim ? p->rope_dim : p->head_dim / 4;
+        int32_t sec[4];
+        memcpy(sec, p->rope_sections, sizeof sec);
+        if (!sec[0] && !sec[1] && !sec[2] && !sec[3]) {
+            /* Qwen3.5 splits its rotary pairs [11, 11, 10] of 32 (time, height, width). */
+            int32_t pairs = (int32_t)rd / 2;
+            sec[0] = sec[1] = (int32_t)lround(pairs * 11.0 / 32.0);
+            sec[2] = pairs - 2 * sec[0];
+            sec[3] = 0;
+            if (sec[2] < 0) {
+                sec[0] = sec[1] = pairs / 2;
+                sec[2] = pairs - 2 * sec[0];
+            }
+        }
+        st = set_arch_u32(w, a, "ssm.conv_kernel", p->ssm_conv);
+        if (!st) st = set_arch_u32(w, a, "ssm.state_size", p->ssm_state);
+        if (!st) st = set_arch_u32(w, a, "ssm.group_count", p->ssm_k_heads);
+        if (!st) st = set_arch_u32(w, a, "ssm.time_step_rank", p->ssm_v_heads);
+        if (!st) st = set_arch_u32(w, a, "ssm.inner_size", p->ssm_v_heads * p->ssm_state);
+        if (!st) st = set_arch_u32(w, a, "full_attention_interval", p->full_attn_interval);
+        if (!st) st = set_arch_u32(w, a, "rope.dimension_count", rd);
+        char k[128];
+        snprintf(k, sizeof k, "%s.rope.dimension_sections", a);
+        if (!st) st = gguf_writer_set_arr(w, k, GGUF_TYPE_INT32, sec, 4);
+    }
+    if (!st) st = vf ? copy_vocab(w, vf, n_have, n_vocab) : write_builtin_vocab(w, n_vocab);
+    if (!st) st = set_arch_u32(w, a, "vocab_size", n_vocab);
+    return st;
+}
+
+enum tern_status tern_mkmodel_write(const struct tern_mkmodel_params *p, const char *path,
+                                    struct tern_mkmodel_stats *stats) {
+    enum tern_status st = tern_mkmodel_check(p);
+    if (st) return st;
+    struct gguf_file *vf = NULL;
+    uint32_t n_have = BUILTIN_N;
+    if (p->vocab_path) {
+        struct gguf_open_opts opts = {.no_data = true};
+        if ((st = gguf_open(p->vocab_path, &opts, &vf))) return tern_error_prefix(st, "vocab");
+        const struct gguf_kv *tok;
+        st = gguf_get_arr(vf, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &tok);
+        if (!st && (tok->v.arr.n == 0 || tok->v.arr.n > LIMIT_VOCAB))
+            st = tern_errorf(TERN_ERR_INVALID, "%s has %" PRIu64 " tokens (1..%u allowed)", p->vocab_path,
+                             tok->v.arr.n, LIMIT_VOCAB);
+        if (st) {
+            gguf_close(vf);
+            return tern_error_prefix(st, "vocab %s", p->vocab_path);
+        }
+        n_have = (uint32_t)tok->v.arr.n;
+    }
+    uint32_t n_vocab = p->n_vocab > n_have ? p->n_vocab : n_have;
+    if (p->n_vocab && p->n_vocab < n_have) {
+        if (!vf) {
+            return tern_errorf(TERN_ERR_INVALID, "n_vocab %u is smaller than the built-in vocabulary (%u tokens)",
+                               p->n_vocab, n_have);
+        }
+        TERN_LOG_INFO("mkmodel: the vocabulary has %u tokens; n_vocab %u is raised to it", n_have, p->n_vocab);
+    }
+    if (n_vocab > n_have) TERN_LOG_INFO("mkmodel: vocabulary padded from %u to %u tokens", n_have, n_vocab);
+
+    struct mk_ctx c = {.p = p};
+    struct gguf_writer *w = NULL;
+    float *scratch = NULL;
+    if (!st) st = build_tensors(&c, n_vocab);
+    if (!st) {
+        scratch = tern_malloc((size_t)c.max_ne0 * sizeof(float));
+        if (!scratch) st = tern_errorf(TERN_ERR_NOMEM, "mkmodel: no memory for a row buffer");
+    }
+    if (!st) st = gguf_writer_new(&w);
+    if (!st) st = write_metadata(w, p, vf, n_have, n_vocab);
+    struct tern_mkmodel_stats s = {.n_vocab = n_vocab, .n_f32_fallback = c.n_fallback, .n_tensors = c.n};
+    for (uint32_t i = 0; i < c.n && !st; i++) {
+        struct mk_tensor *t = &c.t[i];
+        t->scratch = scratch;
+        uint64_t n_el = t->ne[0] * t->ne[1];
+        if (!tern_dtype_row_size(t->type, t->ne[0], &t->row_bytes))
+            st = tern_errorf(TERN_ERR_INTERNAL, "mkmodel: '%s' row size", t->name);
+        if (!st) st = gguf_writer_add_tensor_cb(w, t->name, t->type, t->n_dims, t->ne, fill, t);
+        s.n_params += n_el;
+        s.n_bytes += t->row_bytes * t->ne[1];
+    }
+    if (!st) st = gguf_writer_write(w, path);
+    if (!st && stats) *stats = s;
+    gguf_writer_free(w);
+    free(scratch);
+    free(c.t);
+    gguf_close(vf);
+    return st;
+}

@@ -1,0 +1,88 @@
+/* The model generator behind `tern mkmodel`: writes a deterministic random-weight GGUF
+ * with the metadata keys and tensor names/shapes that real models of an architecture
+ * carry (llama, qwen2, qwen3, qwen35), so that the engine, benchmarks and tests can run
+ * on any shape without downloading weights.
+ *
+ * Weights (as /work/shared/models/README.md describes the reference generator):
+ * matmul weights, embeddings and biases ~ N(0, 0.02); norm weights 1 + N(0, 0.02);
+ * qwen35 ssm_a = -exp(U(ln 1, ln 16)), ssm_dt.bias = 1 + N(0, 0.02),
+ * ssm_conv1d ~ N(0, 0.3). Each tensor draws from its own stream, seeded from the seed and
+ * the tensor's name, so one tensor's values do not depend on the others (a model with
+ * more layers starts with the same layers). Same parameters, same bytes. */
+#ifndef TERN_MODEL_MKMODEL_H
+#define TERN_MODEL_MKMODEL_H
+
+#include "util/dtype.h"
+#include "util/status.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+enum tern_mk_arch { TERN_MK_LLAMA, TERN_MK_QWEN2, TERN_MK_QWEN3, TERN_MK_QWEN35 };
+
+/* How tensors are typed. */
+enum tern_mk_mix {
+    TERN_MK_UNIFORM = 0, /* every matmul weight and embedding in wtype */
+    TERN_MK_LIKE_QUANTIZE, /* as llama-quantize: output (or tied token_embd) Q6_K below Q6_K */
+    TERN_MK_Q4_K_M,      /* llama-quantize's Q4_K_M: Q4_K, output and some attn_v/attn_qkv/ffn_down Q6_K */
+};
+
+struct tern_mkmodel_params {
+    enum tern_mk_arch arch;
+    const char *name;       /* general.name; NULL = "<preset or arch>-random" */
+    uint32_t n_layer;
+    uint32_t n_embd;
+    uint32_t n_head;
+    uint32_t n_head_kv;
+    uint32_t head_dim;
+    uint32_t n_ff;
+    uint32_t n_ctx;         /* context_length written to the file */
+    uint32_t n_vocab;       /* 0 = the vocabulary's own size; larger pads with [PAD<id>] tokens */
+    bool tied;              /* no output.weight: the output projection is token_embd */
+    float rope_theta;
+    float rms_eps;
+    uint32_t rope_dim;      /* rope.dimension_count; 0 = head_dim (qwen35: head_dim / 4) */
+    /* qwen35 (Gated DeltaNet layers) */
+    uint32_t ssm_k_heads;   /* ssm.group_count */
+    uint32_t ssm_v_heads;   /* ssm.time_step_rank */
+    uint32_t ssm_state;     /* ssm.state_size: the head dimension of both */
+    uint32_t ssm_conv;      /* ssm.conv_kernel */
+    uint32_t full_attn_interval; /* every n-th layer (n-1, 2n-1, ...) is full attention */
+    int32_t rope_sections[4];    /* all 0 = derived from rope_dim as Qwen3.5 splits it */
+
+    enum tern_dtype wtype;  /* F32, F16, BF16 or a quantized type */
+    enum tern_mk_mix mix;
+    uint64_t seed;
+    const char *vocab_path; /* a GGUF whose tokenizer.* keys are copied verbatim; NULL = built-in */
+};
+
+/* Defaults for an architecture (a small model: 4 layers, n_embd 256 ...). */
+void tern_mkmodel_defaults(enum tern_mk_arch arch, struct tern_mkmodel_params *p);
+/* Presets: "tiny-qwen3", "tiny-qwen35" (the shapes of the shared tiny models),
+ * "qwen3-0.6b", "qwen3.5-0.8b", "tiny-llama", "tiny-qwen2". TERN_ERR_INVALID if unknown. */
+enum tern_status tern_mkmodel_preset(const char *name, struct tern_mkmodel_params *p);
+/* Comma-separated preset names, for usage texts. */
+const char *tern_mkmodel_preset_names(void);
+bool tern_mk_arch_from_name(const char *s, enum tern_mk_arch *out);
+const char *tern_mk_arch_name(enum tern_mk_arch a);
+/* Parses a --type value: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m. */
+bool tern_mkmodel_parse_type(const char *s, enum tern_dtype *wtype, enum tern_mk_mix *mix);
+
+/* Checks the shape (divisibility, ranges); TERN_ERR_INVALID naming the value. */
+enum tern_status tern_mkmodel_check(const struct tern_mkmodel_params *p);
+
+struct tern_mkmodel_stats {
+    uint64_t n_params;
+    uint64_t n_bytes;       /* tensor data */
+    uint32_t n_tensors;
+    uint32_t n_vocab;
+    uint32_t n_f32_fallback; /* tensors kept F32 because their rows do not fit the block size */
+};
+
+/* Writes the model to path (atomically: a failed write leaves no file). Tensor data is
+ * produced while writing, a few MB at a time, so memory stays small whatever the
+ * model size. stats may be NULL. */
+enum tern_status tern_mkmodel_write(const struct tern_mkmodel_params *p, const char *path,
+                                    struct tern_mkmodel_stats *stats);
+
+#endif
