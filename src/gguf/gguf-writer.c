@@ -502,6 +502,8 @@ enum tern_status gguf_writer_write(struct gguf_writer *w, const char *path) {
         st = tern_errorf(TERN_ERR_IO, "gguf writer: fdopen %s: %s", tmp.data, strerror(errno));
         close(fd);
     } else {
+        /* Large writes: small ones each pay the kernel's dirty-page throttling. */
+        setvbuf(fp, NULL, _IOFBF, (size_t)1 << 20);
         struct sink s = {.fp = fp, .path = tmp.data};
         st = emit(w, &hdr, &s);
         if (fclose(fp) != 0 && !st)

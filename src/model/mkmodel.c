@@ -291,6 +291,7 @@ struct mk_ctx {
     uint32_t n, cap;
     uint32_t n_wv, i_wv; /* llama-quantize's count of attn_v / attn_qkv tensors (Q4_K_M) */
     uint32_t n_fallback;
+    char first_fallback[160];
     uint64_t max_ne0;
 };
 
@@ -348,9 +349,12 @@ static enum tern_dtype pick_type(struct mk_ctx *c, const struct mk_tensor *t, ui
     }
     const struct tern_dtype_info *info = tern_dtype_info((uint32_t)type);
     if (t->ne[0] % info->blck_size) {
-        TERN_LOG_INFO("mkmodel: '%s' stays F32: its rows of %" PRIu64 " are not a multiple of the %s block size %u",
-                      t->name, t->ne[0], info->name, info->blck_size);
-        c->n_fallback++;
+        TERN_LOG_DEBUG("mkmodel: '%s' stays F32: its rows of %" PRIu64 " are not a multiple of the %s block size %u",
+                       t->name, t->ne[0], info->name, info->blck_size);
+        if (c->n_fallback++ == 0) {
+            snprintf(c->first_fallback, sizeof c->first_fallback, "'%s' (rows of %" PRIu64 ", %s blocks of %u)",
+                     t->name, t->ne[0], info->name, info->blck_size);
+        }
         return TERN_DTYPE_F32;
     }
     return type;
@@ -719,6 +723,9 @@ enum tern_status tern_mkmodel_write(const struct tern_mkmodel_params *p, const c
     struct gguf_writer *w = NULL;
     float *scratch = NULL;
     if (!st) st = build_tensors(&c, n_vocab);
+    if (!st && c.n_fallback)
+        TERN_LOG_INFO("mkmodel: %u tensors stay F32 because their row length is not a multiple of the type's block "
+                      "size, e.g. %s (TERN_LOG=debug lists them)", c.n_fallback, c.first_fallback);
     if (!st) {
         scratch = tern_malloc((size_t)c.max_ne0 * sizeof(float));
         if (!scratch) st = tern_errorf(TERN_ERR_NOMEM, "mkmodel: no memory for a row buffer");
