@@ -31,6 +31,7 @@ static void usage(FILE *out) {
             "  --vocab FILE           copy the vocabulary and chat template (every tokenizer.* key)\n"
             "                         from a GGUF; default: a small built-in byte-level vocabulary\n"
             "  --name NAME            general.name\n"
+            "  --dry-run              list the tensors (name, type, shape) and totals; write nothing\n"
             "\n"
             "shape:\n"
             "  --n-layer N  --n-embd N  --n-head N  --n-head-kv N  --head-dim N  --n-ff N\n"
@@ -49,7 +50,7 @@ static void usage(FILE *out) {
 }
 
 enum {
-    OPT_ARCH = 256, OPT_PRESET, OPT_TYPE, OPT_PURE, OPT_SEED, OPT_VOCAB, OPT_NAME,
+    OPT_ARCH = 256, OPT_PRESET, OPT_TYPE, OPT_PURE, OPT_SEED, OPT_VOCAB, OPT_NAME, OPT_DRY_RUN,
     OPT_N_LAYER, OPT_N_EMBD, OPT_N_HEAD, OPT_N_HEAD_KV, OPT_HEAD_DIM, OPT_N_FF, OPT_N_CTX, OPT_N_VOCAB,
     OPT_TIED, OPT_UNTIED, OPT_ROPE_THETA, OPT_RMS_EPS, OPT_ROPE_DIM,
     OPT_SSM_K, OPT_SSM_V, OPT_SSM_STATE, OPT_SSM_CONV, OPT_FULL_ATTN, OPT_ROPE_SECTIONS,
@@ -113,6 +114,24 @@ static int apply(const struct override *o, struct tern_mkmodel_params *p) {
     return 0;
 }
 
+static int print_plan(const struct tern_mkmodel_params *p) {
+    struct tern_mkmodel_tensor *t;
+    uint32_t n;
+    struct tern_mkmodel_stats s;
+    if (tern_mkmodel_plan(p, &t, &n, &s)) return cli_fail("mkmodel", "%s", tern_last_error());
+    for (uint32_t i = 0; i < n; i++) {
+        char shape[64];
+        if (t[i].n_dims == 1) snprintf(shape, sizeof shape, "[%" PRIu64 "]", t[i].ne[0]);
+        else snprintf(shape, sizeof shape, "[%" PRIu64 ", %" PRIu64 "]", t[i].ne[0], t[i].ne[1]);
+        printf("%-40s %-6s %s\n", t[i].name, tern_dtype_name(t[i].type), shape);
+    }
+    printf("%s: %u tensors, n_vocab %u, %" PRIu64 " parameters (%.2f M), %" PRIu64 " bytes (%.1f MB) of tensor data\n",
+           tern_mk_arch_name(p->arch), n, s.n_vocab, s.n_params, (double)s.n_params / 1e6, s.n_bytes,
+           (double)s.n_bytes / 1e6);
+    free(t);
+    return 0;
+}
+
 static int mkmodel_main(int argc, char **argv) {
     static const struct option opts[] = {
         {"arch", required_argument, NULL, OPT_ARCH},
@@ -123,6 +142,7 @@ static int mkmodel_main(int argc, char **argv) {
         {"seed", required_argument, NULL, OPT_SEED},
         {"vocab", required_argument, NULL, OPT_VOCAB},
         {"name", required_argument, NULL, OPT_NAME},
+        {"dry-run", no_argument, NULL, OPT_DRY_RUN},
         {"n-layer", required_argument, NULL, OPT_N_LAYER},
         {"n-embd", required_argument, NULL, OPT_N_EMBD},
         {"n-head", required_argument, NULL, OPT_N_HEAD},
@@ -147,7 +167,7 @@ static int mkmodel_main(int argc, char **argv) {
     };
     const char *arch = NULL, *preset = NULL, *out = NULL, *type = NULL, *vocab = NULL, *name = NULL;
     const char *seed_s = NULL;
-    bool pure = false;
+    bool pure = false, dry_run = false;
     struct override ov[64];
     int n_ov = 0, c;
     opterr = 0;
@@ -162,6 +182,7 @@ static int mkmodel_main(int argc, char **argv) {
         case OPT_SEED: seed_s = optarg; break;
         case OPT_VOCAB: vocab = optarg; break;
         case OPT_NAME: name = optarg; break;
+        case OPT_DRY_RUN: dry_run = true; break;
         case ':': return cli_usage_error("mkmodel", "option '%s' needs a value", argv[optind - 1]);
         case '?': return cli_usage_error("mkmodel", "unknown option '%s'", argv[optind - 1]);
         default:
@@ -171,7 +192,7 @@ static int mkmodel_main(int argc, char **argv) {
         }
     }
     if (optind < argc) return cli_usage_error("mkmodel", "unexpected argument '%s'", argv[optind]);
-    if (!out) return cli_usage_error("mkmodel", "missing --out FILE");
+    if (!out && !dry_run) return cli_usage_error("mkmodel", "missing --out FILE");
     if (!arch && !preset) return cli_usage_error("mkmodel", "missing --arch or --preset");
 
     struct tern_mkmodel_params p;
@@ -213,6 +234,7 @@ static int mkmodel_main(int argc, char **argv) {
     if (tern_mkmodel_check(&p)) return cli_usage_error("mkmodel", "%s", tern_last_error());
 
     struct tern_mkmodel_stats s;
+    if (dry_run) return print_plan(&p);
     enum tern_status st = tern_mkmodel_write(&p, out, &s);
     if (st) return cli_fail("mkmodel", "%s", tern_last_error());
     fprintf(stderr,

@@ -689,8 +689,10 @@ static enum tern_status write_metadata(struct gguf_writer *w, const struct tern_
     return st;
 }
 
-enum tern_status tern_mkmodel_write(const struct tern_mkmodel_params *p, const char *path,
-                                    struct tern_mkmodel_stats *stats) {
+/* Checks p, opens the vocabulary and lays out the tensors (with types and row sizes).
+ * On error nothing is left open. */
+static enum tern_status prepare(const struct tern_mkmodel_params *p, struct mk_ctx *c, struct gguf_file **vf_out,
+                                uint32_t *n_have_out, struct tern_mkmodel_stats *s) {
     enum tern_status st = tern_mkmodel_check(p);
     if (st) return st;
     struct gguf_file *vf = NULL;
@@ -711,37 +713,83 @@ enum tern_status tern_mkmodel_write(const struct tern_mkmodel_params *p, const c
     }
     uint32_t n_vocab = p->n_vocab > n_have ? p->n_vocab : n_have;
     if (p->n_vocab && p->n_vocab < n_have) {
-        if (!vf) {
+        if (!vf)
             return tern_errorf(TERN_ERR_INVALID, "n_vocab %u is smaller than the built-in vocabulary (%u tokens)",
                                p->n_vocab, n_have);
-        }
         TERN_LOG_INFO("mkmodel: the vocabulary has %u tokens; n_vocab %u is raised to it", n_have, p->n_vocab);
     }
     if (n_vocab > n_have) TERN_LOG_INFO("mkmodel: vocabulary padded from %u to %u tokens", n_have, n_vocab);
 
-    struct mk_ctx c = {.p = p};
-    struct gguf_writer *w = NULL;
-    float *scratch = NULL;
-    if (!st) st = build_tensors(&c, n_vocab);
-    if (!st && c.n_fallback)
+    *c = (struct mk_ctx){.p = p};
+    st = build_tensors(c, n_vocab);
+    if (!st && c->n_fallback)
         TERN_LOG_INFO("mkmodel: %u tensors stay F32 because their row length is not a multiple of the type's block "
-                      "size, e.g. %s (TERN_LOG=debug lists them)", c.n_fallback, c.first_fallback);
-    if (!st) {
-        scratch = tern_malloc((size_t)c.max_ne0 * sizeof(float));
-        if (!scratch) st = tern_errorf(TERN_ERR_NOMEM, "mkmodel: no memory for a row buffer");
+                      "size, e.g. %s (TERN_LOG=debug lists them)", c->n_fallback, c->first_fallback);
+    *s = (struct tern_mkmodel_stats){.n_vocab = n_vocab, .n_f32_fallback = c->n_fallback, .n_tensors = c->n};
+    for (uint32_t i = 0; i < c->n && !st; i++) {
+        struct mk_tensor *t = &c->t[i];
+        if (!tern_dtype_row_size(t->type, t->ne[0], &t->row_bytes))
+            st = tern_errorf(TERN_ERR_INTERNAL, "mkmodel: '%s' row size", t->name);
+        s->n_params += t->ne[0] * t->ne[1];
+        s->n_bytes += t->row_bytes * t->ne[1];
     }
+    if (st) {
+        free(c->t);
+        c->t = NULL;
+        gguf_close(vf);
+        return st;
+    }
+    *vf_out = vf;
+    *n_have_out = n_have;
+    return TERN_OK;
+}
+
+enum tern_status tern_mkmodel_plan(const struct tern_mkmodel_params *p, struct tern_mkmodel_tensor **out,
+                                   uint32_t *n_out, struct tern_mkmodel_stats *stats) {
+    *out = NULL;
+    *n_out = 0;
+    struct mk_ctx c;
+    struct gguf_file *vf;
+    uint32_t n_have;
+    struct tern_mkmodel_stats s;
+    enum tern_status st = prepare(p, &c, &vf, &n_have, &s);
+    if (st) return st;
+    gguf_close(vf);
+    struct tern_mkmodel_tensor *list = tern_calloc(c.n, sizeof *list);
+    if (!list) {
+        free(c.t);
+        return tern_errorf(TERN_ERR_NOMEM, "mkmodel: no memory for the tensor list");
+    }
+    for (uint32_t i = 0; i < c.n; i++) {
+        memcpy(list[i].name, c.t[i].name, sizeof list[i].name);
+        list[i].type = c.t[i].type;
+        list[i].n_dims = c.t[i].n_dims;
+        memcpy(list[i].ne, c.t[i].ne, sizeof list[i].ne);
+    }
+    free(c.t);
+    *out = list;
+    *n_out = s.n_tensors;
+    if (stats) *stats = s;
+    return TERN_OK;
+}
+
+enum tern_status tern_mkmodel_write(const struct tern_mkmodel_params *p, const char *path,
+                                    struct tern_mkmodel_stats *stats) {
+    struct mk_ctx c;
+    struct gguf_file *vf;
+    uint32_t n_have;
+    struct tern_mkmodel_stats s;
+    enum tern_status st = prepare(p, &c, &vf, &n_have, &s);
+    if (st) return st;
+    struct gguf_writer *w = NULL;
+    float *scratch = tern_malloc((size_t)c.max_ne0 * sizeof(float));
+    if (!scratch) st = tern_errorf(TERN_ERR_NOMEM, "mkmodel: no memory for a row buffer");
     if (!st) st = gguf_writer_new(&w);
-    if (!st) st = write_metadata(w, p, vf, n_have, n_vocab);
-    struct tern_mkmodel_stats s = {.n_vocab = n_vocab, .n_f32_fallback = c.n_fallback, .n_tensors = c.n};
+    if (!st) st = write_metadata(w, p, vf, n_have, s.n_vocab);
     for (uint32_t i = 0; i < c.n && !st; i++) {
         struct mk_tensor *t = &c.t[i];
         t->scratch = scratch;
-        uint64_t n_el = t->ne[0] * t->ne[1];
-        if (!tern_dtype_row_size(t->type, t->ne[0], &t->row_bytes))
-            st = tern_errorf(TERN_ERR_INTERNAL, "mkmodel: '%s' row size", t->name);
-        if (!st) st = gguf_writer_add_tensor_cb(w, t->name, t->type, t->n_dims, t->ne, fill, t);
-        s.n_params += n_el;
-        s.n_bytes += t->row_bytes * t->ne[1];
+        st = gguf_writer_add_tensor_cb(w, t->name, t->type, t->n_dims, t->ne, fill, t);
     }
     if (!st) st = gguf_writer_write(w, path);
     if (!st && stats) *stats = s;

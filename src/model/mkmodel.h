@@ -85,4 +85,17 @@ struct tern_mkmodel_stats {
 enum tern_status tern_mkmodel_write(const struct tern_mkmodel_params *p, const char *path,
                                     struct tern_mkmodel_stats *stats);
 
+/* One tensor of the plan: what the file will hold. */
+struct tern_mkmodel_tensor {
+    char name[96];
+    enum tern_dtype type;
+    uint32_t n_dims;
+    uint64_t ne[4];
+};
+
+/* The tensors tern_mkmodel_write would write, in file order, without generating any
+ * data (caller frees *out). stats may be NULL. */
+enum tern_status tern_mkmodel_plan(const struct tern_mkmodel_params *p, struct tern_mkmodel_tensor **out,
+                                   uint32_t *n, struct tern_mkmodel_stats *stats);
+
 #endif

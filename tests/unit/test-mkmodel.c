@@ -40,13 +40,28 @@ static uint64_t file_hash(const char *path, size_t *len) {
     return h;
 }
 
-/* A small qwen35 that still has every kind of tensor and K-quant-sized rows. */
+/* A small qwen35 that still has every kind of tensor (layer 0 Gated DeltaNet, layer 1
+ * full attention) and rows that K-quant blocks divide; small because the K-quant
+ * quantizers are slow. */
 static void small_qwen35(struct tern_mkmodel_params *p) {
     tern_mkmodel_defaults(TERN_MK_QWEN35, p);
-    p->n_layer = 4;
+    p->n_layer = 2;
+    p->full_attn_interval = 2;
     p->n_embd = 256;
     p->n_ff = 256;
+    p->n_head = 4;
+    p->n_head_kv = 1;
+    p->ssm_k_heads = 1;
+    p->ssm_v_heads = 4;
     p->n_vocab = 300;
+}
+
+/* The plan's entry for name (fails the test when absent). */
+static const struct tern_mkmodel_tensor *planned(const struct tern_mkmodel_tensor *t, uint32_t n, const char *name) {
+    for (uint32_t i = 0; i < n; i++)
+        if (!strcmp(t[i].name, name)) return &t[i];
+    fail_msg("tensor %s is not in the plan", name);
+    return NULL;
 }
 
 static struct gguf_file *open_ok(const char *path) {
@@ -91,18 +106,19 @@ static void test_same_seed_same_bytes(void **state) {
     /* Each tensor has its own stream: a deeper model starts with the same layer 0. */
     struct tern_mkmodel_params q;
     small_qwen35(&q);
-    CHECK_OK(tern_mkmodel_write(&q, tmp_path("d4.gguf"), NULL));
-    q.n_layer = 8;
-    CHECK_OK(tern_mkmodel_write(&q, tmp_path("d8.gguf"), NULL));
-    struct gguf_file *f4 = open_ok(tmp_path("d4.gguf")), *f8 = open_ok(tmp_path("d8.gguf"));
-    const struct gguf_tensor *a = tensor(f4, "blk.0.attn_qkv.weight"), *b = tensor(f8, "blk.0.attn_qkv.weight");
+    q.full_attn_interval = 4;
+    CHECK_OK(tern_mkmodel_write(&q, tmp_path("d2.gguf"), NULL));
+    q.n_layer = 3;
+    CHECK_OK(tern_mkmodel_write(&q, tmp_path("d3.gguf"), NULL));
+    struct gguf_file *f2 = open_ok(tmp_path("d2.gguf")), *f3 = open_ok(tmp_path("d3.gguf"));
+    const struct gguf_tensor *a = tensor(f2, "blk.0.attn_qkv.weight"), *b = tensor(f3, "blk.0.attn_qkv.weight");
     assert_int_equal(a->size, b->size);
     assert_memory_equal(a->data, b->data, a->size);
-    a = tensor(f4, "blk.1.ssm_a");
-    b = tensor(f4, "blk.2.ssm_a");
+    a = tensor(f3, "blk.1.ssm_a");
+    b = tensor(f3, "blk.2.ssm_a");
     assert_memory_not_equal(a->data, b->data, a->size);
-    gguf_close(f4);
-    gguf_close(f8);
+    gguf_close(f2);
+    gguf_close(f3);
 }
 
 /* ---- layouts ---------------------------------------------------------------------------- */
@@ -211,14 +227,48 @@ static void test_other_archs(void **state) {
     p.tied = true;
     p.wtype = TERN_DTYPE_Q4_K;
     p.mix = TERN_MK_Q4_K_M;
-    CHECK_OK(tern_mkmodel_write(&p, tmp_path("tied.gguf"), &s));
-    assert_int_equal(s.n_tensors, 46);
+    struct tern_mkmodel_tensor *plan;
+    uint32_t n;
+    CHECK_OK(tern_mkmodel_plan(&p, &plan, &n, &s));
+    assert_int_equal(n, 46);
+    for (uint32_t i = 0; i < n; i++) assert_string_not_equal(plan[i].name, "output.weight");
+    assert_int_equal(planned(plan, n, "token_embd.weight")->type, TERN_DTYPE_Q6_K);
+    free(plan);
+    /* The same model written: the file holds what the plan said. */
+    p.wtype = TERN_DTYPE_Q8_0;
+    p.mix = TERN_MK_LIKE_QUANTIZE;
+    p.n_layer = 1;
+    CHECK_OK(tern_mkmodel_plan(&p, &plan, &n, &s));
+    CHECK_OK(tern_mkmodel_write(&p, tmp_path("tied.gguf"), NULL));
     f = open_ok(tmp_path("tied.gguf"));
-    assert_null(gguf_find_tensor(f, "output.weight"));
-    assert_int_equal(tensor(f, "token_embd.weight")->type, TERN_DTYPE_Q6_K);
+    assert_int_equal(gguf_n_tensors(f), n);
+    for (uint32_t i = 0; i < n; i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(f, i);
+        assert_string_equal(t->name.ptr, plan[i].name);
+        assert_int_equal(t->type, plan[i].type);
+        assert_memory_equal(t->ne, plan[i].ne, sizeof t->ne);
+    }
+    assert_int_equal(tensor(f, "token_embd.weight")->type, TERN_DTYPE_Q8_0); /* Q8_0 keeps Q8_0 */
     CHECK_OK(gguf_get_u32(f, "general.file_type", &v));
-    assert_int_equal(v, 15);
+    assert_int_equal(v, 7);
+    free(plan);
     gguf_close(f);
+
+    /* The big presets have the shapes conformance/perf-reference.md measures. */
+    CHECK_OK(tern_mkmodel_preset("qwen3.5-0.8b", &p));
+    assert_true(tern_mkmodel_parse_type("q8_0", &p.wtype, &p.mix));
+    CHECK_OK(tern_mkmodel_plan(&p, &plan, &n, &s));
+    assert_int_equal(s.n_params, 752393024);
+    assert_int_equal(s.n_bytes, 800881920);
+    assert_int_equal(planned(plan, n, "blk.3.attn_q.weight")->ne[1], 2 * 8 * 256);
+    assert_int_equal(planned(plan, n, "blk.0.attn_qkv.weight")->ne[1], (2 * 16 + 16) * 128);
+    free(plan);
+    CHECK_OK(tern_mkmodel_preset("qwen3-0.6b", &p));
+    assert_true(tern_mkmodel_parse_type("q4_k_m", &p.wtype, &p.mix));
+    CHECK_OK(tern_mkmodel_plan(&p, &plan, &n, &s));
+    assert_int_equal(s.n_params, 596049920);
+    assert_int_equal(s.n_bytes, 390753280);
+    free(plan);
 }
 
 static void test_check_errors(void **state) {
@@ -279,6 +329,8 @@ static void test_weight_distributions(void **state) {
     (void)state;
     struct tern_mkmodel_params p;
     small_qwen35(&p);
+    p.ssm_k_heads = 2;
+    p.ssm_v_heads = 32; /* enough ssm_a / ssm_dt / ssm_conv1d values for statistics */
     CHECK_OK(tern_mkmodel_write(&p, tmp_path("w.gguf"), NULL));
     struct gguf_file *f = open_ok(tmp_path("w.gguf"));
     struct moments m = moments(tensor(f, "blk.0.attn_qkv.weight")); /* 131072 values */
@@ -287,16 +339,12 @@ static void test_weight_distributions(void **state) {
     assert_true(fabs(m.mean) < 0.001 && fabs(m.sd - 0.02) < 0.001);
     m = moments(tensor(f, "blk.0.post_attention_norm.weight"));
     assert_true(fabs(m.mean - 1) < 0.01 && m.sd > 0.01 && m.sd < 0.03);
-    m = moments(tensor(f, "blk.0.ssm_conv1d.weight")); /* 4 x 512 */
+    m = moments(tensor(f, "blk.0.ssm_conv1d.weight")); /* 4 x 2304 */
     assert_true(fabs(m.mean) < 0.03 && fabs(m.sd - 0.3) < 0.03);
     m = moments(tensor(f, "blk.0.ssm_dt.bias"));
     assert_true(m.min > 0.9 && m.max < 1.1);
-    for (uint32_t il = 0; il < 3; il++) {
-        char name[64];
-        snprintf(name, sizeof name, "blk.%u.ssm_a", il);
-        m = moments(tensor(f, name));
-        assert_true(m.min >= -16.0 && m.max <= -1.0);
-    }
+    m = moments(tensor(f, "blk.0.ssm_a"));
+    assert_true(m.min >= -16.0 && m.max <= -1.0 && m.max - m.min > 5);
     gguf_close(f);
 }
 
@@ -362,18 +410,19 @@ static void test_q4_k_m_mix(void **state) {
     CHECK_OK(tern_mkmodel_preset("tiny-qwen35", &p));
     p.wtype = TERN_DTYPE_Q4_K;
     p.mix = TERN_MK_Q4_K_M;
-    CHECK_OK(tern_mkmodel_write(&p, tmp_path("km.gguf"), NULL));
-    struct gguf_file *f = open_ok(tmp_path("km.gguf"));
-    assert_int_equal(tensor(f, "output.weight")->type, TERN_DTYPE_Q6_K);
-    assert_int_equal(tensor(f, "token_embd.weight")->type, TERN_DTYPE_Q4_K);
+    struct tern_mkmodel_tensor *plan;
+    uint32_t n;
+    CHECK_OK(tern_mkmodel_plan(&p, &plan, &n, NULL));
+    assert_int_equal(planned(plan, n, "output.weight")->type, TERN_DTYPE_Q6_K);
+    assert_int_equal(planned(plan, n, "token_embd.weight")->type, TERN_DTYPE_Q4_K);
     const char *q6[] = {"blk.0.attn_qkv.weight", "blk.3.attn_v.weight", "blk.6.attn_qkv.weight", "blk.7.attn_v.weight",
                         "blk.0.ffn_down.weight", "blk.3.ffn_down.weight", "blk.6.ffn_down.weight", "blk.7.ffn_down.weight"};
     int n_q6 = 0, n_q4 = 0, n_f32 = 0;
-    for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
-        const struct gguf_tensor *t = gguf_tensor_at(f, i);
-        bool want_q6 = !strcmp(t->name.ptr, "output.weight");
-        for (size_t k = 0; k < TERN_ARRAY_LEN(q6); k++) want_q6 |= !strcmp(t->name.ptr, q6[k]);
-        if (want_q6 && t->type != TERN_DTYPE_Q6_K) fail_msg("%s is %s", t->name.ptr, tern_dtype_name(t->type));
+    for (uint32_t i = 0; i < n; i++) {
+        const struct tern_mkmodel_tensor *t = &plan[i];
+        bool want_q6 = !strcmp(t->name, "output.weight");
+        for (size_t k = 0; k < TERN_ARRAY_LEN(q6); k++) want_q6 |= !strcmp(t->name, q6[k]);
+        if (want_q6 != (t->type == TERN_DTYPE_Q6_K)) fail_msg("%s is %s", t->name, tern_dtype_name(t->type));
         n_q6 += t->type == TERN_DTYPE_Q6_K;
         n_q4 += t->type == TERN_DTYPE_Q4_K;
         n_f32 += t->type == TERN_DTYPE_F32;
@@ -382,8 +431,8 @@ static void test_q4_k_m_mix(void **state) {
     assert_int_equal(n_f32, 45);
     assert_int_equal(n_q4, 55);
     assert_int_equal(n_q6, 9);
-    assert_int_equal(tensor(f, "blk.1.ssm_alpha.weight")->type, TERN_DTYPE_Q4_K);
-    gguf_close(f);
+    assert_int_equal(planned(plan, n, "blk.1.ssm_alpha.weight")->type, TERN_DTYPE_Q4_K);
+    free(plan);
 }
 
 /* ---- vocabulary ------------------------------------------------------------------------------ */
@@ -513,6 +562,33 @@ static void test_cli(void **state) {
 
 /* The generated file has the same tensors (names in order, types, shapes), the same key
  * set and the same size as the shared one. */
+/* Quantized: the plan (no data is generated; the K-quant quantizers are slow) against
+ * the shared file's tensors, by name (llama-quantize sorts them). */
+static void compare_plan_with_shared(const char *preset, const char *type, const char *shared_rel) {
+    struct tern_mkmodel_params p;
+    CHECK_OK(tern_mkmodel_preset(preset, &p));
+    assert_true(tern_mkmodel_parse_type(type, &p.wtype, &p.mix));
+    p.vocab_path = th_shared_path("conformance/tokenizer/ggml-vocab-qwen-mini.gguf");
+    struct tern_mkmodel_tensor *plan;
+    uint32_t n;
+    struct tern_mkmodel_stats s;
+    CHECK_OK(tern_mkmodel_plan(&p, &plan, &n, &s));
+    struct gguf_file *b = open_ok(th_shared_path(shared_rel));
+    assert_int_equal(n, gguf_n_tensors(b));
+    uint64_t bytes = 0;
+    for (uint64_t i = 0; i < gguf_n_tensors(b); i++) {
+        const struct gguf_tensor *tb = gguf_tensor_at(b, i);
+        const struct tern_mkmodel_tensor *ta = planned(plan, n, tb->name.ptr);
+        if (ta->type != tb->type || ta->n_dims != tb->n_dims || memcmp(ta->ne, tb->ne, sizeof ta->ne))
+            fail_msg("%s %s: '%s' is %s, the shared file has %s", preset, type, ta->name, tern_dtype_name(ta->type),
+                     tern_dtype_name(tb->type));
+        bytes += tb->size;
+    }
+    assert_int_equal(s.n_bytes, bytes);
+    free(plan);
+    gguf_close(b);
+}
+
 static void compare_with_shared(const char *preset, const char *type, const char *shared_rel, bool same_order) {
     struct tern_mkmodel_params p;
     CHECK_OK(tern_mkmodel_preset(preset, &p));
@@ -560,13 +636,14 @@ static void test_shared_tiny_models(void **state) {
     (void)state;
     compare_with_shared("tiny-qwen3", "f32", "models/tiny-qwen3-f32.gguf", true);
     compare_with_shared("tiny-qwen35", "f32", "models/tiny-qwen35-f32.gguf", true);
-    /* llama-quantize sorts tensors by name, so quantized files are compared by name. */
+    /* llama-quantize sorts tensors by name, so quantized files are compared by name;
+     * one is written in full (Q8_0 quantizes quickly), the others are planned. */
     compare_with_shared("tiny-qwen3", "q8_0", "models/tiny-qwen3-q8_0.gguf", false);
-    compare_with_shared("tiny-qwen3", "q4_0", "models/tiny-qwen3-q4_0.gguf", false);
-    compare_with_shared("tiny-qwen3", "q6_k", "models/tiny-qwen3-q6_k.gguf", false);
-    compare_with_shared("tiny-qwen3", "q4_k_m", "models/tiny-qwen3-q4_k_m.gguf", false);
-    compare_with_shared("tiny-qwen35", "q8_0", "models/tiny-qwen35-q8_0.gguf", false);
-    compare_with_shared("tiny-qwen35", "q4_k_m", "models/tiny-qwen35-q4_k_m.gguf", false);
+    compare_plan_with_shared("tiny-qwen3", "q4_0", "models/tiny-qwen3-q4_0.gguf");
+    compare_plan_with_shared("tiny-qwen3", "q6_k", "models/tiny-qwen3-q6_k.gguf");
+    compare_plan_with_shared("tiny-qwen3", "q4_k_m", "models/tiny-qwen3-q4_k_m.gguf");
+    compare_plan_with_shared("tiny-qwen35", "q8_0", "models/tiny-qwen35-q8_0.gguf");
+    compare_plan_with_shared("tiny-qwen35", "q4_k_m", "models/tiny-qwen35-q4_k_m.gguf");
 }
 
 /* --vocab copies every tokenizer.* key verbatim; n_vocab comes from it. */
