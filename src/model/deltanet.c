@@ -1,12 +1,14 @@
 /* Gated DeltaNet per-token core. See deltanet.h for the math and the exactness rules.
  *
  * The recurrence is the hot part of a DeltaNet layer outside the matmuls: per token
- * and v-head it reads and writes the d_k x d_v state twice. Both passes run along the
- * contiguous d_v axis in blocks of 32 lanes whose accumulators stay in registers
- * while the key index i walks down the rows, so every lane j reduces over i in the
- * order 0, 1, ..., d_k-1 exactly as the scalar tail does. There is no horizontal
- * reduction anywhere, hence no dependence on the vector width. */
+ * and v-head it updates and reads the whole d_k x d_v state. The vector code
+ * (deltanet-simd.h, instantiated below for 4 and 8 lanes) runs along the contiguous
+ * d_v axis with the lane accumulators in registers while the key index i walks down
+ * the rows, so every lane j reduces over i in the order 0, 1, ..., d_k-1 exactly as
+ * the scalar tail does: no horizontal reduction, no dependence on the vector width. */
 #include "model/deltanet.h"
+
+#include "util/mem.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -51,122 +53,73 @@ size_t tern_deltanet_state_floats(const struct tern_deltanet_shape *s) {
     return (size_t)s->n_v_heads * s->d_k * s->d_v;
 }
 
+/* Tokens per sub-chunk of the recurrence (see heads in deltanet-simd.h). */
+#define DN_SUB 8
+
 size_t tern_deltanet_scratch_floats(const struct tern_deltanet_shape *s) {
-    /* normalised q and k, then delta and o */
-    return 2 * (size_t)s->d_k + 2 * (size_t)s->d_v;
+    /* normalised q and k of a sub-chunk's tokens, kv, delta, silu(z) */
+    return DN_SUB * 2 * (size_t)s->d_k + 3 * (size_t)s->d_v;
 }
 
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* ---- scalar helpers ------------------------------------------------------------------ */
+
+/* exp(a) for a already clamped to [EXP_LO, EXP_HI]: Cody-Waite reduction by ln 2 and
+ * Cephes' degree-7 polynomial, within about 2 ulp of expf. libm's expf costs ~5 ns a
+ * call, which made SiLU over the 6144 conv channels of a 0.8B layer slower than the
+ * whole recurrence; this one vectorises (VSILU in deltanet-simd.h performs the same
+ * operations per lane, so an element gets the same bits in a vector or in a tail). */
+#define EXP_LO (-87.0f)
+#define EXP_HI 88.0f
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_C1 0.693359375f
+#define EXP_C2 (-2.12194440e-4f)
+#define EXP_P0 1.9875691500e-4f
+#define EXP_P1 1.3981999507e-3f
+#define EXP_P2 8.3334519073e-3f
+#define EXP_P3 4.1665795894e-2f
+#define EXP_P4 1.6666665459e-1f
+#define EXP_P5 5.0000001201e-1f
+
+static inline float exp_clamped(float a) {
+    const float t = a * EXP_LOG2E + 0.5f;
+    int32_t n = (int32_t)t;
+    if ((float)n > t) n -= 1; /* floor */
+    const float nf = (float)n;
+    float r = a - nf * EXP_C1;
+    r = r - nf * EXP_C2;
+    float p = EXP_P0;
+    p = p * r + EXP_P1;
+    p = p * r + EXP_P2;
+    p = p * r + EXP_P3;
+    p = p * r + EXP_P4;
+    p = p * r + EXP_P5;
+    const float e = (p * (r * r) + r) + 1.0f;
+    const uint32_t bits = (uint32_t)(n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return e * scale;
+}
+
+static inline float silu1(float x) {
+    float a = -x;
+    if (a < EXP_LO) a = EXP_LO;
+    if (a > EXP_HI) a = EXP_HI;
+    return x / (1.0f + exp_clamped(a));
+}
+
 static inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 /* As ggml: linear above 20, where log1p(exp(x)) == x in float anyway. */
 static inline float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-/* ---- convolution ------------------------------------------------------------------- */
-
-void tern_deltanet_conv(const struct tern_deltanet_shape *s, float *window, const float *conv_w,
-                        const float *x, size_t ldx, float *y, size_t ldy, size_t n_tok, size_t c0,
-                        size_t c1) {
-    const size_t C = tern_deltanet_channels(s);
-    const size_t K = s->n_conv;
-    const size_t W = K - 1; /* window rows */
-    for (size_t t = 0; t < n_tok; t++) {
-        float *yt = y + t * ldy;
-        for (size_t c = c0; c < c1; c++) {
-            const float *w = conv_w + c * K;
-            float acc = 0.0f;
-            /* tap j meets the input at relative time j - W: the window for j + t < W */
-            for (size_t j = 0; j < K; j++) {
-                const size_t r = t + j; /* index into window ++ x */
-                const float in = r < W ? window[r * C + c] : x[(r - W) * ldx + c];
-                acc += in * w[j];
-            }
-            yt[c] = silu(acc);
-        }
-    }
-    /* New window row j = row n_tok + j of (old window ++ x). Ascending j reads only
-     * rows at or above the one it writes, so updating in place is safe. */
-    for (size_t j = 0; j < W; j++) {
-        const size_t r = n_tok + j;
-        float *dst = window + j * C;
-        if (r < W)
-            memcpy(dst + c0, window + r * C + c0, (c1 - c0) * sizeof(float));
-        else
-            memcpy(dst + c0, x + (r - W) * ldx + c0, (c1 - c0) * sizeof(float));
-    }
+/* The final step of sumsq: lane j holds the sum over elements i = j (mod 8). */
+static inline float sumsq_combine8(const float *l) {
+    return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
 }
 
-/* ---- recurrence -------------------------------------------------------------------- */
-
-/* Sum of squares in double (as ggml's l2/rms norms), one fixed order. */
-static inline double sumsq(const float *x, size_t n) {
-    double acc = 0.0;
-    for (size_t i = 0; i < n; i++) acc += (double)(x[i] * x[i]);
-    return acc;
-}
-
-typedef float vf8 __attribute__((vector_size(32)));
-
-/* Loads, stores and broadcasts as macros: passing 32-byte vectors by value to functions
- * would change the ABI of a non-AVX build (the compilers warn). */
-#define LD8(v, p) memcpy(&(v), (p), sizeof(vf8))
-#define ST8(p, v) memcpy((p), &(v), sizeof(vf8))
-#define SPLAT8(f) ((vf8){(f), (f), (f), (f), (f), (f), (f), (f)})
-
-/* Pass 1 for value lanes [j0, j0 + 8*NV): S[i][j] *= decay; kv[j] = sum_i S[i][j]*k[i].
- * Pass 2: S[i][j] += k[i]*delta[j]; o[j] = sum_i S[i][j]*q[i]. */
-#define DN_BLOCK(NV)                                                                           \
-    static inline __attribute__((always_inline)) void pass1_##NV(                              \
-        float *S, size_t d_k, size_t d_v, size_t j0, float decay, const float *k, float *kv) { \
-        const vf8 dec = SPLAT8(decay);                                                         \
-        vf8 acc[NV];                                                                           \
-        for (int u = 0; u < NV; u++) acc[u] = SPLAT8(0.0f);                                    \
-        for (size_t i = 0; i < d_k; i++) {                                                     \
-            float *row = S + i * d_v + j0;                                                     \
-            const vf8 ki = SPLAT8(k[i]);                                                       \
-            for (int u = 0; u < NV; u++) {                                                     \
-                vf8 sv;                                                                        \
-                LD8(sv, row + 8 * u);                                                          \
-                sv = sv * dec;                                                                 \
-                ST8(row + 8 * u, sv);                                                          \
-                acc[u] += sv * ki;                                                             \
-            }                                                                                  \
-        }                                                                                      \
-        for (int u = 0; u < NV; u++) ST8(kv + j0 + 8 * u, acc[u]);                             \
-    }                                                                                          \
-    static inline __attribute__((always_inline)) void pass2_##NV(                              \
-        float *S, size_t d_k, size_t d_v, size_t j0, const float *k, const float *q,           \
-        const float *delta, float *o) {                                                        \
-        vf8 dl[NV], acc[NV];                                                                   \
-        for (int u = 0; u < NV; u++) {                                                         \
-            LD8(dl[u], delta + j0 + 8 * u);                                                    \
-            acc[u] = SPLAT8(0.0f);                                                             \
-        }                                                                                      \
-        for (size_t i = 0; i < d_k; i++) {                                                     \
-            float *row = S + i * d_v + j0;                                                     \
-            const vf8 ki = SPLAT8(k[i]), qi = SPLAT8(q[i]);                                    \
-            for (int u = 0; u < NV; u++) {                                                     \
-                vf8 sv;                                                                        \
-                LD8(sv, row + 8 * u);                                                          \
-                sv = sv + ki * dl[u];                                                          \
-                ST8(row + 8 * u, sv);                                                          \
-                acc[u] += sv * qi;                                                             \
-            }                                                                                  \
-        }                                                                                      \
-        for (int u = 0; u < NV; u++) ST8(o + j0 + 8 * u, acc[u]);                              \
-    }
-DN_BLOCK(4)
-DN_BLOCK(1)
-#undef DN_BLOCK
-
-/* One v-head, one token: the state update and o = S^T q. The scalar tail lanes do
- * the same operations in the same order as the vector lanes. */
-static inline __attribute__((always_inline)) void delta_rule(float *S, size_t d_k, size_t d_v,
-                                                             float decay, float b, const float *k,
-                                                             const float *q, const float *v,
-                                                             float *delta, float *o) {
-    size_t j0 = 0;
-    for (; j0 + 32 <= d_v; j0 += 32) pass1_4(S, d_k, d_v, j0, decay, k, delta);
-    for (; j0 + 8 <= d_v; j0 += 8) pass1_1(S, d_k, d_v, j0, decay, k, delta);
+/* Scalar lanes [j0, d_v) of the three state passes (see DN_BLOCK). */
+static inline void decay_read_tail(float *S, size_t d_k, size_t d_v, size_t j0, float decay,
+                                   const float *k, float *kv) {
     for (size_t j = j0; j < d_v; j++) {
         float acc = 0.0f;
         for (size_t i = 0; i < d_k; i++) {
@@ -174,13 +127,11 @@ static inline __attribute__((always_inline)) void delta_rule(float *S, size_t d_
             S[i * d_v + j] = sv;
             acc += sv * k[i];
         }
-        delta[j] = acc;
+        kv[j] = acc;
     }
-    /* delta = (v - kv) * beta, in place over kv */
-    for (size_t j = 0; j < d_v; j++) delta[j] = (v[j] - delta[j]) * b;
-    j0 = 0;
-    for (; j0 + 32 <= d_v; j0 += 32) pass2_4(S, d_k, d_v, j0, k, q, delta, o);
-    for (; j0 + 8 <= d_v; j0 += 8) pass2_1(S, d_k, d_v, j0, k, q, delta, o);
+}
+static inline void write_read_tail(float *S, size_t d_k, size_t d_v, size_t j0, const float *k,
+                                   const float *q, const float *delta, float *o) {
     for (size_t j = j0; j < d_v; j++) {
         float acc = 0.0f;
         for (size_t i = 0; i < d_k; i++) {
@@ -191,64 +142,73 @@ static inline __attribute__((always_inline)) void delta_rule(float *S, size_t d_
         o[j] = acc;
     }
 }
-
-static inline __attribute__((always_inline)) void heads_body(const struct tern_deltanet_shape *s,
-                                                             const struct tern_deltanet_params *p,
-                                                             float *state,
-                                                             const struct tern_deltanet_io *io,
-                                                             uint32_t h0, uint32_t h1,
-                                                             float *scratch) {
-    const size_t d_k = s->d_k, d_v = s->d_v;
-    const size_t n_k = s->n_k_heads;
-    const float q_scale = 1.0f / sqrtf((float)d_k);
-    float *qn = scratch, *kn = scratch + d_k, *delta = scratch + 2 * d_k, *o = delta + d_v;
-    for (uint32_t h = h0; h < h1; h++) {
-        const size_t hk = h % n_k; /* ggml_repeat tiles the k-heads over the v-heads */
-        float *S = state + (size_t)h * d_k * d_v;
-        const float a = p->ssm_a[h], dt = p->dt_bias[h];
-        for (size_t t = 0; t < io->n_tok; t++) {
-            const float *row = io->qkv + t * io->ld_qkv;
-            const float *q = row + hk * d_k;
-            const float *k = row + (n_k + hk) * d_k;
-            const float *v = row + 2 * n_k * d_k + (size_t)h * d_v;
-
-            const float qinv = 1.0f / fmaxf(sqrtf((float)sumsq(q, d_k)), s->eps);
-            const float kinv = 1.0f / fmaxf(sqrtf((float)sumsq(k, d_k)), s->eps);
-            for (size_t i = 0; i < d_k; i++) {
-                qn[i] = (q[i] * qinv) * q_scale;
-                kn[i] = k[i] * kinv;
-            }
-            const float g = a * softplus(io->alpha[t * io->ld_alpha + h] + dt);
-            const float b = sigmoid(io->beta[t * io->ld_beta + h]);
-
-            delta_rule(S, d_k, d_v, expf(g), b, kn, qn, v, delta, o);
-
-            /* out = rmsnorm(o) * norm_w * silu(z) */
-            const float *z = io->z + t * io->ld_z + (size_t)h * d_v;
-            float *out = io->out + t * io->ld_out + (size_t)h * d_v;
-            const float r = 1.0f / sqrtf((float)(sumsq(o, d_v) / (double)d_v) + s->eps);
-            for (size_t j = 0; j < d_v; j++) out[j] = ((o[j] * r) * p->norm_w[j]) * silu(z[j]);
+static inline void fused_tail(float *S, size_t d_k, size_t d_v, size_t j0, const float *k,
+                              const float *q, const float *delta, float *o, float decay,
+                              const float *k2, float *kv2) {
+    for (size_t j = j0; j < d_v; j++) {
+        float acc = 0.0f, acc2 = 0.0f;
+        for (size_t i = 0; i < d_k; i++) {
+            float sv = S[i * d_v + j] + k[i] * delta[j];
+            acc += sv * q[i];
+            sv = sv * decay;
+            S[i * d_v + j] = sv;
+            acc2 += sv * k2[i];
         }
+        o[j] = acc;
+        kv2[j] = acc2;
     }
 }
 
-static void heads_generic(const struct tern_deltanet_shape *s, const struct tern_deltanet_params *p,
-                          float *state, const struct tern_deltanet_io *io, uint32_t h0, uint32_t h1,
-                          float *scratch) {
-    heads_body(s, p, state, io, h0, h1, scratch);
+/* The prepared inputs of up to DN_SUB consecutive tokens for one v-head. */
+struct sub_chunk {
+    size_t n;
+    const float *q[DN_SUB], *k[DN_SUB]; /* normalised (q also scaled), [d_k] in scratch */
+    const float *v[DN_SUB];             /* this head's v, [d_v] in the conv output */
+    float *o[DN_SUB];                   /* this head's output row, [d_v] */
+    float decay[DN_SUB], beta[DN_SUB];
+};
+
+void tern_deltanet_conv_weights(const struct tern_deltanet_shape *s, const float *conv_w,
+                                float *conv_wt) {
+    const size_t C = tern_deltanet_channels(s), K = s->n_conv;
+    for (size_t c = 0; c < C; c++)
+        for (size_t j = 0; j < K; j++) conv_wt[j * C + c] = conv_w[c * K + j];
 }
+
+/* ---- the two instantiations of the vector code ------------------------------------- */
+
+/* Portable: 4 lanes (SSE2 on x86-64; generic vectors elsewhere). */
+typedef float dn_vf4 __attribute__((vector_size(16)));
+typedef int32_t dn_vi4 __attribute__((vector_size(16)));
+#define DN_V dn_vf4
+#define DN_VI dn_vi4
+#define DN_L 4
+#define DN_FN(x) x##_generic
+#define DN_ATTR
+#include "model/deltanet-simd.h"
+#undef DN_V
+#undef DN_VI
+#undef DN_L
+#undef DN_FN
+#undef DN_ATTR
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define DN_HAVE_AVX2 1
-/* The same body compiled for 256-bit registers. No FMA: each lane still rounds the
- * product and the sum separately, so it matches the generic path bit for bit. */
-__attribute__((target("avx2"))) static void heads_avx2(const struct tern_deltanet_shape *s,
-                                                       const struct tern_deltanet_params *p,
-                                                       float *state,
-                                                       const struct tern_deltanet_io *io,
-                                                       uint32_t h0, uint32_t h1, float *scratch) {
-    heads_body(s, p, state, io, h0, h1, scratch);
-}
+/* 8 lanes compiled for AVX2. No FMA: each lane still rounds the product and the sum
+ * separately, so it matches the portable path bit for bit. */
+typedef float dn_vf8 __attribute__((vector_size(32)));
+typedef int32_t dn_vi8 __attribute__((vector_size(32)));
+#define DN_V dn_vf8
+#define DN_VI dn_vi8
+#define DN_L 8
+#define DN_FN(x) x##_avx2
+#define DN_ATTR __attribute__((target("avx2")))
+#include "model/deltanet-simd.h"
+#undef DN_V
+#undef DN_VI
+#undef DN_L
+#undef DN_FN
+#undef DN_ATTR
 #else
 #define DN_HAVE_AVX2 0
 #endif
@@ -283,14 +243,32 @@ bool tern_deltanet_set_path(enum tern_deltanet_path path) {
     return true;
 }
 
+#if DN_HAVE_AVX2
+#define DISPATCH(avx2_call, generic_call)                                                  \
+    do {                                                                                   \
+        if (tern_deltanet_path() == TERN_DELTANET_AVX2)                                    \
+            avx2_call;                                                                     \
+        else                                                                               \
+            generic_call;                                                                  \
+    } while (0)
+#else
+#define DISPATCH(avx2_call, generic_call) generic_call
+#endif
+
 void tern_deltanet_heads(const struct tern_deltanet_shape *s, const struct tern_deltanet_params *p,
                          float *state, const struct tern_deltanet_io *io, uint32_t h0, uint32_t h1,
                          float *scratch) {
-#if DN_HAVE_AVX2
-    if (tern_deltanet_path() == TERN_DELTANET_AVX2) {
-        heads_avx2(s, p, state, io, h0, h1, scratch);
-        return;
-    }
-#endif
-    heads_generic(s, p, state, io, h0, h1, scratch);
+    DISPATCH(heads_avx2(s, p, state, io, h0, h1, scratch),
+             heads_generic(s, p, state, io, h0, h1, scratch));
+}
+
+void tern_deltanet_conv(const struct tern_deltanet_shape *s, float *window, const float *conv_wt,
+                        const float *x, size_t ldx, float *y, size_t ldy, size_t n_tok, size_t c0,
+                        size_t c1) {
+    DISPATCH(conv_avx2(s, window, conv_wt, x, ldx, y, ldy, n_tok, c0, c1),
+             conv_generic(s, window, conv_wt, x, ldx, y, ldy, n_tok, c0, c1));
+}
+
+void tern_deltanet_silu(float *y, const float *x, size_t n) {
+    DISPATCH(silu_avx2(y, x, n), silu_generic(y, x, n));
 }

@@ -68,17 +68,28 @@ size_t tern_deltanet_state_floats(const struct tern_deltanet_shape *s); /* n_v*d
 /* Scratch one call of tern_deltanet_heads needs (per thread). */
 size_t tern_deltanet_scratch_floats(const struct tern_deltanet_shape *s);
 
+/* Converts ssm_conv1d as stored (ggml shape {n_conv, C}: row c holds the n_conv taps
+ * of channel c, oldest first) to the tap-major layout tern_deltanet_conv reads:
+ * conv_wt[j][c] = conv_w[c][j]. Done once at load, so the per-token loop runs along
+ * channels. */
+void tern_deltanet_conv_weights(const struct tern_deltanet_shape *s, const float *conv_w,
+                                float *conv_wt);
+
 /* Causal convolution + SiLU of n_tok tokens for channels [c0, c1).
  *   window  [n_conv-1][C], updated: afterwards it holds the last n_conv-1 inputs
- *   conv_w  [C][n_conv]    ssm_conv1d (ggml shape {n_conv, C}); tap n_conv-1 meets
- *                          the current token
+ *   conv_wt [n_conv][C]    tap-major weights (tern_deltanet_conv_weights); tap n_conv-1
+ *                          meets the current token
  *   x       [n_tok] rows of C (row t at x + t*ldx): the attn_qkv projections
  *   y       [n_tok] rows of C (row t at y + t*ldy): silu(conv) written for [c0, c1)
  * x and y may not overlap. Channels are independent, so callers may split [0, C)
  * across threads. */
-void tern_deltanet_conv(const struct tern_deltanet_shape *s, float *window, const float *conv_w,
+void tern_deltanet_conv(const struct tern_deltanet_shape *s, float *window, const float *conv_wt,
                         const float *x, size_t ldx, float *y, size_t ldy, size_t n_tok, size_t c0,
                         size_t c1);
+
+/* y[i] = x[i] * sigmoid(x[i]) with the module's exp (a polynomial, vectorised, the
+ * same bits in every lane and path). y may be x. */
+void tern_deltanet_silu(float *y, const float *x, size_t n);
 
 /* The small per-layer F32 vectors. */
 struct tern_deltanet_params {

@@ -114,7 +114,8 @@ static void ref_heads(const struct tern_deltanet_shape *s, const struct tern_del
 struct fixture {
     struct tern_deltanet_shape s;
     size_t n_tok, C, nvd;
-    float *window, *conv_w, *x; /* conv inputs; x [n_tok][C] */
+    float *window, *conv_w, *x; /* conv inputs; conv_w as stored [C][K]; x [n_tok][C] */
+    float *conv_wt;             /* conv_w tap-major [K][C] */
     float *qkv;                 /* [n_tok][C]: random post-conv activations for the heads */
     float *z, *beta, *alpha;
     float *state;
@@ -131,6 +132,8 @@ static void fixture_init(struct fixture *f, struct tern_deltanet_shape s, size_t
     f->nvd = (size_t)s.n_v_heads * s.d_v;
     f->window = frand_buf(tern_deltanet_conv_floats(&s) + 1, -1, 1);
     f->conv_w = frand_buf(f->C * s.n_conv, -0.6f, 0.6f);
+    f->conv_wt = frand_buf(f->C * s.n_conv, 0, 1);
+    tern_deltanet_conv_weights(&s, f->conv_w, f->conv_wt);
     f->x = frand_buf(n_tok * f->C, -2, 2);
     f->qkv = frand_buf(n_tok * f->C, -1, 1);
     f->z = frand_buf(n_tok * f->nvd, -3, 3);
@@ -149,6 +152,7 @@ static void fixture_init(struct fixture *f, struct tern_deltanet_shape s, size_t
 static void fixture_free(struct fixture *f) {
     free(f->window);
     free(f->conv_w);
+    free(f->conv_wt);
     free(f->x);
     free(f->qkv);
     free(f->z);
@@ -218,7 +222,7 @@ static void test_conv_matches_reference(void **unused) {
         assert_true(ref && y);
         ref_conv(&f.s, f.window, f.conv_w, f.x, n, ref);
         float *win = fdup(f.window, tern_deltanet_conv_floats(&f.s));
-        tern_deltanet_conv(&f.s, win, f.conv_w, f.x, f.C, y, f.C, n, 0, f.C);
+        tern_deltanet_conv(&f.s, win, f.conv_wt, f.x, f.C, y, f.C, n, 0, f.C);
         double worst = 0;
         for (size_t i = 0; i < n * f.C; i++) worst = fmax(worst, fabs(y[i] - ref[i]));
         assert_true(worst < 1e-5);
@@ -245,14 +249,14 @@ static void test_conv_chunking_exact(void **unused) {
         float *y1 = calloc(n * f.C, sizeof(float)), *y2 = calloc(n * f.C, sizeof(float));
         float *y3 = calloc(n * f.C, sizeof(float));
         assert_true(y1 && y2 && y3);
-        tern_deltanet_conv(&f.s, win1, f.conv_w, f.x, f.C, y1, f.C, n, 0, f.C);
+        tern_deltanet_conv(&f.s, win1, f.conv_wt, f.x, f.C, y1, f.C, n, 0, f.C);
         const size_t chunks[] = {1, 1, 2, 4, 3};
         for (size_t c = 0, t0 = 0; c < TERN_ARRAY_LEN(chunks); t0 += chunks[c++])
-            tern_deltanet_conv(&f.s, win2, f.conv_w, f.x + t0 * f.C, f.C, y2 + t0 * f.C, f.C,
+            tern_deltanet_conv(&f.s, win2, f.conv_wt, f.x + t0 * f.C, f.C, y2 + t0 * f.C, f.C,
                                chunks[c], 0, f.C);
         const size_t cuts[] = {0, 7, f.C / 2, f.C - 1, f.C};
         for (size_t c = 0; c + 1 < TERN_ARRAY_LEN(cuts); c++)
-            tern_deltanet_conv(&f.s, win3, f.conv_w, f.x, f.C, y3, f.C, n, cuts[c], cuts[c + 1]);
+            tern_deltanet_conv(&f.s, win3, f.conv_wt, f.x, f.C, y3, f.C, n, cuts[c], cuts[c + 1]);
         assert_memory_equal(y1, y2, n * f.C * sizeof(float));
         assert_memory_equal(y1, y3, n * f.C * sizeof(float));
         assert_memory_equal(win1, win2, nw * sizeof(float));
@@ -265,6 +269,43 @@ static void test_conv_chunking_exact(void **unused) {
         free(y3);
         fixture_free(&f);
     }
+}
+
+/* The module's SiLU (polynomial exp): close to the exact function everywhere, finite at
+ * the extremes, and the same bits for an element whether it is computed alone (a loop
+ * tail), inside a vector, or on the other code path. */
+static void test_silu(void **unused) {
+    (void)unused;
+    enum { N = 4099 };
+    float *x = malloc(N * sizeof(float)), *y = malloc(N * sizeof(float));
+    float *y1 = malloc(N * sizeof(float));
+    assert_true(x && y && y1);
+    for (size_t i = 0; i < N; i++) x[i] = -30.0f + 60.0f * (float)i / (N - 1);
+    const float edge[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 87.5f, -87.5f, 88.7f, -88.7f,
+                          100.0f, -100.0f, 1e30f, -1e30f, 0.5f, -0.5f, 20.0f, -20.0f};
+    memcpy(x, edge, sizeof edge);
+    tern_deltanet_silu(y, x, N);
+    double worst = 0;
+    for (size_t i = 0; i < N; i++) {
+        const double xd = x[i], want = xd / (1.0 + exp(-xd));
+        assert_true(isfinite(y[i]));
+        const double err = fabs(y[i] - want) / fmax(fabs(want), 1e-30);
+        if (fabs(want) > 1e-30) worst = fmax(worst, err);
+        tern_deltanet_silu(y1 + i, x + i, 1);
+    }
+    print_message("silu: max rel err %.3g\n", worst);
+    assert_true(worst < 1e-6);
+    assert_memory_equal(y, y1, N * sizeof(float));
+    const enum tern_deltanet_path saved = tern_deltanet_path();
+    if (tern_deltanet_set_path(saved == TERN_DELTANET_AVX2 ? TERN_DELTANET_GENERIC
+                                                           : TERN_DELTANET_AVX2)) {
+        tern_deltanet_silu(y1, x, N);
+        assert_memory_equal(y, y1, N * sizeof(float));
+        assert_true(tern_deltanet_set_path(saved));
+    }
+    free(x);
+    free(y);
+    free(y1);
 }
 
 static void test_heads_match_reference(void **unused) {
@@ -421,6 +462,7 @@ int main(void) {
         cmocka_unit_test(test_shape_check),
         cmocka_unit_test(test_conv_matches_reference),
         cmocka_unit_test(test_conv_chunking_exact),
+        cmocka_unit_test(test_silu),
         cmocka_unit_test(test_heads_match_reference),
         cmocka_unit_test(test_heads_chunking_exact),
         cmocka_unit_test(test_delta_rule_writes_value),
