@@ -8,11 +8,11 @@
  * the scalar tail does: no horizontal reduction, no dependence on the vector width. */
 #include "model/deltanet.h"
 
+#include "kernels/kernels.h"
 #include "util/mem.h"
 
 #include <math.h>
 #include <pthread.h>
-#include <stdlib.h>
 #include <string.h>
 
 enum tern_status tern_deltanet_shape_check(const struct tern_deltanet_shape *s) {
@@ -225,10 +225,12 @@ static bool cpu_has_avx2(void) {
 static enum tern_deltanet_path g_path = TERN_DELTANET_GENERIC;
 static pthread_once_t g_path_once = PTHREAD_ONCE_INIT;
 
+/* Follows the kernels' choice (so TERN_ISA=portable selects the portable path here
+ * too); the results are the same bits either way. */
 static void path_init(void) {
-    const char *isa = getenv("TERN_ISA");
-    bool portable = isa && strcmp(isa, "portable") == 0;
-    g_path = (!portable && cpu_has_avx2()) ? TERN_DELTANET_AVX2 : TERN_DELTANET_GENERIC;
+    tern_kernels_init();
+    g_path = (tern_kernels_isa() == TERN_ISA_AVX2 && cpu_has_avx2()) ? TERN_DELTANET_AVX2
+                                                                      : TERN_DELTANET_GENERIC;
 }
 
 enum tern_deltanet_path tern_deltanet_path(void) {

@@ -121,9 +121,9 @@ void tern_deltanet_heads(const struct tern_deltanet_shape *s, const struct tern_
                          float *state, const struct tern_deltanet_io *io, uint32_t h0, uint32_t h1,
                          float *scratch);
 
-/* Which implementation tern_deltanet_heads uses. Both give bit-identical results;
- * the AVX2 one is chosen at start-up when the CPU has it (TERN_ISA=portable forces the
- * generic one). For tests and benchmarks: force one; false if unavailable. */
+/* Which implementation the functions above use. Both give bit-identical results; the
+ * AVX2 one is chosen at start-up when the kernels choose AVX2 (TERN_ISA=portable forces
+ * the generic one). For tests and benchmarks: force one; false if unavailable. */
 enum tern_deltanet_path { TERN_DELTANET_GENERIC = 0, TERN_DELTANET_AVX2 = 1 };
 bool tern_deltanet_set_path(enum tern_deltanet_path path);
 enum tern_deltanet_path tern_deltanet_path(void);
