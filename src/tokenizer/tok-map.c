@@ -1,0 +1,107 @@
+/* Hash tables of the tokenizer: vocabulary text -> id and merge pair -> rank. Both are
+ * open addressing with linear probing at a load factor of at most 1/2, sized once at
+ * load (the tokenizer is immutable afterwards), and hashed with xxh3. */
+#include "tokenizer/tok-internal.h"
+
+#include "util/hash.h"
+#include "util/mem.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static size_t table_size(size_t n) {
+    size_t sz = 16;
+    while (sz < 2 * n + 1) sz <<= 1;
+    return sz;
+}
+
+enum tern_status strmap_init(struct strmap *m, size_t n) {
+    size_t sz = table_size(n);
+    m->slots = tern_calloc(sz, sizeof *m->slots);
+    m->tags = tern_calloc(sz, sizeof *m->tags);
+    m->mask = sz - 1;
+    if (!m->slots || !m->tags) {
+        strmap_free(m);
+        return tern_errorf(TERN_ERR_NOMEM, "no memory for a vocabulary table of %zu entries", sz);
+    }
+    return TERN_OK;
+}
+
+void strmap_free(struct strmap *m) {
+    free(m->slots);
+    free(m->tags);
+    m->slots = NULL;
+    m->tags = NULL;
+}
+
+int32_t strmap_insert(struct strmap *m, const struct tern_tokenizer *t, int32_t id) {
+    const char *s = t->text_pool + t->text_off[id];
+    size_t n = t->text_len[id];
+    uint64_t h = tern_hash64(s, n);
+    uint32_t tag = (uint32_t)(h >> 32);
+    for (size_t i = h & m->mask;; i = (i + 1) & m->mask) {
+        uint32_t v = m->slots[i];
+        if (!v) {
+            m->slots[i] = (uint32_t)id + 1;
+            m->tags[i] = tag;
+            return -1;
+        }
+        int32_t o = (int32_t)(v - 1);
+        if (m->tags[i] == tag && t->text_len[o] == n && !memcmp(t->text_pool + t->text_off[o], s, n)) return o;
+    }
+}
+
+int32_t strmap_find(const struct strmap *m, const struct tern_tokenizer *t, const char *s, size_t n) {
+    uint64_t h = tern_hash64(s, n);
+    uint32_t tag = (uint32_t)(h >> 32);
+    for (size_t i = h & m->mask;; i = (i + 1) & m->mask) {
+        uint32_t v = m->slots[i];
+        if (!v) return -1;
+        int32_t o = (int32_t)(v - 1);
+        if (m->tags[i] == tag && t->text_len[o] == n && !memcmp(t->text_pool + t->text_off[o], s, n)) return o;
+    }
+}
+
+enum tern_status pairmap_init(struct pairmap *m, size_t n) {
+    size_t sz = table_size(n);
+    m->slots = tern_calloc(sz, sizeof *m->slots);
+    m->mask = sz - 1;
+    m->n = 0;
+    if (!m->slots) return tern_errorf(TERN_ERR_NOMEM, "no memory for a merge table of %zu entries", sz);
+    return TERN_OK;
+}
+
+void pairmap_free(struct pairmap *m) {
+    free(m->slots);
+    m->slots = NULL;
+}
+
+static inline uint64_t pair_key(int32_t l, int32_t r) {
+    return ((uint64_t)((uint32_t)l + 1) << 32) | ((uint32_t)r + 1);
+}
+
+void pairmap_insert(struct pairmap *m, int32_t l, int32_t r, uint32_t rank, int32_t result) {
+    uint64_t key = pair_key(l, r);
+    uint64_t h = tern_hash64(&key, sizeof key);
+    for (size_t i = h & m->mask;; i = (i + 1) & m->mask) {
+        struct pairslot *s = &m->slots[i];
+        if (!s->key) {
+            s->key = key;
+            s->rank = rank;
+            s->result = result;
+            m->n++;
+            return;
+        }
+        if (s->key == key) return; /* the first (lowest) rank wins */
+    }
+}
+
+const struct pairslot *pairmap_find(const struct pairmap *m, int32_t l, int32_t r) {
+    uint64_t key = pair_key(l, r);
+    uint64_t h = tern_hash64(&key, sizeof key);
+    for (size_t i = h & m->mask;; i = (i + 1) & m->mask) {
+        const struct pairslot *s = &m->slots[i];
+        if (s->key == key) return s;
+        if (!s->key) return NULL;
+    }
+}
