@@ -10,68 +10,77 @@
  * A per-call cache maps pre-tokens to their ids for long texts, where words repeat. */
 #include "tokenizer/tok-internal.h"
 
+#define XXH_INLINE_ALL
 #include "util/hash.h"
 #include "util/mem.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- per-call pre-token cache ------------------------------------------------------ */
+/* ---- per-call pre-token cache ------------------------------------------------------
+ *
+ * Direct-mapped, one cache line per entry, the word and its ids inline: a lookup costs
+ * one (L2-resident) memory access. A colliding word simply replaces the old one, so
+ * the cache follows the text (words are Zipf-distributed: a few thousand entries
+ * catch most of them). */
 
-#define WC_SLOTS (1u << 17)
-#define WC_MAX_ENTRIES (1u << 16)
-#define WC_MAX_WORD 64
+#define WC_SLOTS (1u << 14)
+#define WC_KEY 24
+#define WC_IDS 8
 
-struct wc_entry {
-    uint64_t hash;
-    uint32_t key_off, key_len;
-    uint32_t ids_off, n_ids;
+struct wc_slot {
+    uint32_t tag;  /* high half of the word's hash */
+    uint8_t len;   /* word length; 0 = empty */
+    uint8_t n_ids;
+    char key[WC_KEY];
+    int32_t ids[WC_IDS];
 };
 
 struct word_cache {
-    uint32_t *slots; /* entry index + 1; 0 = empty */
-    struct wc_entry *ents;
-    size_t n_ents, ents_cap;
-    char *keys;
-    size_t keys_len, keys_cap;
-    int32_t *ids;
-    size_t ids_len, ids_cap;
+    struct wc_slot slots[WC_SLOTS];
 };
 
-static void wc_free(struct word_cache *wc) {
-    if (!wc) return;
-    free(wc->slots);
-    free(wc->ents);
-    free(wc->keys);
-    free(wc->ids);
-    free(wc);
+static void wc_free(struct word_cache *wc) { free(wc); }
+
+static const struct wc_slot *wc_find(const struct word_cache *wc, const char *w, size_t n, uint64_t h) {
+    const struct wc_slot *s = &wc->slots[h & (WC_SLOTS - 1)];
+    if (s->len == n && s->tag == (uint32_t)(h >> 32) && !memcmp(s->key, w, n)) return s;
+    return NULL;
 }
 
-static const struct wc_entry *wc_find(const struct word_cache *wc, const char *w, size_t n, uint64_t h) {
-    for (size_t i = h & (WC_SLOTS - 1);; i = (i + 1) & (WC_SLOTS - 1)) {
-        uint32_t v = wc->slots[i];
-        if (!v) return NULL;
-        const struct wc_entry *e = &wc->ents[v - 1];
-        if (e->hash == h && e->key_len == n && !memcmp(wc->keys + e->key_off, w, n)) return e;
-    }
-}
-
-/* Best effort: a failed allocation only means the word is not cached. */
 static void wc_insert(struct word_cache *wc, const char *w, size_t n, uint64_t h, const int32_t *ids, size_t n_ids) {
-    if (wc->n_ents >= WC_MAX_ENTRIES) return;
-    if (tok_grow((void **)&wc->ents, &wc->ents_cap, wc->n_ents + 1, sizeof *wc->ents) ||
-        tok_grow((void **)&wc->keys, &wc->keys_cap, wc->keys_len + n, 1) ||
-        tok_grow((void **)&wc->ids, &wc->ids_cap, wc->ids_len + n_ids, sizeof *wc->ids))
-        return;
-    struct wc_entry *e = &wc->ents[wc->n_ents];
-    *e = (struct wc_entry){h, (uint32_t)wc->keys_len, (uint32_t)n, (uint32_t)wc->ids_len, (uint32_t)n_ids};
-    memcpy(wc->keys + wc->keys_len, w, n);
-    memcpy(wc->ids + wc->ids_len, ids, n_ids * sizeof *ids);
-    wc->keys_len += n;
-    wc->ids_len += n_ids;
-    size_t i = h & (WC_SLOTS - 1);
-    while (wc->slots[i]) i = (i + 1) & (WC_SLOTS - 1);
-    wc->slots[i] = (uint32_t)++wc->n_ents;
+    if (n_ids > WC_IDS) return;
+    struct wc_slot *s = &wc->slots[h & (WC_SLOTS - 1)];
+    s->tag = (uint32_t)(h >> 32);
+    s->len = (uint8_t)n;
+    s->n_ids = (uint8_t)n_ids;
+    memcpy(s->key, w, n);
+    memcpy(s->ids, ids, n_ids * sizeof *ids);
+}
+
+static bool wc_usable(struct tok_call *c, size_t n) {
+    if (!c->use_cache || n > WC_KEY) return false;
+    if (!c->cache) {
+        /* Best effort: without memory for it, go on without a cache. */
+        c->cache = tern_calloc(1, sizeof *c->cache);
+        if (!c->cache) c->use_cache = false;
+    }
+    return c->cache != NULL;
+}
+
+bool tok_cache_get(struct tok_call *c, const char *w, size_t n, uint64_t *h, enum tern_status *st) {
+    *st = TERN_OK;
+    if (!wc_usable(c, n)) return false;
+    *h = tern_hash64(w, n);
+    const struct wc_slot *e = wc_find(c->cache, w, n, *h);
+    if (!e) return false;
+    if (c->stats) c->stats->n_cache_hits++;
+    *st = tok_emit_n(c, e->ids, e->n_ids);
+    return true;
+}
+
+void tok_cache_put(struct tok_call *c, const char *w, size_t n, uint64_t h, const int32_t *ids, size_t n_ids) {
+    if (c->cache && n <= WC_KEY) wc_insert(c->cache, w, n, h, ids, n_ids);
 }
 
 void tok_call_release(struct tok_call *c) {
@@ -246,25 +255,13 @@ static enum tern_status bpe_word(struct tok_call *c, const char *word, size_t n)
         return id >= 0 ? tok_emit(c, id) : TERN_OK;
     }
     uint64_t h = 0;
-    bool cacheable = c->use_cache && n <= WC_MAX_WORD;
-    if (cacheable) {
-        if (!c->cache) {
-            c->cache = tern_calloc(1, sizeof *c->cache);
-            if (c->cache && !(c->cache->slots = tern_calloc(WC_SLOTS, sizeof *c->cache->slots))) {
-                free(c->cache);
-                c->cache = NULL;
-            }
-            if (!c->cache) c->use_cache = cacheable = false;
-        }
-    }
+    bool cacheable = wc_usable(c, n);
     if (cacheable) {
         h = tern_hash64(w, n);
-        const struct wc_entry *e = wc_find(c->cache, word, n, h);
+        const struct wc_slot *e = wc_find(c->cache, word, n, h);
         if (e) {
             if (c->stats) c->stats->n_cache_hits++;
-            for (uint32_t i = 0; i < e->n_ids; i++)
-                if ((st = tok_emit(c, c->cache->ids[e->ids_off + i]))) return st;
-            return TERN_OK;
+            return tok_emit_n(c, e->ids, e->n_ids);
         }
     }
     if (t->ignore_merges) {
@@ -286,21 +283,22 @@ static enum tern_status bpe_word(struct tok_call *c, const char *word, size_t n)
             return tok_emit(c, id);
         }
     }
+    if (c->stats) c->stats->n_bpe_words++;
     if (n > SMALL_WORD) return merge_large(c, w, n);
 
     int32_t ids[SMALL_WORD];
     uint32_t start[SMALL_WORD + 1];
     size_t m = merge_small(c, w, n, ids, start);
     bool all_tokens = true;
-    for (size_t i = 0; i < m; i++) {
-        if (ids[i] >= 0) {
-            if ((st = tok_emit(c, ids[i]))) return st;
-        } else {
-            all_tokens = false;
-            if ((st = emit_bytes(c, w + start[i], start[i + 1] - start[i]))) return st;
-        }
+    for (size_t i = 0; i < m; i++) all_tokens &= ids[i] >= 0;
+    if (all_tokens) {
+        if (cacheable) wc_insert(c->cache, word, n, h, ids, m);
+        return tok_emit_n(c, ids, m);
     }
-    if (cacheable && all_tokens) wc_insert(c->cache, word, n, h, ids, m);
+    for (size_t i = 0; i < m; i++) {
+        st = ids[i] >= 0 ? tok_emit(c, ids[i]) : emit_bytes(c, w + start[i], start[i + 1] - start[i]);
+        if (st) return st;
+    }
     return TERN_OK;
 }
 
@@ -337,7 +335,21 @@ static enum tern_status split(struct tok_call *c, uint32_t level, const char *s,
     pcre2_match_data *md = c->md[level];
     enum tern_status st;
     size_t pos = 0, gap = 0;
+    int fast = p->fast_off ? FAST_NONE : p->fast[level];
     while (pos < n) {
+        if (fast) {
+            long e = pretok_fast_match(fast, (const uint8_t *)s, n, pos);
+            if (e == 0) { /* this byte belongs to the gap before the next match */
+                pos++;
+                continue;
+            }
+            if (e > 0) {
+                if (pos > gap && (st = split(c, level + 1, s + gap, pos - gap))) return st;
+                if ((st = split(c, level + 1, s + pos, (size_t)e - pos))) return st;
+                pos = gap = (size_t)e;
+                continue;
+            }
+        }
         int rc = p->jit[level] ? pcre2_jit_match(re, (PCRE2_SPTR)s, n, pos, 0, md, c->mctx)
                                : pcre2_match(re, (PCRE2_SPTR)s, n, pos, 0, md, c->mctx);
         if (rc == PCRE2_ERROR_NOMATCH) break;

@@ -153,6 +153,12 @@ enum tern_status pretok_init(struct pretok *p, const char *name, struct pre_info
         }
         p->re[i] = re;
         p->jit[i] = pcre2_jit_compile(re, PCRE2_JIT_COMPLETE) == 0;
+        if (!strcmp(def->re[i], RE_QWEN2))
+            p->fast[i] = FAST_LLAMA3_N1;
+        else if (!strcmp(def->re[i], RE_LLAMA3))
+            p->fast[i] = FAST_LLAMA3_N3;
+        else if (!strcmp(def->re[i], RE_GPT2))
+            p->fast[i] = FAST_GPT2;
         if (!p->jit[i]) TERN_LOG_DEBUG("tokenizer: PCRE2 JIT unavailable for '%s' regex %u; interpreting", name, i);
         p->n_re = i + 1;
     }
@@ -166,6 +172,124 @@ void pretok_free(struct pretok *p) {
     }
     p->n_re = 0;
 }
+
+/* ---- ASCII scanners ----------------------------------------------------------------------
+ *
+ * PCRE2 spends most of its time per match, not per byte (a call costs about as much
+ * as scanning a short word), so the regexes that nearly every model uses get a
+ * scanner that decides ASCII-only matches itself. It follows the regex alternative by
+ * alternative; wherever the outcome depends on a byte >= 0x80 (is it a letter? a
+ * Unicode space?), it answers -1 and the caller runs PCRE2 at that position instead.
+ * The unit tests and the fuzz target compare both paths on random text. */
+
+enum { C_O = 0, C_L, C_N, C_W, C_H }; /* other, letter, digit, white space, non-ASCII byte */
+
+#define X16(c) c, c, c, c, c, c, c, c, c, c, c, c, c, c, c, c
+static const uint8_t ascii_class[256] = {
+    C_O, C_O, C_O, C_O, C_O, C_O, C_O, C_O, C_O, C_W, C_W, C_W, C_W, C_W, C_O, C_O, /* 0x00 */
+    X16(C_O),                                                                       /* 0x10 */
+    C_W, C_O, C_O, C_O, C_O, C_O, C_O, C_O, C_O, C_O, C_O, C_O, C_O, C_O, C_O, C_O, /* 0x20 */
+    C_N, C_N, C_N, C_N, C_N, C_N, C_N, C_N, C_N, C_N, C_O, C_O, C_O, C_O, C_O, C_O, /* 0x30 */
+    C_O, C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_L, /* 0x40 */
+    C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_O, C_O, C_O, C_O, C_O, /* 0x50 */
+    C_O, C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_L, /* 0x60 */
+    C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_L, C_O, C_O, C_O, C_O, C_O, /* 0x70 */
+    X16(C_H), X16(C_H), X16(C_H), X16(C_H), X16(C_H), X16(C_H), X16(C_H), X16(C_H),
+};
+
+static inline int cls(const uint8_t *s, size_t n, size_t i) { return i < n ? ascii_class[s[i]] : -1; }
+
+/* The end of the run of class k starting at i (at least one byte), or -1 if the run
+ * reaches a non-ASCII byte (which may or may not belong to the class). */
+static long run_end(const uint8_t *s, size_t n, size_t i, int k) {
+    size_t e = i + 1;
+    while (e < n && ascii_class[s[e]] == k) e++;
+    if (e < n && ascii_class[s[e]] == C_H) return -1;
+    return (long)e;
+}
+
+/* (?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,nmax}
+ * | ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+  (qwen2: nmax 1, llama3: nmax 3) */
+static long scan_llama3(const uint8_t *s, size_t n, size_t pos, size_t nmax) {
+    uint8_t c = s[pos];
+    int k = ascii_class[c];
+    if (k == C_H) return -1;
+    if (c == '\'' && pos + 1 < n) {
+        uint8_t a = s[pos + 1] | 0x20; /* lower case for letters; no other byte maps to these */
+        if (a == 's' || a == 't' || a == 'm' || a == 'd') return (long)pos + 2;
+        if (pos + 2 < n) {
+            uint8_t b = s[pos + 2] | 0x20;
+            if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return (long)pos + 3;
+        }
+    }
+    if (k == C_L) return run_end(s, n, pos, C_L);
+    if (c != '\r' && c != '\n' && k != C_N) {
+        int k1 = cls(s, n, pos + 1);
+        if (k1 == C_H) return -1;
+        if (k1 == C_L) return run_end(s, n, pos + 1, C_L);
+    }
+    if (k == C_N) {
+        size_t e = pos + 1;
+        while (e < n && e - pos < nmax && ascii_class[s[e]] == C_N) e++;
+        if (e - pos < nmax && e < n && ascii_class[s[e]] == C_H) return -1;
+        return (long)e;
+    }
+    size_t p = pos + (c == ' ');
+    int kp = cls(s, n, p);
+    if (kp == C_H) return -1;
+    if (kp == C_O) {
+        long e = run_end(s, n, p, C_O);
+        if (e < 0) return -1;
+        while ((size_t)e < n && (s[e] == '\r' || s[e] == '\n')) e++;
+        return e;
+    }
+    /* c is white space here */
+    size_t e = pos, last_nl = 0;
+    while (e < n && ascii_class[s[e]] == C_W) {
+        if (s[e] == '\r' || s[e] == '\n') last_nl = e + 1;
+        e++;
+    }
+    if (e < n && ascii_class[s[e]] == C_H) return -1; /* a Unicode space may continue the run */
+    if (last_nl) return (long)last_nl;
+    if (e == n || e - pos == 1) return (long)e; /* \s+(?!\S) at the end, or \s+ */
+    return (long)e - 1;                        /* \s+(?!\S) leaves the last space to the next word */
+}
+
+/* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S) */
+static long scan_gpt2(const uint8_t *s, size_t n, size_t pos) {
+    uint8_t c = s[pos];
+    if (ascii_class[c] == C_H) return -1;
+    if (c == '\'' && pos + 1 < n) {
+        uint8_t a = s[pos + 1];
+        if (a == 's' || a == 't' || a == 'm' || a == 'd') return (long)pos + 2;
+        if (pos + 2 < n) {
+            uint8_t b = s[pos + 2];
+            if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return (long)pos + 3;
+        }
+    }
+    size_t p = pos + (c == ' ');
+    int kp = cls(s, n, p);
+    if (kp == C_H) return -1;
+    if (kp == C_L || kp == C_N || kp == C_O) return run_end(s, n, p, kp);
+    /* c is white space here */
+    size_t e = pos;
+    while (e < n && ascii_class[s[e]] == C_W) e++;
+    if (e < n && ascii_class[s[e]] == C_H) return -1;
+    if (e == n) return (long)e;
+    if (e - pos >= 2) return (long)e - 1;
+    return 0; /* one space before a non-space: no alternative matches here */
+}
+
+long pretok_fast_match(int kind, const uint8_t *s, size_t n, size_t pos) {
+    switch (kind) {
+    case FAST_LLAMA3_N1: return scan_llama3(s, n, pos, 1);
+    case FAST_LLAMA3_N3: return scan_llama3(s, n, pos, 3);
+    case FAST_GPT2: return scan_gpt2(s, n, pos);
+    default: return -1;
+    }
+}
+
+void tok_set_fast_pretok(struct tern_tokenizer *t, bool on) { t->pre.fast_off = !on; }
 
 uint32_t bytelevel_cp(uint8_t b) {
     /* GPT-2's map: printable Latin-1 bytes stand for themselves; the other 68 bytes

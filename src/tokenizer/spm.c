@@ -65,40 +65,24 @@ static void try_pair(struct tok_call *c, const char *buf, struct ssym *s, struct
 
 static const uint8_t utf8_len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
 
-enum tern_status spm_tokenize(struct tok_call *c, const char *text, size_t len, bool prefix_space) {
+/* Merges and emits buf[from..to). */
+static enum tern_status spm_chunk(struct tok_call *c, const char *buf, size_t from, size_t to) {
     const struct tern_tokenizer *t = c->t;
     enum tern_status st;
-    if (c->stats) c->stats->n_words++;
-    /* ' ' -> U+2581 (3 bytes), plus the dummy prefix. */
-    size_t cap = 3 * (len + 1);
-    if ((st = tok_grow((void **)&c->buf, &c->buf_cap, cap, 1))) return st;
-    char *buf = c->buf;
-    size_t n = 0;
-    if (prefix_space) {
-        memcpy(buf, "\xE2\x96\x81", 3);
-        n = 3;
-    }
-    for (size_t i = 0; i < len; i++) {
-        if (text[i] == ' ') {
-            memcpy(buf + n, "\xE2\x96\x81", 3);
-            n += 3;
-        } else {
-            buf[n++] = text[i];
-        }
-    }
-    if (!n) return TERN_OK;
-    if (n > UINT32_MAX / 4) return tern_errorf(TERN_ERR_LIMIT, "SPM fragment of %zu bytes is too long", n);
-
+    size_t n = to - from;
+    uint64_t hash = 0;
+    if (tok_cache_get(c, buf + from, n, &hash, &st)) return st;
+    size_t out0 = *c->out.n;
     if ((st = tok_grow(&c->sym, &c->sym_cap, n, sizeof(struct ssym))) ||
         (st = tok_grow(&c->heap, &c->heap_cap, 3 * n, sizeof(struct sheap))))
         return st;
     struct ssym *s = c->sym;
     struct sheap *h = c->heap;
     size_t ns = 0, nh = 0;
-    for (size_t off = 0; off < n;) {
+    for (size_t off = from; off < to;) {
         size_t cl = utf8_len[(uint8_t)buf[off] >> 4];
-        if (cl > n - off) cl = n - off;
-        s[ns] = (struct ssym){(uint32_t)off, (uint32_t)cl, (int32_t)ns - 1, off + cl < n ? (int32_t)ns + 1 : -1};
+        if (cl > to - off) cl = to - off;
+        s[ns] = (struct ssym){(uint32_t)off, (uint32_t)cl, (int32_t)ns - 1, off + cl < to ? (int32_t)ns + 1 : -1};
         ns++;
         off += cl;
     }
@@ -128,5 +112,45 @@ enum tern_status spm_tokenize(struct tok_call *c, const char *text, size_t len, 
             if (b >= 0 && (st = tok_emit(c, b))) return st;
         }
     }
+    tok_cache_put(c, buf + from, n, hash, *c->out.ids + out0, *c->out.n - out0);
+    return TERN_OK;
+}
+
+enum tern_status spm_tokenize(struct tok_call *c, const char *text, size_t len, bool prefix_space) {
+    const struct tern_tokenizer *t = c->t;
+    enum tern_status st;
+    if (c->stats) c->stats->n_words++;
+    /* ' ' -> U+2581 (3 bytes), plus the dummy prefix. */
+    size_t cap = 3 * (len + 1);
+    if ((st = tok_grow((void **)&c->buf, &c->buf_cap, cap, 1))) return st;
+    char *buf = c->buf;
+    size_t n = 0;
+    if (prefix_space) {
+        memcpy(buf, "\xE2\x96\x81", 3);
+        n = 3;
+    }
+    for (size_t i = 0; i < len; i++) {
+        if (text[i] == ' ') {
+            memcpy(buf + n, "\xE2\x96\x81", 3);
+            n += 3;
+        } else {
+            buf[n++] = text[i];
+        }
+    }
+    if (n > UINT32_MAX / 4) return tern_errorf(TERN_ERR_LIMIT, "SPM fragment of %zu bytes is too long", n);
+    /* Where no token contains the two bytes on either side of a character boundary,
+     * no merge can ever cross it: the text on either side is merged independently,
+     * with the same result and small heaps (for llama vocabularies, word by word:
+     * tokens start with U+2581 but never contain it after another character). */
+    size_t from = 0;
+    for (size_t i = 1; i < n; i++) {
+        uint8_t y = (uint8_t)buf[i];
+        if ((y & 0xC0) == 0x80) continue;
+        unsigned k = (unsigned)(uint8_t)buf[i - 1] << 8 | y;
+        if ((t->spm_pairs[k >> 3] >> (k & 7)) & 1) continue;
+        if ((st = spm_chunk(c, buf, from, i))) return st;
+        from = i;
+    }
+    if (n > from) return spm_chunk(c, buf, from, n);
     return TERN_OK;
 }

@@ -28,9 +28,13 @@ enum {
 enum { PIECE_NONE = 0, PIECE_ALWAYS = 1, PIECE_SPECIAL = 2 };
 
 /* Exact string -> token id, open addressing over the tokenizer's text pool. */
+struct strslot {
+    uint32_t id1; /* id + 1; 0 = empty */
+    uint32_t tag; /* high 32 bits of the hash, to skip most string compares */
+    uint32_t off, len; /* the text, copied here so that a probe touches one cache line */
+};
 struct strmap {
-    uint32_t *slots; /* id + 1; 0 = empty */
-    uint32_t *tags;  /* high 32 bits of the hash, to skip most string compares */
+    struct strslot *slots;
     size_t mask;
 };
 
@@ -48,10 +52,16 @@ struct pairmap {
 
 #define TOK_MAX_REGEX 8
 
+/* Hand-written scanners that reproduce a regex exactly on ASCII text and hand every
+ * match that involves a non-ASCII byte to PCRE2 (pretok.c). */
+enum pre_fast { FAST_NONE = 0, FAST_LLAMA3_N1, FAST_LLAMA3_N3, FAST_GPT2 };
+
 struct pretok {
     uint32_t n_re;
     pcre2_code *re[TOK_MAX_REGEX];
     bool jit[TOK_MAX_REGEX];
+    uint8_t fast[TOK_MAX_REGEX]; /* enum pre_fast */
+    bool fast_off;               /* tests: PCRE2 only */
 };
 
 /* Trie over the texts of the special tokens (first-child / next-sibling). */
@@ -83,6 +93,7 @@ struct tern_tokenizer {
 
     int32_t byte_tok[256]; /* BPE: the token of each byte's GPT-2 character; SPM: <0xNN> */
     struct pairmap merges; /* BPE only */
+    uint8_t *spm_pairs; /* SPM: [65536 / 8] bit (x << 8 | y) set when some token contains bytes x y */
     struct pretok pre;     /* BPE only */
     bool ignore_merges;    /* a pre-token that is itself a token is emitted whole (llama3) */
 
@@ -99,6 +110,8 @@ struct tern_tokenizer {
     struct trie_node *trie; /* node 0 is the root */
     size_t n_trie;
     uint8_t special_first[32]; /* bitmap of the first bytes of special texts */
+    uint32_t n_special_first;  /* bits set in it */
+    uint8_t special_first_byte; /* the byte, when there is one */
 };
 
 /* ---- tok-map.c ------------------------------------------------------------------- */
@@ -123,6 +136,12 @@ struct pre_info {
 /* Compiles the regexes for pre-tokenizer `name`; TERN_ERR_UNSUPPORTED naming it if unknown. */
 enum tern_status pretok_init(struct pretok *p, const char *name, struct pre_info *info);
 void pretok_free(struct pretok *p);
+/* The end of the match of fast scanner `kind` at s[pos] (pos < n): > pos for a match,
+ * 0 when no match starts at pos (the byte is left between matches), -1 when the
+ * decision depends on a non-ASCII character (ask PCRE2). */
+long pretok_fast_match(int kind, const uint8_t *s, size_t n, size_t pos);
+/* Tests: turn the scanners off (PCRE2 only) to compare both paths. */
+void tok_set_fast_pretok(struct tern_tokenizer *t, bool on);
 
 /* ---- per-call work state (tokenize.c, bpe.c, spm.c) ------------------------------ */
 struct tok_out {
@@ -131,6 +150,8 @@ struct tok_out {
 };
 
 struct word_cache;
+
+enum tern_status tok_grow(void **p, size_t *cap, size_t need, size_t elem);
 
 struct tok_call {
     const struct tern_tokenizer *t;
@@ -152,12 +173,24 @@ struct tok_call {
     struct word_cache *cache;
 };
 
-enum tern_status tok_emit(struct tok_call *c, int32_t id);
-enum tern_status tok_grow(void **p, size_t *cap, size_t need, size_t elem);
+enum tern_status tok_emit_slow(struct tok_call *c, const int32_t *ids, size_t n);
+static inline enum tern_status tok_emit_n(struct tok_call *c, const int32_t *ids, size_t n) {
+    size_t have = *c->out.n;
+    if (*c->out.cap - have < n) return tok_emit_slow(c, ids, n);
+    int32_t *d = *c->out.ids + have;
+    for (size_t i = 0; i < n; i++) d[i] = ids[i];
+    *c->out.n = have + n;
+    return TERN_OK;
+}
+static inline enum tern_status tok_emit(struct tok_call *c, int32_t id) { return tok_emit_n(c, &id, 1); }
 
 enum tern_status bpe_tokenize(struct tok_call *c, const char *text, size_t len);
 enum tern_status spm_tokenize(struct tok_call *c, const char *text, size_t len, bool prefix_space);
 void tok_call_release(struct tok_call *c);
+/* The per-call cache of pieces of text -> ids (bpe.c). get: true when w was cached
+ * (its ids are then emitted, *st says how that went); *h is the hash to pass to put. */
+bool tok_cache_get(struct tok_call *c, const char *w, size_t n, uint64_t *h, enum tern_status *st);
+void tok_cache_put(struct tok_call *c, const char *w, size_t n, uint64_t h, const int32_t *ids, size_t n_ids);
 
 /* GPT-2 byte-level map: the code point standing for each byte, and back. */
 uint32_t bytelevel_cp(uint8_t b);

@@ -34,14 +34,16 @@ enum tern_status tok_grow(void **p, size_t *cap, size_t need, size_t elem) {
     return TERN_OK;
 }
 
-enum tern_status tok_emit(struct tok_call *c, int32_t id) {
-    if (*c->out.n == *c->out.cap) {
-        void *p = *c->out.ids;
-        enum tern_status st = tok_grow(&p, c->out.cap, *c->out.n + 1, sizeof(int32_t));
-        if (st) return st;
-        *c->out.ids = p;
-    }
-    (*c->out.ids)[(*c->out.n)++] = id;
+enum tern_status tok_emit_slow(struct tok_call *c, const int32_t *ids, size_t n) {
+    size_t need;
+    if (tern_add_overflow(*c->out.n, n, &need))
+        return tern_errorf(TERN_ERR_NOMEM, "tokenizer: output of more than SIZE_MAX ids");
+    void *p = *c->out.ids;
+    enum tern_status st = tok_grow(&p, c->out.cap, need, sizeof(int32_t));
+    if (st) return st;
+    *c->out.ids = p;
+    memcpy(*c->out.ids + *c->out.n, ids, n * sizeof *ids);
+    *c->out.n = need;
     return TERN_OK;
 }
 
@@ -200,6 +202,7 @@ static enum tern_status load_merges(struct tern_tokenizer *t, const struct gguf_
     char *cat = NULL;
     size_t cat_cap = 0;
     uint64_t n_dropped = 0;
+    int32_t prev = -1;
     for (uint64_t i = 0; i < n; i++) {
         const struct gguf_str *s = &kv->v.arr.strs[i];
         /* "left right", split at the first space after the first byte (a part may
@@ -221,9 +224,18 @@ static enum tern_status load_merges(struct tern_tokenizer *t, const struct gguf_
             free(cat);
             return st;
         }
-        memcpy(cat, s->ptr, nl);
-        memcpy(cat + nl, sp + 1, nr);
-        int32_t res = strmap_find(&t->vocab, t, cat, nl + nr);
+        /* Byte-level vocabularies list merge results in merge order: try the id
+         * after the previous result before hashing (a sequential read, no miss). */
+        int32_t res = -1, guess = prev + 1;
+        if (prev >= 0 && in_vocab(t, guess) && t->text_len[guess] == nl + nr &&
+            !memcmp(tok_text(t, guess), s->ptr, nl) && !memcmp(tok_text(t, guess) + nl, sp + 1, nr)) {
+            res = guess;
+        } else {
+            memcpy(cat, s->ptr, nl);
+            memcpy(cat + nl, sp + 1, nr);
+            res = strmap_find(&t->vocab, t, cat, nl + nr);
+        }
+        if (res >= 0) prev = res;
         pairmap_insert(&t->merges, l, r, (uint32_t)i, res);
     }
     free(cat);
@@ -258,32 +270,37 @@ static enum tern_status build_pieces(struct tern_tokenizer *t) {
         } else if (a & ATTR_USER_DEFINED) {
             st = tern_buf_append(&pool, s, len);
         } else if (a & ATTR_NORMAL) {
+            /* Decoding never makes a piece longer than its text. */
+            if ((st = tern_buf_reserve(&pool, len))) break;
+            char *d = pool.data + pool.len;
+            const uint8_t *p = (const uint8_t *)s;
             if (t->model == TERN_TOK_MODEL_BPE) {
                 /* Undo the byte-level encoding; a code point that stands for no byte is
                  * kept as its UTF-8 (llama.cpp would print a marker). */
-                const uint8_t *p = (const uint8_t *)s;
-                for (size_t i = 0; i < len && !st;) {
-                    size_t bad, k = tern_utf8_seq(p + i, len - i, &bad);
-                    if (!k) {
-                        k = bad ? bad : len - i;
-                        st = tern_buf_append(&pool, p + i, k);
+                for (size_t i = 0; i < len;) {
+                    size_t bad, k = p[i] < 0x80 ? 1 : tern_utf8_seq(p + i, len - i, &bad);
+                    int b = k ? bytelevel_byte(tern_utf8_decode(p + i, k)) : -1;
+                    if (!k) k = bad ? bad : len - i;
+                    if (b >= 0) {
+                        *d++ = (char)b;
                     } else {
-                        int b = bytelevel_byte(tern_utf8_decode(p + i, k));
-                        st = b >= 0 ? tern_buf_putc(&pool, (char)b) : tern_buf_append(&pool, p + i, k);
+                        memcpy(d, p + i, k);
+                        d += k;
                     }
                     i += k;
                 }
             } else {
-                for (size_t i = 0; i < len && !st;) {
-                    if (i + 3 <= len && !memcmp(s + i, "\xE2\x96\x81", 3)) {
-                        st = tern_buf_putc(&pool, ' ');
+                for (size_t i = 0; i < len;) {
+                    if (i + 3 <= len && !memcmp(p + i, "\xE2\x96\x81", 3)) {
+                        *d++ = ' ';
                         i += 3;
                     } else {
-                        st = tern_buf_putc(&pool, s[i]);
-                        i++;
+                        *d++ = (char)p[i++];
                     }
                 }
             }
+            pool.len = (size_t)(d - pool.data);
+            pool.data[pool.len] = 0;
         } else if (a & ATTR_BYTE) {
             unsigned v;
             char tail;
@@ -334,7 +351,11 @@ static enum tern_status build_specials(struct tern_tokenizer *t) {
         int32_t id = t->specials[k];
         const uint8_t *s = (const uint8_t *)tok_text(t, id);
         size_t len = t->text_len[id];
-        t->special_first[s[0] >> 3] |= (uint8_t)(1u << (s[0] & 7));
+        if (!((t->special_first[s[0] >> 3] >> (s[0] & 7)) & 1)) {
+            t->special_first[s[0] >> 3] |= (uint8_t)(1u << (s[0] & 7));
+            t->n_special_first++;
+            t->special_first_byte = s[0];
+        }
         int32_t node = 0;
         for (size_t i = 0; i < len; i++) {
             int32_t c = t->trie[node].child;
@@ -549,7 +570,16 @@ static enum tern_status load(struct tern_tokenizer *t, const struct gguf_file *f
         }
     }
     if (t->model == TERN_TOK_MODEL_BPE && (st = load_merges(t, f))) return st;
-
+    if (t->model == TERN_TOK_MODEL_SPM) {
+        if (!(t->spm_pairs = tern_calloc(65536 / 8, 1))) return tern_errorf(TERN_ERR_NOMEM, "no memory");
+        for (uint32_t id = 0; id < t->n_vocab; id++) {
+            const uint8_t *s = (const uint8_t *)tok_text(t, (int32_t)id);
+            for (uint32_t i = 1; i < t->text_len[id]; i++) {
+                unsigned k = (unsigned)s[i - 1] << 8 | s[i];
+                t->spm_pairs[k >> 3] |= (uint8_t)(1u << (k & 7));
+            }
+        }
+    }
     /* Special ids: the defaults above, unless out of range, then the file's keys. */
     int32_t *ids[] = {&t->bos, &t->eos, &t->eot, &t->eom, &t->unk, &t->sep, &t->pad, &t->mask,
                       &t->fim_pre, &t->fim_suf, &t->fim_mid, &t->fim_pad, &t->fim_rep, &t->fim_sep,
@@ -641,6 +671,7 @@ void tern_tokenizer_free(struct tern_tokenizer *t) {
     free(t->eog_bits);
     free(t->specials);
     free(t->trie);
+    free(t->spm_pairs);
     free(t);
 }
 
@@ -743,7 +774,14 @@ static enum tern_status partition(struct tok_call *c, const char *text, size_t l
     if (t->n_specials) {
         const uint8_t *p = (const uint8_t *)text;
         for (size_t i = 0; i < len; i++) {
-            if (!((t->special_first[p[i] >> 3] >> (p[i] & 7)) & 1)) continue;
+            if (t->n_special_first == 1) {
+                /* Usually every special text starts with '<': memchr is far faster. */
+                const uint8_t *q = memchr(p + i, t->special_first_byte, len - i);
+                if (!q) break;
+                i = (size_t)(q - p);
+            } else if (!((t->special_first[p[i] >> 3] >> (p[i] & 7)) & 1)) {
+                continue;
+            }
             int32_t node = 0;
             for (size_t j = i; j < len; j++) {
                 int32_t ch = t->trie[node].child;

@@ -97,6 +97,7 @@ enum tern_tokenize_flags {
 struct tern_tok_stats {
     uint64_t n_words;        /* pre-tokens (BPE) or fragments (SPM) */
     uint64_t n_cache_hits;   /* pre-tokens answered from the per-call cache */
+    uint64_t n_bpe_words;    /* pre-tokens merged from their bytes */
     uint64_t n_pair_lookups; /* merge / bigram table lookups */
     uint64_t n_merges;       /* merges applied */
     uint64_t n_heap_ops;     /* priority-queue pushes and pops */
