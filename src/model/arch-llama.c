@@ -1,0 +1,252 @@
+/* The LLaMA family of decoder-only transformers: `llama`, `qwen2` (q/k/v biases, NeoX
+ * RoPE) and `qwen3` (per-head RMSNorm of q and k, NeoX RoPE). Pre-norm blocks:
+ *
+ *   x += Wo attention(rope(norm_q(Wq n(x) + bq)), rope(norm_k(Wk n(x) + bk)), Wv n(x) + bv)
+ *   x += Wdown (silu(Wgate n(x)) * Wup n(x))
+ *   logits = Wout n(x)
+ *
+ * Every layer is an attention layer (model.h). */
+#include "model/model.h"
+
+#include "util/mem.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct llama_variant {
+    bool neox;    /* RoPE pairs i and i + n_rot/2 (else adjacent pairs) */
+    bool qk_norm; /* attn_q_norm / attn_k_norm required */
+    bool biases;  /* attn_{q,k,v}.bias required */
+};
+
+/* Read-only views into the mapping. */
+struct llama_layer {
+    const float *attn_norm;      /* (n_embd) */
+    struct mat wq;               /* [n_embd, n_head * head_dim] */
+    struct mat wk;               /* [n_embd, n_head_kv * head_dim] */
+    struct mat wv;               /* [n_embd, n_head_kv * head_dim] */
+    struct mat wo;               /* [n_head * head_dim, n_embd] */
+    const float *bq, *bk, *bv;   /* (n_head * head_dim), (n_head_kv * head_dim) x2; NULL if absent */
+    const float *q_norm, *k_norm; /* (head_dim); NULL if absent */
+    const float *ffn_norm;       /* (n_embd) */
+    struct mat w_gate;           /* [n_embd, n_ff] */
+    struct mat w_up;             /* [n_embd, n_ff] */
+    struct mat w_down;           /* [n_ff, n_embd] */
+};
+
+struct llama_weights {
+    struct llama_variant var;
+    struct mat tok_embd;       /* [n_embd, n_vocab] */
+    const float *out_norm;     /* (n_embd) */
+    struct mat output;         /* [n_embd, n_vocab]; token_embd when tied */
+    const float *rope_freqs;   /* (n_rot / 2) frequency divisors; NULL if absent */
+    struct llama_layer *layers; /* (n_layer) */
+};
+
+/* What changes per chunk (llama2.c's RunState). */
+struct llama_state {
+    uint32_t n_chunk;
+    float *x;   /* (n_chunk, n_embd) residual stream */
+    float *xb;  /* (n_chunk, n_embd) normed input / projected output */
+    float *q;   /* (n_chunk, n_head * head_dim) */
+    float *k;   /* (n_chunk, n_head_kv * head_dim) */
+    float *v;   /* (n_chunk, n_head_kv * head_dim) */
+    float *att; /* (n_chunk, n_head * head_dim) attention output */
+    float *hb;  /* (n_chunk, n_ff) gate, then silu(gate) * up */
+    float *hb2; /* (n_chunk, n_ff) up */
+    float *cs;  /* (n_chunk, n_rot) RoPE cos/sin per token */
+    size_t bytes;
+};
+
+/* ---- load ------------------------------------------------------------------------ */
+
+static void llama_unload(struct tern_model *m) {
+    struct llama_weights *w = m->w;
+    if (!w) return;
+    free(w->layers);
+    free(w);
+    m->w = NULL;
+}
+
+static enum tern_status llama_load_variant(struct tern_model *m, struct llama_variant var) {
+    enum tern_status st;
+    struct model_hparams *hp = &m->hp;
+    if ((st = model_hparams_load(m, hp))) return st;
+    if (hp->head_dim_k != hp->head_dim_v)
+        return tern_errorf(TERN_ERR_UNSUPPORTED, "model: key length %u differs from value length %u", hp->head_dim_k,
+                           hp->head_dim_v);
+    struct llama_weights *w = tern_calloc(1, sizeof *w);
+    if (!w) return tern_errorf(TERN_ERR_NOMEM, "model: out of memory");
+    m->w = w;
+    w->var = var;
+    w->layers = tern_calloc(hp->n_layer, sizeof *w->layers);
+    if (!w->layers) return tern_errorf(TERN_ERR_NOMEM, "model: out of memory");
+
+    const uint32_t E = hp->n_embd, hd = hp->head_dim_k, nq = hp->n_head * hd, nkv = hp->n_head_kv * hd;
+    const uint32_t F = hp->n_ff;
+    if ((st = model_get_embd(m, &w->tok_embd, E, "token_embd.weight")) ||
+        (st = model_get_vec(m, &w->out_norm, E, true, "output_norm.weight")) ||
+        (st = model_get_mat_opt(m, &w->output, E, hp->n_vocab, "output.weight")))
+        return st;
+    if (!w->output.data) /* tied embeddings */
+        if ((st = model_get_mat(m, &w->output, E, hp->n_vocab, "token_embd.weight"))) return st;
+    if ((st = model_get_vec(m, &w->rope_freqs, hp->rope.n_rot / 2, false, "rope_freqs.weight"))) return st;
+    hp->rope.freq_factors = w->rope_freqs;
+
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        struct llama_layer *L = &w->layers[il];
+        if ((st = model_get_vec(m, &L->attn_norm, E, true, "blk.%u.attn_norm.weight", il)) ||
+            (st = model_get_mat(m, &L->wq, E, nq, "blk.%u.attn_q.weight", il)) ||
+            (st = model_get_mat(m, &L->wk, E, nkv, "blk.%u.attn_k.weight", il)) ||
+            (st = model_get_mat(m, &L->wv, E, nkv, "blk.%u.attn_v.weight", il)) ||
+            (st = model_get_mat(m, &L->wo, nq, E, "blk.%u.attn_output.weight", il)) ||
+            (st = model_get_vec(m, &L->bq, nq, var.biases, "blk.%u.attn_q.bias", il)) ||
+            (st = model_get_vec(m, &L->bk, nkv, var.biases, "blk.%u.attn_k.bias", il)) ||
+            (st = model_get_vec(m, &L->bv, nkv, var.biases, "blk.%u.attn_v.bias", il)) ||
+            (st = model_get_vec(m, &L->q_norm, hd, var.qk_norm, "blk.%u.attn_q_norm.weight", il)) ||
+            (st = model_get_vec(m, &L->k_norm, hd, var.qk_norm, "blk.%u.attn_k_norm.weight", il)) ||
+            (st = model_get_vec(m, &L->ffn_norm, E, true, "blk.%u.ffn_norm.weight", il)) ||
+            (st = model_get_mat(m, &L->w_gate, E, F, "blk.%u.ffn_gate.weight", il)) ||
+            (st = model_get_mat(m, &L->w_up, E, F, "blk.%u.ffn_up.weight", il)) ||
+            (st = model_get_mat(m, &L->w_down, F, E, "blk.%u.ffn_down.weight", il)))
+            return st;
+        if (!L->q_norm != !L->k_norm)
+            return tern_errorf(TERN_ERR_FORMAT, "model: layer %u has only one of attn_q_norm and attn_k_norm", il);
+    }
+    return model_layers_init(m, hp->n_layer);
+}
+
+static enum tern_status load_llama(struct tern_model *m) {
+    return llama_load_variant(m, (struct llama_variant){.neox = false});
+}
+static enum tern_status load_qwen2(struct tern_model *m) {
+    return llama_load_variant(m, (struct llama_variant){.neox = true, .biases = true});
+}
+static enum tern_status load_qwen3(struct tern_model *m) {
+    return llama_load_variant(m, (struct llama_variant){.neox = true, .qk_norm = true});
+}
+
+/* ---- RunState ----------------------------------------------------------------------- */
+
+static void llama_state_free(void *p) {
+    struct llama_state *rs = p;
+    if (!rs) return;
+    float **bufs[] = {&rs->x, &rs->xb, &rs->q, &rs->k, &rs->v, &rs->att, &rs->hb, &rs->hb2, &rs->cs};
+    for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) tern_aligned_free(*bufs[i]);
+    free(rs);
+}
+
+static enum tern_status llama_state_new(const struct tern_model *m, uint32_t n_chunk, void **out) {
+    *out = NULL;
+    const struct model_hparams *hp = &m->hp;
+    struct llama_state *rs = tern_calloc(1, sizeof *rs);
+    if (!rs) return tern_errorf(TERN_ERR_NOMEM, "model: out of memory");
+    rs->n_chunk = n_chunk;
+    const size_t nq = (size_t)hp->n_head * hp->head_dim_k, nkv = (size_t)hp->n_head_kv * hp->head_dim_k;
+    struct {
+        float **p;
+        size_t n;
+    } bufs[] = {
+        {&rs->x, hp->n_embd}, {&rs->xb, hp->n_embd}, {&rs->q, nq},          {&rs->k, nkv},        {&rs->v, nkv},
+        {&rs->att, nq},       {&rs->hb, hp->n_ff},   {&rs->hb2, hp->n_ff}, {&rs->cs, hp->rope.n_rot},
+    };
+    for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) {
+        size_t bytes;
+        if (tern_mul_overflow((size_t)n_chunk * sizeof(float), bufs[i].n ? bufs[i].n : 1, &bytes) ||
+            !(*bufs[i].p = tern_aligned_alloc(bytes))) {
+            llama_state_free(rs);
+            return tern_errorf(TERN_ERR_NOMEM, "model: out of memory for the state of %u-token chunks", n_chunk);
+        }
+        rs->bytes += bytes;
+    }
+    *out = rs;
+    return TERN_OK;
+}
+
+static size_t llama_state_bytes(const void *p) { return ((const struct llama_state *)p)->bytes; }
+
+/* ---- forward ----------------------------------------------------------------------- */
+
+struct rows_ctx {
+    const struct model_hparams *hp;
+    const struct llama_weights *w;
+    struct llama_state *rs;
+    uint32_t pos0;
+};
+
+static void rope_item(void *ctx, uint32_t t) {
+    struct rows_ctx *c = ctx;
+    const struct model_hparams *hp = c->hp;
+    const size_t hd = hp->head_dim_k, nr = hp->rope.n_rot;
+    float *cs = c->rs->cs + t * nr;
+    tern_rope_angles(&hp->rope, c->pos0 + t, cs);
+    tern_rope(c->rs->q + t * hp->n_head * hd, hp->n_head, hd, nr, cs, c->w->var.neox);
+    tern_rope(c->rs->k + t * hp->n_head_kv * hd, hp->n_head_kv, hd, nr, cs, c->w->var.neox);
+}
+
+static void residual_item(void *ctx, uint32_t t) {
+    struct rows_ctx *c = ctx;
+    const size_t E = c->hp->n_embd;
+    tern_ops()->add(c->rs->x + t * E, c->rs->xb + t * E, E);
+}
+
+static void swiglu_item(void *ctx, uint32_t t) {
+    struct rows_ctx *c = ctx;
+    const size_t F = c->hp->n_ff;
+    tern_ops()->swiglu(c->rs->hb + t * F, c->rs->hb + t * F, c->rs->hb2 + t * F, F);
+}
+
+static void llama_forward(struct tern_session *s, const int32_t *toks, uint32_t n, uint32_t pos0, float *logits,
+                          bool logits_all) {
+    const struct tern_model *m = s->m;
+    const struct model_hparams *hp = &m->hp;
+    const struct llama_weights *w = m->w;
+    struct llama_state *rs = s->rs;
+    const uint32_t E = hp->n_embd, hd = hp->head_dim_k;
+    const uint32_t nq = hp->n_head * hd, nkv = hp->n_head_kv * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    struct rows_ctx rc = {hp, w, rs, pos0};
+
+    model_embed(s, &w->tok_embd, toks, n, rs->x);
+    for (uint32_t il = 0; il < m->n_layer; il++) {
+        const struct llama_layer *L = &w->layers[il];
+        /* attention */
+        model_rmsnorm(s, rs->xb, rs->x, L->attn_norm, n, E, hp->rms_eps);
+        const struct mm_out qkv[] = {{&L->wq, rs->q}, {&L->wk, rs->k}, {&L->wv, rs->v}};
+        model_matmul(s, rs->xb, n, qkv, 3);
+        if (L->bq) model_add_bias(rs->q, L->bq, n, nq);
+        if (L->bk) model_add_bias(rs->k, L->bk, n, nkv);
+        if (L->bv) model_add_bias(rs->v, L->bv, n, nkv);
+        if (L->q_norm) {
+            model_rmsnorm_heads(s, rs->q, L->q_norm, n, hp->n_head, hd, hp->rms_eps);
+            model_rmsnorm_heads(s, rs->k, L->k_norm, n, hp->n_head_kv, hd, hp->rms_eps);
+        }
+        model_parallel_for(s, n, rope_item, &rc);
+        model_attention(s, il, rs->q, nq, rs->k, nkv, rs->v, nkv, rs->att, nq, n, pos0, hp->n_head, scale);
+        model_matmul1(s, rs->att, n, &L->wo, rs->xb);
+        model_parallel_for(s, n, residual_item, &rc);
+        /* feed-forward */
+        model_rmsnorm(s, rs->xb, rs->x, L->ffn_norm, n, E, hp->rms_eps);
+        const struct mm_out gu[] = {{&L->w_gate, rs->hb}, {&L->w_up, rs->hb2}};
+        model_matmul(s, rs->xb, n, gu, 2);
+        model_parallel_for(s, n, swiglu_item, &rc);
+        model_matmul1(s, rs->hb, n, &L->w_down, rs->xb);
+        model_parallel_for(s, n, residual_item, &rc);
+    }
+    if (!logits) return;
+    /* Only the rows whose logits are wanted are normed and projected. */
+    const uint32_t first = logits_all ? 0 : n - 1;
+    model_rmsnorm(s, rs->xb + (size_t)first * E, rs->x + (size_t)first * E, w->out_norm, n - first, E, hp->rms_eps);
+    model_logits(s, &w->output, rs->xb + (size_t)first * E, n - first, logits, true);
+}
+
+#define LLAMA_ARCH(NAME, LOAD)                                                                                         \
+    {                                                                                                                  \
+        .name = NAME, .load = LOAD, .unload = llama_unload, .state_new = llama_state_new,                              \
+        .state_free = llama_state_free, .state_bytes = llama_state_bytes, .forward = llama_forward,                    \
+    }
+
+const struct tern_arch tern_arch_llama = LLAMA_ARCH("llama", load_llama);
+const struct tern_arch tern_arch_qwen2 = LLAMA_ARCH("qwen2", load_qwen2);
+const struct tern_arch tern_arch_qwen3 = LLAMA_ARCH("qwen3", load_qwen3);

@@ -1,0 +1,273 @@
+/* Building blocks of forward passes, shared by every architecture: matmuls with
+ * activation preparation, norms, embeddings, attention over the paged KV cache, logits.
+ * Each splits its work across the pool by output rows, tokens or heads, never inside a
+ * reduction (DESIGN.md §5). */
+#include "model/model.h"
+
+#include "util/fp16.h"
+
+#include <string.h>
+
+/* ---- parallel loops ------------------------------------------------------------- */
+
+struct pfor {
+    struct tern_work work;
+    model_item_fn fn;
+    void *ctx;
+};
+
+static void pfor_task(void *ctx, int ith, int nth) {
+    struct pfor *p = ctx;
+    size_t i0, i1;
+    while (tern_work_take(&p->work, &i0, &i1))
+        for (size_t i = i0; i < i1; i++) p->fn(p->ctx, (uint32_t)i);
+}
+
+void model_parallel_for(struct tern_session *s, uint32_t n, model_item_fn fn, void *ctx) {
+    if (n == 0) return;
+    if (n == 1 || tern_threadpool_n_threads(s->m->pool) == 1) {
+        for (uint32_t i = 0; i < n; i++) fn(ctx, i);
+        return;
+    }
+    struct pfor p = {.fn = fn, .ctx = ctx};
+    tern_work_init(&p.work, n, 1);
+    tern_threadpool_run(s->m->pool, pfor_task, &p);
+}
+
+/* ---- matmul ---------------------------------------------------------------------- */
+
+#define MM_MAX_OUTS 8
+
+struct mm_task {
+    struct tern_work work;
+    uint32_t n_tok;
+    size_t n_outs;
+    const struct mm_out *outs;
+    const void *act[MM_MAX_OUTS];
+    size_t act_rb[MM_MAX_OUTS];
+    size_t start[MM_MAX_OUTS + 1]; /* first row of each output in the concatenated row space */
+};
+
+static void mm_run_task(void *ctx, int ith, int nth) {
+    struct mm_task *t = ctx;
+    size_t i0, i1;
+    while (tern_work_take(&t->work, &i0, &i1)) {
+        for (size_t o = 0; o < t->n_outs; o++) {
+            const size_t a = i0 > t->start[o] ? i0 : t->start[o];
+            const size_t b = i1 < t->start[o + 1] ? i1 : t->start[o + 1];
+            if (a >= b) continue;
+            const struct mat *w = t->outs[o].w;
+            tern_matmul(w->type, w->data, w->row_bytes, w->k, t->act[o], t->act_rb[o], t->n_tok, t->outs[o].y, w->n,
+                        a - t->start[o], b - t->start[o]);
+        }
+    }
+}
+
+struct prep_task {
+    enum tern_dtype wtype;
+    const float *x;
+    size_t k;
+    void *out;
+    size_t rb;
+};
+
+static void prep_item(void *ctx, uint32_t t) {
+    struct prep_task *p = ctx;
+    tern_act_prepare(p->wtype, p->x + (size_t)t * p->k, (char *)p->out + (size_t)t * p->rb, p->k);
+}
+
+void model_matmul(struct tern_session *s, const float *x, uint32_t n_tok, const struct mm_out *outs, size_t n_outs) {
+    TERN_ASSERT(n_outs >= 1 && n_outs <= MM_MAX_OUTS && n_tok <= s->rs_chunk);
+    struct mm_task t;
+    memset(&t, 0, sizeof t);
+    t.n_tok = n_tok;
+    t.n_outs = n_outs;
+    t.outs = outs;
+    /* Prepare the input once per activation format (Q8_0 for the 32-blocks, Q8_K for
+     * the K-quants, F32 for float weights: then x itself is the prepared form). */
+    enum tern_dtype kinds[MODEL_MAX_ACT_KINDS];
+    size_t n_kinds = 0;
+    const size_t k = outs[0].w->k;
+    for (size_t o = 0; o < n_outs; o++) {
+        const struct mat *w = outs[o].w;
+        TERN_ASSERT(w->k == k);
+        const enum tern_dtype at = tern_act_type(w->type);
+        const size_t rb = tern_act_row_bytes(w->type, k);
+        t.act_rb[o] = rb;
+        if (at == TERN_DTYPE_F32 && rb == k * sizeof(float)) {
+            t.act[o] = x;
+            continue;
+        }
+        size_t ki = 0;
+        while (ki < n_kinds && kinds[ki] != at) ki++;
+        if (ki == n_kinds) {
+            TERN_ASSERT(n_kinds < MODEL_MAX_ACT_KINDS);
+            kinds[n_kinds++] = at;
+            struct prep_task p = {w->type, x, k, s->act[ki], rb};
+            model_parallel_for(s, n_tok, prep_item, &p);
+        }
+        t.act[o] = s->act[ki];
+    }
+    size_t total = 0;
+    for (size_t o = 0; o < n_outs; o++) {
+        t.start[o] = total;
+        total += outs[o].w->n;
+    }
+    t.start[n_outs] = total;
+    const int nth = tern_threadpool_n_threads(s->m->pool);
+    /* Blocks of whole 16-row groups, about 8 per thread: enough for threads that run at
+     * different speeds to even out, few enough that taking one costs nothing. */
+    size_t block = total / ((size_t)nth * 8);
+    block = (block + 15) & ~(size_t)15;
+    if (block < 16) block = 16;
+    tern_work_init(&t.work, total, block);
+    if (nth == 1) mm_run_task(&t, 0, 1);
+    else tern_threadpool_run(s->m->pool, mm_run_task, &t);
+}
+
+/* ---- norms, embeddings ---------------------------------------------------------- */
+
+struct norm_task {
+    const struct tern_ops *ops;
+    float *y;
+    const float *x;
+    const float *w;
+    uint32_t n;
+    float eps;
+};
+
+static void norm_item(void *ctx, uint32_t t) {
+    struct norm_task *p = ctx;
+    p->ops->rmsnorm(p->y + (size_t)t * p->n, p->x + (size_t)t * p->n, p->w, p->n, p->eps);
+}
+
+void model_rmsnorm(struct tern_session *s, float *y, const float *x, const float *w, uint32_t n_tok, uint32_t n,
+                   float eps) {
+    struct norm_task p = {tern_ops(), y, x, w, n, eps};
+    model_parallel_for(s, n_tok, norm_item, &p);
+}
+
+void model_rmsnorm_heads(struct tern_session *s, float *x, const float *w, uint32_t n_tok, uint32_t n_head,
+                         uint32_t head_dim, float eps) {
+    struct norm_task p = {tern_ops(), x, x, w, head_dim, eps};
+    model_parallel_for(s, n_tok * n_head, norm_item, &p);
+}
+
+void model_add_bias(float *x, const float *b, uint32_t n_tok, uint32_t n) {
+    const struct tern_ops *ops = tern_ops();
+    for (uint32_t t = 0; t < n_tok; t++) ops->add(x + (size_t)t * n, b, n);
+}
+
+void model_embed(struct tern_session *s, const struct mat *embd, const int32_t *toks, uint32_t n_tok, float *x) {
+    (void)s;
+    for (uint32_t t = 0; t < n_tok; t++)
+        tern_dequantize_row(embd->type, (const char *)embd->data + (size_t)toks[t] * embd->row_bytes,
+                            x + (size_t)t * embd->k, embd->k);
+}
+
+void model_logits(struct tern_session *s, const struct mat *out_w, const float *x, uint32_t n_tok, float *logits,
+                  bool logits_all) {
+    if (!logits || n_tok == 0) return;
+    if (logits_all) model_matmul1(s, x, n_tok, out_w, logits);
+    else model_matmul1(s, x + (size_t)(n_tok - 1) * out_w->k, 1, out_w, logits);
+}
+
+/* ---- attention -------------------------------------------------------------------- */
+
+struct kv_store_task {
+    struct tern_session *s;
+    uint32_t il;
+    const float *k, *v;
+    size_t k_stride, v_stride;
+    uint32_t pos0;
+};
+
+static void store_row(void *page, size_t row, size_t n, const float *src, bool f16) {
+    if (f16) {
+        tern_fp16 *d = (tern_fp16 *)page + row * n;
+        for (size_t i = 0; i < n; i++) d[i] = tern_f32_to_fp16(src[i]);
+    } else {
+        memcpy((float *)page + row * n, src, n * sizeof(float));
+    }
+}
+
+static void kv_store_item(void *ctx, uint32_t t) {
+    struct kv_store_task *p = ctx;
+    const struct model_layer *L = &p->s->m->layers[p->il];
+    const struct kv_layer *kv = &p->s->kv[p->il];
+    const bool f16 = p->s->kv_type == TERN_KV_F16;
+    const uint32_t pos = p->pos0 + t;
+    const size_t page = pos / TERN_KV_PAGE, row = pos % TERN_KV_PAGE;
+    store_row(kv->k_pages[page], row, (size_t)L->n_kv_head * L->head_dim_k, p->k + (size_t)t * p->k_stride, f16);
+    store_row(kv->v_pages[page], row, (size_t)L->n_kv_head * L->head_dim_v, p->v + (size_t)t * p->v_stride, f16);
+}
+
+struct attn_task {
+    struct tern_work work;
+    struct tern_session *s;
+    const struct tern_ops *ops;
+    uint32_t il;
+    const float *q;
+    size_t q_stride;
+    float *out;
+    size_t out_stride;
+    uint32_t n_head, group, head_dim;
+    uint32_t pos0;
+    float scale;
+};
+
+static void attn_run_task(void *ctx, int ith, int nth) {
+    struct attn_task *p = ctx;
+    const struct model_layer *L = &p->s->m->layers[p->il];
+    const struct kv_layer *kv = &p->s->kv[p->il];
+    float *scores = p->s->scores + (size_t)ith * p->s->n_ctx;
+    struct tern_kv_view view = {
+        .k_pages = (const void *const *)kv->k_pages,
+        .v_pages = (const void *const *)kv->v_pages,
+        .page_rows = TERN_KV_PAGE,
+        .row_elems = (size_t)L->n_kv_head * L->head_dim_k,
+        .f16 = p->s->kv_type == TERN_KV_F16,
+    };
+    size_t i0, i1;
+    while (tern_work_take(&p->work, &i0, &i1)) {
+        for (size_t i = i0; i < i1; i++) {
+            const uint32_t t = (uint32_t)(i / p->n_head), h = (uint32_t)(i % p->n_head);
+            view.head_off = (size_t)(h / p->group) * p->head_dim;
+            p->ops->attn_head(p->out + t * p->out_stride + (size_t)h * p->head_dim,
+                              p->q + t * p->q_stride + (size_t)h * p->head_dim, p->head_dim, p->pos0 + t + 1,
+                              p->scale, &view, scores);
+        }
+    }
+}
+
+void model_attention(struct tern_session *s, uint32_t il, const float *q, size_t q_stride, const float *k,
+                     size_t k_stride, const float *v, size_t v_stride, float *out, size_t out_stride,
+                     uint32_t n_tok, uint32_t pos0, uint32_t n_head, float scale) {
+    const struct model_layer *L = &s->m->layers[il];
+    TERN_ASSERT(L->kind == LAYER_ATTN && L->head_dim_k == L->head_dim_v && n_head % L->n_kv_head == 0);
+    TERN_ASSERT(pos0 + n_tok <= s->n_pages * TERN_KV_PAGE);
+    /* The chunk's rows go into the cache first; every token then reads its keys and
+     * values back from there, rounded as stored, whichever chunk wrote them. */
+    struct kv_store_task st = {s, il, k, v, k_stride, v_stride, pos0};
+    if (n_tok >= 16) model_parallel_for(s, n_tok, kv_store_item, &st);
+    else
+        for (uint32_t t = 0; t < n_tok; t++) kv_store_item(&st, t);
+
+    struct attn_task at = {
+        .s = s,
+        .ops = tern_ops(),
+        .il = il,
+        .q = q,
+        .q_stride = q_stride,
+        .out = out,
+        .out_stride = out_stride,
+        .n_head = n_head,
+        .group = n_head / L->n_kv_head,
+        .head_dim = L->head_dim_k,
+        .pos0 = pos0,
+        .scale = scale,
+    };
+    tern_work_init(&at.work, (size_t)n_tok * n_head, 1);
+    if (tern_threadpool_n_threads(s->m->pool) == 1) attn_run_task(&at, 0, 1);
+    else tern_threadpool_run(s->m->pool, attn_run_task, &at);
+}

@@ -1,0 +1,270 @@
+/* The engine's internal API, shared by the architecture files (arch-*.c), the session
+ * code and the layer building blocks. The public API is include/tern.h.
+ *
+ * A model is a list of layers, each either ATTENTION (it keeps K/V rows per position in
+ * the session's paged KV cache: positional state, rewindable) or RECURRENT (it keeps
+ * fixed-size byte buffers the architecture declares by name, e.g. a conv window and a
+ * state matrix: valid only at the session's end, DESIGN.md §3). Sessions, checkpoints,
+ * restore, fork and state hashes handle both kinds generically, so a new architecture
+ * only provides a `struct tern_arch` (extension points below and in docs/engine.md):
+ *
+ *   load     read its hyperparameters, bind and validate its weights (views into the
+ *            mapping), and declare its layers with model_layers_init();
+ *   state_*  its per-session scratch (the RunState: activations for one chunk);
+ *   forward  consume a chunk of tokens at positions [pos0, pos0 + n): write K/V rows
+ *            through model_attention(), advance recurrent buffers token by token, and
+ *            produce logits.
+ *
+ * Exactness (DESIGN.md §5): every per-token computation goes through tern_matmul (batch
+ * independent by contract), the per-row ops of kernels/ops.h, and model_attention()
+ * (which writes the chunk's K/V rows into the cache first and always reads keys and
+ * values back from the cache, so a token sees the same bytes whatever chunk wrote
+ * them). Threads split rows, tokens or heads, never a reduction. */
+#ifndef TERN_MODEL_MODEL_H
+#define TERN_MODEL_MODEL_H
+
+#include "tern.h"
+
+#include "gguf/gguf.h"
+#include "kernels/kernels.h"
+#include "kernels/ops.h"
+#include "util/status.h"
+#include "util/threadpool.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Positions per KV page: KV memory grows a page at a time as a session consumes
+ * tokens, so a parked session holds what it used, not n_ctx. */
+#define TERN_KV_PAGE 256u
+
+#define MODEL_MAX_REC_BUFS 4
+/* Distinct activation formats a single model_matmul() call may need. */
+#define MODEL_MAX_ACT_KINDS 3
+
+struct tern_session;
+
+/* ---- architecture hooks ------------------------------------------------------------ */
+
+struct tern_arch {
+    const char *name; /* general.architecture */
+    /* Reads hyperparameters (model_hparams_load helps), binds and validates every tensor
+     * it needs (model_get_mat / model_get_vec), declares the layers
+     * (model_layers_init + model_layer_attn / model_layer_recurrent), and stores its
+     * weights struct in m->w. On error everything it allocated is freed by unload. */
+    enum tern_status (*load)(struct tern_model *m);
+    void (*unload)(struct tern_model *m); /* frees m->w; must accept a partial load */
+    /* Per-session scratch for chunks of up to n_chunk tokens (the arch's RunState). */
+    enum tern_status (*state_new)(const struct tern_model *m, uint32_t n_chunk, void **out);
+    void (*state_free)(void *rs);
+    size_t (*state_bytes)(const void *rs);
+    /* Consumes toks[0..n) at positions [pos0, pos0 + n); n <= the chunk size the state
+     * was made for. KV pages for those positions exist. logits: NULL (none wanted),
+     * [n_vocab] for the last token, or [n][n_vocab] when logits_all. Must not fail
+     * (everything is allocated up front) other than by a bug. */
+    void (*forward)(struct tern_session *s, const int32_t *toks, uint32_t n, uint32_t pos0,
+                    float *logits, bool logits_all);
+};
+
+/* The registered architectures (arch.c); NULL when unknown. */
+const struct tern_arch *tern_arch_find(const char *name);
+/* Comma-separated names, for error messages. */
+const char *tern_arch_names(void);
+
+/* ---- model ------------------------------------------------------------------------- */
+
+enum model_layer_kind { LAYER_ATTN = 0, LAYER_RECURRENT = 1 };
+
+struct model_rec_buf {
+    char name[24]; /* hash component suffix: "conv", "ssm" */
+    size_t bytes;
+    size_t offset; /* within the layer's recurrent block */
+};
+
+struct model_layer {
+    enum model_layer_kind kind;
+    /* ATTENTION: one K row and one V row per position, holding every kv head. */
+    uint32_t n_kv_head;
+    uint32_t head_dim_k, head_dim_v;
+    /* RECURRENT: named buffers, zero at position 0. */
+    uint32_t n_bufs;
+    struct model_rec_buf bufs[MODEL_MAX_REC_BUFS];
+    size_t rec_bytes;  /* sum of bufs */
+    size_t rec_offset; /* offset of this layer's block in a checkpoint */
+};
+
+/* Hyperparameters every transformer in GGUF shares ({arch}.* keys). */
+struct model_hparams {
+    uint32_t n_vocab;     /* rows of token_embd */
+    uint32_t n_ctx_train; /* {arch}.context_length */
+    uint32_t n_embd;
+    uint32_t n_layer;
+    uint32_t n_ff;
+    uint32_t n_head;
+    uint32_t n_head_kv;
+    uint32_t head_dim_k; /* {arch}.attention.key_length, default n_embd / n_head */
+    uint32_t head_dim_v;
+    float rms_eps;
+    struct tern_rope_params rope; /* n_rot from {arch}.rope.dimension_count (default head_dim_k) */
+};
+
+/* A weight matrix: n rows (outputs) of k elements, a view into the mapping. */
+struct mat {
+    const char *name; /* tensor name (owned by the gguf file) */
+    const void *data;
+    enum tern_dtype type;
+    uint32_t k, n;
+    size_t row_bytes;
+};
+
+struct tern_model {
+    struct tern_model_info info;
+    const struct tern_arch *arch;
+    struct gguf_file *f;
+    struct tern_threadpool *pool;
+    struct tern_tokenizer *tok; /* NULL when the file has no tokenizer */
+    char *name;
+    const char *chat_template; /* into the gguf file, or NULL */
+    struct model_hparams hp;
+    uint32_t n_layer;
+    struct model_layer *layers; /* (n_layer) */
+    size_t rec_bytes;           /* all recurrent buffers: a checkpoint's payload */
+    size_t max_act_row_bytes;   /* largest prepared activation row of any bound matrix */
+    uint32_t max_mat_n;         /* largest output count of any bound matrix */
+    uint32_t n_act_kinds;       /* distinct activation formats of the bound matrices */
+    enum tern_dtype act_kinds[8];
+    void *w;                    /* the architecture's weights struct */
+
+    /* The workspace of an evaluation: one chunk's activations, shared by every session
+     * of the model (evaluations take eval_mu, one at a time, as they share the pool),
+     * so that a parked session holds only its state. Grown when a session or an eval
+     * needs a longer chunk or context, never during one. */
+    pthread_mutex_t eval_mu;
+    struct {
+        uint32_t n_chunk;
+        uint32_t n_ctx;
+        void *rs;                       /* the architecture's RunState for n_chunk tokens */
+        void *act[MODEL_MAX_ACT_KINDS]; /* (n_chunk, max_act_row_bytes) prepared activations */
+        float *scores;                  /* (n_threads, n_ctx) attention scores */
+        size_t bytes;
+    } ws;
+};
+
+/* Reads the shared {arch}.* hyperparameters; n_vocab from token_embd's shape. */
+enum tern_status model_hparams_load(struct tern_model *m, struct model_hparams *hp);
+
+/* Binds a matrix named by the format (e.g. "blk.%u.attn_q.weight", il) of shape [k, n]
+ * (ne[0] = k, the row length): present, a type tern_matmul supports, k a multiple of its
+ * block, and exactly that shape. Errors name the tensor and the expected and actual
+ * shape. The _opt variant accepts an absent tensor (out->data = NULL). */
+enum tern_status model_get_mat(struct tern_model *m, struct mat *out, uint32_t k, uint32_t n, const char *fmt, ...)
+    TERN_PRINTF(5, 6);
+enum tern_status model_get_mat_opt(struct tern_model *m, struct mat *out, uint32_t k, uint32_t n, const char *fmt,
+                                   ...) TERN_PRINTF(5, 6);
+/* An F32 vector of n elements (norm weights, biases); *out = NULL when absent and
+ * !required. */
+enum tern_status model_get_vec(struct tern_model *m, const float **out, uint32_t n, bool required, const char *fmt,
+                               ...) TERN_PRINTF(5, 6);
+/* The token embedding table [n_embd, n_vocab] (n_vocab from the tensor): any type with
+ * a dequantizer; when also used as the output matrix it must be a matmul type. */
+enum tern_status model_get_embd(struct tern_model *m, struct mat *out, uint32_t n_embd, const char *name);
+
+/* Declares n_layer layers (all ATTENTION by default, with the hparams' head geometry). */
+enum tern_status model_layers_init(struct tern_model *m, uint32_t n_layer);
+void model_layer_attn(struct tern_model *m, uint32_t il, uint32_t n_kv_head, uint32_t head_dim_k, uint32_t head_dim_v);
+/* Declares a recurrent layer's buffers (names and sizes; n <= MODEL_MAX_REC_BUFS). */
+enum tern_status model_layer_recurrent(struct tern_model *m, uint32_t il, const char *const *names,
+                                       const size_t *bytes, uint32_t n);
+
+/* Grows the model's workspace to chunks of n_chunk tokens and contexts of n_ctx (call
+ * with eval_mu held). On error it is unchanged. */
+enum tern_status model_ws_reserve(struct tern_model *m, uint32_t n_chunk, uint32_t n_ctx);
+void model_ws_free(struct tern_model *m);
+
+/* ---- session ----------------------------------------------------------------------- */
+
+struct kv_layer {
+    void **k_pages; /* (n_pages_cap) pages of TERN_KV_PAGE rows of n_kv_head * head_dim_k */
+    void **v_pages; /* (n_pages_cap) likewise with head_dim_v */
+};
+
+struct tern_session {
+    struct tern_model *m;
+    uint32_t n_ctx;
+    enum tern_kv_type kv_type;
+    uint32_t n_chunk;
+    uint32_t n_past;
+    int32_t *tokens; /* (tokens_cap) T[0..n_past) */
+    uint32_t tokens_cap;
+    struct kv_layer *kv; /* (n_layer); NULL pages for recurrent layers */
+    uint32_t n_pages;     /* pages allocated in every attention layer */
+    uint32_t n_pages_cap; /* ceil(n_ctx / TERN_KV_PAGE) */
+    uint8_t *rec;         /* (m->rec_bytes) all recurrent buffers, layer by layer */
+    float *logits;        /* (n_vocab) after the last consumed token */
+    bool logits_valid;
+    /* During an evaluation: the model's workspace (m->ws), for chunks of up to rs_chunk
+     * tokens; NULL otherwise. */
+    uint32_t rs_chunk;
+    void *rs;                       /* the architecture's RunState */
+    void *act[MODEL_MAX_ACT_KINDS]; /* prepared activations */
+    float *scores;                  /* (n_threads, n_ctx) attention scores */
+};
+
+/* The layer il's recurrent buffer ib (zeroed at position 0). */
+static inline void *session_rec_buf(struct tern_session *s, uint32_t il, uint32_t ib) {
+    const struct model_layer *L = &s->m->layers[il];
+    return s->rec + L->rec_offset + L->bufs[ib].offset;
+}
+
+/* ---- building blocks for forward passes (layers.c) --------------------------------- */
+
+/* One input x[n_tok][k] multiplied by several matrices that share it (Q, K, V; gate,
+ * up): activations are prepared once per format, and one dispatch computes every
+ * output y_i[n_tok][w_i->n]. */
+struct mm_out {
+    const struct mat *w;
+    float *y;
+};
+void model_matmul(struct tern_session *s, const float *x, uint32_t n_tok, const struct mm_out *outs, size_t n_outs);
+static inline void model_matmul1(struct tern_session *s, const float *x, uint32_t n_tok, const struct mat *w, float *y) {
+    const struct mm_out o = {w, y};
+    model_matmul(s, x, n_tok, &o, 1);
+}
+
+/* y[t] = rmsnorm(x[t]) * w for n_tok rows of n (w may be NULL). y may be x. */
+void model_rmsnorm(struct tern_session *s, float *y, const float *x, const float *w, uint32_t n_tok,
+                   uint32_t n, float eps);
+/* Per-head RMSNorm (QK-norm): each of n_tok * n_head rows of head_dim. In place. */
+void model_rmsnorm_heads(struct tern_session *s, float *x, const float *w, uint32_t n_tok, uint32_t n_head,
+                         uint32_t head_dim, float eps);
+/* x[t][i] += b[i] */
+void model_add_bias(float *x, const float *b, uint32_t n_tok, uint32_t n);
+/* Token embeddings: x[t] = row toks[t] of the table. */
+void model_embed(struct tern_session *s, const struct mat *embd, const int32_t *toks, uint32_t n_tok, float *x);
+
+/* Attention of layer il for a chunk at positions [pos0, pos0 + n_tok):
+ * writes k[t], v[t] (n_kv_head * head_dim_{k,v} each, stride given) as the cache rows
+ * pos0 + t (rounded to F16 for an F16 cache), then for each token t and head h computes
+ * out[t][h] over cache rows [0, pos0 + t] read back from the cache. q (n_tok rows of
+ * n_head * head_dim_k, stride q_stride) already has RoPE applied. */
+void model_attention(struct tern_session *s, uint32_t il, const float *q, size_t q_stride, const float *k,
+                     size_t k_stride, const float *v, size_t v_stride, float *out, size_t out_stride,
+                     uint32_t n_tok, uint32_t pos0, uint32_t n_head, float scale);
+
+/* Runs fn(ctx, t) for t in [0, n) on the pool (tokens or heads split across threads). */
+typedef void (*model_item_fn)(void *ctx, uint32_t i);
+void model_parallel_for(struct tern_session *s, uint32_t n, model_item_fn fn, void *ctx);
+
+/* The logits: for logits_all every row, else only the last row of x (n_tok rows of
+ * n_embd, already normed) times the output matrix. */
+void model_logits(struct tern_session *s, const struct mat *out_w, const float *x, uint32_t n_tok,
+                  float *logits, bool logits_all);
+
+/* The registered architectures' objects (one per file). */
+extern const struct tern_arch tern_arch_llama;
+extern const struct tern_arch tern_arch_qwen2;
+extern const struct tern_arch tern_arch_qwen3;
+
+#endif

@@ -1,0 +1,530 @@
+/* Sessions: the state of one conversation (DESIGN.md §3) — tokens T[0..n), KV rows in
+ * pages that grow with use, recurrent buffers — and the state operations: eval in
+ * chunks, rewind, checkpoint/restore, fork, hashes. Everything here is generic over the
+ * layer kinds a model declares; the per-architecture math is in arch-*.c. */
+#include "model/model.h"
+
+#include "util/hash.h"
+#include "util/log.h"
+#include "util/mem.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEFAULT_N_CTX_CAP 32768u
+#define DEFAULT_N_CHUNK 512u
+#define MAX_N_CTX (1u << 24)
+
+struct tern_checkpoint {
+    const struct tern_model *m;
+    uint32_t pos;
+    uint64_t tok_hash; /* xxh3 of T[0..pos) */
+    size_t n_bytes;
+    uint8_t *data; /* (n_bytes) the recurrent buffers, layer by layer */
+};
+
+/* ---- workspace ------------------------------------------------------------------ */
+
+void model_ws_free(struct tern_model *m) {
+    if (m->ws.rs && m->arch && m->arch->state_free) m->arch->state_free(m->ws.rs);
+    for (int i = 0; i < MODEL_MAX_ACT_KINDS; i++) tern_aligned_free(m->ws.act[i]);
+    tern_aligned_free(m->ws.scores);
+    memset(&m->ws, 0, sizeof m->ws);
+}
+
+static uint32_t n_act_buffers(const struct tern_model *m) {
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < m->n_act_kinds; i++) n += m->act_kinds[i] != TERN_DTYPE_F32;
+    return n < MODEL_MAX_ACT_KINDS ? n : MODEL_MAX_ACT_KINDS;
+}
+
+enum tern_status model_ws_reserve(struct tern_model *m, uint32_t n_chunk, uint32_t n_ctx) {
+    if (m->ws.rs && m->ws.n_chunk >= n_chunk && m->ws.n_ctx >= n_ctx) return TERN_OK;
+    if (n_chunk < m->ws.n_chunk) n_chunk = m->ws.n_chunk;
+    if (n_ctx < m->ws.n_ctx) n_ctx = m->ws.n_ctx;
+    const int nth = tern_threadpool_n_threads(m->pool);
+    void *rs = NULL;
+    void *act[MODEL_MAX_ACT_KINDS] = {0};
+    float *scores = NULL;
+    size_t act_bytes = 0, scores_bytes = 0;
+    enum tern_status st = m->arch->state_new(m, n_chunk, &rs);
+    if (st) return st;
+    const uint32_t n_act = n_act_buffers(m);
+    if (tern_mul_overflow(n_chunk, m->max_act_row_bytes, &act_bytes) ||
+        tern_mul_overflow((size_t)nth * n_ctx, sizeof(float), &scores_bytes))
+        goto nomem;
+    for (uint32_t i = 0; i < n_act; i++)
+        if (!(act[i] = tern_aligned_alloc(act_bytes))) goto nomem;
+    /* Padded by 8 floats: vector code may round a row of scores up to a whole vector. */
+    if (!(scores = tern_aligned_alloc(scores_bytes + 64))) goto nomem;
+    model_ws_free(m);
+    m->ws.rs = rs;
+    memcpy(m->ws.act, act, sizeof act);
+    m->ws.scores = scores;
+    m->ws.n_chunk = n_chunk;
+    m->ws.n_ctx = n_ctx;
+    m->ws.bytes = m->arch->state_bytes(rs) + n_act * act_bytes + scores_bytes;
+    return TERN_OK;
+nomem:
+    m->arch->state_free(rs);
+    for (uint32_t i = 0; i < n_act; i++) tern_aligned_free(act[i]);
+    tern_aligned_free(scores);
+    return tern_errorf(TERN_ERR_NOMEM, "session: out of memory for the workspace of %u-token chunks", n_chunk);
+}
+
+/* ---- KV pages ------------------------------------------------------------------- */
+
+static size_t page_bytes(const struct tern_session *s, const struct model_layer *L, bool v) {
+    const size_t es = s->kv_type == TERN_KV_F16 ? 2 : 4;
+    return (size_t)TERN_KV_PAGE * L->n_kv_head * (v ? L->head_dim_v : L->head_dim_k) * es;
+}
+
+/* Makes pages [0, n) exist in every attention layer. On error the pages that were there
+ * stay (the new ones are freed again). */
+static enum tern_status kv_grow(struct tern_session *s, uint32_t n) {
+    TERN_ASSERT(n <= s->n_pages_cap);
+    const uint32_t old = s->n_pages;
+    if (n <= old) return TERN_OK;
+    for (uint32_t il = 0; il < s->m->n_layer; il++) {
+        const struct model_layer *L = &s->m->layers[il];
+        if (L->kind != LAYER_ATTN) continue;
+        for (uint32_t p = old; p < n; p++) {
+            s->kv[il].k_pages[p] = tern_aligned_alloc(page_bytes(s, L, false));
+            s->kv[il].v_pages[p] = tern_aligned_alloc(page_bytes(s, L, true));
+            if (!s->kv[il].k_pages[p] || !s->kv[il].v_pages[p]) {
+                s->n_pages = n; /* so that the shrink below frees this partial growth */
+                for (uint32_t jl = 0; jl < s->m->n_layer; jl++) {
+                    if (s->m->layers[jl].kind != LAYER_ATTN) continue;
+                    for (uint32_t q = old; q < n; q++) {
+                        tern_aligned_free(s->kv[jl].k_pages[q]);
+                        tern_aligned_free(s->kv[jl].v_pages[q]);
+                        s->kv[jl].k_pages[q] = s->kv[jl].v_pages[q] = NULL;
+                    }
+                }
+                s->n_pages = old;
+                return tern_errorf(TERN_ERR_NOMEM, "session: out of memory for KV pages up to position %u",
+                                   n * TERN_KV_PAGE);
+            }
+        }
+    }
+    s->n_pages = n;
+    return TERN_OK;
+}
+
+/* Frees the pages beyond those that hold positions [0, n_pos). */
+static void kv_shrink(struct tern_session *s, uint32_t n_pos) {
+    const uint32_t keep = (n_pos + TERN_KV_PAGE - 1) / TERN_KV_PAGE;
+    if (keep >= s->n_pages) return;
+    for (uint32_t il = 0; il < s->m->n_layer; il++) {
+        if (s->m->layers[il].kind != LAYER_ATTN) continue;
+        for (uint32_t p = keep; p < s->n_pages; p++) {
+            tern_aligned_free(s->kv[il].k_pages[p]);
+            tern_aligned_free(s->kv[il].v_pages[p]);
+            s->kv[il].k_pages[p] = s->kv[il].v_pages[p] = NULL;
+        }
+    }
+    s->n_pages = keep;
+}
+
+static size_t kv_row_bytes(const struct tern_session *s, const struct model_layer *L, bool v) {
+    return page_bytes(s, L, v) / TERN_KV_PAGE;
+}
+
+/* ---- sessions ------------------------------------------------------------------- */
+
+void tern_session_params_default(struct tern_session_params *p) {
+    memset(p, 0, sizeof *p);
+    p->kv_type = TERN_KV_F16;
+}
+
+static enum tern_status tokens_reserve(struct tern_session *s, size_t n) {
+    if (n <= s->tokens_cap) return TERN_OK;
+    size_t cap = s->tokens_cap ? s->tokens_cap : 256;
+    while (cap < n) cap *= 2;
+    if (cap > s->n_ctx) cap = s->n_ctx;
+    int32_t *t = tern_reallocarray(s->tokens, cap, sizeof *t);
+    if (!t) return tern_errorf(TERN_ERR_NOMEM, "session: out of memory for %zu tokens", cap);
+    s->tokens = t;
+    s->tokens_cap = (uint32_t)cap;
+    return TERN_OK;
+}
+
+static enum tern_status session_alloc(struct tern_model *m, uint32_t n_ctx, enum tern_kv_type kv_type,
+                                      uint32_t n_chunk, struct tern_session **out) {
+    *out = NULL;
+    struct tern_session *s = tern_calloc(1, sizeof *s);
+    if (!s) return tern_errorf(TERN_ERR_NOMEM, "session: out of memory");
+    s->m = m;
+    s->n_ctx = n_ctx;
+    s->kv_type = kv_type;
+    s->n_chunk = n_chunk;
+    s->n_pages_cap = (n_ctx + TERN_KV_PAGE - 1) / TERN_KV_PAGE;
+    s->kv = tern_calloc(m->n_layer, sizeof *s->kv);
+    s->logits = tern_malloc((size_t)m->hp.n_vocab * sizeof(float));
+    if (m->rec_bytes) s->rec = tern_aligned_alloc(m->rec_bytes);
+    if (!s->kv || !s->logits || (m->rec_bytes && !s->rec)) goto nomem;
+    if (s->rec) memset(s->rec, 0, m->rec_bytes);
+    for (uint32_t il = 0; il < m->n_layer; il++) {
+        if (m->layers[il].kind != LAYER_ATTN) continue;
+        s->kv[il].k_pages = tern_calloc(s->n_pages_cap, sizeof(void *));
+        s->kv[il].v_pages = tern_calloc(s->n_pages_cap, sizeof(void *));
+        if (!s->kv[il].k_pages || !s->kv[il].v_pages) goto nomem;
+    }
+    pthread_mutex_lock(&m->eval_mu);
+    enum tern_status st = model_ws_reserve(m, n_chunk, n_ctx);
+    pthread_mutex_unlock(&m->eval_mu);
+    if (st) {
+        tern_session_free(s);
+        return st;
+    }
+    *out = s;
+    return TERN_OK;
+nomem:
+    tern_session_free(s);
+    return tern_errorf(TERN_ERR_NOMEM, "session: out of memory");
+}
+
+enum tern_status tern_session_new(struct tern_model *m, const struct tern_session_params *p,
+                                  struct tern_session **out) {
+    *out = NULL;
+    struct tern_session_params def;
+    if (!p) {
+        tern_session_params_default(&def);
+        p = &def;
+    }
+    uint32_t n_ctx = p->n_ctx;
+    if (n_ctx == 0) {
+        n_ctx = m->hp.n_ctx_train ? m->hp.n_ctx_train : DEFAULT_N_CTX_CAP;
+        if (n_ctx > DEFAULT_N_CTX_CAP) n_ctx = DEFAULT_N_CTX_CAP;
+    }
+    if (n_ctx > MAX_N_CTX)
+        return tern_errorf(TERN_ERR_RANGE, "session: context size %u exceeds the limit %u", n_ctx, MAX_N_CTX);
+    if (m->hp.n_ctx_train && n_ctx > m->hp.n_ctx_train)
+        TERN_LOG_WARN("session: context size %u exceeds the model's training context %u", n_ctx, m->hp.n_ctx_train);
+    if (p->kv_type != TERN_KV_F16 && p->kv_type != TERN_KV_F32)
+        return tern_errorf(TERN_ERR_INVALID, "session: unknown KV cache type %d", (int)p->kv_type);
+    uint32_t n_chunk = p->n_chunk ? p->n_chunk : DEFAULT_N_CHUNK;
+    if (n_chunk > n_ctx) n_chunk = n_ctx;
+    return session_alloc(m, n_ctx, p->kv_type, n_chunk, out);
+}
+
+void tern_session_free(struct tern_session *s) {
+    if (!s) return;
+    if (s->kv) {
+        kv_shrink(s, 0);
+        for (uint32_t il = 0; il < s->m->n_layer; il++) {
+            free(s->kv[il].k_pages);
+            free(s->kv[il].v_pages);
+        }
+    }
+    free(s->kv);
+    free(s->tokens);
+    free(s->logits);
+    tern_aligned_free(s->rec);
+    free(s);
+}
+
+struct tern_model *tern_session_model(const struct tern_session *s) { return s->m; }
+uint32_t tern_session_n_ctx(const struct tern_session *s) { return s->n_ctx; }
+uint32_t tern_session_n_past(const struct tern_session *s) { return s->n_past; }
+const int32_t *tern_session_tokens(const struct tern_session *s) { return s->tokens; }
+const float *tern_session_logits(const struct tern_session *s) { return s->logits_valid ? s->logits : NULL; }
+
+size_t tern_session_bytes(const struct tern_session *s) {
+    size_t b = sizeof *s + (size_t)s->tokens_cap * sizeof(int32_t) + (size_t)s->m->hp.n_vocab * sizeof(float) +
+               s->m->rec_bytes + (size_t)s->m->n_layer * sizeof *s->kv;
+    for (uint32_t il = 0; il < s->m->n_layer; il++) {
+        const struct model_layer *L = &s->m->layers[il];
+        if (L->kind != LAYER_ATTN) continue;
+        b += 2 * (size_t)s->n_pages_cap * sizeof(void *);
+        b += (size_t)s->n_pages * (page_bytes(s, L, false) + page_bytes(s, L, true));
+    }
+    return b;
+}
+
+/* ---- eval ----------------------------------------------------------------------- */
+
+static enum tern_status take_checkpoint(struct tern_session *s, const struct tern_eval_opts *o) {
+    struct tern_checkpoint *c;
+    enum tern_status st = tern_session_checkpoint(s, &c);
+    if (st) return st;
+    if (o->on_ckpt) o->on_ckpt(o->user, c);
+    else tern_checkpoint_free(c);
+    return TERN_OK;
+}
+
+enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, size_t n,
+                                   const struct tern_eval_opts *opts) {
+    static const struct tern_eval_opts no_opts;
+    const struct tern_eval_opts *o = opts ? opts : &no_opts;
+    struct tern_model *m = s->m;
+    const uint32_t n_vocab = m->hp.n_vocab;
+
+    /* Everything that can be refused is refused before anything is computed, leaving
+     * the session unchanged. */
+    if (n > (size_t)s->n_ctx - s->n_past)
+        return tern_errorf(TERN_ERR_RANGE,
+                           "session: %zu tokens at position %u need a context of %llu positions, but it is %u", n,
+                           s->n_past, (unsigned long long)s->n_past + n, s->n_ctx);
+    if (n == 0) return TERN_OK;
+    if (!toks) return tern_errorf(TERN_ERR_INVALID, "session: no tokens given");
+    for (size_t i = 0; i < n; i++)
+        if (toks[i] < 0 || (uint32_t)toks[i] >= n_vocab)
+            return tern_errorf(TERN_ERR_FORMAT, "session: token id %d at index %zu is outside the vocabulary [0, %u)",
+                               toks[i], i, n_vocab);
+    for (size_t i = 0; i < o->n_ckpt; i++) {
+        const uint32_t p = o->ckpt_pos[i];
+        if (p <= s->n_past || p > s->n_past + n || (i && p <= o->ckpt_pos[i - 1]))
+            return tern_errorf(TERN_ERR_INVALID,
+                               "session: checkpoint position %u (index %zu) must be ascending and in (%u, %llu]", p, i,
+                               s->n_past, (unsigned long long)s->n_past + n);
+    }
+    uint32_t n_chunk = o->n_chunk ? o->n_chunk : s->n_chunk;
+    if (n_chunk > s->n_ctx) n_chunk = s->n_ctx;
+
+    pthread_mutex_lock(&m->eval_mu);
+    enum tern_status st = model_ws_reserve(m, n_chunk, s->n_ctx);
+    if (!st) st = tokens_reserve(s, (size_t)s->n_past + n);
+    if (!st) st = kv_grow(s, (uint32_t)((s->n_past + n + TERN_KV_PAGE - 1) / TERN_KV_PAGE));
+    if (st) {
+        pthread_mutex_unlock(&m->eval_mu);
+        return st;
+    }
+    s->rs = m->ws.rs;
+    s->rs_chunk = m->ws.n_chunk;
+    memcpy(s->act, m->ws.act, sizeof s->act);
+    s->scores = m->ws.scores;
+
+    size_t done = 0, ick = 0;
+    while (done < n) {
+        if (o->cancel && *o->cancel) {
+            st = tern_errorf(TERN_ERR_CANCELLED, "session: evaluation cancelled after %zu of %zu tokens", done, n);
+            break;
+        }
+        /* A checkpoint at the current position is taken before its token is consumed. */
+        if (ick < o->n_ckpt && o->ckpt_pos[ick] == s->n_past) {
+            if ((st = take_checkpoint(s, o))) break;
+            ick++;
+        }
+        size_t len = n - done;
+        if (len > n_chunk) len = n_chunk;
+        if (ick < o->n_ckpt && o->ckpt_pos[ick] - s->n_past < len) len = o->ckpt_pos[ick] - s->n_past;
+        const bool last = done + len == n;
+        float *logits = NULL;
+        if (o->logits_all) logits = o->logits_all + done * n_vocab;
+        else if (last) logits = s->logits;
+        s->logits_valid = false;
+        m->arch->forward(s, toks + done, (uint32_t)len, s->n_past, logits, o->logits_all != NULL);
+        memcpy(s->tokens + s->n_past, toks + done, len * sizeof *toks);
+        s->n_past += (uint32_t)len;
+        done += len;
+        if (last) {
+            if (o->logits_all) memcpy(s->logits, o->logits_all + (n - 1) * n_vocab, n_vocab * sizeof(float));
+            s->logits_valid = true;
+        }
+        if (o->progress && o->progress(o->user, done, n) && done < n) {
+            st = tern_errorf(TERN_ERR_CANCELLED, "session: evaluation cancelled after %zu of %zu tokens", done, n);
+            break;
+        }
+    }
+    if (!st && ick < o->n_ckpt && o->ckpt_pos[ick] == s->n_past) {
+        st = take_checkpoint(s, o);
+        ick++;
+    }
+    s->rs = NULL;
+    s->scores = NULL;
+    memset(s->act, 0, sizeof s->act);
+    /* Pages reserved for tokens a cancelled eval never reached are given back. */
+    kv_shrink(s, s->n_past);
+    pthread_mutex_unlock(&m->eval_mu);
+    return st;
+}
+
+/* ---- rewind, checkpoints, fork -------------------------------------------------- */
+
+enum tern_status tern_session_rewind(struct tern_session *s, uint32_t p) {
+    if (p > s->n_past)
+        return tern_errorf(TERN_ERR_RANGE, "session: cannot rewind to position %u beyond the end %u", p, s->n_past);
+    if (p == s->n_past) return TERN_OK;
+    if (s->m->info.hybrid)
+        return tern_errorf(TERN_ERR_STATE,
+                           "session: cannot rewind a hybrid model's session from %u to %u: recurrent state is valid "
+                           "only at %u, restore a checkpoint taken at %u instead",
+                           s->n_past, p, s->n_past, p);
+    s->n_past = p;
+    s->logits_valid = false;
+    kv_shrink(s, p);
+    return TERN_OK;
+}
+
+static uint64_t tokens_hash(const int32_t *t, uint32_t n) { return tern_hash64(t, (size_t)n * sizeof *t); }
+
+enum tern_status tern_session_checkpoint(struct tern_session *s, struct tern_checkpoint **out) {
+    *out = NULL;
+    struct tern_checkpoint *c = tern_calloc(1, sizeof *c);
+    if (!c) return tern_errorf(TERN_ERR_NOMEM, "session: out of memory for a checkpoint");
+    c->m = s->m;
+    c->pos = s->n_past;
+    c->tok_hash = tokens_hash(s->tokens, s->n_past);
+    c->n_bytes = s->m->rec_bytes;
+    if (c->n_bytes) {
+        c->data = tern_malloc(c->n_bytes);
+        if (!c->data) {
+            free(c);
+            return tern_errorf(TERN_ERR_NOMEM, "session: out of memory for a checkpoint of %zu bytes", s->m->rec_bytes);
+        }
+        memcpy(c->data, s->rec, c->n_bytes);
+    }
+    *out = c;
+    return TERN_OK;
+}
+
+/* Checks that c belongs to s's model and lineage, at a position <= limit. */
+static enum tern_status ckpt_check(const struct tern_session *s, const struct tern_checkpoint *c, uint32_t limit) {
+    if (c->m != s->m || c->n_bytes != s->m->rec_bytes)
+        return tern_errorf(TERN_ERR_INVALID, "session: the checkpoint was taken with another model");
+    if (c->pos > limit)
+        return tern_errorf(TERN_ERR_STATE, "session: checkpoint position %u is beyond the session's %u tokens", c->pos,
+                           limit);
+    if (tokens_hash(s->tokens, c->pos) != c->tok_hash)
+        return tern_errorf(TERN_ERR_STATE,
+                           "session: the checkpoint at position %u does not match the session's tokens before it",
+                           c->pos);
+    return TERN_OK;
+}
+
+enum tern_status tern_session_restore(struct tern_session *s, const struct tern_checkpoint *c) {
+    enum tern_status st = ckpt_check(s, c, s->n_past);
+    if (st) return st;
+    if (c->n_bytes) memcpy(s->rec, c->data, c->n_bytes);
+    if (c->pos != s->n_past || c->n_bytes) s->logits_valid = false;
+    s->n_past = c->pos;
+    kv_shrink(s, c->pos);
+    return TERN_OK;
+}
+
+uint32_t tern_checkpoint_pos(const struct tern_checkpoint *c) { return c->pos; }
+size_t tern_checkpoint_bytes(const struct tern_checkpoint *c) { return sizeof *c + c->n_bytes; }
+
+void tern_checkpoint_free(struct tern_checkpoint *c) {
+    if (!c) return;
+    free(c->data);
+    free(c);
+}
+
+enum tern_status tern_session_fork(const struct tern_session *src, uint32_t p, const struct tern_checkpoint *ckpt,
+                                   struct tern_session **out) {
+    *out = NULL;
+    if (p > src->n_past)
+        return tern_errorf(TERN_ERR_RANGE, "session: cannot fork at position %u beyond the end %u", p, src->n_past);
+    enum tern_status st;
+    if (ckpt) {
+        if ((st = ckpt_check(src, ckpt, src->n_past))) return st;
+        if (ckpt->pos != p)
+            return tern_errorf(TERN_ERR_INVALID, "session: fork at position %u with a checkpoint at %u", p, ckpt->pos);
+    } else if (src->m->info.hybrid && p != src->n_past) {
+        return tern_errorf(TERN_ERR_STATE,
+                           "session: forking a hybrid model's session at %u (its end is %u) needs a checkpoint taken "
+                           "at %u",
+                           p, src->n_past, p);
+    }
+    struct tern_session *s;
+    if ((st = session_alloc(src->m, src->n_ctx, src->kv_type, src->n_chunk, &s))) return st;
+    if ((st = tokens_reserve(s, p ? p : 1)) || (st = kv_grow(s, (p + TERN_KV_PAGE - 1) / TERN_KV_PAGE))) {
+        tern_session_free(s);
+        return st;
+    }
+    if (p) memcpy(s->tokens, src->tokens, (size_t)p * sizeof *s->tokens);
+    for (uint32_t il = 0; il < s->m->n_layer; il++) {
+        const struct model_layer *L = &s->m->layers[il];
+        if (L->kind != LAYER_ATTN) continue;
+        for (int v = 0; v < 2; v++) {
+            void **dst = v ? s->kv[il].v_pages : s->kv[il].k_pages;
+            void *const *from = v ? src->kv[il].v_pages : src->kv[il].k_pages;
+            const size_t rb = kv_row_bytes(s, L, v);
+            for (uint32_t pg = 0; pg < s->n_pages; pg++) {
+                const uint32_t rows = p - pg * TERN_KV_PAGE < TERN_KV_PAGE ? p - pg * TERN_KV_PAGE : TERN_KV_PAGE;
+                memcpy(dst[pg], from[pg], rows * rb);
+            }
+        }
+    }
+    if (s->m->rec_bytes) memcpy(s->rec, ckpt ? ckpt->data : src->rec, s->m->rec_bytes);
+    s->n_past = p;
+    if (p == src->n_past && src->logits_valid) {
+        memcpy(s->logits, src->logits, (size_t)s->m->hp.n_vocab * sizeof(float));
+        s->logits_valid = true;
+    }
+    *out = s;
+    return TERN_OK;
+}
+
+/* ---- hashes --------------------------------------------------------------------- */
+
+static uint64_t kv_hash(const struct tern_session *s, uint32_t il, bool v) {
+    const struct model_layer *L = &s->m->layers[il];
+    void *const *pages = v ? s->kv[il].v_pages : s->kv[il].k_pages;
+    const size_t rb = kv_row_bytes(s, L, v);
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    for (uint32_t pos = 0; pos < s->n_past; pos += TERN_KV_PAGE) {
+        const uint32_t rows = s->n_past - pos < TERN_KV_PAGE ? s->n_past - pos : TERN_KV_PAGE;
+        XXH3_64bits_update(&st, pages[pos / TERN_KV_PAGE], rows * rb);
+    }
+    return XXH3_64bits_digest(&st);
+}
+
+/* Calls fn for every state component in order: per layer K and V rows [0, n) or the
+ * recurrent buffers, then the tokens. */
+typedef void (*component_fn)(void *ctx, const char *name, uint64_t hash);
+
+static void each_component(const struct tern_session *s, component_fn fn, void *ctx) {
+    char name[48];
+    for (uint32_t il = 0; il < s->m->n_layer; il++) {
+        const struct model_layer *L = &s->m->layers[il];
+        if (L->kind == LAYER_ATTN) {
+            snprintf(name, sizeof name, "blk.%u.k", il);
+            fn(ctx, name, kv_hash(s, il, false));
+            snprintf(name, sizeof name, "blk.%u.v", il);
+            fn(ctx, name, kv_hash(s, il, true));
+        } else {
+            for (uint32_t b = 0; b < L->n_bufs; b++) {
+                snprintf(name, sizeof name, "blk.%u.%s", il, L->bufs[b].name);
+                fn(ctx, name, tern_hash64(s->rec + L->rec_offset + L->bufs[b].offset, L->bufs[b].bytes));
+            }
+        }
+    }
+    fn(ctx, "tokens", tokens_hash(s->tokens, s->n_past));
+}
+
+struct fill_ctx {
+    struct tern_hash_component *out;
+    size_t cap, n;
+};
+
+static void fill_component(void *ctx, const char *name, uint64_t hash) {
+    struct fill_ctx *f = ctx;
+    if (f->n < f->cap) {
+        snprintf(f->out[f->n].name, sizeof f->out[f->n].name, "%s", name);
+        f->out[f->n].hash = hash;
+    }
+    f->n++;
+}
+
+size_t tern_session_hash_components(const struct tern_session *s, struct tern_hash_component *out, size_t cap) {
+    struct fill_ctx f = {out, out ? cap : 0, 0};
+    each_component(s, fill_component, &f);
+    return f.n;
+}
+
+static void chain_component(void *ctx, const char *name, uint64_t hash) {
+    (void)name;
+    XXH3_64bits_update(ctx, &hash, sizeof hash);
+}
+
+uint64_t tern_session_hash(const struct tern_session *s) {
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    each_component(s, chain_component, &st);
+    return XXH3_64bits_digest(&st);
+}
