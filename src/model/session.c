@@ -2,6 +2,8 @@
  * pages that grow with use, recurrent buffers — and the state operations: eval in
  * chunks, rewind, checkpoint/restore, fork, hashes. Everything here is generic over the
  * layer kinds a model declares; the per-architecture math is in arch-*.c. */
+/* XXH3_state_t on the stack (streaming hashes over KV pages). */
+#define XXH_STATIC_LINKING_ONLY
 #include "model/model.h"
 
 #include "util/hash.h"

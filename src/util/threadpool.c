@@ -60,7 +60,10 @@ static uint64_t wait_for_task(struct tern_threadpool *tp, uint64_t seen) {
     for (unsigned i = 0;; i++) {
         g = atomic_load_explicit(&tp->gen, memory_order_acquire);
         if (g != seen || atomic_load_explicit(&tp->stop, memory_order_relaxed)) return g;
-        cpu_relax();
+        /* Pause first; then yield, so that on an oversubscribed machine (more threads
+         * than free cores) a spinning worker lets the busy ones run. */
+        if (i < 2048) cpu_relax();
+        else sched_yield();
         if ((i & 255) == 255) {
             uint64_t now = tern_now_ns();
             if (!t0) t0 = now;
@@ -163,7 +166,7 @@ void tern_threadpool_run(struct tern_threadpool *tp, tern_task_fn fn, void *ctx)
     /* The workers run tasks of about the same length as ours: spin, and only yield
      * when one of them was descheduled. */
     for (unsigned i = 0; atomic_load_explicit(&tp->pending, memory_order_acquire) > 0; i++) {
-        if (i < 100000) cpu_relax();
+        if (i < 4096) cpu_relax();
         else sched_yield();
     }
     pthread_mutex_unlock(&tp->run_mu);

@@ -1,0 +1,269 @@
+/* Sampling: penalties, then (as llama.cpp orders them) top-k, top-p, min-p, temperature,
+ * and a draw from a seeded xoshiro256** generator. Greedy (temperature <= 0) is argmax
+ * with ties going to the lowest id. The input logits are never modified. */
+#include "tern.h"
+
+#include "util/mem.h"
+#include "util/status.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct cand {
+    int32_t id;
+    float v;
+};
+
+struct tern_sampler {
+    struct tern_sampler_params p;
+    uint32_t n_vocab;
+    uint64_t rng[4];
+    float *work;       /* (n_vocab) logits after penalties */
+    struct cand *cand; /* (n_vocab) sorted candidates */
+    int32_t *hist;     /* penalty window, sorted (grown as needed) */
+    size_t hist_cap;
+};
+
+void tern_sampler_params_default(struct tern_sampler_params *p) {
+    memset(p, 0, sizeof *p);
+    p->temperature = 0.8f;
+    p->top_k = 40;
+    p->top_p = 0.95f;
+    p->min_p = 0.05f;
+    p->repeat_penalty = 1.0f;
+    p->repeat_last_n = 64;
+    p->seed = 0;
+}
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t rng_next(uint64_t s[4]) {
+    const uint64_t r = rotl(s[1] * 5, 7) * 9;
+    const uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return r;
+}
+
+/* Uniform in [0, 1). */
+static double rng_uniform(uint64_t s[4]) { return (double)(rng_next(s) >> 11) * 0x1.0p-53; }
+
+enum tern_status tern_sampler_new(const struct tern_sampler_params *p, uint32_t n_vocab, struct tern_sampler **out) {
+    *out = NULL;
+    if (n_vocab == 0) return tern_errorf(TERN_ERR_INVALID, "sampler: vocabulary size is 0");
+    if (isnan(p->temperature) || isnan(p->top_p) || isnan(p->min_p) || isnan(p->repeat_penalty) ||
+        isnan(p->presence_penalty) || isnan(p->frequency_penalty))
+        return tern_errorf(TERN_ERR_INVALID, "sampler: a parameter is NaN");
+    if (p->repeat_penalty <= 0.0f)
+        return tern_errorf(TERN_ERR_INVALID, "sampler: repeat penalty %g must be positive", (double)p->repeat_penalty);
+    if (p->repeat_last_n < 0)
+        return tern_errorf(TERN_ERR_INVALID, "sampler: repeat_last_n %d must be >= 0", p->repeat_last_n);
+    if (p->min_p > 1.0f) return tern_errorf(TERN_ERR_INVALID, "sampler: min_p %g exceeds 1", (double)p->min_p);
+    struct tern_sampler *s = tern_calloc(1, sizeof *s);
+    if (!s) return tern_errorf(TERN_ERR_NOMEM, "sampler: out of memory");
+    s->p = *p;
+    s->n_vocab = n_vocab;
+    s->work = tern_malloc((size_t)n_vocab * sizeof *s->work);
+    s->cand = tern_malloc((size_t)n_vocab * sizeof *s->cand);
+    if (!s->work || !s->cand) {
+        tern_sampler_free(s);
+        return tern_errorf(TERN_ERR_NOMEM, "sampler: out of memory for %u logits", n_vocab);
+    }
+    uint64_t x = p->seed;
+    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
+    *out = s;
+    return TERN_OK;
+}
+
+void tern_sampler_free(struct tern_sampler *s) {
+    if (!s) return;
+    free(s->work);
+    free(s->cand);
+    free(s->hist);
+    free(s);
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Penalties over the window of the history (the last repeat_last_n tokens; 0 = all). If
+ * the window cannot be sorted (out of memory) the penalties are skipped. */
+static void apply_penalties(struct tern_sampler *s, float *l, const int32_t *hist, size_t n_hist) {
+    const struct tern_sampler_params *p = &s->p;
+    if (p->repeat_penalty == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f) return;
+    if (!hist || !n_hist) return;
+    size_t n = n_hist;
+    if (p->repeat_last_n > 0 && (size_t)p->repeat_last_n < n) n = (size_t)p->repeat_last_n;
+    const int32_t *w = hist + (n_hist - n);
+    if (n > s->hist_cap) {
+        int32_t *h = tern_reallocarray(s->hist, n, sizeof *h);
+        if (!h) return;
+        s->hist = h;
+        s->hist_cap = n;
+    }
+    memcpy(s->hist, w, n * sizeof *w);
+    qsort(s->hist, n, sizeof *s->hist, cmp_i32);
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+        while (j < n && s->hist[j] == s->hist[i]) j++;
+        const int32_t id = s->hist[i];
+        const float count = (float)(j - i);
+        i = j;
+        if (id < 0 || (uint32_t)id >= s->n_vocab) continue;
+        float v = l[id];
+        if (p->repeat_penalty != 1.0f) v = v <= 0.0f ? v * p->repeat_penalty : v / p->repeat_penalty;
+        v -= count * p->frequency_penalty + p->presence_penalty;
+        l[id] = v;
+    }
+}
+
+/* a before b: larger value first, then lower id. */
+static inline bool cand_before(struct cand a, struct cand b) { return a.v > b.v || (a.v == b.v && a.id < b.id); }
+
+static int cmp_cand(const void *pa, const void *pb) {
+    const struct cand a = *(const struct cand *)pa, b = *(const struct cand *)pb;
+    return cand_before(a, b) ? -1 : cand_before(b, a) ? 1 : 0;
+}
+
+/* The n best of l[0..V), sorted: a heap of the n best seen (its root the worst of
+ * them), then a sort. NaN logits are never selected ahead of a number. */
+static void select_top(const float *l, uint32_t V, size_t n, struct cand *c) {
+    if (n >= V) {
+        for (uint32_t i = 0; i < V; i++) c[i] = (struct cand){(int32_t)i, isnan(l[i]) ? -INFINITY : l[i]};
+        qsort(c, V, sizeof *c, cmp_cand);
+        return;
+    }
+    size_t h = 0;
+    for (uint32_t i = 0; i < V; i++) {
+        const struct cand x = {(int32_t)i, isnan(l[i]) ? -INFINITY : l[i]};
+        if (h < n) {
+            /* sift up: the heap keeps its worst element at the root */
+            size_t j = h++;
+            while (j > 0 && cand_before(c[(j - 1) / 2], x)) {
+                c[j] = c[(j - 1) / 2];
+                j = (j - 1) / 2;
+            }
+            c[j] = x;
+        } else if (cand_before(x, c[0])) {
+            size_t j = 0;
+            for (;;) {
+                size_t a = 2 * j + 1, b = a + 1, w = j;
+                struct cand worst = x;
+                if (a < h && cand_before(worst, c[a])) w = a, worst = c[a];
+                if (b < h && cand_before(worst, c[b])) w = b;
+                if (w == j) break;
+                c[j] = c[w];
+                j = w;
+            }
+            c[j] = x;
+        }
+    }
+    qsort(c, h, sizeof *c, cmp_cand);
+}
+
+static int32_t argmax(const float *l, uint32_t V) {
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < V; i++)
+        if (l[i] > l[best] || (isnan(l[best]) && !isnan(l[i]))) best = i;
+    return (int32_t)best;
+}
+
+int32_t tern_sampler_sample(struct tern_sampler *s, const float *logits, const int32_t *history, size_t n_history) {
+    const struct tern_sampler_params *p = &s->p;
+    const uint32_t V = s->n_vocab;
+    float *l = s->work;
+    memcpy(l, logits, (size_t)V * sizeof *l);
+    apply_penalties(s, l, history, n_history);
+    if (!(p->temperature > 0.0f)) return argmax(l, V);
+
+    const bool top_k = p->top_k > 0 && (uint32_t)p->top_k < V;
+    const bool top_p = p->top_p < 1.0f;
+    const bool min_p = p->min_p > 0.0f;
+    const float inv_t = 1.0f / p->temperature;
+    if (!top_k && !top_p && !min_p) {
+        /* The whole distribution: no sort needed. */
+        const float max = l[argmax(l, V)];
+        double z = 0.0;
+        for (uint32_t i = 0; i < V; i++) z += exp((double)((l[i] - max) * inv_t));
+        const double r = rng_uniform(s->rng) * z;
+        double cum = 0.0;
+        for (uint32_t i = 0; i < V; i++) {
+            cum += exp((double)((l[i] - max) * inv_t));
+            if (cum > r) return (int32_t)i;
+        }
+        return argmax(l, V);
+    }
+
+    /* The candidate set is a sorted prefix cand[0..n) of the (top-k) order, extended by
+     * re-selection while a cut-off still lies beyond it. */
+    const size_t limit = top_k ? (size_t)p->top_k : V;
+    size_t n = top_k ? limit : (limit < 64 ? limit : 64);
+    select_top(l, V, n, s->cand);
+    struct cand *c = s->cand;
+    const float max = c[0].v;
+    size_t keep = limit;
+    if (top_p) {
+        double z = 0.0;
+        if (top_k)
+            for (size_t i = 0; i < n; i++) z += exp((double)(c[i].v - max));
+        else
+            for (uint32_t i = 0; i < V; i++) z += isnan(l[i]) ? 0.0 : exp((double)(l[i] - max));
+        double cum = 0.0;
+        size_t i = 0;
+        for (;;) {
+            for (; i < n; i++) {
+                cum += exp((double)(c[i].v - max)) / z;
+                if (cum >= p->top_p) break;
+            }
+            if (i < n) {
+                keep = i + 1;
+                break;
+            }
+            if (n == limit) {
+                keep = n;
+                break;
+            }
+            n = n * 4 < limit ? n * 4 : limit;
+            select_top(l, V, n, c);
+        }
+    }
+    if (min_p) {
+        /* p_i >= min_p * p_max  <=>  l_i >= max + ln(min_p) */
+        const float thr = max + logf(p->min_p);
+        for (;;) {
+            const size_t upto = keep < n ? keep : n;
+            size_t j = 0;
+            while (j < upto && c[j].v >= thr) j++;
+            if (j < upto || upto == keep) {
+                keep = j ? j : 1;
+                break;
+            }
+            n = n * 4 < limit ? n * 4 : limit; /* the threshold lies beyond the prefix */
+            select_top(l, V, n, c);
+        }
+    }
+    if (keep > n) keep = n;
+    double z = 0.0;
+    for (size_t i = 0; i < keep; i++) z += exp((double)((c[i].v - max) * inv_t));
+    const double r = rng_uniform(s->rng) * z;
+    double cum = 0.0;
+    for (size_t i = 0; i < keep; i++) {
+        cum += exp((double)((c[i].v - max) * inv_t));
+        if (cum > r) return c[i].id;
+    }
+    return c[0].id;
+}

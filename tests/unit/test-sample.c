@@ -1,0 +1,214 @@
+/* Sampling: greedy ties, seeded determinism, the filters against a brute-force
+ * reference, penalties, the distribution itself, parameter checks. */
+#include "harness.h"
+
+#include "tern.h"
+#include "util/mem.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static struct tern_sampler *mk(float temp, int top_k, float top_p, float min_p, uint64_t seed, uint32_t nv) {
+    struct tern_sampler_params p;
+    tern_sampler_params_default(&p);
+    p.temperature = temp;
+    p.top_k = top_k;
+    p.top_p = top_p;
+    p.min_p = min_p;
+    p.seed = seed;
+    struct tern_sampler *s = NULL;
+    assert_int_equal(tern_sampler_new(&p, nv, &s), TERN_OK);
+    return s;
+}
+
+static void test_greedy(void **state) {
+    (void)state;
+    const float l[6] = {0.5f, 2.0f, -1.0f, 2.0f, 1.9f, NAN};
+    struct tern_sampler *s = mk(0.0f, 0, 1.0f, 0.0f, 1, 6);
+    assert_int_equal(tern_sampler_sample(s, l, NULL, 0), 1); /* tie 1 vs 3 -> lowest id */
+    tern_sampler_free(s);
+    s = mk(-1.0f, 40, 0.9f, 0.1f, 1, 6);
+    assert_int_equal(tern_sampler_sample(s, l, NULL, 0), 1);
+    tern_sampler_free(s);
+    tern_sampler_free(NULL);
+}
+
+static void test_seeded_determinism(void **state) {
+    (void)state;
+    const uint32_t nv = 1000;
+    float *l = malloc(nv * sizeof *l);
+    for (uint32_t i = 0; i < nv; i++) l[i] = sinf((float)i * 0.37f) * 3.0f;
+    int32_t a[200], b[200], c[200];
+    struct tern_sampler *sa = mk(1.0f, 0, 1.0f, 0.0f, 42, nv), *sb = mk(1.0f, 0, 1.0f, 0.0f, 42, nv),
+                        *sc = mk(1.0f, 0, 1.0f, 0.0f, 43, nv);
+    for (int i = 0; i < 200; i++) {
+        a[i] = tern_sampler_sample(sa, l, NULL, 0);
+        b[i] = tern_sampler_sample(sb, l, NULL, 0);
+        c[i] = tern_sampler_sample(sc, l, NULL, 0);
+    }
+    assert_memory_equal(a, b, sizeof a);
+    assert_memory_not_equal(a, c, sizeof a);
+    tern_sampler_free(sa), tern_sampler_free(sb), tern_sampler_free(sc);
+    free(l);
+}
+
+static void test_distribution(void **state) {
+    (void)state;
+    /* p(1) / p(0) = e^{ln 2 / T}: T = 1 gives 2/3 for token 1 */
+    const float l[2] = {0.0f, logf(2.0f)};
+    struct tern_sampler *s = mk(1.0f, 0, 1.0f, 0.0f, 7, 2);
+    int n1 = 0;
+    for (int i = 0; i < 30000; i++) n1 += tern_sampler_sample(s, l, NULL, 0) == 1;
+    assert_true(fabs(n1 / 30000.0 - 2.0 / 3.0) < 0.015);
+    tern_sampler_free(s);
+    /* T = 0.5 squares the ratio: 4/5 */
+    s = mk(0.5f, 0, 1.0f, 0.0f, 8, 2);
+    n1 = 0;
+    for (int i = 0; i < 30000; i++) n1 += tern_sampler_sample(s, l, NULL, 0) == 1;
+    assert_true(fabs(n1 / 30000.0 - 0.8) < 0.015);
+    tern_sampler_free(s);
+}
+
+/* Sorted order with ties by id, for the reference. */
+static const float *g_l;
+static int cmp_ref(const void *a, const void *b) {
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    if (g_l[x] != g_l[y]) return g_l[x] > g_l[y] ? -1 : 1;
+    return (x > y) - (x < y);
+}
+
+/* The set of tokens the filters keep, computed by sorting everything. */
+static size_t ref_keep(const float *l, uint32_t nv, int top_k, float top_p, float min_p, int32_t *order) {
+    for (uint32_t i = 0; i < nv; i++) order[i] = (int32_t)i;
+    g_l = l;
+    qsort(order, nv, sizeof *order, cmp_ref);
+    size_t n = top_k > 0 && (uint32_t)top_k < nv ? (size_t)top_k : nv;
+    const double mx = l[order[0]];
+    if (top_p < 1.0f) {
+        double z = 0, cum = 0;
+        for (size_t i = 0; i < n; i++) z += exp(l[order[i]] - mx);
+        for (size_t i = 0; i < n; i++) {
+            cum += exp(l[order[i]] - mx) / z;
+            if (cum >= top_p) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    if (min_p > 0.0f) {
+        size_t j = 0;
+        while (j < n && l[order[j]] >= (float)mx + logf(min_p)) j++;
+        n = j ? j : 1;
+    }
+    return n;
+}
+
+static void test_filters_match_reference(void **state) {
+    (void)state;
+    const uint32_t nv = 20000;
+    float *l = malloc(nv * sizeof *l);
+    int32_t *order = malloc(nv * sizeof *order);
+    char *in = malloc(nv);
+    uint64_t x = 12345;
+    for (uint32_t i = 0; i < nv; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        l[i] = (float)((double)(x >> 11) * 0x1.0p-53) * 12.0f; /* flat-ish: top-p reaches deep */
+    }
+    l[17] = l[99] = 13.0f; /* a tie at the top: 17 first */
+    const struct {
+        int k;
+        float p, mp;
+    } cfg[] = {{0, 0.9f, 0.0f}, {0, 0.5f, 0.0f}, {40, 1.0f, 0.0f}, {40, 0.8f, 0.0f},
+               {0, 1.0f, 0.3f}, {0, 0.95f, 0.05f}, {1, 1.0f, 0.0f}, {0, 0.0f, 0.0f}};
+    for (size_t c = 0; c < TERN_ARRAY_LEN(cfg); c++) {
+        const size_t n = ref_keep(l, nv, cfg[c].k, cfg[c].p, cfg[c].mp, order);
+        memset(in, 0, nv);
+        for (size_t i = 0; i < n; i++) in[order[i]] = 1;
+        struct tern_sampler *s = mk(1.5f, cfg[c].k, cfg[c].p, cfg[c].mp, 100 + c, nv);
+        int distinct = 0;
+        char *hit = calloc(nv, 1);
+        for (int i = 0; i < 150; i++) {
+            const int32_t t = tern_sampler_sample(s, l, NULL, 0);
+            assert_true(t >= 0 && (uint32_t)t < nv);
+            if (!in[t]) fail_msg("config %zu: sampled %d outside the reference set of %zu", c, t, n);
+            distinct += !hit[t];
+            hit[t] = 1;
+        }
+        /* a wide set is really used */
+        if (n > 1000) assert_true(distinct > 50);
+        if (n == 1) assert_int_equal(distinct, 1);
+        free(hit);
+        tern_sampler_free(s);
+    }
+    free(l), free(order), free(in);
+}
+
+static void test_penalties(void **state) {
+    (void)state;
+    struct tern_sampler_params p;
+    tern_sampler_params_default(&p);
+    p.temperature = 0.0f;
+    p.repeat_penalty = 2.0f;
+    p.repeat_last_n = 2;
+    struct tern_sampler *s;
+    assert_int_equal(tern_sampler_new(&p, 4, &s), TERN_OK);
+    const float l[4] = {1.0f, 0.9f, -0.1f, -0.2f};
+    const int32_t h[3] = {1, 0, 3};
+    /* only the last 2 of {1, 0, 3}: 0 (1.0 -> 0.5) and 3 penalised, 1 not: 1 wins */
+    assert_int_equal(tern_sampler_sample(s, l, h, 3), 1);
+    /* window {1}: 1 penalised (0.9 -> 0.45), 0 wins */
+    assert_int_equal(tern_sampler_sample(s, l, h, 1), 0);
+    /* window {1, 0}: both halved, 0 wins again */
+    assert_int_equal(tern_sampler_sample(s, l, h, 2), 0);
+    /* a negative logit is multiplied: -0.1 -> -0.2, now below -0.15 */
+    const float ln[4] = {-0.1f, -0.15f, -3.0f, -3.0f};
+    const int32_t hn[1] = {0};
+    assert_int_equal(tern_sampler_sample(s, ln, hn, 1), 1);
+    tern_sampler_free(s);
+    /* presence / frequency: counts matter */
+    p.repeat_penalty = 1.0f;
+    p.repeat_last_n = 0;
+    p.frequency_penalty = 0.3f;
+    assert_int_equal(tern_sampler_new(&p, 4, &s), TERN_OK);
+    const int32_t h2[3] = {0, 0, 1}; /* 0: 1.0 - 0.6 = 0.4; 1: 0.9 - 0.3 = 0.6 */
+    assert_int_equal(tern_sampler_sample(s, l, h2, 3), 1);
+    tern_sampler_free(s);
+    p.frequency_penalty = 0.0f;
+    p.presence_penalty = 1.5f;
+    assert_int_equal(tern_sampler_new(&p, 4, &s), TERN_OK);
+    const int32_t h3[2] = {0, 1}; /* 0 -> -0.5, 1 -> -0.6, 2 stays -0.1 */
+    assert_int_equal(tern_sampler_sample(s, l, h3, 2), 2);
+    /* out-of-range ids in the history are ignored; the logits are not modified */
+    const int32_t h4[2] = {-5, 99};
+    assert_int_equal(tern_sampler_sample(s, l, h4, 2), 0);
+    assert_true(l[0] == 1.0f);
+    tern_sampler_free(s);
+}
+
+static void test_bad_params(void **state) {
+    (void)state;
+    struct tern_sampler_params p;
+    struct tern_sampler *s = (struct tern_sampler *)1;
+    tern_sampler_params_default(&p);
+    assert_int_equal(tern_sampler_new(&p, 0, &s), TERN_ERR_INVALID);
+    assert_null(s);
+    p.repeat_penalty = 0.0f;
+    assert_int_equal(tern_sampler_new(&p, 10, &s), TERN_ERR_INVALID);
+    tern_sampler_params_default(&p);
+    p.top_p = NAN;
+    assert_int_equal(tern_sampler_new(&p, 10, &s), TERN_ERR_INVALID);
+    tern_sampler_params_default(&p);
+    p.min_p = 2.0f;
+    assert_int_equal(tern_sampler_new(&p, 10, &s), TERN_ERR_INVALID);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_greedy),       cmocka_unit_test(test_seeded_determinism),
+        cmocka_unit_test(test_distribution), cmocka_unit_test(test_filters_match_reference),
+        cmocka_unit_test(test_penalties),    cmocka_unit_test(test_bad_params),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
