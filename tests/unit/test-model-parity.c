@@ -19,6 +19,10 @@ static const char *const stems[] = {
     "stories260K", "tiny-qwen3-f32", "tiny-qwen3-q8_0", "tiny-qwen3-q4_0", "tiny-qwen3-q4_k_m", "tiny-qwen3-q6_k",
 };
 
+/* "lite" (the variant run under sanitizers): stories260K and one quantized qwen3, short
+ * prompts only. */
+static bool lite;
+
 static int32_t argmax(const float *l, uint32_t n) {
     uint32_t b = 0;
     for (uint32_t i = 1; i < n; i++)
@@ -171,6 +175,7 @@ static void test_parity(void **state) {
     (void)state;
     bool all = true;
     for (size_t i = 0; i < sizeof stems / sizeof stems[0]; i++) {
+        if (lite && strcmp(stems[i], "stories260K") && strcmp(stems[i], "tiny-qwen3-q4_k_m")) continue;
         char rel[256];
         snprintf(rel, sizeof rel, "models/%s.gguf", stems[i]);
         struct tern_model_params mp;
@@ -194,7 +199,9 @@ static void test_parity(void **state) {
         assert_true(nn > 0);
         printf("%s:\n", stems[i]);
         for (size_t k = 0; k < nn; k++) {
-            all &= check_prompt(m, dir, names[k]);
+            if (!lite || strcmp(stems[i], "stories260K") == 0 || !strcmp(names[k], "p16.json") ||
+                !strcmp(names[k], "chat.json"))
+                all &= check_prompt(m, dir, names[k]);
             free(names[k]);
         }
         tern_model_free(m);
@@ -202,7 +209,8 @@ static void test_parity(void **state) {
     assert_true(all);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    lite = argc > 1 && !strcmp(argv[1], "lite");
     th_require_shared("conformance/logits/stories260K/once.json");
     tern_log_set_level(TERN_LOG_WARN);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_parity)};
