@@ -1,0 +1,282 @@
+/* One streamed chat-completions response, consumed into a measurement. */
+#include "replay/replay.h"
+#include "replay/sse.h"
+
+#include "util/hash.h"
+#include "util/mem.h"
+#include "util/timeutil.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_TOOL_CALLS 64
+
+struct tool_acc {
+    struct tern_buf name;
+    struct tern_buf args;
+};
+
+struct tern_chat_stream {
+    struct tern_replay_meas *m;
+    uint64_t t0_ns;
+    struct tern_sse_parser sse;
+    struct tern_buf content, reasoning;
+    struct tool_acc tools[MAX_TOOL_CALLS];
+    size_t n_tools;
+    bool got_byte, got_output, finished, done;
+    uint64_t t_finish_ns;
+    char error[512];
+    size_t n_events;
+};
+
+static double since(const struct tern_chat_stream *cs, uint64_t t) { return (double)(t - cs->t0_ns) * 1e-9; }
+
+static void mark_output(struct tern_chat_stream *cs, const char *at) {
+    if (cs->got_output) return;
+    cs->got_output = true;
+    cs->m->ttft_s = since(cs, tern_now_ns());
+    cs->m->ttft_at = at;
+}
+
+static long usage_int(json_t *o, const char *k) {
+    json_t *v = json_object_get(o, k);
+    return json_is_integer(v) ? (long)json_integer_value(v) : -1;
+}
+
+static enum tern_status on_delta_text(struct tern_chat_stream *cs, json_t *v, struct tern_buf *into) {
+    if (!json_is_string(v) || json_string_length(v) == 0) return TERN_OK;
+    mark_output(cs, "text");
+    return tern_buf_append(into, json_string_value(v), json_string_length(v));
+}
+
+static int on_event(void *user, const struct tern_sse_event *ev) {
+    struct tern_chat_stream *cs = user;
+    cs->n_events++;
+    if (ev->data_len == 6 && !memcmp(ev->data, "[DONE]", 6)) {
+        cs->done = true;
+        return 0;
+    }
+    json_error_t jerr;
+    json_t *j = json_loadb(ev->data, ev->data_len, 0, &jerr);
+    if (!j) {
+        snprintf(cs->error, sizeof cs->error, "SSE event %zu is not JSON (%s): '%.80s'", cs->n_events, jerr.text,
+                 ev->data);
+        return 1;
+    }
+    enum tern_status st = TERN_OK;
+    json_t *err = json_object_get(j, "error");
+    if (err && !json_is_null(err)) {
+        json_t *msg = json_object_get(err, "message");
+        snprintf(cs->error, sizeof cs->error, "the server sent an error event: %s",
+                 json_is_string(msg) ? json_string_value(msg) : json_is_string(err) ? json_string_value(err) : "?");
+        json_decref(j);
+        return 1;
+    }
+    json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
+    if (choice) {
+        json_t *delta = json_object_get(choice, "delta");
+        if (!delta) delta = json_object_get(choice, "message"); /* a non-conforming server; accept */
+        if (json_is_object(delta)) {
+            st = on_delta_text(cs, json_object_get(delta, "reasoning_content"), &cs->reasoning);
+            if (st == TERN_OK) st = on_delta_text(cs, json_object_get(delta, "reasoning"), &cs->reasoning);
+            if (st == TERN_OK) st = on_delta_text(cs, json_object_get(delta, "content"), &cs->content);
+            json_t *calls = json_object_get(delta, "tool_calls");
+            size_t k;
+            json_t *tc;
+            json_array_foreach(calls, k, tc) {
+                if (st != TERN_OK) break;
+                json_t *jidx = json_object_get(tc, "index");
+                size_t idx = json_is_integer(jidx) ? (size_t)json_integer_value(jidx) : k;
+                if (idx >= MAX_TOOL_CALLS) continue;
+                if (idx >= cs->n_tools) cs->n_tools = idx + 1;
+                json_t *f = json_object_get(tc, "function");
+                json_t *name = json_object_get(f, "name");
+                json_t *args = json_object_get(f, "arguments");
+                if (json_is_string(name) && json_string_length(name) > 0) {
+                    mark_output(cs, "tool_call");
+                    st = tern_buf_append(&cs->tools[idx].name, json_string_value(name), json_string_length(name));
+                }
+                if (st == TERN_OK && json_is_string(args) && json_string_length(args) > 0) {
+                    mark_output(cs, "tool_call");
+                    st = tern_buf_append(&cs->tools[idx].args, json_string_value(args), json_string_length(args));
+                }
+            }
+        }
+        json_t *fr = json_object_get(choice, "finish_reason");
+        if (json_is_string(fr)) {
+            if (!cs->finished) cs->t_finish_ns = tern_now_ns();
+            cs->finished = true;
+            snprintf(cs->m->finish_reason, sizeof cs->m->finish_reason, "%s", json_string_value(fr));
+        }
+    }
+    json_t *usage = json_object_get(j, "usage");
+    if (json_is_object(usage)) {
+        cs->m->usage_seen = true;
+        cs->m->prompt_tokens = usage_int(usage, "prompt_tokens");
+        cs->m->completion_tokens = usage_int(usage, "completion_tokens");
+        cs->m->cached_tokens = usage_int(json_object_get(usage, "prompt_tokens_details"), "cached_tokens");
+    }
+    json_t *reuse = json_object_get(json_object_get(j, "tern"), "reuse");
+    if (json_is_object(reuse)) {
+        char *s = json_dumps(reuse, JSON_COMPACT);
+        if (s) {
+            free(cs->m->reuse_json);
+            cs->m->reuse_json = s;
+        }
+    }
+    json_decref(j);
+    if (st != TERN_OK) {
+        snprintf(cs->error, sizeof cs->error, "%s", tern_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+static int on_comment(void *user, const char *text, size_t n) {
+    struct tern_chat_stream *cs = user;
+    (void)text;
+    (void)n;
+    cs->m->n_comments++;
+    return 0;
+}
+
+enum tern_status tern_chat_stream_new(struct tern_replay_meas *m, uint64_t t0_ns, struct tern_chat_stream **out) {
+    *out = NULL;
+    struct tern_chat_stream *cs = tern_calloc(1, sizeof *cs);
+    if (!cs) return tern_errorf(TERN_ERR_NOMEM, "out of memory for a response stream");
+    cs->m = m;
+    cs->t0_ns = t0_ns;
+    m->ttft_s = NAN;
+    m->ttft_at = "none";
+    m->first_byte_s = NAN;
+    m->total_s = NAN;
+    m->prompt_tokens = m->cached_tokens = m->completion_tokens = -1;
+    m->usage_seen = false;
+    m->finish_reason[0] = 0;
+    m->n_comments = 0;
+    tern_sse_init(&cs->sse, on_event, on_comment, cs);
+    *out = cs;
+    return TERN_OK;
+}
+
+enum tern_status tern_chat_stream_feed(struct tern_chat_stream *cs, const char *data, size_t n) {
+    if (!cs->got_byte && n > 0) {
+        cs->got_byte = true;
+        cs->m->first_byte_s = since(cs, tern_now_ns());
+    }
+    enum tern_status st = tern_sse_feed(&cs->sse, data, n);
+    if (st != TERN_OK && cs->error[0]) return tern_errorf(TERN_ERR_FORMAT, "%s", cs->error);
+    return st;
+}
+
+/* Each field followed by a NUL, so that ("ab", "") and ("a", "b") hash differently. */
+static void hash_field(XXH3_state_t *h, const char *p, size_t n) {
+    if (n) XXH3_64bits_update(h, p, n);
+    XXH3_64bits_update(h, "", 1);
+}
+
+enum tern_status tern_chat_stream_finish(struct tern_chat_stream *cs, uint64_t t_end_ns) {
+    struct tern_replay_meas *m = cs->m;
+    m->total_s = since(cs, t_end_ns);
+    if (cs->error[0]) return tern_errorf(TERN_ERR_FORMAT, "%s", cs->error);
+    if (!cs->done && !cs->finished)
+        return tern_errorf(TERN_ERR_FORMAT, "the stream ended without a finish_reason or [DONE] (%zu events)",
+                           cs->n_events);
+    if (!cs->got_output && cs->finished) {
+        /* The first token generated ended the answer: the finish chunk is when it came. */
+        m->ttft_s = since(cs, cs->t_finish_ns);
+        m->ttft_at = "finish";
+    }
+    /* Output identity: reasoning, content and tool calls, unambiguously separated. */
+    XXH3_state_t *h = XXH3_createState();
+    if (!h) return tern_errorf(TERN_ERR_NOMEM, "out of memory hashing the output");
+    XXH3_64bits_reset(h);
+    hash_field(h, cs->reasoning.data, cs->reasoning.len);
+    hash_field(h, cs->content.data, cs->content.len);
+    struct tern_buf tools = TERN_BUF_INIT;
+    enum tern_status st = tern_buf_puts(&tools, "");
+    for (size_t i = 0; i < cs->n_tools && st == TERN_OK; i++) {
+        const char *nm = cs->tools[i].name.data ? cs->tools[i].name.data : "";
+        const char *ar = cs->tools[i].args.data ? cs->tools[i].args.data : "";
+        hash_field(h, nm, strlen(nm));
+        hash_field(h, ar, strlen(ar));
+        st = tern_buf_printf(&tools, "%s%s(%s)", i ? ";" : "", nm, ar);
+    }
+    m->out_hash = XXH3_64bits_digest(h);
+    XXH3_freeState(h);
+    if (st != TERN_OK) {
+        tern_buf_free(&tools);
+        return st;
+    }
+    free(m->out_content);
+    free(m->out_reasoning);
+    free(m->out_tool_calls);
+    m->out_content = tern_strdup(cs->content.data ? cs->content.data : "");
+    m->out_reasoning = tern_strdup(cs->reasoning.data ? cs->reasoning.data : "");
+    m->out_tool_calls = tern_buf_detach(&tools, NULL);
+    if (!m->out_content || !m->out_reasoning || !m->out_tool_calls)
+        return tern_errorf(TERN_ERR_NOMEM, "out of memory keeping the output");
+    return TERN_OK;
+}
+
+void tern_chat_stream_free(struct tern_chat_stream *cs) {
+    if (!cs) return;
+    tern_sse_free(&cs->sse);
+    tern_buf_free(&cs->content);
+    tern_buf_free(&cs->reasoning);
+    for (size_t i = 0; i < MAX_TOOL_CALLS; i++) {
+        tern_buf_free(&cs->tools[i].name);
+        tern_buf_free(&cs->tools[i].args);
+    }
+    free(cs);
+}
+
+void tern_replay_meas_clear(struct tern_replay_meas *m) {
+    if (!m) return;
+    free(m->out_content);
+    free(m->out_reasoning);
+    free(m->out_tool_calls);
+    free(m->reuse_json);
+    m->out_content = m->out_reasoning = m->out_tool_calls = m->reuse_json = NULL;
+}
+
+/* ---- integrity checks ------------------------------------------------------------------ */
+
+enum tern_status tern_replay_check_usage(const struct tern_replay_meas *m, const char *arm) {
+    if (!m->usage_seen)
+        return tern_errorf(TERN_ERR_FORMAT, "turn %zu, arm %s, rep %d: the response carried no usage (the request "
+                           "asks for stream_options.include_usage)", m->turn, arm, m->rep + 1);
+    if (m->prompt_tokens <= 0)
+        return tern_errorf(TERN_ERR_FORMAT, "turn %zu, arm %s, rep %d: usage.prompt_tokens is %s", m->turn, arm,
+                           m->rep + 1, m->prompt_tokens < 0 ? "missing" : "0");
+    if (m->cached_tokens > m->prompt_tokens)
+        return tern_errorf(TERN_ERR_FORMAT, "turn %zu, arm %s, rep %d: the server reports %ld cached tokens of a "
+                           "%ld-token prompt (cached > prompt)", m->turn, arm, m->rep + 1, m->cached_tokens,
+                           m->prompt_tokens);
+    return TERN_OK;
+}
+
+enum tern_status tern_replay_check_turn(const struct tern_replay_meas *const *ms, size_t n,
+                                        const char *const *arm_labels) {
+    for (size_t i = 0; i < n; i++) {
+        for (size_t j = 0; j < i; j++) {
+            const struct tern_replay_meas *a = ms[j], *b = ms[i];
+            if (a->rep == b->rep && a->arm != b->arm &&
+                (a->body_hash != b->body_hash || a->body_len != b->body_len))
+                return tern_errorf(TERN_ERR_INTERNAL, "turn %zu, rep %d: the request sent to arm %s (%zu bytes, "
+                                   "xxh3 %016llx) differs from the one sent to arm %s (%zu bytes, xxh3 %016llx); both "
+                                   "arms must receive the same bytes", b->turn, b->rep + 1, arm_labels[a->arm],
+                                   a->body_len, (unsigned long long)a->body_hash, arm_labels[b->arm], b->body_len,
+                                   (unsigned long long)b->body_hash);
+            if (a->prompt_tokens >= 0 && b->prompt_tokens >= 0 && a->prompt_tokens != b->prompt_tokens)
+                return tern_errorf(TERN_ERR_FORMAT, "turn %zu: arm %s rep %d counts %ld prompt tokens, arm %s rep %d "
+                                   "counts %ld; the same prompt must tokenize the same (different models or "
+                                   "templates cannot be compared)", b->turn, arm_labels[a->arm], a->rep + 1,
+                                   a->prompt_tokens, arm_labels[b->arm], b->rep + 1, b->prompt_tokens);
+        }
+    }
+    return TERN_OK;
+}
