@@ -23,7 +23,8 @@ static void on_signal(int sig) {
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: tern replay --transcript FILE.jsonl (--model FILE [--arms on,off] | --url URL [--url-b URL2])\n"
+            "usage: tern replay --transcript FILE.jsonl (--model FILE | --demo) [--arms on,off]\n"
+            "       tern replay --transcript FILE.jsonl --url URL [--url-b URL2]\n"
             "                   [--reps N] [--out DIR] [--turns N] [--gap S] [--user-gap S] [--max-tokens N]\n"
             "                   [--server-args \"...\"] [--isolate restart|salt|none] [options]\n"
             "       tern replay --make-transcript agent|compaction --out FILE [--turns N] [--seed S] [--strip]\n"
@@ -34,6 +35,7 @@ static void usage(FILE *f) {
             "\n"
             "arms:\n"
             "  --model FILE           start `tern serve` on FILE for each arm (loopback, free ports)\n"
+            "  --demo                 the same with `tern serve`'s built-in demo model\n"
             "  --arms on,off          managed arms: 'on' = reuse on; 'off' = --prompt-cache 0 and\n"
             "                         TERN_AFFINITY=0 TERN_REUSE_POOL=0 TERN_PREDICT=0 (default on,off)\n"
             "  --server-args \"...\"    extra `tern serve` arguments for both arms (e.g. \"--threads 2\")\n"
@@ -204,7 +206,7 @@ static int make_transcript(const char *kind, const char *out, long turns, long s
 enum {
     OPT_TRANSCRIPT = 256, OPT_URL, OPT_URL_B, OPT_MODEL, OPT_ARMS, OPT_REPS, OPT_OUT, OPT_GAP, OPT_USER_GAP,
     OPT_TURNS, OPT_MAX_TOKENS, OPT_SERVER_ARGS, OPT_SERVER_BIN, OPT_ISOLATE, OPT_NO_WARMUP, OPT_TRUST_KINDS,
-    OPT_TIMEOUT, OPT_START_TIMEOUT, OPT_LABELS, OPT_MAKE, OPT_SEED, OPT_STRIP, OPT_QUIET, OPT_HELP
+    OPT_TIMEOUT, OPT_START_TIMEOUT, OPT_LABELS, OPT_MAKE, OPT_SEED, OPT_STRIP, OPT_QUIET, OPT_HELP, OPT_DEMO
 };
 
 static int replay_main(int argc, char **argv) {
@@ -220,14 +222,15 @@ static int replay_main(int argc, char **argv) {
         {"timeout", required_argument, 0, OPT_TIMEOUT}, {"start-timeout", required_argument, 0, OPT_START_TIMEOUT},
         {"labels", required_argument, 0, OPT_LABELS}, {"make-transcript", required_argument, 0, OPT_MAKE},
         {"seed", required_argument, 0, OPT_SEED}, {"strip", no_argument, 0, OPT_STRIP},
-        {"quiet", no_argument, 0, OPT_QUIET}, {"help", no_argument, 0, OPT_HELP}, {0, 0, 0, 0}};
+        {"quiet", no_argument, 0, OPT_QUIET}, {"help", no_argument, 0, OPT_HELP},
+        {"demo", no_argument, 0, OPT_DEMO}, {0, 0, 0, 0}};
     struct tern_replay_config cfg;
     tern_replay_config_default(&cfg);
     const char *transcript = NULL, *url = NULL, *url_b = NULL, *model = NULL, *arms = NULL, *out = NULL;
     const char *server_args = NULL, *server_bin = NULL, *isolate = NULL, *labels = NULL, *make = NULL;
     long reps = 3, turns = -1, max_tokens = -1, seed = 1;
     double gap = 0, user_gap = -1, timeout = 600, start_timeout = 300;
-    bool no_warmup = false, trust = false, strip = false, quiet = false;
+    bool no_warmup = false, trust = false, strip = false, quiet = false, demo = false;
     long v;
     opterr = 0;
     optind = 1;
@@ -249,6 +252,7 @@ static int replay_main(int argc, char **argv) {
         case OPT_TRUST_KINDS: trust = true; break;
         case OPT_STRIP: strip = true; break;
         case OPT_QUIET: quiet = true; break;
+        case OPT_DEMO: demo = true; break;
         case OPT_HELP: usage(stdout); return 0;
         case OPT_REPS:
             if (!cli_parse_int(optarg, 1, TERN_REPLAY_MAX_REPS, &reps))
@@ -291,19 +295,22 @@ static int replay_main(int argc, char **argv) {
     (void)v;
 
     if (make) {
-        if (transcript || url || model)
+        if (transcript || url || model || demo)
             return cli_usage_error("replay", "--make-transcript writes a transcript; it takes no --transcript, --url or --model");
         return make_transcript(make, out, turns > 0 ? turns : 25, seed, strip);
     }
     if (!transcript) return cli_usage_error("replay", "missing --transcript FILE.jsonl");
-    if (!!url + !!model != 1) return cli_usage_error("replay", "give exactly one of --model FILE and --url URL");
+    if (!!url + !!model + demo != 1)
+        return cli_usage_error("replay", "give exactly one of --model FILE, --demo and --url URL");
+    bool managed = model || demo;
     if (url_b && !url) return cli_usage_error("replay", "--url-b needs --url");
-    if (arms && !model) return cli_usage_error("replay", "--arms needs --model (with --url, use --url-b)");
+    if (arms && !managed) return cli_usage_error("replay", "--arms needs --model or --demo (with --url, use --url-b)");
     if (labels && !url) return cli_usage_error("replay", "--labels names URL arms; managed arms are 'on' and 'off'");
-    if ((server_args || server_bin) && !model) return cli_usage_error("replay", "--server-args and --server-bin need --model");
+    if ((server_args || server_bin) && !managed)
+        return cli_usage_error("replay", "--server-args and --server-bin need --model or --demo");
     if (strip) return cli_usage_error("replay", "--strip goes with --make-transcript");
 
-    if (model) {
+    if (managed) {
         const char *spec = arms ? arms : "on,off";
         char buf[64];
         snprintf(buf, sizeof buf, "%s", spec);
@@ -321,7 +328,7 @@ static int replay_main(int argc, char **argv) {
         if (n == 2 && !strcmp(cfg.arms[0].label, cfg.arms[1].label))
             return cli_usage_error("replay", "--arms '%s': the two arms must differ", spec);
         cfg.n_arms = n;
-        if (access(model, R_OK) != 0) return cli_fail("replay", "cannot read model '%s': %s", model, strerror(errno));
+        if (model && access(model, R_OK) != 0) return cli_fail("replay", "cannot read model '%s': %s", model, strerror(errno));
     } else {
         char l0[32] = "A", l1[32] = "B";
         if (labels) {
@@ -353,7 +360,7 @@ static int replay_main(int argc, char **argv) {
         if (url && cfg.isolate == TERN_ISOLATE_RESTART)
             return cli_usage_error("replay", "--isolate restart needs --model (the harness cannot restart a server at a URL)");
     } else {
-        cfg.isolate = model ? TERN_ISOLATE_RESTART : TERN_ISOLATE_SALT;
+        cfg.isolate = managed ? TERN_ISOLATE_RESTART : TERN_ISOLATE_SALT;
     }
 
     char **sargs = NULL;
@@ -364,26 +371,28 @@ static int replay_main(int argc, char **argv) {
         if (rc != 0) return cli_fail("replay", "out of memory");
     }
     char self[4096];
-    if (model && !server_bin) {
+    if (managed && !server_bin) {
         ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
         if (n <= 0) return cli_fail("replay", "cannot find this executable (/proc/self/exe): %s", strerror(errno));
         self[n] = 0;
         server_bin = self;
     }
-    if (model) {
+    if (managed) {
         struct tern_buf extra = TERN_BUF_INIT;
+        char model_arg[4200] = "";
+        if (model) snprintf(model_arg, sizeof model_arg, " --model %s", model);
         for (int i = 0; i < n_sargs; i++) tern_buf_printf(&extra, " %s", sargs[i]);
         for (int a = 0; a < cfg.n_arms; a++) {
             struct tern_replay_arm *arm = &cfg.arms[a];
             struct tern_buf d = TERN_BUF_INIT;
             if (arm->reuse)
-                tern_buf_printf(&d, "`%s serve --model %s%s` (reuse on)", server_bin == self ? "tern" : server_bin,
-                                model, extra.data ? extra.data : "");
+                tern_buf_printf(&d, "`%s serve%s%s` (reuse on)", server_bin == self ? "tern" : server_bin,
+                                model_arg, extra.data ? extra.data : "");
             else
                 tern_buf_printf(&d,
-                                "`TERN_AFFINITY=0 TERN_REUSE_POOL=0 TERN_PREDICT=0 %s serve --model %s%s "
+                                "`TERN_AFFINITY=0 TERN_REUSE_POOL=0 TERN_PREDICT=0 %s serve%s%s "
                                 "--prompt-cache 0` (reuse off)",
-                                server_bin == self ? "tern" : server_bin, model, extra.data ? extra.data : "");
+                                server_bin == self ? "tern" : server_bin, model_arg, extra.data ? extra.data : "");
             size_t n = d.len < sizeof arm->settings ? d.len : sizeof arm->settings - 1;
             if (d.data) memcpy(arm->settings, d.data, n);
             arm->settings[n] = 0;

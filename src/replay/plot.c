@@ -9,7 +9,7 @@
 #include <string.h>
 
 #define W 980.0
-#define H 600.0
+#define H 560.0
 #define PL 86.0  /* plot area */
 #define PR 892.0
 #define PT 112.0

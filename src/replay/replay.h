@@ -123,7 +123,7 @@ struct tern_replay_config {
      * --port P server_args...`, the off arm with TERN_AFFINITY=0 TERN_REUSE_POOL=0
      * TERN_PREDICT=0 and --prompt-cache 0. */
     const char *server_bin;      /* default /proc/self/exe */
-    const char *model_path;
+    const char *model_path;      /* NULL: no --model, the server's built-in demo model */
     char **server_args;
     int n_server_args;
     double start_timeout_s;      /* for /health to answer 200 */

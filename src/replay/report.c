@@ -87,6 +87,17 @@ void tern_replay_machine(char *out, size_t cap) {
              gib, kernel);
 }
 
+/* "Intel(R) Xeon(R) Processor @ 2.50GHz, 2 CPUs", for the plot. */
+static void machine_short(char *out, size_t cap) {
+    char m[512];
+    tern_replay_machine(m, sizeof m);
+    char *comma = strstr(m, " logical CPUs");
+    if (comma) {
+        snprintf(comma, sizeof m - (size_t)(comma - m), " CPUs");
+    }
+    snprintf(out, cap, "%s", m);
+}
+
 /* ---- RESULTS.md ------------------------------------------------------------------------------ */
 
 static void fs(char *out, size_t cap, double v) {
@@ -118,7 +129,7 @@ static void range_str(char *out, size_t cap, double med, double lo, double hi, b
         fs(a, sizeof a, med), fs(b, sizeof b, lo), fs(c, sizeof c, hi);
     }
     if (!isfinite(med)) snprintf(out, cap, "n/a");
-    else if (lo == hi) snprintf(out, cap, "%s", a);
+    else if (!strcmp(b, c)) snprintf(out, cap, "%s", a); /* equal as printed: no range to show */
     else snprintf(out, cap, "%s (%s – %s)", a, b, c);
 }
 
@@ -155,6 +166,7 @@ enum tern_status tern_replay_write_results(const struct tern_replay_run *r, cons
         ftok(a, sizeof a, (double)t0->prompt_tokens), ftok(b, sizeof b, (double)t1->prompt_tokens);
         fx(c, sizeof c, grow);
         fprintf(f, "Meanwhile the prompt grew from %s to %s tokens (%s).\n\n", a, b, c);
+        fprintf(f, "Tokens read per turn after the first (prompt − cached, median over repetitions):");
         for (int arm = 0; arm < na; arm++) {
             double rd[4096];
             size_t m = 0;
@@ -162,8 +174,7 @@ enum tern_status tern_replay_write_results(const struct tern_replay_run *r, cons
             double lo, hi;
             tern_stats_range(rd, m, &lo, &hi);
             ftok(a, sizeof a, lo), ftok(b, sizeof b, hi);
-            fprintf(f, "%s `%s` read %s – %s tokens per turn after the first (prompt − cached, median over repetitions)",
-                    arm ? ";" : "Tokens read: arm", cfg->arms[arm].label, a, b);
+            fprintf(f, "%s `%s` %s – %s", arm ? ";" : "", cfg->arms[arm].label, a, b);
         }
         fprintf(f, ".\n\n");
     }
@@ -184,6 +195,9 @@ enum tern_status tern_replay_write_results(const struct tern_replay_run *r, cons
         struct stat st;
         double mib = stat(cfg->model_path, &st) == 0 ? (double)st.st_size / (1024.0 * 1024.0) : NAN;
         fprintf(f, "| model | `%s` (%.1f MiB) |\n", cfg->model_path, mib);
+    } else if (cfg->arms[0].managed) {
+        fprintf(f, "| model | the built-in demo model of `tern serve` (random weights: timing is real, the output "
+                   "is noise) |\n");
     }
     fprintf(f, "| protocol | %d repetition%s, each replaying the whole conversation; within a repetition every turn "
                "goes to %s before the next turn, the arm that goes first alternating by turn and repetition; "
@@ -254,8 +268,8 @@ enum tern_status tern_replay_write_results(const struct tern_replay_run *r, cons
     }
     fprintf(f, " |\n");
 
-    fprintf(f, "\n## Per turn\n\nMedians over repetitions (TTFT range in brackets when repetitions differ); read = "
-               "prompt − cached tokens.\n\n");
+    fprintf(f, "\n## Per turn\n\nMedians over repetitions, with the TTFT range over repetitions in parentheses "
+               "where they differ; read = prompt − cached tokens.\n\n");
     fprintf(f, "| turn | kind | prompt | `%s` cached | `%s` read | `%s` TTFT (s) |", L0, L0, L0);
     if (na == 2) fprintf(f, " `%s` cached | `%s` read | `%s` TTFT (s) | %s/%s |", L1, L1, L1, L1, L0);
     fprintf(f, " output |\n|---:|---|---:|---:|---:|---:|%s---|\n", na == 2 ? "---:|---:|---:|---:|" : "");
@@ -378,12 +392,10 @@ enum tern_status tern_replay_write_outputs(const struct tern_replay_run *r, cons
         p.series[a] = (struct tern_plot_series){.label = cfg->arms[a].label, .y = ya, .y_lo = ya + n, .y_hi = ya + 2 * n};
     }
     snprintf(title, sizeof title, "Time to first token per turn: %s", base_name(cfg->tr->path));
-    tern_replay_machine(machine, sizeof machine);
-    char *comma = strchr(machine, ',');
-    if (comma) comma = strchr(comma + 1, ','); /* CPU model and core count are enough here */
-    if (comma) *comma = 0;
+    machine_short(machine, sizeof machine);
     snprintf(sub, sizeof sub, "%s%s%s, median of %d repetition%s (bars: range), %s",
-             cfg->model_path ? base_name(cfg->model_path) : r->model_id[0], cfg->model_path || r->model_id[0][0] ? ", " : "",
+             cfg->model_path ? base_name(cfg->model_path) : r->model_id[0][0] ? r->model_id[0] : "demo model",
+             ", ",
              cfg->n_arms == 2 ? "two arms" : "one arm", cfg->n_reps, cfg->n_reps == 1 ? "" : "s", machine);
     p.title = title;
     p.subtitle = sub;

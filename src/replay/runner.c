@@ -196,8 +196,10 @@ static enum tern_status start_servers(struct ctx *c) {
         size_t k = 0;
         argv[k++] = (char *)cfg->server_bin;
         argv[k++] = "serve";
-        argv[k++] = "--model";
-        argv[k++] = (char *)cfg->model_path;
+        if (cfg->model_path) { /* none: the server's built-in demo model */
+            argv[k++] = "--model";
+            argv[k++] = (char *)cfg->model_path;
+        }
         argv[k++] = "--host";
         argv[k++] = "127.0.0.1";
         argv[k++] = "--port";
@@ -294,8 +296,7 @@ static enum tern_status validate(const struct tern_replay_config *cfg, size_t *n
             return tern_errorf(TERN_ERR_INVALID, "arms must be all managed (--model) or all URLs");
         if (!managed && !cfg->arms[a].url[0]) return tern_errorf(TERN_ERR_INVALID, "arm %s has no URL", cfg->arms[a].label);
     }
-    if (managed && (!cfg->model_path || !cfg->server_bin))
-        return tern_errorf(TERN_ERR_INVALID, "managed arms need a model and a server executable");
+    if (managed && !cfg->server_bin) return tern_errorf(TERN_ERR_INVALID, "managed arms need a server executable");
     if (!managed && cfg->isolate == TERN_ISOLATE_RESTART)
         return tern_errorf(TERN_ERR_INVALID, "isolation by restart needs servers the harness starts (--model); with "
                            "--url use salt or none");

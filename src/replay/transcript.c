@@ -376,7 +376,11 @@ static const char *mem_rfind(const char *s, size_t n, const char *needle) {
     return NULL;
 }
 
-static const char *role_of(json_t *m) { return json_string_value(json_object_get(m, "role")); }
+/* "" when absent: a recorded reply is not validated like the request's messages. */
+static const char *role_of(json_t *m) {
+    const char *r = json_string_value(json_object_get(m, "role"));
+    return r ? r : "";
+}
 
 enum tern_status tern_transcript_render(json_t *messages, json_t *tools, bool add_generation_prompt,
                                         struct tern_buf *out, size_t **spans_out) {
@@ -390,7 +394,7 @@ enum tern_status tern_transcript_render(json_t *messages, json_t *tools, bool ad
     struct tern_buf text = TERN_BUF_INIT, rc = TERN_BUF_INIT;
     enum tern_status st = tern_buf_puts(out, "");
     json_t *m0 = json_array_get(messages, 0);
-    bool sys0 = m0 && role_of(m0) && !strcmp(role_of(m0), "system");
+    bool sys0 = m0 && !strcmp(role_of(m0), "system");
     if (json_array_size(tools) > 0) {
         st = tern_buf_puts(out, "<|im_start|>system\n");
         if (st == TERN_OK && sys0) {
@@ -431,7 +435,7 @@ enum tern_status tern_transcript_render(json_t *messages, json_t *tools, bool ad
     size_t last_query = n ? n - 1 : 0;
     for (size_t i = n; i-- > 0 && st == TERN_OK;) {
         json_t *m = json_array_get(messages, i);
-        if (!role_of(m) || strcmp(role_of(m), "user")) continue;
+        if (strcmp(role_of(m), "user")) continue;
         st = content_text(json_object_get(m, "content"), &text);
         if (st == TERN_OK && !(starts_with(text.data, text.len, "<tool_response>") &&
                                ends_with(text.data, text.len, "</tool_response>"))) {
@@ -570,7 +574,7 @@ static json_t *held_messages(const struct tern_replay_turn *prev, json_t *now_ms
     json_t *reply = prev->reply;
     if (!reply) {
         json_t *cand = json_array_get(now_msgs, json_array_size(pm));
-        if (cand && role_of(cand) && !strcmp(role_of(cand), "assistant")) reply = cand;
+        if (cand && !strcmp(role_of(cand), "assistant")) reply = cand;
     }
     if (reply) json_array_append(held, reply);
     return held;

@@ -642,6 +642,45 @@ static void test_cli_ctrl_c_and_kill_leave_no_server(void **state) {
     interrupted(SIGKILL, "sigkill");
 }
 
+/* --demo: the managed servers get no --model (the server's built-in demo); one arm. */
+static void test_cli_demo_one_arm(void **state) {
+    (void)state;
+    const char *tp = make_transcript("demo.jsonl", TERN_SYNTH_AGENT, 5, false);
+    char out[600], piddir[600];
+    snprintf(out, sizeof out, "%s/demo-out", th_tmpdir());
+    snprintf(piddir, sizeof piddir, "%s/pids-demo", th_tmpdir());
+    mkdir(piddir, 0755);
+    static char env_pid[700];
+    snprintf(env_pid, sizeof env_pid, "MOCK_PIDDIR=%s", piddir);
+    char *env[] = {env_pid, "MOCK_US_PER_TOKEN=1", NULL};
+    char *args[] = {"--transcript", (char *)tp, "--demo", "--arms", "on", "--server-bin", self_exe, "--reps", "1",
+                    "--out", out, "--quiet", NULL};
+    assert_int_equal(run_tern(args, env, "demo", NULL), 0);
+    DIR *d = opendir(piddir);
+    struct dirent *e;
+    int n_args = 0;
+    while ((e = readdir(d))) {
+        if (!strstr(e->d_name, ".args")) continue;
+        char pth[1200];
+        snprintf(pth, sizeof pth, "%s/%s", piddir, e->d_name);
+        char *a = th_read_file(pth, NULL);
+        assert_null(strstr(a, "--model"));
+        assert_non_null(strstr(a, "reuse=1"));
+        free(a);
+        n_args++;
+    }
+    closedir(d);
+    assert_int_equal(n_args, 1);
+    char path[700];
+    snprintf(path, sizeof path, "%s/RESULTS.md", out);
+    char *md = th_read_file(path, NULL);
+    assert_non_null(strstr(md, "the built-in demo model of `tern serve`"));
+    assert_null(strstr(md, "| on/"));
+    free(md);
+    snprintf(path, sizeof path, "%s/turns.jsonl", out);
+    assert_int_equal(count_lines(path), 5);
+}
+
 static void test_cli_server_fails_to_start(void **state) {
     (void)state;
     const char *tp = make_transcript("fail.jsonl", TERN_SYNTH_AGENT, 6, false);
@@ -684,6 +723,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_cli_url_arms),
         cmocka_unit_test(test_cli_managed_servers),
         cmocka_unit_test(test_cli_ctrl_c_and_kill_leave_no_server),
+        cmocka_unit_test(test_cli_demo_one_arm),
         cmocka_unit_test(test_cli_server_fails_to_start),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

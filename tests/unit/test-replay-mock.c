@@ -347,10 +347,11 @@ int mock_serve_main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--prompt-cache")) prompt_cache = argv[++i];
         else if (!strcmp(argv[i], "--model")) model = argv[++i];
     }
-    if (!port_s || !model) {
-        fprintf(stderr, "mock serve: need --model and --port\n");
+    if (!port_s) {
+        fprintf(stderr, "mock serve: need --port\n");
         return 2;
     }
+    if (!model) model = "(built-in demo)";
     if (getenv("MOCK_EXIT_AT_START") && !strcmp(getenv("MOCK_EXIT_AT_START"), "1")) {
         fprintf(stderr, "mock serve: cannot load model '%s' (asked to fail)\n", model);
         return 3;
