@@ -62,6 +62,8 @@ struct stream {
     struct tern_buf held_text; /* prompt + output: what the server holds afterwards */
 };
 
+static void commit_held(struct stream *s);
+
 static const char *const words[] = {"alpha", " beta", " gamma", " delta", " eps", " zeta", " eta", " theta",
                                     " iota", " kappa", "\n", " lambda", " mu", " nu", " xi", " omicron"};
 
@@ -117,6 +119,7 @@ static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
             } else if (s->fault_no_finish) {
                 return MHD_CONTENT_READER_END_OF_STREAM;
             } else {
+                commit_held(s);
                 chunk(s, "{}", s->n_tok < s->m->o.n_tokens ? "\"length\"" : "\"stop\"");
             }
             break;
@@ -143,10 +146,11 @@ static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
     return (ssize_t)n;
 }
 
-static void stream_free(void *cls) {
-    struct stream *s = cls;
+/* The server now holds prompt + its output in this namespace (a live session). Done
+ * before the last chunks go out, as a real server commits before [DONE]: the client may
+ * send its next request the moment it has read them. */
+static void commit_held(struct stream *s) {
     struct mock_server *m = s->m;
-    /* The server now holds prompt + its output in this namespace (a live session). */
     if (m->o.reuse && s->held_text.len) {
         pthread_mutex_lock(&m->mu);
         if (m->n_held < MAX_HELD) {
@@ -158,6 +162,10 @@ static void stream_free(void *cls) {
         }
         pthread_mutex_unlock(&m->mu);
     }
+}
+
+static void stream_free(void *cls) {
+    struct stream *s = cls;
     free(s->held_ns);
     tern_buf_free(&s->held_text);
     tern_buf_free(&s->out);
