@@ -21,6 +21,11 @@ struct tern_kernel_table {
 };
 
 extern const struct tern_kernel_table tern_kernels_portable;
+
+/* Every half as a float (filled by tern_kernels_init before any kernel runs): the
+ * SIMD kernels turn block scales into floats with one load instead of three ALU ops. */
+extern float tern_fp16_lut[65536];
+
 extern const struct tern_kernel_table tern_kernels_avx2;
 
 #endif

@@ -28,7 +28,10 @@ static bool cpu_has_avx2_fma_f16c(void) {
 #endif
 }
 
+float tern_fp16_lut[65536];
+
 static void init_isa(void) {
+    for (uint32_t h = 0; h < 65536; h++) tern_fp16_lut[h] = tern_fp16_to_f32((tern_fp16)h);
     have_avx2 = cpu_has_avx2_fma_f16c();
     active_isa = have_avx2 ? TERN_ISA_AVX2 : TERN_ISA_PORTABLE;
     const char *e = getenv("TERN_ISA");

@@ -105,26 +105,33 @@ static inline void avx2_drive(const struct avx2_tiles *tiles, const void *wv, si
     }
 }
 
-/* Instantiates NAME_RxT wrappers of an always-inline body BODY(R, T, args...) and a
- * table initializer for all shapes up to 4 x 4. */
+/* Instantiates the wrapper BODY_RxT (a real function) of an always-inline tile body
+ * BODY(R, T, args...). Only the shapes a type's driver uses are instantiated:
+ * AVX2_GRID<R>(body, T) makes every shape up to R x T, AVX2_TILE_INST one more, and
+ * AVX2_IGRID<R>(body, T) / AVX2_TILE_SLOT the matching designated initializers. */
 #define AVX2_TILE_INST(body, R, T)                                                              \
     static void body##_##R##x##T(const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb,    \
                                  size_t k, float *y, size_t ldy) {                             \
         body(R, T, w, wrb, a, arb, k, y, ldy);                                                  \
     }
-#define AVX2_TILE_INST_ROW(body, R)                                                              \
-    AVX2_TILE_INST(body, R, 1) AVX2_TILE_INST(body, R, 2) AVX2_TILE_INST(body, R, 3)           \
-        AVX2_TILE_INST(body, R, 4)
-#define AVX2_TILE_INST_ALL(body)                                                                 \
-    AVX2_TILE_INST_ROW(body, 1) AVX2_TILE_INST_ROW(body, 2) AVX2_TILE_INST_ROW(body, 3)        \
-        AVX2_TILE_INST_ROW(body, 4)
-#define AVX2_TILE_ROW_INIT(body, R)                                                              \
-    { NULL, body##_##R##x1, body##_##R##x2, body##_##R##x3, body##_##R##x4 }
-#define AVX2_TILE_TABLE_INIT(body)                                                               \
-    {                                                                                            \
-        {NULL}, AVX2_TILE_ROW_INIT(body, 1), AVX2_TILE_ROW_INIT(body, 2),                       \
-            AVX2_TILE_ROW_INIT(body, 3), AVX2_TILE_ROW_INIT(body, 4)                             \
-    }
+#define AVX2_T1(b, R) AVX2_TILE_INST(b, R, 1)
+#define AVX2_T2(b, R) AVX2_T1(b, R) AVX2_TILE_INST(b, R, 2)
+#define AVX2_T3(b, R) AVX2_T2(b, R) AVX2_TILE_INST(b, R, 3)
+#define AVX2_T4(b, R) AVX2_T3(b, R) AVX2_TILE_INST(b, R, 4)
+#define AVX2_GRID1(b, T) AVX2_T##T(b, 1)
+#define AVX2_GRID2(b, T) AVX2_GRID1(b, T) AVX2_T##T(b, 2)
+#define AVX2_GRID3(b, T) AVX2_GRID2(b, T) AVX2_T##T(b, 3)
+#define AVX2_GRID4(b, T) AVX2_GRID3(b, T) AVX2_T##T(b, 4)
+
+#define AVX2_TILE_SLOT(b, R, T) [R][T] = b##_##R##x##T
+#define AVX2_I1(b, R) AVX2_TILE_SLOT(b, R, 1)
+#define AVX2_I2(b, R) AVX2_I1(b, R), AVX2_TILE_SLOT(b, R, 2)
+#define AVX2_I3(b, R) AVX2_I2(b, R), AVX2_TILE_SLOT(b, R, 3)
+#define AVX2_I4(b, R) AVX2_I3(b, R), AVX2_TILE_SLOT(b, R, 4)
+#define AVX2_IGRID1(b, T) AVX2_I##T(b, 1)
+#define AVX2_IGRID2(b, T) AVX2_IGRID1(b, T), AVX2_I##T(b, 2)
+#define AVX2_IGRID3(b, T) AVX2_IGRID2(b, T), AVX2_I##T(b, 3)
+#define AVX2_IGRID4(b, T) AVX2_IGRID3(b, T), AVX2_I##T(b, 4)
 
 /* A matmul entry point for the kernel table from a tile table. */
 #define AVX2_MATMUL(name, tiles)                                                                 \

@@ -61,14 +61,16 @@ AVX2_INLINE void float_tile(int kind, int R, int T, const uint8_t *w, size_t wrb
 #define F16_TILE(R, T, ...) float_tile(1, R, T, __VA_ARGS__)
 #define BF16_TILE(R, T, ...) float_tile(2, R, T, __VA_ARGS__)
 
-AVX2_TILE_INST_ALL(F32_TILE)
-AVX2_TILE_INST_ALL(F16_TILE)
-AVX2_TILE_INST_ALL(BF16_TILE)
+/* GEMV: 4 rows per tile; GEMM: 3 rows x 4 tokens (12 accumulators + 3 weight vectors). */
+#define FLOAT_TILES(body)                                                                        \
+    AVX2_GRID3(body, 4)                                                                          \
+    AVX2_TILE_INST(body, 4, 1)                                                                   \
+    static const struct avx2_tiles body##_set = {{AVX2_IGRID3(body, 4), AVX2_TILE_SLOT(body, 4, 1)}, 4, 3, 4};
 
-static const struct avx2_tiles f32_tiles = {AVX2_TILE_TABLE_INIT(F32_TILE), 4, 3, 4};
-static const struct avx2_tiles f16_tiles = {AVX2_TILE_TABLE_INIT(F16_TILE), 4, 3, 4};
-static const struct avx2_tiles bf16_tiles = {AVX2_TILE_TABLE_INIT(BF16_TILE), 4, 3, 4};
+FLOAT_TILES(F32_TILE)
+FLOAT_TILES(F16_TILE)
+FLOAT_TILES(BF16_TILE)
 
-AVX2_MATMUL(tern_avx2_matmul_f32, f32_tiles)
-AVX2_MATMUL(tern_avx2_matmul_f16, f16_tiles)
-AVX2_MATMUL(tern_avx2_matmul_bf16, bf16_tiles)
+AVX2_MATMUL(tern_avx2_matmul_f32, F32_TILE_set)
+AVX2_MATMUL(tern_avx2_matmul_f16, F16_TILE_set)
+AVX2_MATMUL(tern_avx2_matmul_bf16, BF16_TILE_set)

@@ -45,6 +45,12 @@ AVX2_INLINE __m256i q32_levels(int kind, const uint8_t *blk) {
 
 AVX2_INLINE bool q32_signed(int kind) { return kind == K_Q8_0 || kind == K_Q4_0 || kind == K_Q5_0; }
 
+AVX2_INLINE __m256 lut_bcast(const uint8_t *p) {
+    tern_fp16 h;
+    memcpy(&h, p, 2);
+    return _mm256_broadcast_ss(&tern_fp16_lut[h]);
+}
+
 AVX2_INLINE void q32_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb,
                           size_t k, float *y, size_t ldy) {
     const size_t bb = q32_block_bytes(kind);
@@ -54,32 +60,26 @@ AVX2_INLINE void q32_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, 
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
     for (size_t b = 0; b < nb; b++) {
         __m256i wq[AVX2_RMAX], wu[AVX2_RMAX];
-        float dw[AVX2_RMAX], mw[AVX2_RMAX];
+        __m256 dw[AVX2_RMAX], mw[AVX2_RMAX];
         UNROLL for (int r = 0; r < R; r++) {
             const uint8_t *blk = w + (size_t)r * wrb + b * bb;
-            tern_fp16 h;
-            memcpy(&h, blk, 2);
-            dw[r] = h2f(h);
-            if (!q32_signed(kind)) {
-                memcpy(&h, blk + 2, 2);
-                mw[r] = h2f(h);
-            }
+            dw[r] = lut_bcast(blk);
+            if (!q32_signed(kind)) mw[r] = lut_bcast(blk + 2);
             wq[r] = q32_levels(kind, blk);
             wu[r] = q32_signed(kind) ? _mm256_sign_epi8(wq[r], wq[r]) : wq[r];
         }
         UNROLL for (int t = 0; t < T; t++) {
             const uint8_t *ablk = a + (size_t)t * arb + b * ab;
-            tern_fp16 h;
-            memcpy(&h, ablk, 2);
-            const float da = h2f(h);
+            const __m256 da = lut_bcast(ablk);
             const __m256i aq = loadu256(ablk + 2);
             __m256 asum = _mm256_setzero_ps();
             if (!q32_signed(kind)) asum = _mm256_cvtepi32_ps(dot_u8s8_32(_mm256_set1_epi8(1), aq));
             UNROLL for (int r = 0; r < R; r++) {
                 const __m256i s = q32_signed(kind) ? _mm256_sign_epi8(aq, wq[r]) : aq;
                 const __m256 p = _mm256_cvtepi32_ps(dot_u8s8_32(wu[r], s));
-                acc[r][t] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw[r] * da), acc[r][t]);
-                if (!q32_signed(kind)) acc[r][t] = _mm256_fmadd_ps(asum, _mm256_set1_ps(mw[r] * da), acc[r][t]);
+                /* dw * da is exact (two halves), so this is one rounding per block */
+                acc[r][t] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw[r], da), acc[r][t]);
+                if (!q32_signed(kind)) acc[r][t] = _mm256_fmadd_ps(asum, _mm256_mul_ps(mw[r], da), acc[r][t]);
             }
         }
     }
@@ -92,20 +92,26 @@ AVX2_INLINE void q32_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, 
 #define Q4_1_TILE(R, T, ...) q32_tile(K_Q4_1, R, T, __VA_ARGS__)
 #define Q5_1_TILE(R, T, ...) q32_tile(K_Q5_1, R, T, __VA_ARGS__)
 
-AVX2_TILE_INST_ALL(Q8_0_TILE)
-AVX2_TILE_INST_ALL(Q4_0_TILE)
-AVX2_TILE_INST_ALL(Q5_0_TILE)
-AVX2_TILE_INST_ALL(Q4_1_TILE)
-AVX2_TILE_INST_ALL(Q5_1_TILE)
+/* GEMV: 4 rows per tile. GEMM: Q8_0 3 rows x 2 tokens, the others (which unpack their
+ * levels per row) 2 rows x 4 tokens. */
+AVX2_GRID3(Q8_0_TILE, 2)
+AVX2_TILE_INST(Q8_0_TILE, 4, 1)
+static const struct avx2_tiles q8_0_tiles = {{AVX2_IGRID3(Q8_0_TILE, 2), AVX2_TILE_SLOT(Q8_0_TILE, 4, 1)}, 4, 3, 2};
 
-static const struct avx2_tiles q8_0_tiles = {AVX2_TILE_TABLE_INIT(Q8_0_TILE), 4, 2, 4};
-static const struct avx2_tiles q4_0_tiles = {AVX2_TILE_TABLE_INIT(Q4_0_TILE), 4, 2, 4};
-static const struct avx2_tiles q5_0_tiles = {AVX2_TILE_TABLE_INIT(Q5_0_TILE), 4, 2, 4};
-static const struct avx2_tiles q4_1_tiles = {AVX2_TILE_TABLE_INIT(Q4_1_TILE), 4, 2, 4};
-static const struct avx2_tiles q5_1_tiles = {AVX2_TILE_TABLE_INIT(Q5_1_TILE), 4, 2, 4};
+#define Q32_TILES(body)                                                                          \
+    AVX2_GRID2(body, 4)                                                                          \
+    AVX2_TILE_INST(body, 3, 1)                                                                   \
+    AVX2_TILE_INST(body, 4, 1)                                                                   \
+    static const struct avx2_tiles body##_set = {                                                \
+        {AVX2_IGRID2(body, 4), AVX2_TILE_SLOT(body, 3, 1), AVX2_TILE_SLOT(body, 4, 1)}, 4, 2, 4};
+
+Q32_TILES(Q4_0_TILE)
+Q32_TILES(Q5_0_TILE)
+Q32_TILES(Q4_1_TILE)
+Q32_TILES(Q5_1_TILE)
 
 AVX2_MATMUL(tern_avx2_matmul_q8_0, q8_0_tiles)
-AVX2_MATMUL(tern_avx2_matmul_q4_0, q4_0_tiles)
-AVX2_MATMUL(tern_avx2_matmul_q5_0, q5_0_tiles)
-AVX2_MATMUL(tern_avx2_matmul_q4_1, q4_1_tiles)
-AVX2_MATMUL(tern_avx2_matmul_q5_1, q5_1_tiles)
+AVX2_MATMUL(tern_avx2_matmul_q4_0, Q4_0_TILE_set)
+AVX2_MATMUL(tern_avx2_matmul_q5_0, Q5_0_TILE_set)
+AVX2_MATMUL(tern_avx2_matmul_q4_1, Q4_1_TILE_set)
+AVX2_MATMUL(tern_avx2_matmul_q5_1, Q5_1_TILE_set)

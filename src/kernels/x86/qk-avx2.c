@@ -71,7 +71,7 @@ AVX2_INLINE void k4_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, c
         }
         __m256i sumi[AVX2_RMAX][AVX2_TMAX];
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) sumi[r][t] = _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
+        UNROLL for (int c = 0; c < 4; c++) {
             __m256i lo[AVX2_RMAX], hi[AVX2_RMAX], slo[AVX2_RMAX], shi[AVX2_RMAX];
             UNROLL for (int r = 0; r < R; r++) {
                 const __m256i q = loadu256(w + (size_t)r * wrb + b * bb + qs_off + 32 * c);
@@ -132,7 +132,7 @@ AVX2_INLINE void q6k_tile(int R, int T, const uint8_t *w, size_t wrb, const uint
         }
         __m256i sumi[AVX2_RMAX][AVX2_TMAX];
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) sumi[r][t] = _mm256_setzero_si256();
-        for (int hf = 0; hf < 2; hf++) {
+        UNROLL for (int hf = 0; hf < 2; hf++) {
             UNROLL for (int j = 0; j < 4; j++) {
                 __m256i q[AVX2_RMAX], sv[AVX2_RMAX];
                 UNROLL for (int r = 0; r < R; r++) {
@@ -172,14 +172,16 @@ AVX2_INLINE void q6k_tile(int R, int T, const uint8_t *w, size_t wrb, const uint
 #define Q5_K_TILE(R, T, ...) k4_tile(K_Q5_K, R, T, __VA_ARGS__)
 #define Q6_K_TILE(R, T, ...) q6k_tile(R, T, __VA_ARGS__)
 
-AVX2_TILE_INST_ALL(Q4_K_TILE)
-AVX2_TILE_INST_ALL(Q5_K_TILE)
-AVX2_TILE_INST_ALL(Q6_K_TILE)
+/* GEMV: one row per tile (the per-row unpacking has no one to share it with, and one
+ * row keeps everything in registers). GEMM: 1 row x 4 tokens. */
+#define QK_TILES(body)                                                                           \
+    AVX2_GRID1(body, 4)                                                                          \
+    static const struct avx2_tiles body##_set = {{AVX2_IGRID1(body, 4)}, 1, 1, 4};
 
-static const struct avx2_tiles q4_k_tiles = {AVX2_TILE_TABLE_INIT(Q4_K_TILE), 2, 1, 4};
-static const struct avx2_tiles q5_k_tiles = {AVX2_TILE_TABLE_INIT(Q5_K_TILE), 2, 1, 4};
-static const struct avx2_tiles q6_k_tiles = {AVX2_TILE_TABLE_INIT(Q6_K_TILE), 2, 1, 4};
+QK_TILES(Q4_K_TILE)
+QK_TILES(Q5_K_TILE)
+QK_TILES(Q6_K_TILE)
 
-AVX2_MATMUL(tern_avx2_matmul_q4_k, q4_k_tiles)
-AVX2_MATMUL(tern_avx2_matmul_q5_k, q5_k_tiles)
-AVX2_MATMUL(tern_avx2_matmul_q6_k, q6_k_tiles)
+AVX2_MATMUL(tern_avx2_matmul_q4_k, Q4_K_TILE_set)
+AVX2_MATMUL(tern_avx2_matmul_q5_k, Q5_K_TILE_set)
+AVX2_MATMUL(tern_avx2_matmul_q6_k, Q6_K_TILE_set)
