@@ -38,9 +38,10 @@ AVX2_INLINE __m128i loadu128(const void *p) { return _mm_loadu_si128((const __m1
 
 /* 16 bytes of nibbles -> 32 bytes: low nibbles in bytes 0-15, high nibbles in 16-31. */
 AVX2_INLINE __m256i nibbles32(const uint8_t *p) {
-    const __m128i q = loadu128(p);
-    const __m256i v = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+    /* both halves hold the 16 bytes; the upper one shifted right by 4 */
+    const __m256i v = _mm256_broadcastsi128_si256(loadu128(p));
+    const __m256i sh = _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+    return _mm256_and_si256(sh, _mm256_set1_epi8(0x0F));
 }
 
 /* 32 bits -> 32 bytes, byte j = 0xFF where bit j is set. */

@@ -1,12 +1,16 @@
 /* AVX2 kernels for the 32-element quants (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1) times Q8_0
  * activations.
  *
- * Per (row, token) pair and block: the weight levels are widened to 32 signed bytes
- * (Q8_0/Q4_0/Q5_0) and multiplied with the activation bytes by the sign trick
- * (maddubs(|w|, sign(a, w)), exact: |w| <= 128, |a| <= 127), or kept unsigned
- * (Q4_1/Q5_1) and multiplied directly; madd with ones gives 8 int32 lanes of 4 products
- * each, converted exactly to float and accumulated as acc = fma(lanes, dw*da, acc).
- * Q4_1/Q5_1 add their offset as acc = fma(lanes of a, m*da, acc). */
+ * Per (row, token) pair and block, 8 int32 lanes each hold the exact sum of 4 products
+ * level * activation byte (madd of maddubs):
+ *   Q8_0:       signed levels by the sign trick, maddubs(|w|, sign(a, w)) (|w| <= 128,
+ *               |a| <= 127: no saturation);
+ *   Q4_0/Q5_0:  unsigned levels q (0..15 / 0..31) directly, minus the lanes of 8 a / 16 a
+ *               (computed once per token and block): the lanes of (q - 8) a exactly;
+ *   Q4_1/Q5_1:  unsigned levels directly.
+ * The lanes are converted exactly to float and accumulated as acc = fma(lanes, dw*da, acc)
+ * (dw*da, a product of two halves, is exact); Q4_1/Q5_1 then add their offset as
+ * acc = fma(lanes of a, m*da, acc). hsum8 at the end. */
 #include "kernels/x86/avx2.h"
 
 enum q32_kind { K_Q8_0, K_Q4_0, K_Q5_0, K_Q4_1, K_Q5_1 };
@@ -21,29 +25,25 @@ AVX2_INLINE size_t q32_block_bytes(int kind) {
     }
 }
 
-/* The block's levels as 32 bytes: signed for the symmetric types, unsigned otherwise. */
+/* The block's levels as 32 bytes: signed for Q8_0, unsigned otherwise. */
 AVX2_INLINE __m256i q32_levels(int kind, const uint8_t *blk) {
     switch (kind) {
     case K_Q8_0: return loadu256(blk + 2);
-    case K_Q4_0: return _mm256_sub_epi8(nibbles32(blk + 2), _mm256_set1_epi8(8));
-    case K_Q5_0: {
-        /* fifth bit set: level = nibble; clear: nibble - 16 = nibble | 0xF0 as int8 */
-        uint32_t qh;
-        memcpy(&qh, blk + 2, 4);
-        const __m256i hi = _mm256_andnot_si256(bits_to_bytes(qh), _mm256_set1_epi8((char)0xF0));
-        return _mm256_or_si256(nibbles32(blk + 6), hi);
-    }
+    case K_Q4_0: return nibbles32(blk + 2);
     case K_Q4_1: return nibbles32(blk + 4);
     default: {
+        const size_t qh_off = kind == K_Q5_0 ? 2 : 4;
         uint32_t qh;
-        memcpy(&qh, blk + 4, 4);
+        memcpy(&qh, blk + qh_off, 4);
         const __m256i hi = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
-        return _mm256_or_si256(nibbles32(blk + 8), hi);
+        return _mm256_or_si256(nibbles32(blk + qh_off + 4), hi);
     }
     }
 }
 
-AVX2_INLINE bool q32_signed(int kind) { return kind == K_Q8_0 || kind == K_Q4_0 || kind == K_Q5_0; }
+/* Level offset subtracted through the activation sums (Q4_0: 8, Q5_0: 16). */
+AVX2_INLINE int q32_offset(int kind) { return kind == K_Q4_0 ? 8 : kind == K_Q5_0 ? 16 : 0; }
+AVX2_INLINE bool q32_has_min(int kind) { return kind == K_Q4_1 || kind == K_Q5_1; }
 
 AVX2_INLINE __m256 lut_bcast(const uint8_t *p) {
     tern_fp16 h;
@@ -56,6 +56,7 @@ AVX2_INLINE void q32_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, 
     const size_t bb = q32_block_bytes(kind);
     const size_t ab = sizeof(struct tern_block_q8_0);
     const size_t nb = k / TERN_QK;
+    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[AVX2_RMAX][AVX2_TMAX];
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
     for (size_t b = 0; b < nb; b++) {
@@ -64,22 +65,25 @@ AVX2_INLINE void q32_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, 
         UNROLL for (int r = 0; r < R; r++) {
             const uint8_t *blk = w + (size_t)r * wrb + b * bb;
             dw[r] = lut_bcast(blk);
-            if (!q32_signed(kind)) mw[r] = lut_bcast(blk + 2);
+            if (q32_has_min(kind)) mw[r] = lut_bcast(blk + 2);
             wq[r] = q32_levels(kind, blk);
-            wu[r] = q32_signed(kind) ? _mm256_sign_epi8(wq[r], wq[r]) : wq[r];
+            wu[r] = kind == K_Q8_0 ? _mm256_sign_epi8(wq[r], wq[r]) : wq[r];
         }
         UNROLL for (int t = 0; t < T; t++) {
             const uint8_t *ablk = a + (size_t)t * arb + b * ab;
             const __m256 da = lut_bcast(ablk);
             const __m256i aq = loadu256(ablk + 2);
+            __m256i corr = _mm256_setzero_si256();
             __m256 asum = _mm256_setzero_ps();
-            if (!q32_signed(kind)) asum = _mm256_cvtepi32_ps(dot_u8s8_32(_mm256_set1_epi8(1), aq));
+            if (q32_offset(kind))
+                corr = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8((char)q32_offset(kind)), aq), ones);
+            if (q32_has_min(kind)) asum = _mm256_cvtepi32_ps(dot_u8s8_32(_mm256_set1_epi8(1), aq));
             UNROLL for (int r = 0; r < R; r++) {
-                const __m256i s = q32_signed(kind) ? _mm256_sign_epi8(aq, wq[r]) : aq;
-                const __m256 p = _mm256_cvtepi32_ps(dot_u8s8_32(wu[r], s));
-                /* dw * da is exact (two halves), so this is one rounding per block */
-                acc[r][t] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw[r], da), acc[r][t]);
-                if (!q32_signed(kind)) acc[r][t] = _mm256_fmadd_ps(asum, _mm256_mul_ps(mw[r], da), acc[r][t]);
+                const __m256i s = kind == K_Q8_0 ? _mm256_sign_epi8(aq, wq[r]) : aq;
+                __m256i l = _mm256_madd_epi16(_mm256_maddubs_epi16(wu[r], s), ones);
+                if (q32_offset(kind)) l = _mm256_sub_epi32(l, corr);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), _mm256_mul_ps(dw[r], da), acc[r][t]);
+                if (q32_has_min(kind)) acc[r][t] = _mm256_fmadd_ps(asum, _mm256_mul_ps(mw[r], da), acc[r][t]);
             }
         }
     }

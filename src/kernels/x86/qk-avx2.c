@@ -22,19 +22,23 @@ AVX2_INLINE size_t qk_block_bytes(int kind) {
                             : sizeof(struct tern_block_q6_k);
 }
 
-/* Int16 lane pattern selecting element j of 8 int16 (both 128-bit lanes). */
-AVX2_INLINE __m256i sel16(int j) { return _mm256_set1_epi16((short)(((2 * j + 1) << 8) | (2 * j))); }
-/* Low lane element jl, high lane element jh. */
-AVX2_INLINE __m256i sel16x2(int jl, int jh) {
-    return _mm256_set_m128i(_mm_set1_epi16((short)(((2 * jh + 1) << 8) | (2 * jh))),
-                            _mm_set1_epi16((short)(((2 * jl + 1) << 8) | (2 * jl))));
+/* Dword j (0..3) of each 128-bit lane broadcast over that lane (j is a constant after
+ * unrolling; the switch keeps the immediate literal for every compiler). */
+AVX2_INLINE __m256i dword_bcast(__m256i x, int j) {
+    switch (j & 3) {
+    case 0: return _mm256_shuffle_epi32(x, 0x00);
+    case 1: return _mm256_shuffle_epi32(x, 0x55);
+    case 2: return _mm256_shuffle_epi32(x, 0xAA);
+    default: return _mm256_shuffle_epi32(x, 0xFF);
+    }
 }
 
-AVX2_INLINE float q8k_d(const uint8_t *ablk) {
-    float d;
-    memcpy(&d, ablk + Q8K_D, 4);
-    return d;
+AVX2_INLINE __m256 lut_bcast(const uint8_t *p) {
+    tern_fp16 h;
+    memcpy(&h, p, 2);
+    return _mm256_broadcast_ss(&tern_fp16_lut[h]);
 }
+
 
 /* ---- Q4_K and Q5_K ------------------------------------------------------------------- */
 
@@ -47,21 +51,21 @@ AVX2_INLINE void k4_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, c
     __m256 acc[AVX2_RMAX][AVX2_TMAX];
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
     for (size_t b = 0; b < k / TERN_QK_K; b++) {
-        __m256i scales[AVX2_RMAX], mins[AVX2_RMAX], qh[AVX2_RMAX];
-        float dw[AVX2_RMAX], dmw[AVX2_RMAX];
+        /* scale pairs: [s0 s0 s1 s1 s2 s2 s3 s3] and [s4 s4 .. s7 s7] in both lanes */
+        __m256i spl[AVX2_RMAX], sph[AVX2_RMAX], mins[AVX2_RMAX], qh[AVX2_RMAX];
+        __m256 dw[AVX2_RMAX], dmw[AVX2_RMAX];
         UNROLL for (int r = 0; r < R; r++) {
             const uint8_t *blk = w + (size_t)r * wrb + b * bb;
-            tern_fp16 h;
-            memcpy(&h, blk, 2);
-            dw[r] = h2f(h);
-            memcpy(&h, blk + 2, 2);
-            dmw[r] = h2f(h);
+            dw[r] = lut_bcast(blk);
+            dmw[r] = lut_bcast(blk + 2);
             uint32_t u[3];
             memcpy(u, blk + 4, 12);
             const uint32_t sc_lo = u[0] & 0x3f3f3f3fu, m_lo = u[1] & 0x3f3f3f3fu;
             const uint32_t sc_hi = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u);
             const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
-            scales[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, 0, 0)));
+            const __m256i s16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, 0, 0)));
+            spl[r] = _mm256_unpacklo_epi16(s16, s16);
+            sph[r] = _mm256_unpackhi_epi16(s16, s16);
             const __m256i m16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_setr_epi32((int)m_lo, (int)m_hi, 0, 0)));
             /* [m0 m0 m1 m1 m2 m2 m3 m3 | m4 m4 ... m7 m7], to pair with the 16 group sums */
             mins[r] = _mm256_shuffle_epi8(
@@ -84,8 +88,8 @@ AVX2_INLINE void k4_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, c
                     lo[r] = _mm256_or_si256(lo[r], _mm256_slli_epi16(b0, 4));
                     hi[r] = _mm256_or_si256(hi[r], _mm256_slli_epi16(b1, 4));
                 }
-                slo[r] = _mm256_shuffle_epi8(scales[r], sel16(2 * c));
-                shi[r] = _mm256_shuffle_epi8(scales[r], sel16(2 * c + 1));
+                slo[r] = dword_bcast(c < 2 ? spl[r] : sph[r], 2 * c);
+                shi[r] = dword_bcast(c < 2 ? spl[r] : sph[r], 2 * c + 1);
             }
             UNROLL for (int t = 0; t < T; t++) {
                 const uint8_t *aq = a + (size_t)t * arb + b * ab + Q8K_QS + 64 * c;
@@ -99,12 +103,12 @@ AVX2_INLINE void k4_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, c
         }
         UNROLL for (int t = 0; t < T; t++) {
             const uint8_t *ablk = a + (size_t)t * arb + b * ab;
-            const float dy = q8k_d(ablk);
+            const __m256 dy = _mm256_broadcast_ss((const float *)(ablk + Q8K_D));
             const __m256i bs = loadu256(ablk + Q8K_BSUMS);
             UNROLL for (int r = 0; r < R; r++) {
                 const __m256 m = _mm256_cvtepi32_ps(_mm256_madd_epi16(mins[r], bs));
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r][t]), _mm256_set1_ps(dw[r] * dy), acc[r][t]);
-                acc[r][t] = _mm256_fnmadd_ps(m, _mm256_set1_ps(dmw[r] * dy), acc[r][t]);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r][t]), _mm256_mul_ps(dw[r], dy), acc[r][t]);
+                acc[r][t] = _mm256_fnmadd_ps(m, _mm256_mul_ps(dmw[r], dy), acc[r][t]);
             }
         }
     }
@@ -122,17 +126,24 @@ AVX2_INLINE void q6k_tile(int R, int T, const uint8_t *w, size_t wrb, const uint
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
     for (size_t b = 0; b < k / TERN_QK_K; b++) {
         __m256i sc16[AVX2_RMAX]; /* the 16 scales as int16 */
-        float dw[AVX2_RMAX];
+        __m256 dw[AVX2_RMAX];
         UNROLL for (int r = 0; r < R; r++) {
             const uint8_t *blk = w + (size_t)r * wrb + b * bb;
-            tern_fp16 h;
-            memcpy(&h, blk + 208, 2);
-            dw[r] = h2f(h);
+            dw[r] = lut_bcast(blk + 208);
             sc16[r] = _mm256_cvtepi8_epi16(loadu128(blk + 192));
         }
         __m256i sumi[AVX2_RMAX][AVX2_TMAX];
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) sumi[r][t] = _mm256_setzero_si256();
         UNROLL for (int hf = 0; hf < 2; hf++) {
+            /* per half: low lanes [s0 s0 s2 s2 s4 s4 s6 s6], high lanes [s1 s1 s3 s3 ..] of
+             * its 8 scales, so that dword j is sub-block 2j (low) and 2j+1 (high) */
+            __m256i sp[AVX2_RMAX];
+            UNROLL for (int r = 0; r < R; r++) {
+                const __m256i s8 = hf ? _mm256_permute2x128_si256(sc16[r], sc16[r], 0x11)
+                                      : _mm256_permute2x128_si256(sc16[r], sc16[r], 0x00);
+                sp[r] = _mm256_shuffle_epi8(s8, _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 2, 3,
+                                                                  2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15));
+            }
             UNROLL for (int j = 0; j < 4; j++) {
                 __m256i q[AVX2_RMAX], sv[AVX2_RMAX];
                 UNROLL for (int r = 0; r < R; r++) {
@@ -143,9 +154,7 @@ AVX2_INLINE void q6k_tile(int R, int T, const uint8_t *w, size_t wrb, const uint
                     const __m256i top = _mm256_and_si256(_mm256_srli_epi16(qhv, 2 * j), m2);
                     q[r] = _mm256_or_si256(low, _mm256_slli_epi16(top, 4));
                     /* sub-blocks 8 hf + 2 j (low 128) and 8 hf + 2 j + 1 (high 128) */
-                    const __m256i s8 = hf ? _mm256_permute2x128_si256(sc16[r], sc16[r], 0x11)
-                                          : _mm256_permute2x128_si256(sc16[r], sc16[r], 0x00);
-                    sv[r] = _mm256_shuffle_epi8(s8, sel16x2(2 * j, 2 * j + 1));
+                    sv[r] = dword_bcast(sp[r], j);
                 }
                 UNROLL for (int t = 0; t < T; t++) {
                     const __m256i av = loadu256(a + (size_t)t * arb + b * ab + Q8K_QS + 128 * hf + 32 * j);
@@ -156,12 +165,12 @@ AVX2_INLINE void q6k_tile(int R, int T, const uint8_t *w, size_t wrb, const uint
         }
         UNROLL for (int t = 0; t < T; t++) {
             const uint8_t *ablk = a + (size_t)t * arb + b * ab;
-            const float dy = q8k_d(ablk);
+            const __m256 dy = _mm256_broadcast_ss((const float *)(ablk + Q8K_D));
             const __m256i bs = loadu256(ablk + Q8K_BSUMS);
             UNROLL for (int r = 0; r < R; r++) {
                 const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16[r], bs), 5);
                 const __m256 s = _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[r][t], corr));
-                acc[r][t] = _mm256_fmadd_ps(s, _mm256_set1_ps(dw[r] * dy), acc[r][t]);
+                acc[r][t] = _mm256_fmadd_ps(s, _mm256_mul_ps(dw[r], dy), acc[r][t]);
             }
         }
     }
