@@ -31,7 +31,7 @@ void model_parallel_for(struct tern_session *s, uint32_t n, model_item_fn fn, vo
     }
     struct pfor p = {.fn = fn, .ctx = ctx};
     tern_work_init(&p.work, n, 1);
-    tern_threadpool_run(s->m->pool, pfor_task, &p);
+    tern_threadpool_run_shared(s->m->pool, pfor_task, &p);
 }
 
 /* ---- matmul ---------------------------------------------------------------------- */
@@ -122,7 +122,7 @@ void model_matmul(struct tern_session *s, const float *x, uint32_t n_tok, const 
     if (block < 16) block = 16;
     tern_work_init(&t.work, total, block);
     if (nth == 1) mm_run_task(&t, 0, 1);
-    else tern_threadpool_run(s->m->pool, mm_run_task, &t);
+    else tern_threadpool_run_shared(s->m->pool, mm_run_task, &t);
 }
 
 /* ---- norms, embeddings ---------------------------------------------------------- */
@@ -269,5 +269,5 @@ void model_attention(struct tern_session *s, uint32_t il, const float *q, size_t
     };
     tern_work_init(&at.work, (size_t)n_tok * n_head, 1);
     if (tern_threadpool_n_threads(s->m->pool) == 1) attn_run_task(&at, 0, 1);
-    else tern_threadpool_run(s->m->pool, attn_run_task, &at);
+    else tern_threadpool_run_shared(s->m->pool, attn_run_task, &at);
 }

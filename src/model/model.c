@@ -2,6 +2,7 @@
  * the public model API. */
 #include "model/model.h"
 
+#include "tokenizer/tokenizer.h"
 #include "util/log.h"
 #include "util/mem.h"
 
@@ -363,6 +364,18 @@ enum tern_status tern_model_load(const struct tern_model_params *p, struct tern_
         gguf_get_str(m->f, "tokenizer.chat_template", &tmpl) == TERN_OK)
         m->chat_template = tmpl->ptr;
 
+    /* The tokenizer, when the file has one (generated test models may not). */
+    if (gguf_find_kv(m->f, "tokenizer.ggml.model")) {
+        if ((st = tern_tokenizer_load(m->f, &m->tok))) {
+            tern_error_prefix(st, "model: tokenizer");
+            goto fail;
+        }
+        if (tern_tokenizer_n_vocab(m->tok) > m->hp.n_vocab) {
+            st = tern_errorf(TERN_ERR_FORMAT, "model: the tokenizer has %u tokens but token_embd.weight only %u rows",
+                             tern_tokenizer_n_vocab(m->tok), m->hp.n_vocab);
+            goto fail;
+        }
+    }
     if ((st = tern_threadpool_new(p->n_threads, &m->pool))) goto fail;
 
     struct tern_model_info *in = &m->info;
@@ -392,6 +405,7 @@ void tern_model_free(struct tern_model *m) {
     model_ws_free(m);
     if (m->arch && m->arch->unload) m->arch->unload(m);
     tern_threadpool_free(m->pool);
+    tern_tokenizer_free(m->tok);
     free(m->layers);
     free(m->name);
     gguf_close(m->f);

@@ -26,12 +26,16 @@ struct tern_threadpool {
     int n_threads;
     struct worker *workers; /* n_threads - 1 */
 
-    /* The current task. Published by incrementing gen (release); workers read it
-     * after seeing gen change (acquire). */
+    /* The current task. Published by incrementing gen (seq_cst); workers read it after
+     * seeing gen change and joining the task. */
     tern_task_fn fn;
     void *ctx;
     _Alignas(64) atomic_uint_fast64_t gen;
-    _Alignas(64) atomic_int pending; /* workers still running the current task */
+    /* Joining: (gen & 0xffffffff) << 32 | CLOSED | number of workers that joined. A
+     * worker joins with a CAS that requires the task's gen and no CLOSED bit, so it never
+     * runs a task twice or one that has already been wrapped up. */
+    _Alignas(64) atomic_uint_fast64_t join;
+    _Alignas(64) atomic_int done; /* joined workers that finished */
     _Alignas(64) atomic_int n_sleeping;
     atomic_bool stop;
 
@@ -81,6 +85,16 @@ static uint64_t wait_for_task(struct tern_threadpool *tp, uint64_t seen) {
     return g;
 }
 
+#define JOIN_CLOSED (UINT64_C(1) << 31)
+
+static bool join_task(struct tern_threadpool *tp, uint64_t g) {
+    uint64_t s = atomic_load(&tp->join);
+    for (;;) {
+        if ((s >> 32) != (g & 0xffffffffu) || (s & JOIN_CLOSED)) return false;
+        if (atomic_compare_exchange_weak(&tp->join, &s, s + 1)) return true;
+    }
+}
+
 static void *worker_main(void *arg) {
     struct worker *w = arg;
     struct tern_threadpool *tp = w->tp;
@@ -88,8 +102,9 @@ static void *worker_main(void *arg) {
     for (;;) {
         seen = wait_for_task(tp, seen);
         if (atomic_load(&tp->stop)) break;
+        if (!join_task(tp, seen)) continue; /* wrapped up without us */
         tp->fn(tp->ctx, w->ith, tp->n_threads);
-        atomic_fetch_sub_explicit(&tp->pending, 1, memory_order_release);
+        atomic_fetch_add_explicit(&tp->done, 1, memory_order_release);
     }
     return NULL;
 }
@@ -103,7 +118,8 @@ enum tern_status tern_threadpool_new(int n_threads, struct tern_threadpool **out
     if (!tp) return tern_errorf(TERN_ERR_NOMEM, "thread pool: out of memory");
     tp->n_threads = n_threads;
     atomic_init(&tp->gen, 0);
-    atomic_init(&tp->pending, 0);
+    atomic_init(&tp->join, JOIN_CLOSED);
+    atomic_init(&tp->done, 0);
     atomic_init(&tp->n_sleeping, 0);
     atomic_init(&tp->stop, false);
     pthread_mutex_init(&tp->mu, NULL);
@@ -147,7 +163,7 @@ void tern_threadpool_free(struct tern_threadpool *tp) {
 
 int tern_threadpool_n_threads(const struct tern_threadpool *tp) { return tp->n_threads; }
 
-void tern_threadpool_run(struct tern_threadpool *tp, tern_task_fn fn, void *ctx) {
+static void run(struct tern_threadpool *tp, tern_task_fn fn, void *ctx, bool all) {
     if (tp->n_threads == 1) {
         fn(ctx, 0, 1);
         return;
@@ -155,19 +171,29 @@ void tern_threadpool_run(struct tern_threadpool *tp, tern_task_fn fn, void *ctx)
     pthread_mutex_lock(&tp->run_mu);
     tp->fn = fn;
     tp->ctx = ctx;
-    atomic_store_explicit(&tp->pending, tp->n_threads - 1, memory_order_relaxed);
-    atomic_fetch_add(&tp->gen, 1); /* seq_cst: publishes fn/ctx/pending */
+    const uint64_t g = atomic_load(&tp->gen) + 1; /* only run_mu holders change gen */
+    atomic_store(&tp->done, 0);
+    atomic_store(&tp->join, (g & 0xffffffffu) << 32);
+    atomic_store(&tp->gen, g); /* seq_cst: publishes fn, ctx, join */
     if (atomic_load(&tp->n_sleeping) > 0) {
         pthread_mutex_lock(&tp->mu);
         pthread_cond_broadcast(&tp->cv);
         pthread_mutex_unlock(&tp->mu);
     }
     fn(ctx, 0, tp->n_threads);
-    /* The workers run tasks of about the same length as ours: spin, and only yield
-     * when one of them was descheduled. */
-    for (unsigned i = 0; atomic_load_explicit(&tp->pending, memory_order_acquire) > 0; i++) {
+    /* A task every thread must run waits for all workers; a shared-work task is closed
+     * now, so a worker that has not started (descheduled on a busy machine) is not
+     * waited for: the work it would have taken is done already. */
+    int want = tp->n_threads - 1;
+    if (!all) want = (int)(atomic_fetch_or(&tp->join, JOIN_CLOSED) & (JOIN_CLOSED - 1));
+    for (unsigned i = 0; atomic_load_explicit(&tp->done, memory_order_acquire) < want; i++) {
         if (i < 4096) cpu_relax();
         else sched_yield();
     }
+    atomic_fetch_or(&tp->join, JOIN_CLOSED);
     pthread_mutex_unlock(&tp->run_mu);
 }
+
+void tern_threadpool_run(struct tern_threadpool *tp, tern_task_fn fn, void *ctx) { run(tp, fn, ctx, true); }
+
+void tern_threadpool_run_shared(struct tern_threadpool *tp, tern_task_fn fn, void *ctx) { run(tp, fn, ctx, false); }

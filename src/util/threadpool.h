@@ -32,6 +32,13 @@ int tern_n_cores(void);
 /* Runs fn(ctx, ith, nth) on every thread, ith in [0, nth), and returns when all are
  * done. nth is the pool's thread count. */
 void tern_threadpool_run(struct tern_threadpool *tp, tern_task_fn fn, void *ctx);
+/* For tasks whose threads share their work dynamically (tern_work): the caller runs
+ * fn(ctx, 0, nth), and so does every worker that starts before the caller has finished
+ * its own call; a worker that has not started by then (descheduled on a busy machine)
+ * is not waited for. fn must therefore leave no work behind when it returns (take
+ * blocks until none is left), and may be run by fewer than nth threads (each ith at
+ * most once). */
+void tern_threadpool_run_shared(struct tern_threadpool *tp, tern_task_fn fn, void *ctx);
 
 /* Dynamic work sharing inside a task: an atomic counter handing out items [0, n) in
  * blocks, so threads that run faster take more (which block goes to which thread does

@@ -79,6 +79,49 @@ static void test_work_sharing(void **state) {
     tern_threadpool_free(tp);
 }
 
+struct shared_ctx {
+    struct tern_work work;
+    atomic_uchar *seen;
+    atomic_int calls[16];
+};
+
+static void shared_task(void *ctx, int ith, int nth) {
+    struct shared_ctx *w = ctx;
+    assert_true(nth >= 1 && ith < nth);
+    atomic_fetch_add(&w->calls[ith], 1);
+    size_t i0, i1;
+    while (tern_work_take(&w->work, &i0, &i1))
+        for (size_t i = i0; i < i1; i++) atomic_fetch_add(&w->seen[i], 1);
+}
+
+/* Shared-work tasks: every item exactly once, each thread at most once per task, the
+ * caller always; also with more threads than cores. */
+static void test_shared_tasks(void **state) {
+    (void)state;
+    for (int n = 1; n <= 6; n++) {
+        struct tern_threadpool *tp;
+        assert_int_equal(tern_threadpool_new(n, &tp), TERN_OK);
+        for (int r = 0; r < 300; r++) {
+            struct shared_ctx w;
+            memset(&w, 0, sizeof w);
+            const size_t items = (size_t)(r % 7) * 100 + 1;
+            w.seen = calloc(items, 1);
+            tern_work_init(&w.work, items, (size_t)(r % 5) + 1);
+            tern_threadpool_run_shared(tp, shared_task, &w);
+            for (size_t i = 0; i < items; i++) assert_int_equal(w.seen[i], 1);
+            assert_int_equal(atomic_load(&w.calls[0]), 1);
+            for (int i = 1; i < 16; i++) assert_true(atomic_load(&w.calls[i]) <= 1);
+            free(w.seen);
+        }
+        /* static tasks still reach every thread after shared ones */
+        struct count_ctx c;
+        memset(&c, 0, sizeof c);
+        for (int r = 0; r < 50; r++) tern_threadpool_run(tp, count_task, &c);
+        for (int i = 0; i < n; i++) assert_int_equal(atomic_load(&c.calls[i]), 50);
+        tern_threadpool_free(tp);
+    }
+}
+
 static void test_wakes_after_sleep(void **state) {
     (void)state;
     struct tern_threadpool *tp;
@@ -130,6 +173,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_thread_runs_once),
         cmocka_unit_test(test_work_sharing),
+        cmocka_unit_test(test_shared_tasks),
         cmocka_unit_test(test_wakes_after_sleep),
         cmocka_unit_test(test_concurrent_callers),
     };
