@@ -1,0 +1,228 @@
+/* tern bench (model): prompt processing and decode speed, as llama-bench measures them
+ * (pp: one prompt of -p random tokens; tg: -n tokens decoded one by one from an empty
+ * context), with the decode's effective weight bandwidth and the prompt's GFLOP/s. */
+#include "cli/cli.h"
+
+#include "gguf/gguf.h"
+#include "util/timeutil.h"
+
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: tern bench [model] --model FILE [-p N] [-n N] [-r N] [--threads N] [--no-mmap] [--json]\n"
+            "\n"
+            "Measures prompt processing (pp: one prompt of N random tokens) and decoding (tg:\n"
+            "N tokens one by one from an empty context), mean +- sd over repetitions, after a\n"
+            "warm-up run. Also: the weight bytes read per decoded token times tg t/s (the\n"
+            "decode's effective bandwidth) and the prompt's GFLOP/s.\n"
+            "\n"
+            "  -m, --model FILE      the GGUF model\n"
+            "  -p, --n-prompt N      prompt tokens (default 512; 0 = skip)\n"
+            "  -n, --n-gen N         generated tokens (default 128; 0 = skip)\n"
+            "  -r, --repetitions N   (default 3)\n"
+            "  -t, --threads N       compute threads (default: online cores)\n"
+            "      --chunk N         prompt chunk size (default: the whole prompt)\n"
+            "      --kv-type f16|f32 KV cache type (default f16)\n"
+            "      --no-mmap         read the weights into memory instead of mapping them\n"
+            "      --mlock           pin the weights\n"
+            "      --json            print one JSON object instead of a table\n"
+            "  -h, --help            this help\n");
+}
+
+static const struct option long_opts[] = {
+    {"model", required_argument, 0, 'm'},    {"n-prompt", required_argument, 0, 'p'},
+    {"n-gen", required_argument, 0, 'n'},    {"repetitions", required_argument, 0, 'r'},
+    {"threads", required_argument, 0, 't'},  {"chunk", required_argument, 0, 'C'},
+    {"kv-type", required_argument, 0, 'K'},  {"no-mmap", no_argument, 0, 'M'},
+    {"mlock", no_argument, 0, 'L'},          {"json", no_argument, 0, 'J'},
+    {"help", no_argument, 0, 'h'},           {0, 0, 0, 0},
+};
+
+/* Weight figures from the file: bytes read per decoded token (every matrix, one row of
+ * the embedding table unless it is also the output), and the multiply-adds per token in
+ * the layers and in the output projection. */
+struct weight_stats {
+    uint64_t read_per_token;
+    uint64_t layer_macs;  /* per token, all blk.* matrices */
+    uint64_t output_macs; /* the output projection */
+};
+
+static enum tern_status weight_stats(const char *path, struct weight_stats *ws) {
+    memset(ws, 0, sizeof *ws);
+    struct gguf_open_opts oo = {.no_data = true};
+    struct gguf_file *f;
+    enum tern_status st = gguf_open(path, &oo, &f);
+    if (st) return st;
+    const struct gguf_tensor *embd = gguf_find_tensor(f, "token_embd.weight");
+    const bool tied = !gguf_find_tensor(f, "output.weight");
+    for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(f, i);
+        const char *name = t->name.ptr;
+        if (t == embd) {
+            if (tied) {
+                ws->read_per_token += t->size;
+                ws->output_macs += t->n_elements;
+            } else {
+                ws->read_per_token += t->ne[1] ? t->size / t->ne[1] : 0;
+            }
+            continue;
+        }
+        ws->read_per_token += t->size;
+        if (t->n_dims < 2) continue;
+        if (!strcmp(name, "output.weight")) ws->output_macs += t->n_elements;
+        else if (!strncmp(name, "blk.", 4)) ws->layer_macs += t->n_elements;
+    }
+    gguf_close(f);
+    return TERN_OK;
+}
+
+static void random_tokens(int32_t *t, size_t n, uint32_t n_vocab, uint64_t *x) {
+    for (size_t i = 0; i < n; i++) {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        t[i] = (int32_t)(*x % n_vocab);
+    }
+}
+
+static void mean_sd(const double *v, int n, double *mean, double *sd) {
+    double s = 0, q = 0;
+    for (int i = 0; i < n; i++) s += v[i];
+    *mean = s / n;
+    for (int i = 0; i < n; i++) q += (v[i] - *mean) * (v[i] - *mean);
+    *sd = n > 1 ? sqrt(q / (n - 1)) : 0.0;
+}
+
+static int bench_model_main(int argc, char **argv) {
+    const char *model = NULL;
+    long n_prompt = 512, n_gen = 128, reps = 3, threads = 0, chunk = 0;
+    bool no_mmap = false, mlock = false, json = false;
+    enum tern_kv_type kv = TERN_KV_F16;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:p:n:r:t:h", long_opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 'p':
+            if (!cli_parse_int(optarg, 0, 1 << 20, &n_prompt)) return cli_usage_error("bench", "bad -p '%s'", optarg);
+            break;
+        case 'n':
+            if (!cli_parse_int(optarg, 0, 1 << 20, &n_gen)) return cli_usage_error("bench", "bad -n '%s'", optarg);
+            break;
+        case 'r':
+            if (!cli_parse_int(optarg, 1, 1000, &reps)) return cli_usage_error("bench", "bad -r '%s' (1..1000)", optarg);
+            break;
+        case 't':
+            if (!cli_parse_int(optarg, 1, 1024, &threads)) return cli_usage_error("bench", "bad --threads '%s'", optarg);
+            break;
+        case 'C':
+            if (!cli_parse_int(optarg, 1, 1 << 20, &chunk)) return cli_usage_error("bench", "bad --chunk '%s'", optarg);
+            break;
+        case 'K':
+            if (!strcmp(optarg, "f16")) kv = TERN_KV_F16;
+            else if (!strcmp(optarg, "f32")) kv = TERN_KV_F32;
+            else return cli_usage_error("bench", "bad --kv-type '%s' (f16 or f32)", optarg);
+            break;
+        case 'M': no_mmap = true; break;
+        case 'L': mlock = true; break;
+        case 'J': json = true; break;
+        case 'h': usage(stdout); return 0;
+        default: return cli_usage_error("bench", "unknown option");
+        }
+    }
+    if (optind < argc) return cli_usage_error("bench", "unexpected argument '%s'", argv[optind]);
+    if (!model) return cli_usage_error("bench", "--model is required");
+    if (n_prompt == 0 && n_gen == 0) return cli_usage_error("bench", "nothing to measure (-p 0 and -n 0)");
+
+    struct weight_stats ws;
+    if (weight_stats(model, &ws)) return cli_fail("bench", "%s", tern_last_error());
+    struct tern_model_params mp;
+    tern_model_params_default(&mp);
+    mp.path = model;
+    mp.no_mmap = no_mmap;
+    mp.mlock = mlock;
+    mp.n_threads = (int)threads;
+    struct tern_model *m;
+    const double t_load = tern_now_s();
+    if (tern_model_load(&mp, &m)) return cli_fail("bench", "%s", tern_last_error());
+    const double load_s = tern_now_s() - t_load;
+    const struct tern_model_info *info = tern_model_info(m);
+    struct tern_session_params sp;
+    tern_session_params_default(&sp);
+    sp.kv_type = kv;
+    sp.n_chunk = (uint32_t)(chunk ? chunk : (n_prompt ? n_prompt : 1));
+    sp.n_ctx = (uint32_t)((n_prompt > n_gen ? n_prompt : n_gen) + 8);
+    struct tern_session *s;
+    if (tern_session_new(m, &sp, &s)) {
+        tern_model_free(m);
+        return cli_fail("bench", "%s", tern_last_error());
+    }
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)(n_prompt + n_gen + 1));
+    double *pp = calloc((size_t)reps, sizeof(double)), *tg = calloc((size_t)reps, sizeof(double));
+    uint64_t rng = 0x2545F4914F6CDD1Dull;
+    int rc = 0;
+    /* r = -1 is the warm-up (pages the weights in, grows the workspace) */
+    for (long r = -1; r < reps && !rc; r++) {
+        if (n_prompt) {
+            random_tokens(toks, (size_t)n_prompt, info->n_vocab, &rng);
+            tern_session_rewind(s, 0);
+            const double t0 = tern_now_s();
+            if (tern_session_eval(s, toks, (size_t)(r < 0 ? (n_prompt < 16 ? n_prompt : 16) : n_prompt), NULL))
+                rc = 1;
+            if (r >= 0) pp[r] = (double)n_prompt / (tern_now_s() - t0);
+        }
+        if (n_gen && !rc) {
+            random_tokens(toks, (size_t)n_gen, info->n_vocab, &rng);
+            tern_session_rewind(s, 0);
+            const long n = r < 0 ? (n_gen < 4 ? n_gen : 4) : n_gen;
+            const double t0 = tern_now_s();
+            for (long i = 0; i < n && !rc; i++)
+                if (tern_session_eval(s, &toks[i], 1, NULL)) rc = 1;
+            if (r >= 0) tg[r] = (double)n_gen / (tern_now_s() - t0);
+        }
+    }
+    if (rc) {
+        cli_fail("bench", "%s", tern_last_error());
+    } else {
+        double pp_m = 0, pp_sd = 0, tg_m = 0, tg_sd = 0;
+        if (n_prompt) mean_sd(pp, (int)reps, &pp_m, &pp_sd);
+        if (n_gen) mean_sd(tg, (int)reps, &tg_m, &tg_sd);
+        /* Prompt FLOPs: every layer matrix per token, the output projection once (only the
+         * last position's logits); attention over positions is not counted. */
+        const double pp_flop = 2.0 * ((double)ws.layer_macs * (double)n_prompt + (double)ws.output_macs);
+        const double gflops = n_prompt ? pp_flop * pp_m / (double)n_prompt * 1e-9 : 0.0;
+        const double gbps = (double)ws.read_per_token * tg_m * 1e-9;
+        const char *mode = no_mmap ? "read into memory (--no-mmap)" : mlock ? "mmap + mlock" : "mmap";
+        if (json) {
+            printf("{\"model\":\"%s\",\"arch\":\"%s\",\"n_params\":%llu,\"weight_bytes\":%llu,"
+                   "\"weight_bytes_per_token\":%llu,\"threads\":%d,\"mmap\":%s,\"mlock\":%s,\"kv_type\":\"%s\","
+                   "\"repetitions\":%ld,\"load_s\":%.3f,\"n_prompt\":%ld,\"pp_tps\":%.3f,\"pp_tps_sd\":%.3f,"
+                   "\"pp_gflops\":%.3f,\"n_gen\":%ld,\"tg_tps\":%.3f,\"tg_tps_sd\":%.3f,\"tg_gbps\":%.3f}\n",
+                   info->name, info->arch, (unsigned long long)info->n_params,
+                   (unsigned long long)info->weight_bytes, (unsigned long long)ws.read_per_token, info->n_threads,
+                   no_mmap ? "false" : "true", mlock ? "true" : "false", kv == TERN_KV_F16 ? "f16" : "f32", reps,
+                   load_s, n_prompt, pp_m, pp_sd, gflops, n_gen, tg_m, tg_sd, gbps);
+        } else {
+            printf("model: %s (%s), %.1f M params, %.1f MB of weights, %.1f MB read per decoded token\n",
+                   info->name, info->arch, (double)info->n_params / 1e6, (double)info->weight_bytes / 1e6,
+                   (double)ws.read_per_token / 1e6);
+            printf("weights: %s, loaded in %.2f s; %d threads; KV %s; %ld repetitions after a warm-up\n", mode,
+                   load_s, info->n_threads, kv == TERN_KV_F16 ? "f16" : "f32", reps);
+            if (n_prompt)
+                printf("pp%-5ld %8.2f +- %6.2f t/s   %7.2f GFLOP/s (matmuls)\n", n_prompt, pp_m, pp_sd, gflops);
+            if (n_gen)
+                printf("tg%-5ld %8.2f +- %6.2f t/s   %7.2f GB/s of weights\n", n_gen, tg_m, tg_sd, gbps);
+        }
+    }
+    free(toks), free(pp), free(tg);
+    tern_session_free(s);
+    tern_model_free(m);
+    return rc;
+}
+
+TERN_BENCH("model", "prompt and decode speed of a model (pp/tg t/s, bandwidth, GFLOP/s)", bench_model_main)
