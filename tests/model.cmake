@@ -10,3 +10,4 @@ tern_unit_test(test-model-lite ${CMAKE_SOURCE_DIR}/tests/unit/test-model.c
   ${CMAKE_SOURCE_DIR}/tests/unit/test-model-gen.c ARGS lite TIMEOUT 600)
 tern_unit_test(test-model-parity ${CMAKE_SOURCE_DIR}/tests/unit/test-model-parity.c LABELS no-asan TIMEOUT 600)
 tern_unit_test(test-model-parity-lite ${CMAKE_SOURCE_DIR}/tests/unit/test-model-parity.c ARGS lite TIMEOUT 600)
+tern_script_test(model-cli ${CMAKE_SOURCE_DIR}/tests/e2e/model-cli.sh TIMEOUT 300)
