@@ -43,7 +43,7 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const dir = tmp();
 const model = args.model ?? makeModel(dir);
 const srv = await startServer(['--model', model, '--ctx-size', '2048', '--queue', String(args.queue ?? clients)],
-  { TERN_LOG: 'warn' });
+);
 const url = srv.base + '/v1/chat/completions';
 
 async function one(i, stats) {

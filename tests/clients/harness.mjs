@@ -37,17 +37,18 @@ export async function startServer(args, env = {}) {
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let log = '';
+  let timer;
   const port = await new Promise((resolve, reject) => {
     const onData = (d) => {
-      log += d.toString();
+      log = (log + d.toString()).slice(-65536);
       const m = log.match(/listening on http:\/\/[^:]+:(\d+)/);
       if (m) resolve(Number(m[1]));
     };
     proc.stderr.on('data', onData);
     proc.stdout.on('data', onData);
     proc.on('exit', (code) => reject(new Error(`tern serve exited ${code}: ${log}`)));
-    setTimeout(() => reject(new Error(`tern serve did not start: ${log}`)), 60000);
-  });
+    timer = setTimeout(() => reject(new Error(`tern serve did not start: ${log}`)), 60000);
+  }).finally(() => clearTimeout(timer));
   const base = `http://127.0.0.1:${port}`;
   for (let i = 0; i < 600; i++) {
     try {

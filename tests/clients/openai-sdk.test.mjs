@@ -85,11 +85,11 @@ test('tool round trip: streamed tool_calls reassembled by the SDK', async () => 
   assert.notEqual(m.tool_calls[0].id, m.tool_calls[1].id);
   // send the results back, as an agent does
   const next = await client.chat.completions.create({
-    model: 'tern', tools, max_tokens: 8,
+    model: 'tern', tools,
     messages: [...messages, { role: 'assistant', content: null, tool_calls: m.tool_calls },
       { role: 'tool', tool_call_id: m.tool_calls[0].id, content: '# tern' },
       { role: 'tool', tool_call_id: m.tool_calls[1].id, content: [{ type: 'text', text: 'README.md src' }] }],
-    tern_forced_output: 'It says tern.',
+    tern_forced_output: 'It says tern.', max_tokens: 50,
   });
   assert.equal(next.choices[0].message.content, 'It says tern.');
   assert.equal(next.choices[0].finish_reason, 'stop');
@@ -146,7 +146,7 @@ test('the real agent request bodies of ../shared/bench are accepted', async (t) 
   // The shared tiny qwen3 model carries the Qwen3 chat template and a Qwen-style
   // vocabulary: the bodies render as a real deployment renders them.
   const model = join(shared, 'models', 'tiny-qwen3-q8_0.gguf');
-  const s3 = await startServer(['--model', model, '--ctx-size', '4096', '--max-body', '1000000']);
+  const s3 = await startServer(['--model', model, '--ctx-size', process.env.TERN_BENCH_CTX || '3072', '--max-body', '1000000']);
   t.after(() => s3.stop());
   let n = 0, served = 0;
   for (const f of readdirSync(benchDir).filter((x) => x.endsWith('.jsonl')).sort()) {
@@ -167,4 +167,5 @@ test('the real agent request bodies of ../shared/bench are accepted', async (t) 
   }
   assert.ok(n >= 100, `${n} requests`);
   assert.ok(served >= 1, 'at least the short first turns were served');
+  console.log(`bench bodies: ${n} accepted, ${served} served within the test context`);
 });

@@ -149,7 +149,7 @@ test('reasoning and tool calls through the real detokenizer (forced output)', as
   assert.equal(s.calls[0].args, m.tool_calls[0].function.arguments);
   assert.equal(s.finish, 'tool_calls');
   // tool_choice none: the markers are plain content
-  const n = await post('/v1/chat/completions', greedy('x', { tools, tool_choice: 'none', tern_forced_output: '<tool_call>{"name":"now"}</tool_call>' }));
+  const n = await post('/v1/chat/completions', greedy('x', { tools, tool_choice: 'none', max_tokens: 100, tern_forced_output: '<tool_call>{"name":"now"}</tool_call>' }));
   assert.equal(n.json.choices[0].message.content, '<tool_call>{"name":"now"}</tool_call>');
   // a truncated answer: finish_reason length
   const l = await post('/v1/chat/completions', greedy('x', { tern_forced_output: 'one two three four five six', max_tokens: 2 }));
