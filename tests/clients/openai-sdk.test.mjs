@@ -1,7 +1,6 @@
 // tern serve driven by the official openai npm package (third_party/package.json pins
 // the version): non-streaming, streaming with usage, a tool round trip whose streamed
-// tool_calls the SDK reassembles, reasoning_content, errors as the SDK's error classes,
-// and the real agent request bodies of ../shared/bench accepted.
+// tool_calls the SDK reassembles, reasoning_content, errors as the SDK's error classes.
 //
 // A random-weight model never emits a tool call by itself, so the tool and reasoning
 // tests use the test-only request field tern_forced_output (enabled by
@@ -10,7 +9,6 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { createRequire } from 'node:module';
-import { readFileSync, readdirSync, existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { makeModel, startServer, tmp, requireOpenAI, sourceDir } from './harness.mjs';
 
@@ -134,38 +132,4 @@ test('errors arrive as the SDK error classes', async () => {
     assert.ok(e instanceof OpenAI.NotFoundError, e.constructor.name);
     return true;
   });
-});
-
-test('the real agent request bodies of ../shared/bench are accepted', async (t) => {
-  const shared = process.env.TERN_SHARED_DIR;
-  const benchDir = shared && join(shared, 'bench');
-  if (!benchDir || !existsSync(benchDir)) {
-    t.skip('no ../shared/bench (TERN_SHARED_DIR)');
-    return;
-  }
-  // The shared tiny qwen3 model carries the Qwen3 chat template and a Qwen-style
-  // vocabulary: the bodies render as a real deployment renders them.
-  const model = join(shared, 'models', 'tiny-qwen3-q8_0.gguf');
-  const s3 = await startServer(['--model', model, '--ctx-size', process.env.TERN_BENCH_CTX || '3072', '--max-body', '1000000']);
-  t.after(() => s3.stop());
-  let n = 0, served = 0;
-  for (const f of readdirSync(benchDir).filter((x) => x.endsWith('.jsonl')).sort()) {
-    const lines = readFileSync(join(benchDir, f), 'utf8').split('\n').filter(Boolean);
-    for (const line of lines) {
-      const body = { ...JSON.parse(line).request, max_tokens: 1, stream: false };
-      // Sent as raw bytes (as qwen-code sends them); the SDK would re-serialize.
-      const r = await fetch(s3.base + '/v1/chat/completions', {
-        method: 'POST', body: JSON.stringify(body), headers: { 'content-type': 'application/json' },
-      });
-      const j = await r.json();
-      // Parsed, normalised, rendered and tokenized: either served, or refused only
-      // because the prompt is longer than this small test context.
-      if (r.status === 200) served++;
-      else assert.equal(j.error?.code, 'context_length_exceeded', `${f}: ${JSON.stringify(j)}`);
-      n++;
-    }
-  }
-  assert.ok(n >= 100, `${n} requests`);
-  assert.ok(served >= 1, 'at least the short first turns were served');
-  console.log(`bench bodies: ${n} accepted, ${served} served within the test context`);
 });
