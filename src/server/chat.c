@@ -1,0 +1,100 @@
+/* Chat formatting shared by the server and `tern run --chat` (see chat.h). */
+#include "server/chat.h"
+
+#include "template/template.h"
+#include "tokenizer/tokenizer.h"
+#include "util/log.h"
+#include "util/mem.h"
+
+#include <string.h>
+
+/* ChatML, the format most instruction-tuned models without a stored template expect. */
+static const char chatml_src[] =
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}";
+
+static char *token_text_dup(const struct tern_tokenizer *tok, int32_t id) {
+    size_t n = 0;
+    const char *s = id >= 0 ? tern_token_text(tok, id, &n) : NULL;
+    return s ? tern_strndup(s, n) : tern_strdup("");
+}
+
+enum tern_status chat_fmt_init(struct chat_fmt *cf, const struct tern_model *m, const char *override_src,
+                               size_t override_len) {
+    memset(cf, 0, sizeof *cf);
+    cf->tok = tern_model_tokenizer(m);
+    if (!cf->tok) return tern_errorf(TERN_ERR_UNSUPPORTED, "the model file has no tokenizer: chat needs one");
+    const char *src = override_src;
+    size_t len = override_len;
+    cf->source = "file";
+    if (!src) {
+        src = tern_model_chat_template(m);
+        len = src ? strlen(src) : 0;
+        cf->source = "model";
+    }
+    if (!src) {
+        TERN_LOG_WARN("the model has no chat template (tokenizer.chat_template): using ChatML; "
+                      "pass --chat-template FILE if the model expects another format");
+        src = chatml_src;
+        len = sizeof chatml_src - 1;
+        cf->fallback = true;
+        cf->source = "chatml";
+    }
+    enum tern_status st = tern_template_compile(src, len, &cf->tmpl);
+    if (st) return tern_error_prefix(st, "chat template (%s)", cf->source);
+    cf->bos_text = token_text_dup(cf->tok, tern_token_bos(cf->tok));
+    cf->eos_text = token_text_dup(cf->tok, tern_token_eos(cf->tok));
+    if (!cf->bos_text || !cf->eos_text) {
+        chat_fmt_free(cf);
+        return tern_errorf(TERN_ERR_NOMEM, "out of memory");
+    }
+    /* The Qwen family's markers: in the vocabulary or in the template. */
+    bool qwen = tern_token_find(cf->tok, "<think>", 7) >= 0 || tern_token_find(cf->tok, "<tool_call>", 11) >= 0 ||
+                memmem(src, len, "<tool_call>", 11) || memmem(src, len, "<think>", 7);
+    cf->fmt = qwen ? &reply_format_qwen : &reply_format_plain;
+    return TERN_OK;
+}
+
+void chat_fmt_free(struct chat_fmt *cf) {
+    if (!cf) return;
+    tern_template_free(cf->tmpl);
+    free(cf->bos_text);
+    free(cf->eos_text);
+    memset(cf, 0, sizeof *cf);
+}
+
+enum tern_status chat_fmt_render(const struct chat_fmt *cf, const json_t *vars, struct tern_buf *out) {
+    return tern_template_render(cf->tmpl, vars, NULL, out);
+}
+
+enum tern_status chat_fmt_tokenize(const struct chat_fmt *cf, const char *text, size_t n, int32_t **ids, size_t *n_ids,
+                                   size_t *cap) {
+    size_t start = *n_ids;
+    int32_t bos = tern_token_bos(cf->tok);
+    if (tern_tokenizer_add_bos(cf->tok) && bos >= 0) {
+        /* put BOS first; removed below when the render starts with BOS itself */
+        if (*n_ids == *cap) {
+            size_t nc = *cap ? *cap * 2 : 64;
+            int32_t *p = tern_reallocarray(*ids, nc, sizeof *p);
+            if (!p) return tern_errorf(TERN_ERR_NOMEM, "out of memory");
+            *ids = p;
+            *cap = nc;
+        }
+        (*ids)[(*n_ids)++] = bos;
+    }
+    size_t after_bos = *n_ids;
+    enum tern_status st = tern_tokenize(cf->tok, text, n, TERN_TOK_PARSE_SPECIAL, ids, n_ids, cap);
+    if (st) {
+        *n_ids = start;
+        return st;
+    }
+    if (after_bos > start && *n_ids > after_bos && (*ids)[after_bos] == bos) {
+        memmove(*ids + start, *ids + after_bos, (*n_ids - after_bos) * sizeof **ids);
+        *n_ids -= after_bos - start;
+    }
+    return TERN_OK;
+}
+
+int32_t chat_turn_token(const struct chat_fmt *cf) { return tern_token_find(cf->tok, "<|im_start|>", 12); }

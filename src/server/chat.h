@@ -1,0 +1,44 @@
+/* Chat formatting shared by `tern serve` and `tern run --chat`: the model's chat
+ * template (or --chat-template FILE, or a ChatML fallback), the tokenization rule for
+ * rendered prompts, and the output format the model speaks. */
+#ifndef TERN_SERVER_CHAT_H
+#define TERN_SERVER_CHAT_H
+
+#include "server/reply.h"
+#include "tern.h"
+#include "util/buf.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+
+struct tern_template;
+
+struct chat_fmt {
+    struct tern_template *tmpl;
+    const struct tern_tokenizer *tok;     /* borrowed from the model */
+    char *bos_text, *eos_text;            /* "" when the vocabulary has none */
+    const struct reply_format *fmt;       /* how to read the model's output */
+    bool fallback;                        /* no template in the model: ChatML */
+    const char *source;                   /* "model", "file", "chatml" */
+};
+
+/* override_src: a template given by the user (NULL: the model's). */
+enum tern_status chat_fmt_init(struct chat_fmt *cf, const struct tern_model *m, const char *override_src,
+                               size_t override_len);
+void chat_fmt_free(struct chat_fmt *cf);
+
+/* Renders vars (messages, tools, add_generation_prompt ...) into out. */
+enum tern_status chat_fmt_render(const struct chat_fmt *cf, const json_t *vars, struct tern_buf *out);
+
+/* Tokenizes a rendered prompt: control-token text is parsed as control tokens; a BOS
+ * is put in front only when the vocabulary asks for one (add_bos) and the render does
+ * not already start with it (llama.cpp's rule, which avoids a double BOS). Appends to
+ * *ids (growable, caller frees). */
+enum tern_status chat_fmt_tokenize(const struct chat_fmt *cf, const char *text, size_t n, int32_t **ids, size_t *n_ids,
+                                   size_t *cap);
+
+/* The turn-start token (DESIGN.md §4 checkpoint plan): <|im_start|> when the
+ * vocabulary has it, else -1. */
+int32_t chat_turn_token(const struct chat_fmt *cf);
+
+#endif

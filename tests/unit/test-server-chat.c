@@ -1,0 +1,134 @@
+/* server/chat: the chat format shared by tern serve and tern chat — the model's
+ * template rendered with normalised messages, the BOS rule, the ChatML fallback, the
+ * output format chosen from the vocabulary, and the demo model's recipe. */
+#include "harness.h"
+
+#include "model/mkmodel.h"
+#include "server/chat.h"
+#include "server/request.h"
+#include "tokenizer/tokenizer.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static struct tern_model *load(const char *path) {
+    struct tern_model_params mp;
+    tern_model_params_default(&mp);
+    mp.path = path;
+    mp.n_threads = 1;
+    struct tern_model *m = NULL;
+    if (tern_model_load(&mp, &m)) fail_msg("load %s: %s", path, tern_last_error());
+    return m;
+}
+
+static const char *tiny_model(void) {
+    static char path[512];
+    if (path[0]) return path;
+    snprintf(path, sizeof path, "%s/tiny.gguf", th_tmpdir());
+    struct tern_mkmodel_params p;
+    assert_int_equal(tern_mkmodel_preset("tiny-qwen3", &p), TERN_OK);
+    p.n_layer = 1;
+    if (tern_mkmodel_write(&p, path, NULL)) fail_msg("mkmodel: %s", tern_last_error());
+    return path;
+}
+
+static void render(const struct chat_fmt *cf, const char *body, struct tern_buf *out) {
+    struct srv_request req;
+    struct srv_error err;
+    if (!srv_request_parse(SRV_EP_CHAT, body, strlen(body), NULL, &req, &err)) fail_msg("%s", err.message);
+    json_t *vars = srv_template_vars(&req, cf->bos_text, cf->eos_text);
+    if (chat_fmt_render(cf, vars, out)) fail_msg("render: %s", tern_last_error());
+    json_decref(vars);
+    srv_request_free(&req);
+}
+
+static void test_model_template(void **state) {
+    (void)state;
+    struct tern_model *m = load(tiny_model());
+    struct chat_fmt cf;
+    assert_int_equal(chat_fmt_init(&cf, m, NULL, 0), TERN_OK);
+    assert_string_equal(cf.source, "model");
+    assert_false(cf.fallback);
+    assert_ptr_equal(cf.fmt, &reply_format_qwen); /* the vocabulary has <think> */
+    assert_true(chat_turn_token(&cf) >= 0);
+    struct tern_buf out = TERN_BUF_INIT;
+    render(&cf, "{\"messages\":[{\"role\":\"system\",\"content\":\"S\"},"
+                "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}]}]}",
+           &out);
+    assert_string_equal(out.data, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n");
+    /* control-token text becomes control tokens; no BOS for this vocabulary */
+    int32_t *ids = NULL;
+    size_t n = 0, cap = 0;
+    assert_int_equal(chat_fmt_tokenize(&cf, out.data, out.len, &ids, &n, &cap), TERN_OK);
+    assert_int_equal(ids[0], chat_turn_token(&cf));
+    size_t n_turns = 0;
+    for (size_t i = 0; i < n; i++) n_turns += ids[i] == chat_turn_token(&cf);
+    assert_int_equal(n_turns, 3);
+    free(ids);
+    tern_buf_free(&out);
+    chat_fmt_free(&cf);
+    tern_model_free(m);
+}
+
+static void test_override_and_errors(void **state) {
+    (void)state;
+    struct tern_model *m = load(tiny_model());
+    struct chat_fmt cf;
+    const char *tpl = "{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}";
+    assert_int_equal(chat_fmt_init(&cf, m, tpl, strlen(tpl)), TERN_OK);
+    assert_string_equal(cf.source, "file");
+    struct tern_buf out = TERN_BUF_INIT;
+    render(&cf, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":null,"
+                "\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}]}",
+           &out);
+    assert_string_equal(out.data, "[user:hi][assistant:]");
+    tern_buf_free(&out);
+    chat_fmt_free(&cf);
+    const char *bad = "{% for m in messages %}";
+    assert_int_equal(chat_fmt_init(&cf, m, bad, strlen(bad)), TERN_ERR_TEMPLATE);
+    assert_non_null(strstr(tern_last_error(), "chat template (file)"));
+    tern_model_free(m);
+}
+
+/* A model without a template (stories260K: SPM, add_bos): ChatML, and exactly one BOS
+ * in front whether or not the render starts with it. */
+static void test_fallback_and_bos(void **state) {
+    (void)state;
+    if (!th_shared_dir()) skip(); /* needs ../shared/models/stories260K.gguf */
+    struct tern_model *m = load(th_shared_path("models/stories260K.gguf"));
+    struct chat_fmt cf;
+    assert_int_equal(chat_fmt_init(&cf, m, NULL, 0), TERN_OK);
+    assert_true(cf.fallback);
+    assert_string_equal(cf.source, "chatml");
+    assert_ptr_equal(cf.fmt, &reply_format_plain);
+    const struct tern_tokenizer *tok = tern_model_tokenizer(m);
+    int32_t bos = tern_token_bos(tok);
+    assert_true(tern_tokenizer_add_bos(tok));
+    int32_t *ids = NULL;
+    size_t n = 0, cap = 0;
+    assert_int_equal(chat_fmt_tokenize(&cf, "Once upon a time", 16, &ids, &n, &cap), TERN_OK);
+    assert_int_equal(ids[0], bos);
+    assert_int_not_equal(ids[1], bos);
+    size_t n1 = n;
+    n = 0;
+    char with_bos[64];
+    snprintf(with_bos, sizeof with_bos, "%sOnce upon a time", cf.bos_text);
+    assert_int_equal(chat_fmt_tokenize(&cf, with_bos, strlen(with_bos), &ids, &n, &cap), TERN_OK);
+    assert_int_equal(ids[0], bos);
+    assert_int_not_equal(ids[1], bos); /* no double BOS */
+    assert_true(n == n1 || n == n1 + 1);
+    free(ids);
+    chat_fmt_free(&cf);
+    tern_model_free(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_model_template),
+        cmocka_unit_test(test_override_and_errors),
+        cmocka_unit_test(test_fallback_and_bos),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
