@@ -133,6 +133,16 @@ static void range_str(char *out, size_t cap, double med, double lo, double hi, b
     else snprintf(out, cap, "%s (%s – %s)", a, b, c);
 }
 
+/* tern.reuse.tier of a measurement, "-" when the server sent none. */
+static void reuse_tier(const struct tern_replay_meas *m, char *out, size_t cap) {
+    snprintf(out, cap, "-");
+    if (!m->done || !m->reuse_json) return;
+    json_t *j = json_loads(m->reuse_json, 0, NULL);
+    const char *t = json_string_value(json_object_get(j, "tier"));
+    if (t) snprintf(out, cap, "%s", t);
+    json_decref(j);
+}
+
 static const char *base_name(const char *p) {
     const char *s = strrchr(p, '/');
     return s ? s + 1 : p;
@@ -270,9 +280,14 @@ enum tern_status tern_replay_write_results(const struct tern_replay_run *r, cons
 
     fprintf(f, "\n## Per turn\n\nMedians over repetitions, with the TTFT range over repetitions in parentheses "
                "where they differ; read = prompt − cached tokens.\n\n");
+    /* The servers' own account of each decision (tern.reuse.tier), when they give one. */
+    bool tiers = false;
+    for (size_t i = 0; i < r->n_meas && !tiers; i++) tiers = r->meas[i].done && r->meas[i].reuse_json;
     fprintf(f, "| turn | kind | prompt | `%s` cached | `%s` read | `%s` TTFT (s) |", L0, L0, L0);
     if (na == 2) fprintf(f, " `%s` cached | `%s` read | `%s` TTFT (s) | %s/%s |", L1, L1, L1, L1, L0);
-    fprintf(f, " output |\n|---:|---|---:|---:|---:|---:|%s---|\n", na == 2 ? "---:|---:|---:|---:|" : "");
+    if (tiers) fprintf(f, " reuse tier |");
+    fprintf(f, " output |\n|---:|---|---:|---:|---:|---:|%s%s---|\n", na == 2 ? "---:|---:|---:|---:|" : "",
+            tiers ? "---|" : "");
     for (size_t t = 0; t < s->n_turns; t++) {
         const struct tern_turn_summary *ts = &s->turns[t];
         const struct tern_replay_turn *tu = &tr->turns[t];
@@ -289,6 +304,15 @@ enum tern_status tern_replay_write_results(const struct tern_replay_run *r, cons
             fx(e, sizeof e, ts->ratio);
             fprintf(f, " %s |", e);
         }
+        if (tiers) {
+            fprintf(f, " ");
+            for (int arm = 0; arm < na; arm++) {
+                char tier[32];
+                reuse_tier(tern_replay_meas_at(r, 0, t, arm), tier, sizeof tier);
+                fprintf(f, "%s%s", arm ? " / " : "", tier);
+            }
+            fprintf(f, " |");
+        }
         fprintf(f, " %s |\n", ts->output_identical ? "identical" : "**differs**");
     }
     fs(a, sizeof a, s->sum_ttft[0]);
@@ -298,7 +322,10 @@ enum tern_status tern_replay_write_results(const struct tern_replay_run *r, cons
         fx(c, sizeof c, s->sum_ttft[0] > 0 ? s->sum_ttft[1] / s->sum_ttft[0] : NAN);
         fprintf(f, " | | %s | %s |", b, c);
     }
-    fprintf(f, " |\n");
+    fprintf(f, "%s |\n", tiers ? " |" : "");
+    if (tiers)
+        fprintf(f, "\nThe reuse tier is the server's `tern.reuse.tier` in repetition 1 (arms in the order above); "
+                   "turns.jsonl has the whole object for every request.\n");
 
     fprintf(f, "\n## Wall clock\n\n");
     fs(a, sizeof a, r->wall_s), fs(b, sizeof b, r->wall_total_s);
