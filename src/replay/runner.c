@@ -182,48 +182,64 @@ static enum tern_status post_chat(struct ctx *c, int arm, const char *body, size
     return st;
 }
 
+/* Starts arm a's server on a free loopback port. */
+static enum tern_status start_server(struct ctx *c, int a, uint16_t port) {
+    const struct tern_replay_config *cfg = c->cfg;
+    const struct tern_replay_arm *arm = &cfg->arms[a];
+    char port_s[8];
+    snprintf(port_s, sizeof port_s, "%u", (unsigned)port);
+    size_t n_argv = 8 + (size_t)cfg->n_server_args + 2 + 1;
+    char **argv = tern_calloc(n_argv, sizeof *argv);
+    if (!argv) return tern_errorf(TERN_ERR_NOMEM, "out of memory for the server's arguments");
+    size_t k = 0;
+    argv[k++] = (char *)cfg->server_bin;
+    argv[k++] = "serve";
+    if (cfg->model_path) { /* none: the server's built-in demo model */
+        argv[k++] = "--model";
+        argv[k++] = (char *)cfg->model_path;
+    }
+    argv[k++] = "--host";
+    argv[k++] = "127.0.0.1";
+    argv[k++] = "--port";
+    argv[k++] = port_s;
+    for (int i = 0; i < cfg->n_server_args; i++) argv[k++] = cfg->server_args[i];
+    if (!arm->reuse) {
+        /* Last, so that it wins over a --prompt-cache in --server-args. */
+        argv[k++] = "--prompt-cache";
+        argv[k++] = "0";
+    }
+    argv[k] = NULL;
+    static char *const off_env[] = {"TERN_AFFINITY=0", "TERN_REUSE_POOL=0", "TERN_PREDICT=0", NULL};
+    char log_path[4096];
+    snprintf(log_path, sizeof log_path, "%s/server-%s.log", cfg->out_dir, arm->label);
+    struct tern_server_spec spec = {.bin = cfg->server_bin, .argv = argv, .env_add = arm->reuse ? NULL : off_env,
+                                    .log_path = log_path, .start_timeout_s = cfg->start_timeout_s,
+                                    .cancel = cfg->cancel};
+    note(c, "starting server '%s' on port %u (log %s)", arm->label, (unsigned)port, log_path);
+    uint64_t t0 = tern_now_ns();
+    enum tern_status st = tern_server_start(&spec, port, &c->procs[a]);
+    free(argv);
+    if (st == TERN_OK) note(c, "server '%s' ready in %.1f s", arm->label, (double)(tern_now_ns() - t0) * 1e-9);
+    return st;
+}
+
 static enum tern_status start_servers(struct ctx *c) {
     const struct tern_replay_config *cfg = c->cfg;
     for (int a = 0; a < cfg->n_arms; a++) {
-        const struct tern_replay_arm *arm = &cfg->arms[a];
-        uint16_t port;
-        enum tern_status st = tern_server_free_port(&port);
-        if (st != TERN_OK) return st;
-        char port_s[8];
-        snprintf(port_s, sizeof port_s, "%u", (unsigned)port);
-        size_t n_argv = 8 + (size_t)cfg->n_server_args + 2 + 1;
-        char **argv = tern_calloc(n_argv, sizeof *argv);
-        if (!argv) return tern_errorf(TERN_ERR_NOMEM, "out of memory for the server's arguments");
-        size_t k = 0;
-        argv[k++] = (char *)cfg->server_bin;
-        argv[k++] = "serve";
-        if (cfg->model_path) { /* none: the server's built-in demo model */
-            argv[k++] = "--model";
-            argv[k++] = (char *)cfg->model_path;
+        /* The port was free a moment ago; another process may take it before the
+         * server binds it. That shows as "in use" in the server's last words: try
+         * another port, a few times. */
+        enum tern_status st = TERN_OK;
+        for (int attempt = 0; attempt < 4; attempt++) {
+            uint16_t port;
+            st = tern_server_free_port(&port);
+            if (st != TERN_OK) return st;
+            st = start_server(c, a, port);
+            if (st != TERN_ERR_IO || !strstr(tern_last_error(), "in use")) break;
+            note(c, "port %u was taken before server '%s' bound it; trying another", (unsigned)port,
+                 cfg->arms[a].label);
         }
-        argv[k++] = "--host";
-        argv[k++] = "127.0.0.1";
-        argv[k++] = "--port";
-        argv[k++] = port_s;
-        for (int i = 0; i < cfg->n_server_args; i++) argv[k++] = cfg->server_args[i];
-        if (!arm->reuse) {
-            /* Last, so that it wins over a --prompt-cache in --server-args. */
-            argv[k++] = "--prompt-cache";
-            argv[k++] = "0";
-        }
-        argv[k] = NULL;
-        static char *const off_env[] = {"TERN_AFFINITY=0", "TERN_REUSE_POOL=0", "TERN_PREDICT=0", NULL};
-        char log_path[4096];
-        snprintf(log_path, sizeof log_path, "%s/server-%s.log", cfg->out_dir, arm->label);
-        struct tern_server_spec spec = {.bin = cfg->server_bin, .argv = argv, .env_add = arm->reuse ? NULL : off_env,
-                                        .log_path = log_path, .start_timeout_s = cfg->start_timeout_s,
-                                        .cancel = cfg->cancel};
-        note(c, "starting server '%s' on port %u (log %s)", arm->label, (unsigned)port, log_path);
-        uint64_t t0 = tern_now_ns();
-        st = tern_server_start(&spec, port, &c->procs[a]);
-        free(argv);
-        if (st != TERN_OK) return tern_error_prefix(st, "arm %s", arm->label);
-        note(c, "server '%s' ready in %.1f s", arm->label, (double)(tern_now_ns() - t0) * 1e-9);
+        if (st != TERN_OK) return tern_error_prefix(st, "arm %s", cfg->arms[a].label);
         snprintf(c->urlstr[a], sizeof c->urlstr[a], "%s", c->procs[a].url);
         st = tern_http_url_parse(c->urlstr[a], &c->urls[a]);
         if (st != TERN_OK) return st;

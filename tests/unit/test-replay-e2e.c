@@ -653,10 +653,19 @@ static void test_cli_demo_one_arm(void **state) {
     mkdir(piddir, 0755);
     static char env_pid[700];
     snprintf(env_pid, sizeof env_pid, "MOCK_PIDDIR=%s", piddir);
-    char *env[] = {env_pid, "MOCK_US_PER_TOKEN=1", NULL};
+    /* And the first server start loses its port to another process: a new port is tried. */
+    static char env_taken[700], flag[600];
+    snprintf(flag, sizeof flag, "%s/port-taken-flag", th_tmpdir());
+    FILE *ff = fopen(flag, "w");
+    fclose(ff);
+    snprintf(env_taken, sizeof env_taken, "MOCK_PORT_TAKEN_ONCE=%s", flag);
+    char *env[] = {env_pid, "MOCK_US_PER_TOKEN=1", env_taken, NULL};
     char *args[] = {"--transcript", (char *)tp, "--demo", "--arms", "on", "--server-bin", self_exe, "--reps", "1",
-                    "--out", out, "--quiet", NULL};
+                    "--out", out, NULL};
     assert_int_equal(run_tern(args, env, "demo", NULL), 0);
+    char *se = slurp_tag("demo", "stderr");
+    assert_non_null(strstr(se, "was taken before server 'on' bound it; trying another"));
+    free(se);
     DIR *d = opendir(piddir);
     struct dirent *e;
     int n_args = 0;

@@ -364,6 +364,12 @@ int mock_serve_main(int argc, char **argv) {
         fprintf(stderr, "mock serve: cannot load model '%s' (asked to fail)\n", model);
         return 3;
     }
+    /* Simulates losing the port race once: the flag file is consumed. */
+    const char *taken = getenv("MOCK_PORT_TAKEN_ONCE");
+    if (taken && unlink(taken) == 0) {
+        fprintf(stderr, "mock serve: cannot listen on 127.0.0.1:%s: Address already in use\n", port_s);
+        return 1;
+    }
     const char *pool = getenv("TERN_REUSE_POOL");
     struct mock_opts o = {.reuse = !(pool && !strcmp(pool, "0")) && !(prompt_cache && !strcmp(prompt_cache, "0")),
                           .us_per_token = getenv("MOCK_US_PER_TOKEN") ? atof(getenv("MOCK_US_PER_TOKEN")) : 20.0,

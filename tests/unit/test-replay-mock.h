@@ -55,7 +55,8 @@ void mock_stop(struct mock_server *m);
  * called by the harness: reuse off when TERN_REUSE_POOL=0 or --prompt-cache 0. Writes
  * its pid to $MOCK_PIDDIR/<port>.pid and its arguments to $MOCK_PIDDIR/<port>.args,
  * serves until SIGTERM. MOCK_START_DELAY_MS delays health; MOCK_EXIT_AT_START=1 exits
- * at once with status 3. Returns the exit status. */
+ * at once with status 3; MOCK_PORT_TAKEN_ONCE=FILE: if FILE exists, delete it and fail
+ * as a server whose port was taken. Returns the exit status. */
 int mock_serve_main(int argc, char **argv);
 
 #endif
