@@ -114,11 +114,12 @@ enum tern_status gguf_get_str(const struct gguf_file *f, const char *key, const 
 enum tern_status gguf_get_u32_or(const struct gguf_file *f, const char *key, uint32_t def, uint32_t *out);
 enum tern_status gguf_get_f32_or(const struct gguf_file *f, const char *key, float def, float *out);
 enum tern_status gguf_get_bool_or(const struct gguf_file *f, const char *key, bool def, bool *out);
-/* An array of the given element type (any integer type when elem is an integer type and
- * values are read through gguf_arr_get_i64). */
+/* An array of the given element type. An integer elem accepts an array of any integer
+ * type (read it through gguf_arr_get_i64), a float elem f32 or f64 (gguf_arr_get_f64);
+ * check kv->v.arr.type before reading v.arr.data through a typed pointer. */
 enum tern_status gguf_get_arr(const struct gguf_file *f, const char *key, enum gguf_type elem,
                               const struct gguf_kv **out);
-int64_t gguf_arr_get_i64(const struct gguf_kv *kv, uint64_t i);   /* integer arrays */
+int64_t gguf_arr_get_i64(const struct gguf_kv *kv, uint64_t i);   /* integer arrays (u64 wraps) */
 double gguf_arr_get_f64(const struct gguf_kv *kv, uint64_t i);    /* float/int arrays */
 
 uint64_t gguf_n_tensors(const struct gguf_file *f);
