@@ -73,6 +73,7 @@ static inline const void *kv_row(const void *const *pages, const struct tern_kv_
     return page + ((j % kv->page_rows) * kv->row_elems + kv->head_off) * es;
 }
 
+
 static void attn_head_portable(float *out, const float *q, size_t d, size_t n_kv, float scale,
                                const struct tern_kv_view *kv, float *scores) {
     float max = -INFINITY;
@@ -103,12 +104,17 @@ static void attn_head_portable(float *out, const float *q, size_t d, size_t n_kv
     for (size_t i = 0; i < d; i++) out[i] *= inv;
 }
 
+static void to_f16_portable(uint16_t *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = tern_f32_to_fp16(src[i]);
+}
+
 static const struct tern_ops ops_portable = {
     .name = "portable",
     .rmsnorm = rmsnorm_portable,
     .swiglu = swiglu_portable,
     .add = add_portable,
     .softmax = softmax_portable,
+    .to_f16 = to_f16_portable,
     .attn_head = attn_head_portable,
 };
 

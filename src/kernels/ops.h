@@ -16,15 +16,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* A paged KV cache seen by one (layer, kv head): position j is row (j % page_rows) of
- * page j / page_rows; a row holds every kv head, this head's elements start at
- * head_off. Elements are F32 or F16 (IEEE half). */
+/* A paged KV cache seen by one (layer, kv head): position j is in page j / page_rows,
+ * at element head_off + (j % page_rows) * row_elems of it. Elements are F32 or F16 (IEEE
+ * half). */
 struct tern_kv_view {
     const void *const *k_pages;
     const void *const *v_pages;
     size_t page_rows;  /* positions per page */
-    size_t row_elems;  /* elements per position row (n_kv_head * head_dim) */
-    size_t head_off;   /* element offset of this head in a row */
+    size_t row_elems;  /* elements from one position's row to the next */
+    size_t head_off;   /* element offset of this head's first row in a page */
     bool f16;
 };
 
@@ -38,6 +38,8 @@ struct tern_ops {
     void (*add)(float *y, const float *x, size_t n);
     /* In place x = softmax(x) (max subtracted; sum in ascending index order). */
     void (*softmax)(float *x, size_t n);
+    /* dst[i] = src[i] rounded to IEEE half (round to nearest even). */
+    void (*to_f16)(uint16_t *dst, const float *src, size_t n);
     /* One query head over KV positions [0, n_kv) in ascending order:
      * out[d] = sum_j softmax_j(scale * q.k_j) v_j[d]. scores: scratch of n_kv floats. */
     void (*attn_head)(float *out, const float *q, size_t head_dim, size_t n_kv, float scale,

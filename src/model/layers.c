@@ -150,7 +150,10 @@ void model_rmsnorm(struct tern_session *s, float *y, const float *x, const float
 void model_rmsnorm_heads(struct tern_session *s, float *x, const float *w, uint32_t n_tok, uint32_t n_head,
                          uint32_t head_dim, float eps) {
     struct norm_task p = {tern_ops(), x, x, w, head_dim, eps};
-    model_parallel_for(s, n_tok * n_head, norm_item, &p);
+    if (n_tok == 1) /* a decode step: too little work to hand out */
+        for (uint32_t h = 0; h < n_head; h++) norm_item(&p, h);
+    else
+        model_parallel_for(s, n_tok * n_head, norm_item, &p);
 }
 
 void model_add_bias(float *x, const float *b, uint32_t n_tok, uint32_t n) {
@@ -182,12 +185,16 @@ struct kv_store_task {
     uint32_t pos0;
 };
 
-static void store_row(void *page, size_t row, size_t n, const float *src, bool f16) {
-    if (f16) {
-        tern_fp16 *d = (tern_fp16 *)page + row * n;
-        for (size_t i = 0; i < n; i++) d[i] = tern_f32_to_fp16(src[i]);
-    } else {
-        memcpy((float *)page + row * n, src, n * sizeof(float));
+/* A page holds each kv head's rows contiguously ([n_kv_head][TERN_KV_PAGE][head_dim]):
+ * attention scans one head's keys and values, which then sit together in cache. */
+static void store_row(void *page, size_t row, uint32_t n_head, size_t hd, const float *src, bool f16) {
+    for (uint32_t g = 0; g < n_head; g++) {
+        const size_t off = ((size_t)g * TERN_KV_PAGE + row) * hd;
+        if (f16) {
+            tern_ops()->to_f16((tern_fp16 *)page + off, src + g * hd, hd);
+        } else {
+            memcpy((float *)page + off, src + g * hd, hd * sizeof(float));
+        }
     }
 }
 
@@ -198,8 +205,8 @@ static void kv_store_item(void *ctx, uint32_t t) {
     const bool f16 = p->s->kv_type == TERN_KV_F16;
     const uint32_t pos = p->pos0 + t;
     const size_t page = pos / TERN_KV_PAGE, row = pos % TERN_KV_PAGE;
-    store_row(kv->k_pages[page], row, (size_t)L->n_kv_head * L->head_dim_k, p->k + (size_t)t * p->k_stride, f16);
-    store_row(kv->v_pages[page], row, (size_t)L->n_kv_head * L->head_dim_v, p->v + (size_t)t * p->v_stride, f16);
+    store_row(kv->k_pages[page], row, L->n_kv_head, L->head_dim_k, p->k + (size_t)t * p->k_stride, f16);
+    store_row(kv->v_pages[page], row, L->n_kv_head, L->head_dim_v, p->v + (size_t)t * p->v_stride, f16);
 }
 
 struct attn_task {
@@ -212,7 +219,7 @@ struct attn_task {
     float *out;
     size_t out_stride;
     uint32_t n_head, group, head_dim;
-    uint32_t pos0;
+    uint32_t n_tok, pos0;
     float scale;
 };
 
@@ -225,17 +232,21 @@ static void attn_run_task(void *ctx, int ith, int nth) {
         .k_pages = (const void *const *)kv->k_pages,
         .v_pages = (const void *const *)kv->v_pages,
         .page_rows = TERN_KV_PAGE,
-        .row_elems = (size_t)L->n_kv_head * L->head_dim_k,
+        .row_elems = L->head_dim_k,
         .f16 = p->s->kv_type == TERN_KV_F16,
     };
+    /* Items are (kv head, token), head-major: the query heads of a GQA group run back
+     * to back over the same keys and values, and consecutive items scan the same head's
+     * rows, which then stay in cache. */
     size_t i0, i1;
     while (tern_work_take(&p->work, &i0, &i1)) {
         for (size_t i = i0; i < i1; i++) {
-            const uint32_t t = (uint32_t)(i / p->n_head), h = (uint32_t)(i % p->n_head);
-            view.head_off = (size_t)(h / p->group) * p->head_dim;
-            p->ops->attn_head(p->out + t * p->out_stride + (size_t)h * p->head_dim,
-                              p->q + t * p->q_stride + (size_t)h * p->head_dim, p->head_dim, p->pos0 + t + 1,
-                              p->scale, &view, scores);
+            const uint32_t g = (uint32_t)(i / p->n_tok), t = (uint32_t)(i % p->n_tok);
+            view.head_off = (size_t)g * TERN_KV_PAGE * p->head_dim;
+            for (uint32_t h = g * p->group; h < (g + 1) * p->group; h++)
+                p->ops->attn_head(p->out + t * p->out_stride + (size_t)h * p->head_dim,
+                                  p->q + t * p->q_stride + (size_t)h * p->head_dim, p->head_dim, p->pos0 + t + 1,
+                                  p->scale, &view, scores);
         }
     }
 }
@@ -264,10 +275,11 @@ void model_attention(struct tern_session *s, uint32_t il, const float *q, size_t
         .n_head = n_head,
         .group = n_head / L->n_kv_head,
         .head_dim = L->head_dim_k,
+        .n_tok = n_tok,
         .pos0 = pos0,
         .scale = scale,
     };
-    tern_work_init(&at.work, (size_t)n_tok * n_head, 1);
+    tern_work_init(&at.work, (size_t)n_tok * L->n_kv_head, 1);
     if (tern_threadpool_n_threads(s->m->pool) == 1) attn_run_task(&at, 0, 1);
     else tern_threadpool_run_shared(s->m->pool, attn_run_task, &at);
 }

@@ -129,8 +129,9 @@ static void kv_shrink(struct tern_session *s, uint32_t n_pos) {
     s->n_pages = keep;
 }
 
-static size_t kv_row_bytes(const struct tern_session *s, const struct model_layer *L, bool v) {
-    return page_bytes(s, L, v) / TERN_KV_PAGE;
+/* Pages hold each kv head's rows together: [n_kv_head][TERN_KV_PAGE][head_dim]. */
+static size_t head_row_bytes(const struct tern_session *s, const struct model_layer *L, bool v) {
+    return page_bytes(s, L, v) / TERN_KV_PAGE / L->n_kv_head;
 }
 
 /* ---- sessions ------------------------------------------------------------------- */
@@ -444,10 +445,12 @@ enum tern_status tern_session_fork(const struct tern_session *src, uint32_t p, c
         for (int v = 0; v < 2; v++) {
             void **dst = v ? s->kv[il].v_pages : s->kv[il].k_pages;
             void *const *from = v ? src->kv[il].v_pages : src->kv[il].k_pages;
-            const size_t rb = kv_row_bytes(s, L, v);
+            const size_t hb = head_row_bytes(s, L, v);
             for (uint32_t pg = 0; pg < s->n_pages; pg++) {
                 const uint32_t rows = p - pg * TERN_KV_PAGE < TERN_KV_PAGE ? p - pg * TERN_KV_PAGE : TERN_KV_PAGE;
-                memcpy(dst[pg], from[pg], rows * rb);
+                for (uint32_t g = 0; g < L->n_kv_head; g++)
+                    memcpy((char *)dst[pg] + (size_t)g * TERN_KV_PAGE * hb,
+                           (const char *)from[pg] + (size_t)g * TERN_KV_PAGE * hb, rows * hb);
             }
         }
     }
@@ -466,12 +469,14 @@ enum tern_status tern_session_fork(const struct tern_session *src, uint32_t p, c
 static uint64_t kv_hash(const struct tern_session *s, uint32_t il, bool v) {
     const struct model_layer *L = &s->m->layers[il];
     void *const *pages = v ? s->kv[il].v_pages : s->kv[il].k_pages;
-    const size_t rb = kv_row_bytes(s, L, v);
+    const size_t hb = head_row_bytes(s, L, v);
     XXH3_state_t st;
     XXH3_64bits_reset(&st);
+    /* rows [0, n) of each page, head by head, as they lie in the page */
     for (uint32_t pos = 0; pos < s->n_past; pos += TERN_KV_PAGE) {
         const uint32_t rows = s->n_past - pos < TERN_KV_PAGE ? s->n_past - pos : TERN_KV_PAGE;
-        XXH3_64bits_update(&st, pages[pos / TERN_KV_PAGE], rows * rb);
+        for (uint32_t g = 0; g < L->n_kv_head; g++)
+            XXH3_64bits_update(&st, (const char *)pages[pos / TERN_KV_PAGE] + (size_t)g * TERN_KV_PAGE * hb, rows * hb);
     }
     return XXH3_64bits_digest(&st);
 }

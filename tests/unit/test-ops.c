@@ -99,6 +99,25 @@ static void test_elementwise_position_independent(void **state) {
     }
 }
 
+static void test_to_f16(void **state) {
+    (void)state;
+    for (size_t si = 0; si < TERN_ARRAY_LEN(sizes); si++) {
+        const size_t n = sizes[si];
+        float *x = malloc(n * 4);
+        uint16_t *h = malloc(n * 2);
+        for (size_t i = 0; i < n; i++) x[i] = frand(-70000, 70000) * (i % 3 ? 1.0f : 1e-6f);
+        x[0] = 65520.0f; /* rounds to infinity */
+        if (n > 1) x[1] = 1e-8f; /* subnormal half */
+        if (n > 2) x[2] = -0.0f;
+        for (int k = 0; k < n_sets; k++) {
+            sets[k]->to_f16(h, x, n);
+            for (size_t i = 0; i < n; i++)
+                if (h[i] != tern_f32_to_fp16(x[i])) fail_msg("%s to_f16 n=%zu i=%zu x=%g", sets[k]->name, n, i, x[i]);
+        }
+        free(x), free(h);
+    }
+}
+
 static void test_softmax(void **state) {
     (void)state;
     for (size_t si = 0; si < TERN_ARRAY_LEN(sizes); si++) {
@@ -235,7 +254,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rmsnorm),  cmocka_unit_test(test_swiglu_and_add),
         cmocka_unit_test(test_elementwise_position_independent),
-        cmocka_unit_test(test_softmax),  cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_softmax),  cmocka_unit_test(test_attention), cmocka_unit_test(test_to_f16),
         cmocka_unit_test(test_rope),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -151,13 +151,15 @@ static void softmax_avx2(float *x, size_t n) {
     for (; i < n; i++) x[i] *= 1.0f / sum;
 }
 
-static inline __m256 load8(const void *p, size_t i, int f16) {
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE __m256 load8(const void *p, size_t i, const int f16) {
     if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
     return _mm256_loadu_ps((const float *)p + i);
 }
 
 /* q.k over d (a multiple of 8) with four accumulators: vector v goes to acc[v % 4]. */
-static inline float dot_qk(const float *q, const void *k, size_t d, int f16) {
+INLINE float dot_qk(const float *q, const void *k, size_t d, const int f16) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
            a3 = _mm256_setzero_ps();
     size_t i = 0;
@@ -171,50 +173,88 @@ static inline float dot_qk(const float *q, const void *k, size_t d, int f16) {
     return hsum256(_mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3)));
 }
 
-static inline const void *kv_row(const void *const *pages, const struct tern_kv_view *kv, size_t j) {
-    const size_t es = kv->f16 ? 2 : 4;
-    const char *page = pages[j / kv->page_rows];
-    return page + ((j % kv->page_rows) * kv->row_elems + kv->head_off) * es;
+/* Positions are visited page by page (no division per position); every position's
+ * arithmetic is the same whichever page holds it. */
+INLINE void attn_scores(float *scores, const float *q, size_t d, size_t n_kv, float scale,
+                        const struct tern_kv_view *kv, const int f16) {
+    const size_t es = f16 ? 2 : 4, rb = kv->row_elems * es;
+    for (size_t j0 = 0, pg = 0; j0 < n_kv; j0 += kv->page_rows, pg++) {
+        const char *k = (const char *)kv->k_pages[pg] + kv->head_off * es;
+        const size_t nr = n_kv - j0 < kv->page_rows ? n_kv - j0 : kv->page_rows;
+        for (size_t r = 0; r < nr; r++, k += rb) scores[j0 + r] = dot_qk(q, k, d, f16) * scale;
+    }
 }
 
-static void attn_head_portable_fallback(float *out, const float *q, size_t d, size_t n_kv, float scale,
-                                        const struct tern_kv_view *kv, float *scores) {
-    tern_ops_portable()->attn_head(out, q, d, n_kv, scale, kv, scores);
+/* out[i0 .. i0 + 8 nv) = sum_j p_j v_j[...], j ascending; nv <= 8 vectors. */
+INLINE void attn_pv_block(float *out, const float *p, size_t i0, size_t nv, size_t n_kv,
+                          const struct tern_kv_view *kv, float inv, const int f16) {
+    const size_t es = f16 ? 2 : 4, rb = kv->row_elems * es;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (size_t j0 = 0, pg = 0; j0 < n_kv; j0 += kv->page_rows, pg++) {
+        const char *v = (const char *)kv->v_pages[pg] + (kv->head_off + i0) * es;
+        const size_t nr = n_kv - j0 < kv->page_rows ? n_kv - j0 : kv->page_rows;
+        if (nv == 8) {
+            for (size_t r = 0; r < nr; r++, v += rb) {
+                const __m256 w = _mm256_broadcast_ss(&p[j0 + r]);
+                a0 = _mm256_fmadd_ps(w, load8(v, 0, f16), a0);
+                a1 = _mm256_fmadd_ps(w, load8(v, 8, f16), a1);
+                a2 = _mm256_fmadd_ps(w, load8(v, 16, f16), a2);
+                a3 = _mm256_fmadd_ps(w, load8(v, 24, f16), a3);
+                a4 = _mm256_fmadd_ps(w, load8(v, 32, f16), a4);
+                a5 = _mm256_fmadd_ps(w, load8(v, 40, f16), a5);
+                a6 = _mm256_fmadd_ps(w, load8(v, 48, f16), a6);
+                a7 = _mm256_fmadd_ps(w, load8(v, 56, f16), a7);
+            }
+        } else {
+            /* fewer vectors (small heads): the same per-element arithmetic */
+            for (size_t r = 0; r < nr; r++, v += rb) {
+                const __m256 w = _mm256_broadcast_ss(&p[j0 + r]);
+                a0 = _mm256_fmadd_ps(w, load8(v, 0, f16), a0);
+                if (nv > 1) a1 = _mm256_fmadd_ps(w, load8(v, 8, f16), a1);
+                if (nv > 2) a2 = _mm256_fmadd_ps(w, load8(v, 16, f16), a2);
+                if (nv > 3) a3 = _mm256_fmadd_ps(w, load8(v, 24, f16), a3);
+                if (nv > 4) a4 = _mm256_fmadd_ps(w, load8(v, 32, f16), a4);
+                if (nv > 5) a5 = _mm256_fmadd_ps(w, load8(v, 40, f16), a5);
+                if (nv > 6) a6 = _mm256_fmadd_ps(w, load8(v, 48, f16), a6);
+            }
+        }
+    }
+    const __m256 vi = _mm256_set1_ps(inv);
+    const __m256 acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+    for (size_t r = 0; r < nv; r++) _mm256_storeu_ps(out + i0 + 8 * r, _mm256_mul_ps(acc[r], vi));
+}
+
+INLINE void attn_head_impl(float *out, const float *q, size_t d, size_t n_kv, float scale,
+                           const struct tern_kv_view *kv, float *scores, const int f16) {
+    attn_scores(scores, q, d, n_kv, scale, kv, f16);
+    const float sum = expsum_avx2(scores, n_kv, max_avx2(scores, n_kv));
+    const float inv = 1.0f / sum;
+    for (size_t i0 = 0; i0 < d; i0 += 64) {
+        const size_t nv = (d - i0) >= 64 ? 8 : (d - i0) / 8;
+        attn_pv_block(out, scores, i0, nv, n_kv, kv, inv, f16);
+    }
 }
 
 static void attn_head_avx2(float *out, const float *q, size_t d, size_t n_kv, float scale,
                            const struct tern_kv_view *kv, float *scores) {
-    if (d % 8 != 0) {
-        attn_head_portable_fallback(out, q, d, n_kv, scale, kv, scores);
-        return;
-    }
-    const int f16 = kv->f16;
-    for (size_t j = 0; j < n_kv; j++) scores[j] = dot_qk(q, kv_row(kv->k_pages, kv, j), d, f16) * scale;
-    const float sum = expsum_avx2(scores, n_kv, max_avx2(scores, n_kv));
-    /* out = sum_j p_j v_j, 64 elements (8 registers) at a time, j ascending. */
-    for (size_t i0 = 0; i0 < d; i0 += 64) {
-        const size_t nv = (d - i0) >= 64 ? 8 : (d - i0) / 8;
-        __m256 acc[8];
-        for (size_t r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
-        if (nv == 8) {
-            for (size_t j = 0; j < n_kv; j++) {
-                const __m256 p = _mm256_broadcast_ss(&scores[j]);
-                const void *v = kv_row(kv->v_pages, kv, j);
-                for (size_t r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(p, load8(v, i0 + 8 * r, f16), acc[r]);
-            }
-        } else {
-            for (size_t j = 0; j < n_kv; j++) {
-                const __m256 p = _mm256_broadcast_ss(&scores[j]);
-                const void *v = kv_row(kv->v_pages, kv, j);
-                for (size_t r = 0; r < nv; r++) acc[r] = _mm256_fmadd_ps(p, load8(v, i0 + 8 * r, f16), acc[r]);
-            }
-        }
-        const __m256 inv = _mm256_set1_ps(1.0f / sum);
-        for (size_t r = 0; r < nv; r++) _mm256_storeu_ps(out + i0 + 8 * r, _mm256_mul_ps(acc[r], inv));
+    if (d % 8 != 0) tern_ops_portable()->attn_head(out, q, d, n_kv, scale, kv, scores);
+    else if (kv->f16) attn_head_impl(out, q, d, n_kv, scale, kv, scores, 1);
+    else attn_head_impl(out, q, d, n_kv, scale, kv, scores, 0);
+}
+
+static void to_f16_avx2(uint16_t *dst, const float *src, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    if (i < n) {
+        uint16_t t[8];
+        _mm_storeu_si128((__m128i *)t, _mm256_cvtps_ph(load_tail(src + i, n - i, 0.0f), _MM_FROUND_TO_NEAREST_INT));
+        memcpy(dst + i, t, (n - i) * sizeof *t);
     }
 }
 
 void tern_ops_avx2_fill(struct tern_ops *ops) {
+    ops->to_f16 = to_f16_avx2;
     ops->name = "avx2";
     ops->rmsnorm = rmsnorm_avx2;
     ops->swiglu = swiglu_avx2;
