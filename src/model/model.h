@@ -266,5 +266,6 @@ void model_logits(struct tern_session *s, const struct mat *out_w, const float *
 extern const struct tern_arch tern_arch_llama;
 extern const struct tern_arch tern_arch_qwen2;
 extern const struct tern_arch tern_arch_qwen3;
+extern const struct tern_arch tern_arch_qwen35; /* arch-qwen35.c */
 
 #endif

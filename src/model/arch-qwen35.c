@@ -1,0 +1,482 @@
+/* Qwen3.5 (`qwen35`): a hybrid of Gated DeltaNet layers (linear attention with a
+ * recurrent state, deltanet.h) and, every full_attention_interval-th layer, gated full
+ * attention. docs/qwen35.md has the math and the llama.cpp facts it was checked on.
+ *
+ *   DeltaNet layer:   h = n(x)
+ *                     qkv = conv+silu(Wqkv h)  (causal, per channel; state: the window)
+ *                     o = gated_delta_rule(qkv, beta = Wbeta h, alpha = Walpha h)
+ *                     x += Wout (rmsnorm(o) * ssm_norm * silu(Wgate h))
+ *   attention layer:  [q | g] per head = Wq h; k = Wk h; v = Wv h
+ *                     x += Wo (attention(rope(norm_q(q)), rope(norm_k(k)), v) * sigmoid(g))
+ *   every layer:      x += Wdown (silu(Wgate n2(x)) * Wup n2(x))     (n2 = post_attention_norm)
+ *   logits = Wout n(x)
+ *
+ * RoPE is IMROPE (interleaved multimodal sections) over the first n_rot dims of each
+ * head, pairing i with i + n_rot/2. For text every section's position is the token's
+ * position except the fourth ("e"), which is 0; pairs that fall in no t/h/w section
+ * therefore do not rotate. With Qwen3.5's sections every pair is covered, so this is
+ * plain NeoX RoPE over n_rot dims.
+ *
+ * Recurrent state per DeltaNet layer (model.h buffers, zero at position 0):
+ *   "conv"  [n_conv - 1][C] F32, C = 2 * n_k_heads * d_k + n_v_heads * d_v
+ *   "ssm"   [n_v_heads][d_k][d_v] F32 */
+#include "model/deltanet.h"
+#include "model/model.h"
+
+#include "util/mem.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Read-only views into the mapping, except conv_wt (owned). */
+struct q35_layer {
+    bool recurrent;
+    const float *attn_norm; /* (n_embd) */
+    const float *post_norm; /* (n_embd) post_attention_norm: the FFN's input norm */
+    /* DeltaNet */
+    struct mat wqkv;        /* [n_embd, C] attn_qkv */
+    struct mat wgate;       /* [n_embd, n_v * d_v] attn_gate (z) */
+    struct mat wbeta;       /* [n_embd, n_v] ssm_beta */
+    struct mat walpha;      /* [n_embd, n_v] ssm_alpha */
+    float *conv_wt;         /* (n_conv, C) ssm_conv1d, tap-major copy */
+    const float *ssm_a;     /* (n_v) -exp(A_log) */
+    const float *dt_bias;   /* (n_v) ssm_dt.bias */
+    const float *ssm_norm;  /* (d_v) */
+    struct mat wout;        /* [n_v * d_v, n_embd] ssm_out */
+    /* attention */
+    struct mat wq;          /* [n_embd, n_head * 2 * head_dim]: per head [q | gate] */
+    struct mat wk;          /* [n_embd, n_head_kv * head_dim] */
+    struct mat wv;          /* [n_embd, n_head_kv * head_dim] */
+    struct mat wo;          /* [n_head * head_dim, n_embd] */
+    const float *q_norm;    /* (head_dim) */
+    const float *k_norm;    /* (head_dim) */
+    /* feed-forward */
+    struct mat w_gate;      /* [n_embd, n_ff] */
+    struct mat w_up;        /* [n_embd, n_ff] */
+    struct mat w_down;      /* [n_ff, n_embd] */
+};
+
+struct q35_weights {
+    struct tern_deltanet_shape dn;
+    uint32_t n_layer;          /* layers run (block_count minus MTP layers) */
+    uint32_t full_attn_interval;
+    bool rope_pos0[64];        /* per RoPE pair: true when it takes position 0 (section e) */
+    struct mat tok_embd;       /* [n_embd, n_vocab] */
+    const float *out_norm;     /* (n_embd) */
+    struct mat output;         /* [n_embd, n_vocab]; token_embd when tied */
+    struct q35_layer *layers;  /* (n_layer) */
+};
+
+/* What changes per chunk (the RunState). Rows of n_chunk tokens. */
+struct q35_state {
+    uint32_t n_chunk;
+    float *x;       /* (n_chunk, n_embd) residual stream */
+    float *xb;      /* (n_chunk, n_embd) normed input / projected output */
+    float *qkv_raw; /* (n_chunk, C) attn_qkv projection */
+    float *qkv;     /* (n_chunk, C) after conv + silu */
+    float *z;       /* (n_chunk, n_v * d_v) attn_gate projection */
+    float *beta;    /* (n_chunk, n_v) */
+    float *alpha;   /* (n_chunk, n_v) */
+    float *o;       /* (n_chunk, n_v * d_v) DeltaNet output, gated-normed */
+    float *dn_scratch; /* (n_v, tern_deltanet_scratch_floats) one per v-head */
+    float *qg;      /* (n_chunk, n_head * 2 * head_dim) */
+    float *q;       /* (n_chunk, n_head * head_dim) */
+    float *gate;    /* (n_chunk, n_head * head_dim) */
+    float *k;       /* (n_chunk, n_head_kv * head_dim) */
+    float *v;       /* (n_chunk, n_head_kv * head_dim) */
+    float *att;     /* (n_chunk, n_head * head_dim) */
+    float *cs;      /* (n_chunk, n_rot) RoPE cos/sin per token */
+    float *hb;      /* (n_chunk, n_ff) */
+    float *hb2;     /* (n_chunk, n_ff) */
+    size_t bytes;
+};
+
+/* ---- load ------------------------------------------------------------------------ */
+
+static void q35_unload(struct tern_model *m) {
+    struct q35_weights *w = m->w;
+    if (!w) return;
+    if (w->layers)
+        for (uint32_t il = 0; il < w->n_layer; il++) free(w->layers[il].conv_wt);
+    free(w->layers);
+    free(w);
+    m->w = NULL;
+}
+
+static enum tern_status get_u32(struct tern_model *m, const char *suffix, bool required, uint32_t def,
+                                uint32_t *out) {
+    char key[128];
+    snprintf(key, sizeof key, "qwen35.%s", suffix);
+    if (!gguf_find_kv(m->f, key)) {
+        if (required) return tern_errorf(TERN_ERR_FORMAT, "qwen35: metadata key '%s' is missing", key);
+        *out = def;
+        return TERN_OK;
+    }
+    return gguf_get_u32(m->f, key, out);
+}
+
+/* Which RoPE pairs take position 0 for text (see the top of the file). */
+static enum tern_status load_rope_sections(struct tern_model *m, struct q35_weights *w) {
+    const uint32_t n_pairs = m->hp.rope.n_rot / 2;
+    if (n_pairs > TERN_ARRAY_LEN(w->rope_pos0))
+        return tern_errorf(TERN_ERR_UNSUPPORTED, "qwen35: rope.dimension_count %u exceeds %zu",
+                           m->hp.rope.n_rot, 2 * TERN_ARRAY_LEN(w->rope_pos0));
+    if (!gguf_find_kv(m->f, "qwen35.rope.dimension_sections")) return TERN_OK; /* plain NeoX */
+    const struct gguf_kv *kv;
+    enum tern_status st = gguf_get_arr(m->f, "qwen35.rope.dimension_sections", GGUF_TYPE_INT32, &kv);
+    if (st) return st;
+    if (kv->v.arr.n < 3 || kv->v.arr.n > 4)
+        return tern_errorf(TERN_ERR_FORMAT, "qwen35: rope.dimension_sections has %llu entries, expected 3 or 4",
+                           (unsigned long long)kv->v.arr.n);
+    int64_t sec[4] = {0, 0, 0, 0}, total = 0;
+    for (uint64_t i = 0; i < kv->v.arr.n; i++) {
+        sec[i] = gguf_arr_get_i64(kv, i);
+        if (sec[i] < 0 || sec[i] > 4096)
+            return tern_errorf(TERN_ERR_FORMAT, "qwen35: rope.dimension_sections[%llu] = %lld is out of range [0, 4096]",
+                               (unsigned long long)i, (long long)sec[i]);
+        total += sec[i];
+    }
+    if (total == 0) return tern_errorf(TERN_ERR_FORMAT, "qwen35: rope.dimension_sections are all 0");
+    /* Interleaved sections as ggml's IMROPE assigns them: sector s of each run of total
+     * pairs goes to t, h, w by s mod 3 while that section lasts, else to e. */
+    for (uint32_t i = 0; i < n_pairs; i++) {
+        const int64_t s = (int64_t)i % total;
+        const bool thw = (s % 3 == 1 && s < 3 * sec[1]) || (s % 3 == 2 && s < 3 * sec[2]) ||
+                         (s % 3 == 0 && s < 3 * sec[0]);
+        w->rope_pos0[i] = !thw;
+    }
+    return TERN_OK;
+}
+
+static enum tern_status load_deltanet_shape(struct tern_model *m, struct q35_weights *w) {
+    enum tern_status st;
+    uint32_t inner;
+    struct tern_deltanet_shape *dn = &w->dn;
+    if ((st = get_u32(m, "ssm.conv_kernel", true, 0, &dn->n_conv)) ||
+        (st = get_u32(m, "ssm.state_size", true, 0, &dn->d_k)) ||
+        (st = get_u32(m, "ssm.group_count", true, 0, &dn->n_k_heads)) ||
+        (st = get_u32(m, "ssm.time_step_rank", true, 0, &dn->n_v_heads)) ||
+        (st = get_u32(m, "ssm.inner_size", true, 0, &inner)))
+        return st;
+    if (dn->n_v_heads == 0 || inner % dn->n_v_heads != 0)
+        return tern_errorf(TERN_ERR_FORMAT, "qwen35: ssm.inner_size %u is not a multiple of ssm.time_step_rank %u",
+                           inner, dn->n_v_heads);
+    dn->d_v = inner / dn->n_v_heads;
+    dn->eps = m->hp.rms_eps;
+    return tern_deltanet_shape_check(dn);
+}
+
+/* ssm_conv1d: F32 [n_conv, C], copied tap-major. */
+static enum tern_status load_conv(struct tern_model *m, const struct q35_weights *w, uint32_t il,
+                                  float **out) {
+    char name[64];
+    snprintf(name, sizeof name, "blk.%u.ssm_conv1d.weight", il);
+    const size_t K = w->dn.n_conv, C = tern_deltanet_channels(&w->dn);
+    const struct gguf_tensor *t = gguf_find_tensor(m->f, name);
+    if (!t)
+        return tern_errorf(TERN_ERR_FORMAT, "qwen35: tensor '%s' is missing (expected shape [%zu, %zu])", name, K, C);
+    if (t->ne[0] != K || t->ne[1] != C || t->ne[2] != 1 || t->ne[3] != 1)
+        return tern_errorf(TERN_ERR_FORMAT, "qwen35: tensor '%s' has shape [%llu, %llu, %llu], expected [%zu, %zu]",
+                           name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
+                           (unsigned long long)t->ne[2], K, C);
+    if (t->type != TERN_DTYPE_F32)
+        return tern_errorf(TERN_ERR_UNSUPPORTED, "qwen35: tensor '%s' has type %s, expected F32", name,
+                           tern_dtype_name(t->type));
+    *out = tern_malloc(K * C * sizeof(float));
+    if (!*out) return tern_errorf(TERN_ERR_NOMEM, "qwen35: out of memory");
+    tern_deltanet_conv_weights(&w->dn, t->data, *out);
+    return TERN_OK;
+}
+
+static enum tern_status q35_load(struct tern_model *m) {
+    enum tern_status st;
+    struct model_hparams *hp = &m->hp;
+    if ((st = model_hparams_load(m, hp))) return st;
+    if (hp->head_dim_k != hp->head_dim_v)
+        return tern_errorf(TERN_ERR_UNSUPPORTED, "qwen35: key length %u differs from value length %u",
+                           hp->head_dim_k, hp->head_dim_v);
+    struct q35_weights *w = tern_calloc(1, sizeof *w);
+    if (!w) return tern_errorf(TERN_ERR_NOMEM, "qwen35: out of memory");
+    m->w = w;
+
+    /* Multi-token-prediction layers (nextn) are appended to the block count and not run
+     * by the main pass. */
+    uint32_t n_nextn;
+    if ((st = get_u32(m, "nextn_predict_layers", false, 0, &n_nextn))) return st;
+    if (n_nextn >= hp->n_layer)
+        return tern_errorf(TERN_ERR_FORMAT, "qwen35: nextn_predict_layers %u leaves no layers of block_count %u",
+                           n_nextn, hp->n_layer);
+    w->n_layer = hp->n_layer - n_nextn;
+    if ((st = get_u32(m, "full_attention_interval", false, 4, &w->full_attn_interval))) return st;
+    if (w->full_attn_interval == 0)
+        return tern_errorf(TERN_ERR_FORMAT, "qwen35: full_attention_interval is 0");
+    if ((st = load_deltanet_shape(m, w)) || (st = load_rope_sections(m, w))) return st;
+    w->layers = tern_calloc(w->n_layer, sizeof *w->layers);
+    if (!w->layers) return tern_errorf(TERN_ERR_NOMEM, "qwen35: out of memory");
+
+    const uint32_t E = hp->n_embd, hd = hp->head_dim_k, nq = hp->n_head * hd, nkv = hp->n_head_kv * hd;
+    const uint32_t F = hp->n_ff;
+    const uint32_t C = (uint32_t)tern_deltanet_channels(&w->dn);
+    const uint32_t nv = w->dn.n_v_heads, nvd = nv * w->dn.d_v;
+    if ((st = model_get_embd(m, &w->tok_embd, E, "token_embd.weight")) ||
+        (st = model_get_vec(m, &w->out_norm, E, true, "output_norm.weight")) ||
+        (st = model_get_mat_opt(m, &w->output, E, hp->n_vocab, "output.weight")))
+        return st;
+    if (!w->output.data) /* tied embeddings */
+        if ((st = model_get_mat(m, &w->output, E, hp->n_vocab, "token_embd.weight"))) return st;
+
+    for (uint32_t il = 0; il < w->n_layer; il++) {
+        struct q35_layer *L = &w->layers[il];
+        L->recurrent = (il + 1) % w->full_attn_interval != 0;
+        if ((st = model_get_vec(m, &L->attn_norm, E, true, "blk.%u.attn_norm.weight", il)) ||
+            (st = model_get_vec(m, &L->post_norm, E, true, "blk.%u.post_attention_norm.weight", il)) ||
+            (st = model_get_mat(m, &L->w_gate, E, F, "blk.%u.ffn_gate.weight", il)) ||
+            (st = model_get_mat(m, &L->w_up, E, F, "blk.%u.ffn_up.weight", il)) ||
+            (st = model_get_mat(m, &L->w_down, F, E, "blk.%u.ffn_down.weight", il)))
+            return st;
+        if (L->recurrent) {
+            if ((st = model_get_mat(m, &L->wqkv, E, C, "blk.%u.attn_qkv.weight", il)) ||
+                (st = model_get_mat(m, &L->wgate, E, nvd, "blk.%u.attn_gate.weight", il)) ||
+                (st = model_get_mat(m, &L->wbeta, E, nv, "blk.%u.ssm_beta.weight", il)) ||
+                (st = model_get_mat(m, &L->walpha, E, nv, "blk.%u.ssm_alpha.weight", il)) ||
+                (st = model_get_vec(m, &L->ssm_a, nv, true, "blk.%u.ssm_a", il)) ||
+                (st = model_get_vec(m, &L->dt_bias, nv, true, "blk.%u.ssm_dt.bias", il)) ||
+                (st = model_get_vec(m, &L->ssm_norm, w->dn.d_v, true, "blk.%u.ssm_norm.weight", il)) ||
+                (st = model_get_mat(m, &L->wout, nvd, E, "blk.%u.ssm_out.weight", il)) ||
+                (st = load_conv(m, w, il, &L->conv_wt)))
+                return st;
+        } else {
+            if ((st = model_get_mat(m, &L->wq, E, 2 * nq, "blk.%u.attn_q.weight", il)) ||
+                (st = model_get_mat(m, &L->wk, E, nkv, "blk.%u.attn_k.weight", il)) ||
+                (st = model_get_mat(m, &L->wv, E, nkv, "blk.%u.attn_v.weight", il)) ||
+                (st = model_get_mat(m, &L->wo, nq, E, "blk.%u.attn_output.weight", il)) ||
+                (st = model_get_vec(m, &L->q_norm, hd, true, "blk.%u.attn_q_norm.weight", il)) ||
+                (st = model_get_vec(m, &L->k_norm, hd, true, "blk.%u.attn_k_norm.weight", il)))
+                return st;
+        }
+    }
+
+    if ((st = model_layers_init(m, w->n_layer))) return st;
+    const char *const names[] = {"conv", "ssm"};
+    const size_t bytes[] = {tern_deltanet_conv_floats(&w->dn) * sizeof(float),
+                            tern_deltanet_state_floats(&w->dn) * sizeof(float)};
+    for (uint32_t il = 0; il < w->n_layer; il++)
+        if (w->layers[il].recurrent && (st = model_layer_recurrent(m, il, names, bytes, 2))) return st;
+    return TERN_OK;
+}
+
+/* ---- RunState ----------------------------------------------------------------------- */
+
+static void q35_state_free(void *p) {
+    struct q35_state *rs = p;
+    if (!rs) return;
+    float **bufs[] = {&rs->x,  &rs->xb,   &rs->qkv_raw, &rs->qkv, &rs->z,   &rs->beta, &rs->alpha,
+                      &rs->o,  &rs->dn_scratch, &rs->qg, &rs->q, &rs->gate, &rs->k, &rs->v,
+                      &rs->att, &rs->cs, &rs->hb, &rs->hb2};
+    for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) tern_aligned_free(*bufs[i]);
+    free(rs);
+}
+
+static enum tern_status q35_state_new(const struct tern_model *m, uint32_t n_chunk, void **out) {
+    *out = NULL;
+    const struct model_hparams *hp = &m->hp;
+    const struct q35_weights *w = m->w;
+    struct q35_state *rs = tern_calloc(1, sizeof *rs);
+    if (!rs) return tern_errorf(TERN_ERR_NOMEM, "qwen35: out of memory");
+    rs->n_chunk = n_chunk;
+    const size_t nq = (size_t)hp->n_head * hp->head_dim_k, nkv = (size_t)hp->n_head_kv * hp->head_dim_k;
+    const size_t C = tern_deltanet_channels(&w->dn), nv = w->dn.n_v_heads, nvd = nv * w->dn.d_v;
+    struct {
+        float **p;
+        size_t n;    /* floats per token */
+        bool once;   /* not per token */
+    } bufs[] = {
+        {&rs->x, hp->n_embd, false},    {&rs->xb, hp->n_embd, false}, {&rs->qkv_raw, C, false},
+        {&rs->qkv, C, false},           {&rs->z, nvd, false},         {&rs->beta, nv, false},
+        {&rs->alpha, nv, false},        {&rs->o, nvd, false},
+        {&rs->dn_scratch, nv * tern_deltanet_scratch_floats(&w->dn), true},
+        {&rs->qg, 2 * nq, false},       {&rs->q, nq, false},          {&rs->gate, nq, false},
+        {&rs->k, nkv, false},           {&rs->v, nkv, false},         {&rs->att, nq, false},
+        {&rs->cs, hp->rope.n_rot, false}, {&rs->hb, hp->n_ff, false}, {&rs->hb2, hp->n_ff, false},
+    };
+    for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) {
+        size_t bytes;
+        const size_t rows = bufs[i].once ? 1 : n_chunk;
+        if (tern_mul_overflow(rows * sizeof(float), bufs[i].n ? bufs[i].n : 1, &bytes) ||
+            !(*bufs[i].p = tern_aligned_alloc(bytes))) {
+            q35_state_free(rs);
+            return tern_errorf(TERN_ERR_NOMEM, "qwen35: out of memory for the state of %u-token chunks", n_chunk);
+        }
+        rs->bytes += bytes;
+    }
+    *out = rs;
+    return TERN_OK;
+}
+
+static size_t q35_state_bytes(const void *p) { return ((const struct q35_state *)p)->bytes; }
+
+/* ---- forward ----------------------------------------------------------------------- */
+
+struct q35_ctx {
+    struct tern_session *s;
+    const struct model_hparams *hp;
+    const struct q35_weights *w;
+    const struct q35_layer *L;
+    struct q35_state *rs;
+    uint32_t il, n, pos0;
+};
+
+static void residual_item(void *ctx, uint32_t t) {
+    struct q35_ctx *c = ctx;
+    const size_t E = c->hp->n_embd;
+    tern_ops()->add(c->rs->x + t * E, c->rs->xb + t * E, E);
+}
+
+static void swiglu_item(void *ctx, uint32_t t) {
+    struct q35_ctx *c = ctx;
+    const size_t F = c->hp->n_ff;
+    tern_ops()->swiglu(c->rs->hb + t * F, c->rs->hb + t * F, c->rs->hb2 + t * F, F);
+}
+
+/* Channels per conv work item: a few items per thread, whole vectors. */
+#define CONV_BLOCK 512u
+
+static void conv_item(void *ctx, uint32_t i) {
+    struct q35_ctx *c = ctx;
+    const size_t C = tern_deltanet_channels(&c->w->dn);
+    const size_t c0 = (size_t)i * CONV_BLOCK, c1 = TERN_MIN(c0 + CONV_BLOCK, C);
+    float *window = session_rec_buf(c->s, c->il, 0);
+    tern_deltanet_conv(&c->w->dn, window, c->L->conv_wt, c->rs->qkv_raw, C, c->rs->qkv, C, c->n, c0, c1);
+}
+
+static void heads_item(void *ctx, uint32_t h) {
+    struct q35_ctx *c = ctx;
+    const struct tern_deltanet_shape *dn = &c->w->dn;
+    const size_t C = tern_deltanet_channels(dn), nv = dn->n_v_heads, nvd = nv * dn->d_v;
+    const struct tern_deltanet_params p = {.ssm_a = c->L->ssm_a, .dt_bias = c->L->dt_bias,
+                                           .norm_w = c->L->ssm_norm};
+    const struct tern_deltanet_io io = {
+        .n_tok = c->n,
+        .qkv = c->rs->qkv, .ld_qkv = C,
+        .z = c->rs->z, .ld_z = nvd,
+        .beta = c->rs->beta, .ld_beta = nv,
+        .alpha = c->rs->alpha, .ld_alpha = nv,
+        .out = c->rs->o, .ld_out = nvd,
+    };
+    float *state = session_rec_buf(c->s, c->il, 1);
+    float *scratch = c->rs->dn_scratch + (size_t)h * tern_deltanet_scratch_floats(dn);
+    tern_deltanet_heads(dn, &p, state, &io, h, h + 1, scratch);
+}
+
+static void deltanet_layer(struct q35_ctx *c) {
+    struct tern_session *s = c->s;
+    const struct q35_layer *L = c->L;
+    struct q35_state *rs = c->rs;
+    const size_t C = tern_deltanet_channels(&c->w->dn);
+    const struct mm_out proj[] = {
+        {&L->wqkv, rs->qkv_raw}, {&L->wgate, rs->z}, {&L->wbeta, rs->beta}, {&L->walpha, rs->alpha}};
+    model_matmul(s, rs->xb, c->n, proj, TERN_ARRAY_LEN(proj));
+    /* The convolution and the recurrence run token by token in order inside each work
+     * item; items split channels, then v-heads, never a token range. */
+    model_parallel_for(s, (uint32_t)((C + CONV_BLOCK - 1) / CONV_BLOCK), conv_item, c);
+    model_parallel_for(s, c->w->dn.n_v_heads, heads_item, c);
+    model_matmul1(s, rs->o, c->n, &L->wout, rs->xb);
+}
+
+/* Splits [q | gate] per head, QK-norm comes after; RoPE with the text positions. */
+static void split_qg_item(void *ctx, uint32_t t) {
+    struct q35_ctx *c = ctx;
+    const size_t hd = c->hp->head_dim_k, nh = c->hp->n_head, nq = nh * hd;
+    const float *qg = c->rs->qg + t * 2 * nq;
+    for (size_t h = 0; h < nh; h++) {
+        memcpy(c->rs->q + t * nq + h * hd, qg + 2 * h * hd, hd * sizeof(float));
+        memcpy(c->rs->gate + t * nq + h * hd, qg + (2 * h + 1) * hd, hd * sizeof(float));
+    }
+}
+
+static void rope_item(void *ctx, uint32_t t) {
+    struct q35_ctx *c = ctx;
+    const struct model_hparams *hp = c->hp;
+    const size_t hd = hp->head_dim_k, nr = hp->rope.n_rot;
+    float *cs = c->rs->cs + t * nr;
+    tern_rope_angles(&hp->rope, c->pos0 + t, cs);
+    for (size_t i = 0; i < nr / 2; i++)
+        if (c->w->rope_pos0[i]) { /* the "e" section: position 0, no rotation */
+            cs[2 * i] = 1.0f;
+            cs[2 * i + 1] = 0.0f;
+        }
+    tern_rope(c->rs->q + t * hp->n_head * hd, hp->n_head, hd, nr, cs, true);
+    tern_rope(c->rs->k + t * hp->n_head_kv * hd, hp->n_head_kv, hd, nr, cs, true);
+}
+
+/* att *= sigmoid(gate) */
+static void out_gate_item(void *ctx, uint32_t t) {
+    struct q35_ctx *c = ctx;
+    const size_t nq = (size_t)c->hp->n_head * c->hp->head_dim_k;
+    float *a = c->rs->att + t * nq;
+    const float *g = c->rs->gate + t * nq;
+    for (size_t i = 0; i < nq; i++) a[i] = a[i] * (1.0f / (1.0f + expf(-g[i])));
+}
+
+static void attention_layer(struct q35_ctx *c) {
+    struct tern_session *s = c->s;
+    const struct model_hparams *hp = c->hp;
+    const struct q35_layer *L = c->L;
+    struct q35_state *rs = c->rs;
+    const uint32_t hd = hp->head_dim_k, nq = hp->n_head * hd, nkv = hp->n_head_kv * hd;
+    const struct mm_out qkv[] = {{&L->wq, rs->qg}, {&L->wk, rs->k}, {&L->wv, rs->v}};
+    model_matmul(s, rs->xb, c->n, qkv, 3);
+    model_parallel_for(s, c->n, split_qg_item, c);
+    model_rmsnorm_heads(s, rs->q, L->q_norm, c->n, hp->n_head, hd, hp->rms_eps);
+    model_rmsnorm_heads(s, rs->k, L->k_norm, c->n, hp->n_head_kv, hd, hp->rms_eps);
+    model_parallel_for(s, c->n, rope_item, c);
+    model_attention(s, c->il, rs->q, nq, rs->k, nkv, rs->v, nkv, rs->att, nq, c->n, c->pos0, hp->n_head,
+                    1.0f / sqrtf((float)hd));
+    model_parallel_for(s, c->n, out_gate_item, c);
+    model_matmul1(s, rs->att, c->n, &L->wo, rs->xb);
+}
+
+static void q35_forward(struct tern_session *s, const int32_t *toks, uint32_t n, uint32_t pos0, float *logits,
+                        bool logits_all) {
+    const struct tern_model *m = s->m;
+    const struct model_hparams *hp = &m->hp;
+    const struct q35_weights *w = m->w;
+    struct q35_state *rs = s->rs;
+    const uint32_t E = hp->n_embd;
+    struct q35_ctx c = {.s = s, .hp = hp, .w = w, .rs = rs, .n = n, .pos0 = pos0};
+
+    model_embed(s, &w->tok_embd, toks, n, rs->x);
+    for (uint32_t il = 0; il < w->n_layer; il++) {
+        const struct q35_layer *L = &w->layers[il];
+        c.il = il;
+        c.L = L;
+        model_rmsnorm(s, rs->xb, rs->x, L->attn_norm, n, E, hp->rms_eps);
+        if (L->recurrent) deltanet_layer(&c);
+        else attention_layer(&c);
+        model_parallel_for(s, n, residual_item, &c);
+        /* feed-forward */
+        model_rmsnorm(s, rs->xb, rs->x, L->post_norm, n, E, hp->rms_eps);
+        const struct mm_out gu[] = {{&L->w_gate, rs->hb}, {&L->w_up, rs->hb2}};
+        model_matmul(s, rs->xb, n, gu, 2);
+        model_parallel_for(s, n, swiglu_item, &c);
+        model_matmul1(s, rs->hb, n, &L->w_down, rs->xb);
+        model_parallel_for(s, n, residual_item, &c);
+    }
+    if (!logits) return;
+    const uint32_t first = logits_all ? 0 : n - 1;
+    model_rmsnorm(s, rs->xb + (size_t)first * E, rs->x + (size_t)first * E, w->out_norm, n - first, E,
+                  hp->rms_eps);
+    model_logits(s, &w->output, rs->xb + (size_t)first * E, n - first, logits, true);
+}
+
+const struct tern_arch tern_arch_qwen35 = {
+    .name = "qwen35",
+    .load = q35_load,
+    .unload = q35_unload,
+    .state_new = q35_state_new,
+    .state_free = q35_state_free,
+    .state_bytes = q35_state_bytes,
+    .forward = q35_forward,
+};

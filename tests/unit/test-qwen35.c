@@ -1,0 +1,396 @@
+/* qwen35 (hybrid Gated DeltaNet + gated attention) on the shared tiny models:
+ * - parity with llama.cpp's logits (conformance README §4) for F32, Q8_0, Q4_K_M;
+ * - exactness (DESIGN.md §5): bit-identical logits and state hashes for every chunking
+ *   and thread count;
+ * - state: checkpoint / restore / fork equal a cold run; rewinding without a
+ *   checkpoint is refused;
+ * - load errors name the tensor or key and the numbers. */
+#include "harness.h"
+#include "logits-check.h"
+
+#include "gguf/gguf.h"
+#include "util/mem.h"
+#include "tern.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MODEL_F32 "models/tiny-qwen35-f32.gguf"
+
+static struct tern_model *load_model(const char *rel, int n_threads) {
+    th_require_shared(rel);
+    struct tern_model_params mp;
+    tern_model_params_default(&mp);
+    mp.path = th_shared_path(rel);
+    mp.n_threads = n_threads;
+    struct tern_model *m = NULL;
+    enum tern_status st = tern_model_load(&mp, &m);
+    if (st) print_error("load %s: %s\n", rel, tern_last_error());
+    assert_int_equal(st, TERN_OK);
+    return m;
+}
+
+static struct tern_session *new_session(struct tern_model *m, uint32_t n_ctx, enum tern_kv_type kv) {
+    struct tern_session_params sp;
+    tern_session_params_default(&sp);
+    sp.n_ctx = n_ctx;
+    sp.kv_type = kv;
+    struct tern_session *s = NULL;
+    assert_int_equal(tern_session_new(m, &sp, &s), TERN_OK);
+    return s;
+}
+
+static size_t argmax(const float *x, size_t n) {
+    size_t b = 0;
+    for (size_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* ---- parity with llama.cpp ------------------------------------------------------------ */
+
+static void check_model_parity(const char *stem, const char *model_rel) {
+    static const char *prompts[] = {"p1", "p16", "p100", "p400", "chat"};
+    struct tern_model *m = load_model(model_rel, 2);
+    const struct tern_model_info *info = tern_model_info(m);
+    assert_string_equal(info->arch, "qwen35");
+    assert_true(info->hybrid);
+    assert_int_equal(info->n_attn_layers, 2);
+    assert_int_equal(info->n_recurrent_layers, 6);
+    int failures = 0;
+    for (size_t pi = 0; pi < TERN_ARRAY_LEN(prompts); pi++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "conformance/logits/%s/%s.json", stem, prompts[pi]);
+        th_require_shared(rel);
+        struct lc_ref *ref = lc_ref_load(th_shared_path(rel));
+        assert_non_null(ref);
+        const size_t n = lc_ref_n_tokens(ref), nv = lc_ref_n_vocab(ref), ng = lc_ref_n_greedy(ref);
+        assert_int_equal(nv, info->n_vocab);
+        struct tern_session *s = new_session(m, (uint32_t)(n + ng + 8), TERN_KV_F32);
+        float *logits = malloc(n * nv * sizeof(float));
+        int32_t *greedy = malloc(ng * sizeof(int32_t));
+        assert_true(logits && greedy);
+        /* an uneven chunking: results do not depend on it (tested below) */
+        struct tern_eval_opts o = {.n_chunk = 37, .logits_all = logits};
+        assert_int_equal(tern_session_eval(s, lc_ref_prompt(ref), n, &o), TERN_OK);
+        for (size_t g = 0; g < ng; g++) {
+            greedy[g] = (int32_t)argmax(tern_session_logits(s), nv);
+            if (g + 1 < ng) assert_int_equal(tern_session_eval(s, &greedy[g], 1, NULL), TERN_OK);
+        }
+        struct lc_result res;
+        lc_check(ref, logits, greedy, ng, false, &res);
+        print_message("%s\n", res.summary);
+        if (!res.pass) failures++;
+        free(logits);
+        free(greedy);
+        tern_session_free(s);
+        lc_ref_free(ref);
+    }
+    tern_model_free(m);
+    assert_int_equal(failures, 0);
+}
+
+static void test_parity_f32(void **unused) {
+    (void)unused;
+    check_model_parity("tiny-qwen35-f32", MODEL_F32);
+}
+static void test_parity_q8_0(void **unused) {
+    (void)unused;
+    check_model_parity("tiny-qwen35-q8_0", "models/tiny-qwen35-q8_0.gguf");
+}
+static void test_parity_q4_k_m(void **unused) {
+    (void)unused;
+    check_model_parity("tiny-qwen35-q4_k_m", "models/tiny-qwen35-q4_k_m.gguf");
+}
+
+
+/* ---- exactness ---------------------------------------------------------------------- */
+
+/* The prompt for the exactness and state tests: the first n ids of p400. */
+static int32_t *test_prompt(size_t n) {
+    const char *rel = "conformance/logits/tiny-qwen35-f32/p400.json";
+    th_require_shared(rel);
+    struct lc_ref *ref = lc_ref_load(th_shared_path(rel));
+    assert_non_null(ref);
+    assert_true(lc_ref_n_tokens(ref) >= n);
+    int32_t *toks = malloc(n * sizeof *toks);
+    assert_non_null(toks);
+    memcpy(toks, lc_ref_prompt(ref), n * sizeof *toks);
+    lc_ref_free(ref);
+    return toks;
+}
+
+struct run {
+    float *logits; /* [n][n_vocab] */
+    uint64_t hash;
+    struct tern_hash_component comp[64];
+    size_t n_comp;
+};
+
+/* chunk 0: one eval call per token (decoding); else one call with that n_chunk. */
+static void run_prompt(struct tern_model *m, const int32_t *toks, size_t n, uint32_t chunk,
+                       enum tern_kv_type kv, struct run *r) {
+    const size_t nv = tern_model_info(m)->n_vocab;
+    struct tern_session *s = new_session(m, 1024, kv);
+    r->logits = malloc(n * nv * sizeof(float));
+    assert_non_null(r->logits);
+    if (chunk) {
+        struct tern_eval_opts o = {.n_chunk = chunk, .logits_all = r->logits};
+        assert_int_equal(tern_session_eval(s, toks, n, &o), TERN_OK);
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            struct tern_eval_opts o = {.logits_all = r->logits + i * nv};
+            assert_int_equal(tern_session_eval(s, toks + i, 1, &o), TERN_OK);
+        }
+    }
+    assert_int_equal(tern_session_n_past(s), n);
+    r->hash = tern_session_hash(s);
+    r->n_comp = tern_session_hash_components(s, r->comp, TERN_ARRAY_LEN(r->comp));
+    assert_true(r->n_comp <= TERN_ARRAY_LEN(r->comp));
+    tern_session_free(s);
+}
+
+/* Logits at every position and every state component hash are bit-identical for
+ * chunkings 1, 7, 64, 512 and token by token, on 1, 2 and 3 threads. */
+static void check_exact(enum tern_kv_type kv, size_t n) {
+    int32_t *toks = test_prompt(n);
+    struct tern_model *models[3];
+    for (int t = 0; t < 3; t++) models[t] = load_model(MODEL_F32, t + 1);
+    const size_t nv = tern_model_info(models[0])->n_vocab;
+    static const uint32_t chunks[] = {0, 1, 7, 64, 512};
+    struct run ref;
+    run_prompt(models[0], toks, n, 0, kv, &ref);
+    /* the components: tokens, K/V of the attention layers, conv + ssm of the others */
+    bool seen_conv = false, seen_ssm = false, seen_k = false;
+    for (size_t i = 0; i < ref.n_comp; i++) {
+        seen_conv |= !strcmp(ref.comp[i].name, "blk.0.conv");
+        seen_ssm |= !strcmp(ref.comp[i].name, "blk.2.ssm");
+        seen_k |= !strcmp(ref.comp[i].name, "blk.3.k");
+        assert_true(strcmp(ref.comp[i].name, "blk.3.conv") != 0);
+        assert_true(strcmp(ref.comp[i].name, "blk.0.k") != 0);
+    }
+    assert_true(seen_conv && seen_ssm && seen_k);
+    int n_runs = 0;
+    for (int t = 0; t < 3; t++)
+        for (size_t c = 0; c < TERN_ARRAY_LEN(chunks); c++) {
+            if (t == 0 && c == 0) continue;
+            struct run r;
+            run_prompt(models[t], toks, n, chunks[c], kv, &r);
+            if (memcmp(r.logits, ref.logits, n * nv * sizeof(float)) != 0 || r.hash != ref.hash) {
+                size_t bad = 0;
+                while (bad < n * nv && r.logits[bad] == ref.logits[bad]) bad++;
+                print_error("%d threads, chunk %u: differs from 1 thread token by token (first logit "
+                            "difference at position %zu)\n",
+                            t + 1, chunks[c], bad / nv);
+                for (size_t i = 0; i < r.n_comp; i++)
+                    if (r.comp[i].hash != ref.comp[i].hash) print_error("  component %s differs\n", r.comp[i].name);
+                fail();
+            }
+            assert_int_equal(r.n_comp, ref.n_comp);
+            free(r.logits);
+            n_runs++;
+        }
+    print_message("%s KV, %zu tokens: %d runs (threads 1-3 x chunks tok,1,7,64,512) bit-identical, hash %016llx\n",
+                  kv == TERN_KV_F32 ? "F32" : "F16", n, n_runs, (unsigned long long)ref.hash);
+    free(ref.logits);
+    for (int t = 0; t < 3; t++) tern_model_free(models[t]);
+    free(toks);
+}
+
+static void test_exact_f32_kv(void **unused) {
+    (void)unused;
+    check_exact(TERN_KV_F32, 150);
+}
+static void test_exact_f16_kv(void **unused) {
+    (void)unused;
+    check_exact(TERN_KV_F16, 90);
+}
+
+/* ---- state: checkpoints, restore, fork, rewind ------------------------------------------ */
+
+struct ckpt_sink {
+    struct tern_checkpoint *c[8];
+    int n;
+};
+static void on_ckpt(void *user, struct tern_checkpoint *c) {
+    struct ckpt_sink *k = user;
+    if (k->n < 8) k->c[k->n++] = c;
+    else tern_checkpoint_free(c);
+}
+
+static void test_checkpoint_restore(void **unused) {
+    (void)unused;
+    const size_t n = 140;
+    int32_t *toks = test_prompt(n);
+    struct tern_model *m = load_model(MODEL_F32, 2);
+    const size_t nv = tern_model_info(m)->n_vocab;
+
+    /* cold: the hash and logits after all n tokens, and after the first 97 */
+    struct tern_session *cold = new_session(m, 512, TERN_KV_F16);
+    assert_int_equal(tern_session_eval(cold, toks, 97, NULL), TERN_OK);
+    const uint64_t cold97 = tern_session_hash(cold);
+    assert_int_equal(tern_session_eval(cold, toks + 97, n - 97, NULL), TERN_OK);
+    const uint64_t cold_n = tern_session_hash(cold);
+    float *cold_logits = malloc(nv * sizeof(float));
+    assert_non_null(cold_logits);
+    memcpy(cold_logits, tern_session_logits(cold), nv * sizeof(float));
+
+    /* checkpoints captured during priming (the chunking splits at them) */
+    struct tern_session *s = new_session(m, 512, TERN_KV_F16);
+    struct ckpt_sink sink = {.n = 0};
+    const uint32_t pos[] = {40, 97};
+    struct tern_eval_opts o = {.n_chunk = 64, .ckpt_pos = pos, .n_ckpt = 2, .on_ckpt = on_ckpt, .user = &sink};
+    assert_int_equal(tern_session_eval(s, toks, n, &o), TERN_OK);
+    assert_int_equal(sink.n, 2);
+    assert_int_equal(tern_checkpoint_pos(sink.c[0]), 40);
+    assert_int_equal(tern_checkpoint_pos(sink.c[1]), 97);
+    /* a checkpoint holds the recurrent state: conv windows + state matrices */
+    const struct tern_model_info *info = tern_model_info(m);
+    assert_int_equal(info->recurrent_bytes, 6 * (3 * 512 + 4 * 64 * 64) * sizeof(float));
+    assert_true(tern_checkpoint_bytes(sink.c[0]) >= info->recurrent_bytes);
+    assert_int_equal(tern_session_hash(s), cold_n);
+    assert_memory_equal(tern_session_logits(s), cold_logits, nv * sizeof(float));
+
+    /* continue past n, then restore each checkpoint and re-read: equal to cold */
+    int32_t more[5] = {11, 22, 33, 44, 55};
+    assert_int_equal(tern_session_eval(s, more, 5, NULL), TERN_OK);
+    assert_true(tern_session_hash(s) != cold_n);
+    for (int i = 1; i >= 0; i--) {
+        assert_int_equal(tern_session_restore(s, sink.c[i]), TERN_OK);
+        assert_int_equal(tern_session_n_past(s), pos[i]);
+        assert_null(tern_session_logits(s));
+        if (pos[i] == 97) assert_int_equal(tern_session_hash(s), cold97);
+        assert_int_equal(tern_session_eval(s, toks + pos[i], n - pos[i], NULL), TERN_OK);
+        assert_int_equal(tern_session_hash(s), cold_n);
+        assert_memory_equal(tern_session_logits(s), cold_logits, nv * sizeof(float));
+    }
+
+    /* a fork at a checkpoint continues like the cold session */
+    struct tern_session *f = NULL;
+    assert_int_equal(tern_session_fork(s, 40, sink.c[0], &f), TERN_OK);
+    assert_int_equal(tern_session_eval(f, toks + 40, n - 40, NULL), TERN_OK);
+    assert_int_equal(tern_session_hash(f), cold_n);
+    tern_session_free(f);
+
+    /* rewinding a hybrid session without a checkpoint is refused, session unchanged */
+    const uint64_t before = tern_session_hash(s);
+    assert_int_equal(tern_session_rewind(s, 100), TERN_ERR_STATE);
+    print_message("rewind refused: %s\n", tern_last_error());
+    assert_non_null(strstr(tern_last_error(), "checkpoint"));
+    assert_int_equal(tern_session_n_past(s), n);
+    assert_int_equal(tern_session_hash(s), before);
+    assert_memory_equal(tern_session_logits(s), cold_logits, nv * sizeof(float));
+    assert_int_equal(tern_session_rewind(s, (uint32_t)n), TERN_OK); /* the live end is fine */
+    /* forking below the end without a checkpoint is refused too */
+    f = NULL;
+    assert_int_equal(tern_session_fork(s, 100, NULL, &f), TERN_ERR_STATE);
+    assert_null(f);
+
+    for (int i = 0; i < sink.n; i++) tern_checkpoint_free(sink.c[i]);
+    tern_session_free(s);
+    tern_session_free(cold);
+    tern_model_free(m);
+    free(cold_logits);
+    free(toks);
+}
+
+/* ---- load errors ------------------------------------------------------------------------ */
+
+struct mutation {
+    const char *drop;      /* tensor left out */
+    const char *reshape;   /* tensor whose ne[0] becomes new_ne0 (data truncated) */
+    uint64_t new_ne0;
+    const char *key;       /* u32 metadata key to override */
+    uint32_t key_val;
+};
+
+/* Writes a copy of the F32 tiny model with one thing changed; returns its path. */
+static const char *mutated_model(const struct mutation *mu, const char *file) {
+    th_require_shared(MODEL_F32);
+    struct gguf_file *f = NULL;
+    assert_int_equal(gguf_open(th_shared_path(MODEL_F32), NULL, &f), TERN_OK);
+    struct gguf_writer *w = NULL;
+    assert_int_equal(gguf_writer_new(&w), TERN_OK);
+    for (uint64_t i = 0; i < gguf_n_kv(f); i++) {
+        const struct gguf_kv *kv = gguf_kv_at(f, i);
+        if (mu->key && !strcmp(kv->key.ptr, mu->key))
+            assert_int_equal(gguf_writer_set_u32(w, mu->key, mu->key_val), TERN_OK);
+        else
+            assert_int_equal(gguf_writer_set_kv(w, kv), TERN_OK);
+    }
+    for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(f, i);
+        if (mu->drop && !strcmp(t->name.ptr, mu->drop)) continue;
+        uint64_t ne[GGUF_MAX_DIMS];
+        memcpy(ne, t->ne, sizeof ne);
+        uint64_t size = t->size;
+        if (mu->reshape && !strcmp(t->name.ptr, mu->reshape)) {
+            size = size / ne[0] * mu->new_ne0;
+            ne[0] = mu->new_ne0;
+        }
+        assert_int_equal(gguf_writer_add_tensor(w, t->name.ptr, t->type, t->n_dims, ne, t->data, size), TERN_OK);
+    }
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s", th_tmpdir(), file);
+    assert_int_equal(gguf_writer_write(w, path), TERN_OK);
+    gguf_writer_free(w);
+    gguf_close(f);
+    return path;
+}
+
+static void expect_load_error(const struct mutation *mu, enum tern_status want, const char *const *needles) {
+    const char *path = mutated_model(mu, "bad.gguf");
+    struct tern_model_params mp;
+    tern_model_params_default(&mp);
+    mp.path = path;
+    mp.n_threads = 1;
+    struct tern_model *m = (struct tern_model *)1;
+    assert_int_equal(tern_model_load(&mp, &m), want);
+    assert_null(m);
+    print_message("load error: %s\n", tern_last_error());
+    for (const char *const *n = needles; *n; n++) assert_non_null(strstr(tern_last_error(), *n));
+}
+
+static void test_load_errors(void **unused) {
+    (void)unused;
+    /* an unmodified copy loads */
+    const struct mutation none = {0};
+    struct tern_model_params mp;
+    tern_model_params_default(&mp);
+    mp.path = mutated_model(&none, "ok.gguf");
+    mp.n_threads = 1;
+    struct tern_model *m = NULL;
+    assert_int_equal(tern_model_load(&mp, &m), TERN_OK);
+    tern_model_free(m);
+
+    expect_load_error(&(struct mutation){.drop = "blk.1.ssm_a"}, TERN_ERR_FORMAT,
+                      (const char *const[]){"blk.1.ssm_a", "missing", NULL});
+    expect_load_error(&(struct mutation){.drop = "blk.3.attn_q_norm.weight"}, TERN_ERR_FORMAT,
+                      (const char *const[]){"blk.3.attn_q_norm.weight", "missing", NULL});
+    expect_load_error(&(struct mutation){.reshape = "blk.2.ssm_conv1d.weight", .new_ne0 = 3}, TERN_ERR_FORMAT,
+                      (const char *const[]){"blk.2.ssm_conv1d.weight", "[3, 512", "expected [4, 512]", NULL});
+    expect_load_error(&(struct mutation){.reshape = "blk.0.ssm_norm.weight", .new_ne0 = 32}, TERN_ERR_FORMAT,
+                      (const char *const[]){"blk.0.ssm_norm.weight", "[32]", "expected [64]", NULL});
+    expect_load_error(&(struct mutation){.key = "qwen35.ssm.time_step_rank", .key_val = 3}, TERN_ERR_FORMAT,
+                      (const char *const[]){"inner_size 256", "time_step_rank 3", NULL});
+    expect_load_error(&(struct mutation){.key = "qwen35.ssm.group_count", .key_val = 3}, TERN_ERR_FORMAT,
+                      (const char *const[]){"v-heads 4", "k-heads 3", NULL});
+    expect_load_error(&(struct mutation){.key = "qwen35.ssm.state_size", .key_val = 32}, TERN_ERR_FORMAT,
+                      (const char *const[]){"attn_qkv", "expected [256, 384]", NULL});
+    expect_load_error(&(struct mutation){.key = "qwen35.full_attention_interval", .key_val = 2}, TERN_ERR_FORMAT,
+                      (const char *const[]){"blk.1.attn_q.weight", "missing", NULL});
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parity_f32),
+        cmocka_unit_test(test_parity_q8_0),
+        cmocka_unit_test(test_parity_q4_k_m),
+        cmocka_unit_test(test_exact_f32_kv),
+        cmocka_unit_test(test_exact_f16_kv),
+        cmocka_unit_test(test_checkpoint_restore),
+        cmocka_unit_test(test_load_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
