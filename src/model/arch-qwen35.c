@@ -63,6 +63,8 @@ struct q35_weights {
     uint32_t n_layer;          /* layers run (block_count minus MTP layers) */
     uint32_t full_attn_interval;
     bool rope_pos0[64];        /* per RoPE pair: true when it takes position 0 (section e) */
+    bool any_pos0;
+    float rope_cs0[128];       /* (n_rot) cos/sin of every pair at position 0 */
     struct mat tok_embd;       /* [n_embd, n_vocab] */
     const float *out_norm;     /* (n_embd) */
     struct mat output;         /* [n_embd, n_vocab]; token_embd when tied */
@@ -146,7 +148,9 @@ static enum tern_status load_rope_sections(struct tern_model *m, struct q35_weig
         const bool thw = (s % 3 == 1 && s < 3 * sec[1]) || (s % 3 == 2 && s < 3 * sec[2]) ||
                          (s % 3 == 0 && s < 3 * sec[0]);
         w->rope_pos0[i] = !thw;
+        w->any_pos0 |= !thw;
     }
+    tern_rope_angles(&m->hp.rope, 0, w->rope_cs0);
     return TERN_OK;
 }
 
@@ -402,11 +406,12 @@ static void rope_item(void *ctx, uint32_t t) {
     const size_t hd = hp->head_dim_k, nr = hp->rope.n_rot;
     float *cs = c->rs->cs + t * nr;
     tern_rope_angles(&hp->rope, c->pos0 + t, cs);
-    for (size_t i = 0; i < nr / 2; i++)
-        if (c->w->rope_pos0[i]) { /* the "e" section: position 0, no rotation */
-            cs[2 * i] = 1.0f;
-            cs[2 * i + 1] = 0.0f;
-        }
+    if (c->w->any_pos0)
+        for (size_t i = 0; i < nr / 2; i++)
+            if (c->w->rope_pos0[i]) { /* the "e" section: position 0 (no rotation, only mscale) */
+                cs[2 * i] = c->w->rope_cs0[2 * i];
+                cs[2 * i + 1] = c->w->rope_cs0[2 * i + 1];
+            }
     tern_rope(c->rs->q + t * hp->n_head * hd, hp->n_head, hd, nr, cs, true);
     tern_rope(c->rs->k + t * hp->n_head_kv * hd, hp->n_head_kv, hd, nr, cs, true);
 }
