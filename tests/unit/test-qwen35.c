@@ -9,6 +9,7 @@
 #include "logits-check.h"
 
 #include "gguf/gguf.h"
+#include "model/mkmodel.h"
 #include "util/mem.h"
 #include "tern.h"
 
@@ -17,6 +18,11 @@
 #include <string.h>
 
 #define MODEL_F32 "models/tiny-qwen35-f32.gguf"
+#define MODEL_Q8_0 "models/tiny-qwen35-q8_0.gguf"
+
+/* --light (the variant that also runs under ASan): fewer prompts and shorter runs of
+ * the same checks. */
+static bool g_light;
 
 static struct tern_model *load_model(const char *rel, int n_threads) {
     th_require_shared(rel);
@@ -51,7 +57,10 @@ static size_t argmax(const float *x, size_t n) {
 /* ---- parity with llama.cpp ------------------------------------------------------------ */
 
 static void check_model_parity(const char *stem, const char *model_rel) {
-    static const char *prompts[] = {"p1", "p16", "p100", "p400", "chat"};
+    static const char *prompts_full[] = {"p1", "p16", "p100", "p400", "chat"};
+    static const char *prompts_light[] = {"p16", "chat"};
+    const char *const *prompts = g_light ? prompts_light : prompts_full;
+    const size_t n_prompts = g_light ? TERN_ARRAY_LEN(prompts_light) : TERN_ARRAY_LEN(prompts_full);
     struct tern_model *m = load_model(model_rel, 2);
     const struct tern_model_info *info = tern_model_info(m);
     assert_string_equal(info->arch, "qwen35");
@@ -59,7 +68,7 @@ static void check_model_parity(const char *stem, const char *model_rel) {
     assert_int_equal(info->n_attn_layers, 2);
     assert_int_equal(info->n_recurrent_layers, 6);
     int failures = 0;
-    for (size_t pi = 0; pi < TERN_ARRAY_LEN(prompts); pi++) {
+    for (size_t pi = 0; pi < n_prompts; pi++) {
         char rel[256];
         snprintf(rel, sizeof rel, "conformance/logits/%s/%s.json", stem, prompts[pi]);
         th_require_shared(rel);
@@ -97,7 +106,7 @@ static void test_parity_f32(void **unused) {
 }
 static void test_parity_q8_0(void **unused) {
     (void)unused;
-    check_model_parity("tiny-qwen35-q8_0", "models/tiny-qwen35-q8_0.gguf");
+    check_model_parity("tiny-qwen35-q8_0", MODEL_Q8_0);
 }
 static void test_parity_q4_k_m(void **unused) {
     (void)unused;
@@ -153,46 +162,64 @@ static void run_prompt(struct tern_model *m, const int32_t *toks, size_t n, uint
 
 /* Logits at every position and every state component hash are bit-identical for
  * chunkings 1, 7, 64, 512 and token by token, on 1, 2 and 3 threads. */
-static void check_exact(enum tern_kv_type kv, size_t n) {
-    int32_t *toks = test_prompt(n);
+static void check_exact(const char *label, const char *path, enum tern_kv_type kv, size_t n) {
     struct tern_model *models[3];
-    for (int t = 0; t < 3; t++) models[t] = load_model(MODEL_F32, t + 1);
-    const size_t nv = tern_model_info(models[0])->n_vocab;
-    static const uint32_t chunks[] = {0, 1, 7, 64, 512};
+    for (int t = 0; t < 3; t++) {
+        struct tern_model_params mp;
+        tern_model_params_default(&mp);
+        mp.path = path;
+        mp.n_threads = t + 1;
+        models[t] = NULL;
+        if (tern_model_load(&mp, &models[t])) print_error("%s: %s\n", path, tern_last_error());
+        assert_non_null(models[t]);
+    }
+    const struct tern_model_info *info = tern_model_info(models[0]);
+    const size_t nv = info->n_vocab;
+    int32_t *toks = test_prompt(n);
+    for (size_t i = 0; i < n; i++) toks[i] %= (int32_t)nv;
+    /* Reference: 1 thread, one eval call per token (decoding). Then every chunking on 1
+     * thread, and on 2 and 3 threads a mix (the per-token ones are what costs). */
+    static const struct {
+        int threads;
+        uint32_t chunk; /* 0: one eval call per token */
+    } runs[] = {{1, 1}, {1, 7}, {1, 64}, {1, 512}, {2, 0}, {2, 7}, {2, 512}, {3, 1}, {3, 64}};
     struct run ref;
     run_prompt(models[0], toks, n, 0, kv, &ref);
     /* the components: tokens, K/V of the attention layers, conv + ssm of the others */
-    bool seen_conv = false, seen_ssm = false, seen_k = false;
+    size_t n_conv = 0, n_ssm = 0, n_k = 0;
     for (size_t i = 0; i < ref.n_comp; i++) {
-        seen_conv |= !strcmp(ref.comp[i].name, "blk.0.conv");
-        seen_ssm |= !strcmp(ref.comp[i].name, "blk.2.ssm");
-        seen_k |= !strcmp(ref.comp[i].name, "blk.3.k");
-        assert_true(strcmp(ref.comp[i].name, "blk.3.conv") != 0);
-        assert_true(strcmp(ref.comp[i].name, "blk.0.k") != 0);
+        const char *dot = strrchr(ref.comp[i].name, '.');
+        if (!dot) continue;
+        n_conv += !strcmp(dot, ".conv");
+        n_ssm += !strcmp(dot, ".ssm");
+        n_k += !strcmp(dot, ".k");
     }
-    assert_true(seen_conv && seen_ssm && seen_k);
+    assert_int_equal(n_conv, info->n_recurrent_layers);
+    assert_int_equal(n_ssm, info->n_recurrent_layers);
+    assert_int_equal(n_k, info->n_attn_layers);
     int n_runs = 0;
-    for (int t = 0; t < 3; t++)
-        for (size_t c = 0; c < TERN_ARRAY_LEN(chunks); c++) {
-            if (t == 0 && c == 0) continue;
-            struct run r;
-            run_prompt(models[t], toks, n, chunks[c], kv, &r);
-            if (memcmp(r.logits, ref.logits, n * nv * sizeof(float)) != 0 || r.hash != ref.hash) {
-                size_t bad = 0;
-                while (bad < n * nv && r.logits[bad] == ref.logits[bad]) bad++;
-                print_error("%d threads, chunk %u: differs from 1 thread token by token (first logit "
-                            "difference at position %zu)\n",
-                            t + 1, chunks[c], bad / nv);
-                for (size_t i = 0; i < r.n_comp; i++)
-                    if (r.comp[i].hash != ref.comp[i].hash) print_error("  component %s differs\n", r.comp[i].name);
-                fail();
-            }
-            assert_int_equal(r.n_comp, ref.n_comp);
-            free(r.logits);
-            n_runs++;
+    for (size_t i = 0; i < TERN_ARRAY_LEN(runs); i++) {
+        const int t = runs[i].threads - 1;
+        const uint32_t chunk = runs[i].chunk;
+        struct run r;
+        run_prompt(models[t], toks, n, chunk, kv, &r);
+        if (memcmp(r.logits, ref.logits, n * nv * sizeof(float)) != 0 || r.hash != ref.hash) {
+            size_t bad = 0;
+            while (bad < n * nv && r.logits[bad] == ref.logits[bad]) bad++;
+            print_error("%s: %d threads, chunk %u: differs from 1 thread token by token (first logit "
+                        "difference at position %zu)\n",
+                        label, t + 1, chunk, bad / nv);
+            for (size_t c = 0; c < r.n_comp; c++)
+                if (r.comp[c].hash != ref.comp[c].hash) print_error("  component %s differs\n", r.comp[c].name);
+            fail();
         }
-    print_message("%s KV, %zu tokens: %d runs (threads 1-3 x chunks tok,1,7,64,512) bit-identical, hash %016llx\n",
-                  kv == TERN_KV_F32 ? "F32" : "F16", n, n_runs, (unsigned long long)ref.hash);
+        assert_int_equal(r.n_comp, ref.n_comp);
+        free(r.logits);
+        n_runs++;
+    }
+    print_message("%s, %s KV, %zu tokens: %d runs (1-3 threads; token by token, chunks 1, 7, 64, 512) "
+                  "bit-identical, hash %016llx\n",
+                  label, kv == TERN_KV_F32 ? "F32" : "F16", n, n_runs, (unsigned long long)ref.hash);
     free(ref.logits);
     for (int t = 0; t < 3; t++) tern_model_free(models[t]);
     free(toks);
@@ -200,11 +227,54 @@ static void check_exact(enum tern_kv_type kv, size_t n) {
 
 static void test_exact_f32_kv(void **unused) {
     (void)unused;
-    check_exact(TERN_KV_F32, 150);
+    th_require_shared(MODEL_F32);
+    check_exact("tiny-qwen35-f32", th_shared_path(MODEL_F32), TERN_KV_F32, g_light ? 24 : 100);
 }
 static void test_exact_f16_kv(void **unused) {
     (void)unused;
-    check_exact(TERN_KV_F16, 90);
+    th_require_shared(MODEL_Q8_0);
+    check_exact("tiny-qwen35-q8_0", th_shared_path(MODEL_Q8_0), TERN_KV_F16, g_light ? 24 : 64);
+}
+
+/* Generated models (tern mkmodel's generator): shapes the shared files do not have. */
+static void test_exact_generated(void **unused) {
+    (void)unused;
+    char path[512];
+    /* Odd: 3 v-heads on 1 k-head, head dim 36 (vector tails on both code paths),
+     * attention every 3rd layer, tied embeddings, a 3-tap convolution, and RoPE
+     * sections [2,1,1,4] whose fourth section leaves pairs 4-7 unrotated. */
+    struct tern_mkmodel_params p;
+    tern_mkmodel_defaults(TERN_MK_QWEN35, &p);
+    p.n_layer = 5;
+    p.n_embd = 128;
+    p.n_head = 2;
+    p.n_head_kv = 1;
+    p.head_dim = 64;
+    p.n_ff = 256;
+    p.n_vocab = 300;
+    p.tied = true;
+    p.ssm_k_heads = 1;
+    p.ssm_v_heads = 3;
+    p.ssm_state = 36;
+    p.ssm_conv = 3;
+    p.full_attn_interval = 3;
+    p.rope_dim = 16;
+    const int32_t sec[4] = {2, 1, 1, 4};
+    memcpy(p.rope_sections, sec, sizeof sec);
+    snprintf(path, sizeof path, "%s/odd.gguf", th_tmpdir());
+    enum tern_status st = tern_mkmodel_write(&p, path, NULL);
+    if (st) print_error("mkmodel: %s\n", tern_last_error());
+    assert_int_equal(st, TERN_OK);
+    check_exact("generated odd qwen35", path, TERN_KV_F16, g_light ? 24 : 70);
+
+    /* The tiny shape in llama-quantize's Q4_K_M mix (Q4_K / Q6_K weights, Q8_K
+     * activations). */
+    assert_int_equal(tern_mkmodel_preset("tiny-qwen35", &p), TERN_OK);
+    assert_int_equal(tern_mkmodel_parse_type("q4_k_m", &p.wtype, &p.mix), true);
+    p.n_layer = 4;
+    snprintf(path, sizeof path, "%s/q4km.gguf", th_tmpdir());
+    assert_int_equal(tern_mkmodel_write(&p, path, NULL), TERN_OK);
+    check_exact("generated tiny-qwen35 q4_k_m", path, TERN_KV_F16, g_light ? 16 : 48);
 }
 
 /* ---- state: checkpoints, restore, fork, rewind ------------------------------------------ */
@@ -382,15 +452,20 @@ static void test_load_errors(void **unused) {
                       (const char *const[]){"blk.1.attn_q.weight", "missing", NULL});
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    g_light = argc > 1 && !strcmp(argv[1], "--light");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parity_f32),
         cmocka_unit_test(test_parity_q8_0),
         cmocka_unit_test(test_parity_q4_k_m),
         cmocka_unit_test(test_exact_f32_kv),
         cmocka_unit_test(test_exact_f16_kv),
+        cmocka_unit_test(test_exact_generated),
         cmocka_unit_test(test_checkpoint_restore),
         cmocka_unit_test(test_load_errors),
     };
+    /* TERN_TEST_FILTER=test_exact* runs a subset (cmocka's pattern syntax) */
+    const char *filter = getenv("TERN_TEST_FILTER");
+    if (filter && *filter) cmocka_set_test_filter(filter);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
