@@ -23,10 +23,8 @@ static void on_signal(int sig) {
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: tern replay --transcript FILE.jsonl (--model FILE | --demo) [--arms on,off]\n"
-            "       tern replay --transcript FILE.jsonl --url URL [--url-b URL2]\n"
-            "                   [--reps N] [--out DIR] [--turns N] [--gap S] [--user-gap S] [--max-tokens N]\n"
-            "                   [--server-args \"...\"] [--isolate restart|salt|none] [options]\n"
+            "usage: tern replay --transcript FILE.jsonl (--model FILE | --demo) [--arms on,off] [options]\n"
+            "       tern replay --transcript FILE.jsonl --url URL [--url-b URL2] [options]\n"
             "       tern replay --make-transcript agent|compaction --out FILE [--turns N] [--seed S] [--strip]\n"
             "\n"
             "Replays a recorded agent session turn by turn against one or two OpenAI-compatible servers and\n"
