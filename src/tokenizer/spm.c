@@ -8,6 +8,8 @@
  * when either symbol was merged away or grew (their lengths no longer add up). */
 #include "tokenizer/tok-internal.h"
 
+#include "util/utf8.h"
+
 #include <string.h>
 
 struct ssym {
@@ -63,8 +65,6 @@ static void try_pair(struct tok_call *c, const char *buf, struct ssym *s, struct
     if (c->stats) c->stats->n_heap_ops++;
 }
 
-static const uint8_t utf8_len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
-
 /* Merges and emits buf[from..to). */
 static enum tern_status spm_chunk(struct tok_call *c, const char *buf, size_t from, size_t to) {
     const struct tern_tokenizer *t = c->t;
@@ -80,8 +80,16 @@ static enum tern_status spm_chunk(struct tok_call *c, const char *buf, size_t fr
     struct sheap *h = c->heap;
     size_t ns = 0, nh = 0;
     for (size_t off = from; off < to;) {
-        size_t cl = utf8_len[(uint8_t)buf[off] >> 4];
-        if (cl > to - off) cl = to - off;
+        /* One symbol per character. llama.cpp takes the length from the first byte
+         * alone, so an invalid lead byte swallows what follows (even a U+2581 that
+         * stood for a space, which then decodes as U+2581): an ill-formed byte is a
+         * symbol of its own here. The same for valid UTF-8. */
+        size_t cl = 1;
+        if ((uint8_t)buf[off] >= 0x80) {
+            size_t bad;
+            cl = tern_utf8_seq((const uint8_t *)buf + off, to - off, &bad);
+            if (!cl) cl = 1;
+        }
         s[ns] = (struct ssym){(uint32_t)off, (uint32_t)cl, (int32_t)ns - 1, off + cl < to ? (int32_t)ns + 1 : -1};
         ns++;
         off += cl;

@@ -34,9 +34,12 @@ void strmap_free(struct strmap *m) {
 }
 
 int32_t strmap_insert(struct strmap *m, const struct tern_tokenizer *t, int32_t id) {
+    return strmap_insert_h(m, t, id, tern_hash64(t->text_pool + t->text_off[id], t->text_len[id]));
+}
+
+int32_t strmap_insert_h(struct strmap *m, const struct tern_tokenizer *t, int32_t id, uint64_t h) {
     const char *s = t->text_pool + t->text_off[id];
     size_t n = t->text_len[id];
-    uint64_t h = tern_hash64(s, n);
     uint32_t tag = (uint32_t)(h >> 32);
     for (size_t i = h & m->mask;; i = (i + 1) & m->mask) {
         struct strslot *sl = &m->slots[i];
@@ -48,8 +51,21 @@ int32_t strmap_insert(struct strmap *m, const struct tern_tokenizer *t, int32_t 
     }
 }
 
+uint64_t strmap_hash(const char *s, size_t n) { return tern_hash64(s, n); }
+
+void strmap_prefetch(const struct strmap *m, uint64_t h) { __builtin_prefetch(&m->slots[h & m->mask]); }
+
+/* The text of the first occupied slot on h's probe path (to prefetch it). */
+const char *strmap_first_text(const struct strmap *m, const struct tern_tokenizer *t, uint64_t h) {
+    const struct strslot *sl = &m->slots[h & m->mask];
+    return sl->id1 ? t->text_pool + sl->off : NULL;
+}
+
 int32_t strmap_find(const struct strmap *m, const struct tern_tokenizer *t, const char *s, size_t n) {
-    uint64_t h = tern_hash64(s, n);
+    return strmap_find_h(m, t, s, n, tern_hash64(s, n));
+}
+
+int32_t strmap_find_h(const struct strmap *m, const struct tern_tokenizer *t, const char *s, size_t n, uint64_t h) {
     uint32_t tag = (uint32_t)(h >> 32);
     for (size_t i = h & m->mask;; i = (i + 1) & m->mask) {
         const struct strslot *sl = &m->slots[i];
@@ -76,9 +92,19 @@ static inline uint64_t pair_key(int32_t l, int32_t r) {
     return ((uint64_t)((uint32_t)l + 1) << 32) | ((uint32_t)r + 1);
 }
 
-void pairmap_insert(struct pairmap *m, int32_t l, int32_t r, uint32_t rank, int32_t result) {
+uint64_t pairmap_hash(int32_t l, int32_t r) {
     uint64_t key = pair_key(l, r);
-    uint64_t h = tern_hash64(&key, sizeof key);
+    return tern_hash64(&key, sizeof key);
+}
+
+void pairmap_prefetch(const struct pairmap *m, uint64_t h) { __builtin_prefetch(&m->slots[h & m->mask], 1); }
+
+void pairmap_insert(struct pairmap *m, int32_t l, int32_t r, uint32_t rank, int32_t result) {
+    pairmap_insert_h(m, l, r, rank, result, pairmap_hash(l, r));
+}
+
+void pairmap_insert_h(struct pairmap *m, int32_t l, int32_t r, uint32_t rank, int32_t result, uint64_t h) {
+    uint64_t key = pair_key(l, r);
     for (size_t i = h & m->mask;; i = (i + 1) & m->mask) {
         struct pairslot *s = &m->slots[i];
         if (!s->key) {

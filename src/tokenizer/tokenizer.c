@@ -179,8 +179,16 @@ static enum tern_status load_tokens(struct tern_tokenizer *t, const struct gguf_
 
     enum tern_status st = strmap_init(&t->vocab, (size_t)n);
     if (st) return st;
+    /* Hash ahead and prefetch: the table is larger than the caches. */
+    uint64_t hq[16];
+    for (uint64_t i = 0; i < n && i < 16; i++) hq[i] = strmap_hash(tok_text(t, (int32_t)i), t->text_len[i]);
     for (uint64_t i = 0; i < n; i++) {
-        int32_t dup = strmap_insert(&t->vocab, t, (int32_t)i);
+        uint64_t h = hq[i & 15];
+        if (i + 16 < n) {
+            hq[i & 15] = strmap_hash(tok_text(t, (int32_t)(i + 16)), t->text_len[i + 16]);
+            strmap_prefetch(&t->vocab, hq[i & 15]);
+        }
+        int32_t dup = strmap_insert_h(&t->vocab, t, (int32_t)i, h);
         if (dup >= 0)
             return tern_errorf(TERN_ERR_FORMAT, "duplicate token in the vocabulary: '%s' has ids %d and %llu",
                                tok_text(t, dup), dup, (unsigned long long)i);
@@ -188,61 +196,109 @@ static enum tern_status load_tokens(struct tern_tokenizer *t, const struct gguf_
     return TERN_OK;
 }
 
+struct mrec {
+    const char *s; /* "left right" */
+    uint32_t nl, nr;
+    uint64_t hl, hr, hres;
+    int32_t l, r, res; /* res -2: not found yet */
+};
+
+#define AHEAD 12
+
+/* Merges are looked up in passes that prefetch AHEAD entries in front: a 150k-merge
+ * table is far larger than the caches, and each lookup would otherwise wait for
+ * memory two or three times. */
 static enum tern_status load_merges(struct tern_tokenizer *t, const struct gguf_file *f) {
     const struct gguf_kv *kv = gguf_find_kv(f, KEY_PREFIX "merges");
     if (!kv) return tern_errorf(TERN_ERR_FORMAT, "a gpt2 (BPE) tokenizer needs " KEY_PREFIX "merges; the file has none");
     if (kv->type != GGUF_TYPE_ARRAY || kv->v.arr.type != GGUF_TYPE_STRING)
         return tern_errorf(TERN_ERR_FORMAT, KEY_PREFIX "merges must be an array of strings");
-    uint64_t n = kv->v.arr.n;
-    if (n > UINT32_MAX - 1)
+    uint64_t n64 = kv->v.arr.n;
+    if (n64 > UINT32_MAX - 1)
         return tern_errorf(TERN_ERR_LIMIT, KEY_PREFIX "merges has %llu entries; the limit is %u",
-                           (unsigned long long)n, UINT32_MAX - 1);
-    enum tern_status st = pairmap_init(&t->merges, (size_t)n);
+                           (unsigned long long)n64, UINT32_MAX - 1);
+    size_t n = (size_t)n64;
+    enum tern_status st = pairmap_init(&t->merges, n);
     if (st) return st;
+    struct mrec *m = tern_calloc(n ? n : 1, sizeof *m);
     char *cat = NULL;
-    size_t cat_cap = 0;
-    uint64_t n_dropped = 0;
-    int32_t prev = -1;
-    for (uint64_t i = 0; i < n; i++) {
+    size_t cat_cap = 0, n_dropped = 0;
+    if (!m) return tern_errorf(TERN_ERR_NOMEM, "no memory to read %zu merges", n);
+
+    /* 1: split "left right" at the first space after the first byte (a part may
+     * itself start with a space in some vocabularies), hash the parts. */
+    for (size_t i = 0; i < n; i++) {
         const struct gguf_str *s = &kv->v.arr.strs[i];
-        /* "left right", split at the first space after the first byte (a part may
-         * itself start with a space in some vocabularies). */
         const char *sp = s->len > 1 ? memchr(s->ptr + 1, ' ', s->len - 1) : NULL;
-        if (!sp) {
-            n_dropped++;
-            continue;
-        }
-        size_t nl = (size_t)(sp - s->ptr), nr = s->len - nl - 1;
-        int32_t l = strmap_find(&t->vocab, t, s->ptr, nl);
-        int32_t r = strmap_find(&t->vocab, t, sp + 1, nr);
-        if (l < 0 || r < 0) {
-            n_dropped++;
-            continue;
-        }
-        st = tok_grow((void **)&cat, &cat_cap, nl + nr + 1, 1);
-        if (st) {
-            free(cat);
-            return st;
-        }
-        /* Byte-level vocabularies list merge results in merge order: try the id
-         * after the previous result before hashing (a sequential read, no miss). */
-        int32_t res = -1, guess = prev + 1;
-        if (prev >= 0 && in_vocab(t, guess) && t->text_len[guess] == nl + nr &&
-            !memcmp(tok_text(t, guess), s->ptr, nl) && !memcmp(tok_text(t, guess) + nl, sp + 1, nr)) {
-            res = guess;
-        } else {
-            memcpy(cat, s->ptr, nl);
-            memcpy(cat + nl, sp + 1, nr);
-            res = strmap_find(&t->vocab, t, cat, nl + nr);
-        }
-        if (res >= 0) prev = res;
-        pairmap_insert(&t->merges, l, r, (uint32_t)i, res);
+        m[i].s = s->ptr;
+        m[i].l = m[i].r = m[i].res = -1;
+        if (!sp) continue;
+        m[i].nl = (uint32_t)(sp - s->ptr);
+        m[i].nr = (uint32_t)(s->len - m[i].nl - 1);
+        m[i].hl = strmap_hash(s->ptr, m[i].nl);
+        m[i].hr = strmap_hash(sp + 1, m[i].nr);
     }
-    free(cat);
+    /* 2: the parts' ids. The result is usually the id after the previous result
+     * (byte-level vocabularies list merges' results in merge order): a sequential
+     * check; otherwise it is hashed for pass 3. */
+    int32_t prev = -1;
+    for (size_t i = 0; i < n; i++) {
+        if (i + AHEAD < n) {
+            strmap_prefetch(&t->vocab, m[i + AHEAD].hl);
+            strmap_prefetch(&t->vocab, m[i + AHEAD].hr);
+        }
+        if (i + AHEAD / 2 < n) {
+            const char *p1 = strmap_first_text(&t->vocab, t, m[i + AHEAD / 2].hl);
+            const char *p2 = strmap_first_text(&t->vocab, t, m[i + AHEAD / 2].hr);
+            if (p1) __builtin_prefetch(p1);
+            if (p2) __builtin_prefetch(p2);
+        }
+        struct mrec *r = &m[i];
+        if (!r->nl) continue;
+        const char *right = r->s + r->nl + 1;
+        r->l = strmap_find_h(&t->vocab, t, r->s, r->nl, r->hl);
+        r->r = strmap_find_h(&t->vocab, t, right, r->nr, r->hr);
+        if (r->l < 0 || r->r < 0) continue;
+        int32_t guess = prev + 1;
+        if (prev >= 0 && in_vocab(t, guess) && t->text_len[guess] == r->nl + r->nr &&
+            !memcmp(tok_text(t, guess), r->s, r->nl) && !memcmp(tok_text(t, guess) + r->nl, right, r->nr)) {
+            r->res = prev = guess;
+            continue;
+        }
+        if ((st = tok_grow((void **)&cat, &cat_cap, r->nl + r->nr + 1, 1))) goto done;
+        memcpy(cat, r->s, r->nl);
+        memcpy(cat + r->nl, right, r->nr);
+        r->hres = strmap_hash(cat, r->nl + r->nr);
+        r->res = -2;
+    }
+    /* 3: the results that were not where expected. */
+    for (size_t i = 0, ahead = 0; i < n; i++) {
+        for (; ahead < n && ahead < i + AHEAD; ahead++)
+            if (m[ahead].res == -2) strmap_prefetch(&t->vocab, m[ahead].hres);
+        struct mrec *r = &m[i];
+        if (r->res != -2) continue;
+        memcpy(cat, r->s, r->nl);
+        memcpy(cat + r->nl, r->s + r->nl + 1, r->nr);
+        r->res = strmap_find_h(&t->vocab, t, cat, r->nl + r->nr, r->hres);
+        if (r->res >= 0) prev = r->res;
+    }
+    /* 4: the pair table (hashes reuse hl: it is free now). */
+    for (size_t i = 0; i < n; i++)
+        if (m[i].l >= 0 && m[i].r >= 0) m[i].hl = pairmap_hash(m[i].l, m[i].r);
+    for (size_t i = 0; i < n; i++) {
+        if (i + AHEAD < n && m[i + AHEAD].l >= 0 && m[i + AHEAD].r >= 0) pairmap_prefetch(&t->merges, m[i + AHEAD].hl);
+        if (m[i].l < 0 || m[i].r < 0) {
+            n_dropped++;
+            continue;
+        }
+        pairmap_insert_h(&t->merges, m[i].l, m[i].r, (uint32_t)i, m[i].res, m[i].hl);
+    }
     if (n_dropped)
-        TERN_LOG_WARN("tokenizer: %llu of %llu merges name a part that is not a token; they are ignored",
-                      (unsigned long long)n_dropped, (unsigned long long)n);
-    return TERN_OK;
+        TERN_LOG_WARN("tokenizer: %zu of %zu merges name a part that is not a token; they are ignored", n_dropped, n);
+done:
+    free(m);
+    free(cat);
+    return st;
 }
 
 /* The bytes a token renders, by the rules of llama.cpp's token_to_piece. */
@@ -254,6 +310,8 @@ static enum tern_status build_pieces(struct tern_tokenizer *t) {
     if (!t->piece_off || !t->piece_len || !t->piece_kind) return tern_errorf(TERN_ERR_NOMEM, "no memory for token pieces");
     struct tern_buf pool = TERN_BUF_INIT;
     enum tern_status st = TERN_OK;
+    int16_t byte_of[324]; /* GPT-2 code point -> byte; all of them are below 324 */
+    for (uint32_t cp = 0; cp < 324; cp++) byte_of[cp] = (int16_t)bytelevel_byte(cp);
     for (uint32_t id = 0; id < n && !st; id++) {
         uint16_t a = t->attrs[id];
         const char *s = tok_text(t, (int32_t)id);
@@ -278,8 +336,16 @@ static enum tern_status build_pieces(struct tern_tokenizer *t) {
                 /* Undo the byte-level encoding; a code point that stands for no byte is
                  * kept as its UTF-8 (llama.cpp would print a marker). */
                 for (size_t i = 0; i < len;) {
+                    if (p[i] > 0x20 && p[i] < 0x7F) { /* printable ASCII stands for itself */
+                        *d++ = (char)p[i++];
+                        continue;
+                    }
                     size_t bad, k = p[i] < 0x80 ? 1 : tern_utf8_seq(p + i, len - i, &bad);
-                    int b = k ? bytelevel_byte(tern_utf8_decode(p + i, k)) : -1;
+                    int b = -1;
+                    if (k) {
+                        uint32_t cp = tern_utf8_decode(p + i, k);
+                        b = cp < sizeof byte_of ? byte_of[cp] : -1;
+                    }
                     if (!k) k = bad ? bad : len - i;
                     if (b >= 0) {
                         *d++ = (char)b;
