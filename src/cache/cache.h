@@ -80,12 +80,25 @@ void cache_on_checkpoint(void *lease, struct tern_checkpoint *ckpt);
  * when the request failed in a way that leaves the state unusable: it is dropped. */
 void cache_release(struct cache *c, struct cache_lease *lease, bool ok);
 
+/* Why a candidate that was compared gave nothing (or less than its common prefix). */
+enum cache_decline {
+    CACHE_DECLINE_DIVERGED = 0, /* the history diverged below every resume point it had */
+    CACHE_DECLINE_MISMATCH,     /* nominated (by key or fingerprint) but no common prefix */
+    CACHE_DECLINE_COUNT
+};
+const char *cache_decline_name(enum cache_decline d);
+
 struct cache_stats {
     uint64_t requests_by_tier[CACHE_TIER_PREDICTED + 1];
     uint64_t declines;          /* candidates compared and refused */
+    uint64_t declines_by_reason[CACHE_DECLINE_COUNT];
+    uint64_t candidates;        /* candidates compared */
     uint64_t tokens_cached;
     uint64_t tokens_read;
-    uint64_t evictions;
+    uint64_t evictions;         /* whole sessions evicted for the budget */
+    uint64_t ckpt_evictions;    /* checkpoints dropped (retention or budget) */
+    uint64_t ckpts_made;
+    uint64_t forks;             /* resumes that copied another conversation's prefix */
     size_t pool_bytes;
     uint32_t n_sessions;
     uint32_t n_checkpoints;

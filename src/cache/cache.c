@@ -1,0 +1,679 @@
+/* The session pool and the reuse planner's glue (DESIGN.md §3-§4).
+ *
+ * Entries are conversations: a session (its state holds T[0..n)) plus the checkpoints
+ * taken in its lineage, parked under (tenant, key). Candidates for a request are
+ * nominated by identity — the same explicit key, or for unnamed requests the
+ * structural fingerprint and a token-prefix probe over the most recent unnamed
+ * entries — and the decision is made by bytes only (planner.c). A conversation that
+ * resumes from its own entry replaces it (one lineage per conversation); a request that
+ * merely shares a prefix with another conversation gets a copy (a fork), so the other
+ * conversation keeps its state. */
+#include "cache/cache.h"
+
+#include "cache/fingerprint.h"
+#include "cache/planner.h"
+#include "tokenizer/tokenizer.h"
+#include "util/buf.h"
+#include "util/log.h"
+#include "util/mem.h"
+#include "util/timeutil.h"
+
+#include <malloc.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Unnamed entries compared by plain token-prefix probing, most recent first. Older
+ * unnamed entries are reached only through the fingerprint. */
+#define PROBE_RECENT 8
+/* Upper bound on the checkpoint plan of one request. */
+#define MAX_PLAN 64
+
+struct ckpt_entry {
+    struct tern_checkpoint *ck; /* NULL on attention-only models: a position is enough */
+    uint32_t pos;
+    uint32_t kinds;             /* PLAN_CKPT_* */
+    uint64_t stamp;
+};
+
+struct entry {
+    struct tern_session *s;
+    char *tenant;
+    char *key;                  /* NULL: unnamed */
+    struct fingerprint fp;      /* of the session's tokens */
+    struct ckpt_entry *ck;      /* ascending positions */
+    size_t n_ck, cap_ck;
+    size_t ck_bytes;
+    uint64_t last_used;
+    bool leased;
+    struct entry *prev, *next;  /* LRU list, head = most recent */
+};
+
+struct lease_priv {
+    struct cache *c;
+    struct entry *e;
+    struct plan_point plan[MAX_PLAN];
+    size_t n_plan;
+    uint32_t plan_pos[MAX_PLAN];
+    struct ckpt_entry pending[MAX_PLAN];
+    size_t n_pending;
+};
+
+struct cache {
+    struct tern_model *model;
+    const struct tern_tokenizer *tok;
+    struct cache_params p;
+    bool hybrid;
+    uint8_t *sep_bits;
+    struct fp_separators sep;
+    struct entry *head, *tail;
+    size_t n_entries;
+    uint64_t clock;
+    struct fingerprint req_fp;  /* scratch */
+    struct plan_turn *turns;    /* scratch */
+    size_t cap_turns;
+    pthread_mutex_t stats_mu;
+    struct cache_stats stats;
+};
+
+const char *cache_tier_name(enum cache_tier t) {
+    switch (t) {
+    case CACHE_TIER_COLD: return "cold";
+    case CACHE_TIER_LIVE: return "live";
+    case CACHE_TIER_PREFIX: return "prefix";
+    case CACHE_TIER_CHECKPOINT: return "checkpoint";
+    case CACHE_TIER_AFFINITY: return "affinity";
+    case CACHE_TIER_PREDICTED: return "predicted";
+    }
+    return "?";
+}
+
+const char *cache_decline_name(enum cache_decline d) {
+    switch (d) {
+    case CACHE_DECLINE_DIVERGED: return "diverged";
+    case CACHE_DECLINE_MISMATCH: return "mismatch";
+    case CACHE_DECLINE_COUNT: break;
+    }
+    return "?";
+}
+
+/* ---- entries and the LRU list ------------------------------------------------------- */
+
+static void lru_unlink(struct cache *c, struct entry *e) {
+    if (e->prev) e->prev->next = e->next;
+    else c->head = e->next;
+    if (e->next) e->next->prev = e->prev;
+    else c->tail = e->prev;
+    e->prev = e->next = NULL;
+}
+
+static void lru_push_head(struct cache *c, struct entry *e) {
+    e->prev = NULL;
+    e->next = c->head;
+    if (c->head) c->head->prev = e;
+    c->head = e;
+    if (!c->tail) c->tail = e;
+}
+
+static void ck_drop(struct entry *e, size_t i) {
+    e->ck_bytes -= e->ck[i].ck ? tern_checkpoint_bytes(e->ck[i].ck) : 0;
+    tern_checkpoint_free(e->ck[i].ck);
+    memmove(e->ck + i, e->ck + i + 1, (e->n_ck - i - 1) * sizeof *e->ck);
+    e->n_ck--;
+}
+
+static void entry_free(struct entry *e) {
+    if (!e) return;
+    for (size_t i = 0; i < e->n_ck; i++) tern_checkpoint_free(e->ck[i].ck);
+    free(e->ck);
+    fp_free(&e->fp);
+    tern_session_free(e->s);
+    free(e->tenant);
+    free(e->key);
+    free(e);
+}
+
+static size_t entry_bytes(const struct entry *e) {
+    return tern_session_bytes(e->s) + e->ck_bytes + e->n_ck * sizeof *e->ck;
+}
+
+static bool same_str(const char *a, const char *b) {
+    if (!a || !*a) return !b || !*b;
+    return b && !strcmp(a, b);
+}
+
+static enum tern_status entry_new(struct cache *c, const struct cache_ident *id, struct tern_session *s,
+                                  struct entry **out) {
+    struct entry *e = tern_calloc(1, sizeof *e);
+    if (!e) return tern_errorf(TERN_ERR_NOMEM, "cache: out of memory for a session entry");
+    e->tenant = tern_strdup(id->tenant ? id->tenant : "");
+    e->key = id->key && *id->key ? tern_strdup(id->key) : NULL;
+    if (!e->tenant || (id->key && *id->key && !e->key)) {
+        free(e->tenant);
+        free(e->key);
+        free(e);
+        return tern_errorf(TERN_ERR_NOMEM, "cache: out of memory for a session key");
+    }
+    e->s = s;
+    lru_push_head(c, e);
+    c->n_entries++;
+    *out = e;
+    return TERN_OK;
+}
+
+static void entry_remove(struct cache *c, struct entry *e) {
+    lru_unlink(c, e);
+    c->n_entries--;
+    entry_free(e);
+}
+
+/* ---- stats ------------------------------------------------------------------------ */
+
+static void stats_update_pool(struct cache *c) {
+    size_t bytes = 0;
+    uint32_t n_ck = 0;
+    for (struct entry *e = c->head; e; e = e->next) {
+        bytes += entry_bytes(e);
+        n_ck += (uint32_t)e->n_ck;
+    }
+    pthread_mutex_lock(&c->stats_mu);
+    c->stats.pool_bytes = bytes;
+    c->stats.n_sessions = (uint32_t)c->n_entries;
+    c->stats.n_checkpoints = n_ck;
+    pthread_mutex_unlock(&c->stats_mu);
+}
+
+void cache_get_stats(const struct cache *c, struct cache_stats *out) {
+    pthread_mutex_lock((pthread_mutex_t *)&c->stats_mu);
+    *out = c->stats;
+    pthread_mutex_unlock((pthread_mutex_t *)&c->stats_mu);
+}
+
+#define STAT_ADD(c, field, v)                                                               \
+    do {                                                                                    \
+        pthread_mutex_lock(&(c)->stats_mu);                                                 \
+        (c)->stats.field += (v);                                                            \
+        pthread_mutex_unlock(&(c)->stats_mu);                                               \
+    } while (0)
+
+/* ---- budget ------------------------------------------------------------------------ */
+
+static size_t pool_bytes(const struct cache *c) {
+    size_t bytes = 0;
+    for (const struct entry *e = c->head; e; e = e->next) bytes += entry_bytes(e);
+    return bytes;
+}
+
+/* Evicts least recently used entries (never a leased one) until the pool fits the
+ * budget; when only leased or the newest entry remain, their least valuable
+ * checkpoints go. The freed memory is handed back to the system so the budget holds
+ * as the process's memory, not only as counters. */
+static void enforce_budget(struct cache *c, size_t extra) {
+    bool freed = false;
+    size_t budget = c->p.ram_bytes;
+    while (pool_bytes(c) + extra > budget) {
+        struct entry *victim = NULL;
+        for (struct entry *e = c->tail; e; e = e->prev) {
+            if (!e->leased && e != c->head) {
+                victim = e;
+                break;
+            }
+        }
+        if (victim) {
+            TERN_LOG_INFO("reuse: evicted session (key=%s, %u tokens, %zu bytes) for the %zu MiB budget",
+                          victim->key ? victim->key : "-", tern_session_n_past(victim->s), entry_bytes(victim),
+                          budget >> 20);
+            entry_remove(c, victim);
+            STAT_ADD(c, evictions, 1);
+            freed = true;
+            continue;
+        }
+        /* Only the newest/leased entries are left: drop checkpoints, oldest first. */
+        struct entry *e = c->tail;
+        while (e && e->n_ck == 0) e = e->prev;
+        if (!e) break;
+        size_t oldest = 0;
+        for (size_t i = 1; i < e->n_ck; i++)
+            if (e->ck[i].stamp < e->ck[oldest].stamp) oldest = i;
+        ck_drop(e, oldest);
+        STAT_ADD(c, ckpt_evictions, 1);
+        freed = true;
+    }
+    if (freed) malloc_trim(0);
+    stats_update_pool(c);
+}
+
+/* ---- turns ------------------------------------------------------------------------ */
+
+/* Classifies the turn starting at toks[i] (a turn-start token) from the text of the
+ * tokens that follow: "user\n<tool_response>" is a tool result in the Qwen format. */
+static enum plan_role turn_role(const struct cache *c, const int32_t *toks, size_t n, size_t i) {
+    if (!c->tok) return PLAN_ROLE_OTHER;
+    char text[64];
+    size_t len = 0;
+    struct tern_buf piece = TERN_BUF_INIT;
+    for (size_t j = i + 1; j < n && j < i + 6 && len < sizeof text - 1; j++) {
+        tern_buf_clear(&piece);
+        if (tern_token_piece(c->tok, toks[j], TERN_TOK_PARSE_SPECIAL, &piece) != TERN_OK) break;
+        size_t k = TERN_MIN(piece.len, sizeof text - 1 - len);
+        memcpy(text + len, piece.data, k);
+        len += k;
+    }
+    tern_buf_free(&piece);
+    text[len] = 0;
+    if (!strncmp(text, "user", 4)) {
+        const char *rest = text + 4;
+        while (*rest == '\n' || *rest == ' ') rest++;
+        if (!strncmp(rest, "<tool_response>", 15)) return PLAN_ROLE_TOOL;
+        return PLAN_ROLE_USER;
+    }
+    if (!strncmp(text, "assistant", 9) || !strncmp(text, "model", 5)) return PLAN_ROLE_ASSISTANT;
+    if (!strncmp(text, "system", 6) || !strncmp(text, "developer", 9)) return PLAN_ROLE_SYSTEM;
+    if (!strncmp(text, "tool", 4) || !strncmp(text, "ipython", 7)) return PLAN_ROLE_TOOL;
+    return PLAN_ROLE_OTHER;
+}
+
+static size_t find_turns(struct cache *c, const int32_t *toks, size_t n) {
+    size_t k = 0;
+    if (c->p.turn_token < 0) return 0;
+    for (size_t i = 0; i < n; i++) {
+        if (toks[i] != c->p.turn_token) continue;
+        if (k == c->cap_turns) {
+            size_t cap = c->cap_turns ? c->cap_turns * 2 : 64;
+            struct plan_turn *t = tern_reallocarray(c->turns, cap, sizeof *t);
+            if (!t) return k; /* a shorter plan, not an error */
+            c->turns = t;
+            c->cap_turns = cap;
+        }
+        c->turns[k].pos = (uint32_t)i;
+        c->turns[k].role = turn_role(c, toks, n, i);
+        k++;
+    }
+    return k;
+}
+
+/* ---- construction -------------------------------------------------------------------- */
+
+enum tern_status cache_new(struct tern_model *m, const struct cache_params *p, struct cache **out) {
+    *out = NULL;
+    struct cache *c = tern_calloc(1, sizeof *c);
+    if (!c) return tern_errorf(TERN_ERR_NOMEM, "cache: out of memory");
+    c->model = m;
+    c->p = *p;
+    c->tok = tern_model_tokenizer(m);
+    const struct tern_model_info *info = tern_model_info(m);
+    c->hybrid = info->hybrid;
+    uint32_t n_vocab = info->n_vocab;
+    c->sep_bits = tern_calloc(n_vocab / 8 + 1, 1);
+    if (!c->sep_bits) {
+        free(c);
+        return tern_errorf(TERN_ERR_NOMEM, "cache: out of memory");
+    }
+    /* Segment separators: the vocabulary's control tokens (turn markers). */
+    if (c->tok) {
+        for (uint32_t i = 0; i < n_vocab && i < tern_tokenizer_n_vocab(c->tok); i++)
+            if (tern_token_is_control(c->tok, (int32_t)i)) c->sep_bits[i >> 3] |= (uint8_t)(1u << (i & 7));
+    }
+    if (p->turn_token >= 0 && (uint32_t)p->turn_token < n_vocab)
+        c->sep_bits[(uint32_t)p->turn_token >> 3] |= (uint8_t)(1u << ((uint32_t)p->turn_token & 7));
+    c->sep.bits = c->sep_bits;
+    c->sep.n_vocab = n_vocab;
+    pthread_mutex_init(&c->stats_mu, NULL);
+    *out = c;
+    return TERN_OK;
+}
+
+void cache_free(struct cache *c) {
+    if (!c) return;
+    while (c->head) entry_remove(c, c->head);
+    fp_free(&c->req_fp);
+    free(c->turns);
+    free(c->sep_bits);
+    pthread_mutex_destroy(&c->stats_mu);
+    free(c);
+}
+
+/* ---- acquire ------------------------------------------------------------------------ */
+
+struct candidate_eval {
+    struct entry *e;
+    struct plan_resume res;
+    bool by_key;
+    bool by_fp;
+    bool by_probe;
+};
+
+static struct plan_resume evaluate(const struct cache *c, const struct entry *e, const int32_t *prompt, size_t m) {
+    uint32_t pos[MAX_PLAN * 4];
+    size_t n = 0;
+    for (size_t i = 0; i < e->n_ck && n < TERN_ARRAY_LEN(pos); i++) pos[n++] = e->ck[i].pos;
+    struct plan_candidate cand = {
+        .tokens = tern_session_tokens(e->s),
+        .n = tern_session_n_past(e->s),
+        .any_position = !c->hybrid,
+        .ckpt_pos = pos,
+        .n_ckpt = n,
+    };
+    return plan_resume_point(&cand, prompt, m);
+}
+
+/* Where the candidate's checkpoint for position r sits (or -1). */
+static long find_ck(const struct entry *e, uint32_t r) {
+    for (size_t i = 0; i < e->n_ck; i++)
+        if (e->ck[i].pos == r) return (long)i;
+    return -1;
+}
+
+static enum tern_status new_session(struct cache *c, struct tern_session **out) {
+    return tern_session_new(c->model, &c->p.session, out);
+}
+
+/* Re-reads prompt[0..r) into a fresh session (TERN_CKPT_REREAD=1: proves that a
+ * restored checkpoint equals a re-read). */
+static enum tern_status reread(struct cache *c, const int32_t *prompt, uint32_t r, struct tern_session **out) {
+    enum tern_status st = new_session(c, out);
+    if (st) return st;
+    st = tern_session_eval(*out, prompt, r, NULL);
+    if (st) {
+        tern_session_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+static void log_decision(const struct cache_decision *d) {
+    if (d->tier == CACHE_TIER_COLD && d->reason[0])
+        TERN_LOG_INFO("reuse: declined (%s) tier=cold cached=0 read=%u key=%s", d->reason, d->read,
+                      d->key_explicit ? "explicit" : "none");
+    else
+        TERN_LOG_INFO("reuse: tier=%s cached=%u read=%u key=%s%s%s%s", cache_tier_name(d->tier), d->cached, d->read,
+                      d->key_explicit ? "explicit" : d->key_implicit ? "implicit" : "none", d->reason[0] ? " (" : "",
+                      d->reason, d->reason[0] ? ")" : "");
+}
+
+enum tern_status cache_acquire(struct cache *c, const struct cache_ident *id, const int32_t *prompt, size_t m,
+                               struct cache_lease *out) {
+    memset(out, 0, sizeof *out);
+    if (m == 0) return tern_errorf(TERN_ERR_INVALID, "cache: empty prompt");
+    struct lease_priv *lp = tern_calloc(1, sizeof *lp);
+    if (!lp) return tern_errorf(TERN_ERR_NOMEM, "cache: out of memory for a lease");
+    lp->c = c;
+    const bool named = id->key && *id->key;
+    const char *tenant = id->tenant ? id->tenant : "";
+
+    enum tern_status st = TERN_OK;
+    if (c->p.affinity) st = fp_compute(&c->sep, prompt, m, &c->req_fp);
+    if (st) {
+        free(lp);
+        return st;
+    }
+
+    /* Nominate and decide. */
+    struct candidate_eval best = {0};
+    struct candidate_eval declined = {0}; /* the most informative refusal, for the log */
+    size_t n_probe = 0, n_compared = 0;
+    for (struct entry *e = c->head; e; e = e->next) {
+        if (e->leased || !same_str(e->tenant, tenant)) continue; /* tenants never mix */
+        if (named != (e->key != NULL)) continue;                  /* named and unnamed never mix */
+        struct candidate_eval ce = {.e = e};
+        if (named) {
+            if (strcmp(e->key, id->key)) continue;
+            ce.by_key = true;
+        } else {
+            if (c->p.affinity && fp_shared(&e->fp, &c->req_fp) >= FP_MIN_SHARED) ce.by_fp = true;
+            if (n_probe < PROBE_RECENT) {
+                ce.by_probe = true;
+                n_probe++;
+            }
+            if (!ce.by_fp && !ce.by_probe) continue;
+        }
+        ce.res = evaluate(c, e, prompt, m);
+        n_compared++;
+        if (ce.res.r == 0) {
+            if ((ce.by_key || ce.by_fp || ce.res.lcp > 0) && ce.res.lcp >= declined.res.lcp) declined = ce;
+            continue;
+        }
+        /* Best resume point wins; ties go to identity (key, fingerprint), then recency
+         * (the list is walked most recent first). */
+        bool better = !best.e || ce.res.r > best.res.r ||
+                      (ce.res.r == best.res.r && (ce.by_key || ce.by_fp) && !(best.by_key || best.by_fp));
+        if (better) best = ce;
+    }
+
+    struct cache_decision *d = &out->decision;
+    d->key_explicit = named;
+    STAT_ADD(c, candidates, n_compared);
+    if (declined.e && (!best.e || declined.res.lcp > best.res.r)) {
+        enum cache_decline why = declined.res.lcp > 0 ? CACHE_DECLINE_DIVERGED : CACHE_DECLINE_MISMATCH;
+        if (declined.res.lcp == 0)
+            snprintf(d->reason, sizeof d->reason, "%s session has no common prefix with the prompt",
+                     declined.by_key ? "the named" : "the nominated");
+        else if (declined.res.first_unusable_ckpt)
+            snprintf(d->reason, sizeof d->reason, "history diverged at %u of checkpoint %u", declined.res.lcp,
+                     declined.res.first_unusable_ckpt);
+        else
+            snprintf(d->reason, sizeof d->reason, "history diverged at %u before any checkpoint", declined.res.lcp);
+        pthread_mutex_lock(&c->stats_mu);
+        c->stats.declines++;
+        c->stats.declines_by_reason[why]++;
+        pthread_mutex_unlock(&c->stats_mu);
+    }
+
+    struct entry *e = NULL;
+    uint32_t r = 0;
+    if (best.e) {
+        struct entry *src = best.e;
+        r = best.res.r;
+        d->key_implicit = !named && best.by_fp;
+        /* Replace the conversation's own lineage when identity says it is the same
+         * conversation (key, fingerprint) or the request extends it entirely; otherwise
+         * fork a copy so the other conversation keeps its state. */
+        bool in_place = best.by_key || best.by_fp || best.res.live;
+        long ck_i = find_ck(src, r);
+        const struct tern_checkpoint *ck = (ck_i >= 0) ? src->ck[ck_i].ck : NULL;
+        bool predicted = ck_i >= 0 && (src->ck[ck_i].kinds & PLAN_CKPT_PREDICTED);
+        if (in_place) {
+            e = src;
+            if (!best.res.live) {
+                if (c->p.ckpt_reread && c->hybrid) {
+                    struct tern_session *fresh = NULL;
+                    st = reread(c, prompt, r, &fresh);
+                    if (!st) {
+                        tern_session_free(e->s);
+                        e->s = fresh;
+                    }
+                } else if (c->hybrid) {
+                    st = tern_session_restore(e->s, ck);
+                } else {
+                    st = tern_session_rewind(e->s, r);
+                }
+                if (st) {
+                    free(lp);
+                    return tern_error_prefix(st, "cache: resuming at %u", r);
+                }
+            }
+            /* Checkpoints above the resume point are about to be overwritten. */
+            while (e->n_ck && e->ck[e->n_ck - 1].pos > r) {
+                ck_drop(e, e->n_ck - 1);
+                STAT_ADD(c, ckpt_evictions, 1);
+            }
+            if (!c->p.pool) { /* TERN_REUSE_POOL=0: the live session only */
+                for (struct entry *o = c->head, *nx; o; o = nx) {
+                    nx = o->next;
+                    if (o != e && !o->leased) entry_remove(c, o);
+                }
+            }
+        } else {
+            struct tern_session *fork = NULL;
+            if (c->p.ckpt_reread && c->hybrid && !best.res.live) st = reread(c, prompt, r, &fork);
+            else st = tern_session_fork(src->s, r, ck, &fork);
+            if (st) {
+                free(lp);
+                return tern_error_prefix(st, "cache: copying %u tokens of another session", r);
+            }
+            st = entry_new(c, id, fork, &e);
+            if (st) {
+                tern_session_free(fork);
+                free(lp);
+                return st;
+            }
+            /* The copy inherits the checkpoints at or below r? They live in the other
+             * lineage's memory; the copy starts its own. */
+            STAT_ADD(c, forks, 1);
+        }
+        if (predicted) d->tier = CACHE_TIER_PREDICTED;
+        else if (best.res.live) d->tier = CACHE_TIER_LIVE;
+        else if (c->hybrid) d->tier = CACHE_TIER_CHECKPOINT;
+        else d->tier = CACHE_TIER_PREFIX;
+        /* A parked conversation found only through its fingerprint, not the most recent
+         * one: the affinity mechanism at work. */
+        if (d->tier != CACHE_TIER_PREDICTED && d->key_implicit && !best.by_probe) d->tier = CACHE_TIER_AFFINITY;
+    } else {
+        /* Cold. Without the pool, the one live session is reused (rewound or replaced). */
+        if (!c->p.pool) {
+            for (struct entry *o = c->head, *nx; o; o = nx) {
+                nx = o->next;
+                if (!o->leased) entry_remove(c, o);
+            }
+        }
+        struct tern_session *s = NULL;
+        enforce_budget(c, 0);
+        st = new_session(c, &s);
+        if (st) {
+            free(lp);
+            return st;
+        }
+        st = entry_new(c, id, s, &e);
+        if (st) {
+            tern_session_free(s);
+            free(lp);
+            return st;
+        }
+        d->tier = CACHE_TIER_COLD;
+    }
+
+    /* The entry is leased: the worker owns its session until release. */
+    e->leased = true;
+    lru_unlink(c, e);
+    lru_push_head(c, e);
+    e->last_used = ++c->clock;
+    lp->e = e;
+    d->cached = r;
+    d->read = (uint32_t)(m - r);
+
+    /* The checkpoint plan (hybrid models): positions in (r, m]. */
+    if (c->hybrid && c->p.max_ckpts > 0) {
+        size_t n_turns = find_turns(c, prompt, m);
+        lp->n_plan = plan_checkpoints(r, (uint32_t)m, c->turns, n_turns, c->p.ckpt_every, lp->plan, MAX_PLAN);
+        for (size_t i = 0; i < lp->n_plan; i++) lp->plan_pos[i] = lp->plan[i].pos;
+    }
+    out->session = e->s;
+    out->ckpt_pos = lp->plan_pos;
+    out->n_ckpt = lp->n_plan;
+    out->priv = lp;
+
+    pthread_mutex_lock(&c->stats_mu);
+    c->stats.requests_by_tier[d->tier]++;
+    c->stats.tokens_cached += r;
+    c->stats.tokens_read += m - r;
+    pthread_mutex_unlock(&c->stats_mu);
+    log_decision(d);
+    return TERN_OK;
+}
+
+void cache_on_checkpoint(void *lease, struct tern_checkpoint *ckpt) {
+    struct cache_lease *l = lease;
+    struct lease_priv *lp = l->priv;
+    uint32_t pos = tern_checkpoint_pos(ckpt);
+    uint32_t kinds = 0;
+    for (size_t i = 0; i < lp->n_plan; i++)
+        if (lp->plan[i].pos == pos) kinds = lp->plan[i].kinds;
+    if (lp->n_pending == MAX_PLAN || kinds == 0) {
+        tern_checkpoint_free(ckpt);
+        return;
+    }
+    lp->pending[lp->n_pending++] = (struct ckpt_entry){.ck = ckpt, .pos = pos, .kinds = kinds, .stamp = 0};
+}
+
+static void add_checkpoints(struct cache *c, struct entry *e, struct lease_priv *lp) {
+    uint32_t n_past = tern_session_n_past(e->s);
+    for (size_t i = 0; i < lp->n_pending; i++) {
+        struct ckpt_entry ce = lp->pending[i];
+        lp->pending[i].ck = NULL;
+        if (ce.pos > n_past) { /* cancelled before the session got there: stale */
+            tern_checkpoint_free(ce.ck);
+            continue;
+        }
+        long dup = find_ck(e, ce.pos);
+        if (dup >= 0) { /* same position, same tokens: keep the newer, merge kinds */
+            ce.kinds |= e->ck[dup].kinds;
+            ck_drop(e, (size_t)dup);
+        }
+        if (e->n_ck == e->cap_ck) {
+            size_t cap = e->cap_ck ? e->cap_ck * 2 : 8;
+            struct ckpt_entry *p = tern_reallocarray(e->ck, cap, sizeof *p);
+            if (!p) {
+                tern_checkpoint_free(ce.ck);
+                continue;
+            }
+            e->ck = p;
+            e->cap_ck = cap;
+        }
+        size_t j = e->n_ck;
+        while (j > 0 && e->ck[j - 1].pos > ce.pos) {
+            e->ck[j] = e->ck[j - 1];
+            j--;
+        }
+        ce.stamp = e->last_used;
+        e->ck[j] = ce;
+        e->n_ck++;
+        e->ck_bytes += ce.ck ? tern_checkpoint_bytes(ce.ck) : 0;
+        STAT_ADD(c, ckpts_made, 1);
+    }
+    lp->n_pending = 0;
+    /* Retention: at most max_ckpts per session. */
+    if (e->n_ck > c->p.max_ckpts) {
+        struct plan_kept kept[e->n_ck];
+        bool drop[e->n_ck];
+        for (size_t i = 0; i < e->n_ck; i++) kept[i] = (struct plan_kept){e->ck[i].pos, e->ck[i].kinds, e->ck[i].stamp};
+        plan_retain(kept, e->n_ck, c->p.max_ckpts, drop);
+        for (size_t i = e->n_ck; i-- > 0;) {
+            if (drop[i]) {
+                ck_drop(e, i);
+                STAT_ADD(c, ckpt_evictions, 1);
+            }
+        }
+    }
+}
+
+void cache_release(struct cache *c, struct cache_lease *lease, bool ok) {
+    struct lease_priv *lp = lease->priv;
+    if (!lp) return;
+    struct entry *e = lp->e;
+    if (!ok) {
+        for (size_t i = 0; i < lp->n_pending; i++) tern_checkpoint_free(lp->pending[i].ck);
+        entry_remove(c, e);
+    } else {
+        e->leased = false;
+        add_checkpoints(c, e, lp);
+        /* A session whose recurrent state cannot be trusted beyond its checkpoints is
+         * still valid at its live end: the engine keeps it consistent even when a
+         * request was cancelled mid-prime. */
+        if (c->p.affinity) {
+            if (fp_compute(&c->sep, tern_session_tokens(e->s), tern_session_n_past(e->s), &e->fp) != TERN_OK)
+                e->fp.n = 0;
+        } else {
+            e->fp.n = 0;
+        }
+        if (!c->p.pool) {
+            for (struct entry *o = c->head, *nx; o; o = nx) {
+                nx = o->next;
+                if (o != e && !o->leased) entry_remove(c, o);
+            }
+        }
+    }
+    free(lp);
+    memset(lease, 0, sizeof *lease);
+    enforce_budget(c, 0);
+}
