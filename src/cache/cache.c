@@ -402,8 +402,9 @@ enum tern_status cache_acquire(struct cache *c, const struct cache_ident *id, co
     const bool named = id->key && *id->key;
     const char *tenant = id->tenant ? id->tenant : "";
 
-    enum tern_status st = TERN_OK;
-    if (c->p.affinity) st = fp_compute(&c->sep, prompt, m, &c->req_fp);
+    /* The fingerprint is computed even without affinity: it also decides whether a
+     * resume replaces a lineage or forks it. */
+    enum tern_status st = fp_compute(&c->sep, prompt, m, &c->req_fp);
     if (st) {
         free(lp);
         return st;
@@ -466,10 +467,13 @@ enum tern_status cache_acquire(struct cache *c, const struct cache_ident *id, co
         struct entry *src = best.e;
         r = best.res.r;
         d->key_implicit = !named && best.by_fp;
-        /* Replace the conversation's own lineage when identity says it is the same
-         * conversation (key, fingerprint) or the request extends it entirely; otherwise
-         * fork a copy so the other conversation keeps its state. */
-        bool in_place = best.by_key || best.by_fp || best.res.live;
+        /* Replace the conversation's own lineage when the request extends it entirely,
+         * or when identity nominated it (key, fingerprint) and the structure confirms
+         * it (at least FP_MIN_SHARED leading segments: a compaction or a template
+         * rewrite of the same conversation). Otherwise fork a copy, so that another
+         * conversation — or a wrong identity claim — never costs the original its
+         * state. */
+        bool in_place = best.res.live || ((best.by_key || best.by_fp) && fp_shared(&src->fp, &c->req_fp) >= FP_MIN_SHARED);
         long ck_i = find_ck(src, r);
         const struct tern_checkpoint *ck = (ck_i >= 0) ? src->ck[ck_i].ck : NULL;
         bool predicted = ck_i >= 0 && (src->ck[ck_i].kinds & PLAN_CKPT_PREDICTED);
@@ -660,12 +664,7 @@ void cache_release(struct cache *c, struct cache_lease *lease, bool ok) {
         /* A session whose recurrent state cannot be trusted beyond its checkpoints is
          * still valid at its live end: the engine keeps it consistent even when a
          * request was cancelled mid-prime. */
-        if (c->p.affinity) {
-            if (fp_compute(&c->sep, tern_session_tokens(e->s), tern_session_n_past(e->s), &e->fp) != TERN_OK)
-                e->fp.n = 0;
-        } else {
-            e->fp.n = 0;
-        }
+        if (fp_compute(&c->sep, tern_session_tokens(e->s), tern_session_n_past(e->s), &e->fp) != TERN_OK) e->fp.n = 0;
         if (!c->p.pool) {
             for (struct entry *o = c->head, *nx; o; o = nx) {
                 nx = o->next;

@@ -280,10 +280,17 @@ static void test_identity_cannot_poison(void **state) {
     r = request(f, c, "tenantA", NULL, &a2, 64);
     assert_int_equal(r.d.tier, CACHE_TIER_COLD);
     /* tenant A, key conv-1, different bytes: declined, cold */
-    toks_add_text(f, &other, "<|im_start|>system\nsomething else entirely<|im_end|>\n<|im_start|>assistant\n");
+    toks_add_text(f, &other, "Summarise: <|im_start|>system\nsomething else<|im_end|>\n<|im_start|>assistant\n");
     r = request(f, c, "tenantA", "conv-1", &other, 64);
     assert_int_equal(r.d.tier, CACHE_TIER_COLD);
     assert_true(strstr(r.d.reason, "no common prefix") != NULL);
+    assert_equals_cold(f, &r, &other);
+    /* the same claim sharing only the system prompt's first tokens: at most that
+     * prefix is reused, and the claimed conversation keeps its state (a fork) */
+    toks_free(&other);
+    toks_add_text(f, &other, "<|im_start|>system\nsomething else entirely<|im_end|>\n<|im_start|>assistant\n");
+    r = request(f, c, "tenantA", "conv-1", &other, 64);
+    assert_true(r.d.cached < 20);
     assert_equals_cold(f, &r, &other);
     /* tenant A, key conv-1, the real continuation: resumes its own state */
     r = request(f, c, "tenantA", "conv-1", &a2, 64);
@@ -312,16 +319,17 @@ static void test_interleaved_conversations(void **state) {
         toks_add_text(f, &conv[i], SYS);
         toks_add_text(f, &conv[i], first[i]);
     }
+    size_t held[2] = {0, 0};
     for (int turn = 0; turn < 3; turn++) {
         for (int i = 0; i < 2; i++) {
-            size_t before = conv[i].n;
             struct result r = request(f, c, "", NULL, &conv[i], 64);
-            if (turn > 0) {
+            if (turn > 0) { /* its own live end, not the other conversation's */
                 assert_int_equal(r.d.tier, CACHE_TIER_LIVE);
-                assert_true(r.d.cached >= before - 40);
+                assert_int_equal(r.d.cached, held[i]);
             }
             assert_equals_cold(f, &r, &conv[i]);
             add_generated(&conv[i], &r);
+            held[i] = conv[i].n;
             toks_add_text(f, &conv[i], "<|im_end|>\n<|im_start|>user\n<tool_response>\nok\n</tool_response><|im_end|>\n<|im_start|>assistant\n");
         }
     }
