@@ -253,7 +253,8 @@ static enum plan_role turn_role(const struct cache *c, const int32_t *toks, size
     char text[64];
     size_t len = 0;
     struct tern_buf piece = TERN_BUF_INIT;
-    for (size_t j = i + 1; j < n && j < i + 6 && len < sizeof text - 1; j++) {
+    /* enough tokens for "user\n<tool_response>" even with a byte-level vocabulary */
+    for (size_t j = i + 1; j < n && j < i + 24 && len < 24; j++) {
         tern_buf_clear(&piece);
         if (tern_token_piece(c->tok, toks[j], TERN_TOK_PARSE_SPECIAL, &piece) != TERN_OK) break;
         size_t k = TERN_MIN(piece.len, sizeof text - 1 - len);
