@@ -46,7 +46,9 @@ struct entry {
     size_t n_ck, cap_ck;
     size_t ck_bytes;
     uint64_t last_used;
+    uint64_t lineage;           /* one conversation: its entry and its predictions */
     bool leased;
+    bool predicted;             /* primed ahead of time, not yet used by a request */
     struct entry *prev, *next;  /* LRU list, head = most recent */
 };
 
@@ -70,6 +72,7 @@ struct cache {
     struct entry *head, *tail;
     size_t n_entries;
     uint64_t clock;
+    uint64_t next_lineage;
     struct fingerprint req_fp;  /* scratch */
     struct plan_turn *turns;    /* scratch */
     size_t cap_turns;
@@ -144,7 +147,7 @@ static bool same_str(const char *a, const char *b) {
 }
 
 static enum tern_status entry_new(struct cache *c, const struct cache_ident *id, struct tern_session *s,
-                                  struct entry **out) {
+                                  uint64_t lineage, struct entry **out) {
     struct entry *e = tern_calloc(1, sizeof *e);
     if (!e) return tern_errorf(TERN_ERR_NOMEM, "cache: out of memory for a session entry");
     e->tenant = tern_strdup(id->tenant ? id->tenant : "");
@@ -156,6 +159,7 @@ static enum tern_status entry_new(struct cache *c, const struct cache_ident *id,
         return tern_errorf(TERN_ERR_NOMEM, "cache: out of memory for a session key");
     }
     e->s = s;
+    e->lineage = lineage ? lineage : ++c->next_lineage;
     lru_push_head(c, e);
     c->n_entries++;
     *out = e;
@@ -163,6 +167,11 @@ static enum tern_status entry_new(struct cache *c, const struct cache_ident *id,
 }
 
 static void entry_remove(struct cache *c, struct entry *e) {
+    if (e->predicted) {
+        pthread_mutex_lock(&c->stats_mu);
+        c->stats.predictions_wasted++;
+        pthread_mutex_unlock(&c->stats_mu);
+    }
     lru_unlink(c, e);
     c->n_entries--;
     entry_free(e);
@@ -477,7 +486,7 @@ enum tern_status cache_acquire(struct cache *c, const struct cache_ident *id, co
         bool in_place = best.res.live || ((best.by_key || best.by_fp) && fp_shared(&src->fp, &c->req_fp) >= FP_MIN_SHARED);
         long ck_i = find_ck(src, r);
         const struct tern_checkpoint *ck = (ck_i >= 0) ? src->ck[ck_i].ck : NULL;
-        bool predicted = ck_i >= 0 && (src->ck[ck_i].kinds & PLAN_CKPT_PREDICTED);
+        bool predicted = src->predicted || (ck_i >= 0 && (src->ck[ck_i].kinds & PLAN_CKPT_PREDICTED));
         if (in_place) {
             e = src;
             if (!best.res.live) {
@@ -503,6 +512,17 @@ enum tern_status cache_acquire(struct cache *c, const struct cache_ident *id, co
                 ck_drop(e, e->n_ck - 1);
                 STAT_ADD(c, ckpt_evictions, 1);
             }
+            if (e->predicted) {
+                e->predicted = false;
+                STAT_ADD(c, predictions_used, 1);
+            }
+            /* One lineage per conversation: the conversation moved on from this entry,
+             * so its siblings (the state it was predicted from, other predictions) are
+             * obsolete. */
+            for (struct entry *o = c->head, *nx; o; o = nx) {
+                nx = o->next;
+                if (o != e && !o->leased && o->lineage == e->lineage) entry_remove(c, o);
+            }
             if (!c->p.pool) { /* TERN_REUSE_POOL=0: the live session only */
                 for (struct entry *o = c->head, *nx; o; o = nx) {
                     nx = o->next;
@@ -517,7 +537,7 @@ enum tern_status cache_acquire(struct cache *c, const struct cache_ident *id, co
                 free(lp);
                 return tern_error_prefix(st, "cache: copying %u tokens of another session", r);
             }
-            st = entry_new(c, id, fork, &e);
+            st = entry_new(c, id, fork, 0, &e);
             if (st) {
                 tern_session_free(fork);
                 free(lp);
@@ -549,7 +569,7 @@ enum tern_status cache_acquire(struct cache *c, const struct cache_ident *id, co
             free(lp);
             return st;
         }
-        st = entry_new(c, id, s, &e);
+        st = entry_new(c, id, s, 0, &e);
         if (st) {
             tern_session_free(s);
             free(lp);
@@ -672,6 +692,110 @@ void cache_release(struct cache *c, struct cache_lease *lease, bool ok) {
                 if (o != e && !o->leased) entry_remove(c, o);
             }
         }
+    }
+    free(lp);
+    memset(lease, 0, sizeof *lease);
+    enforce_budget(c, 0);
+}
+
+/* ---- predictive priming --------------------------------------------------------------- */
+
+enum tern_status cache_predict_begin(struct cache *c, const struct cache_ident *id, const int32_t *toks, size_t n,
+                                     const uint32_t *marks, size_t n_marks, struct cache_lease *out) {
+    memset(out, 0, sizeof *out);
+    if (n == 0) return tern_errorf(TERN_ERR_STATE, "predict: empty prediction");
+    const bool named = id->key && *id->key;
+    const char *tenant = id->tenant ? id->tenant : "";
+    enum tern_status st = fp_compute(&c->sep, toks, n, &c->req_fp);
+    if (st) return st;
+    /* The conversation's state to build on: the same candidates a request would see.
+     * The prediction is primed only beyond the best resume point. */
+    struct entry *src = NULL;
+    struct plan_resume best = {0};
+    size_t n_probe = 0;
+    for (struct entry *e = c->head; e; e = e->next) {
+        if (e->leased || !same_str(e->tenant, tenant) || named != (e->key != NULL)) continue;
+        if (named && strcmp(e->key, id->key)) continue;
+        bool fp = fp_shared(&e->fp, &c->req_fp) >= FP_MIN_SHARED;
+        if (!named && !fp && n_probe++ >= PROBE_RECENT) continue;
+        /* Unlike a request, a prediction may be covered entirely (r == n). */
+        size_t lcp = plan_lcp(tern_session_tokens(e->s), tern_session_n_past(e->s), toks, n);
+        if (lcp >= n) return tern_errorf(TERN_ERR_STATE, "predict: already covered (%zu tokens)", n);
+        struct plan_resume r = evaluate(c, e, toks, n);
+        if (r.r > best.r) {
+            best = r;
+            src = e;
+        }
+    }
+    if (!src) return tern_errorf(TERN_ERR_STATE, "predict: no state of this conversation to build on");
+    if (best.r >= n) return tern_errorf(TERN_ERR_STATE, "predict: the conversation's state already covers it");
+    struct lease_priv *lp = tern_calloc(1, sizeof *lp);
+    if (!lp) return tern_errorf(TERN_ERR_NOMEM, "predict: out of memory");
+    lp->c = c;
+    uint32_t r = best.r;
+    long ck_i = find_ck(src, r);
+    struct tern_session *fork = NULL;
+    st = tern_session_fork(src->s, r, ck_i >= 0 ? src->ck[ck_i].ck : NULL, &fork);
+    if (st) {
+        free(lp);
+        return tern_error_prefix(st, "predict: copying %u tokens", r);
+    }
+    struct cache_ident pid = {.tenant = src->tenant, .key = src->key};
+    struct entry *e = NULL;
+    st = entry_new(c, &pid, fork, src->lineage, &e);
+    if (st) {
+        tern_session_free(fork);
+        free(lp);
+        return st;
+    }
+    e->predicted = true;
+    e->leased = true;
+    e->last_used = ++c->clock;
+    /* The source stays the most recent entry of the conversation. */
+    lru_unlink(c, src);
+    lru_push_head(c, src);
+    lp->e = e;
+    if (c->hybrid && c->p.max_ckpts > 0) {
+        for (size_t i = 0; i < n_marks && lp->n_plan < MAX_PLAN; i++) {
+            if (marks[i] > r && marks[i] <= n) {
+                lp->plan[lp->n_plan] = (struct plan_point){marks[i], PLAN_CKPT_PREDICTED | PLAN_CKPT_END};
+                lp->plan_pos[lp->n_plan++] = marks[i];
+            }
+        }
+    }
+    out->session = e->s;
+    out->ckpt_pos = lp->plan_pos;
+    out->n_ckpt = lp->n_plan;
+    out->priv = lp;
+    out->decision.tier = CACHE_TIER_PREDICTED;
+    out->decision.cached = r;
+    out->decision.read = (uint32_t)(n - r);
+    out->decision.key_explicit = named;
+    pthread_mutex_lock(&c->stats_mu);
+    c->stats.predictions_made++;
+    pthread_mutex_unlock(&c->stats_mu);
+    enforce_budget(c, 0);
+    return TERN_OK;
+}
+
+void cache_predict_end(struct cache *c, struct cache_lease *lease, bool ok) {
+    struct lease_priv *lp = lease->priv;
+    if (!lp) return;
+    struct entry *e = lp->e;
+    uint32_t n_past = tern_session_n_past(e->s);
+    STAT_ADD(c, predict_tokens, n_past > lease->decision.cached ? n_past - lease->decision.cached : 0);
+    if (!ok || n_past <= lease->decision.cached) {
+        /* nothing primed (pre-empted at once) or unusable: drop it, not counted as a
+         * wasted prediction of the model */
+        for (size_t i = 0; i < lp->n_pending; i++) tern_checkpoint_free(lp->pending[i].ck);
+        e->predicted = false;
+        entry_remove(c, e);
+    } else {
+        e->leased = false;
+        add_checkpoints(c, e, lp);
+        if (fp_compute(&c->sep, tern_session_tokens(e->s), n_past, &e->fp) != TERN_OK) e->fp.n = 0;
+        TERN_LOG_INFO("predict: primed %u of %u predicted tokens from %u (%zu checkpoints)",
+                      n_past - lease->decision.cached, lease->decision.read, lease->decision.cached, e->n_ck);
     }
     free(lp);
     memset(lease, 0, sizeof *lease);

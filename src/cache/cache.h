@@ -88,6 +88,21 @@ enum cache_decline {
 };
 const char *cache_decline_name(enum cache_decline d);
 
+/* Predictive priming (idle time after a response): prime the predicted prefix of the
+ * next request, toks[0..n) — rendered by the server with the model's own template —
+ * from the longest valid resume point of the conversation's state, as a separate
+ * entry of the same lineage, tagged predicted. marks: extra checkpoint positions
+ * (e.g. where the request's own messages end). The worker primes
+ * toks[decision.cached..n) with lease.ckpt_pos (cancellable between chunks: a partial
+ * prediction is still valid at its end) and calls cache_predict_end. A later request
+ * uses it only where its bytes equal the prompt's; a wrong prediction costs idle
+ * compute, never a wrong answer.
+ * Returns TERN_ERR_STATE when there is nothing worth priming (no state of the
+ * conversation to build on, or the prediction is already covered). */
+enum tern_status cache_predict_begin(struct cache *c, const struct cache_ident *id, const int32_t *toks, size_t n,
+                                     const uint32_t *marks, size_t n_marks, struct cache_lease *out);
+void cache_predict_end(struct cache *c, struct cache_lease *lease, bool ok);
+
 struct cache_stats {
     uint64_t requests_by_tier[CACHE_TIER_PREDICTED + 1];
     uint64_t declines;          /* candidates compared and refused */
@@ -99,6 +114,10 @@ struct cache_stats {
     uint64_t ckpt_evictions;    /* checkpoints dropped (retention or budget) */
     uint64_t ckpts_made;
     uint64_t forks;             /* resumes that copied another conversation's prefix */
+    uint64_t predictions_made;  /* predicted prefixes primed (fully or partly) */
+    uint64_t predictions_used;  /* ... that a later request resumed from */
+    uint64_t predictions_wasted;/* ... dropped unused (wrong, superseded or evicted) */
+    uint64_t predict_tokens;    /* tokens primed speculatively (idle compute spent) */
     size_t pool_bytes;
     uint32_t n_sessions;
     uint32_t n_checkpoints;

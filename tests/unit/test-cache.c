@@ -441,6 +441,90 @@ static void test_switches(void **state) {
     }
 }
 
+
+/* Predictive priming: the predicted prefix is primed ahead; a request that matches it
+ * resumes at its end (tier predicted) and equals a cold run; a wrong prediction is never
+ * used; a pre-empted one is still valid up to where it got. */
+static int stop_after_first_chunk(void *user, size_t done, size_t total) {
+    (void)total;
+    (void)user;
+    return done > 0;
+}
+
+static void predict(struct fixture *f, struct cache *c, const struct toks *q, uint32_t mark, bool preempt) {
+    struct cache_ident id = {.tenant = "", .key = NULL};
+    struct cache_lease l;
+    assert_int_equal(cache_predict_begin(c, &id, q->v, q->n, &mark, 1, &l), TERN_OK);
+    assert_int_equal(l.decision.tier, CACHE_TIER_PREDICTED);
+    struct tern_eval_opts o = {.n_chunk = 16, .user = &l, .ckpt_pos = l.ckpt_pos, .n_ckpt = l.n_ckpt,
+                               .on_ckpt = cache_on_checkpoint, .progress = preempt ? stop_after_first_chunk : NULL};
+    enum tern_status st = tern_session_eval(l.session, q->v + l.decision.cached, q->n - l.decision.cached, &o);
+    assert_int_equal(st, preempt ? TERN_ERR_CANCELLED : TERN_OK);
+    (void)f;
+    cache_predict_end(c, &l, true);
+}
+
+static void test_predictions(void **state) {
+    struct fixture *f = *state;
+    struct cache_params p;
+    default_params(f, &p);
+    struct cache *c;
+    assert_int_equal(cache_new(f->m, &p, &c), TERN_OK);
+    struct toks p1 = {0}, q = {0}, p2 = {0}, wrong = {0};
+    toks_add_text(f, &p1, SYS);
+    toks_add_text(f, &p1, "<|im_start|>user\nWhat does main.c do?<|im_end|>\n<|im_start|>assistant\n");
+    struct result r = request(f, c, "", NULL, &p1, 64);
+    /* the template will re-render the reply without its reasoning once a user message
+     * follows: that is the prediction */
+    toks_copy(&q, &p1);
+    toks_add_text(f, &q, "It parses arguments and calls run().<|im_end|>\n");
+    predict(f, c, &q, (uint32_t)p1.n, false);
+    struct cache_stats st;
+    cache_get_stats(c, &st);
+    assert_int_equal(st.predictions_made, 1);
+    assert_true(st.predict_tokens > 0);
+    assert_int_equal(st.n_sessions, 2);
+    toks_copy(&p2, &q);
+    toks_add_text(f, &p2, "<|im_start|>user\nAnd run()?<|im_end|>\n<|im_start|>assistant\n");
+    r = request(f, c, "", NULL, &p2, 64);
+    assert_int_equal(r.d.tier, CACHE_TIER_PREDICTED);
+    assert_int_equal(r.d.cached, q.n);
+    assert_equals_cold(f, &r, &p2);
+    cache_get_stats(c, &st);
+    assert_int_equal(st.predictions_used, 1);
+    assert_int_equal(st.n_sessions, 1); /* the lineage collapsed onto the used prediction */
+
+    /* a wrong prediction: the client sends something else */
+    toks_copy(&q, &p2);
+    add_generated(&q, &r);
+    size_t live = q.n;
+    toks_copy(&wrong, &q);
+    toks_add_text(f, &q, " (predicted reply text)<|im_end|>\n");
+    predict(f, c, &q, (uint32_t)live, false);
+    toks_add_text(f, &wrong, "<|im_end|>\n<|im_start|>user\nsomething unexpected<|im_end|>\n<|im_start|>assistant\n");
+    r = request(f, c, "", NULL, &wrong, 64);
+    assert_int_not_equal(r.d.tier, CACHE_TIER_PREDICTED);
+    assert_int_equal(r.d.cached, live);
+    assert_equals_cold(f, &r, &wrong);
+    cache_get_stats(c, &st);
+    assert_int_equal(st.predictions_wasted, 1);
+
+    /* pre-empted after its first chunk: still valid where it stopped */
+    toks_copy(&q, &wrong);
+    add_generated(&q, &r);
+    toks_add_text(f, &q, "A long predicted reply that will not be primed to its end because a request arrives.<|im_end|>\n");
+    predict(f, c, &q, (uint32_t)wrong.n, true);
+    toks_copy(&p2, &q);
+    toks_add_text(f, &p2, "<|im_start|>user\nok<|im_end|>\n<|im_start|>assistant\n");
+    r = request(f, c, "", NULL, &p2, 64);
+    assert_equals_cold(f, &r, &p2);
+    toks_free(&p1);
+    toks_free(&q);
+    toks_free(&p2);
+    toks_free(&wrong);
+    cache_free(c);
+}
+
 int main(void) {
     const struct CMUnitTest q3[] = {
         cmocka_unit_test_setup(test_extension_and_rewrite, setup_q3),
@@ -450,6 +534,7 @@ int main(void) {
         cmocka_unit_test_setup(test_compaction_uses_longest_valid_point, setup_q3),
         cmocka_unit_test_setup(test_budget_evicts_lru, setup_q3),
         cmocka_unit_test_setup(test_switches, setup_q3),
+        cmocka_unit_test_setup(test_predictions, setup_q3),
     };
     const struct CMUnitTest q35[] = {
         cmocka_unit_test_setup(test_extension_and_rewrite, setup_q35),
@@ -459,6 +544,7 @@ int main(void) {
         cmocka_unit_test_setup(test_compaction_uses_longest_valid_point, setup_q35),
         cmocka_unit_test_setup(test_budget_evicts_lru, setup_q35),
         cmocka_unit_test_setup(test_switches, setup_q35),
+        cmocka_unit_test_setup(test_predictions, setup_q35),
     };
     int rc = cmocka_run_group_tests_name("qwen3 (attention-only)", q3, NULL, NULL);
     rc |= cmocka_run_group_tests_name("qwen35 (hybrid)", q35, NULL, NULL);
