@@ -5,3 +5,4 @@ tern_unit_test(test-deltanet ${CMAKE_SOURCE_DIR}/tests/unit/test-deltanet.c TIME
 # of the same checks (shorter prompts) that ASan builds run too.
 tern_unit_test(test-qwen35 ${CMAKE_SOURCE_DIR}/tests/unit/test-qwen35.c LABELS no-asan TIMEOUT 900)
 tern_unit_test(test-qwen35-light ${CMAKE_SOURCE_DIR}/tests/unit/test-qwen35.c ARGS --light TIMEOUT 600)
+tern_script_test(qwen35-cli ${CMAKE_SOURCE_DIR}/tests/e2e/qwen35-cli.sh TIMEOUT 300)

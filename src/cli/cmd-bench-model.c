@@ -1,6 +1,7 @@
 /* tern bench (model): prompt processing and decode speed, as llama-bench measures them
  * (pp: one prompt of -p random tokens; tg: -n tokens decoded one by one from an empty
- * context), with the decode's effective weight bandwidth and the prompt's GFLOP/s. */
+ * context), with the decode's effective weight bandwidth and the prompt's GFLOP/s. For
+ * hybrid models also the checkpoint: its size and save / restore speed after the prompt. */
 #include "cli/cli.h"
 
 #include "gguf/gguf.h"
@@ -19,7 +20,8 @@ static void usage(FILE *f) {
             "Measures prompt processing (pp: one prompt of N random tokens) and decoding (tg:\n"
             "N tokens one by one from an empty context), mean +- sd over repetitions, after a\n"
             "warm-up run. Also: the weight bytes read per decoded token times tg t/s (the\n"
-            "decode's effective bandwidth) and the prompt's GFLOP/s.\n"
+            "decode's effective bandwidth) and the prompt's GFLOP/s; for hybrid models the\n"
+            "size of a checkpoint and its save / restore speed (after the prompt).\n"
             "\n"
             "  -m, --model FILE      the GGUF model\n"
             "  -p, --n-prompt N      prompt tokens (default 512; 0 = skip)\n"
@@ -164,21 +166,39 @@ static int bench_model_main(int argc, char **argv) {
     }
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)(n_prompt + n_gen + 1));
     double *pp = calloc((size_t)reps, sizeof(double)), *tg = calloc((size_t)reps, sizeof(double));
+    double *ck_save = calloc((size_t)reps, sizeof(double)), *ck_restore = calloc((size_t)reps, sizeof(double));
+    size_t ck_bytes = 0;
     uint64_t rng = 0x2545F4914F6CDD1Dull;
     int rc = 0;
+    /* Each run starts from an empty context: restoring the checkpoint at position 0
+     * (a hybrid model's session cannot be rewound, DESIGN.md §3). */
+    struct tern_checkpoint *ck0 = NULL;
+    if (tern_session_checkpoint(s, &ck0)) rc = 1;
     /* r = -1 is the warm-up (pages the weights in, grows the workspace) */
     for (long r = -1; r < reps && !rc; r++) {
         if (n_prompt) {
             random_tokens(toks, (size_t)n_prompt, info->n_vocab, &rng);
-            tern_session_rewind(s, 0);
+            if (tern_session_restore(s, ck0)) rc = 1;
             const double t0 = tern_now_s();
-            if (tern_session_eval(s, toks, (size_t)(r < 0 ? (n_prompt < 16 ? n_prompt : 16) : n_prompt), NULL))
+            if (!rc && tern_session_eval(s, toks, (size_t)(r < 0 ? (n_prompt < 16 ? n_prompt : 16) : n_prompt), NULL))
                 rc = 1;
             if (r >= 0) pp[r] = (double)n_prompt / (tern_now_s() - t0);
+            if (r >= 0 && info->hybrid && !rc) {
+                struct tern_checkpoint *ck = NULL;
+                const double c0 = tern_now_s();
+                if (tern_session_checkpoint(s, &ck)) rc = 1;
+                const double c1 = tern_now_s();
+                if (!rc && tern_session_restore(s, ck)) rc = 1;
+                const double c2 = tern_now_s();
+                if (ck) ck_bytes = tern_checkpoint_bytes(ck);
+                tern_checkpoint_free(ck);
+                ck_save[r] = c1 - c0;
+                ck_restore[r] = c2 - c1;
+            }
         }
         if (n_gen && !rc) {
             random_tokens(toks, (size_t)n_gen, info->n_vocab, &rng);
-            tern_session_rewind(s, 0);
+            if (tern_session_restore(s, ck0)) rc = 1;
             const long n = r < 0 ? (n_gen < 4 ? n_gen : 4) : n_gen;
             const double t0 = tern_now_s();
             for (long i = 0; i < n && !rc; i++)
@@ -197,16 +217,27 @@ static int bench_model_main(int argc, char **argv) {
         const double pp_flop = 2.0 * ((double)ws.layer_macs * (double)n_prompt + (double)ws.output_macs);
         const double gflops = n_prompt ? pp_flop * pp_m / (double)n_prompt * 1e-9 : 0.0;
         const double gbps = (double)ws.read_per_token * tg_m * 1e-9;
+        /* checkpoint: the best of the repetitions (a copy of a few MB is noise-prone) */
+        const bool ck = info->hybrid && n_prompt;
+        double save_s = 0, restore_s = 0;
+        for (long i = 0; ck && i < reps; i++) {
+            if (i == 0 || ck_save[i] < save_s) save_s = ck_save[i];
+            if (i == 0 || ck_restore[i] < restore_s) restore_s = ck_restore[i];
+        }
         const char *mode = no_mmap ? "read into memory (--no-mmap)" : mlock ? "mmap + mlock" : "mmap";
         if (json) {
             printf("{\"model\":\"%s\",\"arch\":\"%s\",\"n_params\":%llu,\"weight_bytes\":%llu,"
                    "\"weight_bytes_per_token\":%llu,\"threads\":%d,\"mmap\":%s,\"mlock\":%s,\"kv_type\":\"%s\","
                    "\"repetitions\":%ld,\"load_s\":%.3f,\"n_prompt\":%ld,\"pp_tps\":%.3f,\"pp_tps_sd\":%.3f,"
-                   "\"pp_gflops\":%.3f,\"n_gen\":%ld,\"tg_tps\":%.3f,\"tg_tps_sd\":%.3f,\"tg_gbps\":%.3f}\n",
+                   "\"pp_gflops\":%.3f,\"n_gen\":%ld,\"tg_tps\":%.3f,\"tg_tps_sd\":%.3f,\"tg_gbps\":%.3f",
                    info->name, info->arch, (unsigned long long)info->n_params,
                    (unsigned long long)info->weight_bytes, (unsigned long long)ws.read_per_token, info->n_threads,
                    no_mmap ? "false" : "true", mlock ? "true" : "false", kv == TERN_KV_F16 ? "f16" : "f32", reps,
                    load_s, n_prompt, pp_m, pp_sd, gflops, n_gen, tg_m, tg_sd, gbps);
+            if (ck)
+                printf(",\"ckpt_bytes\":%zu,\"ckpt_save_s\":%.6f,\"ckpt_restore_s\":%.6f", ck_bytes, save_s,
+                       restore_s);
+            printf("}\n");
         } else {
             printf("model: %s (%s), %.1f M params, %.1f MB of weights, %.1f MB read per decoded token\n",
                    info->name, info->arch, (double)info->n_params / 1e6, (double)info->weight_bytes / 1e6,
@@ -217,9 +248,15 @@ static int bench_model_main(int argc, char **argv) {
                 printf("pp%-5ld %8.2f +- %6.2f t/s   %7.2f GFLOP/s (matmuls)\n", n_prompt, pp_m, pp_sd, gflops);
             if (n_gen)
                 printf("tg%-5ld %8.2f +- %6.2f t/s   %7.2f GB/s of weights\n", n_gen, tg_m, tg_sd, gbps);
+            if (ck)
+                printf("checkpoint %.2f MB: save %.3f ms (%.2f GB/s), restore %.3f ms (%.2f GB/s); "
+                       "re-reading the prompt instead: %.0f ms\n",
+                       (double)ck_bytes / 1e6, save_s * 1e3, (double)ck_bytes / save_s * 1e-9, restore_s * 1e3,
+                       (double)ck_bytes / restore_s * 1e-9, (double)n_prompt / pp_m * 1e3);
         }
     }
-    free(toks), free(pp), free(tg);
+    tern_checkpoint_free(ck0);
+    free(toks), free(pp), free(tg), free(ck_save), free(ck_restore);
     tern_session_free(s);
     tern_model_free(m);
     return rc;
