@@ -195,6 +195,12 @@ static enum tern_status one_arg(const char *name, const struct argv *a, struct v
 enum tern_status tpl_apply_test(struct ctx *c, int id, const char *name, struct val v, const struct argv *a, bool *out) {
     enum tern_status st;
     struct val x;
+    bool takes_arg = id == TS_DIVISIBLEBY || id == TS_SAMEAS || id == TS_IN || id == TS_EQ || id == TS_EQUALTO ||
+                     id == TS_EQ_OP || id == TS_NE || id == TS_NE_OP || id == TS_LT || id == TS_LT_OP ||
+                     id == TS_LESSTHAN || id == TS_LE || id == TS_LE_OP || id == TS_GT || id == TS_GT_OP ||
+                     id == TS_GREATERTHAN || id == TS_GE || id == TS_GE_OP;
+    if (id >= 0 && !takes_arg && (a->n_pos || a->n_kw))
+        return tern_errorf(TERN_ERR_TEMPLATE, "test '%s' takes no arguments (%u given)", name, a->n_pos + a->n_kw);
     switch (id) {
     case TS_DEFINED: *out = v.kind != V_UNDEF; return TERN_OK;
     case TS_UNDEFINED: *out = v.kind == V_UNDEF; return TERN_OK;
@@ -208,10 +214,13 @@ enum tern_status tpl_apply_test(struct ctx *c, int id, const char *name, struct 
     case TS_STRING: *out = v.kind == V_STR; return TERN_OK;
     case TS_MAPPING: *out = v.kind == V_DICT; return TERN_OK;
     case TS_ITERABLE:
-        *out = v.kind == V_STR || v.kind == V_LIST || v.kind == V_DICT || v.kind == V_UNDEF || v.kind == V_LOOP;
+        *out = v.kind == V_STR || v.kind == V_LIST || v.kind == V_DICT || v.kind == V_UNDEF || v.kind == V_LOOP ||
+               v.kind == V_GEN;
         return TERN_OK;
-    case TS_SEQUENCE: *out = v.kind == V_STR || v.kind == V_LIST || v.kind == V_DICT || v.kind == V_UNDEF; return TERN_OK;
-    case TS_CALLABLE: *out = v.kind == V_FUNC || v.kind == V_LOOP; return TERN_OK;
+    case TS_SEQUENCE:
+        *out = v.kind == V_STR || (v.kind == V_LIST && !(v.flags & VF_VIEW)) || v.kind == V_DICT || v.kind == V_UNDEF;
+        return TERN_OK;
+    case TS_CALLABLE: *out = v.kind == V_FUNC || v.kind == V_LOOP || v.kind == V_UNDEF; return TERN_OK;
     case TS_ESCAPED: *out = v.kind == V_STR && (v.flags & VF_SAFE); return TERN_OK;
     case TS_LOWER:
     case TS_UPPER: {
@@ -582,7 +591,7 @@ static enum tern_status no_args(const char *name, const struct argv *a) {
     return TERN_OK;
 }
 
-enum tern_status tpl_apply_filter(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+enum tern_status tpl_filter_eager(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
                                   struct val *out) {
     enum tern_status st;
     struct val p[5];
@@ -711,6 +720,17 @@ enum tern_status tpl_apply_filter(struct ctx *c, int id, const char *name, struc
     case FL_FIRST:
     case FL_LAST: {
         if ((st = no_args(name, a))) return st;
+        if (v.kind == V_GEN) {
+            if (id == FL_LAST) return tern_errorf(TERN_ERR_TEMPLATE, "'%s' object is not reversible", v_type_name(v));
+            /* next(iter(gen)): takes one item */
+            struct tpl_gen *g = v.u.gen;
+            size_t pos = g->pos;
+            struct val rest;
+            if ((st = tpl_iterable(c, v, &rest))) return st;
+            g->pos = pos + (v_len_list(rest) ? 1 : 0);
+            *out = v_len_list(rest) ? v_list_at(rest, 0) : v_undef_hint("No first item, sequence was empty.");
+            return TERN_OK;
+        }
         if (v.kind == V_UNDEF) {
             *out = v_undef_hint(id == FL_FIRST ? "No first item, sequence was empty." : "No last item, sequence was empty.");
             return TERN_OK;
@@ -726,8 +746,31 @@ enum tern_status tpl_apply_filter(struct ctx *c, int id, const char *name, struc
         if ((st = no_args(name, a))) return st;
         if (v.kind == V_STR) return tpl_slice(c, v, v_none(), v_none(), v_int(-1), out);
         struct val seq;
+        bool was_gen = v.kind == V_GEN;
         if ((st = tpl_iterable(c, v, &seq))) return st;
-        return tpl_slice(c, seq, v_none(), v_none(), v_int(-1), out);
+        if (seq.flags & VF_VIEW) {
+            struct val copy;
+            if ((st = tpl_slice(c, v_list(seq.u.l, false), v_none(), v_none(), v_int(-1), &copy))) return st;
+            seq = copy;
+        } else if ((st = tpl_slice(c, seq, v_none(), v_none(), v_int(-1), &seq))) {
+            return st;
+        }
+        if (was_gen) {
+            /* reversed() refuses generators; jinja2 falls back to a reversed list */
+            *out = v_list(seq.u.l, false);
+            return TERN_OK;
+        }
+        /* reversed(list): an iterator over the items */
+        struct tpl_gen *g = tern_arena_calloc(&c->ar, 1, sizeof *g);
+        if (!g) return tpl_oom(c);
+        g->type_name = v.kind == V_DICT ? "dict_reversekeyiterator" : v.rep == REP_RANGE ? "range_iterator"
+                       : (v.flags & VF_TUPLE) ? "reversed" : "list_reverseiterator";
+        g->filter = -1;
+        g->items = v_list(seq.u.l, false);
+        *out = v_undef();
+        out->kind = V_GEN;
+        out->u.gen = g;
+        return TERN_OK;
     }
     case FL_REPLACE: {
         static const char *const nm[] = {"old", "new", "count"};
@@ -933,8 +976,11 @@ enum tern_status tpl_apply_filter(struct ctx *c, int id, const char *name, struc
             ind = v_str(spaces, (size_t)w);
         }
         bool first = set[1] && v_truthy(p[1]), blank = set[2] && v_truthy(p[2]);
-        struct val s, lines;
-        if ((st = soft_str(c, v, &s))) return st;
+        struct val s = v, lines;
+        /* jinja2 appends "\n" to the value itself: only strings work */
+        if (v.kind == V_UNDEF) return tpl_undef_error(v);
+        if (v.kind != V_STR)
+            return tern_errorf(TERN_ERR_TEMPLATE, "unsupported operand type(s) for +=: '%s' and 'str'", v_type_name(v));
         /* jinja2 appends a newline before splitting (so a trailing newline survives) */
         struct val nl = v_str("\n", 1), s2;
         if ((st = tpl_concat2(c, s, nl, &s2)) || (st = tpl_splitlines(c, s2, false, &lines))) return st;
@@ -958,8 +1004,7 @@ enum tern_status tpl_apply_filter(struct ctx *c, int id, const char *name, struc
     case FL_TRUNCATE: {
         static const char *const nm[] = {"length", "killwords", "end", "leeway"};
         if ((st = tpl_bind_args(name, a, nm, 4, p, set))) return st;
-        struct val s, end = v_str("...", 3);
-        if ((st = soft_str(c, v, &s))) return st;
+        struct val s = v, end = v_str("...", 3);
         int64_t length = 255, leeway = 5;
         if (set[0] && p[0].kind == V_INT) length = p[0].u.i;
         if (set[2] && (st = soft_str(c, p[2], &end))) return st;
@@ -967,11 +1012,14 @@ enum tern_status tpl_apply_filter(struct ctx *c, int id, const char *name, struc
         int64_t end_len = (int64_t)utf8_count(end.u.s.p, end.u.s.n);
         if (length < end_len) return tern_errorf(TERN_ERR_TEMPLATE, "expected length >= %lld, got %lld", (long long)end_len, (long long)length);
         if (leeway < 0) return tern_errorf(TERN_ERR_TEMPLATE, "expected leeway >= 0, got %lld", (long long)leeway);
-        int64_t len = (int64_t)utf8_count(s.u.s.p, s.u.s.n);
+        int64_t len;
+        if ((st = py_len(s, &len))) return st;
         if (len <= length + leeway) {
             *out = s;
             return TERN_OK;
         }
+        if (s.kind != V_STR)
+            return tern_errorf(TERN_ERR_TEMPLATE, "'%s' object has no attribute 'rsplit'", v_type_name(s));
         struct val head;
         if ((st = tpl_slice(c, s, v_none(), v_int(length - end_len), v_none(), &head))) return st;
         if (!(set[1] && v_truthy(p[1]))) {
@@ -1091,4 +1139,50 @@ enum tern_status tpl_apply_filter(struct ctx *c, int id, const char *name, struc
     }
     default: return tern_errorf(TERN_ERR_TEMPLATE, "no filter named '%s'", name);
     }
+}
+
+/* jinja2's map, select, reject, selectattr, rejectattr, unique, items, batch and slice
+ * are generators: they compute (and fail) only when iterated. */
+static bool is_generator_filter(int id) {
+    return id == FL_MAP || id == FL_SELECT || id == FL_REJECT || id == FL_SELECTATTR || id == FL_REJECTATTR ||
+           id == FL_UNIQUE || id == FL_ITEMS || id == FL_BATCH || id == FL_SLICE;
+}
+
+static const char *generator_name(int id) {
+    switch (id) {
+    case FL_MAP: return "sync_do_map";
+    case FL_UNIQUE: return "do_unique";
+    case FL_ITEMS: return "do_items";
+    case FL_BATCH: return "do_batch";
+    case FL_SLICE: return "sync_do_slice";
+    default: return "select_or_reject";
+    }
+}
+
+enum tern_status tpl_apply_filter(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                  struct val *out) {
+    if (!is_generator_filter(id)) return tpl_filter_eager(c, id, name, v, a, out);
+    struct tpl_gen *g = tern_arena_calloc(&c->ar, 1, sizeof *g);
+    struct argv *copy = tern_arena_calloc(&c->ar, 1, sizeof *copy);
+    if (!g || !copy) return tpl_oom(c);
+    *copy = *a;
+    if (a->n_pos) {
+        copy->pos = tern_arena_alloc(&c->ar, a->n_pos * sizeof *copy->pos);
+        if (!copy->pos) return tpl_oom(c);
+        memcpy(copy->pos, a->pos, a->n_pos * sizeof *copy->pos);
+    }
+    if (a->n_kw) {
+        copy->kw = tern_arena_alloc(&c->ar, a->n_kw * sizeof *copy->kw);
+        if (!copy->kw) return tpl_oom(c);
+        memcpy(copy->kw, a->kw, a->n_kw * sizeof *copy->kw);
+    }
+    g->type_name = "generator";
+    g->filter = id;
+    g->filter_name = generator_name(id);
+    g->input = v;
+    g->args = copy;
+    *out = v_undef();
+    out->kind = V_GEN;
+    out->u.gen = g;
+    return TERN_OK;
 }

@@ -159,13 +159,15 @@ enum tern_status tpl_fmt_repr(struct ctx *c, struct tern_buf *b, struct val v, u
         bool tuple = v.flags & VF_TUPLE;
         size_t n = v_len_list(v);
         if ((st = tpl_step(c, n))) return st;
+        if ((v.flags & VF_VIEW) && (st = tern_buf_printf(b, "%s(", v_type_name(v)))) return st;
         if ((st = tern_buf_putc(b, tuple ? '(' : '['))) return st;
         for (size_t i = 0; i < n; i++) {
             if (i && (st = tern_buf_puts(b, ", "))) return st;
             if ((st = tpl_fmt_repr(c, b, v_list_at(v, i), depth + 1))) return st;
         }
         if (tuple && n == 1 && (st = tern_buf_putc(b, ','))) return st;
-        return tern_buf_putc(b, tuple ? ')' : ']');
+        if ((st = tern_buf_putc(b, tuple ? ')' : ']'))) return st;
+        return (v.flags & VF_VIEW) ? tern_buf_putc(b, ')') : TERN_OK;
     }
     case V_DICT:
     case V_NS: {
@@ -190,6 +192,10 @@ enum tern_status tpl_fmt_repr(struct ctx *c, struct tern_buf *b, struct val v, u
     case V_FUNC:
         if (v.u.fn->type == F_MACRO) return tern_buf_printf(b, "<Macro '%s'>", v.u.fn->name ? v.u.fn->name : "");
         return tern_buf_printf(b, "<function %s>", v.u.fn->name ? v.u.fn->name : "");
+    case V_GEN:
+        /* Python shows an address here; a fixed one keeps renders deterministic */
+        return tern_buf_printf(b, "<%s object%s%s at 0x7f0000000000>", v.u.gen->type_name,
+                               v.u.gen->filter_name ? " " : "", v.u.gen->filter_name ? v.u.gen->filter_name : "");
     case V_LOOP:
         return tern_buf_printf(b, "<LoopContext %lld/%lld>", (long long)(v.u.loop->index0 + 1),
                                (long long)v.u.loop->length);
@@ -338,7 +344,7 @@ enum tern_status tpl_fmt_json(struct ctx *c, struct tern_buf *b, struct val v, c
     case V_FLOAT: return json_float(b, v.u.f);
     case V_STR: return json_str(b, v.u.s.p, v.u.s.n, o->ensure_ascii);
     case V_LIST: {
-        if (v.rep == REP_RANGE) break;
+        if (v.rep == REP_RANGE || (v.flags & VF_VIEW)) break;
         size_t n = v_len_list(v);
         if ((st = tpl_step(c, n))) return st;
         if (n == 0) return tern_buf_puts(b, "[]");

@@ -95,6 +95,7 @@ bool tpl_has_method(struct val self, int m, bool *is_safe) {
         }
         return false;
     case V_LIST:
+        if (self.flags & VF_VIEW) return false;
         if (m == M_COUNT || m == M_INDEX) return true;
         if (self.rep == REP_RANGE || (self.flags & VF_TUPLE)) return false;
         if (m == M_COPY) return true;
@@ -929,7 +930,10 @@ enum tern_status tpl_call_method(struct ctx *c, struct val self, int m, const ch
         case M_KEYS:
         case M_VALUES:
             if (a->n_pos || a->n_kw) return tern_errorf(TERN_ERR_TEMPLATE, "%s() takes no arguments", name);
-            return tpl_dict_items(c, self, m == M_ITEMS ? 0 : m == M_KEYS ? 1 : 2, out);
+            if ((st = tpl_dict_items(c, self, m == M_ITEMS ? 0 : m == M_KEYS ? 1 : 2, out))) return st;
+            out->flags |= VF_VIEW;
+            out->aux = m == M_ITEMS ? VIEW_ITEMS : m == M_KEYS ? VIEW_KEYS : VIEW_VALUES;
+            return TERN_OK;
         case M_GET: {
             static const char *const nm[] = {"key", "default"};
             if ((st = tpl_bind_args(name, a, nm, 2, v, set))) return st;
@@ -1296,6 +1300,8 @@ enum tern_status tpl_str_percent(struct ctx *c, struct val fmt, struct val args,
     size_t n = fmt.u.s.n, i = 0, argi = 0;
     bool tuple = args.kind == V_LIST && (args.flags & VF_TUPLE);
     bool mapping = args.kind == V_DICT;
+    /* Python never complains about unused arguments when they support item access */
+    bool itemable = mapping || (args.kind == V_LIST && !tuple) || args.kind == V_UNDEF;
     size_t nargs = tuple ? v_len_list(args) : 1;
     bool used_mapping = false;
     st = TERN_OK;
@@ -1417,7 +1423,7 @@ enum tern_status tpl_str_percent(struct ctx *c, struct val fmt, struct val args,
         }
         st = fmt_one(c, &b, arg, &sp);
     }
-    if (!st && !used_mapping && !mapping && argi < nargs)
+    if (!st && !used_mapping && !itemable && argi < nargs)
         st = tern_errorf(TERN_ERR_TEMPLATE, "not all arguments converted during string formatting");
     if (!st) st = tpl_new_str(c, b.data ? b.data : "", b.len, out);
     tern_buf_free(&b);

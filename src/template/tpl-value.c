@@ -86,8 +86,10 @@ int v_otype(struct val v) {
     case V_INT: return OT_INT;
     case V_FLOAT: return OT_FLOAT;
     case V_STR: return OT_STR;
-    case V_LIST: return v.rep == REP_RANGE ? OT_RANGE : (v.flags & VF_TUPLE) ? OT_TUPLE : OT_LIST;
+    case V_LIST:
+        return v.rep == REP_RANGE ? OT_RANGE : (v.flags & VF_VIEW) ? OT_VIEW : (v.flags & VF_TUPLE) ? OT_TUPLE : OT_LIST;
     case V_DICT: return OT_DICT;
+    case V_GEN: return OT_GEN;
     case V_NS: return OT_NS;
     case V_FUNC: return OT_FUNC;
     case V_LOOP: return OT_LOOP;
@@ -103,8 +105,11 @@ const char *v_type_name(struct val v) {
     case V_INT: return "int";
     case V_FLOAT: return "float";
     case V_STR: return (v.flags & VF_SAFE) ? "Markup" : "str";
-    case V_LIST: return v.rep == REP_RANGE ? "range" : (v.flags & VF_TUPLE) ? "tuple" : "list";
+    case V_LIST:
+        if (v.flags & VF_VIEW) return v.aux == VIEW_ITEMS ? "dict_items" : v.aux == VIEW_KEYS ? "dict_keys" : "dict_values";
+        return v.rep == REP_RANGE ? "range" : (v.flags & VF_TUPLE) ? "tuple" : "list";
     case V_DICT: return "dict";
+    case V_GEN: return v.u.gen->type_name;
     case V_NS: return "Namespace";
     case V_FUNC: return v.u.fn->type == F_MACRO ? "Macro" : "function";
     case V_LOOP: return "LoopContext";
@@ -127,6 +132,8 @@ static const char *otype_repr(int ot) {
     case OT_NS: return "jinja2.utils.Namespace object";
     case OT_FUNC: return "jinja2.runtime.Macro object";
     case OT_LOOP: return "jinja2.runtime.LoopContext object";
+    case OT_GEN: return "generator object";
+    case OT_VIEW: return "dict_items object";
     default: return "jinja2.runtime.Undefined object";
     }
 }
@@ -382,10 +389,24 @@ enum tern_status tpl_eq(struct ctx *c, struct val a, struct val b, bool *out, ui
     case V_NONE: *out = true; return TERN_OK;
     case V_STR: *out = a.u.s.n == b.u.s.n && memcmp(a.u.s.p, b.u.s.p, a.u.s.n) == 0; return TERN_OK;
     case V_LIST: {
-        if ((a.flags & VF_TUPLE) != (b.flags & VF_TUPLE) || (a.rep == REP_RANGE) != (b.rep == REP_RANGE))
+        if ((a.flags & (VF_TUPLE | VF_VIEW)) != (b.flags & (VF_TUPLE | VF_VIEW)) ||
+            (a.rep == REP_RANGE) != (b.rep == REP_RANGE) || a.aux != b.aux)
             return TERN_OK;
         size_t n = v_len_list(a);
         if (n != v_len_list(b)) return TERN_OK;
+        if ((a.flags & VF_VIEW) && a.aux != VIEW_VALUES) {
+            /* keys and items views compare like sets */
+            if ((st = tpl_step(c, n * n / 8 + 1))) return st;
+            for (size_t i = 0; i < n; i++) {
+                bool found = false;
+                for (size_t j = 0; j < n && !found; j++)
+                    if ((st = tpl_eq(c, v_list_at(a, i), v_list_at(b, j), &found, depth + 1))) return st;
+                if (!found) return TERN_OK;
+            }
+            *out = true;
+            return TERN_OK;
+        }
+        if (a.flags & VF_VIEW) return TERN_OK; /* values views compare by identity */
         if (a.rep == b.rep && a.u.l == b.u.l) {
             *out = true;
             return TERN_OK;
@@ -418,6 +439,7 @@ enum tern_status tpl_eq(struct ctx *c, struct val a, struct val b, bool *out, ui
     case V_NS: *out = a.u.d == b.u.d; return TERN_OK;
     case V_FUNC: *out = a.u.fn == b.u.fn; return TERN_OK;
     case V_LOOP: *out = a.u.loop == b.u.loop; return TERN_OK;
+    case V_GEN: *out = a.u.gen == b.u.gen; return TERN_OK;
     default: return TERN_OK;
     }
 }
@@ -459,7 +481,7 @@ static enum tern_status cmp_op(struct ctx *c, struct val a, struct val b, int op
         return TERN_OK;
     }
     if (a.kind == V_LIST && b.kind == V_LIST && (a.flags & VF_TUPLE) == (b.flags & VF_TUPLE) && a.rep != REP_RANGE &&
-        b.rep != REP_RANGE) {
+        b.rep != REP_RANGE && !((a.flags | b.flags) & VF_VIEW)) {
         size_t na = v_len_list(a), nb = v_len_list(b);
         enum tern_status st;
         for (size_t i = 0; i < na && i < nb; i++) {
@@ -522,6 +544,11 @@ enum tern_status tpl_contains(struct ctx *c, struct val container, struct val it
             }
         }
         return TERN_OK;
+    }
+    case V_GEN: {
+        struct val seq;
+        if ((st = tpl_iterable(c, container, &seq))) return st;
+        return tpl_contains(c, seq, item, out);
     }
     case V_DICT: {
         if (!hashable(item)) return tern_errorf(TERN_ERR_TEMPLATE, "unhashable type: '%s'", v_type_name(item));
@@ -643,6 +670,8 @@ enum tern_status tpl_html_escape(struct ctx *c, struct val s, struct val *out) {
 enum tern_status tpl_binop(struct ctx *c, int op, struct val a, struct val b, struct val *out) {
     enum tern_status st;
     if (a.kind == V_UNDEF) return tpl_undef_error(a);
+    /* str % x is str.__mod__(x), which accepts anything, undefined included */
+    if (op == OP_MOD && a.kind == V_STR) return tpl_str_percent(c, a, b, out);
     if (b.kind == V_UNDEF) return tpl_undef_error(b);
     bool nums = v_is_num(a) && v_is_num(b);
     bool fl = nums && (a.kind == V_FLOAT || b.kind == V_FLOAT);
@@ -667,7 +696,7 @@ enum tern_status tpl_binop(struct ctx *c, int op, struct val a, struct val b, st
             return tpl_concat2(c, a, b, out);
         }
         if (a.kind == V_LIST && b.kind == V_LIST && a.rep != REP_RANGE && b.rep != REP_RANGE &&
-            (a.flags & VF_TUPLE) == (b.flags & VF_TUPLE)) {
+            (a.flags & VF_TUPLE) == (b.flags & VF_TUPLE) && !((a.flags | b.flags) & VF_VIEW)) {
             size_t na = v_len_list(a), nb = v_len_list(b);
             if ((st = tpl_step(c, na + nb))) return st;
             struct tpl_list *l = tpl_list_new(c, na + nb);
@@ -679,7 +708,7 @@ enum tern_status tpl_binop(struct ctx *c, int op, struct val a, struct val b, st
         }
         if (a.kind == V_STR)
             return tern_errorf(TERN_ERR_TEMPLATE, "can only concatenate str (not \"%s\") to str", v_type_name(b));
-        if (a.kind == V_LIST && a.rep != REP_RANGE)
+        if (a.kind == V_LIST && a.rep != REP_RANGE && !(a.flags & VF_VIEW))
             return tern_errorf(TERN_ERR_TEMPLATE, "can only concatenate %s (not \"%s\") to %s", v_type_name(a),
                                v_type_name(b), v_type_name(a));
         return unsupported(op, a, b);
@@ -704,9 +733,11 @@ enum tern_status tpl_binop(struct ctx *c, int op, struct val a, struct val b, st
             }
             return TERN_OK;
         }
-        if ((a.kind == V_STR || (a.kind == V_LIST && a.rep != REP_RANGE)) && (b.kind == V_INT || b.kind == V_BOOL))
+        if ((a.kind == V_STR || (a.kind == V_LIST && a.rep != REP_RANGE && !(a.flags & VF_VIEW))) &&
+            (b.kind == V_INT || b.kind == V_BOOL))
             return repeat(c, a, as_i(b), out);
-        if ((b.kind == V_STR || (b.kind == V_LIST && b.rep != REP_RANGE)) && (a.kind == V_INT || a.kind == V_BOOL))
+        if ((b.kind == V_STR || (b.kind == V_LIST && b.rep != REP_RANGE && !(b.flags & VF_VIEW))) &&
+            (a.kind == V_INT || a.kind == V_BOOL))
             return repeat(c, b, as_i(a), out);
         if (a.kind == V_STR || a.kind == V_LIST || b.kind == V_STR || b.kind == V_LIST)
             return tern_errorf(TERN_ERR_TEMPLATE, "can't multiply sequence by non-int of type '%s'",
@@ -878,7 +909,7 @@ enum tern_status tpl_getitem(struct ctx *c, struct val obj, struct val key, stru
     enum tern_status st;
     if (obj.kind == V_UNDEF) return tpl_undef_error(obj);
     if (key.kind == V_INT || key.kind == V_BOOL) {
-        if (obj.kind == V_LIST || obj.kind == V_STR) {
+        if ((obj.kind == V_LIST && !(obj.flags & VF_VIEW)) || obj.kind == V_STR) {
             if (seq_item(c, obj, as_i(key), out, &st)) return TERN_OK;
             if (st) return st;
             *out = v_undef_item(obj, as_i(key));
@@ -975,11 +1006,10 @@ enum tern_status tpl_slice(struct ctx *c, struct val obj, struct val vstart, str
                            struct val *out) {
     enum tern_status st;
     if (obj.kind == V_UNDEF) return tpl_undef_error(obj);
-    if (obj.kind != V_LIST && obj.kind != V_STR) {
-        *out = v_undef_hint("object is not subscriptable with a slice");
-        out->flags = UW_HINT;
-        return TERN_OK;
-    }
+    /* jinja2 compiles slices to plain Python subscripts: no undefined fallback */
+    if (obj.kind == V_DICT) return tern_errorf(TERN_ERR_TEMPLATE, "unhashable type: 'slice'");
+    if ((obj.kind != V_LIST && obj.kind != V_STR) || (obj.kind == V_LIST && (obj.flags & VF_VIEW)))
+        return tern_errorf(TERN_ERR_TEMPLATE, "'%s' object is not subscriptable", v_type_name(obj));
     int64_t a, b, s;
     bool ok;
     if (obj.kind == V_STR) {
@@ -987,11 +1017,13 @@ enum tern_status tpl_slice(struct ctx *c, struct val obj, struct val vstart, str
         size_t nb = obj.u.s.n;
         size_t n = utf8_count(p, nb);
         if ((st = slice_indices(vstart, vstop, vstep, (int64_t)n, &a, &b, &s, &ok))) return st;
-        if (!ok) {
-            *out = v_undef_hint("slice indices must be integers or None");
+        if (!ok) return tern_errorf(TERN_ERR_TEMPLATE, "slice indices must be integers or None or have an __index__ method");
+        int64_t len = slice_len(a, b, s);
+        if (len <= 0) {
+            *out = v_str("", 0);
+            out->flags = obj.flags & VF_SAFE;
             return TERN_OK;
         }
-        int64_t len = slice_len(a, b, s);
         if (s == 1) {
             size_t ba = cp_offset(p, nb, (size_t)a), bb = cp_offset(p, nb, (size_t)b);
             *out = v_str(p + ba, bb - ba);
@@ -1020,10 +1052,7 @@ enum tern_status tpl_slice(struct ctx *c, struct val obj, struct val vstart, str
     }
     size_t n = v_len_list(obj);
     if ((st = slice_indices(vstart, vstop, vstep, (int64_t)n, &a, &b, &s, &ok))) return st;
-    if (!ok) {
-        *out = v_undef_hint("slice indices must be integers or None");
-        return TERN_OK;
-    }
+    if (!ok) return tern_errorf(TERN_ERR_TEMPLATE, "slice indices must be integers or None or have an __index__ method");
     int64_t len = slice_len(a, b, s);
     if ((st = tpl_step(c, (uint64_t)len))) return st;
     struct tpl_list *l = tpl_list_new(c, (size_t)len);
@@ -1037,6 +1066,22 @@ enum tern_status tpl_iterable(struct ctx *c, struct val v, struct val *out) {
     enum tern_status st;
     switch (v.kind) {
     case V_LIST: *out = v; return TERN_OK;
+    case V_GEN: {
+        struct tpl_gen *g = v.u.gen;
+        if (g->filter >= 0) {
+            /* first iteration: compute the items now (errors surface here, as in jinja2) */
+            int f = g->filter;
+            g->filter = -1;
+            if ((st = tpl_filter_eager(c, f, g->filter_name, g->input, g->args, &g->items))) return st;
+        }
+        size_t n = v_len_list(g->items), from = g->pos < n ? g->pos : n;
+        g->pos = n;
+        struct tpl_list *l = tpl_list_new(c, n - from);
+        if (!l) return tpl_oom(c);
+        for (size_t i = from; i < n; i++) l->items[i - from] = v_list_at(g->items, i);
+        *out = v_list(l, false);
+        return TERN_OK;
+    }
     case V_UNDEF: {
         struct tpl_list *l = tpl_list_new(c, 0);
         if (!l) return tpl_oom(c);

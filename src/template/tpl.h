@@ -36,6 +36,7 @@ enum vkind {
     V_NS,    /* jinja2 namespace(): the one mutable object */
     V_FUNC,  /* macro, builtin function, bound method, caller */
     V_LOOP,  /* the `loop` variable of a for loop */
+    V_GEN,   /* a lazy iterator: what jinja2's map/select/unique/items/... filters return */
 };
 
 enum vrep { REP_NATIVE = 0, REP_JSON = 1, REP_RANGE = 2 };
@@ -43,6 +44,9 @@ enum vrep { REP_NATIVE = 0, REP_JSON = 1, REP_RANGE = 2 };
 /* flags */
 #define VF_TUPLE 1 /* V_LIST: a tuple */
 #define VF_SAFE 2  /* V_STR: a Markup string (from |safe, |escape) */
+#define VF_VIEW 4  /* V_LIST: a dict view (dict.items(), keys(), values()); aux: enum view */
+
+enum view { VIEW_ITEMS = 1, VIEW_KEYS, VIEW_VALUES };
 
 /* Why a value is undefined (V_UNDEF flags): picks the jinja2 error message. */
 enum undef_why {
@@ -55,13 +59,15 @@ enum undef_why {
 
 /* Owner types named in undefined messages (aux). */
 enum otype { OT_NONE, OT_BOOL, OT_INT, OT_FLOAT, OT_STR, OT_LIST, OT_TUPLE, OT_DICT, OT_RANGE,
-             OT_NS, OT_FUNC, OT_LOOP, OT_UNDEF };
+             OT_NS, OT_FUNC, OT_LOOP, OT_UNDEF, OT_GEN, OT_VIEW };
 
 struct tpl_list;
 struct tpl_dict;
 struct tpl_range;
 struct tpl_func;
 struct tpl_loop;
+struct tpl_gen;
+struct argv;
 
 struct val {
     uint8_t kind;  /* enum vkind */
@@ -82,6 +88,7 @@ struct val {
         struct tpl_range *r;
         struct tpl_func *fn;
         struct tpl_loop *loop;
+        struct tpl_gen *gen;
     } u;
 };
 
@@ -96,6 +103,18 @@ struct tpl_dict {
     size_t n, cap;
     struct val *keys;
     struct val *vals;
+};
+
+/* A generator: nothing is computed (and nothing can fail) until it is iterated, it is
+ * always true, has no len(), and iterating it a second time yields nothing. */
+struct tpl_gen {
+    const char *type_name; /* "generator", "list_reverseiterator" */
+    int filter;            /* the filter that computes the items, or -1 when done */
+    const char *filter_name;
+    struct val input;
+    struct argv *args;
+    struct val items; /* V_LIST once computed */
+    size_t pos;       /* items already consumed */
 };
 
 struct tpl_range {
@@ -554,6 +573,9 @@ enum tern_status tpl_replace(struct ctx *c, struct val s, struct val old, struct
                              struct val *out);
 enum tern_status tpl_dict_items(struct ctx *c, struct val d, int which, struct val *out);
 enum tern_status tpl_str_format(struct ctx *c, struct val fmt, const struct argv *a, struct val *out);
+/* The filter's result computed now (generator filters included). */
+enum tern_status tpl_filter_eager(struct ctx *c, int id, const char *name, struct val in, const struct argv *a,
+                                  struct val *out);
 enum tern_status tpl_apply_filter(struct ctx *c, int id, const char *name, struct val in, const struct argv *a,
                                   struct val *out);
 enum tern_status tpl_apply_test(struct ctx *c, int id, const char *name, struct val in, const struct argv *a,
