@@ -5,6 +5,7 @@
  * behaviour against the reference. */
 #include "harness.h"
 
+#include "gguf/gguf.h"
 #include "template/template.h"
 #include "util/buf.h"
 #include "util/mem.h"
@@ -925,6 +926,27 @@ static void test_cli(void **state) {
     snprintf(args, sizeof args, "--template %s --vars %s --date 2026-13-01", tpl, vars);
     assert_int_equal(run_cli(args, out, sizeof out), 2);
     assert_int_equal(run_cli("--vars x.json", out, sizeof out), 2);
+
+    /* --model: the template and the special tokens come from the GGUF; --vars wins */
+    char model[512];
+    snprintf(model, sizeof model, "%s/m.gguf", dir);
+    struct gguf_writer *w;
+    assert_int_equal(gguf_writer_new(&w), TERN_OK);
+    assert_int_equal(gguf_writer_set_str(w, "tokenizer.chat_template",
+                                         "{{ bos_token }}|{{ eos_token }}|{{ messages|length }}\n"),
+                     TERN_OK);
+    struct gguf_str toks[3] = {{"<s>", 3}, {"</s>", 4}, {"a", 1}};
+    assert_int_equal(gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", toks, 3), TERN_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 0), TERN_OK);
+    assert_int_equal(gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 1), TERN_OK);
+    assert_int_equal(gguf_writer_write(w, model), TERN_OK);
+    gguf_writer_free(w);
+    snprintf(args, sizeof args, "--model %s --vars %s", model, vars);
+    assert_int_equal(run_cli(args, out, sizeof out), 0);
+    assert_string_equal(out, "<s>|</s>|1");
+    write_file(vars, "{\"messages\": [], \"eos_token\": \"<|im_end|>\"}");
+    assert_int_equal(run_cli(args, out, sizeof out), 0);
+    assert_string_equal(out, "<s>|<|im_end|>|0");
     assert_int_equal(run_cli("--help", out, sizeof out), 0);
     assert_non_null(strstr(out, "usage: tern template"));
 }
