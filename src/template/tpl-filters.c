@@ -293,7 +293,8 @@ enum tern_status tpl_apply_test(struct ctx *c, int id, const char *name, struct 
             size_t n = v.u.s.n < sizeof buf - 1 ? v.u.s.n : sizeof buf - 1;
             memcpy(buf, v.u.s.p, n);
             buf[n] = 0;
-            *out = n == v.u.s.n && (id == TS_FILTER ? tpl_filter_id(buf) : tpl_test_id(buf)) >= 0;
+            *out = n == v.u.s.n && !memchr(buf, 0, n) &&
+                   (id == TS_FILTER ? tpl_filter_id(buf) : tpl_test_id(buf)) >= 0;
         }
         return TERN_OK;
     default: return tern_errorf(TERN_ERR_TEMPLATE, "no test named '%s'", name);
@@ -323,7 +324,7 @@ static enum tern_status select_reject(struct ctx *c, struct val seq_in, const st
     char name_buf[64];
     if (ai < a->n_pos) {
         struct val tn = a->pos[ai++];
-        if (tn.kind != V_STR || tn.u.s.n >= sizeof name_buf)
+        if (tn.kind != V_STR || tn.u.s.n >= sizeof name_buf || memchr(tn.u.s.p, 0, tn.u.s.n))
             return tern_errorf(TERN_ERR_TEMPLATE, "%s(): the test name must be a string", fname);
         memcpy(name_buf, tn.u.s.p, tn.u.s.n);
         name_buf[tn.u.s.n] = 0;
@@ -396,7 +397,7 @@ static enum tern_status do_map(struct ctx *c, struct val seq_in, const struct ar
     } else {
         struct val fname = a->pos[0];
         char buf[64];
-        if (fname.kind != V_STR || fname.u.s.n >= sizeof buf)
+        if (fname.kind != V_STR || fname.u.s.n >= sizeof buf || memchr(fname.u.s.p, 0, fname.u.s.n))
             return tern_errorf(TERN_ERR_TEMPLATE, "map(): the filter name must be a string");
         memcpy(buf, fname.u.s.p, fname.u.s.n);
         buf[fname.u.s.n] = 0;

@@ -1133,7 +1133,8 @@ enum tern_status tpl_call_builtin(struct ctx *c, int id, const struct argv *a, s
         struct val s;
         if ((st = tpl_to_str(c, msg, &s))) return st;
         c->located = true; /* the message is the template's own, exactly */
-        return tern_errorf(TERN_ERR_TEMPLATE, "%.*s", (int)(s.u.s.n > 4000 ? 4000 : s.u.s.n), s.u.s.p);
+        /* error messages hold about 1 KB: longer ones are cut on a character boundary */
+        return tern_errorf(TERN_ERR_TEMPLATE, "%.*s", (int)utf8_clip(s.u.s.p, s.u.s.n, 1000), s.u.s.p);
     }
     case B_STRFTIME_NOW: {
         if (a->n_pos != 1 || a->pos[0].kind != V_STR)
@@ -1161,6 +1162,9 @@ enum tern_status tpl_call_builtin(struct ctx *c, int id, const struct argv *a, s
 }
 
 /* ---- %-formatting ----------------------------------------------------------------- */
+
+/* c is one of the characters of set (strchr would also accept the terminating NUL). */
+static bool in_set(char c, const char *set) { return c != 0 && strchr(set, c) != NULL; }
 
 struct spec {
     bool minus, plus, space, alt, zero;
@@ -1400,14 +1404,15 @@ enum tern_status tpl_str_percent(struct ctx *c, struct val fmt, struct val args,
             st = tern_buf_putc(&b, '%');
             continue;
         }
-        if (!strchr("sradiuoxXeEfFgGc", sp.conv)) {
+        if (!in_set(sp.conv, "sradiuoxXeEfFgGc")) {
             st = tern_errorf(TERN_ERR_TEMPLATE, "unsupported format character '%c' (0x%x)", sp.conv,
                              (unsigned char)sp.conv);
             break;
         }
         if (have_key) {
             if (!v_dict_get(c, args, key, &arg)) {
-                st = tern_errorf(TERN_ERR_TEMPLATE, "KeyError: '%.*s'", (int)key.u.s.n, key.u.s.p);
+                st = tern_errorf(TERN_ERR_TEMPLATE, "KeyError: '%.*s'", (int)utf8_clip(key.u.s.p, key.u.s.n, 200),
+                                 key.u.s.p);
                 break;
             }
         } else if (mapping && !tuple) {
@@ -1441,11 +1446,11 @@ static enum tern_status format_spec(struct ctx *c, struct tern_buf *b, struct va
     size_t i = 0;
     size_t l0;
     uint32_t cp0 = utf8_decode(s, n, &l0);
-    if (l0 < n && strchr("<>=^", s[l0])) {
+    if (l0 < n && in_set(s[l0], "<>=^")) {
         fill = cp0;
         align = s[l0];
         i = l0 + 1;
-    } else if (strchr("<>=^", s[0])) {
+    } else if (in_set(s[0], "<>=^")) {
         align = s[0];
         i = 1;
     }
@@ -1477,7 +1482,7 @@ static enum tern_status format_spec(struct ctx *c, struct tern_buf *b, struct va
     }
     char type = 0;
     if (i < n) type = s[i++];
-    if (i != n) return tern_errorf(TERN_ERR_TEMPLATE, "Invalid format specifier '%.*s'", (int)n, s);
+    if (i != n) return tern_errorf(TERN_ERR_TEMPLATE, "Invalid format specifier '%.*s'", (int)utf8_clip(s, n, 200), s);
     struct tern_buf t = TERN_BUF_INIT;
     t.limit = c->max_output;
     bool numeric = false;
@@ -1493,7 +1498,7 @@ static enum tern_status format_spec(struct ctx *c, struct tern_buf *b, struct va
         }
         st = tern_buf_append(&t, v.u.s.p, len);
         if (!align) align = '<';
-    } else if ((v.kind == V_INT || v.kind == V_BOOL) && (type == 0 || strchr("dnbcoxX", type))) {
+    } else if ((v.kind == V_INT || v.kind == V_BOOL) && (type == 0 || in_set(type, "dnbcoxX"))) {
         int64_t x = v.kind == V_BOOL ? v.u.b : v.u.i;
         numeric = true;
         char digits[80];
@@ -1525,7 +1530,7 @@ static enum tern_status format_spec(struct ctx *c, struct tern_buf *b, struct va
         }
         while (r) digits[k++] = rev[--r];
         st = tern_buf_append(&t, digits, (size_t)k);
-    } else if (v_is_num(v) && (type == 0 || strchr("eEfFgG%n", type))) {
+    } else if (v_is_num(v) && (type == 0 || in_set(type, "eEfFgG%n"))) {
         numeric = true;
         double f = v.kind == V_FLOAT ? v.u.f : v.kind == V_BOOL ? v.u.b : (double)v.u.i;
         char buf[600];
@@ -1653,7 +1658,7 @@ enum tern_status tpl_str_format(struct ctx *c, struct val fmt, const struct argv
             for (q = 0; q < a->n_kw; q++)
                 if (a->kw_lens[q] == k && !memcmp(a->kw_names[q], f, k)) break;
             if (q == a->n_kw) {
-                st = tern_errorf(TERN_ERR_TEMPLATE, "KeyError: '%.*s'", (int)k, f);
+                st = tern_errorf(TERN_ERR_TEMPLATE, "KeyError: '%.*s'", (int)utf8_clip(f, k, 200), f);
                 break;
             }
             v = a->kw[q];

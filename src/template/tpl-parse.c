@@ -69,7 +69,7 @@ static void describe(const struct token *tk, char *buf, size_t size) {
     case TK_VAR_END: snprintf(buf, size, "'}}'"); break;
     case TK_BLOCK_BEGIN: snprintf(buf, size, "'{%%'"); break;
     case TK_BLOCK_END: snprintf(buf, size, "'%%}'"); break;
-    case TK_NAME: snprintf(buf, size, "'%.40s'", tk->u.s.p); break;
+    case TK_NAME: snprintf(buf, size, "'%.*s'", (int)utf8_clip(tk->u.s.p, tk->u.s.n, 40), tk->u.s.p); break;
     case TK_STRING: snprintf(buf, size, "a string"); break;
     case TK_INT: snprintf(buf, size, "an integer"); break;
     case TK_FLOAT: snprintf(buf, size, "a number"); break;
@@ -85,6 +85,7 @@ static enum tern_status fail_at(struct parser *p, size_t pos, const char *fmt, .
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    utf8_trim_partial(msg);
     unsigned line, col;
     tpl_line_col(p->t->src, p->t->src_len, pos, &line, &col);
     return tern_errorf(TERN_ERR_TEMPLATE, "line %u:%u: %s", line, col, msg);

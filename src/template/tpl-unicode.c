@@ -3,6 +3,8 @@
  * generated from Python's unicodedata by gen-unicode.py. */
 #include "template/tpl.h"
 
+#include <string.h>
+
 struct uc_range {
     uint32_t lo, hi;
 };
@@ -113,6 +115,19 @@ size_t utf8_count(const char *p, size_t n) {
     for (size_t i = 0; i < n; i++)
         if (((unsigned char)p[i] & 0xC0) != 0x80) k++;
     return k;
+}
+
+size_t utf8_clip(const char *p, size_t n, size_t max) {
+    if (n <= max) return n;
+    size_t k = max;
+    while (k > 0 && ((unsigned char)p[k] & 0xC0) == 0x80) k--;
+    return k;
+}
+
+void utf8_trim_partial(char *s) {
+    size_t n = strlen(s), k = n;
+    while (k > 0 && ((unsigned char)s[k - 1] & 0xC0) == 0x80) k--;
+    if (k > 0 && (unsigned char)s[k - 1] >= 0xC0 && k - 1 + utf8_seqlen((unsigned char)s[k - 1]) > n) s[k - 1] = 0;
 }
 
 bool utf8_valid(const char *p, size_t n, size_t *bad) {

@@ -139,7 +139,7 @@ static const char *otype_repr(int ot) {
 }
 
 enum tern_status tpl_undef_error(struct val u) {
-    int n = (int)(u.u.s.n > 200 ? 200 : u.u.s.n);
+    int n = u.flags == UW_ITEM ? 0 : (int)utf8_clip(u.u.s.p, u.u.s.n, 300);
     switch (u.flags) {
     case UW_NAME: return tern_errorf(TERN_ERR_TEMPLATE, "'%.*s' is undefined", n, u.u.s.p);
     case UW_ATTR:

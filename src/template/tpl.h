@@ -520,6 +520,10 @@ enum tern_status tpl_fmt_json(struct ctx *c, struct tern_buf *b, struct val v, c
 uint32_t utf8_decode(const char *p, size_t n, size_t *len);
 size_t utf8_encode(uint32_t cp, char *out); /* out has room for 4 */
 size_t utf8_count(const char *p, size_t n);  /* code points */
+/* The longest prefix of p[0..n) of at most max bytes that ends on a character boundary. */
+size_t utf8_clip(const char *p, size_t n, size_t max);
+/* Cuts a NUL-terminated string before an incomplete final character (after snprintf). */
+void utf8_trim_partial(char *s);
 bool utf8_valid(const char *p, size_t n, size_t *bad);
 bool uc_isspace(uint32_t cp);
 bool uc_isprintable(uint32_t cp);
