@@ -597,6 +597,7 @@ enum tern_status tpl_filter_eager(struct ctx *c, int id, const char *name, struc
     enum tern_status st;
     struct val p[5];
     bool set[5];
+    if (v.kind == V_STR && (st = tpl_charge(c, v.u.s.n))) return st;
     switch (id) {
     case FL_DEFAULT:
     case FL_D: {
@@ -910,12 +911,12 @@ enum tern_status tpl_filter_eager(struct ctx *c, int id, const char *name, struc
             size_t k = 0;
             for (size_t i = 0; i < n; i++) {
                 bool seen = false;
+                if ((st = tpl_step(c, i / 8 + 1))) return st;
                 for (size_t j = 0; j < i && !seen; j++) {
                     if ((st = tpl_eq(c, keys[i], keys[j], &seen, 0))) return st;
                 }
                 if (!seen) l->items[k++] = items[i];
             }
-            if ((st = tpl_step(c, n * n / 16))) return st;
             l->n = k;
             *out = v_list(l, false);
             return TERN_OK;

@@ -143,6 +143,7 @@ enum tern_status tpl_fmt_repr(struct ctx *c, struct tern_buf *b, struct val v, u
     switch (v.kind) {
     case V_UNDEF: return tern_buf_puts(b, "Undefined");
     case V_STR:
+        if ((st = tpl_charge(c, v.u.s.n))) return st;
         if (v.flags & VF_SAFE) {
             if ((st = tern_buf_puts(b, "Markup("))) return st;
             if ((st = put_str_repr(b, v.u.s.p, v.u.s.n))) return st;
@@ -342,7 +343,9 @@ enum tern_status tpl_fmt_json(struct ctx *c, struct tern_buf *b, struct val v, c
     case V_BOOL: return tern_buf_puts(b, v.u.b ? "true" : "false");
     case V_INT: return put_int(b, v.u.i);
     case V_FLOAT: return json_float(b, v.u.f);
-    case V_STR: return json_str(b, v.u.s.p, v.u.s.n, o->ensure_ascii);
+    case V_STR:
+        if ((st = tpl_charge(c, v.u.s.n))) return st;
+        return json_str(b, v.u.s.p, v.u.s.n, o->ensure_ascii);
     case V_LIST: {
         if (v.rep == REP_RANGE || (v.flags & VF_VIEW)) break;
         size_t n = v_len_list(v);

@@ -632,6 +632,7 @@ static enum tern_status prefix_test(struct ctx *c, struct val s, const struct va
 static enum tern_status str_method(struct ctx *c, struct val s, int m, const char *name, const struct argv *a,
                                    struct val *out) {
     enum tern_status st;
+    if ((st = tpl_charge(c, s.u.s.n))) return st;
     struct val v[4];
     bool set[4];
     switch (m) {

@@ -325,6 +325,8 @@ char *tpl_alloc_str(struct ctx *c, size_t n) {
 }
 
 enum tern_status tpl_new_str(struct ctx *c, const char *p, size_t n, struct val *out) {
+    enum tern_status st = tpl_charge(c, n);
+    if (st) return st;
     char *q = tpl_alloc_str(c, n);
     if (!q) return tpl_oom(c);
     if (n) memcpy(q, p, n);
@@ -336,14 +338,18 @@ enum tern_status tpl_new_str(struct ctx *c, const char *p, size_t n, struct val 
  * chain like x + y + z), b is appended in place: a chain costs linear time. */
 enum tern_status tpl_concat2(struct ctx *c, struct val a, struct val b, struct val *out) {
     size_t n = a.u.s.n + b.u.s.n;
+    enum tern_status st = tpl_charge(c, b.u.s.n);
+    if (st) return st;
     if (n < a.u.s.n || n > c->max_output)
         return tern_errorf(TERN_ERR_LIMIT, "a string of %zu bytes exceeds max_output (%zu bytes)", n, c->max_output);
     char *p;
     if (tern_arena_is_last(&c->ar, a.u.s.p, a.u.s.n + 1)) {
+        /* appending in place costs only the new bytes */
         p = tern_arena_grow(&c->ar, (void *)a.u.s.p, a.u.s.n + 1, n + 1);
         if (!p) return tpl_oom(c);
         if (p != a.u.s.p) memcpy(p, a.u.s.p, a.u.s.n);
     } else {
+        if ((st = tpl_charge(c, a.u.s.n))) return st;
         p = tpl_alloc_str(c, n);
         if (!p) return tpl_oom(c);
         memcpy(p, a.u.s.p, a.u.s.n);
@@ -387,7 +393,10 @@ enum tern_status tpl_eq(struct ctx *c, struct val a, struct val b, bool *out, ui
     switch (a.kind) {
     case V_UNDEF:
     case V_NONE: *out = true; return TERN_OK;
-    case V_STR: *out = a.u.s.n == b.u.s.n && memcmp(a.u.s.p, b.u.s.p, a.u.s.n) == 0; return TERN_OK;
+    case V_STR:
+        if (a.u.s.n == b.u.s.n && (st = tpl_charge(c, a.u.s.n))) return st;
+        *out = a.u.s.n == b.u.s.n && memcmp(a.u.s.p, b.u.s.p, a.u.s.n) == 0;
+        return TERN_OK;
     case V_LIST: {
         if ((a.flags & (VF_TUPLE | VF_VIEW)) != (b.flags & (VF_TUPLE | VF_VIEW)) ||
             (a.rep == REP_RANGE) != (b.rep == REP_RANGE) || a.aux != b.aux)
@@ -525,6 +534,7 @@ enum tern_status tpl_contains(struct ctx *c, struct val container, struct val it
     switch (container.kind) {
     case V_UNDEF: return TERN_OK;
     case V_STR:
+        if ((st = tpl_charge(c, container.u.s.n))) return st;
         if (item.kind != V_STR)
             return tern_errorf(TERN_ERR_TEMPLATE, "'in <string>' requires string as left operand, not %s",
                                v_type_name(item));
@@ -854,6 +864,7 @@ static bool seq_item(struct ctx *c, struct val obj, int64_t idx, struct val *out
         return true;
     }
     if (obj.kind == V_STR) {
+        if ((*st = tpl_charge(c, obj.u.s.n))) return false;
         size_t n = utf8_count(obj.u.s.p, obj.u.s.n), i;
         if (!norm_index(idx, n, &i)) return false;
         size_t b = cp_offset(obj.u.s.p, obj.u.s.n, i);
@@ -862,7 +873,6 @@ static bool seq_item(struct ctx *c, struct val obj, int64_t idx, struct val *out
         out->flags = obj.flags & VF_SAFE;
         return true;
     }
-    (void)c;
     return false;
 }
 
@@ -1015,6 +1025,7 @@ enum tern_status tpl_slice(struct ctx *c, struct val obj, struct val vstart, str
     if (obj.kind == V_STR) {
         const char *p = obj.u.s.p;
         size_t nb = obj.u.s.n;
+        if ((st = tpl_charge(c, nb))) return st;
         size_t n = utf8_count(p, nb);
         if ((st = slice_indices(vstart, vstop, vstep, (int64_t)n, &a, &b, &s, &ok))) return st;
         if (!ok) return tern_errorf(TERN_ERR_TEMPLATE, "slice indices must be integers or None or have an __index__ method");

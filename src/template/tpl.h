@@ -595,6 +595,11 @@ enum tern_status tpl_loop_call_value(struct ctx *c, struct tpl_loop *loop, struc
 /* Runs the template body (c fully set up). */
 enum tern_status tpl_render(struct ctx *c);
 enum tern_status tpl_step(struct ctx *c, uint64_t n);
+/* Steps for work proportional to the size of a value (scanning, copying): one per 256
+ * bytes, so that repeating a cheap-looking operation on a huge string is bounded too. */
+static inline enum tern_status tpl_charge(struct ctx *c, size_t bytes) {
+    return bytes >= 256 ? tpl_step(c, bytes / 256) : TERN_OK;
+}
 /* Errors with a location prefix "line L:C: " for the node at pos. */
 enum tern_status tpl_errorf(struct ctx *c, enum tern_status st, const char *fmt, ...) TERN_PRINTF(3, 4);
 

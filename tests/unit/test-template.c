@@ -667,6 +667,13 @@ static void test_limit_steps(void **state) {
                             "{}", &o, &out),
                      TERN_ERR_LIMIT);
     assert_non_null(strstr(tern_last_error(), "max_steps (100000)"));
+    /* cheap-looking operations on a huge string cost in proportion to its size */
+    assert_int_equal(render("{% set s = 'x' * 1000000 %}{% for i in range(100000) %}{{ s[-1] }}{{ 'y' in s }}{% endfor %}",
+                            "{}", &o, &out),
+                     TERN_ERR_LIMIT);
+    assert_int_equal(render("{% set s = 'x' * 1000000 %}{% for i in range(100000) %}{% set t = s.upper() %}{% endfor %}",
+                            "{}", &o, &out),
+                     TERN_ERR_LIMIT);
     /* exponential macro recursion */
     assert_int_equal(render("{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}", "{}",
                             &o, &out),
