@@ -1589,6 +1589,14 @@ pad:
     return st;
 }
 
+/* A field name that is an index: digits only, small enough. */
+static bool all_digits(const char *s, size_t n) {
+    if (n == 0 || n > 9) return false;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < '0' || s[i] > '9') return false;
+    return true;
+}
+
 enum tern_status tpl_str_format(struct ctx *c, struct val fmt, const struct argv *a, struct val *out) {
     enum tern_status st = TERN_OK;
     struct tern_buf b = TERN_BUF_INIT;
@@ -1645,7 +1653,7 @@ enum tern_status tpl_str_format(struct ctx *c, struct val fmt, const struct argv
                 break;
             }
             v = a->pos[auto_idx++];
-        } else if (f[0] >= '0' && f[0] <= '9') {
+        } else if (all_digits(f, k)) {
             int64_t idx = 0;
             for (size_t q = 0; q < k; q++) idx = idx * 10 + (f[q] - '0');
             if (idx >= a->n_pos) {
@@ -1674,12 +1682,9 @@ enum tern_status tpl_str_format(struct ctx *c, struct val fmt, const struct argv
                 size_t e = k + 1;
                 while (e < head && f[e] != ']') e++;
                 struct val key = v_str(f + k + 1, e - k - 1);
-                bool digits = e > k + 1;
+                bool digits = all_digits(f + k + 1, e - k - 1);
                 int64_t idx = 0;
-                for (size_t q = k + 1; q < e; q++) {
-                    if (f[q] < '0' || f[q] > '9') digits = false;
-                    else idx = idx * 10 + (f[q] - '0');
-                }
+                for (size_t q = k + 1; digits && q < e; q++) idx = idx * 10 + (f[q] - '0');
                 st = tpl_getitem(c, v, digits ? v_int(idx) : key, &v);
                 k = e + 1;
             }
