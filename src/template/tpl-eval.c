@@ -34,7 +34,7 @@ enum tern_status tpl_step(struct ctx *c, uint64_t n) {
     return TERN_OK;
 }
 
-static enum tern_status stack_check(struct ctx *c) {
+enum tern_status tpl_stack_check(struct ctx *c) {
     char here;
     uintptr_t a = (uintptr_t)&here, b = (uintptr_t)c->stack_base;
     size_t used = a < b ? b - a : a - b;
@@ -257,7 +257,7 @@ static enum tern_status call_macro(struct ctx *c, const struct tpl_func *fn, con
     const char *name = m->type == S_MACRO ? m->u.macro.name : "caller";
     if (c->depth >= c->max_depth)
         return tern_errorf(TERN_ERR_LIMIT, "macro calls nested deeper than max_depth (%u)", c->max_depth);
-    if ((st = stack_check(c))) return st;
+    if ((st = tpl_stack_check(c))) return st;
     struct scope *s = scope_new(c, fn->closure);
     if (!s) return tpl_oom(c);
     uint32_t np = m->u.macro.n_params;
@@ -595,7 +595,7 @@ static enum tern_status eval_inner(struct ctx *c, const struct node *n, struct v
 
 static enum tern_status eval(struct ctx *c, const struct node *n, struct val *out) {
     enum tern_status st;
-    if ((st = tpl_step(c, 1)) || (st = stack_check(c))) return locate(c, n->pos, st);
+    if ((st = tpl_step(c, 1)) || (st = tpl_stack_check(c))) return locate(c, n->pos, st);
     st = eval_inner(c, n, out);
     return st < 0 ? locate(c, n->pos, st) : st;
 }
@@ -821,7 +821,7 @@ static enum tern_status exec(struct ctx *c, const struct node *n) {
 
 static enum tern_status exec_body(struct ctx *c, const struct body *b) {
     enum tern_status st;
-    if ((st = stack_check(c))) return st;
+    if ((st = tpl_stack_check(c))) return st;
     for (uint32_t i = 0; i < b->n; i++) {
         st = exec(c, b->stmts[i]);
         if (st) return st < 0 ? locate(c, b->stmts[i]->pos, st) : st;

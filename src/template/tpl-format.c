@@ -133,13 +133,9 @@ static enum tern_status put_str_repr(struct tern_buf *b, const char *s, size_t n
     return tern_buf_putc(b, q);
 }
 
-static enum tern_status depth_error(struct ctx *c) {
-    return tern_errorf(TERN_ERR_LIMIT, "data nested deeper than max_depth (%u)", c->max_depth);
-}
-
 enum tern_status tpl_fmt_repr(struct ctx *c, struct tern_buf *b, struct val v, uint32_t depth) {
     enum tern_status st;
-    if (depth > c->max_depth) return depth_error(c);
+    if ((st = tpl_depth_check(c, depth))) return st;
     switch (v.kind) {
     case V_UNDEF: return tern_buf_puts(b, "Undefined");
     case V_STR:
@@ -337,7 +333,7 @@ static enum tern_status key_less(struct ctx *c, const struct val *a, const struc
 enum tern_status tpl_fmt_json(struct ctx *c, struct tern_buf *b, struct val v, const struct json_opts *o,
                               uint32_t depth, size_t level) {
     enum tern_status st;
-    if (depth > c->max_depth) return depth_error(c);
+    if ((st = tpl_depth_check(c, depth))) return st;
     switch (v.kind) {
     case V_NONE: return tern_buf_puts(b, "null");
     case V_BOOL: return tern_buf_puts(b, v.u.b ? "true" : "false");

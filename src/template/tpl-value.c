@@ -172,7 +172,12 @@ struct val v_list_at(struct val v, size_t i) {
 size_t v_dict_len(struct val v) { return v.rep == REP_JSON ? json_object_size(v.u.j) : v.u.d->n; }
 
 /* Equality of dict keys (hashable scalars and tuples of them). */
-static bool key_eq(struct val a, struct val b);
+/* Nested tuples as dict keys are compared and hashed recursively; deeper than this
+ * they count as unhashable (Python would run out of recursion). */
+#define KEY_DEPTH 100
+
+static bool key_eq_d(struct val a, struct val b, int depth);
+static bool key_eq(struct val a, struct val b) { return key_eq_d(a, b, 0); }
 
 static bool num_eq(struct val a, struct val b) {
     if (a.kind == V_FLOAT || b.kind == V_FLOAT) {
@@ -185,7 +190,8 @@ static bool num_eq(struct val a, struct val b) {
     return x == y;
 }
 
-static bool key_eq(struct val a, struct val b) {
+static bool key_eq_d(struct val a, struct val b, int depth) {
+    if (depth > KEY_DEPTH) return false;
     if (v_is_num(a) && v_is_num(b)) return num_eq(a, b);
     if (a.kind != b.kind) return false;
     switch (a.kind) {
@@ -197,7 +203,7 @@ static bool key_eq(struct val a, struct val b) {
         size_t n = v_len_list(a);
         if (n != v_len_list(b)) return false;
         for (size_t i = 0; i < n; i++)
-            if (!key_eq(v_list_at(a, i), v_list_at(b, i))) return false;
+            if (!key_eq_d(v_list_at(a, i), v_list_at(b, i), depth + 1)) return false;
         return true;
     }
     default: return a.u.d == b.u.d;
@@ -253,17 +259,19 @@ bool v_dict_next(struct val d, struct dict_iter *it, struct val *key, struct val
     return true;
 }
 
-static bool hashable(struct val k) {
+static bool hashable_d(struct val k, int depth) {
     switch (k.kind) {
     case V_LIST:
-        if (!(k.flags & VF_TUPLE)) return false;
+        if (!(k.flags & VF_TUPLE) || depth > KEY_DEPTH) return false;
         for (size_t i = 0, n = v_len_list(k); i < n; i++)
-            if (!hashable(v_list_at(k, i))) return false;
+            if (!hashable_d(v_list_at(k, i), depth + 1)) return false;
         return true;
     case V_DICT: return false;
     default: return true;
     }
 }
+
+static bool hashable(struct val k) { return hashable_d(k, 0); }
 
 struct tpl_list *tpl_list_new(struct ctx *c, size_t n) {
     struct tpl_list *l = tern_arena_alloc(&c->ar, sizeof *l);
@@ -377,13 +385,9 @@ bool v_truthy(struct val v) {
     }
 }
 
-static enum tern_status depth_error(struct ctx *c) {
-    return tern_errorf(TERN_ERR_LIMIT, "data nested deeper than max_depth (%u)", c->max_depth);
-}
-
 enum tern_status tpl_eq(struct ctx *c, struct val a, struct val b, bool *out, uint32_t depth) {
-    if (depth > c->max_depth) return depth_error(c);
     enum tern_status st;
+    if ((st = tpl_depth_check(c, depth))) return st;
     if (v_is_num(a) && v_is_num(b)) {
         *out = num_eq(a, b);
         return TERN_OK;
@@ -466,7 +470,8 @@ static const char *cmp_sym(int op) {
 }
 
 static enum tern_status cmp_op(struct ctx *c, struct val a, struct val b, int op, int *out, uint32_t depth) {
-    if (depth > c->max_depth) return depth_error(c);
+    enum tern_status dst = tpl_depth_check(c, depth);
+    if (dst) return dst;
     if (a.kind == V_UNDEF) return tpl_undef_error(a);
     if (b.kind == V_UNDEF) return tpl_undef_error(b);
     if (v_is_num(a) && v_is_num(b)) {

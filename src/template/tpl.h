@@ -595,6 +595,14 @@ enum tern_status tpl_loop_call_value(struct ctx *c, struct tpl_loop *loop, struc
 /* Runs the template body (c fully set up). */
 enum tern_status tpl_render(struct ctx *c);
 enum tern_status tpl_step(struct ctx *c, uint64_t n);
+/* Fails (TERN_ERR_LIMIT) when the render's C stack use exceeds its budget. */
+enum tern_status tpl_stack_check(struct ctx *c);
+/* For recursive walks over data: a stack check every 16 levels. */
+static inline enum tern_status tpl_depth_check(struct ctx *c, uint32_t depth) {
+    if (depth > c->max_depth)
+        return tern_errorf(TERN_ERR_LIMIT, "data nested deeper than max_depth (%u)", c->max_depth);
+    return (depth & 15) == 15 ? tpl_stack_check(c) : TERN_OK;
+}
 /* Steps for work proportional to the size of a value (scanning, copying): one per 256
  * bytes, so that repeating a cheap-looking operation on a huge string is bounded too. */
 static inline enum tern_status tpl_charge(struct ctx *c, size_t bytes) {

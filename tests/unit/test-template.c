@@ -712,6 +712,18 @@ static void test_limit_depth(void **state) {
     vars[k] = 0;
     assert_int_equal(render("{{ x|tojson }}", vars, &o, &out), TERN_ERR_LIMIT);
     assert_int_equal(out.len, 0);
+    /* a huge max_depth does not let data recursion overflow the C stack */
+    struct tern_template_opts deep = {0};
+    deep.max_depth = 100000000;
+    const char *deep_nest = "{% set ns = namespace(x=1) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}";
+    snprintf(src, sizeof src, "%s{{ ns.x }}", deep_nest);
+    assert_int_equal(render(src, "{}", &deep, &out), TERN_ERR_LIMIT);
+    assert_non_null(strstr(tern_last_error(), "stack"));
+    snprintf(src, sizeof src, "%s{{ ns.x == ns.x[0] }}", deep_nest);
+    assert_int_equal(render(src, "{}", &deep, &out), TERN_ERR_LIMIT);
+    snprintf(src, sizeof src, "{%% macro f() %%}{{ f() }}{%% endmacro %%}{{ f() }}");
+    assert_int_equal(render(src, "{}", &deep, &out), TERN_ERR_LIMIT);
+    assert_non_null(strstr(tern_last_error(), "stack"));
     /* within the limit */
     assert_int_equal(render("{% macro f(n) %}{% if n %}{{ f(n - 1) }}{% endif %}{{ n }}{% endmacro %}{{ f(20) }}", "{}", &o,
                             &out),
