@@ -107,7 +107,7 @@ static size_t ref_keep(const float *l, uint32_t nv, int top_k, float top_p, floa
 
 static void test_filters_match_reference(void **state) {
     (void)state;
-    const uint32_t nv = 20000;
+    const uint32_t nv = 6000;
     float *l = malloc(nv * sizeof *l);
     int32_t *order = malloc(nv * sizeof *order);
     char *in = malloc(nv);
@@ -129,7 +129,7 @@ static void test_filters_match_reference(void **state) {
         struct tern_sampler *s = mk(1.5f, cfg[c].k, cfg[c].p, cfg[c].mp, 100 + c, nv);
         int distinct = 0;
         char *hit = calloc(nv, 1);
-        for (int i = 0; i < 150; i++) {
+        for (int i = 0; i < 100; i++) {
             const int32_t t = tern_sampler_sample(s, l, NULL, 0);
             assert_true(t >= 0 && (uint32_t)t < nv);
             if (!in[t]) fail_msg("config %zu: sampled %d outside the reference set of %zu", c, t, n);
@@ -137,7 +137,7 @@ static void test_filters_match_reference(void **state) {
             hit[t] = 1;
         }
         /* a wide set is really used */
-        if (n > 1000) assert_true(distinct > 50);
+        if (n > 1000) assert_true(distinct > 40);
         if (n == 1) assert_int_equal(distinct, 1);
         free(hit);
         tern_sampler_free(s);
