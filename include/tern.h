@@ -117,9 +117,14 @@ uint32_t tern_session_n_ctx(const struct tern_session *s);
 /* Number of consumed tokens n, and the tokens T[0..n). */
 uint32_t tern_session_n_past(const struct tern_session *s);
 const int32_t *tern_session_tokens(const struct tern_session *s);
-/* Bytes of memory the session holds (KV rows, recurrent state, scratch). */
+/* Bytes of memory the session holds (tokens, logits, KV pages in use, recurrent state).
+ * The evaluation workspace (one chunk's activations) belongs to the model and is
+ * shared by its sessions. */
 size_t tern_session_bytes(const struct tern_session *s);
 
+/* The callbacks run between chunks, with the session consistent at n_past: they may
+ * read, hash, checkpoint and fork it, and use other sessions of the same model, but
+ * must not eval, rewind, restore or free it. */
 /* Called when evaluation reaches a checkpoint position; takes ownership of ckpt. */
 typedef void (*tern_ckpt_cb)(void *user, struct tern_checkpoint *ckpt);
 /* Called after every chunk with tokens done so far; a nonzero return cancels. */

@@ -288,16 +288,10 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
 
     pthread_mutex_lock(&m->eval_mu);
     enum tern_status st = model_ws_reserve(m, n_chunk, s->n_ctx);
+    pthread_mutex_unlock(&m->eval_mu);
     if (!st) st = tokens_reserve(s, (size_t)s->n_past + n);
     if (!st) st = kv_grow(s, (uint32_t)((s->n_past + n + TERN_KV_PAGE - 1) / TERN_KV_PAGE));
-    if (st) {
-        pthread_mutex_unlock(&m->eval_mu);
-        return st;
-    }
-    s->rs = m->ws.rs;
-    s->rs_chunk = m->ws.n_chunk;
-    memcpy(s->act, m->ws.act, sizeof s->act);
-    s->scores = m->ws.scores;
+    if (st) return st;
 
     size_t done = 0, ick = 0;
     while (done < n) {
@@ -318,7 +312,20 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
         if (o->logits_all) logits = o->logits_all + done * n_vocab;
         else if (last) logits = s->logits;
         s->logits_valid = false;
+        /* The workspace is borrowed for one chunk at a time (the callbacks run without
+         * the lock, so they may use other sessions of the model). It only ever grows, so
+         * what was reserved above still fits. */
+        pthread_mutex_lock(&m->eval_mu);
+        TERN_ASSERT(m->ws.n_chunk >= len && m->ws.n_ctx >= s->n_ctx);
+        s->rs = m->ws.rs;
+        s->rs_chunk = m->ws.n_chunk;
+        memcpy(s->act, m->ws.act, sizeof s->act);
+        s->scores = m->ws.scores;
         m->arch->forward(s, toks + done, (uint32_t)len, s->n_past, logits, o->logits_all != NULL);
+        s->rs = NULL;
+        s->scores = NULL;
+        memset(s->act, 0, sizeof s->act);
+        pthread_mutex_unlock(&m->eval_mu);
         memcpy(s->tokens + s->n_past, toks + done, len * sizeof *toks);
         s->n_past += (uint32_t)len;
         done += len;
@@ -335,12 +342,8 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
         st = take_checkpoint(s, o);
         ick++;
     }
-    s->rs = NULL;
-    s->scores = NULL;
-    memset(s->act, 0, sizeof s->act);
     /* Pages reserved for tokens a cancelled eval never reached are given back. */
     kv_shrink(s, s->n_past);
-    pthread_mutex_unlock(&m->eval_mu);
     return st;
 }
 

@@ -428,6 +428,50 @@ static void test_cancel_and_refusals(void **state) {
     tern_model_free(m);
 }
 
+/* Callbacks run between chunks without the model's lock: they may fork the session
+ * they are called for and evaluate other sessions of the same model. */
+struct reenter {
+    struct tern_session *s, *other, *fork;
+    const int32_t *toks;
+    int n_progress;
+};
+
+static int reenter_progress(void *user, size_t done, size_t total) {
+    (void)total;
+    struct reenter *r = user;
+    r->n_progress++;
+    assert_int_equal(tern_session_eval(r->other, r->toks + done % 50, 1, NULL), TERN_OK);
+    return 0;
+}
+
+static void reenter_ckpt(void *user, struct tern_checkpoint *c) {
+    struct reenter *r = user;
+    assert_int_equal(tern_checkpoint_pos(c), tern_session_n_past(r->s));
+    assert_int_equal(tern_session_fork(r->s, tern_checkpoint_pos(c), c, &r->fork), TERN_OK);
+    tern_checkpoint_free(c);
+}
+
+static void test_callbacks_reenter(void **state) {
+    (void)state;
+    struct tern_model *m = load(small_model(), 2);
+    int32_t toks[100];
+    random_tokens(toks, 100, tern_model_info(m)->n_vocab, 13);
+    struct reenter r = {new_session(m, TERN_KV_F16, 16), new_session(m, TERN_KV_F16, 4), NULL, toks, 0};
+    const uint32_t pos[] = {40};
+    struct tern_eval_opts o = {.progress = reenter_progress, .on_ckpt = reenter_ckpt, .user = &r, .ckpt_pos = pos,
+                               .n_ckpt = 1};
+    assert_int_equal(tern_session_eval(r.s, toks, 100, &o), TERN_OK);
+    assert_int_equal(r.n_progress, 7); /* chunks 16,16,8 | 16,16,16,12 */
+    assert_non_null(r.fork);
+    assert_int_equal(tern_session_hash(r.fork), cold_hash(m, toks, 40, NULL));
+    assert_int_equal(tern_session_hash(r.s), cold_hash(m, toks, 100, NULL));
+    assert_int_equal(tern_session_n_past(r.other), 7);
+    tern_session_free(r.fork);
+    tern_session_free(r.other);
+    tern_session_free(r.s);
+    tern_model_free(m);
+}
+
 static void test_session_memory_grows(void **state) {
     (void)state;
     struct tern_model *m = load(small_model(), 1);
@@ -516,6 +560,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_exact_long),          cmocka_unit_test(test_exact_portable),
         cmocka_unit_test(test_checkpoint_restore),  cmocka_unit_test(test_rewind_and_fork),
         cmocka_unit_test(test_cancel_and_refusals), cmocka_unit_test(test_session_memory_grows),
+        cmocka_unit_test(test_callbacks_reenter),
         cmocka_unit_test(test_validation),
     };
     lite = argc > 1 && !strcmp(argv[1], "lite");
