@@ -117,8 +117,8 @@ struct tern_tokenizer {
 /* ---- tok-map.c ------------------------------------------------------------------- */
 enum tern_status strmap_init(struct strmap *m, size_t n);
 void strmap_free(struct strmap *m);
-/* Inserts id (its text is in t's pool); returns the id already there for that text, or -1. */
-int32_t strmap_insert(struct strmap *m, const struct tern_tokenizer *t, int32_t id);
+/* Inserts id (its text is in t's pool, h its hash); returns the id already there for
+ * that text, or -1. */
 int32_t strmap_insert_h(struct strmap *m, const struct tern_tokenizer *t, int32_t id, uint64_t h);
 int32_t strmap_find(const struct strmap *m, const struct tern_tokenizer *t, const char *s, size_t n);
 /* The same in steps, for loops that prefetch ahead (loading the merges). */
@@ -129,11 +129,10 @@ int32_t strmap_find_h(const struct strmap *m, const struct tern_tokenizer *t, co
 
 enum tern_status pairmap_init(struct pairmap *m, size_t n);
 void pairmap_free(struct pairmap *m);
-/* Keeps the first rank inserted for a pair (llama.cpp's emplace). */
-void pairmap_insert(struct pairmap *m, int32_t l, int32_t r, uint32_t rank, int32_t result);
 const struct pairslot *pairmap_find(const struct pairmap *m, int32_t l, int32_t r);
 uint64_t pairmap_hash(int32_t l, int32_t r);
 void pairmap_prefetch(const struct pairmap *m, uint64_t h);
+/* Keeps the first rank inserted for a pair (llama.cpp's emplace); h = pairmap_hash(l, r). */
 void pairmap_insert_h(struct pairmap *m, int32_t l, int32_t r, uint32_t rank, int32_t result, uint64_t h);
 
 /* ---- pretok.c -------------------------------------------------------------------- */

@@ -1,5 +1,5 @@
 /* Hash tables of the tokenizer: vocabulary text -> id and merge pair -> rank. Both are
- * open addressing with linear probing at a load factor of at most 0.6, sized once at
+ * open addressing with linear probing at a load factor below 0.62, sized once at
  * load (the tokenizer is immutable afterwards), and hashed with xxh3. Lookups are
  * dominated by cache misses, so a slot carries what a probe needs. */
 #include "tokenizer/tok-internal.h"
@@ -31,10 +31,6 @@ enum tern_status strmap_init(struct strmap *m, size_t n) {
 void strmap_free(struct strmap *m) {
     free(m->slots);
     m->slots = NULL;
-}
-
-int32_t strmap_insert(struct strmap *m, const struct tern_tokenizer *t, int32_t id) {
-    return strmap_insert_h(m, t, id, tern_hash64(t->text_pool + t->text_off[id], t->text_len[id]));
 }
 
 int32_t strmap_insert_h(struct strmap *m, const struct tern_tokenizer *t, int32_t id, uint64_t h) {
@@ -98,10 +94,6 @@ uint64_t pairmap_hash(int32_t l, int32_t r) {
 }
 
 void pairmap_prefetch(const struct pairmap *m, uint64_t h) { __builtin_prefetch(&m->slots[h & m->mask], 1); }
-
-void pairmap_insert(struct pairmap *m, int32_t l, int32_t r, uint32_t rank, int32_t result) {
-    pairmap_insert_h(m, l, r, rank, result, pairmap_hash(l, r));
-}
 
 void pairmap_insert_h(struct pairmap *m, int32_t l, int32_t r, uint32_t rank, int32_t result, uint64_t h) {
     uint64_t key = pair_key(l, r);
