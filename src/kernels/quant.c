@@ -18,12 +18,6 @@
 #include <math.h>
 #include <string.h>
 
-int tern_round_clamp(float v, float lo, float hi) {
-    v = v > lo ? v : lo; /* NaN -> lo, as MAXPS(v, lo) */
-    v = v < hi ? v : hi; /* as MINPS(v, hi) */
-    return (int)lrintf(v);
-}
-
 /* ---- dequantization --------------------------------------------------------------- */
 
 static void dequant_q4_0(const struct tern_block_q4_0 *x, float *y, size_t nb) {
@@ -269,37 +263,52 @@ static tern_fp16 fp16_sat(float v) {
     return tern_f32_to_fp16(v);
 }
 
+/* Sums over a block (n a multiple of 8) of the levels q = round_clamp((x - off) * inv,
+ * lo, hi): sum q, sum q^2, sum q x. Eight interleaved partial sums keep the loop free of
+ * long dependency chains. */
+struct level_sums {
+    float sq, sq2, sqx;
+};
+
+static struct level_sums level_sums(const float *x, int n, float off, float inv, float lo, float hi) {
+    float sq[8] = {0}, sq2[8] = {0}, sqx[8] = {0};
+    for (int i = 0; i < n; i += 8) {
+        for (int j = 0; j < 8; j++) {
+            const float q = (float)tern_round_clamp((x[i + j] - off) * inv, lo, hi);
+            sq[j] += q;
+            sq2[j] += q * q;
+            sqx[j] += q * x[i + j];
+        }
+    }
+    struct level_sums r = {0, 0, 0};
+    for (int j = 0; j < 8; j++) {
+        r.sq += sq[j];
+        r.sq2 += sq2[j];
+        r.sqx += sqx[j];
+    }
+    return r;
+}
+
 /* Symmetric fit: x ~ s * q with integer q in [qmin, qmax]. Tries scales m / L for L
  * around the end of the range that the largest-magnitude value m maps to (both ends:
- * the negative end of an asymmetric range is one level longer), refits s by least
- * squares for each candidate's levels and returns the best s (0 for a zero block). */
+ * the negative end of an asymmetric range is one level longer). For each candidate's
+ * levels the least-squares scale is sqx / sq2 and the squared error sxx - sqx^2 / sq2,
+ * so the best candidate maximizes sqx^2 / sq2. Returns its scale (0 for a zero block). */
 static float fit_sym(const float *x, int n, int qmin, int qmax) {
     const float m = signed_max_of(x, n);
     if (!(fabsf(m) >= TINY_AMAX)) return 0.0f;
-    float best_s = 0.0f, best_err = INFINITY;
+    float best_s = 0.0f, best_gain = -1.0f;
     for (int side = 0; side < 2; side++) {
         const float end = side ? (float)qmin : (float)qmax; /* m maps to this level */
         for (int step = 0; step <= 12; step++) {
             const float lv = end + (end > 0 ? 0.1f : -0.1f) * (float)(step - 4);
             if (lv == 0.0f) continue;
-            const float inv = lv / m;
-            double sqx = 0, sqq = 0;
-            for (int i = 0; i < n; i++) {
-                const int q = tern_round_clamp(x[i] * inv, (float)qmin, (float)qmax);
-                sqx += (double)q * x[i];
-                sqq += (double)q * q;
-            }
-            if (sqq <= 0) continue;
-            const float s = (float)(sqx / sqq);
-            double err = 0;
-            for (int i = 0; i < n; i++) {
-                const int q = tern_round_clamp(x[i] / s, (float)qmin, (float)qmax);
-                const double e = (double)s * q - x[i];
-                err += e * e;
-            }
-            if (err < best_err) {
-                best_err = err;
-                best_s = s;
+            const struct level_sums ls = level_sums(x, n, 0.0f, lv / m, (float)qmin, (float)qmax);
+            if (!(ls.sq2 > 0)) continue;
+            const float gain = ls.sqx * ls.sqx / ls.sq2;
+            if (gain > best_gain) {
+                best_gain = gain;
+                best_s = ls.sqx / ls.sq2;
             }
         }
     }
@@ -308,12 +317,15 @@ static float fit_sym(const float *x, int n, int qmin, int qmax) {
 
 /* Affine fit: x ~ s * q + c with q in [0, qmax], s >= 0. With nonpositive_c the
  * offset is kept <= 0 (K-quants store it as an unsigned min). Candidates are level
- * spacings around (max - min) / qmax, each refit by least squares; returns s and *c. */
+ * spacings around (max - min) / qmax; for each candidate's levels (s, c) is the
+ * least-squares line and its squared error comes from the same sums. Returns s and *c. */
 static float fit_affine(const float *x, int n, int qmax, bool nonpositive_c, float *c_out) {
-    float lo = x[0], hi = x[0];
-    for (int i = 1; i < n; i++) {
+    float lo = x[0], hi = x[0], sx = 0, sxx = 0;
+    for (int i = 0; i < n; i++) {
         lo = x[i] < lo ? x[i] : lo;
         hi = x[i] > hi ? x[i] : hi;
+        sx += x[i];
+        sxx += x[i] * x[i];
     }
     if (nonpositive_c && lo > 0) lo = 0;
     if (!(hi - lo >= TINY_AMAX)) {
@@ -330,34 +342,24 @@ static float fit_affine(const float *x, int n, int qmax, bool nonpositive_c, flo
     for (int step = -4; step <= 8; step++) {
         const float inv = ((float)qmax + 0.1f * (float)step) / (hi - lo);
         if (!(inv > 0)) continue;
-        double sq = 0, sq2 = 0, sx = 0, sqx = 0;
-        for (int i = 0; i < n; i++) {
-            const int q = tern_round_clamp((x[i] - lo) * inv, 0.0f, (float)qmax);
-            sq += q;
-            sq2 += (double)q * q;
-            sx += x[i];
-            sqx += (double)q * x[i];
-        }
-        const double det = (double)n * sq2 - sq * sq;
+        const struct level_sums ls = level_sums(x, n, lo, inv, 0.0f, (float)qmax);
+        const double q1 = ls.sq, q2 = ls.sq2, qx = ls.sqx;
+        const double det = (double)n * q2 - q1 * q1;
         double s, c;
         if (det > 0) {
-            s = ((double)n * sqx - sq * sx) / det;
-            c = (sx - s * sq) / n;
+            s = ((double)n * qx - q1 * sx) / det;
+            c = (sx - s * q1) / n;
         } else {
             s = 1.0 / inv;
             c = lo;
         }
         if (nonpositive_c && c > 0) {
             c = 0;
-            s = sq2 > 0 ? sqx / sq2 : 0;
+            s = q2 > 0 ? qx / q2 : 0;
         }
         if (!(s > 0)) continue;
-        double err = 0;
-        for (int i = 0; i < n; i++) {
-            const int q = tern_round_clamp((float)((x[i] - c) / s), 0.0f, (float)qmax);
-            const double e = s * q + c - x[i];
-            err += e * e;
-        }
+        /* sum (s q + c - x)^2 expanded in the sums */
+        const double err = s * s * q2 + 2 * s * c * q1 + n * c * c - 2 * s * qx - 2 * c * sx + sxx;
         if (err < best_err) {
             best_err = err;
             best_s = (float)s;

@@ -136,10 +136,16 @@ static inline void tern_k4_pack_scale_min(uint8_t *s, const uint8_t *sc, const u
 }
 
 /* Rounds to nearest (ties to even, like the SIMD conversion under the default MXCSR)
- * after clamping to [lo, hi]; NaN becomes lo. The clamp is written as the SIMD
- * max/min instructions behave (the second operand wins when the compare is false),
- * so portable and SIMD quantizers give the same bits for every input. */
-int tern_round_clamp(float v, float lo, float hi);
+ * after clamping to [lo, hi] (|lo|, |hi| < 2^22); NaN becomes lo. The clamp is written as
+ * the SIMD max/min instructions behave (the second operand wins when the compare is
+ * false), so portable and SIMD quantizers give the same bits for every input. Adding and
+ * subtracting 1.5 * 2^23 rounds to an integer in the current (nearest-even) mode without
+ * a libm call. */
+static inline int tern_round_clamp(float v, float lo, float hi) {
+    v = v > lo ? v : lo;
+    v = v < hi ? v : hi;
+    return (int)((v + 12582912.0f) - 12582912.0f);
+}
 
 /* Activation quantizers (also the Q8_0 / Q8_K weight quantizers). d of a block is
  * amax / 127; a block whose amax is below 2^-100 (or NaN) is stored as zeros with
