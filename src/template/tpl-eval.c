@@ -70,11 +70,22 @@ static struct scope *scope_new(struct ctx *c, struct scope *parent) {
     return s;
 }
 
+/* Small scopes are searched linearly; past SCOPE_INDEX_AT names a scope gets an index by
+ * symbol, so a template with thousands of variables still looks them up in O(1). */
+#define SCOPE_INDEX_AT 16
+
 static enum tern_status bind(struct ctx *c, struct scope *s, uint32_t sym, struct val v) {
-    for (uint32_t i = 0; i < s->n; i++) {
-        if (s->b[i].sym == sym) {
-            s->b[i].v = v;
+    if (s->index) {
+        if (s->index[sym]) {
+            s->b[s->index[sym] - 1].v = v;
             return TERN_OK;
+        }
+    } else {
+        for (uint32_t i = 0; i < s->n; i++) {
+            if (s->b[i].sym == sym) {
+                s->b[i].v = v;
+                return TERN_OK;
+            }
         }
     }
     if (s->n == s->cap) {
@@ -87,7 +98,21 @@ static enum tern_status bind(struct ctx *c, struct scope *s, uint32_t sym, struc
     s->b[s->n].sym = sym;
     s->b[s->n].v = v;
     s->n++;
+    if (s->index) {
+        s->index[sym] = s->n;
+    } else if (s->n > SCOPE_INDEX_AT) {
+        s->index = tern_arena_calloc(&c->ar, c->t->n_syms, sizeof *s->index);
+        if (!s->index) return tpl_oom(c);
+        for (uint32_t i = 0; i < s->n; i++) s->index[s->b[i].sym] = i + 1;
+    }
     return TERN_OK;
+}
+
+/* Empties a scope for reuse (each loop iteration starts fresh). */
+static void scope_reset(struct scope *s) {
+    if (s->index)
+        for (uint32_t i = 0; i < s->n; i++) s->index[s->b[i].sym] = 0;
+    s->n = 0;
 }
 
 static struct val builtin_value(struct ctx *c, int id, const char *name, enum tern_status *st) {
@@ -107,6 +132,13 @@ static struct val builtin_value(struct ctx *c, int id, const char *name, enum te
 
 static enum tern_status lookup(struct ctx *c, uint32_t sym, struct val *out) {
     for (struct scope *s = c->cur; s; s = s->parent) {
+        if (s->index) {
+            if (s->index[sym]) {
+                *out = s->b[s->index[sym] - 1].v;
+                return TERN_OK;
+            }
+            continue;
+        }
         for (uint32_t i = s->n; i-- > 0;) {
             if (s->b[i].sym == sym) {
                 *out = s->b[i].v;
@@ -668,7 +700,7 @@ static enum tern_status run_for(struct ctx *c, const struct node *n, struct val 
         c->cur = s;
         for (size_t i = 0; i < n_in; i++) {
             struct val item = v_list_at(seq, i), keep;
-            s->n = 0;
+            scope_reset(s);
             if ((st = assign(c, n->u.for_.target, item)) || (st = eval(c, n->u.for_.filter, &keep))) {
                 c->cur = outer;
                 return st;
@@ -702,7 +734,7 @@ static enum tern_status run_for(struct ctx *c, const struct node *n, struct val 
     for (size_t i = 0; i < len; i++) {
         if ((st = tpl_step(c, 1))) break;
         loop->index0 = (int64_t)i;
-        s->n = 0; /* each iteration starts with a fresh scope */
+        scope_reset(s); /* each iteration starts with a fresh scope */
         if ((st = assign(c, n->u.for_.target, v_list_at(seq, i)))) break;
         if ((st = bind(c, s, SYM_LOOP, lv))) break;
         st = exec_body(c, &n->u.for_.body);

@@ -25,6 +25,8 @@ struct parser {
     struct node *macros[MAX_NEST + 8];
     uint32_t n_macros;
     uint32_t cap_syms;
+    uint32_t *hash; /* symbol table index */
+    uint32_t hash_cap;
 };
 
 /* ---- errors ----------------------------------------------------------------------- */
@@ -156,10 +158,36 @@ static enum tern_status vec_push(struct parser *p, struct vec *v, void *item) {
     return TERN_OK;
 }
 
+static uint32_t name_hash(const char *s) {
+    uint32_t h = 2166136261u;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 16777619u;
+    return h;
+}
+
+/* Symbols are interned through an open-addressing table (hash_cap slots, holding
+ * symbol + 1; 0 = empty), so templates with many names compile in linear time. */
+static bool sym_rehash(struct parser *p, uint32_t cap) {
+    uint32_t *h = tern_arena_calloc(&p->t->ar, cap, sizeof *h);
+    if (!h) return false;
+    for (uint32_t i = 0; i < p->t->n_syms; i++) {
+        uint32_t k = name_hash(p->t->syms[i]) & (cap - 1);
+        while (h[k]) k = (k + 1) & (cap - 1);
+        h[k] = i + 1;
+    }
+    p->hash = h;
+    p->hash_cap = cap;
+    return true;
+}
+
 static uint32_t sym_intern(struct parser *p, const char *name, bool *err) {
     struct tern_template *t = p->t;
-    for (uint32_t i = 0; i < t->n_syms; i++)
-        if (strcmp(t->syms[i], name) == 0) return i;
+    if (!p->hash && !sym_rehash(p, 64)) {
+        *err = true;
+        return 0;
+    }
+    uint32_t k = name_hash(name) & (p->hash_cap - 1);
+    for (; p->hash[k]; k = (k + 1) & (p->hash_cap - 1))
+        if (strcmp(t->syms[p->hash[k] - 1], name) == 0) return p->hash[k] - 1;
     if (t->n_syms == p->cap_syms) {
         uint32_t cap = p->cap_syms ? p->cap_syms * 2 : 32;
         const char **s = tern_arena_grow(&t->ar, (void *)t->syms, p->cap_syms * sizeof(char *), cap * sizeof(char *));
@@ -174,7 +202,13 @@ static uint32_t sym_intern(struct parser *p, const char *name, bool *err) {
         p->cap_syms = cap;
     }
     t->syms[t->n_syms] = name;
-    return t->n_syms++;
+    p->hash[k] = t->n_syms + 1;
+    uint32_t sym = t->n_syms++;
+    if (t->n_syms * 2 > p->hash_cap && !sym_rehash(p, p->hash_cap * 2)) {
+        *err = true;
+        return 0;
+    }
+    return sym;
 }
 
 /* ---- expressions ------------------------------------------------------------------ */

@@ -390,6 +390,7 @@ struct scope {
     struct scope *parent;
     struct binding *b;
     uint32_t n, cap;
+    uint32_t *index; /* for scopes with many names: per symbol, binding position + 1 */
 };
 
 struct ctx {

@@ -836,6 +836,22 @@ static void test_uses_variable(void **state) {
     tern_template_free(t);
 }
 
+/* Thousands of names: symbols are hashed at compile time and large scopes are indexed,
+ * including loop scopes that are emptied on every iteration. */
+static void test_many_names(void **state) {
+    (void)state;
+    struct tern_buf src = TERN_BUF_INIT, out = TERN_BUF_INIT;
+    tern_buf_puts(&src, "{% for i in range(3) %}");
+    for (int i = 0; i < 5000; i++) tern_buf_printf(&src, "{%% set v%d = %d + i %%}", i, i);
+    tern_buf_puts(&src, "{{ v0 + v4999 }},{% endfor %}{{ v1 is defined }}");
+    for (int i = 0; i < 5000; i++) tern_buf_printf(&src, "{%% set w%d = %d %%}", i, i);
+    tern_buf_puts(&src, "{{ w17 + w4321 }}");
+    assert_int_equal(render(src.data, "{}", NULL, &out), TERN_OK);
+    assert_string_equal(out.data, "4999,5001,5003,False4338");
+    tern_buf_free(&src);
+    tern_buf_free(&out);
+}
+
 /* Sources need not be NUL-terminated; a trailing newline is dropped, CRLF becomes LF. */
 static void test_source_handling(void **state) {
     (void)state;
@@ -985,6 +1001,7 @@ int main(void) {
         cmocka_unit_test(test_compile_once_render_many),
         cmocka_unit_test(test_concurrent_renders),
         cmocka_unit_test(test_uses_variable),
+        cmocka_unit_test(test_many_names),
         cmocka_unit_test(test_source_handling),
         cmocka_unit_test(test_json_values),
         cmocka_unit_test(test_allocation_failures),
