@@ -2,14 +2,19 @@
 // Bounded load test for `tern serve` (loopback only; stops by itself).
 //
 //   node bench/load.mjs [--model FILE] [--clients N] [--seconds S] [--max-tokens N]
-//                       [--queue N] [--bin PATH] [--prompt-words N]
+//                       [--queue N] [--bin PATH] [--prompt-words N] [--rounds R]
+//                       [--env KEY=VALUE,...]
 //
 // Starts its own server on a free loopback port (default model: a fresh
 // `tern mkmodel --preset tiny-qwen3`), measures its idle RSS, runs N concurrent
 // streaming clients for S seconds (each sends a request, reads the stream to [DONE],
 // repeats; a 429 is counted and retried after Retry-After), then reports requests/s,
 // time to first token p50/p99, errors and 429s, waits until the server is idle again
-// and compares its RSS with the idle figure. SIGTERM ends the server; its exit status
+// and compares its RSS with the idle figure. Parked sessions (the reuse cache) stay in
+// memory by design, bounded by --cache-ram: so the load runs R rounds (default 2) with
+// the same clients, and the check is that the RSS after the last round is no larger
+// than after the first (nothing grows per request); with --env TERN_REUSE_POOL=0 only
+// the live session is kept and the RSS returns close to the idle figure. SIGTERM ends the server; its exit status
 // is reported — run it with an ASan/LSan build (--bin build-asan/tern) to check for
 // leaks: LeakSanitizer makes the server exit non-zero when anything leaked.
 import { readFileSync } from 'node:fs';
@@ -28,6 +33,9 @@ const clients = Number(args.clients ?? 8);
 const seconds = Math.min(Number(args.seconds ?? 20), 600);
 const maxTokens = Number(args['max-tokens'] ?? 32);
 const promptWords = Number(args['prompt-words'] ?? 60);
+const rounds = Math.max(1, Math.min(Number(args.rounds ?? 2), 10));
+const extraEnv = Object.fromEntries((args.env && args.env !== 'true' ? args.env.split(',') : [])
+  .map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]));
 if (args.bin) process.env.TERN_BIN = args.bin;
 
 function rssKiB(pid) {
@@ -95,30 +103,35 @@ await sleep(500);
 const idle = rssKiB(srv.proc.pid);
 
 const stats = { ttft: [], ok: 0, errors: 0, r429: 0, tokens: 0 };
-const t0 = performance.now();
-const end = t0 + seconds * 1000;
-let peak = idle;
+let peak = idle, wall = 0;
+const afterRound = [];
 const sampler = setInterval(() => { peak = Math.max(peak, rssKiB(srv.proc.pid)); }, 200);
-await Promise.all(Array.from({ length: clients }, async (_, i) => {
-  while (performance.now() < end) await one(i + 1, stats);
-}));
-const wall = (performance.now() - t0) / 1000;
+for (let round = 0; round < rounds; round++) {
+  const t0 = performance.now();
+  const end = t0 + seconds * 1000;
+  await Promise.all(Array.from({ length: clients }, async (_, i) => {
+    while (performance.now() < end) await one(i + 1, stats);
+  }));
+  wall += (performance.now() - t0) / 1000;
+  await sleep(1000); // back to idle: the queue is empty
+  afterRound.push(rssKiB(srv.proc.pid));
+}
 clearInterval(sampler);
-
-// back to idle: the queue empties, parked sessions stay within --cache-ram
-await sleep(1000);
-const after = rssKiB(srv.proc.pid);
+const after = afterRound[afterRound.length - 1];
 const met = await (await fetch(srv.base + '/metrics')).text();
 const code = await srv.stop();
 stats.ttft.sort((a, b) => a - b);
 const report = {
-  clients, seconds: Number(wall.toFixed(1)), requests: stats.ok, requests_per_s: Number((stats.ok / wall).toFixed(2)),
+  clients, rounds, seconds: Number(wall.toFixed(1)), requests: stats.ok, requests_per_s: Number((stats.ok / wall).toFixed(2)),
   generated_tokens_per_s: Number((stats.tokens / wall).toFixed(1)),
   ttft_ms_p50: Number(pct(stats.ttft, 50).toFixed(1)), ttft_ms_p99: Number(pct(stats.ttft, 99).toFixed(1)),
   errors: stats.errors, http_429: stats.r429,
-  rss_idle_kib: idle, rss_peak_kib: peak, rss_after_kib: after,
-  rss_growth_kib: after - idle,
+  rss_idle_kib: idle, rss_peak_kib: peak, rss_after_each_round_kib: afterRound,
+  rss_growth_after_first_round_kib: after - afterRound[0],
   cache_pool_bytes: Number(met.match(/^tern_cache_pool_bytes (\d+)/m)?.[1] ?? NaN),
+  cache_sessions: Number(met.match(/^tern_cache_sessions (\d+)/m)?.[1] ?? NaN),
+  cache_checkpoints: Number(met.match(/^tern_cache_checkpoints (\d+)/m)?.[1] ?? NaN),
+  server_env: extraEnv,
   server_exit: code,
 };
 console.log(JSON.stringify(report, null, 2));
