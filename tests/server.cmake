@@ -3,3 +3,23 @@ tern_unit_test(test-server-reply ${CMAKE_SOURCE_DIR}/tests/unit/test-server-repl
 tern_unit_test(test-server-respond ${CMAKE_SOURCE_DIR}/tests/unit/test-server-respond.c)
 tern_unit_test(test-server-chat ${CMAKE_SOURCE_DIR}/tests/unit/test-server-chat.c)
 tern_unit_test(test-server-http ${CMAKE_SOURCE_DIR}/tests/unit/test-server-http.c TIMEOUT 120)
+# End-to-end: `tern serve` on a generated model driven over HTTP from node (fetch), by
+# the official openai SDK (third_party/node_modules, installed by scripts/deps.sh), and
+# with the real agent request bodies of ../shared/bench; `tern chat` from stdin.
+find_program(TERN_NODE node)
+if(TERN_NODE)
+  tern_script_test(server-e2e ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/server.test.mjs
+                   TIMEOUT 600 LABELS e2e)
+  tern_script_test(server-openai-sdk ${TERN_NODE} --test-reporter=spec
+                   ${CMAKE_SOURCE_DIR}/tests/clients/openai-sdk.test.mjs TIMEOUT 600 LABELS e2e)
+  # Priming the bodies that fit is slow under ASan; the two tests above exercise the
+  # same request path (and LeakSanitizer checks the server's exit) under ASan.
+  tern_script_test(server-bench-bodies ${TERN_NODE} --test-reporter=spec
+                   ${CMAKE_SOURCE_DIR}/tests/clients/bench-bodies.test.mjs TIMEOUT 900 LABELS e2e no-asan)
+endif()
+tern_script_test(cli-chat ${CMAKE_SOURCE_DIR}/tests/e2e/cli-chat.sh TIMEOUT 120 LABELS e2e)
+if(TERN_NODE)
+  # the README's first command (makes a 50 MB model once: too slow under ASan)
+  tern_script_test(server-demo ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/demo.test.mjs
+                   TIMEOUT 300 LABELS e2e no-asan)
+endif()

@@ -1,5 +1,6 @@
 /* tern run: primes a prompt and generates text (or ids) with a model. */
 #include "cli/cli.h"
+#include "cli/cmd-chat.h"
 
 #include "tokenizer/tokenizer.h"
 #include "util/buf.h"
@@ -45,6 +46,7 @@ static void usage(FILE *f) {
             "      --mlock               pin the weights in memory\n"
             "      --print-ids           print the generated ids (one line) instead of text\n"
             "      --dump-logits FILE    write the prompt's logits, float32 [n_prompt][n_vocab]\n"
+            "      --chat                an interactive chat instead (see tern chat --help)\n"
             "  -h, --help                this help\n");
 }
 
@@ -161,6 +163,9 @@ static bool emit(struct out_text *o, bool final) {
 }
 
 static int run_main(int argc, char **argv) {
+    /* --chat: the interactive chat (cmd-chat.c) takes the same options */
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--chat")) return cli_chat_main(argc, argv);
     const char *model = NULL, *prompt = NULL, *ids_str = NULL, *dump = NULL;
     long n_predict = 128, threads = 0, chunk = 512, ctx = 0;
     struct tern_sampler_params sp;

@@ -1,0 +1,341 @@
+/* tern chat (also `tern run --chat`): an interactive terminal chat. The conversation is
+ * kept as OpenAI messages and rendered with the model's own template every turn (the
+ * server's normalisation, rendering and output parsing); the session is kept through
+ * the reuse cache, so each turn reads only what the render added or changed. */
+#include "cli/cli.h"
+#include "cli/cmd-chat.h"
+
+#include "cache/cache.h"
+#include "server/chat.h"
+#include "server/reply.h"
+#include "server/request.h"
+#include "tokenizer/tokenizer.h"
+#include "util/log.h"
+#include "util/mem.h"
+#include "util/timeutil.h"
+
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static volatile int interrupted;
+static void on_sigint(int sig) {
+    (void)sig;
+    interrupted = 1;
+}
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: tern chat --model FILE [options]      (also: tern run --chat --model FILE)\n"
+            "\n"
+            "An interactive chat in the terminal, rendered with the model's chat template.\n"
+            "Type a message and Enter; /reset starts over, /exit (or Ctrl-D) quits; Ctrl-C\n"
+            "stops the current answer.\n"
+            "\n"
+            "options:\n"
+            "  --model FILE           GGUF model\n"
+            "  --system TEXT          system prompt\n"
+            "  -n, --n-predict N      tokens per answer (default 1024; also --max-tokens)\n"
+            "  --temp T               temperature (default 0.8)\n"
+            "  --top-k N / --top-p P / --min-p P / --seed N   sampling\n"
+            "  --threads N            compute threads\n"
+            "  --ctx-size N           context length (default min(model, 32768))\n"
+            "  --chunk N / --kv-type f16|f32 / --no-mmap / --mlock   as for tern run\n"
+            "  --chat-template FILE   template to use instead of the model's\n"
+            "  --no-think             chat_template_kwargs.enable_thinking = false\n"
+            "  -h, --help             this help\n");
+}
+
+static char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    struct tern_buf b = TERN_BUF_INIT;
+    char tmp[65536];
+    size_t n;
+    while ((n = fread(tmp, 1, sizeof tmp, f)) > 0) tern_buf_append(&b, tmp, n);
+    fclose(f);
+    if (!b.data) tern_buf_puts(&b, "");
+    return tern_buf_detach(&b, len);
+}
+
+struct chat_state {
+    struct tern_model *model;
+    struct chat_fmt cf;
+    struct cache *cache;
+    json_t *messages;
+    json_t *kwargs;
+    struct tern_sampler_params sp;
+    int64_t max_tokens;
+};
+
+static int prime_progress(void *user, size_t done, size_t total) {
+    (void)user;
+    if (total > 2048) fprintf(stderr, "\r[reading %zu/%zu]", done, total);
+    return interrupted;
+}
+
+/* One assistant turn: render, acquire, prime, decode, print, append the reply. */
+static enum tern_status chat_turn(struct chat_state *cs) {
+    struct srv_request req = {.ep = SRV_EP_CHAT, .messages = cs->messages, .template_kwargs = cs->kwargs};
+    json_t *vars = srv_template_vars(&req, cs->cf.bos_text, cs->cf.eos_text);
+    if (!vars) return tern_errorf(TERN_ERR_NOMEM, "out of memory");
+    struct tern_buf text = TERN_BUF_INIT;
+    enum tern_status st = chat_fmt_render(&cs->cf, vars, &text);
+    json_decref(vars);
+    int32_t *prompt = NULL;
+    size_t n_prompt = 0, cap = 0;
+    if (!st) st = chat_fmt_tokenize(&cs->cf, text.data ? text.data : "", text.len, &prompt, &n_prompt, &cap);
+    bool in_think = !st && reply_prompt_opens_think(cs->cf.fmt, text.data, text.len);
+    tern_buf_free(&text);
+    if (st) {
+        free(prompt);
+        return st;
+    }
+    struct cache_ident id = {.tenant = "", .key = "chat"};
+    struct cache_lease lease;
+    if ((st = cache_acquire(cs->cache, &id, prompt, n_prompt, &lease))) {
+        free(prompt);
+        return st;
+    }
+    struct tern_session *s = lease.session;
+    uint32_t r = lease.decision.cached;
+    if (tern_session_n_ctx(s) <= n_prompt) {
+        cache_release(cs->cache, &lease, true);
+        free(prompt);
+        return tern_errorf(TERN_ERR_RANGE, "the conversation is %zu tokens; the context holds %u: /reset to start over",
+                           n_prompt, tern_session_n_ctx(s));
+    }
+    struct tern_eval_opts eo = {.cancel = &interrupted, .progress = prime_progress, .user = &lease,
+                                .ckpt_pos = lease.ckpt_pos, .n_ckpt = lease.n_ckpt, .on_ckpt = cache_on_checkpoint};
+    double t0 = tern_now_s();
+    st = tern_session_eval(s, prompt + r, n_prompt - r, &eo);
+    if (n_prompt - r > 2048) fprintf(stderr, "\r\033[K");
+    free(prompt);
+    struct reply_parser p;
+    reply_parser_init(&p, cs->cf.fmt, false, in_think, 1);
+    struct tern_sampler *smp = NULL;
+    struct tern_detok *dt = NULL;
+    struct tern_buf piece = TERN_BUF_INIT;
+    uint32_t n_gen = 0;
+    double t1 = tern_now_s();
+    bool in_reasoning = false;
+    if (!st) st = tern_sampler_new(&cs->sp, tern_model_info(cs->model)->n_vocab, &smp);
+    if (!st) st = tern_detok_new(cs->cf.tok, TERN_TOK_PARSE_SPECIAL, &dt);
+    for (int64_t i = 0; !st && i < cs->max_tokens && !interrupted; i++) {
+        int32_t tok = tern_sampler_sample(smp, tern_session_logits(s), tern_session_tokens(s), tern_session_n_past(s));
+        if (tern_token_is_eog(cs->cf.tok, tok)) break;
+        n_gen++;
+        tern_buf_clear(&piece);
+        if ((st = tern_detok_push(dt, tok, &piece))) break;
+        if ((st = reply_parser_feed(&p, piece.data ? piece.data : "", piece.len))) break;
+        struct reply_delta *d = reply_parser_delta(&p);
+        if (d->reasoning.len) {
+            if (!in_reasoning && isatty(1)) fputs("\033[2m", stdout);
+            in_reasoning = true;
+            fwrite(d->reasoning.data, 1, d->reasoning.len, stdout);
+        }
+        if (d->content.len) {
+            if (in_reasoning) fputs(isatty(1) ? "\033[0m\n\n" : "\n\n", stdout);
+            in_reasoning = false;
+            fwrite(d->content.data, 1, d->content.len, stdout);
+        }
+        fflush(stdout);
+        reply_delta_reset(d);
+        if (tern_session_n_past(s) + 1 >= tern_session_n_ctx(s)) break;
+        struct tern_eval_opts de = {0};
+        st = tern_session_eval(s, &tok, 1, &de);
+    }
+    if (st == TERN_ERR_CANCELLED) st = TERN_OK;
+    tern_buf_clear(&piece);
+    if (dt) tern_detok_flush(dt, &piece);
+    if (piece.len) reply_parser_feed(&p, piece.data, piece.len);
+    reply_parser_finish(&p);
+    struct reply_delta *d = reply_parser_delta(&p);
+    if (d->content.len) fwrite(d->content.data, 1, d->content.len, stdout);
+    if (in_reasoning && isatty(1)) fputs("\033[0m", stdout);
+    double t2 = tern_now_s();
+    fprintf(stdout, "\n");
+    fprintf(stderr, "[%u read, %u reused, %u generated; %.2fs to first token, %.1f tok/s]\n", lease.decision.read,
+            lease.decision.cached, n_gen, t1 - t0, n_gen > 0 && t2 > t1 ? n_gen / (t2 - t1) : 0.0);
+    if (!st) {
+        json_t *msg = json_pack("{s:s,s:s%}", "role", "assistant", "content", p.content.data ? p.content.data : "",
+                                p.content.len);
+        if (msg && p.reasoning.len) json_object_set_new(msg, "reasoning_content", json_stringn(p.reasoning.data, p.reasoning.len));
+        if (msg) json_array_append_new(cs->messages, msg);
+    }
+    cache_release(cs->cache, &lease, st == TERN_OK);
+    tern_sampler_free(smp);
+    tern_detok_free(dt);
+    tern_buf_free(&piece);
+    reply_parser_free(&p);
+    return st;
+}
+
+int cli_chat_main(int argc, char **argv) {
+    enum { O_MODEL = 256, O_SYSTEM, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_SEED, O_THREADS, O_CTX, O_TMPL, O_NOTHINK, O_CHAT,
+           O_CHUNK, O_KV, O_NOMMAP, O_MLOCK };
+    /* The names of tern run's options where they mean the same (tern run --chat
+     * hands its arguments over unchanged). */
+    static const struct option opts[] = {
+        {"model", required_argument, 0, O_MODEL},  {"system", required_argument, 0, O_SYSTEM},
+        {"max-tokens", required_argument, 0, 'n'}, {"n-predict", required_argument, 0, 'n'},
+        {"temp", required_argument, 0, O_TEMP},    {"top-k", required_argument, 0, O_TOPK},
+        {"top-p", required_argument, 0, O_TOPP},   {"min-p", required_argument, 0, O_MINP},
+        {"seed", required_argument, 0, O_SEED},    {"threads", required_argument, 0, O_THREADS},
+        {"ctx-size", required_argument, 0, O_CTX}, {"chunk", required_argument, 0, O_CHUNK},
+        {"kv-type", required_argument, 0, O_KV},   {"no-mmap", no_argument, 0, O_NOMMAP},
+        {"mlock", no_argument, 0, O_MLOCK},        {"chat-template", required_argument, 0, O_TMPL},
+        {"no-think", no_argument, 0, O_NOTHINK},   {"chat", no_argument, 0, O_CHAT},
+        {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
+    };
+    struct chat_state cs = {.max_tokens = 1024};
+    struct tern_model_params mp;
+    tern_model_params_default(&mp);
+    struct cache_params cp = {0};
+    tern_session_params_default(&cp.session);
+    cp.ram_bytes = (size_t)1024 << 20;
+    cp.max_ckpts = 8;
+    cp.ckpt_every = 4096;
+    cp.turn_token = -1;
+    cp.affinity = true;
+    cp.pool = true;
+    cs.sp = (struct tern_sampler_params){.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f,
+                                         .repeat_penalty = 1.0f, .repeat_last_n = 64, .seed = tern_now_ns()};
+    const char *model_path = NULL, *system = NULL, *tmpl = NULL;
+    bool no_think = false;
+    long v;
+    double d;
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "hm:n:t:c:", opts, NULL)) != -1) {
+        switch (c) {
+        case 'h': usage(stdout); return 0;
+        case 'm':
+        case O_MODEL: model_path = optarg; break;
+        case O_SYSTEM: system = optarg; break;
+        case 'n':
+            if (!cli_parse_int(optarg, 1, INT32_MAX, &v)) return cli_usage_error("chat", "-n '%s' is not a positive count", optarg);
+            cs.max_tokens = v;
+            break;
+        case O_TEMP:
+            if (!cli_parse_float(optarg, 0, 100, &d)) return cli_usage_error("chat", "--temp '%s' is not 0-100", optarg);
+            cs.sp.temperature = (float)d;
+            break;
+        case O_TOPK:
+            if (!cli_parse_int(optarg, 0, INT32_MAX, &v)) return cli_usage_error("chat", "--top-k '%s' is not >= 0", optarg);
+            cs.sp.top_k = (int32_t)v;
+            break;
+        case O_TOPP:
+            if (!cli_parse_float(optarg, 0, 1, &d)) return cli_usage_error("chat", "--top-p '%s' is not 0-1", optarg);
+            cs.sp.top_p = (float)d;
+            break;
+        case O_MINP:
+            if (!cli_parse_float(optarg, 0, 1, &d)) return cli_usage_error("chat", "--min-p '%s' is not 0-1", optarg);
+            cs.sp.min_p = (float)d;
+            break;
+        case O_SEED:
+            if (!cli_parse_int(optarg, 0, LONG_MAX, &v)) return cli_usage_error("chat", "--seed '%s' is not >= 0", optarg);
+            cs.sp.seed = (uint64_t)v;
+            break;
+        case 't':
+        case O_THREADS:
+            if (!cli_parse_int(optarg, 1, 1024, &v)) return cli_usage_error("chat", "--threads '%s' is not 1-1024", optarg);
+            mp.n_threads = (int)v;
+            break;
+        case 'c':
+        case O_CTX:
+            if (!cli_parse_int(optarg, 16, 1 << 24, &v)) return cli_usage_error("chat", "--ctx-size '%s' is out of range", optarg);
+            cp.session.n_ctx = (uint32_t)v;
+            break;
+        case O_CHUNK:
+            if (!cli_parse_int(optarg, 1, 1 << 16, &v)) return cli_usage_error("chat", "--chunk '%s' is not 1-65536", optarg);
+            cp.session.n_chunk = (uint32_t)v;
+            break;
+        case O_KV:
+            if (!strcmp(optarg, "f16")) cp.session.kv_type = TERN_KV_F16;
+            else if (!strcmp(optarg, "f32")) cp.session.kv_type = TERN_KV_F32;
+            else return cli_usage_error("chat", "--kv-type '%s' is not f16 or f32", optarg);
+            break;
+        case O_NOMMAP: mp.no_mmap = true; break;
+        case O_MLOCK: mp.mlock = true; break;
+        case O_TMPL: tmpl = optarg; break;
+        case O_NOTHINK: no_think = true; break;
+        case O_CHAT: break;
+        default: return cli_usage_error("chat", "unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc) return cli_usage_error("chat", "unexpected argument '%s'", argv[optind]);
+    if (!model_path) return cli_usage_error("chat", "--model FILE is required");
+    char *tsrc = NULL;
+    size_t tlen = 0;
+    if (tmpl && !(tsrc = slurp(tmpl, &tlen))) return cli_fail("chat", "cannot read --chat-template '%s'", tmpl);
+    mp.path = model_path;
+    enum tern_status st = tern_model_load(&mp, &cs.model);
+    if (!st) st = chat_fmt_init(&cs.cf, cs.model, tsrc, tlen);
+    free(tsrc);
+    if (!st) {
+        cp.turn_token = chat_turn_token(&cs.cf);
+        st = cache_new(cs.model, &cp, &cs.cache);
+    }
+    if (st) {
+        int rc = cli_fail("chat", "%s: %s", model_path, tern_last_error());
+        chat_fmt_free(&cs.cf);
+        tern_model_free(cs.model);
+        return rc;
+    }
+    cs.messages = json_array();
+    if (system) json_array_append_new(cs.messages, json_pack("{s:s,s:s}", "role", "system", "content", system));
+    cs.kwargs = no_think ? json_pack("{s:b}", "enable_thinking", 0) : NULL;
+    /* the cache's per-turn decision lines would interleave with the chat */
+    if (!getenv("TERN_LOG")) tern_log_set_level(TERN_LOG_WARN);
+    struct sigaction sa = {.sa_handler = on_sigint};
+    sigaction(SIGINT, &sa, NULL);
+    fprintf(stderr, "tern chat: %s (%s template). /reset starts over, /exit quits.\n", tern_model_info(cs.model)->name,
+            cs.cf.source);
+    char *line = NULL;
+    size_t lcap = 0;
+    int rc = 0;
+    for (;;) {
+        if (isatty(0)) fputs("> ", stdout);
+        fflush(stdout);
+        interrupted = 0;
+        ssize_t n = getline(&line, &lcap, stdin);
+        if (n < 0) break;
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;
+        if (n == 0) continue;
+        if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) break;
+        if (!strcmp(line, "/reset")) {
+            json_array_clear(cs.messages);
+            if (system) json_array_append_new(cs.messages, json_pack("{s:s,s:s}", "role", "system", "content", system));
+            fprintf(stderr, "[conversation reset]\n");
+            continue;
+        }
+        if (!srv_utf8_valid(line, (size_t)n)) {
+            fprintf(stderr, "[the input is not valid UTF-8; ignored]\n");
+            continue;
+        }
+        json_array_append_new(cs.messages, json_pack("{s:s,s:s%}", "role", "user", "content", line, (size_t)n));
+        if ((st = chat_turn(&cs))) {
+            fprintf(stderr, "tern chat: %s\n", tern_last_error());
+            json_array_remove(cs.messages, json_array_size(cs.messages) - 1);
+            if (st != TERN_ERR_RANGE && st != TERN_ERR_TEMPLATE) {
+                rc = 1;
+                break;
+            }
+        }
+    }
+    free(line);
+    json_decref(cs.messages);
+    json_decref(cs.kwargs);
+    cache_free(cs.cache);
+    chat_fmt_free(&cs.cf);
+    tern_model_free(cs.model);
+    return rc;
+}
+
+TERN_COMMAND("chat", "interactive chat with a model in the terminal", cli_chat_main)

@@ -1,0 +1,255 @@
+/* tern serve: the OpenAI-compatible HTTP server (docs/SERVING.md). */
+#include "cli/cli.h"
+
+#include "cache/cache.h"
+#include "server/demo.h"
+#include "server/engine.h"
+#include "server/server.h"
+#include "util/log.h"
+#include "util/mem.h"
+
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_API_KEYS 64
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: tern serve [--model FILE] [options]\n"
+            "\n"
+            "Serves a GGUF model over HTTP with the OpenAI API (/v1/chat/completions,\n"
+            "/v1/completions, /v1/models) plus /health, /metrics, /tokenize, /detokenize.\n"
+            "Without --model it serves a small built-in demo model whose output is noise.\n"
+            "\n"
+            "options:\n"
+            "  --model FILE            GGUF model to serve\n"
+            "  --host ADDR             address to listen on (default 127.0.0.1)\n"
+            "  --port N                port (default 8080; 0 picks a free one)\n"
+            "  --threads N             compute threads (default: all cores)\n"
+            "  --ctx-size N            context length per session (default min(model, 32768))\n"
+            "  --api-key KEY           require 'Authorization: Bearer KEY' (repeatable)\n"
+            "  --queue N               requests that may wait for the engine (default 16; more -> 429)\n"
+            "  --max-body BYTES        largest request body (default 16777216; more -> 413)\n"
+            "  --chat-template FILE    Jinja chat template to use instead of the model's\n"
+            "  --chunk N               tokens per priming chunk (default 512)\n"
+            "  --kv-type f16|f32       KV cache type (default f16)\n"
+            "  --cache-ram MiB         memory budget of parked sessions + checkpoints (default 4096)\n"
+            "  --prompt-cache N        checkpoints per session (default 8; 0 = none)\n"
+            "  --prompt-cache-every N  periodic checkpoint spacing in tokens (default 4096)\n"
+            "  --turn-token ID         turn-start token id (default: <|im_start|> if the vocabulary has it)\n"
+            "  --no-mmap               read the weights into memory instead of mapping the file\n"
+            "  --mlock                 pin the weights in memory\n"
+            "  -h, --help              this help\n"
+            "\n"
+            "environment: TERN_AFFINITY=0 (no fingerprint nomination), TERN_REUSE_POOL=0 (live session only),\n"
+            "TERN_CKPT_REREAD=1 (re-read instead of restoring checkpoints), TERN_STATE_HASH=1 (log state\n"
+            "hashes after each request), TERN_LOG=debug|info|warn|error.\n");
+}
+
+static bool env_flag(const char *name, bool def) {
+    const char *v = getenv(name);
+    if (!v || !*v) return def;
+    return strcmp(v, "0") != 0 && strcasecmp(v, "false") != 0 && strcasecmp(v, "off") != 0;
+}
+
+static char *read_text_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    struct tern_buf b = TERN_BUF_INIT;
+    char tmp[65536];
+    size_t n;
+    while ((n = fread(tmp, 1, sizeof tmp, f)) > 0) {
+        if (tern_buf_append(&b, tmp, n)) {
+            fclose(f);
+            tern_buf_free(&b);
+            return NULL;
+        }
+    }
+    fclose(f);
+    if (!b.data && tern_buf_puts(&b, "")) return NULL;
+    return tern_buf_detach(&b, len);
+}
+
+static int cmd_serve(int argc, char **argv) {
+    enum { O_HOST = 256, O_PORT, O_THREADS, O_CTX, O_KEY, O_QUEUE, O_BODY, O_TMPL, O_CHUNK, O_KV, O_RAM, O_PC,
+           O_PCE, O_TURN, O_NOMMAP, O_MLOCK, O_MODEL };
+    static const struct option opts[] = {
+        {"model", required_argument, 0, O_MODEL},     {"host", required_argument, 0, O_HOST},
+        {"port", required_argument, 0, O_PORT},       {"threads", required_argument, 0, O_THREADS},
+        {"ctx-size", required_argument, 0, O_CTX},    {"api-key", required_argument, 0, O_KEY},
+        {"queue", required_argument, 0, O_QUEUE},     {"max-body", required_argument, 0, O_BODY},
+        {"chat-template", required_argument, 0, O_TMPL}, {"chunk", required_argument, 0, O_CHUNK},
+        {"kv-type", required_argument, 0, O_KV},      {"cache-ram", required_argument, 0, O_RAM},
+        {"prompt-cache", required_argument, 0, O_PC}, {"prompt-cache-every", required_argument, 0, O_PCE},
+        {"turn-token", required_argument, 0, O_TURN}, {"no-mmap", no_argument, 0, O_NOMMAP},
+        {"mlock", no_argument, 0, O_MLOCK},           {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    const char *model_path = NULL, *tmpl_path = NULL;
+    const char *keys[MAX_API_KEYS];
+    size_t n_keys = 0;
+    struct srv_params sp;
+    srv_params_default(&sp);
+    struct tern_model_params mp;
+    tern_model_params_default(&mp);
+    struct cache_params cp = {0};
+    tern_session_params_default(&cp.session);
+    cp.ram_bytes = (size_t)4096 << 20;
+    cp.max_ckpts = 8;
+    cp.ckpt_every = 4096;
+    cp.turn_token = -1;
+    long v;
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'h': usage(stdout); return 0;
+        case O_MODEL: model_path = optarg; break;
+        case O_HOST: sp.host = optarg; break;
+        case O_PORT:
+            if (!cli_parse_int(optarg, 0, 65535, &v)) return cli_usage_error("serve", "--port '%s' is not 0-65535", optarg);
+            sp.port = (int)v;
+            break;
+        case O_THREADS:
+            if (!cli_parse_int(optarg, 1, 1024, &v)) return cli_usage_error("serve", "--threads '%s' is not 1-1024", optarg);
+            mp.n_threads = (int)v;
+            break;
+        case O_CTX:
+            if (!cli_parse_int(optarg, 16, 1 << 24, &v))
+                return cli_usage_error("serve", "--ctx-size '%s' is not %d-%d", optarg, 16, 1 << 24);
+            cp.session.n_ctx = (uint32_t)v;
+            break;
+        case O_KEY:
+            if (n_keys == MAX_API_KEYS) return cli_usage_error("serve", "at most %d --api-key", MAX_API_KEYS);
+            if (!*optarg) return cli_usage_error("serve", "--api-key must not be empty");
+            keys[n_keys++] = optarg;
+            break;
+        case O_QUEUE:
+            if (!cli_parse_int(optarg, 1, 100000, &v)) return cli_usage_error("serve", "--queue '%s' is not 1-100000", optarg);
+            sp.n_queue = (uint32_t)v;
+            break;
+        case O_BODY:
+            if (!cli_parse_int(optarg, 1024, 1L << 32, &v))
+                return cli_usage_error("serve", "--max-body '%s' is not 1024-4294967296", optarg);
+            sp.max_body = (size_t)v;
+            break;
+        case O_TMPL: tmpl_path = optarg; break;
+        case O_CHUNK:
+            if (!cli_parse_int(optarg, 1, 1 << 16, &v)) return cli_usage_error("serve", "--chunk '%s' is not 1-65536", optarg);
+            cp.session.n_chunk = (uint32_t)v;
+            break;
+        case O_KV:
+            if (!strcmp(optarg, "f16")) cp.session.kv_type = TERN_KV_F16;
+            else if (!strcmp(optarg, "f32")) cp.session.kv_type = TERN_KV_F32;
+            else return cli_usage_error("serve", "--kv-type '%s' is not f16 or f32", optarg);
+            break;
+        case O_RAM:
+            if (!cli_parse_int(optarg, 0, 1L << 24, &v)) return cli_usage_error("serve", "--cache-ram '%s' is not 0-16777216 MiB", optarg);
+            cp.ram_bytes = (size_t)v << 20;
+            break;
+        case O_PC:
+            if (!cli_parse_int(optarg, 0, 1024, &v)) return cli_usage_error("serve", "--prompt-cache '%s' is not 0-1024", optarg);
+            cp.max_ckpts = (uint32_t)v;
+            break;
+        case O_PCE:
+            if (!cli_parse_int(optarg, 1, 1 << 24, &v))
+                return cli_usage_error("serve", "--prompt-cache-every '%s' is not 1-16777216", optarg);
+            cp.ckpt_every = (uint32_t)v;
+            break;
+        case O_TURN:
+            if (!cli_parse_int(optarg, 0, INT32_MAX, &v)) return cli_usage_error("serve", "--turn-token '%s' is not a token id", optarg);
+            cp.turn_token = (int32_t)v;
+            break;
+        case O_NOMMAP: mp.no_mmap = true; break;
+        case O_MLOCK: mp.mlock = true; break;
+        default:
+            return cli_usage_error("serve", "unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc) return cli_usage_error("serve", "unexpected argument '%s'", argv[optind]);
+    cp.affinity = env_flag("TERN_AFFINITY", true);
+    cp.pool = env_flag("TERN_REUSE_POOL", true);
+    cp.ckpt_reread = env_flag("TERN_CKPT_REREAD", false);
+    sp.allow_forced_output = env_flag("TERN_TEST_FORCED_OUTPUT", false);
+    sp.api_keys = keys;
+    sp.n_api_keys = n_keys;
+
+    char *tmpl_src = NULL;
+    size_t tmpl_len = 0;
+    if (tmpl_path && !(tmpl_src = read_text_file(tmpl_path, &tmpl_len)))
+        return cli_fail("serve", "cannot read --chat-template '%s'", tmpl_path);
+
+    /* Signals go to the main thread only (sigwait below): block them before any
+     * thread starts, so every thread inherits the mask. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct srv_server *srv = NULL;
+    if (srv_start(&sp, &srv)) {
+        free(tmpl_src);
+        return cli_fail("serve", "%s", tern_last_error());
+    }
+    TERN_LOG_INFO("listening on http://%s:%d (OpenAI API at /v1; /health says 503 until the model is loaded)",
+                  sp.host, srv_port(srv));
+    if (sp.allow_forced_output)
+        TERN_LOG_WARN("TERN_TEST_FORCED_OUTPUT=1: requests may dictate the output (test-only; never in production)");
+
+    char demo_path[4096];
+    const char *demo_note = NULL;
+    if (!model_path) {
+        if (srv_demo_model(demo_path, sizeof demo_path)) {
+            srv_stop(srv);
+            free(tmpl_src);
+            return cli_fail("serve", "cannot make the demo model: %s", tern_last_error());
+        }
+        model_path = demo_path;
+        demo_note = srv_demo_note();
+        TERN_LOG_WARN("%s", demo_note);
+    }
+    mp.path = model_path;
+    struct tern_model *model = NULL;
+    struct srv_engine *eng = NULL;
+    enum tern_status st = tern_model_load(&mp, &model);
+    if (!st) {
+        struct srv_engine_params ep = {
+            .model = model,
+            .model_id = demo_note ? "tern-demo" : NULL,
+            .chat_template = tmpl_src,
+            .chat_template_len = tmpl_len,
+            .cache = cp,
+            .state_hash = env_flag("TERN_STATE_HASH", false),
+            .demo_note = demo_note,
+        };
+        st = srv_engine_new(&ep, &eng);
+    }
+    free(tmpl_src);
+    if (st) {
+        int rc = cli_fail("serve", "%s: %s", model_path, tern_last_error());
+        srv_stop(srv);
+        tern_model_free(model);
+        return rc;
+    }
+    const struct tern_model_info *mi = tern_model_info(model);
+    TERN_LOG_INFO("model %s loaded (%s, %u layers, %.1fM params%s); ready on http://%s:%d/v1", mi->name, mi->arch,
+                  mi->n_layer, (double)mi->n_params / 1e6, mi->hybrid ? ", hybrid" : "", sp.host, srv_port(srv));
+    srv_set_backend(srv, srv_engine_backend(eng));
+
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    TERN_LOG_INFO("signal %d: stopping (in-flight requests are cancelled)", sig);
+    srv_stop(srv);
+    srv_engine_free(eng);
+    tern_model_free(model);
+    return 0;
+}
+
+TERN_COMMAND("serve", "serve a model over HTTP (OpenAI-compatible API)", cmd_serve)

@@ -1,0 +1,569 @@
+/* The engine backend (see engine.h). */
+#include "server/engine.h"
+
+#include "server/chat.h"
+#include "server/reply.h"
+#include "server/respond.h"
+#include "tokenizer/tokenizer.h"
+#include "util/log.h"
+#include "util/mem.h"
+#include "util/timeutil.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#define PRIME_COMMENT_EVERY_S 2.0
+
+struct srv_engine {
+    struct tern_model *model;
+    const struct tern_model_info *info;
+    const struct tern_tokenizer *tok;
+    struct chat_fmt chat;
+    struct cache *cache;
+    uint32_t n_ctx;
+    char *model_id;
+    char *demo_note;
+    bool state_hash;
+    int64_t created;
+    struct srv_backend backend;
+};
+
+/* What prepare found out, for run. */
+struct eng_job {
+    bool in_think;               /* the prompt opened <think> */
+    int32_t *forced;             /* test-only forced output tokens */
+    size_t n_forced;
+};
+
+/* ---- prepare (connection threads) -------------------------------------------------- */
+
+static bool fail_status(struct srv_error *err, enum tern_status st, const char *what) {
+    if (st == TERN_ERR_NOMEM) srv_error_set(err, 500, "server_error", NULL, NULL, "out of memory (%s)", what);
+    else if (st == TERN_ERR_TEMPLATE || st == TERN_ERR_LIMIT)
+        srv_error_bad(err, "messages", "the chat template failed: %s", tern_last_error());
+    else srv_error_set(err, 500, "server_error", NULL, NULL, "%s: %s", what, tern_last_error());
+    return false;
+}
+
+static bool engine_prepare(void *self, struct srv_job *j, struct srv_error *err) {
+    struct srv_engine *e = self;
+    struct eng_job *ej = tern_calloc(1, sizeof *ej);
+    if (!ej) return fail_status(err, TERN_ERR_NOMEM, "job");
+    j->priv = ej;
+    size_t cap = 0;
+    enum tern_status st;
+    if (j->ep == SRV_EP_CHAT) {
+        json_t *vars = srv_template_vars(&j->req, e->chat.bos_text, e->chat.eos_text);
+        if (!vars) return fail_status(err, TERN_ERR_NOMEM, "template variables");
+        struct tern_buf text = TERN_BUF_INIT;
+        st = chat_fmt_render(&e->chat, vars, &text);
+        json_decref(vars);
+        if (st) {
+            tern_buf_free(&text);
+            return fail_status(err, st, "template");
+        }
+        ej->in_think = reply_prompt_opens_think(e->chat.fmt, text.data, text.len);
+        st = chat_fmt_tokenize(&e->chat, text.data ? text.data : "", text.len, &j->prompt, &j->n_prompt, &cap);
+        tern_buf_free(&text);
+        if (st) return fail_status(err, st, "tokenizer");
+    } else if (j->req.prompt) {
+        st = tern_tokenize(e->tok, j->req.prompt, strlen(j->req.prompt), TERN_TOK_ADD_SPECIAL | TERN_TOK_PARSE_SPECIAL,
+                           &j->prompt, &j->n_prompt, &cap);
+        if (st) return fail_status(err, st, "tokenizer");
+    } else {
+        uint32_t nv = tern_tokenizer_n_vocab(e->tok);
+        for (size_t i = 0; i < j->req.n_prompt_ids; i++) {
+            if ((uint32_t)j->req.prompt_ids[i] >= nv) {
+                srv_error_bad(err, "prompt", "'prompt[%zu]' is token %d; the vocabulary has %u tokens", i,
+                              j->req.prompt_ids[i], nv);
+                return false;
+            }
+        }
+        j->prompt = tern_malloc(j->req.n_prompt_ids * sizeof *j->prompt);
+        if (!j->prompt) return fail_status(err, TERN_ERR_NOMEM, "prompt");
+        memcpy(j->prompt, j->req.prompt_ids, j->req.n_prompt_ids * sizeof *j->prompt);
+        j->n_prompt = j->req.n_prompt_ids;
+    }
+    if (j->n_prompt == 0) {
+        srv_error_bad(err, j->ep == SRV_EP_CHAT ? "messages" : "prompt", "the prompt is empty (0 tokens)");
+        return false;
+    }
+    if (j->n_prompt >= e->n_ctx) {
+        srv_error_set(err, 400, "invalid_request_error", "context_length_exceeded",
+                      j->ep == SRV_EP_CHAT ? "messages" : "prompt",
+                      "the prompt is %zu tokens; the context holds %u (--ctx-size), and at least one token must be "
+                      "left to generate",
+                      j->n_prompt, e->n_ctx);
+        return false;
+    }
+    if (j->req.forced_output) {
+        size_t fcap = 0;
+        st = tern_tokenize(e->tok, j->req.forced_output, strlen(j->req.forced_output), TERN_TOK_PARSE_SPECIAL,
+                           &ej->forced, &ej->n_forced, &fcap);
+        if (st) return fail_status(err, st, "tokenizer");
+    }
+    return true;
+}
+
+static void engine_job_free(void *self, struct srv_job *j) {
+    (void)self;
+    struct eng_job *ej = j->priv;
+    if (!ej) return;
+    free(ej->forced);
+    free(ej);
+    j->priv = NULL;
+}
+
+/* ---- run (the worker) -------------------------------------------------------------- */
+
+/* The lease must be the first member: tern_eval_opts passes one user pointer to both
+ * the progress callback (which wants the job) and cache_on_checkpoint (the lease). */
+struct prime_ctx {
+    struct cache_lease lease;
+    struct srv_job *job;
+    size_t base;                 /* tokens already there (r) */
+    size_t total;                /* m */
+    double t_last;
+};
+
+static int prime_progress(void *user, size_t done, size_t total) {
+    struct prime_ctx *pc = user;
+    (void)total;
+    double now = tern_now_s();
+    if (pc->job->req.stream && now - pc->t_last >= PRIME_COMMENT_EVERY_S) {
+        char line[96];
+        int n = snprintf(line, sizeof line, ": priming %zu/%zu\n\n", pc->base + done, pc->total);
+        srv_job_write(pc->job, line, (size_t)n);
+        pc->t_last = now;
+    }
+    return pc->job->cancel ? 1 : 0;
+}
+
+struct out_state {
+    struct srv_job *job;
+    struct srv_resp_ctx ctx;
+    struct reply_parser parser;  /* chat */
+    struct tern_buf text;        /* completions: the whole text */
+    struct stop_matcher stop;
+    struct tern_detok *detok;
+    struct tern_buf piece, safe, frame;
+    bool role_sent;
+};
+
+/* Pushes text through the stop matcher and the parser; streams what is decided. */
+static enum tern_status out_text(struct out_state *o, const char *s, size_t n, bool flush) {
+    enum tern_status st = TERN_OK;
+    tern_buf_clear(&o->safe);
+    if (n) st = stop_matcher_feed(&o->stop, s, n, &o->safe);
+    if (!st && flush) st = stop_matcher_flush(&o->stop, &o->safe);
+    if (st) return st;
+    struct srv_job *j = o->job;
+    if (j->ep == SRV_EP_CHAT) {
+        if (o->safe.len) st = reply_parser_feed(&o->parser, o->safe.data, o->safe.len);
+        if (!st && flush) st = reply_parser_finish(&o->parser);
+        if (st) return st;
+        struct reply_delta *d = reply_parser_delta(&o->parser);
+        if (j->req.stream && !reply_delta_empty(d)) {
+            st = srv_sse_data(&o->frame, srv_chunk_chat(&o->ctx, d, &o->parser, !o->role_sent, NULL, NULL));
+            o->role_sent = true;
+        }
+        reply_delta_reset(d);
+    } else if (o->safe.len) {
+        st = tern_buf_append(&o->text, o->safe.data, o->safe.len);
+        if (!st && j->req.stream) st = srv_sse_data(&o->frame, srv_chunk_text(&o->ctx, o->safe.data, o->safe.len, NULL, NULL));
+    }
+    if (o->frame.len) {
+        srv_job_write(j, o->frame.data, o->frame.len);
+        tern_buf_clear(&o->frame);
+    }
+    return st;
+}
+
+static void log_state_hashes(struct tern_session *s, const char *id) {
+    struct tern_hash_component comps[256];
+    size_t n = tern_session_hash_components(s, comps, TERN_ARRAY_LEN(comps));
+    struct tern_buf b = TERN_BUF_INIT;
+    tern_buf_printf(&b, "state-hash %s n_past=%u total=%016llx", id, tern_session_n_past(s),
+                    (unsigned long long)tern_session_hash(s));
+    for (size_t i = 0; i < n && i < TERN_ARRAY_LEN(comps); i++)
+        tern_buf_printf(&b, " %s=%016llx", comps[i].name, (unsigned long long)comps[i].hash);
+    TERN_LOG_INFO("%s", b.data);
+    tern_buf_free(&b);
+}
+
+static void send_failure(struct srv_job *j, int status, const char *type, const char *fmt, const char *msg) {
+    struct srv_error err;
+    srv_error_set(&err, status, type, NULL, NULL, fmt, msg);
+    size_t nl = strnlen(err.message, sizeof j->note - 1);
+    memcpy(j->note, err.message, nl);
+    j->note[nl] = 0;
+    struct tern_buf b = TERN_BUF_INIT;
+    if (j->req.stream) {
+        srv_sse_error(&b, &err);
+    } else {
+        char *s = srv_error_json(&err);
+        if (s) tern_buf_puts(&b, s);
+        free(s);
+    }
+    if (b.len) srv_job_write(j, b.data, b.len);
+    tern_buf_free(&b);
+    srv_job_finish(j, status);
+}
+
+static void engine_run(void *self, struct srv_job *j) {
+    struct srv_engine *e = self;
+    struct eng_job *ej = j->priv;
+    struct prime_ctx pc = {.job = j, .total = j->n_prompt, .t_last = tern_now_s()};
+    struct cache_ident ident = {.tenant = j->tenant ? j->tenant : "", .key = j->key};
+    enum tern_status st = cache_acquire(e->cache, &ident, j->prompt, j->n_prompt, &pc.lease);
+    if (st) {
+        send_failure(j, st == TERN_ERR_NOMEM ? 503 : 500, "server_error", "cannot start the request: %s",
+                     tern_last_error());
+        return;
+    }
+    struct tern_session *s = pc.lease.session;
+    const struct cache_decision *dec = &pc.lease.decision;
+    j->n_cached = dec->cached;
+    j->n_read = dec->read;
+    pc.base = dec->cached;
+    struct srv_reuse reuse = {
+        .tier = cache_tier_name(dec->tier),
+        .cached = dec->cached,
+        .read = dec->read,
+        .key = dec->key_explicit ? "explicit" : dec->key_implicit ? "implicit" : "none",
+        .reason = dec->reason,
+    };
+
+    struct out_state o = {.job = j};
+    o.ctx = (struct srv_resp_ctx){.id = j->id, .model = e->model_id, .created = j->created, .ep = j->ep};
+    reply_parser_init(&o.parser, e->chat.fmt, j->req.tools && j->req.tool_choice != SRV_TOOLS_NONE, ej->in_think,
+                      j->seq * 0x9e3779b97f4a7c15ull ^ (uint64_t)j->created);
+    stop_matcher_init(&o.stop, (const char *const *)j->req.stop, j->req.n_stop);
+    struct tern_sampler *sampler = NULL;
+    bool release_ok = true;
+    const char *finish = "stop";
+    int status = 200;
+
+    /* prime P[r..m) */
+    struct tern_eval_opts eo = {
+        .cancel = &j->cancel,
+        .progress = prime_progress,
+        .user = &pc,
+        .ckpt_pos = pc.lease.ckpt_pos,
+        .n_ckpt = pc.lease.n_ckpt,
+        .on_ckpt = cache_on_checkpoint,
+    };
+    uint32_t r = dec->cached;
+    st = tern_session_eval(s, j->prompt + r, j->n_prompt - r, &eo);
+    if (st == TERN_ERR_CANCELLED) goto cancelled;
+    if (st) {
+        release_ok = false;
+        send_failure(j, st == TERN_ERR_RANGE ? 400 : 500, st == TERN_ERR_RANGE ? "invalid_request_error" : "server_error",
+                     "reading the prompt failed: %s", tern_last_error());
+        goto out;
+    }
+
+    struct tern_sampler_params sp = j->req.sampling;
+    if (!j->req.seed_set) sp.seed = tern_now_ns() ^ (j->seq << 32);
+    st = tern_sampler_new(&sp, e->info->n_vocab, &sampler);
+    if (!st) st = tern_detok_new(e->tok, TERN_TOK_PARSE_SPECIAL, &o.detok);
+    if (st) {
+        send_failure(j, 500, "server_error", "cannot start decoding: %s", tern_last_error());
+        goto out;
+    }
+    if (j->req.stream && j->ep == SRV_EP_CHAT) {
+        srv_sse_data(&o.frame, srv_chunk_chat(&o.ctx, NULL, &o.parser, true, NULL, NULL));
+        o.role_sent = true;
+    }
+
+    uint32_t n_ctx = tern_session_n_ctx(s);
+    int64_t max_new = j->req.max_tokens > 0 ? j->req.max_tokens : INT64_MAX;
+    finish = "length";
+    for (int64_t i = 0; i < max_new; i++) {
+        if (j->cancel) goto cancelled;
+        int32_t tok;
+        if (ej->forced) {
+            if ((size_t)i >= ej->n_forced) {
+                finish = "stop";
+                break;
+            }
+            tok = ej->forced[i];
+        } else {
+            const float *logits = tern_session_logits(s);
+            tok = tern_sampler_sample(sampler, logits, tern_session_tokens(s), tern_session_n_past(s));
+            if (tern_token_is_eog(e->tok, tok)) {
+                finish = "stop";
+                break;
+            }
+        }
+        if (j->n_generated == 0) j->t_first = tern_now_s();
+        j->n_generated++;
+        tern_buf_clear(&o.piece);
+        st = tern_detok_push(o.detok, tok, &o.piece);
+        if (!st) st = out_text(&o, o.piece.data, o.piece.len, false);
+        if (st) {
+            send_failure(j, 500, "server_error", "output: %s", tern_last_error());
+            goto out;
+        }
+        if (o.stop.stopped) {
+            finish = "stop";
+            break;
+        }
+        if (i + 1 >= max_new) break;
+        if (tern_session_n_past(s) + 1 > n_ctx) break; /* the context is full: length */
+        struct tern_eval_opts de = {.cancel = &j->cancel};
+        st = tern_session_eval(s, &tok, 1, &de);
+        if (st == TERN_ERR_CANCELLED) goto cancelled;
+        if (st == TERN_ERR_RANGE) break;
+        if (st) {
+            release_ok = false;
+            send_failure(j, 500, "server_error", "decoding failed: %s", tern_last_error());
+            goto out;
+        }
+    }
+    tern_buf_clear(&o.piece);
+    tern_detok_flush(o.detok, &o.piece);
+    if (out_text(&o, o.piece.data, o.piece.len, true)) {
+        send_failure(j, 500, "server_error", "output: %s", "out of memory");
+        goto out;
+    }
+    if (j->ep == SRV_EP_CHAT && o.parser.n_calls > 0 && !strcmp(finish, "stop")) finish = "tool_calls";
+
+    {
+        struct srv_usage u = {.prompt_tokens = (uint32_t)j->n_prompt, .completion_tokens = j->n_generated,
+                              .cached_tokens = dec->cached};
+        if (j->req.stream) {
+            if (j->ep == SRV_EP_CHAT) srv_sse_data(&o.frame, srv_chunk_chat(&o.ctx, NULL, &o.parser, false, finish, &reuse));
+            else srv_sse_data(&o.frame, srv_chunk_text(&o.ctx, "", 0, finish, &reuse));
+            if (j->req.include_usage) srv_sse_data(&o.frame, srv_chunk_usage(&o.ctx, &u, &reuse));
+            srv_sse_done(&o.frame);
+        } else {
+            json_t *resp = j->ep == SRV_EP_CHAT ? srv_response_chat(&o.ctx, &o.parser, finish, &u, &reuse)
+                                                : srv_response_text(&o.ctx, o.text.data, o.text.len, finish, &u, &reuse);
+            char *txt = resp ? json_dumps(resp, JSON_COMPACT) : NULL;
+            json_decref(resp);
+            if (!txt) {
+                send_failure(j, 500, "server_error", "%s", "out of memory building the response");
+                goto out;
+            }
+            tern_buf_puts(&o.frame, txt);
+            free(txt);
+        }
+        srv_job_write(j, o.frame.data, o.frame.len);
+        srv_job_finish(j, status);
+    }
+    goto out;
+
+cancelled:
+    /* the session holds a consistent prefix (chunk boundary): it stays usable */
+    snprintf(j->note, sizeof j->note, "cancelled (client went away)");
+    srv_job_finish(j, 499);
+
+out:
+    if (e->state_hash) log_state_hashes(s, j->id);
+    cache_release(e->cache, &pc.lease, release_ok);
+    tern_sampler_free(sampler);
+    tern_detok_free(o.detok);
+    reply_parser_free(&o.parser);
+    stop_matcher_free(&o.stop);
+    tern_buf_free(&o.text);
+    tern_buf_free(&o.piece);
+    tern_buf_free(&o.safe);
+    tern_buf_free(&o.frame);
+}
+
+/* ---- other routes ------------------------------------------------------------------ */
+
+static json_t *engine_tokenize(void *self, const json_t *body, struct srv_error *err) {
+    struct srv_engine *e = self;
+    const json_t *c = json_object_get(body, "content");
+    if (!json_is_string(c)) {
+        srv_error_bad(err, "content", "'content' must be a string");
+        return NULL;
+    }
+    const json_t *as = json_object_get(body, "add_special"), *ps = json_object_get(body, "parse_special");
+    const json_t *wp = json_object_get(body, "with_pieces");
+    if ((as && !json_is_boolean(as)) || (ps && !json_is_boolean(ps)) || (wp && !json_is_boolean(wp))) {
+        srv_error_bad(err, NULL, "'add_special', 'parse_special' and 'with_pieces' must be booleans");
+        return NULL;
+    }
+    int flags = (json_is_true(as) ? TERN_TOK_ADD_SPECIAL : 0) | (ps && json_is_false(ps) ? 0 : TERN_TOK_PARSE_SPECIAL);
+    int32_t *ids = NULL;
+    size_t n = 0, cap = 0;
+    if (tern_tokenize(e->tok, json_string_value(c), json_string_length(c), flags, &ids, &n, &cap)) {
+        free(ids);
+        srv_error_set(err, 500, "server_error", NULL, NULL, "tokenizer: %s", tern_last_error());
+        return NULL;
+    }
+    json_t *arr = json_array();
+    struct tern_buf piece = TERN_BUF_INIT;
+    for (size_t i = 0; i < n; i++) {
+        if (json_is_true(wp)) {
+            tern_buf_clear(&piece);
+            tern_token_piece(e->tok, ids[i], TERN_TOK_PARSE_SPECIAL, &piece);
+            json_t *pv = json_stringn(piece.data ? piece.data : "", piece.len);
+            if (!pv) { /* a partial UTF-8 sequence: give the bytes */
+                pv = json_array();
+                for (size_t k = 0; k < piece.len; k++) json_array_append_new(pv, json_integer((unsigned char)piece.data[k]));
+            }
+            json_array_append_new(arr, json_pack("{s:i,s:o}", "id", (int)ids[i], "piece", pv));
+        } else {
+            json_array_append_new(arr, json_integer(ids[i]));
+        }
+    }
+    tern_buf_free(&piece);
+    free(ids);
+    return json_pack("{s:o}", "tokens", arr);
+}
+
+static json_t *engine_detokenize(void *self, const json_t *body, struct srv_error *err) {
+    struct srv_engine *e = self;
+    const json_t *t = json_object_get(body, "tokens");
+    if (!json_is_array(t)) {
+        srv_error_bad(err, "tokens", "'tokens' must be an array of token ids");
+        return NULL;
+    }
+    size_t n = json_array_size(t);
+    int32_t *ids = tern_malloc((n ? n : 1) * sizeof *ids);
+    if (!ids) {
+        srv_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+        return NULL;
+    }
+    uint32_t nv = tern_tokenizer_n_vocab(e->tok);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *v = json_array_get(t, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= nv) {
+            free(ids);
+            srv_error_bad(err, "tokens", "'tokens[%zu]' must be a token id below %u", i, nv);
+            return NULL;
+        }
+        ids[i] = (int32_t)json_integer_value(v);
+    }
+    struct tern_buf out = TERN_BUF_INIT;
+    enum tern_status st = tern_detokenize(e->tok, ids, n, TERN_TOK_PARSE_SPECIAL, &out);
+    free(ids);
+    if (st) {
+        tern_buf_free(&out);
+        srv_error_set(err, 500, "server_error", NULL, NULL, "detokenize: %s", tern_last_error());
+        return NULL;
+    }
+    json_t *s = json_stringn(out.data ? out.data : "", out.len);
+    if (!s) { /* ids that end inside a UTF-8 sequence: replace what is broken */
+        size_t k = out.len;
+        while (k > 0 && !srv_utf8_valid(out.data, k)) k--;
+        s = json_stringn(out.data, k);
+    }
+    tern_buf_free(&out);
+    return json_pack("{s:o}", "content", s ? s : json_string(""));
+}
+
+static json_t *engine_model_entry(void *self) {
+    struct srv_engine *e = self;
+    json_t *meta = json_pack("{s:s,s:I,s:i,s:i,s:b,s:s}", "arch", e->info->arch ? e->info->arch : "",
+                             "n_params", (json_int_t)e->info->n_params, "n_ctx", (int)e->n_ctx, "n_vocab",
+                             (int)e->info->n_vocab, "hybrid", e->info->hybrid, "chat_template", e->chat.source);
+    if (e->demo_note) {
+        json_object_set_new(meta, "demo", json_true());
+        json_object_set_new(meta, "note", json_string(e->demo_note));
+    }
+    return json_pack("{s:s,s:s,s:I,s:s,s:o}", "id", e->model_id, "object", "model", "created", (json_int_t)e->created,
+                     "owned_by", "tern", "meta", meta);
+}
+
+static void engine_metrics(void *self, struct tern_buf *b) {
+    struct srv_engine *e = self;
+    struct cache_stats cs;
+    cache_get_stats(e->cache, &cs);
+    tern_buf_puts(b, "# HELP tern_cache_requests_total Requests by reuse tier.\n"
+                     "# TYPE tern_cache_requests_total counter\n");
+    for (int t = CACHE_TIER_COLD; t <= CACHE_TIER_PREDICTED; t++)
+        tern_buf_printf(b, "tern_cache_requests_total{tier=\"%s\"} %llu\n", cache_tier_name((enum cache_tier)t),
+                        (unsigned long long)cs.requests_by_tier[t]);
+    tern_buf_puts(b, "# HELP tern_cache_declines_total Candidates compared and refused, by reason.\n"
+                     "# TYPE tern_cache_declines_total counter\n");
+    for (int d = 0; d < CACHE_DECLINE_COUNT; d++)
+        tern_buf_printf(b, "tern_cache_declines_total{reason=\"%s\"} %llu\n", cache_decline_name((enum cache_decline)d),
+                        (unsigned long long)cs.declines_by_reason[d]);
+    tern_buf_printf(b,
+                    "# TYPE tern_cache_candidates_total counter\ntern_cache_candidates_total %llu\n"
+                    "# TYPE tern_cache_checkpoints_made_total counter\ntern_cache_checkpoints_made_total %llu\n"
+                    "# TYPE tern_cache_checkpoint_evictions_total counter\ntern_cache_checkpoint_evictions_total %llu\n"
+                    "# TYPE tern_cache_forks_total counter\ntern_cache_forks_total %llu\n"
+                    "# TYPE tern_cache_predictions_made_total counter\ntern_cache_predictions_made_total %llu\n"
+                    "# TYPE tern_cache_predictions_used_total counter\ntern_cache_predictions_used_total %llu\n"
+                    "# TYPE tern_cache_predictions_wasted_total counter\ntern_cache_predictions_wasted_total %llu\n"
+                    "# TYPE tern_cache_predict_tokens_total counter\ntern_cache_predict_tokens_total %llu\n",
+                    (unsigned long long)cs.candidates, (unsigned long long)cs.ckpts_made,
+                    (unsigned long long)cs.ckpt_evictions, (unsigned long long)cs.forks,
+                    (unsigned long long)cs.predictions_made, (unsigned long long)cs.predictions_used,
+                    (unsigned long long)cs.predictions_wasted, (unsigned long long)cs.predict_tokens);
+    tern_buf_printf(b,
+                    "# TYPE tern_cache_tokens_cached_total counter\ntern_cache_tokens_cached_total %llu\n"
+                    "# TYPE tern_cache_tokens_read_total counter\ntern_cache_tokens_read_total %llu\n"
+                    "# TYPE tern_cache_evictions_total counter\ntern_cache_evictions_total %llu\n"
+                    "# TYPE tern_cache_pool_bytes gauge\ntern_cache_pool_bytes %zu\n"
+                    "# TYPE tern_cache_sessions gauge\ntern_cache_sessions %u\n"
+                    "# TYPE tern_cache_checkpoints gauge\ntern_cache_checkpoints %u\n",
+                    (unsigned long long)cs.tokens_cached,
+                    (unsigned long long)cs.tokens_read, (unsigned long long)cs.evictions, cs.pool_bytes,
+                    cs.n_sessions, cs.n_checkpoints);
+}
+
+/* ---- lifecycle --------------------------------------------------------------------- */
+
+enum tern_status srv_engine_new(const struct srv_engine_params *p, struct srv_engine **out) {
+    *out = NULL;
+    struct srv_engine *e = tern_calloc(1, sizeof *e);
+    if (!e) return tern_errorf(TERN_ERR_NOMEM, "out of memory");
+    e->model = p->model;
+    e->info = tern_model_info(p->model);
+    e->tok = tern_model_tokenizer(p->model);
+    e->state_hash = p->state_hash;
+    e->created = (int64_t)time(NULL);
+    enum tern_status st = chat_fmt_init(&e->chat, p->model, p->chat_template, p->chat_template_len);
+    if (st) {
+        srv_engine_free(e);
+        return st;
+    }
+    struct cache_params cp = p->cache;
+    uint32_t n_ctx = cp.session.n_ctx;
+    if (n_ctx == 0) n_ctx = e->info->n_ctx_train && e->info->n_ctx_train < 32768 ? e->info->n_ctx_train : 32768;
+    cp.session.n_ctx = n_ctx;
+    e->n_ctx = n_ctx;
+    if (cp.turn_token < 0) cp.turn_token = chat_turn_token(&e->chat);
+    st = cache_new(p->model, &cp, &e->cache);
+    if (st) {
+        srv_engine_free(e);
+        return st;
+    }
+    e->model_id = tern_strdup(p->model_id ? p->model_id : e->info->name);
+    e->demo_note = p->demo_note ? tern_strdup(p->demo_note) : NULL;
+    if (!e->model_id || (p->demo_note && !e->demo_note)) {
+        srv_engine_free(e);
+        return tern_errorf(TERN_ERR_NOMEM, "out of memory");
+    }
+    e->backend = (struct srv_backend){
+        .self = e,
+        .prepare = engine_prepare,
+        .run = engine_run,
+        .job_free = engine_job_free,
+        .tokenize = engine_tokenize,
+        .detokenize = engine_detokenize,
+        .model_entry = engine_model_entry,
+        .metrics = engine_metrics,
+    };
+    *out = e;
+    return TERN_OK;
+}
+
+const struct srv_backend *srv_engine_backend(struct srv_engine *e) { return &e->backend; }
+
+void srv_engine_free(struct srv_engine *e) {
+    if (!e) return;
+    cache_free(e->cache);
+    chat_fmt_free(&e->chat);
+    free(e->model_id);
+    free(e->demo_note);
+    free(e);
+}

@@ -1,0 +1,32 @@
+/* The engine backend of the server: a loaded model, its chat format, the reuse cache,
+ * and the worker's per-request loop (DESIGN.md §2):
+ *
+ *   prepare (connection thread)  template render -> tokens; 4xx decided here
+ *   run (the one worker thread)  cache_acquire -> prime P[r..m) (keep-alive comments,
+ *                                checkpoints, cancel between chunks) -> decode (stop
+ *                                strings, reasoning / tool-call parsing, SSE) ->
+ *                                cache_release. */
+#ifndef TERN_SERVER_ENGINE_H
+#define TERN_SERVER_ENGINE_H
+
+#include "cache/cache.h"
+#include "server/server.h"
+#include "tern.h"
+
+struct srv_engine;
+
+struct srv_engine_params {
+    struct tern_model *model;        /* borrowed; outlives the engine */
+    const char *model_id;            /* id in /v1/models and responses */
+    const char *chat_template;       /* --chat-template source, or NULL for the model's */
+    size_t chat_template_len;
+    struct cache_params cache;       /* session params included (n_ctx, kv type, chunk) */
+    bool state_hash;                 /* TERN_STATE_HASH=1: log state hashes after each request */
+    const char *demo_note;           /* non-NULL: this is the demo model; say so */
+};
+
+enum tern_status srv_engine_new(const struct srv_engine_params *p, struct srv_engine **out);
+const struct srv_backend *srv_engine_backend(struct srv_engine *e);
+void srv_engine_free(struct srv_engine *e);
+
+#endif
