@@ -67,41 +67,35 @@ static float dot8_f16(const float *a, const tern_fp16 *b, size_t n) {
     return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
-static inline const void *kv_row(const void *const *pages, const struct tern_kv_view *kv, size_t j) {
-    const size_t es = kv->f16 ? 2 : 4;
-    const char *page = pages[j / kv->page_rows];
-    return page + ((j % kv->page_rows) * kv->row_elems + kv->head_off) * es;
-}
-
-
-static void attn_head_portable(float *out, const float *q, size_t d, size_t n_kv, float scale,
-                               const struct tern_kv_view *kv, float *scores) {
-    float max = -INFINITY;
-    for (size_t j = 0; j < n_kv; j++) {
-        const void *k = kv_row(kv->k_pages, kv, j);
-        const float s = (kv->f16 ? dot8_f16(q, k, d) : dot8_f32(q, k, d)) * scale;
+static void attn_page_portable(float *acc, float *m, float *l, const float *q, size_t d, const void *k,
+                               const void *v, size_t row_elems, size_t n, float scale, bool f16, float *scores) {
+    float pm = -INFINITY;
+    for (size_t j = 0; j < n; j++) {
+        const float s = (f16 ? dot8_f16(q, (const tern_fp16 *)k + j * row_elems, d)
+                             : dot8_f32(q, (const float *)k + j * row_elems, d)) * scale;
         scores[j] = s;
-        if (s > max) max = s;
+        if (s > pm) pm = s;
     }
+    const float mn = pm > *m ? pm : *m;
+    const float c = expf(*m - mn);
     float sum = 0.0f;
-    for (size_t j = 0; j < n_kv; j++) {
-        scores[j] = expf(scores[j] - max);
+    for (size_t j = 0; j < n; j++) {
+        scores[j] = expf(scores[j] - mn);
         sum += scores[j];
     }
-    memset(out, 0, d * sizeof *out);
-    for (size_t j = 0; j < n_kv; j++) {
+    *l = *l * c + sum;
+    *m = mn;
+    for (size_t i = 0; i < d; i++) acc[i] *= c;
+    for (size_t j = 0; j < n; j++) {
         const float p = scores[j];
-        const void *v = kv_row(kv->v_pages, kv, j);
-        if (kv->f16) {
-            const tern_fp16 *vh = v;
-            for (size_t i = 0; i < d; i++) out[i] += p * tern_fp16_to_f32(vh[i]);
+        if (f16) {
+            const tern_fp16 *vh = (const tern_fp16 *)v + j * row_elems;
+            for (size_t i = 0; i < d; i++) acc[i] += p * tern_fp16_to_f32(vh[i]);
         } else {
-            const float *vf = v;
-            for (size_t i = 0; i < d; i++) out[i] += p * vf[i];
+            const float *vf = (const float *)v + j * row_elems;
+            for (size_t i = 0; i < d; i++) acc[i] += p * vf[i];
         }
     }
-    const float inv = 1.0f / sum;
-    for (size_t i = 0; i < d; i++) out[i] *= inv;
 }
 
 static void to_f16_portable(uint16_t *dst, const float *src, size_t n) {
@@ -115,7 +109,7 @@ static const struct tern_ops ops_portable = {
     .add = add_portable,
     .softmax = softmax_portable,
     .to_f16 = to_f16_portable,
-    .attn_head = attn_head_portable,
+    .attn_page = attn_page_portable,
 };
 
 /* ---- choice --------------------------------------------------------------------- */

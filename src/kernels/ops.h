@@ -16,18 +16,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* A paged KV cache seen by one (layer, kv head): position j is in page j / page_rows,
- * at element head_off + (j % page_rows) * row_elems of it. Elements are F32 or F16 (IEEE
- * half). */
-struct tern_kv_view {
-    const void *const *k_pages;
-    const void *const *v_pages;
-    size_t page_rows;  /* positions per page */
-    size_t row_elems;  /* elements from one position's row to the next */
-    size_t head_off;   /* element offset of this head's first row in a page */
-    bool f16;
-};
-
 struct tern_ops {
     const char *name; /* "portable", "avx2" */
     /* y[i] = x[i] / sqrt(mean(x^2) + eps) * w[i] (w NULL: no weight). y may be x. */
@@ -40,10 +28,16 @@ struct tern_ops {
     void (*softmax)(float *x, size_t n);
     /* dst[i] = src[i] rounded to IEEE half (round to nearest even). */
     void (*to_f16)(uint16_t *dst, const float *src, size_t n);
-    /* One query head over KV positions [0, n_kv) in ascending order:
-     * out[d] = sum_j softmax_j(scale * q.k_j) v_j[d]. scores: scratch of n_kv floats. */
-    void (*attn_head)(float *out, const float *q, size_t head_dim, size_t n_kv, float scale,
-                      const struct tern_kv_view *kv, float *scores);
+    /* One page of attention for one query head, with an online softmax: positions are
+     * consumed in fixed blocks (the KV pages) from position 0, so a query's result
+     * depends only on its own positions, never on the other queries of a batch.
+     * For the n rows k_j, v_j (row_elems elements apart, F16 or F32):
+     *   s_j = scale * q.k_j;  m' = max(*m, max_j s_j);  c = exp(*m - m');
+     *   *l = *l * c + sum_j exp(s_j - m');  acc = acc * c + sum_j exp(s_j - m') v_j
+     * (j ascending), then *m = m'. Start with *m = -INFINITY, *l = 0, acc = 0; the
+     * attention output is acc / *l. scores: scratch of n + 8 floats; n >= 1. */
+    void (*attn_page)(float *acc, float *m, float *l, const float *q, size_t head_dim, const void *k,
+                      const void *v, size_t row_elems, size_t n, float scale, bool f16, float *scores);
 };
 
 /* The ops for the ISA the kernels chose (tern_kernels_isa()). */

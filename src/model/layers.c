@@ -6,6 +6,7 @@
 
 #include "util/fp16.h"
 
+#include <math.h>
 #include <string.h>
 
 /* ---- parallel loops ------------------------------------------------------------- */
@@ -209,6 +210,12 @@ static void kv_store_item(void *ctx, uint32_t t) {
     store_row(kv->v_pages[page], row, L->n_kv_head, L->head_dim_v, p->v + (size_t)t * p->v_stride, f16);
 }
 
+/* Tokens per attention work item: the item's queries (this many tokens times the GQA
+ * group) consume each KV page while it is in cache, so a long context is read from
+ * memory once per block instead of once per query. Each query's arithmetic is the same
+ * whatever the block (attn_page per page, pages from 0). */
+#define ATTN_QBLOCK 8
+
 struct attn_task {
     struct tern_work work;
     struct tern_session *s;
@@ -219,34 +226,60 @@ struct attn_task {
     float *out;
     size_t out_stride;
     uint32_t n_head, group, head_dim;
-    uint32_t n_tok, pos0;
+    uint32_t n_tok, n_blocks, pos0;
     float scale;
 };
 
+size_t model_attn_scratch_floats(uint32_t max_group, uint32_t max_head_dim) {
+    return TERN_KV_PAGE + 8 + (size_t)ATTN_QBLOCK * max_group * (max_head_dim + 2);
+}
+
 static void attn_run_task(void *ctx, int ith, int nth) {
     struct attn_task *p = ctx;
-    const struct model_layer *L = &p->s->m->layers[p->il];
-    const struct kv_layer *kv = &p->s->kv[p->il];
-    float *scores = p->s->scores + (size_t)ith * p->s->n_ctx;
-    struct tern_kv_view view = {
-        .k_pages = (const void *const *)kv->k_pages,
-        .v_pages = (const void *const *)kv->v_pages,
-        .page_rows = TERN_KV_PAGE,
-        .row_elems = L->head_dim_k,
-        .f16 = p->s->kv_type == TERN_KV_F16,
-    };
-    /* Items are (kv head, token), head-major: the query heads of a GQA group run back
-     * to back over the same keys and values, and consecutive items scan the same head's
-     * rows, which then stay in cache. */
+    struct tern_session *s = p->s;
+    const struct kv_layer *kv = &s->kv[p->il];
+    const bool f16 = s->kv_type == TERN_KV_F16;
+    const size_t es = f16 ? 2 : 4, hd = p->head_dim;
+    float *scores = s->scores + (size_t)ith * s->scores_per_thread;
+    float *state = scores + TERN_KV_PAGE + 8; /* per query: m, l, acc[hd] */
+    const size_t sq = hd + 2;
     size_t i0, i1;
+    /* Items are (kv head, token block), head-major: consecutive items scan the same
+     * head's pages. */
     while (tern_work_take(&p->work, &i0, &i1)) {
         for (size_t i = i0; i < i1; i++) {
-            const uint32_t g = (uint32_t)(i / p->n_tok), t = (uint32_t)(i % p->n_tok);
-            view.head_off = (size_t)g * TERN_KV_PAGE * p->head_dim;
-            for (uint32_t h = g * p->group; h < (g + 1) * p->group; h++)
-                p->ops->attn_head(p->out + t * p->out_stride + (size_t)h * p->head_dim,
-                                  p->q + t * p->q_stride + (size_t)h * p->head_dim, p->head_dim, p->pos0 + t + 1,
-                                  p->scale, &view, scores);
+            const uint32_t g = (uint32_t)(i / p->n_blocks), b = (uint32_t)(i % p->n_blocks);
+            const uint32_t t0 = b * ATTN_QBLOCK, t1 = t0 + ATTN_QBLOCK < p->n_tok ? t0 + ATTN_QBLOCK : p->n_tok;
+            const uint32_t nq = (t1 - t0) * p->group;
+            for (uint32_t k = 0; k < nq; k++) {
+                float *st = state + k * sq;
+                st[0] = -INFINITY;
+                st[1] = 0.0f;
+                memset(st + 2, 0, hd * sizeof(float));
+            }
+            const uint32_t last = p->pos0 + t1 - 1;
+            for (uint32_t pg = 0; pg * TERN_KV_PAGE <= last; pg++) {
+                const char *kp = (const char *)kv->k_pages[pg] + (size_t)g * TERN_KV_PAGE * hd * es;
+                const char *vp = (const char *)kv->v_pages[pg] + (size_t)g * TERN_KV_PAGE * hd * es;
+                for (uint32_t t = t0; t < t1; t++) {
+                    const uint32_t pos = p->pos0 + t;
+                    if (pos < pg * TERN_KV_PAGE) continue;
+                    const size_t n = pos - pg * TERN_KV_PAGE + 1 < TERN_KV_PAGE ? pos - pg * TERN_KV_PAGE + 1
+                                                                                : TERN_KV_PAGE;
+                    for (uint32_t h = 0; h < p->group; h++) {
+                        float *st = state + ((t - t0) * p->group + h) * sq;
+                        const float *q = p->q + t * p->q_stride + (size_t)(g * p->group + h) * hd;
+                        p->ops->attn_page(st + 2, &st[0], &st[1], q, hd, kp, vp, hd, n, p->scale, f16, scores);
+                    }
+                }
+            }
+            for (uint32_t t = t0; t < t1; t++)
+                for (uint32_t h = 0; h < p->group; h++) {
+                    const float *st = state + ((t - t0) * p->group + h) * sq;
+                    float *o = p->out + t * p->out_stride + (size_t)(g * p->group + h) * hd;
+                    const float inv = 1.0f / st[1];
+                    for (size_t e = 0; e < hd; e++) o[e] = st[2 + e] * inv;
+                }
         }
     }
 }
@@ -264,6 +297,8 @@ void model_attention(struct tern_session *s, uint32_t il, const float *q, size_t
     else
         for (uint32_t t = 0; t < n_tok; t++) kv_store_item(&st, t);
 
+    const uint32_t group = n_head / L->n_kv_head;
+    TERN_ASSERT(model_attn_scratch_floats(group, L->head_dim_k) <= s->scores_per_thread);
     struct attn_task at = {
         .s = s,
         .ops = tern_ops(),
@@ -276,10 +311,11 @@ void model_attention(struct tern_session *s, uint32_t il, const float *q, size_t
         .group = n_head / L->n_kv_head,
         .head_dim = L->head_dim_k,
         .n_tok = n_tok,
+        .n_blocks = (n_tok + ATTN_QBLOCK - 1) / ATTN_QBLOCK,
         .pos0 = pos0,
         .scale = scale,
     };
-    tern_work_init(&at.work, (size_t)n_tok * L->n_kv_head, 1);
+    tern_work_init(&at.work, (size_t)at.n_blocks * L->n_kv_head, 1);
     if (tern_threadpool_n_threads(s->m->pool) == 1) attn_run_task(&at, 0, 1);
     else tern_threadpool_run_shared(s->m->pool, attn_run_task, &at);
 }

@@ -144,10 +144,10 @@ struct tern_model {
     pthread_mutex_t eval_mu;
     struct {
         uint32_t n_chunk;
-        uint32_t n_ctx;
+        size_t scores_per_thread;
         void *rs;                       /* the architecture's RunState for n_chunk tokens */
         void *act[MODEL_MAX_ACT_KINDS]; /* (n_chunk, max_act_row_bytes) prepared activations */
-        float *scores;                  /* (n_threads, n_ctx) attention scores */
+        float *scores;                  /* (n_threads, scores_per_thread) attention scratch */
         size_t bytes;
     } ws;
 };
@@ -178,9 +178,9 @@ void model_layer_attn(struct tern_model *m, uint32_t il, uint32_t n_kv_head, uin
 enum tern_status model_layer_recurrent(struct tern_model *m, uint32_t il, const char *const *names,
                                        const size_t *bytes, uint32_t n);
 
-/* Grows the model's workspace to chunks of n_chunk tokens and contexts of n_ctx (call
- * with eval_mu held). On error it is unchanged. */
-enum tern_status model_ws_reserve(struct tern_model *m, uint32_t n_chunk, uint32_t n_ctx);
+/* Grows the model's workspace to chunks of n_chunk tokens (call with eval_mu held). On
+ * error it is unchanged. */
+enum tern_status model_ws_reserve(struct tern_model *m, uint32_t n_chunk);
 void model_ws_free(struct tern_model *m);
 
 /* ---- session ----------------------------------------------------------------------- */
@@ -209,7 +209,8 @@ struct tern_session {
     uint32_t rs_chunk;
     void *rs;                       /* the architecture's RunState */
     void *act[MODEL_MAX_ACT_KINDS]; /* prepared activations */
-    float *scores;                  /* (n_threads, n_ctx) attention scores */
+    float *scores;                  /* (n_threads, scores_per_thread) attention scratch */
+    size_t scores_per_thread;
 };
 
 /* The layer il's recurrent buffer ib (zeroed at position 0). */
@@ -252,6 +253,10 @@ void model_embed(struct tern_session *s, const struct mat *embd, const int32_t *
 void model_attention(struct tern_session *s, uint32_t il, const float *q, size_t q_stride, const float *k,
                      size_t k_stride, const float *v, size_t v_stride, float *out, size_t out_stride,
                      uint32_t n_tok, uint32_t pos0, uint32_t n_head, float scale);
+
+/* Floats of attention scratch one thread needs (a page of scores and the online
+ * softmax state of a block of queries). */
+size_t model_attn_scratch_floats(uint32_t max_group, uint32_t max_head_dim);
 
 /* Runs fn(ctx, t) for t in [0, n) on the pool (tokens or heads split across threads). */
 typedef void (*model_item_fn)(void *ctx, uint32_t i);

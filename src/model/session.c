@@ -41,10 +41,17 @@ static uint32_t n_act_buffers(const struct tern_model *m) {
     return n < MODEL_MAX_ACT_KINDS ? n : MODEL_MAX_ACT_KINDS;
 }
 
-enum tern_status model_ws_reserve(struct tern_model *m, uint32_t n_chunk, uint32_t n_ctx) {
-    if (m->ws.rs && m->ws.n_chunk >= n_chunk && m->ws.n_ctx >= n_ctx) return TERN_OK;
+/* Attention scratch per thread: the largest GQA group of any attention layer. */
+static size_t attn_scratch_floats(const struct tern_model *m) {
+    uint32_t max_hd = 8;
+    for (uint32_t il = 0; il < m->n_layer; il++)
+        if (m->layers[il].kind == LAYER_ATTN && m->layers[il].head_dim_k > max_hd) max_hd = m->layers[il].head_dim_k;
+    return model_attn_scratch_floats(m->hp.n_head ? m->hp.n_head : 1, max_hd);
+}
+
+enum tern_status model_ws_reserve(struct tern_model *m, uint32_t n_chunk) {
+    if (m->ws.rs && m->ws.n_chunk >= n_chunk) return TERN_OK;
     if (n_chunk < m->ws.n_chunk) n_chunk = m->ws.n_chunk;
-    if (n_ctx < m->ws.n_ctx) n_ctx = m->ws.n_ctx;
     const int nth = tern_threadpool_n_threads(m->pool);
     void *rs = NULL;
     void *act[MODEL_MAX_ACT_KINDS] = {0};
@@ -54,7 +61,7 @@ enum tern_status model_ws_reserve(struct tern_model *m, uint32_t n_chunk, uint32
     if (st) return st;
     const uint32_t n_act = n_act_buffers(m);
     if (tern_mul_overflow(n_chunk, m->max_act_row_bytes, &act_bytes) ||
-        tern_mul_overflow((size_t)nth * n_ctx, sizeof(float), &scores_bytes))
+        tern_mul_overflow((size_t)nth * attn_scratch_floats(m), sizeof(float), &scores_bytes))
         goto nomem;
     for (uint32_t i = 0; i < n_act; i++)
         if (!(act[i] = tern_aligned_alloc(act_bytes))) goto nomem;
@@ -65,7 +72,7 @@ enum tern_status model_ws_reserve(struct tern_model *m, uint32_t n_chunk, uint32
     memcpy(m->ws.act, act, sizeof act);
     m->ws.scores = scores;
     m->ws.n_chunk = n_chunk;
-    m->ws.n_ctx = n_ctx;
+    m->ws.scores_per_thread = attn_scratch_floats(m);
     m->ws.bytes = m->arch->state_bytes(rs) + n_act * act_bytes + scores_bytes;
     return TERN_OK;
 nomem:
@@ -175,7 +182,7 @@ static enum tern_status session_alloc(struct tern_model *m, uint32_t n_ctx, enum
         if (!s->kv[il].k_pages || !s->kv[il].v_pages) goto nomem;
     }
     pthread_mutex_lock(&m->eval_mu);
-    enum tern_status st = model_ws_reserve(m, n_chunk, n_ctx);
+    enum tern_status st = model_ws_reserve(m, n_chunk);
     pthread_mutex_unlock(&m->eval_mu);
     if (st) {
         tern_session_free(s);
@@ -287,7 +294,7 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
     if (n_chunk > s->n_ctx) n_chunk = s->n_ctx;
 
     pthread_mutex_lock(&m->eval_mu);
-    enum tern_status st = model_ws_reserve(m, n_chunk, s->n_ctx);
+    enum tern_status st = model_ws_reserve(m, n_chunk);
     pthread_mutex_unlock(&m->eval_mu);
     if (!st) st = tokens_reserve(s, (size_t)s->n_past + n);
     if (!st) st = kv_grow(s, (uint32_t)((s->n_past + n + TERN_KV_PAGE - 1) / TERN_KV_PAGE));
@@ -316,11 +323,12 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
          * the lock, so they may use other sessions of the model). It only ever grows, so
          * what was reserved above still fits. */
         pthread_mutex_lock(&m->eval_mu);
-        TERN_ASSERT(m->ws.n_chunk >= len && m->ws.n_ctx >= s->n_ctx);
+        TERN_ASSERT(m->ws.n_chunk >= len);
         s->rs = m->ws.rs;
         s->rs_chunk = m->ws.n_chunk;
         memcpy(s->act, m->ws.act, sizeof s->act);
         s->scores = m->ws.scores;
+        s->scores_per_thread = m->ws.scores_per_thread;
         m->arch->forward(s, toks + done, (uint32_t)len, s->n_past, logits, o->logits_all != NULL);
         s->rs = NULL;
         s->scores = NULL;

@@ -141,7 +141,8 @@ static void test_softmax(void **state) {
     }
 }
 
-/* Attention over pages of 4 rows (so that every test crosses pages), F32 and F16. */
+/* Attention over pages of 4 rows (so that every test crosses pages, and the online
+ * softmax rescales), rows of two heads interleaved, F32 and F16. */
 static void check_attn(size_t d, size_t n_kv, bool f16) {
     const size_t page_rows = 4, n_kvh = 2, row = n_kvh * d;
     const size_t n_pages = (n_kv + page_rows - 1) / page_rows;
@@ -177,10 +178,16 @@ static void check_attn(size_t d, size_t n_kv, bool f16) {
         mx = s[j] > mx ? s[j] : mx;
     }
     for (size_t j = 0; j < n_kv; j++) z += (s[j] = exp(s[j] - mx));
-    struct tern_kv_view view = {(const void *const *)kp, (const void *const *)vp, page_rows, row, head * d, f16};
     for (int k = 0; k < n_sets; k++) {
+        /* page by page, as the engine calls it */
+        float m = -INFINITY, l = 0.0f;
         memset(out, 0, d * 4);
-        sets[k]->attn_head(out, q, d, n_kv, scale, &view, scores);
+        for (size_t pg = 0; pg < n_pages; pg++) {
+            const size_t nr = n_kv - pg * page_rows < page_rows ? n_kv - pg * page_rows : page_rows;
+            sets[k]->attn_page(out, &m, &l, q, d, (const char *)kp[pg] + head * d * es,
+                               (const char *)vp[pg] + head * d * es, row, nr, scale, f16, scores);
+        }
+        for (size_t i = 0; i < d; i++) out[i] /= l;
         for (size_t i = 0; i < d; i++) {
             double want = 0;
             for (size_t j = 0; j < n_kv; j++) want += s[j] / z * vf[j * d + i];

@@ -173,73 +173,106 @@ INLINE float dot_qk(const float *q, const void *k, size_t d, const int f16) {
     return hsum256(_mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3)));
 }
 
-/* Positions are visited page by page (no division per position); every position's
- * arithmetic is the same whichever page holds it. */
-INLINE void attn_scores(float *scores, const float *q, size_t d, size_t n_kv, float scale,
-                        const struct tern_kv_view *kv, const int f16) {
-    const size_t es = f16 ? 2 : 4, rb = kv->row_elems * es;
-    for (size_t j0 = 0, pg = 0; j0 < n_kv; j0 += kv->page_rows, pg++) {
-        const char *k = (const char *)kv->k_pages[pg] + kv->head_off * es;
-        const size_t nr = n_kv - j0 < kv->page_rows ? n_kv - j0 : kv->page_rows;
-        for (size_t r = 0; r < nr; r++, k += rb) scores[j0 + r] = dot_qk(q, k, d, f16) * scale;
-    }
-}
-
-/* out[i0 .. i0 + 8 nv) = sum_j p_j v_j[...], j ascending; nv <= 8 vectors. */
-INLINE void attn_pv_block(float *out, const float *p, size_t i0, size_t nv, size_t n_kv,
-                          const struct tern_kv_view *kv, float inv, const int f16) {
-    const size_t es = f16 ? 2 : 4, rb = kv->row_elems * es;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    for (size_t j0 = 0, pg = 0; j0 < n_kv; j0 += kv->page_rows, pg++) {
-        const char *v = (const char *)kv->v_pages[pg] + (kv->head_off + i0) * es;
-        const size_t nr = n_kv - j0 < kv->page_rows ? n_kv - j0 : kv->page_rows;
-        if (nv == 8) {
-            for (size_t r = 0; r < nr; r++, v += rb) {
-                const __m256 w = _mm256_broadcast_ss(&p[j0 + r]);
-                a0 = _mm256_fmadd_ps(w, load8(v, 0, f16), a0);
-                a1 = _mm256_fmadd_ps(w, load8(v, 8, f16), a1);
-                a2 = _mm256_fmadd_ps(w, load8(v, 16, f16), a2);
-                a3 = _mm256_fmadd_ps(w, load8(v, 24, f16), a3);
-                a4 = _mm256_fmadd_ps(w, load8(v, 32, f16), a4);
-                a5 = _mm256_fmadd_ps(w, load8(v, 40, f16), a5);
-                a6 = _mm256_fmadd_ps(w, load8(v, 48, f16), a6);
-                a7 = _mm256_fmadd_ps(w, load8(v, 56, f16), a7);
-            }
-        } else {
-            /* fewer vectors (small heads): the same per-element arithmetic */
-            for (size_t r = 0; r < nr; r++, v += rb) {
-                const __m256 w = _mm256_broadcast_ss(&p[j0 + r]);
-                a0 = _mm256_fmadd_ps(w, load8(v, 0, f16), a0);
-                if (nv > 1) a1 = _mm256_fmadd_ps(w, load8(v, 8, f16), a1);
-                if (nv > 2) a2 = _mm256_fmadd_ps(w, load8(v, 16, f16), a2);
-                if (nv > 3) a3 = _mm256_fmadd_ps(w, load8(v, 24, f16), a3);
-                if (nv > 4) a4 = _mm256_fmadd_ps(w, load8(v, 32, f16), a4);
-                if (nv > 5) a5 = _mm256_fmadd_ps(w, load8(v, 40, f16), a5);
-                if (nv > 6) a6 = _mm256_fmadd_ps(w, load8(v, 48, f16), a6);
-            }
+/* acc[i0 .. i0 + 8 nv) = acc * c + sum_j p_j v_j[...], j ascending; nv <= 8 vectors. */
+INLINE void pv_block(float *acc, float c, const float *p, size_t n, const char *v, size_t rb, size_t i0, size_t nv,
+                     const int f16) {
+    const __m256 vc = _mm256_set1_ps(c);
+    __m256 a[8];
+    for (size_t r = 0; r < 8; r++) a[r] = r < nv ? _mm256_mul_ps(_mm256_loadu_ps(acc + i0 + 8 * r), vc) : vc;
+    __m256 a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3], a4 = a[4], a5 = a[5], a6 = a[6], a7 = a[7];
+    v += i0 * (f16 ? 2 : 4);
+    if (nv == 8) {
+        for (size_t j = 0; j < n; j++, v += rb) {
+            const __m256 w = _mm256_broadcast_ss(&p[j]);
+            a0 = _mm256_fmadd_ps(w, load8(v, 0, f16), a0);
+            a1 = _mm256_fmadd_ps(w, load8(v, 8, f16), a1);
+            a2 = _mm256_fmadd_ps(w, load8(v, 16, f16), a2);
+            a3 = _mm256_fmadd_ps(w, load8(v, 24, f16), a3);
+            a4 = _mm256_fmadd_ps(w, load8(v, 32, f16), a4);
+            a5 = _mm256_fmadd_ps(w, load8(v, 40, f16), a5);
+            a6 = _mm256_fmadd_ps(w, load8(v, 48, f16), a6);
+            a7 = _mm256_fmadd_ps(w, load8(v, 56, f16), a7);
+        }
+    } else {
+        /* fewer vectors (small heads): the same per-element arithmetic */
+        for (size_t j = 0; j < n; j++, v += rb) {
+            const __m256 w = _mm256_broadcast_ss(&p[j]);
+            a0 = _mm256_fmadd_ps(w, load8(v, 0, f16), a0);
+            if (nv > 1) a1 = _mm256_fmadd_ps(w, load8(v, 8, f16), a1);
+            if (nv > 2) a2 = _mm256_fmadd_ps(w, load8(v, 16, f16), a2);
+            if (nv > 3) a3 = _mm256_fmadd_ps(w, load8(v, 24, f16), a3);
+            if (nv > 4) a4 = _mm256_fmadd_ps(w, load8(v, 32, f16), a4);
+            if (nv > 5) a5 = _mm256_fmadd_ps(w, load8(v, 40, f16), a5);
+            if (nv > 6) a6 = _mm256_fmadd_ps(w, load8(v, 48, f16), a6);
         }
     }
-    const __m256 vi = _mm256_set1_ps(inv);
-    const __m256 acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
-    for (size_t r = 0; r < nv; r++) _mm256_storeu_ps(out + i0 + 8 * r, _mm256_mul_ps(acc[r], vi));
+    const __m256 out[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+    for (size_t r = 0; r < nv; r++) _mm256_storeu_ps(acc + i0 + 8 * r, out[r]);
 }
 
-INLINE void attn_head_impl(float *out, const float *q, size_t d, size_t n_kv, float scale,
-                           const struct tern_kv_view *kv, float *scores, const int f16) {
-    attn_scores(scores, q, d, n_kv, scale, kv, f16);
-    const float sum = expsum_avx2(scores, n_kv, max_avx2(scores, n_kv));
-    const float inv = 1.0f / sum;
-    for (size_t i0 = 0; i0 < d; i0 += 64) {
-        const size_t nv = (d - i0) >= 64 ? 8 : (d - i0) / 8;
-        attn_pv_block(out, scores, i0, nv, n_kv, kv, inv, f16);
+/* The sum of a vector's lanes as the tree ((0+1)+(2+3)) + ((4+5)+(6+7)): the order in
+ * which eight keys' sums come out of dots8 below, so that a key scores the same alone. */
+INLINE float hsum_tree(__m256 a) {
+    const __m256 h = _mm256_hadd_ps(a, a); /* 0+1, 2+3, .., | 4+5, 6+7, .. */
+    const __m256 h2 = _mm256_hadd_ps(h, h);
+    return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h2), _mm256_extractf128_ps(h2, 1)));
+}
+
+/* q.k of one key: one accumulator over d in order, then hsum_tree. */
+INLINE float dot1(const float *q, const char *k, size_t d, const int f16) {
+    __m256 a = _mm256_setzero_ps();
+    for (size_t i = 0; i < d; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k, i, f16), a);
+    return hsum_tree(a);
+}
+
+/* q.k of eight consecutive keys (rb bytes apart), each exactly as dot1 computes it: the
+ * eight accumulators are reduced together by a transposing tree of horizontal adds. */
+INLINE __m256 dots8(const float *q, const char *k, size_t rb, size_t d, const int f16) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (size_t i = 0; i < d; i += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + i);
+        a0 = _mm256_fmadd_ps(qv, load8(k, i, f16), a0);
+        a1 = _mm256_fmadd_ps(qv, load8(k + rb, i, f16), a1);
+        a2 = _mm256_fmadd_ps(qv, load8(k + 2 * rb, i, f16), a2);
+        a3 = _mm256_fmadd_ps(qv, load8(k + 3 * rb, i, f16), a3);
+        a4 = _mm256_fmadd_ps(qv, load8(k + 4 * rb, i, f16), a4);
+        a5 = _mm256_fmadd_ps(qv, load8(k + 5 * rb, i, f16), a5);
+        a6 = _mm256_fmadd_ps(qv, load8(k + 6 * rb, i, f16), a6);
+        a7 = _mm256_fmadd_ps(qv, load8(k + 7 * rb, i, f16), a7);
     }
+    /* level 1: (0+1), (2+3) of two keys per vector; level 2: ((0+1)+(2+3)) of four keys
+     * per 128-bit half; level 3: + the other half's ((4+5)+(6+7)). */
+    const __m256 h01 = _mm256_hadd_ps(a0, a1), h23 = _mm256_hadd_ps(a2, a3);
+    const __m256 h45 = _mm256_hadd_ps(a4, a5), h67 = _mm256_hadd_ps(a6, a7);
+    const __m256 g0123 = _mm256_hadd_ps(h01, h23); /* lo: keys 0-3 lanes 0-3 part; hi: lanes 4-7 part */
+    const __m256 g4567 = _mm256_hadd_ps(h45, h67);
+    const __m256 lo = _mm256_permute2f128_ps(g0123, g4567, 0x20); /* keys 0-3 | keys 4-7, first halves */
+    const __m256 hi = _mm256_permute2f128_ps(g0123, g4567, 0x31); /* second halves */
+    return _mm256_add_ps(lo, hi);
 }
 
-static void attn_head_avx2(float *out, const float *q, size_t d, size_t n_kv, float scale,
-                           const struct tern_kv_view *kv, float *scores) {
-    if (d % 8 != 0) tern_ops_portable()->attn_head(out, q, d, n_kv, scale, kv, scores);
-    else if (kv->f16) attn_head_impl(out, q, d, n_kv, scale, kv, scores, 1);
-    else attn_head_impl(out, q, d, n_kv, scale, kv, scores, 0);
+INLINE void attn_page_impl(float *acc, float *m, float *l, const float *q, size_t d, const void *k, const void *v,
+                           size_t row_elems, size_t n, float scale, float *scores, const int f16) {
+    const size_t rb = row_elems * (f16 ? 2 : 4);
+    const char *kr = k;
+    const __m256 vs = _mm256_set1_ps(scale);
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8, kr += 8 * rb) _mm256_storeu_ps(scores + j, _mm256_mul_ps(dots8(q, kr, rb, d, f16), vs));
+    for (; j < n; j++, kr += rb) scores[j] = dot1(q, kr, d, f16) * scale;
+    const float pm = max_avx2(scores, n);
+    const float mn = pm > *m ? pm : *m;
+    const float c = _mm_cvtss_f32(_mm256_castps256_ps128(exp256(_mm256_set1_ps(*m - mn))));
+    const float sum = expsum_avx2(scores, n, mn);
+    *l = *l * c + sum;
+    *m = mn;
+    for (size_t i0 = 0; i0 < d; i0 += 64) pv_block(acc, c, scores, n, v, rb, i0, d - i0 >= 64 ? 8 : (d - i0) / 8, f16);
+}
+
+static void attn_page_avx2(float *acc, float *m, float *l, const float *q, size_t d, const void *k, const void *v,
+                           size_t row_elems, size_t n, float scale, bool f16, float *scores) {
+    if (d % 8 != 0) tern_ops_portable()->attn_page(acc, m, l, q, d, k, v, row_elems, n, scale, f16, scores);
+    else if (f16) attn_page_impl(acc, m, l, q, d, k, v, row_elems, n, scale, scores, 1);
+    else attn_page_impl(acc, m, l, q, d, k, v, row_elems, n, scale, scores, 0);
 }
 
 static void to_f16_avx2(uint16_t *dst, const float *src, size_t n) {
@@ -260,5 +293,5 @@ void tern_ops_avx2_fill(struct tern_ops *ops) {
     ops->swiglu = swiglu_avx2;
     ops->add = add_avx2;
     ops->softmax = softmax_avx2;
-    ops->attn_head = attn_head_avx2;
+    ops->attn_page = attn_page_avx2;
 }
