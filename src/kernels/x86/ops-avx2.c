@@ -158,21 +158,6 @@ INLINE __m256 load8(const void *p, size_t i, const int f16) {
     return _mm256_loadu_ps((const float *)p + i);
 }
 
-/* q.k over d (a multiple of 8) with four accumulators: vector v goes to acc[v % 4]. */
-INLINE float dot_qk(const float *q, const void *k, size_t d, const int f16) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
-           a3 = _mm256_setzero_ps();
-    size_t i = 0;
-    for (; i + 32 <= d; i += 32) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k, i, f16), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), load8(k, i + 8, f16), a1);
-        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 16), load8(k, i + 16, f16), a2);
-        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 24), load8(k, i + 24, f16), a3);
-    }
-    for (; i < d; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k, i, f16), a0);
-    return hsum256(_mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3)));
-}
-
 /* acc[i0 .. i0 + 8 nv) = acc * c + sum_j p_j v_j[...], j ascending; nv <= 8 vectors. */
 INLINE void pv_block(float *acc, float c, const float *p, size_t n, const char *v, size_t rb, size_t i0, size_t nv,
                      const int f16) {
