@@ -11,6 +11,7 @@
 #include "util/fp16.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -396,6 +397,54 @@ static void test_dispatch(void **state) {
     tern_kernels_set_isa(isas[n_isas - 1]);
 }
 
+
+/* ---- 4. threads: concurrent calls on disjoint rows give the single-call bytes -------- */
+
+struct mm_thread_arg {
+    enum tern_dtype t;
+    const uint8_t *w, *a;
+    size_t rb, k, ab, n, rows, r0, r1;
+    float *y;
+};
+
+static void *mm_thread(void *p) {
+    const struct mm_thread_arg *m = p;
+    for (int rep = 0; rep < 3; rep++)
+        tern_matmul(m->t, m->w, m->rb, m->k, m->a, m->ab, m->n, m->y, m->rows, m->r0, m->r1);
+    return NULL;
+}
+
+static void test_threads_split_rows(void **state) {
+    (void)state;
+    const enum tern_dtype types[] = {TERN_DTYPE_F16, TERN_DTYPE_Q8_0, TERN_DTYPE_Q4_K, TERN_DTYPE_Q6_K};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const enum tern_dtype t = types[ti];
+        const size_t rows = 61, k = 512, n = 7, rb = row_bytes(t, k);
+        uint8_t *w = malloc(rows * rb);
+        float *x = malloc(n * k * sizeof(float));
+        float *y1 = malloc(n * rows * sizeof(float)), *y4 = malloc(n * rows * sizeof(float));
+        assert_true(w && x && y1 && y4);
+        make_weights(t, W_GAUSS, rows, k, w);
+        for (size_t i = 0; i < n * k; i++) x[i] = rng_gauss();
+        size_t ab;
+        uint8_t *a = prepare_acts(t, x, n, k, &ab);
+        tern_matmul(t, w, rb, k, a, ab, n, y1, rows, 0, rows);
+        pthread_t th[4];
+        struct mm_thread_arg args[4];
+        for (int i = 0; i < 4; i++) {
+            args[i] = (struct mm_thread_arg){t, w, a, rb, k, ab, n, rows, rows * (size_t)i / 4, rows * (size_t)(i + 1) / 4, y4};
+            assert_int_equal(pthread_create(&th[i], NULL, mm_thread, &args[i]), 0);
+        }
+        for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+        assert_memory_equal(y1, y4, n * rows * sizeof(float));
+        free(w);
+        free(x);
+        free(a);
+        free(y1);
+        free(y4);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dispatch),
@@ -403,6 +452,7 @@ int main(void) {
         cmocka_unit_test(test_zero_operands),
         cmocka_unit_test(test_against_double_and_twin),
         cmocka_unit_test(test_exactness),
+        cmocka_unit_test(test_threads_split_rows),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
