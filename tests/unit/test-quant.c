@@ -37,6 +37,16 @@ static const enum tern_dtype quant_types[] = {
     TERN_DTYPE_Q6_K, TERN_DTYPE_Q8_K,
 };
 
+/* TERN_ISA=portable forces the portable kernels. Runs first: the ISA is chosen once per
+ * process, at the first kernel call. */
+static void test_isa_env_forces_portable(void **state) {
+    (void)state;
+    setenv("TERN_ISA", "portable", 1);
+    assert_int_equal(tern_kernels_isa(), TERN_ISA_PORTABLE);
+    unsetenv("TERN_ISA");
+    assert_int_equal(tern_kernels_isa(), TERN_ISA_PORTABLE); /* chosen once */
+}
+
 static void test_block_sizes_match_dtype_table(void **state) {
     (void)state;
     const struct {
@@ -521,6 +531,7 @@ static void test_models_consistent_with_f32(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_isa_env_forces_portable),
         cmocka_unit_test(test_block_sizes_match_dtype_table),
         cmocka_unit_test(test_dequant_q4_0_q4_1_layout),
         cmocka_unit_test(test_dequant_q5_layout),
