@@ -529,7 +529,9 @@ static void test_models_consistent_with_f32(void **state) {
     gguf_close(f32);
 }
 
-int main(void) {
+/* Two binaries from this file: test-quant (self-contained) and test-quant-shared (argument
+ * "shared": the tests that need the shared kit, skipped as a whole when it is absent). */
+int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_isa_env_forces_portable),
         cmocka_unit_test(test_block_sizes_match_dtype_table),
@@ -543,8 +545,14 @@ int main(void) {
         cmocka_unit_test(test_round_trip_exact_grids),
         cmocka_unit_test(test_odd_lengths_refused),
         cmocka_unit_test(test_activation_blocks),
+    };
+    const struct CMUnitTest shared_tests[] = {
         cmocka_unit_test(test_conformance_dequant_bit_exact),
         cmocka_unit_test(test_models_consistent_with_f32),
     };
+    if (argc > 1 && !strcmp(argv[1], "shared")) {
+        th_require_shared("conformance/dequant");
+        return cmocka_run_group_tests(shared_tests, NULL, NULL);
+    }
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
