@@ -478,12 +478,14 @@ enum tern_status cache_acquire(struct cache *c, const struct cache_ident *id, co
         r = best.res.r;
         d->key_implicit = !named && best.by_fp;
         /* Replace the conversation's own lineage when the request extends it entirely,
-         * or when identity nominated it (key, fingerprint) and the structure confirms
-         * it (at least FP_MIN_SHARED leading segments: a compaction or a template
-         * rewrite of the same conversation). Otherwise fork a copy, so that another
-         * conversation — or a wrong identity claim — never costs the original its
-         * state. */
-        bool in_place = best.res.live || ((best.by_key || best.by_fp) && fp_shared(&src->fp, &c->req_fp) >= FP_MIN_SHARED);
+         * when it reproduces every completed turn of it (only the last, open turn — the
+         * reply — differs: a retry, a re-rendered reply), or when identity nominated it
+         * (key, fingerprint) and the structure confirms it (at least FP_MIN_SHARED
+         * leading segments: a compaction or a template rewrite of the same
+         * conversation). Otherwise fork a copy, so that another conversation — or a
+         * wrong identity claim — never costs the original its state. */
+        bool in_place = best.res.live || best.res.lcp >= src->fp.open_start ||
+                        ((best.by_key || best.by_fp) && fp_shared(&src->fp, &c->req_fp) >= FP_MIN_SHARED);
         long ck_i = find_ck(src, r);
         const struct tern_checkpoint *ck = (ck_i >= 0) ? src->ck[ck_i].ck : NULL;
         bool predicted = src->predicted || (ck_i >= 0 && (src->ck[ck_i].kinds & PLAN_CKPT_PREDICTED));
