@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -81,6 +82,14 @@ static enum tern_status weight_stats(const char *path, struct weight_stats *ws) 
     }
     gguf_close(f);
     return TERN_OK;
+}
+
+/* CPU seconds this process has used (all threads). */
+static double cpu_s(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
+           ((double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_usec) * 1e-6;
 }
 
 static void random_tokens(int32_t *t, size_t n, uint32_t n_vocab, uint64_t *x) {
@@ -170,6 +179,9 @@ static int bench_model_main(int argc, char **argv) {
     size_t ck_bytes = 0;
     uint64_t rng = 0x2545F4914F6CDD1Dull;
     int rc = 0;
+    /* CPU time against wall time x threads: how much of the cores the run really had
+     * (spinning workers count as busy, so this overstates a little). */
+    double pp_wall = 0, pp_cpu = 0, tg_wall = 0, tg_cpu = 0;
     /* Each run starts from an empty context: restoring the checkpoint at position 0
      * (a hybrid model's session cannot be rewound, DESIGN.md §3). */
     struct tern_checkpoint *ck0 = NULL;
@@ -179,10 +191,14 @@ static int bench_model_main(int argc, char **argv) {
         if (n_prompt) {
             random_tokens(toks, (size_t)n_prompt, info->n_vocab, &rng);
             if (tern_session_restore(s, ck0)) rc = 1;
-            const double t0 = tern_now_s();
+            const double t0 = tern_now_s(), cp0 = cpu_s();
             if (!rc && tern_session_eval(s, toks, (size_t)(r < 0 ? (n_prompt < 16 ? n_prompt : 16) : n_prompt), NULL))
                 rc = 1;
-            if (r >= 0) pp[r] = (double)n_prompt / (tern_now_s() - t0);
+            if (r >= 0) {
+                pp[r] = (double)n_prompt / (tern_now_s() - t0);
+                pp_wall += tern_now_s() - t0;
+                pp_cpu += cpu_s() - cp0;
+            }
             if (r >= 0 && info->hybrid && !rc) {
                 struct tern_checkpoint *ck = NULL;
                 const double c0 = tern_now_s();
@@ -200,10 +216,14 @@ static int bench_model_main(int argc, char **argv) {
             random_tokens(toks, (size_t)n_gen, info->n_vocab, &rng);
             if (tern_session_restore(s, ck0)) rc = 1;
             const long n = r < 0 ? (n_gen < 4 ? n_gen : 4) : n_gen;
-            const double t0 = tern_now_s();
+            const double t0 = tern_now_s(), c0 = cpu_s();
             for (long i = 0; i < n && !rc; i++)
                 if (tern_session_eval(s, &toks[i], 1, NULL)) rc = 1;
-            if (r >= 0) tg[r] = (double)n_gen / (tern_now_s() - t0);
+            if (r >= 0) {
+                tg[r] = (double)n_gen / (tern_now_s() - t0);
+                tg_wall += tern_now_s() - t0;
+                tg_cpu += cpu_s() - c0;
+            }
         }
     }
     if (rc) {
@@ -224,16 +244,20 @@ static int bench_model_main(int argc, char **argv) {
             if (i == 0 || ck_save[i] < save_s) save_s = ck_save[i];
             if (i == 0 || ck_restore[i] < restore_s) restore_s = ck_restore[i];
         }
+        const double nth = info->n_threads;
+        const double pp_util = pp_wall > 0 ? pp_cpu / (pp_wall * nth) : 0;
+        const double tg_util = tg_wall > 0 ? tg_cpu / (tg_wall * nth) : 0;
         const char *mode = no_mmap ? "read into memory (--no-mmap)" : mlock ? "mmap + mlock" : "mmap";
         if (json) {
             printf("{\"model\":\"%s\",\"arch\":\"%s\",\"n_params\":%llu,\"weight_bytes\":%llu,"
                    "\"weight_bytes_per_token\":%llu,\"threads\":%d,\"mmap\":%s,\"mlock\":%s,\"kv_type\":\"%s\","
                    "\"repetitions\":%ld,\"load_s\":%.3f,\"n_prompt\":%ld,\"pp_tps\":%.3f,\"pp_tps_sd\":%.3f,"
-                   "\"pp_gflops\":%.3f,\"n_gen\":%ld,\"tg_tps\":%.3f,\"tg_tps_sd\":%.3f,\"tg_gbps\":%.3f",
+                   "\"pp_gflops\":%.3f,\"pp_cpu_util\":%.3f,\"n_gen\":%ld,\"tg_tps\":%.3f,\"tg_tps_sd\":%.3f,"
+                   "\"tg_gbps\":%.3f,\"tg_cpu_util\":%.3f",
                    info->name, info->arch, (unsigned long long)info->n_params,
                    (unsigned long long)info->weight_bytes, (unsigned long long)ws.read_per_token, info->n_threads,
                    no_mmap ? "false" : "true", mlock ? "true" : "false", kv == TERN_KV_F16 ? "f16" : "f32", reps,
-                   load_s, n_prompt, pp_m, pp_sd, gflops, n_gen, tg_m, tg_sd, gbps);
+                   load_s, n_prompt, pp_m, pp_sd, gflops, pp_util, n_gen, tg_m, tg_sd, gbps, tg_util);
             if (ck)
                 printf(",\"ckpt_bytes\":%zu,\"ckpt_save_s\":%.6f,\"ckpt_restore_s\":%.6f", ck_bytes, save_s,
                        restore_s);
@@ -245,9 +269,13 @@ static int bench_model_main(int argc, char **argv) {
             printf("weights: %s, loaded in %.2f s; %d threads; KV %s; %ld repetitions after a warm-up\n", mode,
                    load_s, info->n_threads, kv == TERN_KV_F16 ? "f16" : "f32", reps);
             if (n_prompt)
-                printf("pp%-5ld %8.2f +- %6.2f t/s   %7.2f GFLOP/s (matmuls)\n", n_prompt, pp_m, pp_sd, gflops);
+                printf("pp%-5ld %8.2f +- %6.2f t/s   %7.2f GFLOP/s (matmuls)   cpu %3.0f%%\n", n_prompt, pp_m, pp_sd,
+                       gflops, 100 * pp_util);
             if (n_gen)
-                printf("tg%-5ld %8.2f +- %6.2f t/s   %7.2f GB/s of weights\n", n_gen, tg_m, tg_sd, gbps);
+                printf("tg%-5ld %8.2f +- %6.2f t/s   %7.2f GB/s of weights      cpu %3.0f%%\n", n_gen, tg_m, tg_sd, gbps,
+                       100 * tg_util);
+            if ((n_prompt && pp_util < 0.85) || (n_gen && tg_util < 0.85))
+                printf("note: the threads had the CPU only part of the time (another load?): the figures are low\n");
             if (ck)
                 printf("checkpoint %.2f MB: save %.3f ms (%.2f GB/s), restore %.3f ms (%.2f GB/s); "
                        "re-reading the prompt instead: %.0f ms\n",
