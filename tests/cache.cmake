@@ -1,2 +1,8 @@
 tern_unit_test(test-planner ${CMAKE_SOURCE_DIR}/tests/unit/test-planner.c)
 tern_unit_test(test-cache ${CMAKE_SOURCE_DIR}/tests/unit/test-cache.c TIMEOUT 900)
+# Reuse through HTTP: tiers, identities, checkpoints, resumed == cold (node's fetch).
+find_program(TERN_NODE node)
+if(TERN_NODE)
+  tern_script_test(reuse-e2e ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/reuse.test.mjs
+                   TIMEOUT 900 LABELS e2e)
+endif()
