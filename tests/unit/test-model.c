@@ -503,6 +503,66 @@ static void test_session_memory_grows(void **state) {
     tern_model_free(m);
 }
 
+/* Every allocation on the way fails in turn: each call reports TERN_ERR_NOMEM (or
+ * succeeds), nothing crashes or leaks (ASan), and a session that refused an eval is
+ * unchanged. */
+static void test_alloc_failures(void **state) {
+    (void)state;
+    const char *path = small_model();
+    int32_t toks[300];
+    random_tokens(toks, 300, 256, 3);
+    uint64_t want = 0;
+    {
+        struct tern_model *m = load(path, 2);
+        want = cold_hash(m, toks, 300, NULL);
+        tern_model_free(m);
+    }
+    int completed = 0;
+    long n = 0;
+    for (; n < 400 && !completed; n++) {
+        struct tern_model_params mp;
+        tern_model_params_default(&mp);
+        mp.path = path;
+        mp.n_threads = 2;
+        struct tern_model *m = NULL;
+        struct tern_session *s = NULL, *f = NULL;
+        struct tern_checkpoint *c = NULL;
+        tern_alloc_fail_after(n);
+        enum tern_status st = tern_model_load(&mp, &m);
+        if (!st) {
+            struct tern_session_params sp;
+            tern_session_params_default(&sp);
+            sp.n_ctx = 512;
+            sp.n_chunk = 64;
+            st = tern_session_new(m, &sp, &s);
+        }
+        if (!st) {
+            st = tern_session_eval(s, toks, 100, NULL);
+            if (st) assert_int_equal(tern_session_n_past(s), 0);
+        }
+        if (!st) {
+            /* crosses into a second KV page */
+            st = tern_session_eval(s, toks + 100, 200, NULL);
+            if (st) assert_int_equal(tern_session_n_past(s), 100);
+        }
+        if (!st) st = tern_session_checkpoint(s, &c);
+        if (!st) st = tern_session_fork(s, 300, c, &f);
+        tern_alloc_fail_after(-1);
+        if (st) {
+            assert_int_equal(st, TERN_ERR_NOMEM);
+        } else {
+            assert_int_equal(tern_session_hash(f), want);
+            completed = 1;
+        }
+        tern_session_free(f);
+        tern_checkpoint_free(c);
+        tern_session_free(s);
+        tern_model_free(m);
+    }
+    assert_true(completed);
+    printf("alloc failures: every one of the first %ld allocations failed in turn, cleanly\n", n - 1);
+}
+
 /* ---- validation -------------------------------------------------------------------- */
 
 static void expect_load_error(const struct tgen *g, const char *label, enum tern_status want, const char *needle1,
@@ -560,7 +620,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_exact_long),          cmocka_unit_test(test_exact_portable),
         cmocka_unit_test(test_checkpoint_restore),  cmocka_unit_test(test_rewind_and_fork),
         cmocka_unit_test(test_cancel_and_refusals), cmocka_unit_test(test_session_memory_grows),
-        cmocka_unit_test(test_callbacks_reenter),
+        cmocka_unit_test(test_callbacks_reenter),   cmocka_unit_test(test_alloc_failures),
         cmocka_unit_test(test_validation),
     };
     lite = argc > 1 && !strcmp(argv[1], "lite");
