@@ -31,7 +31,13 @@ AVX2_INLINE float hsum8(__m256 v) {
     return _mm_cvtss_f32(x);
 }
 
-AVX2_INLINE float h2f(tern_fp16 h) { return _cvtsh_ss(h); }
+
+/* A block's half scale at p, as a float in all 8 lanes (one table load, no ALU). */
+AVX2_INLINE __m256 lut_bcast(const uint8_t *p) {
+    tern_fp16 h;
+    memcpy(&h, p, 2);
+    return _mm256_broadcast_ss(&tern_fp16_lut[h]);
+}
 
 AVX2_INLINE __m256i loadu256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 AVX2_INLINE __m128i loadu128(const void *p) { return _mm_loadu_si128((const __m128i *)p); }

@@ -45,12 +45,6 @@ AVX2_INLINE __m256i q32_levels(int kind, const uint8_t *blk) {
 AVX2_INLINE int q32_offset(int kind) { return kind == K_Q4_0 ? 8 : kind == K_Q5_0 ? 16 : 0; }
 AVX2_INLINE bool q32_has_min(int kind) { return kind == K_Q4_1 || kind == K_Q5_1; }
 
-AVX2_INLINE __m256 lut_bcast(const uint8_t *p) {
-    tern_fp16 h;
-    memcpy(&h, p, 2);
-    return _mm256_broadcast_ss(&tern_fp16_lut[h]);
-}
-
 AVX2_INLINE void q32_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb,
                           size_t k, float *y, size_t ldy) {
     const size_t bb = q32_block_bytes(kind);

@@ -33,13 +33,6 @@ AVX2_INLINE __m256i dword_bcast(__m256i x, int j) {
     }
 }
 
-AVX2_INLINE __m256 lut_bcast(const uint8_t *p) {
-    tern_fp16 h;
-    memcpy(&h, p, 2);
-    return _mm256_broadcast_ss(&tern_fp16_lut[h]);
-}
-
-
 /* ---- Q4_K and Q5_K ------------------------------------------------------------------- */
 
 AVX2_INLINE void k4_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb,
