@@ -54,9 +54,11 @@ static void run_part(int i) {
     tern_matmul(cur.type, cur.w, cur.wrb, cur.k, cur.a, cur.arb, cur.n_tok, cur.y, cur.rows, r0, r1);
 }
 
+static unsigned long gen_at_start;
+
 static void *worker(void *arg) {
     const int i = (int)(intptr_t)arg;
-    unsigned long seen = 0;
+    unsigned long seen = gen_at_start; /* jobs posted before this pool started are not ours */
     for (;;) {
         unsigned long g;
         for (int spins = 0; (g = atomic_load(&generation)) == seen; spins++) {
@@ -73,6 +75,7 @@ static void *worker(void *arg) {
 static void pool_start(int n) {
     n_threads = n;
     atomic_store(&stop, 0);
+    gen_at_start = atomic_load(&generation);
     for (int i = 1; i < n; i++) pthread_create(&workers[i], NULL, worker, (void *)(intptr_t)i);
 }
 
