@@ -49,6 +49,7 @@ struct entry {
     uint64_t lineage;           /* one conversation: its entry and its predictions */
     bool leased;
     bool predicted;             /* primed ahead of time, not yet used by a request */
+    bool keep;                  /* predicted with CACHE_PREDICT_KEEP: the base of the next one */
     struct entry *prev, *next;  /* LRU list, head = most recent */
 };
 
@@ -60,6 +61,7 @@ struct lease_priv {
     uint32_t plan_pos[MAX_PLAN];
     struct ckpt_entry pending[MAX_PLAN];
     size_t n_pending;
+    bool in_place;              /* a prediction that continues a kept one */
 };
 
 struct cache {
@@ -375,6 +377,39 @@ static long find_ck(const struct entry *e, uint32_t r) {
     return -1;
 }
 
+/* Moves o's checkpoints that are valid for e (at or below their common prefix and e's
+ * end, at a position e has none) into e. o is about to be removed. */
+static void inherit_checkpoints(struct entry *e, struct entry *o) {
+    size_t lcp = plan_lcp(tern_session_tokens(o->s), tern_session_n_past(o->s), tern_session_tokens(e->s),
+                          tern_session_n_past(e->s));
+    for (size_t i = 0; i < o->n_ck;) {
+        struct ckpt_entry ce = o->ck[i];
+        if (ce.pos > lcp || find_ck(e, ce.pos) >= 0) {
+            i++;
+            continue;
+        }
+        if (e->n_ck == e->cap_ck) {
+            size_t cap = e->cap_ck ? e->cap_ck * 2 : 8;
+            struct ckpt_entry *p = tern_reallocarray(e->ck, cap, sizeof *p);
+            if (!p) return; /* fewer checkpoints, not an error */
+            e->ck = p;
+            e->cap_ck = cap;
+        }
+        size_t j = e->n_ck;
+        while (j > 0 && e->ck[j - 1].pos > ce.pos) {
+            e->ck[j] = e->ck[j - 1];
+            j--;
+        }
+        e->ck[j] = ce;
+        e->n_ck++;
+        size_t bytes = ce.ck ? tern_checkpoint_bytes(ce.ck) : 0;
+        e->ck_bytes += bytes;
+        o->ck_bytes -= bytes;
+        memmove(o->ck + i, o->ck + i + 1, (o->n_ck - i - 1) * sizeof *o->ck);
+        o->n_ck--;
+    }
+}
+
 static enum tern_status new_session(struct cache *c, struct tern_session **out) {
     return tern_session_new(c->model, &c->p.session, out);
 }
@@ -516,14 +551,24 @@ enum tern_status cache_acquire(struct cache *c, const struct cache_ident *id, co
             }
             if (e->predicted) {
                 e->predicted = false;
+                e->keep = false;
                 STAT_ADD(c, predictions_used, 1);
             }
             /* One lineage per conversation: the conversation moved on from this entry,
              * so its siblings (the state it was predicted from, other predictions) are
-             * obsolete. */
+             * obsolete. Their checkpoints below the point where they part from this
+             * entry stay valid here (a prediction forked at r starts without the ones
+             * below r, e.g. the turn start after the latest user message, which the next
+             * rewrite needs). */
             for (struct entry *o = c->head, *nx; o; o = nx) {
                 nx = o->next;
-                if (o != e && !o->leased && o->lineage == e->lineage) entry_remove(c, o);
+                if (o != e && !o->leased && o->lineage == e->lineage) {
+                    /* ... except the kept prediction (the re-rendered history), which the
+                     * conversation's next prediction continues */
+                    if (o->keep && o->predicted) continue;
+                    inherit_checkpoints(e, o);
+                    entry_remove(c, o);
+                }
             }
             if (!c->p.pool) { /* TERN_REUSE_POOL=0: the live session only */
                 for (struct entry *o = c->head, *nx; o; o = nx) {
@@ -704,10 +749,30 @@ void cache_release(struct cache *c, struct cache_lease *lease, bool ok) {
 
 enum tern_status cache_predict_begin(struct cache *c, const struct cache_ident *id, const int32_t *toks, size_t n,
                                      const uint32_t *marks, size_t n_marks, struct cache_lease *out) {
+    return cache_predict_begin_flags(c, id, toks, n, marks, n_marks, 0, out);
+}
+
+/* Puts the lineage's conversation entry (not a prediction) at the head of the LRU list:
+ * the budget never evicts the head, and the conversation's own state matters more than
+ * what was predicted from it. */
+static void lineage_to_head(struct cache *c, uint64_t lineage) {
+    for (struct entry *o = c->head; o; o = o->next) {
+        if (o->lineage == lineage && !o->predicted) {
+            lru_unlink(c, o);
+            lru_push_head(c, o);
+            return;
+        }
+    }
+}
+
+enum tern_status cache_predict_begin_flags(struct cache *c, const struct cache_ident *id, const int32_t *toks,
+                                           size_t n, const uint32_t *marks, size_t n_marks, unsigned flags,
+                                           struct cache_lease *out) {
     memset(out, 0, sizeof *out);
     if (n == 0) return tern_errorf(TERN_ERR_STATE, "predict: empty prediction");
     const bool named = id->key && *id->key;
     const char *tenant = id->tenant ? id->tenant : "";
+    const bool keep = (flags & CACHE_PREDICT_KEEP) != 0;
     enum tern_status st = fp_compute(&c->sep, toks, n, &c->req_fp);
     if (st) return st;
     /* The conversation's state to build on: the same candidates a request would see.
@@ -724,7 +789,8 @@ enum tern_status cache_predict_begin(struct cache *c, const struct cache_ident *
         size_t lcp = plan_lcp(tern_session_tokens(e->s), tern_session_n_past(e->s), toks, n);
         if (lcp >= n) return tern_errorf(TERN_ERR_STATE, "predict: already covered (%zu tokens)", n);
         struct plan_resume r = evaluate(c, e, toks, n);
-        if (r.r > best.r) {
+        /* ties go to a kept prediction, which is continued in place (no copy) */
+        if (r.r > best.r || (src && r.r == best.r && keep && e->keep && e->predicted && !src->keep)) {
             best = r;
             src = e;
         }
@@ -736,26 +802,56 @@ enum tern_status cache_predict_begin(struct cache *c, const struct cache_ident *
     lp->c = c;
     uint32_t r = best.r;
     long ck_i = find_ck(src, r);
-    struct tern_session *fork = NULL;
-    st = tern_session_fork(src->s, r, ck_i >= 0 ? src->ck[ck_i].ck : NULL, &fork);
-    if (st) {
-        free(lp);
-        return tern_error_prefix(st, "predict: copying %u tokens", r);
-    }
-    struct cache_ident pid = {.tenant = src->tenant, .key = src->key};
     struct entry *e = NULL;
-    st = entry_new(c, &pid, fork, src->lineage, &e);
-    if (st) {
-        tern_session_free(fork);
-        free(lp);
-        return st;
+    if (keep && src->keep && src->predicted) {
+        /* The previous kept prediction of the conversation (the history re-rendered
+         * up to the previous turn) continues in place: what it held beyond r is
+         * superseded by this prediction. */
+        e = src;
+        if (!best.live) {
+            if (c->hybrid) st = ck_i >= 0 ? tern_session_restore(e->s, src->ck[ck_i].ck)
+                                          : tern_errorf(TERN_ERR_STATE, "no checkpoint at %u", r);
+            else st = tern_session_rewind(e->s, r);
+            if (st) {
+                free(lp);
+                return tern_error_prefix(st, "predict: resuming the kept prediction at %u", r);
+            }
+        }
+        while (e->n_ck && e->ck[e->n_ck - 1].pos > r) {
+            ck_drop(e, e->n_ck - 1);
+            STAT_ADD(c, ckpt_evictions, 1);
+        }
+        lp->in_place = true;
+    } else {
+        struct tern_session *fork = NULL;
+        st = tern_session_fork(src->s, r, ck_i >= 0 ? src->ck[ck_i].ck : NULL, &fork);
+        if (st) {
+            free(lp);
+            return tern_error_prefix(st, "predict: copying %u tokens", r);
+        }
+        struct cache_ident pid = {.tenant = src->tenant, .key = src->key};
+        st = entry_new(c, &pid, fork, src->lineage, &e);
+        if (st) {
+            tern_session_free(fork);
+            free(lp);
+            return st;
+        }
+        e->predicted = true;
+        e->keep = keep;
+        if (keep) {
+            /* one kept prediction per conversation: an older one it did not build on
+             * has diverged */
+            for (struct entry *o = c->head, *nx; o; o = nx) {
+                nx = o->next;
+                if (o != e && !o->leased && o->lineage == e->lineage && o->keep && o->predicted) entry_remove(c, o);
+            }
+        }
     }
-    e->predicted = true;
     e->leased = true;
     e->last_used = ++c->clock;
-    /* The source stays the most recent entry of the conversation. */
-    lru_unlink(c, src);
-    lru_push_head(c, src);
+    lru_unlink(c, e);
+    lru_push_head(c, e);
+    lineage_to_head(c, e->lineage);
     lp->e = e;
     if (c->hybrid && c->p.max_ckpts > 0) {
         for (size_t i = 0; i < n_marks && lp->n_plan < MAX_PLAN; i++) {
@@ -786,9 +882,10 @@ void cache_predict_end(struct cache *c, struct cache_lease *lease, bool ok) {
     struct entry *e = lp->e;
     uint32_t n_past = tern_session_n_past(e->s);
     STAT_ADD(c, predict_tokens, n_past > lease->decision.cached ? n_past - lease->decision.cached : 0);
-    if (!ok || n_past <= lease->decision.cached) {
+    if (!ok || (n_past <= lease->decision.cached && !lp->in_place)) {
         /* nothing primed (pre-empted at once) or unusable: drop it, not counted as a
-         * wasted prediction of the model */
+         * wasted prediction of the model (a kept one pre-empted at once stays: it is
+         * still valid where it was resumed) */
         for (size_t i = 0; i < lp->n_pending; i++) tern_checkpoint_free(lp->pending[i].ck);
         e->predicted = false;
         entry_remove(c, e);
@@ -796,7 +893,7 @@ void cache_predict_end(struct cache *c, struct cache_lease *lease, bool ok) {
         e->leased = false;
         add_checkpoints(c, e, lp);
         if (fp_compute(&c->sep, tern_session_tokens(e->s), n_past, &e->fp) != TERN_OK) e->fp.n = 0;
-        TERN_LOG_INFO("predict: primed %u of %u predicted tokens from %u (%zu checkpoints)",
+        TERN_LOG_DEBUG("predict: primed %u of %u predicted tokens from %u (%zu checkpoints)",
                       n_past - lease->decision.cached, lease->decision.read, lease->decision.cached, e->n_ck);
     }
     free(lp);

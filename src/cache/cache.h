@@ -103,6 +103,21 @@ enum tern_status cache_predict_begin(struct cache *c, const struct cache_ident *
                                      const uint32_t *marks, size_t n_marks, struct cache_lease *out);
 void cache_predict_end(struct cache *c, struct cache_lease *lease, bool ok);
 
+/* Flags of cache_predict_begin_flags. */
+enum {
+    /* The prediction is the re-rendered history the conversation's next prediction
+     * builds on. When the next request of the conversation does not use it (an
+     * extension turn), it stays parked — one per conversation — instead of being
+     * dropped with the rest of the lineage, and the next kept prediction that resumes
+     * from it continues it in place (no copy), so each turn primes only what the turn
+     * added. A kept prediction superseded that way is not counted as wasted. */
+    CACHE_PREDICT_KEEP = 1u << 0,
+};
+/* cache_predict_begin with flags (cache_predict_begin = flags 0). */
+enum tern_status cache_predict_begin_flags(struct cache *c, const struct cache_ident *id, const int32_t *toks,
+                                           size_t n, const uint32_t *marks, size_t n_marks, unsigned flags,
+                                           struct cache_lease *out);
+
 struct cache_stats {
     uint64_t requests_by_tier[CACHE_TIER_PREDICTED + 1];
     uint64_t declines;          /* candidates compared and refused */

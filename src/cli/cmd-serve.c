@@ -4,6 +4,7 @@
 #include "cache/cache.h"
 #include "server/demo.h"
 #include "server/engine.h"
+#include "server/predict.h"
 #include "server/server.h"
 #include "util/log.h"
 #include "util/mem.h"
@@ -41,13 +42,16 @@ static void usage(FILE *out) {
             "  --prompt-cache N        checkpoints per session (default 8; 0 = none)\n"
             "  --prompt-cache-every N  periodic checkpoint spacing in tokens (default 4096)\n"
             "  --turn-token ID         turn-start token id (default: <|im_start|> if the vocabulary has it)\n"
+            "  --predict off|user|all  predictive priming in idle time: the next prompt's prefix after a\n"
+            "                          new user message (user), and after tool results too (all; default)\n"
+            "  --predict-chunk N       tokens per idle priming step; a request waits at most one (default 128)\n"
             "  --no-mmap               read the weights into memory instead of mapping the file\n"
             "  --mlock                 pin the weights in memory\n"
             "  -h, --help              this help\n"
             "\n"
             "environment: TERN_AFFINITY=0 (no fingerprint nomination), TERN_REUSE_POOL=0 (live session only),\n"
             "TERN_CKPT_REREAD=1 (re-read instead of restoring checkpoints), TERN_STATE_HASH=1 (log state\n"
-            "hashes after each request), TERN_LOG=debug|info|warn|error.\n");
+            "hashes after each request), TERN_PREDICT=0 (no predictive priming), TERN_LOG=debug|info|warn|error.\n");
 }
 
 static bool env_flag(const char *name, bool def) {
@@ -76,7 +80,7 @@ static char *read_text_file(const char *path, size_t *len) {
 
 static int cmd_serve(int argc, char **argv) {
     enum { O_HOST = 256, O_PORT, O_THREADS, O_CTX, O_KEY, O_QUEUE, O_BODY, O_TMPL, O_CHUNK, O_KV, O_RAM, O_PC,
-           O_PCE, O_TURN, O_NOMMAP, O_MLOCK, O_MODEL };
+           O_PCE, O_TURN, O_NOMMAP, O_MLOCK, O_MODEL, O_PREDICT, O_PCHUNK };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},       {"threads", required_argument, 0, O_THREADS},
@@ -87,6 +91,7 @@ static int cmd_serve(int argc, char **argv) {
         {"prompt-cache", required_argument, 0, O_PC}, {"prompt-cache-every", required_argument, 0, O_PCE},
         {"turn-token", required_argument, 0, O_TURN}, {"no-mmap", no_argument, 0, O_NOMMAP},
         {"mlock", no_argument, 0, O_MLOCK},           {"help", no_argument, 0, 'h'},
+        {"predict", required_argument, 0, O_PREDICT}, {"predict-chunk", required_argument, 0, O_PCHUNK},
         {0, 0, 0, 0},
     };
     const char *model_path = NULL, *tmpl_path = NULL;
@@ -102,6 +107,8 @@ static int cmd_serve(int argc, char **argv) {
     cp.max_ckpts = 8;
     cp.ckpt_every = 4096;
     cp.turn_token = -1;
+    enum predict_mode predict = PREDICT_ALL;
+    uint32_t predict_chunk = 0;
     long v;
     int c;
     optind = 1;
@@ -165,6 +172,15 @@ static int cmd_serve(int argc, char **argv) {
             if (!cli_parse_int(optarg, 0, INT32_MAX, &v)) return cli_usage_error("serve", "--turn-token '%s' is not a token id", optarg);
             cp.turn_token = (int32_t)v;
             break;
+        case O_PREDICT:
+            if (!predict_mode_parse(optarg, &predict))
+                return cli_usage_error("serve", "--predict '%s' is not off, user or all", optarg);
+            break;
+        case O_PCHUNK:
+            if (!cli_parse_int(optarg, 1, 1 << 16, &v))
+                return cli_usage_error("serve", "--predict-chunk '%s' is not 1-65536", optarg);
+            predict_chunk = (uint32_t)v;
+            break;
         case O_NOMMAP: mp.no_mmap = true; break;
         case O_MLOCK: mp.mlock = true; break;
         default:
@@ -176,6 +192,14 @@ static int cmd_serve(int argc, char **argv) {
     cp.pool = env_flag("TERN_REUSE_POOL", true);
     cp.ckpt_reread = env_flag("TERN_CKPT_REREAD", false);
     sp.allow_forced_output = env_flag("TERN_TEST_FORCED_OUTPUT", false);
+    if (!env_flag("TERN_PREDICT", true)) predict = PREDICT_OFF;
+    uint32_t predict_delay = 0;
+    const char *pd = getenv("TERN_TEST_PREDICT_DELAY_MS");
+    if (pd && *pd) {
+        if (!cli_parse_int(pd, 0, 60000, &v))
+            return cli_usage_error("serve", "TERN_TEST_PREDICT_DELAY_MS '%s' is not 0-60000", pd);
+        predict_delay = (uint32_t)v;
+    }
     sp.api_keys = keys;
     sp.n_api_keys = n_keys;
 
@@ -227,6 +251,9 @@ static int cmd_serve(int argc, char **argv) {
             .chat_template_len = tmpl_len,
             .cache = cp,
             .state_hash = env_flag("TERN_STATE_HASH", false),
+            .predict = predict,
+            .predict_chunk = predict_chunk,
+            .predict_test_delay_ms = predict_delay,
             .demo_note = demo_note,
         };
         st = srv_engine_new(&ep, &eng);

@@ -9,11 +9,25 @@
 #include "util/mem.h"
 #include "util/timeutil.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
 #define PRIME_COMMENT_EVERY_S 2.0
+#define PREDICT_CHUNK_DEFAULT 128
+
+/* Predictive priming of the most recent conversation (worker thread only). The
+ * predictions are rendered lazily, in the first idle step, so that a request that
+ * follows at once does not wait for the rendering. */
+struct eng_predict {
+    char *tenant, *key;
+    json_t *messages, *tools, *kwargs, *reply;
+    bool built;
+    struct predict_set set;
+    size_t next;                 /* the next item to prime */
+    char id[48];                 /* the request the predictions follow */
+};
 
 struct srv_engine {
     struct tern_model *model;
@@ -27,6 +41,15 @@ struct srv_engine {
     bool state_hash;
     int64_t created;
     struct srv_backend backend;
+
+    enum predict_mode predict;
+    uint32_t predict_chunk;
+    uint32_t predict_delay_ms;   /* tests only */
+    int32_t turn_token;
+    struct eng_predict pred;
+    /* figures for /metrics (read from other threads) */
+    atomic_uint_fast64_t pred_us, pred_runs, pred_preempted, pred_skipped;
+    atomic_int pred_active;
 };
 
 /* What prepare found out, for run. */
@@ -211,6 +234,143 @@ static void send_failure(struct srv_job *j, int status, const char *type, const 
     srv_job_finish(j, status);
 }
 
+/* ---- predictive priming (the worker, idle) ---------------------------------------------- */
+
+static void pred_clear(struct eng_predict *p) {
+    free(p->tenant);
+    free(p->key);
+    json_decref(p->messages);
+    json_decref(p->tools);
+    json_decref(p->kwargs);
+    json_decref(p->reply);
+    predict_set_free(&p->set);
+    memset(p, 0, sizeof *p);
+}
+
+/* Records the conversation a response just completed, for the idle steps. */
+static void predict_follow(struct srv_engine *e, struct srv_job *j, const struct reply_parser *parser) {
+    struct eng_predict *p = &e->pred;
+    if (p->messages && (!p->built || p->next < p->set.n))
+        TERN_LOG_DEBUG("predict: the rest of %s's predictions gives way to %s's", p->id, j->id);
+    pred_clear(p);
+    p->reply = predict_reply_message(parser);
+    p->tenant = tern_strdup(j->tenant ? j->tenant : "");
+    p->key = j->key ? tern_strdup(j->key) : NULL;
+    if (!p->reply || !p->tenant || (j->key && !p->key) || !j->req.messages) {
+        pred_clear(p);
+        return;
+    }
+    p->messages = json_incref(j->req.messages);
+    p->tools = j->req.tools ? json_incref(j->req.tools) : NULL;
+    p->kwargs = j->req.template_kwargs ? json_incref(j->req.template_kwargs) : NULL;
+    snprintf(p->id, sizeof p->id, "%s", j->id);
+    atomic_store(&e->pred_active, 1);
+}
+
+/* The lease must be the first member (see prime_ctx). */
+struct pred_ctx {
+    struct cache_lease lease;
+    const volatile int *preempt;
+    uint32_t delay_ms;
+};
+
+/* Tests only (TERN_TEST_PREDICT_DELAY_MS): a pause after every chunk, cut short by a
+ * request, so that a test can be sure to send one mid-prediction. */
+static int pred_progress(void *user, size_t done, size_t total) {
+    struct pred_ctx *pc = user;
+    (void)done;
+    (void)total;
+    for (uint32_t t = 0; t < pc->delay_ms && !*pc->preempt; t += 5) {
+        struct timespec ts = {0, 5 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return *pc->preempt ? 1 : 0;
+}
+
+static bool prime_one(struct srv_engine *e, struct eng_predict *p, const struct predict_item *it,
+                      const volatile int *preempt);
+
+/* One idle step: renders the predictions, or primes the next one. */
+static bool engine_idle(void *self, const volatile int *preempt) {
+    struct srv_engine *e = self;
+    struct eng_predict *p = &e->pred;
+    if (!p->messages) {
+        atomic_store(&e->pred_active, 0);
+        return false;
+    }
+    if (!p->built) {
+        double t0 = tern_now_s();
+        enum tern_status st = predict_build(&e->chat, e->turn_token, p->messages, p->tools, p->kwargs, p->reply,
+                                            e->predict, &p->set);
+        p->built = true;
+        p->next = 0;
+        if (st) TERN_LOG_WARN("predict: after %s: %s", p->id, tern_last_error());
+        else TERN_LOG_DEBUG("predict: after %s: %zu predictions rendered in %.3fs", p->id, p->set.n,
+                            tern_now_s() - t0);
+        atomic_fetch_add(&e->pred_us, (uint64_t)((tern_now_s() - t0) * 1e6));
+        /* the JSON is not needed any more */
+        json_decref(p->reply);
+        p->reply = NULL;
+        return true;
+    }
+    if (p->next >= p->set.n) {
+        pred_clear(p);
+        atomic_store(&e->pred_active, 0);
+        return false;
+    }
+    const struct predict_item *it = &p->set.items[p->next++];
+    bool more = prime_one(e, p, it, preempt);
+    if (!more) {
+        pred_clear(p);
+        atomic_store(&e->pred_active, 0);
+    }
+    return more;
+}
+
+/* Primes one prediction; returns whether more are left. */
+static bool prime_one(struct srv_engine *e, struct eng_predict *p, const struct predict_item *it,
+                      const volatile int *preempt) {
+    bool more = p->next < p->set.n;
+    if (it->n >= e->n_ctx) {
+        atomic_fetch_add(&e->pred_skipped, 1);
+        return more;
+    }
+    struct cache_ident ident = {.tenant = p->tenant, .key = p->key};
+    struct pred_ctx pc = {.preempt = preempt, .delay_ms = e->predict_delay_ms};
+    double t0 = tern_now_s();
+    enum tern_status st = cache_predict_begin_flags(e->cache, &ident, it->toks, it->n, it->marks, it->n_marks,
+                                                    it->keep ? CACHE_PREDICT_KEEP : 0, &pc.lease);
+    if (st) {
+        /* nothing to build on, or already covered: not an error */
+        if (st == TERN_ERR_STATE) TERN_LOG_DEBUG("predict: %s after %s: %s", it->variant, p->id, tern_last_error());
+        else TERN_LOG_WARN("predict: %s after %s: %s", it->variant, p->id, tern_last_error());
+        atomic_fetch_add(&e->pred_skipped, 1);
+        return more;
+    }
+    uint32_t r = pc.lease.decision.cached;
+    struct tern_eval_opts eo = {
+        .n_chunk = e->predict_chunk,
+        .cancel = preempt,
+        .progress = e->predict_delay_ms ? pred_progress : NULL,
+        .user = &pc,
+        .ckpt_pos = pc.lease.ckpt_pos,
+        .n_ckpt = pc.lease.n_ckpt,
+        .on_ckpt = cache_on_checkpoint,
+    };
+    st = tern_session_eval(pc.lease.session, it->toks + r, it->n - r, &eo);
+    uint32_t primed = tern_session_n_past(pc.lease.session) - r;
+    bool preempted = st == TERN_ERR_CANCELLED;
+    if (st && !preempted) TERN_LOG_WARN("predict: %s after %s: %s", it->variant, p->id, tern_last_error());
+    cache_predict_end(e->cache, &pc.lease, !st || preempted);
+    double dt = tern_now_s() - t0;
+    atomic_fetch_add(&e->pred_us, (uint64_t)(dt * 1e6));
+    atomic_fetch_add(&e->pred_runs, 1);
+    if (preempted) atomic_fetch_add(&e->pred_preempted, 1);
+    TERN_LOG_INFO("predict: %s after %s: %zu tokens, resumed at %u, primed %u in %.3fs%s", it->variant, p->id, it->n, r,
+                  primed, dt, preempted ? " (pre-empted by a request; kept up to there)" : "");
+    return more;
+}
+
 static void engine_run(void *self, struct srv_job *j) {
     struct srv_engine *e = self;
     struct eng_job *ej = j->priv;
@@ -241,7 +401,7 @@ static void engine_run(void *self, struct srv_job *j) {
                       j->seq * 0x9e3779b97f4a7c15ull ^ (uint64_t)j->created);
     stop_matcher_init(&o.stop, (const char *const *)j->req.stop, j->req.n_stop);
     struct tern_sampler *sampler = NULL;
-    bool release_ok = true;
+    bool release_ok = true, completed = false;
     const char *finish = "stop";
     int status = 200;
 
@@ -352,6 +512,7 @@ static void engine_run(void *self, struct srv_job *j) {
         }
         srv_job_write(j, o.frame.data, o.frame.len);
         srv_job_finish(j, status);
+        completed = true;
     }
     goto out;
 
@@ -363,6 +524,9 @@ cancelled:
 out:
     if (e->state_hash) log_state_hashes(s, j->id);
     cache_release(e->cache, &pc.lease, release_ok);
+    /* The most recent conversation is the one predicted (the previous one's
+     * predictions, primed or not, give way). */
+    if (completed && release_ok && j->ep == SRV_EP_CHAT && e->predict != PREDICT_OFF) predict_follow(e, j, &o.parser);
     tern_sampler_free(sampler);
     tern_detok_free(o.detok);
     reply_parser_free(&o.parser);
@@ -499,6 +663,17 @@ static void engine_metrics(void *self, struct tern_buf *b) {
                     (unsigned long long)cs.predictions_made, (unsigned long long)cs.predictions_used,
                     (unsigned long long)cs.predictions_wasted, (unsigned long long)cs.predict_tokens);
     tern_buf_printf(b,
+                    "# HELP tern_predict_seconds_total Idle time spent rendering and priming predictions.\n"
+                    "# TYPE tern_predict_seconds_total counter\ntern_predict_seconds_total %.6f\n"
+                    "# TYPE tern_predict_runs_total counter\ntern_predict_runs_total %llu\n"
+                    "# TYPE tern_predict_preempted_total counter\ntern_predict_preempted_total %llu\n"
+                    "# TYPE tern_predict_skipped_total counter\ntern_predict_skipped_total %llu\n"
+                    "# HELP tern_predict_active 1 while predictions of the last conversation are still to be primed.\n"
+                    "# TYPE tern_predict_active gauge\ntern_predict_active %d\n",
+                    (double)atomic_load(&e->pred_us) * 1e-6, (unsigned long long)atomic_load(&e->pred_runs),
+                    (unsigned long long)atomic_load(&e->pred_preempted),
+                    (unsigned long long)atomic_load(&e->pred_skipped), atomic_load(&e->pred_active));
+    tern_buf_printf(b,
                     "# TYPE tern_cache_tokens_cached_total counter\ntern_cache_tokens_cached_total %llu\n"
                     "# TYPE tern_cache_tokens_read_total counter\ntern_cache_tokens_read_total %llu\n"
                     "# TYPE tern_cache_evictions_total counter\ntern_cache_evictions_total %llu\n"
@@ -532,6 +707,18 @@ enum tern_status srv_engine_new(const struct srv_engine_params *p, struct srv_en
     cp.session.n_ctx = n_ctx;
     e->n_ctx = n_ctx;
     if (cp.turn_token < 0) cp.turn_token = chat_turn_token(&e->chat);
+    e->turn_token = cp.turn_token;
+    e->predict = p->predict;
+    e->predict_chunk = p->predict_chunk ? p->predict_chunk : PREDICT_CHUNK_DEFAULT;
+    if (cp.session.n_chunk && e->predict_chunk > cp.session.n_chunk) e->predict_chunk = cp.session.n_chunk;
+    e->predict_delay_ms = p->predict_test_delay_ms;
+    if (e->predict != PREDICT_OFF && e->turn_token < 0) {
+        TERN_LOG_WARN("predictive priming is off: the vocabulary has no turn-start token (--turn-token)");
+        e->predict = PREDICT_OFF;
+    }
+    if (e->predict != PREDICT_OFF)
+        TERN_LOG_INFO("predictive priming: %s (idle steps of %u tokens)", predict_mode_name(e->predict),
+                      e->predict_chunk);
     st = cache_new(p->model, &cp, &e->cache);
     if (st) {
         srv_engine_free(e);
@@ -552,6 +739,7 @@ enum tern_status srv_engine_new(const struct srv_engine_params *p, struct srv_en
         .detokenize = engine_detokenize,
         .model_entry = engine_model_entry,
         .metrics = engine_metrics,
+        .idle = e->predict != PREDICT_OFF ? engine_idle : NULL,
     };
     *out = e;
     return TERN_OK;
@@ -561,6 +749,7 @@ const struct srv_backend *srv_engine_backend(struct srv_engine *e) { return &e->
 
 void srv_engine_free(struct srv_engine *e) {
     if (!e) return;
+    pred_clear(&e->pred);
     cache_free(e->cache);
     chat_fmt_free(&e->chat);
     free(e->model_id);

@@ -5,11 +5,16 @@
  *   run (the one worker thread)  cache_acquire -> prime P[r..m) (keep-alive comments,
  *                                checkpoints, cancel between chunks) -> decode (stop
  *                                strings, reasoning / tool-call parsing, SSE) ->
- *                                cache_release. */
+ *                                cache_release.
+ *   idle (the worker, queue empty) predictive priming of the most recent conversation
+ *                                (predict.h): cache_predict_begin -> prime in small
+ *                                chunks, yielding to the next request at a chunk
+ *                                boundary -> cache_predict_end. */
 #ifndef TERN_SERVER_ENGINE_H
 #define TERN_SERVER_ENGINE_H
 
 #include "cache/cache.h"
+#include "server/predict.h"
 #include "server/server.h"
 #include "tern.h"
 
@@ -22,6 +27,9 @@ struct srv_engine_params {
     size_t chat_template_len;
     struct cache_params cache;       /* session params included (n_ctx, kv type, chunk) */
     bool state_hash;                 /* TERN_STATE_HASH=1: log state hashes after each request */
+    enum predict_mode predict;       /* --predict (TERN_PREDICT=0: off) */
+    uint32_t predict_chunk;          /* --predict-chunk: tokens per idle priming step (0 = 128) */
+    uint32_t predict_test_delay_ms;  /* TERN_TEST_PREDICT_DELAY_MS: tests only, a pause per step */
     const char *demo_note;           /* non-NULL: this is the demo model; say so */
 };
 

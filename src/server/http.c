@@ -61,6 +61,11 @@ struct srv_server {
     struct srv_job *running;
     pthread_t worker;
     bool worker_started;
+    /* idle work (backend->idle): pending after a job ran; running while the worker is
+     * in it; preempt is set (under qmu) by every enqueue and by srv_stop, and read by
+     * the idle work between chunks */
+    bool idle_pending, idle_running;
+    volatile int preempt;
 
     /* live jobs, to cancel them all at shutdown */
     pthread_mutex_t jmu;
@@ -71,6 +76,7 @@ struct srv_server {
     atomic_uint_fast64_t requests[R_COUNT][N_COUNTED + 1];
     atomic_uint_fast64_t prompt_tokens, cached_tokens, read_tokens, generated_tokens, cancelled;
     atomic_uint_fast64_t ttft_us_sum, ttft_count;
+    atomic_uint_fast64_t preempt_us_sum, preempt_count;
     double t_start;
 };
 
@@ -175,9 +181,11 @@ static void log_job(struct srv_server *s, const struct srv_job *j, int status) {
     char ttft_s[32];
     if (ttft >= 0) snprintf(ttft_s, sizeof ttft_s, "%.3fs", ttft);
     else snprintf(ttft_s, sizeof ttft_s, "-");
-    TERN_LOG_INFO("request %s %s %d prompt=%zu cached=%u read=%u generated=%u ttft=%s total=%.3fs %.1f tok/s%s%s",
+    char pre_s[48] = "";
+    if (j->t_preempt_from > 0) snprintf(pre_s, sizeof pre_s, " preempt_wait=%.3fs", j->t_preempt_wait);
+    TERN_LOG_INFO("request %s %s %d prompt=%zu cached=%u read=%u generated=%u ttft=%s total=%.3fs %.1f tok/s%s%s%s",
                   j->id, j->path, status, j->n_prompt, j->n_cached, j->n_read, j->n_generated, ttft_s, total, tps,
-                  j->note[0] ? " : " : "", j->note);
+                  pre_s, j->note[0] ? " : " : "", j->note);
     atomic_fetch_add(&s->prompt_tokens, j->n_prompt);
     atomic_fetch_add(&s->cached_tokens, j->n_cached);
     atomic_fetch_add(&s->read_tokens, j->n_read);
@@ -218,13 +226,17 @@ static void render_metrics(struct srv_server *s, struct tern_buf *b) {
                     "# TYPE tern_requests_cancelled_total counter\ntern_requests_cancelled_total %llu\n"
                     "# HELP tern_ttft_seconds Time from arrival to the first generated token.\n"
                     "# TYPE tern_ttft_seconds summary\ntern_ttft_seconds_sum %.6f\ntern_ttft_seconds_count %llu\n"
+                    "# HELP tern_preempt_wait_seconds How long requests that arrived during idle work waited for it.\n"
+                    "# TYPE tern_preempt_wait_seconds summary\ntern_preempt_wait_seconds_sum %.6f\n"
+                    "tern_preempt_wait_seconds_count %llu\n"
                     "# TYPE tern_uptime_seconds gauge\ntern_uptime_seconds %.1f\n",
                     q, s->p.n_queue, busy ? 1 : 0, (unsigned long long)atomic_load(&s->prompt_tokens),
                     (unsigned long long)atomic_load(&s->cached_tokens),
                     (unsigned long long)atomic_load(&s->read_tokens),
                     (unsigned long long)atomic_load(&s->generated_tokens),
                     (unsigned long long)atomic_load(&s->cancelled), (double)atomic_load(&s->ttft_us_sum) * 1e-6,
-                    (unsigned long long)atomic_load(&s->ttft_count), tern_now_s() - s->t_start);
+                    (unsigned long long)atomic_load(&s->ttft_count), (double)atomic_load(&s->preempt_us_sum) * 1e-6,
+                    (unsigned long long)atomic_load(&s->preempt_count), tern_now_s() - s->t_start);
     const struct srv_backend *be = atomic_load(&s->backend);
     if (be && be->metrics) be->metrics(be->self, b);
 }
@@ -235,7 +247,22 @@ static void *worker_main(void *arg) {
     struct srv_server *s = arg;
     for (;;) {
         pthread_mutex_lock(&s->qmu);
-        while (s->q_len == 0 && !atomic_load(&s->stopping)) pthread_cond_wait(&s->qcv, &s->qmu);
+        while (s->q_len == 0 && !atomic_load(&s->stopping)) {
+            const struct srv_backend *ib = atomic_load(&s->backend);
+            if (s->idle_pending && ib && ib->idle) {
+                /* Nothing queued: background work, which yields to the next enqueue
+                 * at its next chunk boundary. Never started while a job waits. */
+                s->preempt = 0;
+                s->idle_running = true;
+                pthread_mutex_unlock(&s->qmu);
+                bool more = ib->idle(ib->self, &s->preempt);
+                pthread_mutex_lock(&s->qmu);
+                s->idle_running = false;
+                s->idle_pending = more;
+                continue;
+            }
+            pthread_cond_wait(&s->qcv, &s->qmu);
+        }
         if (s->q_len == 0) {
             pthread_mutex_unlock(&s->qmu);
             break;
@@ -244,7 +271,13 @@ static void *worker_main(void *arg) {
         s->q_head = (s->q_head + 1) % s->p.n_queue;
         s->q_len--;
         s->running = j;
+        s->idle_pending = true;
+        if (j->t_preempt_from > 0) j->t_preempt_wait = tern_now_s() - j->t_preempt_from;
         pthread_mutex_unlock(&s->qmu);
+        if (j->t_preempt_from > 0) {
+            atomic_fetch_add(&s->preempt_us_sum, (uint64_t)(j->t_preempt_wait * 1e6));
+            atomic_fetch_add(&s->preempt_count, 1);
+        }
 
         const struct srv_backend *b = atomic_load(&s->backend);
         if (j->cancel || atomic_load(&s->stopping)) {
@@ -282,6 +315,8 @@ static bool enqueue(struct srv_server *s, struct srv_job *j) {
     job_ref(j);
     s->queue[(s->q_head + s->q_len) % s->p.n_queue] = j;
     s->q_len++;
+    s->preempt = 1;
+    if (s->idle_running) j->t_preempt_from = tern_now_s();
     pthread_cond_signal(&s->qcv);
     pthread_mutex_unlock(&s->qmu);
     return true;
@@ -752,6 +787,7 @@ void srv_stop(struct srv_server *s) {
     for (size_t i = 0; i < s->n_live; i++) s->live[i]->cancel = 1;
     pthread_mutex_unlock(&s->jmu);
     pthread_mutex_lock(&s->qmu);
+    s->preempt = 1;
     pthread_cond_broadcast(&s->qcv);
     pthread_mutex_unlock(&s->qmu);
     if (s->worker_started) pthread_join(s->worker, NULL);

@@ -58,6 +58,9 @@ struct srv_job {
     /* (backend) figures for the log line */
     uint32_t n_cached, n_read, n_generated;
     double t_first;              /* first token out (0 = none) */
+    /* (server) the job was queued while the worker did idle work (predictive priming):
+     * when it was queued and when the worker took it, i.e. what the pre-emption cost */
+    double t_preempt_from, t_preempt_wait;
     char note[160];              /* error message for the log, if any */
 
     /* output channel (locked) */
@@ -96,6 +99,12 @@ struct srv_backend {
     json_t *(*model_entry)(void *self);
     /* extra Prometheus lines for /metrics */
     void (*metrics)(void *self, struct tern_buf *out);
+    /* Optional, the worker thread, only while no request is queued: a step of
+     * background work (predictive priming) after the jobs run so far. It must watch
+     * *preempt, which the server sets when a request is queued, and return soon after
+     * it is set (the next chunk boundary). Returns true when there is more to do; the
+     * worker calls it again while the queue stays empty, and again after the next job. */
+    bool (*idle)(void *self, const volatile int *preempt);
 };
 
 struct srv_server;

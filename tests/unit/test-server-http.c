@@ -487,6 +487,72 @@ static void test_stop_with_requests_in_flight(void **state) {
     reply_free(&a.r);
 }
 
+/* ---- idle work (predictive priming's slot) ---------------------------------------- */
+
+static atomic_int idle_calls, idle_now, idle_preempted, idle_during_run, idle_chunks_left;
+
+/* Idle work in 10 ms "chunks", yielding when a request is queued. */
+static bool fake_idle(void *self, const volatile int *preempt) {
+    (void)self;
+    atomic_fetch_add(&idle_calls, 1);
+    atomic_store(&idle_now, 1);
+    bool more = false;
+    while (atomic_load(&idle_chunks_left) > 0) {
+        if (*preempt) {
+            atomic_fetch_add(&idle_preempted, 1);
+            more = true;
+            break;
+        }
+        sleep_ms(10);
+        atomic_fetch_sub(&idle_chunks_left, 1);
+    }
+    atomic_store(&idle_now, 0);
+    return more;
+}
+
+static void idle_run(void *self, struct srv_job *j) {
+    if (atomic_load(&idle_now)) atomic_fetch_add(&idle_during_run, 1);
+    fake_run(self, j);
+}
+
+static void test_idle_work_yields(void **state) {
+    (void)state;
+    struct srv_server *s = start(4, NULL, 0);
+    struct srv_backend b = fake;
+    b.run = idle_run;
+    b.idle = fake_idle;
+    srv_set_backend(s, &b);
+    /* no job yet: no idle work */
+    sleep_ms(50);
+    assert_int_equal(atomic_load(&idle_calls), 0);
+
+    atomic_store(&idle_chunks_left, 1000); /* 10 s of work unless pre-empted */
+    struct reply r = http("POST", "/v1/chat/completions", NULL, CHAT("hi") "}");
+    assert_int_equal(r.status, 200);
+    reply_free(&r);
+    while (!atomic_load(&idle_now)) sleep_ms(2); /* the idle work started after the job */
+    sleep_ms(30);
+    /* a request pre-empts it at its next chunk boundary and is served */
+    r = http("POST", "/v1/chat/completions", NULL, CHAT("hi") "}");
+    assert_int_equal(r.status, 200);
+    reply_free(&r);
+    assert_int_equal(atomic_load(&idle_preempted), 1);
+    assert_int_equal(atomic_load(&idle_during_run), 0);
+    assert_true(atomic_load(&idle_chunks_left) > 500);
+    struct reply m = http("GET", "/metrics", NULL, NULL);
+    assert_non_null(strstr(m.body, "tern_preempt_wait_seconds_count 1\n"));
+    reply_free(&m);
+
+    /* it resumes when the queue is empty again, and stops being called once done */
+    while (!atomic_load(&idle_now)) sleep_ms(2);
+    atomic_store(&idle_chunks_left, 2);
+    while (atomic_load(&idle_now)) sleep_ms(2);
+    int calls = atomic_load(&idle_calls);
+    sleep_ms(100);
+    assert_int_equal(atomic_load(&idle_calls), calls);
+    srv_stop(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_routes_and_errors),
@@ -495,6 +561,7 @@ int main(void) {
         cmocka_unit_test(test_queue_full_429),
         cmocka_unit_test(test_disconnect_cancels),
         cmocka_unit_test(test_stop_with_requests_in_flight),
+        cmocka_unit_test(test_idle_work_yields),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
