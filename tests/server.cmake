@@ -11,6 +11,10 @@ find_program(TERN_NODE node)
 if(TERN_NODE)
   tern_script_test(server-e2e ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/server.test.mjs
                    TIMEOUT 600 LABELS e2e)
+  # predictive priming over HTTP: rewrite turns after idle time, mid-prediction
+  # requests, wrong predictions, the switches (generated qwen35 and qwen3 models)
+  tern_script_test(server-predict ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/predict.test.mjs
+                   TIMEOUT 600 LABELS e2e)
   tern_script_test(server-openai-sdk ${TERN_NODE} --test-reporter=spec
                    ${CMAKE_SOURCE_DIR}/tests/clients/openai-sdk.test.mjs TIMEOUT 600 LABELS e2e)
   # Priming the bodies that fit is slow under ASan; the two tests above exercise the
