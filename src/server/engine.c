@@ -415,7 +415,9 @@ static void engine_run(void *self, struct srv_job *j) {
         .on_ckpt = cache_on_checkpoint,
     };
     uint32_t r = dec->cached;
+    double t_prime = tern_now_s();
     st = tern_session_eval(s, j->prompt + r, j->n_prompt - r, &eo);
+    j->t_prime = tern_now_s() - t_prime;
     if (st == TERN_ERR_CANCELLED) goto cancelled;
     if (st) {
         release_ok = false;

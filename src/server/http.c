@@ -75,7 +75,7 @@ struct srv_server {
     /* metrics */
     atomic_uint_fast64_t requests[R_COUNT][N_COUNTED + 1];
     atomic_uint_fast64_t prompt_tokens, cached_tokens, read_tokens, generated_tokens, cancelled;
-    atomic_uint_fast64_t ttft_us_sum, ttft_count;
+    atomic_uint_fast64_t ttft_us_sum, ttft_count, overhead_us_sum;
     atomic_uint_fast64_t preempt_us_sum, preempt_count;
     double t_start;
 };
@@ -178,8 +178,11 @@ static void log_job(struct srv_server *s, const struct srv_job *j, int status) {
     double ttft = j->t_first > 0 ? j->t_first - j->t_arrive : -1;
     double gen_s = j->t_first > 0 ? now - j->t_first : 0;
     double tps = gen_s > 0 && j->n_generated > 1 ? (j->n_generated - 1) / gen_s : 0;
-    char ttft_s[32];
-    if (ttft >= 0) snprintf(ttft_s, sizeof ttft_s, "%.3fs", ttft);
+    /* what the first token cost beyond reading the prompt's tokens: parsing, rendering,
+     * tokenizing, the reuse decision, restoring a checkpoint, the first sample */
+    double overhead = ttft >= 0 ? ttft - j->t_prime : -1;
+    char ttft_s[64];
+    if (ttft >= 0) snprintf(ttft_s, sizeof ttft_s, "%.3fs prime=%.3fs", ttft, j->t_prime);
     else snprintf(ttft_s, sizeof ttft_s, "-");
     char pre_s[48] = "";
     if (j->t_preempt_from > 0) snprintf(pre_s, sizeof pre_s, " preempt_wait=%.3fs", j->t_preempt_wait);
@@ -193,6 +196,7 @@ static void log_job(struct srv_server *s, const struct srv_job *j, int status) {
     if (ttft >= 0) {
         atomic_fetch_add(&s->ttft_us_sum, (uint64_t)(ttft * 1e6));
         atomic_fetch_add(&s->ttft_count, 1);
+        atomic_fetch_add(&s->overhead_us_sum, (uint64_t)(overhead > 0 ? overhead * 1e6 : 0));
     }
 }
 
@@ -226,6 +230,10 @@ static void render_metrics(struct srv_server *s, struct tern_buf *b) {
                     "# TYPE tern_requests_cancelled_total counter\ntern_requests_cancelled_total %llu\n"
                     "# HELP tern_ttft_seconds Time from arrival to the first generated token.\n"
                     "# TYPE tern_ttft_seconds summary\ntern_ttft_seconds_sum %.6f\ntern_ttft_seconds_count %llu\n"
+                    "# HELP tern_ttft_overhead_seconds The part of the time to first token not spent reading "
+                    "prompt tokens (parse, render, tokenize, reuse decision, restore, first sample).\n"
+                    "# TYPE tern_ttft_overhead_seconds summary\ntern_ttft_overhead_seconds_sum %.6f\n"
+                    "tern_ttft_overhead_seconds_count %llu\n"
                     "# HELP tern_preempt_wait_seconds How long requests that arrived during idle work waited for it.\n"
                     "# TYPE tern_preempt_wait_seconds summary\ntern_preempt_wait_seconds_sum %.6f\n"
                     "tern_preempt_wait_seconds_count %llu\n"
@@ -235,6 +243,7 @@ static void render_metrics(struct srv_server *s, struct tern_buf *b) {
                     (unsigned long long)atomic_load(&s->read_tokens),
                     (unsigned long long)atomic_load(&s->generated_tokens),
                     (unsigned long long)atomic_load(&s->cancelled), (double)atomic_load(&s->ttft_us_sum) * 1e-6,
+                    (unsigned long long)atomic_load(&s->ttft_count), (double)atomic_load(&s->overhead_us_sum) * 1e-6,
                     (unsigned long long)atomic_load(&s->ttft_count), (double)atomic_load(&s->preempt_us_sum) * 1e-6,
                     (unsigned long long)atomic_load(&s->preempt_count), tern_now_s() - s->t_start);
     const struct srv_backend *be = atomic_load(&s->backend);

@@ -58,6 +58,7 @@ struct srv_job {
     /* (backend) figures for the log line */
     uint32_t n_cached, n_read, n_generated;
     double t_first;              /* first token out (0 = none) */
+    double t_prime;              /* seconds spent reading the prompt's tokens (checkpoint captures included) */
     /* (server) the job was queued while the worker did idle work (predictive priming):
      * when it was queued and when the worker took it, i.e. what the pre-emption cost */
     double t_preempt_from, t_preempt_wait;
