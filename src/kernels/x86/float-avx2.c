@@ -38,6 +38,9 @@ AVX2_INLINE void float_tile(int kind, int R, int T, const uint8_t *w, size_t wrb
         __m256 wv[AVX2_RMAX];
         UNROLL for (int r = 0; r < R; r++) {
             const uint8_t *wr = w + (size_t)r * wrb;
+            /* one prefetch per 64 bytes of the row */
+            if (T == 1 && (i * (kind == 0 ? 4 : 2)) % 64 == 0)
+                avx2_prefetch(wr + (size_t)(R > AVX2_PF_ROWS ? R : AVX2_PF_ROWS) * wrb + i * (kind == 0 ? 4 : 2));
             wv[r] = kind == 0 ? load_w_f32(wr, i) : kind == 1 ? load_w_f16(wr, i) : load_w_bf16(wr, i);
         }
         UNROLL for (int t = 0; t < T; t++) {

@@ -58,6 +58,7 @@ AVX2_INLINE void q32_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, 
         __m256 dw[AVX2_RMAX], mw[AVX2_RMAX];
         UNROLL for (int r = 0; r < R; r++) {
             const uint8_t *blk = w + (size_t)r * wrb + b * bb;
+            if (T == 1) avx2_prefetch(blk + (size_t)(R > AVX2_PF_ROWS ? R : AVX2_PF_ROWS) * wrb);
             dw[r] = lut_bcast(blk);
             if (q32_has_min(kind)) mw[r] = lut_bcast(blk + 2);
             wq[r] = q32_levels(kind, blk);

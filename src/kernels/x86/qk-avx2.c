@@ -49,6 +49,8 @@ AVX2_INLINE void k4_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, c
         __m256 dw[AVX2_RMAX], dmw[AVX2_RMAX];
         UNROLL for (int r = 0; r < R; r++) {
             const uint8_t *blk = w + (size_t)r * wrb + b * bb;
+            if (T == 1)
+                for (size_t o = 0; o < bb; o += 64) avx2_prefetch(blk + (size_t)AVX2_PF_ROWS * wrb + o);
             dw[r] = lut_bcast(blk);
             dmw[r] = lut_bcast(blk + 2);
             uint32_t u[3];
@@ -122,6 +124,8 @@ AVX2_INLINE void q6k_tile(int R, int T, const uint8_t *w, size_t wrb, const uint
         __m256 dw[AVX2_RMAX];
         UNROLL for (int r = 0; r < R; r++) {
             const uint8_t *blk = w + (size_t)r * wrb + b * bb;
+            if (T == 1)
+                for (size_t o = 0; o < bb; o += 64) avx2_prefetch(blk + (size_t)AVX2_PF_ROWS * wrb + o);
             dw[r] = lut_bcast(blk + 208);
             sc16[r] = _mm256_cvtepi8_epi16(loadu128(blk + 192));
         }
