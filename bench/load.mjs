@@ -19,7 +19,6 @@
 // leaks: LeakSanitizer makes the server exit non-zero when anything leaked.
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { makeModel, startServer, tmp } from '../tests/clients/harness.mjs';
 
 const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) => {
   if (a.startsWith('--')) acc.push([a.slice(2), all[i + 1] && !all[i + 1].startsWith('--') ? all[i + 1] : 'true']);
@@ -37,6 +36,8 @@ const rounds = Math.max(1, Math.min(Number(args.rounds ?? 2), 10));
 const extraEnv = Object.fromEntries((args.env && args.env !== 'true' ? args.env.split(',') : [])
   .map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)]));
 if (args.bin) process.env.TERN_BIN = args.bin;
+// (imported after TERN_BIN is set: the harness reads it when loaded)
+const { makeModel, startServer, tmp } = await import('../tests/clients/harness.mjs');
 
 function rssKiB(pid) {
   const m = readFileSync(`/proc/${pid}/status`, 'utf8').match(/VmRSS:\s+(\d+)/);
