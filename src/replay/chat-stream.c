@@ -60,7 +60,8 @@ static int on_event(void *user, const struct tern_sse_event *ev) {
         return 0;
     }
     json_error_t jerr;
-    json_t *j = json_loadb(ev->data, ev->data_len, 0, &jerr);
+    /* A model may generate a NUL byte (a byte-level token); JSON carries it as \u0000. */
+    json_t *j = json_loadb(ev->data, ev->data_len, JSON_ALLOW_NUL, &jerr);
     if (!j) {
         snprintf(cs->error, sizeof cs->error, "SSE event %zu is not JSON (%s): '%.80s'", cs->n_events, jerr.text,
                  ev->data);
@@ -201,8 +202,8 @@ enum tern_status tern_chat_stream_finish(struct tern_chat_stream *cs, uint64_t t
     for (size_t i = 0; i < cs->n_tools && st == TERN_OK; i++) {
         const char *nm = cs->tools[i].name.data ? cs->tools[i].name.data : "";
         const char *ar = cs->tools[i].args.data ? cs->tools[i].args.data : "";
-        hash_field(h, nm, strlen(nm));
-        hash_field(h, ar, strlen(ar));
+        hash_field(h, nm, cs->tools[i].name.len);
+        hash_field(h, ar, cs->tools[i].args.len);
         st = tern_buf_printf(&tools, "%s%s(%s)", i ? ";" : "", nm, ar);
     }
     m->out_hash = XXH3_64bits_digest(h);
@@ -214,8 +215,11 @@ enum tern_status tern_chat_stream_finish(struct tern_chat_stream *cs, uint64_t t
     free(m->out_content);
     free(m->out_reasoning);
     free(m->out_tool_calls);
-    m->out_content = tern_strdup(cs->content.data ? cs->content.data : "");
-    m->out_reasoning = tern_strdup(cs->reasoning.data ? cs->reasoning.data : "");
+    /* Kept with their lengths: the text may hold NUL bytes. */
+    m->out_content_len = cs->content.len;
+    m->out_reasoning_len = cs->reasoning.len;
+    m->out_content = cs->content.data ? tern_buf_detach(&cs->content, NULL) : tern_strdup("");
+    m->out_reasoning = cs->reasoning.data ? tern_buf_detach(&cs->reasoning, NULL) : tern_strdup("");
     m->out_tool_calls = tern_buf_detach(&tools, NULL);
     if (!m->out_content || !m->out_reasoning || !m->out_tool_calls)
         return tern_errorf(TERN_ERR_NOMEM, "out of memory keeping the output");

@@ -51,8 +51,10 @@ struct tern_replay_meas {
     bool usage_seen;
     char finish_reason[24];
     uint64_t out_hash;       /* xxh3 of reasoning \0 content \0 (name \0 args \0)* */
-    char *out_content;       /* owned */
-    char *out_reasoning;     /* owned */
+    char *out_content;       /* owned; out_content_len bytes (may hold NULs) + a NUL */
+    size_t out_content_len;
+    char *out_reasoning;     /* owned; out_reasoning_len bytes + a NUL */
+    size_t out_reasoning_len;
     char *out_tool_calls;    /* owned: "name(args);..." */
     char *reuse_json;        /* owned: the response's tern.reuse object (compact JSON), or NULL */
     size_t n_comments;       /* SSE comment lines (keep-alives) seen */

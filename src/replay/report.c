@@ -17,6 +17,11 @@
 
 static json_t *num_or_null(double v) { return isfinite(v) ? json_real(round(v * 1e6) / 1e6) : json_null(); }
 static json_t *int_or_null(long v) { return v >= 0 ? json_integer(v) : json_null(); }
+/* Generated text may hold NUL bytes (JSON writes them as \u0000) or invalid UTF-8 (null). */
+static json_t *text_or_null(const char *s, size_t n) {
+    json_t *j = s ? json_stringn(s, n) : NULL;
+    return j ? j : json_null();
+}
 
 char *tern_replay_meas_json(const struct tern_replay_run *r, const struct tern_replay_meas *m) {
     const struct tern_replay_config *cfg = r->cfg;
@@ -29,7 +34,7 @@ char *tern_replay_meas_json(const struct tern_replay_run *r, const struct tern_r
     long read = m->prompt_tokens >= 0 && m->cached_tokens >= 0 ? m->prompt_tokens - m->cached_tokens : -1;
     json_t *reuse = m->reuse_json ? json_loads(m->reuse_json, 0, NULL) : NULL;
     json_t *o = json_pack(
-        "{s:i,s:i,s:s,s:s,s:s?,s:o,s:o,s:s,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:s,s:s,s:s?,s:s?,s:s?,s:o,s:i,s:s,s:I,"
+        "{s:i,s:i,s:s,s:s,s:s?,s:o,s:o,s:s,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:s,s:s,s:o,s:o,s:s?,s:o,s:i,s:s,s:I,"
         "s:o,s:o}",
         "rep", m->rep + 1, "turn", (int)m->turn, "arm", cfg->arms[m->arm].label, "kind", tern_turn_kind_name(tu->kind),
         "rewrite_by", tu->rewrite_by[0] ? tu->rewrite_by : NULL, "t_start_s", num_or_null(m->t_start_s),
@@ -37,7 +42,8 @@ char *tern_replay_meas_json(const struct tern_replay_run *r, const struct tern_r
         "total_s", num_or_null(m->total_s), "prompt_tokens", int_or_null(m->prompt_tokens), "cached_tokens",
         int_or_null(m->cached_tokens), "read_tokens", int_or_null(read), "completion_tokens",
         int_or_null(m->completion_tokens), "gap_before_s", num_or_null(m->gap_before_s), "finish_reason",
-        m->finish_reason, "output_xxh3", hash, "content", m->out_content, "reasoning", m->out_reasoning,
+        m->finish_reason, "output_xxh3", hash, "content", text_or_null(m->out_content, m->out_content_len), "reasoning",
+        text_or_null(m->out_reasoning, m->out_reasoning_len),
         "tool_calls", m->out_tool_calls && m->out_tool_calls[0] ? m->out_tool_calls : NULL, "tern_reuse",
         reuse ? reuse : json_null(), "sse_comments", (int)m->n_comments, "body_xxh3", bhash, "body_bytes",
         (json_int_t)m->body_len, "body_edits", edits ? edits : json_null(), "line", json_integer((json_int_t)tu->line_no));

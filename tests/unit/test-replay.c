@@ -303,6 +303,15 @@ static void test_chat_stream(void **state) {
     assert_int_equal(consume(CH("{\"content\":\"thinkhi\"}", "\"stop\"") USAGE(100, 0), &m), TERN_OK);
     assert_true(m.out_hash != h1);
     tern_replay_meas_clear(&m);
+    /* A generated NUL byte arrives as \u0000: accepted, kept, and it counts in the hash. */
+    assert_int_equal(consume(CH("{\"content\":\"a\\u0000b\"}", "\"stop\"") USAGE(100, 0), &m), TERN_OK);
+    assert_int_equal(m.out_content_len, 3);
+    assert_memory_equal(m.out_content, "a\0b", 4);
+    uint64_t h_nul = m.out_hash;
+    tern_replay_meas_clear(&m);
+    assert_int_equal(consume(CH("{\"content\":\"a\"}", "\"stop\"") USAGE(100, 0), &m), TERN_OK);
+    assert_true(m.out_hash != h_nul);
+    tern_replay_meas_clear(&m);
     /* Tool calls are output too; no text at all: the finish chunk. */
     assert_int_equal(consume(CH("{\"tool_calls\":[{\"index\":0,\"id\":\"c\",\"function\":{\"name\":\"grep\",\"arguments\":\"\"}}]}", "null")
                              CH("{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{}\"}}]}", "\"tool_calls\"") USAGE(9, 0), &m),
