@@ -35,7 +35,8 @@ static void usage(FILE *f) {
             "  --model FILE           start `tern serve` on FILE for each arm (loopback, free ports)\n"
             "  --demo                 the same with `tern serve`'s built-in demo model\n"
             "  --arms on,off          managed arms: 'on' = reuse on; 'off' = --prompt-cache 0 and\n"
-            "                         TERN_AFFINITY=0 TERN_REUSE_POOL=0 TERN_PREDICT=0 (default on,off)\n"
+            "                         TERN_AFFINITY=0 TERN_REUSE_POOL=0 TERN_PREDICT=0 (default on,off);\n"
+            "                         'nopredict' = reuse on, predictive priming off (TERN_PREDICT=0)\n"
             "  --server-args \"...\"    extra `tern serve` arguments for both arms (e.g. \"--threads 2\")\n"
             "  --server-bin FILE      the server executable (default: this tern); run as FILE serve ...\n"
             "  --url URL              an already running server (arm A)\n"
@@ -315,12 +316,13 @@ static int replay_main(int argc, char **argv) {
         int n = 0;
         for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
             if (n == TERN_REPLAY_MAX_ARMS) return cli_usage_error("replay", "--arms '%s': at most two arms", spec);
-            if (strcmp(tok, "on") && strcmp(tok, "off"))
-                return cli_usage_error("replay", "--arms '%s': each arm is 'on' or 'off'", spec);
+            if (strcmp(tok, "on") && strcmp(tok, "off") && strcmp(tok, "nopredict"))
+                return cli_usage_error("replay", "--arms '%s': each arm is 'on', 'off' or 'nopredict'", spec);
             struct tern_replay_arm *a = &cfg.arms[n++];
             snprintf(a->label, sizeof a->label, "%s", tok);
             a->managed = true;
-            a->reuse = !strcmp(tok, "on");
+            a->reuse = strcmp(tok, "off") != 0;
+            a->no_predict = !strcmp(tok, "nopredict");
         }
         if (n == 0) return cli_usage_error("replay", "--arms '%s': name one or two arms", spec);
         if (n == 2 && !strcmp(cfg.arms[0].label, cfg.arms[1].label))
@@ -384,8 +386,9 @@ static int replay_main(int argc, char **argv) {
             struct tern_replay_arm *arm = &cfg.arms[a];
             struct tern_buf d = TERN_BUF_INIT;
             if (arm->reuse)
-                tern_buf_printf(&d, "`%s serve%s%s` (reuse on)", server_bin == self ? "tern" : server_bin,
-                                model_arg, extra.data ? extra.data : "");
+                tern_buf_printf(&d, "`%s%s serve%s%s` (reuse on%s)", arm->no_predict ? "TERN_PREDICT=0 " : "",
+                                server_bin == self ? "tern" : server_bin, model_arg, extra.data ? extra.data : "",
+                                arm->no_predict ? ", predictive priming off" : "");
             else
                 tern_buf_printf(&d,
                                 "`TERN_AFFINITY=0 TERN_REUSE_POOL=0 TERN_PREDICT=0 %s serve%s%s "

@@ -93,6 +93,7 @@ struct tern_replay_arm {
     char url[600];           /* base URL (for managed arms: set once the server is up) */
     bool managed;            /* started by the harness */
     bool reuse;              /* managed: reuse on (else the off switches) */
+    bool no_predict;         /* managed, reuse on: TERN_PREDICT=0 (predictive priming off) */
     char settings[512];      /* a description for RESULTS.md */
 };
 

@@ -210,9 +210,10 @@ static enum tern_status start_server(struct ctx *c, int a, uint16_t port) {
     }
     argv[k] = NULL;
     static char *const off_env[] = {"TERN_AFFINITY=0", "TERN_REUSE_POOL=0", "TERN_PREDICT=0", NULL};
+    static char *const no_predict_env[] = {"TERN_PREDICT=0", NULL};
     char log_path[4096];
     snprintf(log_path, sizeof log_path, "%s/server-%s.log", cfg->out_dir, arm->label);
-    struct tern_server_spec spec = {.bin = cfg->server_bin, .argv = argv, .env_add = arm->reuse ? NULL : off_env,
+    struct tern_server_spec spec = {.bin = cfg->server_bin, .argv = argv, .env_add = !arm->reuse ? off_env : arm->no_predict ? no_predict_env : NULL,
                                     .log_path = log_path, .start_timeout_s = cfg->start_timeout_s,
                                     .cancel = cfg->cancel};
     note(c, "starting server '%s' on port %u (log %s)", arm->label, (unsigned)port, log_path);

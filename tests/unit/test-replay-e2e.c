@@ -587,6 +587,73 @@ static void test_cli_managed_servers(void **state) {
     free(md);
 }
 
+/* --arms on,nopredict: both arms reuse; only the nopredict arm gets TERN_PREDICT=0. */
+static void test_cli_managed_nopredict_arm(void **state) {
+    (void)state;
+    const char *tp = make_transcript("nopredict.jsonl", TERN_SYNTH_AGENT, 6, false);
+    char model[600], out[600], piddir[600];
+    snprintf(model, sizeof model, "%s/model.gguf", th_tmpdir());
+    FILE *f = fopen(model, "w");
+    fputs("not really a model", f);
+    fclose(f);
+    snprintf(out, sizeof out, "%s/nopredict-out", th_tmpdir());
+    snprintf(piddir, sizeof piddir, "%s/pids-nopredict", th_tmpdir());
+    mkdir(piddir, 0755);
+    static char env_pid[700];
+    snprintf(env_pid, sizeof env_pid, "MOCK_PIDDIR=%s", piddir);
+    char *env[] = {env_pid, "MOCK_US_PER_TOKEN=2", NULL};
+    char *args[32];
+    managed_args(args, tp, model, out);
+    int n = 0;
+    while (args[n]) n++;
+    args[n++] = "--reps";
+    args[n++] = "1";
+    args[n++] = "--arms";
+    args[n++] = "on,nopredict";
+    args[n] = NULL;
+    int rc = run_tern(args, env, "nopredict", NULL);
+    char *se = slurp_tag("nopredict", "stderr");
+    if (rc != 0) fprintf(stderr, "stderr:\n%s\n", se);
+    assert_int_equal(rc, 0);
+    free(se);
+    DIR *d = opendir(piddir);
+    struct dirent *e;
+    int n_on = 0, n_nopredict = 0;
+    while ((e = readdir(d))) {
+        if (!strstr(e->d_name, ".args")) continue;
+        char pth[1200];
+        snprintf(pth, sizeof pth, "%s/%s", piddir, e->d_name);
+        char *a = th_read_file(pth, NULL);
+        assert_non_null(strstr(a, "reuse=1"));
+        assert_null(strstr(a, "--prompt-cache 0"));
+        assert_non_null(strstr(a, "TERN_AFFINITY=\nTERN_REUSE_POOL=\n"));
+        if (strstr(a, "TERN_PREDICT=0\n")) n_nopredict++;
+        else if (strstr(a, "TERN_PREDICT=\n")) n_on++;
+        free(a);
+    }
+    closedir(d);
+    assert_int_equal(n_on, 1);
+    assert_int_equal(n_nopredict, 1);
+    char path[700];
+    snprintf(path, sizeof path, "%s/RESULTS.md", out);
+    char *md = th_read_file(path, NULL);
+    assert_non_null(strstr(md, "predictive priming off"));
+    assert_non_null(strstr(md, "`nopredict`"));
+    free(md);
+    /* An unknown arm name is a usage error naming the choices. */
+    char *bad[32];
+    managed_args(bad, tp, model, out);
+    n = 0;
+    while (bad[n]) n++;
+    bad[n++] = "--arms";
+    bad[n++] = "on,maybe";
+    bad[n] = NULL;
+    assert_int_equal(run_tern(bad, NULL, "badarm", NULL), 2);
+    se = slurp_tag("badarm", "stderr");
+    assert_non_null(strstr(se, "'nopredict'"));
+    free(se);
+}
+
 /* Interrupted runs leave no server behind: Ctrl-C (SIGINT) and SIGKILL of the harness. */
 static void interrupted(int sig, const char *tag) {
     const char *tp = make_transcript("slow.jsonl", TERN_SYNTH_AGENT, 10, false);
@@ -732,6 +799,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_isolation_leak_and_output_differs),
         cmocka_unit_test(test_cli_url_arms),
         cmocka_unit_test(test_cli_managed_servers),
+        cmocka_unit_test(test_cli_managed_nopredict_arm),
         cmocka_unit_test(test_cli_ctrl_c_and_kill_leave_no_server),
         cmocka_unit_test(test_cli_demo_one_arm),
         cmocka_unit_test(test_cli_server_fails_to_start),
