@@ -52,6 +52,8 @@ static void usage(FILE *f) {
             "  --user-gap S           seconds of quiet after a turn that ended with an answer (default: --gap)\n"
             "  --max-tokens N         override the recorded max_tokens\n"
             "  --no-warmup            skip the short warm-up request per server before each repetition\n"
+            "  --no-pause             managed arms: do not pause (SIGSTOP) the other arm's server while one\n"
+            "                         arm's request and quiet time run\n"
             "  --trust-kinds          use the transcript's kind labels without checking them\n"
             "  --timeout S            longest silence from a server during a request (default 600)\n"
             "  --start-timeout S      how long a started server may take to become healthy (default 300)\n"
@@ -204,7 +206,7 @@ static int make_transcript(const char *kind, const char *out, long turns, long s
 
 enum {
     OPT_TRANSCRIPT = 256, OPT_URL, OPT_URL_B, OPT_MODEL, OPT_ARMS, OPT_REPS, OPT_OUT, OPT_GAP, OPT_USER_GAP,
-    OPT_TURNS, OPT_MAX_TOKENS, OPT_SERVER_ARGS, OPT_SERVER_BIN, OPT_ISOLATE, OPT_NO_WARMUP, OPT_TRUST_KINDS,
+    OPT_TURNS, OPT_MAX_TOKENS, OPT_SERVER_ARGS, OPT_SERVER_BIN, OPT_ISOLATE, OPT_NO_WARMUP, OPT_NO_PAUSE, OPT_TRUST_KINDS,
     OPT_TIMEOUT, OPT_START_TIMEOUT, OPT_LABELS, OPT_MAKE, OPT_SEED, OPT_STRIP, OPT_QUIET, OPT_HELP, OPT_DEMO
 };
 
@@ -217,7 +219,7 @@ static int replay_main(int argc, char **argv) {
         {"user-gap", required_argument, 0, OPT_USER_GAP}, {"turns", required_argument, 0, OPT_TURNS},
         {"max-tokens", required_argument, 0, OPT_MAX_TOKENS}, {"server-args", required_argument, 0, OPT_SERVER_ARGS},
         {"server-bin", required_argument, 0, OPT_SERVER_BIN}, {"isolate", required_argument, 0, OPT_ISOLATE},
-        {"no-warmup", no_argument, 0, OPT_NO_WARMUP}, {"trust-kinds", no_argument, 0, OPT_TRUST_KINDS},
+        {"no-warmup", no_argument, 0, OPT_NO_WARMUP}, {"no-pause", no_argument, 0, OPT_NO_PAUSE}, {"trust-kinds", no_argument, 0, OPT_TRUST_KINDS},
         {"timeout", required_argument, 0, OPT_TIMEOUT}, {"start-timeout", required_argument, 0, OPT_START_TIMEOUT},
         {"labels", required_argument, 0, OPT_LABELS}, {"make-transcript", required_argument, 0, OPT_MAKE},
         {"seed", required_argument, 0, OPT_SEED}, {"strip", no_argument, 0, OPT_STRIP},
@@ -229,7 +231,7 @@ static int replay_main(int argc, char **argv) {
     const char *server_args = NULL, *server_bin = NULL, *isolate = NULL, *labels = NULL, *make = NULL;
     long reps = 3, turns = -1, max_tokens = -1, seed = 1;
     double gap = 0, user_gap = -1, timeout = 600, start_timeout = 300;
-    bool no_warmup = false, trust = false, strip = false, quiet = false, demo = false;
+    bool no_warmup = false, no_pause = false, trust = false, strip = false, quiet = false, demo = false;
     long v;
     opterr = 0;
     optind = 1;
@@ -248,6 +250,7 @@ static int replay_main(int argc, char **argv) {
         case OPT_LABELS: labels = optarg; break;
         case OPT_MAKE: make = optarg; break;
         case OPT_NO_WARMUP: no_warmup = true; break;
+        case OPT_NO_PAUSE: no_pause = true; break;
         case OPT_TRUST_KINDS: trust = true; break;
         case OPT_STRIP: strip = true; break;
         case OPT_QUIET: quiet = true; break;
@@ -417,6 +420,7 @@ static int replay_main(int argc, char **argv) {
     cfg.user_gap_s = user_gap >= 0 ? user_gap : gap;
     cfg.max_tokens = max_tokens;
     cfg.warmup = !no_warmup;
+    cfg.no_pause = no_pause;
     cfg.trust_kinds = trust;
     cfg.timeout_s = timeout;
     cfg.start_timeout_s = start_timeout;

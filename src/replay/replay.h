@@ -117,6 +117,8 @@ struct tern_replay_config {
     long max_tokens;             /* >= 0 overrides the recorded max_tokens */
     enum tern_replay_isolate isolate;
     bool warmup;                 /* one short unrelated request per server before each rep */
+    bool no_pause;               /* managed: do not pause the other arm's server (SIGSTOP)
+                                    while one arm is measured and during its quiet time */
     bool trust_kinds;            /* use the transcript's labels without deriving them */
     double timeout_s;            /* idle timeout of a request */
     int n_arms;                  /* 1 or 2 */
@@ -261,6 +263,7 @@ struct tern_server_proc {
     uint16_t port;
     char url[64];
     char log_path[1024];
+    bool paused;         /* SIGSTOPped by tern_server_pause */
 };
 
 struct tern_server_spec {
@@ -278,8 +281,13 @@ enum tern_status tern_server_free_port(uint16_t *port);
  * dies), then polls GET /health until 200. `port` must match the port in argv. On
  * error the child is stopped and the message ends with the tail of its log. */
 enum tern_status tern_server_start(const struct tern_server_spec *spec, uint16_t port, struct tern_server_proc *p);
-/* SIGTERM, up to 10 s to exit, then SIGKILL; always reaps. No-op when not running. */
+/* SIGTERM (and SIGCONT), up to 10 s to exit, then SIGKILL; always reaps. No-op when
+ * not running. */
 void tern_server_stop(struct tern_server_proc *p);
+/* Pauses (SIGSTOP) or resumes (SIGCONT) the server's process group, so that a server
+ * gets no CPU time while another arm is measured. No-op when not running or already
+ * in that state. */
+void tern_server_pause(struct tern_server_proc *p, bool pause);
 
 /* ---- synthetic transcripts (synth.c) ----------------------------------------------------- */
 

@@ -223,9 +223,14 @@ enum tern_status tern_replay_write_results(const struct tern_replay_run *r, cons
             : cfg->isolate == TERN_ISOLATE_SALT  ? "a per-repetition `cache_salt` in every request"
                                                  : "none (later repetitions may reuse earlier ones)",
             cfg->warmup ? "; one short unrelated warm-up request per server before each repetition" : "");
+    bool paused = cfg->arms[0].managed && na == 2 && !cfg->no_pause;
+    if (paused)
+        fprintf(f, "| taking turns | the other arm's server is paused (SIGSTOP) during each request and the quiet "
+                   "time after it: a server computes only during its own requests and its own quiet time |\n");
     fprintf(f, "| think time | %.3g s of quiet after a turn whose reply made tool calls, %.3g s after a final answer "
-               "(nothing runs on any server meanwhile) |\n",
-            cfg->gap_s, cfg->user_gap_s);
+               "(no request is sent meanwhile; %s) |\n",
+            cfg->gap_s, cfg->user_gap_s,
+            paused ? "only the server that just answered may compute" : "idle work of a server may overlap the other arm");
     const struct tern_replay_meas *m0 = NULL;
     for (size_t i = 0; i < r->n_meas && !m0; i++)
         if (r->meas[i].done) m0 = &r->meas[i];

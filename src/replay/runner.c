@@ -83,6 +83,22 @@ static void stop_servers(struct ctx *c) {
     for (int a = 0; a < c->cfg->n_arms; a++) tern_server_stop(&c->procs[a]);
 }
 
+/* Managed arms take turns on the machine: before arm a's request every other server is
+ * paused, so it gets no CPU time during a's request and a's quiet time after it. Without
+ * this, work a server does when idle (predictive priming) would run during the other
+ * arm's request: it would slow that arm down, and it would get idle time that the
+ * protocol (--gap) does not give it. */
+static void take_turn(struct ctx *c, int a) {
+    if (!c->cfg->arms[0].managed || c->cfg->no_pause) return;
+    for (int b = 0; b < c->cfg->n_arms; b++)
+        if (b != a) tern_server_pause(&c->procs[b], true);
+    tern_server_pause(&c->procs[a], false);
+}
+
+static void resume_all(struct ctx *c) {
+    for (int a = 0; a < c->cfg->n_arms; a++) tern_server_pause(&c->procs[a], false);
+}
+
 static enum tern_status mkdir_p(const char *dir) {
     char path[4096];
     if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
@@ -387,6 +403,7 @@ enum tern_status tern_replay_run(const struct tern_replay_config *cfg, struct te
                 snprintf(run->arm_url[a], sizeof run->arm_url[a], "%s", c.urlstr[a]);
             }
         }
+        resume_all(&c);
         if (cfg->warmup) {
             st = warmup(&c);
             if (st != TERN_OK) goto fail;
@@ -409,6 +426,7 @@ enum tern_status tern_replay_run(const struct tern_replay_config *cfg, struct te
                     st = tern_errorf(TERN_ERR_CANCELLED, "cancelled");
                     goto fail;
                 }
+                take_turn(&c, a);
                 struct tern_replay_meas *m = tern_replay_meas_at(run, rep, t, a);
                 m->turn = t;
                 m->rep = rep;
@@ -453,6 +471,7 @@ enum tern_status tern_replay_run(const struct tern_replay_config *cfg, struct te
             if (st != TERN_OK) goto fail;
         }
     }
+    resume_all(&c);
     stop_servers(&c);
     run->wall_s = t_last > t_first ? (double)(t_last - t_first) * 1e-9 : 0;
     run->wall_total_s = (double)(tern_now_ns() - c.t_run0) * 1e-9;

@@ -121,7 +121,9 @@ enum tern_status tern_server_start(const struct tern_server_spec *spec, uint16_t
     }
     if (pid == 0) {
         setpgid(0, 0);
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        /* SIGKILL, not SIGTERM: the harness may have paused the server (SIGSTOP, see
+         * tern_server_pause), and a stopped process leaves SIGTERM pending forever. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent) _exit(127); /* the harness died before prctl took effect */
         int devnull = open("/dev/null", O_RDONLY);
         if (devnull >= 0) dup2(devnull, 0);
@@ -202,9 +204,12 @@ void tern_server_stop(struct tern_server_proc *p) {
         p->pid = 0;
         return;
     }
-    /* The whole group: the server and anything it started. */
+    /* The whole group: the server and anything it started. SIGTERM after SIGCONT: a
+     * paused server would only act on it once continued. */
     kill(-pid, SIGTERM);
     kill(pid, SIGTERM);
+    kill(-pid, SIGCONT);
+    kill(pid, SIGCONT);
     for (int i = 0; i < 200; i++) { /* 10 s */
         pid_t w = waitpid(pid, &wst, WNOHANG);
         if (w == pid || (w < 0 && errno == ECHILD)) {
@@ -217,4 +222,10 @@ void tern_server_stop(struct tern_server_proc *p) {
     kill(pid, SIGKILL);
     while (waitpid(pid, &wst, 0) < 0 && errno == EINTR) {}
     p->pid = 0;
+}
+
+void tern_server_pause(struct tern_server_proc *p, bool pause) {
+    if (!p || p->pid <= 0 || p->paused == pause) return;
+    kill(-p->pid, pause ? SIGSTOP : SIGCONT);
+    p->paused = pause;
 }

@@ -639,7 +639,19 @@ static void test_cli_managed_nopredict_arm(void **state) {
     char *md = th_read_file(path, NULL);
     assert_non_null(strstr(md, "predictive priming off"));
     assert_non_null(strstr(md, "`nopredict`"));
+    assert_non_null(strstr(md, "paused (SIGSTOP)"));
     free(md);
+    /* The arms took turns: at every measured request the other server was stopped. */
+    int n_req = 0;
+    for (int arm = 0; arm < 2; arm++) {
+        snprintf(path, sizeof path, "%s/server-%s.log", out, arm ? "nopredict" : "on");
+        char *log = th_read_file(path, NULL);
+        assert_non_null(log);
+        assert_null(strstr(log, "peers running 1"));
+        for (const char *q = log; (q = strstr(q, "peers running 0 stopped 1")); q++) n_req++;
+        free(log);
+    }
+    assert_int_equal(n_req, 12); /* 6 turns x 2 arms */
     /* An unknown arm name is a usage error naming the choices. */
     char *bad[32];
     managed_args(bad, tp, model, out);

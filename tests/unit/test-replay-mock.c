@@ -6,6 +6,7 @@
 #include "util/hash.h"
 #include "util/timeutil.h"
 
+#include <dirent.h>
 #include <jansson.h>
 #include <microhttpd.h>
 #include <pthread.h>
@@ -252,6 +253,43 @@ static enum MHD_Result chat(struct mock_server *m, struct MHD_Connection *c, con
     return ret;
 }
 
+/* With MOCK_PIDDIR: logs how many of the other mock servers there are running or
+ * stopped (SIGSTOP, state T) at a measured request (not a warm-up), so that a test can
+ * check that the harness pauses the other arm. */
+static void log_peers(uint16_t port, const char *body, size_t n) {
+    const char *dir = getenv("MOCK_PIDDIR");
+    if (!dir || (n && memmem(body, n, "tern-replay-warmup", 18))) return;
+    DIR *d = opendir(dir);
+    if (!d) return;
+    int running = 0, stopped = 0;
+    char own[32];
+    snprintf(own, sizeof own, "%u.pid", (unsigned)port);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t l = strlen(e->d_name);
+        if (l < 5 || strcmp(e->d_name + l - 4, ".pid") || !strcmp(e->d_name, own)) continue;
+        char path[4096], stat[512];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        FILE *f = fopen(path, "r");
+        int pid = 0;
+        if (!f) continue;
+        if (fscanf(f, "%d", &pid) != 1) pid = 0;
+        fclose(f);
+        snprintf(path, sizeof path, "/proc/%d/stat", pid);
+        f = pid > 0 ? fopen(path, "r") : NULL;
+        if (!f) continue; /* gone: a server of an earlier repetition */
+        size_t k = fread(stat, 1, sizeof stat - 1, f);
+        fclose(f);
+        stat[k] = 0;
+        const char *rp = strrchr(stat, ')');
+        if (!rp || rp[1] != ' ') continue;
+        if (rp[2] == 'T') stopped++;
+        else if (rp[2] != 'Z') running++;
+    }
+    closedir(d);
+    fprintf(stderr, "mock serve: request with peers running %d stopped %d\n", running, stopped);
+}
+
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     (void)version;
@@ -268,8 +306,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
             *upload_size = 0;
             return MHD_YES;
         }
-        if (!strcmp(url, "/v1/chat/completions"))
+        if (!strcmp(url, "/v1/chat/completions")) {
+            log_peers(m->port, cn->body.data ? cn->body.data : "", cn->body.len);
             return chat(m, c, cn->body.data ? cn->body.data : "", cn->body.len);
+        }
         return send_json(c, 404, "{\"error\":{\"message\":\"not found\"}}");
     }
     if (!strcmp(url, "/health")) {
