@@ -135,9 +135,10 @@ for (let t = 0; t < trials; t++) {
     tier: r3.tern?.reuse?.tier, cached: r3.usage.prompt_tokens_details.cached_tokens, prompt: r3.usage.prompt_tokens });
   await settle(srv.base);
 }
-// one step's time from the server's own priming lines: tokens primed / seconds
+// one step's time from the server's own priming lines (those that ran to the end and
+// primed at least one full step): tokens primed / seconds
 const rates = [...srv.log().matchAll(/primed (\d+) in ([0-9.]+)s$/gm)].map((m) => [Number(m[1]), Number(m[2])])
-  .filter(([n, s]) => n >= 4 * chunk && s > 0);
+  .filter(([n, s]) => n >= chunk && s > 0);
 const tps = rates.length ? rates.reduce((a, [n]) => a + n, 0) / rates.reduce((a, [, s]) => a + s, 0) : NaN;
 console.log(`predict chunk ${chunk} tokens; idle priming ${tps.toFixed(0)} tok/s => one step ~ ${(1000 * chunk / tps).toFixed(0)} ms`);
 console.log('trial  sent-after  preempted  wait(ms)  ttft(ms)  tier       cached/prompt');

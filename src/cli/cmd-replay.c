@@ -152,6 +152,12 @@ static void print_summary(const struct tern_replay_config *cfg, const struct ter
     for (int a = 0; a < na; a++) printf("  %20.3f s", s->sum_ttft[a]);
     if (na == 2 && s->sum_ttft[0] > 0) printf("  %7.2fx", s->sum_ttft[1] / s->sum_ttft[0]);
     printf("\noutput identical across arms on %zu of %zu turns\n", s->n_identical, s->n_turns);
+    if (s->n_vs_ext > 0) {
+        printf("rewrite turns vs the extension turns around them:");
+        for (int a = 0; a < na; a++)
+            printf("%s %s %.2f-%.2fx", a ? ";" : "", cfg->arms[a].label, s->vs_ext_lo[a], s->vs_ext_hi[a]);
+        printf("\n");
+    }
 }
 
 static char *join_argv(int argc, char **argv) {

@@ -188,6 +188,10 @@ struct tern_turn_summary {
     double read[TERN_REPLAY_MAX_ARMS];         /* median of prompt - cached */
     double ratio;                              /* ttft[1] / ttft[0]; NAN with one arm */
     bool output_identical;                     /* every measurement's output hash equal */
+    /* A rewrite turn: ttft over the mean of the nearest extension turn before and the
+     * nearest after (either alone at an end); NAN otherwise. Extension turns at about the
+     * same context length are the yardstick of "no class of turn left behind". */
+    double vs_ext[TERN_REPLAY_MAX_ARMS];
 };
 
 struct tern_class_summary {
@@ -206,6 +210,10 @@ struct tern_replay_summary {
     size_t n_identical;                                  /* turns whose output is identical */
     /* The flat line: first and last rewrite turns. */
     long first_rewrite, last_rewrite;                    /* -1 if none */
+    /* Range of turns[].vs_ext per arm over the rewrite turns that have one; n_vs_ext = 0
+     * when no rewrite turn has an extension neighbour. */
+    size_t n_vs_ext;
+    double vs_ext_lo[TERN_REPLAY_MAX_ARMS], vs_ext_hi[TERN_REPLAY_MAX_ARMS];
 };
 
 /* Per-turn medians (per arm) and class tables from the measurements in r. */

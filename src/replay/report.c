@@ -194,6 +194,27 @@ enum tern_status tern_replay_write_results(const struct tern_replay_run *r, cons
         }
         fprintf(f, ".\n\n");
     }
+    if (s->n_vs_ext > 0) {
+        fprintf(f, "**No class of turn left behind.** A rewrite turn's TTFT against the mean of the extension turns "
+                   "just before and after it (same context length):");
+        for (int arm = 0; arm < na; arm++) {
+            fx(a, sizeof a, s->vs_ext_lo[arm]), fx(b, sizeof b, s->vs_ext_hi[arm]);
+            fprintf(f, "%s `%s` %s – %s", arm ? ";" : "", cfg->arms[arm].label, a, b);
+        }
+        fprintf(f, " (per turn:");
+        bool first = true;
+        for (size_t t = 0; t < s->n_turns; t++) {
+            const struct tern_turn_summary *ts = &s->turns[t];
+            if (ts->kind != TERN_TURN_REWRITE || !isfinite(ts->vs_ext[0])) continue;
+            fprintf(f, "%s turn %zu", first ? "" : ";", t);
+            first = false;
+            for (int arm = 0; arm < na; arm++) {
+                fx(a, sizeof a, ts->vs_ext[arm]);
+                fprintf(f, "%s %s", arm ? " /" : "", a);
+            }
+        }
+        fprintf(f, ").\n\n");
+    }
     if (r->isolation_leak)
         fprintf(f, "> **Warning:** repetition %d's cold turn reported %ld cached tokens: the server kept state from an "
                    "earlier repetition (isolation `%s`), so later repetitions are not independent. Use `--model` "

@@ -228,4 +228,12 @@ void tern_server_pause(struct tern_server_proc *p, bool pause) {
     if (!p || p->pid <= 0 || p->paused == pause) return;
     kill(-p->pid, pause ? SIGSTOP : SIGCONT);
     p->paused = pause;
+    if (!pause) return;
+    /* A signal is delivered asynchronously: wait until the server has really stopped, so
+     * that it computes nothing during the next request. (If it exited instead, this reaps
+     * it; the next request to it fails and says so.) */
+    int wst;
+    pid_t w;
+    while ((w = waitpid(p->pid, &wst, WUNTRACED)) < 0 && errno == EINTR) {}
+    if (w == p->pid && (WIFEXITED(wst) || WIFSIGNALED(wst))) p->pid = 0;
 }

@@ -106,6 +106,39 @@ enum tern_status tern_replay_summarize_arrays(size_t n_turns, int n_reps, int n_
         }
     }
 #undef AT
+    /* Rewrite turns against the extension turns around them. */
+    for (int a = 0; a < n_arms; a++) s->vs_ext_lo[a] = s->vs_ext_hi[a] = NAN;
+    for (size_t t = 0; t < n_turns; t++) {
+        struct tern_turn_summary *ts = &s->turns[t];
+        for (int a = 0; a < TERN_REPLAY_MAX_ARMS; a++) ts->vs_ext[a] = NAN;
+        if (ts->kind != TERN_TURN_REWRITE) continue;
+        long before = -1, after = -1;
+        for (size_t b = t; b-- > 0;)
+            if (s->turns[b].kind == TERN_TURN_EXTENSION) {
+                before = (long)b;
+                break;
+            }
+        for (size_t b = t + 1; b < n_turns; b++)
+            if (s->turns[b].kind == TERN_TURN_EXTENSION) {
+                after = (long)b;
+                break;
+            }
+        if (before < 0 && after < 0) continue;
+        bool any = false;
+        for (int a = 0; a < n_arms; a++) {
+            double sum = 0;
+            int n = 0;
+            if (before >= 0 && isfinite(s->turns[before].ttft[a])) sum += s->turns[before].ttft[a], n++;
+            if (after >= 0 && isfinite(s->turns[after].ttft[a])) sum += s->turns[after].ttft[a], n++;
+            if (n == 0 || sum <= 0 || !isfinite(ts->ttft[a])) continue;
+            double v = ts->ttft[a] / (sum / n);
+            ts->vs_ext[a] = v;
+            any = true;
+            if (!(v >= s->vs_ext_lo[a])) s->vs_ext_lo[a] = v;
+            if (!(v <= s->vs_ext_hi[a])) s->vs_ext_hi[a] = v;
+        }
+        if (any) s->n_vs_ext++;
+    }
     for (int k = 0; k < TERN_TURN_KIND_COUNT; k++) {
         struct tern_class_summary *cs = &s->classes[k];
         size_t m = 0;

@@ -179,6 +179,7 @@ static void test_replay_two_arms(void **state) {
     static const char *const parts[] = {"# tern replay: agent8.jsonl", "## By turn class", "| extension |",
                                         "| rewrite |", "| cold |", "sum of per-turn medians", "## Per turn",
                                         "## Wall clock", "## Integrity", "byte-identical across arms and repetitions on 8 of 8 turns",
+                                        "**No class of turn left behind.**",
                                         "per-repetition `cache_salt`", "off/on", "**The flat line.**", "machine",
                                         "| reuse tier |", "| prefix / cold |"};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {

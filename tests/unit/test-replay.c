@@ -454,6 +454,20 @@ static void test_summary_tables(void **state) {
     assert_true(fabs(s.sum_ttft[1] - (1.1 + 1.3 + 1.4 + 1.8)) < 1e-12);
     assert_int_equal(s.first_rewrite, 2);
     assert_int_equal(s.last_rewrite, 2);
+    /* The rewrite turn against the extension turns around it (1 and 3). */
+    assert_int_equal(s.n_vs_ext, 1);
+    assert_true(fabs(s.turns[2].vs_ext[0] - 0.3 / ((0.2 + 0.15) / 2)) < 1e-9);
+    assert_true(fabs(s.turns[2].vs_ext[1] - 1.4 / ((1.3 + 1.8) / 2)) < 1e-9);
+    assert_true(isnan(s.turns[1].vs_ext[0]) && isnan(s.turns[0].vs_ext[1]));
+    assert_true(s.vs_ext_lo[0] == s.turns[2].vs_ext[0] && s.vs_ext_hi[1] == s.turns[2].vs_ext[1]);
+    tern_replay_summary_free(&s);
+    /* Only rewrite turns after the cold one (a stripped transcript): no yardstick. */
+    enum tern_turn_kind all_rw[4] = {TERN_TURN_COLD, TERN_TURN_REWRITE, TERN_TURN_REWRITE, TERN_TURN_REWRITE};
+    assert_int_equal(tern_replay_summarize_arrays(4, 3, 2, all_rw, &ttft[0][0][0], &total[0][0][0], &prompt[0][0][0],
+                                                  &cached[0][0][0], &hash[0][0][0], &s),
+                     TERN_OK);
+    assert_int_equal(s.n_vs_ext, 0);
+    assert_true(isnan(s.turns[2].vs_ext[0]));
     tern_replay_summary_free(&s);
 }
 
