@@ -3,6 +3,7 @@
 
 #include "tokenizer/tokenizer.h"
 #include "util/buf.h"
+#include "util/rng.h"
 #include "util/timeutil.h"
 
 #include <getopt.h>
@@ -12,13 +13,7 @@
 #include <string.h>
 #include <time.h>
 
-static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static uint32_t rnd(uint64_t *s, uint32_t n) { return (uint32_t)(rng_next(s) % n); }
+static uint32_t rnd(uint64_t *s, uint32_t n) { return (uint32_t)(tern_splitmix64(s) % n); }
 #define PICK(s, arr) (arr)[rnd(s, (uint32_t)(sizeof(arr) / sizeof((arr)[0])))]
 
 static const char *const words[] = {

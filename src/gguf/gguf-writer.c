@@ -65,23 +65,6 @@ void gguf_writer_free(struct gguf_writer *w) {
 
 /* ---- metadata --------------------------------------------------------------------- */
 
-static size_t elem_size(enum gguf_type t) {
-    switch (t) {
-    case GGUF_TYPE_UINT8:
-    case GGUF_TYPE_INT8:
-    case GGUF_TYPE_BOOL: return 1;
-    case GGUF_TYPE_UINT16:
-    case GGUF_TYPE_INT16: return 2;
-    case GGUF_TYPE_UINT32:
-    case GGUF_TYPE_INT32:
-    case GGUF_TYPE_FLOAT32: return 4;
-    case GGUF_TYPE_UINT64:
-    case GGUF_TYPE_INT64:
-    case GGUF_TYPE_FLOAT64: return 8;
-    default: return 0;
-    }
-}
-
 static enum tern_status put(struct tern_buf *b, const void *p, size_t n) { return tern_buf_append(b, p, n); }
 
 static enum tern_status put_u32(struct tern_buf *b, uint32_t v) { return put(b, &v, 4); }
@@ -139,7 +122,7 @@ static enum tern_status set_scalar(struct gguf_writer *w, const char *key, enum 
     size_t klen = strlen(key);
     enum tern_status st = kv_begin(w, key, klen, type, &mark);
     if (st) return st;
-    return kv_end(w, key, klen, mark, put(&w->meta, v, elem_size(type)));
+    return kv_end(w, key, klen, mark, put(&w->meta, v, gguf_type_size(type)));
 }
 
 enum tern_status gguf_writer_set_u32(struct gguf_writer *w, const char *key, uint32_t v) {
@@ -183,7 +166,7 @@ enum tern_status gguf_writer_set_str(struct gguf_writer *w, const char *key, con
 
 static enum tern_status set_arr_n(struct gguf_writer *w, const char *key, size_t klen, enum gguf_type elem,
                                   const void *data, uint64_t n) {
-    size_t es = elem_size(elem);
+    size_t es = gguf_type_size(elem);
     if (!es)
         return tern_errorf(TERN_ERR_INVALID, "gguf writer: '%s': array element type %s is not numeric "
                            "(use gguf_writer_set_arr_str for strings; nested arrays are not allowed)",
@@ -268,7 +251,7 @@ enum tern_status gguf_writer_set_kv(struct gguf_writer *w, const struct gguf_kv 
     size_t mark;
     enum tern_status st = kv_begin(w, key, klen, kv->type, &mark);
     if (st) return st;
-    return kv_end(w, key, klen, mark, put(&w->meta, &v, elem_size(kv->type)));
+    return kv_end(w, key, klen, mark, put(&w->meta, &v, gguf_type_size(kv->type)));
 }
 
 /* ---- tensors ---------------------------------------------------------------------- */

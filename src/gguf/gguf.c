@@ -108,8 +108,7 @@ const char *gguf_type_name(enum gguf_type t) {
     return (unsigned)t < GGUF_TYPE_COUNT ? names[t] : "unknown";
 }
 
-/* Bytes of one scalar of type t; 0 for STRING, ARRAY and invalid types. */
-static size_t scalar_size(enum gguf_type t) {
+size_t gguf_type_size(enum gguf_type t) {
     switch (t) {
     case GGUF_TYPE_UINT8:
     case GGUF_TYPE_INT8:
@@ -218,7 +217,7 @@ static const char *printable(const struct gguf_str *s, char *buf, size_t cap) {
 /* ---- metadata --------------------------------------------------------------------- */
 
 static enum tern_status read_scalar(struct rd *r, enum gguf_type t, struct gguf_kv *kv) {
-    size_t n = scalar_size(t);
+    size_t n = gguf_type_size(t);
     if (rd_left(r) < n) return rd_truncated(r, "value", n);
     const uint8_t *p = r->p + r->pos;
     switch (t) {
@@ -303,7 +302,7 @@ static enum tern_status read_array(struct rd *r, struct gguf_kv *kv) {
     kv->v.arr.n = n;
     if (et == GGUF_TYPE_STRING) return read_str_array(r, n, kv);
 
-    size_t es = scalar_size((enum gguf_type)et);
+    size_t es = gguf_type_size((enum gguf_type)et);
     uint64_t bytes;
     if (tern_mul_overflow_u64(n, es, &bytes) || bytes > rd_left(r))
         return tern_errorf(TERN_ERR_FORMAT, "%s: array of %" PRIu64 " %s (%zu bytes each) at offset %" PRIu64

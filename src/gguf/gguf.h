@@ -33,6 +33,8 @@ enum gguf_type {
 };
 
 const char *gguf_type_name(enum gguf_type t);
+/* Bytes of one scalar of type t; 0 for STRING, ARRAY and invalid types. */
+size_t gguf_type_size(enum gguf_type t);
 
 #define GGUF_MAX_DIMS 4
 #define GGUF_DEFAULT_ALIGNMENT 32

@@ -6,6 +6,7 @@
 #include "util/hash.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/rng.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -18,39 +19,17 @@
 /* ---- PRNG: xoshiro256** seeded by splitmix64, normals by Box-Muller ----------------- */
 
 struct rng {
-    uint64_t s[4];
+    struct tern_rng x;
     double spare;
     bool has_spare;
 };
 
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += UINT64_C(0x9e3779b97f4a7c15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
-    return z ^ (z >> 31);
-}
-
 static void rng_seed(struct rng *r, uint64_t seed) {
-    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);
+    tern_rng_seed(&r->x, seed);
     r->has_spare = false;
 }
 
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t rng_next(struct rng *r) {
-    uint64_t *s = r->s;
-    const uint64_t result = rotl(s[1] * 5, 7) * 9;
-    const uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
-
-static double rng_uniform(struct rng *r) { return (double)(rng_next(r) >> 11) * 0x1p-53; } /* [0, 1) */
+static double rng_uniform(struct rng *r) { return tern_rng_uniform(&r->x); } /* [0, 1) */
 
 static double rng_normal(struct rng *r) {
     if (r->has_spare) {

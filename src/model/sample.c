@@ -4,6 +4,7 @@
 #include "tern.h"
 
 #include "util/mem.h"
+#include "util/rng.h"
 #include "util/status.h"
 
 #include <math.h>
@@ -18,7 +19,7 @@ struct cand {
 struct tern_sampler {
     struct tern_sampler_params p;
     uint32_t n_vocab;
-    uint64_t rng[4];
+    struct tern_rng rng;
     float *work;       /* (n_vocab) logits after penalties */
     struct cand *cand; /* (n_vocab) sorted candidates */
     int32_t *hist;     /* penalty window, sorted (grown as needed) */
@@ -35,30 +36,6 @@ void tern_sampler_params_default(struct tern_sampler_params *p) {
     p->repeat_last_n = 64;
     p->seed = 0;
 }
-
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t rng_next(uint64_t s[4]) {
-    const uint64_t r = rotl(s[1] * 5, 7) * 9;
-    const uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return r;
-}
-
-/* Uniform in [0, 1). */
-static double rng_uniform(uint64_t s[4]) { return (double)(rng_next(s) >> 11) * 0x1.0p-53; }
 
 enum tern_status tern_sampler_new(const struct tern_sampler_params *p, uint32_t n_vocab, struct tern_sampler **out) {
     *out = NULL;
@@ -82,7 +59,7 @@ enum tern_status tern_sampler_new(const struct tern_sampler_params *p, uint32_t 
         return tern_errorf(TERN_ERR_NOMEM, "sampler: out of memory for %u logits", n_vocab);
     }
     uint64_t x = p->seed;
-    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
+    tern_rng_seed(&s->rng, x);
     *out = s;
     return TERN_OK;
 }
@@ -199,7 +176,7 @@ int32_t tern_sampler_sample(struct tern_sampler *s, const float *logits, const i
         const float max = l[argmax(l, V)];
         double z = 0.0;
         for (uint32_t i = 0; i < V; i++) z += exp((double)((l[i] - max) * inv_t));
-        const double r = rng_uniform(s->rng) * z;
+        const double r = tern_rng_uniform(&s->rng) * z;
         double cum = 0.0;
         for (uint32_t i = 0; i < V; i++) {
             cum += exp((double)((l[i] - max) * inv_t));
@@ -259,7 +236,7 @@ int32_t tern_sampler_sample(struct tern_sampler *s, const float *logits, const i
     if (keep > n) keep = n;
     double z = 0.0;
     for (size_t i = 0; i < keep; i++) z += exp((double)((c[i].v - max) * inv_t));
-    const double r = rng_uniform(s->rng) * z;
+    const double r = tern_rng_uniform(&s->rng) * z;
     double cum = 0.0;
     for (size_t i = 0; i < keep; i++) {
         cum += exp((double)((c[i].v - max) * inv_t));

@@ -13,6 +13,7 @@
 #include "replay/replay.h"
 
 #include "util/mem.h"
+#include "util/rng.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -23,12 +24,7 @@ struct rng {
     uint64_t s;
 };
 
-static uint64_t next(struct rng *r) { /* splitmix64 */
-    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+static uint64_t next(struct rng *r) { return tern_splitmix64(&r->s); }
 static size_t pick(struct rng *r, size_t n) { return (size_t)(next(r) % n); }
 #define PICK(r, arr) (arr)[pick((r), TERN_ARRAY_LEN(arr))]
 

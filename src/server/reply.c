@@ -2,6 +2,7 @@
 #include "server/reply.h"
 
 #include "util/mem.h"
+#include "util/rng.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -184,13 +185,6 @@ static void call_args(struct reply_parser *p, const char *s, size_t n) {
     if (dc) note(p, tern_buf_append(&dc->args, s, n));
 }
 
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static void call_begin(struct reply_parser *p, const char *name, size_t name_len) {
     if (p->n_calls == p->cap_calls) {
         size_t cap = p->cap_calls ? p->cap_calls * 2 : 4;
@@ -212,7 +206,7 @@ static void call_begin(struct reply_parser *p, const char *name, size_t name_len
     static const char alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
     uint64_t x = p->id_seed ^ ((uint64_t)p->n_calls * 0x2545f4914f6cdd1dull);
     memcpy(c->id, "call_", 5);
-    for (int i = 0; i < 24; i++) c->id[5 + i] = alnum[splitmix64(&x) % 62];
+    for (int i = 0; i < 24; i++) c->id[5 + i] = alnum[tern_splitmix64(&x) % 62];
     c->id[29] = 0;
     p->n_calls++;
     p->call_begun = true;
