@@ -178,8 +178,9 @@ static void log_job(struct srv_server *s, const struct srv_job *j, int status) {
     double ttft = j->t_first > 0 ? j->t_first - j->t_arrive : -1;
     double gen_s = j->t_first > 0 ? now - j->t_first : 0;
     double tps = gen_s > 0 && j->n_generated > 1 ? (j->n_generated - 1) / gen_s : 0;
-    /* what the first token cost beyond reading the prompt's tokens: parsing, rendering,
-     * tokenizing, the reuse decision, restoring a checkpoint, the first sample */
+    /* what the first token cost beyond reading the prompt's tokens: the wait in the queue,
+     * parsing, rendering, tokenizing, the reuse decision, restoring a checkpoint, the first
+     * sample */
     double overhead = ttft >= 0 ? ttft - j->t_prime : -1;
     char ttft_s[64];
     if (ttft >= 0) snprintf(ttft_s, sizeof ttft_s, "%.3fs prime=%.3fs", ttft, j->t_prime);
@@ -231,7 +232,7 @@ static void render_metrics(struct srv_server *s, struct tern_buf *b) {
                     "# HELP tern_ttft_seconds Time from arrival to the first generated token.\n"
                     "# TYPE tern_ttft_seconds summary\ntern_ttft_seconds_sum %.6f\ntern_ttft_seconds_count %llu\n"
                     "# HELP tern_ttft_overhead_seconds The part of the time to first token not spent reading "
-                    "prompt tokens (parse, render, tokenize, reuse decision, restore, first sample).\n"
+                    "prompt tokens (queue wait, parse, render, tokenize, reuse decision, restore, first sample).\n"
                     "# TYPE tern_ttft_overhead_seconds summary\ntern_ttft_overhead_seconds_sum %.6f\n"
                     "tern_ttft_overhead_seconds_count %llu\n"
                     "# HELP tern_preempt_wait_seconds How long requests that arrived during idle work waited for it.\n"
