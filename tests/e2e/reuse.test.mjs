@@ -261,6 +261,45 @@ test('two clients racing on one session key both get correct answers', async () 
   assert.deepEqual(b.choices[0].message, cb.choices[0].message);
 });
 
+// The budget must hold for the process, not only for the pool's own counters: evicted
+// sessions and checkpoints are freed and the memory returned (malloc_trim). Once the
+// pool is full, many more conversations must not grow the server's RSS by more than
+// the budget's order of magnitude. (Under ASan the allocator keeps freed memory in
+// quarantine, so there the conversations run and the counters are checked, not the RSS.)
+test('the budget holds for the RSS: conversations beyond a full pool do not grow the process', async () => {
+  const sanitized = process.env.TERN_SANITIZED === '1';
+  const s = await startServer(['--model', models.qwen35, ...common, '--cache-ram', '2'], env);
+  const rss = () => Number(readFileSync(`/proc/${s.proc.pid}/status`, 'utf8').match(/^VmRSS:\s+(\d+) kB/m)[1]) * 1024;
+  const conversation = async (i) => {
+    let msgs = [SYS, { role: 'user', content: `conversation ${i} `.repeat(30) }];
+    for (let t = 0; t < 2; t++) {
+      const a = await chat(s, { messages: msgs });
+      msgs = [...msgs, { role: 'assistant', content: a.choices[0].message.content }, { role: 'user', content: `more ${t}` }];
+    }
+  };
+  try {
+    const warm = sanitized ? 6 : 12, more = sanitized ? 6 : 36;
+    for (let i = 0; i < warm; i++) await conversation(i);
+    const metrics = async () => (await fetch(`${s.base}/metrics`)).text();
+    const m1 = await metrics();
+    assert.ok(Number(m1.match(/^tern_cache_evictions_total (\d+)/m)[1]) > 0, 'the pool is full: evictions happened');
+    const r1 = rss();
+    for (let i = warm; i < warm + more; i++) await conversation(i);
+    const m2 = await metrics();
+    const pool = Number(m2.match(/^tern_cache_pool_bytes (\d+)/m)[1]);
+    assert.ok(pool <= 2 * 1048576, `pool ${pool} within 2 MiB`);
+    const r2 = rss();
+    console.log(`# RSS ${r1} -> ${r2} bytes over ${more} conversations past a full pool`);
+    if (sanitized) {
+      console.log('# (not asserted under ASan: its quarantine keeps freed memory)');
+    } else {
+      assert.ok(r2 - r1 < 3 * 1048576, `RSS grew by ${r2 - r1} bytes over ${more} conversations past a full 2 MiB pool (${r1} -> ${r2})`);
+    }
+  } finally {
+    assert.equal(await s.stop(), 0);
+  }
+});
+
 test('the pool stays within --cache-ram and the switches serve correctly', async () => {
   const s = await startServer(['--model', models.qwen35, ...common, '--cache-ram', '3'], env);
   try {
