@@ -144,21 +144,15 @@ static enum tern_status llama_state_new(const struct tern_model *m, uint32_t n_c
     if (!rs) return tern_errorf(TERN_ERR_NOMEM, "model: out of memory");
     rs->n_chunk = n_chunk;
     const size_t nq = (size_t)hp->n_head * hp->head_dim_k, nkv = (size_t)hp->n_head_kv * hp->head_dim_k;
-    struct {
-        float **p;
-        size_t n;
-    } bufs[] = {
-        {&rs->x, hp->n_embd}, {&rs->xb, hp->n_embd}, {&rs->q, nq},          {&rs->k, nkv},        {&rs->v, nkv},
-        {&rs->att, nq},       {&rs->hb, hp->n_ff},   {&rs->hb2, hp->n_ff}, {&rs->cs, hp->rope.n_rot},
+    const struct model_buf bufs[] = {
+        {&rs->x, hp->n_embd, false},   {&rs->xb, hp->n_embd, false}, {&rs->q, nq, false},
+        {&rs->k, nkv, false},          {&rs->v, nkv, false},         {&rs->att, nq, false},
+        {&rs->hb, hp->n_ff, false},    {&rs->hb2, hp->n_ff, false},  {&rs->cs, hp->rope.n_rot, false},
     };
-    for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) {
-        size_t bytes;
-        if (tern_mul_overflow((size_t)n_chunk * sizeof(float), bufs[i].n ? bufs[i].n : 1, &bytes) ||
-            !(*bufs[i].p = tern_aligned_alloc(bytes))) {
-            llama_state_free(rs);
-            return tern_errorf(TERN_ERR_NOMEM, "model: out of memory for the state of %u-token chunks", n_chunk);
-        }
-        rs->bytes += bytes;
+    enum tern_status st = model_bufs_alloc(bufs, TERN_ARRAY_LEN(bufs), n_chunk, &rs->bytes, "model");
+    if (st) {
+        llama_state_free(rs);
+        return st;
     }
     *out = rs;
     return TERN_OK;

@@ -292,11 +292,7 @@ static enum tern_status q35_state_new(const struct tern_model *m, uint32_t n_chu
     rs->n_chunk = n_chunk;
     const size_t nq = (size_t)hp->n_head * hp->head_dim_k, nkv = (size_t)hp->n_head_kv * hp->head_dim_k;
     const size_t C = tern_deltanet_channels(&w->dn), nv = w->dn.n_v_heads, nvd = nv * w->dn.d_v;
-    struct {
-        float **p;
-        size_t n;    /* floats per token */
-        bool once;   /* not per token */
-    } bufs[] = {
+    const struct model_buf bufs[] = {
         {&rs->x, hp->n_embd, false},    {&rs->xb, hp->n_embd, false}, {&rs->qkv_raw, C, false},
         {&rs->qkv, C, false},           {&rs->z, nvd, false},         {&rs->beta, nv, false},
         {&rs->alpha, nv, false},        {&rs->o, nvd, false},
@@ -305,15 +301,10 @@ static enum tern_status q35_state_new(const struct tern_model *m, uint32_t n_chu
         {&rs->k, nkv, false},           {&rs->v, nkv, false},         {&rs->att, nq, false},
         {&rs->cs, hp->rope.n_rot, false}, {&rs->hb, hp->n_ff, false}, {&rs->hb2, hp->n_ff, false},
     };
-    for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) {
-        size_t bytes;
-        const size_t rows = bufs[i].once ? 1 : n_chunk;
-        if (tern_mul_overflow(rows * sizeof(float), bufs[i].n ? bufs[i].n : 1, &bytes) ||
-            !(*bufs[i].p = tern_aligned_alloc(bytes))) {
-            q35_state_free(rs);
-            return tern_errorf(TERN_ERR_NOMEM, "qwen35: out of memory for the state of %u-token chunks", n_chunk);
-        }
-        rs->bytes += bytes;
+    enum tern_status st = model_bufs_alloc(bufs, TERN_ARRAY_LEN(bufs), n_chunk, &rs->bytes, "qwen35");
+    if (st) {
+        q35_state_free(rs);
+        return st;
     }
     *out = rs;
     return TERN_OK;

@@ -5,6 +5,7 @@
 #include "model/model.h"
 
 #include "util/fp16.h"
+#include "util/mem.h"
 
 #include <math.h>
 #include <string.h>
@@ -318,4 +319,16 @@ void model_attention(struct tern_session *s, uint32_t il, const float *q, size_t
     tern_work_init(&at.work, (size_t)at.n_blocks * L->n_kv_head, 1);
     if (tern_threadpool_n_threads(s->m->pool) == 1) attn_run_task(&at, 0, 1);
     else tern_threadpool_run_shared(s->m->pool, attn_run_task, &at);
+}
+
+enum tern_status model_bufs_alloc(const struct model_buf *bufs, size_t n_bufs, uint32_t n_chunk, size_t *bytes,
+                                  const char *who) {
+    for (size_t i = 0; i < n_bufs; i++) {
+        size_t b;
+        const size_t rows = bufs[i].once ? 1 : n_chunk;
+        if (tern_mul_overflow(rows * sizeof(float), bufs[i].n ? bufs[i].n : 1, &b) || !(*bufs[i].p = tern_aligned_alloc(b)))
+            return tern_errorf(TERN_ERR_NOMEM, "%s: out of memory for the state of %u-token chunks", who, n_chunk);
+        *bytes += b;
+    }
+    return TERN_OK;
 }

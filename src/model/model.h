@@ -228,6 +228,19 @@ struct mm_out {
     const struct mat *w;
     float *y;
 };
+
+/* One scratch buffer of an architecture's eval state: n floats per token of a chunk, or
+ * n in all when once. */
+struct model_buf {
+    float **p;
+    size_t n;
+    bool once;
+};
+/* Allocates every buffer (aligned; a size of 0 counts as 1 float) and adds their bytes to
+ * *bytes. On failure the buffers allocated so far stay set, for the caller's state_free;
+ * the message names `who`. */
+enum tern_status model_bufs_alloc(const struct model_buf *bufs, size_t n_bufs, uint32_t n_chunk, size_t *bytes,
+                                  const char *who);
 void model_matmul(struct tern_session *s, const float *x, uint32_t n_tok, const struct mm_out *outs, size_t n_outs);
 static inline void model_matmul1(struct tern_session *s, const float *x, uint32_t n_tok, const struct mat *w, float *y) {
     const struct mm_out o = {w, y};
