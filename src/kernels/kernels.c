@@ -89,10 +89,12 @@ enum tern_dtype tern_act_type(enum tern_dtype wtype) {
     case TERN_DTYPE_Q4_1:
     case TERN_DTYPE_Q5_0:
     case TERN_DTYPE_Q5_1:
-    case TERN_DTYPE_Q8_0: return TERN_DTYPE_Q8_0;
+    case TERN_DTYPE_Q8_0:
+    case TERN_DTYPE_IQ4_NL: return TERN_DTYPE_Q8_0;
     case TERN_DTYPE_Q4_K:
     case TERN_DTYPE_Q5_K:
-    case TERN_DTYPE_Q6_K: return TERN_DTYPE_Q8_K;
+    case TERN_DTYPE_Q6_K:
+    case TERN_DTYPE_IQ4_XS: return TERN_DTYPE_Q8_K;
     default: return TERN_DTYPE_F32;
     }
 }

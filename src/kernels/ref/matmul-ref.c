@@ -8,6 +8,7 @@
 #include "kernels/kernels-impl.h"
 #include "kernels/quant.h"
 
+#include <math.h>
 #include <string.h>
 
 /* ---- activations -------------------------------------------------------------------- */
@@ -236,6 +237,56 @@ static float dot_q6_k(const void *wv, const void *av, size_t k) {
     return acc;
 }
 
+/* ---- IQ4_NL x Q8_0, IQ4_XS x Q8_K: the AVX2 kernels' bits -------------------------------
+ *
+ * These two compute what their AVX2 twins compute, operation for operation, so the two
+ * ISAs give the same bits: per block (IQ4_XS: per super-block) eight exact integer lanes,
+ * lane i holding the products of elements 4i .. 4i + 3 of each 32 (IQ4_XS: each times
+ * its sub-block scale, summed over the 8 sub-blocks); each lane converted to float and
+ * accumulated as acc[i] = fma(lane, dw * da, acc[i]); at the end sum8, the same tree as
+ * the AVX2 horizontal sum. fmaf is the fused operation the AVX2 code uses. */
+
+static int iq4_level(const uint8_t *qs, int e) {
+    return tern_iq4nl_values[e < 16 ? qs[e] & 0xF : qs[e - 16] >> 4];
+}
+
+static float dot_iq4_nl(const void *wv, const void *av, size_t k) {
+    const struct tern_block_iq4_nl *w = wv;
+    const struct tern_block_q8_0 *a = av;
+    float acc[8] = {0};
+    for (size_t b = 0; b < k / TERN_QK; b++) {
+        const float dd = tern_fp16_to_f32(w[b].d) * tern_fp16_to_f32(a[b].d);
+        for (int i = 0; i < 8; i++) {
+            int lane = 0;
+            for (int e = 4 * i; e < 4 * i + 4; e++) lane += iq4_level(w[b].qs, e) * a[b].qs[e];
+            acc[i] = fmaf((float)lane, dd, acc[i]);
+        }
+    }
+    return sum8(acc);
+}
+
+static float dot_iq4_xs(const void *wv, const void *av, size_t k) {
+    const struct tern_block_iq4_xs *w = wv;
+    const struct tern_block_q8_k *a = av;
+    float acc[8] = {0};
+    for (size_t b = 0; b < k / TERN_QK_K; b++) {
+        int lane[8] = {0};
+        for (int j = 0; j < TERN_QK_K / 32; j++) {
+            const int sc = tern_iq4xs_scale(&w[b], j);
+            const uint8_t *qs = w[b].qs + 16 * j;
+            const int8_t *y = a[b].qs + 32 * j;
+            for (int i = 0; i < 8; i++) {
+                int s = 0;
+                for (int e = 4 * i; e < 4 * i + 4; e++) s += iq4_level(qs, e) * y[e];
+                lane[i] += sc * s;
+            }
+        }
+        const float dd = tern_fp16_to_f32(w[b].d) * a[b].d;
+        for (int i = 0; i < 8; i++) acc[i] = fmaf((float)lane[i], dd, acc[i]);
+    }
+    return sum8(acc);
+}
+
 /* ---- the matmul driver -------------------------------------------------------------- */
 
 typedef float (*dot_fn)(const void *w, const void *act, size_t k);
@@ -274,6 +325,8 @@ MATMUL_REF(mm_q8_0, dot_q8_0)
 MATMUL_REF(mm_q4_k, dot_q4_k)
 MATMUL_REF(mm_q5_k, dot_q5_k)
 MATMUL_REF(mm_q6_k, dot_q6_k)
+MATMUL_REF(mm_iq4_nl, dot_iq4_nl)
+MATMUL_REF(mm_iq4_xs, dot_iq4_xs)
 
 const struct tern_kernel_table tern_kernels_portable = {
     .matmul =
@@ -289,6 +342,8 @@ const struct tern_kernel_table tern_kernels_portable = {
             [TERN_DTYPE_Q4_K] = mm_q4_k,
             [TERN_DTYPE_Q5_K] = mm_q5_k,
             [TERN_DTYPE_Q6_K] = mm_q6_k,
+            [TERN_DTYPE_IQ4_NL] = mm_iq4_nl,
+            [TERN_DTYPE_IQ4_XS] = mm_iq4_xs,
         },
     .act =
         {
