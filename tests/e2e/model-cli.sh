@@ -3,7 +3,7 @@
 # the shared kit's stories260K (when present: its greedy story must match llama.cpp's).
 set -u
 bin=${TERN_BIN:-./tern}
-shared=${TERN_SHARED_DIR:-../shared}
+shared=${TERN_SHARED_DIR:-${TERN_SHARED_DIR_DEFAULT:-../shared}}
 fail() { echo "FAIL: $*"; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -60,6 +60,7 @@ if [ -f "$st" ]; then
   txt=$("$bin" run -m "$st" --prompt "Once upon a time" --temp 0 -n 40 --stop "park" 2>/dev/null)
   [ "$txt" = ", there was a little girl named Lily. She loved to play outside in the " ] || fail "stop string: '$txt'"
 else
+  [ "${TERN_REQUIRE_SHARED:-0}" = 0 ] || fail "$st is absent and TERN_REQUIRE_SHARED is set"
   echo "note: $st absent; the stories260K checks did not run"
 fi
 echo ok
