@@ -1,5 +1,7 @@
 /* Kernel dispatch: picks the ISA once (CPUID, TERN_ISA) and routes every call through
- * that ISA's table, falling back to the portable entry where an ISA has none. */
+ * that ISA's table, falling back to the portable entry where an ISA has none. The ops
+ * (ops.c) and the Gated DeltaNet core (model/deltanet.c) follow the same choice: this is
+ * the only place that reads CPUID or TERN_ISA. */
 #include "kernels/kernels.h"
 #include "kernels/kernels-impl.h"
 #include "kernels/quant.h"
@@ -60,6 +62,11 @@ const char *tern_isa_name(enum tern_isa isa) {
     case TERN_ISA_AVX2: return "avx2";
     }
     return "unknown";
+}
+
+bool tern_kernels_isa_available(enum tern_isa isa) {
+    tern_kernels_init();
+    return isa == TERN_ISA_PORTABLE || (isa == TERN_ISA_AVX2 && have_avx2);
 }
 
 bool tern_kernels_set_isa(enum tern_isa isa) {

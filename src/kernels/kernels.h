@@ -22,13 +22,17 @@
 
 enum tern_isa { TERN_ISA_PORTABLE = 0, TERN_ISA_AVX2 = 1 };
 
-/* Chooses the ISA once (CPUID; the environment variable TERN_ISA=portable forces the
- * portable kernels). Safe to call from many threads; every entry point calls it. */
+/* The one ISA choice of the process, for the matrix kernels, the ops (ops.h) and the
+ * Gated DeltaNet core alike: made once (CPUID; the environment variable TERN_ISA=portable
+ * forces the portable code, TERN_ISA=avx2 asks for AVX2), here and nowhere else. Safe to
+ * call from many threads; every entry point calls it. */
 void tern_kernels_init(void);
 enum tern_isa tern_kernels_isa(void);
 const char *tern_isa_name(enum tern_isa isa);
-/* For tests and benchmarks: force an ISA (false if the CPU lacks it). Not thread-safe
- * with respect to running kernels. */
+/* Whether the CPU can run an ISA's code (AVX2: AVX2, FMA and F16C). */
+bool tern_kernels_isa_available(enum tern_isa isa);
+/* For tests and benchmarks: force an ISA for everything that follows the choice (false
+ * if the CPU lacks it). Not thread-safe with respect to running kernels. */
 bool tern_kernels_set_isa(enum tern_isa isa);
 
 /* Whether weights of this type can be multiplied (dtype supported flag). */

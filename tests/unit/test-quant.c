@@ -5,6 +5,8 @@
 
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
+#include "kernels/ops.h"
+#include "model/deltanet.h"
 #include "kernels/quant.h"
 #include "tern.h"
 #include "util/dtype.h"
@@ -37,14 +39,28 @@ static const enum tern_dtype quant_types[] = {
     TERN_DTYPE_Q6_K, TERN_DTYPE_Q8_K, TERN_DTYPE_IQ4_NL, TERN_DTYPE_IQ4_XS,
 };
 
-/* TERN_ISA=portable forces the portable kernels. Runs first: the ISA is chosen once per
- * process, at the first kernel call. */
+/* TERN_ISA=portable forces the portable kernels, ops and DeltaNet path (one choice,
+ * kernels.c). Runs first: the ISA is chosen once per process, at the first kernel call. */
 static void test_isa_env_forces_portable(void **state) {
     (void)state;
     setenv("TERN_ISA", "portable", 1);
     assert_int_equal(tern_kernels_isa(), TERN_ISA_PORTABLE);
     unsetenv("TERN_ISA");
     assert_int_equal(tern_kernels_isa(), TERN_ISA_PORTABLE); /* chosen once */
+    /* One choice for the whole process: the ops and the Gated DeltaNet core follow it. */
+    assert_ptr_equal(tern_ops(), tern_ops_portable());
+    assert_int_equal(tern_deltanet_path(), TERN_DELTANET_GENERIC);
+    if (tern_kernels_set_isa(TERN_ISA_AVX2)) {
+        assert_true(tern_kernels_isa_available(TERN_ISA_AVX2));
+        assert_ptr_equal(tern_ops(), tern_ops_avx2());
+        assert_int_equal(tern_deltanet_path(), TERN_DELTANET_AVX2);
+        assert_true(tern_deltanet_set_path(TERN_DELTANET_GENERIC)); /* switches the one choice */
+        assert_int_equal(tern_kernels_isa(), TERN_ISA_PORTABLE);
+        assert_ptr_equal(tern_ops(), tern_ops_portable());
+    } else {
+        assert_null(tern_ops_avx2());
+    }
+    assert_true(tern_kernels_isa_available(TERN_ISA_PORTABLE));
 }
 
 static void test_block_sizes_match_dtype_table(void **state) {
