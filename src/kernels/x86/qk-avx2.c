@@ -187,6 +187,27 @@ AVX2_INLINE void q6k_tile(int R, int T, const uint8_t *w, size_t wrb, const uint
 #define IQ4XS_QS offsetof(struct tern_block_iq4_xs, qs)
 #define Q8K_QS_OFF offsetof(struct tern_block_q8_k, qs)
 
+/* The 8 sub-block scales of a block as int16 (ls - 32), in both 128-bit lanes, without a
+ * per-scale loop: the 8 low nibbles (scales_l) and the 8 two-bit highs (scales_h) are
+ * spread to one byte each by shifts and masks, then widened. */
+AVX2_INLINE __m256i iq4xs_scales16(const uint8_t *blk) {
+    uint16_t h;
+    uint32_t l;
+    memcpy(&h, blk + offsetof(struct tern_block_iq4_xs, scales_h), 2);
+    memcpy(&l, blk + offsetof(struct tern_block_iq4_xs, scales_l), 4);
+    uint64_t x = l; /* nibble j -> low nibble of byte j */
+    x = (x | (x << 16)) & 0x0000FFFF0000FFFFull;
+    x = (x | (x << 8)) & 0x00FF00FF00FF00FFull;
+    x = (x | (x << 4)) & 0x0F0F0F0F0F0F0F0Full;
+    uint64_t y = h; /* 2-bit group j -> bits 0-1 of byte j */
+    y = (y | (y << 24)) & 0x000000FF000000FFull;
+    y = (y | (y << 12)) & 0x000F000F000F000Full;
+    y = (y | (y << 6)) & 0x0303030303030303ull;
+    const __m128i ls = _mm_cvtsi64_si128((long long)(x | (y << 4)));
+    const __m128i s16 = _mm_sub_epi16(_mm_cvtepu8_epi16(ls), _mm_set1_epi16(32));
+    return _mm256_broadcastsi128_si256(s16);
+}
+
 AVX2_INLINE void iq4xs_tile(int R, int T, const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb, size_t k,
                             float *y, size_t ldy) {
     const size_t bb = sizeof(struct tern_block_iq4_xs);
@@ -195,14 +216,14 @@ AVX2_INLINE void iq4xs_tile(int R, int T, const uint8_t *w, size_t wrb, const ui
     __m256 acc[AVX2_RMAX][AVX2_TMAX];
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
     for (size_t b = 0; b < k / TERN_QK_K; b++) {
-        int16_t sc[AVX2_RMAX][8];
+        __m256i sc[AVX2_RMAX]; /* the 8 scales ls - 32 as int16, in both 128-bit lanes */
         __m256 dw[AVX2_RMAX];
         UNROLL for (int r = 0; r < R; r++) {
             const uint8_t *blk = w + (size_t)r * wrb + b * bb;
             if (T == 1)
                 for (size_t o = 0; o < bb; o += 64) avx2_prefetch(blk + (size_t)AVX2_PF_ROWS * wrb + o);
             dw[r] = lut_bcast(blk + IQ4XS_D);
-            for (int j = 0; j < 8; j++) sc[r][j] = (int16_t)tern_iq4xs_scale((const struct tern_block_iq4_xs *)blk, j);
+            sc[r] = iq4xs_scales16(blk);
         }
         __m256i sumi[AVX2_RMAX][AVX2_TMAX];
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) sumi[r][t] = _mm256_setzero_si256();
@@ -211,7 +232,7 @@ AVX2_INLINE void iq4xs_tile(int R, int T, const uint8_t *w, size_t wrb, const ui
             UNROLL for (int r = 0; r < R; r++) {
                 q[r] = _mm256_shuffle_epi8(table, nibbles32(w + (size_t)r * wrb + b * bb + IQ4XS_QS + 16 * j));
                 qa[r] = _mm256_sign_epi8(q[r], q[r]);
-                s16[r] = _mm256_set1_epi16(sc[r][j]);
+                s16[r] = _mm256_shuffle_epi8(sc[r], _mm256_set1_epi16((short)(0x0100 + 0x0202 * j)));
             }
             UNROLL for (int t = 0; t < T; t++) {
                 const __m256i av = loadu256(a + (size_t)t * arb + b * ab + Q8K_QS_OFF + 32 * j);
