@@ -8,7 +8,6 @@
 #include "kernels/kernels-impl.h"
 #include "kernels/quant.h"
 
-#include <math.h>
 #include <string.h>
 
 /* ---- activations -------------------------------------------------------------------- */
@@ -243,24 +242,39 @@ static float dot_q6_k(const void *wv, const void *av, size_t k) {
  * ISAs give the same bits: per block (IQ4_XS: per super-block) eight exact integer lanes,
  * lane i holding the products of elements 4i .. 4i + 3 of each 32 (IQ4_XS: each times
  * its sub-block scale, summed over the 8 sub-blocks); each lane converted to float and
- * accumulated as acc[i] = fma(lane, dw * da, acc[i]); at the end sum8, the same tree as
- * the AVX2 horizontal sum. fmaf is the fused operation the AVX2 code uses. */
+ * accumulated as acc[i] = acc[i] + lane * (dw * da), a multiply and an add, each rounded
+ * (the build has -ffp-contract=off, so neither side fuses them; a fused multiply-add
+ * would need fmaf here, a slow library call on CPUs without FMA); at the end sum8, the
+ * same tree as the AVX2 horizontal sum. */
 
-static int iq4_level(const uint8_t *qs, int e) {
-    return tern_iq4nl_values[e < 16 ? qs[e] & 0xF : qs[e - 16] >> 4];
+/* The 32 levels of 16 bytes of nibbles (element j low nibble of qs[j], j + 16 high). */
+static void iq4_unpack(const uint8_t *qs, int8_t *q) {
+    for (int j = 0; j < 16; j++) {
+        q[j] = tern_iq4nl_values[qs[j] & 0xF];
+        q[j + 16] = tern_iq4nl_values[qs[j] >> 4];
+    }
+}
+
+/* lane[i] += scale * (products of elements 4i .. 4i + 3) */
+static void iq4_lanes(const int8_t *q, const int8_t *y, int scale, int *lane) {
+    for (int i = 0; i < 8; i++) {
+        const int s = q[4 * i] * y[4 * i] + q[4 * i + 1] * y[4 * i + 1] + q[4 * i + 2] * y[4 * i + 2] +
+                      q[4 * i + 3] * y[4 * i + 3];
+        lane[i] += scale * s;
+    }
 }
 
 static float dot_iq4_nl(const void *wv, const void *av, size_t k) {
     const struct tern_block_iq4_nl *w = wv;
     const struct tern_block_q8_0 *a = av;
     float acc[8] = {0};
+    int8_t q[32];
     for (size_t b = 0; b < k / TERN_QK; b++) {
         const float dd = tern_fp16_to_f32(w[b].d) * tern_fp16_to_f32(a[b].d);
-        for (int i = 0; i < 8; i++) {
-            int lane = 0;
-            for (int e = 4 * i; e < 4 * i + 4; e++) lane += iq4_level(w[b].qs, e) * a[b].qs[e];
-            acc[i] = fmaf((float)lane, dd, acc[i]);
-        }
+        int lane[8] = {0};
+        iq4_unpack(w[b].qs, q);
+        iq4_lanes(q, a[b].qs, 1, lane);
+        for (int i = 0; i < 8; i++) acc[i] = acc[i] + (float)lane[i] * dd;
     }
     return sum8(acc);
 }
@@ -269,20 +283,15 @@ static float dot_iq4_xs(const void *wv, const void *av, size_t k) {
     const struct tern_block_iq4_xs *w = wv;
     const struct tern_block_q8_k *a = av;
     float acc[8] = {0};
+    int8_t q[32];
     for (size_t b = 0; b < k / TERN_QK_K; b++) {
         int lane[8] = {0};
         for (int j = 0; j < TERN_QK_K / 32; j++) {
-            const int sc = tern_iq4xs_scale(&w[b], j);
-            const uint8_t *qs = w[b].qs + 16 * j;
-            const int8_t *y = a[b].qs + 32 * j;
-            for (int i = 0; i < 8; i++) {
-                int s = 0;
-                for (int e = 4 * i; e < 4 * i + 4; e++) s += iq4_level(qs, e) * y[e];
-                lane[i] += sc * s;
-            }
+            iq4_unpack(w[b].qs + 16 * j, q);
+            iq4_lanes(q, a[b].qs + 32 * j, tern_iq4xs_scale(&w[b], j), lane);
         }
         const float dd = tern_fp16_to_f32(w[b].d) * a[b].d;
-        for (int i = 0; i < 8; i++) acc[i] = fmaf((float)lane[i], dd, acc[i]);
+        for (int i = 0; i < 8; i++) acc[i] = acc[i] + (float)lane[i] * dd;
     }
     return sum8(acc);
 }

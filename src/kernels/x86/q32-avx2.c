@@ -8,7 +8,9 @@
  *   Q4_0/Q5_0:  unsigned levels q (0..15 / 0..31) directly, minus the lanes of 8 a / 16 a
  *               (computed once per token and block): the lanes of (q - 8) a exactly;
  *   Q4_1/Q5_1:  unsigned levels directly;
- *   IQ4_NL:     each nibble replaced by its table value (one byte shuffle), then as Q8_0.
+ *   IQ4_NL:     each nibble replaced by its table value (one byte shuffle), then as Q8_0,
+ *               but accumulated as acc + lanes * (dw*da), unfused, as its portable twin
+ *               does (the two give the same bits).
  * The lanes are converted exactly to float and accumulated as acc = fma(lanes, dw*da, acc)
  * (dw*da, a product of two halves, is exact); Q4_1/Q5_1 then add their offset as
  * acc = fma(lanes of a, m*da, acc). hsum8 at the end. */
@@ -84,7 +86,10 @@ AVX2_INLINE void q32_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, 
                 const __m256i s = q32_signed(kind) ? _mm256_sign_epi8(aq, wq[r]) : aq;
                 __m256i l = _mm256_madd_epi16(_mm256_maddubs_epi16(wu[r], s), ones);
                 if (q32_offset(kind)) l = _mm256_sub_epi32(l, corr);
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), _mm256_mul_ps(dw[r], da), acc[r][t]);
+                if (kind == K_IQ4_NL) /* multiply, then add: the portable twin's operations */
+                    acc[r][t] = _mm256_add_ps(acc[r][t], _mm256_mul_ps(_mm256_cvtepi32_ps(l), _mm256_mul_ps(dw[r], da)));
+                else
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), _mm256_mul_ps(dw[r], da), acc[r][t]);
                 if (q32_has_min(kind)) acc[r][t] = _mm256_fmadd_ps(asum, _mm256_mul_ps(mw[r], da), acc[r][t]);
             }
         }

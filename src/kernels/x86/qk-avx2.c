@@ -179,7 +179,8 @@ AVX2_INLINE void q6k_tile(int R, int T, const uint8_t *w, size_t wrb, const uint
  * Per sub-block of 32: each nibble replaced by its table value (one byte shuffle), the
  * signed levels times the activation bytes by the sign trick (maddubs(|q|, sign(a, q)),
  * no saturation: |q|, |a| <= 127), times the sub-block's integer scale (madd), summed
- * over the super-block in 8 int32 lanes. Then per super-block acc = fma(lanes, d*dy, acc).
+ * over the super-block in 8 int32 lanes. Then per super-block acc = acc + lanes * (d*dy),
+ * a multiply and an add (not fused: the portable twin computes the same without fmaf).
  * The portable twin (ref/matmul-ref.c) performs the same operations, so both ISAs give
  * the same bits. */
 
@@ -244,8 +245,8 @@ AVX2_INLINE void iq4xs_tile(int R, int T, const uint8_t *w, size_t wrb, const ui
         }
         UNROLL for (int t = 0; t < T; t++) {
             const __m256 dy = _mm256_broadcast_ss((const float *)(a + (size_t)t * arb + b * ab + Q8K_D));
-            UNROLL for (int r = 0; r < R; r++)
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r][t]), _mm256_mul_ps(dw[r], dy), acc[r][t]);
+            UNROLL for (int r = 0; r < R; r++) /* multiply, then add: the portable twin's operations */
+                acc[r][t] = _mm256_add_ps(acc[r][t], _mm256_mul_ps(_mm256_cvtepi32_ps(sumi[r][t]), _mm256_mul_ps(dw[r], dy)));
         }
     }
     UNROLL for (int t = 0; t < T; t++) UNROLL for (int r = 0; r < R; r++) y[(size_t)t * ldy + r] = hsum8(acc[r][t]);
