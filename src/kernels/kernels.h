@@ -8,9 +8,10 @@
  * bit-identical results, which is what makes a resumed session equal a cold one.
  *
  * Activations are prepared once per row for the weight type's activation format
- * (F32 for float weights; Q8_0 blocks for the 32-element quants; Q8_K blocks for the
- * K-quants), as ggml does; quantizing an activation row is per token, so it is also
- * independent of batching. */
+ * (F32 for float weights; Q8_0 blocks for the 32-element quants and IQ4_NL; Q8_K blocks
+ * for the K-quants and IQ4_XS), as ggml does; quantizing an activation row is per token, so
+ * it is also independent of batching. IQ4_NL and IQ4_XS give the same bits on every ISA;
+ * the other types differ between ISAs (docs/kernels.md). */
 #ifndef TERN_KERNELS_H
 #define TERN_KERNELS_H
 
@@ -64,7 +65,7 @@ void tern_matmul(enum tern_dtype wtype, const void *w, size_t w_row_bytes, size_
  * (tern_last_error) naming the type and k, for a type they do not handle or a k that is
  * not a multiple of the type's block size; dst is then untouched.
  * Dequantization is bit-identical to ggml's. Quantization is tern's own (docs/kernels.md):
- * F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and Q8_K. */
+ * F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL and IQ4_XS. */
 bool tern_dequantize_row(enum tern_dtype type, const void *src, float *dst, size_t k);
 bool tern_quantize_row(enum tern_dtype type, const float *src, void *dst, size_t k);
 bool tern_quantize_supported(enum tern_dtype type);
