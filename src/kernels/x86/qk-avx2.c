@@ -180,9 +180,8 @@ AVX2_INLINE void q6k_tile(int R, int T, const uint8_t *w, size_t wrb, const uint
  * signed levels times the activation bytes by the sign trick (maddubs(|q|, sign(a, q)),
  * no saturation: |q|, |a| <= 127), times the sub-block's integer scale (madd), summed
  * over the super-block in 8 int32 lanes. Then per super-block acc = acc + lanes * (d*dy),
- * a multiply and an add (not fused: the portable twin computes the same without fmaf).
- * The portable twin (ref/matmul-ref.c) performs the same operations, so both ISAs give
- * the same bits. */
+ * a multiply and an add, not fused. The portable twin (ref/matmul-ref.c) performs these
+ * same operations (without needing fmaf), so both ISAs give the same bits. */
 
 #define IQ4XS_D offsetof(struct tern_block_iq4_xs, d)
 #define IQ4XS_QS offsetof(struct tern_block_iq4_xs, qs)
