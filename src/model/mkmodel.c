@@ -1,6 +1,8 @@
 /* Random-weight model generator (see mkmodel.h). */
 #include "model/mkmodel.h"
 
+#include "util/threadpool.h"
+
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
 #include "util/hash.h"
@@ -298,7 +300,21 @@ struct mk_tensor {
     uint64_t row_bytes;
     uint64_t seed;
     struct rng rng;
-    float *scratch; /* one row of ne[0] floats, shared by all tensors */
+    struct mk_rows *rows; /* shared by all tensors */
+};
+
+/* The rows of one fill call as floats, quantized on the pool: the values come from one
+ * random stream per tensor (drawn in order), the quantization of each row is independent
+ * of the others, so threads split rows and the bytes do not depend on their number. */
+struct mk_rows {
+    float *buf;
+    size_t cap; /* floats */
+    struct tern_threadpool *pool;
+    /* the current quantization task */
+    const struct mk_tensor *t;
+    uint64_t n_rows;
+    void *dst;
+    _Atomic int failed;
 };
 
 struct mk_ctx {
@@ -311,12 +327,30 @@ struct mk_ctx {
     uint64_t max_ne0;
 };
 
+static void quantize_task(void *ctx, int ith, int nth) {
+    struct mk_rows *q = ctx;
+    const struct mk_tensor *t = q->t;
+    const uint64_t k = t->ne[0];
+    const uint64_t r0 = q->n_rows * (uint64_t)ith / (uint64_t)nth, r1 = q->n_rows * (uint64_t)(ith + 1) / (uint64_t)nth;
+    for (uint64_t r = r0; r < r1; r++)
+        if (!tern_quantize_row(t->type, q->buf + r * k, (uint8_t *)q->dst + r * t->row_bytes, (size_t)k))
+            q->failed = 1;
+}
+
 static enum tern_status fill(void *user, uint64_t row0, uint64_t n_rows, void *dst) {
     struct mk_tensor *t = user;
+    struct mk_rows *q = t->rows;
     if (row0 == 0) rng_seed(&t->rng, t->seed);
     uint64_t k = t->ne[0];
+    if (t->type != TERN_DTYPE_F32 && n_rows * k > q->cap) {
+        float *b = tern_malloc((size_t)(n_rows * k) * sizeof(float));
+        if (!b) return tern_errorf(TERN_ERR_NOMEM, "mkmodel: no memory for %" PRIu64 " rows of '%s'", n_rows, t->name);
+        free(q->buf);
+        q->buf = b;
+        q->cap = (size_t)(n_rows * k);
+    }
     for (uint64_t r = 0; r < n_rows; r++) {
-        float *row = t->type == TERN_DTYPE_F32 ? (float *)((uint8_t *)dst + r * t->row_bytes) : t->scratch;
+        float *row = t->type == TERN_DTYPE_F32 ? (float *)((uint8_t *)dst + r * t->row_bytes) : q->buf + r * k;
         for (uint64_t i = 0; i < k; i++) {
             double v;
             switch (t->init) {
@@ -328,9 +362,15 @@ static enum tern_status fill(void *user, uint64_t row0, uint64_t n_rows, void *d
             }
             row[i] = (float)v;
         }
-        if (t->type != TERN_DTYPE_F32 &&
-            !tern_quantize_row(t->type, row, (uint8_t *)dst + r * t->row_bytes, (size_t)k))
-            return tern_error_prefix(TERN_ERR_INTERNAL, "quantizing '%s'", t->name);
+    }
+    if (t->type != TERN_DTYPE_F32) {
+        q->t = t;
+        q->n_rows = n_rows;
+        q->dst = dst;
+        q->failed = 0;
+        if (q->pool && n_rows > 1) tern_threadpool_run(q->pool, quantize_task, q);
+        else quantize_task(q, 0, 1);
+        if (q->failed) return tern_error_prefix(TERN_ERR_INTERNAL, "quantizing '%s'", t->name);
     }
     return TERN_OK;
 }
@@ -856,19 +896,21 @@ enum tern_status tern_mkmodel_write(const struct tern_mkmodel_params *p, const c
     enum tern_status st = prepare(p, &c, &vf, &n_have, &s);
     if (st) return st;
     struct gguf_writer *w = NULL;
-    float *scratch = tern_malloc((size_t)c.max_ne0 * sizeof(float));
-    if (!scratch) st = tern_errorf(TERN_ERR_NOMEM, "mkmodel: no memory for a row buffer");
+    struct mk_rows rows = {0};
+    /* A pool only pays for big models; a failure to start one just means one thread. */
+    if (s.n_params > ((uint64_t)64 << 20) && tern_threadpool_new(0, &rows.pool)) rows.pool = NULL;
     if (!st) st = gguf_writer_new(&w);
     if (!st) st = write_metadata(w, p, vf, n_have, s.n_vocab);
     for (uint32_t i = 0; i < c.n && !st; i++) {
         struct mk_tensor *t = &c.t[i];
-        t->scratch = scratch;
+        t->rows = &rows;
         st = gguf_writer_add_tensor_cb(w, t->name, t->type, t->n_dims, t->ne, fill, t);
     }
     if (!st) st = gguf_writer_write(w, path);
     if (!st && stats) *stats = s;
     gguf_writer_free(w);
-    free(scratch);
+    free(rows.buf);
+    tern_threadpool_free(rows.pool);
     free(c.t);
     gguf_close(vf);
     return st;
