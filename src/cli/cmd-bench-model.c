@@ -47,7 +47,8 @@ static const struct option long_opts[] = {
 };
 
 /* Weight figures from the file: bytes read per decoded token (every matrix, one row of
- * the embedding table unless it is also the output), and the multiply-adds per token in
+ * the embedding table unless it is also the output; of a stacked expert tensor only the
+ * expert_used_count experts a token is routed to), and the multiply-adds per token in
  * the layers and in the output projection. */
 struct weight_stats {
     uint64_t read_per_token;
@@ -63,6 +64,15 @@ static enum tern_status weight_stats(const char *path, struct weight_stats *ws) 
     if (st) return st;
     const struct gguf_tensor *embd = gguf_find_tensor(f, "token_embd.weight");
     const bool tied = !gguf_find_tensor(f, "output.weight");
+    /* Mixture of experts: a token reads n_used of the n_expert slices of each stacked
+     * expert tensor (ne[2] = n_expert), the router and the shared expert in full. */
+    uint32_t n_used = 0;
+    const struct gguf_str *arch = NULL;
+    if (gguf_find_kv(f, "general.architecture") && !gguf_get_str(f, "general.architecture", &arch)) {
+        char key[160];
+        snprintf(key, sizeof key, "%s.expert_used_count", arch->ptr);
+        if (gguf_find_kv(f, key) && gguf_get_u32(f, key, &n_used)) n_used = 0;
+    }
     for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
         const struct gguf_tensor *t = gguf_tensor_at(f, i);
         const char *name = t->name.ptr;
@@ -73,6 +83,11 @@ static enum tern_status weight_stats(const char *path, struct weight_stats *ws) 
             } else {
                 ws->read_per_token += t->ne[1] ? t->size / t->ne[1] : 0;
             }
+            continue;
+        }
+        if (t->n_dims == 3 && n_used && t->ne[2] >= n_used) {
+            ws->read_per_token += t->size / t->ne[2] * n_used;
+            ws->layer_macs += t->n_elements / t->ne[2] * n_used;
             continue;
         }
         ws->read_per_token += t->size;

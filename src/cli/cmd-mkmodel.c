@@ -18,7 +18,7 @@ static void usage(FILE *out) {
             "Writes a random-weight GGUF model with the metadata keys and tensor names and shapes\n"
             "that real models of the architecture carry. Same options and seed, same bytes.\n"
             "\n"
-            "  --arch ARCH            llama, qwen2, qwen3 or qwen35\n"
+            "  --arch ARCH            llama, qwen2, qwen3, qwen35, qwen3moe or qwen35moe\n"
             "  --preset NAME          %s\n"
             "                         (options given with a preset override it)\n"
             "  --out FILE, -o FILE    output path (written atomically)\n"
@@ -45,6 +45,10 @@ static void usage(FILE *out) {
             "  --ssm-heads-k N (group_count)  --ssm-heads-v N (time_step_rank)\n"
             "  --ssm-state N (head dim)  --ssm-conv N (kernel)  --full-attn-interval N\n"
             "  --rope-sections A,B,C,D  (default: the rope pairs split as Qwen3.5 does)\n"
+            "qwen3moe / qwen35moe (mixture of experts):\n"
+            "  --experts N  --experts-used N  --expert-ff N  --shared-expert-ff N (qwen35moe)\n"
+            "  Large models are written tensor by tensor: memory stays small whatever the size\n"
+            "  (qwen3-30b-a3b --type q4_k_m: about 17 GB of file, a few MB of RAM)\n"
             "\n"
             "  --help                 this text\n",
             tern_mkmodel_preset_names());
@@ -55,6 +59,7 @@ enum {
     OPT_N_LAYER, OPT_N_EMBD, OPT_N_HEAD, OPT_N_HEAD_KV, OPT_HEAD_DIM, OPT_N_FF, OPT_N_CTX, OPT_N_VOCAB,
     OPT_TIED, OPT_UNTIED, OPT_ROPE_THETA, OPT_RMS_EPS, OPT_ROPE_DIM,
     OPT_SSM_K, OPT_SSM_V, OPT_SSM_STATE, OPT_SSM_CONV, OPT_FULL_ATTN, OPT_ROPE_SECTIONS,
+    OPT_EXPERTS, OPT_EXPERTS_USED, OPT_EXPERT_FF, OPT_SHEXP_FF,
 };
 
 /* A shape option given on the command line; applied after the arch/preset defaults. */
@@ -83,6 +88,10 @@ static int apply(const struct override *o, struct tern_mkmodel_params *p) {
     case OPT_SSM_STATE: field = &p->ssm_state; hi = 65536; break;
     case OPT_SSM_CONV: field = &p->ssm_conv; hi = 64; break;
     case OPT_FULL_ATTN: field = &p->full_attn_interval; hi = 1024; break;
+    case OPT_EXPERTS: field = &p->n_expert; hi = 1024; break;
+    case OPT_EXPERTS_USED: field = &p->n_expert_used; hi = 64; break;
+    case OPT_EXPERT_FF: field = &p->n_ff_exp; break;
+    case OPT_SHEXP_FF: field = &p->n_ff_shexp; break;
     case OPT_TIED: p->tied = true; return 0;
     case OPT_UNTIED: p->tied = false; return 0;
     case OPT_ROPE_THETA:
@@ -123,7 +132,10 @@ static int print_plan(const struct tern_mkmodel_params *p) {
     for (uint32_t i = 0; i < n; i++) {
         char shape[64];
         if (t[i].n_dims == 1) snprintf(shape, sizeof shape, "[%" PRIu64 "]", t[i].ne[0]);
-        else snprintf(shape, sizeof shape, "[%" PRIu64 ", %" PRIu64 "]", t[i].ne[0], t[i].ne[1]);
+        else if (t[i].n_dims == 2) snprintf(shape, sizeof shape, "[%" PRIu64 ", %" PRIu64 "]", t[i].ne[0], t[i].ne[1]);
+        else
+            snprintf(shape, sizeof shape, "[%" PRIu64 ", %" PRIu64 ", %" PRIu64 "]", t[i].ne[0], t[i].ne[1],
+                     t[i].ne[2]);
         printf("%-40s %-6s %s\n", t[i].name, tern_dtype_name(t[i].type), shape);
     }
     printf("%s: %u tensors, n_vocab %u, %" PRIu64 " parameters (%.2f M), %" PRIu64 " bytes (%.1f MB) of tensor data\n",
@@ -161,6 +173,10 @@ static int mkmodel_main(int argc, char **argv) {
         {"ssm-heads-v", required_argument, NULL, OPT_SSM_V},
         {"ssm-state", required_argument, NULL, OPT_SSM_STATE},
         {"ssm-conv", required_argument, NULL, OPT_SSM_CONV},
+        {"experts", required_argument, NULL, OPT_EXPERTS},
+        {"experts-used", required_argument, NULL, OPT_EXPERTS_USED},
+        {"expert-ff", required_argument, NULL, OPT_EXPERT_FF},
+        {"shared-expert-ff", required_argument, NULL, OPT_SHEXP_FF},
         {"full-attn-interval", required_argument, NULL, OPT_FULL_ATTN},
         {"rope-sections", required_argument, NULL, OPT_ROPE_SECTIONS},
         {"help", no_argument, NULL, 'h'},
@@ -206,7 +222,7 @@ static int mkmodel_main(int argc, char **argv) {
     } else {
         enum tern_mk_arch a;
         if (!tern_mk_arch_from_name(arch, &a))
-            return cli_usage_error("mkmodel", "unknown architecture '%s' (llama, qwen2, qwen3, qwen35)", arch);
+            return cli_usage_error("mkmodel", "unknown architecture '%s' (llama, qwen2, qwen3, qwen35, qwen3moe, qwen35moe)", arch);
         tern_mkmodel_defaults(a, &p);
     }
     for (int i = 0; i < n_ov; i++) {

@@ -1,12 +1,14 @@
 /* The LLaMA family of decoder-only transformers: `llama`, `qwen2` (q/k/v biases, NeoX
- * RoPE) and `qwen3` (per-head RMSNorm of q and k, NeoX RoPE). Pre-norm blocks:
+ * RoPE), `qwen3` (per-head RMSNorm of q and k, NeoX RoPE) and `qwen3moe` (qwen3 with a
+ * mixture-of-experts feed-forward, moe.h). Pre-norm blocks:
  *
  *   x += Wo attention(rope(norm_q(Wq n(x) + bq)), rope(norm_k(Wk n(x) + bk)), Wv n(x) + bv)
- *   x += Wdown (silu(Wgate n(x)) * Wup n(x))
+ *   x += Wdown (silu(Wgate n(x)) * Wup n(x))          (qwen3moe: x += moe(n(x)))
  *   logits = Wout n(x)
  *
  * Every layer is an attention layer (model.h). */
 #include "model/model.h"
+#include "model/moe.h"
 
 #include "util/mem.h"
 
@@ -18,6 +20,7 @@ struct llama_variant {
     bool neox;    /* RoPE pairs i and i + n_rot/2 (else adjacent pairs) */
     bool qk_norm; /* attn_q_norm / attn_k_norm required */
     bool biases;  /* attn_{q,k,v}.bias required */
+    bool moe;     /* the feed-forward is a mixture of experts (qwen3moe) */
 };
 
 /* Read-only views into the mapping. */
@@ -33,10 +36,12 @@ struct llama_layer {
     struct mat w_gate;           /* [n_embd, n_ff] */
     struct mat w_up;             /* [n_embd, n_ff] */
     struct mat w_down;           /* [n_ff, n_embd] */
+    struct moe_layer moe;        /* qwen3moe: router and experts instead of w_gate/up/down */
 };
 
 struct llama_weights {
     struct llama_variant var;
+    struct moe_hparams moe;    /* qwen3moe */
     struct mat tok_embd;       /* [n_embd, n_vocab] */
     const float *out_norm;     /* (n_embd) */
     struct mat output;         /* [n_embd, n_vocab]; token_embd when tied */
@@ -56,6 +61,8 @@ struct llama_state {
     float *hb;  /* (n_chunk, n_ff) gate, then silu(gate) * up */
     float *hb2; /* (n_chunk, n_ff) up */
     float *cs;  /* (n_chunk, n_rot) RoPE cos/sin per token */
+    float *xm;  /* (n_chunk, n_embd) qwen3moe: the experts' output */
+    struct moe_state moe; /* qwen3moe */
     size_t bytes;
 };
 
@@ -85,6 +92,12 @@ static enum tern_status llama_load_variant(struct tern_model *m, struct llama_va
 
     const uint32_t E = hp->n_embd, hd = hp->head_dim_k, nq = hp->n_head * hd, nkv = hp->n_head_kv * hd;
     const uint32_t F = hp->n_ff;
+    if (var.moe) {
+        /* qwen3moe: softmax gate, the chosen weights renormalised (HF norm_topk_prob) */
+        if ((st = moe_hparams_load(m, true, false, &w->moe))) return st;
+    } else if ((st = model_require_ff(m))) {
+        return st;
+    }
     if ((st = model_get_embd(m, &w->tok_embd, E, "token_embd.weight")) ||
         (st = model_get_vec(m, &w->out_norm, E, true, "output_norm.weight")) ||
         (st = model_get_mat_opt(m, &w->output, E, hp->n_vocab, "output.weight")))
@@ -106,11 +119,14 @@ static enum tern_status llama_load_variant(struct tern_model *m, struct llama_va
             (st = model_get_vec(m, &L->bv, nkv, var.biases, "blk.%u.attn_v.bias", il)) ||
             (st = model_get_vec(m, &L->q_norm, hd, var.qk_norm, "blk.%u.attn_q_norm.weight", il)) ||
             (st = model_get_vec(m, &L->k_norm, hd, var.qk_norm, "blk.%u.attn_k_norm.weight", il)) ||
-            (st = model_get_vec(m, &L->ffn_norm, E, true, "blk.%u.ffn_norm.weight", il)) ||
-            (st = model_get_mat(m, &L->w_gate, E, F, "blk.%u.ffn_gate.weight", il)) ||
-            (st = model_get_mat(m, &L->w_up, E, F, "blk.%u.ffn_up.weight", il)) ||
-            (st = model_get_mat(m, &L->w_down, F, E, "blk.%u.ffn_down.weight", il)))
+            (st = model_get_vec(m, &L->ffn_norm, E, true, "blk.%u.ffn_norm.weight", il)))
             return st;
+        if (var.moe) st = moe_layer_load(m, &w->moe, il, &L->moe);
+        else if ((st = model_get_mat(m, &L->w_gate, E, F, "blk.%u.ffn_gate.weight", il)) ||
+                 (st = model_get_mat(m, &L->w_up, E, F, "blk.%u.ffn_up.weight", il)))
+            ;
+        else st = model_get_mat(m, &L->w_down, F, E, "blk.%u.ffn_down.weight", il);
+        if (st) return st;
         if (!L->q_norm != !L->k_norm)
             return tern_errorf(TERN_ERR_FORMAT, "model: layer %u has only one of attn_q_norm and attn_k_norm", il);
     }
@@ -126,14 +142,18 @@ static enum tern_status load_qwen2(struct tern_model *m) {
 static enum tern_status load_qwen3(struct tern_model *m) {
     return llama_load_variant(m, (struct llama_variant){.neox = true, .qk_norm = true});
 }
+static enum tern_status load_qwen3moe(struct tern_model *m) {
+    return llama_load_variant(m, (struct llama_variant){.neox = true, .qk_norm = true, .moe = true});
+}
 
 /* ---- RunState ----------------------------------------------------------------------- */
 
 static void llama_state_free(void *p) {
     struct llama_state *rs = p;
     if (!rs) return;
-    float **bufs[] = {&rs->x, &rs->xb, &rs->q, &rs->k, &rs->v, &rs->att, &rs->hb, &rs->hb2, &rs->cs};
+    float **bufs[] = {&rs->x, &rs->xb, &rs->q, &rs->k, &rs->v, &rs->att, &rs->hb, &rs->hb2, &rs->cs, &rs->xm};
     for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) tern_aligned_free(*bufs[i]);
+    moe_state_free(&rs->moe);
     free(rs);
 }
 
@@ -148,8 +168,18 @@ static enum tern_status llama_state_new(const struct tern_model *m, uint32_t n_c
         {&rs->x, hp->n_embd, false},   {&rs->xb, hp->n_embd, false}, {&rs->q, nq, false},
         {&rs->k, nkv, false},          {&rs->v, nkv, false},         {&rs->att, nq, false},
         {&rs->hb, hp->n_ff, false},    {&rs->hb2, hp->n_ff, false},  {&rs->cs, hp->rope.n_rot, false},
+        {&rs->xm, ((const struct llama_weights *)m->w)->var.moe ? hp->n_embd : 0, false},
     };
     enum tern_status st = model_bufs_alloc(bufs, TERN_ARRAY_LEN(bufs), n_chunk, &rs->bytes, "model");
+    const struct llama_weights *w = m->w;
+    if (!st && w->var.moe) {
+        struct moe_layer *ml = tern_calloc(hp->n_layer, sizeof *ml);
+        if (!ml) st = tern_errorf(TERN_ERR_NOMEM, "model: out of memory");
+        for (uint32_t il = 0; ml && il < hp->n_layer; il++) ml[il] = w->layers[il].moe;
+        if (ml) st = moe_state_new(m, &w->moe, ml, hp->n_layer, n_chunk, &rs->moe);
+        free(ml);
+        rs->bytes += rs->moe.bytes;
+    }
     if (st) {
         llama_state_free(rs);
         return st;
@@ -221,11 +251,16 @@ static void llama_forward(struct tern_session *s, const int32_t *toks, uint32_t 
         model_matmul1(s, rs->att, n, &L->wo, rs->xb);
         model_parallel_for(s, n, residual_item, &rc);
         /* feed-forward */
-        model_rmsnorm(s, rs->xb, rs->x, L->ffn_norm, n, E, hp->rms_eps);
-        const struct mm_out gu[] = {{&L->w_gate, rs->hb}, {&L->w_up, rs->hb2}};
-        model_matmul(s, rs->xb, n, gu, 2);
-        model_parallel_for(s, n, swiglu_item, &rc);
-        model_matmul1(s, rs->hb, n, &L->w_down, rs->xb);
+        if (w->var.moe) {
+            model_rmsnorm(s, rs->xm, rs->x, L->ffn_norm, n, E, hp->rms_eps);
+            moe_forward(s, &w->moe, &L->moe, &rs->moe, rs->xm, n, rs->xb);
+        } else {
+            model_rmsnorm(s, rs->xb, rs->x, L->ffn_norm, n, E, hp->rms_eps);
+            const struct mm_out gu[] = {{&L->w_gate, rs->hb}, {&L->w_up, rs->hb2}};
+            model_matmul(s, rs->xb, n, gu, 2);
+            model_parallel_for(s, n, swiglu_item, &rc);
+            model_matmul1(s, rs->hb, n, &L->w_down, rs->xb);
+        }
         model_parallel_for(s, n, residual_item, &rc);
     }
     if (!logits) return;
@@ -244,3 +279,4 @@ static void llama_forward(struct tern_session *s, const int32_t *toks, uint32_t 
 const struct tern_arch tern_arch_llama = LLAMA_ARCH("llama", load_llama);
 const struct tern_arch tern_arch_qwen2 = LLAMA_ARCH("qwen2", load_qwen2);
 const struct tern_arch tern_arch_qwen3 = LLAMA_ARCH("qwen3", load_qwen3);
+const struct tern_arch tern_arch_qwen3moe = LLAMA_ARCH("qwen3moe", load_qwen3moe);

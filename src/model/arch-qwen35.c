@@ -1,6 +1,9 @@
 /* Qwen3.5 (`qwen35`): a hybrid of Gated DeltaNet layers (linear attention with a
  * recurrent state, deltanet.h) and, every full_attention_interval-th layer, gated full
  * attention. docs/qwen35.md has the math and the llama.cpp facts it was checked on.
+ * `qwen35moe` (Qwen3.5-35B-A3B) is the same hybrid with a mixture-of-experts
+ * feed-forward and a gated shared expert in every layer (moe.h); its keys carry the
+ * `qwen35moe.` prefix.
  *
  *   DeltaNet layer:   h = n(x)
  *                     qkv = conv+silu(Wqkv h)  (causal, per channel; state: the window)
@@ -9,6 +12,7 @@
  *   attention layer:  [q | g] per head = Wq h; k = Wk h; v = Wv h
  *                     x += Wo (attention(rope(norm_q(q)), rope(norm_k(k)), v) * sigmoid(g))
  *   every layer:      x += Wdown (silu(Wgate n2(x)) * Wup n2(x))     (n2 = post_attention_norm)
+ *                     (qwen35moe: x += moe(n2(x)), routed experts + sigmoid-gated shared expert)
  *   logits = Wout n(x)
  *
  * RoPE is IMROPE (interleaved multimodal sections) over the first n_rot dims of each
@@ -22,6 +26,7 @@
  *   "ssm"   [n_v_heads][d_k][d_v] F32 */
 #include "model/deltanet.h"
 #include "model/model.h"
+#include "model/moe.h"
 
 #include "util/mem.h"
 
@@ -56,9 +61,12 @@ struct q35_layer {
     struct mat w_gate;      /* [n_embd, n_ff] */
     struct mat w_up;        /* [n_embd, n_ff] */
     struct mat w_down;      /* [n_ff, n_embd] */
+    struct moe_layer moe;   /* qwen35moe: instead of w_gate/up/down */
 };
 
 struct q35_weights {
+    bool moe;                  /* qwen35moe */
+    struct moe_hparams moe_hp; /* qwen35moe */
     struct tern_deltanet_shape dn;
     uint32_t n_layer;          /* layers run (block_count minus MTP layers) */
     uint32_t full_attn_interval;
@@ -92,6 +100,8 @@ struct q35_state {
     float *cs;      /* (n_chunk, n_rot) RoPE cos/sin per token */
     float *hb;      /* (n_chunk, n_ff) */
     float *hb2;     /* (n_chunk, n_ff) */
+    float *xm;      /* (n_chunk, n_embd) qwen35moe: the normed FFN input */
+    struct moe_state moe;
     size_t bytes;
 };
 
@@ -110,9 +120,9 @@ static void q35_unload(struct tern_model *m) {
 static enum tern_status get_u32(struct tern_model *m, const char *suffix, bool required, uint32_t def,
                                 uint32_t *out) {
     char key[128];
-    snprintf(key, sizeof key, "qwen35.%s", suffix);
+    snprintf(key, sizeof key, "%s.%s", m->arch->name, suffix);
     if (!gguf_find_kv(m->f, key)) {
-        if (required) return tern_errorf(TERN_ERR_FORMAT, "qwen35: metadata key '%s' is missing", key);
+        if (required) return tern_errorf(TERN_ERR_FORMAT, "%s: metadata key '%s' is missing", m->arch->name, key);
         *out = def;
         return TERN_OK;
     }
@@ -125,9 +135,11 @@ static enum tern_status load_rope_sections(struct tern_model *m, struct q35_weig
     if (n_pairs > TERN_ARRAY_LEN(w->rope_pos0))
         return tern_errorf(TERN_ERR_UNSUPPORTED, "qwen35: rope.dimension_count %u exceeds %zu",
                            m->hp.rope.n_rot, 2 * TERN_ARRAY_LEN(w->rope_pos0));
-    if (!gguf_find_kv(m->f, "qwen35.rope.dimension_sections")) return TERN_OK; /* plain NeoX */
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.dimension_sections", m->arch->name);
+    if (!gguf_find_kv(m->f, key)) return TERN_OK; /* plain NeoX */
     const struct gguf_kv *kv;
-    enum tern_status st = gguf_get_arr(m->f, "qwen35.rope.dimension_sections", GGUF_TYPE_INT32, &kv);
+    enum tern_status st = gguf_get_arr(m->f, key, GGUF_TYPE_INT32, &kv);
     if (st) return st;
     if (kv->v.arr.n < 3 || kv->v.arr.n > 4)
         return tern_errorf(TERN_ERR_FORMAT, "qwen35: rope.dimension_sections has %llu entries, expected 3 or 4",
@@ -204,6 +216,11 @@ static enum tern_status q35_load(struct tern_model *m) {
     struct q35_weights *w = tern_calloc(1, sizeof *w);
     if (!w) return tern_errorf(TERN_ERR_NOMEM, "qwen35: out of memory");
     m->w = w;
+    w->moe = !strcmp(m->arch->name, "qwen35moe");
+    /* qwen35moe: softmax gate, renormalised top-k, a shared expert (llama.cpp's qwen35moe) */
+    if (w->moe) st = moe_hparams_load(m, true, true, &w->moe_hp);
+    else st = model_require_ff(m);
+    if (st) return st;
 
     /* Multi-token-prediction layers (nextn) are appended to the block count and not run
      * by the main pass. */
@@ -235,11 +252,14 @@ static enum tern_status q35_load(struct tern_model *m) {
         struct q35_layer *L = &w->layers[il];
         L->recurrent = (il + 1) % w->full_attn_interval != 0;
         if ((st = model_get_vec(m, &L->attn_norm, E, true, "blk.%u.attn_norm.weight", il)) ||
-            (st = model_get_vec(m, &L->post_norm, E, true, "blk.%u.post_attention_norm.weight", il)) ||
-            (st = model_get_mat(m, &L->w_gate, E, F, "blk.%u.ffn_gate.weight", il)) ||
-            (st = model_get_mat(m, &L->w_up, E, F, "blk.%u.ffn_up.weight", il)) ||
-            (st = model_get_mat(m, &L->w_down, F, E, "blk.%u.ffn_down.weight", il)))
+            (st = model_get_vec(m, &L->post_norm, E, true, "blk.%u.post_attention_norm.weight", il)))
             return st;
+        if (w->moe) st = moe_layer_load(m, &w->moe_hp, il, &L->moe);
+        else if ((st = model_get_mat(m, &L->w_gate, E, F, "blk.%u.ffn_gate.weight", il)) ||
+                 (st = model_get_mat(m, &L->w_up, E, F, "blk.%u.ffn_up.weight", il)))
+            ;
+        else st = model_get_mat(m, &L->w_down, F, E, "blk.%u.ffn_down.weight", il);
+        if (st) return st;
         if (L->recurrent) {
             if ((st = model_get_mat(m, &L->wqkv, E, C, "blk.%u.attn_qkv.weight", il)) ||
                 (st = model_get_mat(m, &L->wgate, E, nvd, "blk.%u.attn_gate.weight", il)) ||
@@ -278,8 +298,9 @@ static void q35_state_free(void *p) {
     if (!rs) return;
     float **bufs[] = {&rs->x,  &rs->xb,   &rs->qkv_raw, &rs->qkv, &rs->z,   &rs->beta, &rs->alpha,
                       &rs->o,  &rs->dn_scratch, &rs->qg, &rs->q, &rs->gate, &rs->k, &rs->v,
-                      &rs->att, &rs->cs, &rs->hb, &rs->hb2};
+                      &rs->att, &rs->cs, &rs->hb, &rs->hb2, &rs->xm};
     for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) tern_aligned_free(*bufs[i]);
+    moe_state_free(&rs->moe);
     free(rs);
 }
 
@@ -300,8 +321,17 @@ static enum tern_status q35_state_new(const struct tern_model *m, uint32_t n_chu
         {&rs->qg, 2 * nq, false},       {&rs->q, nq, false},          {&rs->gate, nq, false},
         {&rs->k, nkv, false},           {&rs->v, nkv, false},         {&rs->att, nq, false},
         {&rs->cs, hp->rope.n_rot, false}, {&rs->hb, hp->n_ff, false}, {&rs->hb2, hp->n_ff, false},
+        {&rs->xm, w->moe ? hp->n_embd : 0, false},
     };
     enum tern_status st = model_bufs_alloc(bufs, TERN_ARRAY_LEN(bufs), n_chunk, &rs->bytes, "qwen35");
+    if (!st && w->moe) {
+        struct moe_layer *ml = tern_calloc(w->n_layer, sizeof *ml);
+        if (!ml) st = tern_errorf(TERN_ERR_NOMEM, "qwen35: out of memory");
+        for (uint32_t il = 0; ml && il < w->n_layer; il++) ml[il] = w->layers[il].moe;
+        if (ml) st = moe_state_new(m, &w->moe_hp, ml, w->n_layer, n_chunk, &rs->moe);
+        free(ml);
+        rs->bytes += rs->moe.bytes;
+    }
     if (st) {
         q35_state_free(rs);
         return st;
@@ -453,11 +483,16 @@ static void q35_forward(struct tern_session *s, const int32_t *toks, uint32_t n,
         else attention_layer(&c);
         model_parallel_for(s, n, residual_item, &c);
         /* feed-forward */
-        model_rmsnorm(s, rs->xb, rs->x, L->post_norm, n, E, hp->rms_eps);
-        const struct mm_out gu[] = {{&L->w_gate, rs->hb}, {&L->w_up, rs->hb2}};
-        model_matmul(s, rs->xb, n, gu, 2);
-        model_parallel_for(s, n, swiglu_item, &c);
-        model_matmul1(s, rs->hb, n, &L->w_down, rs->xb);
+        if (w->moe) {
+            model_rmsnorm(s, rs->xm, rs->x, L->post_norm, n, E, hp->rms_eps);
+            moe_forward(s, &w->moe_hp, &L->moe, &rs->moe, rs->xm, n, rs->xb);
+        } else {
+            model_rmsnorm(s, rs->xb, rs->x, L->post_norm, n, E, hp->rms_eps);
+            const struct mm_out gu[] = {{&L->w_gate, rs->hb}, {&L->w_up, rs->hb2}};
+            model_matmul(s, rs->xb, n, gu, 2);
+            model_parallel_for(s, n, swiglu_item, &c);
+            model_matmul1(s, rs->hb, n, &L->w_down, rs->xb);
+        }
         model_parallel_for(s, n, residual_item, &c);
     }
     if (!logits) return;
@@ -467,12 +502,11 @@ static void q35_forward(struct tern_session *s, const int32_t *toks, uint32_t n,
     model_logits(s, &w->output, rs->xb + (size_t)first * E, n - first, logits, true);
 }
 
-const struct tern_arch tern_arch_qwen35 = {
-    .name = "qwen35",
-    .load = q35_load,
-    .unload = q35_unload,
-    .state_new = q35_state_new,
-    .state_free = q35_state_free,
-    .state_bytes = q35_state_bytes,
-    .forward = q35_forward,
-};
+#define Q35_ARCH(NAME)                                                                                                 \
+    {                                                                                                                  \
+        .name = NAME, .load = q35_load, .unload = q35_unload, .state_new = q35_state_new,                              \
+        .state_free = q35_state_free, .state_bytes = q35_state_bytes, .forward = q35_forward,                          \
+    }
+
+const struct tern_arch tern_arch_qwen35 = Q35_ARCH("qwen35");
+const struct tern_arch tern_arch_qwen35moe = Q35_ARCH("qwen35moe");

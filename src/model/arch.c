@@ -10,7 +10,9 @@ static const struct tern_arch *const archs[] = {
     &tern_arch_llama,
     &tern_arch_qwen2,
     &tern_arch_qwen3,
+    &tern_arch_qwen3moe,
     &tern_arch_qwen35,
+    &tern_arch_qwen35moe,
 };
 
 const struct tern_arch *tern_arch_find(const char *name) {

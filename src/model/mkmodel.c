@@ -1,6 +1,8 @@
 /* Random-weight model generator (see mkmodel.h). */
 #include "model/mkmodel.h"
 
+#include "util/threadpool.h"
+
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
 #include "util/hash.h"
@@ -47,7 +49,7 @@ static double rng_normal(struct rng *r) {
 
 /* ---- architectures, presets, types --------------------------------------------------- */
 
-static const char *const arch_names[] = {"llama", "qwen2", "qwen3", "qwen35"};
+static const char *const arch_names[] = {"llama", "qwen2", "qwen3", "qwen35", "qwen3moe", "qwen35moe"};
 
 const char *tern_mk_arch_name(enum tern_mk_arch a) {
     return (unsigned)a < TERN_ARRAY_LEN(arch_names) ? arch_names[a] : "unknown";
@@ -86,8 +88,20 @@ void tern_mkmodel_defaults(enum tern_mk_arch arch, struct tern_mkmodel_params *p
     case TERN_MK_QWEN2: p->n_ctx = 32768; p->rope_theta = 1e6f; break;
     case TERN_MK_QWEN3: p->n_ctx = 40960; p->rope_theta = 1e6f; break;
     case TERN_MK_QWEN35: p->n_ctx = 262144; p->rope_theta = 1e7f; break;
+    case TERN_MK_QWEN3MOE: p->n_ctx = 40960; p->rope_theta = 1e6f; break;
+    case TERN_MK_QWEN35MOE: p->n_ctx = 262144; p->rope_theta = 1e7f; break;
+    }
+    if (arch == TERN_MK_QWEN3MOE || arch == TERN_MK_QWEN35MOE) {
+        p->n_expert = 8;
+        p->n_expert_used = 2;
+        p->n_ff_exp = arch == TERN_MK_QWEN3MOE ? 128 : 64;
+        p->n_ff_shexp = arch == TERN_MK_QWEN35MOE ? 128 : 0;
     }
 }
+
+static bool is_moe(enum tern_mk_arch a) { return a == TERN_MK_QWEN3MOE || a == TERN_MK_QWEN35MOE; }
+/* The hybrid layout (Gated DeltaNet + gated attention every full_attn_interval-th layer). */
+static bool is_hybrid(enum tern_mk_arch a) { return a == TERN_MK_QWEN35 || a == TERN_MK_QWEN35MOE; }
 
 struct preset {
     const char *name;
@@ -95,22 +109,34 @@ struct preset {
     uint32_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab;
     bool tied;
     uint32_t ssm_k_heads, ssm_v_heads, ssm_state, ssm_conv, full_attn_interval, rope_dim;
+    uint32_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
 };
 
 static const struct preset presets[] = {
     /* The shapes of /work/shared/models/tiny-*.gguf (n_vocab of the qwen-mini vocab). */
-    {"tiny-qwen3", TERN_MK_QWEN3, 4, 256, 4, 2, 64, 768, 4122, false, 0, 0, 0, 0, 0, 0},
-    {"tiny-qwen35", TERN_MK_QWEN35, 8, 256, 4, 2, 64, 768, 4122, false, 2, 4, 64, 4, 4, 16},
-    {"tiny-llama", TERN_MK_LLAMA, 4, 256, 4, 2, 64, 768, 4122, false, 0, 0, 0, 0, 0, 0},
-    {"tiny-qwen2", TERN_MK_QWEN2, 4, 256, 4, 2, 64, 768, 4122, false, 0, 0, 0, 0, 0, 0},
+    {"tiny-qwen3", TERN_MK_QWEN3, 4, 256, 4, 2, 64, 768, 4122, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"tiny-qwen35", TERN_MK_QWEN35, 8, 256, 4, 2, 64, 768, 4122, false, 2, 4, 64, 4, 4, 16, 0, 0, 0, 0},
+    {"tiny-llama", TERN_MK_LLAMA, 4, 256, 4, 2, 64, 768, 4122, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"tiny-qwen2", TERN_MK_QWEN2, 4, 256, 4, 2, 64, 768, 4122, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     /* Qwen3-0.6B. */
-    {"qwen3-0.6b", TERN_MK_QWEN3, 28, 1024, 16, 8, 128, 3072, 151936, true, 0, 0, 0, 0, 0, 0},
+    {"qwen3-0.6b", TERN_MK_QWEN3, 28, 1024, 16, 8, 128, 3072, 151936, true, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     /* The Qwen3.5-0.8B text model (conformance/perf-reference.md). */
-    {"qwen3.5-0.8b", TERN_MK_QWEN35, 24, 1024, 8, 2, 256, 3584, 248320, true, 16, 16, 128, 4, 4, 64},
+    {"qwen3.5-0.8b", TERN_MK_QWEN35, 24, 1024, 8, 2, 256, 3584, 248320, true, 16, 16, 128, 4, 4, 64, 0, 0, 0, 0},
+    /* The shared tiny MoE models (models/README.md). */
+    {"tiny-qwen3moe", TERN_MK_QWEN3MOE, 4, 256, 4, 2, 64, 768, 4122, false, 0, 0, 0, 0, 0, 0, 8, 2, 128, 0},
+    {"tiny-qwen35moe", TERN_MK_QWEN35MOE, 4, 256, 4, 2, 64, 0, 4122, false, 2, 4, 64, 4, 4, 16, 8, 2, 64, 128},
+    /* Qwen3-30B-A3B / Qwen3-Coder-30B-A3B: 128 experts of 768, 8 per token. */
+    {"qwen3-30b-a3b", TERN_MK_QWEN3MOE, 48, 2048, 32, 4, 128, 6144, 151936, false, 0, 0, 0, 0, 0, 0, 128, 8, 768, 0},
+    /* Qwen3.5-35B-A3B's text model (its config.json: 40 layers, 3 DeltaNet : 1 gated
+     * attention, 16 k / 32 v linear heads of 128, 256 experts of 512, 8 per token, a
+     * shared expert of 512, partial rotary 0.25 of head 256). */
+    {"qwen3.5-35b-a3b", TERN_MK_QWEN35MOE, 40, 2048, 16, 2, 256, 0, 248320, false, 16, 32, 128, 4, 4, 64, 256, 8,
+     512, 512},
 };
 
 const char *tern_mkmodel_preset_names(void) {
-    return "tiny-qwen3, tiny-qwen35, tiny-llama, tiny-qwen2, qwen3-0.6b, qwen3.5-0.8b";
+    return "tiny-qwen3, tiny-qwen35, tiny-qwen3moe, tiny-qwen35moe, tiny-llama, tiny-qwen2, qwen3-0.6b, qwen3.5-0.8b, "
+           "qwen3-30b-a3b, qwen3.5-35b-a3b";
 }
 
 enum tern_status tern_mkmodel_preset(const char *name, struct tern_mkmodel_params *p) {
@@ -126,7 +152,13 @@ enum tern_status tern_mkmodel_preset(const char *name, struct tern_mkmodel_param
         p->n_ff = s->n_ff;
         p->n_vocab = s->n_vocab;
         p->tied = s->tied;
-        if (s->arch == TERN_MK_QWEN35) {
+        if (is_moe(s->arch)) {
+            p->n_expert = s->n_expert;
+            p->n_expert_used = s->n_expert_used;
+            p->n_ff_exp = s->n_ff_exp;
+            p->n_ff_shexp = s->n_ff_shexp;
+        }
+        if (is_hybrid(s->arch)) {
             p->ssm_k_heads = s->ssm_k_heads;
             p->ssm_v_heads = s->ssm_v_heads;
             p->ssm_state = s->ssm_state;
@@ -207,7 +239,14 @@ enum tern_status tern_mkmodel_check(const struct tern_mkmodel_params *p) {
     if ((st = check_range("n_head", p->n_head, 1, LIMIT_HEADS))) return st;
     if ((st = check_range("n_head_kv", p->n_head_kv, 1, p->n_head))) return st;
     if ((st = check_range("head_dim", p->head_dim, 1, 65536))) return st;
-    if ((st = check_range("n_ff", p->n_ff, 1, LIMIT_DIM))) return st;
+    if ((st = check_range("n_ff", p->n_ff, p->arch == TERN_MK_QWEN35MOE ? 0 : 1, LIMIT_DIM))) return st;
+    if (is_moe(p->arch)) {
+        if ((st = check_range("experts", p->n_expert, 1, 1024))) return st;
+        if ((st = check_range("experts used", p->n_expert_used, 1, TERN_MIN(p->n_expert, 64u)))) return st;
+        if ((st = check_range("expert ffn", p->n_ff_exp, 1, LIMIT_DIM))) return st;
+        if (p->arch == TERN_MK_QWEN35MOE && (st = check_range("shared expert ffn", p->n_ff_shexp, 1, LIMIT_DIM)))
+            return st;
+    }
     if ((st = check_range("n_ctx", p->n_ctx, 1, UINT32_MAX))) return st;
     if (p->n_vocab && (st = check_range("n_vocab", p->n_vocab, 1, LIMIT_VOCAB))) return st;
     if (p->n_head % p->n_head_kv)
@@ -222,7 +261,7 @@ enum tern_status tern_mkmodel_check(const struct tern_mkmodel_params *p) {
     if (!(p->rope_theta > 0) || !(p->rms_eps > 0))
         return tern_errorf(TERN_ERR_INVALID, "rope_theta %g and rms_eps %g must be positive", p->rope_theta,
                            p->rms_eps);
-    if (p->arch == TERN_MK_QWEN35) {
+    if (is_hybrid(p->arch)) {
         if ((st = check_range("ssm k-heads", p->ssm_k_heads, 1, LIMIT_HEADS))) return st;
         if ((st = check_range("ssm v-heads", p->ssm_v_heads, 1, LIMIT_HEADS))) return st;
         if ((st = check_range("ssm state", p->ssm_state, 1, 65536))) return st;
@@ -264,7 +303,21 @@ struct mk_tensor {
     uint64_t row_bytes;
     uint64_t seed;
     struct rng rng;
-    float *scratch; /* one row of ne[0] floats, shared by all tensors */
+    struct mk_rows *rows; /* shared by all tensors */
+};
+
+/* The rows of one fill call as floats, quantized on the pool: the values come from one
+ * random stream per tensor (drawn in order), the quantization of each row is independent
+ * of the others, so threads split rows and the bytes do not depend on their number. */
+struct mk_rows {
+    float *buf;
+    size_t cap; /* floats */
+    struct tern_threadpool *pool;
+    /* the current quantization task */
+    const struct mk_tensor *t;
+    uint64_t n_rows;
+    void *dst;
+    _Atomic int failed;
 };
 
 struct mk_ctx {
@@ -277,12 +330,30 @@ struct mk_ctx {
     uint64_t max_ne0;
 };
 
+static void quantize_task(void *ctx, int ith, int nth) {
+    struct mk_rows *q = ctx;
+    const struct mk_tensor *t = q->t;
+    const uint64_t k = t->ne[0];
+    const uint64_t r0 = q->n_rows * (uint64_t)ith / (uint64_t)nth, r1 = q->n_rows * (uint64_t)(ith + 1) / (uint64_t)nth;
+    for (uint64_t r = r0; r < r1; r++)
+        if (!tern_quantize_row(t->type, q->buf + r * k, (uint8_t *)q->dst + r * t->row_bytes, (size_t)k))
+            q->failed = 1;
+}
+
 static enum tern_status fill(void *user, uint64_t row0, uint64_t n_rows, void *dst) {
     struct mk_tensor *t = user;
+    struct mk_rows *q = t->rows;
     if (row0 == 0) rng_seed(&t->rng, t->seed);
     uint64_t k = t->ne[0];
+    if (t->type != TERN_DTYPE_F32 && n_rows * k > q->cap) {
+        float *b = tern_malloc((size_t)(n_rows * k) * sizeof(float));
+        if (!b) return tern_errorf(TERN_ERR_NOMEM, "mkmodel: no memory for %" PRIu64 " rows of '%s'", n_rows, t->name);
+        free(q->buf);
+        q->buf = b;
+        q->cap = (size_t)(n_rows * k);
+    }
     for (uint64_t r = 0; r < n_rows; r++) {
-        float *row = t->type == TERN_DTYPE_F32 ? (float *)((uint8_t *)dst + r * t->row_bytes) : t->scratch;
+        float *row = t->type == TERN_DTYPE_F32 ? (float *)((uint8_t *)dst + r * t->row_bytes) : q->buf + r * k;
         for (uint64_t i = 0; i < k; i++) {
             double v;
             switch (t->init) {
@@ -294,9 +365,15 @@ static enum tern_status fill(void *user, uint64_t row0, uint64_t n_rows, void *d
             }
             row[i] = (float)v;
         }
-        if (t->type != TERN_DTYPE_F32 &&
-            !tern_quantize_row(t->type, row, (uint8_t *)dst + r * t->row_bytes, (size_t)k))
-            return tern_error_prefix(TERN_ERR_INTERNAL, "quantizing '%s'", t->name);
+    }
+    if (t->type != TERN_DTYPE_F32) {
+        q->t = t;
+        q->n_rows = n_rows;
+        q->dst = dst;
+        q->failed = 0;
+        if (q->pool && n_rows > 1) tern_threadpool_run(q->pool, quantize_task, q);
+        else quantize_task(q, 0, 1);
+        if (q->failed) return tern_error_prefix(TERN_ERR_INTERNAL, "quantizing '%s'", t->name);
     }
     return TERN_OK;
 }
@@ -316,6 +393,9 @@ static bool name_ends(const char *name, const char *suffix) {
 static enum tern_dtype pick_type(struct mk_ctx *c, const struct mk_tensor *t, uint32_t layer) {
     const struct tern_mkmodel_params *p = c->p;
     if (t->n_dims < 2 || t->init != INIT_WEIGHT) return TERN_DTYPE_F32;
+    /* llama-quantize keeps the MoE routers in F32 */
+    if (name_ends(t->name, ".ffn_gate_inp.weight") || name_ends(t->name, ".ffn_gate_inp_shexp.weight"))
+        return TERN_DTYPE_F32;
     enum tern_dtype type = p->wtype;
     bool is_output = !strcmp(t->name, "output.weight") || (p->tied && !strcmp(t->name, "token_embd.weight"));
     if (p->mix != TERN_MK_UNIFORM && is_output && type != TERN_DTYPE_Q8_0 && type != TERN_DTYPE_Q6_K &&
@@ -325,7 +405,9 @@ static enum tern_dtype pick_type(struct mk_ctx *c, const struct mk_tensor *t, ui
         if (name_ends(t->name, ".attn_v.weight") || name_ends(t->name, ".attn_qkv.weight")) {
             if (more_bits(c->i_wv, c->n_wv)) type = TERN_DTYPE_Q6_K;
             c->i_wv++;
-        } else if (name_ends(t->name, ".ffn_down.weight") && more_bits(layer, p->n_layer)) {
+        } else if ((name_ends(t->name, ".ffn_down.weight") || name_ends(t->name, ".ffn_down_exps.weight") ||
+                    name_ends(t->name, ".ffn_down_shexp.weight")) &&
+                   more_bits(layer, p->n_layer)) {
             type = TERN_DTYPE_Q6_K;
         }
     }
@@ -334,6 +416,18 @@ static enum tern_dtype pick_type(struct mk_ctx *c, const struct mk_tensor *t, ui
         t->ne[0] % tern_matmul_k_multiple(TERN_DTYPE_IQ4_NL) == 0)
         type = TERN_DTYPE_IQ4_NL;
     const struct tern_dtype_info *info = tern_dtype_info((uint32_t)type);
+    if (t->ne[0] % info->blck_size) {
+        /* llama-quantize's fallbacks for rows the K-quant blocks do not divide */
+        enum tern_dtype fb = type;
+        switch (type) {
+        case TERN_DTYPE_Q4_K: fb = TERN_DTYPE_Q5_0; break;
+        case TERN_DTYPE_Q5_K: fb = TERN_DTYPE_Q5_1; break;
+        case TERN_DTYPE_Q6_K: fb = TERN_DTYPE_Q8_0; break;
+        default: break;
+        }
+        const struct tern_dtype_info *fi = tern_dtype_info((uint32_t)fb);
+        if (fb != type && t->ne[0] % fi->blck_size == 0 && tern_quantize_supported(fb)) return fb;
+    }
     if (t->ne[0] % info->blck_size) {
         TERN_LOG_DEBUG("mkmodel: '%s' stays F32: its rows of %" PRIu64 " are not a multiple of the %s block size %u",
                        t->name, t->ne[0], info->name, info->blck_size);
@@ -346,8 +440,8 @@ static enum tern_dtype pick_type(struct mk_ctx *c, const struct mk_tensor *t, ui
     return type;
 }
 
-static enum tern_status add(struct mk_ctx *c, enum init init, uint32_t layer, uint64_t ne0, uint64_t ne1,
-                            const char *fmt, ...) {
+static enum tern_status add_v(struct mk_ctx *c, enum init init, uint32_t layer, uint64_t ne0, uint64_t ne1,
+                              uint64_t ne2, const char *fmt, va_list ap) {
     if (c->n == c->cap) {
         uint32_t cap = c->cap ? c->cap * 2 : 64;
         struct mk_tensor *t = tern_reallocarray(c->t, cap, sizeof *t);
@@ -357,15 +451,13 @@ static enum tern_status add(struct mk_ctx *c, enum init init, uint32_t layer, ui
     }
     struct mk_tensor *t = &c->t[c->n];
     memset(t, 0, sizeof *t);
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(t->name, sizeof t->name, fmt, ap);
-    va_end(ap);
     t->init = init;
-    t->n_dims = ne1 ? 2 : 1;
+    t->n_dims = ne2 ? 3 : ne1 ? 2 : 1;
     t->ne[0] = ne0;
     t->ne[1] = ne1 ? ne1 : 1;
-    t->ne[2] = t->ne[3] = 1;
+    t->ne[2] = ne2 ? ne2 : 1;
+    t->ne[3] = 1;
     t->seed = c->p->seed ^ tern_hash64(t->name, strlen(t->name));
     t->type = pick_type(c, t, layer);
     c->max_ne0 = TERN_MAX(c->max_ne0, ne0);
@@ -373,8 +465,27 @@ static enum tern_status add(struct mk_ctx *c, enum init init, uint32_t layer, ui
     return TERN_OK;
 }
 
+static enum tern_status add(struct mk_ctx *c, enum init init, uint32_t layer, uint64_t ne0, uint64_t ne1,
+                            const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    enum tern_status st = add_v(c, init, layer, ne0, ne1, 0, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+/* A stack of ne2 matrices [ne0, ne1] (MoE experts). */
+static enum tern_status add3(struct mk_ctx *c, uint32_t layer, uint64_t ne0, uint64_t ne1, uint64_t ne2,
+                             const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    enum tern_status st = add_v(c, INIT_WEIGHT, layer, ne0, ne1, ne2, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
 static bool is_full_attn(const struct tern_mkmodel_params *p, uint32_t il) {
-    return p->arch != TERN_MK_QWEN35 || (il + 1) % p->full_attn_interval == 0;
+    return !is_hybrid(p->arch) || (il + 1) % p->full_attn_interval == 0;
 }
 
 static enum tern_status build_tensors(struct mk_ctx *c, uint32_t n_vocab) {
@@ -391,7 +502,7 @@ static enum tern_status build_tensors(struct mk_ctx *c, uint32_t n_vocab) {
     if (!p->tied) ADD(INIT_WEIGHT, 0, e, n_vocab, "output.weight");
     for (uint32_t il = 0; il < p->n_layer; il++) {
         ADD(INIT_NORM, il, e, 0, "blk.%u.attn_norm.weight", il);
-        if (p->arch == TERN_MK_QWEN35) {
+        if (is_hybrid(p->arch)) {
             ADD(INIT_NORM, il, e, 0, "blk.%u.post_attention_norm.weight", il);
             if (is_full_attn(p, il)) {
                 ADD(INIT_WEIGHT, il, e, 2 * q, "blk.%u.attn_q.weight", il); /* per head: q then gate */
@@ -420,15 +531,32 @@ static enum tern_status build_tensors(struct mk_ctx *c, uint32_t n_vocab) {
             ADD(INIT_WEIGHT, il, e, kv, "blk.%u.attn_v.weight", il);
             if (bias) ADD(INIT_WEIGHT, il, kv, 0, "blk.%u.attn_v.bias", il);
             ADD(INIT_WEIGHT, il, q, e, "blk.%u.attn_output.weight", il);
-            if (p->arch == TERN_MK_QWEN3) {
+            if (p->arch == TERN_MK_QWEN3 || p->arch == TERN_MK_QWEN3MOE) {
                 ADD(INIT_NORM, il, hd, 0, "blk.%u.attn_k_norm.weight", il);
                 ADD(INIT_NORM, il, hd, 0, "blk.%u.attn_q_norm.weight", il);
             }
             ADD(INIT_NORM, il, e, 0, "blk.%u.ffn_norm.weight", il);
         }
-        ADD(INIT_WEIGHT, il, e, p->n_ff, "blk.%u.ffn_gate.weight", il);
-        ADD(INIT_WEIGHT, il, e, p->n_ff, "blk.%u.ffn_up.weight", il);
-        ADD(INIT_WEIGHT, il, p->n_ff, e, "blk.%u.ffn_down.weight", il);
+        if (is_moe(p->arch)) {
+            const uint64_t x = p->n_expert, f = p->n_ff_exp, sf = p->n_ff_shexp;
+            ADD(INIT_WEIGHT, il, e, x, "blk.%u.ffn_gate_inp.weight", il);
+            if ((st = add3(c, il, e, f, x, "blk.%u.ffn_gate_exps.weight", il)) ||
+                (st = add3(c, il, e, f, x, "blk.%u.ffn_up_exps.weight", il)) ||
+                (st = add3(c, il, f, e, x, "blk.%u.ffn_down_exps.weight", il)))
+                return st;
+            if (sf) {
+                /* [n_embd, 1] as the HF converter writes it; 1-D once llama-quantize has
+                 * rewritten it, so a quantized file carries the 1-D form. */
+                ADD(INIT_WEIGHT, il, e, is_float_type(p->wtype) ? 1 : 0, "blk.%u.ffn_gate_inp_shexp.weight", il);
+                ADD(INIT_WEIGHT, il, e, sf, "blk.%u.ffn_gate_shexp.weight", il);
+                ADD(INIT_WEIGHT, il, e, sf, "blk.%u.ffn_up_shexp.weight", il);
+                ADD(INIT_WEIGHT, il, sf, e, "blk.%u.ffn_down_shexp.weight", il);
+            }
+        } else {
+            ADD(INIT_WEIGHT, il, e, p->n_ff, "blk.%u.ffn_gate.weight", il);
+            ADD(INIT_WEIGHT, il, e, p->n_ff, "blk.%u.ffn_up.weight", il);
+            ADD(INIT_WEIGHT, il, p->n_ff, e, "blk.%u.ffn_down.weight", il);
+        }
     }
 #undef ADD
     return TERN_OK;
@@ -630,21 +758,28 @@ static enum tern_status write_metadata(struct gguf_writer *w, const struct tern_
     if (!st) st = set_arch_u32(w, a, "block_count", p->n_layer);
     if (!st) st = set_arch_u32(w, a, "context_length", p->n_ctx);
     if (!st) st = set_arch_u32(w, a, "embedding_length", p->n_embd);
-    if (!st) st = set_arch_u32(w, a, "feed_forward_length", p->n_ff);
+    /* qwen35moe files have no dense feed-forward key; qwen3moe ones carry it unused */
+    if (!st && p->arch != TERN_MK_QWEN35MOE) st = set_arch_u32(w, a, "feed_forward_length", p->n_ff);
+    if (!st && is_moe(p->arch)) {
+        st = set_arch_u32(w, a, "expert_count", p->n_expert);
+        if (!st) st = set_arch_u32(w, a, "expert_used_count", p->n_expert_used);
+        if (!st) st = set_arch_u32(w, a, "expert_feed_forward_length", p->n_ff_exp);
+        if (!st && p->n_ff_shexp) st = set_arch_u32(w, a, "expert_shared_feed_forward_length", p->n_ff_shexp);
+    }
     if (!st) st = set_arch_u32(w, a, "attention.head_count", p->n_head);
     if (!st) st = set_arch_u32(w, a, "attention.head_count_kv", p->n_head_kv);
     if (!st) st = set_arch_f32(w, a, "rope.freq_base", p->rope_theta);
     if (!st) st = set_arch_f32(w, a, "attention.layer_norm_rms_epsilon", p->rms_eps);
     /* Qwen3 and Qwen3.5 converters always write the head size; llama and qwen2 ones
      * only where it differs from n_embd / n_head (the loader's default). */
-    bool head_keys = p->arch == TERN_MK_QWEN3 || p->arch == TERN_MK_QWEN35 ||
+    bool head_keys = p->arch == TERN_MK_QWEN3 || is_hybrid(p->arch) || p->arch == TERN_MK_QWEN3MOE ||
                      (uint64_t)p->head_dim * p->n_head != p->n_embd;
     if (!st && head_keys) st = set_arch_u32(w, a, "attention.key_length", p->head_dim);
     if (!st && head_keys) st = set_arch_u32(w, a, "attention.value_length", p->head_dim);
     if (!st) st = gguf_writer_set_u32(w, "general.file_type", file_type(p->wtype, p->mix));
     if (!st && !is_float_type(p->wtype)) st = gguf_writer_set_u32(w, "general.quantization_version", 2);
     if (!st && p->arch == TERN_MK_LLAMA) st = set_arch_u32(w, a, "rope.dimension_count", p->rope_dim ? p->rope_dim : p->head_dim);
-    if (!st && p->arch == TERN_MK_QWEN35) {
+    if (!st && is_hybrid(p->arch)) {
         uint32_t rd = p->rope_dim ? p->rope_dim : p->head_dim / 4;
         int32_t sec[4];
         memcpy(sec, p->rope_sections, sizeof sec);
@@ -716,8 +851,8 @@ static enum tern_status prepare(const struct tern_mkmodel_params *p, struct mk_c
         struct mk_tensor *t = &c->t[i];
         if (!tern_dtype_row_size(t->type, t->ne[0], &t->row_bytes))
             st = tern_errorf(TERN_ERR_INTERNAL, "mkmodel: '%s' row size", t->name);
-        s->n_params += t->ne[0] * t->ne[1];
-        s->n_bytes += t->row_bytes * t->ne[1];
+        s->n_params += t->ne[0] * t->ne[1] * t->ne[2];
+        s->n_bytes += t->row_bytes * t->ne[1] * t->ne[2];
     }
     if (st) {
         free(c->t);
@@ -768,19 +903,21 @@ enum tern_status tern_mkmodel_write(const struct tern_mkmodel_params *p, const c
     enum tern_status st = prepare(p, &c, &vf, &n_have, &s);
     if (st) return st;
     struct gguf_writer *w = NULL;
-    float *scratch = tern_malloc((size_t)c.max_ne0 * sizeof(float));
-    if (!scratch) st = tern_errorf(TERN_ERR_NOMEM, "mkmodel: no memory for a row buffer");
+    struct mk_rows rows = {0};
+    /* A pool only pays for big models; a failure to start one just means one thread. */
+    if (s.n_params > ((uint64_t)64 << 20) && tern_threadpool_new(0, &rows.pool)) rows.pool = NULL;
     if (!st) st = gguf_writer_new(&w);
     if (!st) st = write_metadata(w, p, vf, n_have, s.n_vocab);
     for (uint32_t i = 0; i < c.n && !st; i++) {
         struct mk_tensor *t = &c.t[i];
-        t->scratch = scratch;
+        t->rows = &rows;
         st = gguf_writer_add_tensor_cb(w, t->name, t->type, t->n_dims, t->ne, fill, t);
     }
     if (!st) st = gguf_writer_write(w, path);
     if (!st && stats) *stats = s;
     gguf_writer_free(w);
-    free(scratch);
+    free(rows.buf);
+    tern_threadpool_free(rows.pool);
     free(c.t);
     gguf_close(vf);
     return st;

@@ -1,6 +1,6 @@
 /* The model generator behind `tern mkmodel`: writes a deterministic random-weight GGUF
  * with the metadata keys and tensor names/shapes that real models of an architecture
- * carry (llama, qwen2, qwen3, qwen35), so that the engine, benchmarks and tests can run
+ * carry (llama, qwen2, qwen3, qwen35, qwen3moe, qwen35moe), so that the engine, benchmarks and tests can run
  * on any shape without downloading weights.
  *
  * Weights (as /work/shared/models/README.md describes the reference generator):
@@ -18,7 +18,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-enum tern_mk_arch { TERN_MK_LLAMA, TERN_MK_QWEN2, TERN_MK_QWEN3, TERN_MK_QWEN35 };
+enum tern_mk_arch { TERN_MK_LLAMA, TERN_MK_QWEN2, TERN_MK_QWEN3, TERN_MK_QWEN35, TERN_MK_QWEN3MOE, TERN_MK_QWEN35MOE };
 
 /* How tensors are typed. */
 enum tern_mk_mix {
@@ -49,6 +49,11 @@ struct tern_mkmodel_params {
     uint32_t ssm_conv;      /* ssm.conv_kernel */
     uint32_t full_attn_interval; /* every n-th layer (n-1, 2n-1, ...) is full attention */
     int32_t rope_sections[4];    /* all 0 = derived from rope_dim as Qwen3.5 splits it */
+    /* qwen3moe / qwen35moe (mixture of experts; n_ff is then only written as a key) */
+    uint32_t n_expert;           /* expert_count */
+    uint32_t n_expert_used;      /* expert_used_count */
+    uint32_t n_ff_exp;           /* expert_feed_forward_length */
+    uint32_t n_ff_shexp;         /* expert_shared_feed_forward_length (qwen35moe) */
 
     enum tern_dtype wtype;  /* F32, F16, BF16 or a quantized type */
     enum tern_mk_mix mix;
@@ -58,8 +63,9 @@ struct tern_mkmodel_params {
 
 /* Defaults for an architecture (a small model: 4 layers, n_embd 256 ...). */
 void tern_mkmodel_defaults(enum tern_mk_arch arch, struct tern_mkmodel_params *p);
-/* Presets: "tiny-qwen3", "tiny-qwen35" (the shapes of the shared tiny models),
- * "qwen3-0.6b", "qwen3.5-0.8b", "tiny-llama", "tiny-qwen2". TERN_ERR_INVALID if unknown. */
+/* Presets: "tiny-qwen3", "tiny-qwen35", "tiny-qwen3moe", "tiny-qwen35moe" (the shapes of
+ * the shared tiny models), "qwen3-0.6b", "qwen3.5-0.8b", "qwen3-30b-a3b",
+ * "qwen3.5-35b-a3b", "tiny-llama", "tiny-qwen2". TERN_ERR_INVALID if unknown. */
 enum tern_status tern_mkmodel_preset(const char *name, struct tern_mkmodel_params *p);
 /* Comma-separated preset names, for usage texts. */
 const char *tern_mkmodel_preset_names(void);

@@ -41,9 +41,11 @@ enum tern_status model_hparams_load(struct tern_model *m, struct model_hparams *
     if ((st = get_u32_key(m, "context_length", true, 0, &hp->n_ctx_train)) ||
         (st = get_u32_key(m, "embedding_length", true, 0, &hp->n_embd)) ||
         (st = get_u32_key(m, "block_count", true, 0, &hp->n_layer)) ||
-        (st = get_u32_key(m, "feed_forward_length", true, 0, &hp->n_ff)) ||
         (st = get_u32_key(m, "attention.head_count", true, 0, &hp->n_head)))
         return st;
+    /* Dense feed-forward width; MoE architectures size their experts by their own keys
+     * and may have none (qwen35moe), so the dense ones check it (model_require_ff). */
+    if ((st = get_u32_key(m, "feed_forward_length", false, 0, &hp->n_ff))) return st;
     if ((st = get_u32_key(m, "attention.head_count_kv", false, hp->n_head, &hp->n_head_kv))) return st;
     if (hp->n_embd == 0 || hp->n_embd > (1u << 20))
         return tern_errorf(TERN_ERR_FORMAT, "model: embedding_length %u is out of range [1, %u]", hp->n_embd, 1u << 20);
@@ -128,6 +130,16 @@ enum tern_status model_hparams_load(struct tern_model *m, struct model_hparams *
     return TERN_OK;
 }
 
+enum tern_status model_require_ff(struct tern_model *m) {
+    if (m->hp.n_ff == 0) {
+        char key[128];
+        snprintf(key, sizeof key, "%s.feed_forward_length", m->arch->name);
+        if (!gguf_find_kv(m->f, key)) return tern_errorf(TERN_ERR_FORMAT, "model: metadata key '%s' is missing", key);
+        return tern_errorf(TERN_ERR_FORMAT, "model: %s is 0", key);
+    }
+    return TERN_OK;
+}
+
 /* ---- weight binding ------------------------------------------------------------- */
 
 static void shape_str(char *buf, size_t cap, const struct gguf_tensor *t) {
@@ -144,14 +156,9 @@ static bool shape_is(const struct gguf_tensor *t, uint64_t a, uint64_t b) {
     return t->ne[0] == a && t->ne[1] == b;
 }
 
-static enum tern_status bind_mat(struct tern_model *m, struct mat *out, uint32_t k, uint32_t n, bool required,
-                                 const char *name) {
-    memset(out, 0, sizeof *out);
-    const struct gguf_tensor *t = gguf_find_tensor(m->f, name);
-    if (!t) {
-        if (!required) return TERN_OK;
-        return tern_errorf(TERN_ERR_FORMAT, "model: tensor '%s' is missing (expected shape [%u, %u])", name, k, n);
-    }
+static enum tern_status bind_tensor(struct tern_model *m, struct mat *out, uint32_t k, uint32_t n,
+                                    const struct gguf_tensor *t) {
+    const char *name = t->name.ptr;
     if (!shape_is(t, k, n) || t->n_dims > 2) {
         char got[96];
         shape_str(got, sizeof got, t);
@@ -183,6 +190,17 @@ static enum tern_status bind_mat(struct tern_model *m, struct mat *out, uint32_t
     return TERN_OK;
 }
 
+static enum tern_status bind_mat(struct tern_model *m, struct mat *out, uint32_t k, uint32_t n, bool required,
+                                 const char *name) {
+    memset(out, 0, sizeof *out);
+    const struct gguf_tensor *t = gguf_find_tensor(m->f, name);
+    if (!t) {
+        if (!required) return TERN_OK;
+        return tern_errorf(TERN_ERR_FORMAT, "model: tensor '%s' is missing (expected shape [%u, %u])", name, k, n);
+    }
+    return bind_tensor(m, out, k, n, t);
+}
+
 enum tern_status model_get_mat(struct tern_model *m, struct mat *out, uint32_t k, uint32_t n, const char *fmt, ...) {
     char name[256];
     va_list ap;
@@ -200,6 +218,36 @@ enum tern_status model_get_mat_opt(struct tern_model *m, struct mat *out, uint32
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
     return bind_mat(m, out, k, n, false, name);
+}
+
+enum tern_status model_get_mats(struct tern_model *m, struct mat *out, size_t *stride, uint32_t k, uint32_t n,
+                                uint32_t n_mat, const char *fmt, ...) {
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    memset(out, 0, sizeof *out);
+    *stride = 0;
+    const struct gguf_tensor *t = gguf_find_tensor(m->f, name);
+    if (!t)
+        return tern_errorf(TERN_ERR_FORMAT, "model: tensor '%s' is missing (expected shape [%u, %u, %u])", name, k, n,
+                           n_mat);
+    if (t->ne[0] != k || t->ne[1] != n || t->ne[2] != n_mat || t->ne[3] != 1) {
+        char got[96];
+        shape_str(got, sizeof got, t);
+        return tern_errorf(TERN_ERR_FORMAT, "model: tensor '%s' has shape %s, expected [%u, %u, %u]", name, got, k, n,
+                           n_mat);
+    }
+    /* Bind the first matrix as a 2-D view (type, row checks, activation sizes), then
+     * step to the others by the bytes of one. */
+    struct gguf_tensor first = *t;
+    first.ne[2] = 1;
+    first.n_dims = 2;
+    enum tern_status st = bind_tensor(m, out, k, n, &first);
+    if (st) return st;
+    *stride = (size_t)n * out->row_bytes;
+    return TERN_OK;
 }
 
 enum tern_status model_get_vec(struct tern_model *m, const float **out, uint32_t n, bool required, const char *fmt,

@@ -163,6 +163,14 @@ enum tern_status model_get_mat(struct tern_model *m, struct mat *out, uint32_t k
     TERN_PRINTF(5, 6);
 enum tern_status model_get_mat_opt(struct tern_model *m, struct mat *out, uint32_t k, uint32_t n, const char *fmt,
                                    ...) TERN_PRINTF(5, 6);
+/* A stack of n_mat matrices [k, n] in one 3-D tensor [k, n, n_mat] (MoE experts): out is
+ * the first matrix (checked as model_get_mat checks one), *stride the bytes from one
+ * matrix to the next. */
+enum tern_status model_get_mats(struct tern_model *m, struct mat *out, size_t *stride, uint32_t k, uint32_t n,
+                                uint32_t n_mat, const char *fmt, ...) TERN_PRINTF(7, 8);
+/* For dense feed-forward architectures: {arch}.feed_forward_length must be present and
+ * non-zero (model_hparams_load reads it as optional, for the MoE architectures). */
+enum tern_status model_require_ff(struct tern_model *m);
 /* An F32 vector of n elements (norm weights, biases); *out = NULL when absent and
  * !required. */
 enum tern_status model_get_vec(struct tern_model *m, const float **out, uint32_t n, bool required, const char *fmt,
@@ -284,6 +292,8 @@ void model_logits(struct tern_session *s, const struct mat *out_w, const float *
 extern const struct tern_arch tern_arch_llama;
 extern const struct tern_arch tern_arch_qwen2;
 extern const struct tern_arch tern_arch_qwen3;
-extern const struct tern_arch tern_arch_qwen35; /* arch-qwen35.c */
+extern const struct tern_arch tern_arch_qwen3moe;  /* arch-llama.c */
+extern const struct tern_arch tern_arch_qwen35;    /* arch-qwen35.c */
+extern const struct tern_arch tern_arch_qwen35moe; /* arch-qwen35.c */
 
 #endif

@@ -1,5 +1,6 @@
 // Conversation reuse through HTTP (issue 7, DESIGN.md §3-§5), on generated tiny qwen35
-// (hybrid) and qwen3 (attention-only) models with the Qwen3 chat template, whose
+// (hybrid) and qwen3 (attention-only) models and their mixture-of-experts twins
+// (qwen35moe, qwen3moe) with the Qwen3 chat template, whose
 // re-rendering drops old reasoning. Replies are forced (TERN_TEST_FORCED_OUTPUT) so
 // that the model "reasons" and "calls tools" deterministically, through the real
 // parser. Every resumed request is compared with a server that reuses nothing: the same
@@ -33,7 +34,8 @@ function makeModel(preset) {
   return out;
 }
 
-const models = { qwen35: makeModel('tiny-qwen35'), qwen3: makeModel('tiny-qwen3') };
+const models = { qwen35: makeModel('tiny-qwen35'), qwen3: makeModel('tiny-qwen3'),
+  qwen35moe: makeModel('tiny-qwen35moe'), qwen3moe: makeModel('tiny-qwen3moe') };
 const common = ['--chat-template', tplPath, '--ctx-size', '4096', '--chunk', '64', '--prompt-cache-every', '128'];
 const env = { TERN_TEST_FORCED_OUTPUT: '1', TERN_STATE_HASH: '1', TERN_PREDICT: '0' };
 const offEnv = { ...env, TERN_AFFINITY: '0', TERN_REUSE_POOL: '0' };
@@ -106,8 +108,8 @@ const tools = [{ type: 'function', function: { name: 'read_file', description: '
 const REASONED = '<think>\nThe test fails in the parser; read it first.\n</think>\n\nLet me read it.\n'
   + '<tool_call>\n{"name": "read_file", "arguments": {"path": "parser.c"}}\n</tool_call>';
 
-for (const arch of ['qwen35', 'qwen3']) {
-  const hybrid = arch === 'qwen35';
+for (const arch of ['qwen35', 'qwen3', 'qwen35moe', 'qwen3moe']) {
+  const hybrid = arch.startsWith('qwen35');
 
   test(`${arch}: agent loop extends, a new user message rewrites at the turn boundary`, async () => {
     const key = { session_id: `agent-${arch}` };

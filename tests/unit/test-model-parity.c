@@ -17,6 +17,7 @@
 static const char *const stems[] = {
     "stories260K",      "tiny-qwen3-f32",  "tiny-qwen3-q8_0",   "tiny-qwen3-q4_0", "tiny-qwen3-q4_k_m",
     "tiny-qwen3-q6_k",  "tiny-qwen35-f32", "tiny-qwen35-q8_0", "tiny-qwen35-q4_k_m", "tiny-qwen3-iq4_xs",
+    "tiny-qwen3moe-f32", "tiny-qwen3moe-q8_0", "tiny-qwen35moe-f32", "tiny-qwen35moe-q4_k_m",
 };
 
 /* "lite" (the variant run under sanitizers): stories260K, two quantized qwen3 (Q4_K_M,

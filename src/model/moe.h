@@ -1,0 +1,94 @@
+/* Mixture-of-experts feed-forward blocks (qwen3moe, qwen35moe), as llama.cpp's
+ * build_moe_ffn computes them with a softmax gate:
+ *
+ *   p      = softmax(Wr h)                       router over n_expert logits
+ *   e_j    = the n_used largest p, j = 0..n_used-1 (descending; ties to the lowest id)
+ *   w_j    = p[e_j] / sum_j p[e_j] (norm_topk), times expert_weights_scale
+ *   y      = sum_j w_j Wdown_e (silu(Wgate_e h) * Wup_e h)       j in rank order
+ *   y     += sigmoid(Ws h) Wdown_s (silu(Wgate_s h) * Wup_s h)    (qwen35moe: shared expert)
+ *
+ * A chunk's tokens are grouped by expert, so each expert's weights are read once per
+ * chunk (prefill) and a decode step reads only the chosen experts.
+ *
+ * Exactness (DESIGN.md §5): routing is per token; every expert output row comes from
+ * tern_matmul, whose rows do not depend on how many tokens share the expert's group;
+ * the weighted sum of a token runs over its experts in rank order. A token's output is
+ * therefore the same whatever chunk, group size or thread count computed it. */
+#ifndef TERN_MODEL_MOE_H
+#define TERN_MODEL_MOE_H
+
+#include "model/model.h"
+
+#define MOE_MAX_EXPERTS 1024u
+#define MOE_MAX_USED 64u
+
+struct moe_hparams {
+    uint32_t n_expert;   /* {arch}.expert_count */
+    uint32_t n_used;     /* {arch}.expert_used_count */
+    uint32_t n_ff_exp;   /* {arch}.expert_feed_forward_length */
+    uint32_t n_ff_shexp; /* {arch}.expert_shared_feed_forward_length; 0 = no shared expert */
+    bool norm_topk;      /* renormalise the chosen weights to sum 1 */
+    float scale;         /* {arch}.expert_weights_scale (1 when absent) */
+};
+
+struct moe_layer {
+    struct mat router;        /* [n_embd, n_expert] ffn_gate_inp */
+    struct mat gate, up;      /* expert 0 of [n_embd, n_ff_exp, n_expert] ffn_{gate,up}_exps */
+    struct mat down;          /* expert 0 of [n_ff_exp, n_embd, n_expert] ffn_down_exps */
+    size_t gate_stride, up_stride, down_stride; /* bytes from one expert to the next */
+    /* The shared expert (data NULL when the architecture has none). */
+    struct mat sh_gate_inp;   /* [n_embd, 1] ffn_gate_inp_shexp (1-D [n_embd] in quantized files) */
+    struct mat sh_gate, sh_up; /* [n_embd, n_ff_shexp] */
+    struct mat sh_down;       /* [n_ff_shexp, n_embd] */
+};
+
+/* Reads the expert keys of m's architecture. norm_topk is the architecture's default
+ * (an {arch}.expert_weights_norm key overrides it); a gating function other than
+ * softmax is refused. Errors name the key and the value. */
+enum tern_status moe_hparams_load(struct tern_model *m, bool norm_topk, bool shared, struct moe_hparams *out);
+/* Binds layer il's router, stacked experts and (when hp has one) shared expert. */
+enum tern_status moe_layer_load(struct tern_model *m, const struct moe_hparams *hp, uint32_t il,
+                                struct moe_layer *out);
+
+/* Per-chunk scratch of the MoE block (part of an architecture's RunState). */
+struct moe_state {
+    uint32_t n_chunk;
+    float *probs;      /* (n_chunk, n_expert) router logits, then probabilities */
+    int32_t *sel;      /* (n_chunk, n_used) chosen experts in rank order */
+    float *wts;        /* (n_chunk, n_used) their weights */
+    int32_t *slot_of;  /* (n_chunk, n_used) the slot of (token, rank) */
+    int32_t *slot_tok; /* (n_chunk * n_used) the token of each slot; slots are grouped by expert */
+    uint32_t *cnt;     /* (n_expert + 1) tokens per expert, then prefix offsets */
+    uint8_t *act_tok;  /* (n_chunk, act row) h prepared for the gate/up weights */
+    uint8_t *act_gu;   /* (n_chunk * n_used, act row) the same rows gathered by slot */
+    uint8_t *act_up;   /* likewise for up when its activation format differs from gate's; else NULL */
+    float *g;          /* (n_chunk * n_used, n_ff_exp) gate, then silu(gate) * up */
+    float *u;          /* (n_chunk * n_used, n_ff_exp) up */
+    uint8_t *act_d;    /* (n_chunk * n_used, act row) g prepared for the down weights */
+    float *d;          /* (n_chunk * n_used, n_embd) each slot's expert output */
+    float *sg, *su;    /* (n_chunk, n_ff_shexp) shared expert gate / up */
+    float *sw;         /* (n_chunk) shared expert gate logit */
+    float *sd;         /* (n_chunk, n_embd) shared expert output */
+    size_t act_gu_rb, act_up_rb, act_d_rb;
+    size_t bytes;
+};
+
+/* Sizes the scratch for chunks of n_chunk tokens and the largest activation rows of the
+ * layers' expert types (layers without experts, gate.data NULL, are skipped). On error
+ * *st holds what was allocated, for moe_state_free. */
+enum tern_status moe_state_new(const struct tern_model *m, const struct moe_hparams *hp,
+                               const struct moe_layer *layers, uint32_t n_layer, uint32_t n_chunk,
+                               struct moe_state *st);
+void moe_state_free(struct moe_state *st);
+
+/* out[t] = the MoE block of h[t] for n_tok rows of n_embd (h is the normed input;
+ * out may not alias h). */
+void moe_forward(struct tern_session *s, const struct moe_hparams *hp, const struct moe_layer *L,
+                 struct moe_state *st, const float *h, uint32_t n_tok, float *out);
+
+/* The routing of one token: softmax over logits[n_expert] in place (probabilities), the
+ * n_used largest in descending order (ties to the lowest id) into sel, their weights
+ * (renormalised, scaled) into wts. Exposed for tests. */
+void moe_route(const struct moe_hparams *hp, float *logits, int32_t *sel, float *wts);
+
+#endif
