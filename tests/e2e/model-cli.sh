@@ -53,6 +53,15 @@ for ty in iq4_xs iq4_nl; do
   b=$("$bin" run -m "$q" --ids "1 2 3 4 5 6 7 8 9 10" --temp 0 -n 8 --print-ids -t 2 --chunk 3 2>/dev/null) || fail "run $ty exit $?"
   [ "$(echo "$a" | wc -w)" -eq 8 ] && [ "$a" = "$b" ] || fail "$ty: '$a' vs '$b'"
 done
+# IQ4 expert tensors (IQ4_XS, and IQ4_NL where 256 does not divide an expert's rows)
+for pre in tiny-qwen3moe tiny-qwen35moe; do
+  q=$tmp/$pre-iq4_xs.gguf
+  "$bin" mkmodel --preset $pre --type iq4_xs --out "$q" >/dev/null 2>&1 || fail "mkmodel $pre iq4_xs exit $?"
+  "$bin" inspect "$q" | grep -q "^  IQ4_NL " || fail "$pre iq4_xs: no IQ4_NL fallback tensors"
+  a=$("$bin" run -m "$q" --ids "1 2 3 4 5 6 7 8 9 10 11 12" --temp 0 -n 8 --print-ids -t 1 2>/dev/null) || fail "run $pre exit $?"
+  b=$("$bin" run -m "$q" --ids "1 2 3 4 5 6 7 8 9 10 11 12" --temp 0 -n 8 --print-ids -t 2 --chunk 5 2>/dev/null) || fail "run $pre exit $?"
+  [ "$(echo "$a" | wc -w)" -eq 8 ] && [ "$a" = "$b" ] || fail "$pre iq4_xs: '$a' vs '$b'"
+done
 [ ! -f "$shared/models/tiny-qwen3-iq4_xs.gguf" ] || "$bin" inspect "$shared/models/tiny-qwen3-iq4_xs.gguf" |
   grep -q "^  IQ4_XS  *29 tensors" || fail "inspect of the kit's IQ4_XS file"
 
