@@ -662,6 +662,60 @@ static void test_models_consistent_with_f32(void **state) {
     gguf_close(f32);
 }
 
+/* tern's IQ4_NL quantizer against llama-quantize's on the rows of the fixture (which
+ * llama-quantize made from the kit's tiny-qwen3-f32): about as small an error. */
+static void test_iq4_nl_quantizer_vs_reference(void **state) {
+    (void)state;
+    th_require_shared("models/tiny-qwen3-f32.gguf");
+    const char *src = getenv("TERN_SOURCE_DIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tests/data/iq4_nl-ggml.json", src && *src ? src : "..");
+    json_error_t jerr;
+    json_t *doc = json_load_file(path, 0, &jerr);
+    if (!doc) fail_msg("%s: %s", path, jerr.text);
+    snprintf(path, sizeof path, "%s/tests/data/iq4_nl-ggml.bin", src && *src ? src : "..");
+    size_t len;
+    char *bin = th_read_file(path, &len);
+    assert_non_null(bin);
+    struct gguf_file *f32;
+    if (gguf_open(th_shared_path("models/tiny-qwen3-f32.gguf"), NULL, &f32) != TERN_OK)
+        fail_msg("%s", tern_last_error());
+    double se_ref = 0, se_mine = 0;
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(doc, "entries"), i, e) {
+        const char *name = json_string_value(json_object_get(e, "tensor"));
+        const size_t n_cols = (size_t)json_integer_value(json_object_get(e, "n_cols"));
+        const size_t r0 = (size_t)json_integer_value(json_array_get(json_object_get(e, "rows"), 0));
+        const size_t r1 = (size_t)json_integer_value(json_array_get(json_object_get(e, "rows"), 1));
+        const size_t foff = (size_t)json_integer_value(json_object_get(e, "f32_offset"));
+        const struct gguf_tensor *t = gguf_find_tensor(f32, name);
+        if (!t) fail_msg("tiny-qwen3-f32 has no '%s'", name);
+        assert_int_equal(t->type, TERN_DTYPE_F32);
+        assert_int_equal(t->ne[0], n_cols);
+        uint8_t q[768 / 32 * 18];
+        float y[768];
+        assert_true(n_cols <= 768);
+        for (size_t r = r0; r < r1; r++) {
+            const float *x = (const float *)t->data + r * n_cols;
+            assert_true(tern_quantize_row(TERN_DTYPE_IQ4_NL, x, q, n_cols));
+            assert_true(tern_dequantize_row(TERN_DTYPE_IQ4_NL, q, y, n_cols));
+            for (size_t c = 0; c < n_cols; c++) {
+                float ref;
+                memcpy(&ref, bin + foff + ((r - r0) * n_cols + c) * 4, 4);
+                se_ref += ((double)ref - x[c]) * ((double)ref - x[c]);
+                se_mine += ((double)y[c] - x[c]) * ((double)y[c] - x[c]);
+            }
+        }
+    }
+    const double ratio = sqrt(se_mine / se_ref);
+    printf("  IQ4_NL: tern's quantizer error / llama-quantize's on the fixture rows: %.3f\n", ratio);
+    if (!(ratio <= 1.1)) fail_msg("tern's IQ4_NL quantizer error is %.3fx llama-quantize's", ratio);
+    gguf_close(f32);
+    free(bin);
+    json_decref(doc);
+}
+
 /* Two binaries from this file: test-quant (self-contained) and test-quant-shared (argument
  * "shared": the tests that need the shared kit, skipped as a whole when it is absent). */
 int main(int argc, char **argv) {
@@ -684,6 +738,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest shared_tests[] = {
         cmocka_unit_test(test_conformance_dequant_bit_exact),
         cmocka_unit_test(test_models_consistent_with_f32),
+        cmocka_unit_test(test_iq4_nl_quantizer_vs_reference),
     };
     if (argc > 1 && !strcmp(argv[1], "shared")) {
         th_require_shared("conformance/dequant");
