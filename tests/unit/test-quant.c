@@ -402,6 +402,20 @@ static void test_round_trip_exact_grids(void **state) {
     for (int i = 0; i < 256; i += 32) x[i] = -4.0f;
     round_trip(TERN_DTYPE_Q4_0, x, y, 256);
     assert_memory_equal(x, y, sizeof x);
+    /* IQ4_NL: table values times 0.5, each block holding -127 (its largest magnitude) */
+    for (int i = 0; i < 256; i++) x[i] = 0.5f * (float)iq4_levels_by_hand[(i * 7 + 3) % 16];
+    for (int i = 0; i < 256; i += 32) x[i] = 0.5f * -127.0f;
+    round_trip(TERN_DTYPE_IQ4_NL, x, y, 256);
+    assert_memory_equal(x, y, sizeof x);
+    /* IQ4_XS: d = 0.25, sub-block scales ls - 32 of both signs, -32 among them, and zero */
+    static const int l[8] = {-32, 31, 5, -7, 17, 1, -1, 0};
+    for (int i = 0; i < 256; i++) {
+        const int lv = i % 32 == 0 ? -127 : iq4_levels_by_hand[(i * 5 + 1) % 16];
+        x[i] = 0.25f * (float)l[i / 32] * (float)lv;
+    }
+    round_trip(TERN_DTYPE_IQ4_XS, x, y, 256);
+    for (int i = 0; i < 256; i++)
+        if (x[i] != y[i]) fail_msg("IQ4_XS exact grid: element %d is %g, came back %g", i, x[i], y[i]);
 }
 
 static void test_odd_lengths_refused(void **state) {
