@@ -1,7 +1,7 @@
 /* The Vulkan backend's device layer on whatever device the loader offers (lavapipe on
  * the project's machines and in CI, NVIDIA's driver on a GPU machine):
  * - enumeration, open, buffers (host-visible or staged) round-trip bytes at offsets;
- * - matmul of F32, F16 and Q8_0 weights against a double-precision reference of the
+ * - matmul of F32, F16, Q4_0, Q5_0, Q8_0, Q4_K and Q6_K weights against a double-precision reference of the
  *   dequantized weights, on odd shapes;
  * - exactness within the backend (DESIGN.md §7): a token's outputs are bit-identical
  *   whether it is dispatched alone or among 64 tokens, and run to run;
@@ -12,6 +12,7 @@
 
 #include "backend/vulkan.h"
 #include "kernels/kernels.h"
+#include "util/mem.h"
 #include "util/rng.h"
 
 #include <math.h>
@@ -139,11 +140,14 @@ static void check_type(enum tern_dtype t, size_t k, size_t n) {
 
 static void test_matmul(void **state) {
     (void)state;
-    const enum tern_dtype types[] = {TERN_DTYPE_F32, TERN_DTYPE_F16, TERN_DTYPE_Q8_0};
-    const size_t shapes[][2] = {{32, 1}, {96, 37}, {1024, 130}};
-    for (size_t i = 0; i < 3; i++) {
+    const enum tern_dtype types[] = {TERN_DTYPE_F32,  TERN_DTYPE_F16,  TERN_DTYPE_Q4_0, TERN_DTYPE_Q5_0,
+                                     TERN_DTYPE_Q8_0, TERN_DTYPE_Q4_K, TERN_DTYPE_Q6_K};
+    /* rows of 1 block, of 3, of many; the K-quants' blocks are 256 wide */
+    const size_t shapes[][2] = {{32, 1}, {96, 37}, {1024, 130}}, kshapes[][2] = {{256, 1}, {768, 37}, {2048, 70}};
+    for (size_t i = 0; i < TERN_ARRAY_LEN(types); i++) {
         assert_true(tern_vk_matmul_supported(types[i]));
-        for (size_t s = 0; s < 3; s++) check_type(types[i], shapes[s][0], shapes[s][1]);
+        const bool kq = tern_dtype_info((uint32_t)types[i])->blck_size == 256;
+        for (size_t s = 0; s < 3; s++) check_type(types[i], kq ? kshapes[s][0] : shapes[s][0], kq ? kshapes[s][1] : shapes[s][1]);
     }
 }
 
@@ -153,9 +157,9 @@ static void test_refusals(void **state) {
     assert_int_equal(tern_vk_buf_new(vk, 4096, &a), TERN_OK);
     assert_int_equal(tern_vk_buf_new(vk, 4096, &b), TERN_OK);
     assert_int_equal(tern_vk_buf_new(vk, 16, &c), TERN_OK);
-    assert_false(tern_vk_matmul_supported(TERN_DTYPE_Q4_K));
-    assert_int_equal(tern_vk_matmul(vk, TERN_DTYPE_Q4_K, a, 256, 4, b, 1, c), TERN_ERR_INVALID);
-    assert_non_null(strstr(tern_last_error(), "Q4_K"));
+    assert_false(tern_vk_matmul_supported(TERN_DTYPE_Q5_K));
+    assert_int_equal(tern_vk_matmul(vk, TERN_DTYPE_Q5_K, a, 256, 4, b, 1, c), TERN_ERR_INVALID);
+    assert_non_null(strstr(tern_last_error(), "Q5_K"));
     assert_int_equal(tern_vk_matmul(vk, TERN_DTYPE_Q8_0, a, 33, 4, b, 1, c), TERN_ERR_INVALID); /* k % 32 */
     assert_int_equal(tern_vk_matmul(vk, TERN_DTYPE_F32, a, 64, 8, b, 1, c), TERN_ERR_RANGE);   /* y: 32 > 16 bytes */
     assert_non_null(strstr(tern_last_error(), "too small"));

@@ -188,7 +188,10 @@ struct vk_fns {
 };
 #undef VK_DECL
 
-enum { PIPE_MATMUL_F32, PIPE_MATMUL_F16, PIPE_MATMUL_Q8_0, N_PIPES };
+/* One matmul pipeline per weight type (the shader's WTYPE specialization constant). */
+static const enum tern_dtype matmul_types[] = {TERN_DTYPE_F32,  TERN_DTYPE_F16,  TERN_DTYPE_Q4_0, TERN_DTYPE_Q5_0,
+                                               TERN_DTYPE_Q8_0, TERN_DTYPE_Q4_K, TERN_DTYPE_Q6_K};
+#define N_PIPES ((int)(sizeof matmul_types / sizeof matmul_types[0]))
 
 struct tern_vk {
     struct tern_vk_device_info info;
@@ -256,10 +259,10 @@ static enum tern_status make_pipelines(struct tern_vk *vk) {
                                           .codeSize = tern_spv_matmul_size,
                                           .pCode = tern_spv_matmul};
     if ((r = vk->f.vkCreateShaderModule(vk->dev, &sci, NULL, &vk->matmul_module))) return vk_fail(vk, r, "a shader module");
-    static const uint32_t wtypes[N_PIPES] = {TERN_DTYPE_F32, TERN_DTYPE_F16, TERN_DTYPE_Q8_0};
     for (int i = 0; i < N_PIPES; i++) {
+        const uint32_t wtype = (uint32_t)matmul_types[i];
         const VkSpecializationMapEntry me = {0, 0, sizeof(uint32_t)};
-        const VkSpecializationInfo spec = {1, &me, sizeof(uint32_t), &wtypes[i]};
+        const VkSpecializationInfo spec = {1, &me, sizeof(uint32_t), &wtype};
         const VkComputePipelineCreateInfo ci = {
             .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
             .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
@@ -510,22 +513,22 @@ enum tern_status tern_vk_download(struct tern_vk_buf *b, size_t off, void *dst, 
 
 /* ---- kernels ---------------------------------------------------------------------- */
 
-bool tern_vk_matmul_supported(enum tern_dtype wtype) {
-    return wtype == TERN_DTYPE_F32 || wtype == TERN_DTYPE_F16 || wtype == TERN_DTYPE_Q8_0;
+static int matmul_pipe(enum tern_dtype wtype) {
+    for (int i = 0; i < N_PIPES; i++)
+        if (matmul_types[i] == wtype) return i;
+    return -1;
 }
+
+bool tern_vk_matmul_supported(enum tern_dtype wtype) { return matmul_pipe(wtype) >= 0; }
 
 enum tern_status tern_vk_matmul(struct tern_vk *vk, enum tern_dtype wtype, const struct tern_vk_buf *w,
                                 size_t k, size_t n, const struct tern_vk_buf *x, size_t n_tok,
                                 struct tern_vk_buf *y) {
-    int pipe;
-    switch (wtype) {
-    case TERN_DTYPE_F32: pipe = PIPE_MATMUL_F32; break;
-    case TERN_DTYPE_F16: pipe = PIPE_MATMUL_F16; break;
-    case TERN_DTYPE_Q8_0: pipe = PIPE_MATMUL_Q8_0; break;
-    default:
-        return tern_errorf(TERN_ERR_INVALID, "vulkan: matmul of %s weights is not implemented (F32, F16, Q8_0)",
+    const int pipe = matmul_pipe(wtype);
+    if (pipe < 0)
+        return tern_errorf(TERN_ERR_INVALID,
+                           "vulkan: matmul of %s weights is not implemented (F32, F16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K)",
                            tern_dtype_name((uint32_t)wtype));
-    }
     uint64_t rb;
     if (!tern_dtype_row_size(wtype, k, &rb))
         return tern_errorf(TERN_ERR_INVALID, "vulkan: rows of %zu do not fit %s blocks", k, tern_dtype_name((uint32_t)wtype));
