@@ -290,7 +290,7 @@ static int parse_list(const char *s, long *out, int max) {
 }
 
 int main(int argc, char **argv) {
-    const char *types_arg = "f32,f16,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q5_k,q6_k";
+    const char *types_arg = "f32,f16,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q5_k,q6_k,iq4_nl,iq4_xs";
     const char *shapes_arg = "3072x1024,1024x3072,151936x1024";
     long threads[4] = {1, 2}, ntoks[8] = {1, 64, 512};
     int n_thr = 2, n_ntok = 3;

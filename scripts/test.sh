@@ -8,13 +8,34 @@ jobs=$(nproc)
 # deps.sh installs the Vulkan headers, glslc and lavapipe: the Vulkan tests must run, not skip.
 export TERN_REQUIRE_VULKAN=1
 
+# The shared data kit: $TERN_SHARED_DIR, else ../shared beside the checkout. Where it is
+# present its conformance tests must run: a missing file fails them instead of skipping
+# them (TERN_REQUIRE_SHARED=1), and the path is the one the tests read at run time.
+if [ -n "${TERN_SHARED_DIR:-}" ] && [ ! -d "$TERN_SHARED_DIR" ]; then
+  echo "TERN_SHARED_DIR=$TERN_SHARED_DIR is not a directory" >&2
+  exit 1
+fi
+shared=${TERN_SHARED_DIR:-$(cd .. && pwd)/shared}
+cfg=()
+if [ -d "$shared" ]; then
+  export TERN_SHARED_DIR=$(cd "$shared" && pwd) TERN_REQUIRE_SHARED=1
+  cfg=(-DTERN_SHARED_DIR="$TERN_SHARED_DIR")
+  echo "== shared kit: $TERN_SHARED_DIR (required: a missing file fails its test) =="
+else
+  echo "== no shared kit at $shared: its conformance tests are skipped =="
+fi
+
 echo "== build (RelWithDebInfo) =="
-./scripts/build.sh build
+./scripts/build.sh build "${cfg[@]}"
 echo "== tests =="
-(cd build && ctest --output-on-failure -j"$jobs")
+(cd build && ctest --output-on-failure -j"$jobs" | tee ctest.log)
+# Skips are listed by name; with the kit present none of them may be a conformance test
+# (those fail instead, above).
+echo "skipped tests: $(grep -c '(Skipped)' build/ctest.log || true)"
 
 echo "== build (ASan+UBSan) =="
-./scripts/build.sh build-asan -DTERN_SANITIZE=ON
+./scripts/build.sh build-asan -DTERN_SANITIZE=ON "${cfg[@]}"
 echo "== tests under ASan+UBSan =="
-(cd build-asan && ctest --output-on-failure -j"$jobs" -LE no-asan)
+(cd build-asan && ctest --output-on-failure -j"$jobs" -LE no-asan | tee ctest.log)
+echo "skipped tests: $(grep -c '(Skipped)' build-asan/ctest.log || true)"
 echo "all tests passed (normal and ASan+UBSan)"

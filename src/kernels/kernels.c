@@ -1,5 +1,7 @@
 /* Kernel dispatch: picks the ISA once (CPUID, TERN_ISA) and routes every call through
- * that ISA's table, falling back to the portable entry where an ISA has none. */
+ * that ISA's table, falling back to the portable entry where an ISA has none. The ops
+ * (ops.c) and the Gated DeltaNet core (model/deltanet.c) follow the same choice: this is
+ * the only place that reads CPUID or TERN_ISA. */
 #include "kernels/kernels.h"
 #include "kernels/kernels-impl.h"
 #include "kernels/quant.h"
@@ -62,6 +64,11 @@ const char *tern_isa_name(enum tern_isa isa) {
     return "unknown";
 }
 
+bool tern_kernels_isa_available(enum tern_isa isa) {
+    tern_kernels_init();
+    return isa == TERN_ISA_PORTABLE || (isa == TERN_ISA_AVX2 && have_avx2);
+}
+
 bool tern_kernels_set_isa(enum tern_isa isa) {
     tern_kernels_init();
     if (isa == TERN_ISA_AVX2 && !have_avx2) return false;
@@ -89,10 +96,12 @@ enum tern_dtype tern_act_type(enum tern_dtype wtype) {
     case TERN_DTYPE_Q4_1:
     case TERN_DTYPE_Q5_0:
     case TERN_DTYPE_Q5_1:
-    case TERN_DTYPE_Q8_0: return TERN_DTYPE_Q8_0;
+    case TERN_DTYPE_Q8_0:
+    case TERN_DTYPE_IQ4_NL: return TERN_DTYPE_Q8_0;
     case TERN_DTYPE_Q4_K:
     case TERN_DTYPE_Q5_K:
-    case TERN_DTYPE_Q6_K: return TERN_DTYPE_Q8_K;
+    case TERN_DTYPE_Q6_K:
+    case TERN_DTYPE_IQ4_XS: return TERN_DTYPE_Q8_K;
     default: return TERN_DTYPE_F32;
     }
 }

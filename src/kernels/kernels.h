@@ -8,9 +8,10 @@
  * bit-identical results, which is what makes a resumed session equal a cold one.
  *
  * Activations are prepared once per row for the weight type's activation format
- * (F32 for float weights; Q8_0 blocks for the 32-element quants; Q8_K blocks for the
- * K-quants), as ggml does; quantizing an activation row is per token, so it is also
- * independent of batching. */
+ * (F32 for float weights; Q8_0 blocks for the 32-element quants and IQ4_NL; Q8_K blocks
+ * for the K-quants and IQ4_XS), as ggml does; quantizing an activation row is per token, so
+ * it is also independent of batching. IQ4_NL and IQ4_XS give the same bits on every ISA;
+ * the other types differ between ISAs (docs/kernels.md). */
 #ifndef TERN_KERNELS_H
 #define TERN_KERNELS_H
 
@@ -22,13 +23,17 @@
 
 enum tern_isa { TERN_ISA_PORTABLE = 0, TERN_ISA_AVX2 = 1 };
 
-/* Chooses the ISA once (CPUID; the environment variable TERN_ISA=portable forces the
- * portable kernels). Safe to call from many threads; every entry point calls it. */
+/* The one ISA choice of the process, for the matrix kernels, the ops (ops.h) and the
+ * Gated DeltaNet core alike: made once (CPUID; the environment variable TERN_ISA=portable
+ * forces the portable code, TERN_ISA=avx2 asks for AVX2), here and nowhere else. Safe to
+ * call from many threads; every entry point calls it. */
 void tern_kernels_init(void);
 enum tern_isa tern_kernels_isa(void);
 const char *tern_isa_name(enum tern_isa isa);
-/* For tests and benchmarks: force an ISA (false if the CPU lacks it). Not thread-safe
- * with respect to running kernels. */
+/* Whether the CPU can run an ISA's code (AVX2: AVX2, FMA and F16C). */
+bool tern_kernels_isa_available(enum tern_isa isa);
+/* For tests and benchmarks: force an ISA for everything that follows the choice (false
+ * if the CPU lacks it). Not thread-safe with respect to running kernels. */
 bool tern_kernels_set_isa(enum tern_isa isa);
 
 /* Whether weights of this type can be multiplied (dtype supported flag). */
@@ -60,7 +65,7 @@ void tern_matmul(enum tern_dtype wtype, const void *w, size_t w_row_bytes, size_
  * (tern_last_error) naming the type and k, for a type they do not handle or a k that is
  * not a multiple of the type's block size; dst is then untouched.
  * Dequantization is bit-identical to ggml's. Quantization is tern's own (docs/kernels.md):
- * F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and Q8_K. */
+ * F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL and IQ4_XS. */
 bool tern_dequantize_row(enum tern_dtype type, const void *src, float *dst, size_t k);
 bool tern_quantize_row(enum tern_dtype type, const float *src, void *dst, size_t k);
 bool tern_quantize_supported(enum tern_dtype type);

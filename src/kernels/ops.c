@@ -115,34 +115,28 @@ static const struct tern_ops ops_portable = {
 /* ---- choice --------------------------------------------------------------------- */
 
 static struct tern_ops ops_avx2;
-static bool have_avx2;
 static pthread_once_t ops_once = PTHREAD_ONCE_INIT;
 
+/* The AVX2 table is filled only where the CPU runs AVX2 code (the fill function is
+ * compiled for it). Which set runs follows the kernels' one ISA choice (kernels.h). */
 static void ops_init(void) {
-    tern_kernels_init();
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        /* F16C has no __builtin_cpu_supports name in older compilers; every CPU with
-         * AVX2 and FMA has it. */
+    if (tern_kernels_isa_available(TERN_ISA_AVX2)) {
         ops_avx2 = ops_portable;
         tern_ops_avx2_fill(&ops_avx2);
-        have_avx2 = true;
     }
-#endif
 }
 
 const struct tern_ops *tern_ops_portable(void) { return &ops_portable; }
 
 const struct tern_ops *tern_ops_avx2(void) {
     pthread_once(&ops_once, ops_init);
-    return have_avx2 ? &ops_avx2 : NULL;
+    return tern_kernels_isa_available(TERN_ISA_AVX2) ? &ops_avx2 : NULL;
 }
 
 const struct tern_ops *tern_ops(void) {
     pthread_once(&ops_once, ops_init);
     /* Follow the kernels' ISA every time: tests may switch it. */
-    return tern_kernels_isa() == TERN_ISA_AVX2 && have_avx2 ? &ops_avx2 : &ops_portable;
+    return tern_kernels_isa() == TERN_ISA_AVX2 ? &ops_avx2 : &ops_portable;
 }
 
 /* ---- RoPE ------------------------------------------------------------------------ */

@@ -159,6 +159,36 @@ static void dequant_q6_k(const struct tern_block_q6_k *x, float *y, size_t nb) {
     }
 }
 
+/* The non-linear table (ggml's kvalues_iq4nl), a fact of the IQ4 formats. */
+const int8_t tern_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+static void dequant_iq4_nl(const struct tern_block_iq4_nl *x, float *y, size_t nb) {
+    for (size_t i = 0; i < nb; i++) {
+        const float d = tern_fp16_to_f32(x[i].d);
+        for (int j = 0; j < TERN_QK / 2; j++) {
+            y[i * TERN_QK + j] = d * (float)tern_iq4nl_values[x[i].qs[j] & 0xF];
+            y[i * TERN_QK + j + TERN_QK / 2] = d * (float)tern_iq4nl_values[x[i].qs[j] >> 4];
+        }
+    }
+}
+
+/* ggml: dl = d * (ls - 32) first, then dl * value. */
+static void dequant_iq4_xs(const struct tern_block_iq4_xs *x, float *y, size_t nb) {
+    for (size_t i = 0; i < nb; i++) {
+        const float d = tern_fp16_to_f32(x[i].d);
+        const uint8_t *q = x[i].qs;
+        for (int j = 0; j < TERN_QK_K / 32; j++) {
+            const float dl = d * (float)tern_iq4xs_scale(&x[i], j);
+            for (int l = 0; l < 16; l++) {
+                y[l] = dl * (float)tern_iq4nl_values[q[l] & 0xF];
+                y[l + 16] = dl * (float)tern_iq4nl_values[q[l] >> 4];
+            }
+            y += 32;
+            q += 16;
+        }
+    }
+}
+
 static void dequant_q8_k(const struct tern_block_q8_k *x, float *y, size_t nb) {
     for (size_t i = 0; i < nb; i++)
         for (int j = 0; j < TERN_QK_K; j++) y[i * TERN_QK_K + j] = x[i].d * (float)x[i].qs[j];
@@ -210,6 +240,8 @@ bool tern_dequantize_row(enum tern_dtype type, const void *src, float *dst, size
     case TERN_DTYPE_Q5_K: dequant_q5_k(src, dst, k / TERN_QK_K); return true;
     case TERN_DTYPE_Q6_K: dequant_q6_k(src, dst, k / TERN_QK_K); return true;
     case TERN_DTYPE_Q8_K: dequant_q8_k(src, dst, k / TERN_QK_K); return true;
+    case TERN_DTYPE_IQ4_NL: dequant_iq4_nl(src, dst, k / TERN_QK); return true;
+    case TERN_DTYPE_IQ4_XS: dequant_iq4_xs(src, dst, k / TERN_QK_K); return true;
     default:
         tern_errorf(TERN_ERR_UNSUPPORTED, "dequantize: tensor type %s is not supported",
                     tern_dtype_name((uint32_t)type));
@@ -222,7 +254,7 @@ bool tern_dequantize_supported(enum tern_dtype type) {
     case TERN_DTYPE_F32: case TERN_DTYPE_F16: case TERN_DTYPE_BF16:
     case TERN_DTYPE_Q4_0: case TERN_DTYPE_Q4_1: case TERN_DTYPE_Q5_0: case TERN_DTYPE_Q5_1:
     case TERN_DTYPE_Q8_0: case TERN_DTYPE_Q8_1: case TERN_DTYPE_Q4_K: case TERN_DTYPE_Q5_K:
-    case TERN_DTYPE_Q6_K: case TERN_DTYPE_Q8_K:
+    case TERN_DTYPE_Q6_K: case TERN_DTYPE_Q8_K: case TERN_DTYPE_IQ4_NL: case TERN_DTYPE_IQ4_XS:
         return true;
     default:
         return false;
@@ -572,12 +604,99 @@ static void quantize_q6_k(const float *x, struct tern_block_q6_k *y, size_t nb) 
     }
 }
 
+/* ---- quantization: the non-linear IQ4 types --------------------------------------- */
+
+/* Index of the table value nearest to t (ties and NaN to the lower index): the number
+ * of midpoints between neighbouring values that t exceeds. */
+static int iq4_index(float t) {
+    int q = 0;
+    for (int i = 0; i < 15; i++)
+        q += t > 0.5f * (float)(tern_iq4nl_values[i] + tern_iq4nl_values[i + 1]);
+    return q;
+}
+
+static void iq4_levels(const float *x, int n, float d, uint8_t *q) {
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int i = 0; i < n; i++) q[i] = (uint8_t)(d != 0.0f ? iq4_index(x[i] * id) : 8);
+}
+
+/* x ~ s * value[q]. The table is asymmetric (-127 .. 113), so the value of largest
+ * magnitude m is tried at both ends (s of either sign), each with scales a few percent
+ * around m / end; for each candidate's levels the least-squares scale is
+ * sum(v x) / sum(v^2) and the best candidate maximizes sum(v x)^2 / sum(v^2) (the
+ * squared error is sum(x^2) minus that). Returns the scale (0 for a zero block). */
+static float fit_iq4(const float *x, int n) {
+    const float m = signed_max_of(x, n);
+    if (!(fabsf(m) >= TINY_AMAX)) return 0.0f;
+    float best_s = 0.0f, best_gain = -1.0f;
+    uint8_t q[TERN_QK];
+    for (int side = 0; side < 2; side++) {
+        const float end = side ? -127.0f : 113.0f;
+        for (int step = 0; step <= 14; step++) {
+            const float s = m / (end * (0.86f + 0.02f * (float)step));
+            iq4_levels(x, n, s, q);
+            float svx = 0, sv2 = 0;
+            for (int i = 0; i < n; i++) {
+                const float v = (float)tern_iq4nl_values[q[i]];
+                svx += v * x[i];
+                sv2 += v * v;
+            }
+            if (!(sv2 > 0)) continue;
+            const float gain = svx * svx / sv2;
+            if (gain > best_gain) {
+                best_gain = gain;
+                best_s = svx / sv2;
+            }
+        }
+    }
+    return best_s;
+}
+
+static void pack_nibbles(const uint8_t *q, uint8_t *qs) {
+    for (int j = 0; j < 16; j++) qs[j] = (uint8_t)(q[j] | (q[j + 16] << 4));
+}
+
+static void quantize_iq4_nl(const float *x, struct tern_block_iq4_nl *y, size_t nb) {
+    uint8_t q[TERN_QK];
+    for (size_t i = 0; i < nb; i++, x += TERN_QK) {
+        y[i].d = fp16_sat(fit_iq4(x, TERN_QK));
+        iq4_levels(x, TERN_QK, tern_fp16_to_f32(y[i].d), q);
+        pack_nibbles(q, y[i].qs);
+    }
+}
+
+/* IQ4_XS: a scale per sub-block of 32 (fit_iq4), then the 8 scales as 6-bit integers
+ * (ls - 32 in [-32, 31]) of one half d: the scale of largest magnitude takes -32, the
+ * longer end. The levels are recomputed against d * (ls - 32) as stored. */
+static void quantize_iq4_xs(const float *x, struct tern_block_iq4_xs *y, size_t nb) {
+    uint8_t q[32];
+    for (size_t i = 0; i < nb; i++, x += TERN_QK_K) {
+        float s[8], m = 0.0f;
+        for (int j = 0; j < 8; j++) {
+            s[j] = fit_iq4(x + 32 * j, 32);
+            if (fabsf(s[j]) > fabsf(m)) m = s[j];
+        }
+        y[i].d = fp16_sat(m / -32.0f);
+        const float d = tern_fp16_to_f32(y[i].d);
+        y[i].scales_h = 0;
+        memset(y[i].scales_l, 0, sizeof y[i].scales_l);
+        for (int j = 0; j < 8; j++) {
+            const int l = d != 0.0f ? tern_round_clamp(s[j] / d, -32.0f, 31.0f) : 0;
+            const int ls = l + 32;
+            y[i].scales_l[j / 2] |= (uint8_t)((ls & 0xF) << (4 * (j % 2)));
+            y[i].scales_h |= (uint16_t)((ls >> 4) << (2 * j));
+            iq4_levels(x + 32 * j, 32, d * (float)l, q);
+            pack_nibbles(q, y[i].qs + 16 * j);
+        }
+    }
+}
+
 bool tern_quantize_supported(enum tern_dtype type) {
     switch (type) {
     case TERN_DTYPE_F32: case TERN_DTYPE_F16: case TERN_DTYPE_BF16:
     case TERN_DTYPE_Q4_0: case TERN_DTYPE_Q4_1: case TERN_DTYPE_Q5_0: case TERN_DTYPE_Q5_1:
     case TERN_DTYPE_Q8_0: case TERN_DTYPE_Q4_K: case TERN_DTYPE_Q5_K: case TERN_DTYPE_Q6_K:
-    case TERN_DTYPE_Q8_K:
+    case TERN_DTYPE_Q8_K: case TERN_DTYPE_IQ4_NL: case TERN_DTYPE_IQ4_XS:
         return true;
     default:
         return false;
@@ -618,6 +737,8 @@ bool tern_quantize_row(enum tern_dtype type, const float *src, void *dst, size_t
     case TERN_DTYPE_Q5_K: quantize_q5_k(src, dst, k / TERN_QK_K); break;
     case TERN_DTYPE_Q6_K: quantize_q6_k(src, dst, k / TERN_QK_K); break;
     case TERN_DTYPE_Q8_K: tern_quantize_q8_k_ref(src, dst, k); break;
+    case TERN_DTYPE_IQ4_NL: quantize_iq4_nl(src, dst, k / TERN_QK); break;
+    case TERN_DTYPE_IQ4_XS: quantize_iq4_xs(src, dst, k / TERN_QK_K); break;
     default: return false;
     }
     return true;

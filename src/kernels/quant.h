@@ -16,8 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TERN_QK 32   /* elements per block of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 */
-#define TERN_QK_K 256 /* elements per super-block of the K-quants and Q8_K */
+#define TERN_QK 32   /* elements per block of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL */
+#define TERN_QK_K 256 /* elements per super-block of the K-quants, IQ4_XS and Q8_K */
 
 #define TERN_PACKED __attribute__((packed))
 
@@ -103,6 +103,36 @@ struct TERN_PACKED tern_block_q6_k {
     tern_fp16 d;
 };
 _Static_assert(sizeof(struct tern_block_q6_k) == 210, "block_q6_K size");
+
+/* The non-linear 4-bit levels of IQ4_NL and IQ4_XS (ggml's kvalues_iq4nl): a 4-bit
+ * index q stands for tern_iq4nl_values[q], not for q itself. A fact of the format. */
+extern const int8_t tern_iq4nl_values[16]; /* defined in quant.c */
+
+/* x = d * tern_iq4nl_values[q], q in [0, 15]; nibbles laid out as Q4_0's (qs[j]: element
+ * j low, j + 16 high). */
+struct TERN_PACKED tern_block_iq4_nl {
+    tern_fp16 d;
+    uint8_t qs[TERN_QK / 2];
+};
+_Static_assert(sizeof(struct tern_block_iq4_nl) == 18, "block_iq4_nl size");
+
+/* 8 sub-blocks of 32: x = d * (ls[j] - 32) * tern_iq4nl_values[q], ls[j] 6-bit: low 4 bits
+ * in nibble j % 2 of scales_l[j / 2], top 2 bits in bits 2j, 2j + 1 of scales_h (see
+ * tern_iq4xs_scale). qs[16 j + l] holds element 32 j + l (low nibble) and 32 j + 16 + l
+ * (high nibble). */
+struct TERN_PACKED tern_block_iq4_xs {
+    tern_fp16 d;
+    uint16_t scales_h;
+    uint8_t scales_l[TERN_QK_K / 64];
+    uint8_t qs[TERN_QK_K / 2];
+};
+_Static_assert(sizeof(struct tern_block_iq4_xs) == 136, "block_iq4_xs size");
+
+/* The j-th (0..7) sub-block scale of an IQ4_XS block, ls - 32, in [-32, 31]. */
+static inline int tern_iq4xs_scale(const struct tern_block_iq4_xs *b, int j) {
+    const int ls = ((b->scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | (((b->scales_h >> (2 * j)) & 3) << 4);
+    return ls - 32;
+}
 
 /* Activation format for the K-quants: x = d * q, q in [-127, 127] as tern writes it;
  * bsums[g] = sum of qs[16 g .. 16 g + 15]. */

@@ -213,36 +213,16 @@ typedef int32_t dn_vi8 __attribute__((vector_size(32)));
 #define DN_HAVE_AVX2 0
 #endif
 
-static bool cpu_has_avx2(void) {
-#if DN_HAVE_AVX2
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2");
-#else
-    return false;
-#endif
-}
-
-static enum tern_deltanet_path g_path = TERN_DELTANET_GENERIC;
-static pthread_once_t g_path_once = PTHREAD_ONCE_INIT;
-
-/* Follows the kernels' choice (so TERN_ISA=portable selects the portable path here
- * too); the results are the same bits either way. */
-static void path_init(void) {
-    tern_kernels_init();
-    g_path = (tern_kernels_isa() == TERN_ISA_AVX2 && cpu_has_avx2()) ? TERN_DELTANET_AVX2
-                                                                      : TERN_DELTANET_GENERIC;
-}
-
+/* No choice of its own: the AVX2 path runs when the kernels' one ISA choice is AVX2
+ * (kernels.h; TERN_ISA=portable selects the generic path here too), read at every call
+ * so that a test switching the ISA switches this as well. Both paths give the same bits. */
 enum tern_deltanet_path tern_deltanet_path(void) {
-    pthread_once(&g_path_once, path_init);
-    return g_path;
+    return DN_HAVE_AVX2 && tern_kernels_isa() == TERN_ISA_AVX2 ? TERN_DELTANET_AVX2 : TERN_DELTANET_GENERIC;
 }
 
 bool tern_deltanet_set_path(enum tern_deltanet_path path) {
-    pthread_once(&g_path_once, path_init);
-    if (path == TERN_DELTANET_AVX2 && !cpu_has_avx2()) return false;
-    g_path = path;
-    return true;
+    if (path == TERN_DELTANET_AVX2 && !DN_HAVE_AVX2) return false;
+    return tern_kernels_set_isa(path == TERN_DELTANET_AVX2 ? TERN_ISA_AVX2 : TERN_ISA_PORTABLE);
 }
 
 #if DN_HAVE_AVX2

@@ -122,8 +122,9 @@ void tern_deltanet_heads(const struct tern_deltanet_shape *s, const struct tern_
                          float *scratch);
 
 /* Which implementation the functions above use. Both give bit-identical results; the
- * AVX2 one is chosen at start-up when the kernels choose AVX2 (TERN_ISA=portable forces
- * the generic one). For tests and benchmarks: force one; false if unavailable. */
+ * AVX2 one runs while the kernels' ISA (kernels.h, the one choice) is AVX2, so
+ * TERN_ISA=portable forces the generic one. For tests and benchmarks: force one, which
+ * sets the kernels' ISA with it (tern_kernels_set_isa); false if unavailable. */
 enum tern_deltanet_path { TERN_DELTANET_GENERIC = 0, TERN_DELTANET_AVX2 = 1 };
 bool tern_deltanet_set_path(enum tern_deltanet_path path);
 enum tern_deltanet_path tern_deltanet_path(void);

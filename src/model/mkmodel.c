@@ -183,6 +183,7 @@ bool tern_mkmodel_parse_type(const char *s, enum tern_dtype *wtype, enum tern_mk
         {"q5_0", TERN_DTYPE_Q5_0, TERN_MK_LIKE_QUANTIZE}, {"q5_1", TERN_DTYPE_Q5_1, TERN_MK_LIKE_QUANTIZE},
         {"q4_k", TERN_DTYPE_Q4_K, TERN_MK_LIKE_QUANTIZE}, {"q5_k", TERN_DTYPE_Q5_K, TERN_MK_LIKE_QUANTIZE},
         {"q6_k", TERN_DTYPE_Q6_K, TERN_MK_LIKE_QUANTIZE}, {"q4_k_m", TERN_DTYPE_Q4_K, TERN_MK_Q4_K_M},
+        {"iq4_xs", TERN_DTYPE_IQ4_XS, TERN_MK_LIKE_QUANTIZE}, {"iq4_nl", TERN_DTYPE_IQ4_NL, TERN_MK_LIKE_QUANTIZE},
     };
     for (size_t i = 0; i < TERN_ARRAY_LEN(types); i++) {
         if (!strcasecmp(s, types[i].name)) {
@@ -209,6 +210,8 @@ static uint32_t file_type(enum tern_dtype t, enum tern_mk_mix mix) {
     case TERN_DTYPE_Q5_K: return 16; /* Q5_K_S */
     case TERN_DTYPE_Q6_K: return 18;
     case TERN_DTYPE_BF16: return 32;
+    case TERN_DTYPE_IQ4_NL: return 25;
+    case TERN_DTYPE_IQ4_XS: return 30;
     default: return 0;
     }
 }
@@ -423,6 +426,10 @@ static enum tern_dtype pick_type(struct mk_ctx *c, const struct mk_tensor *t, ui
             type = TERN_DTYPE_Q6_K;
         }
     }
+    /* llama-quantize's fallback: IQ4_XS rows that are not a multiple of 256 take IQ4_NL. */
+    if (type == TERN_DTYPE_IQ4_XS && t->ne[0] % tern_matmul_k_multiple(TERN_DTYPE_IQ4_XS) &&
+        t->ne[0] % tern_matmul_k_multiple(TERN_DTYPE_IQ4_NL) == 0)
+        type = TERN_DTYPE_IQ4_NL;
     const struct tern_dtype_info *info = tern_dtype_info((uint32_t)type);
     if (t->ne[0] % info->blck_size) {
         /* llama-quantize's fallbacks for rows the K-quant blocks do not divide */

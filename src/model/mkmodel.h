@@ -71,7 +71,8 @@ enum tern_status tern_mkmodel_preset(const char *name, struct tern_mkmodel_param
 const char *tern_mkmodel_preset_names(void);
 bool tern_mk_arch_from_name(const char *s, enum tern_mk_arch *out);
 const char *tern_mk_arch_name(enum tern_mk_arch a);
-/* Parses a --type value: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m. */
+/* Parses a --type value: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m
+ * iq4_xs iq4_nl. */
 bool tern_mkmodel_parse_type(const char *s, enum tern_dtype *wtype, enum tern_mk_mix *mix);
 
 /* Checks the shape (divisibility, ranges); TERN_ERR_INVALID naming the value. */

@@ -9,8 +9,11 @@ import { readFileSync, readdirSync, existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { startServer, skip } from './harness.mjs';
 
-const shared = process.env.TERN_SHARED_DIR;
-if (!shared || !existsSync(join(shared, 'bench'))) skip('no ../shared/bench (TERN_SHARED_DIR)');
+const shared = process.env.TERN_SHARED_DIR || process.env.TERN_SHARED_DIR_DEFAULT;
+if (!shared || !existsSync(join(shared, 'bench'))) {
+  if ((process.env.TERN_REQUIRE_SHARED || '0') !== '0') throw new Error(`no ${shared}/bench, and TERN_REQUIRE_SHARED is set`);
+  skip('no ../shared/bench (TERN_SHARED_DIR)');
+}
 
 test('the real agent request bodies of ../shared/bench are accepted', async (t) => {
   const benchDir = join(shared, 'bench');

@@ -3,7 +3,7 @@
 # the shared kit's stories260K (when present: its greedy story must match llama.cpp's).
 set -u
 bin=${TERN_BIN:-./tern}
-shared=${TERN_SHARED_DIR:-../shared}
+shared=${TERN_SHARED_DIR:-${TERN_SHARED_DIR_DEFAULT:-../shared}}
 fail() { echo "FAIL: $*"; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -41,6 +41,30 @@ printf '%s' "$err" | grep -q "999999" || fail "oov message: $err"
 "$bin" run -m "$m" >/dev/null 2>&1; [ $? -eq 2 ] || fail "no prompt should exit 2"
 "$bin" run -m "$m" --ids "1" --kv-type f8 >/dev/null 2>&1; [ $? -eq 2 ] || fail "bad kv type should exit 2"
 "$bin" run -m "$m" --ids "1 x" >/dev/null 2>&1; [ $? -eq 2 ] || fail "bad ids should exit 2"
+# the IQ4 types: mkmodel writes them, inspect names them (in the text and the JSON), run
+# computes with them, the same ids whatever the chunking and threads
+for ty in iq4_xs iq4_nl; do
+  q=$tmp/tiny-$ty.gguf
+  "$bin" mkmodel --preset tiny-qwen3 --type $ty --out "$q" >/dev/null 2>&1 || fail "mkmodel --type $ty exit $?"
+  T=$(echo $ty | tr a-z A-Z)
+  "$bin" inspect "$q" | grep -q "^  $T  *29 tensors" || fail "inspect does not count 29 $T tensors: $("$bin" inspect "$q" | tail -4)"
+  "$bin" inspect "$q" --json | grep -q "\"$T\"" || fail "inspect --json does not name $T"
+  a=$("$bin" run -m "$q" --ids "1 2 3 4 5 6 7 8 9 10" --temp 0 -n 8 --print-ids -t 1 2>/dev/null) || fail "run $ty exit $?"
+  b=$("$bin" run -m "$q" --ids "1 2 3 4 5 6 7 8 9 10" --temp 0 -n 8 --print-ids -t 2 --chunk 3 2>/dev/null) || fail "run $ty exit $?"
+  [ "$(echo "$a" | wc -w)" -eq 8 ] && [ "$a" = "$b" ] || fail "$ty: '$a' vs '$b'"
+done
+# IQ4 expert tensors (IQ4_XS, and IQ4_NL where 256 does not divide an expert's rows)
+for pre in tiny-qwen3moe tiny-qwen35moe; do
+  q=$tmp/$pre-iq4_xs.gguf
+  "$bin" mkmodel --preset $pre --type iq4_xs --out "$q" >/dev/null 2>&1 || fail "mkmodel $pre iq4_xs exit $?"
+  "$bin" inspect "$q" | grep -q "^  IQ4_NL " || fail "$pre iq4_xs: no IQ4_NL fallback tensors"
+  a=$("$bin" run -m "$q" --ids "1 2 3 4 5 6 7 8 9 10 11 12" --temp 0 -n 8 --print-ids -t 1 2>/dev/null) || fail "run $pre exit $?"
+  b=$("$bin" run -m "$q" --ids "1 2 3 4 5 6 7 8 9 10 11 12" --temp 0 -n 8 --print-ids -t 2 --chunk 5 2>/dev/null) || fail "run $pre exit $?"
+  [ "$(echo "$a" | wc -w)" -eq 8 ] && [ "$a" = "$b" ] || fail "$pre iq4_xs: '$a' vs '$b'"
+done
+[ ! -f "$shared/models/tiny-qwen3-iq4_xs.gguf" ] || "$bin" inspect "$shared/models/tiny-qwen3-iq4_xs.gguf" |
+  grep -q "^  IQ4_XS  *29 tensors" || fail "inspect of the kit's IQ4_XS file"
+
 # bench: JSON with the figures
 j=$("$bin" bench -m "$m" -p 16 -n 4 -r 1 --json) || fail "bench exit $?"
 for k in pp_tps tg_tps tg_gbps pp_gflops '"mmap":true'; do
@@ -60,6 +84,7 @@ if [ -f "$st" ]; then
   txt=$("$bin" run -m "$st" --prompt "Once upon a time" --temp 0 -n 40 --stop "park" 2>/dev/null)
   [ "$txt" = ", there was a little girl named Lily. She loved to play outside in the " ] || fail "stop string: '$txt'"
 else
+  [ "${TERN_REQUIRE_SHARED:-0}" = 0 ] || fail "$st is absent and TERN_REQUIRE_SHARED is set"
   echo "note: $st absent; the stories260K checks did not run"
 fi
 echo ok

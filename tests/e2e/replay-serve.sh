@@ -10,8 +10,8 @@ bin=${TERN_BIN:-./tern}
 fail() { echo "FAIL: $*"; exit 1; }
 
 "$bin" --help | grep -q "^  serve " || { echo "SKIP: tern serve is not built in"; exit 77; }
-model=${TERN_SHARED_DIR:-../shared}/models/tiny-qwen35-q8_0.gguf
-[ -f "$model" ] || { echo "SKIP: $model is absent (the shared kit)"; exit 77; }
+model=${TERN_SHARED_DIR:-${TERN_SHARED_DIR_DEFAULT:-../shared}}/models/tiny-qwen35-q8_0.gguf
+[ -f "$model" ] || { [ "${TERN_REQUIRE_SHARED:-0}" = 0 ] || { echo "FAIL: $model is absent and TERN_REQUIRE_SHARED is set"; exit 1; }; echo "SKIP: $model is absent (the shared kit)"; exit 77; }
 
 dir=$(mktemp -d /tmp/tern-replay-serve-XXXXXX)
 trap 'rm -rf "$dir"' EXIT

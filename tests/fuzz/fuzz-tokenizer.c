@@ -87,6 +87,7 @@ static struct tern_tokenizer *build_tiny(void) {
 
 static struct tern_tokenizer *load_shared(const char *name) {
     const char *dir = getenv("TERN_SHARED_DIR");
+    if (!dir || !*dir) dir = getenv("TERN_SHARED_DIR_DEFAULT");
     char path[4096];
     snprintf(path, sizeof path, "%s/conformance/tokenizer/ggml-vocab-%s.gguf", dir && *dir ? dir : "../shared", name);
     FILE *f = fopen(path, "rb");

@@ -1,17 +1,47 @@
 #include "harness.h"
 
+#include <stdbool.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* TERN_REQUIRE_SHARED=1 (scripts/test.sh sets it when the kit is there): a missing kit
+ * or file fails the test instead of skipping it, so that CI cannot pass on skips. */
+bool th_shared_required(void) {
+    const char *e = getenv("TERN_REQUIRE_SHARED");
+    return e && *e && strcmp(e, "0") != 0;
+}
+
+static void missing(const char *what) {
+    if (th_shared_required()) {
+        printf("FAIL: %s, and TERN_REQUIRE_SHARED is set: the kit must be complete\n", what);
+        fflush(stdout);
+        exit(1);
+    }
+}
+
+/* The kit's directory: $TERN_SHARED_DIR as the test runs (the user's), else the
+ * configure-time path ctest passes as TERN_SHARED_DIR_DEFAULT, else ../shared. */
+static const char *shared_dir_name(void) {
+    const char *e = getenv("TERN_SHARED_DIR");
+    if (!e || !*e) e = getenv("TERN_SHARED_DIR_DEFAULT");
+    if (!e || !*e) e = "../shared";
+    return e;
+}
+
 const char *th_shared_dir(void) {
     static char dir[4096];
-    const char *e = getenv("TERN_SHARED_DIR");
-    if (!e || !*e) e = "../shared";
+    const char *e = shared_dir_name();
     struct stat st;
-    if (stat(e, &st) != 0 || !S_ISDIR(st.st_mode)) return NULL;
+    if (stat(e, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        char what[4200];
+        snprintf(what, sizeof what, "the shared data kit %s is absent", e);
+        missing(what);
+        return NULL;
+    }
     snprintf(dir, sizeof dir, "%s", e);
     return dir;
 }
@@ -22,6 +52,18 @@ const char *th_shared_path(const char *rel) {
     if (!d) return NULL;
     snprintf(path, sizeof path, "%s/%s", d, rel);
     return path;
+}
+
+bool th_have_shared(const char *rel) {
+    const char *p = th_shared_path(rel ? rel : ".");
+    struct stat st;
+    if (p && stat(p, &st) == 0) return true;
+    if (p) {
+        char what[4200];
+        snprintf(what, sizeof what, "%s is absent from the shared data kit", p);
+        missing(what);
+    }
+    return false;
 }
 
 void th_require_shared(const char *rel) {
@@ -35,6 +77,7 @@ void th_require_shared(const char *rel) {
         const char *p = th_shared_path(rel);
         struct stat st;
         if (stat(p, &st) != 0) {
+            missing("a file of the kit is absent");
             printf("SKIP: %s is absent from the shared data kit\n", p);
             exit(77);
         }

@@ -3,15 +3,25 @@
 #define TERN_TEST_HARNESS_H
 
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
-/* The shared data kit (../shared), or NULL when absent. */
+/* The shared data kit: $TERN_SHARED_DIR as the test runs, else the configure-time path
+ * (TERN_SHARED_DIR_DEFAULT, set by ctest), else ../shared. NULL when absent.
+ *
+ * With TERN_REQUIRE_SHARED=1 (scripts/test.sh sets it when the kit is present) every
+ * one of these fails the test (exit 1, naming what is missing) where it would otherwise
+ * report the kit or a file as absent: a complete kit is then part of passing. */
 const char *th_shared_dir(void);
 /* "<shared>/<rel>" in a static buffer (valid until the next call); NULL if no kit. */
 const char *th_shared_path(const char *rel);
+/* Whether the kit has <rel> (for a test that checks it only where it is there). */
+bool th_have_shared(const char *rel);
+/* Whether TERN_REQUIRE_SHARED is set. */
+bool th_shared_required(void);
 /* Exits the test binary with status 77 (ctest: skipped) and a clear message when the
  * shared kit (or the given file in it) is absent. */
 void th_require_shared(const char *rel);

@@ -9,6 +9,7 @@
 #include "kernels/quant.h"
 #include "util/dtype.h"
 #include "util/fp16.h"
+#include "util/mem.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -33,6 +34,7 @@ static float rng_gauss(void) {
 static const enum tern_dtype mm_types[] = {
     TERN_DTYPE_F32,  TERN_DTYPE_F16,  TERN_DTYPE_BF16, TERN_DTYPE_Q8_0, TERN_DTYPE_Q4_0, TERN_DTYPE_Q4_1,
     TERN_DTYPE_Q5_0, TERN_DTYPE_Q5_1, TERN_DTYPE_Q4_K, TERN_DTYPE_Q5_K, TERN_DTYPE_Q6_K,
+    TERN_DTYPE_IQ4_NL, TERN_DTYPE_IQ4_XS,
 };
 #define N_TYPES (sizeof mm_types / sizeof mm_types[0])
 
@@ -258,6 +260,10 @@ static void run_mm(enum tern_isa isa, enum tern_dtype t, const uint8_t *w, size_
     tern_matmul(t, w, row_bytes(t, k), k, a, ab, n, y, rows, 0, rows);
 }
 
+static bool same_bits_on_every_isa(enum tern_dtype t) {
+    return t == TERN_DTYPE_IQ4_NL || t == TERN_DTYPE_IQ4_XS;
+}
+
 static void check_case(enum tern_dtype t, enum wmode wm, enum amode am, size_t rows, size_t k, size_t n) {
     const size_t rb = row_bytes(t, k);
     uint8_t *w = malloc(rows * rb);
@@ -291,6 +297,13 @@ static void check_case(enum tern_dtype t, enum wmode wm, enum amode am, size_t r
                              "double reference %.9g (tolerance %.3g)",
                              tern_dtype_name(t), wm, am, tern_isa_name(isas[ii]), rows, k, tok, r, got, ref, tol);
             }
+            /* The IQ4 twins perform the same operations: the same bits (docs/kernels.md). */
+            if (n_isas == 2 && same_bits_on_every_isa(t) &&
+                memcmp(&y[0][tok * rows + r], &y[1][tok * rows + r], sizeof(float)) != 0)
+                fail_msg("%s (weights mode %d, acts mode %d) rows=%zu k=%zu: avx2 y[%zu][%zu] = %.9g (%a), portable "
+                         "%.9g (%a): not the same bits",
+                         tern_dtype_name(t), wm, am, rows, k, tok, r, y[1][tok * rows + r], y[1][tok * rows + r],
+                         y[0][tok * rows + r], y[0][tok * rows + r]);
             if (n_isas == 2) {
                 const double d = fabs((double)y[0][tok * rows + r] - y[1][tok * rows + r]);
                 if (!(d <= 1e-5 * mag))
@@ -319,6 +332,53 @@ static void test_against_double_and_twin(void **state) {
                 check_case(t, (enum wmode)wm, (enum amode)am, 7, k, 5);
         check_case(t, W_GAUSS, A_GAUSS, 1, m == 1 ? 9 : m, 1); /* one block */
     }
+    tern_kernels_set_isa(isas[n_isas - 1]);
+}
+
+/* The IQ4 kernels give the same bits on every ISA: odd row counts and token counts (GEMV
+ * tiles, GEMM tiles and their edges), several k, random, gaussian and extreme blocks. */
+static void test_iq4_twins_same_bits(void **state) {
+    (void)state;
+    if (n_isas < 2) {
+        printf("note: one ISA only; nothing to compare\n");
+        return;
+    }
+    static const size_t rows_list[] = {1, 2, 3, 5, 67};
+    static const size_t n_list[] = {1, 2, 3, 4, 5, 19};
+    static const enum tern_dtype types[] = {TERN_DTYPE_IQ4_NL, TERN_DTYPE_IQ4_XS};
+    int n_compared = 0;
+    for (size_t ti = 0; ti < 2; ti++) {
+        const enum tern_dtype t = types[ti];
+        const size_t m = k_multiple(t);
+        const size_t ks[3] = {m, 3 * m, 17 * m};
+        for (size_t ri = 0; ri < TERN_ARRAY_LEN(rows_list); ri++) {
+            for (size_t ki = 0; ki < 3; ki++) {
+                const size_t rows = rows_list[ri], k = ks[ki], rb = row_bytes(t, k);
+                const enum wmode wm = (enum wmode)((ri + ki) % W_N_MODES);
+                uint8_t *w = malloc(rows * rb);
+                float *x = malloc(19 * k * sizeof(float));
+                assert_true(w && x);
+                make_weights(t, wm, rows, k, w);
+                for (size_t tok = 0; tok < 19; tok++) make_act_floats((enum amode)((tok + ki) % A_N_MODES), k, x + tok * k);
+                size_t ab;
+                uint8_t *a = prepare_acts(t, x, 19, k, &ab);
+                float *y[2] = {malloc(19 * rows * sizeof(float)), malloc(19 * rows * sizeof(float))};
+                assert_true(y[0] && y[1]);
+                for (size_t ni = 0; ni < TERN_ARRAY_LEN(n_list); ni++) {
+                    const size_t n = n_list[ni];
+                    for (int ii = 0; ii < 2; ii++) run_mm(isas[ii], t, w, rows, k, a, ab, n, y[ii]);
+                    for (size_t i = 0; i < n * rows; i++) {
+                        if (memcmp(&y[0][i], &y[1][i], sizeof(float)) != 0)
+                            fail_msg("%s rows=%zu k=%zu n_tok=%zu weights mode %d: y[%zu][%zu] avx2 %a, portable %a",
+                                     tern_dtype_name(t), rows, k, n, wm, i / rows, i % rows, y[1][i], y[0][i]);
+                        n_compared++;
+                    }
+                }
+                free(w), free(x), free(a), free(y[0]), free(y[1]);
+            }
+        }
+    }
+    assert_true(n_compared > 1000);
     tern_kernels_set_isa(isas[n_isas - 1]);
 }
 
@@ -387,7 +447,13 @@ static void test_dispatch(void **state) {
     (void)state;
     for (size_t ti = 0; ti < N_TYPES; ti++) assert_true(tern_matmul_supported(mm_types[ti]));
     assert_false(tern_matmul_supported(TERN_DTYPE_Q2_K));
-    assert_false(tern_matmul_supported(TERN_DTYPE_IQ4_XS));
+    assert_false(tern_matmul_supported(TERN_DTYPE_IQ2_XXS));
+    assert_true(tern_matmul_supported(TERN_DTYPE_IQ4_NL));
+    assert_true(tern_matmul_supported(TERN_DTYPE_IQ4_XS));
+    assert_int_equal(tern_act_type(TERN_DTYPE_IQ4_NL), TERN_DTYPE_Q8_0);
+    assert_int_equal(tern_act_type(TERN_DTYPE_IQ4_XS), TERN_DTYPE_Q8_K);
+    assert_int_equal(tern_matmul_k_multiple(TERN_DTYPE_IQ4_NL), 32);
+    assert_int_equal(tern_matmul_k_multiple(TERN_DTYPE_IQ4_XS), 256);
     assert_false(tern_matmul_supported((enum tern_dtype)77));
     assert_int_equal(tern_matmul_k_multiple(TERN_DTYPE_Q6_K), 256);
     assert_int_equal(tern_matmul_k_multiple(TERN_DTYPE_F16), 1);
@@ -451,6 +517,7 @@ int main(void) {
         cmocka_unit_test(test_act_prepare_same_bytes_on_every_isa),
         cmocka_unit_test(test_zero_operands),
         cmocka_unit_test(test_against_double_and_twin),
+        cmocka_unit_test(test_iq4_twins_same_bits),
         cmocka_unit_test(test_exactness),
         cmocka_unit_test(test_threads_split_rows),
     };

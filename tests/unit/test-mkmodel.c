@@ -642,6 +642,7 @@ static void test_shared_tiny_models(void **state) {
     compare_plan_with_shared("tiny-qwen3", "q4_0", "models/tiny-qwen3-q4_0.gguf");
     compare_plan_with_shared("tiny-qwen3", "q6_k", "models/tiny-qwen3-q6_k.gguf");
     compare_plan_with_shared("tiny-qwen3", "q4_k_m", "models/tiny-qwen3-q4_k_m.gguf");
+    compare_plan_with_shared("tiny-qwen3", "iq4_xs", "models/tiny-qwen3-iq4_xs.gguf");
     compare_plan_with_shared("tiny-qwen35", "q8_0", "models/tiny-qwen35-q8_0.gguf");
     compare_plan_with_shared("tiny-qwen35", "q4_k_m", "models/tiny-qwen35-q4_k_m.gguf");
 }

@@ -95,14 +95,12 @@ static const struct way ways_lite[] = {{1, 7}, {1, 64}, {1, 0}, {3, 7}};
 
 /* Primes the same prompt in every way and asserts bit equality of all logits and of the
  * state hash with the one-chunk run on one thread. */
-static void check_exact(const char *label, const struct tgen *g, size_t n, enum tern_kv_type kv,
-                        const struct way *ways, size_t n_ways) {
-    const char *path = tgen_path(label);
-    assert_int_equal(tgen_write(g, path), 0);
+static void check_exact_file(const char *label, const char *path, uint64_t seed, size_t n, enum tern_kv_type kv,
+                             const struct way *ways, size_t n_ways) {
     struct tern_model *models[3] = {load(path, 1), NULL, NULL};
     const uint32_t nv = tern_model_info(models[0])->n_vocab;
     int32_t *toks = malloc(sizeof(int32_t) * n);
-    random_tokens(toks, n, nv, g->seed);
+    random_tokens(toks, n, nv, seed);
     struct run ref;
     run_prompt(models[0], toks, n, (uint32_t)n, kv, &ref);
     /* Sanity: the model computes something that depends on the input. */
@@ -129,6 +127,13 @@ static void check_exact(const char *label, const struct tgen *g, size_t n, enum 
     free(ref.logits);
     free(toks);
     for (int i = 0; i < 3; i++) tern_model_free(models[i]);
+}
+
+static void check_exact(const char *label, const struct tgen *g, size_t n, enum tern_kv_type kv,
+                        const struct way *ways, size_t n_ways) {
+    const char *path = tgen_path(label);
+    assert_int_equal(tgen_write(g, path), 0);
+    check_exact_file(label, path, g->seed, n, kv, ways, n_ways);
 }
 
 #define FULL ways_full, TERN_ARRAY_LEN(ways_full)
@@ -174,7 +179,8 @@ static void test_exact_qwen3_quants(void **state) {
         {TERN_DTYPE_Q6_K, TERN_DTYPE_Q6_K, "qwen3-q6_k"},   {TERN_DTYPE_Q8_0, TERN_DTYPE_Q8_0, "qwen3-q8_0"},
         {TERN_DTYPE_Q4_1, TERN_DTYPE_Q8_0, "qwen3-q4_1"},   {TERN_DTYPE_Q5_0, TERN_DTYPE_Q8_0, "qwen3-q5_0"},
         {TERN_DTYPE_Q5_1, TERN_DTYPE_Q8_0, "qwen3-q5_1"},   {TERN_DTYPE_Q5_K, TERN_DTYPE_Q6_K, "qwen3-q5_k"},
-        {TERN_DTYPE_BF16, TERN_DTYPE_F16, "qwen3-bf16"},
+        {TERN_DTYPE_BF16, TERN_DTYPE_F16, "qwen3-bf16"},     {TERN_DTYPE_IQ4_XS, TERN_DTYPE_Q6_K, "qwen3-iq4_xs"},
+        {TERN_DTYPE_IQ4_NL, TERN_DTYPE_Q8_0, "qwen3-iq4_nl"},
     };
     for (size_t i = 0; i < TERN_ARRAY_LEN(cfg); i++) {
         if (lite && i != 1) continue; /* Q4_K with a Q6_K output only */
@@ -189,6 +195,26 @@ static void test_exact_qwen3_quants(void **state) {
         if (i == 0) check_exact(cfg[i].label, &g, 70, TERN_KV_F16, FULL);
         else check_exact(cfg[i].label, &g, lite ? 40 : 70, TERN_KV_F16, LITE);
     }
+}
+
+/* The kit's IQ4_XS model (llama-quantize's blocks, a Q6_K output): chunks 1, 7, 64 and
+ * 512 and token by token, on 1, 2 and 3 threads, over 600 tokens (past two KV pages and
+ * one 512 chunk). Where the kit is absent there is nothing to check (with
+ * TERN_REQUIRE_SHARED=1 that fails instead). */
+static const struct way ways_chunks[] = {{1, 1}, {1, 7}, {1, 64}, {1, 512}, {1, 0}, {2, 1}, {2, 7}, {2, 64},
+                                         {2, 512}, {2, 0}, {3, 1}, {3, 7}, {3, 64}, {3, 512}, {3, 0}};
+static const struct way ways_chunks_lite[] = {{1, 7}, {1, 512}, {1, 0}, {3, 64}};
+
+static void test_exact_shared_iq4_xs(void **state) {
+    (void)state;
+    if (!th_have_shared("models/tiny-qwen3-iq4_xs.gguf")) {
+        printf("the shared kit's tiny-qwen3-iq4_xs.gguf is absent; not checked\n");
+        return;
+    }
+    const char *path = th_shared_path("models/tiny-qwen3-iq4_xs.gguf");
+    if (lite) check_exact_file("tiny-qwen3-iq4_xs", path, 7, 80, TERN_KV_F16, ways_chunks_lite,
+                               TERN_ARRAY_LEN(ways_chunks_lite));
+    else check_exact_file("tiny-qwen3-iq4_xs", path, 7, 600, TERN_KV_F16, ways_chunks, TERN_ARRAY_LEN(ways_chunks));
 }
 
 /* Crosses KV page boundaries (256 positions) in every way. */
@@ -618,6 +644,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_exact_llama_f32),     cmocka_unit_test(test_exact_llama_f16),
         cmocka_unit_test(test_exact_qwen2_q8_0),    cmocka_unit_test(test_exact_qwen3_quants),
         cmocka_unit_test(test_exact_long),          cmocka_unit_test(test_exact_portable),
+        cmocka_unit_test(test_exact_shared_iq4_xs),
         cmocka_unit_test(test_checkpoint_restore),  cmocka_unit_test(test_rewind_and_fork),
         cmocka_unit_test(test_cancel_and_refusals), cmocka_unit_test(test_session_memory_grows),
         cmocka_unit_test(test_callbacks_reenter),   cmocka_unit_test(test_alloc_failures),

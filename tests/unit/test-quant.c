@@ -5,6 +5,8 @@
 
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
+#include "kernels/ops.h"
+#include "model/deltanet.h"
 #include "kernels/quant.h"
 #include "tern.h"
 #include "util/dtype.h"
@@ -34,17 +36,31 @@ static float rng_gauss(void) {
 static const enum tern_dtype quant_types[] = {
     TERN_DTYPE_F32,  TERN_DTYPE_F16,  TERN_DTYPE_BF16, TERN_DTYPE_Q4_0, TERN_DTYPE_Q4_1,
     TERN_DTYPE_Q5_0, TERN_DTYPE_Q5_1, TERN_DTYPE_Q8_0, TERN_DTYPE_Q4_K, TERN_DTYPE_Q5_K,
-    TERN_DTYPE_Q6_K, TERN_DTYPE_Q8_K,
+    TERN_DTYPE_Q6_K, TERN_DTYPE_Q8_K, TERN_DTYPE_IQ4_NL, TERN_DTYPE_IQ4_XS,
 };
 
-/* TERN_ISA=portable forces the portable kernels. Runs first: the ISA is chosen once per
- * process, at the first kernel call. */
+/* TERN_ISA=portable forces the portable kernels, ops and DeltaNet path (one choice,
+ * kernels.c). Runs first: the ISA is chosen once per process, at the first kernel call. */
 static void test_isa_env_forces_portable(void **state) {
     (void)state;
     setenv("TERN_ISA", "portable", 1);
     assert_int_equal(tern_kernels_isa(), TERN_ISA_PORTABLE);
     unsetenv("TERN_ISA");
     assert_int_equal(tern_kernels_isa(), TERN_ISA_PORTABLE); /* chosen once */
+    /* One choice for the whole process: the ops and the Gated DeltaNet core follow it. */
+    assert_ptr_equal(tern_ops(), tern_ops_portable());
+    assert_int_equal(tern_deltanet_path(), TERN_DELTANET_GENERIC);
+    if (tern_kernels_set_isa(TERN_ISA_AVX2)) {
+        assert_true(tern_kernels_isa_available(TERN_ISA_AVX2));
+        assert_ptr_equal(tern_ops(), tern_ops_avx2());
+        assert_int_equal(tern_deltanet_path(), TERN_DELTANET_AVX2);
+        assert_true(tern_deltanet_set_path(TERN_DELTANET_GENERIC)); /* switches the one choice */
+        assert_int_equal(tern_kernels_isa(), TERN_ISA_PORTABLE);
+        assert_ptr_equal(tern_ops(), tern_ops_portable());
+    } else {
+        assert_null(tern_ops_avx2());
+    }
+    assert_true(tern_kernels_isa_available(TERN_ISA_PORTABLE));
 }
 
 static void test_block_sizes_match_dtype_table(void **state) {
@@ -63,6 +79,8 @@ static void test_block_sizes_match_dtype_table(void **state) {
         {TERN_DTYPE_Q5_K, sizeof(struct tern_block_q5_k), TERN_QK_K},
         {TERN_DTYPE_Q6_K, sizeof(struct tern_block_q6_k), TERN_QK_K},
         {TERN_DTYPE_Q8_K, sizeof(struct tern_block_q8_k), TERN_QK_K},
+        {TERN_DTYPE_IQ4_NL, sizeof(struct tern_block_iq4_nl), TERN_QK},
+        {TERN_DTYPE_IQ4_XS, sizeof(struct tern_block_iq4_xs), TERN_QK_K},
     };
     for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
         const struct tern_dtype_info *info = tern_dtype_info(s[i].t);
@@ -196,6 +214,49 @@ static void test_dequant_q6_k_layout(void **state) {
     }
 }
 
+/* IQ4_NL / IQ4_XS: the 16 levels written out here from the format (ggml's
+ * kvalues_iq4nl), independently of the kernels' copy. */
+static const int iq4_levels_by_hand[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+static void test_dequant_iq4_layout(void **state) {
+    (void)state;
+    for (int i = 0; i < 16; i++) assert_int_equal(tern_iq4nl_values[i], iq4_levels_by_hand[i]);
+    struct tern_block_iq4_nl nl[2];
+    nl[0].d = tern_f32_to_fp16(0.0125f);
+    nl[1].d = tern_f32_to_fp16(-3.5f);
+    for (int b = 0; b < 2; b++)
+        for (int j = 0; j < 16; j++) nl[b].qs[j] = (uint8_t)(((j + b) & 15) | ((15 - j) << 4));
+    float y[256];
+    assert_true(tern_dequantize_row(TERN_DTYPE_IQ4_NL, nl, y, 64));
+    for (int b = 0; b < 2; b++) {
+        const float d = tern_fp16_to_f32(nl[b].d);
+        for (int j = 0; j < 16; j++) {
+            assert_true(y[32 * b + j] == d * (float)iq4_levels_by_hand[(j + b) & 15]);
+            assert_true(y[32 * b + j + 16] == d * (float)iq4_levels_by_hand[15 - j]);
+        }
+    }
+    /* IQ4_XS: sub-block scales 0..63 (so ls - 32 covers -32 and 31), low nibbles in
+     * scales_l (sub-block 2i in the low half of byte i), top bits in scales_h. */
+    const int ls[8] = {0, 63, 32, 1, 17, 40, 31, 48};
+    struct tern_block_iq4_xs xs;
+    xs.d = tern_f32_to_fp16(0.007f);
+    xs.scales_h = 0;
+    memset(xs.scales_l, 0, sizeof xs.scales_l);
+    for (int j = 0; j < 8; j++) {
+        xs.scales_l[j / 2] |= (uint8_t)((ls[j] & 15) << (j % 2 ? 4 : 0));
+        xs.scales_h |= (uint16_t)((ls[j] >> 4) << (2 * j));
+    }
+    for (int i = 0; i < 128; i++) xs.qs[i] = (uint8_t)(i * 37 + 11); /* every nibble pair */
+    assert_true(tern_dequantize_row(TERN_DTYPE_IQ4_XS, &xs, y, 256));
+    const float d = tern_fp16_to_f32(xs.d);
+    for (int e = 0; e < 256; e++) {
+        const int j = e / 32, l = e % 32;
+        const int nib = l < 16 ? xs.qs[16 * j + l] & 15 : xs.qs[16 * j + l - 16] >> 4;
+        const float dl = d * (float)(ls[j] - 32); /* ggml's order: d * (ls - 32), then the level */
+        assert_true(y[e] == dl * (float)iq4_levels_by_hand[nib]);
+    }
+}
+
 static void test_dequant_q8_and_floats(void **state) {
     (void)state;
     struct tern_block_q8_0 b;
@@ -221,6 +282,9 @@ static void test_dequant_q8_and_floats(void **state) {
 
 /* RMS relative error budgets for N(0, 1)-like rows. Measured values (tern's quantizers,
  * k = 4096): see docs/kernels.md; budgets leave about 1.3x headroom. */
+#define IQ4_NL_BUDGET 9.5e-2
+#define IQ4_XS_BUDGET 9.5e-2
+
 static double budget(enum tern_dtype t) {
     switch (t) {
     case TERN_DTYPE_F32: return 0.0;
@@ -235,6 +299,8 @@ static double budget(enum tern_dtype t) {
     case TERN_DTYPE_Q4_0: return 9.5e-2;
     case TERN_DTYPE_Q4_1: return 9.5e-2;
     case TERN_DTYPE_Q4_K: return 9.5e-2;
+    case TERN_DTYPE_IQ4_NL: return IQ4_NL_BUDGET;
+    case TERN_DTYPE_IQ4_XS: return IQ4_XS_BUDGET;
     default: return 0.0;
     }
 }
@@ -397,9 +463,11 @@ static void test_activation_blocks(void **state) {
 static void test_conformance_dequant_bit_exact(void **state) {
     (void)state;
     th_require_shared("conformance/dequant");
-    static const char *stems[] = {"tiny-qwen3-q8_0", "tiny-qwen3-q4_0", "tiny-qwen3-q4_k_m", "tiny-qwen3-q6_k",
-                                  "tiny-qwen35-q8_0", "tiny-qwen35-q4_k_m"};
-    int n_checked = 0;
+    static const char *stems[] = {"tiny-qwen3-q8_0",    "tiny-qwen3-q4_0",      "tiny-qwen3-q4_k_m",
+                                  "tiny-qwen3-q6_k",    "tiny-qwen35-q8_0",     "tiny-qwen35-q4_k_m",
+                                  "tiny-qwen3-iq4_xs",  "tiny-qwen3moe-q8_0",   "tiny-qwen35moe-q4_k_m"};
+    int n_checked = 0, n_expert_rows = 0;
+    bool type_seen[TERN_DTYPE_COUNT] = {false};
     for (size_t si = 0; si < sizeof stems / sizeof stems[0]; si++) {
         char rel[256];
         snprintf(rel, sizeof rel, "conformance/dequant/%s.json", stems[si]);
@@ -423,8 +491,16 @@ static void test_conformance_dequant_bit_exact(void **state) {
             const size_t n_cols = (size_t)json_integer_value(json_object_get(e, "n_cols"));
             const size_t off = (size_t)json_integer_value(json_object_get(e, "byte_offset"));
             const struct gguf_tensor *t = gguf_find_tensor(g, name);
-            assert_non_null(t);
+            if (!t) fail_msg("%s: tensor '%s' of the dequant file is not in the model", stems[si], name);
             assert_int_equal(t->ne[0], n_cols);
+            /* A 3-D expert tensor [n_cols, rows, experts]: rows [0, 4) are expert 0's. */
+            json_t *shape = json_object_get(e, "shape_ggml");
+            assert_int_equal(json_array_size(shape), t->n_dims);
+            for (size_t d = 0; d < t->n_dims; d++)
+                assert_int_equal((uint64_t)json_integer_value(json_array_get(shape, d)), t->ne[d]);
+            assert_true(r1 <= t->ne[1]);
+            if (t->n_dims == 3) n_expert_rows += (int)(r1 - r0);
+            type_seen[t->type] = true;
             assert_string_equal(tern_dtype_name(t->type), json_string_value(json_object_get(e, "type")));
             assert_true(off + (r1 - r0) * n_cols * 4 <= ref_len);
             uint64_t rb;
@@ -450,7 +526,63 @@ static void test_conformance_dequant_bit_exact(void **state) {
         free(ref);
         json_decref(doc);
     }
-    assert_true(n_checked >= 40);
+    assert_true(n_checked >= 80);
+    /* the kit's types, expert tensors among them */
+    static const enum tern_dtype kit_types[] = {TERN_DTYPE_Q8_0, TERN_DTYPE_Q4_0, TERN_DTYPE_Q5_0, TERN_DTYPE_Q4_K,
+                                                TERN_DTYPE_Q5_K, TERN_DTYPE_Q6_K, TERN_DTYPE_IQ4_XS};
+    for (size_t i = 0; i < sizeof kit_types / sizeof kit_types[0]; i++)
+        if (!type_seen[kit_types[i]]) fail_msg("no %s rows were checked", tern_dtype_name(kit_types[i]));
+    assert_true(n_expert_rows >= 8);
+    printf("  %d rows bit-identical to ggml, %d of them from 3-D expert tensors\n", n_checked, n_expert_rows);
+}
+
+/* IQ4_NL, which no kit file holds: blocks written by the reference engine's quantizer and
+ * the floats ggml dequantizes them to, kept in tests/data (tests/data/mk-iq4_nl.sh says
+ * how they were made and why they are a fixture). Needs no kit. */
+static void test_dequant_iq4_nl_ggml_fixture(void **state) {
+    (void)state;
+    const char *src = getenv("TERN_SOURCE_DIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tests/data/iq4_nl-ggml.json", src && *src ? src : "..");
+    json_error_t jerr;
+    json_t *doc = json_load_file(path, 0, &jerr);
+    if (!doc) fail_msg("%s: %s", path, jerr.text);
+    snprintf(path, sizeof path, "%s/tests/data/iq4_nl-ggml.bin", src && *src ? src : "..");
+    size_t len;
+    char *bin = th_read_file(path, &len);
+    if (!bin) fail_msg("%s: cannot read", path);
+    size_t i;
+    json_t *e;
+    int n_rows = 0;
+    json_array_foreach(json_object_get(doc, "entries"), i, e) {
+        const size_t n_cols = (size_t)json_integer_value(json_object_get(e, "n_cols"));
+        const size_t r0 = (size_t)json_integer_value(json_array_get(json_object_get(e, "rows"), 0));
+        const size_t r1 = (size_t)json_integer_value(json_array_get(json_object_get(e, "rows"), 1));
+        const size_t qoff = (size_t)json_integer_value(json_object_get(e, "blocks_offset"));
+        const size_t qbytes = (size_t)json_integer_value(json_object_get(e, "blocks_bytes"));
+        const size_t foff = (size_t)json_integer_value(json_object_get(e, "f32_offset"));
+        uint64_t rb;
+        assert_true(tern_dtype_row_size(TERN_DTYPE_IQ4_NL, n_cols, &rb));
+        assert_int_equal(qbytes, (r1 - r0) * rb);
+        assert_true(qoff + qbytes <= len && foff + (r1 - r0) * n_cols * 4 <= len);
+        float *y = malloc(n_cols * sizeof(float));
+        assert_non_null(y);
+        for (size_t r = 0; r < r1 - r0; r++) {
+            assert_true(tern_dequantize_row(TERN_DTYPE_IQ4_NL, bin + qoff + r * rb, y, n_cols));
+            for (size_t c = 0; c < n_cols; c++) {
+                float want;
+                memcpy(&want, bin + foff + (r * n_cols + c) * 4, 4);
+                if (memcmp(&y[c], &want, 4) != 0)
+                    fail_msg("IQ4_NL %s row %zu col %zu: %.9g, ggml %.9g",
+                             json_string_value(json_object_get(e, "tensor")), r0 + r, c, y[c], want);
+            }
+            n_rows++;
+        }
+        free(y);
+    }
+    assert_true(n_rows >= 16);
+    free(bin);
+    json_decref(doc);
 }
 
 /* Every quantized tensor of the tiny-qwen3 files dequantizes to values consistent with
@@ -463,7 +595,8 @@ static void test_models_consistent_with_f32(void **state) {
     struct gguf_file *f32;
     if (gguf_open(th_shared_path("models/tiny-qwen3-f32.gguf"), NULL, &f32) != TERN_OK)
         fail_msg("%s", tern_last_error());
-    static const char *models[] = {"tiny-qwen3-q8_0", "tiny-qwen3-q4_0", "tiny-qwen3-q4_k_m", "tiny-qwen3-q6_k"};
+    static const char *models[] = {"tiny-qwen3-q8_0", "tiny-qwen3-q4_0", "tiny-qwen3-q4_k_m", "tiny-qwen3-q6_k",
+                                   "tiny-qwen3-iq4_xs"};
     for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
         char rel[256];
         snprintf(rel, sizeof rel, "models/%s.gguf", models[mi]);
@@ -529,6 +662,60 @@ static void test_models_consistent_with_f32(void **state) {
     gguf_close(f32);
 }
 
+/* tern's IQ4_NL quantizer against llama-quantize's on the rows of the fixture (which
+ * llama-quantize made from the kit's tiny-qwen3-f32): about as small an error. */
+static void test_iq4_nl_quantizer_vs_reference(void **state) {
+    (void)state;
+    th_require_shared("models/tiny-qwen3-f32.gguf");
+    const char *src = getenv("TERN_SOURCE_DIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tests/data/iq4_nl-ggml.json", src && *src ? src : "..");
+    json_error_t jerr;
+    json_t *doc = json_load_file(path, 0, &jerr);
+    if (!doc) fail_msg("%s: %s", path, jerr.text);
+    snprintf(path, sizeof path, "%s/tests/data/iq4_nl-ggml.bin", src && *src ? src : "..");
+    size_t len;
+    char *bin = th_read_file(path, &len);
+    assert_non_null(bin);
+    struct gguf_file *f32;
+    if (gguf_open(th_shared_path("models/tiny-qwen3-f32.gguf"), NULL, &f32) != TERN_OK)
+        fail_msg("%s", tern_last_error());
+    double se_ref = 0, se_mine = 0;
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(doc, "entries"), i, e) {
+        const char *name = json_string_value(json_object_get(e, "tensor"));
+        const size_t n_cols = (size_t)json_integer_value(json_object_get(e, "n_cols"));
+        const size_t r0 = (size_t)json_integer_value(json_array_get(json_object_get(e, "rows"), 0));
+        const size_t r1 = (size_t)json_integer_value(json_array_get(json_object_get(e, "rows"), 1));
+        const size_t foff = (size_t)json_integer_value(json_object_get(e, "f32_offset"));
+        const struct gguf_tensor *t = gguf_find_tensor(f32, name);
+        if (!t) fail_msg("tiny-qwen3-f32 has no '%s'", name);
+        assert_int_equal(t->type, TERN_DTYPE_F32);
+        assert_int_equal(t->ne[0], n_cols);
+        uint8_t q[768 / 32 * 18];
+        float y[768];
+        assert_true(n_cols <= 768);
+        for (size_t r = r0; r < r1; r++) {
+            const float *x = (const float *)t->data + r * n_cols;
+            assert_true(tern_quantize_row(TERN_DTYPE_IQ4_NL, x, q, n_cols));
+            assert_true(tern_dequantize_row(TERN_DTYPE_IQ4_NL, q, y, n_cols));
+            for (size_t c = 0; c < n_cols; c++) {
+                float ref;
+                memcpy(&ref, bin + foff + ((r - r0) * n_cols + c) * 4, 4);
+                se_ref += ((double)ref - x[c]) * ((double)ref - x[c]);
+                se_mine += ((double)y[c] - x[c]) * ((double)y[c] - x[c]);
+            }
+        }
+    }
+    const double ratio = sqrt(se_mine / se_ref);
+    printf("  IQ4_NL: tern's quantizer error / llama-quantize's on the fixture rows: %.3f\n", ratio);
+    if (!(ratio <= 1.1)) fail_msg("tern's IQ4_NL quantizer error is %.3fx llama-quantize's", ratio);
+    gguf_close(f32);
+    free(bin);
+    json_decref(doc);
+}
+
 /* Two binaries from this file: test-quant (self-contained) and test-quant-shared (argument
  * "shared": the tests that need the shared kit, skipped as a whole when it is absent). */
 int main(int argc, char **argv) {
@@ -540,15 +727,18 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_dequant_k4_k5_layout),
         cmocka_unit_test(test_dequant_q6_k_layout),
         cmocka_unit_test(test_dequant_q8_and_floats),
+        cmocka_unit_test(test_dequant_iq4_layout),
         cmocka_unit_test(test_round_trip_random),
         cmocka_unit_test(test_round_trip_edges),
         cmocka_unit_test(test_round_trip_exact_grids),
         cmocka_unit_test(test_odd_lengths_refused),
         cmocka_unit_test(test_activation_blocks),
+        cmocka_unit_test(test_dequant_iq4_nl_ggml_fixture),
     };
     const struct CMUnitTest shared_tests[] = {
         cmocka_unit_test(test_conformance_dequant_bit_exact),
         cmocka_unit_test(test_models_consistent_with_f32),
+        cmocka_unit_test(test_iq4_nl_quantizer_vs_reference),
     };
     if (argc > 1 && !strcmp(argv[1], "shared")) {
         th_require_shared("conformance/dequant");

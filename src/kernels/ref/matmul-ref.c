@@ -236,6 +236,66 @@ static float dot_q6_k(const void *wv, const void *av, size_t k) {
     return acc;
 }
 
+/* ---- IQ4_NL x Q8_0, IQ4_XS x Q8_K: the AVX2 kernels' bits -------------------------------
+ *
+ * These two compute what their AVX2 twins compute, operation for operation, so the two
+ * ISAs give the same bits: per block (IQ4_XS: per super-block) eight exact integer lanes,
+ * lane i holding the products of elements 4i .. 4i + 3 of each 32 (IQ4_XS: each times
+ * its sub-block scale, summed over the 8 sub-blocks); each lane converted to float and
+ * accumulated as acc[i] = acc[i] + lane * (dw * da), a multiply and an add, each rounded
+ * (the build has -ffp-contract=off, so neither side fuses them; a fused multiply-add
+ * would need fmaf here, a slow library call on CPUs without FMA); at the end sum8, the
+ * same tree as the AVX2 horizontal sum. */
+
+/* The 32 levels of 16 bytes of nibbles (element j low nibble of qs[j], j + 16 high). */
+static void iq4_unpack(const uint8_t *qs, int8_t *q) {
+    for (int j = 0; j < 16; j++) {
+        q[j] = tern_iq4nl_values[qs[j] & 0xF];
+        q[j + 16] = tern_iq4nl_values[qs[j] >> 4];
+    }
+}
+
+/* lane[i] += scale * (products of elements 4i .. 4i + 3) */
+static void iq4_lanes(const int8_t *q, const int8_t *y, int scale, int *lane) {
+    for (int i = 0; i < 8; i++) {
+        const int s = q[4 * i] * y[4 * i] + q[4 * i + 1] * y[4 * i + 1] + q[4 * i + 2] * y[4 * i + 2] +
+                      q[4 * i + 3] * y[4 * i + 3];
+        lane[i] += scale * s;
+    }
+}
+
+static float dot_iq4_nl(const void *wv, const void *av, size_t k) {
+    const struct tern_block_iq4_nl *w = wv;
+    const struct tern_block_q8_0 *a = av;
+    float acc[8] = {0};
+    int8_t q[32];
+    for (size_t b = 0; b < k / TERN_QK; b++) {
+        const float dd = tern_fp16_to_f32(w[b].d) * tern_fp16_to_f32(a[b].d);
+        int lane[8] = {0};
+        iq4_unpack(w[b].qs, q);
+        iq4_lanes(q, a[b].qs, 1, lane);
+        for (int i = 0; i < 8; i++) acc[i] = acc[i] + (float)lane[i] * dd;
+    }
+    return sum8(acc);
+}
+
+static float dot_iq4_xs(const void *wv, const void *av, size_t k) {
+    const struct tern_block_iq4_xs *w = wv;
+    const struct tern_block_q8_k *a = av;
+    float acc[8] = {0};
+    int8_t q[32];
+    for (size_t b = 0; b < k / TERN_QK_K; b++) {
+        int lane[8] = {0};
+        for (int j = 0; j < TERN_QK_K / 32; j++) {
+            iq4_unpack(w[b].qs + 16 * j, q);
+            iq4_lanes(q, a[b].qs + 32 * j, tern_iq4xs_scale(&w[b], j), lane);
+        }
+        const float dd = tern_fp16_to_f32(w[b].d) * a[b].d;
+        for (int i = 0; i < 8; i++) acc[i] = acc[i] + (float)lane[i] * dd;
+    }
+    return sum8(acc);
+}
+
 /* ---- the matmul driver -------------------------------------------------------------- */
 
 typedef float (*dot_fn)(const void *w, const void *act, size_t k);
@@ -274,6 +334,8 @@ MATMUL_REF(mm_q8_0, dot_q8_0)
 MATMUL_REF(mm_q4_k, dot_q4_k)
 MATMUL_REF(mm_q5_k, dot_q5_k)
 MATMUL_REF(mm_q6_k, dot_q6_k)
+MATMUL_REF(mm_iq4_nl, dot_iq4_nl)
+MATMUL_REF(mm_iq4_xs, dot_iq4_xs)
 
 const struct tern_kernel_table tern_kernels_portable = {
     .matmul =
@@ -289,6 +351,8 @@ const struct tern_kernel_table tern_kernels_portable = {
             [TERN_DTYPE_Q4_K] = mm_q4_k,
             [TERN_DTYPE_Q5_K] = mm_q5_k,
             [TERN_DTYPE_Q6_K] = mm_q6_k,
+            [TERN_DTYPE_IQ4_NL] = mm_iq4_nl,
+            [TERN_DTYPE_IQ4_XS] = mm_iq4_xs,
         },
     .act =
         {

@@ -60,6 +60,9 @@ AVX2_INLINE __m256i nibbles32(const uint8_t *p) {
     return _mm256_and_si256(sh, _mm256_set1_epi8(0x0F));
 }
 
+/* The 16 IQ4 table values in both 128-bit lanes, for _mm256_shuffle_epi8 by nibble. */
+AVX2_INLINE __m256i iq4nl_table(void) { return _mm256_broadcastsi128_si256(loadu128(tern_iq4nl_values)); }
+
 /* 32 bits -> 32 bytes, byte j = 0xFF where bit j is set. */
 AVX2_INLINE __m256i bits_to_bytes(uint32_t bits) {
     const __m256i spread = _mm256_shuffle_epi8(
@@ -169,6 +172,8 @@ void tern_avx2_matmul_q5_1(const void *, size_t, size_t, const void *, size_t, s
 void tern_avx2_matmul_q4_k(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
 void tern_avx2_matmul_q5_k(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
 void tern_avx2_matmul_q6_k(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
+void tern_avx2_matmul_iq4_nl(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
+void tern_avx2_matmul_iq4_xs(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
 void tern_avx2_act_q8_0(const float *x, void *out, size_t k);
 void tern_avx2_act_q8_k(const float *x, void *out, size_t k);
 

@@ -16,6 +16,8 @@ const struct tern_kernel_table tern_kernels_avx2 = {
             [TERN_DTYPE_Q4_K] = tern_avx2_matmul_q4_k,
             [TERN_DTYPE_Q5_K] = tern_avx2_matmul_q5_k,
             [TERN_DTYPE_Q6_K] = tern_avx2_matmul_q6_k,
+            [TERN_DTYPE_IQ4_NL] = tern_avx2_matmul_iq4_nl,
+            [TERN_DTYPE_IQ4_XS] = tern_avx2_matmul_iq4_xs,
         },
     .act =
         {

@@ -1,4 +1,4 @@
-/* AVX2 kernels for the K-quants (Q4_K, Q5_K, Q6_K) times Q8_K activations.
+/* AVX2 kernels for the K-quants (Q4_K, Q5_K, Q6_K) and IQ4_XS times Q8_K activations.
  *
  * Per (row, token) pair and super-block of 256: every sub-block's levels times the
  * activation bytes (maddubs, exact), times the sub-block's integer scale (madd with the
@@ -174,9 +174,87 @@ AVX2_INLINE void q6k_tile(int R, int T, const uint8_t *w, size_t wrb, const uint
     UNROLL for (int t = 0; t < T; t++) UNROLL for (int r = 0; r < R; r++) y[(size_t)t * ldy + r] = hsum8(acc[r][t]);
 }
 
+/* ---- IQ4_XS ---------------------------------------------------------------------------
+ *
+ * Per sub-block of 32: each nibble replaced by its table value (one byte shuffle), the
+ * signed levels times the activation bytes by the sign trick (maddubs(|q|, sign(a, q)),
+ * no saturation: |q|, |a| <= 127), times the sub-block's integer scale (madd), summed
+ * over the super-block in 8 int32 lanes. Then per super-block acc = acc + lanes * (d*dy),
+ * a multiply and an add, not fused. The portable twin (ref/matmul-ref.c) performs these
+ * same operations (without needing fmaf), so both ISAs give the same bits. */
+
+#define IQ4XS_D offsetof(struct tern_block_iq4_xs, d)
+#define IQ4XS_QS offsetof(struct tern_block_iq4_xs, qs)
+#define Q8K_QS_OFF offsetof(struct tern_block_q8_k, qs)
+
+/* The 8 sub-block scales of a block as int16 (ls - 32), in both 128-bit lanes, without a
+ * per-scale loop: the 8 low nibbles (scales_l) and the 8 two-bit highs (scales_h) are
+ * spread to one byte each by shifts and masks, then widened. */
+AVX2_INLINE __m256i iq4xs_scales16(const uint8_t *blk) {
+    uint16_t h;
+    uint32_t l;
+    memcpy(&h, blk + offsetof(struct tern_block_iq4_xs, scales_h), 2);
+    memcpy(&l, blk + offsetof(struct tern_block_iq4_xs, scales_l), 4);
+    uint64_t x = l; /* nibble j -> low nibble of byte j */
+    x = (x | (x << 16)) & 0x0000FFFF0000FFFFull;
+    x = (x | (x << 8)) & 0x00FF00FF00FF00FFull;
+    x = (x | (x << 4)) & 0x0F0F0F0F0F0F0F0Full;
+    uint64_t y = h; /* 2-bit group j -> bits 0-1 of byte j */
+    y = (y | (y << 24)) & 0x000000FF000000FFull;
+    y = (y | (y << 12)) & 0x000F000F000F000Full;
+    y = (y | (y << 6)) & 0x0303030303030303ull;
+    const __m128i ls = _mm_cvtsi64_si128((long long)(x | (y << 4)));
+    const __m128i s16 = _mm_sub_epi16(_mm_cvtepu8_epi16(ls), _mm_set1_epi16(32));
+    return _mm256_broadcastsi128_si256(s16);
+}
+
+AVX2_INLINE void iq4xs_tile(int R, int T, const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb, size_t k,
+                            float *y, size_t ldy) {
+    const size_t bb = sizeof(struct tern_block_iq4_xs);
+    const size_t ab = sizeof(struct tern_block_q8_k);
+    const __m256i table = iq4nl_table();
+    __m256 acc[AVX2_RMAX][AVX2_TMAX];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    for (size_t b = 0; b < k / TERN_QK_K; b++) {
+        __m256i sc[AVX2_RMAX]; /* the 8 scales ls - 32 as int16, in both 128-bit lanes */
+        __m256 dw[AVX2_RMAX];
+        UNROLL for (int r = 0; r < R; r++) {
+            const uint8_t *blk = w + (size_t)r * wrb + b * bb;
+            if (T == 1)
+                for (size_t o = 0; o < bb; o += 64) avx2_prefetch(blk + (size_t)AVX2_PF_ROWS * wrb + o);
+            dw[r] = lut_bcast(blk + IQ4XS_D);
+            sc[r] = iq4xs_scales16(blk);
+        }
+        __m256i sumi[AVX2_RMAX][AVX2_TMAX];
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) sumi[r][t] = _mm256_setzero_si256();
+        UNROLL for (int j = 0; j < 8; j++) {
+            __m256i q[AVX2_RMAX], qa[AVX2_RMAX], s16[AVX2_RMAX];
+            UNROLL for (int r = 0; r < R; r++) {
+                q[r] = _mm256_shuffle_epi8(table, nibbles32(w + (size_t)r * wrb + b * bb + IQ4XS_QS + 16 * j));
+                qa[r] = _mm256_sign_epi8(q[r], q[r]);
+                s16[r] = _mm256_shuffle_epi8(sc[r], _mm256_set1_epi16((short)(0x0100 + 0x0202 * j)));
+            }
+            UNROLL for (int t = 0; t < T; t++) {
+                const __m256i av = loadu256(a + (size_t)t * arb + b * ab + Q8K_QS_OFF + 32 * j);
+                UNROLL for (int r = 0; r < R; r++) {
+                    const __m256i p = _mm256_maddubs_epi16(qa[r], _mm256_sign_epi8(av, q[r]));
+                    sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_madd_epi16(p, s16[r]));
+                }
+            }
+        }
+        UNROLL for (int t = 0; t < T; t++) {
+            const __m256 dy = _mm256_broadcast_ss((const float *)(a + (size_t)t * arb + b * ab + Q8K_D));
+            UNROLL for (int r = 0; r < R; r++) /* multiply, then add: the portable twin's operations */
+                acc[r][t] = _mm256_add_ps(acc[r][t], _mm256_mul_ps(_mm256_cvtepi32_ps(sumi[r][t]), _mm256_mul_ps(dw[r], dy)));
+        }
+    }
+    UNROLL for (int t = 0; t < T; t++) UNROLL for (int r = 0; r < R; r++) y[(size_t)t * ldy + r] = hsum8(acc[r][t]);
+}
+
 #define Q4_K_TILE(R, T, ...) k4_tile(K_Q4_K, R, T, __VA_ARGS__)
 #define Q5_K_TILE(R, T, ...) k4_tile(K_Q5_K, R, T, __VA_ARGS__)
 #define Q6_K_TILE(R, T, ...) q6k_tile(R, T, __VA_ARGS__)
+#define IQ4_XS_TILE(R, T, ...) iq4xs_tile(R, T, __VA_ARGS__)
 
 /* GEMV: one row per tile (the per-row unpacking has no one to share it with, and one
  * row keeps everything in registers). GEMM: 1 row x 4 tokens. */
@@ -191,3 +269,9 @@ QK_TILES(Q6_K_TILE)
 AVX2_MATMUL(tern_avx2_matmul_q4_k, Q4_K_TILE_set)
 AVX2_MATMUL(tern_avx2_matmul_q5_k, Q5_K_TILE_set)
 AVX2_MATMUL(tern_avx2_matmul_q6_k, Q6_K_TILE_set)
+
+/* IQ4_XS: GEMV 2 rows per tile (its per-row state is 8 small scales), GEMM 1 x 4. */
+AVX2_GRID1(IQ4_XS_TILE, 4)
+AVX2_TILE_INST(IQ4_XS_TILE, 2, 1)
+static const struct avx2_tiles iq4_xs_tiles = {{AVX2_IGRID1(IQ4_XS_TILE, 4), AVX2_TILE_SLOT(IQ4_XS_TILE, 2, 1)}, 2, 1, 4};
+AVX2_MATMUL(tern_avx2_matmul_iq4_xs, iq4_xs_tiles)

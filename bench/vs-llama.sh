@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# tern bench and the reference engine's llama-bench side by side, on the same model file and
+# the same machine, in one run: pairs A (tern), B (llama.cpp), A, B, ... with the load
+# average read before each pair; then both figures, their ratio, and the decode bandwidth
+# (weight bytes read per token x t/s) as a share of `tern bench memory` (the decode bound).
+#
+#   bench/vs-llama.sh -m MODEL.gguf [-p 512] [-n 128] [-r 3] [-t THREADS] [--pairs 2]
+#                     [--max-load L] [--wait S] [--mmap] [--tern PATH] [--llama-bench PATH]
+#
+# Each run of either engine is -r repetitions (mean, sd over them); a pair is one run of
+# each; the table reports the median over pairs. Weights are read into memory (tern
+# --no-mmap, llama-bench -mmp 0) unless --mmap. A pair that starts with the 1-minute load
+# average above --max-load (default: the thread count) waits up to --wait seconds (default
+# 60) for it to drop and is marked "busy" if it does not; busy pairs are reported but the
+# medians use the quiet ones when there are any. Timings are for reading, never a pass or
+# fail: the script exits 0 whatever the figures are (2 on a usage or tool error).
+# Needs python3 (to read the two engines' JSON).
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+model="" p=512 n=128 r=3 threads=$(nproc) pairs=2 max_load="" wait_s=60 mmap=0
+tern=$here/build/tern
+llama_run=$here/../shared/reference/llama.cpp/run
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+while [ $# -gt 0 ]; do
+  case $1 in
+    -m|--model) model=$2; shift ;;
+    -p) p=$2; shift ;;
+    -n) n=$2; shift ;;
+    -r) r=$2; shift ;;
+    -t|--threads) threads=$2; shift ;;
+    --pairs) pairs=$2; shift ;;
+    --max-load) max_load=$2; shift ;;
+    --wait) wait_s=$2; shift ;;
+    --mmap) mmap=1 ;;
+    --tern) tern=$2; shift ;;
+    --llama-bench) llama_run=$2; shift ;;
+    -h|--help) usage ;;
+    *) echo "vs-llama: unknown option '$1'" >&2; usage ;;
+  esac
+  shift
+done
+[ -n "$model" ] || { echo "vs-llama: -m MODEL is required" >&2; usage; }
+[ -f "$model" ] || { echo "vs-llama: no model file '$model'" >&2; exit 2; }
+[ -x "$tern" ] || { echo "vs-llama: no tern binary at $tern (build it, or --tern PATH)" >&2; exit 2; }
+[ -x "$llama_run" ] || { echo "vs-llama: no reference engine at $llama_run (--llama-bench PATH)" >&2; exit 2; }
+command -v python3 >/dev/null || { echo "vs-llama: needs python3" >&2; exit 2; }
+for v in p n r threads pairs wait_s; do
+  [[ ${!v} =~ ^[0-9]+$ ]] || { echo "vs-llama: $v '${!v}' is not a number" >&2; exit 2; }
+done
+[ -n "$max_load" ] || max_load=$threads
+# the reference's wrapper takes the tool's name first; a direct path to llama-bench does not
+llama=("$llama_run")
+[ "$(basename "$llama_run")" = run ] && llama+=(llama-bench)
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+load1() { cut -d' ' -f1 /proc/loadavg; }
+above() { python3 -c "import sys; sys.exit(0 if float('$1') > float('$2') else 1)"; }
+
+tern_mm=(--no-mmap) llama_mm=(-mmp 0)
+[ "$mmap" = 1 ] && tern_mm=() llama_mm=(-mmp 1)
+
+echo "model: $model ($(stat -c %s "$model") bytes); pp$p / tg$n, $r repetitions per run, $threads threads, $pairs pairs"
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1) (family $(lscpu | sed -n 's/^CPU family: *//p' | head -1), model $(lscpu | sed -n 's/^Model: *//p' | head -1)), $(nproc) CPUs; $("$tern" --version 2>/dev/null | head -1 || echo 'tern ?')"
+"$tern" bench memory -t "$threads" --json >"$tmp/mem.json"
+echo "tern bench memory: $(python3 -c "import json; m=json.load(open('$tmp/mem.json')); print(f\"{m['gbps_n']:.1f} GB/s with {m['threads']} threads ({m['gbps_1']:.1f} with 1)\")")"
+
+for i in $(seq 1 "$pairs"); do
+  l=$(load1) busy=0
+  if above "$l" "$max_load"; then
+    echo "pair $i: load $l > $max_load, waiting up to ${wait_s}s"
+    for _ in $(seq 1 "$wait_s"); do sleep 1; l=$(load1); above "$l" "$max_load" || break; done
+    above "$l" "$max_load" && busy=1
+  fi
+  echo "pair $i: load $l$([ $busy = 1 ] && echo ' (busy)'): A tern, B llama-bench"
+  "$tern" bench -m "$model" -p "$p" -n "$n" -r "$r" -t "$threads" "${tern_mm[@]}" --json >"$tmp/a$i.json" 2>"$tmp/a$i.err" ||
+    { echo "vs-llama: tern bench failed:" >&2; cat "$tmp/a$i.err" >&2; exit 2; }
+  "${llama[@]}" -m "$model" -p "$p" -n "$n" -r "$r" -t "$threads" "${llama_mm[@]}" -o json >"$tmp/b$i.json" 2>"$tmp/b$i.err" ||
+    { echo "vs-llama: llama-bench failed:" >&2; tail -5 "$tmp/b$i.err" >&2; exit 2; }
+  echo "$i $l $busy" >>"$tmp/pairs"
+done
+
+python3 - "$tmp" "$p" "$n" <<'PY'
+import json, statistics, sys
+tmp, p, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+mem = json.load(open(f"{tmp}/mem.json"))
+bound = mem["gbps_n"]
+rows = []
+for line in open(f"{tmp}/pairs"):
+    i, load, busy = line.split()
+    a = json.load(open(f"{tmp}/a{i}.json"))
+    b = json.load(open(f"{tmp}/b{i}.json"))
+    def llama(kind):
+        for e in b:
+            if kind == "pp" and e["n_prompt"] > 0 and e["n_gen"] == 0: return e["avg_ts"], e["stddev_ts"]
+            if kind == "tg" and e["n_gen"] > 0 and e["n_prompt"] == 0: return e["avg_ts"], e["stddev_ts"]
+        return None, None
+    lp, lps = llama("pp")
+    lt, lts = llama("tg")
+    rows.append(dict(i=int(i), load=float(load), busy=busy == "1", bpt=a["weight_bytes_per_token"],
+                     tp=a.get("pp_tps"), tps=a.get("pp_tps_sd"), tt=a.get("tg_tps"), tts=a.get("tg_tps_sd"),
+                     lp=lp, lps=lps, lt=lt, lts=lts))
+def f(v, sd=None):
+    if v is None: return "-"
+    return f"{v:.1f} ± {sd:.1f}" if sd is not None else f"{v:.1f}"
+def ratio(x, y): return f"{x / y:.2f}" if x and y else "-"
+def gbps(tps, bpt): return tps * bpt / 1e9 if tps else None
+def share(tps, bpt):
+    g = gbps(tps, bpt)
+    return f"{g:.1f} ({100 * g / bound:.0f} %)" if g else "-"
+print()
+print(f"| pair | load | llama.cpp pp{p} | tern pp{p} | tern ÷ llama | llama.cpp tg{n} | tern tg{n} | tern ÷ llama "
+      f"| decode GB/s (% of {bound:.1f}): llama.cpp | tern |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for x in rows:
+    print(f"| {x['i']}{' (busy)' if x['busy'] else ''} | {x['load']:.2f} | {f(x['lp'], x['lps'])} | {f(x['tp'], x['tps'])} "
+          f"| {ratio(x['tp'], x['lp'])} | {f(x['lt'], x['lts'])} | {f(x['tt'], x['tts'])} | {ratio(x['tt'], x['lt'])} "
+          f"| {share(x['lt'], x['bpt'])} | {share(x['tt'], x['bpt'])} |")
+quiet = [x for x in rows if not x["busy"]] or rows
+def med(k):
+    v = [x[k] for x in quiet if x[k]]
+    return statistics.median(v) if v else None
+bpt = rows[0]["bpt"]
+tp, lp, tt, lt = med("tp"), med("lp"), med("tt"), med("lt")
+print(f"| median of {len(quiet)}{'' if quiet is not rows or not any(x['busy'] for x in rows) else ' (all busy)'} | "
+      f"| {f(lp)} | {f(tp)} | {ratio(tp, lp)} | {f(lt)} | {f(tt)} | {ratio(tt, lt)} | {share(lt, bpt)} | {share(tt, bpt)} |")
+print(f"\ndecode GB/s = weight bytes read per token ({bpt} B, from tern bench) x tg t/s; the bound is "
+      f"`tern bench memory` with {mem['threads']} threads. A model that fits in the caches can exceed it.")
+PY
