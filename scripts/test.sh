@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
 jobs=$(nproc)
+# deps.sh installs the Vulkan headers, glslc and lavapipe: the Vulkan tests must run, not skip.
+export TERN_REQUIRE_VULKAN=1
 
 # The shared data kit: $TERN_SHARED_DIR, else ../shared beside the checkout. Where it is
 # present its conformance tests must run: a missing file fails them instead of skipping

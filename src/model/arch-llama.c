@@ -192,35 +192,6 @@ static size_t llama_state_bytes(const void *p) { return ((const struct llama_sta
 
 /* ---- forward ----------------------------------------------------------------------- */
 
-struct rows_ctx {
-    const struct model_hparams *hp;
-    const struct llama_weights *w;
-    struct llama_state *rs;
-    uint32_t pos0;
-};
-
-static void rope_item(void *ctx, uint32_t t) {
-    struct rows_ctx *c = ctx;
-    const struct model_hparams *hp = c->hp;
-    const size_t hd = hp->head_dim_k, nr = hp->rope.n_rot;
-    float *cs = c->rs->cs + t * nr;
-    tern_rope_angles(&hp->rope, c->pos0 + t, cs);
-    tern_rope(c->rs->q + t * hp->n_head * hd, hp->n_head, hd, nr, cs, c->w->var.neox);
-    tern_rope(c->rs->k + t * hp->n_head_kv * hd, hp->n_head_kv, hd, nr, cs, c->w->var.neox);
-}
-
-static void residual_item(void *ctx, uint32_t t) {
-    struct rows_ctx *c = ctx;
-    const size_t E = c->hp->n_embd;
-    tern_ops()->add(c->rs->x + t * E, c->rs->xb + t * E, E);
-}
-
-static void swiglu_item(void *ctx, uint32_t t) {
-    struct rows_ctx *c = ctx;
-    const size_t F = c->hp->n_ff;
-    tern_ops()->swiglu(c->rs->hb + t * F, c->rs->hb + t * F, c->rs->hb2 + t * F, F);
-}
-
 static void llama_forward(struct tern_session *s, const int32_t *toks, uint32_t n, uint32_t pos0, float *logits,
                           bool logits_all) {
     const struct tern_model *m = s->m;
@@ -230,7 +201,7 @@ static void llama_forward(struct tern_session *s, const int32_t *toks, uint32_t 
     const uint32_t E = hp->n_embd, hd = hp->head_dim_k;
     const uint32_t nq = hp->n_head * hd, nkv = hp->n_head_kv * hd;
     const float scale = 1.0f / sqrtf((float)hd);
-    struct rows_ctx rc = {hp, w, rs, pos0};
+    const struct model_rope rope = {.p = &hp->rope, .neox = w->var.neox};
 
     model_embed(s, &w->tok_embd, toks, n, rs->x);
     for (uint32_t il = 0; il < m->n_layer; il++) {
@@ -246,10 +217,10 @@ static void llama_forward(struct tern_session *s, const int32_t *toks, uint32_t 
             model_rmsnorm_heads(s, rs->q, L->q_norm, n, hp->n_head, hd, hp->rms_eps);
             model_rmsnorm_heads(s, rs->k, L->k_norm, n, hp->n_head_kv, hd, hp->rms_eps);
         }
-        model_parallel_for(s, n, rope_item, &rc);
+        model_rope(s, &rope, rs->q, hp->n_head, rs->k, hp->n_head_kv, hd, rs->cs, n, pos0);
         model_attention(s, il, rs->q, nq, rs->k, nkv, rs->v, nkv, rs->att, nq, n, pos0, hp->n_head, scale);
         model_matmul1(s, rs->att, n, &L->wo, rs->xb);
-        model_parallel_for(s, n, residual_item, &rc);
+        model_add(s, rs->x, rs->xb, n, E);
         /* feed-forward */
         if (w->var.moe) {
             model_rmsnorm(s, rs->xm, rs->x, L->ffn_norm, n, E, hp->rms_eps);
@@ -258,10 +229,10 @@ static void llama_forward(struct tern_session *s, const int32_t *toks, uint32_t 
             model_rmsnorm(s, rs->xb, rs->x, L->ffn_norm, n, E, hp->rms_eps);
             const struct mm_out gu[] = {{&L->w_gate, rs->hb}, {&L->w_up, rs->hb2}};
             model_matmul(s, rs->xb, n, gu, 2);
-            model_parallel_for(s, n, swiglu_item, &rc);
+            model_swiglu(s, rs->hb, rs->hb2, n, hp->n_ff);
             model_matmul1(s, rs->hb, n, &L->w_down, rs->xb);
         }
-        model_parallel_for(s, n, residual_item, &rc);
+        model_add(s, rs->x, rs->xb, n, E);
     }
     if (!logits) return;
     /* Only the rows whose logits are wanted are normed and projected. */

@@ -344,124 +344,35 @@ static size_t q35_state_bytes(const void *p) { return ((const struct q35_state *
 
 /* ---- forward ----------------------------------------------------------------------- */
 
-struct q35_ctx {
-    struct tern_session *s;
-    const struct model_hparams *hp;
-    const struct q35_weights *w;
-    const struct q35_layer *L;
-    struct q35_state *rs;
-    uint32_t il, n, pos0;
-};
-
-static void residual_item(void *ctx, uint32_t t) {
-    struct q35_ctx *c = ctx;
-    const size_t E = c->hp->n_embd;
-    tern_ops()->add(c->rs->x + t * E, c->rs->xb + t * E, E);
-}
-
-static void swiglu_item(void *ctx, uint32_t t) {
-    struct q35_ctx *c = ctx;
-    const size_t F = c->hp->n_ff;
-    tern_ops()->swiglu(c->rs->hb + t * F, c->rs->hb + t * F, c->rs->hb2 + t * F, F);
-}
-
-/* Channels per conv work item: a few items per thread, whole vectors. */
-#define CONV_BLOCK 512u
-
-static void conv_item(void *ctx, uint32_t i) {
-    struct q35_ctx *c = ctx;
-    const size_t C = tern_deltanet_channels(&c->w->dn);
-    const size_t c0 = (size_t)i * CONV_BLOCK, c1 = TERN_MIN(c0 + CONV_BLOCK, C);
-    float *window = session_rec_buf(c->s, c->il, 0);
-    tern_deltanet_conv(&c->w->dn, window, c->L->conv_wt, c->rs->qkv_raw, C, c->rs->qkv, C, c->n, c0, c1);
-}
-
-static void heads_item(void *ctx, uint32_t h) {
-    struct q35_ctx *c = ctx;
-    const struct tern_deltanet_shape *dn = &c->w->dn;
-    const size_t C = tern_deltanet_channels(dn), nv = dn->n_v_heads, nvd = nv * dn->d_v;
-    const struct tern_deltanet_params p = {.ssm_a = c->L->ssm_a, .dt_bias = c->L->dt_bias,
-                                           .norm_w = c->L->ssm_norm};
-    const struct tern_deltanet_io io = {
-        .n_tok = c->n,
-        .qkv = c->rs->qkv, .ld_qkv = C,
-        .z = c->rs->z, .ld_z = nvd,
-        .beta = c->rs->beta, .ld_beta = nv,
-        .alpha = c->rs->alpha, .ld_alpha = nv,
-        .out = c->rs->o, .ld_out = nvd,
-    };
-    float *state = session_rec_buf(c->s, c->il, 1);
-    float *scratch = c->rs->dn_scratch + (size_t)h * tern_deltanet_scratch_floats(dn);
-    tern_deltanet_heads(dn, &p, state, &io, h, h + 1, scratch);
-}
-
-static void deltanet_layer(struct q35_ctx *c) {
-    struct tern_session *s = c->s;
-    const struct q35_layer *L = c->L;
-    struct q35_state *rs = c->rs;
-    const size_t C = tern_deltanet_channels(&c->w->dn);
+/* One DeltaNet layer: projections, conv + recurrence (model_deltanet), output. */
+static void deltanet_layer(struct tern_session *s, const struct q35_weights *w, const struct q35_layer *L,
+                           struct q35_state *rs, uint32_t il, uint32_t n) {
     const struct mm_out proj[] = {
         {&L->wqkv, rs->qkv_raw}, {&L->wgate, rs->z}, {&L->wbeta, rs->beta}, {&L->walpha, rs->alpha}};
-    model_matmul(s, rs->xb, c->n, proj, TERN_ARRAY_LEN(proj));
-    /* The convolution and the recurrence run token by token in order inside each work
-     * item; items split channels, then v-heads, never a token range. */
-    model_parallel_for(s, (uint32_t)((C + CONV_BLOCK - 1) / CONV_BLOCK), conv_item, c);
-    model_parallel_for(s, c->w->dn.n_v_heads, heads_item, c);
-    model_matmul1(s, rs->o, c->n, &L->wout, rs->xb);
+    model_matmul(s, rs->xb, n, proj, TERN_ARRAY_LEN(proj));
+    const struct tern_deltanet_params p = {.ssm_a = L->ssm_a, .dt_bias = L->dt_bias, .norm_w = L->ssm_norm};
+    const struct model_deltanet d = {.dn = &w->dn, .conv_wt = L->conv_wt, .p = &p};
+    model_deltanet(s, il, &d, rs->qkv_raw, rs->qkv, rs->z, rs->beta, rs->alpha, rs->o, rs->dn_scratch, n);
+    model_matmul1(s, rs->o, n, &L->wout, rs->xb);
 }
 
-/* Splits [q | gate] per head, QK-norm comes after; RoPE with the text positions. */
-static void split_qg_item(void *ctx, uint32_t t) {
-    struct q35_ctx *c = ctx;
-    const size_t hd = c->hp->head_dim_k, nh = c->hp->n_head, nq = nh * hd;
-    const float *qg = c->rs->qg + t * 2 * nq;
-    for (size_t h = 0; h < nh; h++) {
-        memcpy(c->rs->q + t * nq + h * hd, qg + 2 * h * hd, hd * sizeof(float));
-        memcpy(c->rs->gate + t * nq + h * hd, qg + (2 * h + 1) * hd, hd * sizeof(float));
-    }
-}
-
-static void rope_item(void *ctx, uint32_t t) {
-    struct q35_ctx *c = ctx;
-    const struct model_hparams *hp = c->hp;
-    const size_t hd = hp->head_dim_k, nr = hp->rope.n_rot;
-    float *cs = c->rs->cs + t * nr;
-    tern_rope_angles(&hp->rope, c->pos0 + t, cs);
-    if (c->w->any_pos0)
-        for (size_t i = 0; i < nr / 2; i++)
-            if (c->w->rope_pos0[i]) { /* the "e" section: position 0 (no rotation, only mscale) */
-                cs[2 * i] = c->w->rope_cs0[2 * i];
-                cs[2 * i + 1] = c->w->rope_cs0[2 * i + 1];
-            }
-    tern_rope(c->rs->q + t * hp->n_head * hd, hp->n_head, hd, nr, cs, true);
-    tern_rope(c->rs->k + t * hp->n_head_kv * hd, hp->n_head_kv, hd, nr, cs, true);
-}
-
-/* att *= sigmoid(gate) */
-static void out_gate_item(void *ctx, uint32_t t) {
-    struct q35_ctx *c = ctx;
-    const size_t nq = (size_t)c->hp->n_head * c->hp->head_dim_k;
-    float *a = c->rs->att + t * nq;
-    const float *g = c->rs->gate + t * nq;
-    for (size_t i = 0; i < nq; i++) a[i] = a[i] * (1.0f / (1.0f + expf(-g[i])));
-}
-
-static void attention_layer(struct q35_ctx *c) {
-    struct tern_session *s = c->s;
-    const struct model_hparams *hp = c->hp;
-    const struct q35_layer *L = c->L;
-    struct q35_state *rs = c->rs;
+/* One gated attention layer: [q | gate] per head, QK-norm, RoPE with the text positions,
+ * attention, the sigmoid gate, output. */
+static void attention_layer(struct tern_session *s, const struct model_hparams *hp, const struct q35_weights *w,
+                            const struct q35_layer *L, struct q35_state *rs, uint32_t il, uint32_t n, uint32_t pos0) {
     const uint32_t hd = hp->head_dim_k, nq = hp->n_head * hd, nkv = hp->n_head_kv * hd;
     const struct mm_out qkv[] = {{&L->wq, rs->qg}, {&L->wk, rs->k}, {&L->wv, rs->v}};
-    model_matmul(s, rs->xb, c->n, qkv, 3);
-    model_parallel_for(s, c->n, split_qg_item, c);
-    model_rmsnorm_heads(s, rs->q, L->q_norm, c->n, hp->n_head, hd, hp->rms_eps);
-    model_rmsnorm_heads(s, rs->k, L->k_norm, c->n, hp->n_head_kv, hd, hp->rms_eps);
-    model_parallel_for(s, c->n, rope_item, c);
-    model_attention(s, c->il, rs->q, nq, rs->k, nkv, rs->v, nkv, rs->att, nq, c->n, c->pos0, hp->n_head,
+    model_matmul(s, rs->xb, n, qkv, 3);
+    model_split_heads(s, rs->qg, rs->q, rs->gate, n, hp->n_head, hd);
+    model_rmsnorm_heads(s, rs->q, L->q_norm, n, hp->n_head, hd, hp->rms_eps);
+    model_rmsnorm_heads(s, rs->k, L->k_norm, n, hp->n_head_kv, hd, hp->rms_eps);
+    const struct model_rope rope = {.p = &hp->rope, .neox = true, .pos0_pairs = w->any_pos0 ? w->rope_pos0 : NULL,
+                                    .cs0 = w->rope_cs0};
+    model_rope(s, &rope, rs->q, hp->n_head, rs->k, hp->n_head_kv, hd, rs->cs, n, pos0);
+    model_attention(s, il, rs->q, nq, rs->k, nkv, rs->v, nkv, rs->att, nq, n, pos0, hp->n_head,
                     1.0f / sqrtf((float)hd));
-    model_parallel_for(s, c->n, out_gate_item, c);
-    model_matmul1(s, rs->att, c->n, &L->wo, rs->xb);
+    model_sigmoid_mul(s, rs->att, rs->gate, n, nq);
+    model_matmul1(s, rs->att, n, &L->wo, rs->xb);
 }
 
 static void q35_forward(struct tern_session *s, const int32_t *toks, uint32_t n, uint32_t pos0, float *logits,
@@ -471,17 +382,14 @@ static void q35_forward(struct tern_session *s, const int32_t *toks, uint32_t n,
     const struct q35_weights *w = m->w;
     struct q35_state *rs = s->rs;
     const uint32_t E = hp->n_embd;
-    struct q35_ctx c = {.s = s, .hp = hp, .w = w, .rs = rs, .n = n, .pos0 = pos0};
 
     model_embed(s, &w->tok_embd, toks, n, rs->x);
     for (uint32_t il = 0; il < w->n_layer; il++) {
         const struct q35_layer *L = &w->layers[il];
-        c.il = il;
-        c.L = L;
         model_rmsnorm(s, rs->xb, rs->x, L->attn_norm, n, E, hp->rms_eps);
-        if (L->recurrent) deltanet_layer(&c);
-        else attention_layer(&c);
-        model_parallel_for(s, n, residual_item, &c);
+        if (L->recurrent) deltanet_layer(s, w, L, rs, il, n);
+        else attention_layer(s, hp, w, L, rs, il, n, pos0);
+        model_add(s, rs->x, rs->xb, n, E);
         /* feed-forward */
         if (w->moe) {
             model_rmsnorm(s, rs->xm, rs->x, L->post_norm, n, E, hp->rms_eps);
@@ -490,10 +398,10 @@ static void q35_forward(struct tern_session *s, const int32_t *toks, uint32_t n,
             model_rmsnorm(s, rs->xb, rs->x, L->post_norm, n, E, hp->rms_eps);
             const struct mm_out gu[] = {{&L->w_gate, rs->hb}, {&L->w_up, rs->hb2}};
             model_matmul(s, rs->xb, n, gu, 2);
-            model_parallel_for(s, n, swiglu_item, &c);
+            model_swiglu(s, rs->hb, rs->hb2, n, hp->n_ff);
             model_matmul1(s, rs->hb, n, &L->w_down, rs->xb);
         }
-        model_parallel_for(s, n, residual_item, &c);
+        model_add(s, rs->x, rs->xb, n, E);
     }
     if (!logits) return;
     const uint32_t first = logits_all ? 0 : n - 1;

@@ -332,3 +332,144 @@ enum tern_status model_bufs_alloc(const struct model_buf *bufs, size_t n_bufs, u
     }
     return TERN_OK;
 }
+
+/* ---- element-wise layer operations -------------------------------------------------- */
+
+struct rows_task {
+    float *y;
+    const float *x;
+    uint32_t n;
+};
+
+static void add_item(void *ctx, uint32_t t) {
+    struct rows_task *r = ctx;
+    tern_ops()->add(r->y + (size_t)t * r->n, r->x + (size_t)t * r->n, r->n);
+}
+
+void model_add(struct tern_session *s, float *y, const float *x, uint32_t n_tok, uint32_t n) {
+    struct rows_task r = {y, x, n};
+    model_parallel_for(s, n_tok, add_item, &r);
+}
+
+static void swiglu_item(void *ctx, uint32_t t) {
+    struct rows_task *r = ctx;
+    float *g = r->y + (size_t)t * r->n;
+    tern_ops()->swiglu(g, g, r->x + (size_t)t * r->n, r->n);
+}
+
+void model_swiglu(struct tern_session *s, float *g, const float *u, uint32_t n_tok, uint32_t n) {
+    struct rows_task r = {g, u, n};
+    model_parallel_for(s, n_tok, swiglu_item, &r);
+}
+
+static void sigmoid_mul_item(void *ctx, uint32_t t) {
+    struct rows_task *r = ctx;
+    float *a = r->y + (size_t)t * r->n;
+    const float *g = r->x + (size_t)t * r->n;
+    for (size_t i = 0; i < r->n; i++) a[i] = a[i] * (1.0f / (1.0f + expf(-g[i])));
+}
+
+void model_sigmoid_mul(struct tern_session *s, float *x, const float *gate, uint32_t n_tok, uint32_t n) {
+    struct rows_task r = {x, gate, n};
+    model_parallel_for(s, n_tok, sigmoid_mul_item, &r);
+}
+
+struct split_task {
+    const float *ab;
+    float *a, *b;
+    uint32_t n_head, head_dim;
+};
+
+static void split_item(void *ctx, uint32_t t) {
+    struct split_task *p = ctx;
+    const size_t hd = p->head_dim, nh = p->n_head, nq = nh * hd;
+    const float *ab = p->ab + t * 2 * nq;
+    for (size_t h = 0; h < nh; h++) {
+        memcpy(p->a + t * nq + h * hd, ab + 2 * h * hd, hd * sizeof(float));
+        memcpy(p->b + t * nq + h * hd, ab + (2 * h + 1) * hd, hd * sizeof(float));
+    }
+}
+
+void model_split_heads(struct tern_session *s, const float *ab, float *a, float *b, uint32_t n_tok, uint32_t n_head,
+                       uint32_t head_dim) {
+    struct split_task p = {ab, a, b, n_head, head_dim};
+    model_parallel_for(s, n_tok, split_item, &p);
+}
+
+struct rope_task {
+    const struct model_rope *r;
+    float *q, *k, *cs;
+    uint32_t n_head, n_head_kv, head_dim, pos0;
+};
+
+static void rope_item(void *ctx, uint32_t t) {
+    struct rope_task *p = ctx;
+    const struct model_rope *r = p->r;
+    const size_t hd = p->head_dim, nr = r->p->n_rot;
+    float *cs = p->cs + t * nr;
+    tern_rope_angles(r->p, p->pos0 + t, cs);
+    if (r->pos0_pairs)
+        for (size_t i = 0; i < nr / 2; i++)
+            if (r->pos0_pairs[i]) { /* position 0: no rotation, only the magnitude scale */
+                cs[2 * i] = r->cs0[2 * i];
+                cs[2 * i + 1] = r->cs0[2 * i + 1];
+            }
+    tern_rope(p->q + t * p->n_head * hd, p->n_head, hd, nr, cs, r->neox);
+    tern_rope(p->k + t * p->n_head_kv * hd, p->n_head_kv, hd, nr, cs, r->neox);
+}
+
+void model_rope(struct tern_session *s, const struct model_rope *r, float *q, uint32_t n_head, float *k,
+                uint32_t n_head_kv, uint32_t head_dim, float *cs, uint32_t n_tok, uint32_t pos0) {
+    struct rope_task p = {r, q, k, cs, n_head, n_head_kv, head_dim, pos0};
+    model_parallel_for(s, n_tok, rope_item, &p);
+}
+
+/* Channels per conv work item: a few items per thread, whole vectors. */
+#define CONV_BLOCK 512u
+
+struct deltanet_task {
+    struct tern_session *s;
+    uint32_t il;
+    const struct model_deltanet *d;
+    const float *qkv_raw;
+    float *qkv;
+    const float *z, *beta, *alpha;
+    float *out, *scratch;
+    uint32_t n_tok;
+};
+
+static void conv_item(void *ctx, uint32_t i) {
+    struct deltanet_task *c = ctx;
+    const size_t C = tern_deltanet_channels(c->d->dn);
+    const size_t c0 = (size_t)i * CONV_BLOCK, c1 = TERN_MIN(c0 + CONV_BLOCK, C);
+    float *window = session_rec_buf(c->s, c->il, 0);
+    tern_deltanet_conv(c->d->dn, window, c->d->conv_wt, c->qkv_raw, C, c->qkv, C, c->n_tok, c0, c1);
+}
+
+static void heads_item(void *ctx, uint32_t h) {
+    struct deltanet_task *c = ctx;
+    const struct tern_deltanet_shape *dn = c->d->dn;
+    const size_t C = tern_deltanet_channels(dn), nv = dn->n_v_heads, nvd = nv * dn->d_v;
+    const struct tern_deltanet_io io = {
+        .n_tok = c->n_tok,
+        .qkv = c->qkv, .ld_qkv = C,
+        .z = c->z, .ld_z = nvd,
+        .beta = c->beta, .ld_beta = nv,
+        .alpha = c->alpha, .ld_alpha = nv,
+        .out = c->out, .ld_out = nvd,
+    };
+    float *state = session_rec_buf(c->s, c->il, 1);
+    float *scratch = c->scratch + (size_t)h * tern_deltanet_scratch_floats(dn);
+    tern_deltanet_heads(dn, c->d->p, state, &io, h, h + 1, scratch);
+}
+
+void model_deltanet(struct tern_session *s, uint32_t il, const struct model_deltanet *d, const float *qkv_raw,
+                    float *qkv, const float *z, const float *beta, const float *alpha, float *out, float *scratch,
+                    uint32_t n_tok) {
+    struct deltanet_task c = {s, il, d, qkv_raw, qkv, z, beta, alpha, out, scratch, n_tok};
+    const size_t C = tern_deltanet_channels(d->dn);
+    /* The convolution and the recurrence run token by token in order inside each work
+     * item; items split channels, then v-heads, never a token range. */
+    model_parallel_for(s, (uint32_t)((C + CONV_BLOCK - 1) / CONV_BLOCK), conv_item, &c);
+    model_parallel_for(s, d->dn->n_v_heads, heads_item, &c);
+}

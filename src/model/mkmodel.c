@@ -306,15 +306,16 @@ struct mk_tensor {
     struct mk_rows *rows; /* shared by all tensors */
 };
 
-/* The rows of one fill call as floats, quantized on the pool: the values come from one
- * random stream per tensor (drawn in order), the quantization of each row is independent
- * of the others, so threads split rows and the bytes do not depend on their number. */
+/* One fill call's rows, generated and quantized on the pool. The values are those of one
+ * random stream per tensor drawn in order: a thread starting at element e skips the
+ * stream ahead to e (xoshiro steps are cheap next to the log and sincos of a normal), so
+ * the bytes do not depend on the number of threads. */
 struct mk_rows {
     float *buf;
     size_t cap; /* floats */
     struct tern_threadpool *pool;
-    /* the current quantization task */
-    const struct mk_tensor *t;
+    /* the current task */
+    struct mk_tensor *t;
     uint64_t n_rows;
     void *dst;
     _Atomic int failed;
@@ -330,21 +331,46 @@ struct mk_ctx {
     uint64_t max_ne0;
 };
 
-static void quantize_task(void *ctx, int ith, int nth) {
+/* Advances r past m normals (rng_normal's pairs: two uniforms make two normals). */
+static void rng_skip_normals(struct rng *r, uint64_t m) {
+    if (m && r->has_spare) {
+        r->has_spare = false;
+        m--;
+    }
+    for (uint64_t i = 0; i < m / 2 * 2; i++) (void)rng_uniform(r);
+    if (m % 2) (void)rng_normal(r); /* leaves the pair's second value as the spare */
+}
+
+static float init_value(struct mk_tensor *t, struct rng *r) {
+    switch (t->init) {
+    case INIT_NORM:
+    case INIT_DT_BIAS: return (float)(1.0 + 0.02 * rng_normal(r));
+    case INIT_SSM_A: return (float)-exp(rng_uniform(r) * log(16.0));
+    case INIT_CONV: return (float)(0.3 * rng_normal(r));
+    default: return (float)(0.02 * rng_normal(r));
+    }
+}
+
+static void fill_task(void *ctx, int ith, int nth) {
     struct mk_rows *q = ctx;
-    const struct mk_tensor *t = q->t;
+    struct mk_tensor *t = q->t;
     const uint64_t k = t->ne[0];
     const uint64_t r0 = q->n_rows * (uint64_t)ith / (uint64_t)nth, r1 = q->n_rows * (uint64_t)(ith + 1) / (uint64_t)nth;
-    for (uint64_t r = r0; r < r1; r++)
-        if (!tern_quantize_row(t->type, q->buf + r * k, (uint8_t *)q->dst + r * t->row_bytes, (size_t)k))
+    struct rng r = t->rng; /* the stream at this call's first element */
+    rng_skip_normals(&r, r0 * k);
+    for (uint64_t row = r0; row < r1; row++) {
+        float *v = t->type == TERN_DTYPE_F32 ? (float *)((uint8_t *)q->dst + row * t->row_bytes) : q->buf + row * k;
+        for (uint64_t i = 0; i < k; i++) v[i] = init_value(t, &r);
+        if (t->type != TERN_DTYPE_F32 && !tern_quantize_row(t->type, v, (uint8_t *)q->dst + row * t->row_bytes, (size_t)k))
             q->failed = 1;
+    }
 }
 
 static enum tern_status fill(void *user, uint64_t row0, uint64_t n_rows, void *dst) {
     struct mk_tensor *t = user;
     struct mk_rows *q = t->rows;
     if (row0 == 0) rng_seed(&t->rng, t->seed);
-    uint64_t k = t->ne[0];
+    const uint64_t k = t->ne[0];
     if (t->type != TERN_DTYPE_F32 && n_rows * k > q->cap) {
         float *b = tern_malloc((size_t)(n_rows * k) * sizeof(float));
         if (!b) return tern_errorf(TERN_ERR_NOMEM, "mkmodel: no memory for %" PRIu64 " rows of '%s'", n_rows, t->name);
@@ -352,29 +378,18 @@ static enum tern_status fill(void *user, uint64_t row0, uint64_t n_rows, void *d
         q->buf = b;
         q->cap = (size_t)(n_rows * k);
     }
-    for (uint64_t r = 0; r < n_rows; r++) {
-        float *row = t->type == TERN_DTYPE_F32 ? (float *)((uint8_t *)dst + r * t->row_bytes) : q->buf + r * k;
-        for (uint64_t i = 0; i < k; i++) {
-            double v;
-            switch (t->init) {
-            case INIT_NORM:
-            case INIT_DT_BIAS: v = 1.0 + 0.02 * rng_normal(&t->rng); break;
-            case INIT_SSM_A: v = -exp(rng_uniform(&t->rng) * log(16.0)); break;
-            case INIT_CONV: v = 0.3 * rng_normal(&t->rng); break;
-            default: v = 0.02 * rng_normal(&t->rng); break;
-            }
-            row[i] = (float)v;
-        }
-    }
-    if (t->type != TERN_DTYPE_F32) {
-        q->t = t;
-        q->n_rows = n_rows;
-        q->dst = dst;
-        q->failed = 0;
-        if (q->pool && n_rows > 1) tern_threadpool_run(q->pool, quantize_task, q);
-        else quantize_task(q, 0, 1);
-        if (q->failed) return tern_error_prefix(TERN_ERR_INTERNAL, "quantizing '%s'", t->name);
-    }
+    q->t = t;
+    q->n_rows = n_rows;
+    q->dst = dst;
+    q->failed = 0;
+    /* ssm_a draws uniforms, not normals: its few values are drawn in one go */
+    if (q->pool && n_rows > 1 && t->init != INIT_SSM_A) tern_threadpool_run(q->pool, fill_task, q);
+    else fill_task(q, 0, 1);
+    if (q->failed) return tern_error_prefix(TERN_ERR_INTERNAL, "quantizing '%s'", t->name);
+    if (t->init == INIT_SSM_A)
+        for (uint64_t i = 0; i < n_rows * k; i++) (void)rng_uniform(&t->rng);
+    else
+        rng_skip_normals(&t->rng, n_rows * k);
     return TERN_OK;
 }
 

@@ -28,6 +28,7 @@
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
 #include "kernels/ops.h"
+#include "model/deltanet.h"
 #include "util/status.h"
 #include "util/threadpool.h"
 
@@ -287,6 +288,49 @@ void model_parallel_for(struct tern_session *s, uint32_t n, model_item_fn fn, vo
  * n_embd, already normed) times the output matrix. */
 void model_logits(struct tern_session *s, const struct mat *out_w, const float *x, uint32_t n_tok,
                   float *logits, bool logits_all);
+
+/* ---- the rest of the layer operations (layers.c) ----------------------------------- *
+ * With the ones above, these are everything a forward pass computes: the architecture
+ * files call only model_* operations (and moe_forward), never a kernel, an op table or a
+ * host loop over rows, so that another backend can implement the same operations
+ * (DESIGN.md §7). Each is per token (rows split across threads) and in place where it
+ * says so. */
+
+/* y[t] += x[t] for n_tok rows of n (the residual add). */
+void model_add(struct tern_session *s, float *y, const float *x, uint32_t n_tok, uint32_t n);
+/* g[t] = silu(g[t]) * u[t] for n_tok rows of n. */
+void model_swiglu(struct tern_session *s, float *g, const float *u, uint32_t n_tok, uint32_t n);
+/* x[t] *= sigmoid(gate[t]) for n_tok rows of n. */
+void model_sigmoid_mul(struct tern_session *s, float *x, const float *gate, uint32_t n_tok, uint32_t n);
+/* Splits rows of n_head heads laid out [a | b] per head (2 * head_dim each) into a and b,
+ * n_head * head_dim each (Qwen3.5's gated query). */
+void model_split_heads(struct tern_session *s, const float *ab, float *a, float *b, uint32_t n_tok, uint32_t n_head,
+                       uint32_t head_dim);
+
+/* RoPE of a chunk at positions [pos0, pos0 + n_tok), in place on q (n_head heads) and k
+ * (n_head_kv heads) rows of head_dim; cs: (n_tok, n_rot) scratch for the angles. Pairs
+ * marked in pos0_pairs (NULL: none) take position 0's angles cs0 (IMROPE's "e" section
+ * for text). */
+struct model_rope {
+    const struct tern_rope_params *p;
+    bool neox;
+    const bool *pos0_pairs; /* (n_rot / 2) or NULL */
+    const float *cs0;       /* (n_rot) the angles at position 0, when pos0_pairs */
+};
+void model_rope(struct tern_session *s, const struct model_rope *r, float *q, uint32_t n_head, float *k,
+                uint32_t n_head_kv, uint32_t head_dim, float *cs, uint32_t n_tok, uint32_t pos0);
+
+/* The Gated DeltaNet of recurrent layer il for a chunk (deltanet.h has the math): the
+ * causal conv of qkv_raw into qkv with the layer's "conv" window, then the recurrence per
+ * v-head into out with its "ssm" state, token by token in order. */
+struct model_deltanet {
+    const struct tern_deltanet_shape *dn;
+    const float *conv_wt;               /* (n_conv, C) tap-major */
+    const struct tern_deltanet_params *p;
+};
+void model_deltanet(struct tern_session *s, uint32_t il, const struct model_deltanet *d, const float *qkv_raw,
+                    float *qkv, const float *z, const float *beta, const float *alpha, float *out, float *scratch,
+                    uint32_t n_tok);
 
 /* The registered architectures' objects (one per file). */
 extern const struct tern_arch tern_arch_llama;

@@ -1,0 +1,28 @@
+# Writes a C file holding a SPIR-V binary as a uint32_t array:
+#   cmake -DIN=x.spv -DOUT=x.c -DNAME=tern_spv_x -P embed-spv.cmake
+file(READ "${IN}" hex HEX)
+string(LENGTH "${hex}" n)
+math(EXPR bytes "${n} / 2")
+math(EXPR rem "${bytes} % 4")
+if(NOT rem EQUAL 0)
+  message(FATAL_ERROR "${IN}: ${bytes} bytes is not a whole number of SPIR-V words")
+endif()
+set(words "")
+math(EXPR last "${n} - 8")
+foreach(i RANGE 0 ${last} 8)
+  # SPIR-V words are little-endian: bytes b0 b1 b2 b3 make 0xb3b2b1b0
+  string(SUBSTRING "${hex}" ${i} 2 b0)
+  math(EXPR j1 "${i} + 2")
+  math(EXPR j2 "${i} + 4")
+  math(EXPR j3 "${i} + 6")
+  string(SUBSTRING "${hex}" ${j1} 2 b1)
+  string(SUBSTRING "${hex}" ${j2} 2 b2)
+  string(SUBSTRING "${hex}" ${j3} 2 b3)
+  string(APPEND words "0x${b3}${b2}${b1}${b0}u,")
+  math(EXPR k "(${i} / 8 + 1) % 8")
+  if(k EQUAL 0)
+    string(APPEND words "\n")
+  endif()
+endforeach()
+file(WRITE "${OUT}" "/* generated from ${IN} by cmake/embed-spv.cmake */\n#include <stddef.h>\n#include <stdint.h>\n"
+  "const uint32_t ${NAME}[] = {\n${words}};\nconst size_t ${NAME}_size = sizeof ${NAME};\n")

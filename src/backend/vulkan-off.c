@@ -1,0 +1,55 @@
+/* The Vulkan backend when this build has none (no Vulkan headers or no glslc at
+ * configure time): every call says so. */
+#include "backend/vulkan.h"
+
+#define NOT_BUILT                                                                                                     \
+    tern_errorf(TERN_ERR_UNSUPPORTED, "vulkan: this tern was built without the Vulkan backend (install libvulkan-dev " \
+                                      "and glslc, then rebuild)")
+
+bool tern_vk_built(void) { return false; }
+enum tern_status tern_vk_enumerate(struct tern_vk_device_info *out, uint32_t cap, uint32_t *n) {
+    (void)out, (void)cap;
+    *n = 0;
+    return NOT_BUILT;
+}
+int tern_vk_pick_auto(const struct tern_vk_device_info *devs, uint32_t n) {
+    (void)devs, (void)n;
+    return -1;
+}
+enum tern_status tern_vk_open(int index, struct tern_vk **out) {
+    (void)index;
+    *out = NULL;
+    return NOT_BUILT;
+}
+void tern_vk_close(struct tern_vk *vk) { (void)vk; }
+const struct tern_vk_device_info *tern_vk_info(const struct tern_vk *vk) {
+    (void)vk;
+    return NULL;
+}
+enum tern_status tern_vk_buf_new(struct tern_vk *vk, size_t bytes, struct tern_vk_buf **out) {
+    (void)vk, (void)bytes;
+    *out = NULL;
+    return NOT_BUILT;
+}
+void tern_vk_buf_free(struct tern_vk_buf *b) { (void)b; }
+size_t tern_vk_buf_bytes(const struct tern_vk_buf *b) {
+    (void)b;
+    return 0;
+}
+enum tern_status tern_vk_upload(struct tern_vk_buf *b, size_t off, const void *src, size_t bytes) {
+    (void)b, (void)off, (void)src, (void)bytes;
+    return NOT_BUILT;
+}
+enum tern_status tern_vk_download(struct tern_vk_buf *b, size_t off, void *dst, size_t bytes) {
+    (void)b, (void)off, (void)dst, (void)bytes;
+    return NOT_BUILT;
+}
+bool tern_vk_matmul_supported(enum tern_dtype wtype) {
+    (void)wtype;
+    return false;
+}
+enum tern_status tern_vk_matmul(struct tern_vk *vk, enum tern_dtype wtype, const struct tern_vk_buf *w, size_t k,
+                                size_t n, const struct tern_vk_buf *x, size_t n_tok, struct tern_vk_buf *y) {
+    (void)vk, (void)wtype, (void)w, (void)k, (void)n, (void)x, (void)n_tok, (void)y;
+    return NOT_BUILT;
+}

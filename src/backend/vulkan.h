@@ -1,0 +1,79 @@
+/* The Vulkan compute backend's device layer: finding devices, buffers on them, and the
+ * compute kernels (shaders compiled to SPIR-V at build time and embedded in the binary).
+ *
+ * The Vulkan loader is opened at run time (dlopen "libvulkan.so.1"), so one binary runs
+ * on machines with and without Vulkan; a machine without the loader or without a device
+ * gets an error that names what is missing and the Debian packages that bring it. A
+ * build without the Vulkan headers or glslc compiles vulkan-off.c instead, whose calls
+ * all fail with TERN_ERR_UNSUPPORTED saying so.
+ *
+ * Exactness (DESIGN.md §5, §7): every kernel computes each output element in one
+ * invocation, reducing over k in one fixed order, whatever the number of rows or tokens
+ * dispatched; so within this backend a token's results do not depend on its batch.
+ * Across backends the parity rules apply, not bit equality.
+ *
+ * Threads: a context is used by one thread at a time (the engine's eval lock). */
+#ifndef TERN_BACKEND_VULKAN_H
+#define TERN_BACKEND_VULKAN_H
+
+#include "util/dtype.h"
+#include "util/status.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Whether this build has the Vulkan backend compiled in. */
+bool tern_vk_built(void);
+
+struct tern_vk_device_info {
+    char name[256];
+    const char *type;          /* "discrete", "integrated", "virtual", "cpu", "other" */
+    uint32_t vendor_id, device_id;
+    uint32_t api_version;      /* VK_MAKE_API_VERSION packed */
+    uint64_t device_local_bytes; /* sum of the device-local heaps */
+    uint32_t subgroup_size;
+    bool coopmat;              /* VK_KHR_cooperative_matrix (or the NV one) is offered */
+    bool fp16;                 /* shaderFloat16 */
+};
+
+/* Lists the devices the Vulkan loader sees (at most cap, *n of them; *n may exceed cap).
+ * Errors: no loader, no instance, no device — the message says which and how to install
+ * what is missing. */
+enum tern_status tern_vk_enumerate(struct tern_vk_device_info *out, uint32_t cap, uint32_t *n);
+
+/* `auto` device selection: the first discrete GPU, else the first integrated one; -1
+ * when there is none (a CPU implementation such as lavapipe is never picked by auto). */
+int tern_vk_pick_auto(const struct tern_vk_device_info *devs, uint32_t n);
+
+struct tern_vk;     /* an open device: queue, pipelines, command pool */
+struct tern_vk_buf; /* a buffer in device memory */
+
+/* Opens device index (as enumerated). On error *out is NULL. */
+enum tern_status tern_vk_open(int index, struct tern_vk **out);
+void tern_vk_close(struct tern_vk *vk);
+const struct tern_vk_device_info *tern_vk_info(const struct tern_vk *vk);
+
+/* A buffer of bytes bytes (device-local, host-visible where the device offers both,
+ * else uploads and downloads go through a staging copy). */
+enum tern_status tern_vk_buf_new(struct tern_vk *vk, size_t bytes, struct tern_vk_buf **out);
+void tern_vk_buf_free(struct tern_vk_buf *b);
+size_t tern_vk_buf_bytes(const struct tern_vk_buf *b);
+enum tern_status tern_vk_upload(struct tern_vk_buf *b, size_t off, const void *src, size_t bytes);
+enum tern_status tern_vk_download(struct tern_vk_buf *b, size_t off, void *dst, size_t bytes);
+
+/* Whether tern_vk_matmul handles weights of this type (F32, F16, Q4_0, Q5_0, Q8_0, Q4_K,
+ * Q6_K today). */
+bool tern_vk_matmul_supported(enum tern_dtype wtype);
+
+/* y[t * n + r] = dot(w row r, x row t) for r < n, t < n_tok: w holds n rows of k
+ * elements of wtype (row r at r * row_bytes), x n_tok rows of k floats, y n_tok rows of
+ * n floats. Each element is one invocation's sequential reduction over k (blocks in
+ * order, elements in order within a block), so it does not depend on n_tok. Runs and
+ * waits. Errors: an unsupported type or a k the type's blocks do not divide
+ * (TERN_ERR_INVALID), buffers too small, a lost device (TERN_ERR_IO, "device lost"). */
+enum tern_status tern_vk_matmul(struct tern_vk *vk, enum tern_dtype wtype, const struct tern_vk_buf *w,
+                                size_t k, size_t n, const struct tern_vk_buf *x, size_t n_tok,
+                                struct tern_vk_buf *y);
+
+#endif

@@ -1,0 +1,123 @@
+#version 450
+// y[t][r] = dot(w row r, x row t): one invocation per output element, reducing over k
+// in one fixed order (blocks in order, elements in order inside a block), so an
+// element's bits do not depend on how many rows or tokens the dispatch covers.
+//
+// WTYPE (ggml's type numbers): 0 F32, 1 F16, 2 Q4_0, 6 Q5_0, 8 Q8_0, 12 Q4_K, 14 Q6_K,
+// with ggml's block layouts. Weights are read as 32-bit words (any byte offset); block
+// sizes are even, so the F16 scales sit at even offsets. Within a block the products
+// are summed in element order, then added to the row's sum block by block.
+// The sums are `precise` (no fused multiply-add the driver may choose per pipeline), so
+// every pipeline built from this shader rounds the same way.
+
+layout(local_size_x = 64, local_size_y = 1, local_size_z = 1) in;
+
+layout(constant_id = 0) const uint WTYPE = 0;
+
+layout(std430, binding = 0) readonly buffer W { uint w[]; };
+layout(std430, binding = 1) readonly buffer X { float x[]; };
+layout(std430, binding = 2) writeonly buffer Y { float y[]; };
+
+layout(push_constant) uniform P {
+    uint k;
+    uint n;
+    uint n_tok;
+    uint row_bytes;
+} p;
+
+// The byte at byte offset o of the weights.
+uint wbyte(uint o) { return (w[o >> 2] >> ((o & 3u) * 8u)) & 0xffu; }
+// The byte at o as a signed int8.
+int sbyte(uint o) { const uint u = wbyte(o); return int(u) - int((u & 0x80u) << 1); }
+// The 16-bit little-endian value at an even byte offset.
+uint whalf(uint o) { return (w[o >> 2] >> ((o & 2u) * 8u)) & 0xffffu; }
+
+void main() {
+    const uint r = gl_GlobalInvocationID.x;
+    const uint t = gl_GlobalInvocationID.y;
+    if (r >= p.n || t >= p.n_tok) return;
+    const uint xo = t * p.k;
+    const uint ro = r * p.row_bytes;
+    precise float acc = 0.0;
+    if (WTYPE == 0) {
+        const uint wo = ro >> 2;
+        for (uint i = 0; i < p.k; i++) acc += uintBitsToFloat(w[wo + i]) * x[xo + i];
+    } else if (WTYPE == 1) {
+        for (uint i = 0; i < p.k; i++) acc += unpackHalf2x16(whalf(ro + 2u * i)).x * x[xo + i];
+    } else if (WTYPE == 8) { // Q8_0: d, 32 x int8
+        const uint nb = p.k / 32u;
+        for (uint b = 0; b < nb; b++) {
+            const uint bo = ro + b * 34u;
+            const float d = unpackHalf2x16(whalf(bo)).x;
+            precise float s = 0.0;
+            for (uint i = 0; i < 32u; i++) s += float(sbyte(bo + 2u + i)) * x[xo + b * 32u + i];
+            acc += d * s;
+        }
+    } else if (WTYPE == 2) { // Q4_0: d, 16 bytes of nibbles (low: 0..15, high: 16..31), minus 8
+        const uint nb = p.k / 32u;
+        for (uint b = 0; b < nb; b++) {
+            const uint bo = ro + b * 18u;
+            const float d = unpackHalf2x16(whalf(bo)).x;
+            precise float s = 0.0;
+            for (uint i = 0; i < 32u; i++) {
+                const uint q = (wbyte(bo + 2u + (i & 15u)) >> ((i >> 4) * 4u)) & 15u;
+                s += float(int(q) - 8) * x[xo + b * 32u + i];
+            }
+            acc += d * s;
+        }
+    } else if (WTYPE == 6) { // Q5_0: d, 32 high bits, 16 bytes of nibbles, minus 16
+        const uint nb = p.k / 32u;
+        for (uint b = 0; b < nb; b++) {
+            const uint bo = ro + b * 22u;
+            const float d = unpackHalf2x16(whalf(bo)).x;
+            const uint qh = wbyte(bo + 2u) | (wbyte(bo + 3u) << 8) | (wbyte(bo + 4u) << 16) | (wbyte(bo + 5u) << 24);
+            precise float s = 0.0;
+            for (uint i = 0; i < 32u; i++) {
+                const uint lo = (wbyte(bo + 6u + (i & 15u)) >> ((i >> 4) * 4u)) & 15u;
+                const uint q = lo | (((qh >> i) & 1u) << 4);
+                s += float(int(q) - 16) * x[xo + b * 32u + i];
+            }
+            acc += d * s;
+        }
+    } else if (WTYPE == 12) { // Q4_K: d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles
+        const uint nb = p.k / 256u;
+        for (uint b = 0; b < nb; b++) {
+            const uint bo = ro + b * 144u;
+            const float d = unpackHalf2x16(whalf(bo)).x;
+            const float dmin = unpackHalf2x16(whalf(bo + 2u)).x;
+            precise float s = 0.0;
+            for (uint i = 0; i < 256u; i++) {
+                const uint j = i >> 6, hi = (i >> 5) & 1u, l = i & 31u, sb = 2u * j + hi;
+                uint sc, mn;
+                if (sb < 4u) {
+                    sc = wbyte(bo + 4u + sb) & 63u;
+                    mn = wbyte(bo + 4u + sb + 4u) & 63u;
+                } else {
+                    sc = (wbyte(bo + 4u + sb + 4u) & 15u) | ((wbyte(bo + 4u + sb - 4u) >> 6) << 4);
+                    mn = (wbyte(bo + 4u + sb + 4u) >> 4) | ((wbyte(bo + 4u + sb) >> 6) << 4);
+                }
+                const uint q = (wbyte(bo + 16u + 32u * j + l) >> (hi * 4u)) & 15u;
+                const float v = (d * float(sc)) * float(q) - dmin * float(mn);
+                s += v * x[xo + b * 256u + i];
+            }
+            acc += s;
+        }
+    } else if (WTYPE == 14) { // Q6_K: 128 bytes low nibbles, 64 bytes high 2-bits, 16 int8 scales, d
+        const uint nb = p.k / 256u;
+        for (uint b = 0; b < nb; b++) {
+            const uint bo = ro + b * 210u;
+            const float d = unpackHalf2x16(whalf(bo + 208u)).x;
+            precise float s = 0.0;
+            for (uint i = 0; i < 256u; i++) {
+                const uint n = i >> 7, rr = i & 127u, qt = rr >> 5, l = rr & 31u;
+                const uint lo = (wbyte(bo + 64u * n + l + (qt & 1u) * 32u) >> ((qt >> 1) * 4u)) & 15u;
+                const uint hb = (wbyte(bo + 128u + 32u * n + l) >> (2u * qt)) & 3u;
+                const int q = int(lo | (hb << 4)) - 32;
+                const float sc = float(sbyte(bo + 192u + 8u * n + (l >> 4) + 2u * qt));
+                s += (d * sc) * float(q) * x[xo + b * 256u + i];
+            }
+            acc += s;
+        }
+    }
+    y[t * p.n + r] = acc;
+}

@@ -1,0 +1,12 @@
+/* The compute shaders (shaders/NAME.comp), compiled to SPIR-V by glslc at build time and
+ * embedded by cmake/embed-spv.cmake as tern_spv_NAME (size in bytes: tern_spv_NAME_size). */
+#ifndef TERN_BACKEND_VULKAN_SPV_H
+#define TERN_BACKEND_VULKAN_SPV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+extern const uint32_t tern_spv_matmul[];
+extern const size_t tern_spv_matmul_size;
+
+#endif

@@ -1,0 +1,566 @@
+/* The Vulkan device layer (backend/vulkan.h): the loader opened at run time, device
+ * enumeration, buffers, and the compute pipelines built from the embedded SPIR-V
+ * (the .comp files in shaders/, compiled by glslc at build time and embedded). */
+#define VK_NO_PROTOTYPES
+#include <vulkan/vulkan.h>
+
+#include "backend/vulkan.h"
+#include "backend/vulkan/spv.h"
+
+#include "util/log.h"
+#include "util/mem.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+bool tern_vk_built(void) { return true; }
+
+/* ---- the loader ------------------------------------------------------------------- */
+
+#define VK_GLOBAL_FNS(X) X(vkCreateInstance) X(vkEnumerateInstanceVersion)
+#define VK_INSTANCE_FNS(X)                                                                                           \
+    X(vkDestroyInstance) X(vkEnumeratePhysicalDevices) X(vkGetPhysicalDeviceProperties)                               \
+    X(vkGetPhysicalDeviceProperties2) X(vkGetPhysicalDeviceMemoryProperties) X(vkGetPhysicalDeviceFeatures2)           \
+    X(vkGetPhysicalDeviceQueueFamilyProperties) X(vkEnumerateDeviceExtensionProperties) X(vkCreateDevice)             \
+    X(vkGetDeviceProcAddr)
+#define VK_DEVICE_FNS(X)                                                                                             \
+    X(vkDestroyDevice) X(vkGetDeviceQueue) X(vkCreateBuffer) X(vkDestroyBuffer) X(vkGetBufferMemoryRequirements)       \
+    X(vkAllocateMemory) X(vkFreeMemory) X(vkBindBufferMemory) X(vkMapMemory) X(vkUnmapMemory)                          \
+    X(vkCreateShaderModule) X(vkDestroyShaderModule) X(vkCreateDescriptorSetLayout) X(vkDestroyDescriptorSetLayout)    \
+    X(vkCreatePipelineLayout) X(vkDestroyPipelineLayout) X(vkCreateComputePipelines) X(vkDestroyPipeline)              \
+    X(vkCreateDescriptorPool) X(vkDestroyDescriptorPool) X(vkAllocateDescriptorSets) X(vkUpdateDescriptorSets)         \
+    X(vkResetDescriptorPool) X(vkCreateCommandPool) X(vkDestroyCommandPool) X(vkAllocateCommandBuffers)                \
+    X(vkBeginCommandBuffer) X(vkEndCommandBuffer) X(vkResetCommandBuffer) X(vkCmdBindPipeline)                         \
+    X(vkCmdBindDescriptorSets) X(vkCmdPushConstants) X(vkCmdDispatch) X(vkCmdCopyBuffer) X(vkCmdPipelineBarrier)       \
+    X(vkQueueSubmit) X(vkCreateFence) X(vkDestroyFence) X(vkWaitForFences) X(vkResetFences)
+
+#define VK_DECL(f) static PFN_##f p_##f;
+VK_GLOBAL_FNS(VK_DECL)
+VK_INSTANCE_FNS(VK_DECL)
+#undef VK_DECL
+
+static pthread_once_t loader_once = PTHREAD_ONCE_INIT;
+static void *loader_lib;
+static PFN_vkGetInstanceProcAddr p_vkGetInstanceProcAddr;
+static VkInstance instance;
+static enum tern_status loader_status = TERN_OK;
+static char loader_error[512];
+
+#define INSTALL_HINT "install the Vulkan loader and a driver: apt-get install libvulkan1 mesa-vulkan-drivers"
+
+static void load_instance(void) {
+    const char *lib = getenv("TERN_VULKAN_LOADER");
+    loader_lib = dlopen(lib && *lib ? lib : "libvulkan.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!loader_lib) {
+        snprintf(loader_error, sizeof loader_error, "vulkan: no Vulkan loader (%s): %s", dlerror(), INSTALL_HINT);
+        loader_status = TERN_ERR_UNSUPPORTED;
+        return;
+    }
+    p_vkGetInstanceProcAddr = (PFN_vkGetInstanceProcAddr)dlsym(loader_lib, "vkGetInstanceProcAddr");
+    if (!p_vkGetInstanceProcAddr) {
+        snprintf(loader_error, sizeof loader_error, "vulkan: the loader has no vkGetInstanceProcAddr");
+        loader_status = TERN_ERR_UNSUPPORTED;
+        return;
+    }
+#define VK_LOAD_GLOBAL(f) p_##f = (PFN_##f)p_vkGetInstanceProcAddr(NULL, #f);
+    VK_GLOBAL_FNS(VK_LOAD_GLOBAL)
+#undef VK_LOAD_GLOBAL
+    uint32_t api = VK_API_VERSION_1_0;
+    if (p_vkEnumerateInstanceVersion) p_vkEnumerateInstanceVersion(&api);
+    if (api < VK_API_VERSION_1_1) {
+        snprintf(loader_error, sizeof loader_error, "vulkan: the loader offers Vulkan %u.%u; 1.1 is needed",
+                 VK_API_VERSION_MAJOR(api), VK_API_VERSION_MINOR(api));
+        loader_status = TERN_ERR_UNSUPPORTED;
+        return;
+    }
+    const VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO,
+                                   .pApplicationName = "tern",
+                                   .apiVersion = VK_API_VERSION_1_1};
+    const VkInstanceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, .pApplicationInfo = &app};
+    VkResult r = p_vkCreateInstance ? p_vkCreateInstance(&ci, NULL, &instance) : VK_ERROR_INITIALIZATION_FAILED;
+    if (r != VK_SUCCESS) {
+        snprintf(loader_error, sizeof loader_error, "vulkan: vkCreateInstance failed (VkResult %d): %s", (int)r,
+                 INSTALL_HINT);
+        loader_status = TERN_ERR_UNSUPPORTED;
+        return;
+    }
+#define VK_LOAD_INSTANCE(f) p_##f = (PFN_##f)p_vkGetInstanceProcAddr(instance, #f);
+    VK_INSTANCE_FNS(VK_LOAD_INSTANCE)
+#undef VK_LOAD_INSTANCE
+}
+
+static enum tern_status loader_init(void) {
+    pthread_once(&loader_once, load_instance);
+    if (loader_status) return tern_errorf(loader_status, "%s", loader_error);
+    return TERN_OK;
+}
+
+/* ---- devices ---------------------------------------------------------------------- */
+
+#define MAX_DEVICES 16
+
+static const char *type_name(VkPhysicalDeviceType t) {
+    switch (t) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return "discrete";
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return "integrated";
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return "virtual";
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: return "cpu";
+    default: return "other";
+    }
+}
+
+static bool has_extension(VkPhysicalDevice pd, const char *name) {
+    uint32_t n = 0;
+    if (p_vkEnumerateDeviceExtensionProperties(pd, NULL, &n, NULL) != VK_SUCCESS || n == 0) return false;
+    VkExtensionProperties *e = tern_calloc(n, sizeof *e);
+    if (!e) return false;
+    bool found = false;
+    if (p_vkEnumerateDeviceExtensionProperties(pd, NULL, &n, e) == VK_SUCCESS)
+        for (uint32_t i = 0; i < n && !found; i++) found = !strcmp(e[i].extensionName, name);
+    free(e);
+    return found;
+}
+
+static void describe(VkPhysicalDevice pd, struct tern_vk_device_info *d) {
+    memset(d, 0, sizeof *d);
+    VkPhysicalDeviceSubgroupProperties sub = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+    VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &sub};
+    p_vkGetPhysicalDeviceProperties2(pd, &p2);
+    snprintf(d->name, sizeof d->name, "%s", p2.properties.deviceName);
+    d->type = type_name(p2.properties.deviceType);
+    d->vendor_id = p2.properties.vendorID;
+    d->device_id = p2.properties.deviceID;
+    d->api_version = p2.properties.apiVersion;
+    d->subgroup_size = sub.subgroupSize;
+    VkPhysicalDeviceMemoryProperties mp;
+    p_vkGetPhysicalDeviceMemoryProperties(pd, &mp);
+    for (uint32_t i = 0; i < mp.memoryHeapCount; i++)
+        if (mp.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) d->device_local_bytes += mp.memoryHeaps[i].size;
+    d->coopmat = has_extension(pd, "VK_KHR_cooperative_matrix") || has_extension(pd, "VK_NV_cooperative_matrix");
+    VkPhysicalDeviceShaderFloat16Int8Features f16 = {
+        .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES};
+    VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f16};
+    if (d->api_version >= VK_API_VERSION_1_2 || has_extension(pd, "VK_KHR_shader_float16_int8")) {
+        p_vkGetPhysicalDeviceFeatures2(pd, &f2);
+        d->fp16 = f16.shaderFloat16;
+    }
+}
+
+static enum tern_status physical_devices(VkPhysicalDevice *pds, uint32_t *n) {
+    enum tern_status st = loader_init();
+    if (st) return st;
+    *n = MAX_DEVICES;
+    VkResult r = p_vkEnumeratePhysicalDevices(instance, n, pds);
+    if (r != VK_SUCCESS && r != VK_INCOMPLETE)
+        return tern_errorf(TERN_ERR_UNSUPPORTED, "vulkan: vkEnumeratePhysicalDevices failed (VkResult %d)", (int)r);
+    return TERN_OK;
+}
+
+enum tern_status tern_vk_enumerate(struct tern_vk_device_info *out, uint32_t cap, uint32_t *n) {
+    *n = 0;
+    VkPhysicalDevice pds[MAX_DEVICES];
+    uint32_t np;
+    enum tern_status st = physical_devices(pds, &np);
+    if (st) return st;
+    if (np == 0)
+        return tern_errorf(TERN_ERR_UNSUPPORTED, "vulkan: the loader sees no device: %s", INSTALL_HINT);
+    for (uint32_t i = 0; i < np && i < cap; i++) describe(pds[i], &out[i]);
+    *n = np;
+    return TERN_OK;
+}
+
+int tern_vk_pick_auto(const struct tern_vk_device_info *devs, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++)
+        if (!strcmp(devs[i].type, "discrete")) return (int)i;
+    for (uint32_t i = 0; i < n; i++)
+        if (!strcmp(devs[i].type, "integrated")) return (int)i;
+    return -1;
+}
+
+/* ---- an open device --------------------------------------------------------------- */
+
+#define VK_DECL(f) PFN_##f f;
+struct vk_fns {
+    VK_DEVICE_FNS(VK_DECL)
+};
+#undef VK_DECL
+
+/* One matmul pipeline per weight type (the shader's WTYPE specialization constant). */
+static const enum tern_dtype matmul_types[] = {TERN_DTYPE_F32,  TERN_DTYPE_F16,  TERN_DTYPE_Q4_0, TERN_DTYPE_Q5_0,
+                                               TERN_DTYPE_Q8_0, TERN_DTYPE_Q4_K, TERN_DTYPE_Q6_K};
+#define N_PIPES ((int)(sizeof matmul_types / sizeof matmul_types[0]))
+
+struct tern_vk {
+    struct tern_vk_device_info info;
+    VkPhysicalDevice pd;
+    VkDevice dev;
+    struct vk_fns f;
+    VkQueue queue;
+    uint32_t queue_family;
+    VkPhysicalDeviceMemoryProperties mem;
+    VkCommandPool cmd_pool;
+    VkCommandBuffer cmd;
+    VkFence fence;
+    VkDescriptorSetLayout dsl;  /* 3 storage buffers */
+    VkPipelineLayout layout;    /* dsl + 16 bytes of push constants */
+    VkDescriptorPool dpool;
+    VkShaderModule matmul_module;
+    VkPipeline pipes[N_PIPES];
+    bool lost;
+};
+
+struct tern_vk_buf {
+    struct tern_vk *vk;
+    VkBuffer buf;
+    VkDeviceMemory mem;
+    size_t bytes;
+    void *map; /* when host-visible */
+};
+
+static enum tern_status vk_fail(struct tern_vk *vk, VkResult r, const char *what) {
+    if (r == VK_ERROR_DEVICE_LOST) {
+        if (vk) vk->lost = true;
+        return tern_errorf(TERN_ERR_IO, "vulkan: device lost during %s", what);
+    }
+    if (r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY)
+        return tern_errorf(TERN_ERR_NOMEM, "vulkan: out of %s memory during %s",
+                           r == VK_ERROR_OUT_OF_DEVICE_MEMORY ? "device" : "host", what);
+    return tern_errorf(TERN_ERR_IO, "vulkan: %s failed (VkResult %d)", what, (int)r);
+}
+
+static enum tern_status make_pipelines(struct tern_vk *vk) {
+    VkResult r;
+    const VkDescriptorSetLayoutBinding b[3] = {
+        {0, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, NULL},
+        {1, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, NULL},
+        {2, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, NULL},
+    };
+    const VkDescriptorSetLayoutCreateInfo dci = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
+                                                 .bindingCount = 3,
+                                                 .pBindings = b};
+    if ((r = vk->f.vkCreateDescriptorSetLayout(vk->dev, &dci, NULL, &vk->dsl))) return vk_fail(vk, r, "a descriptor layout");
+    const VkPushConstantRange pc = {VK_SHADER_STAGE_COMPUTE_BIT, 0, 16};
+    const VkPipelineLayoutCreateInfo lci = {.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO,
+                                            .setLayoutCount = 1,
+                                            .pSetLayouts = &vk->dsl,
+                                            .pushConstantRangeCount = 1,
+                                            .pPushConstantRanges = &pc};
+    if ((r = vk->f.vkCreatePipelineLayout(vk->dev, &lci, NULL, &vk->layout))) return vk_fail(vk, r, "a pipeline layout");
+    const VkDescriptorPoolSize ps = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 3 * 64};
+    const VkDescriptorPoolCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
+                                            .maxSets = 64,
+                                            .poolSizeCount = 1,
+                                            .pPoolSizes = &ps};
+    if ((r = vk->f.vkCreateDescriptorPool(vk->dev, &pci, NULL, &vk->dpool))) return vk_fail(vk, r, "a descriptor pool");
+    const VkShaderModuleCreateInfo sci = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
+                                          .codeSize = tern_spv_matmul_size,
+                                          .pCode = tern_spv_matmul};
+    if ((r = vk->f.vkCreateShaderModule(vk->dev, &sci, NULL, &vk->matmul_module))) return vk_fail(vk, r, "a shader module");
+    for (int i = 0; i < N_PIPES; i++) {
+        const uint32_t wtype = (uint32_t)matmul_types[i];
+        const VkSpecializationMapEntry me = {0, 0, sizeof(uint32_t)};
+        const VkSpecializationInfo spec = {1, &me, sizeof(uint32_t), &wtype};
+        const VkComputePipelineCreateInfo ci = {
+            .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+            .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
+                      .stage = VK_SHADER_STAGE_COMPUTE_BIT,
+                      .module = vk->matmul_module,
+                      .pName = "main",
+                      .pSpecializationInfo = &spec},
+            .layout = vk->layout};
+        if ((r = vk->f.vkCreateComputePipelines(vk->dev, VK_NULL_HANDLE, 1, &ci, NULL, &vk->pipes[i])))
+            return vk_fail(vk, r, "a compute pipeline");
+    }
+    return TERN_OK;
+}
+
+enum tern_status tern_vk_open(int index, struct tern_vk **out) {
+    *out = NULL;
+    VkPhysicalDevice pds[MAX_DEVICES];
+    uint32_t np;
+    enum tern_status st = physical_devices(pds, &np);
+    if (st) return st;
+    if (index < 0 || (uint32_t)index >= np || index >= MAX_DEVICES)
+        return tern_errorf(TERN_ERR_INVALID, "vulkan: no device %d (the loader sees %u)", index, np);
+    struct tern_vk *vk = tern_calloc(1, sizeof *vk);
+    if (!vk) return tern_errorf(TERN_ERR_NOMEM, "vulkan: out of memory");
+    vk->pd = pds[index];
+    describe(vk->pd, &vk->info);
+    p_vkGetPhysicalDeviceMemoryProperties(vk->pd, &vk->mem);
+
+    uint32_t nq = 0;
+    p_vkGetPhysicalDeviceQueueFamilyProperties(vk->pd, &nq, NULL);
+    VkQueueFamilyProperties qf[32];
+    if (nq > 32) nq = 32;
+    p_vkGetPhysicalDeviceQueueFamilyProperties(vk->pd, &nq, qf);
+    vk->queue_family = UINT32_MAX;
+    for (uint32_t i = 0; i < nq; i++)
+        if (qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) {
+            vk->queue_family = i;
+            break;
+        }
+    if (vk->queue_family == UINT32_MAX) {
+        tern_vk_close(vk);
+        return tern_errorf(TERN_ERR_UNSUPPORTED, "vulkan: device '%s' has no compute queue", vk->info.name);
+    }
+    const float prio = 1.0f;
+    const VkDeviceQueueCreateInfo qci = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
+                                         .queueFamilyIndex = vk->queue_family,
+                                         .queueCount = 1,
+                                         .pQueuePriorities = &prio};
+    const VkDeviceCreateInfo dci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO,
+                                    .queueCreateInfoCount = 1,
+                                    .pQueueCreateInfos = &qci};
+    VkResult r = p_vkCreateDevice(vk->pd, &dci, NULL, &vk->dev);
+    if (r) {
+        st = vk_fail(NULL, r, "vkCreateDevice");
+        tern_vk_close(vk);
+        return st;
+    }
+#define VK_LOAD_DEVICE(fn) vk->f.fn = (PFN_##fn)p_vkGetDeviceProcAddr(vk->dev, #fn);
+    VK_DEVICE_FNS(VK_LOAD_DEVICE)
+#undef VK_LOAD_DEVICE
+    vk->f.vkGetDeviceQueue(vk->dev, vk->queue_family, 0, &vk->queue);
+    const VkCommandPoolCreateInfo cpi = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
+                                         .flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+                                         .queueFamilyIndex = vk->queue_family};
+    const VkFenceCreateInfo fci = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    if ((r = vk->f.vkCreateCommandPool(vk->dev, &cpi, NULL, &vk->cmd_pool)) ||
+        (r = vk->f.vkCreateFence(vk->dev, &fci, NULL, &vk->fence))) {
+        st = vk_fail(vk, r, "device set-up");
+        tern_vk_close(vk);
+        return st;
+    }
+    const VkCommandBufferAllocateInfo cai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+                                             .commandPool = vk->cmd_pool,
+                                             .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                                             .commandBufferCount = 1};
+    if ((r = vk->f.vkAllocateCommandBuffers(vk->dev, &cai, &vk->cmd))) {
+        st = vk_fail(vk, r, "a command buffer");
+        tern_vk_close(vk);
+        return st;
+    }
+    if ((st = make_pipelines(vk))) {
+        tern_vk_close(vk);
+        return st;
+    }
+    TERN_LOG_DEBUG("vulkan: opened '%s' (%s, subgroup %u)", vk->info.name, vk->info.type, vk->info.subgroup_size);
+    *out = vk;
+    return TERN_OK;
+}
+
+void tern_vk_close(struct tern_vk *vk) {
+    if (!vk) return;
+    if (vk->dev) {
+        for (int i = 0; i < N_PIPES; i++)
+            if (vk->pipes[i]) vk->f.vkDestroyPipeline(vk->dev, vk->pipes[i], NULL);
+        if (vk->matmul_module) vk->f.vkDestroyShaderModule(vk->dev, vk->matmul_module, NULL);
+        if (vk->dpool) vk->f.vkDestroyDescriptorPool(vk->dev, vk->dpool, NULL);
+        if (vk->layout) vk->f.vkDestroyPipelineLayout(vk->dev, vk->layout, NULL);
+        if (vk->dsl) vk->f.vkDestroyDescriptorSetLayout(vk->dev, vk->dsl, NULL);
+        if (vk->fence) vk->f.vkDestroyFence(vk->dev, vk->fence, NULL);
+        if (vk->cmd_pool) vk->f.vkDestroyCommandPool(vk->dev, vk->cmd_pool, NULL);
+        vk->f.vkDestroyDevice(vk->dev, NULL);
+    }
+    free(vk);
+}
+
+const struct tern_vk_device_info *tern_vk_info(const struct tern_vk *vk) { return &vk->info; }
+
+/* ---- buffers ---------------------------------------------------------------------- */
+
+static int32_t find_memory(const struct tern_vk *vk, uint32_t bits, VkMemoryPropertyFlags want) {
+    for (uint32_t i = 0; i < vk->mem.memoryTypeCount; i++)
+        if ((bits & (1u << i)) && (vk->mem.memoryTypes[i].propertyFlags & want) == want) return (int32_t)i;
+    return -1;
+}
+
+/* A buffer in memory with the wanted properties (prefer[0], else prefer[1] ...). */
+static enum tern_status buf_alloc(struct tern_vk *vk, size_t bytes, VkBufferUsageFlags usage,
+                                  const VkMemoryPropertyFlags *prefer, int n_prefer, struct tern_vk_buf **out) {
+    *out = NULL;
+    if (bytes == 0) bytes = 4;
+    struct tern_vk_buf *b = tern_calloc(1, sizeof *b);
+    if (!b) return tern_errorf(TERN_ERR_NOMEM, "vulkan: out of memory");
+    b->vk = vk;
+    b->bytes = bytes;
+    /* whole 32-bit words: the shaders read weights a word at a time */
+    const VkBufferCreateInfo bci = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
+                                    .size = (bytes + 3) & ~(size_t)3,
+                                    .usage = usage,
+                                    .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
+    VkResult r = vk->f.vkCreateBuffer(vk->dev, &bci, NULL, &b->buf);
+    if (r) {
+        free(b);
+        return vk_fail(vk, r, "vkCreateBuffer");
+    }
+    VkMemoryRequirements req;
+    vk->f.vkGetBufferMemoryRequirements(vk->dev, b->buf, &req);
+    int32_t type = -1;
+    VkMemoryPropertyFlags got = 0;
+    for (int i = 0; i < n_prefer && type < 0; i++) {
+        type = find_memory(vk, req.memoryTypeBits, prefer[i]);
+        got = prefer[i];
+    }
+    if (type < 0) {
+        tern_vk_buf_free(b);
+        return tern_errorf(TERN_ERR_UNSUPPORTED, "vulkan: no suitable memory type for a %zu-byte buffer", bytes);
+    }
+    const VkMemoryAllocateInfo mai = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO,
+                                      .allocationSize = req.size,
+                                      .memoryTypeIndex = (uint32_t)type};
+    if ((r = vk->f.vkAllocateMemory(vk->dev, &mai, NULL, &b->mem)) ||
+        (r = vk->f.vkBindBufferMemory(vk->dev, b->buf, b->mem, 0))) {
+        tern_vk_buf_free(b);
+        return vk_fail(vk, r, "allocating device memory");
+    }
+    if (got & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) {
+        if ((r = vk->f.vkMapMemory(vk->dev, b->mem, 0, VK_WHOLE_SIZE, 0, &b->map))) {
+            tern_vk_buf_free(b);
+            return vk_fail(vk, r, "vkMapMemory");
+        }
+    }
+    *out = b;
+    return TERN_OK;
+}
+
+enum tern_status tern_vk_buf_new(struct tern_vk *vk, size_t bytes, struct tern_vk_buf **out) {
+    const VkMemoryPropertyFlags prefer[] = {
+        VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT | VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
+        VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT,
+    };
+    return buf_alloc(vk, bytes,
+                     VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                         VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                     prefer, 2, out);
+}
+
+void tern_vk_buf_free(struct tern_vk_buf *b) {
+    if (!b) return;
+    struct tern_vk *vk = b->vk;
+    if (b->map) vk->f.vkUnmapMemory(vk->dev, b->mem);
+    if (b->buf) vk->f.vkDestroyBuffer(vk->dev, b->buf, NULL);
+    if (b->mem) vk->f.vkFreeMemory(vk->dev, b->mem, NULL);
+    free(b);
+}
+
+size_t tern_vk_buf_bytes(const struct tern_vk_buf *b) { return b->bytes; }
+
+/* Records one command into the context's buffer, submits it and waits. */
+static enum tern_status submit_begin(struct tern_vk *vk) {
+    if (vk->lost) return tern_errorf(TERN_ERR_IO, "vulkan: the device '%s' was lost", vk->info.name);
+    const VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                                         .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+    VkResult r = vk->f.vkResetCommandBuffer(vk->cmd, 0);
+    if (!r) r = vk->f.vkBeginCommandBuffer(vk->cmd, &bi);
+    return r ? vk_fail(vk, r, "recording commands") : TERN_OK;
+}
+
+static enum tern_status submit_wait(struct tern_vk *vk, const char *what) {
+    VkResult r = vk->f.vkEndCommandBuffer(vk->cmd);
+    const VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &vk->cmd};
+    if (!r) r = vk->f.vkQueueSubmit(vk->queue, 1, &si, vk->fence);
+    if (!r) r = vk->f.vkWaitForFences(vk->dev, 1, &vk->fence, VK_TRUE, UINT64_MAX);
+    if (!r) r = vk->f.vkResetFences(vk->dev, 1, &vk->fence);
+    return r ? vk_fail(vk, r, what) : TERN_OK;
+}
+
+/* Copies between a device buffer and host memory through a staging buffer. */
+static enum tern_status staged_copy(struct tern_vk_buf *b, size_t off, void *host, size_t bytes, bool up) {
+    struct tern_vk *vk = b->vk;
+    const VkMemoryPropertyFlags prefer[] = {VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT};
+    struct tern_vk_buf *s;
+    enum tern_status st = buf_alloc(vk, bytes, VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                                    prefer, 1, &s);
+    if (st) return st;
+    if (up) memcpy(s->map, host, bytes);
+    if (!(st = submit_begin(vk))) {
+        const VkBufferCopy c = {up ? 0 : off, up ? off : 0, bytes};
+        vk->f.vkCmdCopyBuffer(vk->cmd, up ? s->buf : b->buf, up ? b->buf : s->buf, 1, &c);
+        st = submit_wait(vk, up ? "an upload" : "a download");
+    }
+    if (!st && !up) memcpy(host, s->map, bytes);
+    tern_vk_buf_free(s);
+    return st;
+}
+
+enum tern_status tern_vk_upload(struct tern_vk_buf *b, size_t off, const void *src, size_t bytes) {
+    if (off > b->bytes || bytes > b->bytes - off)
+        return tern_errorf(TERN_ERR_RANGE, "vulkan: upload of %zu bytes at %zu overruns a %zu-byte buffer", bytes, off,
+                           b->bytes);
+    if (!bytes) return TERN_OK;
+    if (b->map) {
+        memcpy((char *)b->map + off, src, bytes);
+        return TERN_OK;
+    }
+    return staged_copy(b, off, (void *)src, bytes, true);
+}
+
+enum tern_status tern_vk_download(struct tern_vk_buf *b, size_t off, void *dst, size_t bytes) {
+    if (off > b->bytes || bytes > b->bytes - off)
+        return tern_errorf(TERN_ERR_RANGE, "vulkan: download of %zu bytes at %zu overruns a %zu-byte buffer", bytes,
+                           off, b->bytes);
+    if (!bytes) return TERN_OK;
+    if (b->map) {
+        memcpy(dst, (const char *)b->map + off, bytes);
+        return TERN_OK;
+    }
+    return staged_copy(b, off, dst, bytes, false);
+}
+
+/* ---- kernels ---------------------------------------------------------------------- */
+
+static int matmul_pipe(enum tern_dtype wtype) {
+    for (int i = 0; i < N_PIPES; i++)
+        if (matmul_types[i] == wtype) return i;
+    return -1;
+}
+
+bool tern_vk_matmul_supported(enum tern_dtype wtype) { return matmul_pipe(wtype) >= 0; }
+
+enum tern_status tern_vk_matmul(struct tern_vk *vk, enum tern_dtype wtype, const struct tern_vk_buf *w,
+                                size_t k, size_t n, const struct tern_vk_buf *x, size_t n_tok,
+                                struct tern_vk_buf *y) {
+    const int pipe = matmul_pipe(wtype);
+    if (pipe < 0)
+        return tern_errorf(TERN_ERR_INVALID,
+                           "vulkan: matmul of %s weights is not implemented (F32, F16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K)",
+                           tern_dtype_name((uint32_t)wtype));
+    uint64_t rb;
+    if (!tern_dtype_row_size(wtype, k, &rb))
+        return tern_errorf(TERN_ERR_INVALID, "vulkan: rows of %zu do not fit %s blocks", k, tern_dtype_name((uint32_t)wtype));
+    if (k > UINT32_MAX / 64 || n > UINT32_MAX || n_tok > 65535 || rb > UINT32_MAX)
+        return tern_errorf(TERN_ERR_RANGE, "vulkan: matmul shape k %zu, n %zu, %zu tokens is too large", k, n, n_tok);
+    if (w->bytes < rb * n || x->bytes < n_tok * k * sizeof(float) || y->bytes < n_tok * n * sizeof(float))
+        return tern_errorf(TERN_ERR_RANGE, "vulkan: matmul buffers too small for k %zu, n %zu, %zu tokens", k, n, n_tok);
+    if (n == 0 || n_tok == 0) return TERN_OK;
+    VkResult r = vk->f.vkResetDescriptorPool(vk->dev, vk->dpool, 0);
+    VkDescriptorSet set;
+    const VkDescriptorSetAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
+                                            .descriptorPool = vk->dpool,
+                                            .descriptorSetCount = 1,
+                                            .pSetLayouts = &vk->dsl};
+    if (!r) r = vk->f.vkAllocateDescriptorSets(vk->dev, &ai, &set);
+    if (r) return vk_fail(vk, r, "a descriptor set");
+    const VkDescriptorBufferInfo bi[3] = {{w->buf, 0, VK_WHOLE_SIZE}, {x->buf, 0, VK_WHOLE_SIZE}, {y->buf, 0, VK_WHOLE_SIZE}};
+    VkWriteDescriptorSet wr[3];
+    for (int i = 0; i < 3; i++)
+        wr[i] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET,
+                                       .dstSet = set,
+                                       .dstBinding = (uint32_t)i,
+                                       .descriptorCount = 1,
+                                       .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                       .pBufferInfo = &bi[i]};
+    vk->f.vkUpdateDescriptorSets(vk->dev, 3, wr, 0, NULL);
+    enum tern_status st = submit_begin(vk);
+    if (st) return st;
+    const uint32_t pc[4] = {(uint32_t)k, (uint32_t)n, (uint32_t)n_tok, (uint32_t)rb};
+    vk->f.vkCmdBindPipeline(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, vk->pipes[pipe]);
+    vk->f.vkCmdBindDescriptorSets(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, vk->layout, 0, 1, &set, 0, NULL);
+    vk->f.vkCmdPushConstants(vk->cmd, vk->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof pc, pc);
+    vk->f.vkCmdDispatch(vk->cmd, (uint32_t)((n + 63) / 64), (uint32_t)n_tok, 1);
+    return submit_wait(vk, "a matmul");
+}

@@ -1,0 +1,86 @@
+/* tern devices: what tern can compute on — the CPU, and every device the Vulkan loader
+ * sees (backend/vulkan.h), with the one `--device auto` would pick. */
+#include "cli/cli.h"
+
+#include "backend/vulkan.h"
+#include "kernels/kernels.h"
+#include "util/threadpool.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: tern devices [--json]\n"
+            "\n"
+            "Lists the CPU and the Vulkan devices: index (for --device vulkan:N), name, type,\n"
+            "device-local memory, subgroup size, cooperative-matrix and FP16 support, and\n"
+            "which one --device auto picks (a discrete GPU, else an integrated one, else the\n"
+            "CPU). Without a Vulkan loader or device it says what is missing.\n"
+            "\n"
+            "  --json      one JSON object\n"
+            "  -h, --help  this help\n");
+}
+
+#define MAX_LISTED 16
+
+static int devices_main(int argc, char **argv) {
+    static const struct option opts[] = {{"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    bool json = false;
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'j': json = true; break;
+        case 'h': usage(stdout); return 0;
+        default: return cli_usage_error("devices", "unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc) return cli_usage_error("devices", "unexpected argument '%s'", argv[optind]);
+    struct tern_vk_device_info d[MAX_LISTED];
+    uint32_t n = 0;
+    const enum tern_status st = tern_vk_enumerate(d, MAX_LISTED, &n);
+    const char *why = st ? tern_last_error() : NULL;
+    if (n > MAX_LISTED) n = MAX_LISTED;
+    const int pick = st ? -1 : tern_vk_pick_auto(d, n);
+    const char *isa = tern_isa_name(tern_kernels_isa());
+    if (json) {
+        printf("{\"cpu\":{\"cores\":%d,\"kernels\":\"%s\"},\"vulkan_built\":%s,\"vulkan\":[", tern_n_cores(), isa,
+               tern_vk_built() ? "true" : "false");
+        for (uint32_t i = 0; i < n; i++) {
+            printf("%s{\"index\":%u,\"name\":\"", i ? "," : "", i);
+            for (const char *p = d[i].name; *p; p++)
+                if (*p == '"' || *p == '\\') printf("\\%c", *p);
+                else if ((unsigned char)*p >= 0x20) putchar(*p);
+            printf("\",\"type\":\"%s\",\"device_local_bytes\":%llu,\"subgroup_size\":%u,\"coopmat\":%s,\"fp16\":%s,"
+                   "\"vulkan\":\"%u.%u\"}",
+                   d[i].type, (unsigned long long)d[i].device_local_bytes, d[i].subgroup_size,
+                   d[i].coopmat ? "true" : "false", d[i].fp16 ? "true" : "false", d[i].api_version >> 22,
+                   (d[i].api_version >> 12) & 0x3ff);
+        }
+        printf("],\"auto\":\"%s", pick >= 0 ? "vulkan:" : "cpu");
+        if (pick >= 0) printf("%d", pick);
+        printf("\"");
+        if (why) {
+            printf(",\"vulkan_error\":\"");
+            for (const char *p = why; *p; p++)
+                if (*p == '"' || *p == '\\') printf("\\%c", *p);
+                else if ((unsigned char)*p >= 0x20) putchar(*p);
+            printf("\"");
+        }
+        printf("}\n");
+        return 0;
+    }
+    printf("cpu          %d cores, %s kernels%s\n", tern_n_cores(), isa, pick < 0 ? "   <- auto" : "");
+    for (uint32_t i = 0; i < n; i++)
+        printf("vulkan:%-5u %s (%s, Vulkan %u.%u), %.1f GiB device-local, subgroup %u%s%s%s\n", i, d[i].name, d[i].type,
+               d[i].api_version >> 22, (d[i].api_version >> 12) & 0x3ff, (double)d[i].device_local_bytes / (1 << 30),
+               d[i].subgroup_size, d[i].coopmat ? ", cooperative matrix" : "", d[i].fp16 ? ", fp16" : "",
+               (int)i == pick ? "   <- auto" : "");
+    if (why) printf("%s\n", why);
+    else if (pick < 0 && n) printf("auto picks the CPU: no discrete or integrated GPU (a CPU Vulkan device is used only when named)\n");
+    return 0;
+}
+
+TERN_COMMAND("devices", "list the CPU and the Vulkan devices tern can compute on", devices_main)

@@ -1,0 +1,176 @@
+/* The Vulkan backend's device layer on whatever device the loader offers (lavapipe on
+ * the project's machines and in CI, NVIDIA's driver on a GPU machine):
+ * - enumeration, open, buffers (host-visible or staged) round-trip bytes at offsets;
+ * - matmul of F32, F16, Q4_0, Q5_0, Q8_0, Q4_K and Q6_K weights against a double-precision reference of the
+ *   dequantized weights, on odd shapes;
+ * - exactness within the backend (DESIGN.md §7): a token's outputs are bit-identical
+ *   whether it is dispatched alone or among 64 tokens, and run to run;
+ * - bad calls are refused with a status, nothing dispatched.
+ * Skips (77) when this build has no Vulkan backend or the machine no device, unless
+ * TERN_REQUIRE_VULKAN=1 (the README's test command sets it), which makes that a failure. */
+#include "harness.h"
+
+#include "backend/vulkan.h"
+#include "kernels/kernels.h"
+#include "util/mem.h"
+#include "util/rng.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static struct tern_vk *vk;
+
+static void no_vulkan(const char *why) {
+    const char *req = getenv("TERN_REQUIRE_VULKAN");
+    if (req && !strcmp(req, "1")) {
+        fprintf(stderr, "FAIL: TERN_REQUIRE_VULKAN=1 but %s\n", why);
+        exit(1);
+    }
+    printf("SKIP: %s\n", why);
+    exit(77);
+}
+
+static int setup(void **state) {
+    (void)state;
+    if (!tern_vk_built()) no_vulkan("this build has no Vulkan backend (libvulkan-dev and glslc were absent)");
+    struct tern_vk_device_info d[8];
+    uint32_t n = 0;
+    if (tern_vk_enumerate(d, 8, &n)) no_vulkan(tern_last_error());
+    int idx = tern_vk_pick_auto(d, n < 8 ? n : 8);
+    if (idx < 0) idx = 0;
+    const char *e = getenv("TERN_VK_DEVICE");
+    if (e && *e) idx = atoi(e);
+    if (tern_vk_open(idx, &vk)) {
+        fprintf(stderr, "open vulkan:%d: %s\n", idx, tern_last_error());
+        return -1;
+    }
+    printf("device vulkan:%d: %s (%s), subgroup %u\n", idx, tern_vk_info(vk)->name, tern_vk_info(vk)->type,
+           tern_vk_info(vk)->subgroup_size);
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    tern_vk_close(vk);
+    return 0;
+}
+
+static void test_buffers(void **state) {
+    (void)state;
+    struct tern_vk_buf *b;
+    assert_int_equal(tern_vk_buf_new(vk, 1001, &b), TERN_OK);
+    assert_int_equal(tern_vk_buf_bytes(b), 1001);
+    unsigned char src[1001], dst[1001];
+    for (int i = 0; i < 1001; i++) src[i] = (unsigned char)(i * 7 + 3);
+    assert_int_equal(tern_vk_upload(b, 0, src, 1001), TERN_OK);
+    assert_int_equal(tern_vk_upload(b, 13, src, 100), TERN_OK);
+    memset(dst, 0, sizeof dst);
+    assert_int_equal(tern_vk_download(b, 0, dst, 1001), TERN_OK);
+    assert_memory_equal(dst, src, 13);
+    assert_memory_equal(dst + 13, src, 100);
+    assert_memory_equal(dst + 113, src + 113, 1001 - 113);
+    /* overruns are refused and change nothing */
+    assert_int_equal(tern_vk_upload(b, 1000, src, 2), TERN_ERR_RANGE);
+    assert_non_null(strstr(tern_last_error(), "overruns"));
+    assert_int_equal(tern_vk_download(b, 2000, dst, 1), TERN_ERR_RANGE);
+    tern_vk_buf_free(b);
+    tern_vk_buf_free(NULL);
+}
+
+/* Runs y = W x on the device for n_tok rows of x. */
+static void device_matmul(enum tern_dtype t, const void *w, size_t wbytes, size_t k, size_t n, const float *x,
+                          size_t n_tok, float *y) {
+    struct tern_vk_buf *bw, *bx, *by;
+    assert_int_equal(tern_vk_buf_new(vk, wbytes, &bw), TERN_OK);
+    assert_int_equal(tern_vk_buf_new(vk, n_tok * k * sizeof(float), &bx), TERN_OK);
+    assert_int_equal(tern_vk_buf_new(vk, n_tok * n * sizeof(float), &by), TERN_OK);
+    assert_int_equal(tern_vk_upload(bw, 0, w, wbytes), TERN_OK);
+    assert_int_equal(tern_vk_upload(bx, 0, x, n_tok * k * sizeof(float)), TERN_OK);
+    const enum tern_status st = tern_vk_matmul(vk, t, bw, k, n, bx, n_tok, by);
+    if (st) fail_msg("matmul %s: %s", tern_dtype_name((uint32_t)t), tern_last_error());
+    assert_int_equal(tern_vk_download(by, 0, y, n_tok * n * sizeof(float)), TERN_OK);
+    tern_vk_buf_free(bw);
+    tern_vk_buf_free(bx);
+    tern_vk_buf_free(by);
+}
+
+static void check_type(enum tern_dtype t, size_t k, size_t n) {
+    const size_t n_tok = 64;
+    struct tern_rng r;
+    tern_rng_seed(&r, 1000 * k + n + (uint64_t)t);
+    uint64_t rb;
+    assert_true(tern_dtype_row_size(t, k, &rb));
+    float *wf = malloc(n * k * sizeof(float)), *x = malloc(n_tok * k * sizeof(float));
+    unsigned char *w = malloc(n * rb);
+    float *deq = malloc(k * sizeof(float));
+    for (size_t i = 0; i < n * k; i++) wf[i] = (float)(tern_rng_uniform(&r) * 2 - 1);
+    for (size_t i = 0; i < n_tok * k; i++) x[i] = (float)(tern_rng_uniform(&r) * 2 - 1);
+    x[3] = 0.0f, x[4] = -1e-3f; /* a zero and a small value */
+    for (size_t row = 0; row < n; row++) assert_true(tern_quantize_row(t, wf + row * k, w + row * rb, k));
+    float *y = malloc(n_tok * n * sizeof(float)), *y1 = malloc(n * sizeof(float)), *y2 = malloc(n_tok * n * sizeof(float));
+    device_matmul(t, w, n * rb, k, n, x, n_tok, y);
+    /* against the dequantized weights in double */
+    double worst = 0;
+    for (size_t row = 0; row < n; row++) {
+        assert_true(tern_dequantize_row(t, w + row * rb, deq, k));
+        for (size_t tok = 0; tok < n_tok; tok++) {
+            double ref = 0, mag = 0;
+            for (size_t i = 0; i < k; i++) {
+                ref += (double)deq[i] * x[tok * k + i];
+                mag += fabs((double)deq[i] * x[tok * k + i]);
+            }
+            const double err = fabs(y[tok * n + row] - ref) / (mag + 1e-30);
+            if (err > worst) worst = err;
+        }
+    }
+    printf("%-5s k %5zu n %4zu: max error %.2e of the sum of |terms|\n", tern_dtype_name((uint32_t)t), k, n, worst);
+    assert_true(worst < 1e-5);
+    /* exactness: token t alone gives the bits it got among 64; a rerun gives the same */
+    const size_t probe[] = {0, 17, 63};
+    for (size_t p = 0; p < 3; p++) {
+        device_matmul(t, w, n * rb, k, n, x + probe[p] * k, 1, y1);
+        assert_memory_equal(y1, y + probe[p] * n, n * sizeof(float));
+    }
+    device_matmul(t, w, n * rb, k, n, x, n_tok, y2);
+    assert_memory_equal(y2, y, n_tok * n * sizeof(float));
+    free(wf), free(x), free(w), free(deq), free(y), free(y1), free(y2);
+}
+
+static void test_matmul(void **state) {
+    (void)state;
+    const enum tern_dtype types[] = {TERN_DTYPE_F32,  TERN_DTYPE_F16,  TERN_DTYPE_Q4_0, TERN_DTYPE_Q5_0,
+                                     TERN_DTYPE_Q8_0, TERN_DTYPE_Q4_K, TERN_DTYPE_Q6_K};
+    /* rows of 1 block, of 3, of many; the K-quants' blocks are 256 wide */
+    const size_t shapes[][2] = {{32, 1}, {96, 37}, {1024, 130}}, kshapes[][2] = {{256, 1}, {768, 37}, {2048, 70}};
+    for (size_t i = 0; i < TERN_ARRAY_LEN(types); i++) {
+        assert_true(tern_vk_matmul_supported(types[i]));
+        const bool kq = tern_dtype_info((uint32_t)types[i])->blck_size == 256;
+        for (size_t s = 0; s < 3; s++) check_type(types[i], kq ? kshapes[s][0] : shapes[s][0], kq ? kshapes[s][1] : shapes[s][1]);
+    }
+}
+
+static void test_refusals(void **state) {
+    (void)state;
+    struct tern_vk_buf *a, *b, *c;
+    assert_int_equal(tern_vk_buf_new(vk, 4096, &a), TERN_OK);
+    assert_int_equal(tern_vk_buf_new(vk, 4096, &b), TERN_OK);
+    assert_int_equal(tern_vk_buf_new(vk, 16, &c), TERN_OK);
+    assert_false(tern_vk_matmul_supported(TERN_DTYPE_Q5_K));
+    assert_int_equal(tern_vk_matmul(vk, TERN_DTYPE_Q5_K, a, 256, 4, b, 1, c), TERN_ERR_INVALID);
+    assert_non_null(strstr(tern_last_error(), "Q5_K"));
+    assert_int_equal(tern_vk_matmul(vk, TERN_DTYPE_Q8_0, a, 33, 4, b, 1, c), TERN_ERR_INVALID); /* k % 32 */
+    assert_int_equal(tern_vk_matmul(vk, TERN_DTYPE_F32, a, 64, 8, b, 1, c), TERN_ERR_RANGE);   /* y: 32 > 16 bytes */
+    assert_non_null(strstr(tern_last_error(), "too small"));
+    tern_vk_buf_free(a), tern_vk_buf_free(b), tern_vk_buf_free(c);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_buffers),
+        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
