@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The GPU check, in two halves (docs/gpu.md):
+#
+#   ./scripts/device-check.sh pack    here, on a CPU machine: builds tern and the Vulkan
+#                                     test, and gathers into .device/ (git-ignored) what a
+#                                     bare GPU machine lacks: the binaries, the shared
+#                                     libraries they load (ldd), and the Vulkan loader
+#                                     (libvulkan1, fetched with apt-get download).
+#   ./scripts/device-check.sh run     there, with .device/ carried: puts the libraries on
+#                                     the search path, finds NVIDIA's Vulkan driver, lists
+#                                     the devices, runs the Vulkan tests on the GPU, and
+#                                     writes the log under $OUT (or .device/out).
+#
+# One short prepared command on the GPU machine: `run` takes well under a minute today
+# (the device layer and kernel tests); it grows with the backend, and stays under 5 min.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-}
+dev=.device
+
+case "$mode" in
+pack)
+  ./scripts/deps.sh
+  ./scripts/build.sh build
+  rm -rf "$dev" && mkdir -p "$dev/bin" "$dev/lib" "$dev/deb"
+  cp build/tern build/test-vulkan "$dev/bin/"
+  # every shared library the binaries load, except the C library's own
+  for b in "$dev"/bin/*; do
+    ldd "$b" | awk '/=> \// {print $3}'
+  done | sort -u | while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so.*|libm.so.*|libpthread.so.*|libdl.so.*|ld-linux*) ;;
+      *) cp -L "$lib" "$dev/lib/" ;;
+    esac
+  done
+  # the Vulkan loader (the driver comes with NVIDIA's installation there)
+  (cd "$dev/deb" && apt-get download libvulkan1 2>&1 | grep -v "unsandboxed" >&2 || true)
+  grep -qxF "/$dev/" .git/info/exclude 2>/dev/null || echo "/$dev/" >> .git/info/exclude
+  du -sh "$dev" | awk '{print "packed " $1 " into .device/ (carry it: run(carry=[\".device\"]))"}'
+  ;;
+run)
+  [ -d "$dev/bin" ] || { echo "no $dev/bin: run '$0 pack' on the CPU machine and carry .device" >&2; exit 2; }
+  out=${OUT:-$dev/out}
+  mkdir -p "$out" "$dev/root"
+  for d in "$dev"/deb/*.deb; do [ -e "$d" ] && dpkg -x "$d" "$dev/root"; done
+  export LD_LIBRARY_PATH="$PWD/$dev/lib:$PWD/$dev/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  if ! ldconfig -p 2>/dev/null | grep -q libvulkan.so.1 && [ -e "$dev/root/usr/lib/x86_64-linux-gnu/libvulkan.so.1" ]; then
+    export TERN_VULKAN_LOADER="$PWD/$dev/root/usr/lib/x86_64-linux-gnu/libvulkan.so.1"
+  fi
+  for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.json \
+             /etc/vulkan/icd.d/nvidia_icd.json; do
+    if [ -e "$icd" ] && [ -z "${VK_DRIVER_FILES:-}" ]; then export VK_DRIVER_FILES=$icd; fi
+  done
+  {
+    echo "== $(date -u +%FT%TZ) $(uname -m) $(nproc) cores"
+    command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    echo "== tern devices"
+    "$dev/bin/tern" devices
+    "$dev/bin/tern" devices --json
+    echo "== test-vulkan (TERN_REQUIRE_VULKAN=1)"
+    TERN_REQUIRE_VULKAN=1 "$dev/bin/test-vulkan"
+  } 2>&1 | tee "$out/device-check.log"
+  ;;
+*)
+  echo "usage: $0 pack | run   (pack here, run on the GPU machine; see the top of this file)" >&2
+  exit 2
+  ;;
+esac
