@@ -12,9 +12,21 @@
 
 enum qk_kind { K_Q4_K, K_Q5_K, K_Q6_K };
 
-#define Q8K_D 0
-#define Q8K_QS 4
-#define Q8K_BSUMS 260
+/* Field offsets of the blocks (quant.h): the kernels address bytes of packed structs. */
+#define Q8K_D offsetof(struct tern_block_q8_k, d)
+#define Q8K_QS offsetof(struct tern_block_q8_k, qs)
+#define Q8K_BSUMS offsetof(struct tern_block_q8_k, bsums)
+#define K4_D offsetof(struct tern_block_q4_k, d)
+#define K4_DMIN offsetof(struct tern_block_q4_k, dmin)
+#define K4_SCALES offsetof(struct tern_block_q4_k, scales)
+#define K5_QH offsetof(struct tern_block_q5_k, qh)
+#define Q6K_QH offsetof(struct tern_block_q6_k, qh)
+#define Q6K_SCALES offsetof(struct tern_block_q6_k, scales)
+#define Q6K_D offsetof(struct tern_block_q6_k, d)
+_Static_assert(offsetof(struct tern_block_q4_k, d) == offsetof(struct tern_block_q5_k, d) &&
+                   offsetof(struct tern_block_q4_k, dmin) == offsetof(struct tern_block_q5_k, dmin) &&
+                   offsetof(struct tern_block_q4_k, scales) == offsetof(struct tern_block_q5_k, scales),
+               "Q4_K and Q5_K share their head");
 
 AVX2_INLINE size_t qk_block_bytes(int kind) {
     return kind == K_Q4_K ? sizeof(struct tern_block_q4_k)
@@ -39,7 +51,7 @@ AVX2_INLINE void k4_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, c
                          size_t k, float *y, size_t ldy) {
     const size_t bb = qk_block_bytes(kind);
     const size_t ab = sizeof(struct tern_block_q8_k);
-    const size_t qs_off = kind == K_Q4_K ? 16 : 48;
+    const size_t qs_off = kind == K_Q4_K ? offsetof(struct tern_block_q4_k, qs) : offsetof(struct tern_block_q5_k, qs);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256 acc[AVX2_RMAX][AVX2_TMAX];
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
@@ -51,10 +63,10 @@ AVX2_INLINE void k4_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, c
             const uint8_t *blk = w + (size_t)r * wrb + b * bb;
             if (T == 1)
                 for (size_t o = 0; o < bb; o += 64) avx2_prefetch(blk + (size_t)AVX2_PF_ROWS * wrb + o);
-            dw[r] = lut_bcast(blk);
-            dmw[r] = lut_bcast(blk + 2);
+            dw[r] = lut_bcast(blk + K4_D);
+            dmw[r] = lut_bcast(blk + K4_DMIN);
             uint32_t u[3];
-            memcpy(u, blk + 4, 12);
+            memcpy(u, blk + K4_SCALES, 12);
             const uint32_t sc_lo = u[0] & 0x3f3f3f3fu, m_lo = u[1] & 0x3f3f3f3fu;
             const uint32_t sc_hi = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u);
             const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
@@ -66,7 +78,7 @@ AVX2_INLINE void k4_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, c
             mins[r] = _mm256_shuffle_epi8(
                 m16, _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7, 8, 9, 8, 9, 10, 11, 10, 11, 12,
                                       13, 12, 13, 14, 15, 14, 15));
-            if (kind == K_Q5_K) qh[r] = loadu256(blk + 16);
+            if (kind == K_Q5_K) qh[r] = loadu256(blk + K5_QH);
         }
         __m256i sumi[AVX2_RMAX][AVX2_TMAX];
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) sumi[r][t] = _mm256_setzero_si256();
@@ -126,8 +138,8 @@ AVX2_INLINE void q6k_tile(int R, int T, const uint8_t *w, size_t wrb, const uint
             const uint8_t *blk = w + (size_t)r * wrb + b * bb;
             if (T == 1)
                 for (size_t o = 0; o < bb; o += 64) avx2_prefetch(blk + (size_t)AVX2_PF_ROWS * wrb + o);
-            dw[r] = lut_bcast(blk + 208);
-            sc16[r] = _mm256_cvtepi8_epi16(loadu128(blk + 192));
+            dw[r] = lut_bcast(blk + Q6K_D);
+            sc16[r] = _mm256_cvtepi8_epi16(loadu128(blk + Q6K_SCALES));
         }
         __m256i sumi[AVX2_RMAX][AVX2_TMAX];
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) sumi[r][t] = _mm256_setzero_si256();
@@ -146,7 +158,7 @@ AVX2_INLINE void q6k_tile(int R, int T, const uint8_t *w, size_t wrb, const uint
                 UNROLL for (int r = 0; r < R; r++) {
                     const uint8_t *blk = w + (size_t)r * wrb + b * bb;
                     const __m256i ql = loadu256(blk + 64 * hf + 32 * (j & 1));
-                    const __m256i qhv = loadu256(blk + 128 + 32 * hf);
+                    const __m256i qhv = loadu256(blk + Q6K_QH + 32 * hf);
                     const __m256i low = j < 2 ? _mm256_and_si256(ql, m4) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
                     const __m256i top = _mm256_and_si256(_mm256_srli_epi16(qhv, 2 * j), m2);
                     q[r] = _mm256_or_si256(low, _mm256_slli_epi16(top, 4));
@@ -185,7 +197,6 @@ AVX2_INLINE void q6k_tile(int R, int T, const uint8_t *w, size_t wrb, const uint
 
 #define IQ4XS_D offsetof(struct tern_block_iq4_xs, d)
 #define IQ4XS_QS offsetof(struct tern_block_iq4_xs, qs)
-#define Q8K_QS_OFF offsetof(struct tern_block_q8_k, qs)
 
 /* The 8 sub-block scales of a block as int16 (ls - 32), in both 128-bit lanes, without a
  * per-scale loop: the 8 low nibbles (scales_l) and the 8 two-bit highs (scales_h) are
@@ -235,7 +246,7 @@ AVX2_INLINE void iq4xs_tile(int R, int T, const uint8_t *w, size_t wrb, const ui
                 s16[r] = _mm256_shuffle_epi8(sc[r], _mm256_set1_epi16((short)(0x0100 + 0x0202 * j)));
             }
             UNROLL for (int t = 0; t < T; t++) {
-                const __m256i av = loadu256(a + (size_t)t * arb + b * ab + Q8K_QS_OFF + 32 * j);
+                const __m256i av = loadu256(a + (size_t)t * arb + b * ab + Q8K_QS + 32 * j);
                 UNROLL for (int r = 0; r < R; r++) {
                     const __m256i p = _mm256_maddubs_epi16(qa[r], _mm256_sign_epi8(av, q[r]));
                     sumi[r][t] = _mm256_add_epi32(sumi[r][t], _mm256_madd_epi16(p, s16[r]));
