@@ -53,3 +53,36 @@ enum tern_status tern_vk_matmul(struct tern_vk *vk, enum tern_dtype wtype, const
     (void)vk, (void)wtype, (void)w, (void)k, (void)n, (void)x, (void)n_tok, (void)y;
     return NOT_BUILT;
 }
+enum tern_status tern_vk_begin(struct tern_vk *vk) {
+    (void)vk;
+    return NOT_BUILT;
+}
+enum tern_status tern_vk_end(struct tern_vk *vk) {
+    (void)vk;
+    return NOT_BUILT;
+}
+enum tern_status tern_vk_rmsnorm(struct tern_vk *vk, const struct tern_vk_buf *x, const struct tern_vk_buf *w,
+                                 struct tern_vk_buf *y, size_t n_tok, size_t n, float eps) {
+    (void)vk, (void)x, (void)w, (void)y, (void)n_tok, (void)n, (void)eps;
+    return NOT_BUILT;
+}
+enum tern_status tern_vk_add(struct tern_vk *vk, struct tern_vk_buf *y, const struct tern_vk_buf *x, size_t n_tok,
+                             size_t n) {
+    (void)vk, (void)y, (void)x, (void)n_tok, (void)n;
+    return NOT_BUILT;
+}
+enum tern_status tern_vk_swiglu(struct tern_vk *vk, struct tern_vk_buf *g, const struct tern_vk_buf *u, size_t n_tok,
+                                size_t n) {
+    (void)vk, (void)g, (void)u, (void)n_tok, (void)n;
+    return NOT_BUILT;
+}
+enum tern_status tern_vk_sigmoid_mul(struct tern_vk *vk, struct tern_vk_buf *x, const struct tern_vk_buf *gate,
+                                     size_t n_tok, size_t n) {
+    (void)vk, (void)x, (void)gate, (void)n_tok, (void)n;
+    return NOT_BUILT;
+}
+enum tern_status tern_vk_rope(struct tern_vk *vk, struct tern_vk_buf *x, size_t row_stride, size_t n_head,
+                              size_t head_dim, size_t n_rot, const struct tern_vk_buf *cs, size_t n_tok, bool neox) {
+    (void)vk, (void)x, (void)row_stride, (void)n_head, (void)head_dim, (void)n_rot, (void)cs, (void)n_tok, (void)neox;
+    return NOT_BUILT;
+}

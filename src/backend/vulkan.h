@@ -76,4 +76,28 @@ enum tern_status tern_vk_matmul(struct tern_vk *vk, enum tern_dtype wtype, const
                                 size_t k, size_t n, const struct tern_vk_buf *x, size_t n_tok,
                                 struct tern_vk_buf *y);
 
+/* Recording: operations between tern_vk_begin and tern_vk_end go into one command buffer
+ * (a barrier after each, so each sees the writes of those before it) and run at
+ * tern_vk_end, which waits. An operation called outside a recording runs at once. A
+ * failed operation ends the recording. */
+enum tern_status tern_vk_begin(struct tern_vk *vk);
+enum tern_status tern_vk_end(struct tern_vk *vk);
+
+/* The element-wise layer operations (model.h names the CPU ones), on n_tok rows of n
+ * floats. Each is one invocation per element or, for rmsnorm, one workgroup per row with
+ * a reduction order fixed by n: a row's bits never depend on the number of rows. add and
+ * rope use only correctly rounded multiplies and adds, so they give the CPU's bits. */
+enum tern_status tern_vk_rmsnorm(struct tern_vk *vk, const struct tern_vk_buf *x, const struct tern_vk_buf *w,
+                                 struct tern_vk_buf *y, size_t n_tok, size_t n, float eps); /* w NULL: none */
+enum tern_status tern_vk_add(struct tern_vk *vk, struct tern_vk_buf *y, const struct tern_vk_buf *x, size_t n_tok,
+                             size_t n); /* y += x */
+enum tern_status tern_vk_swiglu(struct tern_vk *vk, struct tern_vk_buf *g, const struct tern_vk_buf *u, size_t n_tok,
+                                size_t n); /* g = silu(g) * u */
+enum tern_status tern_vk_sigmoid_mul(struct tern_vk *vk, struct tern_vk_buf *x, const struct tern_vk_buf *gate,
+                                     size_t n_tok, size_t n); /* x *= sigmoid(gate) */
+/* RoPE in place on n_tok rows (row_stride floats apart) of n_head heads of head_dim;
+ * cs: (n_tok, n_rot) cos/sin pairs as tern_rope_angles computes them. */
+enum tern_status tern_vk_rope(struct tern_vk *vk, struct tern_vk_buf *x, size_t row_stride, size_t n_head,
+                              size_t head_dim, size_t n_rot, const struct tern_vk_buf *cs, size_t n_tok, bool neox);
+
 #endif

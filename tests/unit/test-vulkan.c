@@ -5,6 +5,10 @@
  *   dequantized weights, on odd shapes;
  * - exactness within the backend (DESIGN.md §7): a token's outputs are bit-identical
  *   whether it is dispatched alone or among 64 tokens, and run to run;
+ * - the row operations (RMSNorm, add, SwiGLU, sigmoid gate, RoPE) against the CPU's ops:
+ *   add and RoPE bit-identical (correctly rounded multiplies and adds only), the others
+ *   within a few ulps; RMSNorm's rows bit-identical alone and in a batch;
+ * - a recorded sequence (begin ... end) gives the bits of the same operations run one by one;
  * - bad calls are refused with a status, nothing dispatched.
  * Skips (77) when this build has no Vulkan backend or the machine no device, unless
  * TERN_REQUIRE_VULKAN=1 (the README's test command sets it), which makes that a failure. */
@@ -12,6 +16,7 @@
 
 #include "backend/vulkan.h"
 #include "kernels/kernels.h"
+#include "kernels/ops.h"
 #include "util/mem.h"
 #include "util/rng.h"
 
@@ -151,6 +156,113 @@ static void test_matmul(void **state) {
     }
 }
 
+/* A device buffer holding n floats of src. */
+static struct tern_vk_buf *dev_floats(const float *src, size_t n) {
+    struct tern_vk_buf *b;
+    assert_int_equal(tern_vk_buf_new(vk, n * sizeof(float), &b), TERN_OK);
+    assert_int_equal(tern_vk_upload(b, 0, src, n * sizeof(float)), TERN_OK);
+    return b;
+}
+
+static void host_floats(struct tern_vk_buf *b, float *dst, size_t n) {
+    assert_int_equal(tern_vk_download(b, 0, dst, n * sizeof(float)), TERN_OK);
+}
+
+static double max_rel(const float *a, const float *b, size_t n) {
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)a[i] - b[i]) / (fabs((double)b[i]) + 1e-30);
+        if (d > worst) worst = d;
+    }
+    return worst;
+}
+
+static void test_row_ops(void **state) {
+    (void)state;
+    const struct tern_ops *ops = tern_ops_portable();
+    const size_t T = 9, N = 1000; /* not a multiple of the workgroup */
+    struct tern_rng r;
+    tern_rng_seed(&r, 77);
+    float *x = malloc(T * N * sizeof(float)), *u = malloc(T * N * sizeof(float)), *w = malloc(N * sizeof(float));
+    float *ref = malloc(T * N * sizeof(float)), *got = malloc(T * N * sizeof(float));
+    for (size_t i = 0; i < T * N; i++) x[i] = (float)(tern_rng_uniform(&r) * 8 - 4), u[i] = (float)(tern_rng_uniform(&r) * 2 - 1);
+    for (size_t i = 0; i < N; i++) w[i] = (float)(0.5 + tern_rng_uniform(&r));
+
+    /* RMSNorm: within a few ulps of the CPU's; a row alone gives its batch bits */
+    struct tern_vk_buf *bx = dev_floats(x, T * N), *bw = dev_floats(w, N), *by;
+    assert_int_equal(tern_vk_buf_new(vk, T * N * sizeof(float), &by), TERN_OK);
+    assert_int_equal(tern_vk_rmsnorm(vk, bx, bw, by, T, N, 1e-6f), TERN_OK);
+    host_floats(by, got, T * N);
+    for (size_t t = 0; t < T; t++) ops->rmsnorm(ref + t * N, x + t * N, w, N, 1e-6f);
+    printf("rmsnorm: max relative difference to the CPU %.2e\n", max_rel(got, ref, T * N));
+    assert_true(max_rel(got, ref, T * N) < 1e-5);
+    struct tern_vk_buf *bx1 = dev_floats(x + 4 * N, N), *by1;
+    assert_int_equal(tern_vk_buf_new(vk, N * sizeof(float), &by1), TERN_OK);
+    assert_int_equal(tern_vk_rmsnorm(vk, bx1, bw, by1, 1, N, 1e-6f), TERN_OK);
+    float *one = malloc(N * sizeof(float));
+    host_floats(by1, one, N);
+    assert_memory_equal(one, got + 4 * N, N * sizeof(float));
+
+    /* add: the CPU's bits */
+    struct tern_vk_buf *ba = dev_floats(x, T * N), *bu = dev_floats(u, T * N);
+    assert_int_equal(tern_vk_add(vk, ba, bu, T, N), TERN_OK);
+    host_floats(ba, got, T * N);
+    memcpy(ref, x, T * N * sizeof(float));
+    for (size_t t = 0; t < T; t++) ops->add(ref + t * N, u + t * N, N);
+    assert_memory_equal(got, ref, T * N * sizeof(float));
+
+    /* SwiGLU and the sigmoid gate: exp differs in the last bits */
+    assert_int_equal(tern_vk_upload(ba, 0, x, T * N * sizeof(float)), TERN_OK);
+    assert_int_equal(tern_vk_swiglu(vk, ba, bu, T, N), TERN_OK);
+    host_floats(ba, got, T * N);
+    for (size_t t = 0; t < T; t++) ops->swiglu(ref + t * N, x + t * N, u + t * N, N);
+    printf("swiglu: max relative difference to the CPU %.2e\n", max_rel(got, ref, T * N));
+    assert_true(max_rel(got, ref, T * N) < 1e-5);
+    assert_int_equal(tern_vk_upload(ba, 0, x, T * N * sizeof(float)), TERN_OK);
+    assert_int_equal(tern_vk_sigmoid_mul(vk, ba, bu, T, N), TERN_OK);
+    host_floats(ba, got, T * N);
+    for (size_t i = 0; i < T * N; i++) ref[i] = x[i] * (1.0f / (1.0f + expf(-u[i])));
+    assert_true(max_rel(got, ref, T * N) < 1e-5);
+
+    /* RoPE, NeoX and adjacent pairs, partial rotation, rows with a stride: the CPU's bits */
+    const size_t nh = 3, hd = 64, nrot = 32, stride = nh * hd + 16;
+    struct tern_rope_params rp = {.n_rot = (uint32_t)nrot, .freq_base = 10000.0f, .freq_scale = 1.0f,
+                                  .attn_factor = 1.0f, .beta_fast = 32.0f, .beta_slow = 1.0f, .n_ctx_orig = 4096};
+    float *cs = malloc(T * nrot * sizeof(float));
+    for (size_t t = 0; t < T; t++) tern_rope_angles(&rp, (uint32_t)(t * 37 + 5), cs + t * nrot);
+    struct tern_vk_buf *bcs = dev_floats(cs, T * nrot);
+    for (int neox = 0; neox < 2; neox++) {
+        struct tern_vk_buf *bq = dev_floats(x, T * stride);
+        assert_int_equal(tern_vk_rope(vk, bq, stride, nh, hd, nrot, bcs, T, neox), TERN_OK);
+        host_floats(bq, got, T * stride);
+        memcpy(ref, x, T * stride * sizeof(float));
+        for (size_t t = 0; t < T; t++) tern_rope(ref + t * stride, nh, hd, nrot, cs + t * nrot, neox);
+        assert_memory_equal(got, ref, T * stride * sizeof(float));
+        tern_vk_buf_free(bq);
+    }
+
+    /* a recording gives the bits of the same operations run one at a time */
+    assert_int_equal(tern_vk_upload(ba, 0, x, T * N * sizeof(float)), TERN_OK);
+    assert_int_equal(tern_vk_begin(vk), TERN_OK);
+    assert_int_equal(tern_vk_add(vk, ba, bu, T, N), TERN_OK);
+    assert_int_equal(tern_vk_rmsnorm(vk, ba, bw, by, T, N, 1e-6f), TERN_OK);
+    assert_int_equal(tern_vk_swiglu(vk, by, bu, T, N), TERN_OK);
+    assert_int_equal(tern_vk_end(vk), TERN_OK);
+    float *rec = malloc(T * N * sizeof(float));
+    host_floats(by, rec, T * N);
+    assert_int_equal(tern_vk_upload(ba, 0, x, T * N * sizeof(float)), TERN_OK);
+    assert_int_equal(tern_vk_add(vk, ba, bu, T, N), TERN_OK);
+    assert_int_equal(tern_vk_rmsnorm(vk, ba, bw, by, T, N, 1e-6f), TERN_OK);
+    assert_int_equal(tern_vk_swiglu(vk, by, bu, T, N), TERN_OK);
+    host_floats(by, got, T * N);
+    assert_memory_equal(rec, got, T * N * sizeof(float));
+    assert_int_equal(tern_vk_end(vk), TERN_ERR_STATE); /* nothing recording */
+
+    tern_vk_buf_free(bx), tern_vk_buf_free(bw), tern_vk_buf_free(by), tern_vk_buf_free(bx1), tern_vk_buf_free(by1);
+    tern_vk_buf_free(ba), tern_vk_buf_free(bu), tern_vk_buf_free(bcs);
+    free(x), free(u), free(w), free(ref), free(got), free(one), free(cs), free(rec);
+}
+
 static void test_refusals(void **state) {
     (void)state;
     struct tern_vk_buf *a, *b, *c;
@@ -170,6 +282,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_buffers),
         cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_row_ops),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-extern const uint32_t tern_spv_matmul[];
-extern const size_t tern_spv_matmul_size;
+extern const uint32_t tern_spv_matmul[], tern_spv_rmsnorm[], tern_spv_rows[], tern_spv_rope[];
+extern const size_t tern_spv_matmul_size, tern_spv_rmsnorm_size, tern_spv_rows_size, tern_spv_rope_size;
 
 #endif

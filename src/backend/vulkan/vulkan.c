@@ -191,7 +191,12 @@ struct vk_fns {
 /* One matmul pipeline per weight type (the shader's WTYPE specialization constant). */
 static const enum tern_dtype matmul_types[] = {TERN_DTYPE_F32,  TERN_DTYPE_F16,  TERN_DTYPE_Q4_0, TERN_DTYPE_Q5_0,
                                                TERN_DTYPE_Q8_0, TERN_DTYPE_Q4_K, TERN_DTYPE_Q6_K};
-#define N_PIPES ((int)(sizeof matmul_types / sizeof matmul_types[0]))
+#define N_MATMUL ((int)(sizeof matmul_types / sizeof matmul_types[0]))
+
+/* Every pipeline: a shader, its specialization constant. Matmuls come first. */
+enum { PIPE_RMSNORM = N_MATMUL, PIPE_ADD, PIPE_SWIGLU, PIPE_SIGMOID_MUL, PIPE_ROPE, N_PIPES };
+#define N_BINDINGS 4
+#define PUSH_BYTES 32
 
 struct tern_vk {
     struct tern_vk_device_info info;
@@ -204,11 +209,13 @@ struct tern_vk {
     VkCommandPool cmd_pool;
     VkCommandBuffer cmd;
     VkFence fence;
-    VkDescriptorSetLayout dsl;  /* 3 storage buffers */
-    VkPipelineLayout layout;    /* dsl + 16 bytes of push constants */
-    VkDescriptorPool dpool;
-    VkShaderModule matmul_module;
+    VkDescriptorSetLayout dsl;  /* N_BINDINGS storage buffers */
+    VkPipelineLayout layout;    /* dsl + PUSH_BYTES of push constants */
+    VkDescriptorPool dpool;     /* the sets of one batch of recorded operations */
+    uint32_t n_sets, max_sets;
+    VkShaderModule modules[4];  /* matmul, rmsnorm, rows, rope */
     VkPipeline pipes[N_PIPES];
+    bool recording;             /* inside tern_vk_begin / tern_vk_end */
     bool lost;
 };
 
@@ -231,45 +238,60 @@ static enum tern_status vk_fail(struct tern_vk *vk, VkResult r, const char *what
     return tern_errorf(TERN_ERR_IO, "vulkan: %s failed (VkResult %d)", what, (int)r);
 }
 
+#define MAX_SETS 1024
+
 static enum tern_status make_pipelines(struct tern_vk *vk) {
     VkResult r;
-    const VkDescriptorSetLayoutBinding b[3] = {
-        {0, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, NULL},
-        {1, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, NULL},
-        {2, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, NULL},
-    };
+    VkDescriptorSetLayoutBinding b[N_BINDINGS];
+    for (uint32_t i = 0; i < N_BINDINGS; i++)
+        b[i] = (VkDescriptorSetLayoutBinding){i, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, NULL};
     const VkDescriptorSetLayoutCreateInfo dci = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
-                                                 .bindingCount = 3,
+                                                 .bindingCount = N_BINDINGS,
                                                  .pBindings = b};
     if ((r = vk->f.vkCreateDescriptorSetLayout(vk->dev, &dci, NULL, &vk->dsl))) return vk_fail(vk, r, "a descriptor layout");
-    const VkPushConstantRange pc = {VK_SHADER_STAGE_COMPUTE_BIT, 0, 16};
+    const VkPushConstantRange pc = {VK_SHADER_STAGE_COMPUTE_BIT, 0, PUSH_BYTES};
     const VkPipelineLayoutCreateInfo lci = {.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO,
                                             .setLayoutCount = 1,
                                             .pSetLayouts = &vk->dsl,
                                             .pushConstantRangeCount = 1,
                                             .pPushConstantRanges = &pc};
     if ((r = vk->f.vkCreatePipelineLayout(vk->dev, &lci, NULL, &vk->layout))) return vk_fail(vk, r, "a pipeline layout");
-    const VkDescriptorPoolSize ps = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 3 * 64};
+    const VkDescriptorPoolSize ps = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, N_BINDINGS * MAX_SETS};
     const VkDescriptorPoolCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
-                                            .maxSets = 64,
+                                            .maxSets = MAX_SETS,
                                             .poolSizeCount = 1,
                                             .pPoolSizes = &ps};
     if ((r = vk->f.vkCreateDescriptorPool(vk->dev, &pci, NULL, &vk->dpool))) return vk_fail(vk, r, "a descriptor pool");
-    const VkShaderModuleCreateInfo sci = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
-                                          .codeSize = tern_spv_matmul_size,
-                                          .pCode = tern_spv_matmul};
-    if ((r = vk->f.vkCreateShaderModule(vk->dev, &sci, NULL, &vk->matmul_module))) return vk_fail(vk, r, "a shader module");
+    vk->max_sets = MAX_SETS;
+    const struct {
+        const uint32_t *code;
+        size_t size;
+    } mods[4] = {{tern_spv_matmul, tern_spv_matmul_size},
+                 {tern_spv_rmsnorm, tern_spv_rmsnorm_size},
+                 {tern_spv_rows, tern_spv_rows_size},
+                 {tern_spv_rope, tern_spv_rope_size}};
+    for (int i = 0; i < 4; i++) {
+        const VkShaderModuleCreateInfo sci = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
+                                              .codeSize = mods[i].size,
+                                              .pCode = mods[i].code};
+        if ((r = vk->f.vkCreateShaderModule(vk->dev, &sci, NULL, &vk->modules[i]))) return vk_fail(vk, r, "a shader module");
+    }
     for (int i = 0; i < N_PIPES; i++) {
-        const uint32_t wtype = (uint32_t)matmul_types[i];
+        int mod;
+        uint32_t spec_val = 0;
+        if (i < N_MATMUL) mod = 0, spec_val = (uint32_t)matmul_types[i];
+        else if (i == PIPE_RMSNORM) mod = 1;
+        else if (i == PIPE_ROPE) mod = 3;
+        else mod = 2, spec_val = (uint32_t)(i - PIPE_ADD); /* rows.comp: 0 add, 1 swiglu, 2 sigmoid-mul */
         const VkSpecializationMapEntry me = {0, 0, sizeof(uint32_t)};
-        const VkSpecializationInfo spec = {1, &me, sizeof(uint32_t), &wtype};
+        const VkSpecializationInfo spec = {1, &me, sizeof(uint32_t), &spec_val};
         const VkComputePipelineCreateInfo ci = {
             .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
             .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
                       .stage = VK_SHADER_STAGE_COMPUTE_BIT,
-                      .module = vk->matmul_module,
+                      .module = vk->modules[mod],
                       .pName = "main",
-                      .pSpecializationInfo = &spec},
+                      .pSpecializationInfo = (i < N_MATMUL || (i >= PIPE_ADD && i <= PIPE_SIGMOID_MUL)) ? &spec : NULL},
             .layout = vk->layout};
         if ((r = vk->f.vkCreateComputePipelines(vk->dev, VK_NULL_HANDLE, 1, &ci, NULL, &vk->pipes[i])))
             return vk_fail(vk, r, "a compute pipeline");
@@ -357,7 +379,8 @@ void tern_vk_close(struct tern_vk *vk) {
     if (vk->dev) {
         for (int i = 0; i < N_PIPES; i++)
             if (vk->pipes[i]) vk->f.vkDestroyPipeline(vk->dev, vk->pipes[i], NULL);
-        if (vk->matmul_module) vk->f.vkDestroyShaderModule(vk->dev, vk->matmul_module, NULL);
+        for (int i = 0; i < 4; i++)
+            if (vk->modules[i]) vk->f.vkDestroyShaderModule(vk->dev, vk->modules[i], NULL);
         if (vk->dpool) vk->f.vkDestroyDescriptorPool(vk->dev, vk->dpool, NULL);
         if (vk->layout) vk->f.vkDestroyPipelineLayout(vk->dev, vk->layout, NULL);
         if (vk->dsl) vk->f.vkDestroyDescriptorSetLayout(vk->dev, vk->dsl, NULL);
@@ -511,10 +534,77 @@ enum tern_status tern_vk_download(struct tern_vk_buf *b, size_t off, void *dst, 
     return staged_copy(b, off, dst, bytes, false);
 }
 
+/* ---- recording ------------------------------------------------------------------- */
+
+enum tern_status tern_vk_begin(struct tern_vk *vk) {
+    if (vk->recording) return tern_errorf(TERN_ERR_STATE, "vulkan: tern_vk_begin inside a recording");
+    VkResult r = vk->f.vkResetDescriptorPool(vk->dev, vk->dpool, 0);
+    if (r) return vk_fail(vk, r, "resetting descriptors");
+    vk->n_sets = 0;
+    enum tern_status st = submit_begin(vk);
+    if (!st) vk->recording = true;
+    return st;
+}
+
+enum tern_status tern_vk_end(struct tern_vk *vk) {
+    if (!vk->recording) return tern_errorf(TERN_ERR_STATE, "vulkan: tern_vk_end without tern_vk_begin");
+    vk->recording = false;
+    return submit_wait(vk, "the recorded operations");
+}
+
+/* Records one dispatch of pipeline pipe over bufs (n of them, the rest bound to bufs[0])
+ * with push constants, followed by a barrier so that the next operation sees its
+ * writes. Outside a recording it runs at once (begin, record, end). */
+static enum tern_status record(struct tern_vk *vk, int pipe, const struct tern_vk_buf *const *bufs, int n,
+                               const void *push, size_t push_bytes, uint32_t gx, uint32_t gy, uint32_t gz) {
+    const bool own = !vk->recording;
+    enum tern_status st;
+    if (own && (st = tern_vk_begin(vk))) return st;
+    if (vk->n_sets == vk->max_sets) {
+        /* a full pool: run what is recorded, then go on in a new batch */
+        if ((st = tern_vk_end(vk)) || (st = tern_vk_begin(vk))) return st;
+    }
+    VkDescriptorSet set;
+    const VkDescriptorSetAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
+                                            .descriptorPool = vk->dpool,
+                                            .descriptorSetCount = 1,
+                                            .pSetLayouts = &vk->dsl};
+    VkResult r = vk->f.vkAllocateDescriptorSets(vk->dev, &ai, &set);
+    if (r) {
+        vk->recording = false;
+        return vk_fail(vk, r, "a descriptor set");
+    }
+    vk->n_sets++;
+    VkDescriptorBufferInfo bi[N_BINDINGS];
+    VkWriteDescriptorSet wr[N_BINDINGS];
+    for (int i = 0; i < N_BINDINGS; i++) {
+        bi[i] = (VkDescriptorBufferInfo){(i < n ? bufs[i] : bufs[0])->buf, 0, VK_WHOLE_SIZE};
+        wr[i] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET,
+                                       .dstSet = set,
+                                       .dstBinding = (uint32_t)i,
+                                       .descriptorCount = 1,
+                                       .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                       .pBufferInfo = &bi[i]};
+    }
+    vk->f.vkUpdateDescriptorSets(vk->dev, N_BINDINGS, wr, 0, NULL);
+    uint8_t pc[PUSH_BYTES] = {0};
+    memcpy(pc, push, push_bytes);
+    vk->f.vkCmdBindPipeline(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, vk->pipes[pipe]);
+    vk->f.vkCmdBindDescriptorSets(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, vk->layout, 0, 1, &set, 0, NULL);
+    vk->f.vkCmdPushConstants(vk->cmd, vk->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, PUSH_BYTES, pc);
+    vk->f.vkCmdDispatch(vk->cmd, gx, gy, gz);
+    const VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                                .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT,
+                                .dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT};
+    vk->f.vkCmdPipelineBarrier(vk->cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0,
+                               1, &mb, 0, NULL, 0, NULL);
+    return own ? tern_vk_end(vk) : TERN_OK;
+}
+
 /* ---- kernels ---------------------------------------------------------------------- */
 
 static int matmul_pipe(enum tern_dtype wtype) {
-    for (int i = 0; i < N_PIPES; i++)
+    for (int i = 0; i < N_MATMUL; i++)
         if (matmul_types[i] == wtype) return i;
     return -1;
 }
@@ -537,30 +627,72 @@ enum tern_status tern_vk_matmul(struct tern_vk *vk, enum tern_dtype wtype, const
     if (w->bytes < rb * n || x->bytes < n_tok * k * sizeof(float) || y->bytes < n_tok * n * sizeof(float))
         return tern_errorf(TERN_ERR_RANGE, "vulkan: matmul buffers too small for k %zu, n %zu, %zu tokens", k, n, n_tok);
     if (n == 0 || n_tok == 0) return TERN_OK;
-    VkResult r = vk->f.vkResetDescriptorPool(vk->dev, vk->dpool, 0);
-    VkDescriptorSet set;
-    const VkDescriptorSetAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
-                                            .descriptorPool = vk->dpool,
-                                            .descriptorSetCount = 1,
-                                            .pSetLayouts = &vk->dsl};
-    if (!r) r = vk->f.vkAllocateDescriptorSets(vk->dev, &ai, &set);
-    if (r) return vk_fail(vk, r, "a descriptor set");
-    const VkDescriptorBufferInfo bi[3] = {{w->buf, 0, VK_WHOLE_SIZE}, {x->buf, 0, VK_WHOLE_SIZE}, {y->buf, 0, VK_WHOLE_SIZE}};
-    VkWriteDescriptorSet wr[3];
-    for (int i = 0; i < 3; i++)
-        wr[i] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET,
-                                       .dstSet = set,
-                                       .dstBinding = (uint32_t)i,
-                                       .descriptorCount = 1,
-                                       .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                       .pBufferInfo = &bi[i]};
-    vk->f.vkUpdateDescriptorSets(vk->dev, 3, wr, 0, NULL);
-    enum tern_status st = submit_begin(vk);
-    if (st) return st;
     const uint32_t pc[4] = {(uint32_t)k, (uint32_t)n, (uint32_t)n_tok, (uint32_t)rb};
-    vk->f.vkCmdBindPipeline(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, vk->pipes[pipe]);
-    vk->f.vkCmdBindDescriptorSets(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, vk->layout, 0, 1, &set, 0, NULL);
-    vk->f.vkCmdPushConstants(vk->cmd, vk->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof pc, pc);
-    vk->f.vkCmdDispatch(vk->cmd, (uint32_t)((n + 63) / 64), (uint32_t)n_tok, 1);
-    return submit_wait(vk, "a matmul");
+    const struct tern_vk_buf *bufs[3] = {w, x, y};
+    return record(vk, pipe, bufs, 3, pc, sizeof pc, (uint32_t)((n + 63) / 64), (uint32_t)n_tok, 1);
+}
+
+static enum tern_status check_rows(const char *op, const struct tern_vk_buf *b, size_t n_tok, size_t n) {
+    size_t need;
+    if (tern_mul_overflow(n_tok, n, &need) || need > UINT32_MAX || n_tok > 65535 ||
+        b->bytes < need * sizeof(float))
+        return tern_errorf(TERN_ERR_RANGE, "vulkan: %s of %zu rows of %zu does not fit a %zu-byte buffer", op, n_tok, n,
+                           b->bytes);
+    return TERN_OK;
+}
+
+enum tern_status tern_vk_rmsnorm(struct tern_vk *vk, const struct tern_vk_buf *x, const struct tern_vk_buf *w,
+                                 struct tern_vk_buf *y, size_t n_tok, size_t n, float eps) {
+    enum tern_status st;
+    if ((st = check_rows("rmsnorm", x, n_tok, n)) || (st = check_rows("rmsnorm", y, n_tok, n)) ||
+        (w && (st = check_rows("rmsnorm weights", w, 1, n))))
+        return st;
+    if (!n_tok || !n) return TERN_OK;
+    struct {
+        uint32_t n, n_tok;
+        float eps;
+        uint32_t has_w;
+    } pc = {(uint32_t)n, (uint32_t)n_tok, eps, w != NULL};
+    const struct tern_vk_buf *bufs[3] = {x, w ? w : x, y};
+    return record(vk, PIPE_RMSNORM, bufs, 3, &pc, sizeof pc, (uint32_t)n_tok, 1, 1);
+}
+
+static enum tern_status rows_op(struct tern_vk *vk, int pipe, const char *op, struct tern_vk_buf *a,
+                                const struct tern_vk_buf *b, size_t n_tok, size_t n) {
+    enum tern_status st;
+    if ((st = check_rows(op, a, n_tok, n)) || (st = check_rows(op, b, n_tok, n))) return st;
+    const uint32_t count = (uint32_t)(n_tok * n);
+    if (!count) return TERN_OK;
+    const uint32_t groups = (count + 255) / 256;
+    const struct tern_vk_buf *bufs[2] = {a, b};
+    return record(vk, pipe, bufs, 2, &count, sizeof count, groups < 65535 ? groups : 65535,
+                  (groups + 65534) / 65535, 1);
+}
+
+enum tern_status tern_vk_add(struct tern_vk *vk, struct tern_vk_buf *y, const struct tern_vk_buf *x, size_t n_tok,
+                             size_t n) {
+    return rows_op(vk, PIPE_ADD, "add", y, x, n_tok, n);
+}
+enum tern_status tern_vk_swiglu(struct tern_vk *vk, struct tern_vk_buf *g, const struct tern_vk_buf *u, size_t n_tok,
+                                size_t n) {
+    return rows_op(vk, PIPE_SWIGLU, "swiglu", g, u, n_tok, n);
+}
+enum tern_status tern_vk_sigmoid_mul(struct tern_vk *vk, struct tern_vk_buf *x, const struct tern_vk_buf *gate,
+                                     size_t n_tok, size_t n) {
+    return rows_op(vk, PIPE_SIGMOID_MUL, "sigmoid-mul", x, gate, n_tok, n);
+}
+
+enum tern_status tern_vk_rope(struct tern_vk *vk, struct tern_vk_buf *x, size_t row_stride, size_t n_head,
+                              size_t head_dim, size_t n_rot, const struct tern_vk_buf *cs, size_t n_tok, bool neox) {
+    enum tern_status st;
+    if (n_rot % 2 || n_rot > head_dim || row_stride < n_head * head_dim)
+        return tern_errorf(TERN_ERR_INVALID, "vulkan: rope of %zu dims over heads of %zu in rows of %zu", n_rot, head_dim,
+                           row_stride);
+    if ((st = check_rows("rope", x, n_tok, row_stride)) || (st = check_rows("rope angles", cs, n_tok, n_rot))) return st;
+    if (!n_tok || !n_rot || !n_head) return TERN_OK;
+    const uint32_t pc[6] = {(uint32_t)n_head, (uint32_t)head_dim, (uint32_t)n_rot, (uint32_t)n_tok, neox,
+                            (uint32_t)row_stride};
+    const struct tern_vk_buf *bufs[2] = {x, cs};
+    return record(vk, PIPE_ROPE, bufs, 2, pc, sizeof pc, (uint32_t)((n_rot / 2 + 63) / 64), (uint32_t)n_head,
+                  (uint32_t)n_tok);
 }

@@ -1,0 +1,32 @@
+#version 450
+// Element-wise row operations on n_tok * n floats (OP, a specialization constant):
+//   0: a += b          (the residual add)
+//   1: a = silu(a) * b (SwiGLU)
+//   2: a *= sigmoid(b) (Qwen3.5's attention output gate)
+layout(local_size_x = 256) in;
+layout(constant_id = 0) const uint OP = 0;
+
+layout(std430, binding = 0) buffer A { float a[]; };
+layout(std430, binding = 1) readonly buffer B { float b[]; };
+layout(std430, binding = 2) readonly buffer U2 { float unused2[]; };
+layout(std430, binding = 3) readonly buffer U3 { float unused3[]; };
+
+layout(push_constant) uniform P {
+    uint count;
+} p;
+
+void main() {
+    const uint i = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * 65535u * 256u;
+    if (i >= p.count) return;
+    if (OP == 0) {
+        precise float v = a[i] + b[i];
+        a[i] = v;
+    } else if (OP == 1) {
+        const float g = a[i];
+        precise float v = g / (1.0 + exp(-g)) * b[i];
+        a[i] = v;
+    } else {
+        precise float v = a[i] * (1.0 / (1.0 + exp(-b[i])));
+        a[i] = v;
+    }
+}
