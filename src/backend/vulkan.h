@@ -100,4 +100,19 @@ enum tern_status tern_vk_sigmoid_mul(struct tern_vk *vk, struct tern_vk_buf *x, 
 enum tern_status tern_vk_rope(struct tern_vk *vk, struct tern_vk_buf *x, size_t row_stride, size_t n_head,
                               size_t head_dim, size_t n_rot, const struct tern_vk_buf *cs, size_t n_tok, bool neox);
 
+/* The KV cache of one attention layer on the device: [n_kv_head][n_ctx][head_dim] of F32
+ * or F16. kv_store writes n_tok rows (n_kv_head heads, row_stride floats apart) at
+ * positions pos0.. (rounded to F16 for an F16 cache); attention then computes, for each
+ * token t and query head h, softmax(scale * q . k) v over the cache rows [0, pos0 + t]
+ * read back from the cache, in blocks of 256 positions from 0 with an online softmax
+ * (the CPU's pages), so a token's result depends on its own positions alone. Heads of at
+ * most 256. */
+enum tern_status tern_vk_kv_store(struct tern_vk *vk, const struct tern_vk_buf *x, size_t row_stride,
+                                  struct tern_vk_buf *cache, size_t n_ctx, size_t n_kv_head, size_t head_dim,
+                                  size_t pos0, size_t n_tok, bool f16);
+enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf *q, size_t q_stride,
+                                   const struct tern_vk_buf *kc, const struct tern_vk_buf *vc, size_t n_ctx,
+                                   struct tern_vk_buf *out, size_t out_stride, size_t n_tok, size_t pos0,
+                                   size_t n_head, size_t n_kv_head, size_t head_dim, float scale, bool f16);
+
 #endif

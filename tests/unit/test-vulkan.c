@@ -8,6 +8,9 @@
  * - the row operations (RMSNorm, add, SwiGLU, sigmoid gate, RoPE) against the CPU's ops:
  *   add and RoPE bit-identical (correctly rounded multiplies and adds only), the others
  *   within a few ulps; RMSNorm's rows bit-identical alone and in a batch;
+ * - attention over a device KV cache (F32 and F16, across the 256-position blocks) against
+ *   the CPU's attn_page over the same rows, and each token's output bit-identical when it
+ *   is computed alone;
  * - a recorded sequence (begin ... end) gives the bits of the same operations run one by one;
  * - bad calls are refused with a status, nothing dispatched.
  * Skips (77) when this build has no Vulkan backend or the machine no device, unless
@@ -263,6 +266,86 @@ static void test_row_ops(void **state) {
     free(x), free(u), free(w), free(ref), free(got), free(one), free(cs), free(rec);
 }
 
+static void check_attention(bool f16, size_t hd) {
+    const size_t nkv = 2, nh = 6, pos0 = 300, T = 7, n_ctx = 320, P = pos0 + T;
+    const float scale = 1.0f / sqrtf((float)hd);
+    struct tern_rng r;
+    tern_rng_seed(&r, 5 + hd + f16);
+    float *k = malloc(P * nkv * hd * sizeof(float)), *v = malloc(P * nkv * hd * sizeof(float));
+    float *q = malloc(T * nh * hd * sizeof(float)), *out = malloc(T * nh * hd * sizeof(float));
+    for (size_t i = 0; i < P * nkv * hd; i++) k[i] = (float)(tern_rng_uniform(&r) * 2 - 1), v[i] = (float)(tern_rng_uniform(&r) * 2 - 1);
+    for (size_t i = 0; i < T * nh * hd; i++) q[i] = (float)(tern_rng_uniform(&r) * 4 - 2);
+    const size_t es = f16 ? 2 : 4;
+    struct tern_vk_buf *bk = dev_floats(k, P * nkv * hd), *bv = dev_floats(v, P * nkv * hd), *bq = dev_floats(q, T * nh * hd);
+    struct tern_vk_buf *kc, *vc, *bo;
+    assert_int_equal(tern_vk_buf_new(vk, nkv * n_ctx * hd * es, &kc), TERN_OK);
+    assert_int_equal(tern_vk_buf_new(vk, nkv * n_ctx * hd * es, &vc), TERN_OK);
+    assert_int_equal(tern_vk_buf_new(vk, T * nh * hd * sizeof(float), &bo), TERN_OK);
+    /* rows [0, P) in one go (rows of nkv heads), then the queries of the last T */
+    assert_int_equal(tern_vk_begin(vk), TERN_OK);
+    assert_int_equal(tern_vk_kv_store(vk, bk, nkv * hd, kc, n_ctx, nkv, hd, 0, P, f16), TERN_OK);
+    assert_int_equal(tern_vk_kv_store(vk, bv, nkv * hd, vc, n_ctx, nkv, hd, 0, P, f16), TERN_OK);
+    assert_int_equal(tern_vk_attention(vk, bq, nh * hd, kc, vc, n_ctx, bo, nh * hd, T, pos0, nh, nkv, hd, scale, f16),
+                     TERN_OK);
+    assert_int_equal(tern_vk_end(vk), TERN_OK);
+    host_floats(bo, out, T * nh * hd);
+    /* the CPU: per head, rows of that head contiguous (as in its pages), in pages of 256 */
+    const struct tern_ops *ops = tern_ops();
+    float *kh = malloc(P * hd * sizeof(float)), *vh = malloc(P * hd * sizeof(float));
+    uint16_t *kh16 = malloc(P * hd * 2), *vh16 = malloc(P * hd * 2);
+    float *acc = malloc(hd * sizeof(float)), *scores = malloc((256 + 8) * sizeof(float)), *ref = malloc(hd * sizeof(float));
+    double worst = 0;
+    for (size_t h = 0; h < nh; h++) {
+        const size_t g = h / (nh / nkv);
+        for (size_t p = 0; p < P; p++) {
+            memcpy(kh + p * hd, k + (p * nkv + g) * hd, hd * sizeof(float));
+            memcpy(vh + p * hd, v + (p * nkv + g) * hd, hd * sizeof(float));
+        }
+        ops->to_f16(kh16, kh, P * hd);
+        ops->to_f16(vh16, vh, P * hd);
+        for (size_t t = 0; t < T; t++) {
+            const size_t pos = pos0 + t;
+            float m = -INFINITY, l = 0;
+            memset(acc, 0, hd * sizeof(float));
+            for (size_t pg = 0; pg * 256 <= pos; pg++) {
+                const size_t n = pos + 1 - pg * 256 < 256 ? pos + 1 - pg * 256 : 256;
+                const void *kp = f16 ? (const void *)(kh16 + pg * 256 * hd) : (const void *)(kh + pg * 256 * hd);
+                const void *vp = f16 ? (const void *)(vh16 + pg * 256 * hd) : (const void *)(vh + pg * 256 * hd);
+                ops->attn_page(acc, &m, &l, q + (t * nh + h) * hd, hd, kp, vp, hd, n, scale, f16, scores);
+            }
+            for (size_t e = 0; e < hd; e++) ref[e] = acc[e] / l;
+            const float *got = out + (t * nh + h) * hd;
+            for (size_t e = 0; e < hd; e++) {
+                const double d = fabs((double)got[e] - ref[e]) / (fabs((double)ref[e]) + 1e-3);
+                if (d > worst) worst = d;
+            }
+        }
+    }
+    printf("attention %s, heads of %zu, %zu positions: max difference to the CPU %.2e\n", f16 ? "F16" : "F32", hd, P,
+           worst);
+    assert_true(worst < 1e-4);
+    /* a token alone: the bits it got among T */
+    float *one = malloc(nh * hd * sizeof(float));
+    struct tern_vk_buf *bq1 = dev_floats(q + 3 * nh * hd, nh * hd), *bo1;
+    assert_int_equal(tern_vk_buf_new(vk, nh * hd * sizeof(float), &bo1), TERN_OK);
+    assert_int_equal(tern_vk_attention(vk, bq1, nh * hd, kc, vc, n_ctx, bo1, nh * hd, 1, pos0 + 3, nh, nkv, hd, scale, f16),
+                     TERN_OK);
+    host_floats(bo1, one, nh * hd);
+    assert_memory_equal(one, out + 3 * nh * hd, nh * hd * sizeof(float));
+    tern_vk_buf_free(bk), tern_vk_buf_free(bv), tern_vk_buf_free(bq), tern_vk_buf_free(kc), tern_vk_buf_free(vc);
+    tern_vk_buf_free(bo), tern_vk_buf_free(bq1), tern_vk_buf_free(bo1);
+    free(k), free(v), free(q), free(out), free(kh), free(vh), free(kh16), free(vh16), free(acc), free(scores), free(ref);
+    free(one);
+}
+
+static void test_attention(void **state) {
+    (void)state;
+    check_attention(false, 64);
+    check_attention(true, 64);
+    check_attention(false, 40);
+    check_attention(true, 256);
+}
+
 static void test_refusals(void **state) {
     (void)state;
     struct tern_vk_buf *a, *b, *c;
@@ -283,6 +366,7 @@ int main(void) {
         cmocka_unit_test(test_buffers),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_row_ops),
+        cmocka_unit_test(test_attention),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

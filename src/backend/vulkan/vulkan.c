@@ -194,7 +194,11 @@ static const enum tern_dtype matmul_types[] = {TERN_DTYPE_F32,  TERN_DTYPE_F16, 
 #define N_MATMUL ((int)(sizeof matmul_types / sizeof matmul_types[0]))
 
 /* Every pipeline: a shader, its specialization constant. Matmuls come first. */
-enum { PIPE_RMSNORM = N_MATMUL, PIPE_ADD, PIPE_SWIGLU, PIPE_SIGMOID_MUL, PIPE_ROPE, N_PIPES };
+enum {
+    PIPE_RMSNORM = N_MATMUL, PIPE_ADD, PIPE_SWIGLU, PIPE_SIGMOID_MUL, PIPE_ROPE,
+    PIPE_ATTN_F32, PIPE_ATTN_F16, PIPE_KVSTORE_F32, PIPE_KVSTORE_F16, N_PIPES
+};
+#define N_MODULES 6 /* matmul, rmsnorm, rows, rope, attention, kvstore */
 #define N_BINDINGS 4
 #define PUSH_BYTES 32
 
@@ -213,7 +217,7 @@ struct tern_vk {
     VkPipelineLayout layout;    /* dsl + PUSH_BYTES of push constants */
     VkDescriptorPool dpool;     /* the sets of one batch of recorded operations */
     uint32_t n_sets, max_sets;
-    VkShaderModule modules[4];  /* matmul, rmsnorm, rows, rope */
+    VkShaderModule modules[N_MODULES];
     VkPipeline pipes[N_PIPES];
     bool recording;             /* inside tern_vk_begin / tern_vk_end */
     bool lost;
@@ -266,11 +270,10 @@ static enum tern_status make_pipelines(struct tern_vk *vk) {
     const struct {
         const uint32_t *code;
         size_t size;
-    } mods[4] = {{tern_spv_matmul, tern_spv_matmul_size},
-                 {tern_spv_rmsnorm, tern_spv_rmsnorm_size},
-                 {tern_spv_rows, tern_spv_rows_size},
-                 {tern_spv_rope, tern_spv_rope_size}};
-    for (int i = 0; i < 4; i++) {
+    } mods[N_MODULES] = {{tern_spv_matmul, tern_spv_matmul_size},       {tern_spv_rmsnorm, tern_spv_rmsnorm_size},
+                         {tern_spv_rows, tern_spv_rows_size},           {tern_spv_rope, tern_spv_rope_size},
+                         {tern_spv_attention, tern_spv_attention_size}, {tern_spv_kvstore, tern_spv_kvstore_size}};
+    for (int i = 0; i < N_MODULES; i++) {
         const VkShaderModuleCreateInfo sci = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
                                               .codeSize = mods[i].size,
                                               .pCode = mods[i].code};
@@ -282,6 +285,8 @@ static enum tern_status make_pipelines(struct tern_vk *vk) {
         if (i < N_MATMUL) mod = 0, spec_val = (uint32_t)matmul_types[i];
         else if (i == PIPE_RMSNORM) mod = 1;
         else if (i == PIPE_ROPE) mod = 3;
+        else if (i == PIPE_ATTN_F32 || i == PIPE_ATTN_F16) mod = 4, spec_val = i == PIPE_ATTN_F16;
+        else if (i == PIPE_KVSTORE_F32 || i == PIPE_KVSTORE_F16) mod = 5, spec_val = i == PIPE_KVSTORE_F16;
         else mod = 2, spec_val = (uint32_t)(i - PIPE_ADD); /* rows.comp: 0 add, 1 swiglu, 2 sigmoid-mul */
         const VkSpecializationMapEntry me = {0, 0, sizeof(uint32_t)};
         const VkSpecializationInfo spec = {1, &me, sizeof(uint32_t), &spec_val};
@@ -291,7 +296,7 @@ static enum tern_status make_pipelines(struct tern_vk *vk) {
                       .stage = VK_SHADER_STAGE_COMPUTE_BIT,
                       .module = vk->modules[mod],
                       .pName = "main",
-                      .pSpecializationInfo = (i < N_MATMUL || (i >= PIPE_ADD && i <= PIPE_SIGMOID_MUL)) ? &spec : NULL},
+                      .pSpecializationInfo = (i == PIPE_RMSNORM || i == PIPE_ROPE) ? NULL : &spec},
             .layout = vk->layout};
         if ((r = vk->f.vkCreateComputePipelines(vk->dev, VK_NULL_HANDLE, 1, &ci, NULL, &vk->pipes[i])))
             return vk_fail(vk, r, "a compute pipeline");
@@ -379,7 +384,7 @@ void tern_vk_close(struct tern_vk *vk) {
     if (vk->dev) {
         for (int i = 0; i < N_PIPES; i++)
             if (vk->pipes[i]) vk->f.vkDestroyPipeline(vk->dev, vk->pipes[i], NULL);
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < N_MODULES; i++)
             if (vk->modules[i]) vk->f.vkDestroyShaderModule(vk->dev, vk->modules[i], NULL);
         if (vk->dpool) vk->f.vkDestroyDescriptorPool(vk->dev, vk->dpool, NULL);
         if (vk->layout) vk->f.vkDestroyPipelineLayout(vk->dev, vk->layout, NULL);
@@ -695,4 +700,50 @@ enum tern_status tern_vk_rope(struct tern_vk *vk, struct tern_vk_buf *x, size_t 
     const struct tern_vk_buf *bufs[2] = {x, cs};
     return record(vk, PIPE_ROPE, bufs, 2, pc, sizeof pc, (uint32_t)((n_rot / 2 + 63) / 64), (uint32_t)n_head,
                   (uint32_t)n_tok);
+}
+
+enum tern_status tern_vk_kv_store(struct tern_vk *vk, const struct tern_vk_buf *x, size_t row_stride,
+                                  struct tern_vk_buf *cache, size_t n_ctx, size_t n_kv_head, size_t head_dim,
+                                  size_t pos0, size_t n_tok, bool f16) {
+    enum tern_status st;
+    const size_t es = f16 ? 2 : 4;
+    if ((f16 && head_dim % 2) || row_stride < n_kv_head * head_dim || pos0 + n_tok > n_ctx)
+        return tern_errorf(TERN_ERR_INVALID, "vulkan: kv store of %zu rows at %zu into %zu positions (heads of %zu)", n_tok,
+                           pos0, n_ctx, head_dim);
+    if ((st = check_rows("kv store", x, n_tok, row_stride))) return st;
+    if (cache->bytes / es / head_dim / (n_kv_head ? n_kv_head : 1) < n_ctx)
+        return tern_errorf(TERN_ERR_RANGE, "vulkan: a %zu-byte cache cannot hold %zu positions", cache->bytes, n_ctx);
+    if (!n_tok || !n_kv_head) return TERN_OK;
+    const uint32_t pc[6] = {(uint32_t)head_dim, (uint32_t)n_ctx, (uint32_t)row_stride, (uint32_t)pos0,
+                            (uint32_t)n_kv_head, (uint32_t)n_tok};
+    const struct tern_vk_buf *bufs[2] = {x, cache};
+    const size_t width = f16 ? head_dim / 2 : head_dim;
+    return record(vk, f16 ? PIPE_KVSTORE_F16 : PIPE_KVSTORE_F32, bufs, 2, pc, sizeof pc, (uint32_t)((width + 63) / 64),
+                  (uint32_t)n_kv_head, (uint32_t)n_tok);
+}
+
+enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf *q, size_t q_stride,
+                                   const struct tern_vk_buf *kc, const struct tern_vk_buf *vc, size_t n_ctx,
+                                   struct tern_vk_buf *out, size_t out_stride, size_t n_tok, size_t pos0,
+                                   size_t n_head, size_t n_kv_head, size_t head_dim, float scale, bool f16) {
+    enum tern_status st;
+    if (head_dim == 0 || head_dim > 256 || (f16 && head_dim % 2) || n_kv_head == 0 || n_head % n_kv_head ||
+        q_stride < n_head * head_dim || out_stride < n_head * head_dim || pos0 + n_tok > n_ctx)
+        return tern_errorf(TERN_ERR_INVALID,
+                           "vulkan: attention of %zu heads (%zu kv heads of %zu, at most 256) at %zu+%zu of %zu positions",
+                           n_head, n_kv_head, head_dim, pos0, n_tok, n_ctx);
+    if ((st = check_rows("attention queries", q, n_tok, q_stride)) || (st = check_rows("attention output", out, n_tok, out_stride)))
+        return st;
+    const size_t es = f16 ? 2 : 4;
+    if (kc->bytes / es / head_dim / n_kv_head < n_ctx || vc->bytes / es / head_dim / n_kv_head < n_ctx)
+        return tern_errorf(TERN_ERR_RANGE, "vulkan: the caches cannot hold %zu positions", n_ctx);
+    if (!n_tok) return TERN_OK;
+    struct {
+        uint32_t head_dim, n_ctx, q_stride, out_stride, pos0, group;
+        float scale;
+        uint32_t n_tok;
+    } pc = {(uint32_t)head_dim, (uint32_t)n_ctx, (uint32_t)q_stride, (uint32_t)out_stride,
+            (uint32_t)pos0,     (uint32_t)(n_head / n_kv_head), scale, (uint32_t)n_tok};
+    const struct tern_vk_buf *bufs[4] = {q, kc, vc, out};
+    return record(vk, f16 ? PIPE_ATTN_F16 : PIPE_ATTN_F32, bufs, 4, &pc, sizeof pc, (uint32_t)n_tok, (uint32_t)n_head, 1);
 }

@@ -1,0 +1,102 @@
+#version 450
+// Attention of one query head of one token per workgroup, over the cache rows [0, pos]:
+// in blocks of 256 positions from 0 (the CPU's pages), an online softmax per block:
+//   s_j = scale * q . k_j           (each by one invocation, sequential over the head)
+//   m' = max(m, max_j s_j); c = exp(m - m'); l = l c + sum_j exp(s_j - m')
+//   acc = acc c + sum_j exp(s_j - m') v_j   (each output dim by one invocation, j in order)
+// The sums over a block use a tree whose shape depends on the block alone. A token's
+// result therefore depends only on its own positions, never on the other queries.
+//
+// Cache layout: [n_kv_head][n_ctx][head_dim], F32 or (F16 = 1) halves packed in uints.
+layout(local_size_x = 64) in;
+layout(constant_id = 0) const uint F16 = 0;
+
+layout(std430, binding = 0) readonly buffer Q { float q[]; };
+layout(std430, binding = 1) readonly buffer K { uint kc[]; };
+layout(std430, binding = 2) readonly buffer V { uint vc[]; };
+layout(std430, binding = 3) writeonly buffer O { float o[]; };
+
+layout(push_constant) uniform P {
+    uint head_dim;
+    uint n_ctx;
+    uint q_stride;
+    uint out_stride;
+    uint pos0;
+    uint group;     // query heads per kv head
+    float scale;
+    uint n_tok;
+} p;
+
+shared float s[256];
+shared float red[64];
+
+float cache_at(uint which, uint idx) {
+    if (F16 != 0u) {
+        const vec2 v = unpackHalf2x16(which == 0u ? kc[idx >> 1] : vc[idx >> 1]);
+        return (idx & 1u) == 0u ? v.x : v.y;
+    }
+    return uintBitsToFloat(which == 0u ? kc[idx] : vc[idx]);
+}
+
+void main() {
+    const uint t = gl_WorkGroupID.x, h = gl_WorkGroupID.y;
+    const uint lid = gl_LocalInvocationID.x;
+    const uint hd = p.head_dim, g = h / p.group;
+    const uint pos = p.pos0 + t;
+    const uint qo = t * p.q_stride + h * hd;
+    const uint base = g * p.n_ctx * hd;
+    float m = -1.0 / 0.0, l = 0.0;
+    float acc[4] = float[4](0.0, 0.0, 0.0, 0.0); // dims lid, lid + 64, lid + 128, lid + 192
+    for (uint b0 = 0u; b0 <= pos; b0 += 256u) {
+        const uint nb = min(256u, pos + 1u - b0);
+        for (uint j = lid; j < nb; j += 64u) {
+            precise float d = 0.0;
+            const uint ko = base + (b0 + j) * hd;
+            for (uint e = 0u; e < hd; e++) d += q[qo + e] * cache_at(0u, ko + e);
+            s[j] = p.scale * d;
+        }
+        barrier();
+        float mx = -1.0 / 0.0;
+        for (uint j = lid; j < nb; j += 64u) mx = max(mx, s[j]);
+        red[lid] = mx;
+        barrier();
+        for (uint w = 32u; w > 0u; w >>= 1) {
+            if (lid < w) red[lid] = max(red[lid], red[lid + w]);
+            barrier();
+        }
+        const float mn = max(m, red[0]);
+        const float c = exp(m - mn);
+        barrier();
+        precise float ps = 0.0;
+        for (uint j = lid; j < nb; j += 64u) {
+            const float e = exp(s[j] - mn);
+            s[j] = e;
+            ps += e;
+        }
+        red[lid] = ps;
+        barrier();
+        for (uint w = 32u; w > 0u; w >>= 1) {
+            if (lid < w) {
+                precise float v = red[lid] + red[lid + w];
+                red[lid] = v;
+            }
+            barrier();
+        }
+        precise float ln = l * c + red[0];
+        l = ln;
+        for (uint r = 0u; r < 4u; r++) {
+            const uint e = lid + 64u * r;
+            if (e >= hd) break;
+            precise float a = acc[r] * c;
+            for (uint j = 0u; j < nb; j++) a += s[j] * cache_at(1u, base + (b0 + j) * hd + e);
+            acc[r] = a;
+        }
+        m = mn;
+        barrier();
+    }
+    const float inv = 1.0 / l;
+    for (uint r = 0u; r < 4u; r++) {
+        const uint e = lid + 64u * r;
+        if (e < hd) o[t * p.out_stride + h * hd + e] = acc[r] * inv;
+    }
+}
