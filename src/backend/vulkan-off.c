@@ -116,3 +116,8 @@ enum tern_status tern_vk_deltanet_heads(struct tern_vk *vk, struct tern_vk_buf *
         (void)d_k, (void)d_v, (void)eps, (void)n_tok;
     return NOT_BUILT;
 }
+enum tern_status tern_vk_split_heads(struct tern_vk *vk, const struct tern_vk_buf *ab, struct tern_vk_buf *a,
+                                     struct tern_vk_buf *b, size_t n_tok, size_t n_head, size_t head_dim) {
+    (void)vk, (void)ab, (void)a, (void)b, (void)n_tok, (void)n_head, (void)head_dim;
+    return NOT_BUILT;
+}

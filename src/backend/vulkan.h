@@ -130,4 +130,8 @@ enum tern_status tern_vk_deltanet_heads(struct tern_vk *vk, struct tern_vk_buf *
                                         const struct tern_vk_buf *params, size_t n_k, size_t n_v, size_t d_k,
                                         size_t d_v, float eps, size_t n_tok);
 
+/* Rows of n_head heads laid out [a | b] per head (2 * head_dim each) split into a and b. */
+enum tern_status tern_vk_split_heads(struct tern_vk *vk, const struct tern_vk_buf *ab, struct tern_vk_buf *a,
+                                     struct tern_vk_buf *b, size_t n_tok, size_t n_head, size_t head_dim);
+
 #endif

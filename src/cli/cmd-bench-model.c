@@ -37,7 +37,7 @@ static void usage(FILE *f) {
             "      --mlock           pin the weights\n"
             "      --json            print one JSON object instead of a table\n"
             "      --device D        cpu (default; or $TERN_DEVICE), vulkan[:N] (the Vulkan backend,\n"
-            "                        llama and qwen3 today: docs/gpu.md), auto (a GPU when there is one)\n"
+            "                        llama, qwen3, qwen35 today: docs/gpu.md), auto (a GPU when there is one)\n"
             "  -h, --help            this help\n");
 }
 
@@ -183,15 +183,15 @@ static int bench_gpu(struct tern_model *m, int dev, long n_prompt, long n_gen, l
     for (long r = -1; r < reps && !rc; r++) {
         if (n_prompt) {
             random_tokens(toks, (size_t)n_prompt, info->n_vocab, &rng);
-            tern_gpu_model_reset(g);
+            if (tern_gpu_model_reset(g)) rc = 1;
             const uint32_t n = (uint32_t)(r < 0 ? (n_prompt < 16 ? n_prompt : 16) : n_prompt);
             const double t0 = tern_now_s();
-            if (tern_gpu_model_eval(g, toks, n, n_chunk, logits, false)) rc = 1;
+            if (!rc && tern_gpu_model_eval(g, toks, n, n_chunk, logits, false)) rc = 1;
             if (r >= 0) pp[r] = (double)n_prompt / (tern_now_s() - t0);
         }
         if (n_gen && !rc) {
             random_tokens(toks, (size_t)n_gen, info->n_vocab, &rng);
-            tern_gpu_model_reset(g);
+            if (tern_gpu_model_reset(g)) rc = 1;
             const long n = r < 0 ? (n_gen < 4 ? n_gen : 4) : n_gen;
             const double t0 = tern_now_s();
             for (long i = 0; i < n && !rc; i++)

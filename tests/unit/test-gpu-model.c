@@ -2,7 +2,9 @@
  * and qwen3 models in every weight type they come in:
  * - the logits of every prompt position agree with the CPU's (F32 weights: to 1e-4 of
  *   the row's largest logit; quantized ones, whose CPU path quantizes the activations to
- *   8 bits: RMS difference under 5 % of the logits' RMS and top-1 agreement >= 90 %);
+ *   8 bits: RMS difference under 5 % of the logits' RMS and top-1 agreement >= 90 %, and
+ *   for the hybrid the kit's rule for an engine with F32 activations, 25 % and 65 % —
+ *   its reference notes 7 % / 82 % between llama.cpp and dequantized F32 weights);
  * - exactness within the backend: token by token, chunks of 7 and one chunk give
  *   bit-identical logits, with F16 and F32 caches;
  * - what the backend lacks is refused with a message (an MoE model).
@@ -89,7 +91,8 @@ static float *gpu_logits(struct tern_model *m, const int32_t *toks, size_t n, ui
     return l;
 }
 
-static void check_model(const char *stem, bool quantized) {
+/* quantized: 0 = F32 weights; 1 = dense quantized; 2 = hybrid quantized */
+static void check_model(const char *stem, int quantized) {
     char rel[128];
     snprintf(rel, sizeof rel, "models/%s.gguf", stem);
     struct tern_model *m = load(rel);
@@ -116,7 +119,10 @@ static void check_model(const char *stem, bool quantized) {
     const double rms = sqrt(d2 / l2);
     printf("%-20s gpu vs cpu over %zu positions: max diff %.2e of the row max, RMS %.4f, top-1 %zu/%zu\n", stem, n, worst,
            rms, agree, n);
-    if (quantized) {
+    if (quantized == 2) {
+        assert_true(rms < 0.25);
+        assert_true(agree * 100 >= n * 65);
+    } else if (quantized) {
         assert_true(rms < 0.05);
         assert_true(agree * 10 >= n * 9);
     } else {
@@ -151,6 +157,15 @@ static void test_qwen3(void **state) {
     check_model("tiny-qwen3-q6_k", true);
 }
 
+static void test_qwen35(void **state) {
+    (void)state;
+    check_model("tiny-qwen35-f32", false);
+    if (!lite) {
+        check_model("tiny-qwen35-q8_0", 2);
+        check_model("tiny-qwen35-q4_k_m", 2);
+    }
+}
+
 static void test_refused(void **state) {
     (void)state;
     struct tern_model *m = load("models/tiny-qwen3moe-q8_0.gguf");
@@ -167,6 +182,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama),
         cmocka_unit_test(test_qwen3),
+        cmocka_unit_test(test_qwen35),
         cmocka_unit_test(test_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

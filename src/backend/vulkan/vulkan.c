@@ -196,9 +196,9 @@ static const enum tern_dtype matmul_types[] = {TERN_DTYPE_F32,  TERN_DTYPE_F16, 
 /* Every pipeline: a shader, its specialization constant. Matmuls come first. */
 enum {
     PIPE_RMSNORM = N_MATMUL, PIPE_ADD, PIPE_SWIGLU, PIPE_SIGMOID_MUL, PIPE_ROPE,
-    PIPE_ATTN_F32, PIPE_ATTN_F16, PIPE_KVSTORE_F32, PIPE_KVSTORE_F16, PIPE_DNCONV, PIPE_DNHEADS, N_PIPES
+    PIPE_ATTN_F32, PIPE_ATTN_F16, PIPE_KVSTORE_F32, PIPE_KVSTORE_F16, PIPE_DNCONV, PIPE_DNHEADS, PIPE_SPLIT, N_PIPES
 };
-#define N_MODULES 8 /* matmul, rmsnorm, rows, rope, attention, kvstore, dnconv, dnheads */
+#define N_MODULES 9 /* matmul, rmsnorm, rows, rope, attention, kvstore, dnconv, dnheads, split */
 #define N_BINDINGS 8
 #define PUSH_BYTES 32
 
@@ -273,7 +273,8 @@ static enum tern_status make_pipelines(struct tern_vk *vk) {
     } mods[N_MODULES] = {{tern_spv_matmul, tern_spv_matmul_size},       {tern_spv_rmsnorm, tern_spv_rmsnorm_size},
                          {tern_spv_rows, tern_spv_rows_size},           {tern_spv_rope, tern_spv_rope_size},
                          {tern_spv_attention, tern_spv_attention_size}, {tern_spv_kvstore, tern_spv_kvstore_size},
-                         {tern_spv_dnconv, tern_spv_dnconv_size},       {tern_spv_dnheads, tern_spv_dnheads_size}};
+                         {tern_spv_dnconv, tern_spv_dnconv_size},       {tern_spv_dnheads, tern_spv_dnheads_size},
+                         {tern_spv_split, tern_spv_split_size}};
     for (int i = 0; i < N_MODULES; i++) {
         const VkShaderModuleCreateInfo sci = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
                                               .codeSize = mods[i].size,
@@ -290,6 +291,7 @@ static enum tern_status make_pipelines(struct tern_vk *vk) {
         else if (i == PIPE_KVSTORE_F32 || i == PIPE_KVSTORE_F16) mod = 5, spec_val = i == PIPE_KVSTORE_F16;
         else if (i == PIPE_DNCONV) mod = 6;
         else if (i == PIPE_DNHEADS) mod = 7;
+        else if (i == PIPE_SPLIT) mod = 8;
         else mod = 2, spec_val = (uint32_t)(i - PIPE_ADD); /* rows.comp: 0 add, 1 swiglu, 2 sigmoid-mul */
         const VkSpecializationMapEntry me = {0, 0, sizeof(uint32_t)};
         const VkSpecializationInfo spec = {1, &me, sizeof(uint32_t), &spec_val};
@@ -299,7 +301,7 @@ static enum tern_status make_pipelines(struct tern_vk *vk) {
                       .stage = VK_SHADER_STAGE_COMPUTE_BIT,
                       .module = vk->modules[mod],
                       .pName = "main",
-                      .pSpecializationInfo = (i == PIPE_RMSNORM || i == PIPE_ROPE || i == PIPE_DNCONV || i == PIPE_DNHEADS)
+                      .pSpecializationInfo = (i == PIPE_RMSNORM || i == PIPE_ROPE || i >= PIPE_DNCONV)
                                                  ? NULL
                                                  : &spec},
             .layout = vk->layout};
@@ -793,4 +795,17 @@ enum tern_status tern_vk_deltanet_heads(struct tern_vk *vk, struct tern_vk_buf *
     } pc = {(uint32_t)n_k, (uint32_t)n_v, (uint32_t)d_k, (uint32_t)d_v, eps, (uint32_t)n_tok};
     const struct tern_vk_buf *bufs[7] = {state, qkv, z, beta, alpha, out, params};
     return record(vk, PIPE_DNHEADS, bufs, 7, &pc, sizeof pc, (uint32_t)n_v, 1, 1);
+}
+
+enum tern_status tern_vk_split_heads(struct tern_vk *vk, const struct tern_vk_buf *ab, struct tern_vk_buf *a,
+                                     struct tern_vk_buf *b, size_t n_tok, size_t n_head, size_t head_dim) {
+    enum tern_status st;
+    if ((st = check_rows("split", ab, n_tok, 2 * n_head * head_dim)) || (st = check_rows("split", a, n_tok, n_head * head_dim)) ||
+        (st = check_rows("split", b, n_tok, n_head * head_dim)))
+        return st;
+    const uint32_t count = (uint32_t)(n_tok * n_head * head_dim);
+    if (!count) return TERN_OK;
+    const uint32_t pc[3] = {(uint32_t)n_head, (uint32_t)head_dim, (uint32_t)n_tok}, groups = (count + 255) / 256;
+    const struct tern_vk_buf *bufs[3] = {ab, a, b};
+    return record(vk, PIPE_SPLIT, bufs, 3, pc, sizeof pc, groups < 65535 ? groups : 65535, (groups + 65534) / 65535, 1);
 }
