@@ -45,14 +45,18 @@ void tern_grammar_free(struct tern_grammar *g);
 size_t tern_grammar_n_rules(const struct tern_grammar *g);
 size_t tern_grammar_n_elements(const struct tern_grammar *g);
 
-/* A vocabulary for masks. piece(i) gives token i's bytes; tokens with allowed[i] false
- * (or an empty piece) are never allowed by a grammar; eog tokens are allowed exactly at
- * a complete match. The arrays are copied. */
+/* A vocabulary for masks. pieces[i] (lens[i] bytes) is token i's text; tokens with an
+ * empty or NULL piece are never allowed; eog tokens (eog may be NULL) are allowed
+ * exactly at a complete match; special tokens (special may be NULL) only where a
+ * configuration expects exactly their first character, i.e. where the grammar spells
+ * them as a literal (so "<tool_call>" may come as its one token, but never inside a
+ * JSON string through [^"]). The arrays are copied. */
 enum tern_status tern_gvocab_new(uint32_t n_vocab, const char *const *pieces, const uint32_t *lens,
-                                 const bool *eog, struct tern_gvocab **out);
+                                 const bool *eog, const bool *special, struct tern_gvocab **out);
 /* From a tokenizer: pieces as the server's detokenizer renders them (control tokens
- * with their text), the end-of-generation tokens, and control tokens spelled "<|...|>"
- * (turn markers, fill-in-the-middle, vision ...) never allowed. */
+ * with their text), the end-of-generation tokens; control and user-defined tokens are
+ * special, and control tokens spelled "<|...|>" (turn markers, fill-in-the-middle,
+ * vision ...) never allowed. */
 enum tern_status tern_gvocab_from_tokenizer(const struct tern_tokenizer *t, struct tern_gvocab **out);
 void tern_gvocab_free(struct tern_gvocab *v);
 uint32_t tern_gvocab_n_vocab(const struct tern_gvocab *v);

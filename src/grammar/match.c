@@ -47,6 +47,8 @@ struct tern_gvocab {
     uint32_t *plen;
     int32_t *eog;      /* end-of-generation ids */
     size_t n_eog;
+    int32_t *spec;     /* special tokens: allowed only where the grammar spells them literally */
+    size_t n_spec;
 };
 
 static const struct tern_gvocab *sort_v;
@@ -72,6 +74,7 @@ void tern_gvocab_free(struct tern_gvocab *v) {
     free(v->tok_n);
     free(v->toks);
     free(v->eog);
+    free(v->spec);
     free(v);
 }
 
@@ -79,7 +82,7 @@ uint32_t tern_gvocab_n_vocab(const struct tern_gvocab *v) { return v->n_vocab; }
 size_t tern_gvocab_n_nodes(const struct tern_gvocab *v) { return v->n_nodes; }
 
 enum tern_status tern_gvocab_new(uint32_t n_vocab, const char *const *pieces, const uint32_t *lens, const bool *eog,
-                                 struct tern_gvocab **out) {
+                                 const bool *special, struct tern_gvocab **out) {
     *out = NULL;
     struct tern_gvocab *v = tern_calloc(1, sizeof *v);
     if (!v) return tern_errorf(TERN_ERR_NOMEM, "grammar vocabulary: out of memory");
@@ -87,8 +90,9 @@ enum tern_status tern_gvocab_new(uint32_t n_vocab, const char *const *pieces, co
     v->piece = tern_calloc(n_vocab ? n_vocab : 1, sizeof *v->piece);
     v->plen = tern_calloc(n_vocab ? n_vocab : 1, sizeof *v->plen);
     v->eog = tern_malloc((n_vocab ? n_vocab : 1) * sizeof *v->eog);
+    v->spec = tern_malloc((n_vocab ? n_vocab : 1) * sizeof *v->spec);
     int32_t *ids = tern_malloc((n_vocab ? n_vocab : 1) * sizeof *ids);
-    if (!v->piece || !v->plen || !v->eog || !ids) goto nomem;
+    if (!v->piece || !v->plen || !v->eog || !v->spec || !ids) goto nomem;
     size_t n_ids = 0, total = 0;
     for (uint32_t i = 0; i < n_vocab; i++) {
         if (eog && eog[i]) {
@@ -100,6 +104,10 @@ enum tern_status tern_gvocab_new(uint32_t n_vocab, const char *const *pieces, co
         if (!v->piece[i]) goto nomem;
         memcpy(v->piece[i], pieces[i], lens[i]);
         v->plen[i] = lens[i];
+        if (special && special[i]) {
+            v->spec[v->n_spec++] = (int32_t)i;
+            continue;
+        }
         ids[n_ids++] = (int32_t)i;
         total += lens[i];
     }
@@ -163,9 +171,10 @@ enum tern_status tern_gvocab_from_tokenizer(const struct tern_tokenizer *t, stru
     char **pieces = tern_calloc(nv ? nv : 1, sizeof *pieces);
     uint32_t *lens = tern_calloc(nv ? nv : 1, sizeof *lens);
     bool *eog = tern_calloc(nv ? nv : 1, sizeof *eog);
+    bool *spec = tern_calloc(nv ? nv : 1, sizeof *spec);
     struct tern_buf b = TERN_BUF_INIT;
     enum tern_status st = TERN_OK;
-    if (!pieces || !lens || !eog) {
+    if (!pieces || !lens || !eog || !spec) {
         st = tern_errorf(TERN_ERR_NOMEM, "grammar vocabulary: out of memory");
         goto out;
     }
@@ -186,14 +195,17 @@ enum tern_status tern_gvocab_from_tokenizer(const struct tern_tokenizer *t, stru
             goto out;
         }
         lens[i] = (uint32_t)b.len;
+        int32_t type = tern_token_type(t, (int32_t)i);
+        spec[i] = tern_token_is_control(t, (int32_t)i) || type == TERN_TOKEN_TYPE_USER_DEFINED;
     }
-    st = tern_gvocab_new(nv, (const char *const *)pieces, lens, eog, out);
+    st = tern_gvocab_new(nv, (const char *const *)pieces, lens, eog, spec, out);
 out:
     if (pieces)
         for (uint32_t i = 0; i < nv; i++) free(pieces[i]);
     free(pieces);
     free(lens);
     free(eog);
+    free(spec);
     tern_buf_free(&b);
     return st;
 }
@@ -726,6 +738,27 @@ size_t tern_gmatch_mask(struct tern_gmatch *m, uint32_t *mask, enum tern_status 
         }
         i++;
     }
+    /* special tokens: only where a configuration expects exactly their first character
+     * (a literal in the grammar), never through a class such as a string's [^"] */
+    for (size_t k = 0; k < v->n_spec; k++) {
+        int32_t id = v->spec[k];
+        const uint8_t *p = v->piece[id];
+        if (m->part.need || p[0] >= 0x80) continue;
+        bool literal = false;
+        for (size_t c = 0; c < m->n_cfg && !literal; c++) {
+            uint32_t pos = CFG_POS(m->cfg[c]);
+            if (pos == POS_ACCEPT) continue;
+            const struct gel *e = &m->g->el[pos];
+            const uint32_t *r = m->g->ranges + 2 * (size_t)e->a;
+            literal = !e->neg && e->n == 1 && r[0] == p[0] && r[1] == p[0];
+        }
+        struct partial fp;
+        if (literal && run_bytes(m, p, v->plen[id], &fp)) {
+            mask[id / 32] |= 1u << (id % 32);
+            count++;
+        }
+    }
+    if (m->overflow) goto limit;
     if (tern_gmatch_can_end(m)) {
         for (size_t k = 0; k < v->n_eog; k++) {
             int32_t id = v->eog[k];

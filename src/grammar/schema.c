@@ -1229,22 +1229,27 @@ void tern_schema_gbnf_free(struct tern_schema_gbnf *c) {
     free(c);
 }
 
-enum tern_status tern_schema_gbnf_add(struct tern_schema_gbnf *c, const char *name, const json_t *schema, char *ptr,
-                                      size_t ptr_cap) {
+enum tern_status tern_schema_gbnf_add_in(struct tern_schema_gbnf *c, const char *name, const json_t *doc,
+                                         const json_t *schema, const char *base, char *ptr, size_t ptr_cap) {
     if (ptr && ptr_cap) ptr[0] = 0;
     for (size_t i = 0; i < c->n_refs; i++) free(c->refs[i].ptr);
     c->n_refs = 0;
-    c->doc = schema;
+    c->doc = doc ? doc : schema;
     c->err = TERN_OK;
     c->err_ptr = ptr;
     c->err_cap = ptr_cap;
     c->depth = 0;
     snprintf(c->prefix, sizeof c->prefix, "%.40s", name);
     char top[32];
-    enum tern_status st = gen(c, schema, "", top);
+    enum tern_status st = gen(c, schema, base ? base : "", top);
     if (st) return st;
     if (tern_buf_printf(&c->g, "%s ::= %s\n", name, top)) return nomem(c);
     return TERN_OK;
+}
+
+enum tern_status tern_schema_gbnf_add(struct tern_schema_gbnf *c, const char *name, const json_t *schema, char *ptr,
+                                      size_t ptr_cap) {
+    return tern_schema_gbnf_add_in(c, name, NULL, schema, NULL, ptr, ptr_cap);
 }
 
 enum tern_status tern_schema_gbnf_raw(struct tern_schema_gbnf *c, const char *text) {

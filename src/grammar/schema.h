@@ -38,6 +38,10 @@ void tern_schema_gbnf_free(struct tern_schema_gbnf *c);
  * bytes) holds its JSON pointer within schema ("" = the schema itself). */
 enum tern_status tern_schema_gbnf_add(struct tern_schema_gbnf *c, const char *name, const json_t *schema, char *ptr,
                                       size_t ptr_cap);
+/* The same for a schema inside the document doc ($refs resolve in doc; base is
+ * schema's JSON pointer in doc, for error pointers). */
+enum tern_status tern_schema_gbnf_add_in(struct tern_schema_gbnf *c, const char *name, const json_t *doc,
+                                         const json_t *schema, const char *base, char *ptr, size_t ptr_cap);
 /* Appends GBNF text as is (the caller's own rules). */
 enum tern_status tern_schema_gbnf_raw(struct tern_schema_gbnf *c, const char *text);
 /* The grammar so far plus the shared JSON rules; valid until the next call. */

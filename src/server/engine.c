@@ -1,7 +1,9 @@
 /* The engine backend (see engine.h). */
 #include "server/engine.h"
 
+#include "grammar/grammar.h"
 #include "server/chat.h"
+#include "server/constrain.h"
 #include "server/reply.h"
 #include "server/respond.h"
 #include "tokenizer/tokenizer.h"
@@ -47,6 +49,7 @@ struct srv_engine {
     uint32_t predict_delay_ms;   /* tests only */
     int32_t turn_token;
     struct eng_predict pred;
+    struct tern_gvocab *gvocab;  /* token pieces for grammar masks (built on first use, worker only) */
     /* figures for /metrics (read from other threads) */
     atomic_uint_fast64_t pred_us, pred_runs, pred_preempted, pred_skipped;
     atomic_int pred_active;
@@ -57,6 +60,7 @@ struct eng_job {
     bool in_think;               /* the prompt opened <think> */
     int32_t *forced;             /* test-only forced output tokens */
     size_t n_forced;
+    struct tern_grammar *tool_grammar; /* tool_choice required / named (owned) */
 };
 
 /* ---- prepare (connection threads) -------------------------------------------------- */
@@ -87,6 +91,29 @@ static bool engine_prepare(void *self, struct srv_job *j, struct srv_error *err)
             return fail_status(err, st, "template");
         }
         ej->in_think = reply_prompt_opens_think(e->chat.fmt, text.data, text.len);
+        if (!j->req.tools && (j->req.tool_choice == SRV_TOOLS_REQUIRED || j->req.tool_choice == SRV_TOOLS_NAMED)) {
+            tern_buf_free(&text);
+            srv_error_bad(err, "tool_choice", "'tool_choice' asks for a tool call, but the request has no 'tools'");
+            return false;
+        }
+        if (srv_tools_enforced(&j->req)) {
+            if (j->req.grammar) {
+                tern_buf_free(&text);
+                srv_error_bad(err, j->req.grammar_kind, "'%s' cannot be combined with tool_choice '%s'",
+                              j->req.grammar_kind, j->req.tool_choice == SRV_TOOLS_NAMED ? "function" : "required");
+                return false;
+            }
+            struct tern_buf g = TERN_BUF_INIT;
+            bool ok = srv_tool_gbnf(&j->req, (enum srv_tool_syntax)e->chat.tool_syntax, ej->in_think, &g, err) &&
+                      srv_grammar_compile(g.data, g.len, "tools", &ej->tool_grammar, err);
+            if (!ok && err->status == 400 && !strcmp(err->param, "tools"))
+                TERN_LOG_WARN("tool-call grammar refused: %s\n%s", err->message, g.data ? g.data : "");
+            tern_buf_free(&g);
+            if (!ok) {
+                tern_buf_free(&text);
+                return false;
+            }
+        }
         st = chat_fmt_tokenize(&e->chat, text.data ? text.data : "", text.len, &j->prompt, &j->n_prompt, &cap);
         tern_buf_free(&text);
         if (st) return fail_status(err, st, "tokenizer");
@@ -134,6 +161,7 @@ static void engine_job_free(void *self, struct srv_job *j) {
     struct eng_job *ej = j->priv;
     if (!ej) return;
     free(ej->forced);
+    tern_grammar_free(ej->tool_grammar);
     free(ej);
     j->priv = NULL;
 }
@@ -401,6 +429,9 @@ static void engine_run(void *self, struct srv_job *j) {
                       j->seq * 0x9e3779b97f4a7c15ull ^ (uint64_t)j->created);
     stop_matcher_init(&o.stop, (const char *const *)j->req.stop, j->req.n_stop);
     struct tern_sampler *sampler = NULL;
+    struct tern_gmatch *gm = NULL;   /* the grammar's matcher (NULL: unconstrained) */
+    uint32_t *gmask = NULL;
+    double t_mask = 0;
     bool release_ok = true, completed = false;
     const char *finish = "stop";
     int status = 200;
@@ -430,6 +461,19 @@ static void engine_run(void *self, struct srv_job *j) {
     if (!j->req.seed_set) sp.seed = tern_now_ns() ^ (j->seq << 32);
     st = tern_sampler_new(&sp, e->info->n_vocab, &sampler);
     if (!st) st = tern_detok_new(e->tok, TERN_TOK_PARSE_SPECIAL, &o.detok);
+    const struct tern_grammar *grammar = ej->tool_grammar ? ej->tool_grammar : j->req.grammar;
+    if (!st && grammar) {
+        if (!e->gvocab) {
+            double t0 = tern_now_s();
+            st = tern_gvocab_from_tokenizer(e->tok, &e->gvocab);
+            if (!st)
+                TERN_LOG_INFO("grammar: vocabulary trie of %zu nodes built in %.3fs", tern_gvocab_n_nodes(e->gvocab),
+                              tern_now_s() - t0);
+        }
+        if (!st) st = tern_gmatch_new(grammar, e->gvocab, &gm);
+        if (!st && !(gmask = tern_malloc(((size_t)e->info->n_vocab + 31) / 32 * sizeof *gmask)))
+            st = tern_errorf(TERN_ERR_NOMEM, "out of memory for the token mask");
+    }
     if (st) {
         send_failure(j, 500, "server_error", "cannot start decoding: %s", tern_last_error());
         goto out;
@@ -451,6 +495,34 @@ static void engine_run(void *self, struct srv_job *j) {
                 break;
             }
             tok = ej->forced[i];
+            if (gm && !tern_gmatch_accept_token(gm, tok)) {
+                char msg[160];
+                snprintf(msg, sizeof msg, "forced output token %d (at %lld) is not allowed by the grammar", tok,
+                         (long long)i);
+                send_failure(j, 500, "server_error", "%s", msg);
+                goto out;
+            }
+        } else if (gm) {
+            double t0 = tern_now_s();
+            enum tern_status gst;
+            size_t n_allowed = tern_gmatch_mask(gm, gmask, &gst);
+            t_mask += tern_now_s() - t0;
+            const float *logits = tern_session_logits(s);
+            tok = n_allowed ? tern_sampler_sample_masked(sampler, logits, gmask, tern_session_tokens(s),
+                                                         tern_session_n_past(s))
+                            : -1;
+            if (tok < 0 || !tern_gmatch_accept_token(gm, tok)) {
+                char msg[300];
+                if (gst) snprintf(msg, sizeof msg, "%s", tern_last_error());
+                else snprintf(msg, sizeof msg, "the grammar allows no token of the vocabulary after %lld generated "
+                              "tokens (the output so far is not a complete match)", (long long)i);
+                send_failure(j, 500, "server_error", "constrained decoding stopped: %s", msg);
+                goto out;
+            }
+            if (tern_token_is_eog(e->tok, tok)) {
+                finish = "stop";
+                break;
+            }
         } else {
             const float *logits = tern_session_logits(s);
             tok = tern_sampler_sample(sampler, logits, tern_session_tokens(s), tern_session_n_past(s));
@@ -525,6 +597,15 @@ cancelled:
 
 out:
     if (e->state_hash) log_state_hashes(s, j->id);
+    if (gm) {
+        struct tern_gmatch_stats gs;
+        tern_gmatch_get_stats(gm, &gs);
+        TERN_LOG_INFO("grammar: %s %llu masks (%llu from the cache) in %.3fs, %llu trie nodes walked, %zu stack nodes",
+                      j->id, (unsigned long long)gs.masks, (unsigned long long)gs.cache_hits, t_mask,
+                      (unsigned long long)gs.nodes_visited, gs.n_stack_nodes);
+    }
+    tern_gmatch_free(gm);
+    free(gmask);
     cache_release(e->cache, &pc.lease, release_ok);
     /* The most recent conversation is the one predicted (the previous one's
      * predictions, primed or not, give way). */
@@ -752,6 +833,7 @@ const struct srv_backend *srv_engine_backend(struct srv_engine *e) { return &e->
 void srv_engine_free(struct srv_engine *e) {
     if (!e) return;
     pred_clear(&e->pred);
+    tern_gvocab_free(e->gvocab);
     cache_free(e->cache);
     chat_fmt_free(&e->chat);
     free(e->model_id);

@@ -17,6 +17,8 @@
 #include "tern.h"
 
 #include <jansson.h>
+
+struct tern_grammar;
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -56,6 +58,13 @@ struct srv_request {
     json_t *messages;            /* normalised array (owned) */
     json_t *tools;               /* array or NULL (owned) */
     enum srv_tool_choice tool_choice;
+    char *tool_name;             /* SRV_TOOLS_NAMED: the function (owned) */
+    bool parallel_tool_calls;    /* default true */
+
+    /* structured output (server/constrain.h): the compiled grammar of `grammar`,
+     * `response_format` or `json_schema` (owned; NULL = unconstrained) */
+    struct tern_grammar *grammar;
+    const char *grammar_kind;    /* which field gave it (static) */
     json_t *template_kwargs;     /* chat_template_kwargs object or NULL (owned) */
 
     /* completions: either text or token ids */

@@ -212,7 +212,7 @@ static void test_mask_basic(void **state) {
     for (size_t i = 0; i < sizeof toks / sizeof toks[0]; i++) vocab_add(&v, toks[i], strlen(toks[i]), false);
     vocab_add(&v, "</s>", 4, true);
     struct tern_gvocab *gv = NULL;
-    assert_int_equal(tern_gvocab_new(v.n, (const char *const *)v.p, v.len, v.eog, &gv), TERN_OK);
+    assert_int_equal(tern_gvocab_new(v.n, (const char *const *)v.p, v.len, v.eog, NULL, &gv), TERN_OK);
     struct tern_grammar *g = compile("root ::= \"{\" [ab\xe6\x97\xa5]* \"}\"");
     struct tern_gmatch *m = NULL;
     assert_int_equal(tern_gmatch_new(g, gv, &m), TERN_OK);
@@ -249,6 +249,35 @@ static void test_mask_basic(void **state) {
     vocab_free(&v);
 }
 
+/* Special tokens are allowed where the grammar spells them literally, not through a
+ * class; their bytes (as normal tokens) stay allowed everywhere they match. */
+static void test_mask_special(void **state) {
+    (void)state;
+    const char *toks[] = {"<tc>", "<", "tc", ">", "a", "\"", "</s>"};
+    const bool special[] = {true, false, false, false, false, false, false};
+    const bool eog[] = {false, false, false, false, false, false, true};
+    uint32_t lens[7];
+    for (int i = 0; i < 7; i++) lens[i] = (uint32_t)strlen(toks[i]);
+    struct tern_gvocab *gv = NULL;
+    assert_int_equal(tern_gvocab_new(7, toks, lens, eog, special, &gv), TERN_OK);
+    struct tern_grammar *g = compile("root ::= \"<tc>\" \"\\\"\" [^\"]* \"\\\"\"");
+    struct tern_gmatch *m = NULL;
+    assert_int_equal(tern_gmatch_new(g, gv, &m), TERN_OK);
+    uint32_t mask[1];
+    enum tern_status st;
+    assert_int_equal(tern_gmatch_mask(m, mask, &st), 2); /* <tc> and < */
+    assert_true(bit(mask, 0) && bit(mask, 1));
+    assert_true(tern_gmatch_accept_token(m, 0));
+    assert_true(tern_gmatch_accept_token(m, 5));
+    tern_gmatch_mask(m, mask, &st);
+    assert_false(bit(mask, 0)); /* inside [^"]: not the special token */
+    assert_true(bit(mask, 1) && bit(mask, 2) && bit(mask, 3) && bit(mask, 4) && bit(mask, 5));
+    assert_false(bit(mask, 6));
+    tern_gmatch_free(m);
+    tern_grammar_free(g);
+    tern_gvocab_free(gv);
+}
+
 /* Random vocabularies over a small alphabet (with multi-byte code points split at
  * random), random walks through the JSON grammar: every mask equals brute force. */
 static void test_mask_random(void **state) {
@@ -279,7 +308,7 @@ static void test_mask_random(void **state) {
     }
     vocab_add(&v, "<eos>", 5, true);
     struct tern_gvocab *gv = NULL;
-    assert_int_equal(tern_gvocab_new(v.n, (const char *const *)v.p, v.len, v.eog, &gv), TERN_OK);
+    assert_int_equal(tern_gvocab_new(v.n, (const char *const *)v.p, v.len, v.eog, NULL, &gv), TERN_OK);
     struct tern_grammar *g = compile(json_gbnf);
     uint32_t *mask = calloc((v.n + 31) / 32, sizeof *mask);
     for (int walk = 0; walk < 6; walk++) {
@@ -336,7 +365,7 @@ int main(int argc, char **argv) {
     (void)argv;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_features), cmocka_unit_test(test_json),   cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_mask_basic), cmocka_unit_test(test_mask_random), cmocka_unit_test(test_stack),
+        cmocka_unit_test(test_mask_basic), cmocka_unit_test(test_mask_special), cmocka_unit_test(test_mask_random), cmocka_unit_test(test_stack),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
