@@ -645,6 +645,8 @@ void tern_grammar_free(struct tern_grammar *g) {
     if (!g) return;
     for (size_t r = 0; r < g->n_rules; r++) free(g->names ? g->names[r] : NULL);
     free(g->names);
+    free(g->src);
+    free(g->root_name);
     free(g->el);
     free(g->ranges);
     free(g->rule_start);
@@ -654,6 +656,11 @@ void tern_grammar_free(struct tern_grammar *g) {
 }
 
 size_t tern_grammar_n_rules(const struct tern_grammar *g) { return g->n_rules; }
+
+bool tern_grammar_same(const struct tern_grammar *a, const struct tern_grammar *b) {
+    return a == b || (a->src_len == b->src_len && !memcmp(a->src, b->src, a->src_len) &&
+                      !strcmp(a->root_name, b->root_name));
+}
 size_t tern_grammar_n_elements(const struct tern_grammar *g) { return g->n_el; }
 
 enum tern_status tern_grammar_compile(const char *src, size_t len, const char *root, struct tern_grammar **out) {
@@ -692,6 +699,12 @@ enum tern_status tern_grammar_compile(const char *src, size_t len, const char *r
     if (!g) goto nomem;
     g->n_rules = p.n_rules;
     g->root = root_id;
+    g->src = tern_malloc(len + 1);
+    g->root_name = tern_strdup(root);
+    if (!g->src || !g->root_name) goto nomem;
+    memcpy(g->src, src, len);
+    g->src[len] = 0;
+    g->src_len = len;
     g->el = tern_malloc((p.n_total ? p.n_total : 1) * sizeof *g->el);
     g->rule_start = tern_malloc(p.n_rules * sizeof *g->rule_start);
     g->alt_first = tern_malloc((p.n_rules + 1) * sizeof *g->alt_first);

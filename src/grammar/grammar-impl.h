@@ -29,6 +29,9 @@ struct tern_grammar {
     char **names;           /* (n_rules) */
     size_t n_rules;
     uint32_t root;
+    char *src;              /* the source and the start rule, for tern_grammar_same */
+    size_t src_len;
+    char *root_name;
 };
 
 static inline bool gel_is_end(const struct gel *e) { return e->type == GE_END || e->type == GE_ALT; }

@@ -43,6 +43,9 @@ struct tern_tokenizer;
 enum tern_status tern_grammar_compile(const char *src, size_t len, const char *root, struct tern_grammar **out);
 void tern_grammar_free(struct tern_grammar *g);
 size_t tern_grammar_n_rules(const struct tern_grammar *g);
+/* Same source and start rule (so a matcher's tables and mask cache built for one serve
+ * the other). */
+bool tern_grammar_same(const struct tern_grammar *a, const struct tern_grammar *b);
 size_t tern_grammar_n_elements(const struct tern_grammar *g);
 
 /* A vocabulary for masks. pieces[i] (lens[i] bytes) is token i's text; tokens with an
@@ -63,7 +66,9 @@ uint32_t tern_gvocab_n_vocab(const struct tern_gvocab *v);
 size_t tern_gvocab_n_nodes(const struct tern_gvocab *v);
 
 /* A matcher at the start of g (borrowed: g and v outlive it). v may be NULL for byte-level
- * use only (no masks). */
+ * use only (no masks). A matcher may be reset and reused for the next generation with
+ * the same grammar: its interned stacks and mask cache carry over, so a grammar used
+ * again (the same tools every turn of an agent session) starts warm. */
 enum tern_status tern_gmatch_new(const struct tern_grammar *g, const struct tern_gvocab *v, struct tern_gmatch **out);
 void tern_gmatch_free(struct tern_gmatch *m);
 void tern_gmatch_reset(struct tern_gmatch *m);

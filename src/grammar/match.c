@@ -645,7 +645,8 @@ static uint64_t state_hash(const uint64_t *cfg, size_t n, struct partial p) {
 static struct centry *cache_find(struct tern_gmatch *m, uint64_t h) {
     for (size_t i = 0; i < m->n_cache; i++) {
         struct centry *e = &m->cache[i];
-        if (e->hash == h && e->n_cfg == m->n_cfg && !memcmp(&e->part, &m->part, sizeof e->part) &&
+        if (e->hash == h && e->n_cfg == m->n_cfg && e->part.have == m->part.have && e->part.need == m->part.need &&
+            e->part.cp == m->part.cp &&
             !memcmp(e->cfg, m->cfg, m->n_cfg * sizeof *m->cfg))
             return e;
     }

@@ -26,7 +26,9 @@ bool srv_grammar_compile(const char *text, size_t len, const char *param, struct
         return false;
     }
     if (st) {
-        srv_error_bad(err, param, "'%s': %s", param, tern_last_error());
+        const char *msg = tern_last_error();
+        if (!strncmp(msg, "grammar: ", 9)) msg += 9;
+        srv_error_bad(err, param, "'%s': %s", param, msg);
         return false;
     }
     return true;

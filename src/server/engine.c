@@ -18,6 +18,8 @@
 
 #define PRIME_COMMENT_EVERY_S 2.0
 #define PREDICT_CHUNK_DEFAULT 128
+#define ENG_GRAMMARS 4              /* matchers kept for grammars that come again */
+#define ENG_GRAMMAR_MAX_NODES (1u << 20) /* a kept matcher with more interned stacks starts afresh */
 
 /* Predictive priming of the most recent conversation (worker thread only). The
  * predictions are rendered lazily, in the first idle step, so that a request that
@@ -50,6 +52,14 @@ struct srv_engine {
     int32_t turn_token;
     struct eng_predict pred;
     struct tern_gvocab *gvocab;  /* token pieces for grammar masks (built on first use, worker only) */
+    /* matchers of the grammars used last (worker only): a grammar that comes again
+     * (an agent's tools, every turn) finds its mask cache warm */
+    struct eng_gram {
+        struct tern_grammar *g;  /* owned */
+        struct tern_gmatch *m;
+        uint64_t used;
+    } gram[ENG_GRAMMARS];
+    uint64_t gram_tick;
     /* figures for /metrics (read from other threads) */
     atomic_uint_fast64_t pred_us, pred_runs, pred_preempted, pred_skipped;
     atomic_int pred_active;
@@ -399,6 +409,42 @@ static bool prime_one(struct srv_engine *e, struct eng_predict *p, const struct 
     return more;
 }
 
+/* The matcher for the job's grammar: a kept one (reset) when the same grammar came
+ * before, else a new one that is kept, taking the grammar over from the job. */
+static enum tern_status grammar_matcher(struct srv_engine *e, struct srv_job *j, struct tern_gmatch **out) {
+    struct eng_job *ej = j->priv;
+    struct tern_grammar **owner = ej->tool_grammar ? &ej->tool_grammar : &j->req.grammar;
+    size_t lru = 0;
+    for (size_t i = 0; i < ENG_GRAMMARS; i++) {
+        struct eng_gram *k = &e->gram[i];
+        if (k->g && tern_grammar_same(k->g, *owner)) {
+            struct tern_gmatch_stats gs;
+            tern_gmatch_get_stats(k->m, &gs);
+            if (gs.n_stack_nodes <= ENG_GRAMMAR_MAX_NODES) {
+                tern_gmatch_reset(k->m);
+                k->used = ++e->gram_tick;
+                *out = k->m;
+                return TERN_OK;
+            }
+            lru = i;
+            break;
+        }
+        if (!k->g || k->used < e->gram[lru].used) lru = i;
+    }
+    struct eng_gram *k = &e->gram[lru];
+    tern_gmatch_free(k->m);
+    tern_grammar_free(k->g);
+    k->g = NULL;
+    k->m = NULL;
+    enum tern_status st = tern_gmatch_new(*owner, e->gvocab, &k->m);
+    if (st) return st;
+    k->g = *owner;
+    *owner = NULL;
+    k->used = ++e->gram_tick;
+    *out = k->m;
+    return TERN_OK;
+}
+
 static void engine_run(void *self, struct srv_job *j) {
     struct srv_engine *e = self;
     struct eng_job *ej = j->priv;
@@ -432,6 +478,8 @@ static void engine_run(void *self, struct srv_job *j) {
     struct tern_gmatch *gm = NULL;   /* the grammar's matcher (NULL: unconstrained) */
     uint32_t *gmask = NULL;
     double t_mask = 0;
+    struct tern_gmatch_stats gstats0 = {0};
+    struct tern_buf gtail = TERN_BUF_INIT; /* the constrained output so far (for the log of a stuck grammar) */
     bool release_ok = true, completed = false;
     const char *finish = "stop";
     int status = 200;
@@ -470,7 +518,8 @@ static void engine_run(void *self, struct srv_job *j) {
                 TERN_LOG_INFO("grammar: vocabulary trie of %zu nodes built in %.3fs", tern_gvocab_n_nodes(e->gvocab),
                               tern_now_s() - t0);
         }
-        if (!st) st = tern_gmatch_new(grammar, e->gvocab, &gm);
+        if (!st) st = grammar_matcher(e, j, &gm);
+        if (!st) tern_gmatch_get_stats(gm, &gstats0);
         if (!st && !(gmask = tern_malloc(((size_t)e->info->n_vocab + 31) / 32 * sizeof *gmask)))
             st = tern_errorf(TERN_ERR_NOMEM, "out of memory for the token mask");
     }
@@ -516,6 +565,8 @@ static void engine_run(void *self, struct srv_job *j) {
                 if (gst) snprintf(msg, sizeof msg, "%s", tern_last_error());
                 else snprintf(msg, sizeof msg, "the grammar allows no token of the vocabulary after %lld generated "
                               "tokens (the output so far is not a complete match)", (long long)i);
+                TERN_LOG_WARN("grammar: %s stuck after: %.*s", j->id, (int)(gtail.len > 2000 ? 2000 : gtail.len),
+                              gtail.data ? gtail.data + (gtail.len > 2000 ? gtail.len - 2000 : 0) : "");
                 send_failure(j, 500, "server_error", "constrained decoding stopped: %s", msg);
                 goto out;
             }
@@ -536,6 +587,7 @@ static void engine_run(void *self, struct srv_job *j) {
         tern_buf_clear(&o.piece);
         st = tern_detok_push(o.detok, tok, &o.piece);
         if (!st) st = out_text(&o, o.piece.data, o.piece.len, false);
+        if (!st && gm) st = tern_buf_append(&gtail, o.piece.data ? o.piece.data : "", o.piece.len);
         if (st) {
             send_failure(j, 500, "server_error", "output: %s", tern_last_error());
             goto out;
@@ -601,11 +653,12 @@ out:
         struct tern_gmatch_stats gs;
         tern_gmatch_get_stats(gm, &gs);
         TERN_LOG_INFO("grammar: %s %llu masks (%llu from the cache) in %.3fs, %llu trie nodes walked, %zu stack nodes",
-                      j->id, (unsigned long long)gs.masks, (unsigned long long)gs.cache_hits, t_mask,
-                      (unsigned long long)gs.nodes_visited, gs.n_stack_nodes);
+                      j->id, (unsigned long long)(gs.masks - gstats0.masks),
+                      (unsigned long long)(gs.cache_hits - gstats0.cache_hits), t_mask,
+                      (unsigned long long)(gs.nodes_visited - gstats0.nodes_visited), gs.n_stack_nodes);
     }
-    tern_gmatch_free(gm);
     free(gmask);
+    tern_buf_free(&gtail);
     cache_release(e->cache, &pc.lease, release_ok);
     /* The most recent conversation is the one predicted (the previous one's
      * predictions, primed or not, give way). */
@@ -833,6 +886,10 @@ const struct srv_backend *srv_engine_backend(struct srv_engine *e) { return &e->
 void srv_engine_free(struct srv_engine *e) {
     if (!e) return;
     pred_clear(&e->pred);
+    for (size_t i = 0; i < ENG_GRAMMARS; i++) {
+        tern_gmatch_free(e->gram[i].m);
+        tern_grammar_free(e->gram[i].g);
+    }
     tern_gvocab_free(e->gvocab);
     cache_free(e->cache);
     chat_fmt_free(&e->chat);
