@@ -469,9 +469,14 @@ static bool partial_viable(const struct tern_grammar *g, const uint64_t *cfg, si
     if (lo < utf8_min[pt.need]) lo = utf8_min[pt.need];
     if (hi > 0x10ffff) hi = 0x10ffff;
     if (lo > hi) return false;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t pos = CFG_POS(cfg[i]);
-        if (pos != POS_ACCEPT && gel_match_any(g, &g->el[pos], lo, hi)) return true;
+    /* surrogates are not code points: [lo, hi] minus [D800, DFFF] */
+    uint32_t a[2] = {lo, 0xe000 > lo ? 0xe000 : lo}, b[2] = {hi < 0xd7ff ? hi : 0xd7ff, hi};
+    for (int k = 0; k < 2; k++) {
+        if (a[k] > b[k]) continue;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t pos = CFG_POS(cfg[i]);
+            if (pos != POS_ACCEPT && gel_match_any(g, &g->el[pos], a[k], b[k])) return true;
+        }
     }
     return false;
 }
