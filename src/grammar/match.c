@@ -11,8 +11,10 @@
  *
  * Masks: the vocabulary is a byte trie in preorder; a depth-first walk advances the
  * state one byte per trie edge and skips a whole subtree as soon as the state dies, so
- * the cost is the number of viable prefixes, not the vocabulary size. Masks are cached
- * per state (compared in full, never by hash alone), LRU, a bounded number of entries. */
+ * the cost is the number of viable prefixes, not the vocabulary size. The walk's states
+ * are interned and their byte transitions memoised, so inside a loop (a string's
+ * characters) a step is a table lookup. Masks are cached per state (compared in full,
+ * never by hash alone), LRU, a bounded number of entries. */
 #include "grammar/grammar-impl.h"
 
 #include "tokenizer/tokenizer.h"
@@ -257,15 +259,30 @@ struct tern_gmatch {
     uint32_t gen;
     bool overflow;       /* a stack passed TERN_GRAMMAR_MAX_STACK or the node limit */
 
-    /* DFS scratch: every depth's state is a range of buf */
+    /* scratch of the walk's steps */
     uint64_t *buf;
     size_t n_buf, cap_buf;
-    size_t *d_off, *d_n, *d_end;
-    struct partial *d_part;
 
     /* accept_bytes scratch */
     uint64_t *tmp, *tmp2;
     size_t cap_tmp, cap_tmp2;
+
+    /* the walk's memo: states interned (configurations + partial) and their transitions
+     * by byte, so that a walk through a loop (a string's characters) is table lookups */
+    struct mstate {
+        size_t off;      /* in mpool */
+        uint32_t n;
+        struct partial part;
+    } *ms;
+    size_t n_ms, cap_ms;
+    uint64_t *mpool;
+    size_t n_mpool, cap_mpool;
+    uint32_t *mtab;      /* open addressing: state id + 1 */
+    size_t mtab_cap;
+    uint64_t *tkey;      /* transitions: (state << 8 | byte) + 1, 0 = free */
+    int32_t *tval;       /* the next state, -1 = dead */
+    size_t n_t, tcap;
+    int32_t *d_sid;      /* the walk's state at each depth */
 
     struct centry *cache;
     size_t n_cache, cache_cap;
@@ -523,11 +540,8 @@ enum tern_status tern_gmatch_new(const struct tern_grammar *g, const struct tern
     m->v = v;
     m->cache_budget = CACHE_BYTES_DEFAULT;
     size_t depth = TERN_GRAMMAR_MAX_TOKEN_BYTES + 2;
-    m->d_off = tern_calloc(depth, sizeof *m->d_off);
-    m->d_n = tern_calloc(depth, sizeof *m->d_n);
-    m->d_end = tern_calloc(depth, sizeof *m->d_end);
-    m->d_part = tern_calloc(depth, sizeof *m->d_part);
-    if (!m->d_off || !m->d_n || !m->d_end || !m->d_part ||
+    m->d_sid = tern_calloc(depth, sizeof *m->d_sid);
+    if (!m->d_sid ||
         !grow((void **)&m->nodes, &m->cap_nodes, 1024, sizeof *m->nodes)) {
         tern_gmatch_free(m);
         return tern_errorf(TERN_ERR_NOMEM, "grammar: out of memory");
@@ -561,12 +575,14 @@ void tern_gmatch_free(struct tern_gmatch *m) {
     free(m->seen);
     free(m->seen_gen);
     free(m->buf);
-    free(m->d_off);
-    free(m->d_n);
-    free(m->d_end);
-    free(m->d_part);
     free(m->tmp);
     free(m->tmp2);
+    free(m->ms);
+    free(m->mpool);
+    free(m->mtab);
+    free(m->tkey);
+    free(m->tval);
+    free(m->d_sid);
     for (size_t i = 0; i < m->n_cache; i++) {
         free(m->cache[i].cfg);
         free(m->cache[i].mask);
@@ -685,6 +701,108 @@ static void cache_put(struct tern_gmatch *m, uint64_t h, const uint32_t *mask, s
     m->cache_bytes += bytes;
 }
 
+#define MEMO_MAX_STATES (1u << 16)
+#define MEMO_MAX_CFGS (1u << 22)
+#define MEMO_MAX_TRANS (1u << 22)
+
+static void memo_flush(struct tern_gmatch *m) {
+    m->n_ms = 0;
+    m->n_mpool = 0;
+    m->n_t = 0;
+    if (m->mtab) memset(m->mtab, 0, m->mtab_cap * sizeof *m->mtab);
+    if (m->tkey) memset(m->tkey, 0, m->tcap * sizeof *m->tkey);
+}
+
+static bool mstate_eq(const struct tern_gmatch *m, uint32_t id, const uint64_t *cfg, size_t n, struct partial p) {
+    const struct mstate *x = &m->ms[id];
+    return x->n == n && x->part.have == p.have && x->part.need == p.need && x->part.cp == p.cp &&
+           !memcmp(m->mpool + x->off, cfg, n * sizeof *cfg);
+}
+
+/* The id of state (cfg, part); shared_off: cfg already lies at mpool + shared_off
+ * (SIZE_MAX: copy it in). -1 when out of memory. */
+static int32_t mstate_intern(struct tern_gmatch *m, const uint64_t *cfg, size_t n, struct partial part,
+                             size_t shared_off) {
+    if (m->n_ms * 2 >= m->mtab_cap) {
+        size_t nc = m->mtab_cap ? m->mtab_cap * 2 : 1024;
+        uint32_t *nt = tern_calloc(nc, sizeof *nt);
+        if (!nt) return -1;
+        for (size_t i = 0; i < m->n_ms; i++) {
+            const struct mstate *x = &m->ms[i];
+            size_t h = state_hash(m->mpool + x->off, x->n, x->part) & (nc - 1);
+            while (nt[h]) h = (h + 1) & (nc - 1);
+            nt[h] = (uint32_t)i + 1;
+        }
+        free(m->mtab);
+        m->mtab = nt;
+        m->mtab_cap = nc;
+    }
+    size_t h = state_hash(cfg, n, part) & (m->mtab_cap - 1);
+    while (m->mtab[h]) {
+        if (mstate_eq(m, m->mtab[h] - 1, cfg, n, part)) return (int32_t)(m->mtab[h] - 1);
+        h = (h + 1) & (m->mtab_cap - 1);
+    }
+    if (!grow((void **)&m->ms, &m->cap_ms, m->n_ms + 1, sizeof *m->ms)) return -1;
+    size_t off = shared_off;
+    if (off == SIZE_MAX) {
+        if (!grow((void **)&m->mpool, &m->cap_mpool, m->n_mpool + n + 1, sizeof *m->mpool)) return -1;
+        off = m->n_mpool;
+        memcpy(m->mpool + off, cfg, n * sizeof *cfg);
+        m->n_mpool += n;
+    }
+    m->ms[m->n_ms] = (struct mstate){off, (uint32_t)n, part};
+    m->mtab[h] = (uint32_t)m->n_ms + 1;
+    return (int32_t)m->n_ms++;
+}
+
+/* The state after byte b from state sid: an id, -1 dead, -2 out of memory or a limit. */
+static int32_t memo_step(struct tern_gmatch *m, int32_t sid, uint8_t b) {
+    uint64_t key = (((uint64_t)sid << 8) | b) + 1;
+    if (m->n_t * 2 >= m->tcap) {
+        size_t nc = m->tcap ? m->tcap * 2 : 4096;
+        uint64_t *nk = tern_calloc(nc, sizeof *nk);
+        int32_t *nv = tern_malloc(nc * sizeof *nv);
+        if (!nk || !nv) {
+            free(nk);
+            free(nv);
+            return -2;
+        }
+        for (size_t i = 0; i < m->tcap; i++) {
+            if (!m->tkey[i]) continue;
+            size_t h = mix(m->tkey[i]) & (nc - 1);
+            while (nk[h]) h = (h + 1) & (nc - 1);
+            nk[h] = m->tkey[i];
+            nv[h] = m->tval[i];
+        }
+        free(m->tkey);
+        free(m->tval);
+        m->tkey = nk;
+        m->tval = nv;
+        m->tcap = nc;
+    }
+    size_t h = mix(key) & (m->tcap - 1);
+    while (m->tkey[h]) {
+        if (m->tkey[h] == key) return m->tval[h];
+        h = (h + 1) & (m->tcap - 1);
+    }
+    struct mstate x = m->ms[sid];
+    size_t nn = 0;
+    bool same;
+    struct partial np;
+    bool ok = step_byte(m, m->mpool + x.off, x.n, x.part, b, &np, &same, &m->buf, &nn, &m->cap_buf);
+    if (m->overflow) return -2;
+    int32_t next = -1;
+    if (ok) {
+        next = same ? mstate_intern(m, m->mpool + x.off, x.n, np, x.off) : mstate_intern(m, m->buf, nn, np, SIZE_MAX);
+        if (next < 0) return -2;
+    }
+    /* the intern may have grown the tables, not this one: h is still the free slot */
+    m->tkey[h] = key;
+    m->tval[h] = next;
+    m->n_t++;
+    return next;
+}
+
 size_t tern_gmatch_mask(struct tern_gmatch *m, uint32_t *mask, enum tern_status *st) {
     const struct tern_gvocab *v = m->v;
     if (st) *st = TERN_OK;
@@ -702,41 +820,24 @@ size_t tern_gmatch_mask(struct tern_gmatch *m, uint32_t *mask, enum tern_status 
     memset(mask, 0, words * sizeof *mask);
     size_t count = 0;
     m->overflow = false;
-    /* depth 0: the live state */
-    m->n_buf = 0;
-    if (!grow((void **)&m->buf, &m->cap_buf, m->n_cfg, sizeof *m->buf)) goto nomem;
-    memcpy(m->buf, m->cfg, m->n_cfg * sizeof *m->cfg);
-    m->n_buf = m->n_cfg;
-    m->d_off[0] = 0;
-    m->d_n[0] = m->n_cfg;
-    m->d_end[0] = m->n_cfg;
-    m->d_part[0] = m->part;
+    if (m->n_ms > MEMO_MAX_STATES || m->n_mpool > MEMO_MAX_CFGS || m->n_t > MEMO_MAX_TRANS) memo_flush(m);
+    int32_t root = mstate_intern(m, m->cfg, m->n_cfg, m->part, SIZE_MAX);
+    if (root < 0) goto nomem;
+    m->d_sid[0] = root;
     uint64_t visited = 0;
     for (size_t i = 0; i < v->n_nodes;) {
         unsigned d = v->depth[i];
-        size_t base = m->d_end[d - 1];
-        m->n_buf = base;
-        struct partial np;
-        bool same;
-        size_t nn = m->n_buf;
         visited++;
-        bool ok = step_byte(m, m->buf + m->d_off[d - 1], m->d_n[d - 1], m->d_part[d - 1], v->byte[i], &np, &same,
-                            &m->buf, &nn, &m->cap_buf);
-        if (m->overflow) goto limit;
-        if (!ok) {
+        int32_t t = memo_step(m, m->d_sid[d - 1], v->byte[i]);
+        if (t == -2) {
+            if (m->overflow) goto limit;
+            goto nomem;
+        }
+        if (t < 0) {
             i = v->skip[i];
             continue;
         }
-        if (same) {
-            m->d_off[d] = m->d_off[d - 1];
-            m->d_n[d] = m->d_n[d - 1];
-            m->d_end[d] = base;
-        } else {
-            m->d_off[d] = base;
-            m->d_n[d] = nn - base;
-            m->d_end[d] = nn;
-        }
-        m->d_part[d] = np;
+        m->d_sid[d] = t;
         for (uint32_t k = 0; k < v->tok_n[i]; k++) {
             int32_t id = v->toks[v->tok_at[i] + k];
             mask[id / 32] |= 1u << (id % 32);
