@@ -71,6 +71,9 @@ struct eng_job {
     int32_t *forced;             /* test-only forced output tokens */
     size_t n_forced;
     struct tern_grammar *tool_grammar; /* tool_choice required / named (owned) */
+    struct tern_grammar *lazy_grammar; /* tool_choice auto: the calls, from the trigger on (owned) */
+    int32_t *prefix;             /* test-only forced prefix tokens */
+    size_t n_prefix;
 };
 
 /* ---- prepare (connection threads) -------------------------------------------------- */
@@ -123,6 +126,19 @@ static bool engine_prepare(void *self, struct srv_job *j, struct srv_error *err)
                 tern_buf_free(&text);
                 return false;
             }
+        } else if (j->req.tools && j->req.tool_choice == SRV_TOOLS_AUTO && !j->req.grammar && !j->req.forced_output &&
+                   e->chat.tool_syntax != SRV_TOOL_SYNTAX_NONE) {
+            /* lazy: free text until the model opens a call, then the call is held to the
+             * tools' schemas. A schema the converter refuses leaves auto unconstrained, as
+             * it always was (no 400 for a request that worked before). */
+            struct srv_request rq = j->req;
+            rq.tool_choice = SRV_TOOLS_REQUIRED;
+            struct tern_buf g = TERN_BUF_INIT;
+            struct srv_error lerr;
+            if (!srv_tool_gbnf(&rq, (enum srv_tool_syntax)e->chat.tool_syntax, false, &g, &lerr) ||
+                !srv_grammar_compile(g.data, g.len, "tools", &ej->lazy_grammar, &lerr))
+                TERN_LOG_INFO("tool calls of this request are not constrained: %s", lerr.message);
+            tern_buf_free(&g);
         }
         st = chat_fmt_tokenize(&e->chat, text.data ? text.data : "", text.len, &j->prompt, &j->n_prompt, &cap);
         tern_buf_free(&text);
@@ -157,6 +173,12 @@ static bool engine_prepare(void *self, struct srv_job *j, struct srv_error *err)
                       j->n_prompt, e->n_ctx);
         return false;
     }
+    if (j->req.forced_prefix) {
+        size_t pcap = 0;
+        st = tern_tokenize(e->tok, j->req.forced_prefix, strlen(j->req.forced_prefix), TERN_TOK_PARSE_SPECIAL,
+                           &ej->prefix, &ej->n_prefix, &pcap);
+        if (st) return fail_status(err, st, "tokenizer");
+    }
     if (j->req.forced_output) {
         size_t fcap = 0;
         st = tern_tokenize(e->tok, j->req.forced_output, strlen(j->req.forced_output), TERN_TOK_PARSE_SPECIAL,
@@ -171,7 +193,9 @@ static void engine_job_free(void *self, struct srv_job *j) {
     struct eng_job *ej = j->priv;
     if (!ej) return;
     free(ej->forced);
+    free(ej->prefix);
     tern_grammar_free(ej->tool_grammar);
+    tern_grammar_free(ej->lazy_grammar);
     free(ej);
     j->priv = NULL;
 }
@@ -409,11 +433,9 @@ static bool prime_one(struct srv_engine *e, struct eng_predict *p, const struct 
     return more;
 }
 
-/* The matcher for the job's grammar: a kept one (reset) when the same grammar came
- * before, else a new one that is kept, taking the grammar over from the job. */
-static enum tern_status grammar_matcher(struct srv_engine *e, struct srv_job *j, struct tern_gmatch **out) {
-    struct eng_job *ej = j->priv;
-    struct tern_grammar **owner = ej->tool_grammar ? &ej->tool_grammar : &j->req.grammar;
+/* The matcher for a job's grammar (*owner): a kept one (reset) when the same grammar
+ * came before, else a new one that is kept, taking the grammar over from the job. */
+static enum tern_status grammar_matcher(struct srv_engine *e, struct tern_grammar **owner, struct tern_gmatch **out) {
     size_t lru = 0;
     for (size_t i = 0; i < ENG_GRAMMARS; i++) {
         struct eng_gram *k = &e->gram[i];
@@ -443,6 +465,16 @@ static enum tern_status grammar_matcher(struct srv_engine *e, struct srv_job *j,
     k->used = ++e->gram_tick;
     *out = k->m;
     return TERN_OK;
+}
+
+/* Is text[0..at) inside a reasoning block (after the last <think> and no </think> since,
+ * or the prompt opened one that is still open)? */
+static bool in_reasoning(const char *text, size_t at, bool prompt_opened) {
+    const char *last_open = NULL, *last_close = NULL;
+    for (const char *p = text; (p = memmem(p, (size_t)(text + at - p), "<think>", 7)); p += 7) last_open = p;
+    for (const char *p = text; (p = memmem(p, (size_t)(text + at - p), "</think>", 8)); p += 8) last_close = p;
+    if (last_open) return !last_close || last_close < last_open;
+    return prompt_opened && !last_close;
 }
 
 static void engine_run(void *self, struct srv_job *j) {
@@ -479,7 +511,8 @@ static void engine_run(void *self, struct srv_job *j) {
     uint32_t *gmask = NULL;
     double t_mask = 0;
     struct tern_gmatch_stats gstats0 = {0};
-    struct tern_buf gtail = TERN_BUF_INIT; /* the constrained output so far (for the log of a stuck grammar) */
+    struct tern_buf gtail = TERN_BUF_INIT; /* the output so far, under a grammar (for the lazy trigger and the log) */
+    size_t lazy_scan = 0;                  /* where the lazy trigger search goes on */
     bool release_ok = true, completed = false;
     const char *finish = "stop";
     int status = 200;
@@ -509,8 +542,8 @@ static void engine_run(void *self, struct srv_job *j) {
     if (!j->req.seed_set) sp.seed = tern_now_ns() ^ (j->seq << 32);
     st = tern_sampler_new(&sp, e->info->n_vocab, &sampler);
     if (!st) st = tern_detok_new(e->tok, TERN_TOK_PARSE_SPECIAL, &o.detok);
-    const struct tern_grammar *grammar = ej->tool_grammar ? ej->tool_grammar : j->req.grammar;
-    if (!st && grammar) {
+    struct tern_grammar **grammar = ej->tool_grammar ? &ej->tool_grammar : j->req.grammar ? &j->req.grammar : NULL;
+    if (!st && (grammar || ej->lazy_grammar)) {
         if (!e->gvocab) {
             double t0 = tern_now_s();
             st = tern_gvocab_from_tokenizer(e->tok, &e->gvocab);
@@ -518,8 +551,8 @@ static void engine_run(void *self, struct srv_job *j) {
                 TERN_LOG_INFO("grammar: vocabulary trie of %zu nodes built in %.3fs", tern_gvocab_n_nodes(e->gvocab),
                               tern_now_s() - t0);
         }
-        if (!st) st = grammar_matcher(e, j, &gm);
-        if (!st) tern_gmatch_get_stats(gm, &gstats0);
+        if (!st && grammar) st = grammar_matcher(e, grammar, &gm);
+        if (!st && gm) tern_gmatch_get_stats(gm, &gstats0);
         if (!st && !(gmask = tern_malloc(((size_t)e->info->n_vocab + 31) / 32 * sizeof *gmask)))
             st = tern_errorf(TERN_ERR_NOMEM, "out of memory for the token mask");
     }
@@ -547,6 +580,15 @@ static void engine_run(void *self, struct srv_job *j) {
             if (gm && !tern_gmatch_accept_token(gm, tok)) {
                 char msg[160];
                 snprintf(msg, sizeof msg, "forced output token %d (at %lld) is not allowed by the grammar", tok,
+                         (long long)i);
+                send_failure(j, 500, "server_error", "%s", msg);
+                goto out;
+            }
+        } else if ((size_t)i < ej->n_prefix) {
+            tok = ej->prefix[i];
+            if (gm && !tern_gmatch_accept_token(gm, tok)) {
+                char msg[160];
+                snprintf(msg, sizeof msg, "forced prefix token %d (at %lld) is not allowed by the grammar", tok,
                          (long long)i);
                 send_failure(j, 500, "server_error", "%s", msg);
                 goto out;
@@ -587,7 +629,30 @@ static void engine_run(void *self, struct srv_job *j) {
         tern_buf_clear(&o.piece);
         st = tern_detok_push(o.detok, tok, &o.piece);
         if (!st) st = out_text(&o, o.piece.data, o.piece.len, false);
-        if (!st && gm) st = tern_buf_append(&gtail, o.piece.data ? o.piece.data : "", o.piece.len);
+        if (!st && (gm || ej->lazy_grammar)) st = tern_buf_append(&gtail, o.piece.data ? o.piece.data : "", o.piece.len);
+        if (!st && !gm && ej->lazy_grammar) {
+            /* the lazy trigger: a call opened outside reasoning */
+            static const char trig[] = "<tool_call>";
+            const char *f = gtail.len > lazy_scan ? memmem(gtail.data + lazy_scan, gtail.len - lazy_scan, trig, sizeof trig - 1) : NULL;
+            lazy_scan = gtail.len >= sizeof trig - 1 ? gtail.len - (sizeof trig - 2) : 0;
+            if (f && !in_reasoning(gtail.data, (size_t)(f - gtail.data), ej->in_think)) {
+                st = grammar_matcher(e, &ej->lazy_grammar, &gm);
+                if (!st) {
+                    tern_gmatch_get_stats(gm, &gstats0);
+                    size_t at = (size_t)(f - gtail.data);
+                    if (!tern_gmatch_accept_bytes(gm, f, gtail.len - at)) {
+                        /* the token that opened the call ran on in a way the grammar does
+                         * not allow: too late to hold it; the call is parsed as it comes */
+                        TERN_LOG_WARN("grammar: %s: the tool call opened as '%.*s', which the tools' grammar does not "
+                                      "allow; it is not constrained",
+                                      j->id, (int)(gtail.len - at > 80 ? 80 : gtail.len - at), f);
+                        gm = NULL;
+                    }
+                    tern_grammar_free(ej->lazy_grammar);
+                    ej->lazy_grammar = NULL;
+                }
+            }
+        }
         if (st) {
             send_failure(j, 500, "server_error", "output: %s", tern_last_error());
             goto out;

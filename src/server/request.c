@@ -550,6 +550,7 @@ void srv_request_free(struct srv_request *req) {
     free(req->session_key);
     free(req->cache_salt);
     free(req->forced_output);
+    free(req->forced_prefix);
     srv_constraint_free(req);
     memset(req, 0, sizeof *req);
 }
@@ -672,6 +673,15 @@ static bool parse_body(enum srv_endpoint ep, const json_t *o, const struct srv_p
             return false;
         }
         if (!get_string(o, "tern_forced_output", 1 << 20, &req->forced_output, err)) return false;
+    }
+    if (opt_field(o, "tern_forced_prefix")) {
+        if (!opts || !opts->allow_forced_output) {
+            srv_error_bad(err, "tern_forced_prefix",
+                          "'tern_forced_prefix' is a test-only field; start the server with "
+                          "TERN_TEST_FORCED_OUTPUT=1 to use it");
+            return false;
+        }
+        if (!get_string(o, "tern_forced_prefix", 1 << 20, &req->forced_prefix, err)) return false;
     }
     return true;
 }

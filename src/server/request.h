@@ -87,6 +87,9 @@ struct srv_request {
     /* test-only (accepted only when the server allows it): text the engine emits
      * instead of sampling, streamed through the real detokenizer, parser and SSE. */
     char *forced_output;
+    /* test-only, the same switch: text emitted first, then sampling goes on (under the
+     * request's constraints: a tool call begun here is completed by the lazy grammar) */
+    char *forced_prefix;
 };
 
 struct srv_parse_opts {

@@ -196,6 +196,38 @@ test('forced output that the grammar rejects ends the request with an error', as
   }
 });
 
+test('tool_choice auto: free text until the model opens a call, then the call is held to the schemas (lazy)', async () => {
+  const model = makeModel(tmp());
+  const s3 = await startServer(['--model', model, '--ctx-size', '4096', '--predict', 'off'], { TERN_TEST_FORCED_OUTPUT: '1' });
+  try {
+    const tools = [{ type: 'function', function: { name: 'get', parameters: { type: 'object', properties: {
+      id: { type: 'integer', minimum: 1, maximum: 99 }, tag: { enum: ['a', 'b'] } }, required: ['id', 'tag'],
+      additionalProperties: false } } }];
+    const ajv = newAjv();
+    let done = 0;
+    for (let seed = 1; seed <= Math.min(SEEDS, 10); seed++) {
+      // the prefix (test-only) stands for a model that chose to call: sampling goes on from there
+      const r = await post(s3.base, '/v1/chat/completions', { messages: msgs, tools, max_tokens: 300, seed, ...sampling,
+        tern_forced_prefix: 'Let me look.\n<tool_call>\n' });
+      assert.equal(r.status, 200, JSON.stringify(r.body));
+      const ch = r.body.choices[0];
+      if (ch.finish_reason === 'length') continue;
+      assert.equal(ch.finish_reason, 'tool_calls', JSON.stringify(ch.message));
+      assert.equal(ch.message.content, 'Let me look.');
+      await checkToolCalls(ch.message.tool_calls, tools, ajv, `lazy seed ${seed}`);
+      done++;
+    }
+    assert.ok(done >= 3, `only ${done} replies finished`);
+    // a prefix that opens the call wrongly is refused by the grammar once it is active
+    const bad = await post(s3.base, '/v1/chat/completions', { messages: msgs, tools, max_tokens: 50, seed: 1,
+      tern_forced_prefix: '<tool_call>\n{"name": "nope"' });
+    assert.equal(bad.status, 500);
+    assert.match(bad.body.error.message, /not allowed by the grammar/);
+  } finally {
+    assert.equal(await s3.stop(), 0);
+  }
+});
+
 // The real qwen-code request (system prompt, tools, first user message) of the shared kit.
 function qwenCodeRequest() {
   if (!existsSync(skeleton)) return null;
