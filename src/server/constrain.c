@@ -220,6 +220,18 @@ static bool xml_params(struct tern_schema_gbnf *c, size_t ti, const char *prefix
     }
     const char *key;
     const json_t *sub;
+    static const char *const top_ok[] = {"type", "properties", "required", "additionalProperties", "title",
+                                         "description", "$schema", "$id", "$comment", "$defs", "definitions",
+                                         "examples", "default"};
+    json_object_foreach((json_t *)params, key, sub) {
+        bool ok = false;
+        for (size_t k = 0; k < sizeof top_ok / sizeof top_ok[0]; k++) ok = ok || !strcmp(key, top_ok[k]);
+        if (!ok) {
+            srv_error_bad(err, p, "'%s': '%.60s' at the top of the parameters cannot be enforced in the template's "
+                          "XML tool-call syntax (one <parameter=...> per property)", p, key);
+            return false;
+        }
+    }
     size_t i = 0;
     json_object_foreach((json_t *)props, key, sub) {
         if (strchr(key, '>') || strchr(key, '\n')) {
