@@ -31,7 +31,7 @@
 #define CFG_POS(c) ((uint32_t)((c) >> 32))
 #define CFG_STK(c) ((uint32_t)(c))
 #define MAX_STACK_NODES (1u << 24)
-#define CACHE_BYTES_DEFAULT (64u << 20)
+#define CACHE_BYTES_DEFAULT (16u << 20) /* cached masks per matcher (19 KiB each on a 151K vocabulary) */
 #define CACHE_MAX_ENTRIES 1024
 
 /* ---- vocabulary trie --------------------------------------------------------------- */
@@ -702,8 +702,8 @@ static void cache_put(struct tern_gmatch *m, uint64_t h, const uint32_t *mask, s
 }
 
 #define MEMO_MAX_STATES (1u << 16)
-#define MEMO_MAX_CFGS (1u << 22)
-#define MEMO_MAX_TRANS (1u << 22)
+#define MEMO_MAX_CFGS (1u << 20)
+#define MEMO_MAX_TRANS (1u << 21)
 
 static void memo_flush(struct tern_gmatch *m) {
     m->n_ms = 0;
