@@ -92,9 +92,14 @@ size_t tern_gmatch_mask(struct tern_gmatch *m, uint32_t *mask, enum tern_status 
 /* Consumes a token's bytes (an eog token: only when can_end). False if not allowed. */
 bool tern_gmatch_accept_token(struct tern_gmatch *m, int32_t id);
 
+/* Masks normally reuse the context-independent part of a state's walk (match.c); off,
+ * every mask is one full walk (the same masks: for tests and the benchmark). */
+void tern_gmatch_set_cut(struct tern_gmatch *m, bool on);
+
 /* Mask statistics (for the benchmark and logs). */
 struct tern_gmatch_stats {
     uint64_t masks, cache_hits, nodes_visited;
+    uint64_t ci_hits, ci_roots;   /* context-independent walks reused; context-dependent subtrees walked */
     size_t n_stack_nodes, n_cached;
 };
 void tern_gmatch_get_stats(const struct tern_gmatch *m, struct tern_gmatch_stats *s);

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #define POS_ACCEPT UINT32_MAX
+#define STK_HOLE 1u /* the stack below a cut (see "context-independent masks") */
 #define CFG(pos, stk) (((uint64_t)(pos) << 32) | (uint64_t)(stk))
 #define CFG_POS(c) ((uint32_t)((c) >> 32))
 #define CFG_STK(c) ((uint32_t)(c))
@@ -44,6 +45,7 @@ struct tern_gvocab {
     uint32_t *skip;    /* (n_nodes) the index just past the node's subtree */
     uint32_t *tok_at;  /* (n_nodes) first index into toks[] of tokens ending here */
     uint16_t *tok_n;   /* (n_nodes) how many */
+    uint32_t *parent;  /* (n_nodes) the parent node, UINT32_MAX for the root's children */
     int32_t *toks;     /* token ids in piece order */
     uint8_t **piece;   /* (n_vocab) bytes of each token (NULL: never allowed) */
     uint32_t *plen;
@@ -74,6 +76,7 @@ void tern_gvocab_free(struct tern_gvocab *v) {
     free(v->skip);
     free(v->tok_at);
     free(v->tok_n);
+    free(v->parent);
     free(v->toks);
     free(v->eog);
     free(v->spec);
@@ -122,10 +125,11 @@ enum tern_status tern_gvocab_new(uint32_t n_vocab, const char *const *pieces, co
     v->skip = tern_malloc(cap * sizeof *v->skip);
     v->tok_at = tern_malloc(cap * sizeof *v->tok_at);
     v->tok_n = tern_calloc(cap, sizeof *v->tok_n);
+    v->parent = tern_malloc(cap * sizeof *v->parent);
     v->toks = ids;
     ids = NULL;
     uint32_t *path = tern_malloc((TERN_GRAMMAR_MAX_TOKEN_BYTES + 1) * sizeof *path);
-    if (!v->byte || !v->depth || !v->skip || !v->tok_at || !v->tok_n || !path) {
+    if (!v->byte || !v->depth || !v->skip || !v->tok_at || !v->tok_n || !v->parent || !path) {
         free(path);
         goto nomem;
     }
@@ -147,6 +151,7 @@ enum tern_status tern_gvocab_new(uint32_t n_vocab, const char *const *pieces, co
             v->depth[n] = (uint16_t)(d + 1);
             v->tok_n[n] = 0;
             v->tok_at[n] = 0;
+            v->parent[n] = plen_cur ? path[plen_cur - 1] : UINT32_MAX;
             path[plen_cur++] = (uint32_t)n;
             n++;
         }
@@ -258,6 +263,7 @@ struct tern_gmatch {
     size_t seen_cap;
     uint32_t gen;
     bool overflow;       /* a stack passed TERN_GRAMMAR_MAX_STACK or the node limit */
+    bool hole_pop;       /* a closure popped into STK_HOLE */
 
     /* scratch of the walk's steps */
     uint64_t *buf;
@@ -283,6 +289,20 @@ struct tern_gmatch {
     int32_t *tval;       /* the next state, -1 = dead */
     size_t n_t, tcap;
     int32_t *d_sid;      /* the walk's state at each depth */
+    bool *d_taint;       /* and whether a path popped into the hole on the way */
+    bool no_cut;         /* tern_gmatch_set_cut(false): always the full walk */
+    struct ci_entry {
+        uint64_t *cfg;
+        size_t n_cfg;
+        struct partial part;
+        uint64_t hash;
+        uint32_t *acc;   /* tokens allowed in every context */
+        size_t count;
+        uint32_t *roots; /* trie nodes whose subtrees depend on the context */
+        size_t n_roots;
+        uint64_t used;
+    } *ci;
+    size_t n_ci, cap_ci;
 
     struct centry *cache;
     size_t n_cache, cache_cap;
@@ -324,7 +344,7 @@ static uint32_t intern(struct tern_gmatch *m, uint32_t ret, uint32_t parent) {
             m->overflow = true;
             return 0;
         }
-        for (size_t i = 1; i < m->n_nodes; i++) {
+        for (size_t i = 2; i < m->n_nodes; i++) {
             size_t h = mix(((uint64_t)m->nodes[i].ret << 32) | m->nodes[i].parent) & (nc - 1);
             while (nt[h]) h = (h + 1) & (nc - 1);
             nt[h] = (uint32_t)i + 1;
@@ -449,6 +469,8 @@ static bool closure_run(struct tern_gmatch *m, uint64_t **out, size_t *n, size_t
         } else if (stk == 0) {
             if (!grow((void **)out, cap, *n + 1, sizeof **out)) return false;
             (*out)[(*n)++] = CFG(POS_ACCEPT, 0);
+        } else if (stk == STK_HOLE) {
+            m->hole_pop = true; /* the path leaves what the cut state knows: dropped, noted */
         } else {
             const struct snode *sn = &m->nodes[stk];
             if (!work_add(m, sn->ret, sn->parent)) return false;
@@ -532,6 +554,12 @@ static bool step_byte(struct tern_gmatch *m, const uint64_t *cfg, size_t n, stru
     return true;
 }
 
+static void ci_free(struct ci_entry *e) {
+    free(e->cfg);
+    free(e->acc);
+    free(e->roots);
+}
+
 enum tern_status tern_gmatch_new(const struct tern_grammar *g, const struct tern_gvocab *v, struct tern_gmatch **out) {
     *out = NULL;
     struct tern_gmatch *m = tern_calloc(1, sizeof *m);
@@ -541,13 +569,15 @@ enum tern_status tern_gmatch_new(const struct tern_grammar *g, const struct tern
     m->cache_budget = CACHE_BYTES_DEFAULT;
     size_t depth = TERN_GRAMMAR_MAX_TOKEN_BYTES + 2;
     m->d_sid = tern_calloc(depth, sizeof *m->d_sid);
-    if (!m->d_sid ||
+    m->d_taint = tern_calloc(depth, sizeof *m->d_taint);
+    if (!m->d_sid || !m->d_taint ||
         !grow((void **)&m->nodes, &m->cap_nodes, 1024, sizeof *m->nodes)) {
         tern_gmatch_free(m);
         return tern_errorf(TERN_ERR_NOMEM, "grammar: out of memory");
     }
     m->nodes[0] = (struct snode){0, 0, 0};
-    m->n_nodes = 1;
+    m->nodes[1] = (struct snode){UINT32_MAX, 0, 0}; /* STK_HOLE */
+    m->n_nodes = 2;
     tern_gmatch_reset(m);
     if (m->overflow || m->n_cfg == 0) {
         tern_gmatch_free(m);
@@ -583,6 +613,9 @@ void tern_gmatch_free(struct tern_gmatch *m) {
     free(m->tkey);
     free(m->tval);
     free(m->d_sid);
+    free(m->d_taint);
+    for (size_t i = 0; i < m->n_ci; i++) ci_free(&m->ci[i]);
+    free(m->ci);
     for (size_t i = 0; i < m->n_cache; i++) {
         free(m->cache[i].cfg);
         free(m->cache[i].mask);
@@ -755,8 +788,9 @@ static int32_t mstate_intern(struct tern_gmatch *m, const uint64_t *cfg, size_t 
     return (int32_t)m->n_ms++;
 }
 
-/* The state after byte b from state sid: an id, -1 dead, -2 out of memory or a limit. */
-static int32_t memo_step(struct tern_gmatch *m, int32_t sid, uint8_t b) {
+/* The state after byte b from state sid: an id, -1 dead, -2 out of memory or a limit;
+ * *taint: a path popped into STK_HOLE on the way (only cut states have holes). */
+static int32_t memo_step(struct tern_gmatch *m, int32_t sid, uint8_t b, bool *taint) {
     uint64_t key = (((uint64_t)sid << 8) | b) + 1;
     if (m->n_t * 2 >= m->tcap) {
         size_t nc = m->tcap ? m->tcap * 2 : 4096;
@@ -782,10 +816,14 @@ static int32_t memo_step(struct tern_gmatch *m, int32_t sid, uint8_t b) {
     }
     size_t h = mix(key) & (m->tcap - 1);
     while (m->tkey[h]) {
-        if (m->tkey[h] == key) return m->tval[h];
+        if (m->tkey[h] == key) {
+            *taint = m->tval[h] & 1;
+            return (m->tval[h] >> 1) - 1;
+        }
         h = (h + 1) & (m->tcap - 1);
     }
     struct mstate x = m->ms[sid];
+    m->hole_pop = false;
     size_t nn = 0;
     bool same;
     struct partial np;
@@ -797,11 +835,155 @@ static int32_t memo_step(struct tern_gmatch *m, int32_t sid, uint8_t b) {
         if (next < 0) return -2;
     }
     /* the intern may have grown the tables, not this one: h is still the free slot */
+    *taint = m->hole_pop;
     m->tkey[h] = key;
-    m->tval[h] = next;
+    m->tval[h] = (next + 1) * 2 + (m->hole_pop ? 1 : 0);
     m->n_t++;
     return next;
 }
+
+/* ---- context-independent masks ------------------------------------------------------
+ *
+ * A string's state differs from every other string's only below the string: in the
+ * return stack of the configurations. Cut every stack at the shallowest one's depth
+ * (what is below becomes STK_HOLE) and walk the vocabulary with the cut state: a token
+ * whose walk never pops into the hole has the same fate in every context; a token that
+ * is alive in the cut walk is alive in the real one (its surviving paths exist there
+ * too); only the subtrees where the cut walk died after a pop into the hole are unknown.
+ * The cut state's walk (allowed bits + unknown subtree roots) is cached by the cut
+ * state, so a new context costs the walk of the unknown subtrees only. */
+
+#define CI_MAX_ENTRIES 64
+
+/* The memo id of the cut live state; -1 when nothing is cut (some configuration is at
+ * the top level), -2 out of memory. */
+static int32_t cut_state(struct tern_gmatch *m) {
+    uint32_t base = UINT32_MAX;
+    for (size_t i = 0; i < m->n_cfg; i++) {
+        uint32_t d = m->nodes[CFG_STK(m->cfg[i])].depth;
+        if (CFG_STK(m->cfg[i]) == STK_HOLE) return -1;
+        if (d < base) base = d;
+    }
+    if (base == 0 || base == UINT32_MAX) return -1;
+    if (!grow((void **)&m->tmp, &m->cap_tmp, m->n_cfg, sizeof *m->tmp)) return -2;
+    for (size_t i = 0; i < m->n_cfg; i++) {
+        uint32_t stk = CFG_STK(m->cfg[i]);
+        uint32_t keep = m->nodes[stk].depth - base;
+        uint32_t rets[TERN_GRAMMAR_MAX_STACK + 1];
+        for (uint32_t k = 0; k < keep; k++) {
+            rets[k] = m->nodes[stk].ret;
+            stk = m->nodes[stk].parent;
+        }
+        uint32_t ns = STK_HOLE;
+        for (uint32_t k = keep; k-- > 0;) {
+            ns = intern(m, rets[k], ns);
+            if (ns == 0) return -2;
+        }
+        m->tmp[i] = CFG(CFG_POS(m->cfg[i]), ns);
+    }
+    size_t n = sort_unique(m->tmp, m->n_cfg);
+    int32_t id = mstate_intern(m, m->tmp, n, m->part, SIZE_MAX);
+    return id < 0 ? -2 : id;
+}
+
+/* Walks the trie from state sid: the whole trie (r == UINT32_MAX) or the subtree of node
+ * r (the path to r is walked first). Allowed tokens go into mask; with roots given,
+ * tainted dead ends are recorded there instead of being rejected. 0, or -1 on error. */
+static int walk(struct tern_gmatch *m, int32_t sid, uint32_t r, uint32_t *mask, size_t *count, uint64_t *visited,
+                uint32_t **roots, size_t *n_roots) {
+    const struct tern_gvocab *v = m->v;
+    size_t begin = 0, end = v->n_nodes;
+    unsigned d0 = 1;
+    if (r != UINT32_MAX) {
+        /* the path to r's parent */
+        uint32_t path[TERN_GRAMMAR_MAX_TOKEN_BYTES + 1];
+        unsigned np = 0;
+        for (uint32_t a = v->parent[r]; a != UINT32_MAX; a = v->parent[a]) path[np++] = a;
+        int32_t s = sid;
+        while (np > 0) {
+            bool taint;
+            s = memo_step(m, s, v->byte[path[--np]], &taint);
+            (*visited)++;
+            if (s == -2) return -1;
+            if (s < 0) return 0; /* the whole subtree is rejected */
+        }
+        sid = s;
+        begin = r;
+        end = v->skip[r];
+        d0 = v->depth[r];
+    }
+    m->d_sid[d0 - 1] = sid;
+    m->d_taint[d0 - 1] = false;
+    size_t cap_roots = roots && *roots ? *n_roots : 0;
+    for (size_t i = begin; i < end;) {
+        unsigned d = v->depth[i];
+        (*visited)++;
+        bool taint;
+        int32_t t = memo_step(m, m->d_sid[d - 1], v->byte[i], &taint);
+        if (t == -2) return -1;
+        taint = taint || m->d_taint[d - 1];
+        if (t < 0) {
+            if (taint && roots) {
+                if (!grow((void **)roots, &cap_roots, *n_roots + 1, sizeof **roots)) return -1;
+                (*roots)[(*n_roots)++] = (uint32_t)i;
+            }
+            i = v->skip[i];
+            continue;
+        }
+        m->d_sid[d] = t;
+        m->d_taint[d] = taint;
+        for (uint32_t k = 0; k < v->tok_n[i]; k++) {
+            int32_t id = v->toks[v->tok_at[i] + k];
+            mask[id / 32] |= 1u << (id % 32);
+            (*count)++;
+        }
+        i++;
+    }
+    return 0;
+}
+
+/* The cut state's walk, cached. */
+static struct ci_entry *ci_get(struct tern_gmatch *m, int32_t cut, size_t words, uint64_t *visited) {
+    const struct mstate *x = &m->ms[cut];
+    const uint64_t *cfg = m->mpool + x->off;
+    uint64_t h = state_hash(cfg, x->n, x->part);
+    for (size_t i = 0; i < m->n_ci; i++) {
+        struct ci_entry *e = &m->ci[i];
+        if (e->hash == h && e->n_cfg == x->n && e->part.have == x->part.have && e->part.need == x->part.need &&
+            e->part.cp == x->part.cp && !memcmp(e->cfg, cfg, x->n * sizeof *cfg)) {
+            e->used = ++m->tick;
+            m->stats.ci_hits++;
+            return e;
+        }
+    }
+    struct ci_entry e = {.n_cfg = x->n, .part = x->part, .hash = h, .used = ++m->tick};
+    e.cfg = tern_malloc(x->n * sizeof *e.cfg + 1);
+    e.acc = tern_calloc(words, sizeof *e.acc);
+    if (!e.cfg || !e.acc) {
+        ci_free(&e);
+        return NULL;
+    }
+    memcpy(e.cfg, cfg, x->n * sizeof *cfg);
+    if (walk(m, cut, UINT32_MAX, e.acc, &e.count, visited, &e.roots, &e.n_roots)) {
+        ci_free(&e);
+        return NULL;
+    }
+    if (m->n_ci >= CI_MAX_ENTRIES) {
+        size_t lru = 0;
+        for (size_t i = 1; i < m->n_ci; i++)
+            if (m->ci[i].used < m->ci[lru].used) lru = i;
+        ci_free(&m->ci[lru]);
+        m->ci[lru] = m->ci[--m->n_ci];
+    }
+    if (!grow((void **)&m->ci, &m->cap_ci, m->n_ci + 1, sizeof *m->ci)) {
+        ci_free(&e);
+        return NULL;
+    }
+    m->ci[m->n_ci] = e;
+    return &m->ci[m->n_ci++];
+}
+
+void tern_gmatch_set_cut(struct tern_gmatch *m, bool on) { m->no_cut = !on; }
 
 size_t tern_gmatch_mask(struct tern_gmatch *m, uint32_t *mask, enum tern_status *st) {
     const struct tern_gvocab *v = m->v;
@@ -823,27 +1005,30 @@ size_t tern_gmatch_mask(struct tern_gmatch *m, uint32_t *mask, enum tern_status 
     if (m->n_ms > MEMO_MAX_STATES || m->n_mpool > MEMO_MAX_CFGS || m->n_t > MEMO_MAX_TRANS) memo_flush(m);
     int32_t root = mstate_intern(m, m->cfg, m->n_cfg, m->part, SIZE_MAX);
     if (root < 0) goto nomem;
-    m->d_sid[0] = root;
     uint64_t visited = 0;
-    for (size_t i = 0; i < v->n_nodes;) {
-        unsigned d = v->depth[i];
-        visited++;
-        int32_t t = memo_step(m, m->d_sid[d - 1], v->byte[i]);
-        if (t == -2) {
+    int32_t cut = m->no_cut ? -1 : cut_state(m);
+    if (cut == -2) goto nomem;
+    if (cut >= 0) {
+        /* context-independent part from the cut state's cache, then the real state's
+         * walk only below the nodes where the cut state did not know */
+        struct ci_entry *ci = ci_get(m, cut, words, &visited);
+        if (!ci) {
             if (m->overflow) goto limit;
             goto nomem;
         }
-        if (t < 0) {
-            i = v->skip[i];
-            continue;
+        memcpy(mask, ci->acc, words * sizeof *mask);
+        count = ci->count;
+        m->stats.ci_roots += ci->n_roots;
+        for (size_t r = 0; r < ci->n_roots; r++) {
+            int rc = walk(m, root, ci->roots[r], mask, &count, &visited, NULL, NULL);
+            if (rc) {
+                if (m->overflow) goto limit;
+                goto nomem;
+            }
         }
-        m->d_sid[d] = t;
-        for (uint32_t k = 0; k < v->tok_n[i]; k++) {
-            int32_t id = v->toks[v->tok_at[i] + k];
-            mask[id / 32] |= 1u << (id % 32);
-            count++;
-        }
-        i++;
+    } else if (walk(m, root, UINT32_MAX, mask, &count, &visited, NULL, NULL)) {
+        if (m->overflow) goto limit;
+        goto nomem;
     }
     /* special tokens: only where a configuration expects exactly their first character
      * (a literal in the grammar), never through a class such as a string's [^"] */

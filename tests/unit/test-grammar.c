@@ -312,13 +312,22 @@ static void test_mask_random(void **state) {
     assert_int_equal(tern_gvocab_new(v.n, (const char *const *)v.p, v.len, v.eog, NULL, &gv), TERN_OK);
     struct tern_grammar *g = compile(json_gbnf);
     uint32_t *mask = calloc((v.n + 31) / 32, sizeof *mask);
+    uint32_t *full = calloc((v.n + 31) / 32, sizeof *full);
+    uint64_t cut_used = 0;
     for (int walk = 0; walk < 6; walk++) {
-        struct tern_gmatch *m = NULL;
+        struct tern_gmatch *m = NULL, *plain = NULL;
         assert_int_equal(tern_gmatch_new(g, gv, &m), TERN_OK);
+        assert_int_equal(tern_gmatch_new(g, gv, &plain), TERN_OK);
+        tern_gmatch_set_cut(plain, false);
         int32_t hist[40];
         size_t nh = 0;
         while (nh < 40) {
             check_mask(g, gv, &v, hist, nh, m);
+            /* the context-independent reuse gives the full walk's mask */
+            enum tern_status st0;
+            size_t c0 = tern_gmatch_mask(m, mask, &st0), c1 = tern_gmatch_mask(plain, full, &st0);
+            assert_int_equal(c0, c1);
+            assert_memory_equal(mask, full, (v.n + 31) / 32 * sizeof *mask);
             enum tern_status st;
             size_t cnt = tern_gmatch_mask(m, mask, &st);
             assert_true(cnt > 0);
@@ -329,10 +338,17 @@ static void test_mask_random(void **state) {
                 if (bit(mask, (int32_t)i) && seen++ == pick) t = (int32_t)i;
             if (v.eog[t]) break;
             assert_true(tern_gmatch_accept_token(m, t));
+            assert_true(tern_gmatch_accept_token(plain, t));
             hist[nh++] = t;
         }
+        struct tern_gmatch_stats gs;
+        tern_gmatch_get_stats(m, &gs);
+        cut_used += gs.ci_hits + gs.ci_roots;
         tern_gmatch_free(m);
+        tern_gmatch_free(plain);
     }
+    assert_true(cut_used > 0); /* the context-independent reuse was exercised */
+    free(full);
     free(mask);
     tern_grammar_free(g);
     tern_gvocab_free(gv);
