@@ -20,7 +20,7 @@ static struct tern_gvocab *fuzz_vocab(void) {
     uint32_t lens[256 + N_EXTRA + 1];
     bool eog[256 + N_EXTRA + 1], special[256 + N_EXTRA + 1];
     uint32_t n = 0;
-    for (int b = 1; b < 256; b++) {
+    for (int b = 0; b < 256; b++) {
         bytes[b][0] = (char)b;
         pieces[n] = bytes[b];
         lens[n] = 1;
