@@ -433,6 +433,20 @@ static bool prime_one(struct srv_engine *e, struct eng_predict *p, const struct 
     return more;
 }
 
+/* The vocabulary trie (built once, on the first constrained request) and a mask buffer. */
+static enum tern_status grammar_runtime(struct srv_engine *e, uint32_t **mask) {
+    if (!e->gvocab) {
+        double t0 = tern_now_s();
+        enum tern_status st = tern_gvocab_from_tokenizer(e->tok, &e->gvocab);
+        if (st) return st;
+        TERN_LOG_INFO("grammar: vocabulary trie of %zu nodes built in %.3fs", tern_gvocab_n_nodes(e->gvocab),
+                      tern_now_s() - t0);
+    }
+    if (!*mask && !(*mask = tern_malloc(((size_t)e->info->n_vocab + 31) / 32 * sizeof **mask)))
+        return tern_errorf(TERN_ERR_NOMEM, "out of memory for the token mask");
+    return TERN_OK;
+}
+
 /* The matcher for a job's grammar (*owner): a kept one (reset) when the same grammar
  * came before, else a new one that is kept, taking the grammar over from the job. */
 static enum tern_status grammar_matcher(struct srv_engine *e, struct tern_grammar **owner, struct tern_gmatch **out) {
@@ -543,18 +557,10 @@ static void engine_run(void *self, struct srv_job *j) {
     st = tern_sampler_new(&sp, e->info->n_vocab, &sampler);
     if (!st) st = tern_detok_new(e->tok, TERN_TOK_PARSE_SPECIAL, &o.detok);
     struct tern_grammar **grammar = ej->tool_grammar ? &ej->tool_grammar : j->req.grammar ? &j->req.grammar : NULL;
-    if (!st && (grammar || ej->lazy_grammar)) {
-        if (!e->gvocab) {
-            double t0 = tern_now_s();
-            st = tern_gvocab_from_tokenizer(e->tok, &e->gvocab);
-            if (!st)
-                TERN_LOG_INFO("grammar: vocabulary trie of %zu nodes built in %.3fs", tern_gvocab_n_nodes(e->gvocab),
-                              tern_now_s() - t0);
-        }
-        if (!st && grammar) st = grammar_matcher(e, grammar, &gm);
-        if (!st && gm) tern_gmatch_get_stats(gm, &gstats0);
-        if (!st && !(gmask = tern_malloc(((size_t)e->info->n_vocab + 31) / 32 * sizeof *gmask)))
-            st = tern_errorf(TERN_ERR_NOMEM, "out of memory for the token mask");
+    if (!st && grammar) {
+        st = grammar_runtime(e, &gmask);
+        if (!st) st = grammar_matcher(e, grammar, &gm);
+        if (!st) tern_gmatch_get_stats(gm, &gstats0);
     }
     if (st) {
         send_failure(j, 500, "server_error", "cannot start decoding: %s", tern_last_error());
@@ -636,7 +642,8 @@ static void engine_run(void *self, struct srv_job *j) {
             const char *f = gtail.len > lazy_scan ? memmem(gtail.data + lazy_scan, gtail.len - lazy_scan, trig, sizeof trig - 1) : NULL;
             lazy_scan = gtail.len >= sizeof trig - 1 ? gtail.len - (sizeof trig - 2) : 0;
             if (f && !in_reasoning(gtail.data, (size_t)(f - gtail.data), ej->in_think)) {
-                st = grammar_matcher(e, &ej->lazy_grammar, &gm);
+                st = grammar_runtime(e, &gmask);
+                if (!st) st = grammar_matcher(e, &ej->lazy_grammar, &gm);
                 if (!st) {
                     tern_gmatch_get_stats(gm, &gstats0);
                     size_t at = (size_t)(f - gtail.data);
