@@ -529,10 +529,9 @@ static bool parse_rule(struct gp *p) {
 static enum tern_status check(struct tern_grammar *g, const struct gp *p) {
     size_t R = g->n_rules;
     bool *nullable = tern_calloc(R, 1), *productive = tern_calloc(R, 1), *reach = tern_calloc(R, 1);
-    uint8_t *color = tern_calloc(R, 1);
     uint32_t *stack = tern_malloc((R + 1) * sizeof *stack), *it = tern_malloc((R + 1) * sizeof *it);
     enum tern_status st = TERN_OK;
-    if (!nullable || !productive || !reach || !color || !stack || !it) {
+    if (!nullable || !productive || !reach || !stack || !it) {
         st = tern_errorf(TERN_ERR_NOMEM, "grammar: out of memory");
         goto out;
     }
@@ -577,63 +576,118 @@ static enum tern_status check(struct tern_grammar *g, const struct gp *p) {
             goto out;
         }
     }
-    /* left recursion: a rule that reaches itself through a prefix of nullable elements.
-     * Iterative DFS over "may start with" edges; color 1 = on the path, 2 = done. */
-    for (size_t r0 = 0; r0 < R; r0++) {
-        if (!reach[r0] || color[r0]) continue;
-        sp = 0;
-        stack[sp] = (uint32_t)r0;
-        it[sp] = 0;
-        sp++;
-        color[r0] = 1;
-        while (sp) {
-            uint32_t r = stack[sp - 1];
-            /* the it[sp-1]-th "starts with" edge of r */
-            uint32_t k = 0, next = UINT32_MAX;
-            for (uint32_t a = g->alt_first[r]; a < g->alt_first[r + 1] && next == UINT32_MAX; a++) {
+    /* left recursion: a rule that reaches itself through a prefix of nullable elements
+     * ("may start with" edges). A cycle of tail calls only (each reference the last
+     * element of its alternative) pushes nothing and the matcher's expansion stops on
+     * states already seen, so it is harmless (llama.cpp accepts `( [x]* )*`); an edge
+     * that pushes a return inside a cycle would grow the stack forever: refused. Edges
+     * inside one strongly connected component lie on a cycle (Tarjan, iterative). */
+    {
+        size_t n_e = 0, cap_e = 64;
+        uint32_t *ef = tern_malloc((R + 1) * sizeof *ef), *et = tern_malloc(cap_e * sizeof *et);
+        bool *etail = tern_malloc(cap_e * sizeof *etail);
+        uint32_t *idx = tern_malloc(R * sizeof *idx), *low = tern_malloc(R * sizeof *low);
+        uint32_t *comp = tern_malloc(R * sizeof *comp), *tstack = tern_malloc(R * sizeof *tstack);
+        bool *on = tern_calloc(R, 1);
+        if (!ef || !et || !etail || !idx || !low || !comp || !tstack || !on) goto scc_nomem;
+        for (size_t r = 0; r < R; r++) {
+            ef[r] = (uint32_t)n_e;
+            if (!reach[r]) continue;
+            for (uint32_t a = g->alt_first[r]; a < g->alt_first[r + 1]; a++) {
                 for (const struct gel *e = g->el + g->alts[a]; !gel_is_end(e); e++) {
                     if (e->type == GE_CHAR) break;
-                    if (k++ == it[sp - 1]) {
-                        next = e->a;
-                        break;
+                    if (n_e == cap_e) {
+                        cap_e *= 2;
+                        uint32_t *n1 = tern_reallocarray(et, cap_e, sizeof *et);
+                        if (n1) et = n1;
+                        bool *n2 = tern_reallocarray(etail, cap_e, sizeof *etail);
+                        if (n2) etail = n2;
+                        if (!n1 || !n2) goto scc_nomem;
                     }
+                    et[n_e] = e->a;
+                    etail[n_e] = gel_is_end(e + 1);
+                    n_e++;
                     if (!nullable[e->a]) break;
                 }
             }
-            if (next == UINT32_MAX) {
-                color[r] = 2;
+        }
+        ef[R] = (uint32_t)n_e;
+        for (size_t r = 0; r < R; r++) idx[r] = UINT32_MAX;
+        uint32_t counter = 0, n_comp = 0;
+        size_t tsp = 0;
+        for (size_t r0 = 0; r0 < R; r0++) {
+            if (!reach[r0] || idx[r0] != UINT32_MAX) continue;
+            sp = 0;
+            stack[sp] = (uint32_t)r0;
+            it[sp++] = 0;
+            idx[r0] = low[r0] = counter++;
+            tstack[tsp++] = (uint32_t)r0;
+            on[r0] = true;
+            while (sp) {
+                uint32_t u = stack[sp - 1];
+                if (it[sp - 1] < ef[u + 1] - ef[u]) {
+                    uint32_t w = et[ef[u] + it[sp - 1]++];
+                    if (idx[w] == UINT32_MAX) {
+                        idx[w] = low[w] = counter++;
+                        tstack[tsp++] = w;
+                        on[w] = true;
+                        stack[sp] = w;
+                        it[sp++] = 0;
+                    } else if (on[w] && idx[w] < low[u]) {
+                        low[u] = idx[w];
+                    }
+                    continue;
+                }
+                if (low[u] == idx[u]) {
+                    uint32_t w;
+                    do {
+                        w = tstack[--tsp];
+                        on[w] = false;
+                        comp[w] = n_comp;
+                    } while (w != u);
+                    n_comp++;
+                }
                 sp--;
-                continue;
+                if (sp && low[u] < low[stack[sp - 1]]) low[stack[sp - 1]] = low[u];
             }
-            it[sp - 1]++;
-            if (color[next] == 1) {
+        }
+        for (size_t u = 0; u < R && !st; u++) {
+            if (!reach[u]) continue;
+            for (uint32_t k = ef[u]; k < ef[u + 1]; k++) {
+                if (etail[k] || comp[et[k]] != comp[u]) continue;
+                uint32_t bad = et[k];
                 int line, col;
-                where(p, p->rules[next].def_at, &line, &col);
-                if (p->rules[next].repetition)
+                where(p, p->rules[bad].def_at, &line, &col);
+                if (p->rules[bad].repetition)
                     st = tern_errorf(TERN_ERR_FORMAT,
                                      "grammar: line %d, column %d: a repetition of something that can match the "
-                                     "empty string (it could repeat forever without progress)",
+                                     "empty string, followed by more (it could nest forever without progress)",
                                      line, col);
                 else
                     st = tern_errorf(TERN_ERR_FORMAT,
                                      "grammar: line %d, column %d: rule '%s' is left-recursive (it can reach itself "
                                      "without consuming input)",
-                                     line, col, g->names[next]);
-                goto out;
-            }
-            if (color[next] == 0) {
-                color[next] = 1;
-                stack[sp] = next;
-                it[sp] = 0;
-                sp++;
+                                     line, col, g->names[bad]);
+                break;
             }
         }
+        if (0) {
+        scc_nomem:
+            st = tern_errorf(TERN_ERR_NOMEM, "grammar: out of memory");
+        }
+        free(ef);
+        free(et);
+        free(etail);
+        free(idx);
+        free(low);
+        free(comp);
+        free(tstack);
+        free(on);
     }
 out:
     free(nullable);
     free(productive);
     free(reach);
-    free(color);
     free(stack);
     free(it);
     return st;

@@ -16,8 +16,9 @@
  *
  * Refused at compile time with the line and column (or the rule): syntax errors,
  * undefined rules, a missing root, left recursion (a rule reaching itself without
- * consuming input), rules that can never finish, and grammars past the size limits
- * below. */
+ * consuming input, unless only through tail calls, which push nothing), rules that can
+ * never finish, and grammars past the size limits below. A state whose expansion passes
+ * TERN_GRAMMAR_MAX_EXPANSION is an error of tern_gmatch_new or of a mask. */
 #ifndef TERN_GRAMMAR_H
 #define TERN_GRAMMAR_H
 
@@ -32,6 +33,7 @@
 #define TERN_GRAMMAR_MAX_REPEAT 10000        /* m and n of {m,n} */
 #define TERN_GRAMMAR_MAX_STACK 4096          /* nesting depth of a configuration's stack */
 #define TERN_GRAMMAR_MAX_TOKEN_BYTES 512     /* longer token pieces are never allowed */
+#define TERN_GRAMMAR_MAX_EXPANSION (1u << 18) /* configurations visited expanding one state */
 
 struct tern_grammar;
 struct tern_gvocab;

@@ -372,6 +372,10 @@ static uint32_t intern(struct tern_gmatch *m, uint32_t ret, uint32_t parent) {
 /* Adds (pos, stk) to the closure's worklist unless seen in this closure. */
 static bool work_add(struct tern_gmatch *m, uint32_t pos, uint32_t stk) {
     uint64_t key = CFG(pos, stk);
+    if (m->n_work >= TERN_GRAMMAR_MAX_EXPANSION) {
+        m->overflow = true; /* nested repetitions of empty-able items can multiply paths */
+        return false;
+    }
     if (m->n_work * 2 + 2 >= m->seen_cap) {
         /* grow the seen table; the current generation's entries are re-inserted */
         size_t nc = m->seen_cap ? m->seen_cap * 2 : 256;
@@ -581,7 +585,8 @@ enum tern_status tern_gmatch_new(const struct tern_grammar *g, const struct tern
     tern_gmatch_reset(m);
     if (m->overflow || m->n_cfg == 0) {
         tern_gmatch_free(m);
-        return tern_errorf(TERN_ERR_NOMEM, "grammar: out of memory");
+        return tern_errorf(TERN_ERR_LIMIT, "grammar: the start state expands to more than %u configurations (or "
+                           "stacks deeper than %u)", TERN_GRAMMAR_MAX_EXPANSION, TERN_GRAMMAR_MAX_STACK);
     }
     *out = m;
     return TERN_OK;
@@ -1062,8 +1067,9 @@ size_t tern_gmatch_mask(struct tern_gmatch *m, uint32_t *mask, enum tern_status 
     cache_put(m, h, mask, words, count);
     return count;
 limit:
-    if (st) *st = tern_errorf(TERN_ERR_LIMIT, "grammar: the state outgrew its limits (stack depth %u or %u stack "
-                              "nodes)", TERN_GRAMMAR_MAX_STACK, MAX_STACK_NODES);
+    if (st) *st = tern_errorf(TERN_ERR_LIMIT, "grammar: the state outgrew its limits (stack depth %u, %u stack "
+                              "nodes or %u configurations in one step)", TERN_GRAMMAR_MAX_STACK, MAX_STACK_NODES,
+                              TERN_GRAMMAR_MAX_EXPANSION);
     return 0;
 nomem:
     if (st) *st = tern_errorf(TERN_ERR_NOMEM, "grammar: out of memory computing a mask");

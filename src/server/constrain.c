@@ -21,6 +21,17 @@ const char *srv_tool_syntax_name(enum srv_tool_syntax s) {
 bool srv_grammar_compile(const char *text, size_t len, const char *param, struct tern_grammar **out,
                          struct srv_error *err) {
     enum tern_status st = tern_grammar_compile(text, len, NULL, out);
+    if (!st) {
+        /* the start state must be within the limits (nested empty-able repetitions can
+         * multiply it): refused now rather than when decoding starts */
+        struct tern_gmatch *m = NULL;
+        st = tern_gmatch_new(*out, NULL, &m);
+        tern_gmatch_free(m);
+        if (st) {
+            tern_grammar_free(*out);
+            *out = NULL;
+        }
+    }
     if (st == TERN_ERR_NOMEM) {
         srv_error_set(err, 500, "server_error", NULL, NULL, "out of memory compiling the grammar");
         return false;

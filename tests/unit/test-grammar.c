@@ -84,6 +84,16 @@ static void test_features(void **state) {
         {"root ::= x y\nx ::= \"x\"\ny ::= \"y\" | x", {"xy", "xx"}, {"yy", "x"}},
         /* names with digits, dashes and underscores */
         {"root ::= my-rule_2\nmy-rule_2 ::= \"q\"", {"q"}, {""}},
+        /* repetitions of empty-able items: tail calls only, accepted as llama.cpp does */
+        {"root ::= ( [x]* )*", {"", "x", "xx"}, {"y", "yy"}},
+        {"root ::= (\"a\"?)*", {"", "a", "aaa"}, {"b"}},
+        {"root ::= root | \"a\"", {"a"}, {"", "aa"}},
+        {"root ::= cons+ vowel* cons? (vowel cons)*\nvowel ::= [aeiouy]\ncons ::= [bcdfghjklmnpqrstvwxyz]",
+         {"yes", "no", "noyes", "crwth", "four", "bryyyy"}, {"yess", "yesno", "forty", "catyyy"}},
+        {"root ::= (\"0x\" [A-F0-9]{2} \" \"?){3,5}", {"0xFF 0x12 0xAB", "0xFF 0x12 0xAB 0x00 0x00"},
+         {"", "0xFF", "0xFF 0x12", "0xFF 0x12 0xAB 0x00 0x00 0x00"}},
+        {"root ::= ... \"abc\" ...", {"abcabcabc", "aaaabcccc", "\xf0\x9f\x94\xb5\xf0\x9f\x9f\xa0\xe2\x9c\x85" "abc\xe2\x9d\x8c\xf0\x9f\x9f\xa0\xf0\x9f\x94\xb5"},
+         {"aaabcccc", "aaaaabcccc", "aaaabccc", "aaaabccccc"}},
         /* nullable rules in sequences */
         {"root ::= a b c\na ::= \"a\"?\nb ::= \"b\"*\nc ::= \"c\" | \"\"", {"", "a", "bbb", "ac", "abbc"}, {"ca", "aa"}},
     };
@@ -108,6 +118,19 @@ static void test_json(void **state) {
     run_cases(&c, 1);
 }
 
+/* Nested repetitions of empty-able items multiply the start state's paths: refused
+ * with a limit, in bounded time. */
+static void test_expansion_limit(void **state) {
+    (void)state;
+    const char *src = "root ::= (((((([^x]*){0,99}){0,99}){0,99}){0,99}){0,99}){0,99}";
+    struct tern_grammar *g = compile(src);
+    struct tern_gmatch *m = NULL;
+    assert_int_equal(tern_gmatch_new(g, NULL, &m), TERN_ERR_LIMIT);
+    assert_null(m);
+    assert_non_null(strstr(tern_last_error(), "configurations"));
+    tern_grammar_free(g);
+}
+
 static void expect_error(const char *src, const char *needle) {
     struct tern_grammar *g = NULL;
     enum tern_status st = tern_grammar_compile(src, strlen(src), NULL, &g);
@@ -125,7 +148,9 @@ static void test_errors(void **state) {
     expect_error("root ::= a\na ::= b? a \"x\" | \"y\"\nb ::= \"b\"", "left-recursive");
     expect_error("root ::= \"a\" root", "can never finish");
     expect_error("root ::= a | \"b\"\na ::= \"x\" a", "rule 'a' can never finish");
-    expect_error("root ::= (\"a\"?)*", "repetition of something that can match the empty string");
+    expect_error("root ::= (\"a\"? \"b\"?)* \"c\" | x\nx ::= (\"d\"?)+ x \"e\" | \"f\"", "left-recursive");
+    expect_error("root ::= asdf\nasdf ::= \"a\" | foo \"b\"\nfoo ::= \"c\" | empty asdf \"d\" | \"e\"\n"
+                 "empty ::= \"blah\" | ", "left-recursive");
     expect_error("root ::= \"abc", "unterminated literal");
     expect_error("root ::= [abc", "unterminated character class");
     expect_error("root ::= \"\\q\"", "unknown escape");
@@ -381,7 +406,7 @@ int main(int argc, char **argv) {
     (void)argc;
     (void)argv;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_features), cmocka_unit_test(test_json),   cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_features), cmocka_unit_test(test_json),   cmocka_unit_test(test_errors), cmocka_unit_test(test_expansion_limit),
         cmocka_unit_test(test_mask_basic), cmocka_unit_test(test_mask_special), cmocka_unit_test(test_mask_random), cmocka_unit_test(test_stack),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
