@@ -219,6 +219,11 @@ void tern_sampler_free(struct tern_sampler *s);
  * repetition penalty, prompt) tokens the penalties look at. */
 int32_t tern_sampler_sample(struct tern_sampler *s, const float *logits, const int32_t *history,
                             size_t n_history);
+/* The same over the tokens whose bit is set in allow (bit i of allow[i / 32]; NULL =
+ * all): the others are removed before penalties, filters and temperature, as if their
+ * logits were -inf. Returns -1 when allow has no token of the vocabulary. */
+int32_t tern_sampler_sample_masked(struct tern_sampler *s, const float *logits, const uint32_t *allow,
+                                   const int32_t *history, size_t n_history);
 
 #ifdef __cplusplus
 }

@@ -159,11 +159,39 @@ static int32_t argmax(const float *l, uint32_t V) {
     return (int32_t)best;
 }
 
+static int32_t sample_work(struct tern_sampler *s, float *l, const int32_t *history, size_t n_history);
+
 int32_t tern_sampler_sample(struct tern_sampler *s, const float *logits, const int32_t *history, size_t n_history) {
-    const struct tern_sampler_params *p = &s->p;
+    memcpy(s->work, logits, (size_t)s->n_vocab * sizeof *s->work);
+    return sample_work(s, s->work, history, n_history);
+}
+
+static inline bool allowed(const uint32_t *allow, int32_t i) { return (allow[i / 32] >> (i % 32)) & 1u; }
+
+int32_t tern_sampler_sample_masked(struct tern_sampler *s, const float *logits, const uint32_t *allow,
+                                   const int32_t *history, size_t n_history) {
+    if (!allow) return tern_sampler_sample(s, logits, history, n_history);
     const uint32_t V = s->n_vocab;
     float *l = s->work;
-    memcpy(l, logits, (size_t)V * sizeof *l);
+    int32_t first = -1;
+    for (uint32_t i = 0; i < V; i++) {
+        if (allowed(allow, (int32_t)i)) {
+            l[i] = logits[i];
+            if (first < 0) first = (int32_t)i;
+        } else {
+            l[i] = -INFINITY;
+        }
+    }
+    if (first < 0) return -1;
+    int32_t t = sample_work(s, l, history, n_history);
+    /* NaN or -inf logits among the allowed tokens can leave the draw on a removed token:
+     * the lowest allowed id is the deterministic answer then */
+    return allowed(allow, t) ? t : first;
+}
+
+static int32_t sample_work(struct tern_sampler *s, float *l, const int32_t *history, size_t n_history) {
+    const struct tern_sampler_params *p = &s->p;
+    const uint32_t V = s->n_vocab;
     apply_penalties(s, l, history, n_history);
     if (!(p->temperature > 0.0f)) return argmax(l, V);
 
