@@ -643,7 +643,7 @@ static void engine_metrics(void *self, struct tern_buf *b) {
     cache_get_stats(e->cache, &cs);
     tern_buf_puts(b, "# HELP tern_cache_requests_total Requests by reuse tier.\n"
                      "# TYPE tern_cache_requests_total counter\n");
-    for (int t = CACHE_TIER_COLD; t <= CACHE_TIER_PREDICTED; t++)
+    for (int t = CACHE_TIER_COLD; t < CACHE_TIER_COUNT; t++)
         tern_buf_printf(b, "tern_cache_requests_total{tier=\"%s\"} %llu\n", cache_tier_name((enum cache_tier)t),
                         (unsigned long long)cs.requests_by_tier[t]);
     tern_buf_puts(b, "# HELP tern_cache_declines_total Candidates compared and refused, by reason.\n"
