@@ -400,6 +400,8 @@ enum tern_status cache_new(struct tern_model *m, const struct cache_params *p, s
         } else {
             struct disk_params dp = {
                 .dir = p->disk_dir, .max_bytes = p->disk_bytes, .model = m, .session = p->session, .sep = &c->sep};
+            const char *delay = getenv("TERN_TEST_DISK_DELAY_MS");
+            if (delay && *delay) dp.test_block_delay_ms = (unsigned)strtoul(delay, NULL, 10);
             enum tern_status st = disk_open(&dp, &c->disk);
             if (st) {
                 cache_free(c);

@@ -75,6 +75,7 @@ struct disk {
     struct tern_model *model;
     struct tern_session_params sp;
     const struct fp_separators *sep;
+    unsigned test_delay_ms;
     uint64_t model_id, layout;
     size_t rec_bytes, kv_row_bytes;
     bool hybrid;
@@ -657,6 +658,7 @@ enum tern_status disk_open(const struct disk_params *p, struct disk **out) {
     d->model = p->model;
     d->sp = p->session;
     d->sep = p->sep;
+    d->test_delay_ms = p->test_block_delay_ms;
     enum tern_status st = TERN_OK;
     if (!d->dir) {
         st = tern_errorf(TERN_ERR_NOMEM, "disk tier: out of memory");
@@ -734,10 +736,15 @@ void disk_remove(struct disk *d, const char *name) {
 }
 
 /* Writes one block: payload then its checksum. */
-static enum tern_status put_block(int fd, const void *p, size_t n, uint64_t hdr_sum, uint64_t no) {
+static enum tern_status put_block(const struct disk *d, int fd, const void *p, size_t n, uint64_t hdr_sum,
+                                  uint64_t no) {
     enum tern_status st = write_all(fd, p, n, "a block");
     uint64_t sum = block_sum(p, n, hdr_sum, no);
     if (!st) st = write_all(fd, &sum, sizeof sum, "a checksum");
+    if (d->test_delay_ms) {
+        struct timespec ts = {d->test_delay_ms / 1000, (long)(d->test_delay_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     return st;
 }
 
@@ -845,15 +852,15 @@ enum tern_status disk_put(struct disk *d, const char *tenant, const char *key, u
     }
     st = write_all(fd, hbuf, h.hdr_bytes + 8, "the header");
     uint64_t no = 0;
-    if (!st) st = put_block(fd, tblk, (size_t)l.tok_len, hdr_sum, no++);
+    if (!st) st = put_block(d, fd, tblk, (size_t)l.tok_len, hdr_sum, no++);
     if (!st && d->rec_bytes) {
-        st = put_block(fd, tern_session_rec_data(s), d->rec_bytes, hdr_sum, no++);
-        for (uint32_t i = 0; !st && i < n_ck; i++) st = put_block(fd, recs[i], d->rec_bytes, hdr_sum, no++);
+        st = put_block(d, fd, tern_session_rec_data(s), d->rec_bytes, hdr_sum, no++);
+        for (uint32_t i = 0; !st && i < n_ck; i++) st = put_block(d, fd, recs[i], d->rec_bytes, hdr_sum, no++);
     }
     for (uint32_t pg = 0; !st && pg < l.n_pages; pg++) {
         uint32_t rows = page_rows(n, pg);
         tern_session_kv_export(s, pg * KV_BLOCK, pg * KV_BLOCK + rows, d->buf);
-        st = put_block(fd, d->buf, (size_t)rows * d->kv_row_bytes, hdr_sum, 1000000 + pg);
+        st = put_block(d, fd, d->buf, (size_t)rows * d->kv_row_bytes, hdr_sum, 1000000 + pg);
     }
     if (!st && fsync(fd)) st = tern_errorf(TERN_ERR_IO, "fsync: %s", strerror(errno));
     struct stat fst;

@@ -47,6 +47,8 @@ struct disk_params {
     struct tern_model *model;
     struct tern_session_params session;    /* for the sessions disk_load creates */
     const struct fp_separators *sep;       /* fingerprints of stored token lists (may be NULL) */
+    unsigned test_block_delay_ms;          /* tests only (TERN_TEST_DISK_DELAY_MS): a pause after
+                                            * each block written, so a test can kill a write */
 };
 
 /* Opens (creating) the directory and rebuilds the index from it; invalid files found
