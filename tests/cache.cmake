@@ -9,4 +9,8 @@ if(TERN_NODE)
   # a full tmpfs (skipped where mount is not permitted), the switches.
   tern_script_test(disk-e2e ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/disk.test.mjs
                    TIMEOUT 900 LABELS e2e)
+  # nginx (deploy/nginx.conf) in front of two replicas sharing one --cache-dir; skipped
+  # (77) without nginx
+  tern_script_test(disk-replicas ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/disk-replicas.test.mjs
+                   TIMEOUT 600 LABELS e2e)
 endif()
