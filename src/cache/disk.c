@@ -1107,3 +1107,30 @@ enum tern_status disk_scan_dir(const char *path, void (*fn)(void *user, const st
     closedir(dir);
     return TERN_OK;
 }
+
+enum tern_status disk_unlink(const char *path, const char *name) {
+    char fn[DISK_NAME_LEN + sizeof DISK_FILE_SUFFIX];
+    snprintf(fn, sizeof fn, "%.*s%s", DISK_NAME_LEN, name, DISK_FILE_SUFFIX);
+    if (!is_entry_name(fn) || (strlen(name) != DISK_NAME_LEN && strcmp(name, fn)))
+        return tern_errorf(TERN_ERR_INVALID, "'%s' is not an entry name (32 hex digits)", name);
+    int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return tern_errorf(TERN_ERR_IO, "opening %s: %s", path, strerror(errno));
+    int lfd = openat(dfd, ".lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    int gfd = openat(dfd, ".gen", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    enum tern_status st = TERN_OK;
+    if (lfd < 0 || gfd < 0 || flock(lfd, LOCK_EX)) {
+        st = tern_errorf(TERN_ERR_IO, "locking %s/.lock: %s", path, strerror(errno));
+    } else {
+        if (unlinkat(dfd, fn, 0)) st = tern_errorf(TERN_ERR_IO, "deleting %s/%s: %s", path, fn, strerror(errno));
+        uint64_t g = 0;
+        if (pread(gfd, &g, sizeof g, 0) != (ssize_t)sizeof g) g = 0;
+        g++;
+        if (pwrite(gfd, &g, sizeof g, 0) != (ssize_t)sizeof g && !st)
+            st = tern_errorf(TERN_ERR_IO, "updating %s/.gen: %s", path, strerror(errno));
+        flock(lfd, LOCK_UN);
+    }
+    if (lfd >= 0) close(lfd);
+    if (gfd >= 0) close(gfd);
+    close(dfd);
+    return st;
+}

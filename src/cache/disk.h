@@ -131,5 +131,8 @@ struct disk_file_info {
 };
 /* Calls fn for every entry file of dir. */
 enum tern_status disk_scan_dir(const char *dir, void (*fn)(void *user, const struct disk_file_info *fi), void *user);
+/* Deletes the entry file `name` (32 hex digits, with or without the suffix) of dir under
+ * the directory's lock, so that serving replicas pick the change up. */
+enum tern_status disk_unlink(const char *dir, const char *name);
 
 #endif

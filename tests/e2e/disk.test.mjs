@@ -359,3 +359,41 @@ test('qwen35: a full disk (a small tmpfs): the server keeps serving from RAM and
     spawnSync('umount', [mnt]);
   }
 });
+
+test('tern cache ls|rm: lists the parked conversations, removes them under the lock, the server notices', async () => {
+  const cacheDir = join(dir, 'cli');
+  const srv = await start(['--model', models.qwen3, ...common, '--cache-dir', cacheDir]);
+  const t1 = [SYS, { role: 'user', content: 'CLI: list me.' }];
+  const r1 = await chat(srv, { session_id: 'listed', messages: t1, cache_salt: 'team' });
+  await chat(srv, { messages: [SYS, { role: 'user', content: 'CLI: unnamed.' }] });
+  await writes(srv, 2);
+  const ls = spawnSync(bin, ['cache', 'ls', '--cache-dir', cacheDir], { encoding: 'utf8' });
+  assert.equal(ls.status, 0, ls.stderr);
+  assert.match(ls.stdout, /^[0-9a-f]{32} +\d+ +\d+ +0 +\S+ ago +salt:team \/ listed$/m);
+  assert.match(ls.stdout, /^[0-9a-f]{32} .* "" \/ -$/m);
+  assert.match(ls.stdout, /2 conversations/);
+  const js = JSON.parse(spawnSync(bin, ['cache', 'ls', '--cache-dir', cacheDir, '--json'], { encoding: 'utf8' }).stdout);
+  assert.equal(js.length, 2);
+  assert.ok(js.every((e) => e.valid && e.tokens > 0));
+  // usage errors
+  assert.equal(spawnSync(bin, ['cache', 'rm', '--cache-dir', cacheDir], { encoding: 'utf8' }).status, 2);
+  assert.equal(spawnSync(bin, ['cache', 'ls'], { encoding: 'utf8' }).status, 2);
+  assert.equal(spawnSync(bin, ['cache', 'rm', '--cache-dir', cacheDir, 'not-a-name'], { encoding: 'utf8' }).status, 1);
+  const rm = spawnSync(bin, ['cache', 'rm', '--cache-dir', cacheDir, '--key', 'listed', '--tenant', 'salt:team'],
+    { encoding: 'utf8' });
+  assert.equal(rm.status, 0, rm.stderr);
+  assert.match(rm.stdout, /removed 1 file/);
+  assert.equal(entries(cacheDir).length, 1);
+  // the running server's index picks the removal up: the next turn comes from RAM, and
+  // after a restart it is cold
+  const next = [...t1, { role: 'assistant', content: r1.choices[0].message.content }, { role: 'user', content: 'more' }];
+  assert.equal((await chat(srv, { session_id: 'listed', messages: next, cache_salt: 'team' })).tern.reuse.tier, 'prefix');
+  await writes(srv, 3);
+  assert.equal(await metric(srv, 'tern_cache_disk_entries'), 2, 'rewritten by the park of that turn');
+  assert.equal(spawnSync(bin, ['cache', 'rm', '--cache-dir', cacheDir, '--all'], { encoding: 'utf8' }).status, 0);
+  assert.deepEqual(entries(cacheDir), []);
+  assert.equal(await srv.stop(), 0);
+  const again = await start(['--model', models.qwen3, ...common, '--cache-dir', cacheDir]);
+  assert.equal((await chat(again, { session_id: 'listed', messages: next, cache_salt: 'team' })).tern.reuse.tier, 'cold');
+  assert.equal(await again.stop(), 0);
+});
