@@ -1,5 +1,8 @@
 tern_unit_test(test-planner ${CMAKE_SOURCE_DIR}/tests/unit/test-planner.c)
 tern_unit_test(test-cache ${CMAKE_SOURCE_DIR}/tests/unit/test-cache.c TIMEOUT 900)
+# The disk tier's format and index: restore == cold at every resume point, flipped bytes,
+# truncation, renamed files, another layout, the budget, two processes on one directory.
+tern_unit_test(test-disk ${CMAKE_SOURCE_DIR}/tests/unit/test-disk.c TIMEOUT 600)
 # Reuse through HTTP: tiers, identities, checkpoints, resumed == cold (node's fetch).
 find_program(TERN_NODE node)
 if(TERN_NODE)
