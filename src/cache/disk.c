@@ -82,6 +82,7 @@ struct disk {
     uint8_t secret[SECRET_BYTES];
     uint64_t gen;              /* the generation counter at the last scan */
     bool scanned;
+    bool scanning;             /* the index is being rebuilt: entries are dropped at its end */
     struct disk_entry **e;     /* the index, most recently used first */
     size_t n, cap;
     uint64_t total_bytes;
@@ -270,11 +271,14 @@ static int by_recency(const void *a, const void *b) {
 
 static void index_sort(struct disk *d) { qsort(d->e, d->n, sizeof *d->e, by_recency); }
 
-/* Inserts e (replacing an entry of the same name). On allocation failure e is freed:
- * the file stays on disk and the next scan indexes it. */
-static void index_put(struct disk *d, struct disk_entry *e) {
-    long i = find_entry(d, e->name);
-    if (i >= 0) index_drop(d, (size_t)i);
+/* Inserts e (replacing an entry of the same name when replace; a directory scan appends
+ * and drops the replaced entry afterwards, as it was not seen). On allocation failure e
+ * is freed: the file stays on disk and the next scan indexes it. */
+static void index_put(struct disk *d, struct disk_entry *e, bool replace) {
+    if (replace) {
+        long i = find_entry(d, e->name);
+        if (i >= 0) index_drop(d, (size_t)i);
+    }
     if (d->n == d->cap) {
         size_t cap = d->cap ? d->cap * 2 : 64;
         struct disk_entry **p = tern_reallocarray(d->e, cap, sizeof *p);
@@ -313,8 +317,10 @@ static void invalidate(struct disk *d, const char *name, const char *why) {
     TERN_LOG_WARN("disk tier: deleting %s/%s: %s (it costs a cold prime, never a wrong resume)", d->dir, fn, why);
     if (unlinkat(d->dir_fd, fn, 0) && errno != ENOENT)
         TERN_LOG_WARN("disk tier: cannot delete %s/%s: %s", d->dir, fn, strerror(errno));
-    long i = find_entry(d, name);
-    if (i >= 0) index_drop(d, (size_t)i);
+    if (!d->scanning) {
+        long i = find_entry(d, name);
+        if (i >= 0) index_drop(d, (size_t)i);
+    }
     d->st.invalid++;
     bump_gen(d);
 }
@@ -507,7 +513,7 @@ static bool index_file(struct disk *d, const char *name, int fd, const struct st
     if (d->sep && fp_compute(d->sep, e->tokens, e->n, &e->fp) != TERN_OK) e->fp.n = 0;
     e->seen = true;
     head_free(&hd);
-    index_put(d, e);
+    index_put(d, e, false);
     return true;
 }
 
@@ -525,8 +531,13 @@ static void maybe_remove_tmp(struct disk *d, const char *fn, const struct stat *
     unlinkat(d->dir_fd, fn, 0);
 }
 
+static int by_name(const void *a, const void *b) {
+    return strcmp((*(struct disk_entry *const *)a)->name, (*(struct disk_entry *const *)b)->name);
+}
+
 /* Re-reads the directory: new and replaced files are indexed, vanished ones dropped,
- * unchanged ones (same inode, size and mtime) kept as they are. */
+ * unchanged ones (same inode, size and mtime) kept as they are. Lookups go through a
+ * sorted snapshot of the index, so that 10,000 entries cost 10,000 binary searches. */
 static void scan(struct disk *d, bool at_open) {
     uint64_t gen = read_gen(d);
     int fd = dup(d->dir_fd);
@@ -537,7 +548,16 @@ static void scan(struct disk *d, bool at_open) {
         return;
     }
     rewinddir(dir);
+    d->scanning = true;
     for (size_t i = 0; i < d->n; i++) d->e[i]->seen = false;
+    size_t n_snap = d->n;
+    struct disk_entry **snap = n_snap ? tern_malloc(n_snap * sizeof *snap) : NULL;
+    if (snap) {
+        memcpy(snap, d->e, n_snap * sizeof *snap);
+        qsort(snap, n_snap, sizeof *snap, by_name);
+    } else {
+        n_snap = 0;
+    }
     struct dirent *de;
     while ((de = readdir(dir))) {
         const char *fn = de->d_name;
@@ -556,9 +576,11 @@ static void scan(struct disk *d, bool at_open) {
             invalidate(d, name, "not a regular file");
             continue;
         }
-        long i = find_entry(d, name);
-        if (i >= 0) {
-            struct disk_entry *e = d->e[i];
+        struct disk_entry key_e, *key_p = &key_e, **hit = NULL;
+        memcpy(key_e.name, name, sizeof name);
+        if (n_snap) hit = bsearch(&key_p, snap, n_snap, sizeof *snap, by_name);
+        if (hit) {
+            struct disk_entry *e = *hit;
             if (e->ino == (uint64_t)st.st_ino && e->bytes == (uint64_t)st.st_size &&
                 e->mtime_ns == ts_ns(&st.st_mtim)) {
                 uint64_t at = ts_ns(&st.st_atim);
@@ -574,8 +596,19 @@ static void scan(struct disk *d, bool at_open) {
         close(ffd);
     }
     closedir(dir);
-    for (size_t i = d->n; i-- > 0;)
-        if (!d->e[i]->seen) index_drop(d, i);
+    free(snap);
+    d->scanning = false;
+    /* vanished files, and the old versions of replaced ones */
+    size_t k = 0;
+    for (size_t i = 0; i < d->n; i++) {
+        if (d->e[i]->seen) {
+            d->e[k++] = d->e[i];
+        } else {
+            d->total_bytes -= d->e[i]->bytes;
+            entry_free(d->e[i]);
+        }
+    }
+    d->n = k;
     index_sort(d);
     d->gen = gen;
     d->scanned = true;
@@ -901,7 +934,7 @@ enum tern_status disk_put(struct disk *d, const char *tenant, const char *key, u
         ne->last_used = now_ns();
         if (ne->last_used < ne->mtime_ns) ne->last_used = ne->mtime_ns;
         if (d->sep && fp_compute(d->sep, ne->tokens, n, &ne->fp) != TERN_OK) ne->fp.n = 0;
-        index_put(d, ne);
+        index_put(d, ne, true);
         ne = NULL;
         index_sort(d);
     }
