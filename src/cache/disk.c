@@ -350,8 +350,9 @@ static void head_free(struct head *hd) {
 
 static bool read_head(int fd, uint64_t file_size, struct head *hd, char *why, size_t why_len) {
     memset(hd, 0, sizeof *hd);
-    uint8_t first[HEAD_READ];
-    size_t got = file_size < sizeof first ? (size_t)file_size : sizeof first;
+    /* room for the largest header; the first read takes HEAD_READ bytes */
+    uint8_t first[HEAD_READ + sizeof(struct file_hdr) + 2 * MAX_STR + 8];
+    size_t got = file_size < HEAD_READ ? (size_t)file_size : HEAD_READ;
     if (got < sizeof hd->h + 8) {
         snprintf(why, why_len, "%llu bytes is too short for a header", (unsigned long long)file_size);
         return false;
@@ -369,6 +370,15 @@ static bool read_head(int fd, uint64_t file_size, struct head *hd, char *why, si
     if (h->version != FILE_VERSION) {
         snprintf(why, why_len, "file format version %u, this tern writes %u", h->version, FILE_VERSION);
         return false;
+    }
+    if (h->tenant_len <= MAX_STR && h->key_len <= MAX_STR && h->hdr_bytes == sizeof *h + h->tenant_len + h->key_len &&
+        h->hdr_bytes + 8 > got && h->hdr_bytes + 8 <= file_size) {
+        /* a long tenant or key: the rest of the header */
+        if (read_at(fd, first + got, h->hdr_bytes + 8 - got, got) != 1) {
+            snprintf(why, why_len, "reading the header: %s", strerror(errno));
+            return false;
+        }
+        got = h->hdr_bytes + 8;
     }
     if (h->tenant_len > MAX_STR || h->key_len > MAX_STR || h->named > 1 ||
         h->hdr_bytes != sizeof *h + h->tenant_len + h->key_len || h->hdr_bytes + 8 > got) {

@@ -239,17 +239,25 @@ static void test_roundtrip(void **state) {
     /* an unnamed conversation gets its own (nonce) file */
     put(d, "tenant-a", NULL, s, &sink);
     assert_int_equal(n_entry_files(dir), 2);
+    /* a long key: the header outgrows the first read */
+    static char longkey[3001];
+    memset(longkey, 'k', 3000);
+    put(d, "tenant-a", longkey, s, &sink);
     struct disk_stats ds;
     disk_get_stats(d, &ds);
-    assert_int_equal(ds.entries, 2);
+    assert_int_equal(ds.entries, 3);
     assert_int_equal(ds.invalid, 0);
+    disk_free(d);
+    d = open_dir(f, dir, 1ull << 30, TERN_KV_F16);
+    assert_int_equal(disk_count(d), 3);
+    assert_true(load_check(f, d, longkey, N_TOK, "tenant-a"));
     disk_free(d);
     /* another KV type is another state layout: refused and deleted */
     d = open_dir(f, dir, 1ull << 30, TERN_KV_F32);
     assert_int_equal(disk_count(d), 0);
     assert_int_equal(n_entry_files(dir), 0);
     disk_get_stats(d, &ds);
-    assert_int_equal(ds.invalid, 2);
+    assert_int_equal(ds.invalid, 3);
     disk_free(d);
     free_sink(&sink);
     tern_session_free(s);
