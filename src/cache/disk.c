@@ -269,7 +269,9 @@ static int by_recency(const void *a, const void *b) {
     return strcmp(x->name, y->name);
 }
 
-static void index_sort(struct disk *d) { qsort(d->e, d->n, sizeof *d->e, by_recency); }
+static void index_sort(struct disk *d) {
+    if (d->n > 1) qsort(d->e, d->n, sizeof *d->e, by_recency);
+}
 
 /* Inserts e (replacing an entry of the same name when replace; a directory scan appends
  * and drops the replaced entry afterwards, as it was not seen). On allocation failure e
