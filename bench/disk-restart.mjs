@@ -23,7 +23,7 @@ if (!model) {
   process.exit(2);
 }
 process.env.TERN_BIN = arg('bin', process.env.TERN_BIN || 'build/tern');
-const { startServer } = await import('../tests/clients/harness.mjs');
+const { startServer, sseFrames } = await import('../tests/clients/harness.mjs');
 const context = Number(arg('context', '2000'));
 const threads = arg('threads', '2');
 const dir = mkdtempSync(join(tmpdir(), 'tern-disk-bench-'));
@@ -35,14 +35,24 @@ const SYS = { role: 'system', content: `You are a coding agent. ${text(Math.roun
 const common = ['--model', model, '--threads', threads, '--ctx-size', String(context + 4096)];
 const env = { TERN_PREDICT: '0' };
 
+// Streamed, so that a long prime (keep-alive comments) never hits the client's header
+// timeout; returns the fields the report needs.
 async function chat(srv, body) {
   const r = await fetch(`${srv.base}/v1/chat/completions`, {
     method: 'POST', headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ temperature: 0, max_tokens: 8, ...body }),
+    body: JSON.stringify({ temperature: 0, max_tokens: 8, stream: true, stream_options: { include_usage: true }, ...body }),
   });
-  const j = await r.json();
-  if (r.status !== 200) throw new Error(JSON.stringify(j));
-  return j;
+  if (r.status !== 200) throw new Error(await r.text());
+  const out = { id: null, content: '', reuse: null, usage: null };
+  for (const f of sseFrames(await r.text())) {
+    if (!f.data || f.data === '[DONE]') continue;
+    const c = JSON.parse(f.data);
+    out.id = out.id || c.id;
+    if (c.tern?.reuse) out.reuse = c.tern.reuse;
+    if (c.usage) out.usage = c.usage;
+    out.content += c.choices?.[0]?.delta?.content || '';
+  }
+  return out;
 }
 
 async function line(srv, id) {
@@ -60,6 +70,7 @@ const servers = {
   disk: await startServer([...common, '--cache-dir', cacheDir], env),
   cold: await startServer([...common, '--prompt-cache', '0'], { ...env, TERN_REUSE_POOL: '0', TERN_AFFINITY: '0' }),
 };
+process.on('exit', () => { for (const s of Object.values(servers)) if (s.proc.exitCode === null) s.proc.kill('SIGKILL'); });
 let msgs = [SYS];
 const report = [];
 for (let turn = 1; turn <= 6; turn++) {
@@ -80,12 +91,12 @@ for (let turn = 1; turn <= 6; turn++) {
   for (const [name, srv] of Object.entries(servers)) {
     if (name === 'cold' && turn < 6) continue; // it only shows turn 6 without reuse
     const r = await chat(srv, name === 'cold' ? { messages: msgs, cache_salt: `c${turn}` } : { messages: msgs, session_id: 'bench' });
-    reply = reply || r.choices[0].message.content;
+    reply = reply ?? r.content;
     if (turn === 6) {
       const l = await line(srv, r.id);
-      const ru = r.tern.reuse;
+      const ru = r.reuse;
       report.push(`turn 6 ${name.padEnd(4)}: ttft ${l.ttft.toFixed(3)} s (prime ${l.prime.toFixed(3)} s), tier=${ru.tier} `
-        + `cached=${ru.cached} read=${ru.read} of ${r.usage.prompt_tokens}`);
+        + `cached=${ru.cached} read=${ru.read} of ${r.usage?.prompt_tokens}`);
     }
   }
   msgs = [...msgs, { role: 'assistant', content: reply }];

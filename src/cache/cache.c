@@ -565,7 +565,6 @@ static enum tern_status disk_resume(struct cache *c, const struct cache_ident *i
     uint8_t nonce[DISK_NONCE_BYTES];
     memcpy(nonce, de->nonce, sizeof nonce);
     const uint32_t r = dc->res.r;
-    enforce_budget(c, 0);
     struct tern_session *s = NULL;
     struct tern_checkpoint **cks = NULL;
     uint32_t *kinds = NULL;
@@ -594,6 +593,9 @@ static enum tern_status disk_resume(struct cache *c, const struct cache_ident *i
         memcpy(e->disk_nonce, nonce, sizeof nonce);
         e->has_nonce = true;
     }
+    /* (after the load: on failure the caller still uses its RAM candidate, which the
+     * budget must not have evicted; the new entry is the list's head, never evicted) */
+    enforce_budget(c, 0);
     if (n_cks) {
         e->ck = tern_calloc(n_cks, sizeof *e->ck);
         if (e->ck) e->cap_ck = n_cks;

@@ -83,6 +83,7 @@ struct disk {
     uint64_t gen;              /* the generation counter at the last scan */
     bool scanned;
     bool scanning;             /* the index is being rebuilt: entries are dropped at its end */
+    int lock_depth;            /* DIR/.lock held (nested: a scan inside a write) */
     struct disk_entry **e;     /* the index, most recently used first */
     size_t n, cap;
     uint64_t total_bytes;
@@ -295,7 +296,25 @@ static void index_put(struct disk *d, struct disk_entry *e, bool replace) {
     d->total_bytes += e->bytes;
 }
 
+/* The directory's advisory lock, re-entrant within this process. */
+static bool dir_lock(struct disk *d) {
+    if (d->lock_depth++ > 0) return true;
+    while (flock(d->lock_fd, LOCK_EX)) {
+        if (errno == EINTR) continue;
+        d->lock_depth = 0;
+        return false;
+    }
+    return true;
+}
+
+static void dir_unlock(struct disk *d) {
+    if (d->lock_depth > 0 && --d->lock_depth == 0) flock(d->lock_fd, LOCK_UN);
+}
+
+/* The generation counter goes up by one per change, under the lock (a lost increment
+ * would hide a peer's change). */
 static void bump_gen(struct disk *d) {
+    bool locked = dir_lock(d);
     uint64_t g = 0;
     if (pread(d->gen_fd, &g, sizeof g, 0) != (ssize_t)sizeof g) g = 0;
     g++;
@@ -304,6 +323,7 @@ static void bump_gen(struct disk *d) {
                       strerror(errno));
     else if (d->gen + 1 == g)
         d->gen = g; /* only our own change since the last scan: nothing new to read */
+    if (locked) dir_unlock(d);
 }
 
 static uint64_t read_gen(const struct disk *d) {
@@ -791,10 +811,10 @@ static void remove_file(struct disk *d, size_t i, const char *why) {
 void disk_remove(struct disk *d, const char *name) {
     long i = find_entry(d, name);
     if (i < 0) return;
-    if (flock(d->lock_fd, LOCK_EX) == 0) {
+    if (dir_lock(d)) {
         remove_file(d, (size_t)i, "removed");
         bump_gen(d);
-        flock(d->lock_fd, LOCK_UN);
+        dir_unlock(d);
     }
 }
 
@@ -891,7 +911,7 @@ enum tern_status disk_put(struct disk *d, const char *tenant, const char *key, u
     char fn[DISK_NAME_LEN + sizeof DISK_FILE_SUFFIX];
     file_of(name, fn);
     const uint64_t t0 = tern_now_ns();
-    if (flock(d->lock_fd, LOCK_EX)) {
+    if (!dir_lock(d)) {
         st = tern_errorf(TERN_ERR_IO, "disk tier: locking %s/.lock: %s", d->dir, strerror(errno));
         goto out_nolock;
     }
@@ -973,7 +993,7 @@ enum tern_status disk_put(struct disk *d, const char *tenant, const char *key, u
     TERN_LOG_DEBUG("disk tier: wrote %s (%u tokens, %u checkpoints, %llu bytes) in %.1f ms", fn, n, n_ck,
                    (unsigned long long)l.total, (double)(tern_now_ns() - t0) * 1e-6);
 out:
-    flock(d->lock_fd, LOCK_UN);
+    dir_unlock(d);
 out_nolock:
     if (st) d->st.write_errors++;
     free(ne);
