@@ -182,6 +182,37 @@ void tern_checkpoint_free(struct tern_checkpoint *c);
 enum tern_status tern_session_fork(const struct tern_session *src, uint32_t p,
                                    const struct tern_checkpoint *ckpt, struct tern_session **out);
 
+/* ---- export / import (the disk tier, DESIGN.md §9) ------------------------------ */
+
+/* Binds stored state to a model: xxh3 over the GGUF metadata (keys, types, values), the
+ * tensor table (names, types, shapes, offsets) and a sample of every tensor's bytes. */
+uint64_t tern_model_identity(const struct tern_model *m);
+/* Binds stored state to tern's state layout for a KV type: the state format version,
+ * every layer's kind and geometry, the recurrent buffers. Equal = importable. */
+uint64_t tern_state_layout(const struct tern_model *m, enum tern_kv_type kv);
+/* Bytes of one position's KV rows over every attention layer (K and V). */
+size_t tern_state_kv_row_bytes(const struct tern_model *m, enum tern_kv_type kv);
+/* Copies KV rows [p0, p1) (p1 <= n_past) to buf, in this order: attention layers
+ * ascending, K then V, KV heads ascending, rows p0..p1 contiguous. buf holds
+ * (p1 - p0) * tern_state_kv_row_bytes() bytes. */
+void tern_session_kv_export(const struct tern_session *s, uint32_t p0, uint32_t p1, void *buf);
+/* The reverse: fills rows [p0, p1) (p1 <= n_past) of an imported session from buf, an
+ * export of buf_rows >= p1 - p0 rows starting at p0 (its first p1 - p0 rows per run). */
+void tern_session_kv_import(struct tern_session *s, uint32_t p0, uint32_t p1, const void *buf, uint32_t buf_rows);
+/* The recurrent state at n_past / a checkpoint's (recurrent_bytes; NULL when none). */
+const void *tern_session_rec_data(const struct tern_session *s);
+const void *tern_checkpoint_data(const struct tern_checkpoint *c);
+/* A new session that has consumed toks[0..n) (ids checked against the vocabulary, n
+ * against n_ctx), its recurrent state copied from rec (recurrent_bytes; NULL = zero)
+ * and its KV rows [0, n) allocated for tern_session_kv_import to fill. No logits until
+ * the next eval. On error *out is NULL. */
+enum tern_status tern_session_import(struct tern_model *m, const struct tern_session_params *p, const int32_t *toks,
+                                     uint32_t n, const void *rec, struct tern_session **out);
+/* A checkpoint of s's lineage at pos <= n_past from stored recurrent bytes (n must be
+ * the model's recurrent_bytes). */
+enum tern_status tern_checkpoint_import(const struct tern_session *s, uint32_t pos, const void *data, size_t n,
+                                        struct tern_checkpoint **out);
+
 /* ---- state hashes (DESIGN.md §5, TERN_STATE_HASH=1) ------------------------------- */
 
 struct tern_hash_component {

@@ -849,7 +849,7 @@ static void engine_metrics(void *self, struct tern_buf *b) {
     cache_get_stats(e->cache, &cs);
     tern_buf_puts(b, "# HELP tern_cache_requests_total Requests by reuse tier.\n"
                      "# TYPE tern_cache_requests_total counter\n");
-    for (int t = CACHE_TIER_COLD; t <= CACHE_TIER_PREDICTED; t++)
+    for (int t = CACHE_TIER_COLD; t < CACHE_TIER_COUNT; t++)
         tern_buf_printf(b, "tern_cache_requests_total{tier=\"%s\"} %llu\n", cache_tier_name((enum cache_tier)t),
                         (unsigned long long)cs.requests_by_tier[t]);
     tern_buf_puts(b, "# HELP tern_cache_declines_total Candidates compared and refused, by reason.\n"
@@ -891,6 +891,26 @@ static void engine_metrics(void *self, struct tern_buf *b) {
                     (unsigned long long)cs.tokens_cached,
                     (unsigned long long)cs.tokens_read, (unsigned long long)cs.evictions, cs.pool_bytes,
                     cs.n_sessions, cs.n_checkpoints);
+    if (cs.disk_on)
+        tern_buf_printf(b,
+                        "# HELP tern_cache_disk_writes_total Conversations written to the disk tier (--cache-dir).\n"
+                        "# TYPE tern_cache_disk_writes_total counter\ntern_cache_disk_writes_total %llu\n"
+                        "# TYPE tern_cache_disk_write_bytes_total counter\ntern_cache_disk_write_bytes_total %llu\n"
+                        "# HELP tern_cache_disk_write_errors_total Writes that failed (disk full, over the budget): "
+                        "the conversation stayed in RAM only.\n"
+                        "# TYPE tern_cache_disk_write_errors_total counter\ntern_cache_disk_write_errors_total %llu\n"
+                        "# TYPE tern_cache_disk_loads_total counter\ntern_cache_disk_loads_total %llu\n"
+                        "# TYPE tern_cache_disk_load_bytes_total counter\ntern_cache_disk_load_bytes_total %llu\n"
+                        "# HELP tern_cache_disk_invalid_total Files that did not verify (model, layout, checksum, "
+                        "size, name) and were deleted.\n"
+                        "# TYPE tern_cache_disk_invalid_total counter\ntern_cache_disk_invalid_total %llu\n"
+                        "# TYPE tern_cache_disk_evictions_total counter\ntern_cache_disk_evictions_total %llu\n"
+                        "# TYPE tern_cache_disk_bytes gauge\ntern_cache_disk_bytes %llu\n"
+                        "# TYPE tern_cache_disk_entries gauge\ntern_cache_disk_entries %u\n",
+                        (unsigned long long)cs.disk_writes, (unsigned long long)cs.disk_write_bytes,
+                        (unsigned long long)cs.disk_write_errors, (unsigned long long)cs.disk_loads,
+                        (unsigned long long)cs.disk_load_bytes, (unsigned long long)cs.disk_invalid,
+                        (unsigned long long)cs.disk_evictions, (unsigned long long)cs.disk_bytes, cs.disk_entries);
 }
 
 /* ---- lifecycle --------------------------------------------------------------------- */
