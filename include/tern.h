@@ -15,6 +15,7 @@
 #ifndef TERN_H
 #define TERN_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -133,7 +134,7 @@ typedef int (*tern_progress_cb)(void *user, size_t done, size_t total);
 struct tern_eval_opts {
     uint32_t n_chunk;              /* 0 = the session's */
     float *logits_all;             /* if set: [n][n_vocab] logits of every evaluated token */
-    const volatile int *cancel;    /* checked between chunks: nonzero stops */
+    const atomic_int *cancel;      /* checked between chunks (another thread sets it): nonzero stops */
     tern_progress_cb progress;
     void *user;                    /* passed to progress and on_ckpt */
     /* Checkpoint positions, ascending, each in (n_past, n_past + n]: a checkpoint of

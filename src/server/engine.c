@@ -45,6 +45,7 @@ struct srv_engine {
     enum predict_mode predict;
     uint32_t predict_chunk;
     uint32_t predict_delay_ms;   /* tests only */
+    uint32_t max_tokens;         /* --max-tokens (0 = no cap) */
     int32_t turn_token;
     struct eng_predict pred;
     /* figures for /metrics (read from other threads) */
@@ -160,7 +161,7 @@ static int prime_progress(void *user, size_t done, size_t total) {
         srv_job_write(pc->job, line, (size_t)n);
         pc->t_last = now;
     }
-    return pc->job->cancel ? 1 : 0;
+    return atomic_load(&pc->job->cancel) ? 1 : 0;
 }
 
 struct out_state {
@@ -270,7 +271,7 @@ static void predict_follow(struct srv_engine *e, struct srv_job *j, const struct
 /* The lease must be the first member (see prime_ctx). */
 struct pred_ctx {
     struct cache_lease lease;
-    const volatile int *preempt;
+    const atomic_int *preempt;
     uint32_t delay_ms;
 };
 
@@ -280,18 +281,18 @@ static int pred_progress(void *user, size_t done, size_t total) {
     struct pred_ctx *pc = user;
     (void)done;
     (void)total;
-    for (uint32_t t = 0; t < pc->delay_ms && !*pc->preempt; t += 5) {
+    for (uint32_t t = 0; t < pc->delay_ms && !atomic_load(pc->preempt); t += 5) {
         struct timespec ts = {0, 5 * 1000000L};
         nanosleep(&ts, NULL);
     }
-    return *pc->preempt ? 1 : 0;
+    return atomic_load(pc->preempt) ? 1 : 0;
 }
 
 static bool prime_one(struct srv_engine *e, struct eng_predict *p, const struct predict_item *it,
-                      const volatile int *preempt);
+                      const atomic_int *preempt);
 
 /* One idle step: renders the predictions, or primes the next one. */
-static bool engine_idle(void *self, const volatile int *preempt) {
+static bool engine_idle(void *self, const atomic_int *preempt) {
     struct srv_engine *e = self;
     struct eng_predict *p = &e->pred;
     if (!p->messages) {
@@ -329,7 +330,7 @@ static bool engine_idle(void *self, const volatile int *preempt) {
 
 /* Primes one prediction; returns whether more are left. */
 static bool prime_one(struct srv_engine *e, struct eng_predict *p, const struct predict_item *it,
-                      const volatile int *preempt) {
+                      const atomic_int *preempt) {
     bool more = p->next < p->set.n;
     if (it->n >= e->n_ctx) {
         atomic_fetch_add(&e->pred_skipped, 1);
@@ -440,10 +441,14 @@ static void engine_run(void *self, struct srv_job *j) {
     }
 
     uint32_t n_ctx = tern_session_n_ctx(s);
+    /* the request's max_tokens, within the server's cap: a request that names none (or
+     * more) still ends, with finish_reason "length", instead of holding the worker until
+     * the context is full */
     int64_t max_new = j->req.max_tokens > 0 ? j->req.max_tokens : INT64_MAX;
+    if (e->max_tokens > 0 && max_new > (int64_t)e->max_tokens) max_new = e->max_tokens;
     finish = "length";
     for (int64_t i = 0; i < max_new; i++) {
-        if (j->cancel) goto cancelled;
+        if (atomic_load(&j->cancel)) goto cancelled;
         int32_t tok;
         if (ej->forced) {
             if ((size_t)i >= ej->n_forced) {
@@ -473,7 +478,9 @@ static void engine_run(void *self, struct srv_job *j) {
             break;
         }
         if (i + 1 >= max_new) break;
-        if (tern_session_n_past(s) + 1 > n_ctx) break; /* the context is full: length */
+        /* the context is full (prompt + reply = n_ctx): length. n_past holds every token
+         * but the one just sampled, so the next sample would make n_past + 2. */
+        if (tern_session_n_past(s) + 1 >= n_ctx) break;
         struct tern_eval_opts de = {.cancel = &j->cancel};
         st = tern_session_eval(s, &tok, 1, &de);
         if (st == TERN_ERR_CANCELLED) goto cancelled;
@@ -714,6 +721,7 @@ enum tern_status srv_engine_new(const struct srv_engine_params *p, struct srv_en
     e->predict_chunk = p->predict_chunk ? p->predict_chunk : PREDICT_CHUNK_DEFAULT;
     if (cp.session.n_chunk && e->predict_chunk > cp.session.n_chunk) e->predict_chunk = cp.session.n_chunk;
     e->predict_delay_ms = p->predict_test_delay_ms;
+    e->max_tokens = p->max_tokens;
     if (e->predict != PREDICT_OFF && e->turn_token < 0) {
         TERN_LOG_WARN("predictive priming is off: the vocabulary has no turn-start token (--turn-token)");
         e->predict = PREDICT_OFF;
