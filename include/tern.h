@@ -213,6 +213,9 @@ struct tern_sampler_params {
 };
 
 void tern_sampler_params_default(struct tern_sampler_params *p);
+/* The parameters tern_sampler_new accepts (TERN_ERR_INVALID naming the value otherwise):
+ * one rule for the sampler and for whoever validates requests before building one. */
+enum tern_status tern_sampler_params_check(const struct tern_sampler_params *p);
 enum tern_status tern_sampler_new(const struct tern_sampler_params *p, uint32_t n_vocab,
                                   struct tern_sampler **out);
 void tern_sampler_free(struct tern_sampler *s);

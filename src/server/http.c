@@ -350,16 +350,17 @@ static void *worker_main(void *arg) {
         pthread_mutex_lock(&j->mu);
         int status = j->status;
         pthread_mutex_unlock(&j->mu);
-        if (atomic_load(&j->cancel)) {
-            atomic_fetch_add(&s->cancelled, 1);
+        bool cancelled = atomic_load(&j->cancel) != 0;
+        if (cancelled) {
             if (!j->note[0]) snprintf(j->note, sizeof j->note, "cancelled (client went away)");
             status = 499;
         }
         /* A stream's status line said 200 long ago; the log and /metrics say how it
          * ended (499: the client went away; 5xx: an error event ended it). */
         status = j->req.stream && status < 400 ? 200 : status;
-        log_job(s, j, status);
         count_request(s, j->ep == SRV_EP_CHAT ? R_CHAT : R_COMPLETIONS, status);
+        if (cancelled) atomic_fetch_add(&s->cancelled, 1);
+        log_job(s, j, status);
 
         pthread_mutex_lock(&s->qmu);
         s->running = NULL;

@@ -641,8 +641,18 @@ static bool parse_body(enum srv_endpoint ep, const json_t *o, const struct srv_p
     if (given) sp->frequency_penalty = (float)d;
     if (!get_number(o, "repeat_penalty", 0, 10, &d, &given, err)) return false;
     if (given) sp->repeat_penalty = (float)d;
+    if (given && !(sp->repeat_penalty > 0.0f)) {
+        /* 0 (or a value that rounds to 0 as a float) would make the sampler divide by 0 */
+        srv_error_bad(err, "repeat_penalty", "'repeat_penalty' is %g; it must be greater than 0 and at most 10", d);
+        return false;
+    }
     if (!get_int(o, "seed", INT64_MIN, INT64_MAX, &ll, &req->seed_set, err)) return false;
     if (req->seed_set) sp->seed = (uint64_t)ll;
+    /* whatever passed the ranges above must build a sampler: one rule, the sampler's */
+    if (tern_sampler_params_check(sp)) {
+        srv_error_bad(err, NULL, "%s", tern_last_error());
+        return false;
+    }
 
     if (!parse_stop(opt_field(o, "stop"), req, err)) return false;
 

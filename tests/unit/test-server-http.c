@@ -491,6 +491,11 @@ static void test_disconnect_cancels(void **state) {
         }
         assert_true(seen);
     }
+    /* /metrics counts both as 499, as the log does (a stream's status line said 200) */
+    struct reply m = http("GET", "/metrics", NULL, NULL);
+    assert_non_null(strstr(m.body, "tern_requests_total{route=\"/v1/chat/completions\",status=\"499\"} 2\n"));
+    assert_null(strstr(m.body, "tern_requests_total{route=\"/v1/chat/completions\",status=\"200\"}"));
+    reply_free(&m);
     /* and the server serves the next request normally */
     struct reply r = http("POST", "/v1/chat/completions", NULL, CHAT("hi") "}");
     assert_int_equal(r.status, 200);

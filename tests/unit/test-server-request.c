@@ -2,6 +2,7 @@
 #include "harness.h"
 
 #include "server/request.h"
+#include "util/mem.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -310,6 +311,55 @@ static void test_bench_bodies(void **state) {
     }
 }
 
+/* Validation and the sampler agree: every numeric sampling parameter at and around its
+ * edges (and at values that overflow or round to 0 as a float) is either refused with a
+ * 400 that names it, or accepted and then builds a sampler that samples a valid token.
+ * (repeat_penalty 0 used to pass validation and fail in the sampler: a 500.) */
+static void test_sampling_edges_agree_with_sampler(void **state) {
+    (void)state;
+    static const char *const keys[] = {"temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                                       "frequency_penalty", "repeat_penalty", "seed", "max_tokens",
+                                       "max_completion_tokens"};
+    static const char *const vals[] = {
+        "-1e300", "-10.0001", "-10", "-2.0001", "-2", "-1", "-1e-45", "-0.0", "0", "0.0", "1e-46", "1e-45",
+        "1e-300", "0.5", "1", "1.0000001", "2", "2.0001", "10", "10.0001", "100", "100.0001", "3.5e38",
+        "1e39", "1e300", "2147483647", "2147483648", "-2147483649", "9223372036854775807",
+        "-9223372036854775808", "16.0", "16.5", "true", "\"1\"", "null",
+    };
+    float logits[100];
+    for (int i = 0; i < 100; i++) logits[i] = (float)((i * 37) % 11) - 5.0f;
+    int32_t hist[4] = {1, 2, 3, 2};
+    int n_ok = 0, n_refused = 0;
+    for (size_t k = 0; k < TERN_ARRAY_LEN(keys); k++) {
+        for (size_t v = 0; v < TERN_ARRAY_LEN(vals); v++) {
+            char body[256];
+            snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"%s\":%s}", keys[k],
+                     vals[v]);
+            struct srv_request req;
+            struct srv_error err;
+            memset(&err, 0, sizeof err);
+            if (!parse(SRV_EP_CHAT, body, &req, &err)) {
+                if (err.status != 400) fail_msg("%s: status %d", body, err.status);
+                if (!strstr(err.message, keys[k]) && strcmp(err.param, keys[k]))
+                    fail_msg("%s: the message '%s' does not name the field", body, err.message);
+                n_refused++;
+                continue;
+            }
+            struct tern_sampler *smp = NULL;
+            if (tern_sampler_new(&req.sampling, 100, &smp) != TERN_OK)
+                fail_msg("%s passed validation but the sampler refuses it: %s", body, tern_last_error());
+            int32_t t = tern_sampler_sample(smp, logits, hist, 4);
+            assert_true(t >= 0 && t < 100);
+            tern_sampler_free(smp);
+            srv_request_free(&req);
+            n_ok++;
+        }
+    }
+    assert_true(n_ok > 50 && n_refused > 50);
+    expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"repeat_penalty\":0}", 400,
+                 "repeat_penalty", "greater than 0");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_minimal_chat),
@@ -322,6 +372,7 @@ int main(void) {
         cmocka_unit_test(test_forced_output_allowed),
         cmocka_unit_test(test_utf8_validator),
         cmocka_unit_test(test_bench_bodies),
+        cmocka_unit_test(test_sampling_edges_agree_with_sampler),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
