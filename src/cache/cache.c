@@ -437,6 +437,34 @@ static void log_decision(const struct cache_decision *d) {
                       d->reason, d->reason[0] ? ")" : "");
 }
 
+/* Who may be resumed (DESIGN.md §4): one rule for requests and predictions. Tenants
+ * never mix, named and unnamed never mix; a named request sees its key's sessions; an
+ * unnamed one sees the sessions its fingerprint nominates (not with TERN_AFFINITY=0)
+ * and the PROBE_RECENT most recent unnamed ones (*n_probe counts them). c->req_fp is
+ * the fingerprint of the tokens being placed. */
+struct nomination {
+    bool by_key, by_fp, by_probe;
+};
+
+static bool nominate(const struct cache *c, const struct entry *e, const char *tenant, const char *key,
+                     size_t *n_probe, struct nomination *out) {
+    memset(out, 0, sizeof *out);
+    const bool named = key && *key;
+    if (e->leased || !same_str(e->tenant, tenant)) return false; /* tenants never mix */
+    if (named != (e->key != NULL)) return false;                  /* named and unnamed never mix */
+    if (named) {
+        if (strcmp(e->key, key)) return false;
+        out->by_key = true;
+        return true;
+    }
+    if (c->p.affinity && fp_shared(&e->fp, &c->req_fp) >= FP_MIN_SHARED) out->by_fp = true;
+    if (*n_probe < PROBE_RECENT) {
+        out->by_probe = true;
+        (*n_probe)++;
+    }
+    return out->by_fp || out->by_probe;
+}
+
 enum tern_status cache_acquire(struct cache *c, const struct cache_ident *id, const int32_t *prompt, size_t m,
                                struct cache_lease *out) {
     memset(out, 0, sizeof *out);
@@ -460,20 +488,9 @@ enum tern_status cache_acquire(struct cache *c, const struct cache_ident *id, co
     struct candidate_eval declined = {0}; /* the most informative refusal, for the log */
     size_t n_probe = 0, n_compared = 0;
     for (struct entry *e = c->head; e; e = e->next) {
-        if (e->leased || !same_str(e->tenant, tenant)) continue; /* tenants never mix */
-        if (named != (e->key != NULL)) continue;                  /* named and unnamed never mix */
-        struct candidate_eval ce = {.e = e};
-        if (named) {
-            if (strcmp(e->key, id->key)) continue;
-            ce.by_key = true;
-        } else {
-            if (c->p.affinity && fp_shared(&e->fp, &c->req_fp) >= FP_MIN_SHARED) ce.by_fp = true;
-            if (n_probe < PROBE_RECENT) {
-                ce.by_probe = true;
-                n_probe++;
-            }
-            if (!ce.by_fp && !ce.by_probe) continue;
-        }
+        struct nomination nom;
+        if (!nominate(c, e, tenant, id->key, &n_probe, &nom)) continue;
+        struct candidate_eval ce = {.e = e, .by_key = nom.by_key, .by_fp = nom.by_fp, .by_probe = nom.by_probe};
         ce.res = evaluate(c, e, prompt, m);
         n_compared++;
         if (ce.res.r == 0) {
@@ -781,10 +798,8 @@ enum tern_status cache_predict_begin_flags(struct cache *c, const struct cache_i
     struct plan_resume best = {0};
     size_t n_probe = 0;
     for (struct entry *e = c->head; e; e = e->next) {
-        if (e->leased || !same_str(e->tenant, tenant) || named != (e->key != NULL)) continue;
-        if (named && strcmp(e->key, id->key)) continue;
-        bool fp = fp_shared(&e->fp, &c->req_fp) >= FP_MIN_SHARED;
-        if (!named && !fp && n_probe++ >= PROBE_RECENT) continue;
+        struct nomination nom;
+        if (!nominate(c, e, tenant, id->key, &n_probe, &nom)) continue;
         /* Unlike a request, a prediction may be covered entirely (r == n). */
         size_t lcp = plan_lcp(tern_session_tokens(e->s), tern_session_n_past(e->s), toks, n);
         if (lcp >= n) return tern_errorf(TERN_ERR_STATE, "predict: already covered (%zu tokens)", n);

@@ -442,6 +442,64 @@ static void test_switches(void **state) {
 }
 
 
+/* TERN_AFFINITY=0 switches fingerprint nomination off for requests and for predictions
+ * alike (one candidate rule): a conversation parked behind more than the probed most
+ * recent ones is then reached by neither; with affinity both reach its live end. */
+static void test_affinity_switch_both_paths(void **state) {
+    struct fixture *f = *state;
+    for (int aff = 1; aff >= 0; aff--) {
+        struct cache_params p;
+        default_params(f, &p);
+        p.affinity = aff != 0;
+        struct cache *c;
+        assert_int_equal(cache_new(f->m, &p, &c), TERN_OK);
+        struct toks a = {0}, other = {0}, next = {0};
+        toks_add_text(f, &a, SYS);
+        toks_add_text(f, &a, "<|im_start|>user\nTask A: refactor the lexer<|im_end|>\n<|im_start|>assistant\n");
+        struct result r = request(f, c, "", NULL, &a, 64);
+        add_generated(&a, &r);
+        size_t held = a.n;
+        toks_add_text(f, &a, "<|im_end|>\n<|im_start|>user\n<tool_response>\nok\n</tool_response><|im_end|>\n"
+                             "<|im_start|>assistant\n");
+        /* more unrelated conversations than the prefix probe looks at */
+        for (int i = 0; i < 10; i++) {
+            char u[128];
+            snprintf(u, sizeof u, "<|im_start|>user\nUnrelated task %d: %s<|im_end|>\n<|im_start|>assistant\n", i,
+                     i % 2 ? "write docs" : "fix the build");
+            toks_free(&other);
+            toks_add_text(f, &other, SYS);
+            toks_add_text(f, &other, u);
+            request(f, c, "", NULL, &other, 64);
+        }
+        /* the prediction path */
+        struct cache_ident id = {.tenant = "", .key = NULL};
+        struct cache_lease l;
+        enum tern_status st = cache_predict_begin(c, &id, a.v, a.n, NULL, 0, &l);
+        if (aff) {
+            assert_int_equal(st, TERN_OK);
+            assert_int_equal(l.decision.cached, held);
+        } else if (st == TERN_OK) {
+            assert_true(l.decision.cached < held); /* at most the shared system prompt of another */
+        }
+        if (st == TERN_OK) cache_predict_end(c, &l, false); /* dropped: not primed */
+        /* the request path */
+        toks_copy(&next, &a);
+        r = request(f, c, "", NULL, &next, 64);
+        if (aff) {
+            assert_true(r.d.key_implicit); /* the fingerprint nominated it */
+            assert_int_equal(r.d.cached, held);
+        } else {
+            assert_true(r.d.cached < held);
+            assert_false(r.d.key_implicit);
+        }
+        assert_equals_cold(f, &r, &next);
+        toks_free(&a);
+        toks_free(&other);
+        toks_free(&next);
+        cache_free(c);
+    }
+}
+
 /* Predictive priming: the predicted prefix is primed ahead; a request that matches it
  * resumes at its end (tier predicted) and equals a cold run; a wrong prediction is never
  * used; a pre-empted one is still valid up to where it got. */
@@ -534,6 +592,7 @@ int main(void) {
         cmocka_unit_test_setup(test_compaction_uses_longest_valid_point, setup_q3),
         cmocka_unit_test_setup(test_budget_evicts_lru, setup_q3),
         cmocka_unit_test_setup(test_switches, setup_q3),
+        cmocka_unit_test_setup(test_affinity_switch_both_paths, setup_q3),
         cmocka_unit_test_setup(test_predictions, setup_q3),
     };
     const struct CMUnitTest q35[] = {
