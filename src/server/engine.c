@@ -261,9 +261,16 @@ static void predict_follow(struct srv_engine *e, struct srv_job *j, const struct
         pred_clear(p);
         return;
     }
-    p->messages = json_incref(j->req.messages);
-    p->tools = j->req.tools ? json_incref(j->req.tools) : NULL;
-    p->kwargs = j->req.template_kwargs ? json_incref(j->req.template_kwargs) : NULL;
+    /* Copies, not references: the request's JSON is freed by whichever thread drops the
+     * job last (often a connection's), while these are read and freed by the worker.
+     * jansson's reference counts do not order those reads before that free (TSan). */
+    p->messages = json_deep_copy(j->req.messages);
+    p->tools = j->req.tools ? json_deep_copy(j->req.tools) : NULL;
+    p->kwargs = j->req.template_kwargs ? json_deep_copy(j->req.template_kwargs) : NULL;
+    if (!p->messages || (j->req.tools && !p->tools) || (j->req.template_kwargs && !p->kwargs)) {
+        pred_clear(p);
+        return;
+    }
     snprintf(p->id, sizeof p->id, "%s", j->id);
     atomic_store(&e->pred_active, 1);
 }
@@ -436,7 +443,10 @@ static void engine_run(void *self, struct srv_job *j) {
         goto out;
     }
     if (j->req.stream && j->ep == SRV_EP_CHAT) {
-        srv_sse_data(&o.frame, srv_chunk_chat(&o.ctx, NULL, &o.parser, true, NULL, NULL));
+        if (srv_sse_data(&o.frame, srv_chunk_chat(&o.ctx, NULL, &o.parser, true, NULL, NULL))) {
+            send_failure(j, 500, "server_error", "%s", "out of memory building the first stream event");
+            goto out;
+        }
         o.role_sent = true;
     }
 
@@ -503,10 +513,18 @@ static void engine_run(void *self, struct srv_job *j) {
         struct srv_usage u = {.prompt_tokens = (uint32_t)j->n_prompt, .completion_tokens = j->n_generated,
                               .cached_tokens = dec->cached};
         if (j->req.stream) {
-            if (j->ep == SRV_EP_CHAT) srv_sse_data(&o.frame, srv_chunk_chat(&o.ctx, NULL, &o.parser, false, finish, &reuse));
-            else srv_sse_data(&o.frame, srv_chunk_text(&o.ctx, "", 0, finish, &reuse));
-            if (j->req.include_usage) srv_sse_data(&o.frame, srv_chunk_usage(&o.ctx, &u, &reuse));
-            srv_sse_done(&o.frame);
+            /* the stream ends with [DONE] only when every event before it was built; else
+             * with an error event (never silently short) */
+            enum tern_status fst =
+                j->ep == SRV_EP_CHAT ? srv_sse_data(&o.frame, srv_chunk_chat(&o.ctx, NULL, &o.parser, false, finish, &reuse))
+                                     : srv_sse_data(&o.frame, srv_chunk_text(&o.ctx, "", 0, finish, &reuse));
+            if (!fst && j->req.include_usage) fst = srv_sse_data(&o.frame, srv_chunk_usage(&o.ctx, &u, &reuse));
+            if (!fst) fst = srv_sse_done(&o.frame);
+            if (fst) {
+                if (o.frame.len) srv_job_write(j, o.frame.data, o.frame.len);
+                send_failure(j, 500, "server_error", "%s", "out of memory building the stream's last events");
+                goto out;
+            }
         } else {
             json_t *resp = j->ep == SRV_EP_CHAT ? srv_response_chat(&o.ctx, &o.parser, finish, &u, &reuse)
                                                 : srv_response_text(&o.ctx, o.text.data, o.text.len, finish, &u, &reuse);

@@ -45,18 +45,18 @@ char *srv_error_json(const struct srv_error *e) {
     msg[n] = 0;
     json_t *inner = json_object();
     if (!inner) return NULL;
-    json_object_set_new(inner, "message", json_string(msg));
-    json_object_set_new(inner, "type", json_string(e->type ? e->type : "server_error"));
-    json_object_set_new(inner, "param", e->param[0] && srv_utf8_valid(e->param, strlen(e->param))
-                                            ? json_string(e->param)
-                                            : json_null());
-    json_object_set_new(inner, "code", e->code ? json_string(e->code) : json_null());
-    json_t *o = json_object();
-    if (!o) {
-        json_decref(inner);
-        return NULL;
+    int rc = json_object_set_new(inner, "message", json_string(msg));
+    rc |= json_object_set_new(inner, "type", json_string(e->type ? e->type : "server_error"));
+    rc |= json_object_set_new(inner, "param", e->param[0] && srv_utf8_valid(e->param, strlen(e->param))
+                                                  ? json_string(e->param)
+                                                  : json_null());
+    rc |= json_object_set_new(inner, "code", e->code ? json_string(e->code) : json_null());
+    json_t *o = rc ? NULL : json_object();
+    if (!o || json_object_set_new(o, "error", inner)) {
+        if (!o) json_decref(inner);
+        json_decref(o);
+        return NULL; /* out of memory: never a partial error object */
     }
-    json_object_set_new(o, "error", inner);
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     return s;
@@ -359,7 +359,10 @@ json_t *srv_messages_normalise(const json_t *messages, struct srv_error *err) {
             }
             json_t *nc = normalise_tool_calls(calls, where, err);
             if (!nc) goto fail;
-            json_object_set_new(nm, "tool_calls", nc);
+            if (json_object_set_new(nm, "tool_calls", nc)) {
+                oom(err);
+                goto fail;
+            }
         } else if (json_object_get(m, "tool_calls")) {
             json_object_del(nm, "tool_calls"); /* null: as if absent */
         }
@@ -371,11 +374,17 @@ json_t *srv_messages_normalise(const json_t *messages, struct srv_error *err) {
                 srv_error_bad(err, param, "'%s' is missing (required for role '%s')", param, r);
                 goto fail;
             }
-            json_object_set_new(nm, "content", json_string(""));
+            if (json_object_set_new(nm, "content", json_string(""))) {
+                oom(err);
+                goto fail;
+            }
         } else {
             json_t *flat = flatten_content(content, where, err);
             if (!flat) goto fail;
-            json_object_set_new(nm, "content", flat);
+            if (json_object_set_new(nm, "content", flat)) {
+                oom(err);
+                goto fail;
+            }
         }
         const json_t *rc = opt_field(m, "reasoning_content");
         if (rc && !json_is_string(rc)) {

@@ -360,6 +360,57 @@ static void test_sampling_edges_agree_with_sampler(void **state) {
                  "repeat_penalty", "greater than 0");
 }
 
+/* jansson's allocations fail from the N-th on: parsing and normalising must then refuse
+ * the request (400 or 500, with a message) or accept it whole — never accept a message
+ * that lost its content or its tool calls on the way (json_object_set_new results used
+ * to be ignored). Also renders every error under the same failures. */
+static long jfail_after = -1;
+static void *jmalloc(size_t n) {
+    if (jfail_after == 0) return NULL;
+    if (jfail_after > 0) jfail_after--;
+    return malloc(n);
+}
+
+static void test_json_alloc_failures(void **state) {
+    (void)state;
+    const char *body =
+        "{\"messages\":[{\"role\":\"system\",\"content\":[{\"type\":\"text\",\"text\":\"be brief\"}]},"
+        "{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"c1\",\"type\":"
+        "\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"ok\"}],\"temperature\":0}";
+    int n_ok = 0;
+    for (long n = 0; n < 400 && n_ok < 3; n++) {
+        struct srv_request req;
+        struct srv_error err;
+        memset(&err, 0, sizeof err);
+        jfail_after = n;
+        json_set_alloc_funcs(jmalloc, free);
+        bool ok = parse(SRV_EP_CHAT, body, &req, &err);
+        char *ej = ok ? NULL : srv_error_json(&err); /* may fail too: NULL, never partial */
+        jfail_after = -1;
+        if (!ok) {
+            assert_true(err.status == 400 || err.status == 500);
+            assert_true(err.message[0] != 0);
+            if (ej) {
+                json_t *o = json_loads(ej, 0, NULL);
+                assert_non_null(o);
+                assert_true(json_is_string(json_object_get(json_object_get(o, "error"), "message")));
+                json_decref(o);
+            }
+            free(ej);
+            continue;
+        }
+        n_ok++;
+        assert_int_equal(json_array_size(req.messages), 4);
+        for (size_t i = 0; i < 4; i++)
+            assert_true(json_is_string(json_object_get(json_array_get(req.messages, i), "content")));
+        assert_true(json_is_array(json_object_get(json_array_get(req.messages, 2), "tool_calls")));
+        srv_request_free(&req);
+    }
+    json_set_alloc_funcs(malloc, free);
+    assert_true(n_ok >= 1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_minimal_chat),
@@ -373,6 +424,7 @@ int main(void) {
         cmocka_unit_test(test_utf8_validator),
         cmocka_unit_test(test_bench_bodies),
         cmocka_unit_test(test_sampling_edges_agree_with_sampler),
+        cmocka_unit_test(test_json_alloc_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
