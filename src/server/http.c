@@ -48,6 +48,11 @@ typedef enum MHD_Result MHD_Result;
 #define WAIT_SLICE_MS 100
 #define KEEPALIVE_S 10.0
 #define FD_RESERVE 64            /* descriptors kept for the model, logs, the disk tier */
+/* A body refused before it was read (413, 401) is read and discarded up to these bounds
+ * before the answer goes out, so that a client that sends it all before reading (Node's
+ * fetch) reads the answer instead of a connection reset. */
+#define DRAIN_MAX_BYTES ((uint64_t)256 << 20)
+#define DRAIN_MAX_S 30.0
 
 enum route {
     R_NONE = 0, R_HEALTH, R_METRICS, R_MODELS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_COUNT
@@ -412,6 +417,11 @@ struct conn {
     struct MHD_Connection *c;
     struct tern_buf body;
     bool too_large;
+    bool drain;                  /* discard the body, then answer derr */
+    struct srv_error derr;
+    const char *dhdr, *dval;
+    uint64_t n_discarded;
+    double t_start;
     int fd;
     char tenant[SRV_MAX_KEY_LEN + 8];
     char *session_hdr;           /* x-session-id, copied (the prepare thread cannot ask MHD) */
@@ -851,6 +861,26 @@ static bool framing_refused(struct srv_server *s, struct MHD_Connection *c, enum
     return true;
 }
 
+/* Refuses a request before its body is read. A client waiting for "100 Continue" is
+ * answered at once (it sends nothing more); one that sends its body anyway would see a
+ * reset if the connection closed with the body unread, so the body is read and
+ * discarded first (bounded: DRAIN_MAX_BYTES, DRAIN_MAX_S). */
+static MHD_Result refuse_before_body(struct srv_server *s, struct MHD_Connection *c, struct conn *cn,
+                                     const struct srv_error *e, const char *hdr, const char *val) {
+    const char *expect = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Expect");
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+    const char *te = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Transfer-Encoding");
+    unsigned long long n = cl ? strtoull(cl, NULL, 10) : 0;
+    bool has_body = n > 0 || te;
+    if (!has_body || (expect && !strcasecmp(expect, "100-continue")) || n > DRAIN_MAX_BYTES)
+        return send_error(s, c, cn->route, e, hdr, val);
+    cn->drain = true;
+    cn->derr = *e;
+    cn->dhdr = hdr;
+    cn->dval = val;
+    return MHD_YES;
+}
+
 static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                           const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
     struct srv_server *s = cls;
@@ -863,6 +893,7 @@ static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, 
         if (!cn) return MHD_NO;
         *con_cls = cn;
         cn->c = c;
+        cn->t_start = tern_now_s();
         cn->route = find_route(url);
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         cn->fd = ci ? ci->connect_fd : -1;
@@ -883,7 +914,7 @@ static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, 
         if (cn->route != R_HEALTH && !authorised(s, c, cn)) {
             srv_error_set(&err, 401, "authentication_error", "invalid_api_key", NULL,
                           "a valid API key is required: send 'Authorization: Bearer <key>' (--api-key)");
-            return send_error(s, c, cn->route, &err, "WWW-Authenticate", "Bearer");
+            return refuse_before_body(s, c, cn, &err, "WWW-Authenticate", "Bearer");
         }
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl) {
@@ -892,7 +923,7 @@ static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, 
             if (v > s->p.max_body) {
                 srv_error_set(&err, 413, "invalid_request_error", "request_too_large", NULL,
                               "request body is %llu bytes; the limit is %zu (--max-body)", v, s->p.max_body);
-                return send_error(s, c, cn->route, &err, NULL, NULL);
+                return refuse_before_body(s, c, cn, &err, NULL, NULL);
             }
         }
         const char *hk = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-session-id");
@@ -901,6 +932,13 @@ static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, 
     }
     if (cn->state != C_BODY) return conn_resumed(s, c, cn);
     if (*upload_size) {
+        if (cn->drain || cn->too_large) {
+            /* discarded; a client that keeps sending past the bounds is cut off */
+            cn->n_discarded += *upload_size;
+            *upload_size = 0;
+            if (cn->n_discarded > DRAIN_MAX_BYTES || tern_now_s() - cn->t_start > DRAIN_MAX_S) return MHD_NO;
+            return MHD_YES;
+        }
         if (!cn->too_large) {
             if (cn->body.len + *upload_size > s->p.max_body) {
                 cn->too_large = true;
@@ -912,6 +950,7 @@ static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, 
         *upload_size = 0;
         return MHD_YES;
     }
+    if (cn->drain) return send_error(s, c, cn->route, &cn->derr, cn->dhdr, cn->dval);
     if (cn->too_large) {
         srv_error_set(&err, 413, "invalid_request_error", "request_too_large", NULL,
                       "request body exceeds the limit of %zu bytes (--max-body)", s->p.max_body);

@@ -771,6 +771,56 @@ static void test_ambiguous_framing(void **state) {
     srv_stop(s);
 }
 
+/* A client that sends its whole (too large, or unauthorised) body before reading reads
+ * the 413 / 401, not a reset; one that asks for 100 Continue is answered at once. */
+static void send_body_then_read(const char *headers, size_t n_body, int want_status) {
+    int fd = connect_port();
+    struct timeval tv = {20, 0};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    char head[512];
+    int n = snprintf(head, sizeof head, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n%sContent-Length: %zu\r\n\r\n",
+                     headers, n_body);
+    assert_int_equal(send(fd, head, (size_t)n, MSG_NOSIGNAL), n);
+    static char chunk[65536];
+    memset(chunk, ' ', sizeof chunk);
+    size_t sent = 0;
+    while (sent < n_body) {
+        size_t k = n_body - sent < sizeof chunk ? n_body - sent : sizeof chunk;
+        ssize_t w = send(fd, chunk, k, MSG_NOSIGNAL);
+        if (w <= 0) fail_msg("the server stopped reading after %zu of %zu body bytes (%s)", sent, n_body, strerror(errno));
+        sent += (size_t)w;
+    }
+    char *got = read_all(fd);
+    char want[32];
+    snprintf(want, sizeof want, "HTTP/1.1 %d ", want_status);
+    if (!strstr(got, want)) fail_msg("wanted %d, got '%.200s'", want_status, got);
+    free(got);
+    close(fd);
+}
+
+static void test_refused_bodies_are_read(void **state) {
+    (void)state;
+    const char *keys[] = {"k1"};
+    struct srv_server *s = start(4, NULL, 0);
+    srv_set_backend(s, &fake);
+    send_body_then_read("", (size_t)8 << 20, 413); /* max_body is 4096 */
+    srv_stop(s);
+    s = start(4, keys, 1);
+    srv_set_backend(s, &fake);
+    send_body_then_read("", (size_t)8 << 20, 401);
+    send_body_then_read("Authorization: Bearer k1\r\n", (size_t)8 << 20, 413);
+    /* Expect: 100-continue -> the answer instead of the 100, without the body */
+    int fd = connect_port();
+    const char *req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k1\r\n"
+                      "Expect: 100-continue\r\nContent-Length: 100000000\r\n\r\n";
+    assert_int_equal(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+    char buf[512] = {0};
+    assert_true(read(fd, buf, sizeof buf - 1) > 0);
+    assert_non_null(strstr(buf, "HTTP/1.1 413 "));
+    close(fd);
+    srv_stop(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_routes_and_errors),
@@ -784,6 +834,7 @@ int main(void) {
         cmocka_unit_test(test_header_and_idle_timeouts),
         cmocka_unit_test(test_per_address_cap),
         cmocka_unit_test(test_ambiguous_framing),
+        cmocka_unit_test(test_refused_bodies_are_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
