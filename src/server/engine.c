@@ -15,6 +15,11 @@
 #include <time.h>
 
 #define PRIME_COMMENT_EVERY_S 2.0
+/* /tokenize bounds (docs/SERVING.md, Limits and abuse): the response is ~10 bytes per
+ * token, ~200 with pieces, and built as JSON nodes first, so the work and the memory of
+ * one request are bounded by its text and, with pieces, by its tokens. */
+#define TOKENIZE_MAX_BYTES ((size_t)1 << 20)
+#define TOKENIZE_MAX_PIECES 65536
 #define PREDICT_CHUNK_DEFAULT 128
 
 /* Predictive priming of the most recent conversation (worker thread only). The
@@ -580,11 +585,23 @@ static json_t *engine_tokenize(void *self, const json_t *body, struct srv_error 
         return NULL;
     }
     int flags = (json_is_true(as) ? TERN_TOK_ADD_SPECIAL : 0) | (ps && json_is_false(ps) ? 0 : TERN_TOK_PARSE_SPECIAL);
+    if (json_string_length(c) > TOKENIZE_MAX_BYTES) {
+        srv_error_set(err, 413, "invalid_request_error", "request_too_large", "content",
+                      "'content' is %zu bytes; /tokenize takes at most %zu (send it in parts)", json_string_length(c),
+                      TOKENIZE_MAX_BYTES);
+        return NULL;
+    }
     int32_t *ids = NULL;
     size_t n = 0, cap = 0;
     if (tern_tokenize(e->tok, json_string_value(c), json_string_length(c), flags, &ids, &n, &cap)) {
         free(ids);
         srv_error_set(err, 500, "server_error", NULL, NULL, "tokenizer: %s", tern_last_error());
+        return NULL;
+    }
+    if (json_is_true(wp) && n > TOKENIZE_MAX_PIECES) {
+        free(ids);
+        srv_error_bad(err, "with_pieces", "'with_pieces' returns at most %d tokens; the content has %zu (send it in "
+                      "parts, or without with_pieces)", TOKENIZE_MAX_PIECES, n);
         return NULL;
     }
     json_t *arr = json_array();

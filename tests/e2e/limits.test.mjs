@@ -72,3 +72,21 @@ test('sampling parameters the sampler refuses are a 400, streamed or not', async
     }
   }
 });
+
+test('/tokenize: the text and, with pieces, the tokens are bounded (413 / 400)', async () => {
+  const big = 'x'.repeat((1 << 20) + 1);
+  let r = await post('/tokenize', { content: big });
+  assert.equal(r.status, 413, r.text);
+  assert.equal(r.json.error.code, 'request_too_large');
+  assert.match(r.json.error.message, /1048576/);
+  const many = ' x'.repeat(200000);
+  r = await post('/tokenize', { content: many, with_pieces: true });
+  assert.equal(r.status, 400, r.text);
+  assert.match(r.json.error.message, /65536/);
+  r = await post('/tokenize', { content: many });
+  assert.equal(r.status, 200);
+  assert.ok(r.json.tokens.length > 65536);
+  r = await post('/tokenize', { content: 'hello world', with_pieces: true });
+  assert.equal(r.status, 200);
+  assert.equal(typeof r.json.tokens[0].piece, 'string');
+});
