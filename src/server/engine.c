@@ -9,6 +9,7 @@
 #include "util/mem.h"
 #include "util/timeutil.h"
 
+#include <malloc.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -32,6 +33,7 @@ struct eng_predict {
     struct predict_set set;
     size_t next;                 /* the next item to prime */
     char id[48];                 /* the request the predictions follow */
+    bool big;                    /* copied from a large request: trim the allocator when freed */
 };
 
 struct srv_engine {
@@ -250,7 +252,9 @@ static void pred_clear(struct eng_predict *p) {
     json_decref(p->kwargs);
     json_decref(p->reply);
     predict_set_free(&p->set);
+    bool big = p->big;
     memset(p, 0, sizeof *p);
+    if (big) malloc_trim(0); /* its JSON copy was many small allocations */
 }
 
 /* Records the conversation a response just completed, for the idle steps. */
@@ -269,6 +273,7 @@ static void predict_follow(struct srv_engine *e, struct srv_job *j, const struct
     /* Copies, not references: the request's JSON is freed by whichever thread drops the
      * job last (often a connection's), while these are read and freed by the worker.
      * jansson's reference counts do not order those reads before that free (TSan). */
+    p->big = j->big_body;
     p->messages = json_deep_copy(j->req.messages);
     p->tools = j->req.tools ? json_deep_copy(j->req.tools) : NULL;
     p->kwargs = j->req.template_kwargs ? json_deep_copy(j->req.template_kwargs) : NULL;

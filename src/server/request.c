@@ -690,6 +690,25 @@ static bool parse_body(enum srv_endpoint ep, const json_t *o, const struct srv_p
     return true;
 }
 
+/* An upper bound of the values a JSON text makes (containers, and one per separator):
+ * '[', '{' and ',' outside strings, plus one. Linear, no allocation. */
+size_t srv_json_value_bound(const char *p, size_t n) {
+    size_t count = 1;
+    bool in_str = false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = p[i];
+        if (in_str) {
+            if (ch == '\\') i++;
+            else if (ch == '"') in_str = false;
+        } else if (ch == '"') {
+            in_str = true;
+        } else if (ch == '[' || ch == '{' || ch == ',') {
+            count++;
+        }
+    }
+    return count;
+}
+
 bool srv_request_parse(enum srv_endpoint ep, const char *body, size_t len,
                        const struct srv_parse_opts *opts, struct srv_request *req,
                        struct srv_error *err) {
@@ -702,6 +721,14 @@ bool srv_request_parse(enum srv_endpoint ep, const char *body, size_t len,
     }
     if (len == 0) {
         srv_error_bad(err, NULL, "the request body is empty; expected a JSON object");
+        return false;
+    }
+    /* Parsing multiplies memory by up to ~50 (`[]` is 2 bytes and a node): bound the
+     * values before building them. */
+    size_t n_values = srv_json_value_bound(body, len);
+    if (n_values > SRV_MAX_JSON_VALUES) {
+        srv_error_set(err, 413, "invalid_request_error", "request_too_large", NULL,
+                      "the request body holds about %zu JSON values; the limit is %u", n_values, SRV_MAX_JSON_VALUES);
         return false;
     }
     json_error_t jerr;

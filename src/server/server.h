@@ -84,6 +84,7 @@ struct srv_job {
     void *priv_server;
     int fd;                      /* the client's socket, polled for a hang-up */
     void *conn;                  /* its struct MHD_Connection */
+    bool big_body;               /* its body was large: trim the allocator when it is freed */
     bool parked;                 /* (mu) the connection is suspended until output, the end or a hang-up */
     double t_out;                /* (mu) when bytes last went to the client (streaming keep-alive comments) */
 };

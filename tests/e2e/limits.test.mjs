@@ -4,6 +4,7 @@
 // are a 400 (not a 500 or a 200 with an error event). Loopback only; bounded.
 import { test, after, before } from 'node:test';
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
 import { makeModel, startServer, tmp } from '../clients/harness.mjs';
 
 let srv;
@@ -89,4 +90,31 @@ test('/tokenize: the text and, with pieces, the tokens are bounded (413 / 400)',
   r = await post('/tokenize', { content: 'hello world', with_pieces: true });
   assert.equal(r.status, 200);
   assert.equal(typeof r.json.tokens[0].piece, 'string');
+});
+
+const rssKiB = (pid) => Number(/VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))[1]);
+
+test('JSON amplification: values are bounded before parsing, and memory is returned after', async () => {
+  // over the bound (2^20 values in 2 MiB): refused before anything is parsed
+  const over = `{"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"x":[${'[],'.repeat(1 << 20)}[]]}}`;
+  let r = await fetch(srv.base + '/v1/chat/completions', { method: 'POST', body: over });
+  assert.equal(r.status, 413);
+  assert.match((await r.json()).error.message, /1048576/);
+  r = await fetch(srv.base + '/tokenize', { method: 'POST', body: `{"content":"a","x":[${'{},'.repeat(1 << 20)}{}]}` });
+  assert.equal(r.status, 413);
+  // under it: parsed (tens of MB of nodes), then given back
+  const before = rssKiB(srv.proc.pid);
+  const under = `{"messages":[{"role":"user","content":"hi"}],"max_tokens":1,"chat_template_kwargs":{"x":[${'[],'.repeat(300000)}[]]}}`;
+  for (let i = 0; i < 4; i++) {
+    r = await fetch(srv.base + '/v1/chat/completions', { method: 'POST', body: under });
+    assert.equal(r.status, 200, await r.text());
+  }
+  // a small chat replaces the predictive priming that followed the last one (it holds a
+  // copy of that conversation, kwargs included)
+  r = await fetch(srv.base + '/v1/chat/completions', { method: 'POST', body: JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], max_tokens: 1 }) });
+  assert.equal(r.status, 200);
+  await new Promise((res) => setTimeout(res, 300));
+  const after = rssKiB(srv.proc.pid);
+  console.log(`# RSS before ${before} KiB, after 4 requests of 300K values: ${after} KiB`);
+  if (process.env.TERN_SANITIZED !== '1') assert.ok(after - before < 24 * 1024, `RSS grew by ${after - before} KiB`);
 });
