@@ -14,6 +14,7 @@
 #include "cache/planner.h"
 #include "tokenizer/tokenizer.h"
 #include "util/buf.h"
+#include "util/hash.h"
 #include "util/log.h"
 #include "util/mem.h"
 #include "util/timeutil.h"
@@ -181,14 +182,38 @@ static void entry_remove(struct cache *c, struct entry *e) {
 
 /* ---- stats ------------------------------------------------------------------------ */
 
+static size_t quota_len(const char *t);
+
 static void stats_update_pool(struct cache *c) {
     size_t bytes = 0;
     uint32_t n_ck = 0;
+    /* by tenant: the first 4 * CACHE_MAX_TENANT_STATS distinct ones, the largest kept */
+    struct cache_tenant_stat ts[4 * CACHE_MAX_TENANT_STATS];
+    uint32_t n_ts = 0;
     for (struct entry *e = c->head; e; e = e->next) {
-        bytes += entry_bytes(e);
+        size_t eb = entry_bytes(e);
+        bytes += eb;
         n_ck += (uint32_t)e->n_ck;
+        const char *t = e->tenant ? e->tenant : "";
+        uint64_t id = tern_hash64(t, quota_len(t));
+        uint32_t k = 0;
+        while (k < n_ts && ts[k].id != id) k++;
+        if (k == n_ts) {
+            if (n_ts == TERN_ARRAY_LEN(ts)) continue;
+            ts[n_ts++] = (struct cache_tenant_stat){.id = id};
+        }
+        ts[k].bytes += eb;
+        ts[k].sessions++;
     }
+    for (uint32_t i = 1; i < n_ts; i++) /* largest first (insertion sort: few) */
+        for (uint32_t j = i; j > 0 && ts[j].bytes > ts[j - 1].bytes; j--) {
+            struct cache_tenant_stat x = ts[j];
+            ts[j] = ts[j - 1];
+            ts[j - 1] = x;
+        }
     pthread_mutex_lock(&c->stats_mu);
+    c->stats.n_tenants = n_ts < CACHE_MAX_TENANT_STATS ? n_ts : CACHE_MAX_TENANT_STATS;
+    memcpy(c->stats.tenants, ts, c->stats.n_tenants * sizeof *ts);
     c->stats.pool_bytes = bytes;
     c->stats.n_sessions = (uint32_t)c->n_entries;
     c->stats.n_checkpoints = n_ck;
@@ -220,12 +245,41 @@ static size_t pool_bytes(const struct cache *c) {
  * budget; when only leased or the newest entry remain, their least valuable
  * checkpoints go. The freed memory is handed back to the system so the budget holds
  * as the process's memory, not only as counters. */
+/* The quota group of a tenant namespace: its API key part (see ram_per_tenant). */
+static size_t quota_len(const char *t) {
+    if (!t) return 0;
+    const char *sl = strstr(t, "salt:");
+    size_t n = sl ? (size_t)(sl - t) : strlen(t);
+    if (n && t[n - 1] == '/') n--;
+    return n;
+}
+
+static bool same_quota(const char *a, const char *b) {
+    size_t na = quota_len(a), nb = quota_len(b);
+    return na == nb && (na == 0 || !memcmp(a, b, na));
+}
+
+static size_t quota_bytes(const struct cache *c, const char *tenant) {
+    size_t bytes = 0;
+    for (const struct entry *e = c->head; e; e = e->next)
+        if (same_quota(e->tenant, tenant)) bytes += entry_bytes(e);
+    return bytes;
+}
+
 static void enforce_budget(struct cache *c, size_t extra) {
     bool freed = false;
     size_t budget = c->p.ram_bytes;
     while (pool_bytes(c) + extra > budget) {
         struct entry *victim = NULL;
-        for (struct entry *e = c->tail; e; e = e->prev) {
+        /* a tenant over its share goes first (least recently used of its entries) */
+        for (struct entry *e = c->tail; e && c->p.ram_per_tenant; e = e->prev) {
+            if (!e->leased && e != c->head && quota_bytes(c, e->tenant) > c->p.ram_per_tenant) {
+                victim = e;
+                STAT_ADD(c, quota_evictions, 1);
+                break;
+            }
+        }
+        for (struct entry *e = c->tail; e && !victim; e = e->prev) {
             if (!e->leased && e != c->head) {
                 victim = e;
                 break;

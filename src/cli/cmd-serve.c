@@ -47,6 +47,9 @@ static void usage(FILE *out) {
             "  --chunk N               tokens per priming chunk (default 512)\n"
             "  --kv-type f16|f32       KV cache type (default f16)\n"
             "  --cache-ram MiB         memory budget of parked sessions + checkpoints (default 4096)\n"
+            "  --cache-ram-per-key MiB an API key's fair share of --cache-ram: when the budget is full, a\n"
+            "                          key over its share is evicted first (default: --cache-ram / the\n"
+            "                          number of --api-key; 0 = none)\n"
             "  --prompt-cache N        checkpoints per session (default 8; 0 = none)\n"
             "  --prompt-cache-every N  periodic checkpoint spacing in tokens (default 4096)\n"
             "  --turn-token ID         turn-start token id (default: <|im_start|> if the vocabulary has it)\n"
@@ -89,7 +92,7 @@ static char *read_text_file(const char *path, size_t *len) {
 static int cmd_serve(int argc, char **argv) {
     enum { O_HOST = 256, O_PORT, O_THREADS, O_CTX, O_KEY, O_QUEUE, O_BODY, O_TMPL, O_CHUNK, O_KV, O_RAM, O_PC,
            O_PCE, O_TURN, O_NOMMAP, O_MLOCK, O_MODEL, O_PREDICT, O_PCHUNK, O_MAXTOK, O_MAXCONN, O_PERIP,
-           O_HDRTO, O_IDLETO };
+           O_HDRTO, O_IDLETO, O_RAMKEY };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},       {"threads", required_argument, 0, O_THREADS},
@@ -103,7 +106,7 @@ static int cmd_serve(int argc, char **argv) {
         {"predict", required_argument, 0, O_PREDICT}, {"predict-chunk", required_argument, 0, O_PCHUNK},
         {"max-tokens", required_argument, 0, O_MAXTOK}, {"max-connections", required_argument, 0, O_MAXCONN},
         {"max-conn-per-ip", required_argument, 0, O_PERIP}, {"header-timeout", required_argument, 0, O_HDRTO},
-        {"idle-timeout", required_argument, 0, O_IDLETO},
+        {"idle-timeout", required_argument, 0, O_IDLETO}, {"cache-ram-per-key", required_argument, 0, O_RAMKEY},
         {0, 0, 0, 0},
     };
     const char *model_path = NULL, *tmpl_path = NULL;
@@ -122,6 +125,7 @@ static int cmd_serve(int argc, char **argv) {
     enum predict_mode predict = PREDICT_ALL;
     uint32_t predict_chunk = 0;
     uint32_t max_tokens = 4096;
+    long long ram_per_key = -1; /* -1: the default, a fair share */
     long v;
     int c;
     optind = 1;
@@ -219,6 +223,11 @@ static int cmd_serve(int argc, char **argv) {
                 return cli_usage_error("serve", "--idle-timeout '%s' is not 1-3600 seconds", optarg);
             sp.idle_timeout_s = (uint32_t)v;
             break;
+        case O_RAMKEY:
+            if (!cli_parse_int(optarg, 0, 1L << 24, &v))
+                return cli_usage_error("serve", "--cache-ram-per-key '%s' is not 0-16777216 MiB", optarg);
+            ram_per_key = (long long)v << 20;
+            break;
         case O_NOMMAP: mp.no_mmap = true; break;
         case O_MLOCK: mp.mlock = true; break;
         default:
@@ -240,6 +249,7 @@ static int cmd_serve(int argc, char **argv) {
     }
     sp.api_keys = keys;
     sp.n_api_keys = n_keys;
+    cp.ram_per_tenant = ram_per_key >= 0 ? (size_t)ram_per_key : n_keys > 1 ? cp.ram_bytes / n_keys : 0;
 
     char *tmpl_src = NULL;
     size_t tmpl_len = 0;

@@ -726,12 +726,25 @@ static void engine_metrics(void *self, struct tern_buf *b) {
                     "# TYPE tern_cache_tokens_cached_total counter\ntern_cache_tokens_cached_total %llu\n"
                     "# TYPE tern_cache_tokens_read_total counter\ntern_cache_tokens_read_total %llu\n"
                     "# TYPE tern_cache_evictions_total counter\ntern_cache_evictions_total %llu\n"
+                    "# HELP tern_cache_quota_evictions_total Evictions of a tenant over --cache-ram-per-key.\n"
+                    "# TYPE tern_cache_quota_evictions_total counter\ntern_cache_quota_evictions_total %llu\n"
                     "# TYPE tern_cache_pool_bytes gauge\ntern_cache_pool_bytes %zu\n"
                     "# TYPE tern_cache_sessions gauge\ntern_cache_sessions %u\n"
                     "# TYPE tern_cache_checkpoints gauge\ntern_cache_checkpoints %u\n",
                     (unsigned long long)cs.tokens_cached,
-                    (unsigned long long)cs.tokens_read, (unsigned long long)cs.evictions, cs.pool_bytes,
+                    (unsigned long long)cs.tokens_read, (unsigned long long)cs.evictions,
+                    (unsigned long long)cs.quota_evictions, cs.pool_bytes,
                     cs.n_sessions, cs.n_checkpoints);
+    if (cs.n_tenants)
+        tern_buf_puts(b, "# HELP tern_cache_tenant_bytes Parked state by tenant (API key; the label is a hash of "
+                         "which key, never the key).\n# TYPE tern_cache_tenant_bytes gauge\n"
+                         "# TYPE tern_cache_tenant_sessions gauge\n");
+    for (uint32_t i = 0; i < cs.n_tenants; i++)
+        tern_buf_printf(b,
+                        "tern_cache_tenant_bytes{tenant=\"%016llx\"} %zu\n"
+                        "tern_cache_tenant_sessions{tenant=\"%016llx\"} %u\n",
+                        (unsigned long long)cs.tenants[i].id, cs.tenants[i].bytes,
+                        (unsigned long long)cs.tenants[i].id, cs.tenants[i].sessions);
 }
 
 /* ---- lifecycle --------------------------------------------------------------------- */

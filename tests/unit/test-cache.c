@@ -442,6 +442,64 @@ static void test_switches(void **state) {
 }
 
 
+/* One API key filling the pool evicts itself, not the others: with a per-tenant share,
+ * the budget's victims come from the tenant over its share first. */
+static void test_tenant_share(void **state) {
+    struct fixture *f = *state;
+    struct cache_params p;
+    default_params(f, &p);
+    struct cache *c;
+    assert_int_equal(cache_new(f->m, &p, &c), TERN_OK);
+    struct toks t = {0};
+    toks_add_text(f, &t, SYS);
+    toks_add_text(f, &t, "<|im_start|>user\nconversation number 0<|im_end|>\n<|im_start|>assistant\n");
+    request(f, c, "key0", "k", &t, 64);
+    struct cache_stats st;
+    cache_get_stats(c, &st);
+    size_t one = st.pool_bytes;
+    cache_free(c);
+    for (int share = 0; share < 2; share++) {
+        p.ram_bytes = one * 4 + one / 2; /* room for about four sessions */
+        p.ram_per_tenant = share ? p.ram_bytes / 2 : 0;
+        assert_int_equal(cache_new(f->m, &p, &c), TERN_OK);
+        struct toks victim = {0};
+        toks_add_text(f, &victim, SYS);
+        toks_add_text(f, &victim, "<|im_start|>user\nthe other tenant's conversation<|im_end|>\n<|im_start|>assistant\n");
+        struct result r = request(f, c, "key1", "mine", &victim, 64);
+        add_generated(&victim, &r);
+        size_t held = victim.n;
+        toks_add_text(f, &victim, "<|im_end|>\n<|im_start|>user\nnext<|im_end|>\n<|im_start|>assistant\n");
+        /* key0 (with salts of its own choosing) parks many small conversations */
+        for (int i = 0; i < 10; i++) {
+            char key[16], text[128], tenant[32];
+            snprintf(key, sizeof key, "k%d", i);
+            snprintf(tenant, sizeof tenant, i % 2 ? "key0/salt:s%d" : "key0", i);
+            snprintf(text, sizeof text, "<|im_start|>user\nconversation number %d<|im_end|>\n<|im_start|>assistant\n", i);
+            toks_free(&t);
+            toks_add_text(f, &t, SYS);
+            toks_add_text(f, &t, text);
+            request(f, c, tenant, key, &t, 64);
+        }
+        cache_get_stats(c, &st);
+        assert_true(st.evictions >= 5);
+        r = request(f, c, "key1", "mine", &victim, 64);
+        if (share) {
+            assert_int_equal(r.d.cached, held); /* still parked */
+            assert_true(st.quota_evictions >= 5);
+            /* the pool by tenant: key0 (its salts included) and key1, hashed */
+            assert_int_equal(st.n_tenants, 2);
+            assert_true(st.tenants[0].bytes >= st.tenants[1].bytes);
+            assert_true(st.tenants[0].id != st.tenants[1].id);
+        } else {
+            assert_int_equal(r.d.cached, 0); /* without a share, LRU evicted it */
+        }
+        assert_equals_cold(f, &r, &victim);
+        toks_free(&victim);
+        cache_free(c);
+    }
+    toks_free(&t);
+}
+
 /* TERN_AFFINITY=0 switches fingerprint nomination off for requests and for predictions
  * alike (one candidate rule): a conversation parked behind more than the probed most
  * recent ones is then reached by neither; with affinity both reach its live end. */
@@ -593,6 +651,7 @@ int main(void) {
         cmocka_unit_test_setup(test_budget_evicts_lru, setup_q3),
         cmocka_unit_test_setup(test_switches, setup_q3),
         cmocka_unit_test_setup(test_affinity_switch_both_paths, setup_q3),
+        cmocka_unit_test_setup(test_tenant_share, setup_q3),
         cmocka_unit_test_setup(test_predictions, setup_q3),
     };
     const struct CMUnitTest q35[] = {
