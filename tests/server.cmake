@@ -30,6 +30,9 @@ if(TERN_NODE)
                    ${CMAKE_SOURCE_DIR}/tests/clients/bench-bodies.test.mjs TIMEOUT 900 LABELS e2e no-asan)
 endif()
 tern_script_test(cli-chat ${CMAKE_SOURCE_DIR}/tests/e2e/cli-chat.sh TIMEOUT 120 LABELS e2e)
+# cmake --install into a temporary prefix, a binary outside the source tree: the demo
+# model still starts (makes the demo model three times: too slow under ASan)
+tern_script_test(install-demo ${CMAKE_SOURCE_DIR}/tests/e2e/install.sh TIMEOUT 300 LABELS e2e no-asan)
 if(TERN_NODE)
   # the README's first command (makes a 50 MB model once: too slow under ASan)
   tern_script_test(server-demo ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/demo.test.mjs
