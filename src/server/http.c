@@ -743,6 +743,10 @@ static void *prep_main(void *arg) {
 
         const struct srv_backend *b = atomic_load(&s->backend);
         bool resume = true;
+        /* a large body of a route without a job left its parse's memory in the
+         * allocator's arenas: give it back (a job does so when it is freed). Decided
+         * now: once the connection is parked or resumed, cn may be gone. */
+        bool big = cn->body_len >= BIG_BODY && cn->route != R_CHAT && cn->route != R_COMPLETIONS;
         if (atomic_load(&s->stopping)) {
             struct srv_error err = {0};
             srv_error_set(&err, 503, "unavailable_error", "shutting_down", NULL, "the server is shutting down");
@@ -752,9 +756,6 @@ static void *prep_main(void *arg) {
         } else {
             prep_simple(s, cn, b);
         }
-        /* a large body of a route without a job left its parse's memory in the
-         * allocator's arenas: give it back (a job does so when it is freed) */
-        bool big = cn->body_len >= BIG_BODY && cn->route != R_CHAT && cn->route != R_COMPLETIONS;
         if (resume) MHD_resume_connection(cn->c);
         if (big) malloc_trim(0);
     }
