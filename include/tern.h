@@ -15,6 +15,7 @@
 #ifndef TERN_H
 #define TERN_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -133,7 +134,7 @@ typedef int (*tern_progress_cb)(void *user, size_t done, size_t total);
 struct tern_eval_opts {
     uint32_t n_chunk;              /* 0 = the session's */
     float *logits_all;             /* if set: [n][n_vocab] logits of every evaluated token */
-    const volatile int *cancel;    /* checked between chunks: nonzero stops */
+    const atomic_int *cancel;      /* checked between chunks (another thread sets it): nonzero stops */
     tern_progress_cb progress;
     void *user;                    /* passed to progress and on_ckpt */
     /* Checkpoint positions, ascending, each in (n_past, n_past + n]: a checkpoint of
@@ -243,6 +244,9 @@ struct tern_sampler_params {
 };
 
 void tern_sampler_params_default(struct tern_sampler_params *p);
+/* The parameters tern_sampler_new accepts (TERN_ERR_INVALID naming the value otherwise):
+ * one rule for the sampler and for whoever validates requests before building one. */
+enum tern_status tern_sampler_params_check(const struct tern_sampler_params *p);
 enum tern_status tern_sampler_new(const struct tern_sampler_params *p, uint32_t n_vocab,
                                   struct tern_sampler **out);
 void tern_sampler_free(struct tern_sampler *s);

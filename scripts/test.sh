@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs dependencies, builds, and runs the whole suite twice —
-# a normal build (build/) and an ASan+UBSan build (build-asan/).
+# a normal build (build/) and an ASan+UBSan build (build-asan/) — then the server's
+# threaded tests (label tsan) in a ThreadSanitizer build (build-tsan/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
@@ -38,4 +39,10 @@ echo "== build (ASan+UBSan) =="
 echo "== tests under ASan+UBSan =="
 (cd build-asan && ctest --output-on-failure -j"$jobs" -LE no-asan | tee ctest.log)
 echo "skipped tests: $(grep -c '(Skipped)' build-asan/ctest.log || true)"
-echo "all tests passed (normal and ASan+UBSan)"
+
+echo "== build (ThreadSanitizer: tern and the server's threaded tests) =="
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTERN_TSAN=ON "${cfg[@]}" >/dev/null
+cmake --build build-tsan -j"$jobs" --target tern test-server-http
+echo "== tests labelled tsan under ThreadSanitizer =="
+(cd build-tsan && ctest --output-on-failure -j"$jobs" -L tsan)
+echo "all tests passed (normal, ASan+UBSan, and the tsan subset under ThreadSanitizer)"

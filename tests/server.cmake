@@ -3,18 +3,25 @@ tern_unit_test(test-server-reply ${CMAKE_SOURCE_DIR}/tests/unit/test-server-repl
 tern_unit_test(test-server-respond ${CMAKE_SOURCE_DIR}/tests/unit/test-server-respond.c)
 tern_unit_test(test-server-chat ${CMAKE_SOURCE_DIR}/tests/unit/test-server-chat.c)
 tern_unit_test(test-server-predict ${CMAKE_SOURCE_DIR}/tests/unit/test-server-predict.c)
-tern_unit_test(test-server-http ${CMAKE_SOURCE_DIR}/tests/unit/test-server-http.c TIMEOUT 120)
+# Label tsan: the tests scripts/test.sh also runs in a ThreadSanitizer build (build-tsan/,
+# TERN_TSAN=ON): the HTTP layer's threads, the queue, the worker, cancellation, predictive
+# priming after each chat. Kept small so that CI stays within its time (the TSan stage
+# builds only tern and test-server-http).
+tern_unit_test(test-server-http ${CMAKE_SOURCE_DIR}/tests/unit/test-server-http.c TIMEOUT 120 LABELS tsan)
 # End-to-end: `tern serve` on a generated model driven over HTTP from node (fetch), by
 # the official openai SDK (third_party/node_modules, installed by scripts/deps.sh), and
 # with the real agent request bodies of ../shared/bench; `tern chat` from stdin.
 find_program(TERN_NODE node)
 if(TERN_NODE)
   tern_script_test(server-e2e ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/server.test.mjs
-                   TIMEOUT 600 LABELS e2e)
+                   TIMEOUT 600 LABELS e2e tsan)
   # predictive priming over HTTP: rewrite turns after idle time, mid-prediction
   # requests, wrong predictions, the switches (generated qwen35 and qwen3 models)
   tern_script_test(server-predict ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/predict.test.mjs
                    TIMEOUT 600 LABELS e2e)
+  # per-request limits: --max-tokens, the context budget, sampler-refused parameters
+  tern_script_test(server-limits ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/limits.test.mjs
+                   TIMEOUT 300 LABELS e2e tsan)
   tern_script_test(server-openai-sdk ${TERN_NODE} --test-reporter=spec
                    ${CMAKE_SOURCE_DIR}/tests/clients/openai-sdk.test.mjs TIMEOUT 600 LABELS e2e)
   # Priming the bodies that fit is slow under ASan; the two tests above exercise the
@@ -23,6 +30,9 @@ if(TERN_NODE)
                    ${CMAKE_SOURCE_DIR}/tests/clients/bench-bodies.test.mjs TIMEOUT 900 LABELS e2e no-asan)
 endif()
 tern_script_test(cli-chat ${CMAKE_SOURCE_DIR}/tests/e2e/cli-chat.sh TIMEOUT 120 LABELS e2e)
+# cmake --install into a temporary prefix, a binary outside the source tree: the demo
+# model still starts (makes the demo model three times: too slow under ASan)
+tern_script_test(install-demo ${CMAKE_SOURCE_DIR}/tests/e2e/install.sh TIMEOUT 300 LABELS e2e no-asan)
 if(TERN_NODE)
   # the README's first command (makes a 50 MB model once: too slow under ASan)
   tern_script_test(server-demo ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/demo.test.mjs

@@ -15,6 +15,7 @@
 #include "cache/planner.h"
 #include "tokenizer/tokenizer.h"
 #include "util/buf.h"
+#include "util/hash.h"
 #include "util/log.h"
 #include "util/mem.h"
 #include "util/timeutil.h"
@@ -191,14 +192,38 @@ static void entry_remove(struct cache *c, struct entry *e) {
 
 /* ---- stats ------------------------------------------------------------------------ */
 
+static size_t quota_len(const char *t);
+
 static void stats_update_pool(struct cache *c) {
     size_t bytes = 0;
     uint32_t n_ck = 0;
+    /* by tenant: the first 4 * CACHE_MAX_TENANT_STATS distinct ones, the largest kept */
+    struct cache_tenant_stat ts[4 * CACHE_MAX_TENANT_STATS];
+    uint32_t n_ts = 0;
     for (struct entry *e = c->head; e; e = e->next) {
-        bytes += entry_bytes(e);
+        size_t eb = entry_bytes(e);
+        bytes += eb;
         n_ck += (uint32_t)e->n_ck;
+        const char *t = e->tenant ? e->tenant : "";
+        uint64_t id = tern_hash64(t, quota_len(t));
+        uint32_t k = 0;
+        while (k < n_ts && ts[k].id != id) k++;
+        if (k == n_ts) {
+            if (n_ts == TERN_ARRAY_LEN(ts)) continue;
+            ts[n_ts++] = (struct cache_tenant_stat){.id = id};
+        }
+        ts[k].bytes += eb;
+        ts[k].sessions++;
     }
+    for (uint32_t i = 1; i < n_ts; i++) /* largest first (insertion sort: few) */
+        for (uint32_t j = i; j > 0 && ts[j].bytes > ts[j - 1].bytes; j--) {
+            struct cache_tenant_stat x = ts[j];
+            ts[j] = ts[j - 1];
+            ts[j - 1] = x;
+        }
     pthread_mutex_lock(&c->stats_mu);
+    c->stats.n_tenants = n_ts < CACHE_MAX_TENANT_STATS ? n_ts : CACHE_MAX_TENANT_STATS;
+    memcpy(c->stats.tenants, ts, c->stats.n_tenants * sizeof *ts);
     c->stats.pool_bytes = bytes;
     c->stats.n_sessions = (uint32_t)c->n_entries;
     c->stats.n_checkpoints = n_ck;
@@ -278,12 +303,41 @@ static size_t pool_bytes(const struct cache *c) {
  * budget; when only leased or the newest entry remain, their least valuable
  * checkpoints go. The freed memory is handed back to the system so the budget holds
  * as the process's memory, not only as counters. */
+/* The quota group of a tenant namespace: its API key part (see ram_per_tenant). */
+static size_t quota_len(const char *t) {
+    if (!t) return 0;
+    const char *sl = strstr(t, "salt:");
+    size_t n = sl ? (size_t)(sl - t) : strlen(t);
+    if (n && t[n - 1] == '/') n--;
+    return n;
+}
+
+static bool same_quota(const char *a, const char *b) {
+    size_t na = quota_len(a), nb = quota_len(b);
+    return na == nb && (na == 0 || !memcmp(a, b, na));
+}
+
+static size_t quota_bytes(const struct cache *c, const char *tenant) {
+    size_t bytes = 0;
+    for (const struct entry *e = c->head; e; e = e->next)
+        if (same_quota(e->tenant, tenant)) bytes += entry_bytes(e);
+    return bytes;
+}
+
 static void enforce_budget(struct cache *c, size_t extra) {
     bool freed = false;
     size_t budget = c->p.ram_bytes;
     while (pool_bytes(c) + extra > budget) {
         struct entry *victim = NULL;
-        for (struct entry *e = c->tail; e; e = e->prev) {
+        /* a tenant over its share goes first (least recently used of its entries) */
+        for (struct entry *e = c->tail; e && c->p.ram_per_tenant; e = e->prev) {
+            if (!e->leased && e != c->head && quota_bytes(c, e->tenant) > c->p.ram_per_tenant) {
+                victim = e;
+                STAT_ADD(c, quota_evictions, 1);
+                break;
+            }
+        }
+        for (struct entry *e = c->tail; e && !victim; e = e->prev) {
             if (!e->leased && e != c->head) {
                 victim = e;
                 break;
@@ -627,6 +681,34 @@ static void log_decision(const struct cache_decision *d) {
                       d->reason, d->reason[0] ? ")" : "");
 }
 
+/* Who may be resumed (DESIGN.md §4): one rule for requests and predictions. Tenants
+ * never mix, named and unnamed never mix; a named request sees its key's sessions; an
+ * unnamed one sees the sessions its fingerprint nominates (not with TERN_AFFINITY=0)
+ * and the PROBE_RECENT most recent unnamed ones (*n_probe counts them). c->req_fp is
+ * the fingerprint of the tokens being placed. */
+struct nomination {
+    bool by_key, by_fp, by_probe;
+};
+
+static bool nominate(const struct cache *c, const struct entry *e, const char *tenant, const char *key,
+                     size_t *n_probe, struct nomination *out) {
+    memset(out, 0, sizeof *out);
+    const bool named = key && *key;
+    if (e->leased || !same_str(e->tenant, tenant)) return false; /* tenants never mix */
+    if (named != (e->key != NULL)) return false;                  /* named and unnamed never mix */
+    if (named) {
+        if (strcmp(e->key, key)) return false;
+        out->by_key = true;
+        return true;
+    }
+    if (c->p.affinity && fp_shared(&e->fp, &c->req_fp) >= FP_MIN_SHARED) out->by_fp = true;
+    if (*n_probe < PROBE_RECENT) {
+        out->by_probe = true;
+        (*n_probe)++;
+    }
+    return out->by_fp || out->by_probe;
+}
+
 enum tern_status cache_acquire(struct cache *c, const struct cache_ident *id, const int32_t *prompt, size_t m,
                                struct cache_lease *out) {
     memset(out, 0, sizeof *out);
@@ -650,20 +732,9 @@ enum tern_status cache_acquire(struct cache *c, const struct cache_ident *id, co
     struct candidate_eval declined = {0}; /* the most informative refusal, for the log */
     size_t n_probe = 0, n_compared = 0;
     for (struct entry *e = c->head; e; e = e->next) {
-        if (e->leased || !same_str(e->tenant, tenant)) continue; /* tenants never mix */
-        if (named != (e->key != NULL)) continue;                  /* named and unnamed never mix */
-        struct candidate_eval ce = {.e = e};
-        if (named) {
-            if (strcmp(e->key, id->key)) continue;
-            ce.by_key = true;
-        } else {
-            if (c->p.affinity && fp_shared(&e->fp, &c->req_fp) >= FP_MIN_SHARED) ce.by_fp = true;
-            if (n_probe < PROBE_RECENT) {
-                ce.by_probe = true;
-                n_probe++;
-            }
-            if (!ce.by_fp && !ce.by_probe) continue;
-        }
+        struct nomination nom;
+        if (!nominate(c, e, tenant, id->key, &n_probe, &nom)) continue;
+        struct candidate_eval ce = {.e = e, .by_key = nom.by_key, .by_fp = nom.by_fp, .by_probe = nom.by_probe};
         ce.res = evaluate(c, e, prompt, m);
         n_compared++;
         if (ce.res.r == 0) {
@@ -990,10 +1061,8 @@ enum tern_status cache_predict_begin_flags(struct cache *c, const struct cache_i
     struct plan_resume best = {0};
     size_t n_probe = 0;
     for (struct entry *e = c->head; e; e = e->next) {
-        if (e->leased || !same_str(e->tenant, tenant) || named != (e->key != NULL)) continue;
-        if (named && strcmp(e->key, id->key)) continue;
-        bool fp = fp_shared(&e->fp, &c->req_fp) >= FP_MIN_SHARED;
-        if (!named && !fp && n_probe++ >= PROBE_RECENT) continue;
+        struct nomination nom;
+        if (!nominate(c, e, tenant, id->key, &n_probe, &nom)) continue;
         /* Unlike a request, a prediction may be covered entirely (r == n). */
         size_t lcp = plan_lcp(tern_session_tokens(e->s), tern_session_n_past(e->s), toks, n);
         if (lcp >= n) return tern_errorf(TERN_ERR_STATE, "predict: already covered (%zu tokens)", n);

@@ -19,9 +19,17 @@
 
 struct cache;
 
+#define CACHE_MAX_TENANT_STATS 16
+
 struct cache_params {
     struct tern_session_params session; /* for sessions the cache creates */
     size_t ram_bytes;        /* --cache-ram: budget over all parked state */
+    /* --cache-ram-per-key: a tenant's fair share of ram_bytes (0 = none). When the
+     * budget forces an eviction, a tenant over its share loses its least recently used
+     * state first, so that one API key filling the pool evicts itself, not the others.
+     * A tenant is the API key part of the namespace ("key3" of "key3/salt:x"): salts
+     * are the client's choice and share their key's share. */
+    size_t ram_per_tenant;
     uint32_t max_ckpts;      /* --prompt-cache: checkpoints per session (0 = none) */
     uint32_t ckpt_every;     /* --prompt-cache-every: periodic checkpoint spacing */
     int32_t turn_token;      /* --turn-token: id of the turn-start control token, -1 = none */
@@ -132,6 +140,7 @@ struct cache_stats {
     uint64_t tokens_cached;
     uint64_t tokens_read;
     uint64_t evictions;         /* whole sessions evicted for the budget */
+    uint64_t quota_evictions;   /* of those, sessions of a tenant over --cache-ram-per-key */
     uint64_t ckpt_evictions;    /* checkpoints dropped (retention or budget) */
     uint64_t ckpts_made;
     uint64_t forks;             /* resumes that copied another conversation's prefix */
@@ -148,6 +157,14 @@ struct cache_stats {
     uint64_t disk_loads, disk_load_bytes, disk_invalid, disk_evictions;
     uint64_t disk_bytes;
     uint32_t disk_entries;
+    /* the pool by tenant (API key part of the namespace, see ram_per_tenant), the
+     * largest CACHE_MAX_TENANT_STATS; id is a hash of the tenant (never the key) */
+    struct cache_tenant_stat {
+        uint64_t id;
+        size_t bytes;
+        uint32_t sessions;
+    } tenants[CACHE_MAX_TENANT_STATS];
+    uint32_t n_tenants;
 };
 void cache_get_stats(const struct cache *c, struct cache_stats *out);
 

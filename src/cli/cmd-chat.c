@@ -22,10 +22,10 @@
 #include <string.h>
 #include <unistd.h>
 
-static volatile int interrupted;
+static atomic_int interrupted; /* set by the SIGINT handler (lock-free: async-signal-safe) */
 static void on_sigint(int sig) {
     (void)sig;
-    interrupted = 1;
+    atomic_store(&interrupted, 1);
 }
 
 static void usage(FILE *out) {
@@ -75,7 +75,7 @@ struct chat_state {
 static int prime_progress(void *user, size_t done, size_t total) {
     (void)user;
     if (total > 2048) fprintf(stderr, "\r[reading %zu/%zu]", done, total);
-    return interrupted;
+    return atomic_load(&interrupted);
 }
 
 /* One assistant turn: render, acquire, prime, decode, print, append the reply. */
@@ -125,7 +125,7 @@ static enum tern_status chat_turn(struct chat_state *cs) {
     bool in_reasoning = false;
     if (!st) st = tern_sampler_new(&cs->sp, tern_model_info(cs->model)->n_vocab, &smp);
     if (!st) st = tern_detok_new(cs->cf.tok, TERN_TOK_PARSE_SPECIAL, &dt);
-    for (int64_t i = 0; !st && i < cs->max_tokens && !interrupted; i++) {
+    for (int64_t i = 0; !st && i < cs->max_tokens && !atomic_load(&interrupted); i++) {
         int32_t tok = tern_sampler_sample(smp, tern_session_logits(s), tern_session_tokens(s), tern_session_n_past(s));
         if (tern_token_is_eog(cs->cf.tok, tok)) break;
         n_gen++;
@@ -303,7 +303,7 @@ int cli_chat_main(int argc, char **argv) {
     for (;;) {
         if (isatty(0)) fputs("> ", stdout);
         fflush(stdout);
-        interrupted = 0;
+        atomic_store(&interrupted, 0);
         ssize_t n = getline(&line, &lcap, stdin);
         if (n < 0) break;
         while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;

@@ -36,6 +36,14 @@ static void usage(FILE *out) {
             "  --api-key KEY           require 'Authorization: Bearer KEY' (repeatable)\n"
             "  --queue N               requests that may wait for the engine (default 16; more -> 429)\n"
             "  --max-body BYTES        largest request body (default 16777216; more -> 413)\n"
+            "  --max-tokens N          most tokens generated per request, whatever max_tokens asks\n"
+            "                          (default 4096; finish_reason \"length\"; 0 = until the context is full)\n"
+            "  --max-connections N     open connections in all (default 4096)\n"
+            "  --max-conn-per-ip N     open connections per client address (default 128; 0 = no cap)\n"
+            "  --header-timeout S      a request header must be complete S seconds after the connection\n"
+            "                          opens (default 10; then 408 and close)\n"
+            "  --idle-timeout S        close a keep-alive connection idle for S seconds, and a stalled\n"
+            "                          upload (default 30)\n"
             "  --chat-template FILE    Jinja chat template to use instead of the model's\n"
             "  --chunk N               tokens per priming chunk (default 512)\n"
             "  --kv-type f16|f32       KV cache type (default f16)\n"
@@ -43,6 +51,9 @@ static void usage(FILE *out) {
             "  --cache-dir DIR         disk tier: parked conversations survive restarts and are shared by\n"
             "                          replicas pointing at the same directory (default: off)\n"
             "  --cache-disk GiB        byte budget of --cache-dir, LRU (default 16; fractions allowed)\n"
+            "  --cache-ram-per-key MiB an API key's fair share of --cache-ram: when the budget is full, a\n"
+            "                          key over its share is evicted first (default: --cache-ram / the\n"
+            "                          number of --api-key; 0 = none)\n"
             "  --prompt-cache N        checkpoints per session (default 8; 0 = none)\n"
             "  --prompt-cache-every N  periodic checkpoint spacing in tokens (default 4096)\n"
             "  --turn-token ID         turn-start token id (default: <|im_start|> if the vocabulary has it)\n"
@@ -84,7 +95,8 @@ static char *read_text_file(const char *path, size_t *len) {
 
 static int cmd_serve(int argc, char **argv) {
     enum { O_HOST = 256, O_PORT, O_THREADS, O_CTX, O_KEY, O_QUEUE, O_BODY, O_TMPL, O_CHUNK, O_KV, O_RAM, O_PC,
-           O_PCE, O_TURN, O_NOMMAP, O_MLOCK, O_MODEL, O_PREDICT, O_PCHUNK, O_CDIR, O_CDISK };
+           O_PCE, O_TURN, O_NOMMAP, O_MLOCK, O_MODEL, O_PREDICT, O_PCHUNK, O_CDIR, O_CDISK, O_MAXTOK, O_MAXCONN,
+           O_PERIP, O_HDRTO, O_IDLETO, O_RAMKEY };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},       {"threads", required_argument, 0, O_THREADS},
@@ -97,6 +109,9 @@ static int cmd_serve(int argc, char **argv) {
         {"mlock", no_argument, 0, O_MLOCK},           {"help", no_argument, 0, 'h'},
         {"predict", required_argument, 0, O_PREDICT}, {"predict-chunk", required_argument, 0, O_PCHUNK},
         {"cache-dir", required_argument, 0, O_CDIR},  {"cache-disk", required_argument, 0, O_CDISK},
+        {"max-tokens", required_argument, 0, O_MAXTOK}, {"max-connections", required_argument, 0, O_MAXCONN},
+        {"max-conn-per-ip", required_argument, 0, O_PERIP}, {"header-timeout", required_argument, 0, O_HDRTO},
+        {"idle-timeout", required_argument, 0, O_IDLETO}, {"cache-ram-per-key", required_argument, 0, O_RAMKEY},
         {0, 0, 0, 0},
     };
     const char *model_path = NULL, *tmpl_path = NULL;
@@ -115,6 +130,8 @@ static int cmd_serve(int argc, char **argv) {
     cp.turn_token = -1;
     enum predict_mode predict = PREDICT_ALL;
     uint32_t predict_chunk = 0;
+    uint32_t max_tokens = 4096;
+    long long ram_per_key = -1; /* -1: the default, a fair share */
     long v;
     int c;
     optind = 1;
@@ -201,6 +218,36 @@ static int cmd_serve(int argc, char **argv) {
                 return cli_usage_error("serve", "--predict-chunk '%s' is not 1-65536", optarg);
             predict_chunk = (uint32_t)v;
             break;
+        case O_MAXTOK:
+            if (!cli_parse_int(optarg, 0, 1 << 24, &v))
+                return cli_usage_error("serve", "--max-tokens '%s' is not 0-16777216", optarg);
+            max_tokens = (uint32_t)v;
+            break;
+        case O_MAXCONN:
+            if (!cli_parse_int(optarg, 4, 1 << 20, &v))
+                return cli_usage_error("serve", "--max-connections '%s' is not 4-1048576", optarg);
+            sp.max_connections = (uint32_t)v;
+            break;
+        case O_PERIP:
+            if (!cli_parse_int(optarg, 0, 1 << 20, &v))
+                return cli_usage_error("serve", "--max-conn-per-ip '%s' is not 0-1048576", optarg);
+            sp.max_conn_per_ip = (uint32_t)v;
+            break;
+        case O_HDRTO:
+            if (!cli_parse_int(optarg, 1, 3600, &v))
+                return cli_usage_error("serve", "--header-timeout '%s' is not 1-3600 seconds", optarg);
+            sp.header_timeout_s = (uint32_t)v;
+            break;
+        case O_IDLETO:
+            if (!cli_parse_int(optarg, 1, 3600, &v))
+                return cli_usage_error("serve", "--idle-timeout '%s' is not 1-3600 seconds", optarg);
+            sp.idle_timeout_s = (uint32_t)v;
+            break;
+        case O_RAMKEY:
+            if (!cli_parse_int(optarg, 0, 1L << 24, &v))
+                return cli_usage_error("serve", "--cache-ram-per-key '%s' is not 0-16777216 MiB", optarg);
+            ram_per_key = (long long)v << 20;
+            break;
         case O_NOMMAP: mp.no_mmap = true; break;
         case O_MLOCK: mp.mlock = true; break;
         default:
@@ -222,6 +269,7 @@ static int cmd_serve(int argc, char **argv) {
     }
     sp.api_keys = keys;
     sp.n_api_keys = n_keys;
+    cp.ram_per_tenant = ram_per_key >= 0 ? (size_t)ram_per_key : n_keys > 1 ? cp.ram_bytes / n_keys : 0;
 
     char *tmpl_src = NULL;
     size_t tmpl_len = 0;
@@ -274,6 +322,7 @@ static int cmd_serve(int argc, char **argv) {
             .predict = predict,
             .predict_chunk = predict_chunk,
             .predict_test_delay_ms = predict_delay,
+            .max_tokens = max_tokens,
             .demo_note = demo_note,
         };
         st = srv_engine_new(&ep, &eng);

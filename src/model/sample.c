@@ -37,17 +37,24 @@ void tern_sampler_params_default(struct tern_sampler_params *p) {
     p->seed = 0;
 }
 
-enum tern_status tern_sampler_new(const struct tern_sampler_params *p, uint32_t n_vocab, struct tern_sampler **out) {
-    *out = NULL;
-    if (n_vocab == 0) return tern_errorf(TERN_ERR_INVALID, "sampler: vocabulary size is 0");
+enum tern_status tern_sampler_params_check(const struct tern_sampler_params *p) {
     if (isnan(p->temperature) || isnan(p->top_p) || isnan(p->min_p) || isnan(p->repeat_penalty) ||
         isnan(p->presence_penalty) || isnan(p->frequency_penalty))
         return tern_errorf(TERN_ERR_INVALID, "sampler: a parameter is NaN");
-    if (p->repeat_penalty <= 0.0f)
-        return tern_errorf(TERN_ERR_INVALID, "sampler: repeat penalty %g must be positive", (double)p->repeat_penalty);
+    if (!(p->repeat_penalty > 0.0f) || isinf(p->repeat_penalty))
+        return tern_errorf(TERN_ERR_INVALID, "sampler: repeat_penalty %g must be positive and finite",
+                           (double)p->repeat_penalty);
     if (p->repeat_last_n < 0)
         return tern_errorf(TERN_ERR_INVALID, "sampler: repeat_last_n %d must be >= 0", p->repeat_last_n);
     if (p->min_p > 1.0f) return tern_errorf(TERN_ERR_INVALID, "sampler: min_p %g exceeds 1", (double)p->min_p);
+    return TERN_OK;
+}
+
+enum tern_status tern_sampler_new(const struct tern_sampler_params *p, uint32_t n_vocab, struct tern_sampler **out) {
+    *out = NULL;
+    if (n_vocab == 0) return tern_errorf(TERN_ERR_INVALID, "sampler: vocabulary size is 0");
+    enum tern_status st = tern_sampler_params_check(p);
+    if (st) return st;
     struct tern_sampler *s = tern_calloc(1, sizeof *s);
     if (!s) return tern_errorf(TERN_ERR_NOMEM, "sampler: out of memory");
     s->p = *p;

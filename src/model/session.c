@@ -302,7 +302,7 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
 
     size_t done = 0, ick = 0;
     while (done < n) {
-        if (o->cancel && *o->cancel) {
+        if (o->cancel && atomic_load(o->cancel)) {
             st = tern_errorf(TERN_ERR_CANCELLED, "session: evaluation cancelled after %zu of %zu tokens", done, n);
             break;
         }

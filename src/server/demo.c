@@ -58,8 +58,20 @@ static enum tern_status cache_dir(char *out, size_t cap) {
     return mkdirs(out);
 }
 
-/* The directory holding tokenizer.json: $TERN_DEMO_TOKENIZER_DIR, else the source tree
- * of this executable (build dirs live in the source tree: build/tern, build-x/tern). */
+#ifndef TERN_DEMO_TOKENIZER_SRC
+#define TERN_DEMO_TOKENIZER_SRC ""
+#endif
+#ifndef TERN_DEMO_TOKENIZER_REL
+#define TERN_DEMO_TOKENIZER_REL "share/tern/tokenizer-qwen3"
+#endif
+#ifndef TERN_DEMO_TOKENIZER_INSTALLED
+#define TERN_DEMO_TOKENIZER_INSTALLED ""
+#endif
+
+/* The directory holding tokenizer.json, the first of: $TERN_DEMO_TOKENIZER_DIR; an
+ * install's share/tern/tokenizer-qwen3 beside this executable's bin/ (a moved prefix
+ * too); the source tree this was built from (a build directory anywhere); the
+ * configured install prefix; the source tree above this executable. */
 static enum tern_status find_tokenizer_dir(char *out, size_t cap) {
     const char *env = getenv("TERN_DEMO_TOKENIZER_DIR");
     char probe[PATH_MAX + 32];
@@ -75,6 +87,18 @@ static enum tern_status find_tokenizer_dir(char *out, size_t cap) {
     if (n <= 0) return tern_errorf(TERN_ERR_IO, "cannot locate the executable (/proc/self/exe)");
     exe[n] = 0;
     char *dir = dirname(exe);
+    const char *fixed[] = {NULL, TERN_DEMO_TOKENIZER_SRC, TERN_DEMO_TOKENIZER_INSTALLED};
+    char rel[PATH_MAX + 64];
+    snprintf(rel, sizeof rel, "%s/../%s", dir, TERN_DEMO_TOKENIZER_REL);
+    fixed[0] = rel;
+    for (size_t i = 0; i < TERN_ARRAY_LEN(fixed); i++) {
+        if (!fixed[i][0]) continue;
+        snprintf(probe, sizeof probe, "%s/tokenizer.json", fixed[i]);
+        if (is_file(probe)) {
+            snprintf(out, cap, "%s", fixed[i]);
+            return TERN_OK;
+        }
+    }
     const char *ups[] = {"..", "../..", "."};
     for (size_t i = 0; i < TERN_ARRAY_LEN(ups); i++) {
         snprintf(probe, sizeof probe, "%s/%s/%s/tokenizer.json", dir, ups[i], TOKENIZER_REL);

@@ -11,12 +11,18 @@
 #include "util/mem.h"
 #include "util/timeutil.h"
 
+#include <malloc.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
 #define PRIME_COMMENT_EVERY_S 2.0
+/* /tokenize bounds (docs/SERVING.md, Limits and abuse): the response is ~10 bytes per
+ * token, ~200 with pieces, and built as JSON nodes first, so the work and the memory of
+ * one request are bounded by its text and, with pieces, by its tokens. */
+#define TOKENIZE_MAX_BYTES ((size_t)1 << 20)
+#define TOKENIZE_MAX_PIECES 65536
 #define PREDICT_CHUNK_DEFAULT 128
 #define ENG_GRAMMARS 4              /* matchers kept for grammars that come again */
 #define ENG_GRAMMAR_MAX_NODES (1u << 20) /* a kept matcher with more interned stacks starts afresh */
@@ -31,6 +37,7 @@ struct eng_predict {
     struct predict_set set;
     size_t next;                 /* the next item to prime */
     char id[48];                 /* the request the predictions follow */
+    bool big;                    /* copied from a large request: trim the allocator when freed */
 };
 
 struct srv_engine {
@@ -49,6 +56,7 @@ struct srv_engine {
     enum predict_mode predict;
     uint32_t predict_chunk;
     uint32_t predict_delay_ms;   /* tests only */
+    uint32_t max_tokens;         /* --max-tokens (0 = no cap) */
     int32_t turn_token;
     struct eng_predict pred;
     struct tern_gvocab *gvocab;  /* token pieces for grammar masks (built on first use, worker only) */
@@ -222,7 +230,7 @@ static int prime_progress(void *user, size_t done, size_t total) {
         srv_job_write(pc->job, line, (size_t)n);
         pc->t_last = now;
     }
-    return pc->job->cancel ? 1 : 0;
+    return atomic_load(&pc->job->cancel) ? 1 : 0;
 }
 
 struct out_state {
@@ -306,7 +314,9 @@ static void pred_clear(struct eng_predict *p) {
     json_decref(p->kwargs);
     json_decref(p->reply);
     predict_set_free(&p->set);
+    bool big = p->big;
     memset(p, 0, sizeof *p);
+    if (big) malloc_trim(0); /* its JSON copy was many small allocations */
 }
 
 /* Records the conversation a response just completed, for the idle steps. */
@@ -322,9 +332,17 @@ static void predict_follow(struct srv_engine *e, struct srv_job *j, const struct
         pred_clear(p);
         return;
     }
-    p->messages = json_incref(j->req.messages);
-    p->tools = j->req.tools ? json_incref(j->req.tools) : NULL;
-    p->kwargs = j->req.template_kwargs ? json_incref(j->req.template_kwargs) : NULL;
+    /* Copies, not references: the request's JSON is freed by whichever thread drops the
+     * job last (often a connection's), while these are read and freed by the worker.
+     * jansson's reference counts do not order those reads before that free (TSan). */
+    p->big = j->big_body;
+    p->messages = json_deep_copy(j->req.messages);
+    p->tools = j->req.tools ? json_deep_copy(j->req.tools) : NULL;
+    p->kwargs = j->req.template_kwargs ? json_deep_copy(j->req.template_kwargs) : NULL;
+    if (!p->messages || (j->req.tools && !p->tools) || (j->req.template_kwargs && !p->kwargs)) {
+        pred_clear(p);
+        return;
+    }
     snprintf(p->id, sizeof p->id, "%s", j->id);
     atomic_store(&e->pred_active, 1);
 }
@@ -332,7 +350,7 @@ static void predict_follow(struct srv_engine *e, struct srv_job *j, const struct
 /* The lease must be the first member (see prime_ctx). */
 struct pred_ctx {
     struct cache_lease lease;
-    const volatile int *preempt;
+    const atomic_int *preempt;
     uint32_t delay_ms;
 };
 
@@ -342,18 +360,18 @@ static int pred_progress(void *user, size_t done, size_t total) {
     struct pred_ctx *pc = user;
     (void)done;
     (void)total;
-    for (uint32_t t = 0; t < pc->delay_ms && !*pc->preempt; t += 5) {
+    for (uint32_t t = 0; t < pc->delay_ms && !atomic_load(pc->preempt); t += 5) {
         struct timespec ts = {0, 5 * 1000000L};
         nanosleep(&ts, NULL);
     }
-    return *pc->preempt ? 1 : 0;
+    return atomic_load(pc->preempt) ? 1 : 0;
 }
 
 static bool prime_one(struct srv_engine *e, struct eng_predict *p, const struct predict_item *it,
-                      const volatile int *preempt);
+                      const atomic_int *preempt);
 
 /* One idle step: renders the predictions, or primes the next one. */
-static bool engine_idle(void *self, const volatile int *preempt) {
+static bool engine_idle(void *self, const atomic_int *preempt) {
     struct srv_engine *e = self;
     struct eng_predict *p = &e->pred;
     if (!p->messages) {
@@ -391,7 +409,7 @@ static bool engine_idle(void *self, const volatile int *preempt) {
 
 /* Primes one prediction; returns whether more are left. */
 static bool prime_one(struct srv_engine *e, struct eng_predict *p, const struct predict_item *it,
-                      const volatile int *preempt) {
+                      const atomic_int *preempt) {
     bool more = p->next < p->set.n;
     if (it->n >= e->n_ctx) {
         atomic_fetch_add(&e->pred_skipped, 1);
@@ -567,15 +585,22 @@ static void engine_run(void *self, struct srv_job *j) {
         goto out;
     }
     if (j->req.stream && j->ep == SRV_EP_CHAT) {
-        srv_sse_data(&o.frame, srv_chunk_chat(&o.ctx, NULL, &o.parser, true, NULL, NULL));
+        if (srv_sse_data(&o.frame, srv_chunk_chat(&o.ctx, NULL, &o.parser, true, NULL, NULL))) {
+            send_failure(j, 500, "server_error", "%s", "out of memory building the first stream event");
+            goto out;
+        }
         o.role_sent = true;
     }
 
     uint32_t n_ctx = tern_session_n_ctx(s);
+    /* the request's max_tokens, within the server's cap: a request that names none (or
+     * more) still ends, with finish_reason "length", instead of holding the worker until
+     * the context is full */
     int64_t max_new = j->req.max_tokens > 0 ? j->req.max_tokens : INT64_MAX;
+    if (e->max_tokens > 0 && max_new > (int64_t)e->max_tokens) max_new = e->max_tokens;
     finish = "length";
     for (int64_t i = 0; i < max_new; i++) {
-        if (j->cancel) goto cancelled;
+        if (atomic_load(&j->cancel)) goto cancelled;
         int32_t tok;
         if (ej->forced) {
             if ((size_t)i >= ej->n_forced) {
@@ -669,7 +694,9 @@ static void engine_run(void *self, struct srv_job *j) {
             break;
         }
         if (i + 1 >= max_new) break;
-        if (tern_session_n_past(s) + 1 > n_ctx) break; /* the context is full: length */
+        /* the context is full (prompt + reply = n_ctx): length. n_past holds every token
+         * but the one just sampled, so the next sample would make n_past + 2. */
+        if (tern_session_n_past(s) + 1 >= n_ctx) break;
         struct tern_eval_opts de = {.cancel = &j->cancel};
         st = tern_session_eval(s, &tok, 1, &de);
         if (st == TERN_ERR_CANCELLED) goto cancelled;
@@ -692,10 +719,18 @@ static void engine_run(void *self, struct srv_job *j) {
         struct srv_usage u = {.prompt_tokens = (uint32_t)j->n_prompt, .completion_tokens = j->n_generated,
                               .cached_tokens = dec->cached};
         if (j->req.stream) {
-            if (j->ep == SRV_EP_CHAT) srv_sse_data(&o.frame, srv_chunk_chat(&o.ctx, NULL, &o.parser, false, finish, &reuse));
-            else srv_sse_data(&o.frame, srv_chunk_text(&o.ctx, "", 0, finish, &reuse));
-            if (j->req.include_usage) srv_sse_data(&o.frame, srv_chunk_usage(&o.ctx, &u, &reuse));
-            srv_sse_done(&o.frame);
+            /* the stream ends with [DONE] only when every event before it was built; else
+             * with an error event (never silently short) */
+            enum tern_status fst =
+                j->ep == SRV_EP_CHAT ? srv_sse_data(&o.frame, srv_chunk_chat(&o.ctx, NULL, &o.parser, false, finish, &reuse))
+                                     : srv_sse_data(&o.frame, srv_chunk_text(&o.ctx, "", 0, finish, &reuse));
+            if (!fst && j->req.include_usage) fst = srv_sse_data(&o.frame, srv_chunk_usage(&o.ctx, &u, &reuse));
+            if (!fst) fst = srv_sse_done(&o.frame);
+            if (fst) {
+                if (o.frame.len) srv_job_write(j, o.frame.data, o.frame.len);
+                send_failure(j, 500, "server_error", "%s", "out of memory building the stream's last events");
+                goto out;
+            }
         } else {
             json_t *resp = j->ep == SRV_EP_CHAT ? srv_response_chat(&o.ctx, &o.parser, finish, &u, &reuse)
                                                 : srv_response_text(&o.ctx, o.text.data, o.text.len, finish, &u, &reuse);
@@ -761,11 +796,23 @@ static json_t *engine_tokenize(void *self, const json_t *body, struct srv_error 
         return NULL;
     }
     int flags = (json_is_true(as) ? TERN_TOK_ADD_SPECIAL : 0) | (ps && json_is_false(ps) ? 0 : TERN_TOK_PARSE_SPECIAL);
+    if (json_string_length(c) > TOKENIZE_MAX_BYTES) {
+        srv_error_set(err, 413, "invalid_request_error", "request_too_large", "content",
+                      "'content' is %zu bytes; /tokenize takes at most %zu (send it in parts)", json_string_length(c),
+                      TOKENIZE_MAX_BYTES);
+        return NULL;
+    }
     int32_t *ids = NULL;
     size_t n = 0, cap = 0;
     if (tern_tokenize(e->tok, json_string_value(c), json_string_length(c), flags, &ids, &n, &cap)) {
         free(ids);
         srv_error_set(err, 500, "server_error", NULL, NULL, "tokenizer: %s", tern_last_error());
+        return NULL;
+    }
+    if (json_is_true(wp) && n > TOKENIZE_MAX_PIECES) {
+        free(ids);
+        srv_error_bad(err, "with_pieces", "'with_pieces' returns at most %d tokens; the content has %zu (send it in "
+                      "parts, or without with_pieces)", TOKENIZE_MAX_PIECES, n);
         return NULL;
     }
     json_t *arr = json_array();
@@ -885,11 +932,14 @@ static void engine_metrics(void *self, struct tern_buf *b) {
                     "# TYPE tern_cache_tokens_cached_total counter\ntern_cache_tokens_cached_total %llu\n"
                     "# TYPE tern_cache_tokens_read_total counter\ntern_cache_tokens_read_total %llu\n"
                     "# TYPE tern_cache_evictions_total counter\ntern_cache_evictions_total %llu\n"
+                    "# HELP tern_cache_quota_evictions_total Evictions of a tenant over --cache-ram-per-key.\n"
+                    "# TYPE tern_cache_quota_evictions_total counter\ntern_cache_quota_evictions_total %llu\n"
                     "# TYPE tern_cache_pool_bytes gauge\ntern_cache_pool_bytes %zu\n"
                     "# TYPE tern_cache_sessions gauge\ntern_cache_sessions %u\n"
                     "# TYPE tern_cache_checkpoints gauge\ntern_cache_checkpoints %u\n",
                     (unsigned long long)cs.tokens_cached,
-                    (unsigned long long)cs.tokens_read, (unsigned long long)cs.evictions, cs.pool_bytes,
+                    (unsigned long long)cs.tokens_read, (unsigned long long)cs.evictions,
+                    (unsigned long long)cs.quota_evictions, cs.pool_bytes,
                     cs.n_sessions, cs.n_checkpoints);
     if (cs.disk_on)
         tern_buf_printf(b,
@@ -911,6 +961,16 @@ static void engine_metrics(void *self, struct tern_buf *b) {
                         (unsigned long long)cs.disk_write_errors, (unsigned long long)cs.disk_loads,
                         (unsigned long long)cs.disk_load_bytes, (unsigned long long)cs.disk_invalid,
                         (unsigned long long)cs.disk_evictions, (unsigned long long)cs.disk_bytes, cs.disk_entries);
+    if (cs.n_tenants)
+        tern_buf_puts(b, "# HELP tern_cache_tenant_bytes Parked state by tenant (API key; the label is a hash of "
+                         "which key, never the key).\n# TYPE tern_cache_tenant_bytes gauge\n"
+                         "# TYPE tern_cache_tenant_sessions gauge\n");
+    for (uint32_t i = 0; i < cs.n_tenants; i++)
+        tern_buf_printf(b,
+                        "tern_cache_tenant_bytes{tenant=\"%016llx\"} %zu\n"
+                        "tern_cache_tenant_sessions{tenant=\"%016llx\"} %u\n",
+                        (unsigned long long)cs.tenants[i].id, cs.tenants[i].bytes,
+                        (unsigned long long)cs.tenants[i].id, cs.tenants[i].sessions);
 }
 
 /* ---- lifecycle --------------------------------------------------------------------- */
@@ -940,6 +1000,7 @@ enum tern_status srv_engine_new(const struct srv_engine_params *p, struct srv_en
     e->predict_chunk = p->predict_chunk ? p->predict_chunk : PREDICT_CHUNK_DEFAULT;
     if (cp.session.n_chunk && e->predict_chunk > cp.session.n_chunk) e->predict_chunk = cp.session.n_chunk;
     e->predict_delay_ms = p->predict_test_delay_ms;
+    e->max_tokens = p->max_tokens;
     if (e->predict != PREDICT_OFF && e->turn_token < 0) {
         TERN_LOG_WARN("predictive priming is off: the vocabulary has no turn-start token (--turn-token)");
         e->predict = PREDICT_OFF;

@@ -1,7 +1,7 @@
 /* The engine backend of the server: a loaded model, its chat format, the reuse cache,
  * and the worker's per-request loop (DESIGN.md §2):
  *
- *   prepare (connection thread)  template render -> tokens; 4xx decided here
+ *   prepare (a prepare thread)   template render -> tokens; 4xx decided here
  *   run (the one worker thread)  cache_acquire -> prime P[r..m) (keep-alive comments,
  *                                checkpoints, cancel between chunks) -> decode (stop
  *                                strings, reasoning / tool-call parsing, SSE) ->
@@ -30,6 +30,7 @@ struct srv_engine_params {
     enum predict_mode predict;       /* --predict (TERN_PREDICT=0: off) */
     uint32_t predict_chunk;          /* --predict-chunk: tokens per idle priming step (0 = 128) */
     uint32_t predict_test_delay_ms;  /* TERN_TEST_PREDICT_DELAY_MS: tests only, a pause per step */
+    uint32_t max_tokens;             /* --max-tokens: most tokens generated per request (0 = no cap) */
     const char *demo_note;           /* non-NULL: this is the demo model; say so */
 };
 

@@ -1,10 +1,23 @@
 /* The HTTP server: routing, auth, limits, queue, worker, streaming (see server.h).
  *
- * libmicrohttpd runs one thread per connection. That makes the waiting simple and
- * correct: a connection thread may block on its job (a non-streamed request) or inside
- * the content reader of a streamed one, and while it waits it polls its own socket so
- * that a client that hangs up cancels its request within ~100 ms, even while the
- * engine is still priming and nothing is being written. */
+ * No thread belongs to a connection, so that idle or slow clients cost a socket and a
+ * few KiB, never a thread: libmicrohttpd polls every connection from a small pool of
+ * threads (epoll), and nothing that can take long runs on them.
+ *
+ * - A request's header and body are read by the polling threads; GET routes are
+ *   answered there (cheap). A POST body goes to the prepare threads (parse, render,
+ *   tokenize: all 4xx are decided there) while its connection is suspended.
+ * - A queued job's connection stays suspended (parked) until the job writes output or
+ *   ends; srv_job_write / srv_job_finish resume it. A streamed response's content
+ *   reader parks the connection again when it has nothing to send.
+ * - MHD does not watch suspended connections, so the watcher thread polls the sockets
+ *   of parked jobs every ~100 ms: a client that hangs up cancels its request even while
+ *   the engine is still priming and nothing is being written. It also resumes a parked
+ *   stream every 10 s for a keep-alive comment, and closes connections that have not
+ *   sent a complete request header in time (408: slowloris, idle sockets).
+ *
+ * Lock order: jmu -> job mu -> MHD's internal mutex (resume/suspend are called with the
+ * job's mu held, which is what makes "park, then resume" free of lost wake-ups). */
 #include "server/server.h"
 
 #include "server/respond.h"
@@ -13,7 +26,9 @@
 #include "util/timeutil.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
+#include <malloc.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -21,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -32,6 +48,14 @@ typedef enum MHD_Result MHD_Result;
 
 #define WAIT_SLICE_MS 100
 #define KEEPALIVE_S 10.0
+#define FD_RESERVE 64            /* descriptors kept for the model, logs, the disk tier */
+/* A body refused before it was read (413, 401) is read and discarded up to these bounds
+ * before the answer goes out, so that a client that sends it all before reading (Node's
+ * fetch) reads the answer instead of a connection reset. */
+#define DRAIN_MAX_BYTES ((uint64_t)256 << 20)
+#define DRAIN_MAX_S 30.0
+#define BIG_BODY ((size_t)1 << 20) /* after a body this large, or of this many values, malloc_trim */
+#define BIG_VALUES 65536
 
 enum route {
     R_NONE = 0, R_HEALTH, R_METRICS, R_MODELS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_COUNT
@@ -41,7 +65,7 @@ static const char *const route_names[R_COUNT] = {"other", "/health", "/metrics",
                                                  "/v1/completions", "/tokenize", "/detokenize"};
 
 /* status classes counted per route for /metrics */
-static const int counted_status[] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
+static const int counted_status[] = {200, 400, 401, 404, 405, 408, 413, 429, 499, 500, 503};
 #define N_COUNTED TERN_ARRAY_LEN(counted_status)
 
 struct srv_server {
@@ -65,20 +89,39 @@ struct srv_server {
      * in it; preempt is set (under qmu) by every enqueue and by srv_stop, and read by
      * the idle work between chunks */
     bool idle_pending, idle_running;
-    volatile int preempt;
+    atomic_int preempt;
 
-    /* live jobs, to cancel them all at shutdown */
+    /* live jobs, to cancel them all at shutdown and for the watcher */
     pthread_mutex_t jmu;
     struct srv_job **live;
     size_t n_live, cap_live;
+
+    /* open connections (MHD socket contexts), for the header deadline */
+    pthread_mutex_t smu;
+    pthread_cond_t scv;          /* wakes the watcher at shutdown */
+    struct sock *socks;
+    pthread_t watcher;
+    bool watcher_started;
+
+    /* the prepare threads and their queue of suspended connections */
+    pthread_mutex_t pmu;
+    pthread_cond_t pcv;
+    struct conn *prep_head, *prep_tail;
+    bool prep_stopping;
+    pthread_t *prep;
+    uint32_t n_prep;
 
     /* metrics */
     atomic_uint_fast64_t requests[R_COUNT][N_COUNTED + 1];
     atomic_uint_fast64_t prompt_tokens, cached_tokens, read_tokens, generated_tokens, cancelled;
     atomic_uint_fast64_t ttft_us_sum, ttft_count, overhead_us_sum;
     atomic_uint_fast64_t preempt_us_sum, preempt_count;
+    atomic_uint_fast64_t conns_total, header_timeouts, client_gone;
+    atomic_int conns_open;
     double t_start;
 };
+
+static void job_wake(struct srv_job *j);
 
 /* ---- jobs -------------------------------------------------------------------------- */
 
@@ -87,10 +130,11 @@ void srv_job_write(struct srv_job *j, const char *data, size_t n) {
     /* A client that stopped reading must not make the server hold an unbounded
      * backlog: past 64 MiB unread the request is cancelled. */
     if (j->out.len - j->out_read > ((size_t)64 << 20)) {
-        j->cancel = 1;
+        atomic_store(&j->cancel, 1);
     } else if (tern_buf_append(&j->out, data, n) != TERN_OK) {
-        j->cancel = 1;
+        atomic_store(&j->cancel, 1);
     }
+    if (j->req.stream) job_wake(j); /* a non-streamed body goes out whole, at the end */
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
 }
@@ -99,6 +143,7 @@ void srv_job_finish(struct srv_job *j, int status) {
     pthread_mutex_lock(&j->mu);
     j->done = true;
     j->status = status;
+    job_wake(j);
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
 }
@@ -109,6 +154,7 @@ static struct srv_job *job_new(struct srv_server *s) {
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
     j->refs = 1;
+    j->fd = -1;
     j->seq = atomic_fetch_add(&s->seq, 1) + 1;
     j->created = (int64_t)time(NULL);
     j->t_arrive = tern_now_s();
@@ -158,9 +204,13 @@ static void job_unref(struct srv_server *s, struct srv_job *j) {
     free(j->key);
     free(j->prompt);
     tern_buf_free(&j->out);
+    bool big = j->big_body;
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);
+    /* parsing amplifies a body up to ~50x in small allocations that glibc keeps in its
+     * arenas (8 parallel 16 MiB bodies held 5.9 GB afterwards): give them back */
+    if (big) malloc_trim(0);
 }
 
 /* ---- metrics and the log line ------------------------------------------------------ */
@@ -247,6 +297,15 @@ static void render_metrics(struct srv_server *s, struct tern_buf *b) {
                     (unsigned long long)atomic_load(&s->ttft_count), (double)atomic_load(&s->overhead_us_sum) * 1e-6,
                     (unsigned long long)atomic_load(&s->ttft_count), (double)atomic_load(&s->preempt_us_sum) * 1e-6,
                     (unsigned long long)atomic_load(&s->preempt_count), tern_now_s() - s->t_start);
+    tern_buf_printf(b,
+                    "# HELP tern_http_connections_open Open client connections (idle keep-alive ones included).\n"
+                    "# TYPE tern_http_connections_open gauge\ntern_http_connections_open %d\n"
+                    "# TYPE tern_http_connections_total counter\ntern_http_connections_total %llu\n"
+                    "# HELP tern_http_header_timeouts_total Connections closed (408) for not sending a complete "
+                    "request header in time (--header-timeout, --idle-timeout).\n"
+                    "# TYPE tern_http_header_timeouts_total counter\ntern_http_header_timeouts_total %llu\n",
+                    atomic_load(&s->conns_open), (unsigned long long)atomic_load(&s->conns_total),
+                    (unsigned long long)atomic_load(&s->header_timeouts));
     const struct srv_backend *be = atomic_load(&s->backend);
     if (be && be->metrics) be->metrics(be->self, b);
 }
@@ -262,7 +321,7 @@ static void *worker_main(void *arg) {
             if (s->idle_pending && ib && ib->idle) {
                 /* Nothing queued: background work, which yields to the next enqueue
                  * at its next chunk boundary. Never started while a job waits. */
-                s->preempt = 0;
+                atomic_store(&s->preempt, 0);
                 s->idle_running = true;
                 pthread_mutex_unlock(&s->qmu);
                 bool more = ib->idle(ib->self, &s->preempt);
@@ -290,7 +349,7 @@ static void *worker_main(void *arg) {
         }
 
         const struct srv_backend *b = atomic_load(&s->backend);
-        if (j->cancel || atomic_load(&s->stopping)) {
+        if (atomic_load(&j->cancel) || atomic_load(&s->stopping)) {
             snprintf(j->note, sizeof j->note, "cancelled before it started");
             srv_job_finish(j, 499);
         } else {
@@ -300,12 +359,20 @@ static void *worker_main(void *arg) {
             pthread_mutex_unlock(&j->mu);
             if (!done) srv_job_finish(j, 500); /* a backend bug; never leave a client hanging */
         }
+        pthread_mutex_lock(&j->mu);
         int status = j->status;
-        if (j->cancel) {
-            atomic_fetch_add(&s->cancelled, 1);
+        pthread_mutex_unlock(&j->mu);
+        bool cancelled = atomic_load(&j->cancel) != 0;
+        if (cancelled) {
             if (!j->note[0]) snprintf(j->note, sizeof j->note, "cancelled (client went away)");
+            status = 499;
         }
-        log_job(s, j, j->req.stream && status < 400 ? 200 : status);
+        /* A stream's status line said 200 long ago; the log and /metrics say how it
+         * ended (499: the client went away; 5xx: an error event ended it). */
+        status = j->req.stream && status < 400 ? 200 : status;
+        count_request(s, j->ep == SRV_EP_CHAT ? R_CHAT : R_COMPLETIONS, status);
+        if (cancelled) atomic_fetch_add(&s->cancelled, 1);
+        log_job(s, j, status);
 
         pthread_mutex_lock(&s->qmu);
         s->running = NULL;
@@ -325,7 +392,7 @@ static bool enqueue(struct srv_server *s, struct srv_job *j) {
     job_ref(j);
     s->queue[(s->q_head + s->q_len) % s->p.n_queue] = j;
     s->q_len++;
-    s->preempt = 1;
+    atomic_store(&s->preempt, 1);
     if (s->idle_running) j->t_preempt_from = tern_now_s();
     pthread_cond_signal(&s->qcv);
     pthread_mutex_unlock(&s->qmu);
@@ -334,34 +401,62 @@ static bool enqueue(struct srv_server *s, struct srv_job *j) {
 
 /* ---- connections ------------------------------------------------------------------- */
 
-struct conn {
-    enum route route;
-    struct tern_buf body;
-    bool too_large;
+/* One per TCP connection (MHD's socket context). */
+struct sock {
     int fd;
-    char tenant[SRV_MAX_KEY_LEN + 8];
+    double deadline;             /* (smu) a complete request header is due by then; 0 = not waiting */
+    struct sock *prev, *next;
 };
 
-static bool peer_gone(int fd) {
-    if (fd < 0) return false;
-    struct pollfd pfd = {.fd = fd, .events = POLLIN | POLLRDHUP};
-    if (poll(&pfd, 1, 0) <= 0) return false;
-    if (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
-    if (pfd.revents & POLLIN) {
+enum conn_state {
+    C_BODY = 0,                  /* reading the header and the body (polling thread) */
+    C_PREP,                      /* suspended; a prepare thread has it */
+    C_REPLY,                     /* the answer is in reply (an error, tokenize's result) */
+    C_STREAM,                    /* job queued; its SSE response is to be started */
+    C_WAIT,                      /* job queued, not streamed; parked until it is done */
+    C_SENT,
+};
+
+/* One per request. */
+struct conn {
+    enum route route;
+    enum conn_state state;
+    struct MHD_Connection *c;
+    struct tern_buf body;
+    bool too_large;
+    bool drain;                  /* discard the body, then answer derr */
+    struct srv_error derr;
+    const char *dhdr, *dval;
+    uint64_t n_discarded;
+    size_t body_len;             /* of the body handed to a prepare thread */
+    double t_start;
+    int fd;
+    char tenant[SRV_MAX_KEY_LEN + 8];
+    char *session_hdr;           /* x-session-id, copied (the prepare thread cannot ask MHD) */
+    struct srv_job *job;         /* C_STREAM, C_WAIT: one reference */
+    /* C_REPLY */
+    int status;
+    char *reply;
+    size_t reply_len;
+    const char *ctype, *hdr, *val;
+    struct conn *next_prep;
+};
+
+/* Called with j->mu held: a parked connection goes back to MHD's polling. */
+static void job_wake(struct srv_job *j) {
+    if (!j->parked) return;
+    j->parked = false;
+    MHD_resume_connection((struct MHD_Connection *)j->conn);
+}
+
+static bool peer_gone_revents(int fd, short revents) {
+    if (revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
+    if (revents & POLLIN) {
         char c;
         ssize_t r = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
         return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
     }
     return false;
-}
-
-static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, int ms) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += (long)ms * 1000000L;
-    ts.tv_sec += ts.tv_nsec / 1000000000L;
-    ts.tv_nsec %= 1000000000L;
-    pthread_cond_timedwait(cv, mu, &ts);
 }
 
 static MHD_Result send_bytes(struct MHD_Connection *c, int status, const char *ctype, const char *data, size_t n,
@@ -373,6 +468,36 @@ static MHD_Result send_bytes(struct MHD_Connection *c, int status, const char *c
     MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     return ret;
+}
+
+/* The answer of a request decided on a prepare thread, sent when its connection
+ * resumes. Takes ownership of txt (NULL: out of memory). */
+static void conn_reply(struct conn *cn, int status, char *txt, const char *ctype, const char *hdr, const char *val) {
+    static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,"
+                              "\"code\":null}}";
+    free(cn->reply);
+    cn->status = txt ? status : 500;
+    cn->reply = txt ? txt : tern_strdup(oom);
+    cn->reply_len = cn->reply ? strlen(cn->reply) : 0;
+    cn->ctype = ctype;
+    cn->hdr = txt ? hdr : NULL;
+    cn->val = val;
+    cn->state = C_REPLY;
+}
+
+static void conn_reply_error(struct srv_server *s, struct conn *cn, const struct srv_error *e, const char *hdr,
+                             const char *val) {
+    count_request(s, cn->route, e->status);
+    if (cn->route >= R_CHAT && cn->route <= R_DETOKENIZE)
+        TERN_LOG_INFO("request - %s %d : %s", route_names[cn->route], e->status, e->message);
+    conn_reply(cn, e->status, srv_error_json(e), "application/json", hdr, val);
+}
+
+static void conn_reply_json(struct srv_server *s, struct conn *cn, int status, json_t *o) {
+    char *txt = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    count_request(s, cn->route, txt ? status : 500);
+    conn_reply(cn, status, txt, "application/json", NULL, NULL);
 }
 
 static MHD_Result send_json(struct srv_server *s, struct MHD_Connection *c, enum route route, int status, json_t *o) {
@@ -415,7 +540,15 @@ static enum route find_route(const char *url) {
 
 static bool route_is_post(enum route r) { return r >= R_CHAT; }
 
-/* Checks "Authorization: Bearer KEY" against --api-key; fills the tenant. */
+/* Equal strings, in a time that depends on the lengths only (not on where they differ). */
+static bool ct_equal(const char *a, size_t na, const char *b, size_t nb) {
+    unsigned diff = na != nb;
+    for (size_t i = 0; i < nb; i++) diff |= (unsigned char)(i < na ? a[i] : 0) ^ (unsigned char)b[i];
+    return diff == 0;
+}
+
+/* Checks "Authorization: Bearer KEY" against --api-key; fills the tenant. Every key is
+ * compared, in constant time, so that timing tells nothing about a key's bytes. */
 static bool authorised(struct srv_server *s, struct MHD_Connection *c, struct conn *cn) {
     if (s->p.n_api_keys == 0) return true;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
@@ -424,82 +557,93 @@ static bool authorised(struct srv_server *s, struct MHD_Connection *c, struct co
     if (strncasecmp(h, "Bearer ", 7) != 0) return false;
     h += 7;
     while (*h == ' ') h++;
-    for (size_t i = 0; i < s->p.n_api_keys; i++) {
-        if (!strcmp(h, s->api_keys[i])) {
-            /* the tenant is which key, not the key itself (it ends up in logs) */
-            snprintf(cn->tenant, sizeof cn->tenant, "key%zu", i);
-            return true;
-        }
-    }
-    return false;
+    size_t nh = strlen(h);
+    size_t found = SIZE_MAX;
+    for (size_t i = 0; i < s->p.n_api_keys; i++)
+        if (ct_equal(h, nh, s->api_keys[i], strlen(s->api_keys[i])) && found == SIZE_MAX) found = i;
+    if (found == SIZE_MAX) return false;
+    /* the tenant is which key, not the key itself (it ends up in logs) */
+    snprintf(cn->tenant, sizeof cn->tenant, "key%zu", found);
+    return true;
 }
 
-/* Streaming: hands the job's bytes to MHD as they come. */
+/* Streaming: hands the job's bytes to MHD as they come; parks the connection when
+ * there is nothing to send (the job's next write, its end, the watcher resume it). */
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     struct srv_job *j = cls;
     struct srv_server *s = (struct srv_server *)j->priv_server;
     (void)pos;
     pthread_mutex_lock(&j->mu);
-    double last = tern_now_s();
-    for (;;) {
-        size_t avail = j->out.len - j->out_read;
-        if (avail > 0) {
-            size_t n = avail < max ? avail : max;
-            memcpy(buf, j->out.data + j->out_read, n);
-            j->out_read += n;
-            if (j->out_read == j->out.len) {
-                tern_buf_clear(&j->out);
-                j->out_read = 0;
-            }
-            pthread_mutex_unlock(&j->mu);
-            return (ssize_t)n;
+    size_t avail = j->out.len - j->out_read;
+    if (avail > 0) {
+        size_t n = avail < max ? avail : max;
+        memcpy(buf, j->out.data + j->out_read, n);
+        j->out_read += n;
+        if (j->out_read == j->out.len) {
+            tern_buf_clear(&j->out);
+            j->out_read = 0;
         }
-        if (j->done) {
-            pthread_mutex_unlock(&j->mu);
-            return MHD_CONTENT_READER_END_OF_STREAM;
-        }
-        if (atomic_load(&s->stopping) || peer_gone(j->fd)) {
-            j->cancel = 1;
-            pthread_mutex_unlock(&j->mu);
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-        }
-        if (tern_now_s() - last > KEEPALIVE_S) {
-            /* waiting in the queue: keep proxies and clients from timing out */
-            static const char ka[] = ": waiting\n\n";
-            pthread_mutex_unlock(&j->mu);
-            memcpy(buf, ka, sizeof ka - 1 < max ? sizeof ka - 1 : max);
-            return (ssize_t)(sizeof ka - 1 < max ? sizeof ka - 1 : max);
-        }
-        timed_wait(&j->cv, &j->mu, WAIT_SLICE_MS);
+        j->t_out = tern_now_s();
+        pthread_mutex_unlock(&j->mu);
+        return (ssize_t)n;
     }
+    if (j->done) {
+        pthread_mutex_unlock(&j->mu);
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    }
+    if (atomic_load(&s->stopping) || atomic_load(&j->cancel)) {
+        atomic_store(&j->cancel, 1);
+        pthread_mutex_unlock(&j->mu);
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    double now = tern_now_s();
+    if (now - j->t_out >= KEEPALIVE_S) {
+        /* waiting in the queue: keep proxies and clients from timing out */
+        static const char ka[] = ": waiting\n\n";
+        j->t_out = now;
+        pthread_mutex_unlock(&j->mu);
+        size_t n = sizeof ka - 1 < max ? sizeof ka - 1 : max;
+        memcpy(buf, ka, n);
+        return (ssize_t)n;
+    }
+    j->parked = true;
+    MHD_suspend_connection((struct MHD_Connection *)j->conn);
+    pthread_mutex_unlock(&j->mu);
+    return 0;
 }
 
 static void stream_free(void *cls) {
     struct srv_job *j = cls;
     struct srv_server *s = (struct srv_server *)j->priv_server;
     pthread_mutex_lock(&j->mu);
-    if (!j->done) j->cancel = 1; /* the connection ended before the response did */
+    if (!j->done) atomic_store(&j->cancel, 1); /* the connection ended before the response did */
+    j->parked = false;
     pthread_mutex_unlock(&j->mu);
     job_unref(s, j);
 }
 
-static MHD_Result handle_generate(struct srv_server *s, struct MHD_Connection *c, struct conn *cn,
-                                  const struct srv_backend *b) {
+/* A prepare thread: parse, validate, prepare, queue. Leaves cn in C_REPLY, C_STREAM
+ * or C_WAIT; returns false when the connection must stay suspended (C_WAIT: the job
+ * resumes it). */
+static bool prep_generate(struct srv_server *s, struct conn *cn, const struct srv_backend *b) {
     struct srv_error err = {0};
     struct srv_job *j = job_new(s);
     if (!j) {
         srv_error_set(&err, 500, "server_error", NULL, NULL, "out of memory");
-        return send_error(s, c, cn->route, &err, NULL, NULL);
+        conn_reply_error(s, cn, &err, NULL, NULL);
+        return true;
     }
     j->priv_server = s;
     j->fd = cn->fd;
+    j->conn = cn->c;
+    j->big_body = cn->body.len >= BIG_BODY || srv_json_value_bound(cn->body.data, cn->body.len) >= BIG_VALUES;
     j->ep = cn->route == R_CHAT ? SRV_EP_CHAT : SRV_EP_COMPLETION;
     j->path = route_names[cn->route];
     snprintf(j->id, sizeof j->id, "%s-%llu%08x", j->ep == SRV_EP_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)j->seq, (unsigned)(tern_now_ns() & 0xffffffffu));
     struct srv_parse_opts po = {.max_body = s->p.max_body, .allow_forced_output = s->p.allow_forced_output};
-    MHD_Result ret;
     if (!srv_request_parse(j->ep, cn->body.data ? cn->body.data : "", cn->body.len, &po, &j->req, &err)) goto reject;
+    tern_buf_free(&cn->body); /* parsed: the bytes are not needed any more */
 
     /* identity: tenant = API key and/or cache_salt; key: body beats the header */
     {
@@ -508,82 +652,256 @@ static MHD_Result handle_generate(struct srv_server *s, struct MHD_Connection *c
         if (j->req.cache_salt) tern_buf_printf(&t, "%ssalt:%s", cn->tenant[0] ? "/" : "", j->req.cache_salt);
         j->tenant = tern_buf_detach(&t, NULL);
         if (!j->tenant) j->tenant = tern_strdup("");
-        const char *hk = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-session-id");
+        const char *hk = cn->session_hdr;
         if (j->req.session_key) j->key = tern_strdup(j->req.session_key);
         else if (hk && *hk && strlen(hk) <= SRV_MAX_KEY_LEN) j->key = tern_strdup(hk);
+        if (!j->tenant || ((j->req.session_key || (hk && *hk && strlen(hk) <= SRV_MAX_KEY_LEN)) && !j->key)) {
+            srv_error_set(&err, 500, "server_error", NULL, NULL, "out of memory");
+            goto reject;
+        }
     }
     if (!b->prepare(b->self, j, &err)) goto reject;
 
+    j->t_out = tern_now_s();
     if (!enqueue(s, j)) {
-        srv_error_set(&err, 429, "rate_limit_error", "queue_full", NULL,
-                      "the server is busy: %u requests are already waiting (--queue %u); retry shortly",
-                      s->p.n_queue, s->p.n_queue);
-        ret = send_error(s, c, cn->route, &err, "Retry-After", "1");
+        if (atomic_load(&s->stopping)) {
+            srv_error_set(&err, 503, "unavailable_error", "shutting_down", NULL, "the server is shutting down");
+            conn_reply_error(s, cn, &err, NULL, NULL);
+        } else {
+            srv_error_set(&err, 429, "rate_limit_error", "queue_full", NULL,
+                          "the server is busy: %u requests are already waiting (--queue %u); retry shortly",
+                          s->p.n_queue, s->p.n_queue);
+            conn_reply_error(s, cn, &err, "Retry-After", "1");
+        }
         job_unref(s, j);
-        return ret;
+        return true;
     }
-
+    cn->job = j;
     if (j->req.stream) {
-        /* The response reference is released by stream_free. */
+        cn->state = C_STREAM;
+        return true;
+    }
+    cn->state = C_WAIT;
+    pthread_mutex_lock(&j->mu);
+    bool done = j->done;
+    if (!done) j->parked = true; /* srv_job_finish (or the watcher) resumes it */
+    pthread_mutex_unlock(&j->mu);
+    return done;
+
+reject:
+    conn_reply_error(s, cn, &err, NULL, NULL);
+    job_unref(s, j);
+    return true;
+}
+
+static void prep_simple(struct srv_server *s, struct conn *cn, const struct srv_backend *b) {
+    struct srv_error err = {0};
+    if (cn->body.len == 0) {
+        srv_error_bad(&err, NULL, "the request body is empty; expected a JSON object");
+        conn_reply_error(s, cn, &err, NULL, NULL);
+        return;
+    }
+    size_t n_values = srv_json_value_bound(cn->body.data, cn->body.len);
+    if (n_values > SRV_MAX_JSON_VALUES) {
+        tern_buf_free(&cn->body);
+        srv_error_set(&err, 413, "invalid_request_error", "request_too_large", NULL,
+                      "the request body holds about %zu JSON values; the limit is %u", n_values, SRV_MAX_JSON_VALUES);
+        conn_reply_error(s, cn, &err, NULL, NULL);
+        return;
+    }
+    json_error_t jerr;
+    json_t *body = json_loadb(cn->body.data, cn->body.len, 0, &jerr);
+    tern_buf_free(&cn->body);
+    if (!json_is_object(body)) {
+        if (body) srv_error_bad(&err, NULL, "the request body must be a JSON object");
+        else srv_error_bad(&err, NULL, "malformed JSON at line %d, column %d: %s", jerr.line, jerr.column, jerr.text);
+        json_decref(body);
+        conn_reply_error(s, cn, &err, NULL, NULL);
+        return;
+    }
+    json_t *res = cn->route == R_TOKENIZE ? b->tokenize(b->self, body, &err) : b->detokenize(b->self, body, &err);
+    json_decref(body);
+    if (!res) conn_reply_error(s, cn, &err, NULL, NULL);
+    else conn_reply_json(s, cn, 200, res);
+}
+
+static void *prep_main(void *arg) {
+    struct srv_server *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->pmu);
+        while (!s->prep_head && !s->prep_stopping) pthread_cond_wait(&s->pcv, &s->pmu);
+        struct conn *cn = s->prep_head;
+        if (!cn) {
+            pthread_mutex_unlock(&s->pmu);
+            break;
+        }
+        cn->body_len = cn->body.len;
+        s->prep_head = cn->next_prep;
+        if (!s->prep_head) s->prep_tail = NULL;
+        cn->next_prep = NULL;
+        pthread_mutex_unlock(&s->pmu);
+
+        const struct srv_backend *b = atomic_load(&s->backend);
+        bool resume = true;
+        /* a large body of a route without a job left its parse's memory in the
+         * allocator's arenas: give it back (a job does so when it is freed). Decided
+         * now: once the connection is parked or resumed, cn may be gone. */
+        bool big = cn->body_len >= BIG_BODY && cn->route != R_CHAT && cn->route != R_COMPLETIONS;
+        if (atomic_load(&s->stopping)) {
+            struct srv_error err = {0};
+            srv_error_set(&err, 503, "unavailable_error", "shutting_down", NULL, "the server is shutting down");
+            conn_reply_error(s, cn, &err, NULL, NULL);
+        } else if (cn->route == R_CHAT || cn->route == R_COMPLETIONS) {
+            resume = prep_generate(s, cn, b);
+        } else {
+            prep_simple(s, cn, b);
+        }
+        if (resume) MHD_resume_connection(cn->c);
+        if (big) malloc_trim(0);
+    }
+    return NULL;
+}
+
+/* Hands a suspended connection to the prepare threads; false once they are stopping. */
+static bool prep_submit(struct srv_server *s, struct conn *cn) {
+    pthread_mutex_lock(&s->pmu);
+    if (s->prep_stopping) {
+        pthread_mutex_unlock(&s->pmu);
+        return false;
+    }
+    if (s->prep_tail) s->prep_tail->next_prep = cn;
+    else s->prep_head = cn;
+    s->prep_tail = cn;
+    pthread_cond_signal(&s->pcv);
+    pthread_mutex_unlock(&s->pmu);
+    return true;
+}
+
+static struct sock *conn_sock(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+static void sock_set_deadline(struct srv_server *s, struct MHD_Connection *c, double deadline) {
+    struct sock *sk = conn_sock(c);
+    if (!sk) return;
+    pthread_mutex_lock(&s->smu);
+    sk->deadline = deadline;
+    pthread_mutex_unlock(&s->smu);
+}
+
+/* The answer after a suspended connection resumed. */
+static MHD_Result conn_resumed(struct srv_server *s, struct MHD_Connection *c, struct conn *cn) {
+    MHD_Result ret = MHD_YES;
+    struct srv_job *j = cn->job;
+    switch (cn->state) {
+    case C_REPLY:
+        ret = send_bytes(c, cn->status, cn->ctype, cn->reply ? cn->reply : "", cn->reply_len, cn->hdr, cn->val);
+        free(cn->reply);
+        cn->reply = NULL;
+        cn->state = C_SENT;
+        return ret;
+    case C_STREAM: {
+        /* The response takes cn's reference (released by stream_free). */
+        cn->job = NULL;
+        cn->state = C_SENT;
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, j,
                                                                    stream_free);
         if (!r) {
-            j->cancel = 1;
+            atomic_store(&j->cancel, 1);
             job_unref(s, j);
             return MHD_NO;
         }
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
         MHD_add_response_header(r, "X-Accel-Buffering", "no");
-        count_request(s, cn->route, 200);
         ret = MHD_queue_response(c, 200, r);
         MHD_destroy_response(r);
         return ret;
     }
-
-    /* Not streamed: wait for the whole answer, watching the socket meanwhile. */
-    pthread_mutex_lock(&j->mu);
-    while (!j->done) {
-        if (atomic_load(&s->stopping) || peer_gone(cn->fd)) {
-            j->cancel = 1;
-            pthread_mutex_unlock(&j->mu);
-            count_request(s, cn->route, 499);
+    case C_WAIT: {
+        pthread_mutex_lock(&j->mu);
+        bool done = j->done;
+        j->parked = false;
+        pthread_mutex_unlock(&j->mu);
+        cn->job = NULL;
+        cn->state = C_SENT;
+        if (!done) {
+            /* the client went away (the watcher saw it) or the server stops */
+            atomic_store(&j->cancel, 1);
             job_unref(s, j);
             return MHD_NO; /* close the connection */
         }
-        timed_wait(&j->cv, &j->mu, WAIT_SLICE_MS);
+        ret = send_bytes(c, j->status, "application/json", j->out.data ? j->out.data : "", j->out.len, NULL, NULL);
+        job_unref(s, j);
+        return ret;
     }
-    pthread_mutex_unlock(&j->mu);
-    count_request(s, cn->route, j->status);
-    ret = send_bytes(c, j->status, "application/json", j->out.data ? j->out.data : "", j->out.len, NULL, NULL);
-    job_unref(s, j);
-    return ret;
-
-reject:
-    ret = send_error(s, c, cn->route, &err, NULL, NULL);
-    job_unref(s, j);
-    return ret;
+    default:
+        return MHD_YES;
+    }
 }
 
-static MHD_Result handle_simple_post(struct srv_server *s, struct MHD_Connection *c, struct conn *cn,
-                                     const struct srv_backend *b) {
+/* Message framing headers, counted before the body is read: behind a proxy, a request
+ * whose length two parties can read differently smuggles a second request. */
+struct framing {
+    int n_cl, n_te;
+    bool cl_bad, te_bad;
+};
+
+static MHD_Result scan_framing(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    struct framing *f = cls;
+    (void)kind;
+    if (!key) return MHD_YES;
+    if (!strcasecmp(key, "Content-Length")) {
+        f->n_cl++;
+        if (!value || !*value || strspn(value, "0123456789") != strlen(value)) f->cl_bad = true;
+    } else if (!strcasecmp(key, "Transfer-Encoding")) {
+        f->n_te++;
+        if (!value || strcasecmp(value, "chunked")) f->te_bad = true;
+    }
+    return MHD_YES;
+}
+
+/* 400 + close for ambiguous framing; MHD_NO when MHD has already answered. */
+static bool framing_refused(struct srv_server *s, struct MHD_Connection *c, enum route route, MHD_Result *ret) {
+    struct framing f = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, scan_framing, &f);
+    const char *why = NULL;
+    if (f.cl_bad) {
+        /* libmicrohttpd has queued its own 400 for this one: close after it, so that
+         * no second status line follows */
+        count_request(s, route, 400);
+        *ret = MHD_NO;
+        return true;
+    }
+    if (f.n_cl > 1) why = "more than one Content-Length header";
+    else if (f.n_cl && f.n_te) why = "both Content-Length and Transfer-Encoding";
+    else if (f.n_te > 1 || f.te_bad) why = "a Transfer-Encoding other than one 'chunked'";
+    if (!why) return false;
     struct srv_error err = {0};
-    if (cn->body.len == 0) {
-        srv_error_bad(&err, NULL, "the request body is empty; expected a JSON object");
-        return send_error(s, c, cn->route, &err, NULL, NULL);
-    }
-    json_error_t jerr;
-    json_t *body = json_loadb(cn->body.data, cn->body.len, 0, &jerr);
-    if (!json_is_object(body)) {
-        if (body) srv_error_bad(&err, NULL, "the request body must be a JSON object");
-        else srv_error_bad(&err, NULL, "malformed JSON at line %d, column %d: %s", jerr.line, jerr.column, jerr.text);
-        json_decref(body);
-        return send_error(s, c, cn->route, &err, NULL, NULL);
-    }
-    json_t *res = cn->route == R_TOKENIZE ? b->tokenize(b->self, body, &err) : b->detokenize(b->self, body, &err);
-    json_decref(body);
-    if (!res) return send_error(s, c, cn->route, &err, NULL, NULL);
-    return send_json(s, c, cn->route, 200, res);
+    srv_error_bad(&err, NULL, "the request has %s; its length is ambiguous, so it is refused", why);
+    *ret = send_error(s, c, route, &err, "Connection", "close");
+    return true;
+}
+
+/* Refuses a request before its body is read. A client waiting for "100 Continue" is
+ * answered at once (it sends nothing more); one that sends its body anyway would see a
+ * reset if the connection closed with the body unread, so the body is read and
+ * discarded first (bounded: DRAIN_MAX_BYTES, DRAIN_MAX_S). */
+static MHD_Result refuse_before_body(struct srv_server *s, struct MHD_Connection *c, struct conn *cn,
+                                     const struct srv_error *e, const char *hdr, const char *val) {
+    const char *expect = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Expect");
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+    const char *te = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Transfer-Encoding");
+    unsigned long long n = cl ? strtoull(cl, NULL, 10) : 0;
+    bool has_body = n > 0 || te;
+    if (!has_body || (expect && !strcasecmp(expect, "100-continue")) || n > DRAIN_MAX_BYTES)
+        return send_error(s, c, cn->route, e, hdr, val);
+    cn->drain = true;
+    cn->derr = *e;
+    cn->dhdr = hdr;
+    cn->dval = val;
+    return MHD_YES;
 }
 
 static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -593,14 +911,19 @@ static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, 
     struct srv_error err = {0};
     (void)version;
     if (!cn) {
+        sock_set_deadline(s, c, 0); /* the header is complete */
         cn = tern_calloc(1, sizeof *cn);
         if (!cn) return MHD_NO;
         *con_cls = cn;
+        cn->c = c;
+        cn->t_start = tern_now_s();
         cn->route = find_route(url);
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         cn->fd = ci ? ci->connect_fd : -1;
         bool is_post = !strcmp(method, "POST"), is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
         /* Decide everything that does not need the body before reading it. */
+        MHD_Result fr;
+        if (framing_refused(s, c, cn->route, &fr)) return fr;
         if (cn->route == R_NONE) {
             srv_error_set(&err, 404, "not_found_error", "not_found", NULL, "no route for %.10s %.200s", method, url);
             return send_error(s, c, R_NONE, &err, NULL, NULL);
@@ -614,7 +937,7 @@ static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, 
         if (cn->route != R_HEALTH && !authorised(s, c, cn)) {
             srv_error_set(&err, 401, "authentication_error", "invalid_api_key", NULL,
                           "a valid API key is required: send 'Authorization: Bearer <key>' (--api-key)");
-            return send_error(s, c, cn->route, &err, "WWW-Authenticate", "Bearer");
+            return refuse_before_body(s, c, cn, &err, "WWW-Authenticate", "Bearer");
         }
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl) {
@@ -623,12 +946,22 @@ static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, 
             if (v > s->p.max_body) {
                 srv_error_set(&err, 413, "invalid_request_error", "request_too_large", NULL,
                               "request body is %llu bytes; the limit is %zu (--max-body)", v, s->p.max_body);
-                return send_error(s, c, cn->route, &err, NULL, NULL);
+                return refuse_before_body(s, c, cn, &err, NULL, NULL);
             }
         }
+        const char *hk = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-session-id");
+        if (hk && !(cn->session_hdr = tern_strdup(hk))) return MHD_NO;
         return MHD_YES;
     }
+    if (cn->state != C_BODY) return conn_resumed(s, c, cn);
     if (*upload_size) {
+        if (cn->drain || cn->too_large) {
+            /* discarded; a client that keeps sending past the bounds is cut off */
+            cn->n_discarded += *upload_size;
+            *upload_size = 0;
+            if (cn->n_discarded > DRAIN_MAX_BYTES || tern_now_s() - cn->t_start > DRAIN_MAX_S) return MHD_NO;
+            return MHD_YES;
+        }
         if (!cn->too_large) {
             if (cn->body.len + *upload_size > s->p.max_body) {
                 cn->too_large = true;
@@ -640,6 +973,7 @@ static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, 
         *upload_size = 0;
         return MHD_YES;
     }
+    if (cn->drain) return send_error(s, c, cn->route, &cn->derr, cn->dhdr, cn->dval);
     if (cn->too_large) {
         srv_error_set(&err, 413, "invalid_request_error", "request_too_large", NULL,
                       "request body exceeds the limit of %zu bytes (--max-body)", s->p.max_body);
@@ -663,35 +997,160 @@ static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, 
         srv_error_set(&err, 503, "unavailable_error", "loading", NULL, "the model is still loading; retry shortly");
         return send_error(s, c, cn->route, &err, "Retry-After", "2");
     }
-    switch (cn->route) {
-    case R_MODELS: {
+    if (cn->route == R_MODELS) {
         json_t *data = json_array();
         json_t *e = b->model_entry ? b->model_entry(b->self) : NULL;
         if (e) json_array_append_new(data, e);
         return send_json(s, c, cn->route, 200, json_pack("{s:s,s:o}", "object", "list", "data", data));
     }
-    case R_CHAT:
-    case R_COMPLETIONS:
-        return handle_generate(s, c, cn, b);
-    case R_TOKENIZE:
-    case R_DETOKENIZE:
-        return handle_simple_post(s, c, cn, b);
-    default:
-        break;
+    /* POST routes: the work goes to a prepare thread while the connection waits,
+     * suspended (suspend first: the prepare thread may resume it at once) */
+    cn->state = C_PREP;
+    MHD_suspend_connection(c);
+    if (!prep_submit(s, cn)) {
+        MHD_resume_connection(c);
+        srv_error_set(&err, 503, "unavailable_error", "shutting_down", NULL, "the server is shutting down");
+        conn_reply_error(s, cn, &err, NULL, NULL);
     }
-    srv_error_set(&err, 404, "not_found_error", "not_found", NULL, "no route for %.200s", url);
-    return send_error(s, c, cn->route, &err, NULL, NULL);
+    return MHD_YES;
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls;
-    (void)c;
+    struct srv_server *s = cls;
     (void)toe;
     struct conn *cn = *con_cls;
+    /* keep-alive: the next request's header is due within the idle timeout */
+    sock_set_deadline(s, c, tern_now_s() + s->p.idle_timeout_s);
     if (!cn) return;
+    if (cn->job) {
+        atomic_store(&cn->job->cancel, 1);
+        pthread_mutex_lock(&cn->job->mu);
+        cn->job->parked = false;
+        pthread_mutex_unlock(&cn->job->mu);
+        job_unref(s, cn->job);
+    }
     tern_buf_free(&cn->body);
+    free(cn->reply);
+    free(cn->session_hdr);
     free(cn);
     *con_cls = NULL;
+}
+
+static void notify_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                              enum MHD_ConnectionNotificationCode code) {
+    struct srv_server *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        struct sock *sk = tern_calloc(1, sizeof *sk);
+        if (!sk) return; /* no deadline for this one; MHD's idle timeout still applies */
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        sk->fd = ci ? ci->connect_fd : -1;
+        sk->deadline = tern_now_s() + s->p.header_timeout_s;
+        pthread_mutex_lock(&s->smu);
+        sk->next = s->socks;
+        if (s->socks) s->socks->prev = sk;
+        s->socks = sk;
+        pthread_mutex_unlock(&s->smu);
+        *socket_context = sk;
+        atomic_fetch_add(&s->conns_open, 1);
+        atomic_fetch_add(&s->conns_total, 1);
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        struct sock *sk = *socket_context;
+        atomic_fetch_sub(&s->conns_open, 1);
+        if (!sk) return;
+        /* MHD closes the descriptor after this: from here on the watcher must not touch it */
+        pthread_mutex_lock(&s->smu);
+        if (sk->prev) sk->prev->next = sk->next;
+        else s->socks = sk->next;
+        if (sk->next) sk->next->prev = sk->prev;
+        pthread_mutex_unlock(&s->smu);
+        free(sk);
+        *socket_context = NULL;
+    }
+}
+
+/* ---- the watcher ------------------------------------------------------------------- */
+
+static char timeout_reply[512];
+static size_t timeout_reply_len;
+
+/* Closes connections past their header deadline: a 408, then shutdown() — MHD sees the
+ * end of the stream and closes the connection itself (the descriptor stays MHD's). */
+static void watch_headers(struct srv_server *s, double now) {
+    pthread_mutex_lock(&s->smu);
+    for (struct sock *sk = s->socks; sk; sk = sk->next) {
+        if (sk->deadline <= 0 || now < sk->deadline || sk->fd < 0) continue;
+        sk->deadline = 0;
+        ssize_t w = send(sk->fd, timeout_reply, timeout_reply_len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        (void)w; /* best effort: the client may not read, the close is what matters */
+        shutdown(sk->fd, SHUT_RDWR);
+        atomic_fetch_add(&s->header_timeouts, 1);
+    }
+    pthread_mutex_unlock(&s->smu);
+}
+
+/* Polls the sockets of parked jobs: a hang-up cancels the job and resumes the
+ * connection (which then closes); a stream quiet for KEEPALIVE_S is resumed for a
+ * keep-alive comment. jmu keeps the jobs alive; a parked job's connection is
+ * suspended, so MHD keeps its descriptor open. */
+static void watch_jobs(struct srv_server *s, double now, struct pollfd **pfds, struct srv_job ***pjobs, size_t *cap) {
+    pthread_mutex_lock(&s->jmu);
+    if (*cap < s->n_live) {
+        struct pollfd *p = tern_reallocarray(*pfds, s->n_live, sizeof *p);
+        if (p) *pfds = p;
+        struct srv_job **q = tern_reallocarray(*pjobs, s->n_live, sizeof *q);
+        if (q) *pjobs = q;
+        if (p && q) *cap = s->n_live;
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < s->n_live && n < *cap; i++) {
+        struct srv_job *j = s->live[i];
+        pthread_mutex_lock(&j->mu);
+        if (j->parked && j->fd >= 0) {
+            (*pfds)[n] = (struct pollfd){.fd = j->fd, .events = POLLIN | POLLRDHUP};
+            (*pjobs)[n++] = j;
+        }
+        pthread_mutex_unlock(&j->mu);
+    }
+    if (n > 0 && poll(*pfds, n, 0) < 0) n = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct srv_job *j = (*pjobs)[i];
+        bool gone = peer_gone_revents((*pfds)[i].fd, (*pfds)[i].revents);
+        pthread_mutex_lock(&j->mu);
+        if (gone && !j->done) {
+            atomic_store(&j->cancel, 1);
+            atomic_fetch_add(&s->client_gone, 1);
+            job_wake(j);
+        } else if (j->parked && j->req.stream && now - j->t_out >= KEEPALIVE_S) {
+            job_wake(j);
+        }
+        pthread_mutex_unlock(&j->mu);
+    }
+    pthread_mutex_unlock(&s->jmu);
+}
+
+static void *watch_main(void *arg) {
+    struct srv_server *s = arg;
+    struct pollfd *pfds = NULL;
+    struct srv_job **jobs = NULL;
+    size_t cap = 0;
+    pthread_mutex_lock(&s->smu);
+    while (!atomic_load(&s->stopping)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += (long)WAIT_SLICE_MS * 1000000L;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&s->scv, &s->smu, &ts);
+        pthread_mutex_unlock(&s->smu);
+        double now = tern_now_s();
+        watch_headers(s, now);
+        watch_jobs(s, now, &pfds, &jobs, &cap);
+        pthread_mutex_lock(&s->smu);
+    }
+    pthread_mutex_unlock(&s->smu);
+    free(pfds);
+    free(jobs);
+    return NULL;
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
@@ -711,7 +1170,32 @@ void srv_params_default(struct srv_params *p) {
     p->port = 8080;
     p->n_queue = 16;
     p->max_body = (size_t)16 << 20;
-    p->max_connections = 256;
+    p->max_connections = 4096;
+    p->max_conn_per_ip = 128;
+    p->header_timeout_s = 10;
+    p->idle_timeout_s = 30;
+    p->n_http_threads = 2;
+    p->n_prep_threads = 2;
+}
+
+/* Every connection is a descriptor: raise the soft limit towards what the connection
+ * cap needs, and lower the cap to what the hard limit allows. */
+static uint32_t fit_fd_limit(uint32_t want) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return want;
+    rlim_t need = (rlim_t)want + FD_RESERVE;
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
+        rlim_t cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need ? need : rl.rlim_max;
+        struct rlimit nl = {cur, rl.rlim_max};
+        if (setrlimit(RLIMIT_NOFILE, &nl) == 0) rl.rlim_cur = cur;
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
+        uint32_t fit = rl.rlim_cur > 2 * FD_RESERVE ? (uint32_t)(rl.rlim_cur - FD_RESERVE) : FD_RESERVE;
+        TERN_LOG_WARN("http: %u connections need %llu file descriptors; RLIMIT_NOFILE allows %llu: serving at most %u",
+                      want, (unsigned long long)need, (unsigned long long)rl.rlim_cur, fit);
+        return fit;
+    }
+    return want;
 }
 
 enum tern_status srv_start(const struct srv_params *params, struct srv_server **out) {
@@ -720,24 +1204,46 @@ enum tern_status srv_start(const struct srv_params *params, struct srv_server **
     if (!s) return tern_errorf(TERN_ERR_NOMEM, "out of memory");
     s->p = *params;
     if (s->p.n_queue == 0) s->p.n_queue = 1;
-    if (s->p.max_connections == 0) s->p.max_connections = 256;
+    if (s->p.max_connections == 0) s->p.max_connections = 4096;
     if (s->p.max_body == 0) s->p.max_body = (size_t)16 << 20;
+    if (s->p.header_timeout_s == 0) s->p.header_timeout_s = 10;
+    if (s->p.idle_timeout_s == 0) s->p.idle_timeout_s = 30;
+    if (s->p.n_http_threads == 0) s->p.n_http_threads = 2;
+    if (s->p.n_prep_threads == 0) s->p.n_prep_threads = 2;
+    s->p.max_connections = fit_fd_limit(s->p.max_connections);
+    if (s->p.max_connections < s->p.n_http_threads) s->p.max_connections = s->p.n_http_threads;
     s->t_start = tern_now_s();
     pthread_mutex_init(&s->qmu, NULL);
     pthread_cond_init(&s->qcv, NULL);
     pthread_mutex_init(&s->jmu, NULL);
+    pthread_mutex_init(&s->smu, NULL);
+    pthread_cond_init(&s->scv, NULL);
+    pthread_mutex_init(&s->pmu, NULL);
+    pthread_cond_init(&s->pcv, NULL);
+    {
+        static const char body[] = "{\"error\":{\"message\":\"the request header did not arrive in time "
+                                   "(--header-timeout, --idle-timeout)\",\"type\":\"invalid_request_error\","
+                                   "\"param\":null,\"code\":\"request_timeout\"}}";
+        int n = snprintf(timeout_reply, sizeof timeout_reply,
+                         "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                         "Content-Length: %zu\r\n\r\n%s",
+                         sizeof body - 1, body);
+        timeout_reply_len = n > 0 && (size_t)n < sizeof timeout_reply ? (size_t)n : 0;
+    }
     s->queue = tern_calloc(s->p.n_queue, sizeof *s->queue);
     s->api_keys = s->p.n_api_keys ? tern_calloc(s->p.n_api_keys, sizeof *s->api_keys) : NULL;
-    if (!s->queue || (s->p.n_api_keys && !s->api_keys)) {
+    s->prep = tern_calloc(s->p.n_prep_threads, sizeof *s->prep);
+    bool ok = s->queue && s->prep && (!s->p.n_api_keys || s->api_keys);
+    for (size_t i = 0; ok && i < s->p.n_api_keys; i++) ok = (s->api_keys[i] = tern_strdup(params->api_keys[i])) != NULL;
+    s->p.api_keys = NULL;
+    if (!ok) {
         srv_stop(s);
         return tern_errorf(TERN_ERR_NOMEM, "out of memory");
     }
-    for (size_t i = 0; i < s->p.n_api_keys; i++) s->api_keys[i] = tern_strdup(params->api_keys[i]);
-    s->p.api_keys = NULL;
 
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof ss);
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     const char *host = s->p.host ? s->p.host : "127.0.0.1";
     if (s->p.port < 0 || s->p.port > 65535) {
         srv_stop(s);
@@ -768,10 +1274,27 @@ enum tern_status srv_start(const struct srv_params *params, struct srv_server **
         return tern_errorf(TERN_ERR_NOMEM, "cannot start the engine worker thread");
     }
     s->worker_started = true;
-    s->mhd = MHD_start_daemon(flags, (uint16_t)s->p.port, NULL, NULL, handler, s, MHD_OPTION_SOCK_ADDR,
+    for (; s->n_prep < s->p.n_prep_threads; s->n_prep++) {
+        if (pthread_create(&s->prep[s->n_prep], NULL, prep_main, s) != 0) {
+            srv_stop(s);
+            return tern_errorf(TERN_ERR_NOMEM, "cannot start the request preparation threads");
+        }
+    }
+    if (pthread_create(&s->watcher, NULL, watch_main, s) != 0) {
+        srv_stop(s);
+        return tern_errorf(TERN_ERR_NOMEM, "cannot start the connection watcher thread");
+    }
+    s->watcher_started = true;
+    /* MHD's own inactivity timeout (stalled uploads, clients that stop reading) fires
+     * after the watcher's deadlines, so that those always answer 408 first */
+    unsigned mhd_timeout = (s->p.header_timeout_s > s->p.idle_timeout_s ? s->p.header_timeout_s : s->p.idle_timeout_s) + 2;
+    s->mhd = MHD_start_daemon(flags, (uint16_t)s->p.port, NULL, NULL, handler, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+                              s, MHD_OPTION_SOCK_ADDR,
                               (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, completed, s,
-                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->p.max_connections,
-                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+                              MHD_OPTION_NOTIFY_CONNECTION, notify_connection, s, MHD_OPTION_THREAD_POOL_SIZE,
+                              (unsigned)s->p.n_http_threads, MHD_OPTION_CONNECTION_LIMIT,
+                              (unsigned)s->p.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                              (unsigned)s->p.max_conn_per_ip, MHD_OPTION_CONNECTION_TIMEOUT, mhd_timeout,
                               MHD_OPTION_END);
     if (!s->mhd) {
         int port = s->p.port;
@@ -794,21 +1317,36 @@ void srv_stop(struct srv_server *s) {
     atomic_store(&s->stopping, true);
     /* cancel everything in flight so that the worker and the connections finish */
     pthread_mutex_lock(&s->jmu);
-    for (size_t i = 0; i < s->n_live; i++) s->live[i]->cancel = 1;
+    for (size_t i = 0; i < s->n_live; i++) atomic_store(&s->live[i]->cancel, 1);
     pthread_mutex_unlock(&s->jmu);
     pthread_mutex_lock(&s->qmu);
-    s->preempt = 1;
+    atomic_store(&s->preempt, 1);
     pthread_cond_broadcast(&s->qcv);
     pthread_mutex_unlock(&s->qmu);
+    /* the worker drains the queue (finishing each job as cancelled, which resumes its
+     * connection); the prepare threads answer what they still hold with 503 */
     if (s->worker_started) pthread_join(s->worker, NULL);
-    /* the worker drained the queue (finishing each job as cancelled) */
+    pthread_mutex_lock(&s->pmu);
+    s->prep_stopping = true;
+    pthread_cond_broadcast(&s->pcv);
+    pthread_mutex_unlock(&s->pmu);
+    for (uint32_t i = 0; i < s->n_prep; i++) pthread_join(s->prep[i], NULL);
+    pthread_mutex_lock(&s->smu);
+    pthread_cond_broadcast(&s->scv);
+    pthread_mutex_unlock(&s->smu);
+    if (s->watcher_started) pthread_join(s->watcher, NULL);
     if (s->mhd) MHD_stop_daemon(s->mhd);
     for (size_t i = 0; i < s->p.n_api_keys && s->api_keys; i++) free(s->api_keys[i]);
     free(s->api_keys);
     free(s->queue);
+    free(s->prep);
     free(s->live);
     pthread_mutex_destroy(&s->qmu);
     pthread_cond_destroy(&s->qcv);
     pthread_mutex_destroy(&s->jmu);
+    pthread_mutex_destroy(&s->smu);
+    pthread_cond_destroy(&s->scv);
+    pthread_mutex_destroy(&s->pmu);
+    pthread_cond_destroy(&s->pcv);
     free(s);
 }

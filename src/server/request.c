@@ -47,18 +47,18 @@ char *srv_error_json(const struct srv_error *e) {
     msg[n] = 0;
     json_t *inner = json_object();
     if (!inner) return NULL;
-    json_object_set_new(inner, "message", json_string(msg));
-    json_object_set_new(inner, "type", json_string(e->type ? e->type : "server_error"));
-    json_object_set_new(inner, "param", e->param[0] && srv_utf8_valid(e->param, strlen(e->param))
-                                            ? json_string(e->param)
-                                            : json_null());
-    json_object_set_new(inner, "code", e->code ? json_string(e->code) : json_null());
-    json_t *o = json_object();
-    if (!o) {
-        json_decref(inner);
-        return NULL;
+    int rc = json_object_set_new(inner, "message", json_string(msg));
+    rc |= json_object_set_new(inner, "type", json_string(e->type ? e->type : "server_error"));
+    rc |= json_object_set_new(inner, "param", e->param[0] && srv_utf8_valid(e->param, strlen(e->param))
+                                                  ? json_string(e->param)
+                                                  : json_null());
+    rc |= json_object_set_new(inner, "code", e->code ? json_string(e->code) : json_null());
+    json_t *o = rc ? NULL : json_object();
+    if (!o || json_object_set_new(o, "error", inner)) {
+        if (!o) json_decref(inner);
+        json_decref(o);
+        return NULL; /* out of memory: never a partial error object */
     }
-    json_object_set_new(o, "error", inner);
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     return s;
@@ -361,7 +361,10 @@ json_t *srv_messages_normalise(const json_t *messages, struct srv_error *err) {
             }
             json_t *nc = normalise_tool_calls(calls, where, err);
             if (!nc) goto fail;
-            json_object_set_new(nm, "tool_calls", nc);
+            if (json_object_set_new(nm, "tool_calls", nc)) {
+                oom(err);
+                goto fail;
+            }
         } else if (json_object_get(m, "tool_calls")) {
             json_object_del(nm, "tool_calls"); /* null: as if absent */
         }
@@ -373,11 +376,17 @@ json_t *srv_messages_normalise(const json_t *messages, struct srv_error *err) {
                 srv_error_bad(err, param, "'%s' is missing (required for role '%s')", param, r);
                 goto fail;
             }
-            json_object_set_new(nm, "content", json_string(""));
+            if (json_object_set_new(nm, "content", json_string(""))) {
+                oom(err);
+                goto fail;
+            }
         } else {
             json_t *flat = flatten_content(content, where, err);
             if (!flat) goto fail;
-            json_object_set_new(nm, "content", flat);
+            if (json_object_set_new(nm, "content", flat)) {
+                oom(err);
+                goto fail;
+            }
         }
         const json_t *rc = opt_field(m, "reasoning_content");
         if (rc && !json_is_string(rc)) {
@@ -646,8 +655,18 @@ static bool parse_body(enum srv_endpoint ep, const json_t *o, const struct srv_p
     if (given) sp->frequency_penalty = (float)d;
     if (!get_number(o, "repeat_penalty", 0, 10, &d, &given, err)) return false;
     if (given) sp->repeat_penalty = (float)d;
+    if (given && !(sp->repeat_penalty > 0.0f)) {
+        /* 0 (or a value that rounds to 0 as a float) would make the sampler divide by 0 */
+        srv_error_bad(err, "repeat_penalty", "'repeat_penalty' is %g; it must be greater than 0 and at most 10", d);
+        return false;
+    }
     if (!get_int(o, "seed", INT64_MIN, INT64_MAX, &ll, &req->seed_set, err)) return false;
     if (req->seed_set) sp->seed = (uint64_t)ll;
+    /* whatever passed the ranges above must build a sampler: one rule, the sampler's */
+    if (tern_sampler_params_check(sp)) {
+        srv_error_bad(err, NULL, "%s", tern_last_error());
+        return false;
+    }
 
     if (!parse_stop(opt_field(o, "stop"), req, err)) return false;
     if (!srv_constraint_parse(o, req, err)) return false;
@@ -686,6 +705,25 @@ static bool parse_body(enum srv_endpoint ep, const json_t *o, const struct srv_p
     return true;
 }
 
+/* An upper bound of the values a JSON text makes (containers, and one per separator):
+ * '[', '{' and ',' outside strings, plus one. Linear, no allocation. */
+size_t srv_json_value_bound(const char *p, size_t n) {
+    size_t count = 1;
+    bool in_str = false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = p[i];
+        if (in_str) {
+            if (ch == '\\') i++;
+            else if (ch == '"') in_str = false;
+        } else if (ch == '"') {
+            in_str = true;
+        } else if (ch == '[' || ch == '{' || ch == ',') {
+            count++;
+        }
+    }
+    return count;
+}
+
 bool srv_request_parse(enum srv_endpoint ep, const char *body, size_t len,
                        const struct srv_parse_opts *opts, struct srv_request *req,
                        struct srv_error *err) {
@@ -698,6 +736,14 @@ bool srv_request_parse(enum srv_endpoint ep, const char *body, size_t len,
     }
     if (len == 0) {
         srv_error_bad(err, NULL, "the request body is empty; expected a JSON object");
+        return false;
+    }
+    /* Parsing multiplies memory by up to ~50 (`[]` is 2 bytes and a node): bound the
+     * values before building them. */
+    size_t n_values = srv_json_value_bound(body, len);
+    if (n_values > SRV_MAX_JSON_VALUES) {
+        srv_error_set(err, 413, "invalid_request_error", "request_too_large", NULL,
+                      "the request body holds about %zu JSON values; the limit is %u", n_values, SRV_MAX_JSON_VALUES);
         return false;
     }
     json_error_t jerr;

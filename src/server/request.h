@@ -28,6 +28,7 @@ struct tern_grammar;
 #define SRV_MAX_STOP_LEN 256     /* bytes per stop string */
 #define SRV_MAX_KEY_LEN 256      /* session_id / prompt_cache_key / user / cache_salt */
 #define SRV_MAX_PROMPT_IDS (1u << 24)
+#define SRV_MAX_JSON_VALUES (1u << 20) /* values in a request body (~100 B of memory each once parsed) */
 
 enum srv_endpoint { SRV_EP_CHAT = 0, SRV_EP_COMPLETION = 1 };
 
@@ -47,6 +48,9 @@ void srv_error_bad(struct srv_error *e, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* {"error":{...}} as a new JSON string (caller frees); NULL on allocation failure. */
 char *srv_error_json(const struct srv_error *e);
+/* An upper bound of the JSON values the text body[0..len) parses into (no allocation):
+ * compared with SRV_MAX_JSON_VALUES before parsing. */
+size_t srv_json_value_bound(const char *body, size_t len);
 
 enum srv_tool_choice { SRV_TOOLS_AUTO = 0, SRV_TOOLS_NONE, SRV_TOOLS_REQUIRED, SRV_TOOLS_NAMED };
 

@@ -3,11 +3,12 @@
  *
  * The server knows HTTP and scheduling; what a request *does* is a backend (the engine
  * backend in engine.h; tests plug in their own). The HTTP side and the engine meet at
- * one queue (STYLE.md): a connection thread parses and prepares a job (validation,
+ * one queue (STYLE.md): a prepare thread parses and prepares a job (validation,
  * template, tokens — all 4xx decided here, before any byte of the response), the
  * single worker thread runs jobs one at a time, and the job's output buffer carries
- * the bytes back. A client that goes away sets the job's cancel flag, which the engine
- * checks between chunks and between tokens. */
+ * the bytes back. No thread belongs to a connection: a connection waiting for its job
+ * is suspended and resumed by the job's output. A client that goes away sets the job's
+ * cancel flag, which the engine checks between chunks and between tokens. */
 #ifndef TERN_SERVER_SERVER_H
 #define TERN_SERVER_SERVER_H
 
@@ -16,6 +17,7 @@
 
 #include <jansson.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -28,7 +30,12 @@ struct srv_params {
     const char *const *api_keys; /* when n_api_keys > 0 every route but /health needs one */
     size_t n_api_keys;
     bool allow_forced_output;    /* test-only request field tern_forced_output */
-    uint32_t max_connections;    /* 0 = 256 */
+    uint32_t max_connections;    /* open connections in all; 0 = 4096 (lowered to what RLIMIT_NOFILE allows) */
+    uint32_t max_conn_per_ip;    /* open connections per client address; 0 = no cap */
+    uint32_t header_timeout_s;   /* a connection must send a complete request header within this (408) */
+    uint32_t idle_timeout_s;     /* an idle keep-alive connection (or a stalled upload) is closed after this */
+    uint32_t n_http_threads;     /* libmicrohttpd's polling threads (0 = 2) */
+    uint32_t n_prep_threads;     /* threads that parse, render and tokenize request bodies (0 = 2) */
 };
 
 void srv_params_default(struct srv_params *p);
@@ -53,7 +60,7 @@ struct srv_job {
     void *priv;                  /* freed through backend->job_free */
 
     /* set by the connection when the client goes away; read by the engine */
-    volatile int cancel;
+    atomic_int cancel;
 
     /* (backend) figures for the log line */
     uint32_t n_cached, n_read, n_generated;
@@ -76,6 +83,10 @@ struct srv_job {
     /* (server internal) */
     void *priv_server;
     int fd;                      /* the client's socket, polled for a hang-up */
+    void *conn;                  /* its struct MHD_Connection */
+    bool big_body;               /* its body was large: trim the allocator when it is freed */
+    bool parked;                 /* (mu) the connection is suspended until output, the end or a hang-up */
+    double t_out;                /* (mu) when bytes last went to the client (streaming keep-alive comments) */
 };
 
 /* Backend helpers: append response bytes / end the response. For a non-streamed job
@@ -83,11 +94,11 @@ struct srv_job {
 void srv_job_write(struct srv_job *j, const char *data, size_t n);
 void srv_job_finish(struct srv_job *j, int status);
 /* Streaming jobs only: true when the client is still there. */
-static inline bool srv_job_cancelled(const struct srv_job *j) { return j->cancel != 0; }
+static inline bool srv_job_cancelled(struct srv_job *j) { return atomic_load(&j->cancel) != 0; }
 
 struct srv_backend {
     void *self;
-    /* connection thread, concurrently with the worker: validate beyond the JSON
+    /* a prepare thread, concurrently with the worker and each other: validate beyond the JSON
      * (template, tokens, context length) and fill job->prompt. false + *err = reject. */
     bool (*prepare)(void *self, struct srv_job *job, struct srv_error *err);
     /* the worker thread: run the job, write its output, call srv_job_finish. */
@@ -105,7 +116,7 @@ struct srv_backend {
      * *preempt, which the server sets when a request is queued, and return soon after
      * it is set (the next chunk boundary). Returns true when there is more to do; the
      * worker calls it again while the queue stays empty, and again after the next job. */
-    bool (*idle)(void *self, const volatile int *preempt);
+    bool (*idle)(void *self, const atomic_int *preempt);
 };
 
 struct srv_server;

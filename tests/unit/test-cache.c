@@ -442,6 +442,122 @@ static void test_switches(void **state) {
 }
 
 
+/* One API key filling the pool evicts itself, not the others: with a per-tenant share,
+ * the budget's victims come from the tenant over its share first. */
+static void test_tenant_share(void **state) {
+    struct fixture *f = *state;
+    struct cache_params p;
+    default_params(f, &p);
+    struct cache *c;
+    assert_int_equal(cache_new(f->m, &p, &c), TERN_OK);
+    struct toks t = {0};
+    toks_add_text(f, &t, SYS);
+    toks_add_text(f, &t, "<|im_start|>user\nconversation number 0<|im_end|>\n<|im_start|>assistant\n");
+    request(f, c, "key0", "k", &t, 64);
+    struct cache_stats st;
+    cache_get_stats(c, &st);
+    size_t one = st.pool_bytes;
+    cache_free(c);
+    for (int share = 0; share < 2; share++) {
+        p.ram_bytes = one * 4 + one / 2; /* room for about four sessions */
+        p.ram_per_tenant = share ? p.ram_bytes / 2 : 0;
+        assert_int_equal(cache_new(f->m, &p, &c), TERN_OK);
+        struct toks victim = {0};
+        toks_add_text(f, &victim, SYS);
+        toks_add_text(f, &victim, "<|im_start|>user\nthe other tenant's conversation<|im_end|>\n<|im_start|>assistant\n");
+        struct result r = request(f, c, "key1", "mine", &victim, 64);
+        add_generated(&victim, &r);
+        size_t held = victim.n;
+        toks_add_text(f, &victim, "<|im_end|>\n<|im_start|>user\nnext<|im_end|>\n<|im_start|>assistant\n");
+        /* key0 (with salts of its own choosing) parks many small conversations */
+        for (int i = 0; i < 10; i++) {
+            char key[16], text[128], tenant[32];
+            snprintf(key, sizeof key, "k%d", i);
+            snprintf(tenant, sizeof tenant, i % 2 ? "key0/salt:s%d" : "key0", i);
+            snprintf(text, sizeof text, "<|im_start|>user\nconversation number %d<|im_end|>\n<|im_start|>assistant\n", i);
+            toks_free(&t);
+            toks_add_text(f, &t, SYS);
+            toks_add_text(f, &t, text);
+            request(f, c, tenant, key, &t, 64);
+        }
+        cache_get_stats(c, &st);
+        assert_true(st.evictions >= 5);
+        r = request(f, c, "key1", "mine", &victim, 64);
+        if (share) {
+            assert_int_equal(r.d.cached, held); /* still parked */
+            assert_true(st.quota_evictions >= 5);
+            /* the pool by tenant: key0 (its salts included) and key1, hashed */
+            assert_int_equal(st.n_tenants, 2);
+            assert_true(st.tenants[0].bytes >= st.tenants[1].bytes);
+            assert_true(st.tenants[0].id != st.tenants[1].id);
+        } else {
+            assert_int_equal(r.d.cached, 0); /* without a share, LRU evicted it */
+        }
+        assert_equals_cold(f, &r, &victim);
+        toks_free(&victim);
+        cache_free(c);
+    }
+    toks_free(&t);
+}
+
+/* TERN_AFFINITY=0 switches fingerprint nomination off for requests and for predictions
+ * alike (one candidate rule): a conversation parked behind more than the probed most
+ * recent ones is then reached by neither; with affinity both reach its live end. */
+static void test_affinity_switch_both_paths(void **state) {
+    struct fixture *f = *state;
+    for (int aff = 1; aff >= 0; aff--) {
+        struct cache_params p;
+        default_params(f, &p);
+        p.affinity = aff != 0;
+        struct cache *c;
+        assert_int_equal(cache_new(f->m, &p, &c), TERN_OK);
+        struct toks a = {0}, other = {0}, next = {0};
+        toks_add_text(f, &a, SYS);
+        toks_add_text(f, &a, "<|im_start|>user\nTask A: refactor the lexer<|im_end|>\n<|im_start|>assistant\n");
+        struct result r = request(f, c, "", NULL, &a, 64);
+        add_generated(&a, &r);
+        size_t held = a.n;
+        toks_add_text(f, &a, "<|im_end|>\n<|im_start|>user\n<tool_response>\nok\n</tool_response><|im_end|>\n"
+                             "<|im_start|>assistant\n");
+        /* more unrelated conversations than the prefix probe looks at */
+        for (int i = 0; i < 10; i++) {
+            char u[128];
+            snprintf(u, sizeof u, "<|im_start|>user\nUnrelated task %d: %s<|im_end|>\n<|im_start|>assistant\n", i,
+                     i % 2 ? "write docs" : "fix the build");
+            toks_free(&other);
+            toks_add_text(f, &other, SYS);
+            toks_add_text(f, &other, u);
+            request(f, c, "", NULL, &other, 64);
+        }
+        /* the prediction path */
+        struct cache_ident id = {.tenant = "", .key = NULL};
+        struct cache_lease l;
+        enum tern_status st = cache_predict_begin(c, &id, a.v, a.n, NULL, 0, &l);
+        if (aff) {
+            assert_int_equal(st, TERN_OK);
+            assert_int_equal(l.decision.cached, held);
+        } else if (st == TERN_OK) {
+            assert_true(l.decision.cached < held); /* at most the shared system prompt of another */
+        }
+        if (st == TERN_OK) cache_predict_end(c, &l, false); /* dropped: not primed */
+        /* the request path */
+        toks_copy(&next, &a);
+        r = request(f, c, "", NULL, &next, 64);
+        if (aff) {
+            assert_true(r.d.key_implicit); /* the fingerprint nominated it */
+            assert_int_equal(r.d.cached, held);
+        } else {
+            assert_true(r.d.cached < held);
+            assert_false(r.d.key_implicit);
+        }
+        assert_equals_cold(f, &r, &next);
+        toks_free(&a);
+        toks_free(&other);
+        toks_free(&next);
+        cache_free(c);
+    }
+}
+
 /* Predictive priming: the predicted prefix is primed ahead; a request that matches it
  * resumes at its end (tier predicted) and equals a cold run; a wrong prediction is never
  * used; a pre-empted one is still valid up to where it got. */
@@ -534,6 +650,8 @@ int main(void) {
         cmocka_unit_test_setup(test_compaction_uses_longest_valid_point, setup_q3),
         cmocka_unit_test_setup(test_budget_evicts_lru, setup_q3),
         cmocka_unit_test_setup(test_switches, setup_q3),
+        cmocka_unit_test_setup(test_affinity_switch_both_paths, setup_q3),
+        cmocka_unit_test_setup(test_tenant_share, setup_q3),
         cmocka_unit_test_setup(test_predictions, setup_q3),
     };
     const struct CMUnitTest q35[] = {

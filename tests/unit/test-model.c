@@ -410,11 +410,11 @@ static void test_cancel_and_refusals(void **state) {
 
     /* cancelled through the flag before anything ran */
     s = new_session(m, TERN_KV_F16, 12);
-    volatile int flag = 1;
+    atomic_int flag = 1;
     struct tern_eval_opts oc = {.cancel = &flag};
     assert_int_equal(tern_session_eval(s, toks, 100, &oc), TERN_ERR_CANCELLED);
     assert_int_equal(tern_session_n_past(s), 0);
-    flag = 0;
+    atomic_store(&flag, 0);
     assert_int_equal(tern_session_eval(s, toks, 100, &oc), TERN_OK);
     assert_int_equal(tern_session_hash(s), h100);
 

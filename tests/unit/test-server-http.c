@@ -11,6 +11,7 @@
 #include "util/mem.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <jansson.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -19,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -71,7 +73,7 @@ static void fake_run(void *self, struct srv_job *j) {
     if (j->req.stream && j->ep == SRV_EP_CHAT) srv_sse_data(&out, srv_chunk_chat(&ctx, NULL, &p, true, NULL, NULL));
     if (j->req.stream) srv_sse_comment(&out, "priming %zu/%zu", j->n_prompt, j->n_prompt);
     size_t n = strlen(text);
-    for (size_t i = 0; i < n && !j->cancel; i++) {
+    for (size_t i = 0; i < n && !atomic_load(&j->cancel); i++) {
         if (slow) sleep_ms(40);
         if (i == 0) j->t_first = 1e-9;
         j->n_generated++;
@@ -85,7 +87,7 @@ static void fake_run(void *self, struct srv_job *j) {
             tern_buf_clear(&out);
         }
     }
-    if (j->cancel) {
+    if (atomic_load(&j->cancel)) {
         atomic_fetch_add(&cancelled_runs, 1);
         srv_job_finish(j, 499);
     } else {
@@ -140,13 +142,25 @@ static const struct srv_backend fake = {
 
 static int port;
 
-static int connect_port(void) {
+/* A client socket from a loopback source address (127.0.0.x), reads bounded by 20 s so
+ * that a server that never answers fails the test instead of hanging it. */
+static int connect_from(const char *src) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct timeval tv = {20, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (src) {
+        struct sockaddr_in b = {.sin_family = AF_INET};
+        inet_pton(AF_INET, src, &b.sin_addr);
+        assert_int_equal(bind(fd, (struct sockaddr *)&b, sizeof b), 0);
+    }
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
     assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
     return fd;
 }
+
+static int connect_port(void) { return connect_from(NULL); }
 
 static void send_request(int fd, const char *method, const char *path, const char *headers, const char *body) {
     char head[1024];
@@ -216,15 +230,27 @@ static void assert_error_shape(const struct reply *r, int status, const char *ty
     json_decref(o);
 }
 
+static void test_params(struct srv_params *p, uint32_t n_queue) {
+    srv_params_default(p);
+    p->port = 0;
+    p->n_queue = n_queue;
+    p->max_body = 4096;
+    p->allow_forced_output = true;
+}
+
+static struct srv_server *start_with(const struct srv_params *p) {
+    struct srv_server *s;
+    assert_int_equal(srv_start(p, &s), TERN_OK);
+    port = srv_port(s);
+    assert_true(port > 0);
+    return s;
+}
+
 static struct srv_server *start(uint32_t n_queue, const char *const *keys, size_t n_keys) {
     struct srv_params p;
-    srv_params_default(&p);
-    p.port = 0;
-    p.n_queue = n_queue;
-    p.max_body = 4096;
+    test_params(&p, n_queue);
     p.api_keys = keys;
     p.n_api_keys = n_keys;
-    p.allow_forced_output = true;
     struct srv_server *s;
     assert_int_equal(srv_start(&p, &s), TERN_OK);
     port = srv_port(s);
@@ -465,6 +491,11 @@ static void test_disconnect_cancels(void **state) {
         }
         assert_true(seen);
     }
+    /* /metrics counts both as 499, as the log does (a stream's status line said 200) */
+    struct reply m = http("GET", "/metrics", NULL, NULL);
+    assert_non_null(strstr(m.body, "tern_requests_total{route=\"/v1/chat/completions\",status=\"499\"} 2\n"));
+    assert_null(strstr(m.body, "tern_requests_total{route=\"/v1/chat/completions\",status=\"200\"}"));
+    reply_free(&m);
     /* and the server serves the next request normally */
     struct reply r = http("POST", "/v1/chat/completions", NULL, CHAT("hi") "}");
     assert_int_equal(r.status, 200);
@@ -492,13 +523,13 @@ static void test_stop_with_requests_in_flight(void **state) {
 static atomic_int idle_calls, idle_now, idle_preempted, idle_during_run, idle_chunks_left;
 
 /* Idle work in 10 ms "chunks", yielding when a request is queued. */
-static bool fake_idle(void *self, const volatile int *preempt) {
+static bool fake_idle(void *self, const atomic_int *preempt) {
     (void)self;
     atomic_fetch_add(&idle_calls, 1);
     atomic_store(&idle_now, 1);
     bool more = false;
     while (atomic_load(&idle_chunks_left) > 0) {
-        if (*preempt) {
+        if (atomic_load(preempt)) {
             atomic_fetch_add(&idle_preempted, 1);
             more = true;
             break;
@@ -553,6 +584,243 @@ static void test_idle_work_yields(void **state) {
     srv_stop(s);
 }
 
+/* ---- hostile clients ----------------------------------------------------------------- */
+
+/* Everything the server sends until it closes (or 20 s pass: then NULL-terminated what came). */
+static char *read_all(int fd) {
+    struct tern_buf b = TERN_BUF_INIT;
+    char tmp[4096];
+    ssize_t r;
+    while ((r = read(fd, tmp, sizeof tmp)) > 0) tern_buf_append(&b, tmp, (size_t)r);
+    tern_buf_puts(&b, "");
+    return tern_buf_detach(&b, NULL);
+}
+
+/* True when the server closed fd (EOF or reset) within the read timeout. */
+static bool closed_by_server(int fd, char **got) {
+    struct tern_buf b = TERN_BUF_INIT;
+    char tmp[4096];
+    ssize_t r;
+    while ((r = read(fd, tmp, sizeof tmp)) > 0) tern_buf_append(&b, tmp, (size_t)r);
+    bool closed = r == 0 || (r < 0 && errno == ECONNRESET);
+    tern_buf_puts(&b, "");
+    if (got) *got = tern_buf_detach(&b, NULL);
+    else tern_buf_free(&b);
+    return closed;
+}
+
+/* Idle sockets cost no thread: with 600 open (256 used to lock everyone out), /health,
+ * /metrics and a chat are served. */
+static void test_idle_connections_lock_nobody_out(void **state) {
+    (void)state;
+    struct srv_params p;
+    test_params(&p, 4);
+    p.max_conn_per_ip = 0;
+    struct srv_server *s = start_with(&p);
+    srv_set_backend(s, &fake);
+    enum { N_IDLE = 600 };
+    static int fds[N_IDLE];
+    for (int i = 0; i < N_IDLE; i++) fds[i] = connect_port();
+    /* a few of them send half a header (slowloris) */
+    for (int i = 0; i < 8; i++) assert_int_equal(write(fds[i], "GET /health HTTP/1.1\r\nHo", 25), 25);
+    struct reply r = http("GET", "/health", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    reply_free(&r);
+    r = http("POST", "/v1/chat/completions", NULL, CHAT("hi") "}");
+    assert_int_equal(r.status, 200);
+    reply_free(&r);
+    r = http("GET", "/metrics", NULL, NULL);
+    int open = 0;
+    const char *m = strstr(r.body, "\ntern_http_connections_open ");
+    assert_non_null(m);
+    assert_int_equal(sscanf(m, "\ntern_http_connections_open %d", &open), 1);
+    assert_true(open >= N_IDLE);
+    reply_free(&r);
+    for (int i = 0; i < N_IDLE; i++) close(fds[i]);
+    srv_stop(s);
+}
+
+/* A header that does not arrive in time (idle socket, slowloris, garbage without a line
+ * end) gets a 408 and a close; so does a keep-alive connection left idle. */
+static void test_header_and_idle_timeouts(void **state) {
+    (void)state;
+    struct srv_params p;
+    test_params(&p, 4);
+    p.header_timeout_s = 1;
+    p.idle_timeout_s = 1;
+    struct srv_server *s = start_with(&p);
+    srv_set_backend(s, &fake);
+    char *got;
+
+    int idle = connect_port();
+    assert_true(closed_by_server(idle, &got));
+    assert_non_null(strstr(got, "HTTP/1.1 408 "));
+    assert_non_null(strstr(got, "\"type\":\"invalid_request_error\""));
+    free(got);
+    close(idle);
+
+    /* one byte every 100 ms keeps the connection active, but not its header in time:
+     * the server closes it (the loop is bounded: 200 bytes, 20 s) */
+    int slow = connect_port();
+    const char *hdr = "GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+                      "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+                      "aaaaaaaaaaaaaaaaaaaaaaaa";
+    bool cut = false;
+    for (size_t i = 0; i < strlen(hdr) && !cut; i++) {
+        if (send(slow, hdr + i, 1, MSG_NOSIGNAL) != 1) cut = true;
+        sleep_ms(100);
+        char c;
+        if (recv(slow, &c, 1, MSG_PEEK | MSG_DONTWAIT) >= 0) cut = true;
+    }
+    assert_true(cut);
+    assert_true(closed_by_server(slow, &got));
+    /* the 408 is sent, but a byte that arrives after the close makes the kernel reset
+     * the connection, which may discard it before it is read */
+    assert_true(!got[0] || strstr(got, "HTTP/1.1 408 "));
+    free(got);
+    close(slow);
+
+    /* bare line ends and bytes that never make a request line */
+    const char *garbage[] = {"\r\n\r\n\r\n\r\n\r\n\r\n", "\x01\x02\x03\x04"};
+    for (size_t g = 0; g < TERN_ARRAY_LEN(garbage); g++) {
+        int fd = connect_port();
+        assert_int_equal(write(fd, garbage[g], strlen(garbage[g])), (ssize_t)strlen(garbage[g]));
+        assert_true(closed_by_server(fd, NULL));
+        close(fd);
+    }
+
+    /* keep-alive: a response, then silence -> closed */
+    int ka = connect_port();
+    const char *req = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    assert_int_equal(write(ka, req, strlen(req)), (ssize_t)strlen(req));
+    assert_true(closed_by_server(ka, &got));
+    assert_non_null(strstr(got, "HTTP/1.1 200 "));
+    free(got);
+    close(ka);
+
+    struct reply r = http("GET", "/metrics", NULL, NULL);
+    unsigned n = 0;
+    const char *m = strstr(r.body, "\ntern_http_header_timeouts_total ");
+    assert_non_null(m);
+    assert_int_equal(sscanf(m, "\ntern_http_header_timeouts_total %u", &n), 1);
+    assert_true(n >= 3);
+    reply_free(&r);
+    srv_stop(s);
+}
+
+/* One client address cannot take every connection. */
+static void test_per_address_cap(void **state) {
+    (void)state;
+    struct srv_params p;
+    test_params(&p, 4);
+    p.max_conn_per_ip = 3;
+    struct srv_server *s = start_with(&p);
+    srv_set_backend(s, &fake);
+    int fds[3];
+    for (int i = 0; i < 3; i++) fds[i] = connect_from("127.0.0.2");
+    sleep_ms(50);
+    int extra = connect_from("127.0.0.2"); /* the kernel accepts; the server closes it */
+    const char *req = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    ssize_t w = send(extra, req, strlen(req), MSG_NOSIGNAL);
+    (void)w;
+    char *got;
+    assert_true(closed_by_server(extra, &got));
+    assert_null(strstr(got, "200 OK"));
+    free(got);
+    close(extra);
+    /* another address is served */
+    struct reply r = http("GET", "/health", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    reply_free(&r);
+    /* and the capped address again once its sockets close */
+    for (int i = 0; i < 3; i++) close(fds[i]);
+    sleep_ms(100);
+    int again = connect_from("127.0.0.2");
+    assert_int_equal(write(again, req, strlen(req)), (ssize_t)strlen(req));
+    got = read_all(again);
+    assert_non_null(strstr(got, "HTTP/1.1 200 "));
+    free(got);
+    close(again);
+    srv_stop(s);
+}
+
+/* Framing two parties could read differently is refused with 400 and a close, before
+ * the body is read. */
+static void test_ambiguous_framing(void **state) {
+    (void)state;
+    struct srv_server *s = start(4, NULL, 0);
+    srv_set_backend(s, &fake);
+    const char *reqs[] = {
+        "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 17\r\nContent-Length: 5\r\n\r\n{\"content\":\"ab\"}",
+        "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        "POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n",
+        "POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    };
+    for (size_t i = 0; i < TERN_ARRAY_LEN(reqs); i++) {
+        int fd = connect_port();
+        assert_int_equal(write(fd, reqs[i], strlen(reqs[i])), (ssize_t)strlen(reqs[i]));
+        char *got;
+        assert_true(closed_by_server(fd, &got));
+        if (!strstr(got, "HTTP/1.1 400 ")) fail_msg("request %zu: %s", i, got);
+        assert_non_null(strstr(got, "ambiguous"));
+        /* one response only */
+        assert_null(strstr(strstr(got, "HTTP/1.1 400 ") + 1, "HTTP/1.1 "));
+        free(got);
+        close(fd);
+    }
+    srv_stop(s);
+}
+
+/* A client that sends its whole (too large, or unauthorised) body before reading reads
+ * the 413 / 401, not a reset; one that asks for 100 Continue is answered at once. */
+static void send_body_then_read(const char *headers, size_t n_body, int want_status) {
+    int fd = connect_port();
+    struct timeval tv = {20, 0};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    char head[512];
+    int n = snprintf(head, sizeof head, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n%sContent-Length: %zu\r\n\r\n",
+                     headers, n_body);
+    assert_int_equal(send(fd, head, (size_t)n, MSG_NOSIGNAL), n);
+    static char chunk[65536];
+    memset(chunk, ' ', sizeof chunk);
+    size_t sent = 0;
+    while (sent < n_body) {
+        size_t k = n_body - sent < sizeof chunk ? n_body - sent : sizeof chunk;
+        ssize_t w = send(fd, chunk, k, MSG_NOSIGNAL);
+        if (w <= 0) fail_msg("the server stopped reading after %zu of %zu body bytes (%s)", sent, n_body, strerror(errno));
+        sent += (size_t)w;
+    }
+    char *got = read_all(fd);
+    char want[32];
+    snprintf(want, sizeof want, "HTTP/1.1 %d ", want_status);
+    if (!strstr(got, want)) fail_msg("wanted %d, got '%.200s'", want_status, got);
+    free(got);
+    close(fd);
+}
+
+static void test_refused_bodies_are_read(void **state) {
+    (void)state;
+    const char *keys[] = {"k1"};
+    struct srv_server *s = start(4, NULL, 0);
+    srv_set_backend(s, &fake);
+    send_body_then_read("", (size_t)8 << 20, 413); /* max_body is 4096 */
+    srv_stop(s);
+    s = start(4, keys, 1);
+    srv_set_backend(s, &fake);
+    send_body_then_read("", (size_t)8 << 20, 401);
+    send_body_then_read("Authorization: Bearer k1\r\n", (size_t)8 << 20, 413);
+    /* Expect: 100-continue -> the answer instead of the 100, without the body */
+    int fd = connect_port();
+    const char *req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k1\r\n"
+                      "Expect: 100-continue\r\nContent-Length: 100000000\r\n\r\n";
+    assert_int_equal(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+    char buf[512] = {0};
+    assert_true(read(fd, buf, sizeof buf - 1) > 0);
+    assert_non_null(strstr(buf, "HTTP/1.1 413 "));
+    close(fd);
+    srv_stop(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_routes_and_errors),
@@ -562,6 +830,11 @@ int main(void) {
         cmocka_unit_test(test_disconnect_cancels),
         cmocka_unit_test(test_stop_with_requests_in_flight),
         cmocka_unit_test(test_idle_work_yields),
+        cmocka_unit_test(test_idle_connections_lock_nobody_out),
+        cmocka_unit_test(test_header_and_idle_timeouts),
+        cmocka_unit_test(test_per_address_cap),
+        cmocka_unit_test(test_ambiguous_framing),
+        cmocka_unit_test(test_refused_bodies_are_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
