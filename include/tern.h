@@ -175,6 +175,10 @@ enum tern_status tern_session_restore(struct tern_session *s, const struct tern_
 uint32_t tern_checkpoint_pos(const struct tern_checkpoint *c);
 size_t tern_checkpoint_bytes(const struct tern_checkpoint *c);
 void tern_checkpoint_free(struct tern_checkpoint *c);
+/* Retakes c (from a session of the same model) at s's current position, reusing its
+ * memory: for loops that checkpoint at every step (speculative verification). Another
+ * model's checkpoint: TERN_ERR_INVALID, c unchanged. */
+enum tern_status tern_session_checkpoint_update(struct tern_session *s, struct tern_checkpoint *c);
 
 /* A new session holding src's state at position p: KV rows [0, p) copied, recurrent
  * parts from src (p == n_past) or from ckpt (ckpt pos == p, taken from src's lineage).
@@ -219,6 +223,15 @@ void tern_sampler_free(struct tern_sampler *s);
  * repetition penalty, prompt) tokens the penalties look at. */
 int32_t tern_sampler_sample(struct tern_sampler *s, const float *logits, const int32_t *history,
                             size_t n_history);
+/* Speculative decoding with a deterministic draft (a point mass on token draft): returns
+ * the token to emit and sets *accepted when it is the draft. Greedy: the argmax (accepted
+ * when it equals the draft), exactly what tern_sampler_sample picks. Sampling: the draft
+ * is accepted with probability p(draft), else a token is drawn from p with the draft
+ * taken out and renormalised (the speculative-sampling rule), so the token's
+ * distribution is exactly p. A draft outside the candidate set costs the same single
+ * draw as tern_sampler_sample. */
+int32_t tern_sampler_sample_draft(struct tern_sampler *s, const float *logits, const int32_t *history,
+                                  size_t n_history, int32_t draft, bool *accepted);
 
 #ifdef __cplusplus
 }

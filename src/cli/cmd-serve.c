@@ -45,6 +45,9 @@ static void usage(FILE *out) {
             "  --predict off|user|all  predictive priming in idle time: the next prompt's prefix after a\n"
             "                          new user message (user), and after tool results too (all; default)\n"
             "  --predict-chunk N       tokens per idle priming step; a request waits at most one (default 128)\n"
+            "  --spec off|ngram        speculative decoding: draft by prompt lookup (ngram) and verify the\n"
+            "                          draft in one forward; output unchanged (default off; docs/spec.md)\n"
+            "  --spec-max N            tokens per draft, 1-32 (default 8)\n"
             "  --no-mmap               read the weights into memory instead of mapping the file\n"
             "  --mlock                 pin the weights in memory\n"
             "  -h, --help              this help\n"
@@ -80,7 +83,8 @@ static char *read_text_file(const char *path, size_t *len) {
 
 static int cmd_serve(int argc, char **argv) {
     enum { O_HOST = 256, O_PORT, O_THREADS, O_CTX, O_KEY, O_QUEUE, O_BODY, O_TMPL, O_CHUNK, O_KV, O_RAM, O_PC,
-           O_PCE, O_TURN, O_NOMMAP, O_MLOCK, O_MODEL, O_PREDICT, O_PCHUNK };
+           O_PCE, O_TURN, O_NOMMAP, O_MLOCK, O_MODEL, O_PREDICT, O_PCHUNK,
+           O_SPEC, O_SPECMAX };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},       {"threads", required_argument, 0, O_THREADS},
@@ -92,6 +96,7 @@ static int cmd_serve(int argc, char **argv) {
         {"turn-token", required_argument, 0, O_TURN}, {"no-mmap", no_argument, 0, O_NOMMAP},
         {"mlock", no_argument, 0, O_MLOCK},           {"help", no_argument, 0, 'h'},
         {"predict", required_argument, 0, O_PREDICT}, {"predict-chunk", required_argument, 0, O_PCHUNK},
+        {"spec", required_argument, 0, O_SPEC},       {"spec-max", required_argument, 0, O_SPECMAX},
         {0, 0, 0, 0},
     };
     const char *model_path = NULL, *tmpl_path = NULL;
@@ -109,6 +114,8 @@ static int cmd_serve(int argc, char **argv) {
     cp.turn_token = -1;
     enum predict_mode predict = PREDICT_ALL;
     uint32_t predict_chunk = 0;
+    enum spec_mode spec = SPEC_OFF;
+    uint32_t spec_max = 0;
     long v;
     int c;
     optind = 1;
@@ -180,6 +187,14 @@ static int cmd_serve(int argc, char **argv) {
             if (!cli_parse_int(optarg, 1, 1 << 16, &v))
                 return cli_usage_error("serve", "--predict-chunk '%s' is not 1-65536", optarg);
             predict_chunk = (uint32_t)v;
+            break;
+        case O_SPEC:
+            if (!spec_mode_parse(optarg, &spec)) return cli_usage_error("serve", "--spec '%s' is not off or ngram", optarg);
+            break;
+        case O_SPECMAX:
+            if (!cli_parse_int(optarg, 1, SPEC_MAX_DRAFT, &v))
+                return cli_usage_error("serve", "--spec-max '%s' is not 1-%d", optarg, SPEC_MAX_DRAFT);
+            spec_max = (uint32_t)v;
             break;
         case O_NOMMAP: mp.no_mmap = true; break;
         case O_MLOCK: mp.mlock = true; break;
@@ -255,6 +270,8 @@ static int cmd_serve(int argc, char **argv) {
             .predict_chunk = predict_chunk,
             .predict_test_delay_ms = predict_delay,
             .demo_note = demo_note,
+            .spec = spec,
+            .spec_max = spec_max,
         };
         st = srv_engine_new(&ep, &eng);
     }

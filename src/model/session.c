@@ -418,6 +418,15 @@ enum tern_status tern_session_restore(struct tern_session *s, const struct tern_
     return TERN_OK;
 }
 
+enum tern_status tern_session_checkpoint_update(struct tern_session *s, struct tern_checkpoint *c) {
+    if (c->m != s->m || c->n_bytes != s->m->rec_bytes)
+        return tern_errorf(TERN_ERR_INVALID, "session: the checkpoint was taken with another model");
+    c->pos = s->n_past;
+    c->tok_hash = tokens_hash(s->tokens, s->n_past);
+    if (c->n_bytes) memcpy(c->data, s->rec, c->n_bytes);
+    return TERN_OK;
+}
+
 uint32_t tern_checkpoint_pos(const struct tern_checkpoint *c) { return c->pos; }
 size_t tern_checkpoint_bytes(const struct tern_checkpoint *c) { return sizeof *c + c->n_bytes; }
 

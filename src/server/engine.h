@@ -16,6 +16,7 @@
 #include "cache/cache.h"
 #include "server/predict.h"
 #include "server/server.h"
+#include "server/spec.h"
 #include "tern.h"
 
 struct srv_engine;
@@ -31,6 +32,8 @@ struct srv_engine_params {
     uint32_t predict_chunk;          /* --predict-chunk: tokens per idle priming step (0 = 128) */
     uint32_t predict_test_delay_ms;  /* TERN_TEST_PREDICT_DELAY_MS: tests only, a pause per step */
     const char *demo_note;           /* non-NULL: this is the demo model; say so */
+    enum spec_mode spec;             /* --spec: speculative decoding's draft source */
+    uint32_t spec_max;               /* --spec-max: tokens per draft (0 = SPEC_DEFAULT_MAX) */
 };
 
 enum tern_status srv_engine_new(const struct srv_engine_params *p, struct srv_engine **out);
