@@ -3,6 +3,8 @@ tern_unit_test(test-server-reply ${CMAKE_SOURCE_DIR}/tests/unit/test-server-repl
 tern_unit_test(test-server-respond ${CMAKE_SOURCE_DIR}/tests/unit/test-server-respond.c)
 tern_unit_test(test-server-chat ${CMAKE_SOURCE_DIR}/tests/unit/test-server-chat.c)
 tern_unit_test(test-server-predict ${CMAKE_SOURCE_DIR}/tests/unit/test-server-predict.c)
+# speculative decoding: greedy identical to plain on every kit model, the sampling rule
+tern_unit_test(test-spec ${CMAKE_SOURCE_DIR}/tests/unit/test-spec.c TIMEOUT 600)
 tern_unit_test(test-server-http ${CMAKE_SOURCE_DIR}/tests/unit/test-server-http.c TIMEOUT 120)
 # End-to-end: `tern serve` on a generated model driven over HTTP from node (fetch), by
 # the official openai SDK (third_party/node_modules, installed by scripts/deps.sh), and
