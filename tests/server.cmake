@@ -17,6 +17,9 @@ if(TERN_NODE)
   # requests, wrong predictions, the switches (generated qwen35 and qwen3 models)
   tern_script_test(server-predict ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/predict.test.mjs
                    TIMEOUT 600 LABELS e2e)
+  # speculative decoding: the same answers and states as without it
+  tern_script_test(server-spec ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/spec.test.mjs
+                   TIMEOUT 600 LABELS e2e)
   tern_script_test(server-openai-sdk ${TERN_NODE} --test-reporter=spec
                    ${CMAKE_SOURCE_DIR}/tests/clients/openai-sdk.test.mjs TIMEOUT 600 LABELS e2e)
   # Priming the bodies that fit is slow under ASan; the two tests above exercise the
