@@ -143,6 +143,12 @@ struct tern_eval_opts {
     const uint32_t *ckpt_pos;
     size_t n_ckpt;
     tern_ckpt_cb on_ckpt;
+    /* Hybrid models (speculative verification): if set, [n][recurrent_bytes] receives
+     * the recurrent state after each evaluated token, so that tern_session_rewind can
+     * go back to any position this eval reached without a checkpoint. The caller owns
+     * the buffer and keeps it unchanged while it may rewind; the next eval, restore or
+     * fork forgets it. Results do not depend on it. */
+    void *rec_trail;
 };
 
 /* Consumes toks[0..n) in chunks. The logits after the last token are then available
@@ -159,8 +165,9 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
 const float *tern_session_logits(const struct tern_session *s);
 
 /* Rewinds to position p <= n_past. Attention-only models: always possible. Hybrid
- * models: only p == n_past; otherwise TERN_ERR_STATE saying a checkpoint is needed (the
- * session is unchanged). */
+ * models: p == n_past, or a position the last eval reached with a rec_trail (p after
+ * its first token, the trail buffer unchanged); otherwise TERN_ERR_STATE saying a
+ * checkpoint is needed (the session is unchanged). */
 enum tern_status tern_session_rewind(struct tern_session *s, uint32_t p);
 
 /* Takes a checkpoint at the current position n_past: a copy of every non-positional

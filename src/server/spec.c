@@ -5,6 +5,7 @@
 #include "util/mem.h"
 #include "util/rng.h"
 #include "util/status.h"
+#include "util/timeutil.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -86,14 +87,23 @@ enum tern_status spec_dec_init(struct spec_dec *d, struct tern_session *s, struc
     if (d->mode == SPEC_ORACLE && !d->oracle)
         return tern_errorf(TERN_ERR_INVALID, "spec: the oracle source needs its tokens");
     if (d->mode == SPEC_OFF) return TERN_OK;
+    d->refeed = p->refeed;
     d->logits = tern_malloc((size_t)(d->max + 1) * d->n_vocab * sizeof(float));
     if (!d->logits)
         return tern_errorf(TERN_ERR_NOMEM, "spec: out of memory for %u x %u logits", d->max + 1, d->n_vocab);
+    if (d->hybrid && !d->refeed) {
+        d->trail = tern_aligned_alloc((size_t)(d->max + 1) * info->recurrent_bytes);
+        if (!d->trail)
+            return tern_errorf(TERN_ERR_NOMEM, "spec: out of memory for %u recurrent states of %zu bytes", d->max + 1,
+                               info->recurrent_bytes);
+    }
     return TERN_OK;
 }
 
 void spec_dec_free(struct spec_dec *d) {
     free(d->logits);
+    tern_aligned_free(d->trail);
+    d->trail = NULL;
     tern_checkpoint_free(d->ck);
     d->logits = NULL;
     d->ck = NULL;
@@ -110,12 +120,21 @@ int32_t spec_next(struct spec_dec *d) {
 }
 
 /* Brings the session back from its speculative end to n_commit. */
+static enum tern_status settle_now(struct spec_dec *d);
+
 static enum tern_status settle(struct spec_dec *d) {
+    if (tern_session_n_past(d->s) == d->n_commit) return TERN_OK;
+    const double t0 = tern_now_s();
+    enum tern_status st = settle_now(d);
+    d->st.t_settle += tern_now_s() - t0;
+    return st;
+}
+
+static enum tern_status settle_now(struct spec_dec *d) {
     struct tern_session *s = d->s;
     const uint32_t n = tern_session_n_past(s);
-    if (n == d->n_commit) return TERN_OK;
     TERN_ASSERT(n > d->n_commit);
-    if (!d->hybrid) return tern_session_rewind(s, d->n_commit);
+    if (!d->hybrid || !d->refeed) return tern_session_rewind(s, d->n_commit); /* KV rows, and the trail */
     /* The recurrent state has folded in the rejected tokens: back to the state before
      * the verify chunk, then the accepted tokens again (copied out: eval writes the
      * session's token array). */
@@ -159,13 +178,16 @@ enum tern_status spec_accept(struct spec_dec *d, int32_t tok, size_t want) {
         if (!st) d->n_commit++;
         return st;
     }
-    if (d->hybrid) {
+    if (d->hybrid && d->refeed) {
+        const double t0 = tern_now_s();
         if (!d->ck) st = tern_session_checkpoint(s, &d->ck);
         else st = tern_session_checkpoint_update(s, d->ck);
+        d->st.t_ckpt += tern_now_s() - t0;
         if (st) return st;
     }
     /* One chunk: a cancel is only seen before it, so a cancelled verify changes nothing. */
-    struct tern_eval_opts eo = {.n_chunk = (uint32_t)(k + 1), .logits_all = d->logits, .cancel = d->cancel};
+    struct tern_eval_opts eo = {.n_chunk = (uint32_t)(k + 1), .logits_all = d->logits, .cancel = d->cancel,
+                                .rec_trail = d->trail};
     st = tern_session_eval(s, d->buf, k + 1, &eo);
     if (st) {
         /* a failure after the chunk started leaves the session at an unknown end */

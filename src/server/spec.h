@@ -13,9 +13,11 @@
  * The session may run ahead of what the loop has accepted (rejected guesses, or
  * accepted ones the loop has not consumed yet); spec_finish brings it back to exactly
  * the accepted tokens: an attention-only model rewinds its KV rows, a hybrid one
- * restores the recurrent state saved before the verify chunk and re-reads the accepted
- * tokens. Nothing is parked or checkpointed in between: the caller's checkpoints are
- * never taken during decoding, and the session is committed only after spec_finish. */
+ * rewinds too, taking the recurrent state that the verify chunk recorded after each
+ * position (tern_eval_opts.rec_trail; or, with refeed, restores a checkpoint taken
+ * before the chunk and re-reads the accepted tokens). Nothing is parked or
+ * checkpointed in between: the caller's checkpoints are never taken during decoding,
+ * and the session is committed only after spec_finish. */
 #ifndef TERN_SERVER_SPEC_H
 #define TERN_SERVER_SPEC_H
 
@@ -53,6 +55,10 @@ struct spec_params {
     enum spec_mode mode;
     uint32_t max;                     /* tokens per draft, 1..SPEC_MAX_DRAFT; 0 = default */
     const struct spec_oracle *oracle; /* SPEC_ORACLE: borrowed for the decoder's life */
+    /* Hybrid models: bring the recurrent state back by a checkpoint before each verify
+     * chunk and a re-read of the accepted tokens, instead of the state trail (the
+     * alternative docs/spec.md measures; tests and benchmarks). */
+    bool refeed;
 };
 
 struct spec_stats {
@@ -60,6 +66,8 @@ struct spec_stats {
     uint64_t accepted; /* of those, the ones the target model picked */
     uint64_t rounds;   /* verify chunks */
     uint64_t refed;    /* tokens read again to bring a hybrid state back after a rejection */
+    double t_ckpt;     /* seconds saving the recurrent state before verify chunks (refeed) */
+    double t_settle;   /* seconds bringing the session back (restore + re-read, rewind) */
 };
 
 struct spec_dec {
@@ -77,7 +85,9 @@ struct spec_dec {
     uint32_t nq, iq;
     int32_t buf[SPEC_MAX_DRAFT + 1]; /* the verify chunk: the token, then the draft */
     float *logits;               /* (max + 1, n_vocab) the verify chunk's logits */
-    struct tern_checkpoint *ck;  /* hybrid: the state before the last verify chunk */
+    struct tern_checkpoint *ck;  /* hybrid, refeed: the state before the last verify chunk */
+    bool refeed;
+    uint8_t *trail;              /* hybrid: (max + 1, recurrent_bytes) the states after each verified position */
     struct spec_stats st;
 };
 

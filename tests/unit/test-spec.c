@@ -286,11 +286,16 @@ static void test_greedy_identical(void **unused) {
             assert_true(r.st.accepted <= r.st.drafted);
             ngram_drafted += r.st.drafted;
             for (uint32_t pct = 0; pct <= 100; pct += 50) {
+              /* hybrid models: the state trail and the checkpoint + re-read alternative */
+              for (int refeed = 0; refeed <= (int)tern_model_info(m)->hybrid; refeed++) {
                 const struct spec_oracle o = {.toks = plain.toks, .n = N_GEN, .reject_pct = pct, .seed = 5};
-                snprintf(label, sizeof label, "%s oracle %u%% wrong, max %u", g_models[im], pct, lens[il]);
-                decode(m, prompt, &(struct spec_params){.mode = SPEC_ORACLE, .max = lens[il], .oracle = &o}, 0.0f, 1,
-                       0, &r, NULL);
+                snprintf(label, sizeof label, "%s oracle %u%% wrong, max %u%s", g_models[im], pct, lens[il],
+                         refeed ? ", refeed" : "");
+                decode(m, prompt,
+                       &(struct spec_params){.mode = SPEC_ORACLE, .max = lens[il], .oracle = &o, .refeed = refeed},
+                       0.0f, 1, 0, &r, NULL);
                 check_same(label, &plain, &r);
+                if (!refeed) assert_int_equal(r.st.refed, 0);
                 assert_true(r.st.drafted > 0);
                 if (pct == 0) {
                     /* every draft accepted: a round per max + 1 tokens */
@@ -299,10 +304,11 @@ static void test_greedy_identical(void **unused) {
                     assert_true(r.st.rounds <= (N_GEN + lens[il]) / (lens[il] + 1));
                 } else if (pct == 100) {
                     assert_int_equal(r.st.accepted, 0);
-                    if (tern_model_info(m)->hybrid) assert_int_equal(r.st.refed, r.st.rounds);
+                    if (refeed) assert_int_equal(r.st.refed, r.st.rounds);
                 } else {
                     assert_true(r.st.accepted > 0 && r.st.accepted < r.st.drafted);
                 }
+              }
             }
         }
         printf("# %s: prompt lookup drafted %llu\n", g_models[im], (unsigned long long)ngram_drafted);
@@ -334,8 +340,9 @@ static void test_stop_midway(void **unused) {
             const uint64_t want = cold_hash(m, prompt, plain.toks, (size_t)n - 1);
             for (uint32_t pct = 0; pct <= 50; pct += 50) {
                 const struct spec_oracle o = {.toks = plain.toks, .n = N_GEN, .reject_pct = pct, .seed = 9};
-                decode(m, prompt, &(struct spec_params){.mode = SPEC_ORACLE, .max = 8, .oracle = &o}, 0.0f, 1, n, &r,
-                       NULL);
+                const bool refeed = tern_model_info(m)->hybrid && is % 2;
+                decode(m, prompt, &(struct spec_params){.mode = SPEC_ORACLE, .max = 8, .oracle = &o, .refeed = refeed},
+                       0.0f, 1, n, &r, NULL);
                 assert_memory_equal(r.toks, plain.toks, (size_t)n * sizeof *r.toks);
                 assert_int_equal(r.n_past, N_PROMPT + n - 1);
                 if (r.hash != want)
@@ -398,6 +405,53 @@ static void test_resumed_equals_cold(void **unused) {
         tern_sampler_free(b);
         tern_session_free(s);
         tern_session_free(cold);
+        tern_model_free(m);
+    }
+    if (!n_models) skip();
+}
+
+/* The state trail of an eval (tern_eval_opts.rec_trail): the eval's results do not
+ * change, and rewinding to any position it reached gives the cold state there; without
+ * a trail, or beyond it, a hybrid session still refuses. */
+static void test_state_trail(void **unused) {
+    (void)unused;
+    size_t n_models = 0;
+    for (size_t im = 0; im < TERN_ARRAY_LEN(g_models); im++) {
+        struct tern_model *m = load(g_models[im]);
+        if (!m) continue;
+        const struct tern_model_info *info = tern_model_info(m);
+        if (!info->hybrid) {
+            tern_model_free(m);
+            continue;
+        }
+        n_models++;
+        int32_t prompt[N_PROMPT];
+        mk_prompt(m, prompt);
+        enum { K = 9 };
+        uint8_t *trail = tern_malloc(K * info->recurrent_bytes);
+        float *la = tern_malloc((size_t)K * info->n_vocab * sizeof(float)), *lb = tern_malloc((size_t)K * info->n_vocab * sizeof(float));
+        struct tern_session *a = primed(m, prompt, N_PROMPT - K), *b = primed(m, prompt, N_PROMPT - K);
+        assert_int_equal(tern_session_eval(a, prompt + N_PROMPT - K, K, &(struct tern_eval_opts){.logits_all = la, .rec_trail = trail}), TERN_OK);
+        assert_int_equal(tern_session_eval(b, prompt + N_PROMPT - K, K, &(struct tern_eval_opts){.logits_all = lb, .n_chunk = 4}), TERN_OK);
+        assert_memory_equal(la, lb, (size_t)K * info->n_vocab * sizeof(float));
+        assert_int_equal(tern_session_hash(a), tern_session_hash(b));
+        /* before the eval's first token: not in the trail */
+        assert_int_equal(tern_session_rewind(a, N_PROMPT - K), TERN_ERR_STATE);
+        assert_int_equal(tern_session_rewind(b, N_PROMPT - 2), TERN_ERR_STATE);
+        for (uint32_t p = N_PROMPT - 1; p > N_PROMPT - K; p -= 3) {
+            assert_int_equal(tern_session_rewind(a, p), TERN_OK);
+            struct tern_session *cold = primed(m, prompt, p);
+            assert_int_equal(tern_session_hash(a), tern_session_hash(cold));
+            tern_session_free(cold);
+        }
+        /* the next eval forgets the trail */
+        assert_int_equal(tern_session_eval(a, prompt, 2, NULL), TERN_OK);
+        assert_int_equal(tern_session_rewind(a, tern_session_n_past(a) - 1), TERN_ERR_STATE);
+        tern_session_free(a);
+        tern_session_free(b);
+        free(trail);
+        free(la);
+        free(lb);
         tern_model_free(m);
     }
     if (!n_models) skip();
@@ -471,6 +525,7 @@ int main(void) {
         cmocka_unit_test(test_greedy_identical),
         cmocka_unit_test(test_stop_midway),
         cmocka_unit_test(test_resumed_equals_cold),
+        cmocka_unit_test(test_state_trail),
         cmocka_unit_test(test_sampling_deterministic),
         cmocka_unit_test(test_cancel),
     };
