@@ -141,6 +141,7 @@ static void test_sampling_rule(void **unused) {
 
 static const char *const g_models[] = {
     "models/stories260K.gguf",        "models/tiny-qwen3-f32.gguf",      "models/tiny-qwen3-q4_k_m.gguf",
+    "models/tiny-qwen3-iq4_xs.gguf",
     "models/tiny-qwen35-f32.gguf",    "models/tiny-qwen35-q8_0.gguf",    "models/tiny-qwen35-q4_k_m.gguf",
     "models/tiny-qwen35moe-f32.gguf", "models/tiny-qwen3moe-q8_0.gguf",
 };
