@@ -445,9 +445,12 @@ static void engine_run(void *self, struct srv_job *j) {
     }
 
     /* Speculative decoding (spec.h): the decoder samples and evaluates for the loop.
-     * Forced output (tests) decodes plainly. */
+     * Forced output (tests) decodes plainly; so will a request with a grammar (its mask
+     * is applied per sampled token: docs/spec.md). */
     {
-        struct spec_params spp = {.mode = ej->forced ? SPEC_OFF : e->spec, .max = e->spec_max};
+        struct spec_params spp = {.mode = j->req.spec_set ? j->req.spec : e->spec,
+                                  .max = j->req.spec_max ? j->req.spec_max : e->spec_max};
+        if (ej->forced) spp.mode = SPEC_OFF;
         if ((st = spec_dec_init(&sd, s, sampler, &spp, &j->cancel))) {
             send_failure(j, 500, "server_error", "cannot start decoding: %s", tern_last_error());
             goto out;

@@ -136,4 +136,14 @@ test('stories260K: prompt lookup drafts and is accepted; the output is the plain
   assert.ok(drafted >= Number(line[1]) && accepted > 0 && accepted <= drafted);
   const off = await (await fetch(`${servers.stories.off.base}/metrics`)).text();
   assert.match(off, /^tern_spec_drafted_tokens_total 0$/m);
+  // per request: "spec" turns it on on the plain server and off on the speculative one
+  const on = await post(servers.stories.off, '/v1/completions', { ...body, spec: 'ngram', spec_max: 3 });
+  assert.deepEqual(on.choices, r.choices);
+  assert.match((await logged(servers.stories.off, new RegExp(`request ${on.id} [^\n]*`)))[0], / drafted=[1-9]/);
+  const plain = await post(servers.stories.spec, '/v1/completions', { ...body, spec: 'off' });
+  assert.deepEqual(plain.choices, r.choices);
+  assert.doesNotMatch((await logged(servers.stories.spec, new RegExp(`request ${plain.id} [^\n]*`)))[0], /drafted=/);
+  const bad = await fetch(`${servers.stories.spec.base}/v1/completions`, { method: 'POST',
+    headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...body, spec: 'mtp' }) });
+  assert.equal(bad.status, 400);
 });
