@@ -447,10 +447,9 @@ static void engine_run(void *self, struct srv_job *j) {
     /* Speculative decoding (spec.h): the decoder samples and evaluates for the loop.
      * Forced output (tests) decodes plainly; so will a request with a grammar (its mask
      * is applied per sampled token: docs/spec.md). */
-    {
+    if (!ej->forced) {
         struct spec_params spp = {.mode = j->req.spec_set ? j->req.spec : e->spec,
                                   .max = j->req.spec_max ? j->req.spec_max : e->spec_max};
-        if (ej->forced) spp.mode = SPEC_OFF;
         if ((st = spec_dec_init(&sd, s, sampler, &spp, &j->cancel))) {
             send_failure(j, 500, "server_error", "cannot start decoding: %s", tern_last_error());
             goto out;
@@ -489,12 +488,12 @@ static void engine_run(void *self, struct srv_job *j) {
             break;
         }
         if (i + 1 >= max_new) break;
-        if (spec_n_past(&sd) + 1 > n_ctx) break; /* the context is full: length */
+        if ((ej->forced ? tern_session_n_past(s) : spec_n_past(&sd)) + 1 > n_ctx) break; /* the context is full: length */
         if (ej->forced) {
             struct tern_eval_opts de = {.cancel = &j->cancel};
             st = tern_session_eval(s, &tok, 1, &de);
         } else {
-            st = spec_accept(&sd, tok, max_new - i - 1 < (int64_t)SIZE_MAX ? (size_t)(max_new - i - 1) : SIZE_MAX);
+            st = spec_accept(&sd, tok, (size_t)(max_new - i - 1)); /* drafts stop at max_tokens */
         }
         if (st == TERN_ERR_CANCELLED) goto cancelled;
         if (st == TERN_ERR_RANGE) break;

@@ -23,7 +23,7 @@ function makeModel(preset) {
 const stories = join(process.env.TERN_SHARED_DIR || join(sourceDir, '../shared'), 'models/stories260K.gguf');
 const models = { qwen35: makeModel('tiny-qwen35'), qwen3: makeModel('tiny-qwen3') };
 if (existsSync(stories)) models.stories = stories;
-const env = { TERN_STATE_HASH: '1', TERN_PREDICT: '0' };
+const env = { TERN_STATE_HASH: '1', TERN_PREDICT: '0', TERN_TEST_FORCED_OUTPUT: '1' };
 const common = ['--ctx-size', '2048', '--chunk', '64'];
 
 const servers = {};
@@ -109,6 +109,13 @@ for (const name of ['qwen35', 'qwen3']) {
     await both(name, '/v1/chat/completions', { messages: [...echoMessages,
       { role: 'assistant', content: text }, { role: 'user', content: 'again: alpha beta gamma delta' }],
     temperature: 0, max_tokens: 24 });
+    // forced output (tests) decodes without drafts and parks every forced token (its end is
+    // an end-of-generation, never evaluated)
+    const forced = await both(name, '/v1/chat/completions', { messages: echoMessages, temperature: 0,
+      tern_forced_output: 'alpha beta gamma delta alpha beta' });
+    assert.equal(forced.choices[0].message.content, 'alpha beta gamma delta alpha beta');
+    const fh = (await stateHash(servers[name].spec, forced.id)).split(' ')[0];
+    assert.equal(Number(fh), forced.usage.prompt_tokens + forced.usage.completion_tokens);
     // sampling with a seed: the same tokens run to run on the speculative server
     const body = { messages: echoMessages, temperature: 0.9, seed: 7, max_tokens: 24 };
     const x = await post(servers[name].spec, '/v1/chat/completions', body);
@@ -136,6 +143,12 @@ test('stories260K: prompt lookup drafts and is accepted; the output is the plain
   assert.ok(drafted >= Number(line[1]) && accepted > 0 && accepted <= drafted);
   const off = await (await fetch(`${servers.stories.off.base}/metrics`)).text();
   assert.match(off, /^tern_spec_drafted_tokens_total 0$/m);
+  // drafts stop at max_tokens: at most max_tokens - 1 tokens are evaluated, one per step
+  // for the token sampled before the draft
+  const short = await both('stories', '/v1/completions', { ...body, max_tokens: 5 });
+  const sl = (await logged(servers.stories.spec, new RegExp(`request ${short.id} [^\n]*`)))[0];
+  const sd = sl.match(/ drafted=(\d+)/);
+  assert.ok(!sd || Number(sd[1]) <= 3, sl);
   // per request: "spec" turns it on on the plain server and off on the speculative one
   const on = await post(servers.stories.off, '/v1/completions', { ...body, spec: 'ngram', spec_max: 3 });
   assert.deepEqual(on.choices, r.choices);
