@@ -28,6 +28,8 @@ if(TERN_NODE)
                    ${CMAKE_SOURCE_DIR}/tests/clients/bench-bodies.test.mjs TIMEOUT 900 LABELS e2e no-asan)
 endif()
 tern_script_test(cli-chat ${CMAKE_SOURCE_DIR}/tests/e2e/cli-chat.sh TIMEOUT 120 LABELS e2e)
+# tern run / tern chat --spec: the same output and state as --spec off, drafts reported
+tern_script_test(spec-cli ${CMAKE_SOURCE_DIR}/tests/e2e/spec-cli.sh TIMEOUT 300 LABELS e2e)
 if(TERN_NODE)
   # the README's first command (makes a 50 MB model once: too slow under ASan)
   tern_script_test(server-demo ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/demo.test.mjs
