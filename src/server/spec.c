@@ -77,6 +77,7 @@ enum tern_status spec_dec_init(struct spec_dec *d, struct tern_session *s, struc
     d->cancel = cancel;
     d->mode = p ? p->mode : SPEC_OFF;
     d->max = p && p->max ? p->max : SPEC_DEFAULT_MAX;
+    d->cur = d->max;
     d->oracle = p ? p->oracle : NULL;
     const struct tern_model_info *info = tern_model_info(tern_session_model(s));
     d->n_vocab = info->n_vocab;
@@ -164,7 +165,9 @@ enum tern_status spec_accept(struct spec_dec *d, int32_t tok, size_t want) {
     if (st) return st;
 
     const uint32_t n_ctx = tern_session_n_ctx(s);
-    size_t max = d->mode == SPEC_OFF ? 0 : d->max;
+    /* Prompt lookup adapts its length (a draft that is mostly rejected costs a longer
+     * chunk for nothing); the oracle keeps its fixed length, the bound it measures. */
+    size_t max = d->mode == SPEC_OFF ? 0 : d->mode == SPEC_NGRAM ? d->cur : d->max;
     if (want < 1) max = 0;
     else if (max > want - 1) max = want - 1; /* tok's chunk yields up to k + 1 tokens */
     if (d->n_commit + 1 >= n_ctx) max = 0;
@@ -217,6 +220,9 @@ enum tern_status spec_accept(struct spec_dec *d, int32_t tok, size_t want) {
     }
     d->nq = (uint32_t)(j + 1);
     d->st.accepted += j;
+    /* all accepted: try twice as long; else one more than what was accepted */
+    if (j == k) d->cur = d->cur * 2 < d->max ? d->cur * 2 : d->max;
+    else d->cur = (uint32_t)j + 1;
     return TERN_OK;
 }
 

@@ -75,6 +75,7 @@ struct spec_dec {
     struct tern_sampler *smp;
     enum spec_mode mode;
     uint32_t max;
+    uint32_t cur;                /* prompt lookup: the current cap, adapted to what is accepted */
     const struct spec_oracle *oracle;
     const volatile int *cancel;
     uint32_t n_vocab;
