@@ -170,6 +170,10 @@ const float *tern_session_logits(const struct tern_session *s);
  * checkpoint is needed (the session is unchanged). */
 enum tern_status tern_session_rewind(struct tern_session *s, uint32_t p);
 
+/* Forgets the rec_trail of the last eval (before its buffer is freed or reused; the
+ * next eval, restore or fork forgets it too). The state is unchanged. */
+void tern_session_drop_trail(struct tern_session *s);
+
 /* Takes a checkpoint at the current position n_past: a copy of every non-positional
  * part of the state (conv windows, recurrent matrices) plus the position and a hash of
  * T[0..n). For attention-only models it holds only the position. */

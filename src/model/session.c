@@ -388,6 +388,8 @@ enum tern_status tern_session_rewind(struct tern_session *s, uint32_t p) {
     return TERN_OK;
 }
 
+void tern_session_drop_trail(struct tern_session *s) { s->trail = NULL; }
+
 static uint64_t tokens_hash(const int32_t *t, uint32_t n) { return tern_hash64(t, (size_t)n * sizeof *t); }
 
 enum tern_status tern_session_checkpoint(struct tern_session *s, struct tern_checkpoint **out) {

@@ -229,5 +229,8 @@ enum tern_status spec_accept(struct spec_dec *d, int32_t tok, size_t want) {
 enum tern_status spec_finish(struct spec_dec *d) {
     /* accepted drafts the caller did not take are dropped with the rest */
     d->nq = d->iq = 0;
-    return settle(d);
+    enum tern_status st = settle(d);
+    /* the session outlives the trail buffer (it is parked, hashed, resumed) */
+    tern_session_drop_trail(d->s);
+    return st;
 }

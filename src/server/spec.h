@@ -108,8 +108,9 @@ int32_t spec_next(struct spec_dec *d);
 enum tern_status spec_accept(struct spec_dec *d, int32_t tok, size_t want);
 /* The position of the accepted tokens (the session's n_past once finished). */
 uint32_t spec_n_past(const struct spec_dec *d);
-/* Brings the session to exactly the accepted tokens (idempotent). Before the session is
- * hashed, parked or checkpointed. */
+/* Brings the session to exactly the accepted tokens (idempotent) and detaches it from
+ * the decoder's buffers. Before the session is hashed, parked or checkpointed, and before
+ * spec_dec_free. */
 enum tern_status spec_finish(struct spec_dec *d);
 
 /* Prompt lookup: matches the last n tokens of ctx + last (n = 3, 2, 1) against earlier

@@ -220,6 +220,10 @@ static void decode(struct tern_model *m, const int32_t *prompt, const struct spe
     }
     assert_int_equal(spec_finish(&d), TERN_OK);
     assert_int_equal(spec_finish(&d), TERN_OK); /* idempotent */
+    /* the finished session is detached from the decoder's trail: a hybrid one refuses a
+     * rewind again */
+    if (tern_model_info(m)->hybrid && tern_session_n_past(s) > N_PROMPT)
+        assert_int_equal(tern_session_rewind(s, tern_session_n_past(s) - 1), TERN_ERR_STATE);
     r->n_past = tern_session_n_past(s);
     r->hash = tern_session_hash(s);
     r->st = d.st;
@@ -445,7 +449,10 @@ static void test_state_trail(void **unused) {
             assert_int_equal(tern_session_hash(a), tern_session_hash(cold));
             tern_session_free(cold);
         }
-        /* the next eval forgets the trail */
+        /* dropping it, or the next eval, forgets the trail */
+        assert_int_equal(tern_session_eval(b, prompt, 3, &(struct tern_eval_opts){.rec_trail = trail}), TERN_OK);
+        tern_session_drop_trail(b);
+        assert_int_equal(tern_session_rewind(b, tern_session_n_past(b) - 1), TERN_ERR_STATE);
         assert_int_equal(tern_session_eval(a, prompt, 2, NULL), TERN_OK);
         assert_int_equal(tern_session_rewind(a, tern_session_n_past(a) - 1), TERN_ERR_STATE);
         tern_session_free(a);
