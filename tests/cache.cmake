@@ -1,8 +1,19 @@
 tern_unit_test(test-planner ${CMAKE_SOURCE_DIR}/tests/unit/test-planner.c)
 tern_unit_test(test-cache ${CMAKE_SOURCE_DIR}/tests/unit/test-cache.c TIMEOUT 900)
+# The disk tier's format and index: restore == cold at every resume point, flipped bytes,
+# truncation, renamed files, another layout, the budget, two processes on one directory.
+tern_unit_test(test-disk ${CMAKE_SOURCE_DIR}/tests/unit/test-disk.c TIMEOUT 600)
 # Reuse through HTTP: tiers, identities, checkpoints, resumed == cold (node's fetch).
 find_program(TERN_NODE node)
 if(TERN_NODE)
   tern_script_test(reuse-e2e ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/reuse.test.mjs
                    TIMEOUT 900 LABELS e2e)
+  # The disk tier (--cache-dir): restarts, corrupt and foreign files, kill -9, budget,
+  # a full tmpfs (skipped where mount is not permitted), the switches.
+  tern_script_test(disk-e2e ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/disk.test.mjs
+                   TIMEOUT 900 LABELS e2e)
+  # nginx (deploy/nginx.conf) in front of two replicas sharing one --cache-dir; skipped
+  # (77) without nginx
+  tern_script_test(disk-replicas ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/disk-replicas.test.mjs
+                   TIMEOUT 600 LABELS e2e)
 endif()

@@ -35,3 +35,9 @@ if(TERN_NODE)
   tern_script_test(server-demo ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/demo.test.mjs
                    TIMEOUT 300 LABELS e2e no-asan)
 endif()
+if(TERN_NODE)
+  # structured output (issue 16): schemas x seeds validated by ajv, tool_choice required
+  # with the qwen-code request through the openai SDK, grammar errors (src/grammar)
+  tern_script_test(server-structured ${TERN_NODE} --test-reporter=spec
+                   ${CMAKE_SOURCE_DIR}/tests/clients/structured.test.mjs TIMEOUT 900 LABELS e2e)
+endif()

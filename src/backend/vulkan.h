@@ -115,4 +115,23 @@ enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf 
                                    struct tern_vk_buf *out, size_t out_stride, size_t n_tok, size_t pos0,
                                    size_t n_head, size_t n_kv_head, size_t head_dim, float scale, bool f16);
 
+/* Gated DeltaNet (model/deltanet.h) on the device, tokens in order. conv: the causal
+ * depthwise convolution + SiLU over C channels with n_conv taps (conv_wt tap-major
+ * [n_conv][C]), updating window [n_conv - 1][C]. heads: the recurrence per v-head over
+ * state [n_v][d_k][d_v], reading rows of qkv (C), z (n_v d_v), beta and alpha (n_v),
+ * writing rows of out (n_v d_v); params = ssm_a[n_v] | dt_bias[n_v] | ssm_norm[d_v].
+ * Heads of at most 256. */
+enum tern_status tern_vk_deltanet_conv(struct tern_vk *vk, struct tern_vk_buf *window, const struct tern_vk_buf *conv_wt,
+                                       const struct tern_vk_buf *x, size_t ldx, struct tern_vk_buf *y, size_t ldy,
+                                       size_t C, size_t n_conv, size_t n_tok);
+enum tern_status tern_vk_deltanet_heads(struct tern_vk *vk, struct tern_vk_buf *state, const struct tern_vk_buf *qkv,
+                                        const struct tern_vk_buf *z, const struct tern_vk_buf *beta,
+                                        const struct tern_vk_buf *alpha, struct tern_vk_buf *out,
+                                        const struct tern_vk_buf *params, size_t n_k, size_t n_v, size_t d_k,
+                                        size_t d_v, float eps, size_t n_tok);
+
+/* Rows of n_head heads laid out [a | b] per head (2 * head_dim each) split into a and b. */
+enum tern_status tern_vk_split_heads(struct tern_vk *vk, const struct tern_vk_buf *ab, struct tern_vk_buf *a,
+                                     struct tern_vk_buf *b, size_t n_tok, size_t n_head, size_t head_dim);
+
 #endif

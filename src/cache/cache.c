@@ -10,6 +10,7 @@
  * conversation keeps its state. */
 #include "cache/cache.h"
 
+#include "cache/disk.h"
 #include "cache/fingerprint.h"
 #include "cache/planner.h"
 #include "tokenizer/tokenizer.h"
@@ -50,6 +51,11 @@ struct entry {
     bool leased;
     bool predicted;             /* primed ahead of time, not yet used by a request */
     bool keep;                  /* predicted with CACHE_PREDICT_KEEP: the base of the next one */
+    /* The disk tier: an unnamed conversation's file is named by a nonce it keeps for
+     * its lifetime (resumed from disk: the file's), so its next park replaces it. */
+    uint8_t disk_nonce[DISK_NONCE_BYTES];
+    bool has_nonce;
+    bool disk_dirty;            /* changed since it was last written (or the write failed) */
     struct entry *prev, *next;  /* LRU list, head = most recent */
 };
 
@@ -80,6 +86,8 @@ struct cache {
     size_t cap_turns;
     pthread_mutex_t stats_mu;
     struct cache_stats stats;
+    struct disk *disk;          /* --cache-dir; NULL = off */
+    bool disk_failing;          /* the last write failed (logged once until one succeeds) */
 };
 
 const char *cache_tier_name(enum cache_tier t) {
@@ -90,6 +98,8 @@ const char *cache_tier_name(enum cache_tier t) {
     case CACHE_TIER_CHECKPOINT: return "checkpoint";
     case CACHE_TIER_AFFINITY: return "affinity";
     case CACHE_TIER_PREDICTED: return "predicted";
+    case CACHE_TIER_DISK: return "disk";
+    case CACHE_TIER_COUNT: break;
     }
     return "?";
 }
@@ -208,6 +218,54 @@ void cache_get_stats(const struct cache *c, struct cache_stats *out) {
         pthread_mutex_unlock(&(c)->stats_mu);                                               \
     } while (0)
 
+/* ---- the disk tier ------------------------------------------------------------------- */
+
+static void disk_stats_update(struct cache *c) {
+    if (!c->disk) return;
+    struct disk_stats ds;
+    disk_get_stats(c->disk, &ds);
+    pthread_mutex_lock(&c->stats_mu);
+    c->stats.disk_on = true;
+    c->stats.disk_writes = ds.writes;
+    c->stats.disk_write_bytes = ds.write_bytes;
+    c->stats.disk_write_errors = ds.write_errors;
+    c->stats.disk_loads = ds.loads;
+    c->stats.disk_load_bytes = ds.load_bytes;
+    c->stats.disk_invalid = ds.invalid;
+    c->stats.disk_evictions = ds.evictions;
+    c->stats.disk_bytes = ds.bytes;
+    c->stats.disk_entries = ds.entries;
+    pthread_mutex_unlock(&c->stats_mu);
+}
+
+/* Writes a parked conversation (its session and checkpoints) to the disk tier. A failure
+ * (disk full, a state larger than the budget) leaves the conversation in RAM only: the
+ * server keeps serving and says why, once until a write succeeds again. */
+static void disk_park(struct cache *c, struct entry *e) {
+    if (!c->disk || e->predicted || e->leased || tern_session_n_past(e->s) == 0) return;
+    struct tern_checkpoint *cks[MAX_PLAN * 4];
+    uint32_t kinds[MAX_PLAN * 4];
+    size_t n = 0;
+    for (size_t i = 0; i < e->n_ck && n < TERN_ARRAY_LEN(cks); i++) {
+        if (!e->ck[i].ck) continue;
+        kinds[n] = e->ck[i].kinds;
+        cks[n++] = e->ck[i].ck;
+    }
+    enum tern_status st = disk_put(c->disk, e->tenant, e->key, e->disk_nonce, &e->has_nonce, e->s, cks, kinds, n);
+    if (st) {
+        e->disk_dirty = true;
+        if (!c->disk_failing)
+            TERN_LOG_WARN("reuse: %s; the conversation stays in RAM only (logged once until a write succeeds)",
+                          tern_last_error());
+        c->disk_failing = true;
+    } else {
+        e->disk_dirty = false;
+        if (c->disk_failing) TERN_LOG_INFO("reuse: the disk tier writes again");
+        c->disk_failing = false;
+    }
+    disk_stats_update(c);
+}
+
 /* ---- budget ------------------------------------------------------------------------ */
 
 static size_t pool_bytes(const struct cache *c) {
@@ -232,9 +290,11 @@ static void enforce_budget(struct cache *c, size_t extra) {
             }
         }
         if (victim) {
-            TERN_LOG_INFO("reuse: evicted session (key=%s, %u tokens, %zu bytes) for the %zu MiB budget",
+            TERN_LOG_INFO("reuse: evicted session (key=%s, %u tokens, %zu bytes) for the %zu MiB budget%s",
                           victim->key ? victim->key : "-", tern_session_n_past(victim->s), entry_bytes(victim),
-                          budget >> 20);
+                          budget >> 20, c->disk && !victim->predicted ? " (kept on disk)" : "");
+            /* written ahead when it was parked; again only if that write failed */
+            if (victim->disk_dirty) disk_park(c, victim);
             entry_remove(c, victim);
             STAT_ADD(c, evictions, 1);
             freed = true;
@@ -332,6 +392,24 @@ enum tern_status cache_new(struct tern_model *m, const struct cache_params *p, s
     c->sep.bits = c->sep_bits;
     c->sep.n_vocab = n_vocab;
     pthread_mutex_init(&c->stats_mu, NULL);
+    if (p->disk_dir && *p->disk_dir) {
+        if (!p->pool) {
+            /* TERN_REUSE_POOL=0 keeps only the live session: nothing is parked, so nothing
+             * is written (the directory is not even opened). */
+            TERN_LOG_INFO("reuse: the disk tier is off: TERN_REUSE_POOL=0 parks nothing");
+        } else {
+            struct disk_params dp = {
+                .dir = p->disk_dir, .max_bytes = p->disk_bytes, .model = m, .session = p->session, .sep = &c->sep};
+            const char *delay = getenv("TERN_TEST_DISK_DELAY_MS");
+            if (delay && *delay) dp.test_block_delay_ms = (unsigned)strtoul(delay, NULL, 10);
+            enum tern_status st = disk_open(&dp, &c->disk);
+            if (st) {
+                cache_free(c);
+                return st;
+            }
+            disk_stats_update(c);
+        }
+    }
     *out = c;
     return TERN_OK;
 }
@@ -339,6 +417,7 @@ enum tern_status cache_new(struct tern_model *m, const struct cache_params *p, s
 void cache_free(struct cache *c) {
     if (!c) return;
     while (c->head) entry_remove(c, c->head);
+    disk_free(c->disk);
     fp_free(&c->req_fp);
     free(c->turns);
     free(c->sep_bits);
@@ -427,6 +506,117 @@ static enum tern_status reread(struct cache *c, const int32_t *prompt, uint32_t 
     return st;
 }
 
+/* The disk tier's best candidate for a request: nominated like a parked RAM entry (the
+ * same key; unnamed: the fingerprint or the most recent few), decided by the stored
+ * token list. */
+struct disk_choice {
+    long idx;
+    struct plan_resume res;
+    bool by_fp;
+};
+
+static struct disk_choice disk_best(struct cache *c, const struct cache_ident *id, const int32_t *prompt, size_t m) {
+    struct disk_choice best = {.idx = -1};
+    if (!c->disk) return best;
+    const bool named = id->key && *id->key;
+    const char *tenant = id->tenant ? id->tenant : "";
+    disk_refresh(c->disk);
+    size_t n_probe = 0, n_compared = 0;
+    for (size_t i = 0; i < disk_count(c->disk); i++) {
+        const struct disk_entry *de = disk_at(c->disk, i);
+        if (strcmp(de->tenant, tenant) || named != (de->key != NULL)) continue; /* tenants never mix */
+        bool by_fp = false;
+        if (named) {
+            if (strcmp(de->key, id->key)) continue;
+        } else {
+            by_fp = c->p.affinity && fp_shared(&de->fp, &c->req_fp) >= FP_MIN_SHARED;
+            bool probe = n_probe < PROBE_RECENT;
+            if (probe) n_probe++;
+            if (!by_fp && !probe) continue;
+        }
+        struct plan_candidate cand = {
+            .tokens = de->tokens,
+            .n = de->n,
+            .any_position = !c->hybrid,
+            .ckpt_pos = de->ckpt_pos,
+            .n_ckpt = de->n_ckpt,
+        };
+        struct plan_resume r = plan_resume_point(&cand, prompt, m);
+        n_compared++;
+        if (r.r > best.res.r) {
+            best.idx = (long)i;
+            best.res = r;
+            best.by_fp = by_fp;
+        }
+    }
+    STAT_ADD(c, candidates, n_compared);
+    return best;
+}
+
+/* Restores the disk tier's candidate as a new entry positioned at its resume point,
+ * with its checkpoints at or below it. RAM copies of the same conversation (older: the
+ * file offered more) give way. On error nothing changed in RAM (a file that did not
+ * verify is gone). */
+static enum tern_status disk_resume(struct cache *c, const struct cache_ident *id, const struct disk_choice *dc,
+                                    struct entry **out, struct cache_decision *d) {
+    const char *tenant = id->tenant ? id->tenant : "";
+    const struct disk_entry *de = disk_at(c->disk, (size_t)dc->idx);
+    const bool named = de->key != NULL;
+    uint8_t nonce[DISK_NONCE_BYTES];
+    memcpy(nonce, de->nonce, sizeof nonce);
+    const uint32_t r = dc->res.r;
+    struct tern_session *s = NULL;
+    struct tern_checkpoint **cks = NULL;
+    uint32_t *kinds = NULL;
+    size_t n_cks = 0;
+    const uint64_t t0 = tern_now_ns();
+    enum tern_status st = disk_load(c->disk, (size_t)dc->idx, r, tenant, &s, &cks, &kinds, &n_cks);
+    disk_stats_update(c);
+    if (st) return st;
+    for (struct entry *o = c->head, *nx; o; o = nx) {
+        nx = o->next;
+        if (o->leased || !same_str(o->tenant, tenant)) continue;
+        if (named ? (o->key && !strcmp(o->key, id->key))
+                  : (!o->key && o->has_nonce && !memcmp(o->disk_nonce, nonce, sizeof nonce)))
+            entry_remove(c, o);
+    }
+    struct entry *e = NULL;
+    st = entry_new(c, id, s, 0, &e);
+    if (st) {
+        for (size_t i = 0; i < n_cks; i++) tern_checkpoint_free(cks[i]);
+        free(cks);
+        free(kinds);
+        tern_session_free(s);
+        return st;
+    }
+    if (!named) {
+        memcpy(e->disk_nonce, nonce, sizeof nonce);
+        e->has_nonce = true;
+    }
+    /* (after the load: on failure the caller still uses its RAM candidate, which the
+     * budget must not have evicted; the new entry is the list's head, never evicted) */
+    enforce_budget(c, 0);
+    if (n_cks) {
+        e->ck = tern_calloc(n_cks, sizeof *e->ck);
+        if (e->ck) e->cap_ck = n_cks;
+    }
+    for (size_t i = 0; i < n_cks; i++) {
+        if (!e->ck) { /* fewer checkpoints, not an error */
+            tern_checkpoint_free(cks[i]);
+            continue;
+        }
+        e->ck[e->n_ck++] = (struct ckpt_entry){
+            .ck = cks[i], .pos = tern_checkpoint_pos(cks[i]), .kinds = kinds[i], .stamp = c->clock};
+        e->ck_bytes += tern_checkpoint_bytes(cks[i]);
+    }
+    free(cks);
+    free(kinds);
+    snprintf(d->reason, sizeof d->reason, "restored from the disk tier with %zu checkpoints in %.1f ms", e->n_ck,
+             (double)(tern_now_ns() - t0) * 1e-6);
+    *out = e;
+    return TERN_OK;
+}
+
 static void log_decision(const struct cache_decision *d) {
     if (d->tier == CACHE_TIER_COLD && d->reason[0])
         TERN_LOG_INFO("reuse: declined (%s) tier=cold cached=0 read=%u key=%s", d->reason, d->read,
@@ -508,7 +698,23 @@ enum tern_status cache_acquire(struct cache *c, const struct cache_ident *id, co
 
     struct entry *e = NULL;
     uint32_t r = 0;
-    if (best.e) {
+    /* The disk tier, when it offers more than RAM (a restart, a peer's turn). */
+    struct disk_choice dc = disk_best(c, id, prompt, m);
+    bool from_disk = false;
+    if (dc.idx >= 0 && dc.res.r > (best.e ? best.res.r : 0)) {
+        st = disk_resume(c, id, &dc, &e, d);
+        if (st) {
+            TERN_LOG_WARN("reuse: %s; resuming from RAM or cold instead", tern_last_error());
+        } else {
+            from_disk = true;
+            r = dc.res.r;
+            d->key_implicit = !named && dc.by_fp;
+            d->tier = CACHE_TIER_DISK;
+        }
+    }
+    if (from_disk) {
+        /* positioned at r by disk_resume */
+    } else if (best.e) {
         struct entry *src = best.e;
         r = best.res.r;
         d->key_implicit = !named && best.by_fp;
@@ -733,6 +939,9 @@ void cache_release(struct cache *c, struct cache_lease *lease, bool ok) {
          * still valid at its live end: the engine keeps it consistent even when a
          * request was cancelled mid-prime. */
         if (fp_compute(&c->sep, tern_session_tokens(e->s), tern_session_n_past(e->s), &e->fp) != TERN_OK) e->fp.n = 0;
+        /* Written ahead as it is parked, so that a crash loses at most the turn in flight. */
+        e->disk_dirty = true;
+        disk_park(c, e);
         if (!c->p.pool) {
             for (struct entry *o = c->head, *nx; o; o = nx) {
                 nx = o->next;
@@ -836,6 +1045,9 @@ enum tern_status cache_predict_begin_flags(struct cache *c, const struct cache_i
             free(lp);
             return st;
         }
+        /* when used, it becomes the conversation's entry: the same file on disk */
+        memcpy(e->disk_nonce, src->disk_nonce, sizeof e->disk_nonce);
+        e->has_nonce = src->has_nonce;
         e->predicted = true;
         e->keep = keep;
         if (keep) {

@@ -28,6 +28,8 @@ struct cache_params {
     bool affinity;           /* TERN_AFFINITY (fingerprint nomination) */
     bool pool;               /* TERN_REUSE_POOL (parked sessions beyond the live one) */
     bool ckpt_reread;        /* TERN_CKPT_REREAD: re-read instead of restoring */
+    const char *disk_dir;    /* --cache-dir: the disk tier (disk.h); NULL = off */
+    uint64_t disk_bytes;     /* --cache-disk: its byte budget */
 };
 
 enum cache_key_kind { CACHE_KEY_NONE = 0, CACHE_KEY_EXPLICIT = 1 };
@@ -46,6 +48,8 @@ enum cache_tier {
     CACHE_TIER_CHECKPOINT,  /* a restored checkpoint (hybrid) */
     CACHE_TIER_AFFINITY,    /* a session nominated by the structural fingerprint */
     CACHE_TIER_PREDICTED,   /* a checkpoint primed ahead of time (predictive priming) */
+    CACHE_TIER_DISK,        /* a conversation restored from the disk tier (--cache-dir) */
+    CACHE_TIER_COUNT
 };
 const char *cache_tier_name(enum cache_tier t);
 
@@ -67,6 +71,8 @@ struct cache_lease {
     void *priv;                    /* the cache's bookkeeping */
 };
 
+/* With p->disk_dir (and the pool on) the disk tier is opened: its index is rebuilt from
+ * the directory; an unusable directory is an error. */
 enum tern_status cache_new(struct tern_model *m, const struct cache_params *p, struct cache **out);
 void cache_free(struct cache *c);
 
@@ -119,7 +125,7 @@ enum tern_status cache_predict_begin_flags(struct cache *c, const struct cache_i
                                            struct cache_lease *out);
 
 struct cache_stats {
-    uint64_t requests_by_tier[CACHE_TIER_PREDICTED + 1];
+    uint64_t requests_by_tier[CACHE_TIER_COUNT];
     uint64_t declines;          /* candidates compared and refused */
     uint64_t declines_by_reason[CACHE_DECLINE_COUNT];
     uint64_t candidates;        /* candidates compared */
@@ -136,6 +142,12 @@ struct cache_stats {
     size_t pool_bytes;
     uint32_t n_sessions;
     uint32_t n_checkpoints;
+    /* the disk tier (all zero when off) */
+    bool disk_on;
+    uint64_t disk_writes, disk_write_bytes, disk_write_errors;
+    uint64_t disk_loads, disk_load_bytes, disk_invalid, disk_evictions;
+    uint64_t disk_bytes;
+    uint32_t disk_entries;
 };
 void cache_get_stats(const struct cache *c, struct cache_stats *out);
 

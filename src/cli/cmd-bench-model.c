@@ -4,7 +4,9 @@
  * hybrid models also the checkpoint: its size and save / restore speed after the prompt. */
 #include "cli/cli.h"
 
+#include "backend/vulkan.h"
 #include "gguf/gguf.h"
+#include "model/gpu.h"
 #include "util/timeutil.h"
 
 #include <getopt.h>
@@ -34,6 +36,8 @@ static void usage(FILE *f) {
             "      --no-mmap         read the weights into memory instead of mapping them\n"
             "      --mlock           pin the weights\n"
             "      --json            print one JSON object instead of a table\n"
+            "      --device D        cpu (default; or $TERN_DEVICE), vulkan[:N] (the Vulkan backend,\n"
+            "                        llama, qwen3, qwen35 today: docs/gpu.md), auto (a GPU when there is one)\n"
             "  -h, --help            this help\n");
 }
 
@@ -43,7 +47,8 @@ static const struct option long_opts[] = {
     {"threads", required_argument, 0, 't'},  {"chunk", required_argument, 0, 'C'},
     {"kv-type", required_argument, 0, 'K'},  {"no-mmap", no_argument, 0, 'M'},
     {"mlock", no_argument, 0, 'L'},          {"json", no_argument, 0, 'J'},
-    {"help", no_argument, 0, 'h'},           {0, 0, 0, 0},
+    {"device", required_argument, 0, 'D'},   {"help", no_argument, 0, 'h'},
+    {0, 0, 0, 0},
 };
 
 /* Weight figures from the file: bytes read per decoded token (every matrix, one row of
@@ -124,11 +129,115 @@ static void mean_sd(const double *v, int n, double *mean, double *sd) {
     *sd = n > 1 ? sqrt(q / (n - 1)) : 0.0;
 }
 
+/* --device: -1 = the CPU, else the Vulkan device index. */
+static int parse_device(const char *d, int *out) {
+    if (!d || !*d || !strcmp(d, "cpu")) {
+        *out = -1;
+        return 0;
+    }
+    if (!strcmp(d, "auto") || !strcmp(d, "vulkan")) {
+        struct tern_vk_device_info devs[16];
+        uint32_t n = 0;
+        if (tern_vk_enumerate(devs, 16, &n)) {
+            if (!strcmp(d, "auto")) {
+                fprintf(stderr, "tern bench: --device auto: the CPU (%s)\n", tern_last_error());
+                *out = -1;
+                return 0;
+            }
+            return cli_fail("bench", "%s", tern_last_error());
+        }
+        const int pick = tern_vk_pick_auto(devs, n < 16 ? n : 16);
+        *out = pick >= 0 ? pick : !strcmp(d, "vulkan") ? 0 : -1;
+        if (*out < 0) fprintf(stderr, "tern bench: --device auto: the CPU (no discrete or integrated GPU)\n");
+        return 0;
+    }
+    long idx;
+    if (!strncmp(d, "vulkan:", 7) && cli_parse_int(d + 7, 0, 15, &idx)) {
+        *out = (int)idx;
+        return 0;
+    }
+    return cli_usage_error("bench", "bad --device '%s' (cpu, vulkan, vulkan:N, auto)", d);
+}
+
+/* pp and tg on the Vulkan backend: the same runs as the CPU's (random tokens from an
+ * empty context; the decode reads each token's logits back, as a server would). */
+static int bench_gpu(struct tern_model *m, int dev, long n_prompt, long n_gen, long reps, long chunk, bool f16,
+                     const struct weight_stats *ws, bool json) {
+    const struct tern_model_info *info = tern_model_info(m);
+    struct tern_vk *vk = NULL;
+    struct tern_gpu_model *g = NULL;
+    const uint32_t n_ctx = (uint32_t)((n_prompt > n_gen ? n_prompt : n_gen) + 8);
+    const uint32_t n_chunk = (uint32_t)(chunk ? chunk : (n_prompt ? n_prompt : 1));
+    const double t_up = tern_now_s();
+    if (tern_vk_open(dev, &vk) || tern_gpu_model_new(vk, m, n_ctx, n_chunk, f16, &g)) {
+        cli_fail("bench", "%s", tern_last_error());
+        tern_vk_close(vk);
+        return 1;
+    }
+    const double up_s = tern_now_s() - t_up;
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)(n_prompt + n_gen + 1));
+    float *logits = malloc(sizeof(float) * info->n_vocab);
+    double *pp = calloc((size_t)reps, sizeof(double)), *tg = calloc((size_t)reps, sizeof(double));
+    uint64_t rng = 0x2545F4914F6CDD1Dull;
+    int rc = !toks || !logits || !pp || !tg;
+    for (long r = -1; r < reps && !rc; r++) {
+        if (n_prompt) {
+            random_tokens(toks, (size_t)n_prompt, info->n_vocab, &rng);
+            if (tern_gpu_model_reset(g)) rc = 1;
+            const uint32_t n = (uint32_t)(r < 0 ? (n_prompt < 16 ? n_prompt : 16) : n_prompt);
+            const double t0 = tern_now_s();
+            if (!rc && tern_gpu_model_eval(g, toks, n, n_chunk, logits, false)) rc = 1;
+            if (r >= 0) pp[r] = (double)n_prompt / (tern_now_s() - t0);
+        }
+        if (n_gen && !rc) {
+            random_tokens(toks, (size_t)n_gen, info->n_vocab, &rng);
+            if (tern_gpu_model_reset(g)) rc = 1;
+            const long n = r < 0 ? (n_gen < 4 ? n_gen : 4) : n_gen;
+            const double t0 = tern_now_s();
+            for (long i = 0; i < n && !rc; i++)
+                if (tern_gpu_model_eval(g, &toks[i], 1, 1, logits, false)) rc = 1;
+            if (r >= 0) tg[r] = (double)n_gen / (tern_now_s() - t0);
+        }
+    }
+    if (rc) {
+        cli_fail("bench", "%s", tern_last_error());
+    } else {
+        double pp_m = 0, pp_sd = 0, tg_m = 0, tg_sd = 0;
+        if (n_prompt) mean_sd(pp, (int)reps, &pp_m, &pp_sd);
+        if (n_gen) mean_sd(tg, (int)reps, &tg_m, &tg_sd);
+        const double pp_flop = 2.0 * ((double)ws->layer_macs * (double)n_prompt + (double)ws->output_macs);
+        const double gflops = n_prompt ? pp_flop * pp_m / (double)n_prompt * 1e-9 : 0.0;
+        const double gbps = (double)ws->read_per_token * tg_m * 1e-9;
+        const struct tern_vk_device_info *di = tern_vk_info(vk);
+        if (json) {
+            printf("{\"model\":\"%s\",\"arch\":\"%s\",\"device\":\"vulkan:%d\",\"device_name\":\"%s\","
+                   "\"weight_bytes_per_token\":%llu,\"upload_s\":%.3f,\"n_prompt\":%ld,\"pp_tps\":%.3f,"
+                   "\"pp_tps_sd\":%.3f,\"pp_gflops\":%.3f,\"n_gen\":%ld,\"tg_tps\":%.3f,\"tg_tps_sd\":%.3f,"
+                   "\"tg_gbps\":%.3f}\n",
+                   info->name, info->arch, dev, di->name, (unsigned long long)ws->read_per_token, up_s, n_prompt, pp_m,
+                   pp_sd, gflops, n_gen, tg_m, tg_sd, gbps);
+        } else {
+            printf("model: %s (%s), %.1f M params, %.1f MB read per decoded token\n", info->name, info->arch,
+                   (double)info->n_params / 1e6, (double)ws->read_per_token / 1e6);
+            printf("device: vulkan:%d %s (%s); weights uploaded in %.2f s; KV %s; %ld repetitions after a warm-up\n",
+                   dev, di->name, di->type, up_s, f16 ? "f16" : "f32", reps);
+            if (n_prompt)
+                printf("pp%-5ld %8.2f +- %6.2f t/s   %7.2f GFLOP/s (matmuls)\n", n_prompt, pp_m, pp_sd, gflops);
+            if (n_gen) printf("tg%-5ld %8.2f +- %6.2f t/s   %7.2f GB/s of weights\n", n_gen, tg_m, tg_sd, gbps);
+        }
+    }
+    free(toks), free(logits), free(pp), free(tg);
+    tern_gpu_model_free(g);
+    tern_vk_close(vk);
+    return rc;
+}
+
 static int bench_model_main(int argc, char **argv) {
     const char *model = NULL;
     long n_prompt = 512, n_gen = 128, reps = 3, threads = 0, chunk = 0;
     bool no_mmap = false, mlock = false, json = false;
     enum tern_kv_type kv = TERN_KV_F16;
+    const char *device = getenv("TERN_DEVICE");
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:p:n:r:t:h", long_opts, NULL)) != -1) {
@@ -157,6 +266,7 @@ static int bench_model_main(int argc, char **argv) {
         case 'M': no_mmap = true; break;
         case 'L': mlock = true; break;
         case 'J': json = true; break;
+        case 'D': device = optarg; break;
         case 'h': usage(stdout); return 0;
         default: return cli_usage_error("bench", "unknown option");
         }
@@ -164,6 +274,8 @@ static int bench_model_main(int argc, char **argv) {
     if (optind < argc) return cli_usage_error("bench", "unexpected argument '%s'", argv[optind]);
     if (!model) return cli_usage_error("bench", "--model is required");
     if (n_prompt == 0 && n_gen == 0) return cli_usage_error("bench", "nothing to measure (-p 0 and -n 0)");
+    int dev = -1;
+    if ((c = parse_device(device, &dev))) return c;
 
     struct weight_stats ws;
     if (weight_stats(model, &ws)) return cli_fail("bench", "%s", tern_last_error());
@@ -177,6 +289,11 @@ static int bench_model_main(int argc, char **argv) {
     const double t_load = tern_now_s();
     if (tern_model_load(&mp, &m)) return cli_fail("bench", "%s", tern_last_error());
     const double load_s = tern_now_s() - t_load;
+    if (dev >= 0) {
+        const int grc = bench_gpu(m, dev, n_prompt, n_gen, reps, chunk, kv == TERN_KV_F16, &ws, json);
+        tern_model_free(m);
+        return grc;
+    }
     const struct tern_model_info *info = tern_model_info(m);
     struct tern_session_params sp;
     tern_session_params_default(&sp);

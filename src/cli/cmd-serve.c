@@ -9,6 +9,7 @@
 #include "util/log.h"
 #include "util/mem.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <signal.h>
@@ -39,6 +40,9 @@ static void usage(FILE *out) {
             "  --chunk N               tokens per priming chunk (default 512)\n"
             "  --kv-type f16|f32       KV cache type (default f16)\n"
             "  --cache-ram MiB         memory budget of parked sessions + checkpoints (default 4096)\n"
+            "  --cache-dir DIR         disk tier: parked conversations survive restarts and are shared by\n"
+            "                          replicas pointing at the same directory (default: off)\n"
+            "  --cache-disk GiB        byte budget of --cache-dir, LRU (default 16; fractions allowed)\n"
             "  --prompt-cache N        checkpoints per session (default 8; 0 = none)\n"
             "  --prompt-cache-every N  periodic checkpoint spacing in tokens (default 4096)\n"
             "  --turn-token ID         turn-start token id (default: <|im_start|> if the vocabulary has it)\n"
@@ -83,7 +87,7 @@ static char *read_text_file(const char *path, size_t *len) {
 
 static int cmd_serve(int argc, char **argv) {
     enum { O_HOST = 256, O_PORT, O_THREADS, O_CTX, O_KEY, O_QUEUE, O_BODY, O_TMPL, O_CHUNK, O_KV, O_RAM, O_PC,
-           O_PCE, O_TURN, O_NOMMAP, O_MLOCK, O_MODEL, O_PREDICT, O_PCHUNK,
+           O_PCE, O_TURN, O_NOMMAP, O_MLOCK, O_MODEL, O_PREDICT, O_PCHUNK, O_CDIR, O_CDISK,
            O_SPEC, O_SPECMAX };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"host", required_argument, 0, O_HOST},
@@ -96,6 +100,7 @@ static int cmd_serve(int argc, char **argv) {
         {"turn-token", required_argument, 0, O_TURN}, {"no-mmap", no_argument, 0, O_NOMMAP},
         {"mlock", no_argument, 0, O_MLOCK},           {"help", no_argument, 0, 'h'},
         {"predict", required_argument, 0, O_PREDICT}, {"predict-chunk", required_argument, 0, O_PCHUNK},
+        {"cache-dir", required_argument, 0, O_CDIR},  {"cache-disk", required_argument, 0, O_CDISK},
         {"spec", required_argument, 0, O_SPEC},       {"spec-max", required_argument, 0, O_SPECMAX},
         {0, 0, 0, 0},
     };
@@ -109,6 +114,7 @@ static int cmd_serve(int argc, char **argv) {
     struct cache_params cp = {0};
     tern_session_params_default(&cp.session);
     cp.ram_bytes = (size_t)4096 << 20;
+    cp.disk_bytes = (uint64_t)16 << 30;
     cp.max_ckpts = 8;
     cp.ckpt_every = 4096;
     cp.turn_token = -1;
@@ -166,6 +172,20 @@ static int cmd_serve(int argc, char **argv) {
             if (!cli_parse_int(optarg, 0, 1L << 24, &v)) return cli_usage_error("serve", "--cache-ram '%s' is not 0-16777216 MiB", optarg);
             cp.ram_bytes = (size_t)v << 20;
             break;
+        case O_CDIR:
+            if (!*optarg) return cli_usage_error("serve", "--cache-dir needs a directory");
+            cp.disk_dir = optarg;
+            break;
+        case O_CDISK: {
+            char *end = NULL;
+            errno = 0;
+            double g = strtod(optarg, &end);
+            if (errno || end == optarg || *end || !(g > 0) || g > 1048576)
+                return cli_usage_error("serve", "--cache-disk '%s' is not a size in GiB in (0, 1048576]", optarg);
+            cp.disk_bytes = (uint64_t)(g * (double)(1ull << 30));
+            if (cp.disk_bytes < 4096) cp.disk_bytes = 4096;
+            break;
+        }
         case O_PC:
             if (!cli_parse_int(optarg, 0, 1024, &v)) return cli_usage_error("serve", "--prompt-cache '%s' is not 0-1024", optarg);
             cp.max_ckpts = (uint32_t)v;

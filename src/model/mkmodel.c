@@ -125,6 +125,8 @@ static const struct preset presets[] = {
     /* The shared tiny MoE models (models/README.md). */
     {"tiny-qwen3moe", TERN_MK_QWEN3MOE, 4, 256, 4, 2, 64, 768, 4122, false, 0, 0, 0, 0, 0, 0, 8, 2, 128, 0},
     {"tiny-qwen35moe", TERN_MK_QWEN35MOE, 4, 256, 4, 2, 64, 0, 4122, false, 2, 4, 64, 4, 4, 16, 8, 2, 64, 128},
+    /* Qwen3-8B (the GPU benchmarks' dense shape). */
+    {"qwen3-8b", TERN_MK_QWEN3, 36, 4096, 32, 8, 128, 12288, 151936, false, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     /* Qwen3-30B-A3B / Qwen3-Coder-30B-A3B: 128 experts of 768, 8 per token. */
     {"qwen3-30b-a3b", TERN_MK_QWEN3MOE, 48, 2048, 32, 4, 128, 6144, 151936, false, 0, 0, 0, 0, 0, 0, 128, 8, 768, 0},
     /* Qwen3.5-35B-A3B's text model (its config.json: 40 layers, 3 DeltaNet : 1 gated
@@ -136,7 +138,7 @@ static const struct preset presets[] = {
 
 const char *tern_mkmodel_preset_names(void) {
     return "tiny-qwen3, tiny-qwen35, tiny-qwen3moe, tiny-qwen35moe, tiny-llama, tiny-qwen2, qwen3-0.6b, qwen3.5-0.8b, "
-           "qwen3-30b-a3b, qwen3.5-35b-a3b";
+           "qwen3-8b, qwen3-30b-a3b, qwen3.5-35b-a3b";
 }
 
 enum tern_status tern_mkmodel_preset(const char *name, struct tern_mkmodel_params *p) {

@@ -159,6 +159,36 @@ static int32_t argmax(const float *l, uint32_t V) {
     return (int32_t)best;
 }
 
+static int32_t sample_work(struct tern_sampler *s, float *l, const int32_t *history, size_t n_history);
+
+int32_t tern_sampler_sample(struct tern_sampler *s, const float *logits, const int32_t *history, size_t n_history) {
+    memcpy(s->work, logits, (size_t)s->n_vocab * sizeof *s->work);
+    return sample_work(s, s->work, history, n_history);
+}
+
+static inline bool allowed(const uint32_t *allow, int32_t i) { return (allow[i / 32] >> (i % 32)) & 1u; }
+
+int32_t tern_sampler_sample_masked(struct tern_sampler *s, const float *logits, const uint32_t *allow,
+                                   const int32_t *history, size_t n_history) {
+    if (!allow) return tern_sampler_sample(s, logits, history, n_history);
+    const uint32_t V = s->n_vocab;
+    float *l = s->work;
+    int32_t first = -1;
+    for (uint32_t i = 0; i < V; i++) {
+        if (allowed(allow, (int32_t)i)) {
+            l[i] = logits[i];
+            if (first < 0) first = (int32_t)i;
+        } else {
+            l[i] = -INFINITY;
+        }
+    }
+    if (first < 0) return -1;
+    int32_t t = sample_work(s, l, history, n_history);
+    /* NaN or -inf logits among the allowed tokens can leave the draw on a removed token:
+     * the lowest allowed id is the deterministic answer then */
+    return allowed(allow, t) ? t : first;
+}
+
 /* The distribution a draw is made from, after penalties and filters: either the whole
  * vocabulary (s->work, unsorted) or the sorted candidates s->cand[0..n). Each weight is
  * exp((v - max) / T), computed the same way for the plain draw and the draft rule. */
@@ -179,12 +209,11 @@ static inline double dist_w(const struct tern_sampler *s, const struct dist *d, 
 
 /* Applies penalties and filters; returns true with *greedy set when the temperature
  * makes it an argmax. */
-static bool dist_build(struct tern_sampler *s, const float *logits, const int32_t *history, size_t n_history,
-                       struct dist *d, int32_t *greedy) {
+static bool dist_build(struct tern_sampler *s, const int32_t *history, size_t n_history, struct dist *d,
+                       int32_t *greedy) {
     const struct tern_sampler_params *p = &s->p;
     const uint32_t V = s->n_vocab;
     float *l = s->work;
-    memcpy(l, logits, (size_t)V * sizeof *l);
     apply_penalties(s, l, history, n_history);
     if (!(p->temperature > 0.0f)) {
         *greedy = argmax(l, V);
@@ -280,10 +309,12 @@ static int32_t dist_draw(struct tern_sampler *s, const struct dist *d, int32_t s
     return first >= 0 ? first : s->cand[0].id;
 }
 
-int32_t tern_sampler_sample(struct tern_sampler *s, const float *logits, const int32_t *history, size_t n_history) {
+/* s->work holds the logits (l is s->work). */
+static int32_t sample_work(struct tern_sampler *s, float *l, const int32_t *history, size_t n_history) {
+    TERN_ASSERT(l == s->work);
     struct dist d;
     int32_t g;
-    if (dist_build(s, logits, history, n_history, &d, &g)) return g;
+    if (dist_build(s, history, n_history, &d, &g)) return g;
     return dist_draw(s, &d, -1);
 }
 
@@ -292,7 +323,8 @@ int32_t tern_sampler_sample_draft(struct tern_sampler *s, const float *logits, c
     struct dist d;
     int32_t g;
     *accepted = false;
-    if (dist_build(s, logits, history, n_history, &d, &g)) {
+    memcpy(s->work, logits, (size_t)s->n_vocab * sizeof *s->work);
+    if (dist_build(s, history, n_history, &d, &g)) {
         *accepted = g == draft;
         return g;
     }

@@ -574,3 +574,115 @@ uint64_t tern_session_hash(const struct tern_session *s) {
     each_component(s, chain_component, &st);
     return XXH3_64bits_digest(&st);
 }
+
+/* ---- export / import (the disk tier, DESIGN.md §9) -------------------------------- */
+
+size_t tern_state_kv_row_bytes(const struct tern_model *m, enum tern_kv_type kv) {
+    const size_t es = kv == TERN_KV_F16 ? 2 : 4;
+    size_t b = 0;
+    for (uint32_t il = 0; il < m->n_layer; il++) {
+        const struct model_layer *L = &m->layers[il];
+        if (L->kind == LAYER_ATTN) b += (size_t)L->n_kv_head * (L->head_dim_k + L->head_dim_v) * es;
+    }
+    return b;
+}
+
+/* Copies rows [p0, p1) between the pages and buf in the export order (layer, K then V,
+ * kv head, then rows); buf holds buf_rows >= p1 - p0 rows per (layer, K/V, head) run. */
+static void kv_walk(const struct tern_session *s, uint32_t p0, uint32_t p1, uint8_t *buf, bool to_pages,
+                    uint32_t buf_rows) {
+    for (uint32_t il = 0; il < s->m->n_layer; il++) {
+        const struct model_layer *L = &s->m->layers[il];
+        if (L->kind != LAYER_ATTN) continue;
+        for (int v = 0; v < 2; v++) {
+            void **pages = v ? s->kv[il].v_pages : s->kv[il].k_pages;
+            const size_t hb = head_row_bytes(s, L, v);
+            for (uint32_t g = 0; g < L->n_kv_head; g++) {
+                uint8_t *run = buf;
+                for (uint32_t pos = p0; pos < p1;) {
+                    const uint32_t pg = pos / TERN_KV_PAGE, in = pos % TERN_KV_PAGE;
+                    uint32_t rows = TERN_KV_PAGE - in;
+                    if (rows > p1 - pos) rows = p1 - pos;
+                    uint8_t *mem = (uint8_t *)pages[pg] + ((size_t)g * TERN_KV_PAGE + in) * hb;
+                    if (to_pages) memcpy(mem, buf, rows * hb);
+                    else memcpy(buf, mem, rows * hb);
+                    buf += rows * hb;
+                    pos += rows;
+                }
+                buf = run + (size_t)buf_rows * hb;
+            }
+        }
+    }
+}
+
+void tern_session_kv_export(const struct tern_session *s, uint32_t p0, uint32_t p1, void *buf) {
+    TERN_ASSERT(p0 <= p1 && p1 <= s->n_past);
+    kv_walk(s, p0, p1, buf, false, p1 - p0);
+}
+
+void tern_session_kv_import(struct tern_session *s, uint32_t p0, uint32_t p1, const void *buf, uint32_t buf_rows) {
+    TERN_ASSERT(p0 <= p1 && p1 <= s->n_past && buf_rows >= p1 - p0);
+    kv_walk(s, p0, p1, (uint8_t *)(uintptr_t)buf, true, buf_rows);
+}
+
+const void *tern_session_rec_data(const struct tern_session *s) { return s->m->rec_bytes ? s->rec : NULL; }
+
+const void *tern_checkpoint_data(const struct tern_checkpoint *c) { return c->n_bytes ? c->data : NULL; }
+
+enum tern_status tern_session_import(struct tern_model *m, const struct tern_session_params *p, const int32_t *toks,
+                                     uint32_t n, const void *rec, struct tern_session **out) {
+    *out = NULL;
+    struct tern_session *s;
+    enum tern_status st = tern_session_new(m, p, &s);
+    if (st) return st;
+    if (n > s->n_ctx) {
+        st = tern_errorf(TERN_ERR_RANGE, "session: %u stored tokens exceed the context size %u", n, s->n_ctx);
+        goto fail;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (toks[i] < 0 || (uint32_t)toks[i] >= m->hp.n_vocab) {
+            st = tern_errorf(TERN_ERR_FORMAT, "session: stored token id %d at index %u is outside the vocabulary [0, %u)",
+                             toks[i], i, m->hp.n_vocab);
+            goto fail;
+        }
+    }
+    if ((st = tokens_reserve(s, n ? n : 1)) || (st = kv_grow(s, (n + TERN_KV_PAGE - 1) / TERN_KV_PAGE))) goto fail;
+    if (n) memcpy(s->tokens, toks, (size_t)n * sizeof *toks);
+    if (m->rec_bytes) {
+        if (rec) memcpy(s->rec, rec, m->rec_bytes);
+        else memset(s->rec, 0, m->rec_bytes);
+    }
+    s->n_past = n;
+    s->logits_valid = false;
+    *out = s;
+    return TERN_OK;
+fail:
+    tern_session_free(s);
+    return st;
+}
+
+enum tern_status tern_checkpoint_import(const struct tern_session *s, uint32_t pos, const void *data, size_t n,
+                                        struct tern_checkpoint **out) {
+    *out = NULL;
+    if (pos > s->n_past)
+        return tern_errorf(TERN_ERR_RANGE, "session: stored checkpoint at %u is beyond the session's %u tokens", pos,
+                           s->n_past);
+    if (n != s->m->rec_bytes)
+        return tern_errorf(TERN_ERR_FORMAT, "session: stored checkpoint holds %zu bytes, the model's state %zu", n,
+                           s->m->rec_bytes);
+    struct tern_checkpoint *c = tern_calloc(1, sizeof *c);
+    if (!c) return tern_errorf(TERN_ERR_NOMEM, "session: out of memory for a checkpoint");
+    c->m = s->m;
+    c->pos = pos;
+    c->tok_hash = tokens_hash(s->tokens, pos);
+    c->n_bytes = n;
+    if (n) {
+        if (!(c->data = tern_malloc(n))) {
+            free(c);
+            return tern_errorf(TERN_ERR_NOMEM, "session: out of memory for a checkpoint of %zu bytes", n);
+        }
+        memcpy(c->data, data, n);
+    }
+    *out = c;
+    return TERN_OK;
+}

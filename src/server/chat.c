@@ -1,6 +1,7 @@
 /* Chat formatting shared by the server and `tern run --chat` (see chat.h). */
 #include "server/chat.h"
 
+#include "server/constrain.h"
 #include "template/template.h"
 #include "tokenizer/tokenizer.h"
 #include "util/log.h"
@@ -54,6 +55,7 @@ enum tern_status chat_fmt_init(struct chat_fmt *cf, const struct tern_model *m, 
     bool qwen = tern_token_find(cf->tok, "<think>", 7) >= 0 || tern_token_find(cf->tok, "<tool_call>", 11) >= 0 ||
                 memmem(src, len, "<tool_call>", 11) || memmem(src, len, "<think>", 7);
     cf->fmt = qwen ? &reply_format_qwen : &reply_format_plain;
+    cf->tool_syntax = (int)srv_tool_syntax_detect(src, len, qwen);
     return TERN_OK;
 }
 

@@ -20,6 +20,7 @@ struct chat_fmt {
     const struct reply_format *fmt;       /* how to read the model's output */
     bool fallback;                        /* no template in the model: ChatML */
     const char *source;                   /* "model", "file", "chatml" */
+    int tool_syntax;                      /* enum srv_tool_syntax (server/constrain.h) */
 };
 
 /* override_src: a template given by the user (NULL: the model's). */

@@ -1,7 +1,9 @@
 /* The engine backend (see engine.h). */
 #include "server/engine.h"
 
+#include "grammar/grammar.h"
 #include "server/chat.h"
+#include "server/constrain.h"
 #include "server/reply.h"
 #include "server/respond.h"
 #include "tokenizer/tokenizer.h"
@@ -16,6 +18,8 @@
 
 #define PRIME_COMMENT_EVERY_S 2.0
 #define PREDICT_CHUNK_DEFAULT 128
+#define ENG_GRAMMARS 4              /* matchers kept for grammars that come again */
+#define ENG_GRAMMAR_MAX_NODES (1u << 20) /* a kept matcher with more interned stacks starts afresh */
 
 /* Predictive priming of the most recent conversation (worker thread only). The
  * predictions are rendered lazily, in the first idle step, so that a request that
@@ -47,6 +51,15 @@ struct srv_engine {
     uint32_t predict_delay_ms;   /* tests only */
     int32_t turn_token;
     struct eng_predict pred;
+    struct tern_gvocab *gvocab;  /* token pieces for grammar masks (built on first use, worker only) */
+    /* matchers of the grammars used last (worker only): a grammar that comes again
+     * (an agent's tools, every turn) finds its mask cache warm */
+    struct eng_gram {
+        struct tern_grammar *g;  /* owned */
+        struct tern_gmatch *m;
+        uint64_t used;
+    } gram[ENG_GRAMMARS];
+    uint64_t gram_tick;
     /* figures for /metrics (read from other threads) */
     atomic_uint_fast64_t pred_us, pred_runs, pred_preempted, pred_skipped;
     atomic_int pred_active;
@@ -61,6 +74,10 @@ struct eng_job {
     bool in_think;               /* the prompt opened <think> */
     int32_t *forced;             /* test-only forced output tokens */
     size_t n_forced;
+    struct tern_grammar *tool_grammar; /* tool_choice required / named (owned) */
+    struct tern_grammar *lazy_grammar; /* tool_choice auto: the calls, from the trigger on (owned) */
+    int32_t *prefix;             /* test-only forced prefix tokens */
+    size_t n_prefix;
 };
 
 /* ---- prepare (connection threads) -------------------------------------------------- */
@@ -91,6 +108,42 @@ static bool engine_prepare(void *self, struct srv_job *j, struct srv_error *err)
             return fail_status(err, st, "template");
         }
         ej->in_think = reply_prompt_opens_think(e->chat.fmt, text.data, text.len);
+        if (!j->req.tools && (j->req.tool_choice == SRV_TOOLS_REQUIRED || j->req.tool_choice == SRV_TOOLS_NAMED)) {
+            tern_buf_free(&text);
+            srv_error_bad(err, "tool_choice", "'tool_choice' asks for a tool call, but the request has no 'tools'");
+            return false;
+        }
+        if (srv_tools_enforced(&j->req)) {
+            if (j->req.grammar) {
+                tern_buf_free(&text);
+                srv_error_bad(err, j->req.grammar_kind, "'%s' cannot be combined with tool_choice '%s'",
+                              j->req.grammar_kind, j->req.tool_choice == SRV_TOOLS_NAMED ? "function" : "required");
+                return false;
+            }
+            struct tern_buf g = TERN_BUF_INIT;
+            bool ok = srv_tool_gbnf(&j->req, (enum srv_tool_syntax)e->chat.tool_syntax, ej->in_think, &g, err) &&
+                      srv_grammar_compile(g.data, g.len, "tools", &ej->tool_grammar, err);
+            if (!ok && err->status == 400 && !strcmp(err->param, "tools"))
+                TERN_LOG_WARN("tool-call grammar refused: %s\n%s", err->message, g.data ? g.data : "");
+            tern_buf_free(&g);
+            if (!ok) {
+                tern_buf_free(&text);
+                return false;
+            }
+        } else if (j->req.tools && j->req.tool_choice == SRV_TOOLS_AUTO && !j->req.grammar && !j->req.forced_output &&
+                   e->chat.tool_syntax != SRV_TOOL_SYNTAX_NONE) {
+            /* lazy: free text until the model opens a call, then the call is held to the
+             * tools' schemas. A schema the converter refuses leaves auto unconstrained, as
+             * it always was (no 400 for a request that worked before). */
+            struct srv_request rq = j->req;
+            rq.tool_choice = SRV_TOOLS_REQUIRED;
+            struct tern_buf g = TERN_BUF_INIT;
+            struct srv_error lerr;
+            if (!srv_tool_gbnf(&rq, (enum srv_tool_syntax)e->chat.tool_syntax, false, &g, &lerr) ||
+                !srv_grammar_compile(g.data, g.len, "tools", &ej->lazy_grammar, &lerr))
+                TERN_LOG_INFO("tool calls of this request are not constrained: %s", lerr.message);
+            tern_buf_free(&g);
+        }
         st = chat_fmt_tokenize(&e->chat, text.data ? text.data : "", text.len, &j->prompt, &j->n_prompt, &cap);
         tern_buf_free(&text);
         if (st) return fail_status(err, st, "tokenizer");
@@ -124,6 +177,12 @@ static bool engine_prepare(void *self, struct srv_job *j, struct srv_error *err)
                       j->n_prompt, e->n_ctx);
         return false;
     }
+    if (j->req.forced_prefix) {
+        size_t pcap = 0;
+        st = tern_tokenize(e->tok, j->req.forced_prefix, strlen(j->req.forced_prefix), TERN_TOK_PARSE_SPECIAL,
+                           &ej->prefix, &ej->n_prefix, &pcap);
+        if (st) return fail_status(err, st, "tokenizer");
+    }
     if (j->req.forced_output) {
         size_t fcap = 0;
         st = tern_tokenize(e->tok, j->req.forced_output, strlen(j->req.forced_output), TERN_TOK_PARSE_SPECIAL,
@@ -138,6 +197,9 @@ static void engine_job_free(void *self, struct srv_job *j) {
     struct eng_job *ej = j->priv;
     if (!ej) return;
     free(ej->forced);
+    free(ej->prefix);
+    tern_grammar_free(ej->tool_grammar);
+    tern_grammar_free(ej->lazy_grammar);
     free(ej);
     j->priv = NULL;
 }
@@ -375,6 +437,64 @@ static bool prime_one(struct srv_engine *e, struct eng_predict *p, const struct 
     return more;
 }
 
+/* The vocabulary trie (built once, on the first constrained request) and a mask buffer. */
+static enum tern_status grammar_runtime(struct srv_engine *e, uint32_t **mask) {
+    if (!e->gvocab) {
+        double t0 = tern_now_s();
+        enum tern_status st = tern_gvocab_from_tokenizer(e->tok, &e->gvocab);
+        if (st) return st;
+        TERN_LOG_INFO("grammar: vocabulary trie of %zu nodes built in %.3fs", tern_gvocab_n_nodes(e->gvocab),
+                      tern_now_s() - t0);
+    }
+    if (!*mask && !(*mask = tern_malloc(((size_t)e->info->n_vocab + 31) / 32 * sizeof **mask)))
+        return tern_errorf(TERN_ERR_NOMEM, "out of memory for the token mask");
+    return TERN_OK;
+}
+
+/* The matcher for a job's grammar (*owner): a kept one (reset) when the same grammar
+ * came before, else a new one that is kept, taking the grammar over from the job. */
+static enum tern_status grammar_matcher(struct srv_engine *e, struct tern_grammar **owner, struct tern_gmatch **out) {
+    size_t lru = 0;
+    for (size_t i = 0; i < ENG_GRAMMARS; i++) {
+        struct eng_gram *k = &e->gram[i];
+        if (k->g && tern_grammar_same(k->g, *owner)) {
+            struct tern_gmatch_stats gs;
+            tern_gmatch_get_stats(k->m, &gs);
+            if (gs.n_stack_nodes <= ENG_GRAMMAR_MAX_NODES) {
+                tern_gmatch_reset(k->m);
+                k->used = ++e->gram_tick;
+                *out = k->m;
+                return TERN_OK;
+            }
+            lru = i;
+            break;
+        }
+        if (!k->g || k->used < e->gram[lru].used) lru = i;
+    }
+    struct eng_gram *k = &e->gram[lru];
+    tern_gmatch_free(k->m);
+    tern_grammar_free(k->g);
+    k->g = NULL;
+    k->m = NULL;
+    enum tern_status st = tern_gmatch_new(*owner, e->gvocab, &k->m);
+    if (st) return st;
+    k->g = *owner;
+    *owner = NULL;
+    k->used = ++e->gram_tick;
+    *out = k->m;
+    return TERN_OK;
+}
+
+/* Is text[0..at) inside a reasoning block (after the last <think> and no </think> since,
+ * or the prompt opened one that is still open)? */
+static bool in_reasoning(const char *text, size_t at, bool prompt_opened) {
+    const char *last_open = NULL, *last_close = NULL;
+    for (const char *p = text; (p = memmem(p, (size_t)(text + at - p), "<think>", 7)); p += 7) last_open = p;
+    for (const char *p = text; (p = memmem(p, (size_t)(text + at - p), "</think>", 8)); p += 8) last_close = p;
+    if (last_open) return !last_close || last_close < last_open;
+    return prompt_opened && !last_close;
+}
+
 static void engine_run(void *self, struct srv_job *j) {
     struct srv_engine *e = self;
     struct eng_job *ej = j->priv;
@@ -406,6 +526,12 @@ static void engine_run(void *self, struct srv_job *j) {
     stop_matcher_init(&o.stop, (const char *const *)j->req.stop, j->req.n_stop);
     struct tern_sampler *sampler = NULL;
     struct spec_dec sd = {0};
+    struct tern_gmatch *gm = NULL;   /* the grammar's matcher (NULL: unconstrained) */
+    uint32_t *gmask = NULL;
+    double t_mask = 0;
+    struct tern_gmatch_stats gstats0 = {0};
+    struct tern_buf gtail = TERN_BUF_INIT; /* the output so far, under a grammar (for the lazy trigger and the log) */
+    size_t lazy_scan = 0;                  /* where the lazy trigger search goes on */
     bool release_ok = true, completed = false;
     const char *finish = "stop";
     int status = 200;
@@ -435,6 +561,12 @@ static void engine_run(void *self, struct srv_job *j) {
     if (!j->req.seed_set) sp.seed = tern_now_ns() ^ (j->seq << 32);
     st = tern_sampler_new(&sp, e->info->n_vocab, &sampler);
     if (!st) st = tern_detok_new(e->tok, TERN_TOK_PARSE_SPECIAL, &o.detok);
+    struct tern_grammar **grammar = ej->tool_grammar ? &ej->tool_grammar : j->req.grammar ? &j->req.grammar : NULL;
+    if (!st && grammar) {
+        st = grammar_runtime(e, &gmask);
+        if (!st) st = grammar_matcher(e, grammar, &gm);
+        if (!st) tern_gmatch_get_stats(gm, &gstats0);
+    }
     if (st) {
         send_failure(j, 500, "server_error", "cannot start decoding: %s", tern_last_error());
         goto out;
@@ -445,11 +577,14 @@ static void engine_run(void *self, struct srv_job *j) {
     }
 
     /* Speculative decoding (spec.h): the decoder samples and evaluates for the loop.
-     * Forced output (tests) decodes plainly; so will a request with a grammar (its mask
-     * is applied per sampled token: docs/spec.md). */
+     * Forced output (tests) bypasses it. A grammar (also one that a tool call may
+     * trigger later) or a forced prefix turns drafting off: the mask is applied to each
+     * sampled token in turn and the loop reads the session's logits itself, so the
+     * session must never run ahead of the accepted tokens (docs/spec.md). */
     if (!ej->forced) {
         struct spec_params spp = {.mode = j->req.spec_set ? j->req.spec : e->spec,
                                   .max = j->req.spec_max ? j->req.spec_max : e->spec_max};
+        if (gm || ej->lazy_grammar || ej->n_prefix) spp.mode = SPEC_OFF;
         if ((st = spec_dec_init(&sd, s, sampler, &spp, &j->cancel))) {
             send_failure(j, 500, "server_error", "cannot start decoding: %s", tern_last_error());
             goto out;
@@ -467,6 +602,45 @@ static void engine_run(void *self, struct srv_job *j) {
                 break;
             }
             tok = ej->forced[i];
+            if (gm && !tern_gmatch_accept_token(gm, tok)) {
+                char msg[160];
+                snprintf(msg, sizeof msg, "forced output token %d (at %lld) is not allowed by the grammar", tok,
+                         (long long)i);
+                send_failure(j, 500, "server_error", "%s", msg);
+                goto out;
+            }
+        } else if ((size_t)i < ej->n_prefix) {
+            tok = ej->prefix[i];
+            if (gm && !tern_gmatch_accept_token(gm, tok)) {
+                char msg[160];
+                snprintf(msg, sizeof msg, "forced prefix token %d (at %lld) is not allowed by the grammar", tok,
+                         (long long)i);
+                send_failure(j, 500, "server_error", "%s", msg);
+                goto out;
+            }
+        } else if (gm) {
+            double t0 = tern_now_s();
+            enum tern_status gst;
+            size_t n_allowed = tern_gmatch_mask(gm, gmask, &gst);
+            t_mask += tern_now_s() - t0;
+            const float *logits = tern_session_logits(s);
+            tok = n_allowed ? tern_sampler_sample_masked(sampler, logits, gmask, tern_session_tokens(s),
+                                                         tern_session_n_past(s))
+                            : -1;
+            if (tok < 0 || !tern_gmatch_accept_token(gm, tok)) {
+                char msg[300];
+                if (gst) snprintf(msg, sizeof msg, "%s", tern_last_error());
+                else snprintf(msg, sizeof msg, "the grammar allows no token of the vocabulary after %lld generated "
+                              "tokens (the output so far is not a complete match)", (long long)i);
+                TERN_LOG_WARN("grammar: %s stuck after: %.*s", j->id, (int)(gtail.len > 2000 ? 2000 : gtail.len),
+                              gtail.data ? gtail.data + (gtail.len > 2000 ? gtail.len - 2000 : 0) : "");
+                send_failure(j, 500, "server_error", "constrained decoding stopped: %s", msg);
+                goto out;
+            }
+            if (tern_token_is_eog(e->tok, tok)) {
+                finish = "stop";
+                break;
+            }
         } else {
             tok = spec_next(&sd);
             if (tern_token_is_eog(e->tok, tok)) {
@@ -479,6 +653,31 @@ static void engine_run(void *self, struct srv_job *j) {
         tern_buf_clear(&o.piece);
         st = tern_detok_push(o.detok, tok, &o.piece);
         if (!st) st = out_text(&o, o.piece.data, o.piece.len, false);
+        if (!st && (gm || ej->lazy_grammar)) st = tern_buf_append(&gtail, o.piece.data ? o.piece.data : "", o.piece.len);
+        if (!st && !gm && ej->lazy_grammar) {
+            /* the lazy trigger: a call opened outside reasoning */
+            static const char trig[] = "<tool_call>";
+            const char *f = gtail.len > lazy_scan ? memmem(gtail.data + lazy_scan, gtail.len - lazy_scan, trig, sizeof trig - 1) : NULL;
+            lazy_scan = gtail.len >= sizeof trig - 1 ? gtail.len - (sizeof trig - 2) : 0;
+            if (f && !in_reasoning(gtail.data, (size_t)(f - gtail.data), ej->in_think)) {
+                st = grammar_runtime(e, &gmask);
+                if (!st) st = grammar_matcher(e, &ej->lazy_grammar, &gm);
+                if (!st) {
+                    tern_gmatch_get_stats(gm, &gstats0);
+                    size_t at = (size_t)(f - gtail.data);
+                    if (!tern_gmatch_accept_bytes(gm, f, gtail.len - at)) {
+                        /* the token that opened the call ran on in a way the grammar does
+                         * not allow: too late to hold it; the call is parsed as it comes */
+                        TERN_LOG_WARN("grammar: %s: the tool call opened as '%.*s', which the tools' grammar does not "
+                                      "allow; it is not constrained",
+                                      j->id, (int)(gtail.len - at > 80 ? 80 : gtail.len - at), f);
+                        gm = NULL;
+                    }
+                    tern_grammar_free(ej->lazy_grammar);
+                    ej->lazy_grammar = NULL;
+                }
+            }
+        }
         if (st) {
             send_failure(j, 500, "server_error", "output: %s", tern_last_error());
             goto out;
@@ -561,6 +760,16 @@ out:
     }
     spec_dec_free(&sd);
     if (e->state_hash) log_state_hashes(s, j->id);
+    if (gm) {
+        struct tern_gmatch_stats gs;
+        tern_gmatch_get_stats(gm, &gs);
+        TERN_LOG_INFO("grammar: %s %llu masks (%llu from the cache) in %.3fs, %llu trie nodes walked, %zu stack nodes",
+                      j->id, (unsigned long long)(gs.masks - gstats0.masks),
+                      (unsigned long long)(gs.cache_hits - gstats0.cache_hits), t_mask,
+                      (unsigned long long)(gs.nodes_visited - gstats0.nodes_visited), gs.n_stack_nodes);
+    }
+    free(gmask);
+    tern_buf_free(&gtail);
     cache_release(e->cache, &pc.lease, release_ok);
     /* The most recent conversation is the one predicted (the previous one's
      * predictions, primed or not, give way). */
@@ -679,7 +888,7 @@ static void engine_metrics(void *self, struct tern_buf *b) {
     cache_get_stats(e->cache, &cs);
     tern_buf_puts(b, "# HELP tern_cache_requests_total Requests by reuse tier.\n"
                      "# TYPE tern_cache_requests_total counter\n");
-    for (int t = CACHE_TIER_COLD; t <= CACHE_TIER_PREDICTED; t++)
+    for (int t = CACHE_TIER_COLD; t < CACHE_TIER_COUNT; t++)
         tern_buf_printf(b, "tern_cache_requests_total{tier=\"%s\"} %llu\n", cache_tier_name((enum cache_tier)t),
                         (unsigned long long)cs.requests_by_tier[t]);
     tern_buf_puts(b, "# HELP tern_cache_declines_total Candidates compared and refused, by reason.\n"
@@ -731,6 +940,26 @@ static void engine_metrics(void *self, struct tern_buf *b) {
                     (unsigned long long)cs.tokens_cached,
                     (unsigned long long)cs.tokens_read, (unsigned long long)cs.evictions, cs.pool_bytes,
                     cs.n_sessions, cs.n_checkpoints);
+    if (cs.disk_on)
+        tern_buf_printf(b,
+                        "# HELP tern_cache_disk_writes_total Conversations written to the disk tier (--cache-dir).\n"
+                        "# TYPE tern_cache_disk_writes_total counter\ntern_cache_disk_writes_total %llu\n"
+                        "# TYPE tern_cache_disk_write_bytes_total counter\ntern_cache_disk_write_bytes_total %llu\n"
+                        "# HELP tern_cache_disk_write_errors_total Writes that failed (disk full, over the budget): "
+                        "the conversation stayed in RAM only.\n"
+                        "# TYPE tern_cache_disk_write_errors_total counter\ntern_cache_disk_write_errors_total %llu\n"
+                        "# TYPE tern_cache_disk_loads_total counter\ntern_cache_disk_loads_total %llu\n"
+                        "# TYPE tern_cache_disk_load_bytes_total counter\ntern_cache_disk_load_bytes_total %llu\n"
+                        "# HELP tern_cache_disk_invalid_total Files that did not verify (model, layout, checksum, "
+                        "size, name) and were deleted.\n"
+                        "# TYPE tern_cache_disk_invalid_total counter\ntern_cache_disk_invalid_total %llu\n"
+                        "# TYPE tern_cache_disk_evictions_total counter\ntern_cache_disk_evictions_total %llu\n"
+                        "# TYPE tern_cache_disk_bytes gauge\ntern_cache_disk_bytes %llu\n"
+                        "# TYPE tern_cache_disk_entries gauge\ntern_cache_disk_entries %u\n",
+                        (unsigned long long)cs.disk_writes, (unsigned long long)cs.disk_write_bytes,
+                        (unsigned long long)cs.disk_write_errors, (unsigned long long)cs.disk_loads,
+                        (unsigned long long)cs.disk_load_bytes, (unsigned long long)cs.disk_invalid,
+                        (unsigned long long)cs.disk_evictions, (unsigned long long)cs.disk_bytes, cs.disk_entries);
 }
 
 /* ---- lifecycle --------------------------------------------------------------------- */
@@ -803,6 +1032,11 @@ const struct srv_backend *srv_engine_backend(struct srv_engine *e) { return &e->
 void srv_engine_free(struct srv_engine *e) {
     if (!e) return;
     pred_clear(&e->pred);
+    for (size_t i = 0; i < ENG_GRAMMARS; i++) {
+        tern_gmatch_free(e->gram[i].m);
+        tern_grammar_free(e->gram[i].g);
+    }
+    tern_gvocab_free(e->gvocab);
     cache_free(e->cache);
     chat_fmt_free(&e->chat);
     free(e->model_id);

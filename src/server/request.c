@@ -1,6 +1,8 @@
 /* OpenAI request bodies: parse, validate, normalise (see request.h). */
 #include "server/request.h"
 
+#include "server/constrain.h"
+
 #include "util/mem.h"
 
 #include <math.h>
@@ -431,7 +433,7 @@ static bool check_tools(const json_t *tools, struct srv_error *err) {
     return true;
 }
 
-static bool parse_tool_choice(const json_t *v, enum srv_tool_choice *out, struct srv_error *err) {
+static bool parse_tool_choice(const json_t *v, enum srv_tool_choice *out, char **name, struct srv_error *err) {
     if (!v) return true;
     if (json_is_string(v)) {
         const char *s = json_string_value(v);
@@ -451,7 +453,8 @@ static bool parse_tool_choice(const json_t *v, enum srv_tool_choice *out, struct
         return false;
     }
     *out = SRV_TOOLS_NAMED;
-    return true;
+    *name = tern_strdup(json_string_value(json_object_get(fn, "name")));
+    return *name ? true : oom(err);
 }
 
 static bool parse_stop(const json_t *v, struct srv_request *req, struct srv_error *err) {
@@ -547,6 +550,8 @@ void srv_request_free(struct srv_request *req) {
     free(req->session_key);
     free(req->cache_salt);
     free(req->forced_output);
+    free(req->forced_prefix);
+    srv_constraint_free(req);
     memset(req, 0, sizeof *req);
 }
 
@@ -567,7 +572,7 @@ static bool parse_body(enum srv_endpoint ep, const json_t *o, const struct srv_p
             if (!check_tools(tools, err)) return false;
             if (json_array_size(tools) > 0) req->tools = json_incref((json_t *)tools);
         }
-        if (!parse_tool_choice(opt_field(o, "tool_choice"), &req->tool_choice, err)) return false;
+        if (!parse_tool_choice(opt_field(o, "tool_choice"), &req->tool_choice, &req->tool_name, err)) return false;
         const json_t *kw = opt_field(o, "chat_template_kwargs");
         if (kw) {
             if (!json_is_object(kw)) {
@@ -645,6 +650,7 @@ static bool parse_body(enum srv_endpoint ep, const json_t *o, const struct srv_p
     if (req->seed_set) sp->seed = (uint64_t)ll;
 
     if (!parse_stop(opt_field(o, "stop"), req, err)) return false;
+    if (!srv_constraint_parse(o, req, err)) return false;
 
     char *spec = NULL;
     if (!get_string(o, "spec", 16, &spec, err)) return false;
@@ -680,6 +686,15 @@ static bool parse_body(enum srv_endpoint ep, const json_t *o, const struct srv_p
             return false;
         }
         if (!get_string(o, "tern_forced_output", 1 << 20, &req->forced_output, err)) return false;
+    }
+    if (opt_field(o, "tern_forced_prefix")) {
+        if (!opts || !opts->allow_forced_output) {
+            srv_error_bad(err, "tern_forced_prefix",
+                          "'tern_forced_prefix' is a test-only field; start the server with "
+                          "TERN_TEST_FORCED_OUTPUT=1 to use it");
+            return false;
+        }
+        if (!get_string(o, "tern_forced_prefix", 1 << 20, &req->forced_prefix, err)) return false;
     }
     return true;
 }

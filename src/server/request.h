@@ -18,6 +18,8 @@
 #include "tern.h"
 
 #include <jansson.h>
+
+struct tern_grammar;
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -57,6 +59,13 @@ struct srv_request {
     json_t *messages;            /* normalised array (owned) */
     json_t *tools;               /* array or NULL (owned) */
     enum srv_tool_choice tool_choice;
+    char *tool_name;             /* SRV_TOOLS_NAMED: the function (owned) */
+    bool parallel_tool_calls;    /* default true */
+
+    /* structured output (server/constrain.h): the compiled grammar of `grammar`,
+     * `response_format` or `json_schema` (owned; NULL = unconstrained) */
+    struct tern_grammar *grammar;
+    const char *grammar_kind;    /* which field gave it (static) */
     json_t *template_kwargs;     /* chat_template_kwargs object or NULL (owned) */
 
     /* completions: either text or token ids */
@@ -83,6 +92,9 @@ struct srv_request {
     /* test-only (accepted only when the server allows it): text the engine emits
      * instead of sampling, streamed through the real detokenizer, parser and SSE. */
     char *forced_output;
+    /* test-only, the same switch: text emitted first, then sampling goes on (under the
+     * request's constraints: a tool call begun here is completed by the lazy grammar) */
+    char *forced_prefix;
 };
 
 struct srv_parse_opts {

@@ -156,6 +156,11 @@ test('stories260K: prompt lookup drafts and is accepted; the output is the plain
   const plain = await post(servers.stories.spec, '/v1/completions', { ...body, spec: 'off' });
   assert.deepEqual(plain.choices, r.choices);
   assert.doesNotMatch((await logged(servers.stories.spec, new RegExp(`request ${plain.id} [^\n]*`)))[0], /drafted=/);
+  // a grammar turns drafting off for the request: the same constrained answer, no drafts
+  const gbody = { ...body, max_tokens: 24, grammar: 'root ::= ("Lily" | " " | "the" | "park" | "play" | ".")+' };
+  const g = await both('stories', '/v1/completions', gbody);
+  assert.ok(g.choices[0].text.length > 0);
+  assert.doesNotMatch((await logged(servers.stories.spec, new RegExp(`request ${g.id} [^\n]*`)))[0], /drafted=/);
   const bad = await fetch(`${servers.stories.spec.base}/v1/completions`, { method: 'POST',
     headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...body, spec: 'mtp' }) });
   assert.equal(bad.status, 400);

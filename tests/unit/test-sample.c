@@ -187,6 +187,43 @@ static void test_penalties(void **state) {
     tern_sampler_free(s);
 }
 
+/* A mask removes tokens before anything else; an all-ones mask changes nothing. */
+static void test_masked(void **state) {
+    (void)state;
+    const uint32_t nv = 300;
+    float *l = malloc(nv * sizeof *l);
+    for (uint32_t i = 0; i < nv; i++) l[i] = (float)((i * 37) % 101) * 0.05f;
+    uint32_t all[10], some[10], none[10];
+    memset(all, 0xff, sizeof all);
+    memset(some, 0, sizeof some);
+    memset(none, 0, sizeof none);
+    for (uint32_t i = 5; i < nv; i += 7) some[i / 32] |= 1u << (i % 32);
+    for (int cfg = 0; cfg < 3; cfg++) {
+        struct tern_sampler *a = mk(cfg == 0 ? 0.0f : 1.0f, cfg == 2 ? 0 : 40, cfg == 2 ? 1.0f : 0.9f, 0.0f, 7, nv);
+        struct tern_sampler *b = mk(cfg == 0 ? 0.0f : 1.0f, cfg == 2 ? 0 : 40, cfg == 2 ? 1.0f : 0.9f, 0.0f, 7, nv);
+        for (int k = 0; k < 200; k++) /* bit-identical draws with an all-ones mask */
+            assert_int_equal(tern_sampler_sample(a, l, NULL, 0), tern_sampler_sample_masked(b, l, all, NULL, 0));
+        for (int k = 0; k < 200; k++) {
+            int32_t t = tern_sampler_sample_masked(a, l, some, NULL, 0);
+            assert_true(t >= 5 && (t - 5) % 7 == 0);
+        }
+        assert_int_equal(tern_sampler_sample_masked(a, l, none, NULL, 0), -1);
+        tern_sampler_free(a);
+        tern_sampler_free(b);
+    }
+    /* greedy: the best allowed token; even NaN and -inf logits never escape the mask */
+    struct tern_sampler *g = mk(0.0f, 0, 1.0f, 0.0f, 1, nv);
+    l[12] = 100.0f;
+    assert_int_equal(tern_sampler_sample_masked(g, l, some, NULL, 0), 12); /* 12 = 5 + 7 is allowed */
+    l[13] = 200.0f; /* not allowed */
+    assert_int_equal(tern_sampler_sample_masked(g, l, some, NULL, 0), 12);
+    for (uint32_t i = 0; i < nv; i++) l[i] = (i % 2) ? NAN : -INFINITY;
+    int32_t t = tern_sampler_sample_masked(g, l, some, NULL, 0);
+    assert_true(t >= 5 && (t - 5) % 7 == 0);
+    tern_sampler_free(g);
+    free(l);
+}
+
 static void test_bad_params(void **state) {
     (void)state;
     struct tern_sampler_params p;
@@ -208,7 +245,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy),       cmocka_unit_test(test_seeded_determinism),
         cmocka_unit_test(test_distribution), cmocka_unit_test(test_filters_match_reference),
-        cmocka_unit_test(test_penalties),    cmocka_unit_test(test_bad_params),
+        cmocka_unit_test(test_penalties),    cmocka_unit_test(test_bad_params), cmocka_unit_test(test_masked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

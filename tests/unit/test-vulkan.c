@@ -11,6 +11,8 @@
  * - attention over a device KV cache (F32 and F16, across the 256-position blocks) against
  *   the CPU's attn_page over the same rows, and each token's output bit-identical when it
  *   is computed alone;
+ * - Gated DeltaNet's conv and recurrence against the CPU's (deltanet.h), and the device's
+ *   own results bit-identical token by token and in one chunk (window and state carried);
  * - a recorded sequence (begin ... end) gives the bits of the same operations run one by one;
  * - bad calls are refused with a status, nothing dispatched.
  * Skips (77) when this build has no Vulkan backend or the machine no device, unless
@@ -20,6 +22,7 @@
 #include "backend/vulkan.h"
 #include "kernels/kernels.h"
 #include "kernels/ops.h"
+#include "model/deltanet.h"
 #include "util/mem.h"
 #include "util/rng.h"
 
@@ -346,6 +349,81 @@ static void test_attention(void **state) {
     check_attention(true, 256);
 }
 
+static void check_deltanet(uint32_t n_k, uint32_t n_v, uint32_t d, size_t T) {
+    const struct tern_deltanet_shape sh = {.n_k_heads = n_k, .n_v_heads = n_v, .d_k = d, .d_v = d, .n_conv = 4, .eps = 1e-6f};
+    const size_t C = tern_deltanet_channels(&sh), W = 3, nvd = (size_t)n_v * d;
+    struct tern_rng r;
+    tern_rng_seed(&r, 900 + d);
+    float *x = malloc(T * C * sizeof(float)), *cw = malloc(4 * C * sizeof(float)), *z = malloc(T * nvd * sizeof(float));
+    float *beta = malloc(T * n_v * sizeof(float)), *alpha = malloc(T * n_v * sizeof(float));
+    float *prm = malloc((2 * n_v + d) * sizeof(float));
+    for (size_t i = 0; i < T * C; i++) x[i] = (float)(tern_rng_uniform(&r) * 2 - 1);
+    for (size_t i = 0; i < 4 * C; i++) cw[i] = (float)(tern_rng_uniform(&r) * 0.6 - 0.3);
+    for (size_t i = 0; i < T * nvd; i++) z[i] = (float)(tern_rng_uniform(&r) * 2 - 1);
+    for (size_t i = 0; i < T * n_v; i++) beta[i] = (float)(tern_rng_uniform(&r) * 2 - 1), alpha[i] = (float)(tern_rng_uniform(&r) * 2 - 1);
+    for (size_t h = 0; h < n_v; h++) prm[h] = -(float)exp(tern_rng_uniform(&r) * log(16.0)), prm[n_v + h] = 1.0f;
+    for (size_t j = 0; j < d; j++) prm[2 * n_v + j] = (float)(0.9 + 0.2 * tern_rng_uniform(&r));
+    /* the CPU */
+    float *win = calloc(W * C, sizeof(float)), *S = calloc(nvd * d, sizeof(float)), *y = malloc(T * C * sizeof(float));
+    float *out = malloc(T * nvd * sizeof(float)), *scr = malloc(n_v * tern_deltanet_scratch_floats(&sh) * sizeof(float));
+    tern_deltanet_conv(&sh, win, cw, x, C, y, C, T, 0, C);
+    const struct tern_deltanet_params p = {.ssm_a = prm, .dt_bias = prm + n_v, .norm_w = prm + 2 * n_v};
+    const struct tern_deltanet_io io = {.n_tok = T, .qkv = y, .ld_qkv = C, .z = z, .ld_z = nvd, .beta = beta,
+                                        .ld_beta = n_v, .alpha = alpha, .ld_alpha = n_v, .out = out, .ld_out = nvd};
+    tern_deltanet_heads(&sh, &p, S, &io, 0, n_v, scr);
+    /* the device, one chunk */
+    float *zeros = calloc(nvd * d > W * C ? nvd * d : W * C, sizeof(float));
+    struct tern_vk_buf *bwin = dev_floats(zeros, W * C), *bcw = dev_floats(cw, 4 * C), *bx = dev_floats(x, T * C);
+    struct tern_vk_buf *bS = dev_floats(zeros, nvd * d), *bz = dev_floats(z, T * nvd), *bb = dev_floats(beta, T * n_v);
+    struct tern_vk_buf *ba = dev_floats(alpha, T * n_v), *bp = dev_floats(prm, 2 * n_v + d), *by, *bo;
+    assert_int_equal(tern_vk_buf_new(vk, T * C * sizeof(float), &by), TERN_OK);
+    assert_int_equal(tern_vk_buf_new(vk, T * nvd * sizeof(float), &bo), TERN_OK);
+    assert_int_equal(tern_vk_begin(vk), TERN_OK);
+    assert_int_equal(tern_vk_deltanet_conv(vk, bwin, bcw, bx, C, by, C, C, 4, T), TERN_OK);
+    assert_int_equal(tern_vk_deltanet_heads(vk, bS, by, bz, bb, ba, bo, bp, n_k, n_v, d, d, 1e-6f, T), TERN_OK);
+    assert_int_equal(tern_vk_end(vk), TERN_OK);
+    float *gy = malloc(T * C * sizeof(float)), *go = malloc(T * nvd * sizeof(float)), *gS = malloc(nvd * d * sizeof(float));
+    host_floats(by, gy, T * C);
+    host_floats(bo, go, T * nvd);
+    host_floats(bS, gS, nvd * d);
+    const double ey = max_rel(gy, y, T * C);
+    double eo = 0, eS = 0;
+    for (size_t i = 0; i < T * nvd; i++) eo = fmax(eo, fabs((double)go[i] - out[i]) / (fabs((double)out[i]) + 1e-2));
+    for (size_t i = 0; i < nvd * d; i++) eS = fmax(eS, fabs((double)gS[i] - S[i]) / (fabs((double)S[i]) + 1e-2));
+    printf("deltanet %u/%u heads of %u, %zu tokens: conv %.2e, output %.2e, state %.2e from the CPU\n", n_k, n_v, d, T,
+           ey, eo, eS);
+    assert_true(ey < 1e-5 && eo < 1e-4 && eS < 1e-4);
+    /* token by token on the device: the chunk's bits */
+    assert_int_equal(tern_vk_upload(bwin, 0, zeros, W * C * sizeof(float)), TERN_OK);
+    assert_int_equal(tern_vk_upload(bS, 0, zeros, nvd * d * sizeof(float)), TERN_OK);
+    float *ty = malloc(C * sizeof(float)), *to = malloc(nvd * sizeof(float)), *tS = malloc(nvd * d * sizeof(float));
+    for (size_t t = 0; t < T; t++) {
+        struct tern_vk_buf *x1 = dev_floats(x + t * C, C), *z1 = dev_floats(z + t * nvd, nvd);
+        struct tern_vk_buf *b1 = dev_floats(beta + t * n_v, n_v), *a1 = dev_floats(alpha + t * n_v, n_v);
+        assert_int_equal(tern_vk_begin(vk), TERN_OK);
+        assert_int_equal(tern_vk_deltanet_conv(vk, bwin, bcw, x1, C, by, C, C, 4, 1), TERN_OK);
+        assert_int_equal(tern_vk_deltanet_heads(vk, bS, by, z1, b1, a1, bo, bp, n_k, n_v, d, d, 1e-6f, 1), TERN_OK);
+        assert_int_equal(tern_vk_end(vk), TERN_OK);
+        host_floats(by, ty, C);
+        host_floats(bo, to, nvd);
+        assert_memory_equal(ty, gy + t * C, C * sizeof(float));
+        assert_memory_equal(to, go + t * nvd, nvd * sizeof(float));
+        tern_vk_buf_free(x1), tern_vk_buf_free(z1), tern_vk_buf_free(b1), tern_vk_buf_free(a1);
+    }
+    host_floats(bS, tS, nvd * d);
+    assert_memory_equal(tS, gS, nvd * d * sizeof(float));
+    struct tern_vk_buf *all[] = {bwin, bcw, bx, bS, bz, bb, ba, bp, by, bo};
+    for (size_t i = 0; i < TERN_ARRAY_LEN(all); i++) tern_vk_buf_free(all[i]);
+    float *fr[] = {x, cw, z, beta, alpha, prm, win, S, y, out, scr, zeros, gy, go, gS, ty, to, tS};
+    for (size_t i = 0; i < TERN_ARRAY_LEN(fr); i++) free(fr[i]);
+}
+
+static void test_deltanet(void **state) {
+    (void)state;
+    check_deltanet(2, 4, 64, 11);
+    check_deltanet(1, 2, 128, 5);
+}
+
 static void test_refusals(void **state) {
     (void)state;
     struct tern_vk_buf *a, *b, *c;
@@ -367,6 +445,7 @@ int main(void) {
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_row_ops),
         cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_deltanet),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -196,10 +196,10 @@ static const enum tern_dtype matmul_types[] = {TERN_DTYPE_F32,  TERN_DTYPE_F16, 
 /* Every pipeline: a shader, its specialization constant. Matmuls come first. */
 enum {
     PIPE_RMSNORM = N_MATMUL, PIPE_ADD, PIPE_SWIGLU, PIPE_SIGMOID_MUL, PIPE_ROPE,
-    PIPE_ATTN_F32, PIPE_ATTN_F16, PIPE_KVSTORE_F32, PIPE_KVSTORE_F16, N_PIPES
+    PIPE_ATTN_F32, PIPE_ATTN_F16, PIPE_KVSTORE_F32, PIPE_KVSTORE_F16, PIPE_DNCONV, PIPE_DNHEADS, PIPE_SPLIT, N_PIPES
 };
-#define N_MODULES 6 /* matmul, rmsnorm, rows, rope, attention, kvstore */
-#define N_BINDINGS 4
+#define N_MODULES 9 /* matmul, rmsnorm, rows, rope, attention, kvstore, dnconv, dnheads, split */
+#define N_BINDINGS 8
 #define PUSH_BYTES 32
 
 struct tern_vk {
@@ -272,7 +272,9 @@ static enum tern_status make_pipelines(struct tern_vk *vk) {
         size_t size;
     } mods[N_MODULES] = {{tern_spv_matmul, tern_spv_matmul_size},       {tern_spv_rmsnorm, tern_spv_rmsnorm_size},
                          {tern_spv_rows, tern_spv_rows_size},           {tern_spv_rope, tern_spv_rope_size},
-                         {tern_spv_attention, tern_spv_attention_size}, {tern_spv_kvstore, tern_spv_kvstore_size}};
+                         {tern_spv_attention, tern_spv_attention_size}, {tern_spv_kvstore, tern_spv_kvstore_size},
+                         {tern_spv_dnconv, tern_spv_dnconv_size},       {tern_spv_dnheads, tern_spv_dnheads_size},
+                         {tern_spv_split, tern_spv_split_size}};
     for (int i = 0; i < N_MODULES; i++) {
         const VkShaderModuleCreateInfo sci = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
                                               .codeSize = mods[i].size,
@@ -287,6 +289,9 @@ static enum tern_status make_pipelines(struct tern_vk *vk) {
         else if (i == PIPE_ROPE) mod = 3;
         else if (i == PIPE_ATTN_F32 || i == PIPE_ATTN_F16) mod = 4, spec_val = i == PIPE_ATTN_F16;
         else if (i == PIPE_KVSTORE_F32 || i == PIPE_KVSTORE_F16) mod = 5, spec_val = i == PIPE_KVSTORE_F16;
+        else if (i == PIPE_DNCONV) mod = 6;
+        else if (i == PIPE_DNHEADS) mod = 7;
+        else if (i == PIPE_SPLIT) mod = 8;
         else mod = 2, spec_val = (uint32_t)(i - PIPE_ADD); /* rows.comp: 0 add, 1 swiglu, 2 sigmoid-mul */
         const VkSpecializationMapEntry me = {0, 0, sizeof(uint32_t)};
         const VkSpecializationInfo spec = {1, &me, sizeof(uint32_t), &spec_val};
@@ -296,7 +301,9 @@ static enum tern_status make_pipelines(struct tern_vk *vk) {
                       .stage = VK_SHADER_STAGE_COMPUTE_BIT,
                       .module = vk->modules[mod],
                       .pName = "main",
-                      .pSpecializationInfo = (i == PIPE_RMSNORM || i == PIPE_ROPE) ? NULL : &spec},
+                      .pSpecializationInfo = (i == PIPE_RMSNORM || i == PIPE_ROPE || i >= PIPE_DNCONV)
+                                                 ? NULL
+                                                 : &spec},
             .layout = vk->layout};
         if ((r = vk->f.vkCreateComputePipelines(vk->dev, VK_NULL_HANDLE, 1, &ci, NULL, &vk->pipes[i])))
             return vk_fail(vk, r, "a compute pipeline");
@@ -746,4 +753,59 @@ enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf 
             (uint32_t)pos0,     (uint32_t)(n_head / n_kv_head), scale, (uint32_t)n_tok};
     const struct tern_vk_buf *bufs[4] = {q, kc, vc, out};
     return record(vk, f16 ? PIPE_ATTN_F16 : PIPE_ATTN_F32, bufs, 4, &pc, sizeof pc, (uint32_t)n_tok, (uint32_t)n_head, 1);
+}
+
+enum tern_status tern_vk_deltanet_conv(struct tern_vk *vk, struct tern_vk_buf *window, const struct tern_vk_buf *conv_wt,
+                                       const struct tern_vk_buf *x, size_t ldx, struct tern_vk_buf *y, size_t ldy,
+                                       size_t C, size_t n_conv, size_t n_tok) {
+    enum tern_status st;
+    if (n_conv < 2 || ldx < C || ldy < C)
+        return tern_errorf(TERN_ERR_INVALID, "vulkan: DeltaNet conv of %zu taps over %zu channels (rows of %zu, %zu)",
+                           n_conv, C, ldx, ldy);
+    if ((st = check_rows("DeltaNet conv window", window, n_conv - 1, C)) ||
+        (st = check_rows("DeltaNet conv weights", conv_wt, n_conv, C)) || (st = check_rows("DeltaNet conv input", x, n_tok, ldx)) ||
+        (st = check_rows("DeltaNet conv output", y, n_tok, ldy)))
+        return st;
+    if (!n_tok || !C) return TERN_OK;
+    const uint32_t pc[5] = {(uint32_t)C, (uint32_t)n_conv, (uint32_t)ldx, (uint32_t)ldy, (uint32_t)n_tok};
+    const struct tern_vk_buf *bufs[4] = {window, conv_wt, x, y};
+    return record(vk, PIPE_DNCONV, bufs, 4, pc, sizeof pc, (uint32_t)((C + 63) / 64), 1, 1);
+}
+
+enum tern_status tern_vk_deltanet_heads(struct tern_vk *vk, struct tern_vk_buf *state, const struct tern_vk_buf *qkv,
+                                        const struct tern_vk_buf *z, const struct tern_vk_buf *beta,
+                                        const struct tern_vk_buf *alpha, struct tern_vk_buf *out,
+                                        const struct tern_vk_buf *params, size_t n_k, size_t n_v, size_t d_k,
+                                        size_t d_v, float eps, size_t n_tok) {
+    enum tern_status st;
+    if (!n_k || !n_v || n_v % n_k || d_k == 0 || d_k > 256 || d_v == 0 || d_v > 256)
+        return tern_errorf(TERN_ERR_INVALID, "vulkan: DeltaNet of %zu k-heads, %zu v-heads, heads of %zu/%zu (at most 256)",
+                           n_k, n_v, d_k, d_v);
+    const size_t C = 2 * n_k * d_k + n_v * d_v;
+    if ((st = check_rows("DeltaNet state", state, n_v * d_k, d_v)) || (st = check_rows("DeltaNet qkv", qkv, n_tok, C)) ||
+        (st = check_rows("DeltaNet z", z, n_tok, n_v * d_v)) || (st = check_rows("DeltaNet beta", beta, n_tok, n_v)) ||
+        (st = check_rows("DeltaNet alpha", alpha, n_tok, n_v)) || (st = check_rows("DeltaNet output", out, n_tok, n_v * d_v)) ||
+        (st = check_rows("DeltaNet parameters", params, 1, 2 * n_v + d_v)))
+        return st;
+    if (!n_tok) return TERN_OK;
+    struct {
+        uint32_t n_k, n_v, d_k, d_v;
+        float eps;
+        uint32_t n_tok;
+    } pc = {(uint32_t)n_k, (uint32_t)n_v, (uint32_t)d_k, (uint32_t)d_v, eps, (uint32_t)n_tok};
+    const struct tern_vk_buf *bufs[7] = {state, qkv, z, beta, alpha, out, params};
+    return record(vk, PIPE_DNHEADS, bufs, 7, &pc, sizeof pc, (uint32_t)n_v, 1, 1);
+}
+
+enum tern_status tern_vk_split_heads(struct tern_vk *vk, const struct tern_vk_buf *ab, struct tern_vk_buf *a,
+                                     struct tern_vk_buf *b, size_t n_tok, size_t n_head, size_t head_dim) {
+    enum tern_status st;
+    if ((st = check_rows("split", ab, n_tok, 2 * n_head * head_dim)) || (st = check_rows("split", a, n_tok, n_head * head_dim)) ||
+        (st = check_rows("split", b, n_tok, n_head * head_dim)))
+        return st;
+    const uint32_t count = (uint32_t)(n_tok * n_head * head_dim);
+    if (!count) return TERN_OK;
+    const uint32_t pc[3] = {(uint32_t)n_head, (uint32_t)head_dim, (uint32_t)n_tok}, groups = (count + 255) / 256;
+    const struct tern_vk_buf *bufs[3] = {ab, a, b};
+    return record(vk, PIPE_SPLIT, bufs, 3, pc, sizeof pc, groups < 65535 ? groups : 65535, (groups + 65534) / 65535, 1);
 }

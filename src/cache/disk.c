@@ -1,0 +1,1219 @@
+/* The disk tier (disk.h, DESIGN.md §9).
+ *
+ * File layout (native byte order; the state layout hash covers the byte order):
+ *
+ *   struct file_hdr (96 bytes), tenant bytes, key bytes, u64 checksum
+ *   block "tokens":  T[0..n) as int32, then the checkpoint positions and kinds as uint32
+ *   block "rec":     the recurrent state at n                (hybrid models only)
+ *   block "ckpt i":  checkpoint i's recurrent state          (hybrid models only)
+ *   block "kv p":    for each KV page p (KV_BLOCK positions), its rows as
+ *                    tern_session_kv_export writes them
+ *
+ * Each block is its payload followed by a u64 xxh3 seeded with the header checksum
+ * and the block's number, so that a block copied from another file or another place
+ * in this one does not verify either. The size of the file follows from the header;
+ * a file of another size is truncated or padded, hence invalid. A resume at r reads
+ * the header, the token block, one recurrent block and the KV pages below r only. */
+#define XXH_STATIC_LINKING_ONLY
+#include "cache/disk.h"
+
+#include "util/hash.h"
+#include "util/log.h"
+#include "util/mem.h"
+#include "util/timeutil.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#define FILE_MAGIC "TERNDSK1"
+#define FILE_VERSION 1u
+#define SECRET_BYTES 192 /* >= XXH3_SECRET_SIZE_MIN */
+#define MAX_STR 4096u
+#define MAX_TOKENS (1u << 24)
+#define MAX_CKPT 4096u
+#define HEAD_READ 4096u /* the first read: the header and a short token list; the rest of a longer one follows */
+/* Positions per KV block: a resume at r reads the blocks below r only. */
+#define KV_BLOCK 256u
+/* A temporary file of a process that is not running (or of another host, older than
+ * this) is a write that died: removed at open. */
+#define STALE_TMP_NS (24ull * 3600 * 1000000000ull)
+
+struct file_hdr {
+    char magic[8];
+    uint32_t version;
+    uint32_t hdr_bytes;   /* sizeof(struct file_hdr) + tenant_len + key_len */
+    uint64_t model_id;
+    uint64_t layout;
+    uint64_t created_ns;
+    uint32_t n_tokens;
+    uint32_t n_ckpt;
+    uint64_t rec_bytes;
+    uint64_t kv_row_bytes;
+    uint32_t named;
+    uint32_t tenant_len;
+    uint32_t key_len;
+    uint32_t reserved;
+    uint8_t nonce[DISK_NONCE_BYTES];
+};
+_Static_assert(sizeof(struct file_hdr) == 96, "the file header is 96 bytes on disk");
+
+struct disk {
+    char *dir;
+    int dir_fd, lock_fd, gen_fd;
+    uint64_t max_bytes;
+    struct tern_model *model;
+    struct tern_session_params sp;
+    const struct fp_separators *sep;
+    unsigned test_delay_ms;
+    uint64_t model_id, layout;
+    size_t rec_bytes, kv_row_bytes;
+    bool hybrid;
+    uint8_t secret[SECRET_BYTES];
+    uint64_t gen;              /* the generation counter at the last scan */
+    bool scanned;
+    bool scanning;             /* the index is being rebuilt: entries are dropped at its end */
+    int lock_depth;            /* DIR/.lock held (nested: a scan inside a write) */
+    struct disk_entry **e;     /* the index, most recently used first */
+    size_t n, cap;
+    uint64_t total_bytes;
+    uint8_t *buf;              /* one KV page's rows / a recurrent block */
+    size_t buf_cap;
+    unsigned tmp_seq;
+    char host[64];
+    struct disk_stats st;
+};
+
+/* ---- small helpers --------------------------------------------------------------------- */
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t ts_ns(const struct timespec *ts) { return (uint64_t)ts->tv_sec * 1000000000ull + (uint64_t)ts->tv_nsec; }
+
+static uint64_t block_sum(const void *p, size_t n, uint64_t hdr_sum, uint64_t block_no) {
+    return XXH3_64bits_withSeed(p, n, hdr_sum ^ (0x9E3779B97F4A7C15ull * (block_no + 1)));
+}
+
+static enum tern_status write_all(int fd, const void *p, size_t n, const char *what) {
+    const uint8_t *b = p;
+    while (n) {
+        ssize_t w = write(fd, b, n > (1u << 30) ? (1u << 30) : n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return tern_errorf(TERN_ERR_IO, "writing %s: %s", what, strerror(errno));
+        }
+        b += w;
+        n -= (size_t)w;
+    }
+    return TERN_OK;
+}
+
+/* 1 = read n bytes, 0 = short (end of file), -1 = error (errno). */
+static int read_at(int fd, void *p, size_t n, uint64_t off) {
+    uint8_t *b = p;
+    while (n) {
+        ssize_t r = pread(fd, b, n > (1u << 30) ? (1u << 30) : n, (off_t)off);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (r == 0) return 0;
+        b += r;
+        n -= (size_t)r;
+        off += (uint64_t)r;
+    }
+    return 1;
+}
+
+static enum tern_status buf_reserve(struct disk *d, size_t n) {
+    if (n <= d->buf_cap) return TERN_OK;
+    uint8_t *b = tern_aligned_alloc(n);
+    if (!b) return tern_errorf(TERN_ERR_NOMEM, "disk tier: out of memory for a %zu-byte block", n);
+    tern_aligned_free(d->buf);
+    d->buf = b;
+    d->buf_cap = n;
+    return TERN_OK;
+}
+
+static void hex(char *out, const uint8_t *p, size_t n) {
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[p[i] >> 4];
+        out[2 * i + 1] = digits[p[i] & 15];
+    }
+    out[2 * n] = 0;
+}
+
+/* The file name of (tenant, key) or (tenant, nonce): a keyed hash, so that names
+ * reveal neither tenant nor key, and a file moved under another conversation's name
+ * does not verify. */
+static void entry_name(const uint8_t *secret, const char *tenant, const char *key, const uint8_t *nonce,
+                       char out[DISK_NAME_LEN + 1]) {
+    size_t tl = strlen(tenant), kl = key ? strlen(key) : DISK_NONCE_BYTES;
+    size_t n = 1 + 4 + tl + 1 + kl;
+    uint8_t stackbuf[512];
+    uint8_t *b = n <= sizeof stackbuf ? stackbuf : malloc(n);
+    if (!b) { /* cannot happen for keys within MAX_STR on any real system; a fixed name */
+        memset(out, '0', DISK_NAME_LEN);
+        out[DISK_NAME_LEN] = 0;
+        return;
+    }
+    size_t o = 0;
+    b[o++] = 'T';
+    uint32_t tl32 = (uint32_t)tl;
+    memcpy(b + o, &tl32, 4);
+    o += 4;
+    memcpy(b + o, tenant, tl);
+    o += tl;
+    b[o++] = key ? 'K' : 'N';
+    memcpy(b + o, key ? (const void *)key : (const void *)nonce, kl);
+    o += kl;
+    XXH128_hash_t h = XXH3_128bits_withSecret(b, o, secret, SECRET_BYTES);
+    if (b != stackbuf) free(b);
+    uint8_t raw[16];
+    memcpy(raw, &h.high64, 8);
+    memcpy(raw + 8, &h.low64, 8);
+    hex(out, raw, 16);
+}
+
+static bool is_entry_name(const char *s) {
+    for (int i = 0; i < DISK_NAME_LEN; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return false;
+    return !strcmp(s + DISK_NAME_LEN, DISK_FILE_SUFFIX);
+}
+
+static void file_of(const char *name, char out[DISK_NAME_LEN + sizeof DISK_FILE_SUFFIX]) {
+    snprintf(out, DISK_NAME_LEN + sizeof DISK_FILE_SUFFIX, "%s%s", name, DISK_FILE_SUFFIX);
+}
+
+/* ---- layout ------------------------------------------------------------------------- */
+
+struct layout {
+    uint64_t tok_off, tok_len;   /* payload offset and length of the token block */
+    uint64_t rec_off;            /* first recurrent block (live), then one per checkpoint */
+    uint64_t kv_off;             /* first KV page block */
+    uint64_t total;
+    uint32_t n_pages;
+};
+
+static uint64_t rec_block_off(const struct file_hdr *h, const struct layout *l, uint32_t i) {
+    return l->rec_off + (uint64_t)i * (h->rec_bytes + 8);
+}
+
+static uint64_t kv_block_off(const struct file_hdr *h, const struct layout *l, uint32_t pg) {
+    return l->kv_off + (uint64_t)pg * (KV_BLOCK * h->kv_row_bytes + 8);
+}
+
+static uint32_t page_rows(uint32_t n, uint32_t pg) {
+    uint32_t left = n - pg * KV_BLOCK;
+    return left < KV_BLOCK ? left : KV_BLOCK;
+}
+
+/* The header's counts are bounded before anything is multiplied. */
+static bool layout_of(const struct file_hdr *h, struct layout *l) {
+    if (h->n_tokens > MAX_TOKENS || h->n_ckpt > MAX_CKPT || h->rec_bytes > (1ull << 36) ||
+        h->kv_row_bytes > (1ull << 26))
+        return false;
+    l->tok_off = (uint64_t)h->hdr_bytes + 8;
+    l->tok_len = ((uint64_t)h->n_tokens + 2ull * h->n_ckpt) * 4;
+    l->rec_off = l->tok_off + l->tok_len + 8;
+    uint64_t n_rec = h->rec_bytes ? 1ull + h->n_ckpt : 0;
+    l->kv_off = l->rec_off + n_rec * (h->rec_bytes + 8);
+    l->n_pages = (h->n_tokens + KV_BLOCK - 1) / KV_BLOCK;
+    l->total = l->kv_off + (uint64_t)h->n_tokens * h->kv_row_bytes + (uint64_t)l->n_pages * 8;
+    return true;
+}
+
+/* ---- the index ---------------------------------------------------------------------- */
+
+static void entry_free(struct disk_entry *e) {
+    if (!e) return;
+    free(e->tenant);
+    free(e->key);
+    free(e->tokens);
+    free(e->ckpt_pos);
+    free(e->ckpt_kinds);
+    fp_free(&e->fp);
+    free(e);
+}
+
+static long find_entry(const struct disk *d, const char *name) {
+    for (size_t i = 0; i < d->n; i++)
+        if (!strcmp(d->e[i]->name, name)) return (long)i;
+    return -1;
+}
+
+static void index_drop(struct disk *d, size_t i) {
+    d->total_bytes -= d->e[i]->bytes;
+    entry_free(d->e[i]);
+    memmove(d->e + i, d->e + i + 1, (d->n - i - 1) * sizeof *d->e);
+    d->n--;
+}
+
+static int by_recency(const void *a, const void *b) {
+    const struct disk_entry *x = *(struct disk_entry *const *)a, *y = *(struct disk_entry *const *)b;
+    if (x->last_used != y->last_used) return x->last_used > y->last_used ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+static void index_sort(struct disk *d) {
+    if (d->n > 1) qsort(d->e, d->n, sizeof *d->e, by_recency);
+}
+
+/* Inserts e (replacing an entry of the same name when replace; a directory scan appends
+ * and drops the replaced entry afterwards, as it was not seen). On allocation failure e
+ * is freed: the file stays on disk and the next scan indexes it. */
+static void index_put(struct disk *d, struct disk_entry *e, bool replace) {
+    if (replace) {
+        long i = find_entry(d, e->name);
+        if (i >= 0) index_drop(d, (size_t)i);
+    }
+    if (d->n == d->cap) {
+        size_t cap = d->cap ? d->cap * 2 : 64;
+        struct disk_entry **p = tern_reallocarray(d->e, cap, sizeof *p);
+        if (!p) {
+            entry_free(e);
+            return;
+        }
+        d->e = p;
+        d->cap = cap;
+    }
+    d->e[d->n++] = e;
+    d->total_bytes += e->bytes;
+}
+
+/* The directory's advisory lock, re-entrant within this process. */
+static bool dir_lock(struct disk *d) {
+    if (d->lock_depth++ > 0) return true;
+    while (flock(d->lock_fd, LOCK_EX)) {
+        if (errno == EINTR) continue;
+        d->lock_depth = 0;
+        return false;
+    }
+    return true;
+}
+
+static void dir_unlock(struct disk *d) {
+    if (d->lock_depth > 0 && --d->lock_depth == 0) flock(d->lock_fd, LOCK_UN);
+}
+
+/* The generation counter goes up by one per change, under the lock (a lost increment
+ * would hide a peer's change). */
+static void bump_gen(struct disk *d) {
+    bool locked = dir_lock(d);
+    uint64_t g = 0;
+    if (pread(d->gen_fd, &g, sizeof g, 0) != (ssize_t)sizeof g) g = 0;
+    g++;
+    if (pwrite(d->gen_fd, &g, sizeof g, 0) != (ssize_t)sizeof g)
+        TERN_LOG_WARN("disk tier: updating %s/.gen: %s (peers may miss this change until their next scan)", d->dir,
+                      strerror(errno));
+    else if (d->gen + 1 == g)
+        d->gen = g; /* only our own change since the last scan: nothing new to read */
+    if (locked) dir_unlock(d);
+}
+
+static uint64_t read_gen(const struct disk *d) {
+    uint64_t g = 0;
+    if (pread(d->gen_fd, &g, sizeof g, 0) != (ssize_t)sizeof g) return 0;
+    return g;
+}
+
+/* Deletes a file that did not verify: logged once (the file is gone afterwards). */
+static void invalidate(struct disk *d, const char *name, const char *why) {
+    char fn[DISK_NAME_LEN + sizeof DISK_FILE_SUFFIX];
+    file_of(name, fn);
+    TERN_LOG_WARN("disk tier: deleting %s/%s: %s (it costs a cold prime, never a wrong resume)", d->dir, fn, why);
+    if (unlinkat(d->dir_fd, fn, 0) && errno != ENOENT)
+        TERN_LOG_WARN("disk tier: cannot delete %s/%s: %s", d->dir, fn, strerror(errno));
+    if (!d->scanning) {
+        long i = find_entry(d, name);
+        if (i >= 0) index_drop(d, (size_t)i);
+    }
+    d->st.invalid++;
+    bump_gen(d);
+}
+
+/* Reads and verifies the header and the token block of an open file. On success *out
+ * is a new index entry (without name/ino/times). why: the reason when it is invalid;
+ * returns false then. Does not need a model when d is NULL-like (inspection): model
+ * checks happen only when expect_model. */
+struct head {
+    struct file_hdr h;
+    uint64_t hdr_sum;
+    struct layout l;
+    char *tenant, *key;
+    int32_t *tokens;
+    uint32_t *ckpt_pos, *ckpt_kinds;
+    uint64_t tok_sum;
+};
+
+static void head_free(struct head *hd) {
+    free(hd->tenant);
+    free(hd->key);
+    free(hd->tokens);
+    free(hd->ckpt_pos);
+    free(hd->ckpt_kinds);
+    memset(hd, 0, sizeof *hd);
+}
+
+static bool read_head(int fd, uint64_t file_size, struct head *hd, char *why, size_t why_len) {
+    memset(hd, 0, sizeof *hd);
+    /* room for the largest header; the first read takes HEAD_READ bytes */
+    uint8_t first[HEAD_READ + sizeof(struct file_hdr) + 2 * MAX_STR + 8];
+    size_t got = file_size < HEAD_READ ? (size_t)file_size : HEAD_READ;
+    if (got < sizeof hd->h + 8) {
+        snprintf(why, why_len, "%llu bytes is too short for a header", (unsigned long long)file_size);
+        return false;
+    }
+    if (read_at(fd, first, got, 0) != 1) {
+        snprintf(why, why_len, "reading the header: %s", strerror(errno));
+        return false;
+    }
+    memcpy(&hd->h, first, sizeof hd->h);
+    const struct file_hdr *h = &hd->h;
+    if (memcmp(h->magic, FILE_MAGIC, 8)) {
+        snprintf(why, why_len, "not a tern disk-tier file (bad magic)");
+        return false;
+    }
+    if (h->version != FILE_VERSION) {
+        snprintf(why, why_len, "file format version %u, this tern writes %u", h->version, FILE_VERSION);
+        return false;
+    }
+    if (h->tenant_len <= MAX_STR && h->key_len <= MAX_STR && h->hdr_bytes == sizeof *h + h->tenant_len + h->key_len &&
+        h->hdr_bytes + 8 > got && h->hdr_bytes + 8 <= file_size) {
+        /* a long tenant or key: the rest of the header */
+        if (read_at(fd, first + got, h->hdr_bytes + 8 - got, got) != 1) {
+            snprintf(why, why_len, "reading the header: %s", strerror(errno));
+            return false;
+        }
+        got = h->hdr_bytes + 8;
+    }
+    if (h->tenant_len > MAX_STR || h->key_len > MAX_STR || h->named > 1 ||
+        h->hdr_bytes != sizeof *h + h->tenant_len + h->key_len || h->hdr_bytes + 8 > got) {
+        snprintf(why, why_len, "header sizes out of range (header %u bytes, tenant %u, key %u)", h->hdr_bytes,
+                 h->tenant_len, h->key_len);
+        return false;
+    }
+    uint64_t sum;
+    memcpy(&sum, first + h->hdr_bytes, 8);
+    if (XXH3_64bits(first, h->hdr_bytes) != sum) {
+        snprintf(why, why_len, "header checksum mismatch");
+        return false;
+    }
+    hd->hdr_sum = sum;
+    if (!layout_of(h, &hd->l)) {
+        snprintf(why, why_len, "counts out of range (%u tokens, %u checkpoints)", h->n_tokens, h->n_ckpt);
+        return false;
+    }
+    if (hd->l.total != file_size) {
+        snprintf(why, why_len, "%llu bytes where the header says %llu (truncated or torn)",
+                 (unsigned long long)file_size, (unsigned long long)hd->l.total);
+        return false;
+    }
+    hd->tenant = tern_malloc(h->tenant_len + 1);
+    hd->key = h->named ? tern_malloc(h->key_len + 1) : NULL;
+    hd->tokens = tern_malloc((size_t)h->n_tokens * 4 + 4);
+    hd->ckpt_pos = tern_malloc((size_t)h->n_ckpt * 4 + 4);
+    hd->ckpt_kinds = tern_malloc((size_t)h->n_ckpt * 4 + 4);
+    uint8_t *blk = tern_malloc((size_t)hd->l.tok_len + 8);
+    if (!hd->tenant || (h->named && !hd->key) || !hd->tokens || !hd->ckpt_pos || !hd->ckpt_kinds || !blk) {
+        free(blk);
+        head_free(hd);
+        snprintf(why, why_len, "out of memory");
+        return false;
+    }
+    memcpy(hd->tenant, first + sizeof *h, h->tenant_len);
+    hd->tenant[h->tenant_len] = 0;
+    if (hd->key) {
+        memcpy(hd->key, first + sizeof *h + h->tenant_len, h->key_len);
+        hd->key[h->key_len] = 0;
+    }
+    if (strlen(hd->tenant) != h->tenant_len || (hd->key && strlen(hd->key) != h->key_len)) {
+        free(blk);
+        head_free(hd);
+        snprintf(why, why_len, "tenant or key contains a NUL byte");
+        return false;
+    }
+    int rr;
+    if (hd->l.tok_off + hd->l.tok_len + 8 <= got) {
+        memcpy(blk, first + hd->l.tok_off, (size_t)hd->l.tok_len + 8);
+        rr = 1;
+    } else {
+        rr = read_at(fd, blk, (size_t)hd->l.tok_len + 8, hd->l.tok_off);
+    }
+    if (rr != 1) {
+        free(blk);
+        head_free(hd);
+        snprintf(why, why_len, "reading the token list: %s", rr < 0 ? strerror(errno) : "short");
+        return false;
+    }
+    memcpy(&hd->tok_sum, blk + hd->l.tok_len, 8);
+    if (block_sum(blk, (size_t)hd->l.tok_len, hd->hdr_sum, 0) != hd->tok_sum) {
+        free(blk);
+        head_free(hd);
+        snprintf(why, why_len, "token list checksum mismatch");
+        return false;
+    }
+    memcpy(hd->tokens, blk, (size_t)h->n_tokens * 4);
+    memcpy(hd->ckpt_pos, blk + (size_t)h->n_tokens * 4, (size_t)h->n_ckpt * 4);
+    memcpy(hd->ckpt_kinds, blk + ((size_t)h->n_tokens + h->n_ckpt) * 4, (size_t)h->n_ckpt * 4);
+    free(blk);
+    for (uint32_t i = 0; i < h->n_ckpt; i++) {
+        if (hd->ckpt_pos[i] > h->n_tokens || (i && hd->ckpt_pos[i] <= hd->ckpt_pos[i - 1])) {
+            head_free(hd);
+            snprintf(why, why_len, "checkpoint position %u (index %u) is not ascending within %u tokens",
+                     hd->ckpt_pos[i], i, h->n_tokens);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The checks that need this directory's model and secret. */
+static bool head_matches(const struct disk *d, const char *name, const struct head *hd, char *why, size_t why_len) {
+    const struct file_hdr *h = &hd->h;
+    if (h->model_id != d->model_id) {
+        snprintf(why, why_len, "written for another model (identity %016llx, this model's %016llx)",
+                 (unsigned long long)h->model_id, (unsigned long long)d->model_id);
+        return false;
+    }
+    if (h->layout != d->layout || h->rec_bytes != d->rec_bytes || h->kv_row_bytes != d->kv_row_bytes) {
+        snprintf(why, why_len, "another state layout (%016llx, this server's %016llx: KV type or tern version)",
+                 (unsigned long long)h->layout, (unsigned long long)d->layout);
+        return false;
+    }
+    if (!d->hybrid && h->n_ckpt) {
+        snprintf(why, why_len, "checkpoints in a file of an attention-only model");
+        return false;
+    }
+    char expect[DISK_NAME_LEN + 1];
+    entry_name(d->secret, hd->tenant, hd->key, h->nonce, expect);
+    if (strcmp(expect, name)) {
+        snprintf(why, why_len, "its name does not match the tenant and key inside it (moved or copied)");
+        return false;
+    }
+    return true;
+}
+
+/* Indexes the file `name` (open as fd, stat st). Returns false when it was invalid
+ * (and deleted). */
+static bool index_file(struct disk *d, const char *name, int fd, const struct stat *st) {
+    struct head hd;
+    char why[192];
+    if (!read_head(fd, (uint64_t)st->st_size, &hd, why, sizeof why) || !head_matches(d, name, &hd, why, sizeof why)) {
+        head_free(&hd);
+        invalidate(d, name, why);
+        return false;
+    }
+    struct disk_entry *e = tern_calloc(1, sizeof *e);
+    if (!e) {
+        head_free(&hd);
+        return true; /* not invalid: retried at the next scan */
+    }
+    memcpy(e->name, name, DISK_NAME_LEN + 1);
+    e->tenant = hd.tenant;
+    e->key = hd.key;
+    e->tokens = hd.tokens;
+    e->ckpt_pos = hd.ckpt_pos;
+    e->ckpt_kinds = hd.ckpt_kinds;
+    hd.tenant = hd.key = NULL;
+    hd.tokens = NULL;
+    hd.ckpt_pos = hd.ckpt_kinds = NULL;
+    memcpy(e->nonce, hd.h.nonce, DISK_NONCE_BYTES);
+    e->n = hd.h.n_tokens;
+    e->n_ckpt = hd.h.n_ckpt;
+    e->bytes = (uint64_t)st->st_size;
+    e->tok_sum = hd.tok_sum;
+    e->ino = (uint64_t)st->st_ino;
+    e->mtime_ns = ts_ns(&st->st_mtim);
+    uint64_t at = ts_ns(&st->st_atim);
+    e->last_used = at > e->mtime_ns ? at : e->mtime_ns;
+    if (d->sep && fp_compute(d->sep, e->tokens, e->n, &e->fp) != TERN_OK) e->fp.n = 0;
+    e->seen = true;
+    head_free(&hd);
+    index_put(d, e, false);
+    return true;
+}
+
+/* Temporary files: ".tmp-<host>-<pid>-<seq>". */
+static void maybe_remove_tmp(struct disk *d, const char *fn, const struct stat *st) {
+    char host[64];
+    int pid = 0;
+    unsigned seq = 0;
+    if (sscanf(fn, ".tmp-%63[^-]-%d-%u", host, &pid, &seq) != 3) return;
+    bool dead = false;
+    if (!strcmp(host, d->host) && pid > 0 && pid != getpid()) dead = kill(pid, 0) && errno == ESRCH;
+    if (now_ns() - ts_ns(&st->st_mtim) > STALE_TMP_NS) dead = true;
+    if (!dead) return;
+    TERN_LOG_INFO("disk tier: removing %s/%s (a write that never completed)", d->dir, fn);
+    unlinkat(d->dir_fd, fn, 0);
+}
+
+#define SCAN_BATCH 64
+
+static void index_batch(struct disk *d, int *fds, char (*names)[DISK_NAME_LEN + 1], size_t *n) {
+    for (size_t i = 0; i < *n; i++) {
+        struct stat fst;
+        if (!fstat(fds[i], &fst)) index_file(d, names[i], fds[i], &fst);
+        close(fds[i]);
+    }
+    *n = 0;
+}
+
+static int by_name(const void *a, const void *b) {
+    return strcmp((*(struct disk_entry *const *)a)->name, (*(struct disk_entry *const *)b)->name);
+}
+
+/* Re-reads the directory: new and replaced files are indexed, vanished ones dropped,
+ * unchanged ones (same inode, size and mtime) kept as they are. Lookups go through a
+ * sorted snapshot of the index, so that 10,000 entries cost 10,000 binary searches. */
+static void scan(struct disk *d, bool at_open) {
+    uint64_t gen = read_gen(d);
+    int fd = dup(d->dir_fd);
+    DIR *dir = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!dir) {
+        if (fd >= 0) close(fd);
+        TERN_LOG_WARN("disk tier: reading %s: %s", d->dir, strerror(errno));
+        return;
+    }
+    rewinddir(dir);
+    d->scanning = true;
+    for (size_t i = 0; i < d->n; i++) d->e[i]->seen = false;
+    size_t n_snap = d->n;
+    struct disk_entry **snap = n_snap ? tern_malloc(n_snap * sizeof *snap) : NULL;
+    if (snap) {
+        memcpy(snap, d->e, n_snap * sizeof *snap);
+        qsort(snap, n_snap, sizeof *snap, by_name);
+    } else {
+        n_snap = 0;
+    }
+    int batch_fd[SCAN_BATCH];
+    char batch_name[SCAN_BATCH][DISK_NAME_LEN + 1];
+    size_t n_batch = 0;
+    struct dirent *de;
+    while ((de = readdir(dir))) {
+        const char *fn = de->d_name;
+        struct stat st;
+        if (fn[0] == '.') {
+            if (at_open && !strncmp(fn, ".tmp-", 5) && !fstatat(d->dir_fd, fn, &st, AT_SYMLINK_NOFOLLOW))
+                maybe_remove_tmp(d, fn, &st);
+            continue;
+        }
+        if (!is_entry_name(fn)) continue;
+        if (fstatat(d->dir_fd, fn, &st, AT_SYMLINK_NOFOLLOW)) continue; /* deleted meanwhile */
+        char name[DISK_NAME_LEN + 1];
+        memcpy(name, fn, DISK_NAME_LEN);
+        name[DISK_NAME_LEN] = 0;
+        if (!S_ISREG(st.st_mode)) {
+            invalidate(d, name, "not a regular file");
+            continue;
+        }
+        struct disk_entry key_e, *key_p = &key_e, **hit = NULL;
+        memcpy(key_e.name, name, sizeof name);
+        if (n_snap) hit = bsearch(&key_p, snap, n_snap, sizeof *snap, by_name);
+        if (hit) {
+            struct disk_entry *e = *hit;
+            if (e->ino == (uint64_t)st.st_ino && e->bytes == (uint64_t)st.st_size &&
+                e->mtime_ns == ts_ns(&st.st_mtim)) {
+                uint64_t at = ts_ns(&st.st_atim);
+                if (at > e->last_used) e->last_used = at; /* a peer used it */
+                e->seen = true;
+                continue;
+            }
+        }
+        int ffd = openat(d->dir_fd, fn, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (ffd < 0) continue;
+        /* Files are read in batches whose first pages were all asked for at once: from a
+         * cold cache the device then serves them in parallel, not one seek at a time. */
+        posix_fadvise(ffd, 0, HEAD_READ, POSIX_FADV_WILLNEED);
+        batch_fd[n_batch] = ffd;
+        memcpy(batch_name[n_batch++], name, sizeof name);
+        if (n_batch == SCAN_BATCH) index_batch(d, batch_fd, batch_name, &n_batch);
+    }
+    index_batch(d, batch_fd, batch_name, &n_batch);
+    closedir(dir);
+    free(snap);
+    d->scanning = false;
+    /* vanished files, and the old versions of replaced ones */
+    size_t k = 0;
+    for (size_t i = 0; i < d->n; i++) {
+        if (d->e[i]->seen) {
+            d->e[k++] = d->e[i];
+        } else {
+            d->total_bytes -= d->e[i]->bytes;
+            entry_free(d->e[i]);
+        }
+    }
+    d->n = k;
+    index_sort(d);
+    d->gen = gen;
+    d->scanned = true;
+}
+
+void disk_refresh(struct disk *d) {
+    if (!d->scanned || read_gen(d) != d->gen) scan(d, false);
+}
+
+size_t disk_count(const struct disk *d) { return d->n; }
+const struct disk_entry *disk_at(const struct disk *d, size_t i) { return i < d->n ? d->e[i] : NULL; }
+
+void disk_get_stats(const struct disk *d, struct disk_stats *out) {
+    *out = d->st;
+    out->bytes = d->total_bytes;
+    out->entries = (uint32_t)d->n;
+}
+
+/* ---- open ---------------------------------------------------------------------------- */
+
+static enum tern_status load_secret(struct disk *d) {
+    int fd = openat(d->dir_fd, ".secret", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT) {
+        /* First use: create it under the lock, so that two replicas starting together
+         * agree on one secret (the second finds the first's). */
+        if (flock(d->lock_fd, LOCK_EX)) return tern_errorf(TERN_ERR_IO, "disk tier: locking %s/.lock: %s", d->dir, strerror(errno));
+        fd = openat(d->dir_fd, ".secret", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0 && errno == ENOENT) {
+            uint8_t s[SECRET_BYTES];
+            size_t got = 0;
+            while (got < sizeof s) {
+                ssize_t r = getrandom(s + got, sizeof s - got, 0);
+                if (r < 0 && errno == EINTR) continue;
+                if (r < 0) {
+                    flock(d->lock_fd, LOCK_UN);
+                    return tern_errorf(TERN_ERR_IO, "disk tier: getrandom: %s", strerror(errno));
+                }
+                got += (size_t)r;
+            }
+            int w = openat(d->dir_fd, ".secret.tmp", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+            enum tern_status st = w < 0 ? tern_errorf(TERN_ERR_IO, "creating %s/.secret: %s", d->dir, strerror(errno))
+                                        : write_all(w, s, sizeof s, ".secret");
+            if (!st && fsync(w)) st = tern_errorf(TERN_ERR_IO, "fsync %s/.secret: %s", d->dir, strerror(errno));
+            if (w >= 0) close(w);
+            if (!st && renameat(d->dir_fd, ".secret.tmp", d->dir_fd, ".secret"))
+                st = tern_errorf(TERN_ERR_IO, "renaming %s/.secret: %s", d->dir, strerror(errno));
+            if (!st) fsync(d->dir_fd);
+            flock(d->lock_fd, LOCK_UN);
+            if (st) return tern_error_prefix(st, "disk tier");
+            memcpy(d->secret, s, sizeof s);
+            TERN_LOG_INFO("disk tier: created the name secret %s/.secret (0600)", d->dir);
+            return TERN_OK;
+        }
+        flock(d->lock_fd, LOCK_UN);
+    }
+    if (fd < 0) return tern_errorf(TERN_ERR_IO, "disk tier: opening %s/.secret: %s", d->dir, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) || st.st_size != SECRET_BYTES) {
+        close(fd);
+        return tern_errorf(TERN_ERR_FORMAT, "disk tier: %s/.secret is not %d bytes: remove the directory's files to start over",
+                           d->dir, SECRET_BYTES);
+    }
+    if (st.st_mode & 077)
+        TERN_LOG_WARN("disk tier: %s/.secret is readable by others (mode %03o): file names can be linked to keys",
+                      d->dir, (unsigned)(st.st_mode & 0777));
+    int r = read_at(fd, d->secret, SECRET_BYTES, 0);
+    close(fd);
+    if (r != 1) return tern_errorf(TERN_ERR_IO, "disk tier: reading %s/.secret", d->dir);
+    return TERN_OK;
+}
+
+enum tern_status disk_open(const struct disk_params *p, struct disk **out) {
+    *out = NULL;
+    if (!p->dir || !*p->dir) return tern_errorf(TERN_ERR_INVALID, "disk tier: no directory given");
+    struct disk *d = tern_calloc(1, sizeof *d);
+    if (!d) return tern_errorf(TERN_ERR_NOMEM, "disk tier: out of memory");
+    d->dir_fd = d->lock_fd = d->gen_fd = -1;
+    d->dir = tern_strdup(p->dir);
+    d->max_bytes = p->max_bytes;
+    d->model = p->model;
+    d->sp = p->session;
+    d->sep = p->sep;
+    d->test_delay_ms = p->test_block_delay_ms;
+    enum tern_status st = TERN_OK;
+    if (!d->dir) {
+        st = tern_errorf(TERN_ERR_NOMEM, "disk tier: out of memory");
+        goto fail;
+    }
+    if (mkdir(d->dir, 0700) && errno != EEXIST) {
+        st = tern_errorf(TERN_ERR_IO, "disk tier: creating %s: %s", d->dir, strerror(errno));
+        goto fail;
+    }
+    d->dir_fd = open(d->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (d->dir_fd < 0) {
+        st = tern_errorf(TERN_ERR_IO, "disk tier: opening %s: %s", d->dir, strerror(errno));
+        goto fail;
+    }
+    d->lock_fd = openat(d->dir_fd, ".lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    d->gen_fd = openat(d->dir_fd, ".gen", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (d->lock_fd < 0 || d->gen_fd < 0) {
+        st = tern_errorf(TERN_ERR_IO, "disk tier: opening %s/.lock and .gen: %s", d->dir, strerror(errno));
+        goto fail;
+    }
+    if ((st = load_secret(d))) goto fail;
+    if (gethostname(d->host, sizeof d->host)) snprintf(d->host, sizeof d->host, "host");
+    d->host[sizeof d->host - 1] = 0;
+    for (char *c = d->host; *c; c++)
+        if (*c == '-' || *c == '/') *c = '_';
+    d->model_id = tern_model_identity(p->model);
+    d->layout = tern_state_layout(p->model, p->session.kv_type);
+    d->rec_bytes = tern_model_info(p->model)->recurrent_bytes;
+    d->hybrid = tern_model_info(p->model)->hybrid;
+    d->kv_row_bytes = tern_state_kv_row_bytes(p->model, p->session.kv_type);
+    uint64_t t0 = tern_now_ns();
+    scan(d, true);
+    TERN_LOG_INFO("disk tier: %s: %zu conversations, %.1f MiB of %.1f MiB, indexed in %.1f ms", d->dir, d->n,
+                  (double)d->total_bytes / (1 << 20), (double)d->max_bytes / (1 << 20),
+                  (double)(tern_now_ns() - t0) * 1e-6);
+    *out = d;
+    return TERN_OK;
+fail:
+    disk_free(d);
+    return st;
+}
+
+void disk_free(struct disk *d) {
+    if (!d) return;
+    for (size_t i = 0; i < d->n; i++) entry_free(d->e[i]);
+    free(d->e);
+    if (d->dir_fd >= 0) close(d->dir_fd);
+    if (d->lock_fd >= 0) close(d->lock_fd);
+    if (d->gen_fd >= 0) close(d->gen_fd);
+    tern_aligned_free(d->buf);
+    free(d->dir);
+    free(d);
+}
+
+/* ---- write ------------------------------------------------------------------------------ */
+
+static void remove_file(struct disk *d, size_t i, const char *why) {
+    char fn[DISK_NAME_LEN + sizeof DISK_FILE_SUFFIX];
+    file_of(d->e[i]->name, fn);
+    TERN_LOG_INFO("disk tier: removed %s (%u tokens, %llu bytes): %s", fn, d->e[i]->n,
+                  (unsigned long long)d->e[i]->bytes, why);
+    if (unlinkat(d->dir_fd, fn, 0) && errno != ENOENT)
+        TERN_LOG_WARN("disk tier: cannot delete %s/%s: %s", d->dir, fn, strerror(errno));
+    index_drop(d, i);
+}
+
+void disk_remove(struct disk *d, const char *name) {
+    long i = find_entry(d, name);
+    if (i < 0) return;
+    if (dir_lock(d)) {
+        remove_file(d, (size_t)i, "removed");
+        bump_gen(d);
+        dir_unlock(d);
+    }
+}
+
+/* Writes one block: payload then its checksum. */
+static enum tern_status put_block(const struct disk *d, int fd, const void *p, size_t n, uint64_t hdr_sum,
+                                  uint64_t no) {
+    enum tern_status st = write_all(fd, p, n, "a block");
+    uint64_t sum = block_sum(p, n, hdr_sum, no);
+    if (!st) st = write_all(fd, &sum, sizeof sum, "a checksum");
+    if (d->test_delay_ms) {
+        struct timespec ts = {d->test_delay_ms / 1000, (long)(d->test_delay_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return st;
+}
+
+enum tern_status disk_put(struct disk *d, const char *tenant, const char *key, uint8_t nonce[DISK_NONCE_BYTES],
+                          bool *has_nonce, const struct tern_session *s, struct tern_checkpoint *const *cks,
+                          const uint32_t *kinds, size_t n_cks) {
+    tenant = tenant ? tenant : "";
+    if (key && !*key) key = NULL;
+    if (strlen(tenant) > MAX_STR || (key && strlen(key) > MAX_STR))
+        return tern_errorf(TERN_ERR_LIMIT, "disk tier: tenant or key longer than %u bytes", MAX_STR);
+    if (!key && !*has_nonce) {
+        size_t got = 0;
+        while (got < DISK_NONCE_BYTES) {
+            ssize_t r = getrandom(nonce + got, DISK_NONCE_BYTES - got, 0);
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0) return tern_errorf(TERN_ERR_IO, "disk tier: getrandom: %s", strerror(errno));
+            got += (size_t)r;
+        }
+        *has_nonce = true;
+    }
+    const uint32_t n = tern_session_n_past(s);
+    const int32_t *toks = tern_session_tokens(s);
+    uint32_t pos[MAX_CKPT], knd[MAX_CKPT];
+    const void *recs[MAX_CKPT];
+    uint32_t n_ck = 0;
+    if (d->hybrid) {
+        for (size_t i = 0; i < n_cks && n_ck < MAX_CKPT; i++) {
+            if (!cks[i]) continue;
+            uint32_t p = tern_checkpoint_pos(cks[i]);
+            if (p > n || (n_ck && p <= pos[n_ck - 1])) continue;
+            pos[n_ck] = p;
+            knd[n_ck] = kinds ? kinds[i] : 0;
+            recs[n_ck++] = tern_checkpoint_data(cks[i]);
+        }
+    }
+    struct file_hdr h = {0};
+    memcpy(h.magic, FILE_MAGIC, 8);
+    h.version = FILE_VERSION;
+    h.tenant_len = (uint32_t)strlen(tenant);
+    h.key_len = key ? (uint32_t)strlen(key) : 0;
+    h.hdr_bytes = (uint32_t)sizeof h + h.tenant_len + h.key_len;
+    h.model_id = d->model_id;
+    h.layout = d->layout;
+    h.created_ns = now_ns();
+    h.n_tokens = n;
+    h.n_ckpt = n_ck;
+    h.rec_bytes = d->rec_bytes;
+    h.kv_row_bytes = d->kv_row_bytes;
+    h.named = key != NULL;
+    if (!key) memcpy(h.nonce, nonce, DISK_NONCE_BYTES);
+    struct layout l;
+    if (!layout_of(&h, &l)) return tern_errorf(TERN_ERR_LIMIT, "disk tier: %u tokens exceed the file format's limit", n);
+    if (l.total > d->max_bytes)
+        return tern_errorf(TERN_ERR_RANGE, "disk tier: the conversation's %llu bytes exceed the whole --cache-disk budget (%llu)",
+                           (unsigned long long)l.total, (unsigned long long)d->max_bytes);
+    char name[DISK_NAME_LEN + 1];
+    entry_name(d->secret, tenant, key, h.nonce, name);
+
+    uint8_t *hbuf = tern_malloc(h.hdr_bytes + 8);
+    struct disk_entry *ne = tern_calloc(1, sizeof *ne);
+    uint8_t *tblk = tern_malloc((size_t)l.tok_len + 4);
+    enum tern_status st = buf_reserve(d, (size_t)KV_BLOCK * d->kv_row_bytes + 64);
+    if (!st && (!hbuf || !ne || !tblk)) st = tern_errorf(TERN_ERR_NOMEM, "disk tier: out of memory");
+    if (st) {
+        free(hbuf);
+        free(ne);
+        free(tblk);
+        return st;
+    }
+    memcpy(hbuf, &h, sizeof h);
+    memcpy(hbuf + sizeof h, tenant, h.tenant_len);
+    if (key) memcpy(hbuf + sizeof h + h.tenant_len, key, h.key_len);
+    const uint64_t hdr_sum = XXH3_64bits(hbuf, h.hdr_bytes);
+    memcpy(hbuf + h.hdr_bytes, &hdr_sum, 8);
+    memcpy(tblk, toks, (size_t)n * 4);
+    memcpy(tblk + (size_t)n * 4, pos, (size_t)n_ck * 4);
+    memcpy(tblk + ((size_t)n + n_ck) * 4, knd, (size_t)n_ck * 4);
+
+    char tmp[128];
+    snprintf(tmp, sizeof tmp, ".tmp-%s-%d-%u", d->host, (int)getpid(), ++d->tmp_seq);
+    char fn[DISK_NAME_LEN + sizeof DISK_FILE_SUFFIX];
+    file_of(name, fn);
+    const uint64_t t0 = tern_now_ns();
+    if (!dir_lock(d)) {
+        st = tern_errorf(TERN_ERR_IO, "disk tier: locking %s/.lock: %s", d->dir, strerror(errno));
+        goto out_nolock;
+    }
+    /* The budget holds over the directory, peers' files included: see what they did. */
+    disk_refresh(d);
+    {
+        long same = find_entry(d, name);
+        uint64_t have = d->total_bytes - (same >= 0 ? d->e[same]->bytes : 0);
+        index_sort(d);
+        for (size_t i = d->n; have + l.total > d->max_bytes && i-- > 0;) {
+            if (!strcmp(d->e[i]->name, name)) continue;
+            have -= d->e[i]->bytes;
+            remove_file(d, i, "least recently used, for the --cache-disk budget");
+            d->st.evictions++;
+        }
+    }
+    int fd = openat(d->dir_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        st = tern_errorf(TERN_ERR_IO, "disk tier: creating %s/%s: %s", d->dir, tmp, strerror(errno));
+        goto out;
+    }
+    st = write_all(fd, hbuf, h.hdr_bytes + 8, "the header");
+    uint64_t no = 0;
+    if (!st) st = put_block(d, fd, tblk, (size_t)l.tok_len, hdr_sum, no++);
+    if (!st && d->rec_bytes) {
+        st = put_block(d, fd, tern_session_rec_data(s), d->rec_bytes, hdr_sum, no++);
+        for (uint32_t i = 0; !st && i < n_ck; i++) st = put_block(d, fd, recs[i], d->rec_bytes, hdr_sum, no++);
+    }
+    for (uint32_t pg = 0; !st && pg < l.n_pages; pg++) {
+        uint32_t rows = page_rows(n, pg);
+        tern_session_kv_export(s, pg * KV_BLOCK, pg * KV_BLOCK + rows, d->buf);
+        st = put_block(d, fd, d->buf, (size_t)rows * d->kv_row_bytes, hdr_sum, 1000000 + pg);
+    }
+    if (!st && fsync(fd)) st = tern_errorf(TERN_ERR_IO, "fsync: %s", strerror(errno));
+    struct stat fst;
+    if (!st && fstat(fd, &fst)) st = tern_errorf(TERN_ERR_IO, "fstat: %s", strerror(errno));
+    close(fd);
+    if (!st && renameat(d->dir_fd, tmp, d->dir_fd, fn))
+        st = tern_errorf(TERN_ERR_IO, "renaming to %s: %s", fn, strerror(errno));
+    if (st) {
+        unlinkat(d->dir_fd, tmp, 0);
+        st = tern_error_prefix(st, "disk tier: writing %s/%s (%llu bytes)", d->dir, fn, (unsigned long long)l.total);
+        goto out;
+    }
+    fsync(d->dir_fd);
+    bump_gen(d);
+    memcpy(ne->name, name, sizeof name);
+    ne->tenant = tern_strdup(tenant);
+    ne->key = key ? tern_strdup(key) : NULL;
+    ne->tokens = tern_malloc((size_t)n * 4 + 4);
+    ne->ckpt_pos = tern_malloc((size_t)n_ck * 4 + 4);
+    ne->ckpt_kinds = tern_malloc((size_t)n_ck * 4 + 4);
+    if (!ne->tenant || (key && !ne->key) || !ne->tokens || !ne->ckpt_pos || !ne->ckpt_kinds) {
+        entry_free(ne); /* the file is complete; the next scan indexes it */
+        ne = NULL;
+        long i = find_entry(d, name);
+        if (i >= 0) index_drop(d, (size_t)i);
+        d->scanned = false;
+    } else {
+        memcpy(ne->tokens, toks, (size_t)n * 4);
+        memcpy(ne->ckpt_pos, pos, (size_t)n_ck * 4);
+        memcpy(ne->ckpt_kinds, knd, (size_t)n_ck * 4);
+        memcpy(ne->nonce, h.nonce, DISK_NONCE_BYTES);
+        ne->n = n;
+        ne->n_ckpt = n_ck;
+        ne->bytes = l.total;
+        ne->tok_sum = block_sum(tblk, (size_t)l.tok_len, hdr_sum, 0);
+        ne->ino = (uint64_t)fst.st_ino;
+        ne->mtime_ns = ts_ns(&fst.st_mtim);
+        ne->last_used = now_ns();
+        if (ne->last_used < ne->mtime_ns) ne->last_used = ne->mtime_ns;
+        if (d->sep && fp_compute(d->sep, ne->tokens, n, &ne->fp) != TERN_OK) ne->fp.n = 0;
+        index_put(d, ne, true);
+        ne = NULL;
+        index_sort(d);
+    }
+    d->st.writes++;
+    d->st.write_bytes += l.total;
+    TERN_LOG_DEBUG("disk tier: wrote %s (%u tokens, %u checkpoints, %llu bytes) in %.1f ms", fn, n, n_ck,
+                   (unsigned long long)l.total, (double)(tern_now_ns() - t0) * 1e-6);
+out:
+    dir_unlock(d);
+out_nolock:
+    if (st) d->st.write_errors++;
+    free(ne);
+    free(hbuf);
+    free(tblk);
+    return st;
+}
+
+/* ---- read --------------------------------------------------------------------------------- */
+
+/* Reads block no at off (payload n bytes) into d->buf and verifies it. */
+static bool get_block(struct disk *d, int fd, uint64_t off, size_t n, uint64_t hdr_sum, uint64_t no, char *why,
+                      size_t why_len) {
+    if (buf_reserve(d, n + 8)) {
+        snprintf(why, why_len, "out of memory");
+        return false;
+    }
+    int r = read_at(fd, d->buf, n + 8, off);
+    if (r != 1) {
+        snprintf(why, why_len, "reading block %llu: %s", (unsigned long long)no, r < 0 ? strerror(errno) : "short");
+        return false;
+    }
+    uint64_t sum;
+    memcpy(&sum, d->buf + n, 8);
+    if (block_sum(d->buf, n, hdr_sum, no) != sum) {
+        snprintf(why, why_len, "checksum mismatch in block %llu (offset %llu)", (unsigned long long)no,
+                 (unsigned long long)off);
+        return false;
+    }
+    d->st.load_bytes += n + 8;
+    return true;
+}
+
+enum tern_status disk_load(struct disk *d, size_t idx, uint32_t r, const char *tenant, struct tern_session **out,
+                           struct tern_checkpoint ***cks_out, uint32_t **kinds_out, size_t *n_cks_out) {
+    *out = NULL;
+    *cks_out = NULL;
+    *kinds_out = NULL;
+    *n_cks_out = 0;
+    if (idx >= d->n) return tern_errorf(TERN_ERR_INVALID, "disk tier: no entry %zu", idx);
+    struct disk_entry *e = d->e[idx];
+    char name[DISK_NAME_LEN + 1];
+    memcpy(name, e->name, sizeof name);
+    char fn[DISK_NAME_LEN + sizeof DISK_FILE_SUFFIX];
+    file_of(name, fn);
+    tenant = tenant ? tenant : "";
+    if (strcmp(e->tenant, tenant)) return tern_errorf(TERN_ERR_STATE, "disk tier: %s belongs to another tenant", fn);
+    int fd = openat(d->dir_fd, fn, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        index_drop(d, idx); /* a peer removed it */
+        return tern_errorf(TERN_ERR_STATE, "disk tier: %s is gone (%s)", fn, strerror(errno));
+    }
+    char why[192] = "";
+    struct head hd = {0};
+    struct tern_session *s = NULL;
+    struct tern_checkpoint **cks = NULL;
+    uint32_t *kinds = NULL;
+    size_t n_cks = 0;
+    enum tern_status st = TERN_OK;
+    struct stat fst;
+    if (fstat(fd, &fst)) {
+        close(fd);
+        return tern_errorf(TERN_ERR_IO, "disk tier: fstat %s: %s", fn, strerror(errno));
+    }
+    if (!read_head(fd, (uint64_t)fst.st_size, &hd, why, sizeof why) || !head_matches(d, name, &hd, why, sizeof why))
+        goto invalid;
+    /* The decision was made on the index's token list: the file must still hold it (a
+     * peer may have replaced it since). The tenant inside the checksummed header must be
+     * the request's. */
+    if (hd.tok_sum != e->tok_sum || hd.h.n_tokens != e->n) {
+        head_free(&hd);
+        close(fd);
+        d->scanned = false; /* re-read at the next refresh */
+        return tern_errorf(TERN_ERR_STATE, "disk tier: %s changed since it was indexed", fn);
+    }
+    if (strcmp(hd.tenant, tenant)) {
+        snprintf(why, sizeof why, "the tenant inside it is not the one its index entry had");
+        goto invalid;
+    }
+    if (r > hd.h.n_tokens) {
+        st = tern_errorf(TERN_ERR_RANGE, "disk tier: resume point %u beyond the file's %u tokens", r, hd.h.n_tokens);
+        goto fail;
+    }
+    /* The recurrent state at r: the live one at n, else checkpoint r. */
+    const void *rec = NULL;
+    if (d->rec_bytes) {
+        uint32_t blk = 0;
+        if (r != hd.h.n_tokens) {
+            uint32_t i = 0;
+            while (i < hd.h.n_ckpt && hd.ckpt_pos[i] != r) i++;
+            if (i == hd.h.n_ckpt) {
+                st = tern_errorf(TERN_ERR_STATE, "disk tier: %s has no checkpoint at %u", fn, r);
+                goto fail;
+            }
+            blk = 1 + i;
+        }
+        /* block numbers: 0 tokens, 1 the live state, 2 + i checkpoint i */
+        if (!get_block(d, fd, rec_block_off(&hd.h, &hd.l, blk), d->rec_bytes, hd.hdr_sum, 1 + blk, why, sizeof why))
+            goto invalid;
+        rec = d->buf;
+    }
+    st = tern_session_import(d->model, &d->sp, hd.tokens, r, rec, &s);
+    if (st) {
+        if (st == TERN_ERR_FORMAT) {
+            snprintf(why, sizeof why, "%s", tern_last_error());
+            goto invalid;
+        }
+        goto fail;
+    }
+    for (uint32_t pg = 0; pg * KV_BLOCK < r; pg++) {
+        uint32_t rows = page_rows(hd.h.n_tokens, pg);
+        if (!get_block(d, fd, kv_block_off(&hd.h, &hd.l, pg), (size_t)rows * d->kv_row_bytes, hd.hdr_sum,
+                       1000000 + pg, why, sizeof why))
+            goto invalid;
+        uint32_t p1 = r < pg * KV_BLOCK + rows ? r : pg * KV_BLOCK + rows;
+        tern_session_kv_import(s, pg * KV_BLOCK, p1, d->buf, rows);
+    }
+    /* Checkpoints at or below r stay valid for the resumed conversation. */
+    if (d->rec_bytes && hd.h.n_ckpt) {
+        cks = tern_calloc(hd.h.n_ckpt, sizeof *cks);
+        kinds = tern_calloc(hd.h.n_ckpt, sizeof *kinds);
+        if (!cks || !kinds) {
+            st = tern_errorf(TERN_ERR_NOMEM, "disk tier: out of memory");
+            goto fail;
+        }
+        for (uint32_t i = 0; i < hd.h.n_ckpt && hd.ckpt_pos[i] <= r; i++) {
+            if (!get_block(d, fd, rec_block_off(&hd.h, &hd.l, 1 + i), d->rec_bytes, hd.hdr_sum, 2 + i, why, sizeof why))
+                goto invalid;
+            if ((st = tern_checkpoint_import(s, hd.ckpt_pos[i], d->buf, d->rec_bytes, &cks[n_cks]))) goto fail;
+            kinds[n_cks++] = hd.ckpt_kinds[i];
+        }
+    }
+    /* Recency for the budget (shared with peers through atime). */
+    struct timespec ts[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
+    futimens(fd, ts);
+    e->last_used = now_ns();
+    index_sort(d);
+    d->st.loads++;
+    head_free(&hd);
+    close(fd);
+    *out = s;
+    *cks_out = cks;
+    *kinds_out = kinds;
+    *n_cks_out = n_cks;
+    return TERN_OK;
+invalid:
+    st = tern_errorf(TERN_ERR_FORMAT, "disk tier: %s/%s is invalid: %s", d->dir, fn, why);
+    invalidate(d, name, why);
+fail:
+    for (size_t i = 0; i < n_cks; i++) tern_checkpoint_free(cks[i]);
+    free(cks);
+    free(kinds);
+    tern_session_free(s);
+    head_free(&hd);
+    close(fd);
+    return st;
+}
+
+/* ---- inspection ------------------------------------------------------------------------ */
+
+enum tern_status disk_scan_dir(const char *path, void (*fn)(void *user, const struct disk_file_info *fi), void *user) {
+    DIR *dir = opendir(path);
+    if (!dir) return tern_errorf(TERN_ERR_IO, "opening %s: %s", path, strerror(errno));
+    int dfd = dirfd(dir);
+    struct dirent *de;
+    while ((de = readdir(dir))) {
+        if (!is_entry_name(de->d_name)) continue;
+        struct disk_file_info fi = {0};
+        memcpy(fi.name, de->d_name, DISK_NAME_LEN);
+        int fd = openat(dfd, de->d_name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st)) {
+            if (fd >= 0) close(fd);
+            continue;
+        }
+        fi.bytes = (uint64_t)st.st_size;
+        uint64_t at = ts_ns(&st.st_atim), mt = ts_ns(&st.st_mtim);
+        fi.last_used = at > mt ? at : mt;
+        struct head hd;
+        if (read_head(fd, (uint64_t)st.st_size, &hd, fi.why, sizeof fi.why)) {
+            fi.valid = true;
+            snprintf(fi.tenant, sizeof fi.tenant, "%s", hd.tenant);
+            fi.named = hd.key != NULL;
+            snprintf(fi.key, sizeof fi.key, "%s", hd.key ? hd.key : "");
+            fi.n_tokens = hd.h.n_tokens;
+            fi.n_ckpt = hd.h.n_ckpt;
+            fi.model_id = hd.h.model_id;
+            fi.layout = hd.h.layout;
+            head_free(&hd);
+        }
+        close(fd);
+        fn(user, &fi);
+    }
+    closedir(dir);
+    return TERN_OK;
+}
+
+enum tern_status disk_unlink(const char *path, const char *name) {
+    char fn[DISK_NAME_LEN + sizeof DISK_FILE_SUFFIX];
+    snprintf(fn, sizeof fn, "%.*s%s", DISK_NAME_LEN, name, DISK_FILE_SUFFIX);
+    if (!is_entry_name(fn) || (strlen(name) != DISK_NAME_LEN && strcmp(name, fn)))
+        return tern_errorf(TERN_ERR_INVALID, "'%s' is not an entry name (32 hex digits)", name);
+    int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return tern_errorf(TERN_ERR_IO, "opening %s: %s", path, strerror(errno));
+    int lfd = openat(dfd, ".lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    int gfd = openat(dfd, ".gen", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    enum tern_status st = TERN_OK;
+    if (lfd < 0 || gfd < 0 || flock(lfd, LOCK_EX)) {
+        st = tern_errorf(TERN_ERR_IO, "locking %s/.lock: %s", path, strerror(errno));
+    } else {
+        if (unlinkat(dfd, fn, 0)) st = tern_errorf(TERN_ERR_IO, "deleting %s/%s: %s", path, fn, strerror(errno));
+        uint64_t g = 0;
+        if (pread(gfd, &g, sizeof g, 0) != (ssize_t)sizeof g) g = 0;
+        g++;
+        if (pwrite(gfd, &g, sizeof g, 0) != (ssize_t)sizeof g && !st)
+            st = tern_errorf(TERN_ERR_IO, "updating %s/.gen: %s", path, strerror(errno));
+        flock(lfd, LOCK_UN);
+    }
+    if (lfd >= 0) close(lfd);
+    if (gfd >= 0) close(gfd);
+    close(dfd);
+    return st;
+}

@@ -1,0 +1,54 @@
+/* Qwen3.5's weights (arch-qwen35.c), shared with its GPU forward pass (gpu-model.c).
+ * Internal to model/. */
+#ifndef TERN_MODEL_ARCH_QWEN35_H
+#define TERN_MODEL_ARCH_QWEN35_H
+
+#include "model/deltanet.h"
+#include "model/model.h"
+#include "model/moe.h"
+
+/* Read-only views into the mapping, except conv_wt (owned). */
+struct q35_layer {
+    bool recurrent;
+    const float *attn_norm; /* (n_embd) */
+    const float *post_norm; /* (n_embd) post_attention_norm: the FFN's input norm */
+    /* DeltaNet */
+    struct mat wqkv;        /* [n_embd, C] attn_qkv */
+    struct mat wgate;       /* [n_embd, n_v * d_v] attn_gate (z) */
+    struct mat wbeta;       /* [n_embd, n_v] ssm_beta */
+    struct mat walpha;      /* [n_embd, n_v] ssm_alpha */
+    float *conv_wt;         /* (n_conv, C) ssm_conv1d, tap-major copy */
+    const float *ssm_a;     /* (n_v) -exp(A_log) */
+    const float *dt_bias;   /* (n_v) ssm_dt.bias */
+    const float *ssm_norm;  /* (d_v) */
+    struct mat wout;        /* [n_v * d_v, n_embd] ssm_out */
+    /* attention */
+    struct mat wq;          /* [n_embd, n_head * 2 * head_dim]: per head [q | gate] */
+    struct mat wk;          /* [n_embd, n_head_kv * head_dim] */
+    struct mat wv;          /* [n_embd, n_head_kv * head_dim] */
+    struct mat wo;          /* [n_head * head_dim, n_embd] */
+    const float *q_norm;    /* (head_dim) */
+    const float *k_norm;    /* (head_dim) */
+    /* feed-forward */
+    struct mat w_gate;      /* [n_embd, n_ff] */
+    struct mat w_up;        /* [n_embd, n_ff] */
+    struct mat w_down;      /* [n_ff, n_embd] */
+    struct moe_layer moe;   /* qwen35moe: instead of w_gate/up/down */
+};
+
+struct q35_weights {
+    bool moe;                  /* qwen35moe */
+    struct moe_hparams moe_hp; /* qwen35moe */
+    struct tern_deltanet_shape dn;
+    uint32_t n_layer;          /* layers run (block_count minus MTP layers) */
+    uint32_t full_attn_interval;
+    bool rope_pos0[64];        /* per RoPE pair: true when it takes position 0 (section e) */
+    bool any_pos0;
+    float rope_cs0[128];       /* (n_rot) cos/sin of every pair at position 0 */
+    struct mat tok_embd;       /* [n_embd, n_vocab] */
+    const float *out_norm;     /* (n_embd) */
+    struct mat output;         /* [n_embd, n_vocab]; token_embd when tied */
+    struct q35_layer *layers;  /* (n_layer) */
+};
+
+#endif

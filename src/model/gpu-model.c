@@ -1,0 +1,402 @@
+/* Forward passes on the Vulkan backend (model/gpu.h): llama/qwen3 (llama_forward's
+ * operations) and the Qwen3.5 hybrid (q35_forward's: Gated DeltaNet layers with their
+ * conv windows and states on the device, gated attention), on device buffers, recorded
+ * into one command buffer per chunk (one submit, one wait, the logits read back).
+ * Weights are uploaded once, in their own types (dequantized in the shaders); the KV
+ * cache and the recurrent state live on the device.
+ *
+ * What runs on the host: the embedding rows (dequantized, uploaded with the chunk) and
+ * the RoPE angles (tern_rope_angles, the CPU's exact values, with Qwen3.5's position-0
+ * pairs). Not yet: q/k/v biases (qwen2) and the MoE feed-forwards (qwen3moe, qwen35moe) —
+ * refused at creation. */
+#include "model/gpu.h"
+
+#include "backend/vulkan.h"
+#include "model/arch-llama.h"
+#include "model/arch-qwen35.h"
+#include "util/mem.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct gpu_layer {
+    struct tern_vk_buf *attn_norm, *ffn_norm, *q_norm, *k_norm; /* ffn_norm: qwen35's post_attention_norm */
+    struct tern_vk_buf *wq, *wk, *wv, *wo, *wg, *wu, *wd;
+    struct tern_vk_buf *kc, *vc; /* [n_kv_head][n_ctx][head_dim] */
+    /* Gated DeltaNet (qwen35) */
+    struct tern_vk_buf *wqkv, *wz, *wbeta, *walpha, *wout, *conv_wt, *params;
+    struct tern_vk_buf *window, *S; /* [n_conv - 1][C], [n_v][d_k][d_v]: zero at position 0 */
+};
+
+struct tern_gpu_model {
+    struct tern_vk *vk;
+    const struct tern_model *m;
+    const struct llama_weights *w;  /* llama, qwen3 */
+    const struct q35_weights *qw;   /* qwen35 */
+    uint32_t n_ctx, n_chunk, n_past;
+    bool f16_kv;
+    struct gpu_layer *L;
+    struct tern_vk_buf *out_norm, *output;
+    /* one chunk's activations */
+    struct tern_vk_buf *x, *xb, *q, *k, *v, *att, *hb, *hb2, *cs, *logits;
+    struct tern_vk_buf *qg, *gate, *qkv_raw, *qkv, *z, *beta, *alpha, *o; /* qwen35 */
+    float *host_x, *host_cs; /* (n_chunk, n_embd), (n_chunk, n_rot) staging */
+    float *zeros;            /* (zeros_n) for resetting the recurrent state */
+    size_t zeros_n;
+};
+
+static enum tern_status upload(struct tern_vk *vk, const void *src, size_t bytes, struct tern_vk_buf **out) {
+    enum tern_status st = tern_vk_buf_new(vk, bytes, out);
+    if (!st) st = tern_vk_upload(*out, 0, src, bytes);
+    return st;
+}
+
+static enum tern_status upload_mat(struct tern_vk *vk, const struct mat *w, struct tern_vk_buf **out) {
+    if (!tern_vk_matmul_supported(w->type))
+        return tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: tensor '%s' is %s, which the Vulkan matmul does not handle yet",
+                           w->name, tern_dtype_name((uint32_t)w->type));
+    return upload(vk, w->data, (size_t)w->n * w->row_bytes, out);
+}
+
+static enum tern_status scratch(struct tern_vk *vk, size_t floats, struct tern_vk_buf **out) {
+    return tern_vk_buf_new(vk, (floats ? floats : 1) * sizeof(float), out);
+}
+
+void tern_gpu_model_free(struct tern_gpu_model *g) {
+    if (!g) return;
+    if (g->L)
+        for (uint32_t il = 0; il < g->m->n_layer; il++) {
+            struct gpu_layer *L = &g->L[il];
+            struct tern_vk_buf *bufs[] = {L->attn_norm, L->ffn_norm, L->q_norm, L->k_norm, L->wq,      L->wk,
+                                          L->wv,        L->wo,       L->wg,     L->wu,     L->wd,      L->kc,
+                                          L->vc,        L->wqkv,     L->wz,     L->wbeta,  L->walpha,  L->wout,
+                                          L->conv_wt,   L->params,   L->window, L->S};
+            for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) tern_vk_buf_free(bufs[i]);
+        }
+    free(g->L);
+    struct tern_vk_buf *bufs[] = {g->out_norm, g->output, g->x,    g->xb,      g->q,   g->k,    g->v,    g->att,
+                                  g->hb,       g->hb2,    g->cs,   g->logits,  g->qg,  g->gate, g->qkv_raw,
+                                  g->qkv,      g->z,      g->beta, g->alpha,   g->o};
+    for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) tern_vk_buf_free(bufs[i]);
+    free(g->host_x);
+    free(g->host_cs);
+    free(g->zeros);
+    free(g);
+}
+
+/* The attention-only family's weights. */
+static enum tern_status upload_llama(struct tern_gpu_model *g) {
+    struct tern_vk *vk = g->vk;
+    const struct tern_model *m = g->m;
+    const struct model_hparams *hp = &m->hp;
+    const size_t E = hp->n_embd, hd = hp->head_dim_k, es = g->f16_kv ? 2 : 4;
+    enum tern_status st = TERN_OK;
+    for (uint32_t il = 0; il < m->n_layer && !st; il++) {
+        const struct llama_layer *l = &g->w->layers[il];
+        struct gpu_layer *L = &g->L[il];
+        if (l->bq || l->bk || l->bv) st = tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: q/k/v biases are not on the Vulkan path yet");
+        if (!st) st = upload(vk, l->attn_norm, E * sizeof(float), &L->attn_norm);
+        if (!st) st = upload(vk, l->ffn_norm, E * sizeof(float), &L->ffn_norm);
+        if (!st && l->q_norm) st = upload(vk, l->q_norm, hd * sizeof(float), &L->q_norm);
+        if (!st && l->k_norm) st = upload(vk, l->k_norm, hd * sizeof(float), &L->k_norm);
+        if (!st) st = upload_mat(vk, &l->wq, &L->wq);
+        if (!st) st = upload_mat(vk, &l->wk, &L->wk);
+        if (!st) st = upload_mat(vk, &l->wv, &L->wv);
+        if (!st) st = upload_mat(vk, &l->wo, &L->wo);
+        if (!st) st = upload_mat(vk, &l->w_gate, &L->wg);
+        if (!st) st = upload_mat(vk, &l->w_up, &L->wu);
+        if (!st) st = upload_mat(vk, &l->w_down, &L->wd);
+        if (!st) st = tern_vk_buf_new(vk, (size_t)hp->n_head_kv * g->n_ctx * hd * es, &L->kc);
+        if (!st) st = tern_vk_buf_new(vk, (size_t)hp->n_head_kv * g->n_ctx * hd * es, &L->vc);
+    }
+    if (!st) st = upload(vk, g->w->out_norm, E * sizeof(float), &g->out_norm);
+    if (!st) st = upload_mat(vk, &g->w->output, &g->output);
+    return st;
+}
+
+/* Qwen3.5's weights and recurrent state. */
+static enum tern_status upload_qwen35(struct tern_gpu_model *g) {
+    struct tern_vk *vk = g->vk;
+    const struct tern_model *m = g->m;
+    const struct model_hparams *hp = &m->hp;
+    const struct q35_weights *w = g->qw;
+    const struct tern_deltanet_shape *dn = &w->dn;
+    const size_t E = hp->n_embd, hd = hp->head_dim_k, es = g->f16_kv ? 2 : 4;
+    const size_t C = tern_deltanet_channels(dn), nv = dn->n_v_heads;
+    if (dn->d_k > 256 || dn->d_v > 256)
+        return tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: DeltaNet heads of %u/%u (the Vulkan recurrence takes at most 256)",
+                           dn->d_k, dn->d_v);
+    enum tern_status st = TERN_OK;
+    float *prm = tern_malloc((2 * nv + dn->d_v) * sizeof(float));
+    if (!prm) return tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
+    for (uint32_t il = 0; il < w->n_layer && !st; il++) {
+        const struct q35_layer *l = &w->layers[il];
+        struct gpu_layer *L = &g->L[il];
+        st = upload(vk, l->attn_norm, E * sizeof(float), &L->attn_norm);
+        if (!st) st = upload(vk, l->post_norm, E * sizeof(float), &L->ffn_norm);
+        if (!st) st = upload_mat(vk, &l->w_gate, &L->wg);
+        if (!st) st = upload_mat(vk, &l->w_up, &L->wu);
+        if (!st) st = upload_mat(vk, &l->w_down, &L->wd);
+        if (st) break;
+        if (l->recurrent) {
+            memcpy(prm, l->ssm_a, nv * sizeof(float));
+            memcpy(prm + nv, l->dt_bias, nv * sizeof(float));
+            memcpy(prm + 2 * nv, l->ssm_norm, dn->d_v * sizeof(float));
+            st = upload_mat(vk, &l->wqkv, &L->wqkv);
+            if (!st) st = upload_mat(vk, &l->wgate, &L->wz);
+            if (!st) st = upload_mat(vk, &l->wbeta, &L->wbeta);
+            if (!st) st = upload_mat(vk, &l->walpha, &L->walpha);
+            if (!st) st = upload_mat(vk, &l->wout, &L->wout);
+            if (!st) st = upload(vk, l->conv_wt, dn->n_conv * C * sizeof(float), &L->conv_wt);
+            if (!st) st = upload(vk, prm, (2 * nv + dn->d_v) * sizeof(float), &L->params);
+            if (!st) st = scratch(vk, (dn->n_conv - 1) * C, &L->window);
+            if (!st) st = scratch(vk, tern_deltanet_state_floats(dn), &L->S);
+        } else {
+            st = upload_mat(vk, &l->wq, &L->wq);
+            if (!st) st = upload_mat(vk, &l->wk, &L->wk);
+            if (!st) st = upload_mat(vk, &l->wv, &L->wv);
+            if (!st) st = upload_mat(vk, &l->wo, &L->wo);
+            if (!st) st = upload(vk, l->q_norm, hd * sizeof(float), &L->q_norm);
+            if (!st) st = upload(vk, l->k_norm, hd * sizeof(float), &L->k_norm);
+            if (!st) st = tern_vk_buf_new(vk, (size_t)hp->n_head_kv * g->n_ctx * hd * es, &L->kc);
+            if (!st) st = tern_vk_buf_new(vk, (size_t)hp->n_head_kv * g->n_ctx * hd * es, &L->vc);
+        }
+    }
+    free(prm);
+    if (!st) st = upload(vk, w->out_norm, E * sizeof(float), &g->out_norm);
+    if (!st) st = upload_mat(vk, &w->output, &g->output);
+    const size_t n = g->n_chunk, nq = (size_t)hp->n_head * hd, nvd = nv * dn->d_v;
+    if (!st) st = scratch(vk, n * 2 * nq, &g->qg);
+    if (!st) st = scratch(vk, n * nq, &g->gate);
+    if (!st) st = scratch(vk, n * C, &g->qkv_raw);
+    if (!st) st = scratch(vk, n * C, &g->qkv);
+    if (!st) st = scratch(vk, n * nvd, &g->z);
+    if (!st) st = scratch(vk, n * nv, &g->beta);
+    if (!st) st = scratch(vk, n * nv, &g->alpha);
+    if (!st) st = scratch(vk, n * nvd, &g->o);
+    g->zeros_n = TERN_MAX(tern_deltanet_state_floats(dn), (dn->n_conv - 1) * C);
+    if (!st && !(g->zeros = tern_calloc(g->zeros_n, sizeof(float)))) st = tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
+    return st;
+}
+
+enum tern_status tern_gpu_model_new(struct tern_vk *vk, const struct tern_model *m, uint32_t n_ctx, uint32_t n_chunk,
+                                    bool f16_kv, struct tern_gpu_model **out) {
+    *out = NULL;
+    const char *a = m->arch->name;
+    const bool q35 = !strcmp(a, "qwen35");
+    if (strcmp(a, "llama") && strcmp(a, "qwen3") && !q35)
+        return tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: the %s architecture does not run on the Vulkan backend yet "
+                                                 "(llama, qwen3 and qwen35 do)", a);
+    const struct model_hparams *hp = &m->hp;
+    if (hp->head_dim_k > 256 || (f16_kv && hp->head_dim_k % 2))
+        return tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: heads of %u (the Vulkan attention takes at most 256%s)",
+                           hp->head_dim_k, f16_kv ? ", even for an F16 cache" : "");
+    if (n_ctx == 0 || n_chunk == 0 || n_chunk > 65535)
+        return tern_errorf(TERN_ERR_INVALID, "gpu: context %u and chunk %u must be positive (chunk at most 65535)", n_ctx,
+                           n_chunk);
+    struct tern_gpu_model *g = tern_calloc(1, sizeof *g);
+    if (!g) return tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
+    g->vk = vk;
+    g->m = m;
+    if (q35) g->qw = m->w;
+    else g->w = m->w;
+    g->n_ctx = n_ctx;
+    g->n_chunk = n_chunk;
+    g->f16_kv = f16_kv;
+    const size_t E = hp->n_embd, hd = hp->head_dim_k, nq = (size_t)hp->n_head * hd, nkv = (size_t)hp->n_head_kv * hd;
+    const size_t F = hp->n_ff;
+    enum tern_status st = TERN_OK;
+    g->L = tern_calloc(m->n_layer, sizeof *g->L);
+    g->host_x = tern_malloc((size_t)n_chunk * E * sizeof(float));
+    g->host_cs = tern_malloc((size_t)n_chunk * hp->rope.n_rot * sizeof(float) + sizeof(float));
+    if (!g->L || !g->host_x || !g->host_cs) st = tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
+    if (!st) st = q35 ? upload_qwen35(g) : upload_llama(g);
+    const size_t C = n_chunk;
+    if (!st) st = scratch(vk, C * E, &g->x);
+    if (!st) st = scratch(vk, C * E, &g->xb);
+    if (!st) st = scratch(vk, C * nq, &g->q);
+    if (!st) st = scratch(vk, C * nkv, &g->k);
+    if (!st) st = scratch(vk, C * nkv, &g->v);
+    if (!st) st = scratch(vk, C * nq, &g->att);
+    if (!st) st = scratch(vk, C * F, &g->hb);
+    if (!st) st = scratch(vk, C * F, &g->hb2);
+    if (!st) st = scratch(vk, C * hp->rope.n_rot, &g->cs);
+    if (!st) st = scratch(vk, C * hp->n_vocab, &g->logits);
+    if (!st) st = tern_gpu_model_reset(g);
+    if (st) {
+        tern_error_prefix(st, "gpu: %s", m->name);
+        tern_gpu_model_free(g);
+        return st;
+    }
+    *out = g;
+    return TERN_OK;
+}
+
+uint32_t tern_gpu_model_n_past(const struct tern_gpu_model *g) { return g->n_past; }
+
+enum tern_status tern_gpu_model_reset(struct tern_gpu_model *g) {
+    g->n_past = 0;
+    if (!g->qw) return TERN_OK;
+    const struct tern_deltanet_shape *dn = &g->qw->dn;
+    const size_t C = tern_deltanet_channels(dn);
+    for (uint32_t il = 0; il < g->qw->n_layer; il++) {
+        const struct gpu_layer *L = &g->L[il];
+        if (!L->S) continue;
+        enum tern_status st = tern_vk_upload(L->S, 0, g->zeros, tern_deltanet_state_floats(dn) * sizeof(float));
+        if (!st) st = tern_vk_upload(L->window, 0, g->zeros, (dn->n_conv - 1) * C * sizeof(float));
+        if (st) return st;
+    }
+    return TERN_OK;
+}
+
+
+#define DO(call)                                                                                                       \
+    do {                                                                                                               \
+        if (!st) st = (call);                                                                                          \
+    } while (0)
+
+/* The attention-only layers of llama / qwen3 (llama_forward's operations). */
+static enum tern_status record_llama(struct tern_gpu_model *g, uint32_t n, uint32_t pos0) {
+    const struct model_hparams *hp = &g->m->hp;
+    const struct llama_weights *w = g->w;
+    struct tern_vk *vk = g->vk;
+    const uint32_t E = hp->n_embd, hd = hp->head_dim_k, nq = hp->n_head * hd, nkv = hp->n_head_kv * hd;
+    const uint32_t nr = hp->rope.n_rot;
+    const float scale = 1.0f / sqrtf((float)hd);
+    enum tern_status st = TERN_OK;
+    for (uint32_t il = 0; il < g->m->n_layer && !st; il++) {
+        const struct llama_layer *l = &w->layers[il];
+        const struct gpu_layer *L = &g->L[il];
+        DO(tern_vk_rmsnorm(vk, g->x, L->attn_norm, g->xb, n, E, hp->rms_eps));
+        DO(tern_vk_matmul(vk, l->wq.type, L->wq, E, nq, g->xb, n, g->q));
+        DO(tern_vk_matmul(vk, l->wk.type, L->wk, E, nkv, g->xb, n, g->k));
+        DO(tern_vk_matmul(vk, l->wv.type, L->wv, E, nkv, g->xb, n, g->v));
+        if (L->q_norm) {
+            DO(tern_vk_rmsnorm(vk, g->q, L->q_norm, g->q, (size_t)n * hp->n_head, hd, hp->rms_eps));
+            DO(tern_vk_rmsnorm(vk, g->k, L->k_norm, g->k, (size_t)n * hp->n_head_kv, hd, hp->rms_eps));
+        }
+        DO(tern_vk_rope(vk, g->q, nq, hp->n_head, hd, nr, g->cs, n, w->var.neox));
+        DO(tern_vk_rope(vk, g->k, nkv, hp->n_head_kv, hd, nr, g->cs, n, w->var.neox));
+        DO(tern_vk_kv_store(vk, g->k, nkv, L->kc, g->n_ctx, hp->n_head_kv, hd, pos0, n, g->f16_kv));
+        DO(tern_vk_kv_store(vk, g->v, nkv, L->vc, g->n_ctx, hp->n_head_kv, hd, pos0, n, g->f16_kv));
+        DO(tern_vk_attention(vk, g->q, nq, L->kc, L->vc, g->n_ctx, g->att, nq, n, pos0, hp->n_head, hp->n_head_kv, hd,
+                             scale, g->f16_kv));
+        DO(tern_vk_matmul(vk, l->wo.type, L->wo, nq, E, g->att, n, g->xb));
+        DO(tern_vk_add(vk, g->x, g->xb, n, E));
+        DO(tern_vk_rmsnorm(vk, g->x, L->ffn_norm, g->xb, n, E, hp->rms_eps));
+        DO(tern_vk_matmul(vk, l->w_gate.type, L->wg, E, hp->n_ff, g->xb, n, g->hb));
+        DO(tern_vk_matmul(vk, l->w_up.type, L->wu, E, hp->n_ff, g->xb, n, g->hb2));
+        DO(tern_vk_swiglu(vk, g->hb, g->hb2, n, hp->n_ff));
+        DO(tern_vk_matmul(vk, l->w_down.type, L->wd, hp->n_ff, E, g->hb, n, g->xb));
+        DO(tern_vk_add(vk, g->x, g->xb, n, E));
+    }
+    return st;
+}
+
+/* Qwen3.5's layers (q35_forward's operations): DeltaNet or gated attention, then the FFN. */
+static enum tern_status record_qwen35(struct tern_gpu_model *g, uint32_t n, uint32_t pos0) {
+    const struct model_hparams *hp = &g->m->hp;
+    const struct q35_weights *w = g->qw;
+    const struct tern_deltanet_shape *dn = &w->dn;
+    struct tern_vk *vk = g->vk;
+    const uint32_t E = hp->n_embd, hd = hp->head_dim_k, nq = hp->n_head * hd, nkv = hp->n_head_kv * hd;
+    const uint32_t nr = hp->rope.n_rot, C = (uint32_t)tern_deltanet_channels(dn), nv = dn->n_v_heads;
+    const uint32_t nvd = nv * dn->d_v;
+    enum tern_status st = TERN_OK;
+    for (uint32_t il = 0; il < w->n_layer && !st; il++) {
+        const struct q35_layer *l = &w->layers[il];
+        const struct gpu_layer *L = &g->L[il];
+        DO(tern_vk_rmsnorm(vk, g->x, L->attn_norm, g->xb, n, E, hp->rms_eps));
+        if (l->recurrent) {
+            DO(tern_vk_matmul(vk, l->wqkv.type, L->wqkv, E, C, g->xb, n, g->qkv_raw));
+            DO(tern_vk_matmul(vk, l->wgate.type, L->wz, E, nvd, g->xb, n, g->z));
+            DO(tern_vk_matmul(vk, l->wbeta.type, L->wbeta, E, nv, g->xb, n, g->beta));
+            DO(tern_vk_matmul(vk, l->walpha.type, L->walpha, E, nv, g->xb, n, g->alpha));
+            DO(tern_vk_deltanet_conv(vk, L->window, L->conv_wt, g->qkv_raw, C, g->qkv, C, C, dn->n_conv, n));
+            DO(tern_vk_deltanet_heads(vk, L->S, g->qkv, g->z, g->beta, g->alpha, g->o, L->params, dn->n_k_heads, nv,
+                                      dn->d_k, dn->d_v, dn->eps, n));
+            DO(tern_vk_matmul(vk, l->wout.type, L->wout, nvd, E, g->o, n, g->xb));
+        } else {
+            DO(tern_vk_matmul(vk, l->wq.type, L->wq, E, 2 * nq, g->xb, n, g->qg));
+            DO(tern_vk_matmul(vk, l->wk.type, L->wk, E, nkv, g->xb, n, g->k));
+            DO(tern_vk_matmul(vk, l->wv.type, L->wv, E, nkv, g->xb, n, g->v));
+            DO(tern_vk_split_heads(vk, g->qg, g->q, g->gate, n, hp->n_head, hd));
+            DO(tern_vk_rmsnorm(vk, g->q, L->q_norm, g->q, (size_t)n * hp->n_head, hd, hp->rms_eps));
+            DO(tern_vk_rmsnorm(vk, g->k, L->k_norm, g->k, (size_t)n * hp->n_head_kv, hd, hp->rms_eps));
+            DO(tern_vk_rope(vk, g->q, nq, hp->n_head, hd, nr, g->cs, n, true));
+            DO(tern_vk_rope(vk, g->k, nkv, hp->n_head_kv, hd, nr, g->cs, n, true));
+            DO(tern_vk_kv_store(vk, g->k, nkv, L->kc, g->n_ctx, hp->n_head_kv, hd, pos0, n, g->f16_kv));
+            DO(tern_vk_kv_store(vk, g->v, nkv, L->vc, g->n_ctx, hp->n_head_kv, hd, pos0, n, g->f16_kv));
+            DO(tern_vk_attention(vk, g->q, nq, L->kc, L->vc, g->n_ctx, g->att, nq, n, pos0, hp->n_head, hp->n_head_kv,
+                                 hd, 1.0f / sqrtf((float)hd), g->f16_kv));
+            DO(tern_vk_sigmoid_mul(vk, g->att, g->gate, n, nq));
+            DO(tern_vk_matmul(vk, l->wo.type, L->wo, nq, E, g->att, n, g->xb));
+        }
+        DO(tern_vk_add(vk, g->x, g->xb, n, E));
+        DO(tern_vk_rmsnorm(vk, g->x, L->ffn_norm, g->xb, n, E, hp->rms_eps));
+        DO(tern_vk_matmul(vk, l->w_gate.type, L->wg, E, hp->n_ff, g->xb, n, g->hb));
+        DO(tern_vk_matmul(vk, l->w_up.type, L->wu, E, hp->n_ff, g->xb, n, g->hb2));
+        DO(tern_vk_swiglu(vk, g->hb, g->hb2, n, hp->n_ff));
+        DO(tern_vk_matmul(vk, l->w_down.type, L->wd, hp->n_ff, E, g->hb, n, g->xb));
+        DO(tern_vk_add(vk, g->x, g->xb, n, E));
+    }
+    return st;
+}
+
+/* One chunk of n tokens at positions [n_past, n_past + n). */
+static enum tern_status eval_chunk(struct tern_gpu_model *g, const int32_t *toks, uint32_t n, float *logits,
+                                   bool logits_all) {
+    const struct model_hparams *hp = &g->m->hp;
+    const struct mat *embd = g->qw ? &g->qw->tok_embd : &g->w->tok_embd;
+    const struct mat *output = g->qw ? &g->qw->output : &g->w->output;
+    struct tern_vk *vk = g->vk;
+    const uint32_t E = hp->n_embd, pos0 = g->n_past, nr = hp->rope.n_rot;
+    for (uint32_t t = 0; t < n; t++) {
+        tern_dequantize_row(embd->type, (const char *)embd->data + (size_t)toks[t] * embd->row_bytes,
+                            g->host_x + (size_t)t * E, E);
+        float *cs = g->host_cs + (size_t)t * nr;
+        tern_rope_angles(&hp->rope, pos0 + t, cs);
+        if (g->qw && g->qw->any_pos0) /* IMROPE's "e" section: position 0 (as q35_forward) */
+            for (uint32_t i = 0; i < nr / 2; i++)
+                if (g->qw->rope_pos0[i]) cs[2 * i] = g->qw->rope_cs0[2 * i], cs[2 * i + 1] = g->qw->rope_cs0[2 * i + 1];
+    }
+    enum tern_status st = tern_vk_upload(g->x, 0, g->host_x, (size_t)n * E * sizeof(float));
+    if (!st && nr) st = tern_vk_upload(g->cs, 0, g->host_cs, (size_t)n * nr * sizeof(float));
+    if (!st) st = tern_vk_begin(vk);
+    if (!st) st = g->qw ? record_qwen35(g, n, pos0) : record_llama(g, n, pos0);
+    if (logits) {
+        /* every row normed and projected: a row's logits do not depend on which are read */
+        DO(tern_vk_rmsnorm(vk, g->x, g->out_norm, g->xb, n, E, hp->rms_eps));
+        DO(tern_vk_matmul(vk, output->type, g->output, E, hp->n_vocab, g->xb, n, g->logits));
+    }
+    if (!st) st = tern_vk_end(vk);
+    else (void)tern_vk_end(vk);
+    if (st) return st;
+    g->n_past += n;
+    if (!logits) return TERN_OK;
+    const size_t nv = hp->n_vocab;
+    if (logits_all) return tern_vk_download(g->logits, 0, logits, (size_t)n * nv * sizeof(float));
+    return tern_vk_download(g->logits, (size_t)(n - 1) * nv * sizeof(float), logits, nv * sizeof(float));
+}
+#undef DO
+
+enum tern_status tern_gpu_model_eval(struct tern_gpu_model *g, const int32_t *toks, uint32_t n, uint32_t n_chunk,
+                                     float *logits, bool logits_all) {
+    const uint32_t nv = g->m->hp.n_vocab;
+    if (n == 0) return TERN_OK;
+    if (g->n_past + (uint64_t)n > g->n_ctx)
+        return tern_errorf(TERN_ERR_RANGE, "gpu: %u + %u tokens exceed the context of %u", g->n_past, n, g->n_ctx);
+    for (uint32_t i = 0; i < n; i++)
+        if (toks[i] < 0 || (uint32_t)toks[i] >= nv)
+            return tern_errorf(TERN_ERR_FORMAT, "gpu: token id %d is outside the vocabulary of %u", toks[i], nv);
+    if (n_chunk == 0 || n_chunk > g->n_chunk) n_chunk = g->n_chunk;
+    for (uint32_t i = 0; i < n; i += n_chunk) {
+        const uint32_t c = n - i < n_chunk ? n - i : n_chunk;
+        const bool last = i + c == n;
+        float *lg = logits_all ? logits + (size_t)i * nv : last ? logits : NULL;
+        enum tern_status st = eval_chunk(g, toks + i, c, lg, logits_all);
+        if (st) return st;
+    }
+    return TERN_OK;
+}

@@ -1,0 +1,403 @@
+/* cache/disk: the disk tier's file format and index on generated models. A stored
+ * conversation restored at any resume point has the state hash of a cold run over the
+ * same tokens; a file with any byte flipped, truncated, renamed, of another tenant or
+ * state layout is refused (and deleted) or, where the flipped byte is in a block that
+ * resume does not read, restores the exact state: never a wrong one, never a crash. */
+#include "harness.h"
+
+#include "cache/disk.h"
+#include "util/mem.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define N_TOK 700u
+
+struct fixture {
+    const char *arch;
+    char path[512];
+    struct tern_model *m;
+    bool hybrid;
+    int32_t toks[N_TOK];
+};
+
+static struct fixture fx_q3 = {.arch = "tiny-qwen3"};
+static struct fixture fx_q35 = {.arch = "tiny-qwen35"};
+
+static int fixture_setup(struct fixture *f) {
+    snprintf(f->path, sizeof f->path, "%s/%s.gguf", th_tmpdir(), f->arch);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' mkmodel --preset %s --n-layer 4 --out '%s' >/dev/null", th_tern_bin(), f->arch,
+             f->path);
+    if (system(cmd) != 0) return -1;
+    struct tern_model_params mp;
+    tern_model_params_default(&mp);
+    mp.path = f->path;
+    mp.n_threads = 2;
+    if (tern_model_load(&mp, &f->m) != TERN_OK) return -1;
+    f->hybrid = tern_model_info(f->m)->hybrid;
+    uint32_t n_vocab = tern_model_info(f->m)->n_vocab;
+    for (uint32_t i = 0; i < N_TOK; i++) f->toks[i] = (int32_t)((i * 2654435761u + 17) % n_vocab);
+    return 0;
+}
+
+static int setup_q3(void **state) {
+    *state = &fx_q3;
+    return fx_q3.m ? 0 : fixture_setup(&fx_q3);
+}
+static int setup_q35(void **state) {
+    *state = &fx_q35;
+    return fx_q35.m ? 0 : fixture_setup(&fx_q35);
+}
+
+static struct tern_session_params sparams(void) {
+    struct tern_session_params p;
+    tern_session_params_default(&p);
+    p.n_ctx = 2048;
+    p.n_chunk = 64;
+    return p;
+}
+
+static const uint32_t CK_POS[] = {100, 300, 600};
+
+struct ck_sink {
+    struct tern_checkpoint *ck[8];
+    size_t n;
+};
+static void on_ck(void *user, struct tern_checkpoint *c) {
+    struct ck_sink *s = user;
+    s->ck[s->n++] = c;
+}
+
+/* A session over toks[0..N_TOK) with checkpoints at CK_POS (hybrid). */
+static struct tern_session *primed(struct fixture *f, struct ck_sink *sink) {
+    struct tern_session_params sp = sparams();
+    struct tern_session *s;
+    assert_int_equal(tern_session_new(f->m, &sp, &s), TERN_OK);
+    struct tern_eval_opts o = {.ckpt_pos = CK_POS, .n_ckpt = f->hybrid ? 3 : 0, .on_ckpt = on_ck, .user = sink};
+    assert_int_equal(tern_session_eval(s, f->toks, N_TOK, &o), TERN_OK);
+    return s;
+}
+
+static uint64_t cold_hash(struct fixture *f, uint32_t r) {
+    struct tern_session_params sp = sparams();
+    struct tern_session *s;
+    assert_int_equal(tern_session_new(f->m, &sp, &s), TERN_OK);
+    assert_int_equal(tern_session_eval(s, f->toks, r, NULL), TERN_OK);
+    uint64_t h = tern_session_hash(s);
+    tern_session_free(s);
+    return h;
+}
+
+static struct disk *open_dir(struct fixture *f, const char *dir, uint64_t max_bytes, enum tern_kv_type kv) {
+    struct disk_params p = {.dir = dir, .max_bytes = max_bytes, .model = f->m, .session = sparams()};
+    p.session.kv_type = kv;
+    struct disk *d = NULL;
+    enum tern_status st = disk_open(&p, &d);
+    if (st) fail_msg("disk_open %s: %s", dir, tern_last_error());
+    return d;
+}
+
+static void put(struct disk *d, const char *tenant, const char *key, struct tern_session *s, struct ck_sink *sink) {
+    uint8_t nonce[DISK_NONCE_BYTES];
+    bool has = false;
+    uint32_t kinds[8] = {1, 2, 4};
+    enum tern_status st = disk_put(d, tenant, key, nonce, &has, s, sink->ck, kinds, sink->n);
+    if (st) fail_msg("disk_put: %s", tern_last_error());
+}
+
+static long find(struct disk *d, const char *key) {
+    for (size_t i = 0; i < disk_count(d); i++) {
+        const struct disk_entry *e = disk_at(d, i);
+        if ((key && e->key && !strcmp(e->key, key)) || (!key && !e->key)) return (long)i;
+    }
+    return -1;
+}
+
+/* Loads entry `key` at r; on success checks the state against a cold run (and that a
+ * continuation gives the same state too) and returns true. */
+static bool load_check(struct fixture *f, struct disk *d, const char *key, uint32_t r, const char *tenant) {
+    long i = find(d, key);
+    if (i < 0) return false;
+    struct tern_session *s;
+    struct tern_checkpoint **cks;
+    uint32_t *kinds;
+    size_t n;
+    if (disk_load(d, (size_t)i, r, tenant, &s, &cks, &kinds, &n) != TERN_OK) return false;
+    assert_int_equal(tern_session_n_past(s), r);
+    assert_memory_equal(tern_session_tokens(s), f->toks, r * sizeof(int32_t));
+    assert_true(tern_session_hash(s) == cold_hash(f, r));
+    for (size_t k = 0; k < n; k++) {
+        assert_true(tern_checkpoint_pos(cks[k]) <= r);
+        assert_int_equal(kinds[k], 1u << k);
+    }
+    if (f->hybrid) {
+        size_t expect = 0;
+        for (size_t k = 0; k < 3; k++) expect += CK_POS[k] <= r;
+        assert_int_equal(n, expect);
+        /* a checkpoint restored from disk restores like the original */
+        if (n) assert_int_equal(tern_session_restore(s, cks[0]), TERN_OK);
+        if (n) assert_true(tern_session_hash(s) == cold_hash(f, CK_POS[0]));
+    }
+    for (size_t k = 0; k < n; k++) tern_checkpoint_free(cks[k]);
+    free(cks);
+    free(kinds);
+    tern_session_free(s);
+    return true;
+}
+
+static size_t n_entry_files(const char *dir) {
+    DIR *dd = opendir(dir);
+    if (!dd) return 0;
+    size_t n = 0;
+    struct dirent *de;
+    while ((de = readdir(dd)))
+        if (strlen(de->d_name) == DISK_NAME_LEN + strlen(DISK_FILE_SUFFIX) && de->d_name[0] != '.') n++;
+    closedir(dd);
+    return n;
+}
+
+static void entry_file(const char *dir, char *out, size_t cap) {
+    DIR *dd = opendir(dir);
+    assert_non_null(dd);
+    struct dirent *de;
+    out[0] = 0;
+    while ((de = readdir(dd)))
+        if (strlen(de->d_name) == DISK_NAME_LEN + strlen(DISK_FILE_SUFFIX) && de->d_name[0] != '.')
+            snprintf(out, cap, "%s/%s", dir, de->d_name);
+    closedir(dd);
+    assert_true(out[0]);
+}
+
+static void copy_file(const char *from, const char *to) {
+    size_t len;
+    char *b = th_read_file(from, &len);
+    assert_non_null(b);
+    int fd = open(to, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, b, len), (ssize_t)len);
+    close(fd);
+    free(b);
+}
+
+static void free_sink(struct ck_sink *k) {
+    for (size_t i = 0; i < k->n; i++) tern_checkpoint_free(k->ck[i]);
+}
+
+static void test_roundtrip(void **state) {
+    struct fixture *f = *state;
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/rt-%s", th_tmpdir(), f->arch);
+    struct ck_sink sink = {0};
+    struct tern_session *s = primed(f, &sink);
+    struct disk *d = open_dir(f, dir, 1ull << 30, TERN_KV_F16);
+    put(d, "tenant-a", "conv", s, &sink);
+    disk_free(d);
+    /* a restart: the index is rebuilt from the directory */
+    d = open_dir(f, dir, 1ull << 30, TERN_KV_F16);
+    assert_int_equal(disk_count(d), 1);
+    const struct disk_entry *e = disk_at(d, 0);
+    assert_string_equal(e->tenant, "tenant-a");
+    assert_string_equal(e->key, "conv");
+    assert_int_equal(e->n, N_TOK);
+    assert_memory_equal(e->tokens, f->toks, sizeof f->toks);
+    assert_int_equal(e->n_ckpt, f->hybrid ? 3 : 0);
+    /* the live end, every checkpoint, and (attention-only) positions inside a block */
+    assert_true(load_check(f, d, "conv", N_TOK, "tenant-a"));
+    for (size_t k = 0; f->hybrid && k < 3; k++) assert_true(load_check(f, d, "conv", CK_POS[k], "tenant-a"));
+    if (!f->hybrid) {
+        assert_true(load_check(f, d, "conv", 333, "tenant-a"));
+        assert_true(load_check(f, d, "conv", 256, "tenant-a"));
+        assert_true(load_check(f, d, "conv", 1, "tenant-a"));
+    } else {
+        /* not a resume point of a hybrid file */
+        long i = find(d, "conv");
+        struct tern_session *x;
+        struct tern_checkpoint **c;
+        uint32_t *kd;
+        size_t n;
+        assert_int_equal(disk_load(d, (size_t)i, 333, "tenant-a", &x, &c, &kd, &n), TERN_ERR_STATE);
+    }
+    /* another tenant never loads it */
+    {
+        long i = find(d, "conv");
+        struct tern_session *x;
+        struct tern_checkpoint **c;
+        uint32_t *kd;
+        size_t n;
+        assert_int_equal(disk_load(d, (size_t)i, N_TOK, "tenant-b", &x, &c, &kd, &n), TERN_ERR_STATE);
+        assert_null(x);
+    }
+    /* replacing: the same tenant + key is one file */
+    put(d, "tenant-a", "conv", s, &sink);
+    assert_int_equal(n_entry_files(dir), 1);
+    /* an unnamed conversation gets its own (nonce) file */
+    put(d, "tenant-a", NULL, s, &sink);
+    assert_int_equal(n_entry_files(dir), 2);
+    /* a long key: the header outgrows the first read */
+    static char longkey[3001];
+    memset(longkey, 'k', 3000);
+    put(d, "tenant-a", longkey, s, &sink);
+    struct disk_stats ds;
+    disk_get_stats(d, &ds);
+    assert_int_equal(ds.entries, 3);
+    assert_int_equal(ds.invalid, 0);
+    disk_free(d);
+    d = open_dir(f, dir, 1ull << 30, TERN_KV_F16);
+    assert_int_equal(disk_count(d), 3);
+    assert_true(load_check(f, d, longkey, N_TOK, "tenant-a"));
+    disk_free(d);
+    /* another KV type is another state layout: refused and deleted */
+    d = open_dir(f, dir, 1ull << 30, TERN_KV_F32);
+    assert_int_equal(disk_count(d), 0);
+    assert_int_equal(n_entry_files(dir), 0);
+    disk_get_stats(d, &ds);
+    assert_int_equal(ds.invalid, 3);
+    disk_free(d);
+    free_sink(&sink);
+    tern_session_free(s);
+}
+
+/* Every sampled byte of a file flipped, every sampled length cut: refused, or (a byte in
+ * a block that resume does not read) the exact state. */
+static void test_corruption(void **state) {
+    struct fixture *f = *state;
+    char dir[600], master[700];
+    snprintf(dir, sizeof dir, "%s/cor-%s", th_tmpdir(), f->arch);
+    struct ck_sink sink = {0};
+    struct tern_session *s = primed(f, &sink);
+    struct disk *d = open_dir(f, dir, 1ull << 30, TERN_KV_F16);
+    put(d, "t", "k", s, &sink);
+    disk_free(d);
+    free_sink(&sink);
+    tern_session_free(s);
+    entry_file(dir, master, sizeof master);
+    size_t len;
+    char *orig = th_read_file(master, &len);
+    assert_non_null(orig);
+    const char *base = strrchr(master, '/') + 1;
+    char secret[700];
+    snprintf(secret, sizeof secret, "%s/.secret", dir);
+    /* fewest blocks read first: a refused load deletes the file */
+    const uint32_t rs_h[] = {300, 600, N_TOK}, rs_a[] = {300, N_TOK};
+    const uint32_t *rs = f->hybrid ? rs_h : rs_a;
+    size_t n_refused = 0, n_ok = 0;
+    for (int round = 0; round < 2; round++) {
+        /* round 0: flips at 160 offsets (the whole header byte by byte, then spread);
+         * round 1: truncations */
+        size_t n_cases = round == 0 ? 160 : 24;
+        for (size_t c = 0; c < n_cases; c++) {
+            char cdir[700], file[800], sec[800];
+            snprintf(cdir, sizeof cdir, "%s/case-%d-%zu", dir, round, c);
+            mkdir(cdir, 0700);
+            snprintf(sec, sizeof sec, "%s/.secret", cdir);
+            copy_file(secret, sec);
+            snprintf(file, sizeof file, "%s/%s", cdir, base);
+            copy_file(master, file);
+            int fd = open(file, O_RDWR);
+            assert_true(fd >= 0);
+            if (round == 0) {
+                size_t off = c < 120 ? c : 120 + (c - 120) * (len - 120) / 40;
+                if (off >= len) off = len - 1;
+                unsigned char b = (unsigned char)orig[off] ^ 0x10;
+                assert_int_equal(pwrite(fd, &b, 1, (off_t)off), 1);
+            } else {
+                assert_int_equal(ftruncate(fd, (off_t)(c * len / 24)), 0);
+            }
+            close(fd);
+            struct disk *cd = open_dir(f, cdir, 1ull << 30, TERN_KV_F16);
+            for (size_t k = 0; k < (f->hybrid ? 3u : 2u); k++) {
+                if (load_check(f, cd, "k", rs[k], "t")) n_ok++;
+                else n_refused++;
+            }
+            /* refused files are gone: no second chance, no second log line */
+            if (disk_count(cd) == 0) assert_int_equal(n_entry_files(cdir), 0);
+            disk_free(cd);
+        }
+    }
+    fprintf(stderr, "%s: %zu loads refused, %zu restored the exact state (bytes a resume does not read)\n", f->arch,
+            n_refused, n_ok);
+    assert_true(n_refused > 0);
+    assert_true(n_ok > 0); /* flips in blocks that a resume at 300 does not read */
+    free(orig);
+}
+
+/* A file moved under another name (another conversation's, another tenant's): refused. */
+static void test_renamed(void **state) {
+    struct fixture *f = *state;
+    char dir[600], file[700], moved[800];
+    snprintf(dir, sizeof dir, "%s/mv-%s", th_tmpdir(), f->arch);
+    struct ck_sink sink = {0};
+    struct tern_session *s = primed(f, &sink);
+    struct disk *d = open_dir(f, dir, 1ull << 30, TERN_KV_F16);
+    put(d, "tenant-b", "same-key", s, &sink);
+    disk_free(d);
+    entry_file(dir, file, sizeof file);
+    snprintf(moved, sizeof moved, "%s/%s%s", dir, "0123456789abcdef0123456789abcdef", DISK_FILE_SUFFIX);
+    assert_int_equal(rename(file, moved), 0);
+    d = open_dir(f, dir, 1ull << 30, TERN_KV_F16);
+    assert_int_equal(disk_count(d), 0);
+    assert_int_equal(n_entry_files(dir), 0);
+    disk_free(d);
+    free_sink(&sink);
+    tern_session_free(s);
+}
+
+/* The budget (LRU over the directory) and two processes' views of one directory. */
+static void test_budget_and_peers(void **state) {
+    struct fixture *f = *state;
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/peers-%s", th_tmpdir(), f->arch);
+    struct ck_sink sink = {0};
+    struct tern_session *s = primed(f, &sink);
+    struct disk *a = open_dir(f, dir, 1ull << 30, TERN_KV_F16);
+    put(a, "", "one", s, &sink);
+    uint64_t one = disk_at(a, 0)->bytes;
+    disk_free(a);
+    a = open_dir(f, dir, one * 5 / 2, TERN_KV_F16);
+    struct disk *b = open_dir(f, dir, one * 5 / 2, TERN_KV_F16);
+    assert_int_equal(disk_count(b), 1);
+    put(a, "", "two", s, &sink);
+    disk_refresh(b);
+    assert_int_equal(disk_count(b), 2);
+    assert_true(load_check(f, b, "two", N_TOK, "")); /* b uses a's file; "one" is now the LRU */
+    put(b, "", "three", s, &sink);                   /* evicts "one" */
+    assert_int_equal(n_entry_files(dir), 2);
+    disk_refresh(a);
+    assert_int_equal(disk_count(a), 2);
+    assert_true(find(a, "one") < 0);
+    assert_true(find(a, "two") >= 0 && find(a, "three") >= 0);
+    struct disk_stats ds;
+    disk_get_stats(b, &ds);
+    assert_int_equal(ds.evictions, 1);
+    /* a state larger than the whole budget is not written */
+    disk_free(a);
+    a = open_dir(f, dir, one / 2, TERN_KV_F16);
+    uint8_t nonce[DISK_NONCE_BYTES];
+    bool has = false;
+    assert_int_equal(disk_put(a, "", "big", nonce, &has, s, sink.ck, NULL, sink.n), TERN_ERR_RANGE);
+    disk_free(a);
+    disk_free(b);
+    free_sink(&sink);
+    tern_session_free(s);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_roundtrip, setup_q35),
+        cmocka_unit_test_setup(test_roundtrip, setup_q3),
+        cmocka_unit_test_setup(test_corruption, setup_q35),
+        cmocka_unit_test_setup(test_corruption, setup_q3),
+        cmocka_unit_test_setup(test_renamed, setup_q35),
+        cmocka_unit_test_setup(test_budget_and_peers, setup_q3),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    tern_model_free(fx_q3.m);
+    tern_model_free(fx_q35.m);
+    return rc;
+}
