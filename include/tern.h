@@ -144,6 +144,12 @@ struct tern_eval_opts {
     const uint32_t *ckpt_pos;
     size_t n_ckpt;
     tern_ckpt_cb on_ckpt;
+    /* Hybrid models (speculative verification): if set, [n][recurrent_bytes] receives
+     * the recurrent state after each evaluated token, so that tern_session_rewind can
+     * go back to any position this eval reached without a checkpoint. The caller owns
+     * the buffer and keeps it unchanged while it may rewind; the next eval, restore or
+     * fork forgets it. Results do not depend on it. */
+    void *rec_trail;
 };
 
 /* Consumes toks[0..n) in chunks. The logits after the last token are then available
@@ -160,9 +166,14 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
 const float *tern_session_logits(const struct tern_session *s);
 
 /* Rewinds to position p <= n_past. Attention-only models: always possible. Hybrid
- * models: only p == n_past; otherwise TERN_ERR_STATE saying a checkpoint is needed (the
- * session is unchanged). */
+ * models: p == n_past, or a position the last eval reached with a rec_trail (p after
+ * its first token, the trail buffer unchanged); otherwise TERN_ERR_STATE saying a
+ * checkpoint is needed (the session is unchanged). */
 enum tern_status tern_session_rewind(struct tern_session *s, uint32_t p);
+
+/* Forgets the rec_trail of the last eval (before its buffer is freed or reused; the
+ * next eval, restore or fork forgets it too). The state is unchanged. */
+void tern_session_drop_trail(struct tern_session *s);
 
 /* Takes a checkpoint at the current position n_past: a copy of every non-positional
  * part of the state (conv windows, recurrent matrices) plus the position and a hash of
@@ -176,6 +187,10 @@ enum tern_status tern_session_restore(struct tern_session *s, const struct tern_
 uint32_t tern_checkpoint_pos(const struct tern_checkpoint *c);
 size_t tern_checkpoint_bytes(const struct tern_checkpoint *c);
 void tern_checkpoint_free(struct tern_checkpoint *c);
+/* Retakes c (from a session of the same model) at s's current position, reusing its
+ * memory: for loops that checkpoint at every step (speculative verification). Another
+ * model's checkpoint: TERN_ERR_INVALID, c unchanged. */
+enum tern_status tern_session_checkpoint_update(struct tern_session *s, struct tern_checkpoint *c);
 
 /* A new session holding src's state at position p: KV rows [0, p) copied, recurrent
  * parts from src (p == n_past) or from ckpt (ckpt pos == p, taken from src's lineage).
@@ -259,6 +274,15 @@ int32_t tern_sampler_sample(struct tern_sampler *s, const float *logits, const i
  * logits were -inf. Returns -1 when allow has no token of the vocabulary. */
 int32_t tern_sampler_sample_masked(struct tern_sampler *s, const float *logits, const uint32_t *allow,
                                    const int32_t *history, size_t n_history);
+/* Speculative decoding with a deterministic draft (a point mass on token draft): returns
+ * the token to emit and sets *accepted when it is the draft. Greedy: the argmax (accepted
+ * when it equals the draft), exactly what tern_sampler_sample picks. Sampling: the draft
+ * is accepted with probability p(draft), else a token is drawn from p with the draft
+ * taken out and renormalised (the speculative-sampling rule), so the token's
+ * distribution is exactly p. A draft outside the candidate set costs the same single
+ * draw as tern_sampler_sample. */
+int32_t tern_sampler_sample_draft(struct tern_sampler *s, const float *logits, const int32_t *history,
+                                  size_t n_history, int32_t draft, bool *accepted);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,8 @@ tern_unit_test(test-server-predict ${CMAKE_SOURCE_DIR}/tests/unit/test-server-pr
 # priming after each chat. Kept small so that CI stays within its time (the TSan stage
 # builds only tern and test-server-http).
 tern_unit_test(test-server-http ${CMAKE_SOURCE_DIR}/tests/unit/test-server-http.c TIMEOUT 120 LABELS tsan)
+# speculative decoding: greedy identical to plain on every kit model, the sampling rule
+tern_unit_test(test-spec ${CMAKE_SOURCE_DIR}/tests/unit/test-spec.c TIMEOUT 600)
 # End-to-end: `tern serve` on a generated model driven over HTTP from node (fetch), by
 # the official openai SDK (third_party/node_modules, installed by scripts/deps.sh), and
 # with the real agent request bodies of ../shared/bench; `tern chat` from stdin.
@@ -22,6 +24,9 @@ if(TERN_NODE)
   # per-request limits: --max-tokens, the context budget, sampler-refused parameters
   tern_script_test(server-limits ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/limits.test.mjs
                    TIMEOUT 300 LABELS e2e tsan)
+  # speculative decoding: the same answers and states as without it
+  tern_script_test(server-spec ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/spec.test.mjs
+                   TIMEOUT 600 LABELS e2e)
   tern_script_test(server-openai-sdk ${TERN_NODE} --test-reporter=spec
                    ${CMAKE_SOURCE_DIR}/tests/clients/openai-sdk.test.mjs TIMEOUT 600 LABELS e2e)
   # Priming the bodies that fit is slow under ASan; the two tests above exercise the
@@ -33,6 +38,8 @@ tern_script_test(cli-chat ${CMAKE_SOURCE_DIR}/tests/e2e/cli-chat.sh TIMEOUT 120 
 # cmake --install into a temporary prefix, a binary outside the source tree: the demo
 # model still starts (makes the demo model three times: too slow under ASan)
 tern_script_test(install-demo ${CMAKE_SOURCE_DIR}/tests/e2e/install.sh TIMEOUT 300 LABELS e2e no-asan)
+# tern run / tern chat --spec: the same output and state as --spec off, drafts reported
+tern_script_test(spec-cli ${CMAKE_SOURCE_DIR}/tests/e2e/spec-cli.sh TIMEOUT 300 LABELS e2e)
 if(TERN_NODE)
   # the README's first command (makes a 50 MB model once: too slow under ASan)
   tern_script_test(server-demo ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/demo.test.mjs

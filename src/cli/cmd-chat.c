@@ -9,6 +9,7 @@
 #include "server/chat.h"
 #include "server/reply.h"
 #include "server/request.h"
+#include "server/spec.h"
 #include "tokenizer/tokenizer.h"
 #include "util/log.h"
 #include "util/mem.h"
@@ -47,6 +48,8 @@ static void usage(FILE *out) {
             "  --chunk N / --kv-type f16|f32 / --no-mmap / --mlock   as for tern run\n"
             "  --chat-template FILE   template to use instead of the model's\n"
             "  --no-think             chat_template_kwargs.enable_thinking = false\n"
+            "  --spec off|ngram       speculative decoding by prompt lookup (default off; same output)\n"
+            "  --spec-max N           tokens per draft, 1-32 (default 8)\n"
             "  -h, --help             this help\n");
 }
 
@@ -70,6 +73,7 @@ struct chat_state {
     json_t *kwargs;
     struct tern_sampler_params sp;
     int64_t max_tokens;
+    struct spec_params spec;
 };
 
 static int prime_progress(void *user, size_t done, size_t total) {
@@ -120,13 +124,15 @@ static enum tern_status chat_turn(struct chat_state *cs) {
     struct tern_sampler *smp = NULL;
     struct tern_detok *dt = NULL;
     struct tern_buf piece = TERN_BUF_INIT;
+    struct spec_dec sd = {0};
     uint32_t n_gen = 0;
     double t1 = tern_now_s();
     bool in_reasoning = false;
     if (!st) st = tern_sampler_new(&cs->sp, tern_model_info(cs->model)->n_vocab, &smp);
     if (!st) st = tern_detok_new(cs->cf.tok, TERN_TOK_PARSE_SPECIAL, &dt);
+    if (!st) st = spec_dec_init(&sd, s, smp, &cs->spec, NULL);
     for (int64_t i = 0; !st && i < cs->max_tokens && !atomic_load(&interrupted); i++) {
-        int32_t tok = tern_sampler_sample(smp, tern_session_logits(s), tern_session_tokens(s), tern_session_n_past(s));
+        int32_t tok = spec_next(&sd);
         if (tern_token_is_eog(cs->cf.tok, tok)) break;
         n_gen++;
         tern_buf_clear(&piece);
@@ -145,9 +151,13 @@ static enum tern_status chat_turn(struct chat_state *cs) {
         }
         fflush(stdout);
         reply_delta_reset(d);
-        if (tern_session_n_past(s) + 1 >= tern_session_n_ctx(s)) break;
-        struct tern_eval_opts de = {0};
-        st = tern_session_eval(s, &tok, 1, &de);
+        if (spec_n_past(&sd) + 1 >= tern_session_n_ctx(s)) break;
+        st = spec_accept(&sd, tok, (size_t)(cs->max_tokens - i - 1));
+    }
+    /* the session holds exactly the tokens taken before it goes back to the cache */
+    if (sd.s) {
+        enum tern_status st2 = spec_finish(&sd);
+        if (!st) st = st2;
     }
     if (st == TERN_ERR_CANCELLED) st = TERN_OK;
     tern_buf_clear(&piece);
@@ -159,8 +169,13 @@ static enum tern_status chat_turn(struct chat_state *cs) {
     if (in_reasoning && isatty(1)) fputs("\033[0m", stdout);
     double t2 = tern_now_s();
     fprintf(stdout, "\n");
-    fprintf(stderr, "[%u read, %u reused, %u generated; %.2fs to first token, %.1f tok/s]\n", lease.decision.read,
-            lease.decision.cached, n_gen, t1 - t0, n_gen > 0 && t2 > t1 ? n_gen / (t2 - t1) : 0.0);
+    char spec_s[64] = "";
+    if (sd.mode != SPEC_OFF)
+        snprintf(spec_s, sizeof spec_s, "; drafted=%llu accepted=%llu", (unsigned long long)sd.st.drafted,
+                 (unsigned long long)sd.st.accepted);
+    spec_dec_free(&sd);
+    fprintf(stderr, "[%u read, %u reused, %u generated; %.2fs to first token, %.1f tok/s%s]\n", lease.decision.read,
+            lease.decision.cached, n_gen, t1 - t0, n_gen > 0 && t2 > t1 ? n_gen / (t2 - t1) : 0.0, spec_s);
     if (!st) {
         json_t *msg = json_pack("{s:s,s:s%}", "role", "assistant", "content", p.content.data ? p.content.data : "",
                                 p.content.len);
@@ -177,7 +192,7 @@ static enum tern_status chat_turn(struct chat_state *cs) {
 
 int cli_chat_main(int argc, char **argv) {
     enum { O_MODEL = 256, O_SYSTEM, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_SEED, O_THREADS, O_CTX, O_TMPL, O_NOTHINK, O_CHAT,
-           O_CHUNK, O_KV, O_NOMMAP, O_MLOCK };
+           O_CHUNK, O_KV, O_NOMMAP, O_MLOCK, O_SPEC, O_SPECMAX };
     /* The names of tern run's options where they mean the same (tern run --chat
      * hands its arguments over unchanged). */
     static const struct option opts[] = {
@@ -190,6 +205,7 @@ int cli_chat_main(int argc, char **argv) {
         {"kv-type", required_argument, 0, O_KV},   {"no-mmap", no_argument, 0, O_NOMMAP},
         {"mlock", no_argument, 0, O_MLOCK},        {"chat-template", required_argument, 0, O_TMPL},
         {"no-think", no_argument, 0, O_NOTHINK},   {"chat", no_argument, 0, O_CHAT},
+        {"spec", required_argument, 0, O_SPEC},    {"spec-max", required_argument, 0, O_SPECMAX},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
     };
     struct chat_state cs = {.max_tokens = 1024};
@@ -266,6 +282,14 @@ int cli_chat_main(int argc, char **argv) {
         case O_TMPL: tmpl = optarg; break;
         case O_NOTHINK: no_think = true; break;
         case O_CHAT: break;
+        case O_SPEC:
+            if (!spec_mode_parse(optarg, &cs.spec.mode)) return cli_usage_error("chat", "--spec '%s' is not off or ngram", optarg);
+            break;
+        case O_SPECMAX:
+            if (!cli_parse_int(optarg, 1, SPEC_MAX_DRAFT, &v))
+                return cli_usage_error("chat", "--spec-max '%s' is not 1-%d", optarg, SPEC_MAX_DRAFT);
+            cs.spec.max = (uint32_t)v;
+            break;
         default: return cli_usage_error("chat", "unknown option '%s'", argv[optind - 1]);
         }
     }

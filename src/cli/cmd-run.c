@@ -2,6 +2,8 @@
 #include "cli/cli.h"
 #include "cli/cmd-chat.h"
 
+#include "server/spec.h"
+
 #include "tokenizer/tokenizer.h"
 #include "util/buf.h"
 #include "util/mem.h"
@@ -38,6 +40,9 @@ static void usage(FILE *f) {
             "      --frequency-penalty P (default 0)\n"
             "      --seed S              sampling seed (default: from the clock)\n"
             "      --stop STR            stop when the text contains STR (repeatable)\n"
+            "      --spec off|ngram      speculative decoding by prompt lookup (default off; the\n"
+            "                            output is the same, docs/spec.md)\n"
+            "      --spec-max N          tokens per draft, 1-32 (default 8)\n"
             "  -t, --threads N           compute threads (default: online cores)\n"
             "      --chunk N             prompt tokens per chunk (default 512)\n"
             "  -c, --ctx-size N          context size (default min(model context, 32768))\n"
@@ -52,7 +57,8 @@ static void usage(FILE *f) {
 
 enum {
     OPT_IDS = 256, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_REPN, OPT_PRES, OPT_FREQ, OPT_SEED,
-    OPT_STOP, OPT_CHUNK, OPT_KV, OPT_NOMMAP, OPT_MLOCK, OPT_PRINTIDS, OPT_DUMP,
+    OPT_STOP, OPT_CHUNK, OPT_KV, OPT_NOMMAP, OPT_MLOCK, OPT_PRINTIDS, OPT_DUMP, OPT_SPEC, OPT_SPECMAX,
+    OPT_ORACLE,
 };
 
 static const struct option long_opts[] = {
@@ -78,6 +84,9 @@ static const struct option long_opts[] = {
     {"mlock", no_argument, 0, OPT_MLOCK},
     {"print-ids", no_argument, 0, OPT_PRINTIDS},
     {"dump-logits", required_argument, 0, OPT_DUMP},
+    {"spec", required_argument, 0, OPT_SPEC},
+    {"spec-max", required_argument, 0, OPT_SPECMAX},
+    {"spec-oracle", required_argument, 0, OPT_ORACLE}, /* tests: "PCT:ID ID ..." drafts from known tokens */
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -173,6 +182,10 @@ static int run_main(int argc, char **argv) {
     bool seed_set = false, no_mmap = false, mlock = false, print_ids = false;
     enum tern_kv_type kv = TERN_KV_F16;
     struct out_text out = {0};
+    struct spec_params spp = {.mode = SPEC_OFF};
+    struct spec_oracle oracle = {0};
+    int32_t *oracle_ids = NULL;
+    const char *oracle_str = NULL;
     long lv;
     double dv;
     int c;
@@ -252,6 +265,15 @@ static int run_main(int argc, char **argv) {
         case OPT_MLOCK: mlock = true; break;
         case OPT_PRINTIDS: print_ids = true; break;
         case OPT_DUMP: dump = optarg; break;
+        case OPT_SPEC:
+            if (!spec_mode_parse(optarg, &spp.mode)) return cli_usage_error("run", "bad --spec '%s' (off or ngram)", optarg);
+            break;
+        case OPT_SPECMAX:
+            if (!cli_parse_int(optarg, 1, SPEC_MAX_DRAFT, &lv))
+                return cli_usage_error("run", "bad --spec-max '%s' (1..%d)", optarg, SPEC_MAX_DRAFT);
+            spp.max = (uint32_t)lv;
+            break;
+        case OPT_ORACLE: oracle_str = optarg; break;
         case 'h': usage(stdout); return 0;
         default: return cli_usage_error("run", "unknown option");
         }
@@ -260,6 +282,22 @@ static int run_main(int argc, char **argv) {
     if (!model) return cli_usage_error("run", "--model is required");
     if (!prompt == !ids_str) return cli_usage_error("run", "give exactly one of --prompt and --ids");
     if (!seed_set) sp.seed = (uint64_t)time(NULL) ^ tern_now_ns();
+    if (oracle_str) {
+        /* "PCT:IDS": the oracle proposes IDS, each replaced by a wrong token with PCT % */
+        char *end;
+        errno = 0;
+        long pct = strtol(oracle_str, &end, 10);
+        if (end == oracle_str || *end != ':' || errno || pct < 0 || pct > 100 ||
+            !parse_ids(end + 1, &oracle_ids, &oracle.n)) {
+            free(oracle_ids);
+            return cli_usage_error("run", "bad --spec-oracle '%s' (PCT:ID ID ...)", oracle_str);
+        }
+        oracle.toks = oracle_ids;
+        oracle.reject_pct = (uint32_t)pct;
+        oracle.seed = sp.seed;
+        spp.mode = SPEC_ORACLE;
+        spp.oracle = &oracle;
+    }
 
     int rc = 1;
     struct tern_model *m = NULL;
@@ -269,6 +307,7 @@ static int run_main(int argc, char **argv) {
     int32_t *ids = NULL;
     size_t n_ids = 0, cap = 0;
     float *logits_all = NULL;
+    struct spec_dec sd = {0};
 
     struct tern_model_params mp;
     tern_model_params_default(&mp);
@@ -343,13 +382,17 @@ static int run_main(int argc, char **argv) {
         }
     }
 
-    /* generate */
+    /* generate (through the speculative decoder: with --spec off it samples and
+     * evaluates one token at a time) */
+    if (spec_dec_init(&sd, s, smp, &spp, NULL)) {
+        cli_fail("run", "%s", tern_last_error());
+        goto done;
+    }
     const double t1 = tern_now_s();
     long n_gen = 0, n_eval = 0;
     bool stopped = false;
     while (n_gen < n_predict && !stopped) {
-        const int32_t id = tern_sampler_sample(smp, tern_session_logits(s), tern_session_tokens(s),
-                                               tern_session_n_past(s));
+        const int32_t id = spec_next(&sd);
         n_gen++;
         if (tok && tern_token_is_eog(tok, id)) break;
         if (print_ids) printf("%s%d", n_gen > 1 ? " " : "", id);
@@ -361,15 +404,19 @@ static int run_main(int argc, char **argv) {
             stopped = emit(&out, false);
         }
         if (stopped || n_gen == n_predict) break;
-        if (tern_session_n_past(s) >= tern_session_n_ctx(s)) {
+        if (spec_n_past(&sd) >= tern_session_n_ctx(s)) {
             fprintf(stderr, "\nrun: the context of %u tokens is full\n", tern_session_n_ctx(s));
             break;
         }
-        if (tern_session_eval(s, &id, 1, NULL)) {
+        if (spec_accept(&sd, id, (size_t)(n_predict - n_gen))) {
             cli_fail("run", "%s", tern_last_error());
             goto done;
         }
         n_eval++;
+    }
+    if (spec_finish(&sd)) {
+        cli_fail("run", "%s", tern_last_error());
+        goto done;
     }
     if (dt && !stopped) {
         tern_detok_flush(dt, &out.text);
@@ -377,11 +424,20 @@ static int run_main(int argc, char **argv) {
     }
     if (print_ids || dt) putchar('\n');
     const double t_gen = tern_now_s() - t1;
-    fprintf(stderr, "prompt: %zu tokens in %.3f s (%.2f t/s); decode: %ld tokens in %.3f s (%.2f t/s)\n", n_ids,
+    char spec_s[96] = "";
+    if (sd.mode != SPEC_OFF)
+        snprintf(spec_s, sizeof spec_s, "; spec %s: drafted=%llu accepted=%llu", spec_mode_name(sd.mode),
+                 (unsigned long long)sd.st.drafted, (unsigned long long)sd.st.accepted);
+    fprintf(stderr, "prompt: %zu tokens in %.3f s (%.2f t/s); decode: %ld tokens in %.3f s (%.2f t/s)%s\n", n_ids,
             t_prompt, t_prompt > 0 ? (double)n_ids / t_prompt : 0.0, n_eval, t_gen,
-            t_gen > 0 ? (double)n_eval / t_gen : 0.0);
+            t_gen > 0 ? (double)n_eval / t_gen : 0.0, spec_s);
+    if (getenv("TERN_STATE_HASH") && strcmp(getenv("TERN_STATE_HASH"), "0"))
+        fprintf(stderr, "state-hash n_past=%u total=%016llx\n", tern_session_n_past(s),
+                (unsigned long long)tern_session_hash(s));
     rc = 0;
 done:
+    spec_dec_free(&sd);
+    free(oracle_ids);
     tern_buf_free(&out.text);
     tern_detok_free(dt);
     tern_sampler_free(smp);

@@ -60,6 +60,9 @@ static void usage(FILE *out) {
             "  --predict off|user|all  predictive priming in idle time: the next prompt's prefix after a\n"
             "                          new user message (user), and after tool results too (all; default)\n"
             "  --predict-chunk N       tokens per idle priming step; a request waits at most one (default 128)\n"
+            "  --spec off|ngram        speculative decoding: draft by prompt lookup (ngram) and verify the\n"
+            "                          draft in one forward; output unchanged (default off; docs/spec.md)\n"
+            "  --spec-max N            tokens per draft, 1-32 (default 8)\n"
             "  --no-mmap               read the weights into memory instead of mapping the file\n"
             "  --mlock                 pin the weights in memory\n"
             "  -h, --help              this help\n"
@@ -96,7 +99,7 @@ static char *read_text_file(const char *path, size_t *len) {
 static int cmd_serve(int argc, char **argv) {
     enum { O_HOST = 256, O_PORT, O_THREADS, O_CTX, O_KEY, O_QUEUE, O_BODY, O_TMPL, O_CHUNK, O_KV, O_RAM, O_PC,
            O_PCE, O_TURN, O_NOMMAP, O_MLOCK, O_MODEL, O_PREDICT, O_PCHUNK, O_CDIR, O_CDISK, O_MAXTOK, O_MAXCONN,
-           O_PERIP, O_HDRTO, O_IDLETO, O_RAMKEY };
+           O_PERIP, O_HDRTO, O_IDLETO, O_RAMKEY, O_SPEC, O_SPECMAX };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},       {"threads", required_argument, 0, O_THREADS},
@@ -112,6 +115,7 @@ static int cmd_serve(int argc, char **argv) {
         {"max-tokens", required_argument, 0, O_MAXTOK}, {"max-connections", required_argument, 0, O_MAXCONN},
         {"max-conn-per-ip", required_argument, 0, O_PERIP}, {"header-timeout", required_argument, 0, O_HDRTO},
         {"idle-timeout", required_argument, 0, O_IDLETO}, {"cache-ram-per-key", required_argument, 0, O_RAMKEY},
+        {"spec", required_argument, 0, O_SPEC},       {"spec-max", required_argument, 0, O_SPECMAX},
         {0, 0, 0, 0},
     };
     const char *model_path = NULL, *tmpl_path = NULL;
@@ -132,6 +136,8 @@ static int cmd_serve(int argc, char **argv) {
     uint32_t predict_chunk = 0;
     uint32_t max_tokens = 4096;
     long long ram_per_key = -1; /* -1: the default, a fair share */
+    enum spec_mode spec = SPEC_OFF;
+    uint32_t spec_max = 0;
     long v;
     int c;
     optind = 1;
@@ -248,6 +254,14 @@ static int cmd_serve(int argc, char **argv) {
                 return cli_usage_error("serve", "--cache-ram-per-key '%s' is not 0-16777216 MiB", optarg);
             ram_per_key = (long long)v << 20;
             break;
+        case O_SPEC:
+            if (!spec_mode_parse(optarg, &spec)) return cli_usage_error("serve", "--spec '%s' is not off or ngram", optarg);
+            break;
+        case O_SPECMAX:
+            if (!cli_parse_int(optarg, 1, SPEC_MAX_DRAFT, &v))
+                return cli_usage_error("serve", "--spec-max '%s' is not 1-%d", optarg, SPEC_MAX_DRAFT);
+            spec_max = (uint32_t)v;
+            break;
         case O_NOMMAP: mp.no_mmap = true; break;
         case O_MLOCK: mp.mlock = true; break;
         default:
@@ -324,6 +338,8 @@ static int cmd_serve(int argc, char **argv) {
             .predict_test_delay_ms = predict_delay,
             .max_tokens = max_tokens,
             .demo_note = demo_note,
+            .spec = spec,
+            .spec_max = spec_max,
         };
         st = srv_engine_new(&ep, &eng);
     }

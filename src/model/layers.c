@@ -468,8 +468,28 @@ void model_deltanet(struct tern_session *s, uint32_t il, const struct model_delt
                     uint32_t n_tok) {
     struct deltanet_task c = {s, il, d, qkv_raw, qkv, z, beta, alpha, out, scratch, n_tok};
     const size_t C = tern_deltanet_channels(d->dn);
+    const uint32_t n_conv_items = (uint32_t)((C + CONV_BLOCK - 1) / CONV_BLOCK);
     /* The convolution and the recurrence run token by token in order inside each work
      * item; items split channels, then v-heads, never a token range. */
-    model_parallel_for(s, (uint32_t)((C + CONV_BLOCK - 1) / CONV_BLOCK), conv_item, &c);
-    model_parallel_for(s, d->dn->n_v_heads, heads_item, &c);
+    if (!s->rec_trail) {
+        model_parallel_for(s, n_conv_items, conv_item, &c);
+        model_parallel_for(s, d->dn->n_v_heads, heads_item, &c);
+        return;
+    }
+    /* With a state trail (speculative verification): one token at a time — the same
+     * per-token code, so the same bits — copying the layer's buffers after each. */
+    const struct model_layer *L = &s->m->layers[il];
+    const size_t nv = d->dn->n_v_heads, nvd = nv * d->dn->d_v;
+    for (uint32_t t = 0; t < n_tok; t++) {
+        c.qkv_raw = qkv_raw + t * C;
+        c.qkv = qkv + t * C;
+        c.z = z + t * nvd;
+        c.beta = beta + t * nv;
+        c.alpha = alpha + t * nv;
+        c.out = out + t * nvd;
+        c.n_tok = 1;
+        model_parallel_for(s, n_conv_items, conv_item, &c);
+        model_parallel_for(s, d->dn->n_v_heads, heads_item, &c);
+        memcpy(s->rec_trail + (size_t)t * s->m->rec_bytes + L->rec_offset, s->rec + L->rec_offset, L->rec_bytes);
+    }
 }

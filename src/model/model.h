@@ -63,8 +63,10 @@ struct tern_arch {
     size_t (*state_bytes)(const void *rs);
     /* Consumes toks[0..n) at positions [pos0, pos0 + n); n <= the chunk size the state
      * was made for. KV pages for those positions exist. logits: NULL (none wanted),
-     * [n_vocab] for the last token, or [n][n_vocab] when logits_all. Must not fail
-     * (everything is allocated up front) other than by a bug. */
+     * [n_vocab] for the last token, or [n][n_vocab] when logits_all. An architecture
+     * with recurrent layers copies each layer's buffers to s->rec_trail + t * rec_bytes
+     * + rec_offset after token t when s->rec_trail is set (tern_eval_opts.rec_trail).
+     * Must not fail (everything is allocated up front) other than by a bug. */
     void (*forward)(struct tern_session *s, const int32_t *toks, uint32_t n, uint32_t pos0,
                     float *logits, bool logits_all);
 };
@@ -220,6 +222,13 @@ struct tern_session {
     void *act[MODEL_MAX_ACT_KINDS]; /* prepared activations */
     float *scores;                  /* (n_threads, scores_per_thread) attention scratch */
     size_t scores_per_thread;
+    /* During a chunk of an eval with tern_eval_opts.rec_trail: [n][rec_bytes] where the
+     * forward copies each recurrent layer's buffers after each token; NULL otherwise. */
+    uint8_t *rec_trail;
+    /* The trail of the last eval (tern_session_rewind may use it): the states after
+     * positions trail_pos0 + 1 .. trail_end; NULL once any other state change happens. */
+    const uint8_t *trail;
+    uint32_t trail_pos0, trail_end;
 };
 
 /* The layer il's recurrent buffer ib (zeroed at position 0). */

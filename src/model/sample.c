@@ -196,28 +196,47 @@ int32_t tern_sampler_sample_masked(struct tern_sampler *s, const float *logits, 
     return allowed(allow, t) ? t : first;
 }
 
-static int32_t sample_work(struct tern_sampler *s, float *l, const int32_t *history, size_t n_history) {
+/* The distribution a draw is made from, after penalties and filters: either the whole
+ * vocabulary (s->work, unsorted) or the sorted candidates s->cand[0..n). Each weight is
+ * exp((v - max) / T), computed the same way for the plain draw and the draft rule. */
+struct dist {
+    bool full;
+    size_t n;
+    float max, inv_t;
+};
+
+static inline double dist_w(const struct tern_sampler *s, const struct dist *d, size_t i, int32_t *id) {
+    if (d->full) {
+        *id = (int32_t)i;
+        return exp((double)((s->work[i] - d->max) * d->inv_t));
+    }
+    *id = s->cand[i].id;
+    return exp((double)((s->cand[i].v - d->max) * d->inv_t));
+}
+
+/* Applies penalties and filters; returns true with *greedy set when the temperature
+ * makes it an argmax. */
+static bool dist_build(struct tern_sampler *s, const int32_t *history, size_t n_history, struct dist *d,
+                       int32_t *greedy) {
     const struct tern_sampler_params *p = &s->p;
     const uint32_t V = s->n_vocab;
+    float *l = s->work;
     apply_penalties(s, l, history, n_history);
-    if (!(p->temperature > 0.0f)) return argmax(l, V);
+    if (!(p->temperature > 0.0f)) {
+        *greedy = argmax(l, V);
+        return true;
+    }
 
     const bool top_k = p->top_k > 0 && (uint32_t)p->top_k < V;
     const bool top_p = p->top_p < 1.0f;
     const bool min_p = p->min_p > 0.0f;
-    const float inv_t = 1.0f / p->temperature;
+    d->inv_t = 1.0f / p->temperature;
     if (!top_k && !top_p && !min_p) {
         /* The whole distribution: no sort needed. */
-        const float max = l[argmax(l, V)];
-        double z = 0.0;
-        for (uint32_t i = 0; i < V; i++) z += exp((double)((l[i] - max) * inv_t));
-        const double r = tern_rng_uniform(&s->rng) * z;
-        double cum = 0.0;
-        for (uint32_t i = 0; i < V; i++) {
-            cum += exp((double)((l[i] - max) * inv_t));
-            if (cum > r) return (int32_t)i;
-        }
-        return argmax(l, V);
+        d->full = true;
+        d->n = V;
+        d->max = l[argmax(l, V)];
+        return false;
     }
 
     /* The candidate set is a sorted prefix cand[0..n) of the (top-k) order, extended by
@@ -269,13 +288,67 @@ static int32_t sample_work(struct tern_sampler *s, float *l, const int32_t *hist
         }
     }
     if (keep > n) keep = n;
+    d->full = false;
+    d->n = keep;
+    d->max = max;
+    return false;
+}
+
+/* A draw from the distribution with token skip (if >= 0) taken out and the rest
+ * renormalised: skip = -1 is the plain draw. */
+static int32_t dist_draw(struct tern_sampler *s, const struct dist *d, int32_t skip) {
+    int32_t id, first = -1;
     double z = 0.0;
-    for (size_t i = 0; i < keep; i++) z += exp((double)((c[i].v - max) * inv_t));
+    for (size_t i = 0; i < d->n; i++) {
+        const double w = dist_w(s, d, i, &id);
+        if (id != skip) z += w;
+    }
     const double r = tern_rng_uniform(&s->rng) * z;
     double cum = 0.0;
-    for (size_t i = 0; i < keep; i++) {
-        cum += exp((double)((c[i].v - max) * inv_t));
-        if (cum > r) return c[i].id;
+    for (size_t i = 0; i < d->n; i++) {
+        const double w = dist_w(s, d, i, &id);
+        if (id == skip) continue;
+        if (first < 0) first = id;
+        cum += w;
+        if (cum > r) return id;
     }
-    return c[0].id;
+    if (d->full) return argmax(s->work, s->n_vocab);
+    return first >= 0 ? first : s->cand[0].id;
+}
+
+/* s->work holds the logits (l is s->work). */
+static int32_t sample_work(struct tern_sampler *s, float *l, const int32_t *history, size_t n_history) {
+    TERN_ASSERT(l == s->work);
+    struct dist d;
+    int32_t g;
+    if (dist_build(s, history, n_history, &d, &g)) return g;
+    return dist_draw(s, &d, -1);
+}
+
+int32_t tern_sampler_sample_draft(struct tern_sampler *s, const float *logits, const int32_t *history,
+                                  size_t n_history, int32_t draft, bool *accepted) {
+    struct dist d;
+    int32_t g;
+    *accepted = false;
+    memcpy(s->work, logits, (size_t)s->n_vocab * sizeof *s->work);
+    if (dist_build(s, history, n_history, &d, &g)) {
+        *accepted = g == draft;
+        return g;
+    }
+    /* The draft's weight w_d and the total z: accept with probability w_d / z. */
+    double z = 0.0, wd = 0.0;
+    int32_t id;
+    for (size_t i = 0; i < d.n; i++) {
+        const double w = dist_w(s, &d, i, &id);
+        z += w;
+        if (id == draft) wd = w;
+    }
+    /* A draft outside the candidates has probability 0: a plain draw (the same random
+     * numbers as without a draft). */
+    if (!(wd > 0.0)) return dist_draw(s, &d, -1);
+    if (tern_rng_uniform(&s->rng) * z < wd) {
+        *accepted = true;
+        return draft;
+    }
+    return dist_draw(s, &d, draft);
 }

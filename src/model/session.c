@@ -292,6 +292,10 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
     }
     uint32_t n_chunk = o->n_chunk ? o->n_chunk : s->n_chunk;
     if (n_chunk > s->n_ctx) n_chunk = s->n_ctx;
+    if (o->rec_trail && o->n_ckpt)
+        return tern_errorf(TERN_ERR_INVALID, "session: an eval with a state trail takes no checkpoints");
+    s->trail = NULL;
+    const uint32_t pos0 = s->n_past;
 
     pthread_mutex_lock(&m->eval_mu);
     enum tern_status st = model_ws_reserve(m, n_chunk);
@@ -329,7 +333,9 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
         memcpy(s->act, m->ws.act, sizeof s->act);
         s->scores = m->ws.scores;
         s->scores_per_thread = m->ws.scores_per_thread;
+        s->rec_trail = o->rec_trail && m->rec_bytes ? (uint8_t *)o->rec_trail + done * m->rec_bytes : NULL;
         m->arch->forward(s, toks + done, (uint32_t)len, s->n_past, logits, o->logits_all != NULL);
+        s->rec_trail = NULL;
         s->rs = NULL;
         s->scores = NULL;
         memset(s->act, 0, sizeof s->act);
@@ -352,6 +358,11 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
     }
     /* Pages reserved for tokens a cancelled eval never reached are given back. */
     kv_shrink(s, s->n_past);
+    if (o->rec_trail && m->rec_bytes && s->n_past > pos0) {
+        s->trail = o->rec_trail;
+        s->trail_pos0 = pos0;
+        s->trail_end = s->n_past;
+    }
     return st;
 }
 
@@ -361,16 +372,23 @@ enum tern_status tern_session_rewind(struct tern_session *s, uint32_t p) {
     if (p > s->n_past)
         return tern_errorf(TERN_ERR_RANGE, "session: cannot rewind to position %u beyond the end %u", p, s->n_past);
     if (p == s->n_past) return TERN_OK;
-    if (s->m->info.hybrid)
+    if (s->m->info.hybrid && s->trail && p > s->trail_pos0 && p <= s->trail_end) {
+        /* the state after token p - 1, as the trail recorded it */
+        memcpy(s->rec, s->trail + (size_t)(p - s->trail_pos0 - 1) * s->m->rec_bytes, s->m->rec_bytes);
+        s->trail_end = p;
+    } else if (s->m->info.hybrid) {
         return tern_errorf(TERN_ERR_STATE,
                            "session: cannot rewind a hybrid model's session from %u to %u: recurrent state is valid "
                            "only at %u, restore a checkpoint taken at %u instead",
                            s->n_past, p, s->n_past, p);
+    }
     s->n_past = p;
     s->logits_valid = false;
     kv_shrink(s, p);
     return TERN_OK;
 }
+
+void tern_session_drop_trail(struct tern_session *s) { s->trail = NULL; }
 
 static uint64_t tokens_hash(const int32_t *t, uint32_t n) { return tern_hash64(t, (size_t)n * sizeof *t); }
 
@@ -412,9 +430,19 @@ enum tern_status tern_session_restore(struct tern_session *s, const struct tern_
     enum tern_status st = ckpt_check(s, c, s->n_past);
     if (st) return st;
     if (c->n_bytes) memcpy(s->rec, c->data, c->n_bytes);
+    s->trail = NULL;
     if (c->pos != s->n_past || c->n_bytes) s->logits_valid = false;
     s->n_past = c->pos;
     kv_shrink(s, c->pos);
+    return TERN_OK;
+}
+
+enum tern_status tern_session_checkpoint_update(struct tern_session *s, struct tern_checkpoint *c) {
+    if (c->m != s->m || c->n_bytes != s->m->rec_bytes)
+        return tern_errorf(TERN_ERR_INVALID, "session: the checkpoint was taken with another model");
+    c->pos = s->n_past;
+    c->tok_hash = tokens_hash(s->tokens, s->n_past);
+    if (c->n_bytes) memcpy(c->data, s->rec, c->n_bytes);
     return TERN_OK;
 }
 

@@ -71,6 +71,10 @@ struct srv_engine {
     /* figures for /metrics (read from other threads) */
     atomic_uint_fast64_t pred_us, pred_runs, pred_preempted, pred_skipped;
     atomic_int pred_active;
+
+    enum spec_mode spec;
+    uint32_t spec_max;
+    atomic_uint_fast64_t spec_drafted, spec_accepted, spec_rounds, spec_refed;
 };
 
 /* What prepare found out, for run. */
@@ -539,6 +543,7 @@ static void engine_run(void *self, struct srv_job *j) {
                       j->seq * 0x9e3779b97f4a7c15ull ^ (uint64_t)j->created);
     stop_matcher_init(&o.stop, (const char *const *)j->req.stop, j->req.n_stop);
     struct tern_sampler *sampler = NULL;
+    struct spec_dec sd = {0};
     struct tern_gmatch *gm = NULL;   /* the grammar's matcher (NULL: unconstrained) */
     uint32_t *gmask = NULL;
     double t_mask = 0;
@@ -592,6 +597,20 @@ static void engine_run(void *self, struct srv_job *j) {
         o.role_sent = true;
     }
 
+    /* Speculative decoding (spec.h): the decoder samples and evaluates for the loop.
+     * Forced output (tests) bypasses it. A grammar (also one that a tool call may
+     * trigger later) or a forced prefix turns drafting off: the mask is applied to each
+     * sampled token in turn and the loop reads the session's logits itself, so the
+     * session must never run ahead of the accepted tokens (docs/spec.md). */
+    if (!ej->forced) {
+        struct spec_params spp = {.mode = j->req.spec_set ? j->req.spec : e->spec,
+                                  .max = j->req.spec_max ? j->req.spec_max : e->spec_max};
+        if (gm || ej->lazy_grammar || ej->n_prefix) spp.mode = SPEC_OFF;
+        if ((st = spec_dec_init(&sd, s, sampler, &spp, &j->cancel))) {
+            send_failure(j, 500, "server_error", "cannot start decoding: %s", tern_last_error());
+            goto out;
+        }
+    }
     uint32_t n_ctx = tern_session_n_ctx(s);
     /* the request's max_tokens, within the server's cap: a request that names none (or
      * more) still ends, with finish_reason "length", instead of holding the worker until
@@ -648,8 +667,7 @@ static void engine_run(void *self, struct srv_job *j) {
                 break;
             }
         } else {
-            const float *logits = tern_session_logits(s);
-            tok = tern_sampler_sample(sampler, logits, tern_session_tokens(s), tern_session_n_past(s));
+            tok = spec_next(&sd);
             if (tern_token_is_eog(e->tok, tok)) {
                 finish = "stop";
                 break;
@@ -694,11 +712,14 @@ static void engine_run(void *self, struct srv_job *j) {
             break;
         }
         if (i + 1 >= max_new) break;
-        /* the context is full (prompt + reply = n_ctx): length. n_past holds every token
-         * but the one just sampled, so the next sample would make n_past + 2. */
-        if (tern_session_n_past(s) + 1 >= n_ctx) break;
-        struct tern_eval_opts de = {.cancel = &j->cancel};
-        st = tern_session_eval(s, &tok, 1, &de);
+        if ((ej->forced ? tern_session_n_past(s) : spec_n_past(&sd)) + 1 >= n_ctx)
+            break; /* the context is full (prompt + reply = n_ctx): length */
+        if (ej->forced) {
+            struct tern_eval_opts de = {.cancel = &j->cancel};
+            st = tern_session_eval(s, &tok, 1, &de);
+        } else {
+            st = spec_accept(&sd, tok, (size_t)(max_new - i - 1)); /* drafts stop at max_tokens */
+        }
         if (st == TERN_ERR_CANCELLED) goto cancelled;
         if (st == TERN_ERR_RANGE) break;
         if (st) {
@@ -755,6 +776,23 @@ cancelled:
     srv_job_finish(j, 499);
 
 out:
+    /* The session holds exactly the accepted tokens before it is hashed or parked. */
+    if (sd.s && spec_finish(&sd)) {
+        TERN_LOG_WARN("spec: %s: %s", j->id, tern_last_error());
+        release_ok = false;
+    }
+    if (sd.st.rounds) {
+        j->n_drafted = (uint32_t)sd.st.drafted;
+        j->n_accepted = (uint32_t)sd.st.accepted;
+        TERN_LOG_DEBUG("spec: %s %s drafted=%llu accepted=%llu rounds=%llu refed=%llu", j->id, spec_mode_name(sd.mode),
+                       (unsigned long long)sd.st.drafted, (unsigned long long)sd.st.accepted,
+                       (unsigned long long)sd.st.rounds, (unsigned long long)sd.st.refed);
+        atomic_fetch_add(&e->spec_drafted, sd.st.drafted);
+        atomic_fetch_add(&e->spec_accepted, sd.st.accepted);
+        atomic_fetch_add(&e->spec_rounds, sd.st.rounds);
+        atomic_fetch_add(&e->spec_refed, sd.st.refed);
+    }
+    spec_dec_free(&sd);
     if (e->state_hash) log_state_hashes(s, j->id);
     if (gm) {
         struct tern_gmatch_stats gs;
@@ -929,6 +967,16 @@ static void engine_metrics(void *self, struct tern_buf *b) {
                     (unsigned long long)atomic_load(&e->pred_preempted),
                     (unsigned long long)atomic_load(&e->pred_skipped), atomic_load(&e->pred_active));
     tern_buf_printf(b,
+                    "# HELP tern_spec_drafted_tokens_total Tokens proposed by speculative decoding and verified.\n"
+                    "# TYPE tern_spec_drafted_tokens_total counter\ntern_spec_drafted_tokens_total %llu\n"
+                    "# HELP tern_spec_accepted_tokens_total Drafted tokens the model itself picked.\n"
+                    "# TYPE tern_spec_accepted_tokens_total counter\ntern_spec_accepted_tokens_total %llu\n"
+                    "# TYPE tern_spec_rounds_total counter\ntern_spec_rounds_total %llu\n"
+                    "# HELP tern_spec_refed_tokens_total Tokens read again to bring a hybrid state back after a rejection.\n"
+                    "# TYPE tern_spec_refed_tokens_total counter\ntern_spec_refed_tokens_total %llu\n",
+                    (unsigned long long)atomic_load(&e->spec_drafted), (unsigned long long)atomic_load(&e->spec_accepted),
+                    (unsigned long long)atomic_load(&e->spec_rounds), (unsigned long long)atomic_load(&e->spec_refed));
+    tern_buf_printf(b,
                     "# TYPE tern_cache_tokens_cached_total counter\ntern_cache_tokens_cached_total %llu\n"
                     "# TYPE tern_cache_tokens_read_total counter\ntern_cache_tokens_read_total %llu\n"
                     "# TYPE tern_cache_evictions_total counter\ntern_cache_evictions_total %llu\n"
@@ -1001,6 +1049,11 @@ enum tern_status srv_engine_new(const struct srv_engine_params *p, struct srv_en
     if (cp.session.n_chunk && e->predict_chunk > cp.session.n_chunk) e->predict_chunk = cp.session.n_chunk;
     e->predict_delay_ms = p->predict_test_delay_ms;
     e->max_tokens = p->max_tokens;
+    e->spec = p->spec;
+    e->spec_max = p->spec_max;
+    if (e->spec != SPEC_OFF)
+        TERN_LOG_INFO("speculative decoding: %s, up to %u tokens per draft", spec_mode_name(e->spec),
+                      e->spec_max ? e->spec_max : SPEC_DEFAULT_MAX);
     if (e->predict != PREDICT_OFF && e->turn_token < 0) {
         TERN_LOG_WARN("predictive priming is off: the vocabulary has no turn-start token (--turn-token)");
         e->predict = PREDICT_OFF;

@@ -16,6 +16,7 @@
 #include "cache/cache.h"
 #include "server/predict.h"
 #include "server/server.h"
+#include "server/spec.h"
 #include "tern.h"
 
 struct srv_engine;
@@ -32,6 +33,8 @@ struct srv_engine_params {
     uint32_t predict_test_delay_ms;  /* TERN_TEST_PREDICT_DELAY_MS: tests only, a pause per step */
     uint32_t max_tokens;             /* --max-tokens: most tokens generated per request (0 = no cap) */
     const char *demo_note;           /* non-NULL: this is the demo model; say so */
+    enum spec_mode spec;             /* --spec: speculative decoding's draft source */
+    uint32_t spec_max;               /* --spec-max: tokens per draft (0 = SPEC_DEFAULT_MAX) */
 };
 
 enum tern_status srv_engine_new(const struct srv_engine_params *p, struct srv_engine **out);

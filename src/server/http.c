@@ -235,11 +235,12 @@ static void log_job(struct srv_server *s, const struct srv_job *j, int status) {
     char ttft_s[64];
     if (ttft >= 0) snprintf(ttft_s, sizeof ttft_s, "%.3fs prime=%.3fs", ttft, j->t_prime);
     else snprintf(ttft_s, sizeof ttft_s, "-");
-    char pre_s[48] = "";
+    char pre_s[48] = "", spec_s[48] = "";
     if (j->t_preempt_from > 0) snprintf(pre_s, sizeof pre_s, " preempt_wait=%.3fs", j->t_preempt_wait);
-    TERN_LOG_INFO("request %s %s %d prompt=%zu cached=%u read=%u generated=%u ttft=%s total=%.3fs %.1f tok/s%s%s%s",
+    if (j->n_drafted) snprintf(spec_s, sizeof spec_s, " drafted=%u accepted=%u", j->n_drafted, j->n_accepted);
+    TERN_LOG_INFO("request %s %s %d prompt=%zu cached=%u read=%u generated=%u ttft=%s total=%.3fs %.1f tok/s%s%s%s%s",
                   j->id, j->path, status, j->n_prompt, j->n_cached, j->n_read, j->n_generated, ttft_s, total, tps,
-                  pre_s, j->note[0] ? " : " : "", j->note);
+                  spec_s, pre_s, j->note[0] ? " : " : "", j->note);
     atomic_fetch_add(&s->prompt_tokens, j->n_prompt);
     atomic_fetch_add(&s->cached_tokens, j->n_cached);
     atomic_fetch_add(&s->read_tokens, j->n_read);

@@ -671,6 +671,19 @@ static bool parse_body(enum srv_endpoint ep, const json_t *o, const struct srv_p
     if (!parse_stop(opt_field(o, "stop"), req, err)) return false;
     if (!srv_constraint_parse(o, req, err)) return false;
 
+    char *spec = NULL;
+    if (!get_string(o, "spec", 16, &spec, err)) return false;
+    if (spec) {
+        req->spec_set = spec_mode_parse(spec, &req->spec);
+        free(spec);
+        if (!req->spec_set) {
+            srv_error_bad(err, "spec", "'spec' must be \"off\" or \"ngram\"");
+            return false;
+        }
+    }
+    if (!get_int(o, "spec_max", 1, SPEC_MAX_DRAFT, &ll, &given, err)) return false;
+    if (given) req->spec_max = (uint32_t)ll;
+
     /* Identity: session_id > prompt_cache_key > user (the header comes last, outside). */
     static const char *const key_fields[] = {"session_id", "prompt_cache_key", "user"};
     for (size_t i = 0; i < TERN_ARRAY_LEN(key_fields); i++) {

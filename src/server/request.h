@@ -14,6 +14,7 @@
 #ifndef TERN_SERVER_REQUEST_H
 #define TERN_SERVER_REQUEST_H
 
+#include "server/spec.h"
 #include "tern.h"
 
 #include <jansson.h>
@@ -83,6 +84,10 @@ struct srv_request {
     bool seed_set;
     char *stop[SRV_MAX_STOP];
     size_t n_stop;
+    /* speculative decoding (docs/spec.md): "spec": "off" | "ngram", "spec_max": 1..32 */
+    bool spec_set;               /* false: the server's --spec */
+    enum spec_mode spec;
+    uint32_t spec_max;           /* 0: the server's --spec-max */
 
     /* identity (DESIGN.md §4): body keys; the header x-session-id is the caller's */
     char *session_key;           /* session_id > prompt_cache_key > user; NULL = none */

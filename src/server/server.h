@@ -64,6 +64,7 @@ struct srv_job {
 
     /* (backend) figures for the log line */
     uint32_t n_cached, n_read, n_generated;
+    uint32_t n_drafted, n_accepted; /* speculative decoding: drafted tokens verified, accepted */
     double t_first;              /* first token out (0 = none) */
     double t_prime;              /* seconds spent reading the prompt's tokens (checkpoint captures included) */
     /* (server) the job was queued while the worker did idle work (predictive priming):

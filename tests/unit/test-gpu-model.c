@@ -128,8 +128,9 @@ static void check_model(const char *stem, int quantized) {
     } else {
         assert_true(worst < 1e-4);
     }
-    /* exactness within the backend */
-    for (int f16 = 0; f16 < 2; f16++) {
+    /* exactness within the backend (both caches on the F32 models, F16 on the others:
+     * lavapipe is slow, and the cache type changes only the attention's loads) */
+    for (int f16 = quantized ? 1 : 0; f16 < 2; f16++) {
         float *one = gpu_logits(m, toks, n, 0, f16), *c7 = gpu_logits(m, toks, n, 7, f16), *c64 = gpu_logits(m, toks, n, 64, f16);
         assert_memory_equal(one, c7, n * nv * sizeof(float));
         assert_memory_equal(one, c64, n * nv * sizeof(float));

@@ -235,6 +235,12 @@ static void test_errors(void **state) {
     expect_error(SRV_EP_CHAT,
                  "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"tool_calls\":[{\"function\":{\"name\":\"f\"}}]}]}",
                  400, "messages[0].tool_calls", "only assistant");
+    expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"spec\":\"mtp\"}", 400,
+                 "spec", "\"ngram\"");
+    expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"spec\":1}", 400, "spec",
+                 "must be a string");
+    expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"spec_max\":33}", 400,
+                 "spec_max", "between 1");
     expect_error(SRV_EP_COMPLETION, "{}", 400, "prompt", "required");
     expect_error(SRV_EP_COMPLETION, "{\"prompt\":[\"a\",\"b\"]}", 400, "prompt", "batch");
     expect_error(SRV_EP_COMPLETION, "{\"prompt\":[1,-2]}", 400, "prompt", "token id");
@@ -244,6 +250,27 @@ static void test_errors(void **state) {
     memset(deep, '[', 4000);
     deep[4000] = 0;
     expect_error(SRV_EP_CHAT, deep, 400, "", NULL);
+}
+
+/* speculative decoding per request: absent = the server's, or a mode and a length */
+static void test_spec_fields(void **state) {
+    (void)state;
+    struct srv_request req;
+    struct srv_error err;
+    assert_true(parse(SRV_EP_COMPLETION, "{\"prompt\":\"x\"}", &req, &err));
+    assert_false(req.spec_set);
+    assert_int_equal(req.spec_max, 0);
+    srv_request_free(&req);
+    assert_true(parse(SRV_EP_COMPLETION, "{\"prompt\":\"x\",\"spec\":\"ngram\",\"spec_max\":5}", &req, &err));
+    assert_true(req.spec_set);
+    assert_int_equal(req.spec, SPEC_NGRAM);
+    assert_int_equal(req.spec_max, 5);
+    srv_request_free(&req);
+    assert_true(parse(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"spec\":\"off\"}", &req,
+                      &err));
+    assert_true(req.spec_set);
+    assert_int_equal(req.spec, SPEC_OFF);
+    srv_request_free(&req);
 }
 
 static void test_body_limit(void **state) {
@@ -431,6 +458,7 @@ int main(void) {
         cmocka_unit_test(test_tools_without_parameters),
         cmocka_unit_test(test_completion_prompts),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_spec_fields),
         cmocka_unit_test(test_body_limit),
         cmocka_unit_test(test_forced_output_allowed),
         cmocka_unit_test(test_utf8_validator),

@@ -1,0 +1,236 @@
+/* Speculative decoding: drafting and verification (see spec.h, docs/spec.md). */
+#include "server/spec.h"
+
+#include "util/log.h"
+#include "util/mem.h"
+#include "util/rng.h"
+#include "util/status.h"
+#include "util/timeutil.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+const char *spec_mode_name(enum spec_mode m) {
+    switch (m) {
+    case SPEC_OFF: return "off";
+    case SPEC_NGRAM: return "ngram";
+    case SPEC_ORACLE: return "oracle";
+    }
+    return "?";
+}
+
+bool spec_mode_parse(const char *s, enum spec_mode *out) {
+    if (!strcmp(s, "off")) *out = SPEC_OFF;
+    else if (!strcmp(s, "ngram")) *out = SPEC_NGRAM;
+    else return false;
+    return true;
+}
+
+/* ---- drafting ------------------------------------------------------------------- */
+
+/* ctx[0..n) followed by last, read as one sequence. */
+static inline int32_t at(const int32_t *ctx, size_t n, int32_t last, size_t i) { return i < n ? ctx[i] : last; }
+
+size_t spec_ngram_draft(const int32_t *ctx, size_t n_ctx, int32_t last, uint32_t max, int32_t *out) {
+    const size_t L = n_ctx + 1;
+    if (max == 0) return 0;
+    for (size_t n = 3; n >= 1; n--) {
+        if (L < n + 1) continue;
+        /* the pattern is [L - n, L); a match at i < L - n leaves at least one token after it */
+        for (size_t i = L - n; i-- > 0;) {
+            size_t k = 0;
+            while (k < n && at(ctx, n_ctx, last, i + k) == at(ctx, n_ctx, last, L - n + k)) k++;
+            if (k < n) continue;
+            size_t m = 0;
+            for (size_t j = i + n; j < L && m < max; j++) out[m++] = at(ctx, n_ctx, last, j);
+            return m;
+        }
+    }
+    return 0;
+}
+
+/* Up to max drafted tokens after tok (the gen-th generated token is tok). */
+static size_t draft(struct spec_dec *d, int32_t tok, size_t max, int32_t *out) {
+    if (max == 0) return 0;
+    if (d->mode == SPEC_NGRAM)
+        return spec_ngram_draft(tern_session_tokens(d->s), d->n_commit, tok, (uint32_t)max, out);
+    /* SPEC_ORACLE: the token at generated index n_gen onwards */
+    const struct spec_oracle *o = d->oracle;
+    size_t m = 0;
+    for (size_t i = d->n_gen; i < o->n && m < max; i++) {
+        int32_t t = o->toks[i];
+        uint64_t x = o->seed ^ (uint64_t)i * UINT64_C(0xd1b54a32d192ed03);
+        const uint64_t h = tern_splitmix64(&x);
+        if (o->reject_pct && h % 100 < o->reject_pct) t = (int32_t)(((uint32_t)t + 1) % d->n_vocab);
+        out[m++] = t;
+    }
+    return m;
+}
+
+/* ---- the decoder ---------------------------------------------------------------- */
+
+enum tern_status spec_dec_init(struct spec_dec *d, struct tern_session *s, struct tern_sampler *smp,
+                               const struct spec_params *p, const atomic_int *cancel) {
+    memset(d, 0, sizeof *d);
+    d->s = s;
+    d->smp = smp;
+    d->cancel = cancel;
+    d->mode = p ? p->mode : SPEC_OFF;
+    d->max = p && p->max ? p->max : SPEC_DEFAULT_MAX;
+    d->cur = d->max;
+    d->oracle = p ? p->oracle : NULL;
+    const struct tern_model_info *info = tern_model_info(tern_session_model(s));
+    d->n_vocab = info->n_vocab;
+    d->hybrid = info->hybrid;
+    d->n_commit = tern_session_n_past(s);
+    if (d->max > SPEC_MAX_DRAFT)
+        return tern_errorf(TERN_ERR_RANGE, "spec: a draft of %u tokens exceeds the limit %d", d->max, SPEC_MAX_DRAFT);
+    if (d->mode == SPEC_ORACLE && !d->oracle)
+        return tern_errorf(TERN_ERR_INVALID, "spec: the oracle source needs its tokens");
+    if (d->mode == SPEC_OFF) return TERN_OK;
+    d->refeed = p->refeed;
+    d->logits = tern_malloc((size_t)(d->max + 1) * d->n_vocab * sizeof(float));
+    if (!d->logits)
+        return tern_errorf(TERN_ERR_NOMEM, "spec: out of memory for %u x %u logits", d->max + 1, d->n_vocab);
+    if (d->hybrid && !d->refeed) {
+        d->trail = tern_aligned_alloc((size_t)(d->max + 1) * info->recurrent_bytes);
+        if (!d->trail)
+            return tern_errorf(TERN_ERR_NOMEM, "spec: out of memory for %u recurrent states of %zu bytes", d->max + 1,
+                               info->recurrent_bytes);
+    }
+    return TERN_OK;
+}
+
+void spec_dec_free(struct spec_dec *d) {
+    free(d->logits);
+    tern_aligned_free(d->trail);
+    d->trail = NULL;
+    tern_checkpoint_free(d->ck);
+    d->logits = NULL;
+    d->ck = NULL;
+}
+
+uint32_t spec_n_past(const struct spec_dec *d) { return d->n_commit; }
+
+int32_t spec_next(struct spec_dec *d) {
+    int32_t tok;
+    if (d->iq < d->nq) tok = d->q[d->iq++];
+    else tok = tern_sampler_sample(d->smp, tern_session_logits(d->s), tern_session_tokens(d->s), d->n_commit);
+    d->n_gen++;
+    return tok;
+}
+
+/* Brings the session back from its speculative end to n_commit. */
+static enum tern_status settle_now(struct spec_dec *d);
+
+static enum tern_status settle(struct spec_dec *d) {
+    if (tern_session_n_past(d->s) == d->n_commit) return TERN_OK;
+    const double t0 = tern_now_s();
+    enum tern_status st = settle_now(d);
+    d->st.t_settle += tern_now_s() - t0;
+    return st;
+}
+
+static enum tern_status settle_now(struct spec_dec *d) {
+    struct tern_session *s = d->s;
+    const uint32_t n = tern_session_n_past(s);
+    TERN_ASSERT(n > d->n_commit);
+    if (!d->hybrid || !d->refeed) return tern_session_rewind(s, d->n_commit); /* KV rows, and the trail */
+    /* The recurrent state has folded in the rejected tokens: back to the state before
+     * the verify chunk, then the accepted tokens again (copied out: eval writes the
+     * session's token array). */
+    const uint32_t p = tern_checkpoint_pos(d->ck);
+    const uint32_t k = d->n_commit - p;
+    TERN_ASSERT(d->n_commit >= p && k <= SPEC_MAX_DRAFT + 1);
+    memcpy(d->buf, tern_session_tokens(s) + p, (size_t)k * sizeof *d->buf);
+    enum tern_status st = tern_session_restore(s, d->ck);
+    if (st) return st;
+    if (!k) return TERN_OK;
+    struct tern_eval_opts eo = {.n_chunk = k};
+    st = tern_session_eval(s, d->buf, k, &eo);
+    d->st.refed += k;
+    return st;
+}
+
+enum tern_status spec_accept(struct spec_dec *d, int32_t tok, size_t want) {
+    struct tern_session *s = d->s;
+    /* An accepted draft token that the session has consumed already. */
+    if (d->iq < d->nq) {
+        TERN_ASSERT(tok == d->q[d->iq - 1]);
+        d->n_commit++;
+        return TERN_OK;
+    }
+    d->nq = d->iq = 0;
+    enum tern_status st = settle(d);
+    if (st) return st;
+
+    const uint32_t n_ctx = tern_session_n_ctx(s);
+    /* Prompt lookup adapts its length (a draft that is mostly rejected costs a longer
+     * chunk for nothing); the oracle keeps its fixed length, the bound it measures. */
+    size_t max = d->mode == SPEC_OFF ? 0 : d->mode == SPEC_NGRAM ? d->cur : d->max;
+    if (want < 1) max = 0;
+    else if (max > want - 1) max = want - 1; /* tok's chunk yields up to k + 1 tokens */
+    if (d->n_commit + 1 >= n_ctx) max = 0;
+    else if (max > n_ctx - d->n_commit - 1) max = n_ctx - d->n_commit - 1;
+    const size_t k = draft(d, tok, max, d->buf + 1);
+    d->buf[0] = tok;
+
+    if (k == 0) {
+        struct tern_eval_opts eo = {.cancel = d->cancel};
+        st = tern_session_eval(s, &tok, 1, &eo);
+        if (!st) d->n_commit++;
+        return st;
+    }
+    if (d->hybrid && d->refeed) {
+        const double t0 = tern_now_s();
+        if (!d->ck) st = tern_session_checkpoint(s, &d->ck);
+        else st = tern_session_checkpoint_update(s, d->ck);
+        d->st.t_ckpt += tern_now_s() - t0;
+        if (st) return st;
+    }
+    /* One chunk: a cancel is only seen before it, so a cancelled verify changes nothing. */
+    struct tern_eval_opts eo = {.n_chunk = (uint32_t)(k + 1), .logits_all = d->logits, .cancel = d->cancel,
+                                .rec_trail = d->trail};
+    st = tern_session_eval(s, d->buf, k + 1, &eo);
+    if (st) {
+        /* a failure after the chunk started leaves the session at an unknown end */
+        if (st != TERN_ERR_CANCELLED && tern_session_n_past(s) > d->n_commit) {
+            enum tern_status st2 = settle(d);
+            if (st2) TERN_LOG_WARN("spec: %s", tern_last_error());
+        }
+        return st;
+    }
+    d->n_commit++; /* tok */
+    d->st.rounds++;
+    d->st.drafted += k;
+    /* Each position decides with the same sampler and history a plain run would have. */
+    const int32_t *hist = tern_session_tokens(s);
+    size_t j = 0;
+    for (;; j++) {
+        bool acc = false;
+        const int32_t want_tok = j < k ? d->buf[j + 1] : -1;
+        const int32_t y = tern_sampler_sample_draft(d->smp, d->logits + j * d->n_vocab, hist, d->n_commit + j,
+                                                    want_tok, &acc);
+        if (j < k && acc) {
+            d->q[j] = y;
+            continue;
+        }
+        d->q[j] = y;
+        break;
+    }
+    d->nq = (uint32_t)(j + 1);
+    d->st.accepted += j;
+    /* all accepted: try twice as long; else one more than what was accepted */
+    if (j == k) d->cur = d->cur * 2 < d->max ? d->cur * 2 : d->max;
+    else d->cur = (uint32_t)j + 1;
+    return TERN_OK;
+}
+
+enum tern_status spec_finish(struct spec_dec *d) {
+    /* accepted drafts the caller did not take are dropped with the rest */
+    d->nq = d->iq = 0;
+    enum tern_status st = settle(d);
+    /* the session outlives the trail buffer (it is parked, hashed, resumed) */
+    tern_session_drop_trail(d->s);
+    return st;
+}

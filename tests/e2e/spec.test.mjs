@@ -1,0 +1,167 @@
+// Speculative decoding over HTTP (issue 18, docs/spec.md): a server with --spec ngram
+// answers exactly what a server with --spec off answers — content, reasoning, tool
+// calls, finish reasons, usage, stop strings, streaming — and ends every request in the
+// same state (TERN_STATE_HASH=1), on a generated hybrid (qwen35) and attention-only
+// (qwen3) model and on the kit's stories260K (a real model, where prompt lookup drafts
+// and is accepted). The request line and /metrics report drafted and accepted tokens.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
+import { bin, sourceDir, startServer, tmp, sseFrames } from '../clients/harness.mjs';
+
+const dir = tmp();
+
+function makeModel(preset) {
+  const out = join(dir, `${preset}.gguf`);
+  const r = spawnSync(bin, ['mkmodel', '--preset', preset, '--n-layer', '4', '--out', out], { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`mkmodel ${preset}: ${r.stderr}`);
+  return out;
+}
+
+const stories = join(process.env.TERN_SHARED_DIR || join(sourceDir, '../shared'), 'models/stories260K.gguf');
+const models = { qwen35: makeModel('tiny-qwen35'), qwen3: makeModel('tiny-qwen3') };
+if (existsSync(stories)) models.stories = stories;
+const env = { TERN_STATE_HASH: '1', TERN_PREDICT: '0', TERN_TEST_FORCED_OUTPUT: '1' };
+const common = ['--ctx-size', '2048', '--chunk', '64'];
+
+const servers = {};
+before(async () => {
+  for (const [name, m] of Object.entries(models)) {
+    servers[name] = {
+      spec: await startServer(['--model', m, ...common, '--spec', 'ngram', '--spec-max', '6'], env),
+      off: await startServer(['--model', m, ...common, '--spec', 'off'], env),
+    };
+  }
+});
+after(async () => {
+  for (const s of Object.values(servers)) {
+    assert.equal(await s.spec.stop(), 0);
+    assert.equal(await s.off.stop(), 0);
+  }
+});
+
+async function post(srv, path, body) {
+  const r = await fetch(`${srv.base}${path}`, {
+    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body),
+  });
+  const text = await r.text();
+  assert.equal(r.status, 200, text);
+  return body.stream ? text : JSON.parse(text);
+}
+
+async function logged(srv, re) {
+  for (let i = 0; i < 100; i++) {
+    const m = srv.log().match(re);
+    if (m) return m;
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  throw new Error(`not in the log: ${re}`);
+}
+const stateHash = async (srv, id) =>
+  (await logged(srv, new RegExp(`state-hash ${id} n_past=(\\d+) total=([0-9a-f]{16})`))).slice(1).join(' ');
+
+// The same body to both servers: the same response (ids and times aside) and state.
+async function both(name, path, body) {
+  const { spec, off } = servers[name];
+  const a = await post(spec, path, body), b = await post(off, path, body);
+  if (body.stream) {
+    const strip = (t) => sseFrames(t).filter((f) => f.data && f.data !== '[DONE]').map((f) => {
+      const j = JSON.parse(f.data);
+      return { choices: j.choices, usage: j.usage };
+    });
+    assert.deepEqual(strip(a), strip(b), 'the same stream');
+    const id = (t) => JSON.parse(sseFrames(t).find((f) => f.data && f.data !== '[DONE]').data).id;
+    assert.equal(await stateHash(spec, id(a)), await stateHash(off, id(b)), 'the same state after the request');
+    return a;
+  }
+  assert.deepEqual(a.choices, b.choices, 'the same answer');
+  assert.deepEqual(a.usage, b.usage, 'the same usage');
+  assert.equal(await stateHash(spec, a.id), await stateHash(off, b.id), 'the same state after the request');
+  return a;
+}
+
+const echoMessages = [
+  { role: 'system', content: 'Repeat the user text exactly.' },
+  { role: 'user', content: 'alpha beta gamma delta alpha beta gamma delta alpha beta gamma delta alpha beta' },
+];
+
+for (const name of ['qwen35', 'qwen3']) {
+  test(`${name}: chat answers, streams and stops as without speculation`, async () => {
+    const r = await both(name, '/v1/chat/completions', { messages: echoMessages, temperature: 0, max_tokens: 40 });
+    const text = r.choices[0].message.content ?? '';
+    await both(name, '/v1/chat/completions', { messages: echoMessages, temperature: 0, max_tokens: 40, stream: true,
+      stream_options: { include_usage: true } });
+    // a stop string taken from the middle of the answer
+    if (text.length > 12) {
+      const stop = text.slice(6, 10);
+      const s = await both(name, '/v1/chat/completions', { messages: echoMessages, temperature: 0, max_tokens: 40,
+        stop: [stop] });
+      assert.equal(s.choices[0].finish_reason, 'stop');
+    }
+    // max_tokens at every small budget
+    for (const n of [1, 2, 3, 7]) {
+      const m = await both(name, '/v1/chat/completions', { messages: echoMessages, temperature: 0, max_tokens: n });
+      assert.ok(m.usage.completion_tokens <= n);
+    }
+    // the next turn resumes the speculative session: same answer and state as resuming a plain one
+    await both(name, '/v1/chat/completions', { messages: [...echoMessages,
+      { role: 'assistant', content: text }, { role: 'user', content: 'again: alpha beta gamma delta' }],
+    temperature: 0, max_tokens: 24 });
+    // forced output (tests) decodes without drafts and parks every forced token (its end is
+    // an end-of-generation, never evaluated)
+    const forced = await both(name, '/v1/chat/completions', { messages: echoMessages, temperature: 0,
+      tern_forced_output: 'alpha beta gamma delta alpha beta' });
+    assert.equal(forced.choices[0].message.content, 'alpha beta gamma delta alpha beta');
+    const fh = (await stateHash(servers[name].spec, forced.id)).split(' ')[0];
+    assert.equal(Number(fh), forced.usage.prompt_tokens + forced.usage.completion_tokens);
+    // sampling with a seed: the same tokens run to run on the speculative server
+    const body = { messages: echoMessages, temperature: 0.9, seed: 7, max_tokens: 24 };
+    const x = await post(servers[name].spec, '/v1/chat/completions', body);
+    const y = await post(servers[name].spec, '/v1/chat/completions', body);
+    assert.deepEqual(x.choices, y.choices);
+    const metrics = await (await fetch(`${servers[name].spec.base}/metrics`)).text();
+    console.log(`# ${name}: ${metrics.match(/^tern_spec_(drafted|accepted)_tokens_total \d+$/mg).join(', ')}`);
+  });
+}
+
+test('stories260K: prompt lookup drafts and is accepted; the output is the plain one', async (t) => {
+  if (!servers.stories) return t.skip('the kit has no stories260K.gguf');
+  const body = { prompt: 'Once upon a time, there was a little girl named Lily. She loved to play', temperature: 0,
+    max_tokens: 120 };
+  const r = await both('stories', '/v1/completions', body);
+  assert.ok(r.choices[0].text.length > 50);
+  await both('stories', '/v1/completions', { ...body, stream: true });
+  await both('stories', '/v1/completions', { ...body, stop: [r.choices[0].text.slice(40, 46)] });
+  const line = await logged(servers.stories.spec, new RegExp(`request ${r.id} .* drafted=(\\d+) accepted=(\\d+)`));
+  assert.ok(Number(line[1]) > 0 && Number(line[2]) > 0, line[0]);
+  assert.ok(Number(line[2]) <= Number(line[1]));
+  const metrics = await (await fetch(`${servers.stories.spec.base}/metrics`)).text();
+  const drafted = Number(metrics.match(/^tern_spec_drafted_tokens_total (\d+)$/m)[1]);
+  const accepted = Number(metrics.match(/^tern_spec_accepted_tokens_total (\d+)$/m)[1]);
+  assert.ok(drafted >= Number(line[1]) && accepted > 0 && accepted <= drafted);
+  const off = await (await fetch(`${servers.stories.off.base}/metrics`)).text();
+  assert.match(off, /^tern_spec_drafted_tokens_total 0$/m);
+  // drafts stop at max_tokens: at most max_tokens - 1 tokens are evaluated, one per step
+  // for the token sampled before the draft
+  const short = await both('stories', '/v1/completions', { ...body, max_tokens: 5 });
+  const sl = (await logged(servers.stories.spec, new RegExp(`request ${short.id} [^\n]*`)))[0];
+  const sd = sl.match(/ drafted=(\d+)/);
+  assert.ok(!sd || Number(sd[1]) <= 3, sl);
+  // per request: "spec" turns it on on the plain server and off on the speculative one
+  const on = await post(servers.stories.off, '/v1/completions', { ...body, spec: 'ngram', spec_max: 3 });
+  assert.deepEqual(on.choices, r.choices);
+  assert.match((await logged(servers.stories.off, new RegExp(`request ${on.id} [^\n]*`)))[0], / drafted=[1-9]/);
+  const plain = await post(servers.stories.spec, '/v1/completions', { ...body, spec: 'off' });
+  assert.deepEqual(plain.choices, r.choices);
+  assert.doesNotMatch((await logged(servers.stories.spec, new RegExp(`request ${plain.id} [^\n]*`)))[0], /drafted=/);
+  // a grammar turns drafting off for the request: the same constrained answer, no drafts
+  const gbody = { ...body, max_tokens: 24, grammar: 'root ::= ("Lily" | " " | "the" | "park" | "play" | ".")+' };
+  const g = await both('stories', '/v1/completions', gbody);
+  assert.ok(g.choices[0].text.length > 0);
+  assert.doesNotMatch((await logged(servers.stories.spec, new RegExp(`request ${g.id} [^\n]*`)))[0], /drafted=/);
+  const bad = await fetch(`${servers.stories.spec.base}/v1/completions`, { method: 'POST',
+    headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...body, spec: 'mtp' }) });
+  assert.equal(bad.status, 400);
+});
