@@ -256,14 +256,46 @@ enum tern_status tern_gpu_model_reset(struct tern_gpu_model *g) {
         if (!st) st = (call);                                                                                          \
     } while (0)
 
+/* The attention of one layer after the projections and norms: RoPE, the chunk's K/V into
+ * the cache, attention over it into att. */
+static enum tern_status record_attention(struct tern_gpu_model *g, const struct gpu_layer *L, uint32_t n,
+                                         uint32_t pos0, bool neox) {
+    const struct model_hparams *hp = &g->m->hp;
+    struct tern_vk *vk = g->vk;
+    const uint32_t hd = hp->head_dim_k, nq = hp->n_head * hd, nkv = hp->n_head_kv * hd, nr = hp->rope.n_rot;
+    enum tern_status st = TERN_OK;
+    DO(tern_vk_rope(vk, g->q, nq, hp->n_head, hd, nr, g->cs, n, neox));
+    DO(tern_vk_rope(vk, g->k, nkv, hp->n_head_kv, hd, nr, g->cs, n, neox));
+    DO(tern_vk_kv_store(vk, g->k, nkv, L->kc, g->n_ctx, hp->n_head_kv, hd, pos0, n, g->f16_kv));
+    DO(tern_vk_kv_store(vk, g->v, nkv, L->vc, g->n_ctx, hp->n_head_kv, hd, pos0, n, g->f16_kv));
+    DO(tern_vk_attention(vk, g->q, nq, L->kc, L->vc, g->n_ctx, g->att, nq, n, pos0, hp->n_head, hp->n_head_kv, hd,
+                         1.0f / sqrtf((float)hd), g->f16_kv));
+    return st;
+}
+
+/* The residual add of the block's output, then the SwiGLU feed-forward and its add. */
+static enum tern_status record_ffn(struct tern_gpu_model *g, const struct gpu_layer *L, const struct mat *wg,
+                                   const struct mat *wu, const struct mat *wd, uint32_t n) {
+    const struct model_hparams *hp = &g->m->hp;
+    struct tern_vk *vk = g->vk;
+    const uint32_t E = hp->n_embd, F = hp->n_ff;
+    enum tern_status st = TERN_OK;
+    DO(tern_vk_add(vk, g->x, g->xb, n, E));
+    DO(tern_vk_rmsnorm(vk, g->x, L->ffn_norm, g->xb, n, E, hp->rms_eps));
+    DO(tern_vk_matmul(vk, wg->type, L->wg, E, F, g->xb, n, g->hb));
+    DO(tern_vk_matmul(vk, wu->type, L->wu, E, F, g->xb, n, g->hb2));
+    DO(tern_vk_swiglu(vk, g->hb, g->hb2, n, F));
+    DO(tern_vk_matmul(vk, wd->type, L->wd, F, E, g->hb, n, g->xb));
+    DO(tern_vk_add(vk, g->x, g->xb, n, E));
+    return st;
+}
+
 /* The attention-only layers of llama / qwen3 (llama_forward's operations). */
 static enum tern_status record_llama(struct tern_gpu_model *g, uint32_t n, uint32_t pos0) {
     const struct model_hparams *hp = &g->m->hp;
     const struct llama_weights *w = g->w;
     struct tern_vk *vk = g->vk;
     const uint32_t E = hp->n_embd, hd = hp->head_dim_k, nq = hp->n_head * hd, nkv = hp->n_head_kv * hd;
-    const uint32_t nr = hp->rope.n_rot;
-    const float scale = 1.0f / sqrtf((float)hd);
     enum tern_status st = TERN_OK;
     for (uint32_t il = 0; il < g->m->n_layer && !st; il++) {
         const struct llama_layer *l = &w->layers[il];
@@ -276,20 +308,9 @@ static enum tern_status record_llama(struct tern_gpu_model *g, uint32_t n, uint3
             DO(tern_vk_rmsnorm(vk, g->q, L->q_norm, g->q, (size_t)n * hp->n_head, hd, hp->rms_eps));
             DO(tern_vk_rmsnorm(vk, g->k, L->k_norm, g->k, (size_t)n * hp->n_head_kv, hd, hp->rms_eps));
         }
-        DO(tern_vk_rope(vk, g->q, nq, hp->n_head, hd, nr, g->cs, n, w->var.neox));
-        DO(tern_vk_rope(vk, g->k, nkv, hp->n_head_kv, hd, nr, g->cs, n, w->var.neox));
-        DO(tern_vk_kv_store(vk, g->k, nkv, L->kc, g->n_ctx, hp->n_head_kv, hd, pos0, n, g->f16_kv));
-        DO(tern_vk_kv_store(vk, g->v, nkv, L->vc, g->n_ctx, hp->n_head_kv, hd, pos0, n, g->f16_kv));
-        DO(tern_vk_attention(vk, g->q, nq, L->kc, L->vc, g->n_ctx, g->att, nq, n, pos0, hp->n_head, hp->n_head_kv, hd,
-                             scale, g->f16_kv));
+        DO(record_attention(g, L, n, pos0, w->var.neox));
         DO(tern_vk_matmul(vk, l->wo.type, L->wo, nq, E, g->att, n, g->xb));
-        DO(tern_vk_add(vk, g->x, g->xb, n, E));
-        DO(tern_vk_rmsnorm(vk, g->x, L->ffn_norm, g->xb, n, E, hp->rms_eps));
-        DO(tern_vk_matmul(vk, l->w_gate.type, L->wg, E, hp->n_ff, g->xb, n, g->hb));
-        DO(tern_vk_matmul(vk, l->w_up.type, L->wu, E, hp->n_ff, g->xb, n, g->hb2));
-        DO(tern_vk_swiglu(vk, g->hb, g->hb2, n, hp->n_ff));
-        DO(tern_vk_matmul(vk, l->w_down.type, L->wd, hp->n_ff, E, g->hb, n, g->xb));
-        DO(tern_vk_add(vk, g->x, g->xb, n, E));
+        DO(record_ffn(g, L, &l->w_gate, &l->w_up, &l->w_down, n));
     }
     return st;
 }
@@ -301,7 +322,7 @@ static enum tern_status record_qwen35(struct tern_gpu_model *g, uint32_t n, uint
     const struct tern_deltanet_shape *dn = &w->dn;
     struct tern_vk *vk = g->vk;
     const uint32_t E = hp->n_embd, hd = hp->head_dim_k, nq = hp->n_head * hd, nkv = hp->n_head_kv * hd;
-    const uint32_t nr = hp->rope.n_rot, C = (uint32_t)tern_deltanet_channels(dn), nv = dn->n_v_heads;
+    const uint32_t C = (uint32_t)tern_deltanet_channels(dn), nv = dn->n_v_heads;
     const uint32_t nvd = nv * dn->d_v;
     enum tern_status st = TERN_OK;
     for (uint32_t il = 0; il < w->n_layer && !st; il++) {
@@ -324,22 +345,11 @@ static enum tern_status record_qwen35(struct tern_gpu_model *g, uint32_t n, uint
             DO(tern_vk_split_heads(vk, g->qg, g->q, g->gate, n, hp->n_head, hd));
             DO(tern_vk_rmsnorm(vk, g->q, L->q_norm, g->q, (size_t)n * hp->n_head, hd, hp->rms_eps));
             DO(tern_vk_rmsnorm(vk, g->k, L->k_norm, g->k, (size_t)n * hp->n_head_kv, hd, hp->rms_eps));
-            DO(tern_vk_rope(vk, g->q, nq, hp->n_head, hd, nr, g->cs, n, true));
-            DO(tern_vk_rope(vk, g->k, nkv, hp->n_head_kv, hd, nr, g->cs, n, true));
-            DO(tern_vk_kv_store(vk, g->k, nkv, L->kc, g->n_ctx, hp->n_head_kv, hd, pos0, n, g->f16_kv));
-            DO(tern_vk_kv_store(vk, g->v, nkv, L->vc, g->n_ctx, hp->n_head_kv, hd, pos0, n, g->f16_kv));
-            DO(tern_vk_attention(vk, g->q, nq, L->kc, L->vc, g->n_ctx, g->att, nq, n, pos0, hp->n_head, hp->n_head_kv,
-                                 hd, 1.0f / sqrtf((float)hd), g->f16_kv));
+            DO(record_attention(g, L, n, pos0, true));
             DO(tern_vk_sigmoid_mul(vk, g->att, g->gate, n, nq));
             DO(tern_vk_matmul(vk, l->wo.type, L->wo, nq, E, g->att, n, g->xb));
         }
-        DO(tern_vk_add(vk, g->x, g->xb, n, E));
-        DO(tern_vk_rmsnorm(vk, g->x, L->ffn_norm, g->xb, n, E, hp->rms_eps));
-        DO(tern_vk_matmul(vk, l->w_gate.type, L->wg, E, hp->n_ff, g->xb, n, g->hb));
-        DO(tern_vk_matmul(vk, l->w_up.type, L->wu, E, hp->n_ff, g->xb, n, g->hb2));
-        DO(tern_vk_swiglu(vk, g->hb, g->hb2, n, hp->n_ff));
-        DO(tern_vk_matmul(vk, l->w_down.type, L->wd, hp->n_ff, E, g->hb, n, g->xb));
-        DO(tern_vk_add(vk, g->x, g->xb, n, E));
+        DO(record_ffn(g, L, &l->w_gate, &l->w_up, &l->w_down, n));
     }
     return st;
 }
