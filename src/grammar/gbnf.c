@@ -16,6 +16,7 @@
 #include "util/buf.h"
 #include "util/mem.h"
 #include "util/status.h"
+#include "util/utf8.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -227,20 +228,12 @@ static bool read_char(struct gp *p, uint32_t *cp) {
         *cp = v;
         return true;
     }
-    /* UTF-8 */
-    size_t len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
-    if (!len || p->i + len > p->n) return fail(p, at, TERN_ERR_FORMAT, "invalid UTF-8 in the grammar");
-    uint32_t v = len == 1 ? c : len == 2 ? (c & 0x1fu) : len == 3 ? (c & 0x0fu) : (c & 0x07u);
-    for (size_t k = 1; k < len; k++) {
-        unsigned char cc = (unsigned char)p->s[p->i + k];
-        if ((cc & 0xc0) != 0x80) return fail(p, at, TERN_ERR_FORMAT, "invalid UTF-8 in the grammar");
-        v = (v << 6) | (cc & 0x3fu);
-    }
-    static const uint32_t min[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (v < min[len] || v > 0x10ffff || (v >= 0xd800 && v <= 0xdfff))
-        return fail(p, at, TERN_ERR_FORMAT, "invalid UTF-8 in the grammar");
+    /* UTF-8: one well-formed sequence (util/utf8.h) */
+    size_t bad;
+    const size_t len = tern_utf8_seq((const uint8_t *)p->s + p->i, p->n - p->i, &bad);
+    if (!len) return fail(p, at, TERN_ERR_FORMAT, "invalid UTF-8 in the grammar");
+    *cp = tern_utf8_decode((const uint8_t *)p->s + p->i, len);
     p->i += len;
-    *cp = v;
     return true;
 }
 

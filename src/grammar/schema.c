@@ -1,6 +1,7 @@
 /* JSON Schema -> GBNF (see schema.h). Every schema node becomes a rule; a $ref target
  * gets its rule once (by pointer) before its body is generated, so recursive schemas
  * become recursive rules. */
+#include "util/json-kind.h"
 #include "grammar/schema.h"
 
 #include "grammar/grammar.h"
@@ -130,20 +131,6 @@ static bool check_size(struct tern_schema_gbnf *c, const char *ptr) {
 static enum tern_status emit_rule(struct tern_schema_gbnf *c, const char *name, const struct tern_buf *b) {
     if (tern_buf_printf(&c->g, "%s ::= %s\n", name, b->data ? b->data : "\"\"")) return nomem(c);
     return TERN_OK;
-}
-
-static const char *kind(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "a value";
 }
 
 /* ---- integer ranges ---------------------------------------------------------------- */
@@ -693,7 +680,7 @@ static bool get_count(struct tern_schema_gbnf *c, const json_t *s, const char *k
     ptr_join(p, sizeof p, ptr, key);
     double d = json_number_value(v);
     if (!json_is_number(v) || d < 0 || d != floor(d)) {
-        fail(c, p, TERN_ERR_INVALID, "'%s' must be a non-negative integer, got %s", key, kind(v));
+        fail(c, p, TERN_ERR_INVALID, "'%s' must be a non-negative integer, got %s", key, tern_json_kind(v));
         return false;
     }
     *out = d > 1e15 ? (long long)1e15 : (long long)d;
@@ -743,7 +730,7 @@ static bool get_bound(struct tern_schema_gbnf *c, const json_t *s, const char *k
     if (!json_is_number(v)) {
         char p[512];
         ptr_join(p, sizeof p, ptr, key);
-        fail(c, p, TERN_ERR_INVALID, "'%s' must be a number, got %s", key, kind(v));
+        fail(c, p, TERN_ERR_INVALID, "'%s' must be a number, got %s", key, tern_json_kind(v));
         return false;
     }
     *out = json_number_value(v);
@@ -834,15 +821,15 @@ static enum tern_status gen_object(struct tern_schema_gbnf *c, const json_t *s, 
     char p[512];
     if (props && !json_is_object(props)) {
         ptr_join(p, sizeof p, ptr, "properties");
-        return fail(c, p, TERN_ERR_INVALID, "'properties' must be an object, got %s", kind(props));
+        return fail(c, p, TERN_ERR_INVALID, "'properties' must be an object, got %s", tern_json_kind(props));
     }
     if (req && !json_is_array(req)) {
         ptr_join(p, sizeof p, ptr, "required");
-        return fail(c, p, TERN_ERR_INVALID, "'required' must be an array, got %s", kind(req));
+        return fail(c, p, TERN_ERR_INVALID, "'required' must be an array, got %s", tern_json_kind(req));
     }
     if (addl && !json_is_boolean(addl) && !json_is_object(addl)) {
         ptr_join(p, sizeof p, ptr, "additionalProperties");
-        return fail(c, p, TERN_ERR_INVALID, "'additionalProperties' must be a boolean or a schema, got %s", kind(addl));
+        return fail(c, p, TERN_ERR_INVALID, "'additionalProperties' must be a boolean or a schema, got %s", tern_json_kind(addl));
     }
     size_t n_req = req ? json_array_size(req) : 0;
     for (size_t i = 0; i < n_req; i++) {
@@ -1047,7 +1034,7 @@ static enum tern_status gen(struct tern_schema_gbnf *c, const json_t *s, const c
         return TERN_OK;
     }
     if (json_is_false(s)) return fail(c, ptr, TERN_ERR_INVALID, "the schema 'false' matches nothing");
-    if (!json_is_object(s)) return fail(c, ptr, TERN_ERR_INVALID, "a schema must be an object or a boolean, got %s", kind(s));
+    if (!json_is_object(s)) return fail(c, ptr, TERN_ERR_INVALID, "a schema must be an object or a boolean, got %s", tern_json_kind(s));
     if (++c->depth > TERN_SCHEMA_MAX_DEPTH) {
         c->depth--;
         return fail(c, ptr, TERN_ERR_LIMIT, "schemas nested deeper than %d", TERN_SCHEMA_MAX_DEPTH);
@@ -1177,7 +1164,7 @@ static enum tern_status gen(struct tern_schema_gbnf *c, const json_t *s, const c
                 types[n_types++] = json_string_value(json_array_get(type, i));
             }
         } else if (type) {
-            st = fail(c, p, TERN_ERR_INVALID, "'type' must be a string or an array of strings, got %s", kind(type));
+            st = fail(c, p, TERN_ERR_INVALID, "'type' must be a string or an array of strings, got %s", tern_json_kind(type));
             goto out;
         } else {
             /* no type: the kinds the keywords constrain, or any value */

@@ -1,4 +1,5 @@
 /* OpenAI request bodies: parse, validate, normalise (see request.h). */
+#include "util/json-kind.h"
 #include "server/request.h"
 
 #include "server/constrain.h"
@@ -102,20 +103,6 @@ bool srv_utf8_valid(const char *str, size_t n) {
     return true;
 }
 
-static const char *json_kind(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "a value";
-}
-
 /* A field that may be absent or null (both mean "not given"). */
 static const json_t *opt_field(const json_t *o, const char *key) {
     const json_t *v = json_object_get(o, key);
@@ -128,7 +115,7 @@ static bool get_number(const json_t *o, const char *key, double lo, double hi, d
     if (given) *given = false;
     if (!v) return true;
     if (!json_is_number(v)) {
-        srv_error_bad(err, key, "'%s' must be a number, got %s", key, json_kind(v));
+        srv_error_bad(err, key, "'%s' must be a number, got %s", key, tern_json_kind(v));
         return false;
     }
     double d = json_number_value(v);
@@ -153,7 +140,7 @@ static bool get_int(const json_t *o, const char *key, long long lo, long long hi
                fabs(json_real_value(v)) < 9e15) {
         x = (long long)json_real_value(v); /* 16.0 from clients that only have doubles */
     } else {
-        srv_error_bad(err, key, "'%s' must be an integer, got %s", key, json_kind(v));
+        srv_error_bad(err, key, "'%s' must be an integer, got %s", key, tern_json_kind(v));
         return false;
     }
     if (x < lo || x > hi) {
@@ -169,7 +156,7 @@ static bool get_bool(const json_t *o, const char *key, bool *out, struct srv_err
     const json_t *v = opt_field(o, key);
     if (!v) return true;
     if (!json_is_boolean(v)) {
-        srv_error_bad(err, key, "'%s' must be a boolean, got %s", key, json_kind(v));
+        srv_error_bad(err, key, "'%s' must be a boolean, got %s", key, tern_json_kind(v));
         return false;
     }
     *out = json_is_true(v);
@@ -182,7 +169,7 @@ static bool get_string(const json_t *o, const char *key, size_t max_len, char **
     const json_t *v = opt_field(o, key);
     if (!v) return true;
     if (!json_is_string(v)) {
-        srv_error_bad(err, key, "'%s' must be a string, got %s", key, json_kind(v));
+        srv_error_bad(err, key, "'%s' must be a string, got %s", key, tern_json_kind(v));
         return false;
     }
     size_t n = json_string_length(v);
@@ -218,7 +205,7 @@ static json_t *flatten_content(const json_t *content, const char *where, struct 
     if (!json_is_array(content)) {
         snprintf(param, sizeof param, "%s.content", where);
         srv_error_bad(err, param, "'%s' must be a string or an array of content parts, got %s", param,
-                      json_kind(content));
+                      tern_json_kind(content));
         return NULL;
     }
     size_t total = 0, n = json_array_size(content);
@@ -226,7 +213,7 @@ static json_t *flatten_content(const json_t *content, const char *where, struct 
         const json_t *part = json_array_get(content, i);
         snprintf(param, sizeof param, "%s.content[%zu]", where, i);
         if (!json_is_object(part)) {
-            srv_error_bad(err, param, "'%s' must be an object, got %s", param, json_kind(part));
+            srv_error_bad(err, param, "'%s' must be an object, got %s", param, tern_json_kind(part));
             return NULL;
         }
         const json_t *type = json_object_get(part, "type");
@@ -242,7 +229,7 @@ static json_t *flatten_content(const json_t *content, const char *where, struct 
         }
         if (!json_is_string(text)) {
             srv_error_bad(err, param, "'%s.text' must be a string, got %s", param,
-                          text ? json_kind(text) : "nothing");
+                          text ? tern_json_kind(text) : "nothing");
             return NULL;
         }
         total += json_string_length(text) + 1;
@@ -266,7 +253,7 @@ static json_t *normalise_tool_calls(const json_t *calls, const char *where, stru
     char param[96];
     snprintf(param, sizeof param, "%s.tool_calls", where);
     if (!json_is_array(calls)) {
-        srv_error_bad(err, param, "'%s' must be an array, got %s", param, json_kind(calls));
+        srv_error_bad(err, param, "'%s' must be an array, got %s", param, tern_json_kind(calls));
         return NULL;
     }
     json_t *out = json_array();
@@ -313,7 +300,7 @@ static json_t *normalise_tool_calls(const json_t *calls, const char *where, stru
 json_t *srv_messages_normalise(const json_t *messages, struct srv_error *err) {
     if (!json_is_array(messages)) {
         srv_error_bad(err, "messages", "'messages' must be an array, got %s",
-                      messages ? json_kind(messages) : "nothing");
+                      messages ? tern_json_kind(messages) : "nothing");
         return NULL;
     }
     size_t n = json_array_size(messages);
@@ -328,13 +315,13 @@ json_t *srv_messages_normalise(const json_t *messages, struct srv_error *err) {
         char where[48], param[96];
         snprintf(where, sizeof where, "messages[%zu]", i);
         if (!json_is_object(m)) {
-            srv_error_bad(err, where, "'%s' must be an object, got %s", where, json_kind(m));
+            srv_error_bad(err, where, "'%s' must be an object, got %s", where, tern_json_kind(m));
             goto fail;
         }
         const json_t *role = json_object_get(m, "role");
         snprintf(param, sizeof param, "%s.role", where);
         if (!json_is_string(role)) {
-            srv_error_bad(err, param, "'%s' must be a string, got %s", param, role ? json_kind(role) : "nothing");
+            srv_error_bad(err, param, "'%s' must be a string, got %s", param, role ? tern_json_kind(role) : "nothing");
             goto fail;
         }
         const char *r = json_string_value(role);
@@ -391,14 +378,14 @@ json_t *srv_messages_normalise(const json_t *messages, struct srv_error *err) {
         const json_t *rc = opt_field(m, "reasoning_content");
         if (rc && !json_is_string(rc)) {
             snprintf(param, sizeof param, "%s.reasoning_content", where);
-            srv_error_bad(err, param, "'%s' must be a string, got %s", param, json_kind(rc));
+            srv_error_bad(err, param, "'%s' must be a string, got %s", param, tern_json_kind(rc));
             goto fail;
         }
         if (!rc && json_object_get(m, "reasoning_content")) json_object_del(nm, "reasoning_content");
         const json_t *tcid = opt_field(m, "tool_call_id");
         if (tcid && !json_is_string(tcid)) {
             snprintf(param, sizeof param, "%s.tool_call_id", where);
-            srv_error_bad(err, param, "'%s' must be a string, got %s", param, json_kind(tcid));
+            srv_error_bad(err, param, "'%s' must be a string, got %s", param, tern_json_kind(tcid));
             goto fail;
         }
     }
@@ -410,7 +397,7 @@ fail:
 
 static bool check_tools(const json_t *tools, struct srv_error *err) {
     if (!json_is_array(tools)) {
-        srv_error_bad(err, "tools", "'tools' must be an array, got %s", json_kind(tools));
+        srv_error_bad(err, "tools", "'tools' must be an array, got %s", tern_json_kind(tools));
         return false;
     }
     for (size_t i = 0; i < json_array_size(tools); i++) {
@@ -418,7 +405,7 @@ static bool check_tools(const json_t *tools, struct srv_error *err) {
         char param[64];
         snprintf(param, sizeof param, "tools[%zu]", i);
         if (!json_is_object(t)) {
-            srv_error_bad(err, param, "'%s' must be an object, got %s", param, json_kind(t));
+            srv_error_bad(err, param, "'%s' must be an object, got %s", param, tern_json_kind(t));
             return false;
         }
         const json_t *type = json_object_get(t, "type");
@@ -435,7 +422,7 @@ static bool check_tools(const json_t *tools, struct srv_error *err) {
         const json_t *params = json_object_get(fn, "parameters");
         if (params && !json_is_object(params) && !json_is_null(params)) {
             srv_error_bad(err, param, "'%s.function.parameters' must be an object, got %s", param,
-                          json_kind(params));
+                          tern_json_kind(params));
             return false;
         }
     }
@@ -477,13 +464,13 @@ static bool parse_stop(const json_t *v, struct srv_request *req, struct srv_erro
             return false;
         }
     } else if (!json_is_string(v)) {
-        srv_error_bad(err, "stop", "'stop' must be a string or an array of strings, got %s", json_kind(v));
+        srv_error_bad(err, "stop", "'stop' must be a string or an array of strings, got %s", tern_json_kind(v));
         return false;
     }
     for (size_t i = 0; i < n; i++) {
         const json_t *s = json_is_array(v) ? json_array_get(v, i) : one[0];
         if (!json_is_string(s)) {
-            srv_error_bad(err, "stop", "'stop[%zu]' must be a string, got %s", i, json_kind(s));
+            srv_error_bad(err, "stop", "'stop[%zu]' must be a string, got %s", i, tern_json_kind(s));
             return false;
         }
         size_t len = json_string_length(s);
@@ -516,7 +503,7 @@ static bool parse_prompt(const json_t *v, struct srv_request *req, struct srv_er
         return req->prompt ? true : oom(err);
     }
     if (!json_is_array(v)) {
-        srv_error_bad(err, "prompt", "'prompt' must be a string or an array of token ids, got %s", json_kind(v));
+        srv_error_bad(err, "prompt", "'prompt' must be a string or an array of token ids, got %s", tern_json_kind(v));
         return false;
     }
     size_t n = json_array_size(v);
@@ -586,7 +573,7 @@ static bool parse_body(enum srv_endpoint ep, const json_t *o, const struct srv_p
         if (kw) {
             if (!json_is_object(kw)) {
                 srv_error_bad(err, "chat_template_kwargs", "'chat_template_kwargs' must be an object, got %s",
-                              json_kind(kw));
+                              tern_json_kind(kw));
                 return false;
             }
             req->template_kwargs = json_incref((json_t *)kw);
@@ -617,7 +604,7 @@ static bool parse_body(enum srv_endpoint ep, const json_t *o, const struct srv_p
     const json_t *so = opt_field(o, "stream_options");
     if (so) {
         if (!json_is_object(so)) {
-            srv_error_bad(err, "stream_options", "'stream_options' must be an object, got %s", json_kind(so));
+            srv_error_bad(err, "stream_options", "'stream_options' must be an object, got %s", tern_json_kind(so));
             return false;
         }
         if (!get_bool(so, "include_usage", &req->include_usage, err)) return false;
@@ -771,7 +758,7 @@ bool srv_request_parse(enum srv_endpoint ep, const char *body, size_t len,
         return false;
     }
     if (!json_is_object(o)) {
-        srv_error_bad(err, NULL, "the request body must be a JSON object, got %s", json_kind(o));
+        srv_error_bad(err, NULL, "the request body must be a JSON object, got %s", tern_json_kind(o));
         json_decref(o);
         return false;
     }
