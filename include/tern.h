@@ -161,6 +161,30 @@ struct tern_eval_opts {
  * is consistent and usable). */
 enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, size_t n,
                                    const struct tern_eval_opts *opts);
+/* Makes room for n more tokens (the token list and the KV pages up to n_past + n), so
+ * that an eval or a batch of that many cannot fail for memory. TERN_ERR_RANGE when
+ * n_past + n exceeds n_ctx. The state is unchanged either way. */
+enum tern_status tern_session_reserve(struct tern_session *s, size_t n);
+
+/* One session's part of a batched step: n > 0 tokens consumed at its position; logits:
+ * whether the logits after its last token are wanted (tern_session_logits; without
+ * them it has none until its next eval). */
+struct tern_batch_item {
+    struct tern_session *s;
+    const int32_t *toks;
+    uint32_t n;
+    bool logits;
+};
+
+/* Continuous batching (DESIGN.md §8): one forward over the tokens of several sessions
+ * of one model (distinct sessions, at most 256), the weights read once for all of them.
+ * Each session's logits and state are bit-identical to consuming its tokens alone with
+ * tern_session_eval, whatever else is in the batch. No chunking, checkpoints or
+ * callbacks: the caller sizes the step. Errors (every session unchanged): as
+ * tern_session_eval's, naming the item; TERN_ERR_INVALID for an empty item, another
+ * model's session, or one session twice. */
+enum tern_status tern_eval_batch(const struct tern_batch_item *items, size_t n_items);
+
 /* Logits [n_vocab] after the last consumed token; NULL when none (n_past == 0, or
  * after a rewind/restore until the next eval). */
 const float *tern_session_logits(const struct tern_session *s);

@@ -160,8 +160,7 @@ static size_t llama_state_bytes(const void *p) { return ((const struct llama_sta
 
 /* ---- forward ----------------------------------------------------------------------- */
 
-static void llama_forward(struct tern_session *s, const int32_t *toks, uint32_t n, uint32_t pos0, float *logits,
-                          bool logits_all) {
+static void llama_forward(struct tern_session *s, const struct model_batch *b) {
     const struct tern_model *m = s->m;
     const struct model_hparams *hp = &m->hp;
     const struct llama_weights *w = m->w;
@@ -170,8 +169,9 @@ static void llama_forward(struct tern_session *s, const int32_t *toks, uint32_t 
     const uint32_t nq = hp->n_head * hd, nkv = hp->n_head_kv * hd;
     const float scale = 1.0f / sqrtf((float)hd);
     const struct model_rope rope = {.p = &hp->rope, .neox = w->var.neox};
+    const uint32_t n = b->n;
 
-    model_embed(s, &w->tok_embd, toks, n, rs->x);
+    model_embed(s, &w->tok_embd, b->toks, n, rs->x);
     for (uint32_t il = 0; il < m->n_layer; il++) {
         const struct llama_layer *L = &w->layers[il];
         /* attention */
@@ -185,8 +185,8 @@ static void llama_forward(struct tern_session *s, const int32_t *toks, uint32_t 
             model_rmsnorm_heads(s, rs->q, L->q_norm, n, hp->n_head, hd, hp->rms_eps);
             model_rmsnorm_heads(s, rs->k, L->k_norm, n, hp->n_head_kv, hd, hp->rms_eps);
         }
-        model_rope(s, &rope, rs->q, hp->n_head, rs->k, hp->n_head_kv, hd, rs->cs, n, pos0);
-        model_attention(s, il, rs->q, nq, rs->k, nkv, rs->v, nkv, rs->att, nq, n, pos0, hp->n_head, scale);
+        model_rope(s, b, &rope, rs->q, hp->n_head, rs->k, hp->n_head_kv, hd, rs->cs);
+        model_attention(s, il, b, rs->q, nq, rs->k, nkv, rs->v, nkv, rs->att, nq, hp->n_head, scale);
         model_matmul1(s, rs->att, n, &L->wo, rs->xb);
         model_add(s, rs->x, rs->xb, n, E);
         /* feed-forward */
@@ -202,11 +202,8 @@ static void llama_forward(struct tern_session *s, const int32_t *toks, uint32_t 
         }
         model_add(s, rs->x, rs->xb, n, E);
     }
-    if (!logits) return;
     /* Only the rows whose logits are wanted are normed and projected. */
-    const uint32_t first = logits_all ? 0 : n - 1;
-    model_rmsnorm(s, rs->xb + (size_t)first * E, rs->x + (size_t)first * E, w->out_norm, n - first, E, hp->rms_eps);
-    model_logits(s, &w->output, rs->xb + (size_t)first * E, n - first, logits, true);
+    model_output(s, b, &w->output, w->out_norm, hp->rms_eps, rs->x, rs->xb);
 }
 
 #define LLAMA_ARCH(NAME, LOAD)                                                                                         \

@@ -302,21 +302,23 @@ static size_t q35_state_bytes(const void *p) { return ((const struct q35_state *
 /* ---- forward ----------------------------------------------------------------------- */
 
 /* One DeltaNet layer: projections, conv + recurrence (model_deltanet), output. */
-static void deltanet_layer(struct tern_session *s, const struct q35_weights *w, const struct q35_layer *L,
-                           struct q35_state *rs, uint32_t il, uint32_t n) {
+static void deltanet_layer(struct tern_session *s, const struct model_batch *b, const struct q35_weights *w,
+                           const struct q35_layer *L, struct q35_state *rs, uint32_t il) {
+    const uint32_t n = b->n;
     const struct mm_out proj[] = {
         {&L->wqkv, rs->qkv_raw}, {&L->wgate, rs->z}, {&L->wbeta, rs->beta}, {&L->walpha, rs->alpha}};
     model_matmul(s, rs->xb, n, proj, TERN_ARRAY_LEN(proj));
     const struct tern_deltanet_params p = {.ssm_a = L->ssm_a, .dt_bias = L->dt_bias, .norm_w = L->ssm_norm};
     const struct model_deltanet d = {.dn = &w->dn, .conv_wt = L->conv_wt, .p = &p};
-    model_deltanet(s, il, &d, rs->qkv_raw, rs->qkv, rs->z, rs->beta, rs->alpha, rs->o, rs->dn_scratch, n);
+    model_deltanet(s, il, b, &d, rs->qkv_raw, rs->qkv, rs->z, rs->beta, rs->alpha, rs->o, rs->dn_scratch);
     model_matmul1(s, rs->o, n, &L->wout, rs->xb);
 }
 
 /* One gated attention layer: [q | gate] per head, QK-norm, RoPE with the text positions,
  * attention, the sigmoid gate, output. */
-static void attention_layer(struct tern_session *s, const struct model_hparams *hp, const struct q35_weights *w,
-                            const struct q35_layer *L, struct q35_state *rs, uint32_t il, uint32_t n, uint32_t pos0) {
+static void attention_layer(struct tern_session *s, const struct model_batch *b, const struct model_hparams *hp,
+                            const struct q35_weights *w, const struct q35_layer *L, struct q35_state *rs, uint32_t il) {
+    const uint32_t n = b->n;
     const uint32_t hd = hp->head_dim_k, nq = hp->n_head * hd, nkv = hp->n_head_kv * hd;
     const struct mm_out qkv[] = {{&L->wq, rs->qg}, {&L->wk, rs->k}, {&L->wv, rs->v}};
     model_matmul(s, rs->xb, n, qkv, 3);
@@ -325,27 +327,25 @@ static void attention_layer(struct tern_session *s, const struct model_hparams *
     model_rmsnorm_heads(s, rs->k, L->k_norm, n, hp->n_head_kv, hd, hp->rms_eps);
     const struct model_rope rope = {.p = &hp->rope, .neox = true, .pos0_pairs = w->any_pos0 ? w->rope_pos0 : NULL,
                                     .cs0 = w->rope_cs0};
-    model_rope(s, &rope, rs->q, hp->n_head, rs->k, hp->n_head_kv, hd, rs->cs, n, pos0);
-    model_attention(s, il, rs->q, nq, rs->k, nkv, rs->v, nkv, rs->att, nq, n, pos0, hp->n_head,
-                    1.0f / sqrtf((float)hd));
+    model_rope(s, b, &rope, rs->q, hp->n_head, rs->k, hp->n_head_kv, hd, rs->cs);
+    model_attention(s, il, b, rs->q, nq, rs->k, nkv, rs->v, nkv, rs->att, nq, hp->n_head, 1.0f / sqrtf((float)hd));
     model_sigmoid_mul(s, rs->att, rs->gate, n, nq);
     model_matmul1(s, rs->att, n, &L->wo, rs->xb);
 }
 
-static void q35_forward(struct tern_session *s, const int32_t *toks, uint32_t n, uint32_t pos0, float *logits,
-                        bool logits_all) {
+static void q35_forward(struct tern_session *s, const struct model_batch *b) {
     const struct tern_model *m = s->m;
     const struct model_hparams *hp = &m->hp;
     const struct q35_weights *w = m->w;
     struct q35_state *rs = s->rs;
-    const uint32_t E = hp->n_embd;
+    const uint32_t E = hp->n_embd, n = b->n;
 
-    model_embed(s, &w->tok_embd, toks, n, rs->x);
+    model_embed(s, &w->tok_embd, b->toks, n, rs->x);
     for (uint32_t il = 0; il < w->n_layer; il++) {
         const struct q35_layer *L = &w->layers[il];
         model_rmsnorm(s, rs->xb, rs->x, L->attn_norm, n, E, hp->rms_eps);
-        if (L->recurrent) deltanet_layer(s, w, L, rs, il, n);
-        else attention_layer(s, hp, w, L, rs, il, n, pos0);
+        if (L->recurrent) deltanet_layer(s, b, w, L, rs, il);
+        else attention_layer(s, b, hp, w, L, rs, il);
         model_add(s, rs->x, rs->xb, n, E);
         /* feed-forward */
         if (w->moe) {
@@ -360,11 +360,7 @@ static void q35_forward(struct tern_session *s, const int32_t *toks, uint32_t n,
         }
         model_add(s, rs->x, rs->xb, n, E);
     }
-    if (!logits) return;
-    const uint32_t first = logits_all ? 0 : n - 1;
-    model_rmsnorm(s, rs->xb + (size_t)first * E, rs->x + (size_t)first * E, w->out_norm, n - first, E,
-                  hp->rms_eps);
-    model_logits(s, &w->output, rs->xb + (size_t)first * E, n - first, logits, true);
+    model_output(s, b, &w->output, w->out_norm, hp->rms_eps, rs->x, rs->xb);
 }
 
 #define Q35_ARCH(NAME)                                                                                                 \

@@ -170,21 +170,44 @@ void model_embed(struct tern_session *s, const struct mat *embd, const int32_t *
                             x + (size_t)t * embd->k, embd->k);
 }
 
-void model_logits(struct tern_session *s, const struct mat *out_w, const float *x, uint32_t n_tok, float *logits,
-                  bool logits_all) {
-    if (!logits || n_tok == 0) return;
-    if (logits_all) model_matmul1(s, x, n_tok, out_w, logits);
-    else model_matmul1(s, x + (size_t)(n_tok - 1) * out_w->k, 1, out_w, logits);
+void model_output(struct tern_session *s, const struct model_batch *b, const struct mat *out_w, const float *norm_w,
+                  float eps, const float *x, float *xb) {
+    if (!b->logits) return;
+    const size_t E = out_w->k;
+    uint32_t n_out = 0;
+    if (b->logits_all) {
+        n_out = b->n;
+        memcpy(xb, x, (size_t)b->n * E * sizeof *xb);
+    } else {
+        for (uint32_t j = 0; j < b->n_seq; j++) {
+            const struct model_seq *q = &b->seq[j];
+            if (!q->want || q->n == 0) continue;
+            memcpy(xb + (size_t)n_out++ * E, x + (size_t)(q->row0 + q->n - 1) * E, E * sizeof *xb);
+        }
+    }
+    if (n_out == 0) return;
+    model_rmsnorm(s, xb, xb, norm_w, n_out, (uint32_t)E, eps);
+    model_matmul1(s, xb, n_out, out_w, b->logits);
+}
+
+/* The sequence that holds row t (rows are in sequence order). */
+static const struct model_seq *seq_of_row(const struct model_batch *b, uint32_t t) {
+    uint32_t lo = 0, hi = b->n_seq - 1;
+    while (lo < hi) {
+        const uint32_t mid = (lo + hi + 1) / 2;
+        if (b->seq[mid].row0 <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    return &b->seq[lo];
 }
 
 /* ---- attention -------------------------------------------------------------------- */
 
 struct kv_store_task {
-    struct tern_session *s;
+    const struct model_batch *b;
     uint32_t il;
     const float *k, *v;
     size_t k_stride, v_stride;
-    uint32_t pos0;
 };
 
 /* A page holds each kv head's rows contiguously ([n_kv_head][TERN_KV_PAGE][head_dim]):
@@ -202,10 +225,12 @@ static void store_row(void *page, size_t row, uint32_t n_head, size_t hd, const 
 
 static void kv_store_item(void *ctx, uint32_t t) {
     struct kv_store_task *p = ctx;
-    const struct model_layer *L = &p->s->m->layers[p->il];
-    const struct kv_layer *kv = &p->s->kv[p->il];
-    const bool f16 = p->s->kv_type == TERN_KV_F16;
-    const uint32_t pos = p->pos0 + t;
+    const struct model_seq *q = seq_of_row(p->b, t);
+    const struct tern_session *s = q->s;
+    const struct model_layer *L = &s->m->layers[p->il];
+    const struct kv_layer *kv = &s->kv[p->il];
+    const bool f16 = s->kv_type == TERN_KV_F16;
+    const uint32_t pos = q->pos0 + (t - q->row0);
     const size_t page = pos / TERN_KV_PAGE, row = pos % TERN_KV_PAGE;
     store_row(kv->k_pages[page], row, L->n_kv_head, L->head_dim_k, p->k + (size_t)t * p->k_stride, f16);
     store_row(kv->v_pages[page], row, L->n_kv_head, L->head_dim_v, p->v + (size_t)t * p->v_stride, f16);
@@ -219,15 +244,16 @@ static void kv_store_item(void *ctx, uint32_t t) {
 
 struct attn_task {
     struct tern_work work;
-    struct tern_session *s;
+    struct tern_session *s; /* the lead: its threads' scratch */
+    const struct model_batch *b;
     const struct tern_ops *ops;
     uint32_t il;
     const float *q;
     size_t q_stride;
     float *out;
     size_t out_stride;
-    uint32_t n_head, group, head_dim;
-    uint32_t n_tok, n_blocks, pos0;
+    uint32_t n_head, n_kv_head, group, head_dim;
+    const uint32_t *item0; /* (n_seq + 1) the first work item of each sequence */
     float scale;
 };
 
@@ -235,73 +261,97 @@ size_t model_attn_scratch_floats(uint32_t max_group, uint32_t max_head_dim) {
     return TERN_KV_PAGE + 8 + (size_t)ATTN_QBLOCK * max_group * (max_head_dim + 2);
 }
 
-static void attn_run_task(void *ctx, int ith, int nth) {
-    struct attn_task *p = ctx;
-    struct tern_session *s = p->s;
+static uint32_t n_qblocks(uint32_t n_tok) { return (n_tok + ATTN_QBLOCK - 1) / ATTN_QBLOCK; }
+
+/* Attention of one work item: kv head g of sequence q, for its rows [t0, t1) (offsets
+ * within the sequence). */
+static void attn_item(const struct attn_task *p, const struct model_seq *sq_, uint32_t g, uint32_t t0, uint32_t t1,
+                      float *scores) {
+    const struct tern_session *s = sq_->s;
     const struct kv_layer *kv = &s->kv[p->il];
     const bool f16 = s->kv_type == TERN_KV_F16;
     const size_t es = f16 ? 2 : 4, hd = p->head_dim;
-    float *scores = s->scores + (size_t)ith * s->scores_per_thread;
     float *state = scores + TERN_KV_PAGE + 8; /* per query: m, l, acc[hd] */
     const size_t sq = hd + 2;
+    const uint32_t nq = (t1 - t0) * p->group;
+    for (uint32_t k = 0; k < nq; k++) {
+        float *st = state + k * sq;
+        st[0] = -INFINITY;
+        st[1] = 0.0f;
+        memset(st + 2, 0, hd * sizeof(float));
+    }
+    const uint32_t pos0 = sq_->pos0, last = pos0 + t1 - 1;
+    const float *qrows = p->q + (size_t)sq_->row0 * p->q_stride;
+    for (uint32_t pg = 0; pg * TERN_KV_PAGE <= last; pg++) {
+        const char *kp = (const char *)kv->k_pages[pg] + (size_t)g * TERN_KV_PAGE * hd * es;
+        const char *vp = (const char *)kv->v_pages[pg] + (size_t)g * TERN_KV_PAGE * hd * es;
+        for (uint32_t t = t0; t < t1; t++) {
+            const uint32_t pos = pos0 + t;
+            if (pos < pg * TERN_KV_PAGE) continue;
+            const size_t n = pos - pg * TERN_KV_PAGE + 1 < TERN_KV_PAGE ? pos - pg * TERN_KV_PAGE + 1 : TERN_KV_PAGE;
+            for (uint32_t h = 0; h < p->group; h++) {
+                float *st = state + ((t - t0) * p->group + h) * sq;
+                const float *q = qrows + t * p->q_stride + (size_t)(g * p->group + h) * hd;
+                p->ops->attn_page(st + 2, &st[0], &st[1], q, hd, kp, vp, hd, n, p->scale, f16, scores);
+            }
+        }
+    }
+    float *orows = p->out + (size_t)sq_->row0 * p->out_stride;
+    for (uint32_t t = t0; t < t1; t++)
+        for (uint32_t h = 0; h < p->group; h++) {
+            const float *st = state + ((t - t0) * p->group + h) * sq;
+            float *o = orows + t * p->out_stride + (size_t)(g * p->group + h) * hd;
+            const float inv = 1.0f / st[1];
+            for (size_t e = 0; e < hd; e++) o[e] = st[2 + e] * inv;
+        }
+}
+
+static void attn_run_task(void *ctx, int ith, int nth) {
+    (void)nth;
+    struct attn_task *p = ctx;
+    float *scores = p->s->scores + (size_t)ith * p->s->scores_per_thread;
     size_t i0, i1;
-    /* Items are (kv head, token block), head-major: consecutive items scan the same
-     * head's pages. */
+    /* Items are (sequence, kv head, token block), sequence- then head-major:
+     * consecutive items scan the same head's pages. */
+    uint32_t j = 0;
     while (tern_work_take(&p->work, &i0, &i1)) {
         for (size_t i = i0; i < i1; i++) {
-            const uint32_t g = (uint32_t)(i / p->n_blocks), b = (uint32_t)(i % p->n_blocks);
-            const uint32_t t0 = b * ATTN_QBLOCK, t1 = t0 + ATTN_QBLOCK < p->n_tok ? t0 + ATTN_QBLOCK : p->n_tok;
-            const uint32_t nq = (t1 - t0) * p->group;
-            for (uint32_t k = 0; k < nq; k++) {
-                float *st = state + k * sq;
-                st[0] = -INFINITY;
-                st[1] = 0.0f;
-                memset(st + 2, 0, hd * sizeof(float));
-            }
-            const uint32_t last = p->pos0 + t1 - 1;
-            for (uint32_t pg = 0; pg * TERN_KV_PAGE <= last; pg++) {
-                const char *kp = (const char *)kv->k_pages[pg] + (size_t)g * TERN_KV_PAGE * hd * es;
-                const char *vp = (const char *)kv->v_pages[pg] + (size_t)g * TERN_KV_PAGE * hd * es;
-                for (uint32_t t = t0; t < t1; t++) {
-                    const uint32_t pos = p->pos0 + t;
-                    if (pos < pg * TERN_KV_PAGE) continue;
-                    const size_t n = pos - pg * TERN_KV_PAGE + 1 < TERN_KV_PAGE ? pos - pg * TERN_KV_PAGE + 1
-                                                                                : TERN_KV_PAGE;
-                    for (uint32_t h = 0; h < p->group; h++) {
-                        float *st = state + ((t - t0) * p->group + h) * sq;
-                        const float *q = p->q + t * p->q_stride + (size_t)(g * p->group + h) * hd;
-                        p->ops->attn_page(st + 2, &st[0], &st[1], q, hd, kp, vp, hd, n, p->scale, f16, scores);
-                    }
-                }
-            }
-            for (uint32_t t = t0; t < t1; t++)
-                for (uint32_t h = 0; h < p->group; h++) {
-                    const float *st = state + ((t - t0) * p->group + h) * sq;
-                    float *o = p->out + t * p->out_stride + (size_t)(g * p->group + h) * hd;
-                    const float inv = 1.0f / st[1];
-                    for (size_t e = 0; e < hd; e++) o[e] = st[2 + e] * inv;
-                }
+            while (i >= p->item0[j + 1]) j++;
+            while (i < p->item0[j]) j--;
+            const struct model_seq *q = &p->b->seq[j];
+            const uint32_t nb = n_qblocks(q->n), local = (uint32_t)(i - p->item0[j]);
+            const uint32_t g = local / nb, blk = local % nb;
+            const uint32_t t0 = blk * ATTN_QBLOCK, t1 = t0 + ATTN_QBLOCK < q->n ? t0 + ATTN_QBLOCK : q->n;
+            attn_item(p, q, g, t0, t1, scores);
         }
     }
 }
 
-void model_attention(struct tern_session *s, uint32_t il, const float *q, size_t q_stride, const float *k,
-                     size_t k_stride, const float *v, size_t v_stride, float *out, size_t out_stride,
-                     uint32_t n_tok, uint32_t pos0, uint32_t n_head, float scale) {
+void model_attention(struct tern_session *s, uint32_t il, const struct model_batch *b, const float *q,
+                     size_t q_stride, const float *k, size_t k_stride, const float *v, size_t v_stride, float *out,
+                     size_t out_stride, uint32_t n_head, float scale) {
     const struct model_layer *L = &s->m->layers[il];
     TERN_ASSERT(L->kind == LAYER_ATTN && L->head_dim_k == L->head_dim_v && n_head % L->n_kv_head == 0);
-    TERN_ASSERT(pos0 + n_tok <= s->n_pages * TERN_KV_PAGE);
-    /* The chunk's rows go into the cache first; every token then reads its keys and
-     * values back from there, rounded as stored, whichever chunk wrote them. */
-    struct kv_store_task st = {s, il, k, v, k_stride, v_stride, pos0};
-    if (n_tok >= 16) model_parallel_for(s, n_tok, kv_store_item, &st);
+    TERN_ASSERT(b->n_seq >= 1 && b->n_seq <= MODEL_MAX_SEQS);
+    uint32_t item0[MODEL_MAX_SEQS + 1];
+    item0[0] = 0;
+    for (uint32_t j = 0; j < b->n_seq; j++) {
+        const struct model_seq *sq = &b->seq[j];
+        TERN_ASSERT(sq->pos0 + sq->n <= sq->s->n_pages * TERN_KV_PAGE);
+        item0[j + 1] = item0[j] + n_qblocks(sq->n) * L->n_kv_head;
+    }
+    /* The rows go into their caches first; every token then reads its keys and values
+     * back from there, rounded as stored, whichever chunk or step wrote them. */
+    struct kv_store_task st = {b, il, k, v, k_stride, v_stride};
+    if (b->n >= 16) model_parallel_for(s, b->n, kv_store_item, &st);
     else
-        for (uint32_t t = 0; t < n_tok; t++) kv_store_item(&st, t);
+        for (uint32_t t = 0; t < b->n; t++) kv_store_item(&st, t);
 
     const uint32_t group = n_head / L->n_kv_head;
     TERN_ASSERT(model_attn_scratch_floats(group, L->head_dim_k) <= s->scores_per_thread);
     struct attn_task at = {
         .s = s,
+        .b = b,
         .ops = tern_ops(),
         .il = il,
         .q = q,
@@ -309,14 +359,13 @@ void model_attention(struct tern_session *s, uint32_t il, const float *q, size_t
         .out = out,
         .out_stride = out_stride,
         .n_head = n_head,
-        .group = n_head / L->n_kv_head,
+        .n_kv_head = L->n_kv_head,
+        .group = group,
         .head_dim = L->head_dim_k,
-        .n_tok = n_tok,
-        .n_blocks = (n_tok + ATTN_QBLOCK - 1) / ATTN_QBLOCK,
-        .pos0 = pos0,
+        .item0 = item0,
         .scale = scale,
     };
-    tern_work_init(&at.work, (size_t)at.n_blocks * L->n_kv_head, 1);
+    tern_work_init(&at.work, item0[b->n_seq], 1);
     if (tern_threadpool_n_threads(s->m->pool) == 1) attn_run_task(&at, 0, 1);
     else tern_threadpool_run_shared(s->m->pool, attn_run_task, &at);
 }
@@ -398,16 +447,18 @@ void model_split_heads(struct tern_session *s, const float *ab, float *a, float 
 
 struct rope_task {
     const struct model_rope *r;
+    const struct model_batch *b;
     float *q, *k, *cs;
-    uint32_t n_head, n_head_kv, head_dim, pos0;
+    uint32_t n_head, n_head_kv, head_dim;
 };
 
 static void rope_item(void *ctx, uint32_t t) {
     struct rope_task *p = ctx;
     const struct model_rope *r = p->r;
+    const struct model_seq *sq = seq_of_row(p->b, t);
     const size_t hd = p->head_dim, nr = r->p->n_rot;
     float *cs = p->cs + t * nr;
-    tern_rope_angles(r->p, p->pos0 + t, cs);
+    tern_rope_angles(r->p, sq->pos0 + (t - sq->row0), cs);
     if (r->pos0_pairs)
         for (size_t i = 0; i < nr / 2; i++)
             if (r->pos0_pairs[i]) { /* position 0: no rotation, only the magnitude scale */
@@ -418,10 +469,10 @@ static void rope_item(void *ctx, uint32_t t) {
     tern_rope(p->k + t * p->n_head_kv * hd, p->n_head_kv, hd, nr, cs, r->neox);
 }
 
-void model_rope(struct tern_session *s, const struct model_rope *r, float *q, uint32_t n_head, float *k,
-                uint32_t n_head_kv, uint32_t head_dim, float *cs, uint32_t n_tok, uint32_t pos0) {
-    struct rope_task p = {r, q, k, cs, n_head, n_head_kv, head_dim, pos0};
-    model_parallel_for(s, n_tok, rope_item, &p);
+void model_rope(struct tern_session *s, const struct model_batch *b, const struct model_rope *r, float *q,
+                uint32_t n_head, float *k, uint32_t n_head_kv, uint32_t head_dim, float *cs) {
+    struct rope_task p = {r, b, q, k, cs, n_head, n_head_kv, head_dim};
+    model_parallel_for(s, b->n, rope_item, &p);
 }
 
 /* Channels per conv work item: a few items per thread, whole vectors. */
@@ -463,33 +514,51 @@ static void heads_item(void *ctx, uint32_t h) {
     tern_deltanet_heads(dn, c->d->p, state, &io, h, h + 1, scratch);
 }
 
-void model_deltanet(struct tern_session *s, uint32_t il, const struct model_deltanet *d, const float *qkv_raw,
-                    float *qkv, const float *z, const float *beta, const float *alpha, float *out, float *scratch,
-                    uint32_t n_tok) {
-    struct deltanet_task c = {s, il, d, qkv_raw, qkv, z, beta, alpha, out, scratch, n_tok};
+/* One sequence's rows of the batch (offsets applied by the caller). */
+static void deltanet_seq(struct tern_session *lead, struct deltanet_task *c) {
+    struct tern_session *s = c->s;
+    const struct model_deltanet *d = c->d;
     const size_t C = tern_deltanet_channels(d->dn);
     const uint32_t n_conv_items = (uint32_t)((C + CONV_BLOCK - 1) / CONV_BLOCK);
     /* The convolution and the recurrence run token by token in order inside each work
      * item; items split channels, then v-heads, never a token range. */
     if (!s->rec_trail) {
-        model_parallel_for(s, n_conv_items, conv_item, &c);
-        model_parallel_for(s, d->dn->n_v_heads, heads_item, &c);
+        model_parallel_for(lead, n_conv_items, conv_item, c);
+        model_parallel_for(lead, d->dn->n_v_heads, heads_item, c);
         return;
     }
     /* With a state trail (speculative verification): one token at a time — the same
      * per-token code, so the same bits — copying the layer's buffers after each. */
-    const struct model_layer *L = &s->m->layers[il];
+    const struct model_layer *L = &s->m->layers[c->il];
     const size_t nv = d->dn->n_v_heads, nvd = nv * d->dn->d_v;
+    const uint32_t n_tok = c->n_tok;
+    struct deltanet_task one = *c;
+    one.n_tok = 1;
     for (uint32_t t = 0; t < n_tok; t++) {
-        c.qkv_raw = qkv_raw + t * C;
-        c.qkv = qkv + t * C;
-        c.z = z + t * nvd;
-        c.beta = beta + t * nv;
-        c.alpha = alpha + t * nv;
-        c.out = out + t * nvd;
-        c.n_tok = 1;
-        model_parallel_for(s, n_conv_items, conv_item, &c);
-        model_parallel_for(s, d->dn->n_v_heads, heads_item, &c);
+        one.qkv_raw = c->qkv_raw + t * C;
+        one.qkv = c->qkv + t * C;
+        one.z = c->z + t * nvd;
+        one.beta = c->beta + t * nv;
+        one.alpha = c->alpha + t * nv;
+        one.out = c->out + t * nvd;
+        model_parallel_for(lead, n_conv_items, conv_item, &one);
+        model_parallel_for(lead, d->dn->n_v_heads, heads_item, &one);
         memcpy(s->rec_trail + (size_t)t * s->m->rec_bytes + L->rec_offset, s->rec + L->rec_offset, L->rec_bytes);
+    }
+}
+
+void model_deltanet(struct tern_session *s, uint32_t il, const struct model_batch *b, const struct model_deltanet *d,
+                    const float *qkv_raw, float *qkv, const float *z, const float *beta, const float *alpha, float *out,
+                    float *scratch) {
+    const size_t C = tern_deltanet_channels(d->dn), nv = d->dn->n_v_heads, nvd = nv * d->dn->d_v;
+    /* Sequences one after another: each has its own conv window and state, and the
+     * heads' scratch is shared. */
+    for (uint32_t j = 0; j < b->n_seq; j++) {
+        const struct model_seq *q = &b->seq[j];
+        if (q->n == 0) continue;
+        const size_t r = q->row0;
+        struct deltanet_task c = {q->s, il, d, qkv_raw + r * C, qkv + r * C, z + r * nvd, beta + r * nv,
+                                  alpha + r * nv, out + r * nvd, scratch, q->n};
+        deltanet_seq(s, &c);
     }
 }

@@ -42,10 +42,38 @@
 #define TERN_KV_PAGE 256u
 
 #define MODEL_MAX_REC_BUFS 4
+/* Sequences one evaluation step may hold (tern_eval_batch). */
+#define MODEL_MAX_SEQS 256
 /* Distinct activation formats a single model_matmul() call may need. */
 #define MODEL_MAX_ACT_KINDS 3
 
 struct tern_session;
+
+/* ---- the batch of one evaluation step ---------------------------------------------- *
+ * Rows of several sessions evaluated together (DESIGN.md §8): every per-row operation
+ * (matmuls, norms, the feed-forward) sees all rows of the step as one batch, so the
+ * weights are read once per step; the positional and stateful operations (RoPE,
+ * attention, the recurrent layers) read each row's sequence. Since every row's result
+ * is independent of the rows beside it (kernels.h), a sequence's bits do not depend on
+ * what else is in its step. A single-session chunk is a batch of one sequence. */
+
+/* Rows [row0, row0 + n) of the batch: session s's tokens at positions [pos0, pos0 + n). */
+struct model_seq {
+    struct tern_session *s;
+    uint32_t row0, n, pos0;
+    bool want; /* the logits after its last row are wanted */
+};
+
+struct model_batch {
+    const int32_t *toks; /* (n) every row's token */
+    uint32_t n;          /* rows in all */
+    const struct model_seq *seq;
+    uint32_t n_seq;
+    /* NULL: no logits. Else [n_out][n_vocab]: every row's when logits_all (a batch of one
+     * sequence), otherwise the last row's of each sequence with want, in sequence order. */
+    float *logits;
+    bool logits_all;
+};
 
 /* ---- architecture hooks ------------------------------------------------------------ */
 
@@ -61,14 +89,16 @@ struct tern_arch {
     enum tern_status (*state_new)(const struct tern_model *m, uint32_t n_chunk, void **out);
     void (*state_free)(void *rs);
     size_t (*state_bytes)(const void *rs);
-    /* Consumes toks[0..n) at positions [pos0, pos0 + n); n <= the chunk size the state
-     * was made for. KV pages for those positions exist. logits: NULL (none wanted),
-     * [n_vocab] for the last token, or [n][n_vocab] when logits_all. An architecture
-     * with recurrent layers copies each layer's buffers to s->rec_trail + t * rec_bytes
-     * + rec_offset after token t when s->rec_trail is set (tern_eval_opts.rec_trail).
-     * Must not fail (everything is allocated up front) other than by a bug. */
-    void (*forward)(struct tern_session *s, const int32_t *toks, uint32_t n, uint32_t pos0,
-                    float *logits, bool logits_all);
+    /* Consumes one step's batch (struct model_batch): b->n rows of tokens, each
+     * sequence's rows at its own positions in its own session; b->n <= the chunk size
+     * the state was made for, and KV pages for every row's position exist. s is the
+     * step's lead session (b->seq[0].s): it and every sequence's session point at the
+     * model's workspace. Logits into b->logits as model_output() writes them. An
+     * architecture with recurrent layers copies each layer's buffers to
+     * seq.s->rec_trail + t * rec_bytes + rec_offset after the sequence's token t when
+     * that is set (tern_eval_opts.rec_trail). Must not fail (everything is allocated up
+     * front) other than by a bug. */
+    void (*forward)(struct tern_session *s, const struct model_batch *b);
 };
 
 /* The registered architectures (arch.c); NULL when unknown. */
@@ -151,6 +181,8 @@ struct tern_model {
         void *rs;                       /* the architecture's RunState for n_chunk tokens */
         void *act[MODEL_MAX_ACT_KINDS]; /* (n_chunk, max_act_row_bytes) prepared activations */
         float *scores;                  /* (n_threads, scores_per_thread) attention scratch */
+        float *logits;                  /* (logits_rows, n_vocab) a batch's logits, before they go to its sessions */
+        uint32_t logits_rows;
         size_t bytes;
     } ws;
 };
@@ -276,14 +308,14 @@ void model_add_bias(float *x, const float *b, uint32_t n_tok, uint32_t n);
 /* Token embeddings: x[t] = row toks[t] of the table. */
 void model_embed(struct tern_session *s, const struct mat *embd, const int32_t *toks, uint32_t n_tok, float *x);
 
-/* Attention of layer il for a chunk at positions [pos0, pos0 + n_tok):
- * writes k[t], v[t] (n_kv_head * head_dim_{k,v} each, stride given) as the cache rows
- * pos0 + t (rounded to F16 for an F16 cache), then for each token t and head h computes
- * out[t][h] over cache rows [0, pos0 + t] read back from the cache. q (n_tok rows of
- * n_head * head_dim_k, stride q_stride) already has RoPE applied. */
-void model_attention(struct tern_session *s, uint32_t il, const float *q, size_t q_stride, const float *k,
-                     size_t k_stride, const float *v, size_t v_stride, float *out, size_t out_stride,
-                     uint32_t n_tok, uint32_t pos0, uint32_t n_head, float scale);
+/* Attention of layer il for the batch: writes each row's k, v (n_kv_head *
+ * head_dim_{k,v} each, stride given) as the cache row of its position in its sequence's
+ * session (rounded to F16 for an F16 cache), then for each row t and head h computes
+ * out[t][h] over that session's cache rows [0, pos] read back from the cache. q (b->n
+ * rows of n_head * head_dim_k, stride q_stride) already has RoPE applied. */
+void model_attention(struct tern_session *s, uint32_t il, const struct model_batch *b, const float *q,
+                     size_t q_stride, const float *k, size_t k_stride, const float *v, size_t v_stride, float *out,
+                     size_t out_stride, uint32_t n_head, float scale);
 
 /* Floats of attention scratch one thread needs (a page of scores and the online
  * softmax state of a block of queries). */
@@ -293,10 +325,11 @@ size_t model_attn_scratch_floats(uint32_t max_group, uint32_t max_head_dim);
 typedef void (*model_item_fn)(void *ctx, uint32_t i);
 void model_parallel_for(struct tern_session *s, uint32_t n, model_item_fn fn, void *ctx);
 
-/* The logits: for logits_all every row, else only the last row of x (n_tok rows of
- * n_embd, already normed) times the output matrix. */
-void model_logits(struct tern_session *s, const struct mat *out_w, const float *x, uint32_t n_tok,
-                  float *logits, bool logits_all);
+/* The output head: the rows whose logits the batch wants (model_batch.logits) are
+ * gathered from x (b->n rows of out_w->k floats) into xb, normed with norm_w
+ * and multiplied by the output matrix in one matmul. x is left as it is. */
+void model_output(struct tern_session *s, const struct model_batch *b, const struct mat *out_w, const float *norm_w,
+                  float eps, const float *x, float *xb);
 
 /* ---- the rest of the layer operations (layers.c) ----------------------------------- *
  * With the ones above, these are everything a forward pass computes: the architecture
@@ -316,8 +349,8 @@ void model_sigmoid_mul(struct tern_session *s, float *x, const float *gate, uint
 void model_split_heads(struct tern_session *s, const float *ab, float *a, float *b, uint32_t n_tok, uint32_t n_head,
                        uint32_t head_dim);
 
-/* RoPE of a chunk at positions [pos0, pos0 + n_tok), in place on q (n_head heads) and k
- * (n_head_kv heads) rows of head_dim; cs: (n_tok, n_rot) scratch for the angles. Pairs
+/* RoPE of the batch's rows at their positions, in place on q (n_head heads) and k
+ * (n_head_kv heads) rows of head_dim; cs: (b->n, n_rot) scratch for the angles. Pairs
  * marked in pos0_pairs (NULL: none) take position 0's angles cs0 (IMROPE's "e" section
  * for text). */
 struct model_rope {
@@ -326,20 +359,21 @@ struct model_rope {
     const bool *pos0_pairs; /* (n_rot / 2) or NULL */
     const float *cs0;       /* (n_rot) the angles at position 0, when pos0_pairs */
 };
-void model_rope(struct tern_session *s, const struct model_rope *r, float *q, uint32_t n_head, float *k,
-                uint32_t n_head_kv, uint32_t head_dim, float *cs, uint32_t n_tok, uint32_t pos0);
+void model_rope(struct tern_session *s, const struct model_batch *b, const struct model_rope *r, float *q,
+                uint32_t n_head, float *k, uint32_t n_head_kv, uint32_t head_dim, float *cs);
 
-/* The Gated DeltaNet of recurrent layer il for a chunk (deltanet.h has the math): the
- * causal conv of qkv_raw into qkv with the layer's "conv" window, then the recurrence per
- * v-head into out with its "ssm" state, token by token in order. */
+/* The Gated DeltaNet of recurrent layer il for the batch (deltanet.h has the math): for
+ * each sequence, the causal conv of its rows of qkv_raw into qkv with its session's
+ * "conv" window, then the recurrence per v-head into out with its "ssm" state, token by
+ * token in order. */
 struct model_deltanet {
     const struct tern_deltanet_shape *dn;
     const float *conv_wt;               /* (n_conv, C) tap-major */
     const struct tern_deltanet_params *p;
 };
-void model_deltanet(struct tern_session *s, uint32_t il, const struct model_deltanet *d, const float *qkv_raw,
-                    float *qkv, const float *z, const float *beta, const float *alpha, float *out, float *scratch,
-                    uint32_t n_tok);
+void model_deltanet(struct tern_session *s, uint32_t il, const struct model_batch *b, const struct model_deltanet *d,
+                    const float *qkv_raw, float *qkv, const float *z, const float *beta, const float *alpha, float *out,
+                    float *scratch);
 
 /* The registered architectures' objects (one per file). */
 extern const struct tern_arch tern_arch_llama;

@@ -32,6 +32,7 @@ void model_ws_free(struct tern_model *m) {
     if (m->ws.rs && m->arch && m->arch->state_free) m->arch->state_free(m->ws.rs);
     for (int i = 0; i < MODEL_MAX_ACT_KINDS; i++) tern_aligned_free(m->ws.act[i]);
     tern_aligned_free(m->ws.scores);
+    tern_aligned_free(m->ws.logits);
     memset(&m->ws, 0, sizeof m->ws);
 }
 
@@ -67,19 +68,57 @@ enum tern_status model_ws_reserve(struct tern_model *m, uint32_t n_chunk) {
         if (!(act[i] = tern_aligned_alloc(act_bytes))) goto nomem;
     /* Padded by 8 floats: vector code may round a row of scores up to a whole vector. */
     if (!(scores = tern_aligned_alloc(scores_bytes + 64))) goto nomem;
+    float *keep_logits = m->ws.logits;
+    const uint32_t keep_rows = m->ws.logits_rows;
+    m->ws.logits = NULL;
     model_ws_free(m);
+    m->ws.logits = keep_logits;
+    m->ws.logits_rows = keep_rows;
     m->ws.rs = rs;
     memcpy(m->ws.act, act, sizeof act);
     m->ws.scores = scores;
     m->ws.n_chunk = n_chunk;
     m->ws.scores_per_thread = attn_scratch_floats(m);
-    m->ws.bytes = m->arch->state_bytes(rs) + n_act * act_bytes + scores_bytes;
+    m->ws.bytes = m->arch->state_bytes(rs) + n_act * act_bytes + scores_bytes +
+                  (size_t)m->ws.logits_rows * m->hp.n_vocab * sizeof(float);
     return TERN_OK;
 nomem:
     m->arch->state_free(rs);
     for (uint32_t i = 0; i < n_act; i++) tern_aligned_free(act[i]);
     tern_aligned_free(scores);
     return tern_errorf(TERN_ERR_NOMEM, "session: out of memory for the workspace of %u-token chunks", n_chunk);
+}
+
+/* Grows the workspace's batch logits to n rows (call with eval_mu held). */
+static enum tern_status ws_logits_reserve(struct tern_model *m, uint32_t n) {
+    if (m->ws.logits_rows >= n) return TERN_OK;
+    size_t bytes;
+    if (tern_mul_overflow((size_t)n * m->hp.n_vocab, sizeof(float), &bytes))
+        return tern_errorf(TERN_ERR_NOMEM, "session: the logits of %u sequences overflow", n);
+    float *l = tern_aligned_alloc(bytes);
+    if (!l) return tern_errorf(TERN_ERR_NOMEM, "session: out of memory for the logits of %u sequences", n);
+    m->ws.bytes += bytes - (size_t)m->ws.logits_rows * m->hp.n_vocab * sizeof(float);
+    tern_aligned_free(m->ws.logits);
+    m->ws.logits = l;
+    m->ws.logits_rows = n;
+    return TERN_OK;
+}
+
+/* The session borrows the model's workspace for one forward (eval_mu held). */
+static void ws_bind(struct tern_session *s) {
+    struct tern_model *m = s->m;
+    s->rs = m->ws.rs;
+    s->rs_chunk = m->ws.n_chunk;
+    memcpy(s->act, m->ws.act, sizeof s->act);
+    s->scores = m->ws.scores;
+    s->scores_per_thread = m->ws.scores_per_thread;
+}
+
+static void ws_unbind(struct tern_session *s) {
+    s->rec_trail = NULL;
+    s->rs = NULL;
+    s->scores = NULL;
+    memset(s->act, 0, sizeof s->act);
 }
 
 /* ---- KV pages ------------------------------------------------------------------- */
@@ -255,6 +294,8 @@ size_t tern_session_bytes(const struct tern_session *s) {
 
 /* ---- eval ----------------------------------------------------------------------- */
 
+static size_t s_room(const struct tern_session *s) { return (size_t)s->n_ctx - s->n_past; }
+
 static enum tern_status take_checkpoint(struct tern_session *s, const struct tern_eval_opts *o) {
     struct tern_checkpoint *c;
     enum tern_status st = tern_session_checkpoint(s, &c);
@@ -328,17 +369,13 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
          * what was reserved above still fits. */
         pthread_mutex_lock(&m->eval_mu);
         TERN_ASSERT(m->ws.n_chunk >= len);
-        s->rs = m->ws.rs;
-        s->rs_chunk = m->ws.n_chunk;
-        memcpy(s->act, m->ws.act, sizeof s->act);
-        s->scores = m->ws.scores;
-        s->scores_per_thread = m->ws.scores_per_thread;
+        ws_bind(s);
         s->rec_trail = o->rec_trail && m->rec_bytes ? (uint8_t *)o->rec_trail + done * m->rec_bytes : NULL;
-        m->arch->forward(s, toks + done, (uint32_t)len, s->n_past, logits, o->logits_all != NULL);
-        s->rec_trail = NULL;
-        s->rs = NULL;
-        s->scores = NULL;
-        memset(s->act, 0, sizeof s->act);
+        const struct model_seq seq = {.s = s, .row0 = 0, .n = (uint32_t)len, .pos0 = s->n_past, .want = logits != NULL};
+        const struct model_batch b = {.toks = toks + done, .n = (uint32_t)len, .seq = &seq, .n_seq = 1,
+                                      .logits = logits, .logits_all = o->logits_all != NULL};
+        m->arch->forward(s, &b);
+        ws_unbind(s);
         pthread_mutex_unlock(&m->eval_mu);
         memcpy(s->tokens + s->n_past, toks + done, len * sizeof *toks);
         s->n_past += (uint32_t)len;
@@ -364,6 +401,93 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
         s->trail_end = s->n_past;
     }
     return st;
+}
+
+enum tern_status tern_session_reserve(struct tern_session *s, size_t n) {
+    if (n > (size_t)s->n_ctx - s->n_past)
+        return tern_errorf(TERN_ERR_RANGE,
+                           "session: %zu tokens at position %u need a context of %llu positions, but it is %u", n,
+                           s->n_past, (unsigned long long)s->n_past + n, s->n_ctx);
+    enum tern_status st = tokens_reserve(s, (size_t)s->n_past + n);
+    if (!st) st = kv_grow(s, (uint32_t)((s->n_past + n + TERN_KV_PAGE - 1) / TERN_KV_PAGE));
+    return st;
+}
+
+enum tern_status tern_eval_batch(const struct tern_batch_item *items, size_t n_items) {
+    if (n_items == 0) return TERN_OK;
+    if (n_items > MODEL_MAX_SEQS)
+        return tern_errorf(TERN_ERR_INVALID, "session: a batch holds at most %d sequences, not %zu", MODEL_MAX_SEQS,
+                           n_items);
+    struct tern_model *m = items[0].s->m;
+    const uint32_t n_vocab = m->hp.n_vocab;
+    size_t rows = 0;
+    uint32_t n_want = 0;
+    /* Everything that can be refused is refused before anything is computed: every
+     * session stays unchanged. */
+    for (size_t i = 0; i < n_items; i++) {
+        const struct tern_batch_item *it = &items[i];
+        if (it->s->m != m) return tern_errorf(TERN_ERR_INVALID, "session: batch item %zu is another model's", i);
+        if (it->n == 0 || !it->toks) return tern_errorf(TERN_ERR_INVALID, "session: batch item %zu has no tokens", i);
+        for (size_t k = 0; k < i; k++)
+            if (items[k].s == it->s)
+                return tern_errorf(TERN_ERR_INVALID, "session: batch items %zu and %zu are one session", k, i);
+        if (it->n > s_room(it->s))
+            return tern_errorf(TERN_ERR_RANGE,
+                               "session: batch item %zu: %u tokens at position %u need a context of %llu positions, "
+                               "but it is %u",
+                               i, it->n, it->s->n_past, (unsigned long long)it->s->n_past + it->n, it->s->n_ctx);
+        for (uint32_t t = 0; t < it->n; t++)
+            if (it->toks[t] < 0 || (uint32_t)it->toks[t] >= n_vocab)
+                return tern_errorf(TERN_ERR_FORMAT,
+                                   "session: batch item %zu: token id %d at index %u is outside the vocabulary [0, %u)",
+                                   i, it->toks[t], t, n_vocab);
+        rows += it->n;
+        n_want += it->logits;
+    }
+    if (rows > UINT32_MAX / 2) return tern_errorf(TERN_ERR_INVALID, "session: a batch of %zu rows", rows);
+    int32_t *toks = tern_malloc(rows * sizeof *toks);
+    struct model_seq *seq = tern_malloc(n_items * sizeof *seq);
+    enum tern_status st = toks && seq ? TERN_OK : tern_errorf(TERN_ERR_NOMEM, "session: out of memory for a batch");
+    for (size_t i = 0; i < n_items && !st; i++) st = tern_session_reserve(items[i].s, items[i].n);
+    if (!st) {
+        pthread_mutex_lock(&m->eval_mu);
+        st = model_ws_reserve(m, (uint32_t)rows);
+        if (!st && n_want) st = ws_logits_reserve(m, n_want);
+        pthread_mutex_unlock(&m->eval_mu);
+    }
+    if (st) {
+        for (size_t i = 0; i < n_items; i++) kv_shrink(items[i].s, items[i].s->n_past);
+        free(toks);
+        free(seq);
+        return st;
+    }
+    uint32_t row = 0;
+    for (size_t i = 0; i < n_items; i++) {
+        const struct tern_batch_item *it = &items[i];
+        seq[i] = (struct model_seq){.s = it->s, .row0 = row, .n = it->n, .pos0 = it->s->n_past, .want = it->logits};
+        memcpy(toks + row, it->toks, it->n * sizeof *toks);
+        row += it->n;
+    }
+    pthread_mutex_lock(&m->eval_mu);
+    TERN_ASSERT(m->ws.n_chunk >= rows && m->ws.logits_rows >= n_want);
+    for (size_t i = 0; i < n_items; i++) ws_bind(items[i].s);
+    const struct model_batch b = {.toks = toks, .n = (uint32_t)rows, .seq = seq, .n_seq = (uint32_t)n_items,
+                                  .logits = n_want ? m->ws.logits : NULL};
+    m->arch->forward(items[0].s, &b);
+    uint32_t k = 0;
+    for (size_t i = 0; i < n_items; i++) {
+        struct tern_session *s = items[i].s;
+        ws_unbind(s);
+        s->trail = NULL;
+        memcpy(s->tokens + s->n_past, items[i].toks, items[i].n * sizeof *items[i].toks);
+        s->n_past += items[i].n;
+        s->logits_valid = items[i].logits;
+        if (items[i].logits) memcpy(s->logits, m->ws.logits + (size_t)k++ * n_vocab, n_vocab * sizeof(float));
+    }
+    pthread_mutex_unlock(&m->eval_mu);
+    free(toks);
+    free(seq);
+    return TERN_OK;
 }
 
 /* ---- rewind, checkpoints, fork -------------------------------------------------- */
