@@ -16,3 +16,8 @@ tern_unit_test(test-moe ${CMAKE_SOURCE_DIR}/tests/unit/test-moe.c ${CMAKE_SOURCE
   LABELS no-asan TIMEOUT 900)
 tern_unit_test(test-moe-light ${CMAKE_SOURCE_DIR}/tests/unit/test-moe.c ${CMAKE_SOURCE_DIR}/tests/unit/exact.c
   ARGS --light TIMEOUT 600)
+# Continuous batching: a sequence batched with others equals itself alone, bit for bit.
+tern_unit_test(test-batch ${CMAKE_SOURCE_DIR}/tests/unit/test-batch.c ${CMAKE_SOURCE_DIR}/tests/unit/exact.c
+  LABELS no-asan TIMEOUT 600)
+tern_unit_test(test-batch-light ${CMAKE_SOURCE_DIR}/tests/unit/test-batch.c ${CMAKE_SOURCE_DIR}/tests/unit/exact.c
+  ARGS --light TIMEOUT 600)
