@@ -96,6 +96,9 @@ const char *tern_model_chat_template(const struct tern_model *m);
 
 /* ---- sessions --------------------------------------------------------------------- */
 
+/* The default tokens per priming chunk (tern_session_params.n_chunk). */
+#define TERN_DEFAULT_CHUNK 512u
+
 struct tern_session;
 struct tern_checkpoint;
 
@@ -104,7 +107,7 @@ enum tern_kv_type { TERN_KV_F16 = 0, TERN_KV_F32 = 1 };
 struct tern_session_params {
     uint32_t n_ctx;    /* 0 = min(model context, 32768) */
     enum tern_kv_type kv_type;
-    uint32_t n_chunk;  /* tokens per priming chunk; 0 = 512 */
+    uint32_t n_chunk;  /* tokens per priming chunk; 0 = TERN_DEFAULT_CHUNK */
 };
 
 void tern_session_params_default(struct tern_session_params *p);

@@ -34,7 +34,12 @@ static void usage(FILE *out) {
             "  --threads N             compute threads (default: all cores)\n"
             "  --ctx-size N            context length per session (default min(model, 32768))\n"
             "  --api-key KEY           require 'Authorization: Bearer KEY' (repeatable)\n"
-            "  --queue N               requests that may wait for the engine (default 16; more -> 429)\n"
+            "  --parallel N            requests running at once, batched a step at a time (default: as many\n"
+            "                          full contexts as --cache-ram holds, 4 to 8)\n"
+            "  --batch-tokens N        rows per engine step: a token of every decoding request, then prompt\n"
+            "                          chunks of the others (default: --chunk)\n"
+            "  --queue N               requests that may wait for a place beyond --parallel (default 16;\n"
+            "                          more -> 429)\n"
             "  --max-body BYTES        largest request body (default 16777216; more -> 413)\n"
             "  --max-tokens N          most tokens generated per request, whatever max_tokens asks\n"
             "                          (default 4096; finish_reason \"length\"; 0 = until the context is full)\n"
@@ -99,7 +104,7 @@ static char *read_text_file(const char *path, size_t *len) {
 static int cmd_serve(int argc, char **argv) {
     enum { O_HOST = 256, O_PORT, O_THREADS, O_CTX, O_KEY, O_QUEUE, O_BODY, O_TMPL, O_CHUNK, O_KV, O_RAM, O_PC,
            O_PCE, O_TURN, O_NOMMAP, O_MLOCK, O_MODEL, O_PREDICT, O_PCHUNK, O_CDIR, O_CDISK, O_MAXTOK, O_MAXCONN,
-           O_PERIP, O_HDRTO, O_IDLETO, O_RAMKEY, O_SPEC, O_SPECMAX };
+           O_PERIP, O_HDRTO, O_IDLETO, O_RAMKEY, O_SPEC, O_SPECMAX, O_PARALLEL, O_BATCHTOK };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},       {"threads", required_argument, 0, O_THREADS},
@@ -116,6 +121,7 @@ static int cmd_serve(int argc, char **argv) {
         {"max-conn-per-ip", required_argument, 0, O_PERIP}, {"header-timeout", required_argument, 0, O_HDRTO},
         {"idle-timeout", required_argument, 0, O_IDLETO}, {"cache-ram-per-key", required_argument, 0, O_RAMKEY},
         {"spec", required_argument, 0, O_SPEC},       {"spec-max", required_argument, 0, O_SPECMAX},
+        {"parallel", required_argument, 0, O_PARALLEL}, {"batch-tokens", required_argument, 0, O_BATCHTOK},
         {0, 0, 0, 0},
     };
     const char *model_path = NULL, *tmpl_path = NULL;
@@ -138,6 +144,7 @@ static int cmd_serve(int argc, char **argv) {
     long long ram_per_key = -1; /* -1: the default, a fair share */
     enum spec_mode spec = SPEC_OFF;
     uint32_t spec_max = 0;
+    uint32_t parallel = 0, batch_tokens = 0;
     long v;
     int c;
     optind = 1;
@@ -262,6 +269,15 @@ static int cmd_serve(int argc, char **argv) {
                 return cli_usage_error("serve", "--spec-max '%s' is not 1-%d", optarg, SPEC_MAX_DRAFT);
             spec_max = (uint32_t)v;
             break;
+        case O_PARALLEL:
+            if (!cli_parse_int(optarg, 1, 256, &v)) return cli_usage_error("serve", "--parallel '%s' is not 1-256", optarg);
+            parallel = (uint32_t)v;
+            break;
+        case O_BATCHTOK:
+            if (!cli_parse_int(optarg, 1, 65536, &v))
+                return cli_usage_error("serve", "--batch-tokens '%s' is not 1-65536", optarg);
+            batch_tokens = (uint32_t)v;
+            break;
         case O_NOMMAP: mp.no_mmap = true; break;
         case O_MLOCK: mp.mlock = true; break;
         default:
@@ -340,6 +356,8 @@ static int cmd_serve(int argc, char **argv) {
             .demo_note = demo_note,
             .spec = spec,
             .spec_max = spec_max,
+            .parallel = parallel,
+            .batch_tokens = batch_tokens,
         };
         st = srv_engine_new(&ep, &eng);
     }

@@ -15,7 +15,6 @@
 #include <string.h>
 
 #define DEFAULT_N_CTX_CAP 32768u
-#define DEFAULT_N_CHUNK 512u
 #define MAX_N_CTX (1u << 24)
 
 struct tern_checkpoint {
@@ -253,7 +252,7 @@ enum tern_status tern_session_new(struct tern_model *m, const struct tern_sessio
         TERN_LOG_WARN("session: context size %u exceeds the model's training context %u", n_ctx, m->hp.n_ctx_train);
     if (p->kv_type != TERN_KV_F16 && p->kv_type != TERN_KV_F32)
         return tern_errorf(TERN_ERR_INVALID, "session: unknown KV cache type %d", (int)p->kv_type);
-    uint32_t n_chunk = p->n_chunk ? p->n_chunk : DEFAULT_N_CHUNK;
+    uint32_t n_chunk = p->n_chunk ? p->n_chunk : TERN_DEFAULT_CHUNK;
     if (n_chunk > n_ctx) n_chunk = n_ctx;
     return session_alloc(m, n_ctx, p->kv_type, n_chunk, out);
 }

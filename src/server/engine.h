@@ -1,11 +1,16 @@
 /* The engine backend of the server: a loaded model, its chat format, the reuse cache,
- * and the worker's per-request loop (DESIGN.md §2):
+ * and the worker's step scheduler (DESIGN.md §2, §8):
  *
  *   prepare (a prepare thread)   template render -> tokens; 4xx decided here
- *   run (the one worker thread)  cache_acquire -> prime P[r..m) (keep-alive comments,
- *                                checkpoints, cancel between chunks) -> decode (stop
- *                                strings, reasoning / tool-call parsing, SSE) ->
- *                                cache_release.
+ *   start (the worker thread)    cache_acquire: the request joins the running set (up
+ *                                to --parallel of them)
+ *   step (the worker thread)     one forward over a batch: a decode row for every
+ *                                running request that has its logits (after sampling its
+ *                                next token: stop strings, reasoning / tool-call parsing,
+ *                                SSE), then prefill chunks of the others in arrival order
+ *                                within --batch-tokens (keep-alive comments, checkpoints,
+ *                                cancel between steps); a request that ends is committed
+ *                                with cache_release.
  *   idle (the worker, queue empty) predictive priming of the most recent conversation
  *                                (predict.h): cache_predict_begin -> prime in small
  *                                chunks, yielding to the next request at a chunk
@@ -35,6 +40,8 @@ struct srv_engine_params {
     const char *demo_note;           /* non-NULL: this is the demo model; say so */
     enum spec_mode spec;             /* --spec: speculative decoding's draft source */
     uint32_t spec_max;               /* --spec-max: tokens per draft (0 = SPEC_DEFAULT_MAX) */
+    uint32_t parallel;               /* --parallel: requests running at once (0 = what the memory budget fits, 4..8) */
+    uint32_t batch_tokens;           /* --batch-tokens: rows per engine step (0 = the session chunk) */
 };
 
 enum tern_status srv_engine_new(const struct srv_engine_params *p, struct srv_engine **out);

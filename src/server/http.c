@@ -82,7 +82,7 @@ struct srv_server {
     pthread_cond_t qcv;
     struct srv_job **queue;      /* ring of n_queue */
     uint32_t q_head, q_len;
-    struct srv_job *running;
+    uint32_t n_running;          /* jobs the worker is running */
     pthread_t worker;
     bool worker_started;
     /* idle work (backend->idle): pending after a job ran; running while the worker is
@@ -269,12 +269,16 @@ static void render_metrics(struct srv_server *s, struct tern_buf *b) {
     }
     pthread_mutex_lock(&s->qmu);
     uint32_t q = s->q_len;
-    bool busy = s->running != NULL;
+    uint32_t n_running = s->n_running;
     pthread_mutex_unlock(&s->qmu);
     tern_buf_printf(b,
                     "# TYPE tern_queue_depth gauge\ntern_queue_depth %u\n"
                     "# TYPE tern_queue_capacity gauge\ntern_queue_capacity %u\n"
                     "# TYPE tern_engine_busy gauge\ntern_engine_busy %d\n"
+                    "# HELP tern_requests_running Requests the engine is running (priming or decoding).\n"
+                    "# TYPE tern_requests_running gauge\ntern_requests_running %u\n"
+                    "# HELP tern_requests_waiting Requests queued for a place among the running ones.\n"
+                    "# TYPE tern_requests_waiting gauge\ntern_requests_waiting %u\n"
                     "# TYPE tern_prompt_tokens_total counter\ntern_prompt_tokens_total %llu\n"
                     "# TYPE tern_prompt_tokens_cached_total counter\ntern_prompt_tokens_cached_total %llu\n"
                     "# TYPE tern_prompt_tokens_read_total counter\ntern_prompt_tokens_read_total %llu\n"
@@ -290,7 +294,7 @@ static void render_metrics(struct srv_server *s, struct tern_buf *b) {
                     "# TYPE tern_preempt_wait_seconds summary\ntern_preempt_wait_seconds_sum %.6f\n"
                     "tern_preempt_wait_seconds_count %llu\n"
                     "# TYPE tern_uptime_seconds gauge\ntern_uptime_seconds %.1f\n",
-                    q, s->p.n_queue, busy ? 1 : 0, (unsigned long long)atomic_load(&s->prompt_tokens),
+                    q, s->p.n_queue, n_running ? 1 : 0, n_running, q, (unsigned long long)atomic_load(&s->prompt_tokens),
                     (unsigned long long)atomic_load(&s->cached_tokens),
                     (unsigned long long)atomic_load(&s->read_tokens),
                     (unsigned long long)atomic_load(&s->generated_tokens),
@@ -313,74 +317,151 @@ static void render_metrics(struct srv_server *s, struct tern_buf *b) {
 
 /* ---- the worker -------------------------------------------------------------------- */
 
-static void *worker_main(void *arg) {
-    struct srv_server *s = arg;
+/* The end of a job the worker ran: its status for the log and /metrics, then the
+ * worker's reference goes. */
+static void job_retire(struct srv_server *s, struct srv_job *j) {
+    pthread_mutex_lock(&j->mu);
+    bool done = j->done;
+    pthread_mutex_unlock(&j->mu);
+    if (!done) srv_job_finish(j, 500); /* a backend bug; never leave a client hanging */
+    pthread_mutex_lock(&j->mu);
+    int status = j->status;
+    pthread_mutex_unlock(&j->mu);
+    bool cancelled = atomic_load(&j->cancel) != 0;
+    if (cancelled) {
+        if (!j->note[0]) snprintf(j->note, sizeof j->note, "cancelled (client went away)");
+        status = 499;
+    }
+    /* A stream's status line said 200 long ago; the log and /metrics say how it
+     * ended (499: the client went away; 5xx: an error event ended it). */
+    status = j->req.stream && status < 400 ? 200 : status;
+    count_request(s, j->ep == SRV_EP_CHAT ? R_CHAT : R_COMPLETIONS, status);
+    if (cancelled) atomic_fetch_add(&s->cancelled, 1);
+    log_job(s, j, status);
+    job_unref(s, j);
+}
+
+/* Takes the next queued job (qmu held, q_len > 0). */
+static struct srv_job *dequeue(struct srv_server *s) {
+    struct srv_job *j = s->queue[s->q_head];
+    s->q_head = (s->q_head + 1) % s->p.n_queue;
+    s->q_len--;
+    s->idle_pending = true;
+    if (j->t_preempt_from > 0) j->t_preempt_wait = tern_now_s() - j->t_preempt_from;
+    return j;
+}
+
+static void count_preempt(struct srv_server *s, const struct srv_job *j) {
+    if (j->t_preempt_from > 0) {
+        atomic_fetch_add(&s->preempt_us_sum, (uint64_t)(j->t_preempt_wait * 1e6));
+        atomic_fetch_add(&s->preempt_count, 1);
+    }
+}
+
+static bool cancelled_before_start(struct srv_server *s, struct srv_job *j) {
+    if (!atomic_load(&j->cancel) && !atomic_load(&s->stopping)) return false;
+    snprintf(j->note, sizeof j->note, "cancelled before it started");
+    srv_job_finish(j, 499);
+    return true;
+}
+
+/* Nothing queued and nothing running: background work, which yields to the next
+ * enqueue at its next chunk boundary; else sleep until a job comes. (qmu held) */
+static void worker_wait(struct srv_server *s) {
+    const struct srv_backend *ib = atomic_load(&s->backend);
+    if (s->idle_pending && ib && ib->idle) {
+        atomic_store(&s->preempt, 0);
+        s->idle_running = true;
+        pthread_mutex_unlock(&s->qmu);
+        bool more = ib->idle(ib->self, &s->preempt);
+        pthread_mutex_lock(&s->qmu);
+        s->idle_running = false;
+        s->idle_pending = more;
+        return;
+    }
+    pthread_cond_wait(&s->qcv, &s->qmu);
+}
+
+/* A backend that runs one job at a time (backend->run). */
+static void *worker_serial(struct srv_server *s) {
     for (;;) {
         pthread_mutex_lock(&s->qmu);
-        while (s->q_len == 0 && !atomic_load(&s->stopping)) {
-            const struct srv_backend *ib = atomic_load(&s->backend);
-            if (s->idle_pending && ib && ib->idle) {
-                /* Nothing queued: background work, which yields to the next enqueue
-                 * at its next chunk boundary. Never started while a job waits. */
-                atomic_store(&s->preempt, 0);
-                s->idle_running = true;
-                pthread_mutex_unlock(&s->qmu);
-                bool more = ib->idle(ib->self, &s->preempt);
-                pthread_mutex_lock(&s->qmu);
-                s->idle_running = false;
-                s->idle_pending = more;
-                continue;
-            }
-            pthread_cond_wait(&s->qcv, &s->qmu);
-        }
+        while (s->q_len == 0 && !atomic_load(&s->stopping)) worker_wait(s);
         if (s->q_len == 0) {
             pthread_mutex_unlock(&s->qmu);
             break;
         }
-        struct srv_job *j = s->queue[s->q_head];
-        s->q_head = (s->q_head + 1) % s->p.n_queue;
-        s->q_len--;
-        s->running = j;
-        s->idle_pending = true;
-        if (j->t_preempt_from > 0) j->t_preempt_wait = tern_now_s() - j->t_preempt_from;
+        struct srv_job *j = dequeue(s);
+        s->n_running = 1;
         pthread_mutex_unlock(&s->qmu);
-        if (j->t_preempt_from > 0) {
-            atomic_fetch_add(&s->preempt_us_sum, (uint64_t)(j->t_preempt_wait * 1e6));
-            atomic_fetch_add(&s->preempt_count, 1);
-        }
-
+        count_preempt(s, j);
         const struct srv_backend *b = atomic_load(&s->backend);
-        if (atomic_load(&j->cancel) || atomic_load(&s->stopping)) {
-            snprintf(j->note, sizeof j->note, "cancelled before it started");
-            srv_job_finish(j, 499);
-        } else {
-            b->run(b->self, j);
-            pthread_mutex_lock(&j->mu);
-            bool done = j->done;
-            pthread_mutex_unlock(&j->mu);
-            if (!done) srv_job_finish(j, 500); /* a backend bug; never leave a client hanging */
-        }
-        pthread_mutex_lock(&j->mu);
-        int status = j->status;
-        pthread_mutex_unlock(&j->mu);
-        bool cancelled = atomic_load(&j->cancel) != 0;
-        if (cancelled) {
-            if (!j->note[0]) snprintf(j->note, sizeof j->note, "cancelled (client went away)");
-            status = 499;
-        }
-        /* A stream's status line said 200 long ago; the log and /metrics say how it
-         * ended (499: the client went away; 5xx: an error event ended it). */
-        status = j->req.stream && status < 400 ? 200 : status;
-        count_request(s, j->ep == SRV_EP_CHAT ? R_CHAT : R_COMPLETIONS, status);
-        if (cancelled) atomic_fetch_add(&s->cancelled, 1);
-        log_job(s, j, status);
-
+        if (!cancelled_before_start(s, j)) b->run(b->self, j);
+        job_retire(s, j);
         pthread_mutex_lock(&s->qmu);
-        s->running = NULL;
+        s->n_running = 0;
         pthread_mutex_unlock(&s->qmu);
-        job_unref(s, j);
     }
     return NULL;
+}
+
+/* A batched backend (backend->start, ->step): jobs join the running set between steps
+ * while it has room; every step advances all of them. At shutdown the running jobs
+ * are cancelled (srv_stop) and end in the next step. */
+static void *worker_batched(struct srv_server *s, const struct srv_backend *b) {
+    uint32_t max_running = b->max_running ? b->max_running : 1;
+    struct srv_job *one[1];
+    struct srv_job **ended = tern_calloc(max_running, sizeof *ended);
+    if (!ended) {
+        TERN_LOG_ERROR("server: out of memory for the worker; running one request at a time");
+        max_running = 1;
+    }
+    struct srv_job **out = ended ? ended : one;
+    for (;;) {
+        pthread_mutex_lock(&s->qmu);
+        while (s->q_len == 0 && s->n_running == 0 && !atomic_load(&s->stopping)) worker_wait(s);
+        if (s->q_len == 0 && s->n_running == 0) {
+            pthread_mutex_unlock(&s->qmu);
+            break;
+        }
+        while (s->q_len > 0 && s->n_running < max_running) {
+            struct srv_job *j = dequeue(s);
+            s->n_running++;
+            pthread_mutex_unlock(&s->qmu);
+            count_preempt(s, j);
+            if (cancelled_before_start(s, j)) {
+                job_retire(s, j);
+                pthread_mutex_lock(&s->qmu);
+                s->n_running--;
+                continue;
+            }
+            const bool runs = b->start(b->self, j);
+            if (!runs) job_retire(s, j);
+            pthread_mutex_lock(&s->qmu);
+            if (!runs) s->n_running--;
+        }
+        const bool any = s->n_running > 0;
+        pthread_mutex_unlock(&s->qmu);
+        if (!any) continue;
+        size_t k = b->step(b->self, out, max_running);
+        for (size_t i = 0; i < k; i++) job_retire(s, out[i]);
+        pthread_mutex_lock(&s->qmu);
+        s->n_running -= (uint32_t)k;
+        pthread_mutex_unlock(&s->qmu);
+    }
+    free(ended);
+    return NULL;
+}
+
+static void *worker_main(void *arg) {
+    struct srv_server *s = arg;
+    /* the backend is set before the first job is queued */
+    pthread_mutex_lock(&s->qmu);
+    while (!atomic_load(&s->backend) && !atomic_load(&s->stopping)) pthread_cond_wait(&s->qcv, &s->qmu);
+    pthread_mutex_unlock(&s->qmu);
+    const struct srv_backend *b = atomic_load(&s->backend);
+    if (b && b->start && b->step) return worker_batched(s, b);
+    return worker_serial(s);
 }
 
 /* Queues a job (the queue takes a reference). false when the queue is full. */
@@ -1309,7 +1390,12 @@ enum tern_status srv_start(const struct srv_params *params, struct srv_server **
     return TERN_OK;
 }
 
-void srv_set_backend(struct srv_server *s, const struct srv_backend *b) { atomic_store(&s->backend, b); }
+void srv_set_backend(struct srv_server *s, const struct srv_backend *b) {
+    pthread_mutex_lock(&s->qmu);
+    atomic_store(&s->backend, b);
+    pthread_cond_broadcast(&s->qcv); /* the worker waits for it */
+    pthread_mutex_unlock(&s->qmu);
+}
 
 int srv_port(const struct srv_server *s) { return s->port; }
 

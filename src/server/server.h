@@ -5,8 +5,8 @@
  * backend in engine.h; tests plug in their own). The HTTP side and the engine meet at
  * one queue (STYLE.md): a prepare thread parses and prepares a job (validation,
  * template, tokens — all 4xx decided here, before any byte of the response), the
- * single worker thread runs jobs one at a time, and the job's output buffer carries
- * the bytes back. No thread belongs to a connection: a connection waiting for its job
+ * single worker thread runs the jobs (several at once, a step at a time, with a batched
+ * backend), and the job's output buffer carries the bytes back. No thread belongs to a connection: a connection waiting for its job
  * is suspended and resumed by the job's output. A client that goes away sets the job's
  * cancel flag, which the engine checks between chunks and between tokens. */
 #ifndef TERN_SERVER_SERVER_H
@@ -25,7 +25,7 @@
 struct srv_params {
     const char *host;            /* "127.0.0.1"; an IPv6 literal works too */
     int port;                    /* 0: pick a free port (see srv_port) */
-    uint32_t n_queue;            /* requests waiting beyond the running one; full -> 429 */
+    uint32_t n_queue;            /* requests waiting beyond the running ones; full -> 429 */
     size_t max_body;             /* bytes; larger bodies -> 413 */
     const char *const *api_keys; /* when n_api_keys > 0 every route but /health needs one */
     size_t n_api_keys;
@@ -104,6 +104,15 @@ struct srv_backend {
     bool (*prepare)(void *self, struct srv_job *job, struct srv_error *err);
     /* the worker thread: run the job, write its output, call srv_job_finish. */
     void (*run)(void *self, struct srv_job *job);
+    /* Instead of run, a batched backend (continuous batching, DESIGN.md §8): the worker
+     * hands a job to start when fewer than max_running are running (the rest wait in
+     * the queue), then calls step while any is running. A step advances every running
+     * job and returns those that ended in it (srv_job_finish called) in ended[0..k),
+     * k <= cap; cap >= max_running. start returns false when the job ended at once
+     * (finished: it never comes back from a step). */
+    bool (*start)(void *self, struct srv_job *job);
+    size_t (*step)(void *self, struct srv_job **ended, size_t cap);
+    uint32_t max_running;
     void (*job_free)(void *self, struct srv_job *job);
     /* POST /tokenize and /detokenize bodies -> response object (new ref) or NULL + err */
     json_t *(*tokenize)(void *self, const json_t *body, struct srv_error *err);

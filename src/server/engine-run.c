@@ -1,0 +1,721 @@
+/* The step scheduler (engine.h; DESIGN.md §2, §8): continuous batching.
+ *
+ * A request joins the running set in engine_start (cache_acquire: its lease's session
+ * is positioned at the resume point r), and from then on every engine_step advances it:
+ *
+ *   decode   a request with logits samples its next token (grammar mask, forced
+ *            tokens, or speculative decoding, which evaluates its own drafts), streams
+ *            what the stop matcher and the reply parser decide, and either ends or
+ *            adds the token as one row of the step's batch;
+ *   prefill  the requests still reading their prompts, in arrival order, add chunks
+ *            of up to the step's remaining budget (--batch-tokens minus the decode
+ *            rows), cut at the checkpoint plan's positions, where the checkpoint is
+ *            taken before the chunk;
+ *   forward  one tern_eval_batch over all rows: the weights are read once per step.
+ *
+ * Every row's result is independent of the rows beside it (kernels.h), so a request's
+ * tokens and state do not depend on what else runs (test-batch, test-server-batch).
+ * Decode streams get their token every step, and a long prompt delays them by at most
+ * one step's budget. A request that ends is committed (cache_release) at once. */
+#include "server/engine-impl.h"
+
+#include "grammar/grammar.h"
+#include "server/constrain.h"
+#include "server/reply.h"
+#include "server/respond.h"
+#include "tokenizer/tokenizer.h"
+#include "util/log.h"
+#include "util/mem.h"
+#include "util/timeutil.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define PRIME_COMMENT_EVERY_S 2.0
+
+struct out_state {
+    struct srv_job *job;
+    struct srv_resp_ctx ctx;
+    struct reply_parser parser;  /* chat */
+    struct tern_buf text;        /* completions: the whole text */
+    struct stop_matcher stop;
+    struct tern_detok *detok;
+    struct tern_buf piece, safe, frame;
+    bool role_sent;
+};
+
+enum rq_phase { RQ_PRIME, RQ_DECODE };
+
+/* One running request: what engine_run's locals were when a request ran alone. */
+struct eng_req {
+    struct eng_req *next;
+    struct srv_job *j;
+    struct eng_job *ej;
+    struct cache_lease lease;
+    struct tern_session *s;
+    enum rq_phase phase;
+    size_t ick;                  /* the next position of the lease's checkpoint plan */
+    double t_prime0, t_comment;
+    struct srv_reuse reuse;
+    struct out_state o;
+    struct tern_sampler *sampler;
+    struct spec_dec sd;          /* sd.s set: speculative decoding evaluates for this request */
+    struct tern_gmatch *gm;      /* the grammar's matcher (NULL: unconstrained) */
+    uint32_t *gmask;
+    double t_mask;
+    struct tern_gmatch_stats gstats0;
+    struct tern_buf gtail;       /* the output so far, under a grammar (for the lazy trigger and the log) */
+    size_t lazy_scan;            /* where the lazy trigger search goes on */
+    int64_t max_new, i;          /* tokens allowed; the index of the next one */
+    int32_t feed;                /* the token this step evaluates for it */
+    bool release_ok, completed, ended;
+    const char *finish;
+};
+
+/* ---- output ------------------------------------------------------------------------ */
+
+/* Pushes text through the stop matcher and the parser; streams what is decided. */
+static enum tern_status out_text(struct out_state *o, const char *s, size_t n, bool flush) {
+    enum tern_status st = TERN_OK;
+    tern_buf_clear(&o->safe);
+    if (n) st = stop_matcher_feed(&o->stop, s, n, &o->safe);
+    if (!st && flush) st = stop_matcher_flush(&o->stop, &o->safe);
+    if (st) return st;
+    struct srv_job *j = o->job;
+    if (j->ep == SRV_EP_CHAT) {
+        if (o->safe.len) st = reply_parser_feed(&o->parser, o->safe.data, o->safe.len);
+        if (!st && flush) st = reply_parser_finish(&o->parser);
+        if (st) return st;
+        struct reply_delta *d = reply_parser_delta(&o->parser);
+        if (j->req.stream && !reply_delta_empty(d)) {
+            st = srv_sse_data(&o->frame, srv_chunk_chat(&o->ctx, d, &o->parser, !o->role_sent, NULL, NULL));
+            o->role_sent = true;
+        }
+        reply_delta_reset(d);
+    } else if (o->safe.len) {
+        st = tern_buf_append(&o->text, o->safe.data, o->safe.len);
+        if (!st && j->req.stream) st = srv_sse_data(&o->frame, srv_chunk_text(&o->ctx, o->safe.data, o->safe.len, NULL, NULL));
+    }
+    if (o->frame.len) {
+        srv_job_write(j, o->frame.data, o->frame.len);
+        tern_buf_clear(&o->frame);
+    }
+    return st;
+}
+
+static void log_state_hashes(struct tern_session *s, const char *id) {
+    struct tern_hash_component comps[256];
+    size_t n = tern_session_hash_components(s, comps, TERN_ARRAY_LEN(comps));
+    struct tern_buf b = TERN_BUF_INIT;
+    tern_buf_printf(&b, "state-hash %s n_past=%u total=%016llx", id, tern_session_n_past(s),
+                    (unsigned long long)tern_session_hash(s));
+    for (size_t i = 0; i < n && i < TERN_ARRAY_LEN(comps); i++)
+        tern_buf_printf(&b, " %s=%016llx", comps[i].name, (unsigned long long)comps[i].hash);
+    TERN_LOG_INFO("%s", b.data);
+    tern_buf_free(&b);
+}
+
+static void send_failure(struct srv_job *j, int status, const char *type, const char *fmt, const char *msg) {
+    struct srv_error err;
+    srv_error_set(&err, status, type, NULL, NULL, fmt, msg);
+    size_t nl = strnlen(err.message, sizeof j->note - 1);
+    memcpy(j->note, err.message, nl);
+    j->note[nl] = 0;
+    struct tern_buf b = TERN_BUF_INIT;
+    if (j->req.stream) {
+        srv_sse_error(&b, &err);
+    } else {
+        char *s = srv_error_json(&err);
+        if (s) tern_buf_puts(&b, s);
+        free(s);
+    }
+    if (b.len) srv_job_write(j, b.data, b.len);
+    tern_buf_free(&b);
+    srv_job_finish(j, status);
+}
+
+/* ---- grammars ---------------------------------------------------------------------- */
+
+/* The vocabulary trie (built once, on the first constrained request) and a mask buffer. */
+static enum tern_status grammar_runtime(struct srv_engine *e, uint32_t **mask) {
+    if (!e->gvocab) {
+        double t0 = tern_now_s();
+        enum tern_status st = tern_gvocab_from_tokenizer(e->tok, &e->gvocab);
+        if (st) return st;
+        TERN_LOG_INFO("grammar: vocabulary trie of %zu nodes built in %.3fs", tern_gvocab_n_nodes(e->gvocab),
+                      tern_now_s() - t0);
+    }
+    if (!*mask && !(*mask = tern_malloc(((size_t)e->info->n_vocab + 31) / 32 * sizeof **mask)))
+        return tern_errorf(TERN_ERR_NOMEM, "out of memory for the token mask");
+    return TERN_OK;
+}
+
+/* Whether one of the running requests uses matcher k (a kept matcher is shared only
+ * by requests that run one after another). */
+static bool matcher_in_use(const struct srv_engine *e, const struct tern_gmatch *m) {
+    for (const struct eng_req *r = e->run_head; r; r = r->next)
+        if (r->gm == m && !r->ended) return true;
+    return false;
+}
+
+/* The matcher for a job's grammar (*owner): a kept one (reset) when the same grammar
+ * came before and no running request holds it, else a new one that is kept, taking the
+ * grammar over from the job. */
+static enum tern_status grammar_matcher(struct srv_engine *e, struct tern_grammar **owner, struct tern_gmatch **out) {
+    size_t lru = ENG_GRAMMARS;
+    for (size_t i = 0; i < ENG_GRAMMARS; i++) {
+        struct eng_gram *k = &e->gram[i];
+        if (k->m && matcher_in_use(e, k->m)) continue;
+        if (k->g && tern_grammar_same(k->g, *owner)) {
+            struct tern_gmatch_stats gs;
+            tern_gmatch_get_stats(k->m, &gs);
+            if (gs.n_stack_nodes <= ENG_GRAMMAR_MAX_NODES) {
+                tern_gmatch_reset(k->m);
+                k->used = ++e->gram_tick;
+                *out = k->m;
+                return TERN_OK;
+            }
+            lru = i;
+            break;
+        }
+        if (lru == ENG_GRAMMARS || !k->g || k->used < e->gram[lru].used) lru = i;
+    }
+    if (lru == ENG_GRAMMARS) /* every kept matcher is in use: this request's own */
+        return tern_errorf(TERN_ERR_LIMIT, "more than %d constrained requests at once", ENG_GRAMMARS);
+    struct eng_gram *k = &e->gram[lru];
+    tern_gmatch_free(k->m);
+    tern_grammar_free(k->g);
+    k->g = NULL;
+    k->m = NULL;
+    enum tern_status st = tern_gmatch_new(*owner, e->gvocab, &k->m);
+    if (st) return st;
+    k->g = *owner;
+    *owner = NULL;
+    k->used = ++e->gram_tick;
+    *out = k->m;
+    return TERN_OK;
+}
+
+/* Is text[0..at) inside a reasoning block (after the last <think> and no </think> since,
+ * or the prompt opened one that is still open)? */
+static bool in_reasoning(const char *text, size_t at, bool prompt_opened) {
+    const char *last_open = NULL, *last_close = NULL;
+    for (const char *p = text; (p = memmem(p, (size_t)(text + at - p), "<think>", 7)); p += 7) last_open = p;
+    for (const char *p = text; (p = memmem(p, (size_t)(text + at - p), "</think>", 8)); p += 8) last_close = p;
+    if (last_open) return !last_close || last_close < last_open;
+    return prompt_opened && !last_close;
+}
+
+/* ---- the end of a request ------------------------------------------------------------ */
+
+/* Commits and frees what the request holds (the job was finished before). */
+static void req_end(struct srv_engine *e, struct eng_req *r) {
+    struct srv_job *j = r->j;
+    /* The session holds exactly the accepted tokens before it is hashed or parked. */
+    if (r->sd.s && spec_finish(&r->sd)) {
+        TERN_LOG_WARN("spec: %s: %s", j->id, tern_last_error());
+        r->release_ok = false;
+    }
+    struct spec_dec *sd = &r->sd;
+    if (sd->st.rounds) {
+        j->n_drafted = (uint32_t)sd->st.drafted;
+        j->n_accepted = (uint32_t)sd->st.accepted;
+        TERN_LOG_DEBUG("spec: %s %s drafted=%llu accepted=%llu rounds=%llu refed=%llu", j->id, spec_mode_name(sd->mode),
+                       (unsigned long long)sd->st.drafted, (unsigned long long)sd->st.accepted,
+                       (unsigned long long)sd->st.rounds, (unsigned long long)sd->st.refed);
+        atomic_fetch_add(&e->spec_drafted, sd->st.drafted);
+        atomic_fetch_add(&e->spec_accepted, sd->st.accepted);
+        atomic_fetch_add(&e->spec_rounds, sd->st.rounds);
+        atomic_fetch_add(&e->spec_refed, sd->st.refed);
+    }
+    spec_dec_free(sd);
+    if (r->s) {
+        if (e->state_hash) log_state_hashes(r->s, j->id);
+        if (r->gm) {
+            struct tern_gmatch_stats gs;
+            tern_gmatch_get_stats(r->gm, &gs);
+            TERN_LOG_INFO("grammar: %s %llu masks (%llu from the cache) in %.3fs, %llu trie nodes walked, %zu stack "
+                          "nodes",
+                          j->id, (unsigned long long)(gs.masks - r->gstats0.masks),
+                          (unsigned long long)(gs.cache_hits - r->gstats0.cache_hits), r->t_mask,
+                          (unsigned long long)(gs.nodes_visited - r->gstats0.nodes_visited), gs.n_stack_nodes);
+        }
+        cache_release(e->cache, &r->lease, r->release_ok);
+        r->s = NULL;
+    }
+    r->gm = NULL;
+    free(r->gmask);
+    r->gmask = NULL;
+    tern_buf_free(&r->gtail);
+    /* The most recent conversation is the one predicted (the previous one's
+     * predictions, primed or not, give way). */
+    if (r->completed && r->release_ok && j->ep == SRV_EP_CHAT && e->predict != PREDICT_OFF)
+        predict_follow(e, j, &r->o.parser);
+    tern_sampler_free(r->sampler);
+    r->sampler = NULL;
+    tern_detok_free(r->o.detok);
+    r->o.detok = NULL;
+    reply_parser_free(&r->o.parser);
+    stop_matcher_free(&r->o.stop);
+    tern_buf_free(&r->o.text);
+    tern_buf_free(&r->o.piece);
+    tern_buf_free(&r->o.safe);
+    tern_buf_free(&r->o.frame);
+    r->ended = true;
+}
+
+static void req_fail(struct srv_engine *e, struct eng_req *r, int status, const char *fmt, const char *msg) {
+    send_failure(r->j, status, status < 500 ? "invalid_request_error" : "server_error", fmt, msg);
+    req_end(e, r);
+}
+
+/* The client went away: the session holds a consistent prefix (a step boundary) and
+ * stays usable. */
+static void req_cancelled(struct srv_engine *e, struct eng_req *r) {
+    snprintf(r->j->note, sizeof r->j->note, "cancelled (client went away)");
+    srv_job_finish(r->j, 499);
+    req_end(e, r);
+}
+
+/* The reply is complete: the detokenizer's and the stop matcher's tails, then the
+ * response (or the stream's last events). */
+static void req_complete(struct srv_engine *e, struct eng_req *r) {
+    struct srv_job *j = r->j;
+    struct out_state *o = &r->o;
+    tern_buf_clear(&o->piece);
+    tern_detok_flush(o->detok, &o->piece);
+    if (out_text(o, o->piece.data, o->piece.len, true)) {
+        req_fail(e, r, 500, "output: %s", "out of memory");
+        return;
+    }
+    const char *finish = r->finish;
+    if (j->ep == SRV_EP_CHAT && o->parser.n_calls > 0 && !strcmp(finish, "stop")) finish = "tool_calls";
+    struct srv_usage u = {.prompt_tokens = (uint32_t)j->n_prompt, .completion_tokens = j->n_generated,
+                          .cached_tokens = r->lease.decision.cached};
+    if (j->req.stream) {
+        /* the stream ends with [DONE] only when every event before it was built; else
+         * with an error event (never silently short) */
+        enum tern_status fst =
+            j->ep == SRV_EP_CHAT ? srv_sse_data(&o->frame, srv_chunk_chat(&o->ctx, NULL, &o->parser, false, finish, &r->reuse))
+                                 : srv_sse_data(&o->frame, srv_chunk_text(&o->ctx, "", 0, finish, &r->reuse));
+        if (!fst && j->req.include_usage) fst = srv_sse_data(&o->frame, srv_chunk_usage(&o->ctx, &u, &r->reuse));
+        if (!fst) fst = srv_sse_done(&o->frame);
+        if (fst) {
+            if (o->frame.len) srv_job_write(j, o->frame.data, o->frame.len);
+            req_fail(e, r, 500, "%s", "out of memory building the stream's last events");
+            return;
+        }
+    } else {
+        json_t *resp = j->ep == SRV_EP_CHAT ? srv_response_chat(&o->ctx, &o->parser, finish, &u, &r->reuse)
+                                            : srv_response_text(&o->ctx, o->text.data, o->text.len, finish, &u, &r->reuse);
+        char *txt = resp ? json_dumps(resp, JSON_COMPACT) : NULL;
+        json_decref(resp);
+        if (!txt) {
+            req_fail(e, r, 500, "%s", "out of memory building the response");
+            return;
+        }
+        tern_buf_puts(&o->frame, txt);
+        free(txt);
+    }
+    srv_job_write(j, o->frame.data, o->frame.len);
+    srv_job_finish(j, 200);
+    r->completed = true;
+    req_end(e, r);
+}
+
+/* ---- start ------------------------------------------------------------------------- */
+
+bool engine_start(void *self, struct srv_job *j) {
+    struct srv_engine *e = self;
+    struct eng_req *r = tern_calloc(1, sizeof *r);
+    if (!r) {
+        send_failure(j, 503, "server_error", "cannot start the request: %s", "out of memory");
+        return false;
+    }
+    r->j = j;
+    r->ej = j->priv;
+    r->t_prime0 = r->t_comment = tern_now_s();
+    struct cache_ident ident = {.tenant = j->tenant ? j->tenant : "", .key = j->key};
+    enum tern_status st = cache_acquire(e->cache, &ident, j->prompt, j->n_prompt, &r->lease);
+    if (st) {
+        send_failure(j, st == TERN_ERR_NOMEM ? 503 : 500, "server_error", "cannot start the request: %s",
+                     tern_last_error());
+        free(r);
+        return false;
+    }
+    r->s = r->lease.session;
+    const struct cache_decision *dec = &r->lease.decision;
+    j->n_cached = dec->cached;
+    j->n_read = dec->read;
+    r->reuse = (struct srv_reuse){
+        .tier = cache_tier_name(dec->tier),
+        .cached = dec->cached,
+        .read = dec->read,
+        .key = dec->key_explicit ? "explicit" : dec->key_implicit ? "implicit" : "none",
+        .reason = dec->reason,
+    };
+    r->o.job = j;
+    r->o.ctx = (struct srv_resp_ctx){.id = j->id, .model = e->model_id, .created = j->created, .ep = j->ep};
+    reply_parser_init(&r->o.parser, e->chat.fmt, j->req.tools && j->req.tool_choice != SRV_TOOLS_NONE, r->ej->in_think,
+                      j->seq * 0x9e3779b97f4a7c15ull ^ (uint64_t)j->created);
+    stop_matcher_init(&r->o.stop, (const char *const *)j->req.stop, j->req.n_stop);
+    r->release_ok = true;
+    r->finish = "stop";
+    r->phase = RQ_PRIME;
+    /* checkpoints at or below the resume point are not in the plan (it is in (r, m]) */
+    if (e->run_tail) e->run_tail->next = r;
+    else e->run_head = r;
+    e->run_tail = r;
+    atomic_fetch_add(&e->n_running, 1);
+    atomic_fetch_add(&e->n_priming, 1);
+    return true;
+}
+
+/* ---- decode ------------------------------------------------------------------------ */
+
+/* The prompt is read: sampler, detokenizer, grammar, the stream's first event, the
+ * speculative decoder. false: the request ended. */
+static bool decode_begin(struct srv_engine *e, struct eng_req *r) {
+    struct srv_job *j = r->j;
+    struct eng_job *ej = r->ej;
+    r->phase = RQ_DECODE;
+    atomic_fetch_sub(&e->n_priming, 1);
+    j->t_prime = tern_now_s() - r->t_prime0;
+    struct tern_sampler_params sp = j->req.sampling;
+    if (!j->req.seed_set) sp.seed = tern_now_ns() ^ (j->seq << 32);
+    enum tern_status st = tern_sampler_new(&sp, e->info->n_vocab, &r->sampler);
+    if (!st) st = tern_detok_new(e->tok, TERN_TOK_PARSE_SPECIAL, &r->o.detok);
+    struct tern_grammar **grammar = ej->tool_grammar ? &ej->tool_grammar : j->req.grammar ? &j->req.grammar : NULL;
+    if (!st && grammar) {
+        st = grammar_runtime(e, &r->gmask);
+        if (!st) st = grammar_matcher(e, grammar, &r->gm);
+        if (!st) tern_gmatch_get_stats(r->gm, &r->gstats0);
+    }
+    if (st) {
+        req_fail(e, r, st == TERN_ERR_LIMIT ? 503 : 500, "cannot start decoding: %s", tern_last_error());
+        return false;
+    }
+    if (j->req.stream && j->ep == SRV_EP_CHAT) {
+        if (srv_sse_data(&r->o.frame, srv_chunk_chat(&r->o.ctx, NULL, &r->o.parser, true, NULL, NULL))) {
+            req_fail(e, r, 500, "%s", "out of memory building the first stream event");
+            return false;
+        }
+        r->o.role_sent = true;
+    }
+    /* Speculative decoding (spec.h): the decoder samples and evaluates for this request,
+     * outside the step's batch. Forced output (tests) bypasses it. A grammar (also one
+     * that a tool call may trigger later) or a forced prefix turns drafting off: the
+     * mask is applied to each sampled token in turn, so the session must never run
+     * ahead of the accepted tokens (docs/spec.md). Without drafting, each token is a
+     * row of the step. */
+    if (!ej->forced) {
+        struct spec_params spp = {.mode = j->req.spec_set ? j->req.spec : e->spec,
+                                  .max = j->req.spec_max ? j->req.spec_max : e->spec_max};
+        if (r->gm || ej->lazy_grammar || ej->n_prefix) spp.mode = SPEC_OFF;
+        if (spp.mode != SPEC_OFF && (st = spec_dec_init(&r->sd, r->s, r->sampler, &spp, &j->cancel))) {
+            req_fail(e, r, 500, "cannot start decoding: %s", tern_last_error());
+            return false;
+        }
+    }
+    /* the request's max_tokens, within the server's cap: a request that names none (or
+     * more) still ends, with finish_reason "length", instead of holding a place until
+     * the context is full */
+    r->max_new = j->req.max_tokens > 0 ? j->req.max_tokens : INT64_MAX;
+    if (e->max_tokens > 0 && r->max_new > (int64_t)e->max_tokens) r->max_new = e->max_tokens;
+    r->finish = "length";
+    r->i = 0;
+    if (r->max_new <= 0) {
+        req_complete(e, r);
+        return false;
+    }
+    return true;
+}
+
+/* The token the request produces next; -1 when it ended (failed). */
+static int32_t next_token(struct srv_engine *e, struct eng_req *r, bool *eog) {
+    struct srv_job *j = r->j;
+    struct eng_job *ej = r->ej;
+    const int64_t i = r->i;
+    int32_t tok;
+    *eog = false;
+    if (ej->forced) {
+        if ((size_t)i >= ej->n_forced) {
+            *eog = true;
+            return 0;
+        }
+        tok = ej->forced[i];
+        if (r->gm && !tern_gmatch_accept_token(r->gm, tok)) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "forced output token %d (at %lld) is not allowed by the grammar", tok,
+                     (long long)i);
+            req_fail(e, r, 500, "%s", msg);
+            return -1;
+        }
+        return tok;
+    }
+    if ((size_t)i < ej->n_prefix) {
+        tok = ej->prefix[i];
+        if (r->gm && !tern_gmatch_accept_token(r->gm, tok)) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "forced prefix token %d (at %lld) is not allowed by the grammar", tok,
+                     (long long)i);
+            req_fail(e, r, 500, "%s", msg);
+            return -1;
+        }
+        return tok;
+    }
+    if (r->gm) {
+        double t0 = tern_now_s();
+        enum tern_status gst;
+        size_t n_allowed = tern_gmatch_mask(r->gm, r->gmask, &gst);
+        r->t_mask += tern_now_s() - t0;
+        tok = n_allowed ? tern_sampler_sample_masked(r->sampler, tern_session_logits(r->s), r->gmask,
+                                                     tern_session_tokens(r->s), tern_session_n_past(r->s))
+                        : -1;
+        if (tok < 0 || !tern_gmatch_accept_token(r->gm, tok)) {
+            char msg[300];
+            if (gst) snprintf(msg, sizeof msg, "%s", tern_last_error());
+            else snprintf(msg, sizeof msg, "the grammar allows no token of the vocabulary after %lld generated "
+                          "tokens (the output so far is not a complete match)", (long long)i);
+            TERN_LOG_WARN("grammar: %s stuck after: %.*s", j->id, (int)(r->gtail.len > 2000 ? 2000 : r->gtail.len),
+                          r->gtail.data ? r->gtail.data + (r->gtail.len > 2000 ? r->gtail.len - 2000 : 0) : "");
+            req_fail(e, r, 500, "constrained decoding stopped: %s", msg);
+            return -1;
+        }
+    } else if (r->sd.s) {
+        tok = spec_next(&r->sd);
+    } else {
+        tok = tern_sampler_sample(r->sampler, tern_session_logits(r->s), tern_session_tokens(r->s),
+                                  tern_session_n_past(r->s));
+    }
+    *eog = tern_token_is_eog(e->tok, tok);
+    return tok;
+}
+
+/* The lazy tool-call trigger: a call opened outside reasoning puts the rest of the
+ * output under the tools' grammar. */
+static enum tern_status lazy_trigger(struct srv_engine *e, struct eng_req *r) {
+    static const char trig[] = "<tool_call>";
+    struct tern_buf *g = &r->gtail;
+    const char *f = g->len > r->lazy_scan ? memmem(g->data + r->lazy_scan, g->len - r->lazy_scan, trig, sizeof trig - 1)
+                                          : NULL;
+    r->lazy_scan = g->len >= sizeof trig - 1 ? g->len - (sizeof trig - 2) : 0;
+    if (!f || in_reasoning(g->data, (size_t)(f - g->data), r->ej->in_think)) return TERN_OK;
+    enum tern_status st = grammar_runtime(e, &r->gmask);
+    if (!st) st = grammar_matcher(e, &r->ej->lazy_grammar, &r->gm);
+    if (st) return st;
+    tern_gmatch_get_stats(r->gm, &r->gstats0);
+    size_t at = (size_t)(f - g->data);
+    if (!tern_gmatch_accept_bytes(r->gm, f, g->len - at)) {
+        /* the token that opened the call ran on in a way the grammar does not allow: too
+         * late to hold it; the call is parsed as it comes */
+        TERN_LOG_WARN("grammar: %s: the tool call opened as '%.*s', which the tools' grammar does not allow; it is "
+                      "not constrained",
+                      r->j->id, (int)(g->len - at > 80 ? 80 : g->len - at), f);
+        r->gm = NULL;
+    }
+    tern_grammar_free(r->ej->lazy_grammar);
+    r->ej->lazy_grammar = NULL;
+    return TERN_OK;
+}
+
+/* One decode step of a request: its next token out, then either the end or the token
+ * to evaluate. Returns true when r->feed is to be a row of this step's batch. */
+static bool decode_step(struct srv_engine *e, struct eng_req *r) {
+    struct srv_job *j = r->j;
+    if (atomic_load(&j->cancel)) {
+        req_cancelled(e, r);
+        return false;
+    }
+    bool eog;
+    const int32_t tok = next_token(e, r, &eog);
+    if (tok < 0) return false;
+    if (eog) {
+        r->finish = "stop";
+        req_complete(e, r);
+        return false;
+    }
+    if (j->n_generated == 0) j->t_first = tern_now_s();
+    j->n_generated++;
+    struct out_state *o = &r->o;
+    tern_buf_clear(&o->piece);
+    enum tern_status st = tern_detok_push(o->detok, tok, &o->piece);
+    if (!st) st = out_text(o, o->piece.data, o->piece.len, false);
+    if (!st && (r->gm || r->ej->lazy_grammar)) st = tern_buf_append(&r->gtail, o->piece.data ? o->piece.data : "", o->piece.len);
+    if (!st && !r->gm && r->ej->lazy_grammar) st = lazy_trigger(e, r);
+    if (st) {
+        req_fail(e, r, 500, "output: %s", tern_last_error());
+        return false;
+    }
+    if (o->stop.stopped) {
+        r->finish = "stop";
+        req_complete(e, r);
+        return false;
+    }
+    const int64_t i = r->i++;
+    if (i + 1 >= r->max_new) {
+        req_complete(e, r);
+        return false;
+    }
+    const uint32_t n_past = r->sd.s ? spec_n_past(&r->sd) : tern_session_n_past(r->s);
+    if (n_past + 1 >= tern_session_n_ctx(r->s)) { /* the context is full (prompt + reply = n_ctx): length */
+        req_complete(e, r);
+        return false;
+    }
+    if (r->sd.s) {
+        st = spec_accept(&r->sd, tok, (size_t)(r->max_new - i - 1)); /* drafts stop at max_tokens */
+        if (st == TERN_ERR_CANCELLED) req_cancelled(e, r);
+        else if (st == TERN_ERR_RANGE) req_complete(e, r);
+        else if (st) {
+            r->release_ok = false;
+            req_fail(e, r, 500, "decoding failed: %s", tern_last_error());
+        }
+        return false;
+    }
+    if ((st = tern_session_reserve(r->s, 1))) {
+        req_fail(e, r, 503, "decoding failed: %s", tern_last_error());
+        return false;
+    }
+    r->feed = tok;
+    return true;
+}
+
+/* ---- prefill ----------------------------------------------------------------------- */
+
+static bool take_checkpoint(struct srv_engine *e, struct eng_req *r) {
+    struct tern_checkpoint *c;
+    if (tern_session_checkpoint(r->s, &c)) {
+        r->release_ok = false;
+        req_fail(e, r, 500, "reading the prompt failed: %s", tern_last_error());
+        return false;
+    }
+    cache_on_checkpoint(&r->lease, c);
+    r->ick++;
+    return true;
+}
+
+/* Checkpoints due at the session's position are taken before its next token. */
+static bool checkpoints_due(struct srv_engine *e, struct eng_req *r) {
+    const uint32_t n_past = tern_session_n_past(r->s);
+    while (r->ick < r->lease.n_ckpt && r->lease.ckpt_pos[r->ick] <= n_past)
+        if (r->lease.ckpt_pos[r->ick] < n_past) r->ick++; /* below the resume point: not planned, skipped */
+        else if (!take_checkpoint(e, r)) return false;
+    return true;
+}
+
+/* Keep-alive comments for a streamed request still reading its prompt. */
+static void prime_comment(struct eng_req *r) {
+    double now = tern_now_s();
+    if (!r->j->req.stream || now - r->t_comment < PRIME_COMMENT_EVERY_S) return;
+    char line[96];
+    int n = snprintf(line, sizeof line, ": priming %u/%zu\n\n", tern_session_n_past(r->s), r->j->n_prompt);
+    srv_job_write(r->j, line, (size_t)n);
+    r->t_comment = now;
+}
+
+/* The next chunk of a request's prompt, within budget: its length (0: none now). */
+static uint32_t prefill_chunk(struct srv_engine *e, struct eng_req *r, uint32_t budget) {
+    if (atomic_load(&r->j->cancel)) {
+        req_cancelled(e, r);
+        return 0;
+    }
+    if (!checkpoints_due(e, r)) return 0;
+    const uint32_t n_past = tern_session_n_past(r->s), m = (uint32_t)r->j->n_prompt;
+    uint32_t len = m - n_past;
+    if (len > budget) len = budget;
+    if (r->ick < r->lease.n_ckpt && r->lease.ckpt_pos[r->ick] - n_past < len) len = r->lease.ckpt_pos[r->ick] - n_past;
+    if (len == 0) return 0;
+    enum tern_status st = tern_session_reserve(r->s, len);
+    if (st) {
+        req_fail(e, r, st == TERN_ERR_RANGE ? 400 : 503, "reading the prompt failed: %s", tern_last_error());
+        return 0;
+    }
+    return len;
+}
+
+/* ---- the step ---------------------------------------------------------------------- */
+
+static void count_step(struct srv_engine *e, size_t n_seq, uint32_t decode_rows, uint32_t prefill_rows, double dt) {
+    atomic_fetch_add(&e->steps, 1);
+    atomic_fetch_add(&e->step_rows, decode_rows + prefill_rows);
+    atomic_fetch_add(&e->step_decode_rows, decode_rows);
+    atomic_fetch_add(&e->step_prefill_rows, prefill_rows);
+    atomic_fetch_add(&e->step_us, (uint64_t)(dt * 1e6));
+    size_t b = 0;
+    while (b + 1 < ENG_STEP_HIST && n_seq > ((size_t)1 << b)) b++;
+    atomic_fetch_add(&e->step_hist[b], 1);
+}
+
+size_t engine_step(void *self, struct srv_job **ended, size_t cap) {
+    struct srv_engine *e = self;
+    struct tern_batch_item *items = e->step_items;
+    struct eng_req **owner = e->step_owner;
+    size_t n_items = 0;
+    uint32_t decode_rows = 0, prefill_rows = 0;
+
+    /* decode rows first: every stream gets its token each step */
+    for (struct eng_req *r = e->run_head; r; r = r->next) {
+        if (r->ended || r->phase != RQ_DECODE) continue;
+        if (!decode_step(e, r)) continue;
+        owner[n_items] = r;
+        items[n_items++] = (struct tern_batch_item){r->s, &r->feed, 1, true};
+        decode_rows++;
+    }
+    /* then the prompts, in arrival order, within the step's budget */
+    uint32_t budget = e->batch_tokens > decode_rows ? e->batch_tokens - decode_rows : 0;
+    for (struct eng_req *r = e->run_head; r; r = r->next) {
+        if (r->ended || r->phase != RQ_PRIME) continue;
+        const uint32_t len = prefill_chunk(e, r, budget);
+        if (r->ended || len == 0) continue;
+        const uint32_t n_past = tern_session_n_past(r->s);
+        owner[n_items] = r;
+        items[n_items++] = (struct tern_batch_item){r->s, r->j->prompt + n_past, len, n_past + len == r->j->n_prompt};
+        budget -= len;
+        prefill_rows += len;
+    }
+    if (n_items) {
+        const double t0 = tern_now_s();
+        enum tern_status st = tern_eval_batch(items, n_items);
+        count_step(e, n_items, decode_rows, prefill_rows, tern_now_s() - t0);
+        for (size_t k = 0; k < n_items; k++) {
+            struct eng_req *r = owner[k];
+            if (st) {
+                r->release_ok = false;
+                req_fail(e, r, 500, "evaluation failed: %s", tern_last_error());
+            } else if (r->phase == RQ_PRIME && tern_session_n_past(r->s) == r->j->n_prompt) {
+                if (checkpoints_due(e, r)) decode_begin(e, r);
+            }
+        }
+    }
+    /* (the cache resumes at r < m: every request reads at least its last prompt token) */
+    for (struct eng_req *r = e->run_head; r; r = r->next)
+        if (!r->ended && r->phase == RQ_PRIME) prime_comment(r);
+    /* the requests that ended leave the running set */
+    size_t n_ended = 0;
+    struct eng_req **pp = &e->run_head, *prev = NULL;
+    while (*pp) {
+        struct eng_req *r = *pp;
+        if (r->ended && n_ended < cap) {
+            *pp = r->next;
+            if (r->phase == RQ_PRIME) atomic_fetch_sub(&e->n_priming, 1);
+            atomic_fetch_sub(&e->n_running, 1);
+            ended[n_ended++] = r->j;
+            free(r);
+        } else {
+            prev = r;
+            pp = &r->next;
+        }
+    }
+    e->run_tail = prev;
+    return n_ended;
+}
+
+void engine_run_free(struct srv_engine *e) {
+    while (e->run_head) {
+        struct eng_req *r = e->run_head;
+        e->run_head = r->next;
+        if (!r->ended) req_end(e, r);
+        free(r);
+    }
+    e->run_tail = NULL;
+}
