@@ -27,6 +27,9 @@ if(TERN_NODE)
   # speculative decoding: the same answers and states as without it
   tern_script_test(server-spec ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/spec.test.mjs
                    TIMEOUT 600 LABELS e2e)
+  # continuous batching: 8 concurrent conversations equal their solo runs, bit for bit
+  tern_script_test(server-batch ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/batch.test.mjs
+                   TIMEOUT 600 LABELS e2e tsan)
   tern_script_test(server-openai-sdk ${TERN_NODE} --test-reporter=spec
                    ${CMAKE_SOURCE_DIR}/tests/clients/openai-sdk.test.mjs TIMEOUT 600 LABELS e2e)
   # Priming the bodies that fit is slow under ASan; the two tests above exercise the

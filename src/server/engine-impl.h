@@ -80,7 +80,7 @@ struct srv_engine {
     struct tern_batch_item *step_items;  /* (parallel) a step's batch */
     struct eng_req **step_owner;         /* (parallel) the request of each item */
     atomic_uint n_running, n_priming;    /* gauges */
-    atomic_uint_fast64_t steps, step_rows, step_decode_rows, step_prefill_rows;
+    atomic_uint_fast64_t steps, step_seqs, step_decode_rows, step_prefill_rows;
     atomic_uint_fast64_t step_hist[ENG_STEP_HIST]; /* steps by the number of sequences in them */
     atomic_uint_fast64_t step_us;
 };

@@ -157,6 +157,35 @@ void engine_metrics(void *self, struct tern_buf *b) {
                     (unsigned long long)atomic_load(&e->spec_drafted), (unsigned long long)atomic_load(&e->spec_accepted),
                     (unsigned long long)atomic_load(&e->spec_rounds), (unsigned long long)atomic_load(&e->spec_refed));
     tern_buf_printf(b,
+                    "# HELP tern_engine_running Requests in the engine's running set (--parallel).\n"
+                    "# TYPE tern_engine_running gauge\ntern_engine_running %u\n"
+                    "# HELP tern_engine_priming Running requests still reading their prompts.\n"
+                    "# TYPE tern_engine_priming gauge\ntern_engine_priming %u\n"
+                    "# TYPE tern_engine_parallel gauge\ntern_engine_parallel %u\n"
+                    "# TYPE tern_engine_batch_tokens gauge\ntern_engine_batch_tokens %u\n"
+                    "# HELP tern_engine_steps_total Engine steps (one forward over a batch each).\n"
+                    "# TYPE tern_engine_steps_total counter\ntern_engine_steps_total %llu\n"
+                    "# HELP tern_engine_step_rows_total Rows (tokens) evaluated in steps, by kind.\n"
+                    "# TYPE tern_engine_step_rows_total counter\n"
+                    "tern_engine_step_rows_total{kind=\"decode\"} %llu\n"
+                    "tern_engine_step_rows_total{kind=\"prefill\"} %llu\n"
+                    "# TYPE tern_engine_step_seconds_total counter\ntern_engine_step_seconds_total %.6f\n"
+                    "# HELP tern_engine_step_sequences Steps by the number of requests in their batch.\n"
+                    "# TYPE tern_engine_step_sequences histogram\n",
+                    atomic_load(&e->n_running), atomic_load(&e->n_priming), e->parallel, e->batch_tokens,
+                    (unsigned long long)atomic_load(&e->steps), (unsigned long long)atomic_load(&e->step_decode_rows),
+                    (unsigned long long)atomic_load(&e->step_prefill_rows), (double)atomic_load(&e->step_us) * 1e-6);
+    uint64_t cum = 0;
+    for (int k = 0; k < ENG_STEP_HIST; k++) {
+        cum += atomic_load(&e->step_hist[k]);
+        if (k + 1 < ENG_STEP_HIST)
+            tern_buf_printf(b, "tern_engine_step_sequences_bucket{le=\"%u\"} %llu\n", 1u << k, (unsigned long long)cum);
+        else
+            tern_buf_printf(b, "tern_engine_step_sequences_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cum);
+    }
+    tern_buf_printf(b, "tern_engine_step_sequences_sum %llu\ntern_engine_step_sequences_count %llu\n",
+                    (unsigned long long)atomic_load(&e->step_seqs), (unsigned long long)cum);
+    tern_buf_printf(b,
                     "# TYPE tern_cache_tokens_cached_total counter\ntern_cache_tokens_cached_total %llu\n"
                     "# TYPE tern_cache_tokens_read_total counter\ntern_cache_tokens_read_total %llu\n"
                     "# TYPE tern_cache_evictions_total counter\ntern_cache_evictions_total %llu\n"

@@ -637,7 +637,7 @@ static uint32_t prefill_chunk(struct srv_engine *e, struct eng_req *r, uint32_t 
 
 static void count_step(struct srv_engine *e, size_t n_seq, uint32_t decode_rows, uint32_t prefill_rows, double dt) {
     atomic_fetch_add(&e->steps, 1);
-    atomic_fetch_add(&e->step_rows, decode_rows + prefill_rows);
+    atomic_fetch_add(&e->step_seqs, n_seq);
     atomic_fetch_add(&e->step_decode_rows, decode_rows);
     atomic_fetch_add(&e->step_prefill_rows, prefill_rows);
     atomic_fetch_add(&e->step_us, (uint64_t)(dt * 1e6));
