@@ -17,8 +17,25 @@
 // the live session is kept and the RSS returns close to the idle figure. SIGTERM ends the server; its exit status
 // is reported — run it with an ASan/LSan build (--bin build-asan/tern) to check for
 // leaks: LeakSanitizer makes the server exit non-zero when anything leaked.
+//
+// Concurrent streams (continuous batching, docs/SERVING.md "Concurrent requests"):
+//
+//   node bench/load.mjs --streams 1,2,4,8 --model FILE [--engine tern|llama]
+//                       [--prompt-tokens 256] [--reply-tokens 128] [--rounds 2]
+//                       [--long-prompt 4096] [--server-args "..."]
+//
+// For each N, a fresh server (tern serve --parallel N, or the reference llama-server
+// --parallel N --cont-batching with N times the context) gets N streaming
+// /v1/completions requests at once, each a distinct prompt of random token ids and a
+// reply of exactly --reply-tokens tokens (ignore_eos for llama-server), R rounds.
+// Reported per N: the aggregate decode rate (the sum over streams of their decode
+// tokens/s while all decode), the mean per-stream rate, the wall-clock throughput,
+// and TTFT p50/p99. With --long-prompt P, while the N streams decode, one more request
+// with a P-token prompt arrives: the streams' largest gap between two tokens is
+// reported beside their median gap (the stall a long prompt causes).
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { spawn } from 'node:child_process';
 
 const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) => {
   if (a.startsWith('--')) acc.push([a.slice(2), all[i + 1] && !all[i + 1].startsWith('--') ? all[i + 1] : 'true']);
@@ -26,6 +43,10 @@ const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) =>
 }, []));
 if (args.help) {
   console.log('usage: node bench/load.mjs [--model FILE] [--clients N] [--seconds S] [--max-tokens N] [--queue N] [--bin PATH]');
+  process.exit(0);
+}
+if (args.streams) {
+  await streamsBench();
   process.exit(0);
 }
 const clients = Number(args.clients ?? 8);
@@ -137,3 +158,121 @@ const report = {
 };
 console.log(JSON.stringify(report, null, 2));
 process.exit(stats.errors === 0 && code === 0 ? 0 : 1);
+
+// ---- concurrent streams -------------------------------------------------------------
+
+async function startLlama(model, n, ctx, extra) {
+  const shared = process.env.TERN_SHARED_DIR || join(process.cwd(), '../shared');
+  const port = 20000 + Math.floor(Math.random() * 20000);
+  const proc = spawn(join(shared, 'reference/llama.cpp/run'), ['llama-server', '-m', model, '--port', String(port),
+    '-t', '2', '--parallel', String(n), '--cont-batching', '-c', String(ctx * n), '--no-webui', ...extra],
+  { stdio: ['ignore', 'pipe', 'pipe'] });
+  let log = '';
+  proc.stderr.on('data', (d) => { log = (log + d).slice(-8192); });
+  proc.stdout.on('data', (d) => { log = (log + d).slice(-8192); });
+  const base = `http://127.0.0.1:${port}`;
+  for (let i = 0; i < 1200; i++) {
+    try {
+      if ((await fetch(`${base}/health`)).status === 200) break;
+    } catch { /* not yet */ }
+    if (proc.exitCode !== null) throw new Error(`llama-server exited: ${log}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  return { proc, base, log: () => log,
+    stop: () => new Promise((r) => { proc.on('exit', (c, sg) => r(c ?? sg)); proc.kill('SIGTERM'); }) };
+}
+
+// One streamed completion; the time of every token-bearing event.
+async function streamOne(base, prompt, reply) {
+  const t0 = performance.now();
+  const r = await fetch(`${base}/v1/completions`, {
+    method: 'POST', headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt, max_tokens: reply, n_predict: reply, ignore_eos: true, temperature: 0,
+      stream: true, stream_options: { include_usage: true }, cache_prompt: false }),
+  });
+  if (r.status !== 200) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
+  const reader = r.body.getReader();
+  const dec = new TextDecoder();
+  let buf = '', n = 0, usage = 0;
+  const times = [];
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buf += dec.decode(value, { stream: true });
+    let k;
+    while ((k = buf.indexOf('\n\n')) >= 0) {
+      const ev = buf.slice(0, k);
+      buf = buf.slice(k + 2);
+      const d = ev.split('\n').find((l) => l.startsWith('data: '));
+      if (!d || d === 'data: [DONE]') continue;
+      const j = JSON.parse(d.slice(6));
+      if (j.usage?.completion_tokens) usage = j.usage.completion_tokens;
+      if (j.choices?.[0]?.text) {
+        n++;
+        times.push(performance.now());
+      }
+    }
+  }
+  return { t0, first: times[0], end: times[times.length - 1], times, tokens: usage || n };
+}
+
+async function streamsBench() {
+  const model = args.model;
+  if (!model) throw new Error('--streams needs --model FILE');
+  const engine = args.engine ?? 'tern';
+  const ns = String(args.streams).split(',').map(Number);
+  const pTok = Number(args['prompt-tokens'] ?? 256), reply = Number(args['reply-tokens'] ?? 128);
+  const nRounds = Math.max(1, Number(args.rounds ?? 2));
+  const longP = Number(args['long-prompt'] ?? 0);
+  const extra = args['server-args'] && args['server-args'] !== 'true' ? args['server-args'].split(' ') : [];
+  if (args.bin) process.env.TERN_BIN = args.bin;
+  const { startServer } = await import('../tests/clients/harness.mjs');
+  const ctx = pTok + reply + 64 + longP;
+  let seed = 12345;
+  const rnd = () => (seed = (seed * 1103515245 + 12345) % 2147483648);
+  const prompt = (len) => Array.from({ length: len }, () => 1000 + (rnd() % 20000));
+  const rows = [];
+  for (const n of ns) {
+    const srv = engine === 'llama' ? await startLlama(model, n, ctx, extra)
+      : await startServer(['--model', model, '--ctx-size', String(ctx), '--parallel', String(n), '--queue',
+        String(n + 2), ...extra], { TERN_PREDICT: '0' });
+    await streamOne(srv.base, prompt(pTok), 8); // warm-up
+    const agg = [], per = [], tput = [], ttft = [], gapMax = [], gapMed = [];
+    for (let round = 0; round < nRounds; round++) {
+      const t0 = performance.now();
+      const streams = Array.from({ length: n }, () => streamOne(srv.base, prompt(pTok), reply));
+      let long = null;
+      if (longP) {
+        await new Promise((r) => setTimeout(r, 1500));
+        long = streamOne(srv.base, prompt(longP), 4);
+      }
+      const res = await Promise.all(streams);
+      if (long) await long;
+      const wall = (performance.now() - t0) / 1000;
+      // the window in which every stream decodes: from the last first token to the first end
+      const from = Math.max(...res.map((x) => x.first)), to = Math.min(...res.map((x) => x.end));
+      let inWin = 0;
+      for (const x of res) inWin += x.times.filter((t) => t > from && t <= to).length;
+      agg.push(to > from ? inWin / ((to - from) / 1000) : NaN);
+      per.push(res.reduce((a, x) => a + (x.tokens - 1) / ((x.end - x.first) / 1000), 0) / n);
+      tput.push(res.reduce((a, x) => a + x.tokens, 0) / wall);
+      for (const x of res) {
+        ttft.push(x.first - x.t0);
+        const gaps = x.times.slice(1).map((t, i) => t - x.times[i]).sort((a, b) => a - b);
+        gapMax.push(gaps[gaps.length - 1]);
+        gapMed.push(gaps[Math.floor(gaps.length / 2)]);
+      }
+    }
+    await srv.stop();
+    ttft.sort((a, b) => a - b);
+    const mean = (v) => v.reduce((a, b) => a + b, 0) / v.length;
+    rows.push({
+      engine, streams: n, aggregate_decode_tok_s: +mean(agg).toFixed(1), per_stream_tok_s: +mean(per).toFixed(1),
+      throughput_tok_s: +mean(tput).toFixed(1), ttft_ms_p50: +pct(ttft, 50).toFixed(0),
+      ttft_ms_p99: +pct(ttft, 99).toFixed(0),
+      ...(longP ? { gap_ms_max: +Math.max(...gapMax).toFixed(0), gap_ms_median: +mean(gapMed).toFixed(0) } : {}),
+    });
+    console.error(JSON.stringify(rows[rows.length - 1]));
+  }
+  console.log(JSON.stringify(rows, null, 2));
+}

@@ -28,6 +28,8 @@ static void usage(FILE *out) {
             "                         exception; IQ4_XS rows not a multiple of 256 take IQ4_NL);\n"
             "                         1-D tensors, norms and ssm_a/ssm_dt/ssm_conv1d stay F32\n"
             "  --pure                 every matrix in TYPE (no Q6_K output)\n"
+            "  --pad-normal           padding tokens are normal tokens whose text is rendered (for\n"
+            "                         benchmarks that count a random model's streamed tokens)\n"
             "  --seed N               random seed (default 1234)\n"
             "  --vocab FILE           copy the vocabulary and chat template (every tokenizer.* key)\n"
             "                         from a GGUF; default: a small built-in byte-level vocabulary\n"
@@ -55,7 +57,7 @@ static void usage(FILE *out) {
 }
 
 enum {
-    OPT_ARCH = 256, OPT_PRESET, OPT_TYPE, OPT_PURE, OPT_SEED, OPT_VOCAB, OPT_NAME, OPT_DRY_RUN,
+    OPT_ARCH = 256, OPT_PRESET, OPT_TYPE, OPT_PURE, OPT_PADNORMAL, OPT_SEED, OPT_VOCAB, OPT_NAME, OPT_DRY_RUN,
     OPT_N_LAYER, OPT_N_EMBD, OPT_N_HEAD, OPT_N_HEAD_KV, OPT_HEAD_DIM, OPT_N_FF, OPT_N_CTX, OPT_N_VOCAB,
     OPT_TIED, OPT_UNTIED, OPT_ROPE_THETA, OPT_RMS_EPS, OPT_ROPE_DIM,
     OPT_SSM_K, OPT_SSM_V, OPT_SSM_STATE, OPT_SSM_CONV, OPT_FULL_ATTN, OPT_ROPE_SECTIONS,
@@ -152,6 +154,7 @@ static int mkmodel_main(int argc, char **argv) {
         {"out", required_argument, NULL, 'o'},
         {"type", required_argument, NULL, OPT_TYPE},
         {"pure", no_argument, NULL, OPT_PURE},
+        {"pad-normal", no_argument, NULL, OPT_PADNORMAL},
         {"seed", required_argument, NULL, OPT_SEED},
         {"vocab", required_argument, NULL, OPT_VOCAB},
         {"name", required_argument, NULL, OPT_NAME},
@@ -184,7 +187,7 @@ static int mkmodel_main(int argc, char **argv) {
     };
     const char *arch = NULL, *preset = NULL, *out = NULL, *type = NULL, *vocab = NULL, *name = NULL;
     const char *seed_s = NULL;
-    bool pure = false, dry_run = false;
+    bool pure = false, dry_run = false, pad_normal = false;
     struct override ov[64];
     int n_ov = 0, c;
     opterr = 0;
@@ -196,6 +199,7 @@ static int mkmodel_main(int argc, char **argv) {
         case OPT_PRESET: preset = optarg; break;
         case OPT_TYPE: type = optarg; break;
         case OPT_PURE: pure = true; break;
+        case OPT_PADNORMAL: pad_normal = true; break;
         case OPT_SEED: seed_s = optarg; break;
         case OPT_VOCAB: vocab = optarg; break;
         case OPT_NAME: name = optarg; break;
@@ -231,6 +235,7 @@ static int mkmodel_main(int argc, char **argv) {
     }
     if (type && !tern_mkmodel_parse_type(type, &p.wtype, &p.mix))
         return cli_usage_error("mkmodel", "unknown --type '%s'", type);
+    p.pad_normal = pad_normal;
     if (pure && p.mix == TERN_MK_LIKE_QUANTIZE) p.mix = TERN_MK_UNIFORM;
     if (pure && p.mix == TERN_MK_Q4_K_M)
         return cli_usage_error("mkmodel", "--pure contradicts --type q4_k_m (a mix); use --type q4_k");

@@ -645,7 +645,7 @@ static void vocab_arrays_free(struct vocab_arrays *v) {
     free(v->scores);
 }
 
-static enum tern_status pad_tokens(struct vocab_arrays *v, uint32_t n_have, uint32_t n) {
+static enum tern_status pad_tokens(struct vocab_arrays *v, uint32_t n_have, uint32_t n, bool normal) {
     size_t text_bytes = (size_t)(n - n_have) * 20;
     v->pad_text = tern_malloc(text_bytes ? text_bytes : 1);
     if (!v->pad_text) return tern_errorf(TERN_ERR_NOMEM, "mkmodel: no memory to pad the vocabulary");
@@ -653,13 +653,13 @@ static enum tern_status pad_tokens(struct vocab_arrays *v, uint32_t n_have, uint
         char *s = v->pad_text + (size_t)(i - n_have) * 20;
         int len = snprintf(s, 20, "[PAD%u]", i);
         v->tokens[i] = (struct gguf_str){s, (uint64_t)len};
-        if (v->types) v->types[i] = 5;
+        if (v->types) v->types[i] = normal ? 1 : 5;
         if (v->scores) v->scores[i] = 0.0f;
     }
     return TERN_OK;
 }
 
-static enum tern_status write_builtin_vocab(struct gguf_writer *w, uint32_t n_vocab) {
+static enum tern_status write_builtin_vocab(struct gguf_writer *w, uint32_t n_vocab, bool pad_normal) {
     char text[256][4];
     uint8_t order[256];
     byte_tokens(text, order);
@@ -688,7 +688,7 @@ static enum tern_status write_builtin_vocab(struct gguf_writer *w, uint32_t n_vo
             v.tokens[id] = (struct gguf_str){builtin_specials[i].text, strlen(builtin_specials[i].text)};
             v.types[id] = builtin_specials[i].type;
         }
-        st = pad_tokens(&v, id, n_vocab);
+        st = pad_tokens(&v, id, n_vocab, pad_normal);
     }
     const uint32_t endoftext = 256 + TERN_ARRAY_LEN(builtin_merges), im_end = endoftext + 2;
     if (!st) st = gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
@@ -707,7 +707,7 @@ static enum tern_status write_builtin_vocab(struct gguf_writer *w, uint32_t n_vo
 
 /* Copies every tokenizer.* key of vf; the per-token arrays are padded to n_vocab. */
 static enum tern_status copy_vocab(struct gguf_writer *w, const struct gguf_file *vf, uint32_t n_have,
-                                   uint32_t n_vocab) {
+                                   uint32_t n_vocab, bool pad_normal) {
     for (uint64_t i = 0; i < gguf_n_kv(vf); i++) {
         const struct gguf_kv *kv = gguf_kv_at(vf, i);
         if (strncmp(kv->key.ptr, "tokenizer.", 10)) continue;
@@ -726,7 +726,7 @@ static enum tern_status copy_vocab(struct gguf_writer *w, const struct gguf_file
                 if (!v.tokens) st = tern_errorf(TERN_ERR_NOMEM, "mkmodel: no memory to pad the vocabulary");
                 if (!st) {
                     memcpy(v.tokens, kv->v.arr.strs, (size_t)n_have * sizeof *v.tokens);
-                    st = pad_tokens(&v, n_have, n_vocab);
+                    st = pad_tokens(&v, n_have, n_vocab, pad_normal);
                 }
                 if (!st) st = gguf_writer_set_arr_str(w, kv->key.ptr, v.tokens, n_vocab);
             } else {
@@ -822,7 +822,7 @@ static enum tern_status write_metadata(struct gguf_writer *w, const struct tern_
         snprintf(k, sizeof k, "%s.rope.dimension_sections", a);
         if (!st) st = gguf_writer_set_arr(w, k, GGUF_TYPE_INT32, sec, 4);
     }
-    if (!st) st = vf ? copy_vocab(w, vf, n_have, n_vocab) : write_builtin_vocab(w, n_vocab);
+    if (!st) st = vf ? copy_vocab(w, vf, n_have, n_vocab, p->pad_normal) : write_builtin_vocab(w, n_vocab, p->pad_normal);
     if (!st) st = set_arch_u32(w, a, "vocab_size", n_vocab);
     return st;
 }

@@ -57,6 +57,9 @@ struct tern_mkmodel_params {
 
     enum tern_dtype wtype;  /* F32, F16, BF16 or a quantized type */
     enum tern_mk_mix mix;
+    /* The padding tokens up to n_vocab are NORMAL tokens whose text ("[PAD<id>]") is
+     * rendered, not UNUSED ones (benchmarks that count streamed tokens of a random model). */
+    bool pad_normal;
     uint64_t seed;
     const char *vocab_path; /* a GGUF whose tokenizer.* keys are copied verbatim; NULL = built-in */
 };
