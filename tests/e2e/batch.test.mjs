@@ -129,5 +129,18 @@ for (const name of ['qwen35', 'qwen3']) {
     assert.deepEqual(b2.usage, a2.usage, 'the same usage (cached tokens included)');
     assert.ok(b2.usage.prompt_tokens_details.cached_tokens > 0, 'the second turn resumed');
     assert.equal(await stateHash(B, b2.id), await stateHash(S, a2.id), 'the same state');
+    // two requests at once that name the same parked session: one resumes it, the other
+    // reads cold (never both mutating one state); both answers and states are the solo one
+    const turn3 = { ...turn2, messages: [...turn2.messages, { role: 'assistant', content: a2.choices[0].message.content },
+      { role: 'user', content: text(5, 1) }] };
+    const a3 = await post(S, turn3);
+    const [x, y] = await Promise.all([post(B, turn3), post(B, turn3)]);
+    for (const r of [x, y]) {
+      assert.deepEqual(r.choices, a3.choices, 'the same third answer');
+      assert.equal(await stateHash(B, r.id), await stateHash(S, a3.id), 'the same state');
+    }
+    const cached = [x, y].map((r) => r.usage.prompt_tokens_details.cached_tokens).sort((p, q) => p - q);
+    assert.equal(cached[0], 0, 'one of them read cold');
+    assert.ok(cached[1] > 0, 'the other resumed the parked session');
   });
 }
