@@ -62,8 +62,8 @@ size_t tern_vk_buf_bytes(const struct tern_vk_buf *b);
 enum tern_status tern_vk_upload(struct tern_vk_buf *b, size_t off, const void *src, size_t bytes);
 enum tern_status tern_vk_download(struct tern_vk_buf *b, size_t off, void *dst, size_t bytes);
 
-/* Whether tern_vk_matmul handles weights of this type (F32, F16, Q4_0, Q5_0, Q8_0, Q4_K,
- * Q6_K today). */
+/* Whether tern_vk_matmul handles weights of this type (F32, F16, BF16, Q4_0, Q4_1, Q5_0,
+ * Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS). */
 bool tern_vk_matmul_supported(enum tern_dtype wtype);
 
 /* y[t * n + r] = dot(w row r, x row t) for r < n, t < n_tok: w holds n rows of k

@@ -1,10 +1,13 @@
 /* The Vulkan backend's device layer on whatever device the loader offers (lavapipe on
  * the project's machines and in CI, NVIDIA's driver on a GPU machine):
  * - enumeration, open, buffers (host-visible or staged) round-trip bytes at offsets;
- * - matmul of F32, F16, Q4_0, Q5_0, Q8_0, Q4_K and Q6_K weights against a double-precision reference of the
- *   dequantized weights, on odd shapes;
+ * - matmul of every device weight type (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+ *   Q6_K, IQ4_NL, IQ4_XS) against a double-precision reference of the dequantized weights and
+ *   against the CPU kernel (tern_matmul, whose activations are quantized: a looser bound), on
+ *   odd shapes;
  * - exactness within the backend (DESIGN.md §7): a token's outputs are bit-identical
- *   whether it is dispatched alone or among 64 tokens, and run to run;
+ *   whether it is dispatched alone or among 64 tokens, a weight row's whether it is
+ *   dispatched alone or among all rows, and run to run;
  * - the row operations (RMSNorm, add, SwiGLU, sigmoid gate, RoPE) against the CPU's ops:
  *   add and RoPE bit-identical (correctly rounded multiplies and adds only), the others
  *   within a few ulps; RMSNorm's rows bit-identical alone and in a batch;
@@ -136,8 +139,36 @@ static void check_type(enum tern_dtype t, size_t k, size_t n) {
             if (err > worst) worst = err;
         }
     }
-    printf("%-5s k %5zu n %4zu: max error %.2e of the sum of |terms|\n", tern_dtype_name((uint32_t)t), k, n, worst);
+    /* against the CPU kernel (its activations quantized to 8 bits for the quantized types) */
+    assert_true(tern_matmul_supported(t));
+    const size_t arb = tern_act_row_bytes(t, k);
+    unsigned char *act = malloc(n_tok * arb);
+    float *yc = malloc(n_tok * n * sizeof(float));
+    for (size_t tok = 0; tok < n_tok; tok++) tern_act_prepare(t, x + tok * k, act + tok * arb, k);
+    tern_matmul(t, w, rb, k, act, arb, n_tok, yc, n, 0, n);
+    double worst_cpu = 0;
+    for (size_t row = 0; row < n; row++) {
+        assert_true(tern_dequantize_row(t, w + row * rb, deq, k));
+        for (size_t tok = 0; tok < n_tok; tok++) {
+            double mag = 0;
+            for (size_t i = 0; i < k; i++) mag += fabs((double)deq[i] * x[tok * k + i]);
+            const double err = fabs((double)y[tok * n + row] - yc[tok * n + row]) / (mag + 1e-30);
+            if (err > worst_cpu) worst_cpu = err;
+        }
+    }
+    printf("%-6s k %5zu n %4zu: max error %.2e of the sum of |terms| (double reference), %.2e (CPU kernel)\n",
+           tern_dtype_name((uint32_t)t), k, n, worst, worst_cpu);
     assert_true(worst < 1e-5);
+    assert_true(worst_cpu < 1e-2);
+    free(act), free(yc);
+    /* a weight row dispatched alone (one-row matrix) gives the bits it got among n */
+    const size_t rows[] = {0, n / 2, n - 1};
+    float *yr = malloc(n_tok * sizeof(float));
+    for (size_t p = 0; p < 3; p++) {
+        device_matmul(t, w + rows[p] * rb, rb, k, 1, x, n_tok, yr);
+        for (size_t tok = 0; tok < n_tok; tok++) assert_memory_equal(&yr[tok], &y[tok * n + rows[p]], sizeof(float));
+    }
+    free(yr);
     /* exactness: token t alone gives the bits it got among 64; a rerun gives the same */
     const size_t probe[] = {0, 17, 63};
     for (size_t p = 0; p < 3; p++) {
@@ -151,8 +182,9 @@ static void check_type(enum tern_dtype t, size_t k, size_t n) {
 
 static void test_matmul(void **state) {
     (void)state;
-    const enum tern_dtype types[] = {TERN_DTYPE_F32,  TERN_DTYPE_F16,  TERN_DTYPE_Q4_0, TERN_DTYPE_Q5_0,
-                                     TERN_DTYPE_Q8_0, TERN_DTYPE_Q4_K, TERN_DTYPE_Q6_K};
+    const enum tern_dtype types[] = {TERN_DTYPE_F32,  TERN_DTYPE_F16,  TERN_DTYPE_BF16,   TERN_DTYPE_Q4_0,  TERN_DTYPE_Q4_1,
+                                     TERN_DTYPE_Q5_0, TERN_DTYPE_Q5_1, TERN_DTYPE_Q8_0,   TERN_DTYPE_Q4_K,  TERN_DTYPE_Q5_K,
+                                     TERN_DTYPE_Q6_K, TERN_DTYPE_IQ4_NL, TERN_DTYPE_IQ4_XS};
     /* rows of 1 block, of 3, of many; the K-quants' blocks are 256 wide */
     const size_t shapes[][2] = {{32, 1}, {96, 37}, {1024, 130}}, kshapes[][2] = {{256, 1}, {768, 37}, {2048, 70}};
     for (size_t i = 0; i < TERN_ARRAY_LEN(types); i++) {
@@ -430,9 +462,9 @@ static void test_refusals(void **state) {
     assert_int_equal(tern_vk_buf_new(vk, 4096, &a), TERN_OK);
     assert_int_equal(tern_vk_buf_new(vk, 4096, &b), TERN_OK);
     assert_int_equal(tern_vk_buf_new(vk, 16, &c), TERN_OK);
-    assert_false(tern_vk_matmul_supported(TERN_DTYPE_Q5_K));
-    assert_int_equal(tern_vk_matmul(vk, TERN_DTYPE_Q5_K, a, 256, 4, b, 1, c), TERN_ERR_INVALID);
-    assert_non_null(strstr(tern_last_error(), "Q5_K"));
+    assert_false(tern_vk_matmul_supported(TERN_DTYPE_Q3_K));
+    assert_int_equal(tern_vk_matmul(vk, TERN_DTYPE_Q3_K, a, 256, 4, b, 1, c), TERN_ERR_INVALID);
+    assert_non_null(strstr(tern_last_error(), "Q3_K"));
     assert_int_equal(tern_vk_matmul(vk, TERN_DTYPE_Q8_0, a, 33, 4, b, 1, c), TERN_ERR_INVALID); /* k % 32 */
     assert_int_equal(tern_vk_matmul(vk, TERN_DTYPE_F32, a, 64, 8, b, 1, c), TERN_ERR_RANGE);   /* y: 32 > 16 bytes */
     assert_non_null(strstr(tern_last_error(), "too small"));

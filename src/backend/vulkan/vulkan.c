@@ -189,8 +189,9 @@ struct vk_fns {
 #undef VK_DECL
 
 /* One matmul pipeline per weight type (the shader's WTYPE specialization constant). */
-static const enum tern_dtype matmul_types[] = {TERN_DTYPE_F32,  TERN_DTYPE_F16,  TERN_DTYPE_Q4_0, TERN_DTYPE_Q5_0,
-                                               TERN_DTYPE_Q8_0, TERN_DTYPE_Q4_K, TERN_DTYPE_Q6_K};
+static const enum tern_dtype matmul_types[] = {
+    TERN_DTYPE_F32,  TERN_DTYPE_F16,  TERN_DTYPE_BF16, TERN_DTYPE_Q4_0,   TERN_DTYPE_Q4_1,   TERN_DTYPE_Q5_0, TERN_DTYPE_Q5_1,
+    TERN_DTYPE_Q8_0, TERN_DTYPE_Q4_K, TERN_DTYPE_Q5_K, TERN_DTYPE_Q6_K, TERN_DTYPE_IQ4_NL, TERN_DTYPE_IQ4_XS};
 #define N_MATMUL ((int)(sizeof matmul_types / sizeof matmul_types[0]))
 
 /* Every pipeline: a shader, its specialization constant. Matmuls come first. */
@@ -629,7 +630,8 @@ enum tern_status tern_vk_matmul(struct tern_vk *vk, enum tern_dtype wtype, const
     const int pipe = matmul_pipe(wtype);
     if (pipe < 0)
         return tern_errorf(TERN_ERR_INVALID,
-                           "vulkan: matmul of %s weights is not implemented (F32, F16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K)",
+                           "vulkan: matmul of %s weights is not implemented (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
+                           "Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)",
                            tern_dtype_name((uint32_t)wtype));
     uint64_t rb;
     if (!tern_dtype_row_size(wtype, k, &rb))
