@@ -13,16 +13,25 @@
 layout(local_size_x = 64, local_size_y = 1, local_size_z = 1) in;
 
 layout(constant_id = 0) const uint WTYPE = 0;
+// INDEXED (the MoE experts' matmul): W holds n_expert matrices expert_stride bytes apart;
+// "token" t is a slot whose expert is ids[t] and whose input row is x row t / x_div (each
+// token's n_used slots share its row for gate/up: x_div = n_used; down: 1). The same
+// reduction as the plain matmul, from the expert's rows.
+layout(constant_id = 1) const uint INDEXED = 0;
 
 layout(std430, binding = 0) readonly buffer W { uint w[]; };
 layout(std430, binding = 1) readonly buffer X { float x[]; };
 layout(std430, binding = 2) writeonly buffer Y { float y[]; };
+layout(std430, binding = 3) readonly buffer I { uint ids[]; };
 
 layout(push_constant) uniform P {
     uint k;
     uint n;
     uint n_tok;
     uint row_bytes;
+    uint x_div;         // INDEXED only
+    uint expert_stride; // INDEXED only
+    uint n_expert;      // INDEXED only
 } p;
 
 // The byte at byte offset o of the weights.
@@ -53,8 +62,17 @@ void main() {
     const uint r = gl_GlobalInvocationID.x;
     const uint t = gl_GlobalInvocationID.y;
     if (r >= p.n || t >= p.n_tok) return;
-    const uint xo = t * p.k;
-    const uint ro = r * p.row_bytes;
+    uint xo = t * p.k;
+    uint ro = r * p.row_bytes;
+    if (INDEXED != 0) {
+        const uint e = ids[t];
+        if (e >= p.n_expert) { // a routing bug must not read out of the weights: NaN marks it
+            y[t * p.n + r] = uintBitsToFloat(0x7fc00000u);
+            return;
+        }
+        xo = (t / p.x_div) * p.k;
+        ro += e * p.expert_stride;
+    }
     precise float acc = 0.0;
     if (WTYPE == 0) {
         const uint wo = ro >> 2;
