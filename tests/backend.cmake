@@ -5,3 +5,5 @@ tern_unit_test(test-gpu-model ${CMAKE_SOURCE_DIR}/tests/unit/test-gpu-model.c ${
   LABELS vulkan no-asan TIMEOUT 600)
 tern_unit_test(test-gpu-model-lite ${CMAKE_SOURCE_DIR}/tests/unit/test-gpu-model.c ${CMAKE_SOURCE_DIR}/tests/unit/exact.c
   ARGS lite LABELS vulkan TIMEOUT 600)
+# tern run --device: the GPU's greedy ids equal the CPU's; auto, TERN_DEVICE, errors.
+tern_script_test(gpu-cli ${CMAKE_SOURCE_DIR}/tests/e2e/gpu-cli.sh LABELS vulkan TIMEOUT 600)

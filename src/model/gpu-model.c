@@ -314,6 +314,7 @@ enum tern_status tern_gpu_model_new(struct tern_vk *vk, const struct tern_model 
 }
 
 uint32_t tern_gpu_model_n_past(const struct tern_gpu_model *g) { return g->n_past; }
+uint32_t tern_gpu_model_n_ctx(const struct tern_gpu_model *g) { return g->n_ctx; }
 
 enum tern_status tern_gpu_model_reset(struct tern_gpu_model *g) {
     g->n_past = 0;
