@@ -299,6 +299,8 @@ static int run_gpu(struct gpu_run *r, struct tern_sampler *smp, struct tern_deto
     fprintf(stderr, "prompt: %zu tokens in %.3f s (%.2f t/s); decode: %ld tokens in %.3f s (%.2f t/s)\n", n_ids,
             t_prompt, t_prompt > 0 ? (double)n_ids / t_prompt : 0.0, n_eval, t_gen,
             t_gen > 0 ? (double)n_eval / t_gen : 0.0);
+    if (getenv("TERN_STATE_HASH") && strcmp(getenv("TERN_STATE_HASH"), "0"))
+        fprintf(stderr, "run: TERN_STATE_HASH: the GPU's state is not hashed yet (docs/gpu.md)\n");
     return 0;
 }
 
