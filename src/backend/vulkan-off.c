@@ -128,10 +128,15 @@ enum tern_status tern_vk_add_bias(struct tern_vk *vk, struct tern_vk_buf *y, con
 }
 enum tern_status tern_vk_matmul_id(struct tern_vk *vk, enum tern_dtype wtype, const struct tern_vk_buf *w,
                                    size_t expert_stride, size_t n_expert, size_t k, size_t n,
-                                   const struct tern_vk_buf *ids, const struct tern_vk_buf *x, size_t x_div,
-                                   size_t n_slots, struct tern_vk_buf *y) {
+                                   const struct tern_vk_buf *ids, const struct tern_vk_buf *order,
+                                   const struct tern_vk_buf *x, size_t x_div, size_t n_slots, struct tern_vk_buf *y) {
     (void)vk, (void)wtype, (void)w, (void)expert_stride, (void)n_expert, (void)k, (void)n, (void)ids, (void)x;
-    (void)x_div, (void)n_slots, (void)y;
+    (void)order, (void)x_div, (void)n_slots, (void)y;
+    return NOT_BUILT;
+}
+enum tern_status tern_vk_moe_group(struct tern_vk *vk, const struct tern_vk_buf *ids, struct tern_vk_buf *order,
+                                   size_t n_slots, size_t n_expert) {
+    (void)vk, (void)ids, (void)order, (void)n_slots, (void)n_expert;
     return NOT_BUILT;
 }
 enum tern_status tern_vk_moe_route(struct tern_vk *vk, struct tern_vk_buf *logits, struct tern_vk_buf *ids,

@@ -80,13 +80,21 @@ enum tern_status tern_vk_matmul(struct tern_vk *vk, enum tern_dtype wtype, const
  * expert_stride bytes apart (stacked as GGUF's ffn_*_exps); for each of n_slots slots s,
  * y[s * n + r] = dot(row r of expert ids[s], x row s / x_div) (ids: n_slots uint32; x_div
  * = n_used when a token's slots share its input row, 1 when each slot has its own). The
+ * slots are dispatched in the order order[] (n_slots uint32, a permutation: from
+ * tern_vk_moe_group, slots grouped by expert, so neighbouring workgroups read the same
+ * expert's rows); the order decides which workgroup computes a slot, never its bits: the
  * same fixed-order reduction as tern_vk_matmul, so a slot's row does not depend on the
  * other slots. An id past n_expert gives NaN rows, never a read outside w. Errors as
  * tern_vk_matmul's; more than 1024 experts or 4 GiB of them (TERN_ERR_RANGE). */
 enum tern_status tern_vk_matmul_id(struct tern_vk *vk, enum tern_dtype wtype, const struct tern_vk_buf *w,
                                    size_t expert_stride, size_t n_expert, size_t k, size_t n,
-                                   const struct tern_vk_buf *ids, const struct tern_vk_buf *x, size_t x_div,
-                                   size_t n_slots, struct tern_vk_buf *y);
+                                   const struct tern_vk_buf *ids, const struct tern_vk_buf *order,
+                                   const struct tern_vk_buf *x, size_t x_div, size_t n_slots, struct tern_vk_buf *y);
+/* order[0..n_slots) = the slots 0..n_slots ordered by their expert ids[s], the slots of one
+ * expert in slot order (a stable counting sort on the device, as the CPU groups them); ids
+ * past n_expert last. At most 1024 experts. */
+enum tern_status tern_vk_moe_group(struct tern_vk *vk, const struct tern_vk_buf *ids, struct tern_vk_buf *order,
+                                   size_t n_slots, size_t n_expert);
 
 /* MoE routing (model/moe.h's moe_route, per token): logits (n_tok, n_expert) become the
  * softmax probabilities in place; ids and wts (n_tok, n_used) get the n_used largest in

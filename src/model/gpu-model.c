@@ -8,11 +8,11 @@
  *
  * The MoE feed-forward (moe.h's math) stays on the device too: the router's logits, the
  * routing (softmax, top-k with ties to the lowest id, renormalised weights) per token, the
- * experts' matmuls indexed by each (token, rank) slot's expert id, SwiGLU, the weighted sum
- * in rank order and qwen35moe's sigmoid-gated shared expert. No host round trip: the
- * routing decides which expert rows a slot reads, not what is dispatched (every slot
- * reads its own expert's rows — simple and exact; grouping slots by expert so each expert
- * is read once per chunk is speed work).
+ * (token, rank) slots grouped by expert (a counting sort on the device), the experts'
+ * matmuls over the slots in that order, each slot reading its own expert's rows, SwiGLU, the
+ * weighted sum in rank order and qwen35moe's sigmoid-gated shared expert. No host round
+ * trip: the routing decides which expert rows a slot reads and the order of the workgroups
+ * (neighbours read the same expert's rows), not what is dispatched nor any slot's bits.
  *
  * What runs on the host: the embedding rows (dequantized, uploaded with the chunk) and
  * the RoPE angles (tern_rope_angles, the CPU's exact values, with Qwen3.5's position-0
@@ -59,7 +59,7 @@ struct tern_gpu_model {
     /* MoE scratch: router logits (n_chunk, n_expert), the slots' expert ids and weights
      * (n_chunk, n_used), their gate/up (slots, n_ff_exp) and down outputs (slots, n_embd);
      * the shared expert's gate/up (n_chunk, n_ff_shexp), gate logit (n_chunk), output */
-    struct tern_vk_buf *m_probs, *m_ids, *m_wts, *m_g, *m_u, *m_d, *s_g, *s_u, *s_w, *s_d;
+    struct tern_vk_buf *m_probs, *m_ids, *m_order, *m_wts, *m_g, *m_u, *m_d, *s_g, *s_u, *s_w, *s_d;
     float *host_x, *host_cs; /* (n_chunk, n_embd), (n_chunk, n_rot) staging */
     float *zeros;            /* (zeros_n) for resetting the recurrent state */
     size_t zeros_n;
@@ -98,7 +98,7 @@ void tern_gpu_model_free(struct tern_gpu_model *g) {
     free(g->L);
     struct tern_vk_buf *bufs[] = {g->out_norm, g->output, g->x,    g->xb,      g->q,   g->k,    g->v,    g->att,
                                   g->hb,       g->hb2,    g->cs,   g->logits,  g->qg,  g->gate, g->qkv_raw,
-                                  g->qkv,      g->z,      g->beta, g->alpha,   g->o,   g->m_probs, g->m_ids,
+                                  g->qkv,      g->z,      g->beta, g->alpha,   g->o,   g->m_probs, g->m_ids, g->m_order,
                                   g->m_wts,    g->m_g,    g->m_u,  g->m_d,     g->s_g, g->s_u,  g->s_w,
                                   g->s_d};
     for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) tern_vk_buf_free(bufs[i]);
@@ -141,6 +141,7 @@ static enum tern_status moe_scratch(struct tern_gpu_model *g) {
     const size_t n = g->n_chunk, K = hp->n_used, slots = n * K, E = g->m->hp.n_embd, S = hp->n_ff_shexp;
     enum tern_status st = scratch(vk, n * hp->n_expert, &g->m_probs);
     if (!st) st = scratch(vk, slots, &g->m_ids);
+    if (!st) st = scratch(vk, slots, &g->m_order);
     if (!st) st = scratch(vk, slots, &g->m_wts);
     if (!st) st = scratch(vk, slots * hp->n_ff_exp, &g->m_g);
     if (!st) st = scratch(vk, slots * hp->n_ff_exp, &g->m_u);
@@ -364,10 +365,14 @@ static enum tern_status record_moe(struct tern_gpu_model *g, const struct gpu_la
     enum tern_status st = TERN_OK;
     DO(tern_vk_matmul(vk, ml->router.type, L->router, E, X, g->xb, n, g->m_probs));
     DO(tern_vk_moe_route(vk, g->m_probs, g->m_ids, g->m_wts, n, X, K, mh->norm_topk, mh->scale));
-    DO(tern_vk_matmul_id(vk, ml->gate.type, L->eg, ml->gate_stride, X, E, F, g->m_ids, g->xb, K, slots, g->m_g));
-    DO(tern_vk_matmul_id(vk, ml->up.type, L->eu, ml->up_stride, X, E, F, g->m_ids, g->xb, K, slots, g->m_u));
+    DO(tern_vk_moe_group(vk, g->m_ids, g->m_order, slots, X));
+    DO(tern_vk_matmul_id(vk, ml->gate.type, L->eg, ml->gate_stride, X, E, F, g->m_ids, g->m_order, g->xb, K, slots,
+                         g->m_g));
+    DO(tern_vk_matmul_id(vk, ml->up.type, L->eu, ml->up_stride, X, E, F, g->m_ids, g->m_order, g->xb, K, slots,
+                         g->m_u));
     DO(tern_vk_swiglu(vk, g->m_g, g->m_u, slots, F));
-    DO(tern_vk_matmul_id(vk, ml->down.type, L->ed, ml->down_stride, X, F, E, g->m_ids, g->m_g, 1, slots, g->m_d));
+    DO(tern_vk_matmul_id(vk, ml->down.type, L->ed, ml->down_stride, X, F, E, g->m_ids, g->m_order, g->m_g, 1, slots,
+                         g->m_d));
     if (S) {
         DO(tern_vk_matmul(vk, ml->sh_gate.type, L->sh_g, E, S, g->xb, n, g->s_g));
         DO(tern_vk_matmul(vk, ml->sh_up.type, L->sh_u, E, S, g->xb, n, g->s_u));

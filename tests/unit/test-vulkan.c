@@ -17,8 +17,9 @@
  * - Gated DeltaNet's conv and recurrence against the CPU's (deltanet.h), and the device's
  *   own results bit-identical token by token and in one chunk (window and state carried);
  * - the MoE steps: routing against the CPU's moe_route (the same experts, ties to the
- *   lowest id; weights within a few ulps), the experts' indexed matmul bit-identical to the
- *   plain matmul of each expert's slice (and a slot alone to its batch), the weighted
+ *   lowest id; weights within a few ulps), the grouping of slots by expert equal to a stable
+ *   counting sort, the experts' indexed matmul bit-identical to the plain matmul of each
+ *   expert's slice whatever the slot order (and a slot alone to its batch), the weighted
  *   combine (with the shared expert's sigmoid gate) within a few ulps of the CPU's formula;
  *   the bias add bit-identical to the CPU's;
  * - a recorded sequence (begin ... end) gives the bits of the same operations run one by one;
@@ -519,9 +520,31 @@ static void test_moe(void **state) {
     assert_int_equal(tern_vk_upload(bwt, 0, w, X * stride), TERN_OK);
     assert_int_equal(tern_vk_buf_new(vk, T * K * n * sizeof(float), &by), TERN_OK);
     assert_int_equal(tern_vk_upload(bids, 0, ids, sizeof ids), TERN_OK);
-    assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, stride, X, k, n, bids, bx, K, T * K, by), TERN_OK);
-    float *y = malloc(T * K * n * sizeof(float)), *yp = malloc(n * sizeof(float));
+    /* the slots grouped by expert: a stable counting sort of the ids */
+    struct tern_vk_buf *bord, *bident;
+    assert_int_equal(tern_vk_buf_new(vk, T * K * sizeof(uint32_t), &bord), TERN_OK);
+    assert_int_equal(tern_vk_moe_group(vk, bids, bord, T * K, X), TERN_OK);
+    uint32_t order[13 * 2], ident[13 * 2], want[13 * 2];
+    assert_int_equal(tern_vk_download(bord, 0, order, sizeof order), TERN_OK);
+    size_t nw = 0;
+    for (uint32_t e = 0; e < X; e++)
+        for (uint32_t sl = 0; sl < T * K; sl++)
+            if (ids[sl] == e) want[nw++] = sl;
+    assert_int_equal(nw, T * K);
+    assert_memory_equal(order, want, sizeof order);
+    for (uint32_t sl = 0; sl < T * K; sl++) ident[sl] = sl;
+    assert_memory_not_equal(order, ident, sizeof order); /* the test means something */
+    bident = NULL;
+    assert_int_equal(tern_vk_buf_new(vk, sizeof ident, &bident), TERN_OK);
+    assert_int_equal(tern_vk_upload(bident, 0, ident, sizeof ident), TERN_OK);
+    assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, stride, X, k, n, bids, bord, bx, K, T * K, by), TERN_OK);
+    float *y = malloc(T * K * n * sizeof(float)), *yp = malloc(n * sizeof(float)), *yi = malloc(T * K * n * sizeof(float));
     host_floats(by, y, T * K * n);
+    /* the dispatch order changes no bits */
+    assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, stride, X, k, n, bids, bident, bx, K, T * K, by), TERN_OK);
+    host_floats(by, yi, T * K * n);
+    assert_memory_equal(yi, y, T * K * n * sizeof(float));
+    free(yi);
     for (size_t s = 0; s < T * K; s++) {
         device_matmul(TERN_DTYPE_Q4_K, w + ids[s] * stride, rb * n, k, n, x + (s / K) * k, 1, yp);
         assert_memory_equal(yp, y + s * n, n * sizeof(float));
@@ -531,18 +554,21 @@ static void test_moe(void **state) {
     assert_int_equal(tern_vk_buf_new(vk, sizeof(uint32_t), &bid1), TERN_OK);
     assert_int_equal(tern_vk_upload(bid1, 0, &ids[13], sizeof(uint32_t)), TERN_OK);
     assert_int_equal(tern_vk_buf_new(vk, n * sizeof(float), &by1), TERN_OK);
-    assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, stride, X, k, n, bid1, bx1, 1, 1, by1), TERN_OK);
+    assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, stride, X, k, n, bid1, bident, bx1, 1, 1, by1), TERN_OK);
     host_floats(by1, yp, n);
     assert_memory_equal(yp, y + 13 * n, n * sizeof(float));
     /* an id past the experts gives NaN, not a stray read; bad shapes are refused */
     const uint32_t bad = 9;
     assert_int_equal(tern_vk_upload(bid1, 0, &bad, sizeof bad), TERN_OK);
-    assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, stride, X, k, n, bid1, bx1, 1, 1, by1), TERN_OK);
+    assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, stride, X, k, n, bid1, bident, bx1, 1, 1, by1), TERN_OK);
     host_floats(by1, yp, n);
     assert_true(isnan(yp[0]) && isnan(yp[n - 1]));
-    assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, stride, X + 1, k, n, bids, bx, K, T * K, by),
+    assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, stride, X + 1, k, n, bids, bord, bx, K, T * K, by),
                      TERN_ERR_RANGE);
-    assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, rb, X, k, n, bids, bx, K, T * K, by), TERN_ERR_RANGE);
+    assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, rb, X, k, n, bids, bord, bx, K, T * K, by), TERN_ERR_RANGE);
+    assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, stride, X, k, n, bids, bid1, bx, K, T * K, by),
+                     TERN_ERR_RANGE); /* an order shorter than the slots */
+    assert_int_equal(tern_vk_moe_group(vk, bids, bord, T * K, 2000), TERN_ERR_INVALID);
 
     /* combine: d = the slots' rows (n floats each), with and without a shared expert */
     float *sd = malloc(T * n * sizeof(float)), sw[13], *ref = malloc(T * n * sizeof(float)), *got = malloc(T * n * sizeof(float));
@@ -580,7 +606,7 @@ static void test_moe(void **state) {
         for (size_t i = 0; i < n; i++) ref[t * n + i] = sd[t * n + i] + bias[i];
     assert_memory_equal(got, ref, T * n * sizeof(float));
 
-    struct tern_vk_buf *bufs[] = {blg, bids, bw, bwt, bx, by, bx1, bid1, by1, bsd, bsw, bout, bb};
+    struct tern_vk_buf *bufs[] = {blg, bids, bw, bwt, bx, by, bx1, bid1, by1, bsd, bsw, bout, bb, bord, bident};
     for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) tern_vk_buf_free(bufs[i]);
     free(lg), free(lg_cpu), free(w), free(wf), free(x), free(y), free(yp), free(sd), free(ref), free(got);
 }

@@ -199,7 +199,7 @@ static const enum tern_dtype matmul_types[] = {
 enum {
     PIPE_RMSNORM = 2 * N_MATMUL, PIPE_ADD, PIPE_SWIGLU, PIPE_SIGMOID_MUL, PIPE_ADD_BIAS, PIPE_ROPE,
     PIPE_ATTN_F32, PIPE_ATTN_F16, PIPE_KVSTORE_F32, PIPE_KVSTORE_F16, PIPE_DNCONV, PIPE_DNHEADS, PIPE_SPLIT,
-    PIPE_MOE_ROUTE, PIPE_MOE_COMBINE, N_PIPES
+    PIPE_MOE_ROUTE, PIPE_MOE_COMBINE, PIPE_MOE_GROUP, N_PIPES
 };
 #define N_MODULES 10 /* matmul, rmsnorm, rows, rope, attention, kvstore, dnconv, dnheads, split, moe */
 #define N_BINDINGS 8
@@ -295,7 +295,7 @@ static enum tern_status make_pipelines(struct tern_vk *vk) {
         else if (i == PIPE_DNCONV) mod = 6;
         else if (i == PIPE_DNHEADS) mod = 7;
         else if (i == PIPE_SPLIT) mod = 8;
-        else if (i == PIPE_MOE_ROUTE || i == PIPE_MOE_COMBINE) mod = 9, spec_val[0] = i == PIPE_MOE_COMBINE;
+        else if (i >= PIPE_MOE_ROUTE && i <= PIPE_MOE_GROUP) mod = 9, spec_val[0] = (uint32_t)(i - PIPE_MOE_ROUTE);
         else mod = 2, spec_val[0] = (uint32_t)(i - PIPE_ADD); /* rows.comp: 0 add, 1 swiglu, 2 sigmoid-mul, 3 bias */
         const VkSpecializationMapEntry me[2] = {{0, 0, sizeof(uint32_t)}, {1, sizeof(uint32_t), sizeof(uint32_t)}};
         const VkSpecializationInfo spec = {i < 2 * N_MATMUL ? 2 : 1, me, (i < 2 * N_MATMUL ? 2 : 1) * sizeof(uint32_t),
@@ -645,8 +645,8 @@ static enum tern_status matmul_check(enum tern_dtype wtype, size_t k, size_t n, 
 
 enum tern_status tern_vk_matmul_id(struct tern_vk *vk, enum tern_dtype wtype, const struct tern_vk_buf *w,
                                    size_t expert_stride, size_t n_expert, size_t k, size_t n,
-                                   const struct tern_vk_buf *ids, const struct tern_vk_buf *x, size_t x_div,
-                                   size_t n_slots, struct tern_vk_buf *y) {
+                                   const struct tern_vk_buf *ids, const struct tern_vk_buf *order,
+                                   const struct tern_vk_buf *x, size_t x_div, size_t n_slots, struct tern_vk_buf *y) {
     uint64_t rb;
     enum tern_status st = matmul_check(wtype, k, n, n_slots, &rb);
     if (st) return st;
@@ -657,15 +657,15 @@ enum tern_status tern_vk_matmul_id(struct tern_vk *vk, enum tern_dtype wtype, co
                            "vulkan: expert matmul of %zu experts %zu bytes apart (%zu rows of %llu bytes each, "
                            "at most 1024 experts and 4 GiB)",
                            n_expert, expert_stride, n, (unsigned long long)rb);
-    if (w->bytes < wbytes || ids->bytes < n_slots * sizeof(uint32_t) ||
+    if (w->bytes < wbytes || ids->bytes < n_slots * sizeof(uint32_t) || order->bytes < n_slots * sizeof(uint32_t) ||
         x->bytes < (n_slots + x_div - 1) / x_div * k * sizeof(float) || y->bytes < n_slots * n * sizeof(float))
         return tern_errorf(TERN_ERR_RANGE, "vulkan: expert matmul buffers too small for k %zu, n %zu, %zu slots", k, n,
                            n_slots);
     if (n == 0 || n_slots == 0) return TERN_OK;
     const uint32_t pc[7] = {(uint32_t)k,     (uint32_t)n,             (uint32_t)n_slots, (uint32_t)rb,
                             (uint32_t)x_div, (uint32_t)expert_stride, (uint32_t)n_expert};
-    const struct tern_vk_buf *bufs[4] = {w, x, y, ids};
-    return record(vk, N_MATMUL + matmul_pipe(wtype), bufs, 4, pc, sizeof pc, (uint32_t)((n + 63) / 64),
+    const struct tern_vk_buf *bufs[5] = {w, x, y, ids, order};
+    return record(vk, N_MATMUL + matmul_pipe(wtype), bufs, 5, pc, sizeof pc, (uint32_t)((n + 63) / 64),
                   (uint32_t)n_slots, 1);
 }
 
@@ -686,6 +686,23 @@ enum tern_status tern_vk_moe_route(struct tern_vk *vk, struct tern_vk_buf *logit
     } pc = {(uint32_t)n_tok, (uint32_t)n_expert, (uint32_t)n_used, norm_topk, scale, 0, 0};
     const struct tern_vk_buf *bufs[3] = {logits, ids, wts};
     return record(vk, PIPE_MOE_ROUTE, bufs, 3, &pc, sizeof pc, (uint32_t)((n_tok + 63) / 64), 1, 1);
+}
+
+enum tern_status tern_vk_moe_group(struct tern_vk *vk, const struct tern_vk_buf *ids, struct tern_vk_buf *order,
+                                   size_t n_slots, size_t n_expert) {
+    enum tern_status st;
+    if (n_expert == 0 || n_expert > 1024)
+        return tern_errorf(TERN_ERR_INVALID, "vulkan: grouping the slots of %zu experts (at most 1024)", n_expert);
+    if ((st = check_rows("moe expert ids", ids, n_slots, 1)) || (st = check_rows("moe slot order", order, n_slots, 1)))
+        return st;
+    if (!n_slots) return TERN_OK;
+    struct {
+        uint32_t n_tok, n_expert, n_used, norm_topk;
+        float scale;
+        uint32_t n, shared_;
+    } pc = {(uint32_t)n_slots, (uint32_t)n_expert, 1, 0, 1.0f, 0, 0};
+    const struct tern_vk_buf *bufs[7] = {order, ids, order, order, order, order, order};
+    return record(vk, PIPE_MOE_GROUP, bufs, 7, &pc, sizeof pc, 1, 1, 1);
 }
 
 enum tern_status tern_vk_moe_combine(struct tern_vk *vk, struct tern_vk_buf *y, const struct tern_vk_buf *d,

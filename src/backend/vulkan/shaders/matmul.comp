@@ -14,15 +14,19 @@ layout(local_size_x = 64, local_size_y = 1, local_size_z = 1) in;
 
 layout(constant_id = 0) const uint WTYPE = 0;
 // INDEXED (the MoE experts' matmul): W holds n_expert matrices expert_stride bytes apart;
-// "token" t is a slot whose expert is ids[t] and whose input row is x row t / x_div (each
-// token's n_used slots share its row for gate/up: x_div = n_used; down: 1). The same
-// reduction as the plain matmul, from the expert's rows.
+// the y index of the dispatch walks the slots in the order order[] gives (slots grouped by
+// expert, so that neighbouring workgroups read the same expert's rows), and slot s's expert
+// is ids[s], its input row x row s / x_div (each token's n_used slots share its row for
+// gate/up: x_div = n_used; down: 1), its output row y row s. The same reduction as the
+// plain matmul, from the expert's rows: the order changes which workgroup computes a slot,
+// never its bits.
 layout(constant_id = 1) const uint INDEXED = 0;
 
 layout(std430, binding = 0) readonly buffer W { uint w[]; };
 layout(std430, binding = 1) readonly buffer X { float x[]; };
 layout(std430, binding = 2) writeonly buffer Y { float y[]; };
 layout(std430, binding = 3) readonly buffer I { uint ids[]; };
+layout(std430, binding = 4) readonly buffer O { uint order[]; };
 
 layout(push_constant) uniform P {
     uint k;
@@ -60,8 +64,10 @@ void k_scale_min(uint so, uint sb, out uint sc, out uint mn) {
 
 void main() {
     const uint r = gl_GlobalInvocationID.x;
-    const uint t = gl_GlobalInvocationID.y;
+    uint t = gl_GlobalInvocationID.y;
     if (r >= p.n || t >= p.n_tok) return;
+    if (INDEXED != 0) t = order[t];
+    if (t >= p.n_tok) return; // a bad order entry: nothing to write
     uint xo = t * p.k;
     uint ro = r * p.row_bytes;
     if (INDEXED != 0) {

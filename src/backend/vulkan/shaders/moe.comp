@@ -8,6 +8,10 @@
 //              as llama.cpp does) when norm_topk, then scaled. Writes ids[t][j], wts[t][j].
 //   1 combine: one invocation per output element: y[t][i] = sum_j wts[t][j] d[t n_used + j][i]
 //              in rank order (plus sigmoid(sw[t]) sd[t][i] when shared), as the CPU's combine.
+//   2 group:   one invocation: the n_tok slots (here: ids[0..n_tok)) ordered by expert, slots
+//              of one expert in slot order (the CPU's grouping), into order[]: a stable
+//              counting sort, so the order is a function of the ids alone. Ids past
+//              n_expert go last.
 // A token's results depend on its own rows alone.
 layout(local_size_x = 64) in;
 layout(constant_id = 0) const uint OP = 0;
@@ -18,6 +22,7 @@ layout(std430, binding = 2) buffer B2 { float wts[]; };     // (n_tok, n_used)
 layout(std430, binding = 3) readonly buffer B3 { float sd[]; }; // combine, shared: (n_tok, n)
 layout(std430, binding = 4) readonly buffer B4 { float sw[]; }; // combine, shared: (n_tok)
 layout(std430, binding = 5) readonly buffer B5 { float d[]; };  // combine: (n_tok n_used, n) the experts' outputs
+layout(std430, binding = 6) buffer B6 { uint order[]; };        // group: out (n_tok)
 
 layout(push_constant) uniform P {
     uint n_tok;
@@ -74,7 +79,27 @@ void route(uint t) {
         }
 }
 
+void group() {
+    uint start[1025]; // per expert (and one bucket for bad ids): counts, then where its slots go
+    for (uint e = 0; e <= p.n_expert; e++) start[e] = 0u;
+    for (uint s = 0; s < p.n_tok; s++) start[min(ids[s], p.n_expert)]++;
+    uint off = 0;
+    for (uint e = 0; e <= p.n_expert; e++) {
+        const uint c = start[e];
+        start[e] = off;
+        off += c;
+    }
+    for (uint s = 0; s < p.n_tok; s++) {
+        const uint e = min(ids[s], p.n_expert);
+        order[start[e]++] = s;
+    }
+}
+
 void main() {
+    if (OP == 2) {
+        if (gl_GlobalInvocationID.x == 0) group();
+        return;
+    }
     if (OP == 0) {
         const uint t = gl_GlobalInvocationID.x;
         if (t < p.n_tok) route(t);
