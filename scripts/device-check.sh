@@ -11,8 +11,9 @@
 #                                     the devices, runs the Vulkan tests on the GPU, and
 #                                     writes the log under $OUT (or .device/out).
 #
-# One short prepared command on the GPU machine: `run` takes well under a minute today
-# (the device layer and kernel tests); it grows with the backend, and stays under 5 min.
+# One short prepared command on the GPU machine: `run` takes a few minutes (the device
+# layer and kernel tests, greedy runs of generated qwen2 / MoE models on the GPU against
+# the CPU, the benchmarks); it stays under 5 min.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
@@ -59,11 +60,22 @@ run)
     "$dev/bin/tern" devices --json
     echo "== test-vulkan (TERN_REQUIRE_VULKAN=1)"
     TERN_REQUIRE_VULKAN=1 "$dev/bin/test-vulkan"
+    echo "== tern run --device: greedy ids on the GPU against the CPU's (generated F32 models, 2 layers)"
+    for p in tiny-qwen2 tiny-qwen3moe tiny-qwen35moe; do
+      f=/tmp/tern-$p.gguf
+      "$dev/bin/tern" mkmodel --preset "$p" --n-layer 2 --type f32 --out "$f" >/dev/null 2>&1 || { echo "no preset $p"; continue; }
+      c=$("$dev/bin/tern" run -m "$f" --ids "1 2 3 4 5 6 7 8" -n 16 --temp 0 --print-ids -c 256 --device cpu 2>/dev/null)
+      g=$("$dev/bin/tern" run -m "$f" --ids "1 2 3 4 5 6 7 8" -n 16 --temp 0 --print-ids -c 256 --device vulkan 2>&1 >/tmp/tern-gpu-ids | grep "^model:"; cat /tmp/tern-gpu-ids)
+      echo "$p: cpu [$c]"
+      echo "$p: gpu $g"
+      rm -f "$f" /tmp/tern-gpu-ids
+    done
     echo "== benchmarks: tern bench --device vulkan and --device cpu on generated real shapes"
-    for spec in "qwen3-0.6b q8_0" "qwen3-0.6b q4_k_m" "${TERN_BENCH_BIG:-qwen3-8b q4_k_m}"; do
+    # an MoE shape too: Qwen3-30B-A3B's layers (128 experts, 8 used), 4 of its 48
+    for spec in "qwen3-0.6b q8_0" "qwen3-0.6b q4_k_m" "${TERN_BENCH_BIG:-qwen3-8b q4_k_m}" "qwen3-30b-a3b q4_k_m 4"; do
       set -- $spec
       f=/tmp/tern-$1-$2.gguf
-      "$dev/bin/tern" mkmodel --preset "$1" --type "$2" --out "$f" >/dev/null 2>&1 || { echo "no preset $1"; continue; }
+      "$dev/bin/tern" mkmodel --preset "$1" --type "$2" ${3:+--n-layer $3} --out "$f" >/dev/null 2>&1 || { echo "no preset $1"; continue; }
       "$dev/bin/tern" bench --model "$f" -p 512 -n 128 -r 2 --device vulkan
       "$dev/bin/tern" bench --model "$f" -p 512 -n 128 -r 2 --device cpu
       rm -f "$f"

@@ -2,6 +2,8 @@
 tern_unit_test(test-vulkan ${CMAKE_SOURCE_DIR}/tests/unit/test-vulkan.c LABELS vulkan TIMEOUT 300)
 # Models on the Vulkan backend against the CPU path (kit models).
 tern_unit_test(test-gpu-model ${CMAKE_SOURCE_DIR}/tests/unit/test-gpu-model.c ${CMAKE_SOURCE_DIR}/tests/unit/exact.c
-  LABELS vulkan no-asan TIMEOUT 600)
+  LABELS vulkan no-asan TIMEOUT 900)
 tern_unit_test(test-gpu-model-lite ${CMAKE_SOURCE_DIR}/tests/unit/test-gpu-model.c ${CMAKE_SOURCE_DIR}/tests/unit/exact.c
   ARGS lite LABELS vulkan TIMEOUT 600)
+# tern run --device: the GPU's greedy ids equal the CPU's; auto, TERN_DEVICE, errors.
+tern_script_test(gpu-cli ${CMAKE_SOURCE_DIR}/tests/e2e/gpu-cli.sh LABELS vulkan TIMEOUT 600)

@@ -121,3 +121,34 @@ enum tern_status tern_vk_split_heads(struct tern_vk *vk, const struct tern_vk_bu
     (void)vk, (void)ab, (void)a, (void)b, (void)n_tok, (void)n_head, (void)head_dim;
     return NOT_BUILT;
 }
+enum tern_status tern_vk_add_bias(struct tern_vk *vk, struct tern_vk_buf *y, const struct tern_vk_buf *bias,
+                                  size_t n_tok, size_t n) {
+    (void)vk, (void)y, (void)bias, (void)n_tok, (void)n;
+    return NOT_BUILT;
+}
+enum tern_status tern_vk_matmul_id(struct tern_vk *vk, enum tern_dtype wtype, const struct tern_vk_buf *w,
+                                   size_t expert_stride, size_t n_expert, size_t k, size_t n,
+                                   const struct tern_vk_buf *ids, const struct tern_vk_buf *order,
+                                   const struct tern_vk_buf *x, size_t x_div, size_t n_slots, struct tern_vk_buf *y) {
+    (void)vk, (void)wtype, (void)w, (void)expert_stride, (void)n_expert, (void)k, (void)n, (void)ids, (void)x;
+    (void)order, (void)x_div, (void)n_slots, (void)y;
+    return NOT_BUILT;
+}
+enum tern_status tern_vk_moe_group(struct tern_vk *vk, const struct tern_vk_buf *ids, struct tern_vk_buf *order,
+                                   size_t n_slots, size_t n_expert) {
+    (void)vk, (void)ids, (void)order, (void)n_slots, (void)n_expert;
+    return NOT_BUILT;
+}
+enum tern_status tern_vk_moe_route(struct tern_vk *vk, struct tern_vk_buf *logits, struct tern_vk_buf *ids,
+                                   struct tern_vk_buf *wts, size_t n_tok, size_t n_expert, size_t n_used,
+                                   bool norm_topk, float scale) {
+    (void)vk, (void)logits, (void)ids, (void)wts, (void)n_tok, (void)n_expert, (void)n_used, (void)norm_topk;
+    (void)scale;
+    return NOT_BUILT;
+}
+enum tern_status tern_vk_moe_combine(struct tern_vk *vk, struct tern_vk_buf *y, const struct tern_vk_buf *d,
+                                     const struct tern_vk_buf *wts, size_t n_tok, size_t n, size_t n_used,
+                                     const struct tern_vk_buf *sd, const struct tern_vk_buf *sw) {
+    (void)vk, (void)y, (void)d, (void)wts, (void)n_tok, (void)n, (void)n_used, (void)sd, (void)sw;
+    return NOT_BUILT;
+}

@@ -62,8 +62,8 @@ size_t tern_vk_buf_bytes(const struct tern_vk_buf *b);
 enum tern_status tern_vk_upload(struct tern_vk_buf *b, size_t off, const void *src, size_t bytes);
 enum tern_status tern_vk_download(struct tern_vk_buf *b, size_t off, void *dst, size_t bytes);
 
-/* Whether tern_vk_matmul handles weights of this type (F32, F16, Q4_0, Q5_0, Q8_0, Q4_K,
- * Q6_K today). */
+/* Whether tern_vk_matmul handles weights of this type (F32, F16, BF16, Q4_0, Q4_1, Q5_0,
+ * Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS). */
 bool tern_vk_matmul_supported(enum tern_dtype wtype);
 
 /* y[t * n + r] = dot(w row r, x row t) for r < n, t < n_tok: w holds n rows of k
@@ -75,6 +75,39 @@ bool tern_vk_matmul_supported(enum tern_dtype wtype);
 enum tern_status tern_vk_matmul(struct tern_vk *vk, enum tern_dtype wtype, const struct tern_vk_buf *w,
                                 size_t k, size_t n, const struct tern_vk_buf *x, size_t n_tok,
                                 struct tern_vk_buf *y);
+
+/* The experts' matmul (MoE): w holds n_expert matrices of n rows of k elements of wtype,
+ * expert_stride bytes apart (stacked as GGUF's ffn_*_exps); for each of n_slots slots s,
+ * y[s * n + r] = dot(row r of expert ids[s], x row s / x_div) (ids: n_slots uint32; x_div
+ * = n_used when a token's slots share its input row, 1 when each slot has its own). The
+ * slots are dispatched in the order order[] (n_slots uint32, a permutation: from
+ * tern_vk_moe_group, slots grouped by expert, so neighbouring workgroups read the same
+ * expert's rows); the order decides which workgroup computes a slot, never its bits: the
+ * same fixed-order reduction as tern_vk_matmul, so a slot's row does not depend on the
+ * other slots. An id past n_expert gives NaN rows, never a read outside w. Errors as
+ * tern_vk_matmul's; more than 1024 experts or 4 GiB of them (TERN_ERR_RANGE). */
+enum tern_status tern_vk_matmul_id(struct tern_vk *vk, enum tern_dtype wtype, const struct tern_vk_buf *w,
+                                   size_t expert_stride, size_t n_expert, size_t k, size_t n,
+                                   const struct tern_vk_buf *ids, const struct tern_vk_buf *order,
+                                   const struct tern_vk_buf *x, size_t x_div, size_t n_slots, struct tern_vk_buf *y);
+/* order[0..n_slots) = the slots 0..n_slots ordered by their expert ids[s], the slots of one
+ * expert in slot order (a stable counting sort on the device, as the CPU groups them); ids
+ * past n_expert last. At most 1024 experts. */
+enum tern_status tern_vk_moe_group(struct tern_vk *vk, const struct tern_vk_buf *ids, struct tern_vk_buf *order,
+                                   size_t n_slots, size_t n_expert);
+
+/* MoE routing (model/moe.h's moe_route, per token): logits (n_tok, n_expert) become the
+ * softmax probabilities in place; ids and wts (n_tok, n_used) get the n_used largest in
+ * descending order (ties to the lowest id) and their weights (renormalised to sum 1 when
+ * norm_topk, then times scale). At most 1024 experts. */
+enum tern_status tern_vk_moe_route(struct tern_vk *vk, struct tern_vk_buf *logits, struct tern_vk_buf *ids,
+                                   struct tern_vk_buf *wts, size_t n_tok, size_t n_expert, size_t n_used,
+                                   bool norm_topk, float scale);
+/* y[t] = sum_j wts[t][j] d[t * n_used + j] (rank order), plus sigmoid(sw[t]) sd[t] when sd
+ * and sw (the shared expert's output (n_tok, n) and gate logit (n_tok)) are given. */
+enum tern_status tern_vk_moe_combine(struct tern_vk *vk, struct tern_vk_buf *y, const struct tern_vk_buf *d,
+                                     const struct tern_vk_buf *wts, size_t n_tok, size_t n, size_t n_used,
+                                     const struct tern_vk_buf *sd, const struct tern_vk_buf *sw);
 
 /* Recording: operations between tern_vk_begin and tern_vk_end go into one command buffer
  * (a barrier after each, so each sees the writes of those before it) and run at
@@ -93,6 +126,8 @@ enum tern_status tern_vk_add(struct tern_vk *vk, struct tern_vk_buf *y, const st
                              size_t n); /* y += x */
 enum tern_status tern_vk_swiglu(struct tern_vk *vk, struct tern_vk_buf *g, const struct tern_vk_buf *u, size_t n_tok,
                                 size_t n); /* g = silu(g) * u */
+enum tern_status tern_vk_add_bias(struct tern_vk *vk, struct tern_vk_buf *y, const struct tern_vk_buf *bias,
+                                  size_t n_tok, size_t n); /* y[t] += bias, every row */
 enum tern_status tern_vk_sigmoid_mul(struct tern_vk *vk, struct tern_vk_buf *x, const struct tern_vk_buf *gate,
                                      size_t n_tok, size_t n); /* x *= sigmoid(gate) */
 /* RoPE in place on n_tok rows (row_stride floats apart) of n_head heads of head_dim;

@@ -1,6 +1,10 @@
-/* tern run: primes a prompt and generates text (or ids) with a model. */
+/* tern run: primes a prompt and generates text (or ids) with a model, on the CPU or
+ * (--device vulkan[:N] | auto) through the GPU forward pass (model/gpu.h). */
 #include "cli/cli.h"
 #include "cli/cmd-chat.h"
+
+#include "backend/vulkan.h"
+#include "model/gpu.h"
 
 #include "server/spec.h"
 
@@ -51,6 +55,11 @@ static void usage(FILE *f) {
             "      --mlock               pin the weights in memory\n"
             "      --print-ids           print the generated ids (one line) instead of text\n"
             "      --dump-logits FILE    write the prompt's logits, float32 [n_prompt][n_vocab]\n"
+            "      --device D            cpu (default; or $TERN_DEVICE), vulkan (the first GPU, else\n"
+            "                            device 0), vulkan:N (Vulkan device N, see tern devices) or\n"
+            "                            auto (a discrete or integrated GPU when there is one and the\n"
+            "                            model runs on it, else the CPU; says which and why). On a\n"
+            "                            GPU the whole forward pass runs there; --spec is CPU-only\n"
             "      --chat                an interactive chat instead (see tern chat --help)\n"
             "  -h, --help                this help\n");
 }
@@ -58,7 +67,7 @@ static void usage(FILE *f) {
 enum {
     OPT_IDS = 256, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_REPN, OPT_PRES, OPT_FREQ, OPT_SEED,
     OPT_STOP, OPT_CHUNK, OPT_KV, OPT_NOMMAP, OPT_MLOCK, OPT_PRINTIDS, OPT_DUMP, OPT_SPEC, OPT_SPECMAX,
-    OPT_ORACLE,
+    OPT_ORACLE, OPT_DEVICE,
 };
 
 static const struct option long_opts[] = {
@@ -86,7 +95,8 @@ static const struct option long_opts[] = {
     {"dump-logits", required_argument, 0, OPT_DUMP},
     {"spec", required_argument, 0, OPT_SPEC},
     {"spec-max", required_argument, 0, OPT_SPECMAX},
-    {"spec-oracle", required_argument, 0, OPT_ORACLE}, /* tests: "PCT:ID ID ..." drafts from known tokens */
+    {"spec-oracle", required_argument, 0, OPT_ORACLE},
+    {"device", required_argument, 0, OPT_DEVICE}, /* tests: "PCT:ID ID ..." drafts from known tokens */
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -171,6 +181,129 @@ static bool emit(struct out_text *o, bool final) {
     return stop;
 }
 
+/* --device, before the model is loaded: -1 = the CPU, else a Vulkan device index.
+ * *is_auto: the choice may still fall back to the CPU (auto). Returns nonzero (the exit
+ * code) on a bad value or a Vulkan the user asked for and the machine lacks. */
+static int resolve_device(const char *d, int *out, bool *is_auto) {
+    *out = -1;
+    *is_auto = false;
+    if (!d || !*d || !strcmp(d, "cpu")) return 0;
+    long idx = -1;
+    const bool any = !strcmp(d, "vulkan"), autod = !strcmp(d, "auto");
+    if (!any && !autod && (strncmp(d, "vulkan:", 7) || !cli_parse_int(d + 7, 0, 15, &idx)))
+        return cli_usage_error("run", "bad --device '%s' (cpu, vulkan, vulkan:N, auto)", d);
+    struct tern_vk_device_info devs[16];
+    uint32_t n = 0;
+    if (tern_vk_enumerate(devs, 16, &n)) {
+        if (autod) {
+            fprintf(stderr, "device: auto: the CPU (no Vulkan: %s)\n", tern_last_error());
+            return 0;
+        }
+        return cli_fail("run", "--device %s: %s", d, tern_last_error());
+    }
+    if (n > 16) n = 16;
+    if (idx >= 0) {
+        if ((uint32_t)idx >= n) return cli_fail("run", "--device %s: no such device (the loader sees %u; tern devices lists them)", d, n);
+        *out = (int)idx;
+        return 0;
+    }
+    const int pick = tern_vk_pick_auto(devs, n);
+    if (autod) {
+        *is_auto = true;
+        if (pick < 0) {
+            fprintf(stderr, "device: auto: the CPU (no discrete or integrated GPU; %u Vulkan device%s of other types, "
+                            "e.g. '%s' (%s), are used only when named: --device vulkan:0)\n",
+                    n, n == 1 ? "" : "s", devs[0].name, devs[0].type);
+            return 0;
+        }
+        fprintf(stderr, "device: auto: vulkan:%d '%s' (%s GPU)\n", pick, devs[pick].name, devs[pick].type);
+    }
+    *out = pick >= 0 ? pick : 0;
+    return 0;
+}
+
+/* The GPU's side of a run: the model on device dev, the prompt primed, then tokens
+ * sampled and evaluated one at a time, as the CPU path's --spec off does (the sampler
+ * sees the same history: prompt and generated tokens). */
+struct gpu_run {
+    struct tern_vk *vk;
+    struct tern_gpu_model *g;
+    float *logits; /* (n_vocab) the last token's */
+    int32_t *hist; /* prompt + generated */
+};
+
+static void gpu_run_free(struct gpu_run *r) {
+    tern_gpu_model_free(r->g);
+    tern_vk_close(r->vk);
+    free(r->logits);
+    free(r->hist);
+}
+
+/* Opens the device and uploads the model. Errors leave *r freed-able. */
+static enum tern_status gpu_run_open(struct gpu_run *r, const struct tern_model *m, int dev, uint32_t n_ctx,
+                                     uint32_t chunk, bool f16) {
+    enum tern_status st = tern_vk_open(dev, &r->vk);
+    if (!st) st = tern_gpu_model_new(r->vk, m, n_ctx, chunk, f16, &r->g);
+    return st;
+}
+
+static int write_logits(const char *path, const float *l, size_t n, uint32_t nv) {
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(l, sizeof(float) * nv, n, f) != n || fclose(f) != 0)
+        return cli_fail("run", "cannot write %s: %s", path, strerror(errno));
+    return 0;
+}
+
+/* Primes and generates on the GPU; returns the exit code. */
+static int run_gpu(struct gpu_run *r, struct tern_sampler *smp, struct tern_detok *dt, struct out_text *out,
+                   const int32_t *ids, size_t n_ids, long n_predict, uint32_t chunk, float *logits_all,
+                   const char *dump, bool print_ids, const struct tern_tokenizer *tok, uint32_t nv) {
+    r->logits = tern_malloc(nv * sizeof(float));
+    r->hist = tern_malloc((n_ids + (size_t)n_predict + 1) * sizeof(int32_t));
+    if (!r->logits || !r->hist) return cli_fail("run", "out of memory for %u logits", nv);
+    memcpy(r->hist, ids, n_ids * sizeof(int32_t));
+    size_t n_hist = n_ids;
+    const double t0 = tern_now_s();
+    if (tern_gpu_model_eval(r->g, ids, (uint32_t)n_ids, chunk, logits_all ? logits_all : r->logits, logits_all != NULL))
+        return cli_fail("run", "%s", tern_last_error());
+    if (logits_all) memcpy(r->logits, logits_all + (n_ids - 1) * (size_t)nv, nv * sizeof(float));
+    const double t_prompt = tern_now_s() - t0;
+    if (dump && write_logits(dump, logits_all, n_ids, nv)) return 1;
+    const double t1 = tern_now_s();
+    long n_gen = 0, n_eval = 0;
+    bool stopped = false;
+    while (n_gen < n_predict && !stopped) {
+        const int32_t id = tern_sampler_sample(smp, r->logits, r->hist, n_hist);
+        n_gen++;
+        if (tok && tern_token_is_eog(tok, id)) break;
+        if (print_ids) printf("%s%d", n_gen > 1 ? " " : "", id);
+        if (dt) {
+            if (tern_detok_push(dt, id, &out->text)) return cli_fail("run", "%s", tern_last_error());
+            stopped = emit(out, false);
+        }
+        if (stopped || n_gen == n_predict) break;
+        if (tern_gpu_model_n_past(r->g) >= tern_gpu_model_n_ctx(r->g)) {
+            fprintf(stderr, "\nrun: the context of %u tokens is full\n", tern_gpu_model_n_ctx(r->g));
+            break;
+        }
+        r->hist[n_hist++] = id;
+        if (tern_gpu_model_eval(r->g, &id, 1, 1, r->logits, false)) return cli_fail("run", "%s", tern_last_error());
+        n_eval++;
+    }
+    if (dt && !stopped) {
+        tern_detok_flush(dt, &out->text);
+        emit(out, true);
+    }
+    if (print_ids || dt) putchar('\n');
+    const double t_gen = tern_now_s() - t1;
+    fprintf(stderr, "prompt: %zu tokens in %.3f s (%.2f t/s); decode: %ld tokens in %.3f s (%.2f t/s)\n", n_ids,
+            t_prompt, t_prompt > 0 ? (double)n_ids / t_prompt : 0.0, n_eval, t_gen,
+            t_gen > 0 ? (double)n_eval / t_gen : 0.0);
+    if (getenv("TERN_STATE_HASH") && strcmp(getenv("TERN_STATE_HASH"), "0"))
+        fprintf(stderr, "run: TERN_STATE_HASH: the GPU's state is not hashed yet (docs/gpu.md)\n");
+    return 0;
+}
+
 static int run_main(int argc, char **argv) {
     /* --chat: the interactive chat (cmd-chat.c) takes the same options */
     for (int i = 1; i < argc; i++)
@@ -186,6 +319,7 @@ static int run_main(int argc, char **argv) {
     struct spec_oracle oracle = {0};
     int32_t *oracle_ids = NULL;
     const char *oracle_str = NULL;
+    const char *device = getenv("TERN_DEVICE");
     long lv;
     double dv;
     int c;
@@ -274,6 +408,7 @@ static int run_main(int argc, char **argv) {
             spp.max = (uint32_t)lv;
             break;
         case OPT_ORACLE: oracle_str = optarg; break;
+        case OPT_DEVICE: device = optarg; break;
         case 'h': usage(stdout); return 0;
         default: return cli_usage_error("run", "unknown option");
         }
@@ -299,7 +434,23 @@ static int run_main(int argc, char **argv) {
         spp.oracle = &oracle;
     }
 
+    int dev = -1;
+    bool dev_auto = false;
+    if ((c = resolve_device(device, &dev, &dev_auto))) {
+        free(oracle_ids);
+        return c;
+    }
+    if (dev >= 0 && spp.mode != SPEC_OFF) {
+        if (!dev_auto) {
+            free(oracle_ids);
+            return cli_usage_error("run", "--spec runs on the CPU only (leave out --device or use --device cpu)");
+        }
+        fprintf(stderr, "device: auto: the CPU (--spec runs on the CPU only)\n");
+        dev = -1;
+    }
+
     int rc = 1;
+    struct gpu_run gr = {0};
     struct tern_model *m = NULL;
     struct tern_session *s = NULL;
     struct tern_sampler *smp = NULL;
@@ -342,12 +493,31 @@ static int run_main(int argc, char **argv) {
         cli_fail("run", "the prompt has no tokens");
         goto done;
     }
+    if (dev >= 0) {
+        /* the context as the CPU session sizes it: the model's, at most 32768 */
+        uint32_t n_ctx = (uint32_t)ctx;
+        if (!n_ctx) n_ctx = info->n_ctx_train && info->n_ctx_train < 32768 ? info->n_ctx_train : 32768;
+        const uint32_t n_chunk = (uint32_t)(chunk < (long)n_ctx ? chunk : n_ctx);
+        if (gpu_run_open(&gr, m, dev, n_ctx, n_chunk, kv == TERN_KV_F16)) {
+            if (!dev_auto) {
+                cli_fail("run", "--device vulkan:%d: %s", dev, tern_last_error());
+                goto done;
+            }
+            fprintf(stderr, "device: auto: the CPU (%s)\n", tern_last_error());
+            gpu_run_free(&gr);
+            memset(&gr, 0, sizeof gr);
+            dev = -1;
+        } else if (n_ids > n_ctx) {
+            cli_fail("run", "the prompt's %zu tokens exceed the context of %u", n_ids, n_ctx);
+            goto done;
+        }
+    }
     struct tern_session_params sep;
     tern_session_params_default(&sep);
     sep.n_ctx = (uint32_t)ctx;
     sep.kv_type = kv;
     sep.n_chunk = (uint32_t)chunk;
-    if (tern_session_new(m, &sep, &s) || tern_sampler_new(&sp, info->n_vocab, &smp)) {
+    if ((dev < 0 && tern_session_new(m, &sep, &s)) || tern_sampler_new(&sp, info->n_vocab, &smp)) {
         cli_fail("run", "%s", tern_last_error());
         goto done;
     }
@@ -361,6 +531,14 @@ static int run_main(int argc, char **argv) {
             cli_fail("run", "out of memory for %zu x %u logits", n_ids, info->n_vocab);
             goto done;
         }
+    }
+    if (dev >= 0) {
+        const struct tern_vk_device_info *di = tern_vk_info(gr.vk);
+        fprintf(stderr, "model: %s (%s), %u layers, on vulkan:%d '%s' (%s), weights uploaded, loaded in %.2f s\n",
+                info->name, info->arch, info->n_layer, dev, di->name, di->type, tern_now_s() - t_load);
+        rc = run_gpu(&gr, smp, dt, &out, ids, n_ids, n_predict, (uint32_t)chunk, logits_all, dump, print_ids, tok,
+                     info->n_vocab);
+        goto done;
     }
     fprintf(stderr, "model: %s (%s), %u layers, %d threads, %s weights, loaded in %.2f s\n", info->name, info->arch,
             info->n_layer, info->n_threads, no_mmap ? "read" : "mapped", tern_now_s() - t_load);
@@ -436,6 +614,7 @@ static int run_main(int argc, char **argv) {
                 (unsigned long long)tern_session_hash(s));
     rc = 0;
 done:
+    gpu_run_free(&gr);
     spec_dec_free(&sd);
     free(oracle_ids);
     tern_buf_free(&out.text);

@@ -1,14 +1,22 @@
-/* Forward passes on the Vulkan backend (model/gpu.h): llama/qwen3 (llama_forward's
- * operations) and the Qwen3.5 hybrid (q35_forward's: Gated DeltaNet layers with their
- * conv windows and states on the device, gated attention), on device buffers, recorded
- * into one command buffer per chunk (one submit, one wait, the logits read back).
- * Weights are uploaded once, in their own types (dequantized in the shaders); the KV
- * cache and the recurrent state live on the device.
+/* Forward passes on the Vulkan backend (model/gpu.h): llama/qwen2/qwen3/qwen3moe
+ * (llama_forward's operations, qwen2's q/k/v biases) and the Qwen3.5 hybrids qwen35 and
+ * qwen35moe (q35_forward's: Gated DeltaNet layers with their conv windows and states on
+ * the device, gated attention), on device buffers, recorded into one command buffer per
+ * chunk (one submit, one wait, the logits read back). Weights are uploaded once, in their
+ * own types (dequantized in the shaders); the KV cache and the recurrent state live on
+ * the device.
+ *
+ * The MoE feed-forward (moe.h's math) stays on the device too: the router's logits, the
+ * routing (softmax, top-k with ties to the lowest id, renormalised weights) per token, the
+ * (token, rank) slots grouped by expert (a counting sort on the device), the experts'
+ * matmuls over the slots in that order, each slot reading its own expert's rows, SwiGLU, the
+ * weighted sum in rank order and qwen35moe's sigmoid-gated shared expert. No host round
+ * trip: the routing decides which expert rows a slot reads and the order of the workgroups
+ * (neighbours read the same expert's rows), not what is dispatched nor any slot's bits.
  *
  * What runs on the host: the embedding rows (dequantized, uploaded with the chunk) and
  * the RoPE angles (tern_rope_angles, the CPU's exact values, with Qwen3.5's position-0
- * pairs). Not yet: q/k/v biases (qwen2) and the MoE feed-forwards (qwen3moe, qwen35moe) —
- * refused at creation. */
+ * pairs). */
 #include "model/gpu.h"
 
 #include "backend/vulkan.h"
@@ -27,6 +35,12 @@ struct gpu_layer {
     /* Gated DeltaNet (qwen35) */
     struct tern_vk_buf *wqkv, *wz, *wbeta, *walpha, *wout, *conv_wt, *params;
     struct tern_vk_buf *window, *S; /* [n_conv - 1][C], [n_v][d_k][d_v]: zero at position 0 */
+    struct tern_vk_buf *bq, *bk, *bv; /* qwen2's biases; NULL when absent */
+    /* MoE (qwen3moe, qwen35moe) */
+    const struct moe_layer *moe;    /* NULL: a dense feed-forward */
+    struct tern_vk_buf *router;     /* [n_embd, n_expert] F32 */
+    struct tern_vk_buf *eg, *eu, *ed; /* the stacked experts, in their own types */
+    struct tern_vk_buf *sh_inp, *sh_g, *sh_u, *sh_d; /* the shared expert (qwen35moe) */
 };
 
 struct tern_gpu_model {
@@ -41,6 +55,11 @@ struct tern_gpu_model {
     /* one chunk's activations */
     struct tern_vk_buf *x, *xb, *q, *k, *v, *att, *hb, *hb2, *cs, *logits;
     struct tern_vk_buf *qg, *gate, *qkv_raw, *qkv, *z, *beta, *alpha, *o; /* qwen35 */
+    const struct moe_hparams *moe_hp; /* NULL: no MoE layers */
+    /* MoE scratch: router logits (n_chunk, n_expert), the slots' expert ids and weights
+     * (n_chunk, n_used), their gate/up (slots, n_ff_exp) and down outputs (slots, n_embd);
+     * the shared expert's gate/up (n_chunk, n_ff_shexp), gate logit (n_chunk), output */
+    struct tern_vk_buf *m_probs, *m_ids, *m_order, *m_wts, *m_g, *m_u, *m_d, *s_g, *s_u, *s_w, *s_d;
     float *host_x, *host_cs; /* (n_chunk, n_embd), (n_chunk, n_rot) staging */
     float *zeros;            /* (zeros_n) for resetting the recurrent state */
     size_t zeros_n;
@@ -71,18 +90,67 @@ void tern_gpu_model_free(struct tern_gpu_model *g) {
             struct tern_vk_buf *bufs[] = {L->attn_norm, L->ffn_norm, L->q_norm, L->k_norm, L->wq,      L->wk,
                                           L->wv,        L->wo,       L->wg,     L->wu,     L->wd,      L->kc,
                                           L->vc,        L->wqkv,     L->wz,     L->wbeta,  L->walpha,  L->wout,
-                                          L->conv_wt,   L->params,   L->window, L->S};
+                                          L->conv_wt,   L->params,   L->window, L->S,      L->bq,      L->bk,
+                                          L->bv,        L->router,   L->eg,     L->eu,     L->ed,      L->sh_inp,
+                                          L->sh_g,      L->sh_u,     L->sh_d};
             for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) tern_vk_buf_free(bufs[i]);
         }
     free(g->L);
     struct tern_vk_buf *bufs[] = {g->out_norm, g->output, g->x,    g->xb,      g->q,   g->k,    g->v,    g->att,
                                   g->hb,       g->hb2,    g->cs,   g->logits,  g->qg,  g->gate, g->qkv_raw,
-                                  g->qkv,      g->z,      g->beta, g->alpha,   g->o};
+                                  g->qkv,      g->z,      g->beta, g->alpha,   g->o,   g->m_probs, g->m_ids, g->m_order,
+                                  g->m_wts,    g->m_g,    g->m_u,  g->m_d,     g->s_g, g->s_u,  g->s_w,
+                                  g->s_d};
     for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) tern_vk_buf_free(bufs[i]);
     free(g->host_x);
     free(g->host_cs);
     free(g->zeros);
     free(g);
+}
+
+/* The stacked experts of one matrix: n_expert slices stride bytes apart. */
+static enum tern_status upload_experts(struct tern_vk *vk, const struct mat *w, size_t stride, uint32_t n_expert,
+                                       struct tern_vk_buf **out) {
+    if (!tern_vk_matmul_supported(w->type))
+        return tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: tensor '%s' is %s, which the Vulkan matmul does not handle yet",
+                           w->name, tern_dtype_name((uint32_t)w->type));
+    return upload(vk, w->data, (size_t)n_expert * stride, out);
+}
+
+/* A layer's MoE block: router, experts, shared expert. */
+static enum tern_status upload_moe(struct tern_gpu_model *g, struct gpu_layer *L, const struct moe_layer *ml) {
+    const struct moe_hparams *hp = g->moe_hp;
+    enum tern_status st;
+    L->moe = ml;
+    if ((st = upload_mat(g->vk, &ml->router, &L->router)) ||
+        (st = upload_experts(g->vk, &ml->gate, ml->gate_stride, hp->n_expert, &L->eg)) ||
+        (st = upload_experts(g->vk, &ml->up, ml->up_stride, hp->n_expert, &L->eu)) ||
+        (st = upload_experts(g->vk, &ml->down, ml->down_stride, hp->n_expert, &L->ed)))
+        return st;
+    if (!hp->n_ff_shexp) return TERN_OK;
+    if ((st = upload_mat(g->vk, &ml->sh_gate_inp, &L->sh_inp)) || (st = upload_mat(g->vk, &ml->sh_gate, &L->sh_g)) ||
+        (st = upload_mat(g->vk, &ml->sh_up, &L->sh_u)) || (st = upload_mat(g->vk, &ml->sh_down, &L->sh_d)))
+        return st;
+    return TERN_OK;
+}
+
+/* The MoE scratch for chunks of n_chunk tokens. */
+static enum tern_status moe_scratch(struct tern_gpu_model *g) {
+    const struct moe_hparams *hp = g->moe_hp;
+    struct tern_vk *vk = g->vk;
+    const size_t n = g->n_chunk, K = hp->n_used, slots = n * K, E = g->m->hp.n_embd, S = hp->n_ff_shexp;
+    enum tern_status st = scratch(vk, n * hp->n_expert, &g->m_probs);
+    if (!st) st = scratch(vk, slots, &g->m_ids);
+    if (!st) st = scratch(vk, slots, &g->m_order);
+    if (!st) st = scratch(vk, slots, &g->m_wts);
+    if (!st) st = scratch(vk, slots * hp->n_ff_exp, &g->m_g);
+    if (!st) st = scratch(vk, slots * hp->n_ff_exp, &g->m_u);
+    if (!st) st = scratch(vk, slots * E, &g->m_d);
+    if (!st && S) st = scratch(vk, n * S, &g->s_g);
+    if (!st && S) st = scratch(vk, n * S, &g->s_u);
+    if (!st && S) st = scratch(vk, n, &g->s_w);
+    if (!st && S) st = scratch(vk, n * E, &g->s_d);
+    return st;
 }
 
 /* The attention-only family's weights. */
@@ -95,8 +163,11 @@ static enum tern_status upload_llama(struct tern_gpu_model *g) {
     for (uint32_t il = 0; il < m->n_layer && !st; il++) {
         const struct llama_layer *l = &g->w->layers[il];
         struct gpu_layer *L = &g->L[il];
-        if (l->bq || l->bk || l->bv) st = tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: q/k/v biases are not on the Vulkan path yet");
-        if (!st) st = upload(vk, l->attn_norm, E * sizeof(float), &L->attn_norm);
+        const size_t nq = (size_t)hp->n_head * hd, nkv = (size_t)hp->n_head_kv * hd;
+        st = upload(vk, l->attn_norm, E * sizeof(float), &L->attn_norm);
+        if (!st && l->bq) st = upload(vk, l->bq, nq * sizeof(float), &L->bq);
+        if (!st && l->bk) st = upload(vk, l->bk, nkv * sizeof(float), &L->bk);
+        if (!st && l->bv) st = upload(vk, l->bv, nkv * sizeof(float), &L->bv);
         if (!st) st = upload(vk, l->ffn_norm, E * sizeof(float), &L->ffn_norm);
         if (!st && l->q_norm) st = upload(vk, l->q_norm, hd * sizeof(float), &L->q_norm);
         if (!st && l->k_norm) st = upload(vk, l->k_norm, hd * sizeof(float), &L->k_norm);
@@ -104,9 +175,10 @@ static enum tern_status upload_llama(struct tern_gpu_model *g) {
         if (!st) st = upload_mat(vk, &l->wk, &L->wk);
         if (!st) st = upload_mat(vk, &l->wv, &L->wv);
         if (!st) st = upload_mat(vk, &l->wo, &L->wo);
-        if (!st) st = upload_mat(vk, &l->w_gate, &L->wg);
-        if (!st) st = upload_mat(vk, &l->w_up, &L->wu);
-        if (!st) st = upload_mat(vk, &l->w_down, &L->wd);
+        if (!st && g->w->var.moe) st = upload_moe(g, L, &l->moe);
+        if (!st && !g->w->var.moe) st = upload_mat(vk, &l->w_gate, &L->wg);
+        if (!st && !g->w->var.moe) st = upload_mat(vk, &l->w_up, &L->wu);
+        if (!st && !g->w->var.moe) st = upload_mat(vk, &l->w_down, &L->wd);
         if (!st) st = tern_vk_buf_new(vk, (size_t)hp->n_head_kv * g->n_ctx * hd * es, &L->kc);
         if (!st) st = tern_vk_buf_new(vk, (size_t)hp->n_head_kv * g->n_ctx * hd * es, &L->vc);
     }
@@ -135,9 +207,10 @@ static enum tern_status upload_qwen35(struct tern_gpu_model *g) {
         struct gpu_layer *L = &g->L[il];
         st = upload(vk, l->attn_norm, E * sizeof(float), &L->attn_norm);
         if (!st) st = upload(vk, l->post_norm, E * sizeof(float), &L->ffn_norm);
-        if (!st) st = upload_mat(vk, &l->w_gate, &L->wg);
-        if (!st) st = upload_mat(vk, &l->w_up, &L->wu);
-        if (!st) st = upload_mat(vk, &l->w_down, &L->wd);
+        if (!st && w->moe) st = upload_moe(g, L, &l->moe);
+        if (!st && !w->moe) st = upload_mat(vk, &l->w_gate, &L->wg);
+        if (!st && !w->moe) st = upload_mat(vk, &l->w_up, &L->wu);
+        if (!st && !w->moe) st = upload_mat(vk, &l->w_down, &L->wd);
         if (st) break;
         if (l->recurrent) {
             memcpy(prm, l->ssm_a, nv * sizeof(float));
@@ -184,10 +257,10 @@ enum tern_status tern_gpu_model_new(struct tern_vk *vk, const struct tern_model 
                                     bool f16_kv, struct tern_gpu_model **out) {
     *out = NULL;
     const char *a = m->arch->name;
-    const bool q35 = !strcmp(a, "qwen35");
-    if (strcmp(a, "llama") && strcmp(a, "qwen3") && !q35)
+    const bool q35 = !strcmp(a, "qwen35") || !strcmp(a, "qwen35moe");
+    if (strcmp(a, "llama") && strcmp(a, "qwen2") && strcmp(a, "qwen3") && strcmp(a, "qwen3moe") && !q35)
         return tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: the %s architecture does not run on the Vulkan backend yet "
-                                                 "(llama, qwen3 and qwen35 do)", a);
+                                                 "(llama, qwen2, qwen3, qwen3moe, qwen35 and qwen35moe do)", a);
     const struct model_hparams *hp = &m->hp;
     if (hp->head_dim_k > 256 || (f16_kv && hp->head_dim_k % 2))
         return tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: heads of %u (the Vulkan attention takes at most 256%s)",
@@ -201,6 +274,13 @@ enum tern_status tern_gpu_model_new(struct tern_vk *vk, const struct tern_model 
     g->m = m;
     if (q35) g->qw = m->w;
     else g->w = m->w;
+    if (q35 ? g->qw->moe : g->w->var.moe) g->moe_hp = q35 ? &g->qw->moe_hp : &g->w->moe;
+    if (g->moe_hp && (uint64_t)n_chunk * g->moe_hp->n_used > 65535) {
+        const uint32_t k = g->moe_hp->n_used;
+        free(g);
+        return tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: chunks of %u tokens with %u experts each exceed the Vulkan "
+                                                 "matmul's 65535 slots (chunks of at most %u)", n_chunk, k, 65535 / k);
+    }
     g->n_ctx = n_ctx;
     g->n_chunk = n_chunk;
     g->f16_kv = f16_kv;
@@ -212,6 +292,7 @@ enum tern_status tern_gpu_model_new(struct tern_vk *vk, const struct tern_model 
     g->host_cs = tern_malloc((size_t)n_chunk * hp->rope.n_rot * sizeof(float) + sizeof(float));
     if (!g->L || !g->host_x || !g->host_cs) st = tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
     if (!st) st = q35 ? upload_qwen35(g) : upload_llama(g);
+    if (!st && g->moe_hp) st = moe_scratch(g);
     const size_t C = n_chunk;
     if (!st) st = scratch(vk, C * E, &g->x);
     if (!st) st = scratch(vk, C * E, &g->xb);
@@ -234,6 +315,7 @@ enum tern_status tern_gpu_model_new(struct tern_vk *vk, const struct tern_model 
 }
 
 uint32_t tern_gpu_model_n_past(const struct tern_gpu_model *g) { return g->n_past; }
+uint32_t tern_gpu_model_n_ctx(const struct tern_gpu_model *g) { return g->n_ctx; }
 
 enum tern_status tern_gpu_model_reset(struct tern_gpu_model *g) {
     g->n_past = 0;
@@ -273,7 +355,37 @@ static enum tern_status record_attention(struct tern_gpu_model *g, const struct 
     return st;
 }
 
-/* The residual add of the block's output, then the SwiGLU feed-forward and its add. */
+/* The MoE block (moe_forward's steps) of the normed rows h = xb, written back into xb. */
+static enum tern_status record_moe(struct tern_gpu_model *g, const struct gpu_layer *L, uint32_t n) {
+    const struct moe_hparams *mh = g->moe_hp;
+    const struct moe_layer *ml = L->moe;
+    struct tern_vk *vk = g->vk;
+    const uint32_t E = g->m->hp.n_embd, X = mh->n_expert, K = mh->n_used, F = mh->n_ff_exp, S = mh->n_ff_shexp;
+    const uint32_t slots = n * K;
+    enum tern_status st = TERN_OK;
+    DO(tern_vk_matmul(vk, ml->router.type, L->router, E, X, g->xb, n, g->m_probs));
+    DO(tern_vk_moe_route(vk, g->m_probs, g->m_ids, g->m_wts, n, X, K, mh->norm_topk, mh->scale));
+    DO(tern_vk_moe_group(vk, g->m_ids, g->m_order, slots, X));
+    DO(tern_vk_matmul_id(vk, ml->gate.type, L->eg, ml->gate_stride, X, E, F, g->m_ids, g->m_order, g->xb, K, slots,
+                         g->m_g));
+    DO(tern_vk_matmul_id(vk, ml->up.type, L->eu, ml->up_stride, X, E, F, g->m_ids, g->m_order, g->xb, K, slots,
+                         g->m_u));
+    DO(tern_vk_swiglu(vk, g->m_g, g->m_u, slots, F));
+    DO(tern_vk_matmul_id(vk, ml->down.type, L->ed, ml->down_stride, X, F, E, g->m_ids, g->m_order, g->m_g, 1, slots,
+                         g->m_d));
+    if (S) {
+        DO(tern_vk_matmul(vk, ml->sh_gate.type, L->sh_g, E, S, g->xb, n, g->s_g));
+        DO(tern_vk_matmul(vk, ml->sh_up.type, L->sh_u, E, S, g->xb, n, g->s_u));
+        DO(tern_vk_matmul(vk, ml->sh_gate_inp.type, L->sh_inp, E, 1, g->xb, n, g->s_w));
+        DO(tern_vk_swiglu(vk, g->s_g, g->s_u, n, S));
+        DO(tern_vk_matmul(vk, ml->sh_down.type, L->sh_d, S, E, g->s_g, n, g->s_d));
+    }
+    DO(tern_vk_moe_combine(vk, g->xb, g->m_d, g->m_wts, n, E, K, S ? g->s_d : NULL, S ? g->s_w : NULL));
+    return st;
+}
+
+/* The residual add of the block's output, then the feed-forward (SwiGLU, or the MoE
+ * block) and its add. */
 static enum tern_status record_ffn(struct tern_gpu_model *g, const struct gpu_layer *L, const struct mat *wg,
                                    const struct mat *wu, const struct mat *wd, uint32_t n) {
     const struct model_hparams *hp = &g->m->hp;
@@ -282,6 +394,11 @@ static enum tern_status record_ffn(struct tern_gpu_model *g, const struct gpu_la
     enum tern_status st = TERN_OK;
     DO(tern_vk_add(vk, g->x, g->xb, n, E));
     DO(tern_vk_rmsnorm(vk, g->x, L->ffn_norm, g->xb, n, E, hp->rms_eps));
+    if (L->moe) {
+        DO(record_moe(g, L, n));
+        DO(tern_vk_add(vk, g->x, g->xb, n, E));
+        return st;
+    }
     DO(tern_vk_matmul(vk, wg->type, L->wg, E, F, g->xb, n, g->hb));
     DO(tern_vk_matmul(vk, wu->type, L->wu, E, F, g->xb, n, g->hb2));
     DO(tern_vk_swiglu(vk, g->hb, g->hb2, n, F));
@@ -304,6 +421,9 @@ static enum tern_status record_llama(struct tern_gpu_model *g, uint32_t n, uint3
         DO(tern_vk_matmul(vk, l->wq.type, L->wq, E, nq, g->xb, n, g->q));
         DO(tern_vk_matmul(vk, l->wk.type, L->wk, E, nkv, g->xb, n, g->k));
         DO(tern_vk_matmul(vk, l->wv.type, L->wv, E, nkv, g->xb, n, g->v));
+        if (L->bq) DO(tern_vk_add_bias(vk, g->q, L->bq, n, nq));
+        if (L->bk) DO(tern_vk_add_bias(vk, g->k, L->bk, n, nkv));
+        if (L->bv) DO(tern_vk_add_bias(vk, g->v, L->bv, n, nkv));
         if (L->q_norm) {
             DO(tern_vk_rmsnorm(vk, g->q, L->q_norm, g->q, (size_t)n * hp->n_head, hd, hp->rms_eps));
             DO(tern_vk_rmsnorm(vk, g->k, L->k_norm, g->k, (size_t)n * hp->n_head_kv, hd, hp->rms_eps));

@@ -1,8 +1,9 @@
 /* Models on the GPU (the Vulkan backend, backend/vulkan.h): weights uploaded once, the KV
  * cache and recurrent state on the device, a chunk's forward pass recorded into one command
- * buffer. Today the llama, qwen3 and qwen35 architectures (gpu-model.c); the session
- * features (checkpoints, reuse, the server) still run on the CPU path only — docs/gpu.md
- * says what is left.
+ * buffer. The llama, qwen2, qwen3, qwen3moe, qwen35 and qwen35moe architectures
+ * (gpu-model.c), used by `tern bench` and `tern run --device`; the session features
+ * (checkpoints, reuse, the server) still run on the CPU path only — docs/gpu.md says what
+ * is left.
  *
  * Exactness within the backend (DESIGN.md §7): every operation computes a token's
  * results from that token's rows alone, in one fixed order, so the logits do not depend
@@ -29,6 +30,7 @@ void tern_gpu_model_free(struct tern_gpu_model *g);
 enum tern_status tern_gpu_model_eval(struct tern_gpu_model *g, const int32_t *toks, uint32_t n, uint32_t n_chunk,
                                      float *logits, bool logits_all);
 uint32_t tern_gpu_model_n_past(const struct tern_gpu_model *g);
+uint32_t tern_gpu_model_n_ctx(const struct tern_gpu_model *g);
 /* Back to position 0: the recurrent state zeroed (the cache rows are overwritten as
  * tokens come). On error (a device failure) the model must not be evaluated again. */
 enum tern_status tern_gpu_model_reset(struct tern_gpu_model *g);

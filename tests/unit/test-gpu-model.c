@@ -1,13 +1,15 @@
-/* Models on the Vulkan backend (model/gpu.h) against tern's CPU path, on the kit's llama
- * and qwen3 models in every weight type they come in:
+/* Models on the Vulkan backend (model/gpu.h) against tern's CPU path, on the kit's llama,
+ * qwen3, qwen35, qwen3moe and qwen35moe models in every weight type they come in, and on
+ * generated qwen2 models (q/k/v biases; `tern mkmodel`'s generator, in F32, BF16 and Q5_K):
  * - the logits of every prompt position agree with the CPU's (F32 weights: to 1e-4 of
  *   the row's largest logit; quantized ones, whose CPU path quantizes the activations to
  *   8 bits: RMS difference under 5 % of the logits' RMS and top-1 agreement >= 90 %, and
  *   for the hybrid the kit's rule for an engine with F32 activations, 25 % and 65 % —
  *   its reference notes 7 % / 82 % between llama.cpp and dequantized F32 weights);
  * - exactness within the backend: token by token, chunks of 7 and one chunk give
- *   bit-identical logits, with F16 and F32 caches;
- * - what the backend lacks is refused with a message (an MoE model).
+ *   bit-identical logits, with F16 and F32 caches, and so does a prompt resumed after its
+ *   first 23 tokens (a second eval call) against the cold run;
+ * - what the backend cannot do is refused with a message (MoE chunks past the slot limit).
  * Skips (77) without a Vulkan device or the kit, unless TERN_REQUIRE_VULKAN=1 /
  * TERN_REQUIRE_SHARED=1 make that a failure. */
 #include "harness.h"
@@ -15,6 +17,7 @@
 
 #include "backend/vulkan.h"
 #include "model/gpu.h"
+#include "model/mkmodel.h"
 #include "tern.h"
 
 #include <math.h>
@@ -32,7 +35,8 @@ static int setup(void **state) {
     struct tern_vk_device_info d[8];
     uint32_t n = 0;
     if (!tern_vk_built() || tern_vk_enumerate(d, 8, &n)) {
-        printf("%s: no Vulkan device: %s\n", required ? "FAIL" : "SKIP", tern_last_error());
+        printf("%s: no Vulkan device: %s\n", required ? "FAIL" : "SKIP",
+               tern_vk_built() ? tern_last_error() : "this build has no Vulkan backend (libvulkan-dev and glslc were absent)");
         exit(required ? 1 : 77);
     }
     int idx = tern_vk_pick_auto(d, n < 8 ? n : 8);
@@ -50,15 +54,19 @@ static int teardown(void **state) {
     return 0;
 }
 
-static struct tern_model *load(const char *rel) {
-    th_require_shared(rel);
+static struct tern_model *load_path(const char *path) {
     struct tern_model_params mp;
     tern_model_params_default(&mp);
-    mp.path = th_shared_path(rel);
+    mp.path = path;
     mp.n_threads = 2;
     struct tern_model *m = NULL;
-    if (tern_model_load(&mp, &m)) fail_msg("%s: %s", rel, tern_last_error());
+    if (tern_model_load(&mp, &m)) fail_msg("%s: %s", path, tern_last_error());
     return m;
+}
+
+static struct tern_model *load(const char *rel) {
+    th_require_shared(rel);
+    return load_path(th_shared_path(rel));
 }
 
 static float *cpu_logits(struct tern_model *m, const int32_t *toks, size_t n) {
@@ -76,13 +84,19 @@ static float *cpu_logits(struct tern_model *m, const int32_t *toks, size_t n) {
     return l;
 }
 
-static float *gpu_logits(struct tern_model *m, const int32_t *toks, size_t n, uint32_t chunk, bool f16) {
+/* chunk 0: token by token; resume: the first 23 tokens, then the rest in a second call */
+static float *gpu_logits_at(struct tern_model *m, const int32_t *toks, size_t n, uint32_t chunk, bool f16,
+                            bool resume) {
     const size_t nv = tern_model_info(m)->n_vocab;
     struct tern_gpu_model *g;
     const enum tern_status st = tern_gpu_model_new(vk, m, 512, 64, f16, &g);
     if (st) fail_msg("gpu model: %s", tern_last_error());
     float *l = malloc(n * nv * sizeof(float));
-    if (chunk == 0)
+    if (resume) {
+        assert_int_equal(tern_gpu_model_eval(g, toks, 23, chunk, l, true), TERN_OK);
+        assert_int_equal(tern_gpu_model_n_past(g), 23);
+        assert_int_equal(tern_gpu_model_eval(g, toks + 23, (uint32_t)n - 23, chunk, l + 23 * nv, true), TERN_OK);
+    } else if (chunk == 0)
         for (size_t i = 0; i < n; i++) assert_int_equal(tern_gpu_model_eval(g, toks + i, 1, 1, l + i * nv, true), TERN_OK);
     else
         assert_int_equal(tern_gpu_model_eval(g, toks, (uint32_t)n, chunk, l, true), TERN_OK);
@@ -91,11 +105,12 @@ static float *gpu_logits(struct tern_model *m, const int32_t *toks, size_t n, ui
     return l;
 }
 
+static float *gpu_logits(struct tern_model *m, const int32_t *toks, size_t n, uint32_t chunk, bool f16) {
+    return gpu_logits_at(m, toks, n, chunk, f16, false);
+}
+
 /* quantized: 0 = F32 weights; 1 = dense quantized; 2 = hybrid quantized */
-static void check_model(const char *stem, int quantized) {
-    char rel[128];
-    snprintf(rel, sizeof rel, "models/%s.gguf", stem);
-    struct tern_model *m = load(rel);
+static void check_loaded(struct tern_model *m, const char *stem, int quantized) {
     const size_t nv = tern_model_info(m)->n_vocab, n = 40;
     int32_t *toks = tx_prompt(n);
     for (size_t i = 0; i < n; i++) toks[i] %= (int32_t)nv;
@@ -132,12 +147,39 @@ static void check_model(const char *stem, int quantized) {
      * lavapipe is slow, and the cache type changes only the attention's loads) */
     for (int f16 = quantized ? 1 : 0; f16 < 2; f16++) {
         float *one = gpu_logits(m, toks, n, 0, f16), *c7 = gpu_logits(m, toks, n, 7, f16), *c64 = gpu_logits(m, toks, n, 64, f16);
+        float *res = gpu_logits_at(m, toks, n, 7, f16, true);
         assert_memory_equal(one, c7, n * nv * sizeof(float));
         assert_memory_equal(one, c64, n * nv * sizeof(float));
-        free(one), free(c7), free(c64);
+        assert_memory_equal(res, c64, n * nv * sizeof(float));
+        free(one), free(c7), free(c64), free(res);
     }
     free(c), free(g), free(toks);
+}
+
+static void check_model(const char *stem, int quantized) {
+    char rel[128];
+    snprintf(rel, sizeof rel, "models/%s.gguf", stem);
+    struct tern_model *m = load(rel);
+    check_loaded(m, stem, quantized);
     tern_model_free(m);
+}
+
+/* A generated model (tern mkmodel's generator) from a preset, in wtype, 2 layers. */
+static void check_generated(const char *preset, enum tern_dtype wtype, int quantized) {
+    struct tern_mkmodel_params p;
+    assert_int_equal(tern_mkmodel_preset(preset, &p), TERN_OK);
+    p.n_layer = 2;
+    p.wtype = wtype;
+    p.mix = wtype == TERN_DTYPE_F32 ? TERN_MK_UNIFORM : TERN_MK_LIKE_QUANTIZE;
+    p.seed = 21;
+    char path[512], label[64];
+    snprintf(label, sizeof label, "%s-%s", preset, tern_dtype_name((uint32_t)wtype));
+    snprintf(path, sizeof path, "%s/%s.gguf", th_tmpdir(), label);
+    if (tern_mkmodel_write(&p, path, NULL)) fail_msg("mkmodel %s: %s", label, tern_last_error());
+    struct tern_model *m = load_path(path);
+    check_loaded(m, label, quantized);
+    tern_model_free(m);
+    remove(path);
 }
 
 static void test_llama(void **state) {
@@ -156,6 +198,7 @@ static void test_qwen3(void **state) {
     check_model("tiny-qwen3-q4_0", true);
     check_model("tiny-qwen3-q4_k_m", true);
     check_model("tiny-qwen3-q6_k", true);
+    check_model("tiny-qwen3-iq4_xs", true);
 }
 
 static void test_qwen35(void **state) {
@@ -167,13 +210,35 @@ static void test_qwen35(void **state) {
     }
 }
 
+static void test_qwen2(void **state) {
+    (void)state;
+    check_generated("tiny-qwen2", TERN_DTYPE_F32, 0);
+    if (!lite) {
+        check_generated("tiny-qwen2", TERN_DTYPE_BF16, 0);
+        check_generated("tiny-qwen2", TERN_DTYPE_Q5_K, 1);
+    }
+}
+
+static void test_qwen3moe(void **state) {
+    (void)state;
+    check_model("tiny-qwen3moe-q8_0", true);
+    if (!lite) check_model("tiny-qwen3moe-f32", false);
+}
+
+static void test_qwen35moe(void **state) {
+    (void)state;
+    check_model("tiny-qwen35moe-q4_k_m", 2); /* Q4_K, Q5_K, Q5_0, Q6_K, Q8_0 experts and projections */
+    if (!lite) check_model("tiny-qwen35moe-f32", false);
+}
+
 static void test_refused(void **state) {
     (void)state;
     struct tern_model *m = load("models/tiny-qwen3moe-q8_0.gguf");
     struct tern_gpu_model *g = (struct tern_gpu_model *)1;
-    assert_int_equal(tern_gpu_model_new(vk, m, 64, 8, true, &g), TERN_ERR_UNSUPPORTED);
+    /* 40000 tokens of 2 experts each: 80000 slots, past the dispatch limit */
+    assert_int_equal(tern_gpu_model_new(vk, m, 64, 40000, true, &g), TERN_ERR_UNSUPPORTED);
     assert_null(g);
-    assert_non_null(strstr(tern_last_error(), "qwen3moe"));
+    assert_non_null(strstr(tern_last_error(), "65535 slots"));
     tern_model_free(m);
 }
 
@@ -184,6 +249,9 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_llama),
         cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_qwen35),
+        cmocka_unit_test(test_qwen2),
+        cmocka_unit_test(test_qwen3moe),
+        cmocka_unit_test(test_qwen35moe),
         cmocka_unit_test(test_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -1,10 +1,13 @@
 /* The Vulkan backend's device layer on whatever device the loader offers (lavapipe on
  * the project's machines and in CI, NVIDIA's driver on a GPU machine):
  * - enumeration, open, buffers (host-visible or staged) round-trip bytes at offsets;
- * - matmul of F32, F16, Q4_0, Q5_0, Q8_0, Q4_K and Q6_K weights against a double-precision reference of the
- *   dequantized weights, on odd shapes;
+ * - matmul of every device weight type (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+ *   Q6_K, IQ4_NL, IQ4_XS) against a double-precision reference of the dequantized weights and
+ *   against the CPU kernel (tern_matmul, whose activations are quantized: a looser bound), on
+ *   odd shapes;
  * - exactness within the backend (DESIGN.md §7): a token's outputs are bit-identical
- *   whether it is dispatched alone or among 64 tokens, and run to run;
+ *   whether it is dispatched alone or among 64 tokens, a weight row's whether it is
+ *   dispatched alone or among all rows, and run to run;
  * - the row operations (RMSNorm, add, SwiGLU, sigmoid gate, RoPE) against the CPU's ops:
  *   add and RoPE bit-identical (correctly rounded multiplies and adds only), the others
  *   within a few ulps; RMSNorm's rows bit-identical alone and in a batch;
@@ -13,6 +16,12 @@
  *   is computed alone;
  * - Gated DeltaNet's conv and recurrence against the CPU's (deltanet.h), and the device's
  *   own results bit-identical token by token and in one chunk (window and state carried);
+ * - the MoE steps: routing against the CPU's moe_route (the same experts, ties to the
+ *   lowest id; weights within a few ulps), the grouping of slots by expert equal to a stable
+ *   counting sort, the experts' indexed matmul bit-identical to the plain matmul of each
+ *   expert's slice whatever the slot order (and a slot alone to its batch), the weighted
+ *   combine (with the shared expert's sigmoid gate) within a few ulps of the CPU's formula;
+ *   the bias add bit-identical to the CPU's;
  * - a recorded sequence (begin ... end) gives the bits of the same operations run one by one;
  * - bad calls are refused with a status, nothing dispatched.
  * Skips (77) when this build has no Vulkan backend or the machine no device, unless
@@ -23,6 +32,7 @@
 #include "kernels/kernels.h"
 #include "kernels/ops.h"
 #include "model/deltanet.h"
+#include "model/moe.h"
 #include "util/mem.h"
 #include "util/rng.h"
 
@@ -136,8 +146,36 @@ static void check_type(enum tern_dtype t, size_t k, size_t n) {
             if (err > worst) worst = err;
         }
     }
-    printf("%-5s k %5zu n %4zu: max error %.2e of the sum of |terms|\n", tern_dtype_name((uint32_t)t), k, n, worst);
+    /* against the CPU kernel (its activations quantized to 8 bits for the quantized types) */
+    assert_true(tern_matmul_supported(t));
+    const size_t arb = tern_act_row_bytes(t, k);
+    unsigned char *act = malloc(n_tok * arb);
+    float *yc = malloc(n_tok * n * sizeof(float));
+    for (size_t tok = 0; tok < n_tok; tok++) tern_act_prepare(t, x + tok * k, act + tok * arb, k);
+    tern_matmul(t, w, rb, k, act, arb, n_tok, yc, n, 0, n);
+    double worst_cpu = 0;
+    for (size_t row = 0; row < n; row++) {
+        assert_true(tern_dequantize_row(t, w + row * rb, deq, k));
+        for (size_t tok = 0; tok < n_tok; tok++) {
+            double mag = 0;
+            for (size_t i = 0; i < k; i++) mag += fabs((double)deq[i] * x[tok * k + i]);
+            const double err = fabs((double)y[tok * n + row] - yc[tok * n + row]) / (mag + 1e-30);
+            if (err > worst_cpu) worst_cpu = err;
+        }
+    }
+    printf("%-6s k %5zu n %4zu: max error %.2e of the sum of |terms| (double reference), %.2e (CPU kernel)\n",
+           tern_dtype_name((uint32_t)t), k, n, worst, worst_cpu);
     assert_true(worst < 1e-5);
+    assert_true(worst_cpu < 1e-2);
+    free(act), free(yc);
+    /* a weight row dispatched alone (one-row matrix) gives the bits it got among n */
+    const size_t rows[] = {0, n / 2, n - 1};
+    float *yr = malloc(n_tok * sizeof(float));
+    for (size_t p = 0; p < 3; p++) {
+        device_matmul(t, w + rows[p] * rb, rb, k, 1, x, n_tok, yr);
+        for (size_t tok = 0; tok < n_tok; tok++) assert_memory_equal(&yr[tok], &y[tok * n + rows[p]], sizeof(float));
+    }
+    free(yr);
     /* exactness: token t alone gives the bits it got among 64; a rerun gives the same */
     const size_t probe[] = {0, 17, 63};
     for (size_t p = 0; p < 3; p++) {
@@ -151,8 +189,9 @@ static void check_type(enum tern_dtype t, size_t k, size_t n) {
 
 static void test_matmul(void **state) {
     (void)state;
-    const enum tern_dtype types[] = {TERN_DTYPE_F32,  TERN_DTYPE_F16,  TERN_DTYPE_Q4_0, TERN_DTYPE_Q5_0,
-                                     TERN_DTYPE_Q8_0, TERN_DTYPE_Q4_K, TERN_DTYPE_Q6_K};
+    const enum tern_dtype types[] = {TERN_DTYPE_F32,  TERN_DTYPE_F16,  TERN_DTYPE_BF16,   TERN_DTYPE_Q4_0,  TERN_DTYPE_Q4_1,
+                                     TERN_DTYPE_Q5_0, TERN_DTYPE_Q5_1, TERN_DTYPE_Q8_0,   TERN_DTYPE_Q4_K,  TERN_DTYPE_Q5_K,
+                                     TERN_DTYPE_Q6_K, TERN_DTYPE_IQ4_NL, TERN_DTYPE_IQ4_XS};
     /* rows of 1 block, of 3, of many; the K-quants' blocks are 256 wide */
     const size_t shapes[][2] = {{32, 1}, {96, 37}, {1024, 130}}, kshapes[][2] = {{256, 1}, {768, 37}, {2048, 70}};
     for (size_t i = 0; i < TERN_ARRAY_LEN(types); i++) {
@@ -424,15 +463,163 @@ static void test_deltanet(void **state) {
     check_deltanet(1, 2, 128, 5);
 }
 
+static void test_moe(void **state) {
+    (void)state;
+    const size_t X = 8, K = 2, T = 13, k = 256, n = 40;
+    struct tern_rng r;
+    tern_rng_seed(&r, 4242);
+    /* routing: random logits, and two tokens with ties (equal logits) */
+    float *lg = malloc(T * X * sizeof(float)), *lg_cpu = malloc(T * X * sizeof(float));
+    for (size_t i = 0; i < T * X; i++) lg[i] = (float)(tern_rng_uniform(&r) * 4 - 2);
+    for (size_t e = 0; e < X; e++) lg[1 * X + e] = 0.5f;                 /* all equal: experts 0 and 1 */
+    lg[2 * X + 5] = lg[2 * X + 3] = lg[2 * X + 6] = 3.0f;                 /* a three-way tie at the top: 3 and 5 */
+    memcpy(lg_cpu, lg, T * X * sizeof(float));
+    struct moe_hparams hp = {.n_expert = (uint32_t)X, .n_used = (uint32_t)K, .norm_topk = true, .scale = 1.0f};
+    int32_t sel_cpu[13 * 2];
+    float wts_cpu[13 * 2];
+    for (size_t t = 0; t < T; t++) moe_route(&hp, lg_cpu + t * X, sel_cpu + t * K, wts_cpu + t * K);
+    struct tern_vk_buf *blg = dev_floats(lg, T * X), *bids, *bw;
+    assert_int_equal(tern_vk_buf_new(vk, T * K * sizeof(uint32_t), &bids), TERN_OK);
+    assert_int_equal(tern_vk_buf_new(vk, T * K * sizeof(float), &bw), TERN_OK);
+    assert_int_equal(tern_vk_moe_route(vk, blg, bids, bw, T, X, K, true, 1.0f), TERN_OK);
+    uint32_t ids[13 * 2];
+    float wts[13 * 2], probs[13 * 8];
+    assert_int_equal(tern_vk_download(bids, 0, ids, sizeof ids), TERN_OK);
+    host_floats(bw, wts, T * K);
+    host_floats(blg, probs, T * X);
+    for (size_t i = 0; i < T * K; i++) assert_int_equal(ids[i], (uint32_t)sel_cpu[i]);
+    assert_int_equal(ids[1 * K], 0), assert_int_equal(ids[1 * K + 1], 1);
+    assert_int_equal(ids[2 * K], 3), assert_int_equal(ids[2 * K + 1], 5);
+    printf("moe route: weights within %.2e, probabilities within %.2e of the CPU's\n", max_rel(wts, wts_cpu, T * K),
+           max_rel(probs, lg_cpu, T * X));
+    assert_true(max_rel(wts, wts_cpu, T * K) < 1e-5);
+    assert_true(max_rel(probs, lg_cpu, T * X) < 1e-5);
+    /* a scale and no renormalisation */
+    assert_int_equal(tern_vk_upload(blg, 0, lg, T * X * sizeof(float)), TERN_OK);
+    assert_int_equal(tern_vk_moe_route(vk, blg, bids, bw, T, X, K, false, 2.5f), TERN_OK);
+    memcpy(lg_cpu, lg, T * X * sizeof(float));
+    hp.norm_topk = false, hp.scale = 2.5f;
+    for (size_t t = 0; t < T; t++) moe_route(&hp, lg_cpu + t * X, sel_cpu + t * K, wts_cpu + t * K);
+    host_floats(bw, wts, T * K);
+    assert_true(max_rel(wts, wts_cpu, T * K) < 1e-5);
+
+    /* the experts' matmul (Q4_K stacked experts, gate/up style: slots share their token's row) */
+    uint64_t rb;
+    assert_true(tern_dtype_row_size(TERN_DTYPE_Q4_K, k, &rb));
+    const size_t stride = rb * n + 144; /* a gap between experts, as a stride need not be tight */
+    unsigned char *w = calloc(X, stride);
+    float *wf = malloc(k * sizeof(float)), *x = malloc(T * k * sizeof(float));
+    for (size_t e = 0; e < X; e++)
+        for (size_t row = 0; row < n; row++) {
+            for (size_t i = 0; i < k; i++) wf[i] = (float)(tern_rng_uniform(&r) * 2 - 1);
+            assert_true(tern_quantize_row(TERN_DTYPE_Q4_K, wf, w + e * stride + row * rb, k));
+        }
+    for (size_t i = 0; i < T * k; i++) x[i] = (float)(tern_rng_uniform(&r) * 2 - 1);
+    struct tern_vk_buf *bwt, *bx = dev_floats(x, T * k), *by;
+    assert_int_equal(tern_vk_buf_new(vk, X * stride, &bwt), TERN_OK);
+    assert_int_equal(tern_vk_upload(bwt, 0, w, X * stride), TERN_OK);
+    assert_int_equal(tern_vk_buf_new(vk, T * K * n * sizeof(float), &by), TERN_OK);
+    assert_int_equal(tern_vk_upload(bids, 0, ids, sizeof ids), TERN_OK);
+    /* the slots grouped by expert: a stable counting sort of the ids */
+    struct tern_vk_buf *bord, *bident;
+    assert_int_equal(tern_vk_buf_new(vk, T * K * sizeof(uint32_t), &bord), TERN_OK);
+    assert_int_equal(tern_vk_moe_group(vk, bids, bord, T * K, X), TERN_OK);
+    uint32_t order[13 * 2], ident[13 * 2], want[13 * 2];
+    assert_int_equal(tern_vk_download(bord, 0, order, sizeof order), TERN_OK);
+    size_t nw = 0;
+    for (uint32_t e = 0; e < X; e++)
+        for (uint32_t sl = 0; sl < T * K; sl++)
+            if (ids[sl] == e) want[nw++] = sl;
+    assert_int_equal(nw, T * K);
+    assert_memory_equal(order, want, sizeof order);
+    for (uint32_t sl = 0; sl < T * K; sl++) ident[sl] = sl;
+    assert_memory_not_equal(order, ident, sizeof order); /* the test means something */
+    bident = NULL;
+    assert_int_equal(tern_vk_buf_new(vk, sizeof ident, &bident), TERN_OK);
+    assert_int_equal(tern_vk_upload(bident, 0, ident, sizeof ident), TERN_OK);
+    assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, stride, X, k, n, bids, bord, bx, K, T * K, by), TERN_OK);
+    float *y = malloc(T * K * n * sizeof(float)), *yp = malloc(n * sizeof(float)), *yi = malloc(T * K * n * sizeof(float));
+    host_floats(by, y, T * K * n);
+    /* the dispatch order changes no bits */
+    assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, stride, X, k, n, bids, bident, bx, K, T * K, by), TERN_OK);
+    host_floats(by, yi, T * K * n);
+    assert_memory_equal(yi, y, T * K * n * sizeof(float));
+    free(yi);
+    for (size_t s = 0; s < T * K; s++) {
+        device_matmul(TERN_DTYPE_Q4_K, w + ids[s] * stride, rb * n, k, n, x + (s / K) * k, 1, yp);
+        assert_memory_equal(yp, y + s * n, n * sizeof(float));
+    }
+    /* a slot alone (x_div 1: its own row) gives its batch bits */
+    struct tern_vk_buf *bx1 = dev_floats(x + 6 * k, k), *bid1, *by1;
+    assert_int_equal(tern_vk_buf_new(vk, sizeof(uint32_t), &bid1), TERN_OK);
+    assert_int_equal(tern_vk_upload(bid1, 0, &ids[13], sizeof(uint32_t)), TERN_OK);
+    assert_int_equal(tern_vk_buf_new(vk, n * sizeof(float), &by1), TERN_OK);
+    assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, stride, X, k, n, bid1, bident, bx1, 1, 1, by1), TERN_OK);
+    host_floats(by1, yp, n);
+    assert_memory_equal(yp, y + 13 * n, n * sizeof(float));
+    /* an id past the experts gives NaN, not a stray read; bad shapes are refused */
+    const uint32_t bad = 9;
+    assert_int_equal(tern_vk_upload(bid1, 0, &bad, sizeof bad), TERN_OK);
+    assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, stride, X, k, n, bid1, bident, bx1, 1, 1, by1), TERN_OK);
+    host_floats(by1, yp, n);
+    assert_true(isnan(yp[0]) && isnan(yp[n - 1]));
+    assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, stride, X + 1, k, n, bids, bord, bx, K, T * K, by),
+                     TERN_ERR_RANGE);
+    assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, rb, X, k, n, bids, bord, bx, K, T * K, by), TERN_ERR_RANGE);
+    assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, stride, X, k, n, bids, bid1, bx, K, T * K, by),
+                     TERN_ERR_RANGE); /* an order shorter than the slots */
+    assert_int_equal(tern_vk_moe_group(vk, bids, bord, T * K, 2000), TERN_ERR_INVALID);
+
+    /* combine: d = the slots' rows (n floats each), with and without a shared expert */
+    float *sd = malloc(T * n * sizeof(float)), sw[13], *ref = malloc(T * n * sizeof(float)), *got = malloc(T * n * sizeof(float));
+    for (size_t i = 0; i < T * n; i++) sd[i] = (float)(tern_rng_uniform(&r) * 2 - 1);
+    for (size_t t = 0; t < T; t++) sw[t] = (float)(tern_rng_uniform(&r) * 6 - 3);
+    struct tern_vk_buf *bsd = dev_floats(sd, T * n), *bsw = dev_floats(sw, T), *bout;
+    assert_int_equal(tern_vk_buf_new(vk, T * n * sizeof(float), &bout), TERN_OK);
+    assert_int_equal(tern_vk_upload(bw, 0, wts_cpu, T * K * sizeof(float)), TERN_OK);
+    for (int shared = 0; shared < 2; shared++) {
+        assert_int_equal(tern_vk_moe_combine(vk, bout, by, bw, T, n, K, shared ? bsd : NULL, shared ? bsw : NULL), TERN_OK);
+        host_floats(bout, got, T * n);
+        for (size_t t = 0; t < T; t++)
+            for (size_t i = 0; i < n; i++) {
+                float v = y[(t * K) * n + i] * wts_cpu[t * K];
+                for (size_t j = 1; j < K; j++) v += y[(t * K + j) * n + i] * wts_cpu[t * K + j];
+                if (shared) v += sd[t * n + i] * (1.0f / (1.0f + expf(-sw[t])));
+                ref[t * n + i] = v;
+            }
+        double worst = 0;
+        for (size_t i = 0; i < T * n; i++) worst = fmax(worst, fabs((double)got[i] - ref[i]));
+        printf("moe combine%s: max difference to the CPU formula %.2e\n", shared ? " + shared expert" : "", worst);
+        if (shared) assert_true(worst < 1e-6);
+        else assert_memory_equal(got, ref, T * n * sizeof(float)); /* multiplies and adds only */
+    }
+    assert_int_equal(tern_vk_moe_combine(vk, bout, by, bw, T, n, K, bsd, NULL), TERN_ERR_INVALID);
+
+    /* the bias add: the CPU's bits */
+    float bias[40];
+    for (size_t i = 0; i < n; i++) bias[i] = (float)(tern_rng_uniform(&r) - 0.5);
+    struct tern_vk_buf *bb = dev_floats(bias, n);
+    assert_int_equal(tern_vk_upload(bout, 0, sd, T * n * sizeof(float)), TERN_OK);
+    assert_int_equal(tern_vk_add_bias(vk, bout, bb, T, n), TERN_OK);
+    host_floats(bout, got, T * n);
+    for (size_t t = 0; t < T; t++)
+        for (size_t i = 0; i < n; i++) ref[t * n + i] = sd[t * n + i] + bias[i];
+    assert_memory_equal(got, ref, T * n * sizeof(float));
+
+    struct tern_vk_buf *bufs[] = {blg, bids, bw, bwt, bx, by, bx1, bid1, by1, bsd, bsw, bout, bb, bord, bident};
+    for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) tern_vk_buf_free(bufs[i]);
+    free(lg), free(lg_cpu), free(w), free(wf), free(x), free(y), free(yp), free(sd), free(ref), free(got);
+}
+
 static void test_refusals(void **state) {
     (void)state;
     struct tern_vk_buf *a, *b, *c;
     assert_int_equal(tern_vk_buf_new(vk, 4096, &a), TERN_OK);
     assert_int_equal(tern_vk_buf_new(vk, 4096, &b), TERN_OK);
     assert_int_equal(tern_vk_buf_new(vk, 16, &c), TERN_OK);
-    assert_false(tern_vk_matmul_supported(TERN_DTYPE_Q5_K));
-    assert_int_equal(tern_vk_matmul(vk, TERN_DTYPE_Q5_K, a, 256, 4, b, 1, c), TERN_ERR_INVALID);
-    assert_non_null(strstr(tern_last_error(), "Q5_K"));
+    assert_false(tern_vk_matmul_supported(TERN_DTYPE_Q3_K));
+    assert_int_equal(tern_vk_matmul(vk, TERN_DTYPE_Q3_K, a, 256, 4, b, 1, c), TERN_ERR_INVALID);
+    assert_non_null(strstr(tern_last_error(), "Q3_K"));
     assert_int_equal(tern_vk_matmul(vk, TERN_DTYPE_Q8_0, a, 33, 4, b, 1, c), TERN_ERR_INVALID); /* k % 32 */
     assert_int_equal(tern_vk_matmul(vk, TERN_DTYPE_F32, a, 64, 8, b, 1, c), TERN_ERR_RANGE);   /* y: 32 > 16 bytes */
     assert_non_null(strstr(tern_last_error(), "too small"));
@@ -446,6 +633,7 @@ int main(void) {
         cmocka_unit_test(test_row_ops),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_deltanet),
+        cmocka_unit_test(test_moe),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -189,16 +189,19 @@ struct vk_fns {
 #undef VK_DECL
 
 /* One matmul pipeline per weight type (the shader's WTYPE specialization constant). */
-static const enum tern_dtype matmul_types[] = {TERN_DTYPE_F32,  TERN_DTYPE_F16,  TERN_DTYPE_Q4_0, TERN_DTYPE_Q5_0,
-                                               TERN_DTYPE_Q8_0, TERN_DTYPE_Q4_K, TERN_DTYPE_Q6_K};
+static const enum tern_dtype matmul_types[] = {
+    TERN_DTYPE_F32,  TERN_DTYPE_F16,  TERN_DTYPE_BF16, TERN_DTYPE_Q4_0,   TERN_DTYPE_Q4_1,   TERN_DTYPE_Q5_0, TERN_DTYPE_Q5_1,
+    TERN_DTYPE_Q8_0, TERN_DTYPE_Q4_K, TERN_DTYPE_Q5_K, TERN_DTYPE_Q6_K, TERN_DTYPE_IQ4_NL, TERN_DTYPE_IQ4_XS};
 #define N_MATMUL ((int)(sizeof matmul_types / sizeof matmul_types[0]))
 
-/* Every pipeline: a shader, its specialization constant. Matmuls come first. */
+/* Every pipeline: a shader, its specialization constants. Matmuls come first (plain, then
+ * the experts' indexed ones); the rows operations are contiguous in rows.comp's OP order. */
 enum {
-    PIPE_RMSNORM = N_MATMUL, PIPE_ADD, PIPE_SWIGLU, PIPE_SIGMOID_MUL, PIPE_ROPE,
-    PIPE_ATTN_F32, PIPE_ATTN_F16, PIPE_KVSTORE_F32, PIPE_KVSTORE_F16, PIPE_DNCONV, PIPE_DNHEADS, PIPE_SPLIT, N_PIPES
+    PIPE_RMSNORM = 2 * N_MATMUL, PIPE_ADD, PIPE_SWIGLU, PIPE_SIGMOID_MUL, PIPE_ADD_BIAS, PIPE_ROPE,
+    PIPE_ATTN_F32, PIPE_ATTN_F16, PIPE_KVSTORE_F32, PIPE_KVSTORE_F16, PIPE_DNCONV, PIPE_DNHEADS, PIPE_SPLIT,
+    PIPE_MOE_ROUTE, PIPE_MOE_COMBINE, PIPE_MOE_GROUP, N_PIPES
 };
-#define N_MODULES 9 /* matmul, rmsnorm, rows, rope, attention, kvstore, dnconv, dnheads, split */
+#define N_MODULES 10 /* matmul, rmsnorm, rows, rope, attention, kvstore, dnconv, dnheads, split, moe */
 #define N_BINDINGS 8
 #define PUSH_BYTES 32
 
@@ -274,7 +277,7 @@ static enum tern_status make_pipelines(struct tern_vk *vk) {
                          {tern_spv_rows, tern_spv_rows_size},           {tern_spv_rope, tern_spv_rope_size},
                          {tern_spv_attention, tern_spv_attention_size}, {tern_spv_kvstore, tern_spv_kvstore_size},
                          {tern_spv_dnconv, tern_spv_dnconv_size},       {tern_spv_dnheads, tern_spv_dnheads_size},
-                         {tern_spv_split, tern_spv_split_size}};
+                         {tern_spv_split, tern_spv_split_size},         {tern_spv_moe, tern_spv_moe_size}};
     for (int i = 0; i < N_MODULES; i++) {
         const VkShaderModuleCreateInfo sci = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
                                               .codeSize = mods[i].size,
@@ -283,27 +286,28 @@ static enum tern_status make_pipelines(struct tern_vk *vk) {
     }
     for (int i = 0; i < N_PIPES; i++) {
         int mod;
-        uint32_t spec_val = 0;
-        if (i < N_MATMUL) mod = 0, spec_val = (uint32_t)matmul_types[i];
+        uint32_t spec_val[2] = {0, 0};
+        if (i < 2 * N_MATMUL) mod = 0, spec_val[0] = (uint32_t)matmul_types[i % N_MATMUL], spec_val[1] = i >= N_MATMUL;
         else if (i == PIPE_RMSNORM) mod = 1;
         else if (i == PIPE_ROPE) mod = 3;
-        else if (i == PIPE_ATTN_F32 || i == PIPE_ATTN_F16) mod = 4, spec_val = i == PIPE_ATTN_F16;
-        else if (i == PIPE_KVSTORE_F32 || i == PIPE_KVSTORE_F16) mod = 5, spec_val = i == PIPE_KVSTORE_F16;
+        else if (i == PIPE_ATTN_F32 || i == PIPE_ATTN_F16) mod = 4, spec_val[0] = i == PIPE_ATTN_F16;
+        else if (i == PIPE_KVSTORE_F32 || i == PIPE_KVSTORE_F16) mod = 5, spec_val[0] = i == PIPE_KVSTORE_F16;
         else if (i == PIPE_DNCONV) mod = 6;
         else if (i == PIPE_DNHEADS) mod = 7;
         else if (i == PIPE_SPLIT) mod = 8;
-        else mod = 2, spec_val = (uint32_t)(i - PIPE_ADD); /* rows.comp: 0 add, 1 swiglu, 2 sigmoid-mul */
-        const VkSpecializationMapEntry me = {0, 0, sizeof(uint32_t)};
-        const VkSpecializationInfo spec = {1, &me, sizeof(uint32_t), &spec_val};
+        else if (i >= PIPE_MOE_ROUTE && i <= PIPE_MOE_GROUP) mod = 9, spec_val[0] = (uint32_t)(i - PIPE_MOE_ROUTE);
+        else mod = 2, spec_val[0] = (uint32_t)(i - PIPE_ADD); /* rows.comp: 0 add, 1 swiglu, 2 sigmoid-mul, 3 bias */
+        const VkSpecializationMapEntry me[2] = {{0, 0, sizeof(uint32_t)}, {1, sizeof(uint32_t), sizeof(uint32_t)}};
+        const VkSpecializationInfo spec = {i < 2 * N_MATMUL ? 2 : 1, me, (i < 2 * N_MATMUL ? 2 : 1) * sizeof(uint32_t),
+                                           spec_val};
         const VkComputePipelineCreateInfo ci = {
             .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
             .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
                       .stage = VK_SHADER_STAGE_COMPUTE_BIT,
                       .module = vk->modules[mod],
                       .pName = "main",
-                      .pSpecializationInfo = (i == PIPE_RMSNORM || i == PIPE_ROPE || i >= PIPE_DNCONV)
-                                                 ? NULL
-                                                 : &spec},
+                      .pSpecializationInfo =
+                          (i == PIPE_RMSNORM || i == PIPE_ROPE || (i >= PIPE_DNCONV && i <= PIPE_SPLIT)) ? NULL : &spec},
             .layout = vk->layout};
         if ((r = vk->f.vkCreateComputePipelines(vk->dev, VK_NULL_HANDLE, 1, &ci, NULL, &vk->pipes[i])))
             return vk_fail(vk, r, "a compute pipeline");
@@ -623,19 +627,112 @@ static int matmul_pipe(enum tern_dtype wtype) {
 
 bool tern_vk_matmul_supported(enum tern_dtype wtype) { return matmul_pipe(wtype) >= 0; }
 
+static enum tern_status check_rows(const char *op, const struct tern_vk_buf *b, size_t n_tok, size_t n);
+
+/* The checks of both matmuls; *rb gets the row bytes. */
+static enum tern_status matmul_check(enum tern_dtype wtype, size_t k, size_t n, size_t n_tok, uint64_t *rb) {
+    if (matmul_pipe(wtype) < 0)
+        return tern_errorf(TERN_ERR_INVALID,
+                           "vulkan: matmul of %s weights is not implemented (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
+                           "Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)",
+                           tern_dtype_name((uint32_t)wtype));
+    if (!tern_dtype_row_size(wtype, k, rb))
+        return tern_errorf(TERN_ERR_INVALID, "vulkan: rows of %zu do not fit %s blocks", k, tern_dtype_name((uint32_t)wtype));
+    if (k > UINT32_MAX / 64 || n > UINT32_MAX || n_tok > 65535 || *rb > UINT32_MAX)
+        return tern_errorf(TERN_ERR_RANGE, "vulkan: matmul shape k %zu, n %zu, %zu tokens is too large", k, n, n_tok);
+    return TERN_OK;
+}
+
+enum tern_status tern_vk_matmul_id(struct tern_vk *vk, enum tern_dtype wtype, const struct tern_vk_buf *w,
+                                   size_t expert_stride, size_t n_expert, size_t k, size_t n,
+                                   const struct tern_vk_buf *ids, const struct tern_vk_buf *order,
+                                   const struct tern_vk_buf *x, size_t x_div, size_t n_slots, struct tern_vk_buf *y) {
+    uint64_t rb;
+    enum tern_status st = matmul_check(wtype, k, n, n_slots, &rb);
+    if (st) return st;
+    size_t wbytes;
+    if (x_div == 0 || n_expert == 0 || n_expert > 1024 || tern_mul_overflow(expert_stride, n_expert, &wbytes) ||
+        wbytes > UINT32_MAX || expert_stride < rb * n)
+        return tern_errorf(TERN_ERR_RANGE,
+                           "vulkan: expert matmul of %zu experts %zu bytes apart (%zu rows of %llu bytes each, "
+                           "at most 1024 experts and 4 GiB)",
+                           n_expert, expert_stride, n, (unsigned long long)rb);
+    if (w->bytes < wbytes || ids->bytes < n_slots * sizeof(uint32_t) || order->bytes < n_slots * sizeof(uint32_t) ||
+        x->bytes < (n_slots + x_div - 1) / x_div * k * sizeof(float) || y->bytes < n_slots * n * sizeof(float))
+        return tern_errorf(TERN_ERR_RANGE, "vulkan: expert matmul buffers too small for k %zu, n %zu, %zu slots", k, n,
+                           n_slots);
+    if (n == 0 || n_slots == 0) return TERN_OK;
+    const uint32_t pc[7] = {(uint32_t)k,     (uint32_t)n,             (uint32_t)n_slots, (uint32_t)rb,
+                            (uint32_t)x_div, (uint32_t)expert_stride, (uint32_t)n_expert};
+    const struct tern_vk_buf *bufs[5] = {w, x, y, ids, order};
+    return record(vk, N_MATMUL + matmul_pipe(wtype), bufs, 5, pc, sizeof pc, (uint32_t)((n + 63) / 64),
+                  (uint32_t)n_slots, 1);
+}
+
+enum tern_status tern_vk_moe_route(struct tern_vk *vk, struct tern_vk_buf *logits, struct tern_vk_buf *ids,
+                                   struct tern_vk_buf *wts, size_t n_tok, size_t n_expert, size_t n_used,
+                                   bool norm_topk, float scale) {
+    enum tern_status st;
+    if (n_expert == 0 || n_expert > 1024 || n_used == 0 || n_used > n_expert)
+        return tern_errorf(TERN_ERR_INVALID, "vulkan: routing to %zu of %zu experts (at most 1024)", n_used, n_expert);
+    if ((st = check_rows("moe router logits", logits, n_tok, n_expert)) ||
+        (st = check_rows("moe expert ids", ids, n_tok, n_used)) || (st = check_rows("moe weights", wts, n_tok, n_used)))
+        return st;
+    if (!n_tok) return TERN_OK;
+    struct {
+        uint32_t n_tok, n_expert, n_used, norm_topk;
+        float scale;
+        uint32_t n, shared_;
+    } pc = {(uint32_t)n_tok, (uint32_t)n_expert, (uint32_t)n_used, norm_topk, scale, 0, 0};
+    const struct tern_vk_buf *bufs[3] = {logits, ids, wts};
+    return record(vk, PIPE_MOE_ROUTE, bufs, 3, &pc, sizeof pc, (uint32_t)((n_tok + 63) / 64), 1, 1);
+}
+
+enum tern_status tern_vk_moe_group(struct tern_vk *vk, const struct tern_vk_buf *ids, struct tern_vk_buf *order,
+                                   size_t n_slots, size_t n_expert) {
+    enum tern_status st;
+    if (n_expert == 0 || n_expert > 1024)
+        return tern_errorf(TERN_ERR_INVALID, "vulkan: grouping the slots of %zu experts (at most 1024)", n_expert);
+    if ((st = check_rows("moe expert ids", ids, n_slots, 1)) || (st = check_rows("moe slot order", order, n_slots, 1)))
+        return st;
+    if (!n_slots) return TERN_OK;
+    struct {
+        uint32_t n_tok, n_expert, n_used, norm_topk;
+        float scale;
+        uint32_t n, shared_;
+    } pc = {(uint32_t)n_slots, (uint32_t)n_expert, 1, 0, 1.0f, 0, 0};
+    const struct tern_vk_buf *bufs[7] = {order, ids, order, order, order, order, order};
+    return record(vk, PIPE_MOE_GROUP, bufs, 7, &pc, sizeof pc, 1, 1, 1);
+}
+
+enum tern_status tern_vk_moe_combine(struct tern_vk *vk, struct tern_vk_buf *y, const struct tern_vk_buf *d,
+                                     const struct tern_vk_buf *wts, size_t n_tok, size_t n, size_t n_used,
+                                     const struct tern_vk_buf *sd, const struct tern_vk_buf *sw) {
+    enum tern_status st;
+    if (n_used == 0 || (!sd) != (!sw))
+        return tern_errorf(TERN_ERR_INVALID, "vulkan: moe combine of %zu experts (the shared expert needs both its "
+                                             "output and its gate)", n_used);
+    if ((st = check_rows("moe output", y, n_tok, n)) || (st = check_rows("moe expert outputs", d, n_tok * n_used, n)) ||
+        (st = check_rows("moe weights", wts, n_tok, n_used)) || (sd && (st = check_rows("moe shared output", sd, n_tok, n))) ||
+        (sw && (st = check_rows("moe shared gate", sw, n_tok, 1))))
+        return st;
+    if (!n_tok || !n) return TERN_OK;
+    struct {
+        uint32_t n_tok, n_expert, n_used, norm_topk;
+        float scale;
+        uint32_t n, shared_;
+    } pc = {(uint32_t)n_tok, 0, (uint32_t)n_used, 0, 1.0f, (uint32_t)n, sd != NULL};
+    const struct tern_vk_buf *bufs[6] = {y, wts, wts, sd ? sd : y, sw ? sw : y, d};
+    return record(vk, PIPE_MOE_COMBINE, bufs, 6, &pc, sizeof pc, (uint32_t)((n + 63) / 64), (uint32_t)n_tok, 1);
+}
+
 enum tern_status tern_vk_matmul(struct tern_vk *vk, enum tern_dtype wtype, const struct tern_vk_buf *w,
                                 size_t k, size_t n, const struct tern_vk_buf *x, size_t n_tok,
                                 struct tern_vk_buf *y) {
     const int pipe = matmul_pipe(wtype);
-    if (pipe < 0)
-        return tern_errorf(TERN_ERR_INVALID,
-                           "vulkan: matmul of %s weights is not implemented (F32, F16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K)",
-                           tern_dtype_name((uint32_t)wtype));
     uint64_t rb;
-    if (!tern_dtype_row_size(wtype, k, &rb))
-        return tern_errorf(TERN_ERR_INVALID, "vulkan: rows of %zu do not fit %s blocks", k, tern_dtype_name((uint32_t)wtype));
-    if (k > UINT32_MAX / 64 || n > UINT32_MAX || n_tok > 65535 || rb > UINT32_MAX)
-        return tern_errorf(TERN_ERR_RANGE, "vulkan: matmul shape k %zu, n %zu, %zu tokens is too large", k, n, n_tok);
+    enum tern_status st = matmul_check(wtype, k, n, n_tok, &rb);
+    if (st) return st;
     if (w->bytes < rb * n || x->bytes < n_tok * k * sizeof(float) || y->bytes < n_tok * n * sizeof(float))
         return tern_errorf(TERN_ERR_RANGE, "vulkan: matmul buffers too small for k %zu, n %zu, %zu tokens", k, n, n_tok);
     if (n == 0 || n_tok == 0) return TERN_OK;
@@ -675,10 +772,9 @@ static enum tern_status rows_op(struct tern_vk *vk, int pipe, const char *op, st
     if ((st = check_rows(op, a, n_tok, n)) || (st = check_rows(op, b, n_tok, n))) return st;
     const uint32_t count = (uint32_t)(n_tok * n);
     if (!count) return TERN_OK;
-    const uint32_t groups = (count + 255) / 256;
+    const uint32_t groups = (count + 255) / 256, pc[2] = {count, (uint32_t)n};
     const struct tern_vk_buf *bufs[2] = {a, b};
-    return record(vk, pipe, bufs, 2, &count, sizeof count, groups < 65535 ? groups : 65535,
-                  (groups + 65534) / 65535, 1);
+    return record(vk, pipe, bufs, 2, pc, sizeof pc, groups < 65535 ? groups : 65535, (groups + 65534) / 65535, 1);
 }
 
 enum tern_status tern_vk_add(struct tern_vk *vk, struct tern_vk_buf *y, const struct tern_vk_buf *x, size_t n_tok,
@@ -692,6 +788,18 @@ enum tern_status tern_vk_swiglu(struct tern_vk *vk, struct tern_vk_buf *g, const
 enum tern_status tern_vk_sigmoid_mul(struct tern_vk *vk, struct tern_vk_buf *x, const struct tern_vk_buf *gate,
                                      size_t n_tok, size_t n) {
     return rows_op(vk, PIPE_SIGMOID_MUL, "sigmoid-mul", x, gate, n_tok, n);
+}
+
+enum tern_status tern_vk_add_bias(struct tern_vk *vk, struct tern_vk_buf *y, const struct tern_vk_buf *bias,
+                                  size_t n_tok, size_t n) {
+    enum tern_status st;
+    if ((st = check_rows("bias", bias, 1, n)) || (st = check_rows("bias", y, n_tok, n))) return st;
+    const uint32_t count = (uint32_t)(n_tok * n);
+    if (!count) return TERN_OK;
+    const uint32_t groups = (count + 255) / 256, pc[2] = {count, (uint32_t)n};
+    const struct tern_vk_buf *bufs[2] = {y, bias};
+    return record(vk, PIPE_ADD_BIAS, bufs, 2, pc, sizeof pc, groups < 65535 ? groups : 65535, (groups + 65534) / 65535,
+                  1);
 }
 
 enum tern_status tern_vk_rope(struct tern_vk *vk, struct tern_vk_buf *x, size_t row_stride, size_t n_head,

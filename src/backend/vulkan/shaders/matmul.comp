@@ -3,8 +3,8 @@
 // in one fixed order (blocks in order, elements in order inside a block), so an
 // element's bits do not depend on how many rows or tokens the dispatch covers.
 //
-// WTYPE (ggml's type numbers): 0 F32, 1 F16, 2 Q4_0, 6 Q5_0, 8 Q8_0, 12 Q4_K, 14 Q6_K,
-// with ggml's block layouts. Weights are read as 32-bit words (any byte offset); block
+// WTYPE (ggml's type numbers): 0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1, 8 Q8_0,
+// 12 Q4_K, 13 Q5_K, 14 Q6_K, 20 IQ4_NL, 23 IQ4_XS, 30 BF16, with ggml's block layouts. Weights are read as 32-bit words (any byte offset); block
 // sizes are even, so the F16 scales sit at even offsets. Within a block the products
 // are summed in element order, then added to the row's sum block by block.
 // The sums are `precise` (no fused multiply-add the driver may choose per pipeline), so
@@ -13,16 +13,29 @@
 layout(local_size_x = 64, local_size_y = 1, local_size_z = 1) in;
 
 layout(constant_id = 0) const uint WTYPE = 0;
+// INDEXED (the MoE experts' matmul): W holds n_expert matrices expert_stride bytes apart;
+// the y index of the dispatch walks the slots in the order order[] gives (slots grouped by
+// expert, so that neighbouring workgroups read the same expert's rows), and slot s's expert
+// is ids[s], its input row x row s / x_div (each token's n_used slots share its row for
+// gate/up: x_div = n_used; down: 1), its output row y row s. The same reduction as the
+// plain matmul, from the expert's rows: the order changes which workgroup computes a slot,
+// never its bits.
+layout(constant_id = 1) const uint INDEXED = 0;
 
 layout(std430, binding = 0) readonly buffer W { uint w[]; };
 layout(std430, binding = 1) readonly buffer X { float x[]; };
 layout(std430, binding = 2) writeonly buffer Y { float y[]; };
+layout(std430, binding = 3) readonly buffer I { uint ids[]; };
+layout(std430, binding = 4) readonly buffer O { uint order[]; };
 
 layout(push_constant) uniform P {
     uint k;
     uint n;
     uint n_tok;
     uint row_bytes;
+    uint x_div;         // INDEXED only
+    uint expert_stride; // INDEXED only
+    uint n_expert;      // INDEXED only
 } p;
 
 // The byte at byte offset o of the weights.
@@ -31,13 +44,41 @@ uint wbyte(uint o) { return (w[o >> 2] >> ((o & 3u) * 8u)) & 0xffu; }
 int sbyte(uint o) { const uint u = wbyte(o); return int(u) - int((u & 0x80u) << 1); }
 // The 16-bit little-endian value at an even byte offset.
 uint whalf(uint o) { return (w[o >> 2] >> ((o & 2u) * 8u)) & 0xffffu; }
+// The 32-bit little-endian value at any byte offset.
+uint wword(uint o) { return wbyte(o) | (wbyte(o + 1u) << 8) | (wbyte(o + 2u) << 16) | (wbyte(o + 3u) << 24); }
+
+// IQ4_NL / IQ4_XS: a 4-bit index stands for one of these levels (a fact of the format).
+const int IQ4_LEVELS[16] = int[16](-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+
+// The 6-bit scale and min of sub-block sb (0..7) of a Q4_K / Q5_K block whose 12 scale
+// bytes start at so.
+void k_scale_min(uint so, uint sb, out uint sc, out uint mn) {
+    if (sb < 4u) {
+        sc = wbyte(so + sb) & 63u;
+        mn = wbyte(so + sb + 4u) & 63u;
+    } else {
+        sc = (wbyte(so + sb + 4u) & 15u) | ((wbyte(so + sb - 4u) >> 6) << 4);
+        mn = (wbyte(so + sb + 4u) >> 4) | ((wbyte(so + sb) >> 6) << 4);
+    }
+}
 
 void main() {
     const uint r = gl_GlobalInvocationID.x;
-    const uint t = gl_GlobalInvocationID.y;
+    uint t = gl_GlobalInvocationID.y;
     if (r >= p.n || t >= p.n_tok) return;
-    const uint xo = t * p.k;
-    const uint ro = r * p.row_bytes;
+    if (INDEXED != 0) t = order[t];
+    if (t >= p.n_tok) return; // a bad order entry: nothing to write
+    uint xo = t * p.k;
+    uint ro = r * p.row_bytes;
+    if (INDEXED != 0) {
+        const uint e = ids[t];
+        if (e >= p.n_expert) { // a routing bug must not read out of the weights: NaN marks it
+            y[t * p.n + r] = uintBitsToFloat(0x7fc00000u);
+            return;
+        }
+        xo = (t / p.x_div) * p.k;
+        ro += e * p.expert_stride;
+    }
     precise float acc = 0.0;
     if (WTYPE == 0) {
         const uint wo = ro >> 2;
@@ -89,13 +130,7 @@ void main() {
             for (uint i = 0; i < 256u; i++) {
                 const uint j = i >> 6, hi = (i >> 5) & 1u, l = i & 31u, sb = 2u * j + hi;
                 uint sc, mn;
-                if (sb < 4u) {
-                    sc = wbyte(bo + 4u + sb) & 63u;
-                    mn = wbyte(bo + 4u + sb + 4u) & 63u;
-                } else {
-                    sc = (wbyte(bo + 4u + sb + 4u) & 15u) | ((wbyte(bo + 4u + sb - 4u) >> 6) << 4);
-                    mn = (wbyte(bo + 4u + sb + 4u) >> 4) | ((wbyte(bo + 4u + sb) >> 6) << 4);
-                }
+                k_scale_min(bo + 4u, sb, sc, mn);
                 const uint q = (wbyte(bo + 16u + 32u * j + l) >> (hi * 4u)) & 15u;
                 const float v = (d * float(sc)) * float(q) - dmin * float(mn);
                 s += v * x[xo + b * 256u + i];
@@ -115,6 +150,83 @@ void main() {
                 const int q = int(lo | (hb << 4)) - 32;
                 const float sc = float(sbyte(bo + 192u + 8u * n + (l >> 4) + 2u * qt));
                 s += (d * sc) * float(q) * x[xo + b * 256u + i];
+            }
+            acc += s;
+        }
+    } else if (WTYPE == 30) { // BF16: the top half of an F32
+        for (uint i = 0; i < p.k; i++) acc += uintBitsToFloat(whalf(ro + 2u * i) << 16) * x[xo + i];
+    } else if (WTYPE == 3) { // Q4_1: d, m, 16 bytes of nibbles (as Q4_0's); w = d q + m, element by element
+        const uint nb = p.k / 32u;
+        for (uint b = 0; b < nb; b++) {
+            const uint bo = ro + b * 20u;
+            const float d = unpackHalf2x16(whalf(bo)).x;
+            const float m = unpackHalf2x16(whalf(bo + 2u)).x;
+            precise float s = 0.0;
+            for (uint i = 0; i < 32u; i++) {
+                const uint q = (wbyte(bo + 4u + (i & 15u)) >> ((i >> 4) * 4u)) & 15u;
+                s += (d * float(q) + m) * x[xo + b * 32u + i];
+            }
+            acc += s;
+        }
+    } else if (WTYPE == 7) { // Q5_1: d, m, 32 high bits, 16 bytes of nibbles; w = d q + m
+        const uint nb = p.k / 32u;
+        for (uint b = 0; b < nb; b++) {
+            const uint bo = ro + b * 24u;
+            const float d = unpackHalf2x16(whalf(bo)).x;
+            const float m = unpackHalf2x16(whalf(bo + 2u)).x;
+            const uint qh = wword(bo + 4u);
+            precise float s = 0.0;
+            for (uint i = 0; i < 32u; i++) {
+                const uint lo = (wbyte(bo + 8u + (i & 15u)) >> ((i >> 4) * 4u)) & 15u;
+                const uint q = lo | (((qh >> i) & 1u) << 4);
+                s += (d * float(q) + m) * x[xo + b * 32u + i];
+            }
+            acc += s;
+        }
+    } else if (WTYPE == 20) { // IQ4_NL: d, 16 bytes of nibbles (as Q4_0's) indexing the levels
+        const uint nb = p.k / 32u;
+        for (uint b = 0; b < nb; b++) {
+            const uint bo = ro + b * 18u;
+            const float d = unpackHalf2x16(whalf(bo)).x;
+            precise float s = 0.0;
+            for (uint i = 0; i < 32u; i++) {
+                const uint q = (wbyte(bo + 2u + (i & 15u)) >> ((i >> 4) * 4u)) & 15u;
+                s += float(IQ4_LEVELS[q]) * x[xo + b * 32u + i];
+            }
+            acc += d * s;
+        }
+    } else if (WTYPE == 23) { // IQ4_XS: d, 2 + 4 bytes of 6-bit sub-block scales, 128 bytes of nibbles
+        const uint nb = p.k / 256u;
+        for (uint b = 0; b < nb; b++) {
+            const uint bo = ro + b * 136u;
+            const float d = unpackHalf2x16(whalf(bo)).x;
+            const uint sh = whalf(bo + 2u);
+            for (uint j = 0; j < 8u; j++) {
+                const uint ls = ((wbyte(bo + 4u + j / 2u) >> (4u * (j & 1u))) & 15u) | (((sh >> (2u * j)) & 3u) << 4);
+                const float dl = d * float(int(ls) - 32);
+                precise float s = 0.0;
+                for (uint l = 0; l < 32u; l++) {
+                    const uint q = (wbyte(bo + 8u + 16u * j + (l & 15u)) >> ((l >> 4) * 4u)) & 15u;
+                    s += float(IQ4_LEVELS[q]) * x[xo + b * 256u + 32u * j + l];
+                }
+                acc += dl * s;
+            }
+        }
+    } else if (WTYPE == 13) { // Q5_K: d, dmin, 12 bytes of scales/mins, 32 bytes of fifth bits, 128 of nibbles
+        const uint nb = p.k / 256u;
+        for (uint b = 0; b < nb; b++) {
+            const uint bo = ro + b * 176u;
+            const float d = unpackHalf2x16(whalf(bo)).x;
+            const float dmin = unpackHalf2x16(whalf(bo + 2u)).x;
+            precise float s = 0.0;
+            for (uint i = 0; i < 256u; i++) {
+                const uint j = i >> 6, hi = (i >> 5) & 1u, l = i & 31u, sb = 2u * j + hi;
+                uint sc, mn;
+                k_scale_min(bo + 4u, sb, sc, mn);
+                const uint lo = (wbyte(bo + 48u + 32u * j + l) >> (hi * 4u)) & 15u;
+                const uint q = lo | (((wbyte(bo + 16u + l) >> sb) & 1u) << 4);
+                const float v = (d * float(sc)) * float(q) - dmin * float(mn);
+                s += v * x[xo + b * 256u + i];
             }
             acc += s;
         }

@@ -3,6 +3,7 @@
 //   0: a += b          (the residual add)
 //   1: a = silu(a) * b (SwiGLU)
 //   2: a *= sigmoid(b) (Qwen3.5's attention output gate)
+//   3: a += b[i % n]   (a bias row added to every row: qwen2's q/k/v biases)
 layout(local_size_x = 256) in;
 layout(constant_id = 0) const uint OP = 0;
 
@@ -13,6 +14,7 @@ layout(std430, binding = 3) readonly buffer U3 { float unused3[]; };
 
 layout(push_constant) uniform P {
     uint count;
+    uint n; // OP 3: the row length
 } p;
 
 void main() {
@@ -25,8 +27,11 @@ void main() {
         const float g = a[i];
         precise float v = g / (1.0 + exp(-g)) * b[i];
         a[i] = v;
-    } else {
+    } else if (OP == 2) {
         precise float v = a[i] * (1.0 / (1.0 + exp(-b[i])));
+        a[i] = v;
+    } else {
+        precise float v = a[i] + b[i % p.n];
         a[i] = v;
     }
 }

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# tern run --device: generation through the GPU forward pass (model/gpu.h) gives the CPU's
+# greedy ids on F32 models (a generated qwen2 and qwen3, and the kit's stories260K,
+# tiny-qwen3moe and tiny-qwen35moe when present); TERN_DEVICE does what --device does;
+# auto says which device it took and why; a machine without Vulkan gets a message naming
+# what is missing (vulkan) or the CPU (auto). Skips (77) without a Vulkan device unless
+# TERN_REQUIRE_VULKAN=1.
+set -u
+bin=${TERN_BIN:-./tern}
+shared=${TERN_SHARED_DIR:-${TERN_SHARED_DIR_DEFAULT:-../shared}}
+fail() { echo "FAIL: $*"; exit 1; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+if ! "$bin" devices --json 2>/dev/null | grep -q '"index":0'; then
+  [ "${TERN_REQUIRE_VULKAN:-0}" = 1 ] && fail "TERN_REQUIRE_VULKAN=1 but no Vulkan device: $("$bin" devices 2>&1 | tail -3)"
+  echo "SKIP: no Vulkan device"; exit 77
+fi
+
+# same greedy ids on the CPU and on vulkan:0 (F32 weights: the backends differ in the last bits only)
+same() { # model, prompt ids, n
+  local c g
+  c=$("$bin" run -m "$1" --ids "$2" -n "$3" --temp 0 --print-ids -c 256 --device cpu 2>"$tmp/cpu.err") || fail "cpu run of $1: $(cat "$tmp/cpu.err")"
+  g=$("$bin" run -m "$1" --ids "$2" -n "$3" --temp 0 --print-ids -c 256 --chunk 7 --device vulkan:0 2>"$tmp/gpu.err") ||
+    fail "gpu run of $1: $(cat "$tmp/gpu.err")"
+  grep -q "on vulkan:0" "$tmp/gpu.err" || fail "the gpu run does not say it ran on vulkan:0: $(cat "$tmp/gpu.err")"
+  [ "$(echo "$g" | wc -w)" -eq "$3" ] || fail "$1: expected $3 ids on the GPU, got '$g'"
+  [ "$c" = "$g" ] || fail "$1: greedy ids differ: cpu '$c' vs gpu '$g'"
+  echo "ok $(basename "$1"): $3 greedy ids identical on cpu and vulkan:0"
+}
+
+for p in tiny-qwen2 tiny-qwen3; do
+  "$bin" mkmodel --preset "$p" --n-layer 2 --type f32 --out "$tmp/$p.gguf" >/dev/null 2>&1 || fail "mkmodel $p exit $?"
+  same "$tmp/$p.gguf" "1 2 3 4 5 6 7 8 9 10" 12
+done
+if [ -f "$shared/models/stories260K.gguf" ]; then
+  same "$shared/models/stories260K.gguf" "1 403 407 261 378" 40
+  same "$shared/models/tiny-qwen3moe-f32.gguf" "785 264 1000 300 12" 16
+  same "$shared/models/tiny-qwen35moe-f32.gguf" "785 264 1000 300 12" 16
+elif [ "${TERN_REQUIRE_SHARED:-0}" = 1 ]; then
+  fail "TERN_REQUIRE_SHARED=1 but $shared/models/stories260K.gguf is missing"
+fi
+
+m=$tmp/tiny-qwen3.gguf
+ref=$("$bin" run -m "$m" --ids "1 2 3" -n 6 --temp 0 --print-ids --device cpu 2>/dev/null)
+# TERN_DEVICE chooses the device when --device is absent; --device wins over it
+e=$(TERN_DEVICE=vulkan:0 "$bin" run -m "$m" --ids "1 2 3" -n 6 --temp 0 --print-ids -c 64 2>"$tmp/err") || fail "TERN_DEVICE run"
+grep -q "on vulkan:0" "$tmp/err" && [ "$e" = "$ref" ] || fail "TERN_DEVICE=vulkan:0: '$e' vs '$ref': $(cat "$tmp/err")"
+TERN_DEVICE=vulkan:0 "$bin" run -m "$m" --ids "1 2 3" -n 2 --temp 0 -c 64 --device cpu 2>"$tmp/err" >/dev/null || fail "cpu over env"
+grep -q "on vulkan" "$tmp/err" && fail "--device cpu did not override TERN_DEVICE"
+# auto says what it chose and why (lavapipe, a CPU implementation, is used only when named)
+a=$("$bin" run -m "$m" --ids "1 2 3" -n 6 --temp 0 --print-ids -c 64 --device auto 2>"$tmp/err") || fail "auto run"
+grep -q "^device: auto: " "$tmp/err" || fail "auto does not say which device: $(cat "$tmp/err")"
+[ "$a" = "$ref" ] || fail "auto: '$a' vs '$ref'"
+# the decode speed line, and text output, on the GPU
+"$bin" run -m "$m" --prompt "hello" -n 4 --temp 0 -c 64 --device vulkan:0 >"$tmp/out" 2>"$tmp/err" || fail "text run on the GPU"
+grep -q "decode: .* t/s" "$tmp/err" || fail "no speed line: $(cat "$tmp/err")"
+# --dump-logits on the GPU: [n_prompt][n_vocab] float32, the same size as the CPU's
+"$bin" run -m "$m" --ids "5 6 7" -n 0 --dump-logits "$tmp/c.f32" --device cpu >/dev/null 2>&1 || fail "cpu dump"
+"$bin" run -m "$m" --ids "5 6 7" -n 0 --dump-logits "$tmp/g.f32" -c 64 --device vulkan:0 >/dev/null 2>&1 || fail "gpu dump"
+[ "$(stat -c %s "$tmp/g.f32")" -eq "$(stat -c %s "$tmp/c.f32")" ] || fail "gpu dump size differs"
+
+# errors: a bad value, a device that is not there, --spec (CPU-only), a prompt past the context
+"$bin" run -m "$m" --ids "1" -n 1 --device gpu 2>"$tmp/err" >/dev/null; rc=$?
+[ $rc -eq 2 ] && grep -q "cpu, vulkan, vulkan:N, auto" "$tmp/err" || fail "bad --device: exit $rc, $(cat "$tmp/err")"
+"$bin" run -m "$m" --ids "1" -n 1 --device vulkan:9 2>"$tmp/err" >/dev/null; rc=$?
+[ $rc -eq 1 ] && grep -q "no such device" "$tmp/err" || fail "vulkan:9: exit $rc, $(cat "$tmp/err")"
+"$bin" run -m "$m" --ids "1" -n 1 --spec ngram --device vulkan:0 2>"$tmp/err" >/dev/null; rc=$?
+[ $rc -eq 2 ] && grep -q "CPU only" "$tmp/err" || fail "--spec on the GPU: exit $rc, $(cat "$tmp/err")"
+"$bin" run -m "$m" --ids "1 2 3 4 5 6 7 8" -c 4 -n 1 --device vulkan:0 2>"$tmp/err" >/dev/null; rc=$?
+[ $rc -eq 1 ] && grep -q "8" "$tmp/err" && grep -q "4" "$tmp/err" || fail "too-long prompt on the GPU: exit $rc, $(cat "$tmp/err")"
+
+# no Vulkan loader: vulkan names what is missing; auto runs on the CPU and says why
+TERN_VULKAN_LOADER=/nonexistent/libvulkan.so.1 "$bin" run -m "$m" --ids "1 2 3" -n 6 --temp 0 --device vulkan 2>"$tmp/err" >/dev/null; rc=$?
+[ $rc -eq 1 ] && grep -q "no Vulkan loader" "$tmp/err" && grep -q "apt-get install" "$tmp/err" || fail "no loader, vulkan: exit $rc, $(cat "$tmp/err")"
+n=$(TERN_VULKAN_LOADER=/nonexistent/libvulkan.so.1 "$bin" run -m "$m" --ids "1 2 3" -n 6 --temp 0 --print-ids --device auto 2>"$tmp/err") || fail "no loader, auto: $(cat "$tmp/err")"
+grep -q "device: auto: the CPU (no Vulkan" "$tmp/err" && [ "$n" = "$ref" ] || fail "no loader, auto: '$n', $(cat "$tmp/err")"
+echo "PASS"
