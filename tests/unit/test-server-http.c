@@ -331,7 +331,14 @@ static void test_auth(void **state) {
     assert_int_equal(r.status, 200);
     json_t *o = json_loads(r.body, 0, NULL);
     assert_string_equal(json_string_value(json_object_get(o, "seen_key")), "hdr");
-    assert_string_equal(json_string_value(json_object_get(o, "seen_tenant")), "key1/salt:s1");
+    char t1[64], t2[64], want[80];
+    srv_tenant_of_key("k1", t1, sizeof t1);
+    srv_tenant_of_key("k2", t2, sizeof t2);
+    assert_int_equal(strlen(t2), SRV_TENANT_LEN);
+    assert_string_not_equal(t1, t2);
+    snprintf(want, sizeof want, "%s/salt:s1", t2);
+    assert_string_equal(json_string_value(json_object_get(o, "seen_tenant")), want);
+    assert_null(strstr(json_string_value(json_object_get(o, "seen_tenant")), "k2/"));
     json_decref(o);
     reply_free(&r);
     /* the body's key beats the header */
@@ -339,7 +346,18 @@ static void test_auth(void **state) {
              CHAT("hi") ",\"user\":\"body\"}");
     o = json_loads(r.body, 0, NULL);
     assert_string_equal(json_string_value(json_object_get(o, "seen_key")), "body");
-    assert_string_equal(json_string_value(json_object_get(o, "seen_tenant")), "key0");
+    assert_string_equal(json_string_value(json_object_get(o, "seen_tenant")), t1);
+    json_decref(o);
+    reply_free(&r);
+    srv_stop(s);
+    /* the tenant is the key's, not its position: reordered and extended, k2 keeps it */
+    const char *keys2[] = {"k0", "k2", "k1"};
+    s = start(4, keys2, 3);
+    srv_set_backend(s, &fake);
+    r = http("POST", "/v1/chat/completions", "Authorization: Bearer k2\r\n", CHAT("hi") "}");
+    assert_int_equal(r.status, 200);
+    o = json_loads(r.body, 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(o, "seen_tenant")), t2);
     json_decref(o);
     reply_free(&r);
     srv_stop(s);
