@@ -57,6 +57,24 @@ typedef enum MHD_Result MHD_Result;
 #define DRAIN_MAX_S 30.0
 #define BIG_BODY ((size_t)1 << 20) /* after a body this large, or of this many values, malloc_trim */
 #define BIG_VALUES 65536
+/* A streamed job whose client stops reading is cancelled past this much unread output. */
+#define MAX_UNREAD_OUTPUT ((size_t)64 << 20)
+/* libmicrohttpd's block size for a streamed response (what stream_reader fills at most). */
+#define STREAM_BLOCK 16384
+/* MHD's own inactivity timeout is this much after the later of the watcher's deadlines. */
+#define MHD_TIMEOUT_SLACK_S 2
+
+/* Defaults of srv_params (also what a 0 in them means). */
+#define DEFAULT_MAX_CONNECTIONS 4096
+#define DEFAULT_MAX_BODY ((size_t)16 << 20)
+#define DEFAULT_HEADER_TIMEOUT_S 10
+#define DEFAULT_IDLE_TIMEOUT_S 30
+#define DEFAULT_HTTP_THREADS 2
+#define DEFAULT_PREP_THREADS 2
+
+/* The body sent when even an error message cannot be allocated. */
+static const char oom_json[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,"
+                               "\"code\":null}}";
 
 enum route {
     R_NONE = 0, R_HEALTH, R_METRICS, R_MODELS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_COUNT
@@ -129,8 +147,8 @@ static void job_wake(struct srv_job *j);
 void srv_job_write(struct srv_job *j, const char *data, size_t n) {
     pthread_mutex_lock(&j->mu);
     /* A client that stopped reading must not make the server hold an unbounded
-     * backlog: past 64 MiB unread the request is cancelled. */
-    if (j->out.len - j->out_read > ((size_t)64 << 20)) {
+     * backlog: past MAX_UNREAD_OUTPUT unread the request is cancelled. */
+    if (j->out.len - j->out_read > MAX_UNREAD_OUTPUT) {
         atomic_store(&j->cancel, 1);
     } else if (tern_buf_append(&j->out, data, n) != TERN_OK) {
         atomic_store(&j->cancel, 1);
@@ -475,11 +493,9 @@ static MHD_Result send_bytes(struct MHD_Connection *c, int status, const char *c
 /* The answer of a request decided on a prepare thread, sent when its connection
  * resumes. Takes ownership of txt (NULL: out of memory). */
 static void conn_reply(struct conn *cn, int status, char *txt, const char *ctype, const char *hdr, const char *val) {
-    static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,"
-                              "\"code\":null}}";
     free(cn->reply);
     cn->status = txt ? status : 500;
-    cn->reply = txt ? txt : tern_strdup(oom);
+    cn->reply = txt ? txt : tern_strdup(oom_json);
     cn->reply_len = cn->reply ? strlen(cn->reply) : 0;
     cn->ctype = ctype;
     cn->hdr = txt ? hdr : NULL;
@@ -506,8 +522,7 @@ static MHD_Result send_json(struct srv_server *s, struct MHD_Connection *c, enum
     char *txt = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     count_request(s, route, txt ? status : 500);
-    if (!txt) return send_bytes(c, 500, "application/json", "{\"error\":{\"message\":\"out of memory\",\"type\":"
-                                "\"server_error\",\"param\":null,\"code\":null}}", 84, NULL, NULL);
+    if (!txt) return send_bytes(c, 500, "application/json", oom_json, sizeof oom_json - 1, NULL, NULL);
     MHD_Result r = send_bytes(c, status, "application/json", txt, strlen(txt), NULL, NULL);
     free(txt);
     return r;
@@ -818,7 +833,7 @@ static MHD_Result conn_resumed(struct srv_server *s, struct MHD_Connection *c, s
         /* The response takes cn's reference (released by stream_free). */
         cn->job = NULL;
         cn->state = C_SENT;
-        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, j,
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK, stream_reader, j,
                                                                    stream_free);
         if (!r) {
             atomic_store(&j->cancel, 1);
@@ -1182,13 +1197,13 @@ void srv_params_default(struct srv_params *p) {
     p->host = "127.0.0.1";
     p->port = 8080;
     p->n_queue = 16;
-    p->max_body = (size_t)16 << 20;
-    p->max_connections = 4096;
+    p->max_body = DEFAULT_MAX_BODY;
+    p->max_connections = DEFAULT_MAX_CONNECTIONS;
     p->max_conn_per_ip = 128;
-    p->header_timeout_s = 10;
-    p->idle_timeout_s = 30;
-    p->n_http_threads = 2;
-    p->n_prep_threads = 2;
+    p->header_timeout_s = DEFAULT_HEADER_TIMEOUT_S;
+    p->idle_timeout_s = DEFAULT_IDLE_TIMEOUT_S;
+    p->n_http_threads = DEFAULT_HTTP_THREADS;
+    p->n_prep_threads = DEFAULT_PREP_THREADS;
 }
 
 /* Every connection is a descriptor: raise the soft limit towards what the connection
@@ -1217,12 +1232,12 @@ enum tern_status srv_start(const struct srv_params *params, struct srv_server **
     if (!s) return tern_errorf(TERN_ERR_NOMEM, "out of memory");
     s->p = *params;
     if (s->p.n_queue == 0) s->p.n_queue = 1;
-    if (s->p.max_connections == 0) s->p.max_connections = 4096;
-    if (s->p.max_body == 0) s->p.max_body = (size_t)16 << 20;
-    if (s->p.header_timeout_s == 0) s->p.header_timeout_s = 10;
-    if (s->p.idle_timeout_s == 0) s->p.idle_timeout_s = 30;
-    if (s->p.n_http_threads == 0) s->p.n_http_threads = 2;
-    if (s->p.n_prep_threads == 0) s->p.n_prep_threads = 2;
+    if (s->p.max_connections == 0) s->p.max_connections = DEFAULT_MAX_CONNECTIONS;
+    if (s->p.max_body == 0) s->p.max_body = DEFAULT_MAX_BODY;
+    if (s->p.header_timeout_s == 0) s->p.header_timeout_s = DEFAULT_HEADER_TIMEOUT_S;
+    if (s->p.idle_timeout_s == 0) s->p.idle_timeout_s = DEFAULT_IDLE_TIMEOUT_S;
+    if (s->p.n_http_threads == 0) s->p.n_http_threads = DEFAULT_HTTP_THREADS;
+    if (s->p.n_prep_threads == 0) s->p.n_prep_threads = DEFAULT_PREP_THREADS;
     s->p.max_connections = fit_fd_limit(s->p.max_connections);
     if (s->p.max_connections < s->p.n_http_threads) s->p.max_connections = s->p.n_http_threads;
     s->t_start = tern_now_s();
@@ -1300,7 +1315,8 @@ enum tern_status srv_start(const struct srv_params *params, struct srv_server **
     s->watcher_started = true;
     /* MHD's own inactivity timeout (stalled uploads, clients that stop reading) fires
      * after the watcher's deadlines, so that those always answer 408 first */
-    unsigned mhd_timeout = (s->p.header_timeout_s > s->p.idle_timeout_s ? s->p.header_timeout_s : s->p.idle_timeout_s) + 2;
+    unsigned mhd_timeout = (s->p.header_timeout_s > s->p.idle_timeout_s ? s->p.header_timeout_s : s->p.idle_timeout_s) +
+                           MHD_TIMEOUT_SLACK_S;
     s->mhd = MHD_start_daemon(flags, (uint16_t)s->p.port, NULL, NULL, handler, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
                               s, MHD_OPTION_SOCK_ADDR,
                               (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, completed, s,
