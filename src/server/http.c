@@ -32,6 +32,7 @@
 #include <malloc.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -63,6 +64,13 @@ typedef enum MHD_Result MHD_Result;
 #define STREAM_BLOCK 16384
 /* MHD's own inactivity timeout is this much after the later of the watcher's deadlines. */
 #define MHD_TIMEOUT_SLACK_S 2
+
+/* The first bytes of a connection are checked before libmicrohttpd reads them (see
+ * first_bytes_refused): the kernel hands a connection over only once its first bytes
+ * are there, or after this long (an idle socket is then accepted as before). */
+#define DEFER_ACCEPT_S 1
+#define FIRST_BYTES_MAX 4096     /* how much of them is looked at */
+#define MAX_METHOD_LEN 32
 
 /* Defaults of srv_params (also what a 0 in them means). */
 #define DEFAULT_MAX_CONNECTIONS 4096
@@ -1064,6 +1072,121 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
     *con_cls = NULL;
 }
 
+/* ---- the first bytes of a connection ----------------------------------------------- */
+
+static bool is_tchar(unsigned char ch) {
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           (ch && strchr("!#$%&'*+-.^_`|~", ch));
+}
+
+/* Why p[0..n) (what a client sent first) cannot be the start of a request line; NULL
+ * when it can, or when too little has arrived to tell. One empty line before the
+ * request line is allowed (RFC 9112 2.2); libmicrohttpd would wait for the header
+ * timeout on any number of them, and on bytes without a line end. */
+static const char *request_line_garbage(const unsigned char *p, size_t n) {
+    size_t i = 0;
+    if (n && p[0] == '\n') i = 1;
+    else if (n && p[0] == '\r') i = n > 1 && p[1] == '\n' ? 2 : 1;
+    if (i >= n) return NULL;
+    size_t m = 0;
+    while (i < n && is_tchar(p[i])) {
+        i++;
+        if (++m > MAX_METHOD_LEN) return "a method longer than 32 characters";
+    }
+    if (i >= n) return NULL;
+    if (m == 0) return p[i] == '\r' || p[i] == '\n' ? "more than one empty line before the request line"
+                                                   : "bytes that do not start with a method";
+    if (p[i] != ' ') return "a method followed by a byte that is not a space";
+    if (i + 1 < n && (p[i + 1] <= 0x20 || p[i + 1] >= 0x7f)) return "no request target after the method";
+    return NULL;
+}
+
+/* In a complete header block p[0..n): a Content-Length value that is not a number.
+ * libmicrohttpd 0.9.75 answers that one itself, with its status line and headers sent
+ * twice (two responses for a proxy to pair with requests: the smuggling surface), and
+ * never calls the handler, so it has to be caught before the library reads it. */
+static bool header_has_bad_length(const unsigned char *p, size_t n) {
+    const unsigned char *end = NULL;
+    for (size_t i = 0; i + 1 < n && !end; i++)
+        if (p[i] == '\n' && (p[i + 1] == '\n' || (p[i + 1] == '\r' && i + 2 < n && p[i + 2] == '\n'))) end = p + i + 1;
+    if (!end) return false; /* not all there: libmicrohttpd decides */
+    const unsigned char *line = memchr(p, '\n', (size_t)(end - p));
+    while (line && line + 1 < end) {
+        line++;
+        const unsigned char *eol = memchr(line, '\n', (size_t)(end - line));
+        if (!eol) break;
+        size_t len = (size_t)(eol - line);
+        if (len >= 15 && !strncasecmp((const char *)line, "Content-Length:", 15)) {
+            const unsigned char *v = line + 15, *ve = eol;
+            while (v < ve && (*v == ' ' || *v == '\t')) v++;
+            while (ve > v && (ve[-1] == '\r' || ve[-1] == ' ' || ve[-1] == '\t')) ve--;
+            if (v == ve) return true;
+            for (; v < ve; v++)
+                if (*v < '0' || *v > '9') return true;
+        }
+        line = eol;
+    }
+    return false;
+}
+
+/* The route of a request line's target (for /metrics), R_NONE when there is none. */
+static enum route first_line_route(const unsigned char *p, size_t n) {
+    const unsigned char *sp = memchr(p, ' ', n);
+    if (!sp) return R_NONE;
+    const unsigned char *t = sp + 1, *e = t;
+    while (e < p + n && *e != ' ' && *e != '?' && *e != '\r' && *e != '\n') e++;
+    char url[64];
+    size_t len = (size_t)(e - t);
+    if (len >= sizeof url) return R_NONE;
+    memcpy(url, t, len);
+    url[len] = 0;
+    return find_route(url);
+}
+
+/* Looks at what a new connection sent first, before libmicrohttpd reads it (it has not
+ * yet: this runs as the connection is accepted, and TCP_DEFER_ACCEPT on the listening
+ * socket makes the kernel hand it over once the first bytes are there). Garbage where
+ * the request line should be, or a header with a Content-Length that is no number, is
+ * answered with one 400 and a close, at once; anything else (including nothing yet) is
+ * left to libmicrohttpd. A keep-alive connection's later requests are not seen here. */
+static bool first_bytes_refused(struct srv_server *s, int fd) {
+    unsigned char buf[FIRST_BYTES_MAX];
+    ssize_t n = recv(fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+    if (n <= 0) return false;
+    const char *why = request_line_garbage(buf, (size_t)n);
+    enum route route = R_NONE;
+    char msg[160];
+    if (why) {
+        snprintf(msg, sizeof msg, "the connection began with %s; expected a request line (METHOD /path HTTP/1.1)", why);
+    } else if (header_has_bad_length(buf, (size_t)n)) {
+        route = first_line_route(buf, (size_t)n);
+        snprintf(msg, sizeof msg, "the Content-Length header is not a decimal number of bytes");
+    } else {
+        return false;
+    }
+    /* take the bytes already there, so that the close does not turn into a reset that
+     * could discard the answer before the client reads it */
+    ssize_t r = recv(fd, buf, (size_t)n, MSG_DONTWAIT);
+    (void)r;
+    struct srv_error err = {0};
+    srv_error_bad(&err, NULL, "%s", msg);
+    char *body = srv_error_json(&err);
+    char head[256];
+    int hn = snprintf(head, sizeof head,
+                      "HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                      "Content-Length: %zu\r\n\r\n", body ? strlen(body) : 0);
+    if (hn > 0 && (size_t)hn < sizeof head) {
+        ssize_t w = send(fd, head, (size_t)hn, MSG_DONTWAIT | MSG_NOSIGNAL | (body ? MSG_MORE : 0));
+        if (w == hn && body) w = send(fd, body, strlen(body), MSG_DONTWAIT | MSG_NOSIGNAL);
+        (void)w; /* best effort, as the 408: the close is what matters */
+    }
+    free(body);
+    shutdown(fd, SHUT_RDWR); /* libmicrohttpd reads the end of the stream and closes */
+    count_request(s, route, 400);
+    TERN_LOG_INFO("request - %s 400 : %s", route_names[route], msg);
+    return true;
+}
+
 static void notify_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                               enum MHD_ConnectionNotificationCode code) {
     struct srv_server *s = cls;
@@ -1073,6 +1196,7 @@ static void notify_connection(void *cls, struct MHD_Connection *c, void **socket
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         sk->fd = ci ? ci->connect_fd : -1;
         sk->deadline = tern_now_s() + s->p.header_timeout_s;
+        if (sk->fd >= 0 && first_bytes_refused(s, sk->fd)) sk->deadline = 0; /* answered and closing */
         pthread_mutex_lock(&s->smu);
         sk->next = s->socks;
         if (s->socks) s->socks->prev = sk;
@@ -1331,6 +1455,11 @@ enum tern_status srv_start(const struct srv_params *params, struct srv_server **
         return tern_errorf(TERN_ERR_IO, "cannot listen on %s:%d (in use, or not an address of this machine?)", host,
                            port);
     }
+    const union MHD_DaemonInfo *li = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_LISTEN_FD);
+    int defer_s = DEFER_ACCEPT_S;
+    if (!li || setsockopt(li->listen_fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, &defer_s, sizeof defer_s) != 0)
+        TERN_LOG_WARN("http: cannot set TCP_DEFER_ACCEPT (%s): garbage sent right after connecting may wait for the "
+                      "header timeout", li ? strerror(errno) : "no listening socket");
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : s->p.port;
     *out = s;
