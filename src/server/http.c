@@ -110,6 +110,9 @@ struct srv_server {
     struct srv_job **queue;      /* ring of n_queue */
     uint32_t q_head, q_len;
     struct srv_job *running;
+    /* /tokenize and /detokenize requests admitted and not yet answered: each takes a
+     * place of the queue while it runs (one budget of admitted work, see admit_simple) */
+    uint32_t n_simple;
     pthread_t worker;
     bool worker_started;
     /* idle work (backend->idle): pending after a job ran; running while the worker is
@@ -413,7 +416,7 @@ static void *worker_main(void *arg) {
 /* Queues a job (the queue takes a reference). false when the queue is full. */
 static bool enqueue(struct srv_server *s, struct srv_job *j) {
     pthread_mutex_lock(&s->qmu);
-    if (s->q_len >= s->p.n_queue || atomic_load(&s->stopping)) {
+    if (s->q_len + s->n_simple >= s->p.n_queue || atomic_load(&s->stopping)) {
         pthread_mutex_unlock(&s->qmu);
         return false;
     }
@@ -658,6 +661,39 @@ static void stream_free(void *cls) {
     job_unref(s, j);
 }
 
+/* The answer to a request that found no place: 429 (the queue is full), or 503 when the
+ * server is stopping. */
+static void reply_not_admitted(struct srv_server *s, struct conn *cn) {
+    struct srv_error err = {0};
+    if (atomic_load(&s->stopping)) {
+        srv_error_set(&err, 503, "unavailable_error", "shutting_down", NULL, "the server is shutting down");
+        conn_reply_error(s, cn, &err, NULL, NULL);
+    } else {
+        srv_error_set(&err, 429, "rate_limit_error", "queue_full", NULL,
+                      "the server is busy: %u requests are already waiting (--queue %u); retry shortly",
+                      s->p.n_queue, s->p.n_queue);
+        conn_reply_error(s, cn, &err, "Retry-After", "1");
+    }
+}
+
+/* /tokenize and /detokenize run on a prepare thread, not the worker (they need no model
+ * state), but under the same admission as generation: each takes a place of the queue
+ * while it runs, so that the queue's bound (--queue) bounds all admitted work, and a
+ * full server answers them 429 as it answers a chat. */
+static bool admit_simple(struct srv_server *s) {
+    pthread_mutex_lock(&s->qmu);
+    bool ok = s->q_len + s->n_simple < s->p.n_queue && !atomic_load(&s->stopping);
+    if (ok) s->n_simple++;
+    pthread_mutex_unlock(&s->qmu);
+    return ok;
+}
+
+static void release_simple(struct srv_server *s) {
+    pthread_mutex_lock(&s->qmu);
+    s->n_simple--;
+    pthread_mutex_unlock(&s->qmu);
+}
+
 /* A prepare thread: parse, validate, prepare, queue. Leaves cn in C_REPLY, C_STREAM
  * or C_WAIT; returns false when the connection must stay suspended (C_WAIT: the job
  * resumes it). */
@@ -700,15 +736,7 @@ static bool prep_generate(struct srv_server *s, struct conn *cn, const struct sr
 
     j->t_out = tern_now_s();
     if (!enqueue(s, j)) {
-        if (atomic_load(&s->stopping)) {
-            srv_error_set(&err, 503, "unavailable_error", "shutting_down", NULL, "the server is shutting down");
-            conn_reply_error(s, cn, &err, NULL, NULL);
-        } else {
-            srv_error_set(&err, 429, "rate_limit_error", "queue_full", NULL,
-                          "the server is busy: %u requests are already waiting (--queue %u); retry shortly",
-                          s->p.n_queue, s->p.n_queue);
-            conn_reply_error(s, cn, &err, "Retry-After", "1");
-        }
+        reply_not_admitted(s, cn);
         job_unref(s, j);
         return true;
     }
@@ -730,7 +758,7 @@ reject:
     return true;
 }
 
-static void prep_simple(struct srv_server *s, struct conn *cn, const struct srv_backend *b) {
+static void run_simple(struct srv_server *s, struct conn *cn, const struct srv_backend *b) {
     struct srv_error err = {0};
     if (cn->body.len == 0) {
         srv_error_bad(&err, NULL, "the request body is empty; expected a JSON object");
@@ -759,6 +787,16 @@ static void prep_simple(struct srv_server *s, struct conn *cn, const struct srv_
     json_decref(body);
     if (!res) conn_reply_error(s, cn, &err, NULL, NULL);
     else conn_reply_json(s, cn, 200, res);
+}
+
+static void prep_simple(struct srv_server *s, struct conn *cn, const struct srv_backend *b) {
+    if (!admit_simple(s)) {
+        tern_buf_free(&cn->body);
+        reply_not_admitted(s, cn);
+        return;
+    }
+    run_simple(s, cn, b);
+    release_simple(s);
 }
 
 static void *prep_main(void *arg) {
