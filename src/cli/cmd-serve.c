@@ -45,6 +45,9 @@ static void usage(FILE *out) {
             "  --idle-timeout S        close a keep-alive connection idle for S seconds, and a stalled\n"
             "                          upload (default 30)\n"
             "  --chat-template FILE    Jinja chat template to use instead of the model's\n"
+            "  --parse-special-in-content  let control-token text in messages (<|im_start|> ...) become\n"
+            "                          control tokens, as other engines do (default: only the template's\n"
+            "                          own text makes control tokens; the request's is plain text)\n"
             "  --chunk N               tokens per priming chunk (default 512)\n"
             "  --kv-type f16|f32       KV cache type (default f16)\n"
             "  --cache-ram MiB         memory budget of parked sessions + checkpoints (default 4096)\n"
@@ -99,7 +102,7 @@ static char *read_text_file(const char *path, size_t *len) {
 static int cmd_serve(int argc, char **argv) {
     enum { O_HOST = 256, O_PORT, O_THREADS, O_CTX, O_KEY, O_QUEUE, O_BODY, O_TMPL, O_CHUNK, O_KV, O_RAM, O_PC,
            O_PCE, O_TURN, O_NOMMAP, O_MLOCK, O_MODEL, O_PREDICT, O_PCHUNK, O_CDIR, O_CDISK, O_MAXTOK, O_MAXCONN,
-           O_PERIP, O_HDRTO, O_IDLETO, O_RAMKEY, O_SPEC, O_SPECMAX };
+           O_PERIP, O_HDRTO, O_IDLETO, O_RAMKEY, O_SPEC, O_SPECMAX, O_PSPECIAL };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},       {"threads", required_argument, 0, O_THREADS},
@@ -116,6 +119,7 @@ static int cmd_serve(int argc, char **argv) {
         {"max-conn-per-ip", required_argument, 0, O_PERIP}, {"header-timeout", required_argument, 0, O_HDRTO},
         {"idle-timeout", required_argument, 0, O_IDLETO}, {"cache-ram-per-key", required_argument, 0, O_RAMKEY},
         {"spec", required_argument, 0, O_SPEC},       {"spec-max", required_argument, 0, O_SPECMAX},
+        {"parse-special-in-content", no_argument, 0, O_PSPECIAL},
         {0, 0, 0, 0},
     };
     const char *model_path = NULL, *tmpl_path = NULL;
@@ -138,6 +142,7 @@ static int cmd_serve(int argc, char **argv) {
     long long ram_per_key = -1; /* -1: the default, a fair share */
     enum spec_mode spec = SPEC_OFF;
     uint32_t spec_max = 0;
+    bool parse_special_in_content = false;
     long v;
     int c;
     optind = 1;
@@ -224,6 +229,7 @@ static int cmd_serve(int argc, char **argv) {
                 return cli_usage_error("serve", "--predict-chunk '%s' is not 1-65536", optarg);
             predict_chunk = (uint32_t)v;
             break;
+        case O_PSPECIAL: parse_special_in_content = true; break;
         case O_MAXTOK:
             if (!cli_parse_int(optarg, 0, 1 << 24, &v))
                 return cli_usage_error("serve", "--max-tokens '%s' is not 0-16777216", optarg);
@@ -340,6 +346,7 @@ static int cmd_serve(int argc, char **argv) {
             .demo_note = demo_note,
             .spec = spec,
             .spec_max = spec_max,
+            .parse_special_in_content = parse_special_in_content,
         };
         st = srv_engine_new(&ep, &eng);
     }

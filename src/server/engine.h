@@ -35,6 +35,7 @@ struct srv_engine_params {
     const char *demo_note;           /* non-NULL: this is the demo model; say so */
     enum spec_mode spec;             /* --spec: speculative decoding's draft source */
     uint32_t spec_max;               /* --spec-max: tokens per draft (0 = SPEC_DEFAULT_MAX) */
+    bool parse_special_in_content;   /* --parse-special-in-content: the request's text may hold control tokens */
 };
 
 enum tern_status srv_engine_new(const struct srv_engine_params *p, struct srv_engine **out);
