@@ -7,6 +7,7 @@
 
 #include "cache/cache.h"
 #include "server/chat.h"
+#include "template/template.h"
 #include "server/reply.h"
 #include "server/request.h"
 #include "server/spec.h"
@@ -88,11 +89,13 @@ static enum tern_status chat_turn(struct chat_state *cs) {
     json_t *vars = srv_template_vars(&req, cs->cf.bos_text, cs->cf.eos_text);
     if (!vars) return tern_errorf(TERN_ERR_NOMEM, "out of memory");
     struct tern_buf text = TERN_BUF_INIT;
-    enum tern_status st = chat_fmt_render(&cs->cf, vars, &text);
+    struct tern_template_spans marks = {0};
+    enum tern_status st = chat_fmt_render(&cs->cf, vars, &text, &marks);
     json_decref(vars);
     int32_t *prompt = NULL;
     size_t n_prompt = 0, cap = 0;
-    if (!st) st = chat_fmt_tokenize(&cs->cf, text.data ? text.data : "", text.len, &prompt, &n_prompt, &cap);
+    if (!st) st = chat_fmt_tokenize(&cs->cf, text.data ? text.data : "", text.len, &marks, &prompt, &n_prompt, &cap);
+    tern_template_spans_free(&marks);
     bool in_think = !st && reply_prompt_opens_think(cs->cf.fmt, text.data, text.len);
     tern_buf_free(&text);
     if (st) {

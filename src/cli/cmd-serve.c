@@ -50,6 +50,9 @@ static void usage(FILE *out) {
             "  --idle-timeout S        close a keep-alive connection idle for S seconds, and a stalled\n"
             "                          upload (default 30)\n"
             "  --chat-template FILE    Jinja chat template to use instead of the model's\n"
+            "  --parse-special-in-content  let control-token text in messages (<|im_start|> ...) become\n"
+            "                          control tokens, as other engines do (default: only the template's\n"
+            "                          own text makes control tokens; the request's is plain text)\n"
             "  --chunk N               tokens per priming chunk (default 512)\n"
             "  --kv-type f16|f32       KV cache type (default f16)\n"
             "  --cache-ram MiB         memory budget of parked sessions + checkpoints (default 4096)\n"
@@ -104,7 +107,7 @@ static char *read_text_file(const char *path, size_t *len) {
 static int cmd_serve(int argc, char **argv) {
     enum { O_HOST = 256, O_PORT, O_THREADS, O_CTX, O_KEY, O_QUEUE, O_BODY, O_TMPL, O_CHUNK, O_KV, O_RAM, O_PC,
            O_PCE, O_TURN, O_NOMMAP, O_MLOCK, O_MODEL, O_PREDICT, O_PCHUNK, O_CDIR, O_CDISK, O_MAXTOK, O_MAXCONN,
-           O_PERIP, O_HDRTO, O_IDLETO, O_RAMKEY, O_SPEC, O_SPECMAX, O_PARALLEL, O_BATCHTOK };
+           O_PERIP, O_HDRTO, O_IDLETO, O_RAMKEY, O_SPEC, O_SPECMAX, O_PARALLEL, O_BATCHTOK, O_PSPECIAL };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},       {"threads", required_argument, 0, O_THREADS},
@@ -122,6 +125,7 @@ static int cmd_serve(int argc, char **argv) {
         {"idle-timeout", required_argument, 0, O_IDLETO}, {"cache-ram-per-key", required_argument, 0, O_RAMKEY},
         {"spec", required_argument, 0, O_SPEC},       {"spec-max", required_argument, 0, O_SPECMAX},
         {"parallel", required_argument, 0, O_PARALLEL}, {"batch-tokens", required_argument, 0, O_BATCHTOK},
+        {"parse-special-in-content", no_argument, 0, O_PSPECIAL},
         {0, 0, 0, 0},
     };
     const char *model_path = NULL, *tmpl_path = NULL;
@@ -145,6 +149,7 @@ static int cmd_serve(int argc, char **argv) {
     enum spec_mode spec = SPEC_OFF;
     uint32_t spec_max = 0;
     uint32_t parallel = 0, batch_tokens = 0;
+    bool parse_special_in_content = false;
     long v;
     int c;
     optind = 1;
@@ -231,6 +236,7 @@ static int cmd_serve(int argc, char **argv) {
                 return cli_usage_error("serve", "--predict-chunk '%s' is not 1-65536", optarg);
             predict_chunk = (uint32_t)v;
             break;
+        case O_PSPECIAL: parse_special_in_content = true; break;
         case O_MAXTOK:
             if (!cli_parse_int(optarg, 0, 1 << 24, &v))
                 return cli_usage_error("serve", "--max-tokens '%s' is not 0-16777216", optarg);
@@ -358,6 +364,7 @@ static int cmd_serve(int argc, char **argv) {
             .spec_max = spec_max,
             .parallel = parallel,
             .batch_tokens = batch_tokens,
+            .parse_special_in_content = parse_special_in_content,
         };
         st = srv_engine_new(&ep, &eng);
     }

@@ -67,12 +67,27 @@ void chat_fmt_free(struct chat_fmt *cf) {
     memset(cf, 0, sizeof *cf);
 }
 
-enum tern_status chat_fmt_render(const struct chat_fmt *cf, const json_t *vars, struct tern_buf *out) {
-    return tern_template_render(cf->tmpl, vars, NULL, out);
+/* The variables whose strings are the server's, not the request's (srv_template_vars
+ * sets them after the request's extra keywords, so a request cannot supply them). */
+static const char *const trusted_vars[] = {"bos_token", "eos_token", NULL};
+
+enum tern_status chat_fmt_render(const struct chat_fmt *cf, const json_t *vars, struct tern_buf *out,
+                                 struct tern_template_spans *marks) {
+    if (marks) marks->n = 0;
+    if (!marks || cf->parse_special_in_content) return tern_template_render(cf->tmpl, vars, NULL, out);
+    return tern_template_render_spans(cf->tmpl, vars, NULL, trusted_vars, out, marks);
 }
 
-enum tern_status chat_fmt_tokenize(const struct chat_fmt *cf, const char *text, size_t n, int32_t **ids, size_t *n_ids,
-                                   size_t *cap) {
+enum tern_status chat_fmt_tokenize(const struct chat_fmt *cf, const char *text, size_t n,
+                                   const struct tern_template_spans *marks, int32_t **ids, size_t *n_ids, size_t *cap) {
+    struct tern_tok_range *plain = NULL;
+    size_t n_plain = 0;
+    if (marks && marks->n && !cf->parse_special_in_content) {
+        plain = tern_reallocarray(NULL, marks->n, sizeof *plain);
+        if (!plain) return tern_errorf(TERN_ERR_NOMEM, "out of memory");
+        for (size_t i = 0; i < marks->n && marks->v[i].start < n; i++)
+            plain[n_plain++] = (struct tern_tok_range){marks->v[i].start, marks->v[i].end < n ? marks->v[i].end : n};
+    }
     size_t start = *n_ids;
     int32_t bos = tern_token_bos(cf->tok);
     if (tern_tokenizer_add_bos(cf->tok) && bos >= 0) {
@@ -80,14 +95,18 @@ enum tern_status chat_fmt_tokenize(const struct chat_fmt *cf, const char *text, 
         if (*n_ids == *cap) {
             size_t nc = *cap ? *cap * 2 : 64;
             int32_t *p = tern_reallocarray(*ids, nc, sizeof *p);
-            if (!p) return tern_errorf(TERN_ERR_NOMEM, "out of memory");
+            if (!p) {
+                free(plain);
+                return tern_errorf(TERN_ERR_NOMEM, "out of memory");
+            }
             *ids = p;
             *cap = nc;
         }
         (*ids)[(*n_ids)++] = bos;
     }
     size_t after_bos = *n_ids;
-    enum tern_status st = tern_tokenize(cf->tok, text, n, TERN_TOK_PARSE_SPECIAL, ids, n_ids, cap);
+    enum tern_status st = tern_tokenize_plain(cf->tok, text, n, TERN_TOK_PARSE_SPECIAL, plain, n_plain, ids, n_ids, cap);
+    free(plain);
     if (st) {
         *n_ids = start;
         return st;

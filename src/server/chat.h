@@ -12,6 +12,7 @@
 #include <stdbool.h>
 
 struct tern_template;
+struct tern_template_spans;
 
 struct chat_fmt {
     struct tern_template *tmpl;
@@ -21,6 +22,11 @@ struct chat_fmt {
     bool fallback;                        /* no template in the model: ChatML */
     const char *source;                   /* "model", "file", "chatml" */
     int tool_syntax;                      /* enum srv_tool_syntax (server/constrain.h) */
+    /* false (the default): text that came from the request (message contents, names,
+     * tool results and arguments, tools, extra keywords) never becomes a control token;
+     * only the template's own literals do. true: --parse-special-in-content, the old
+     * behaviour (control-token text anywhere in the render is parsed). */
+    bool parse_special_in_content;
 };
 
 /* override_src: a template given by the user (NULL: the model's). */
@@ -28,15 +34,21 @@ enum tern_status chat_fmt_init(struct chat_fmt *cf, const struct tern_model *m, 
                                size_t override_len);
 void chat_fmt_free(struct chat_fmt *cf);
 
-/* Renders vars (messages, tools, add_generation_prompt ...) into out. */
-enum tern_status chat_fmt_render(const struct chat_fmt *cf, const json_t *vars, struct tern_buf *out);
+/* Renders vars (messages, tools, add_generation_prompt ...) into out. marks (may be
+ * NULL; emptied first, caller frees with tern_template_spans_free) gets the byte ranges
+ * of out that came from the request's strings (tern_template_render_spans; bos_token and
+ * eos_token are the server's own); it stays empty with parse_special_in_content. */
+enum tern_status chat_fmt_render(const struct chat_fmt *cf, const json_t *vars, struct tern_buf *out,
+                                 struct tern_template_spans *marks);
 
-/* Tokenizes a rendered prompt: control-token text is parsed as control tokens; a BOS
- * is put in front only when the vocabulary asks for one (add_bos) and the render does
- * not already start with it (llama.cpp's rule, which avoids a double BOS). Appends to
- * *ids (growable, caller frees). */
-enum tern_status chat_fmt_tokenize(const struct chat_fmt *cf, const char *text, size_t n, int32_t **ids, size_t *n_ids,
-                                   size_t *cap);
+/* Tokenizes text[0..n) of a rendered prompt: control-token text is parsed as control
+ * tokens, except inside marks (the request's bytes, from chat_fmt_render; NULL: none),
+ * where it is plain text; ranges past n are clipped. A BOS is put in front only when
+ * the vocabulary asks for one (add_bos) and the render does not already start with it
+ * (llama.cpp's rule, which avoids a double BOS). Appends to *ids (growable, caller
+ * frees). */
+enum tern_status chat_fmt_tokenize(const struct chat_fmt *cf, const char *text, size_t n,
+                                   const struct tern_template_spans *marks, int32_t **ids, size_t *n_ids, size_t *cap);
 
 /* The turn-start token (DESIGN.md §4 checkpoint plan): <|im_start|> when the
  * vocabulary has it, else -1. */

@@ -5,6 +5,7 @@
 #include "server/constrain.h"
 #include "server/reply.h"
 #include "server/respond.h"
+#include "template/template.h"
 #include "tokenizer/tokenizer.h"
 #include "util/log.h"
 #include "util/mem.h"
@@ -34,21 +35,25 @@ bool engine_prepare(void *self, struct srv_job *j, struct srv_error *err) {
         json_t *vars = srv_template_vars(&j->req, e->chat.bos_text, e->chat.eos_text);
         if (!vars) return fail_status(err, TERN_ERR_NOMEM, "template variables");
         struct tern_buf text = TERN_BUF_INIT;
-        st = chat_fmt_render(&e->chat, vars, &text);
+        struct tern_template_spans marks = {0}; /* the request's bytes: never control tokens */
+        st = chat_fmt_render(&e->chat, vars, &text, &marks);
         json_decref(vars);
         if (st) {
             tern_buf_free(&text);
+            tern_template_spans_free(&marks);
             return fail_status(err, st, "template");
         }
         ej->in_think = reply_prompt_opens_think(e->chat.fmt, text.data, text.len);
         if (!j->req.tools && (j->req.tool_choice == SRV_TOOLS_REQUIRED || j->req.tool_choice == SRV_TOOLS_NAMED)) {
             tern_buf_free(&text);
+            tern_template_spans_free(&marks);
             srv_error_bad(err, "tool_choice", "'tool_choice' asks for a tool call, but the request has no 'tools'");
             return false;
         }
         if (srv_tools_enforced(&j->req)) {
             if (j->req.grammar) {
                 tern_buf_free(&text);
+            tern_template_spans_free(&marks);
                 srv_error_bad(err, j->req.grammar_kind, "'%s' cannot be combined with tool_choice '%s'",
                               j->req.grammar_kind, j->req.tool_choice == SRV_TOOLS_NAMED ? "function" : "required");
                 return false;
@@ -61,6 +66,7 @@ bool engine_prepare(void *self, struct srv_job *j, struct srv_error *err) {
             tern_buf_free(&g);
             if (!ok) {
                 tern_buf_free(&text);
+            tern_template_spans_free(&marks);
                 return false;
             }
         } else if (j->req.tools && j->req.tool_choice == SRV_TOOLS_AUTO && !j->req.grammar && !j->req.forced_output &&
@@ -77,8 +83,9 @@ bool engine_prepare(void *self, struct srv_job *j, struct srv_error *err) {
                 TERN_LOG_INFO("tool calls of this request are not constrained: %s", lerr.message);
             tern_buf_free(&g);
         }
-        st = chat_fmt_tokenize(&e->chat, text.data ? text.data : "", text.len, &j->prompt, &j->n_prompt, &cap);
+        st = chat_fmt_tokenize(&e->chat, text.data ? text.data : "", text.len, &marks, &j->prompt, &j->n_prompt, &cap);
         tern_buf_free(&text);
+            tern_template_spans_free(&marks);
         if (st) return fail_status(err, st, "tokenizer");
     } else if (j->req.prompt) {
         st = tern_tokenize(e->tok, j->req.prompt, strlen(j->req.prompt), TERN_TOK_ADD_SPECIAL | TERN_TOK_PARSE_SPECIAL,
@@ -166,6 +173,7 @@ enum tern_status srv_engine_new(const struct srv_engine_params *p, struct srv_en
         srv_engine_free(e);
         return st;
     }
+    e->chat.parse_special_in_content = p->parse_special_in_content;
     struct cache_params cp = p->cache;
     uint32_t n_ctx = cp.session.n_ctx;
     if (n_ctx == 0) n_ctx = e->info->n_ctx_train && e->info->n_ctx_train < 32768 ? e->info->n_ctx_train : 32768;

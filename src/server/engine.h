@@ -42,6 +42,7 @@ struct srv_engine_params {
     uint32_t spec_max;               /* --spec-max: tokens per draft (0 = SPEC_DEFAULT_MAX) */
     uint32_t parallel;               /* --parallel: requests running at once (0 = what the memory budget fits, 4..8) */
     uint32_t batch_tokens;           /* --batch-tokens: rows per engine step (0 = the session chunk) */
+    bool parse_special_in_content;   /* --parse-special-in-content: the request's text may hold control tokens */
 };
 
 enum tern_status srv_engine_new(const struct srv_engine_params *p, struct srv_engine **out);

@@ -21,6 +21,7 @@
 #include "server/server.h"
 
 #include "server/respond.h"
+#include "util/hash.h"
 #include "util/log.h"
 #include "util/mem.h"
 #include "util/timeutil.h"
@@ -31,6 +32,7 @@
 #include <malloc.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -56,6 +58,31 @@ typedef enum MHD_Result MHD_Result;
 #define DRAIN_MAX_S 30.0
 #define BIG_BODY ((size_t)1 << 20) /* after a body this large, or of this many values, malloc_trim */
 #define BIG_VALUES 65536
+/* A streamed job whose client stops reading is cancelled past this much unread output. */
+#define MAX_UNREAD_OUTPUT ((size_t)64 << 20)
+/* libmicrohttpd's block size for a streamed response (what stream_reader fills at most). */
+#define STREAM_BLOCK 16384
+/* MHD's own inactivity timeout is this much after the later of the watcher's deadlines. */
+#define MHD_TIMEOUT_SLACK_S 2
+
+/* The first bytes of a connection are checked before libmicrohttpd reads them (see
+ * first_bytes_refused): the kernel hands a connection over only once its first bytes
+ * are there, or after this long (an idle socket is then accepted as before). */
+#define DEFER_ACCEPT_S 1
+#define FIRST_BYTES_MAX 4096     /* how much of them is looked at */
+#define MAX_METHOD_LEN 32
+
+/* Defaults of srv_params (also what a 0 in them means). */
+#define DEFAULT_MAX_CONNECTIONS 4096
+#define DEFAULT_MAX_BODY ((size_t)16 << 20)
+#define DEFAULT_HEADER_TIMEOUT_S 10
+#define DEFAULT_IDLE_TIMEOUT_S 30
+#define DEFAULT_HTTP_THREADS 2
+#define DEFAULT_PREP_THREADS 2
+
+/* The body sent when even an error message cannot be allocated. */
+static const char oom_json[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,"
+                               "\"code\":null}}";
 
 enum route {
     R_NONE = 0, R_HEALTH, R_METRICS, R_MODELS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_COUNT
@@ -83,6 +110,9 @@ struct srv_server {
     struct srv_job **queue;      /* ring of n_queue */
     uint32_t q_head, q_len;
     uint32_t n_running;          /* jobs the worker is running */
+    /* /tokenize and /detokenize requests admitted and not yet answered: each takes a
+     * place of the queue while it runs (one budget of admitted work, see admit_simple) */
+    uint32_t n_simple;
     pthread_t worker;
     bool worker_started;
     /* idle work (backend->idle): pending after a job ran; running while the worker is
@@ -128,8 +158,8 @@ static void job_wake(struct srv_job *j);
 void srv_job_write(struct srv_job *j, const char *data, size_t n) {
     pthread_mutex_lock(&j->mu);
     /* A client that stopped reading must not make the server hold an unbounded
-     * backlog: past 64 MiB unread the request is cancelled. */
-    if (j->out.len - j->out_read > ((size_t)64 << 20)) {
+     * backlog: past MAX_UNREAD_OUTPUT unread the request is cancelled. */
+    if (j->out.len - j->out_read > MAX_UNREAD_OUTPUT) {
         atomic_store(&j->cancel, 1);
     } else if (tern_buf_append(&j->out, data, n) != TERN_OK) {
         atomic_store(&j->cancel, 1);
@@ -467,7 +497,7 @@ static void *worker_main(void *arg) {
 /* Queues a job (the queue takes a reference). false when the queue is full. */
 static bool enqueue(struct srv_server *s, struct srv_job *j) {
     pthread_mutex_lock(&s->qmu);
-    if (s->q_len >= s->p.n_queue || atomic_load(&s->stopping)) {
+    if (s->q_len + s->n_simple >= s->p.n_queue || atomic_load(&s->stopping)) {
         pthread_mutex_unlock(&s->qmu);
         return false;
     }
@@ -555,11 +585,9 @@ static MHD_Result send_bytes(struct MHD_Connection *c, int status, const char *c
 /* The answer of a request decided on a prepare thread, sent when its connection
  * resumes. Takes ownership of txt (NULL: out of memory). */
 static void conn_reply(struct conn *cn, int status, char *txt, const char *ctype, const char *hdr, const char *val) {
-    static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,"
-                              "\"code\":null}}";
     free(cn->reply);
     cn->status = txt ? status : 500;
-    cn->reply = txt ? txt : tern_strdup(oom);
+    cn->reply = txt ? txt : tern_strdup(oom_json);
     cn->reply_len = cn->reply ? strlen(cn->reply) : 0;
     cn->ctype = ctype;
     cn->hdr = txt ? hdr : NULL;
@@ -586,8 +614,7 @@ static MHD_Result send_json(struct srv_server *s, struct MHD_Connection *c, enum
     char *txt = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     count_request(s, route, txt ? status : 500);
-    if (!txt) return send_bytes(c, 500, "application/json", "{\"error\":{\"message\":\"out of memory\",\"type\":"
-                                "\"server_error\",\"param\":null,\"code\":null}}", 84, NULL, NULL);
+    if (!txt) return send_bytes(c, 500, "application/json", oom_json, sizeof oom_json - 1, NULL, NULL);
     MHD_Result r = send_bytes(c, status, "application/json", txt, strlen(txt), NULL, NULL);
     free(txt);
     return r;
@@ -622,6 +649,18 @@ static enum route find_route(const char *url) {
 
 static bool route_is_post(enum route r) { return r >= R_CHAT; }
 
+/* The tenant of an API key: a hash of the key, so that a tenant stays the same when the
+ * --api-key list is reordered or grows, and the key itself never reaches a log line,
+ * /metrics or a file of the disk tier. 128 bits: two keys never share a namespace by
+ * accident. Not a secret-keyed hash: the tenant must be the same in every replica that
+ * shares a --cache-dir; a key weak enough to be guessed from its hash is weak anyway. */
+void srv_tenant_of_key(const char *key, char *out, size_t size) {
+    /* a seed of its own, so that the name is no other hash of the same bytes */
+    const uint64_t tenant_seed = 0x74656e616e743a31ull; /* "tenant:1" */
+    XXH128_hash_t hv = XXH3_128bits_withSeed(key, strlen(key), tenant_seed);
+    snprintf(out, size, "key-%016llx%016llx", (unsigned long long)hv.high64, (unsigned long long)hv.low64);
+}
+
 /* Equal strings, in a time that depends on the lengths only (not on where they differ). */
 static bool ct_equal(const char *a, size_t na, const char *b, size_t nb) {
     unsigned diff = na != nb;
@@ -644,8 +683,7 @@ static bool authorised(struct srv_server *s, struct MHD_Connection *c, struct co
     for (size_t i = 0; i < s->p.n_api_keys; i++)
         if (ct_equal(h, nh, s->api_keys[i], strlen(s->api_keys[i])) && found == SIZE_MAX) found = i;
     if (found == SIZE_MAX) return false;
-    /* the tenant is which key, not the key itself (it ends up in logs) */
-    snprintf(cn->tenant, sizeof cn->tenant, "key%zu", found);
+    srv_tenant_of_key(s->api_keys[found], cn->tenant, sizeof cn->tenant);
     return true;
 }
 
@@ -704,6 +742,39 @@ static void stream_free(void *cls) {
     job_unref(s, j);
 }
 
+/* The answer to a request that found no place: 429 (the queue is full), or 503 when the
+ * server is stopping. */
+static void reply_not_admitted(struct srv_server *s, struct conn *cn) {
+    struct srv_error err = {0};
+    if (atomic_load(&s->stopping)) {
+        srv_error_set(&err, 503, "unavailable_error", "shutting_down", NULL, "the server is shutting down");
+        conn_reply_error(s, cn, &err, NULL, NULL);
+    } else {
+        srv_error_set(&err, 429, "rate_limit_error", "queue_full", NULL,
+                      "the server is busy: %u requests are already waiting (--queue %u); retry shortly",
+                      s->p.n_queue, s->p.n_queue);
+        conn_reply_error(s, cn, &err, "Retry-After", "1");
+    }
+}
+
+/* /tokenize and /detokenize run on a prepare thread, not the worker (they need no model
+ * state), but under the same admission as generation: each takes a place of the queue
+ * while it runs, so that the queue's bound (--queue) bounds all admitted work, and a
+ * full server answers them 429 as it answers a chat. */
+static bool admit_simple(struct srv_server *s) {
+    pthread_mutex_lock(&s->qmu);
+    bool ok = s->q_len + s->n_simple < s->p.n_queue && !atomic_load(&s->stopping);
+    if (ok) s->n_simple++;
+    pthread_mutex_unlock(&s->qmu);
+    return ok;
+}
+
+static void release_simple(struct srv_server *s) {
+    pthread_mutex_lock(&s->qmu);
+    s->n_simple--;
+    pthread_mutex_unlock(&s->qmu);
+}
+
 /* A prepare thread: parse, validate, prepare, queue. Leaves cn in C_REPLY, C_STREAM
  * or C_WAIT; returns false when the connection must stay suspended (C_WAIT: the job
  * resumes it). */
@@ -746,15 +817,7 @@ static bool prep_generate(struct srv_server *s, struct conn *cn, const struct sr
 
     j->t_out = tern_now_s();
     if (!enqueue(s, j)) {
-        if (atomic_load(&s->stopping)) {
-            srv_error_set(&err, 503, "unavailable_error", "shutting_down", NULL, "the server is shutting down");
-            conn_reply_error(s, cn, &err, NULL, NULL);
-        } else {
-            srv_error_set(&err, 429, "rate_limit_error", "queue_full", NULL,
-                          "the server is busy: %u requests are already waiting (--queue %u); retry shortly",
-                          s->p.n_queue, s->p.n_queue);
-            conn_reply_error(s, cn, &err, "Retry-After", "1");
-        }
+        reply_not_admitted(s, cn);
         job_unref(s, j);
         return true;
     }
@@ -776,7 +839,7 @@ reject:
     return true;
 }
 
-static void prep_simple(struct srv_server *s, struct conn *cn, const struct srv_backend *b) {
+static void run_simple(struct srv_server *s, struct conn *cn, const struct srv_backend *b) {
     struct srv_error err = {0};
     if (cn->body.len == 0) {
         srv_error_bad(&err, NULL, "the request body is empty; expected a JSON object");
@@ -805,6 +868,16 @@ static void prep_simple(struct srv_server *s, struct conn *cn, const struct srv_
     json_decref(body);
     if (!res) conn_reply_error(s, cn, &err, NULL, NULL);
     else conn_reply_json(s, cn, 200, res);
+}
+
+static void prep_simple(struct srv_server *s, struct conn *cn, const struct srv_backend *b) {
+    if (!admit_simple(s)) {
+        tern_buf_free(&cn->body);
+        reply_not_admitted(s, cn);
+        return;
+    }
+    run_simple(s, cn, b);
+    release_simple(s);
 }
 
 static void *prep_main(void *arg) {
@@ -887,7 +960,7 @@ static MHD_Result conn_resumed(struct srv_server *s, struct MHD_Connection *c, s
         /* The response takes cn's reference (released by stream_free). */
         cn->job = NULL;
         cn->state = C_SENT;
-        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, j,
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK, stream_reader, j,
                                                                    stream_free);
         if (!r) {
             atomic_store(&j->cancel, 1);
@@ -1118,6 +1191,121 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
     *con_cls = NULL;
 }
 
+/* ---- the first bytes of a connection ----------------------------------------------- */
+
+static bool is_tchar(unsigned char ch) {
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           (ch && strchr("!#$%&'*+-.^_`|~", ch));
+}
+
+/* Why p[0..n) (what a client sent first) cannot be the start of a request line; NULL
+ * when it can, or when too little has arrived to tell. One empty line before the
+ * request line is allowed (RFC 9112 2.2); libmicrohttpd would wait for the header
+ * timeout on any number of them, and on bytes without a line end. */
+static const char *request_line_garbage(const unsigned char *p, size_t n) {
+    size_t i = 0;
+    if (n && p[0] == '\n') i = 1;
+    else if (n && p[0] == '\r') i = n > 1 && p[1] == '\n' ? 2 : 1;
+    if (i >= n) return NULL;
+    size_t m = 0;
+    while (i < n && is_tchar(p[i])) {
+        i++;
+        if (++m > MAX_METHOD_LEN) return "a method longer than 32 characters";
+    }
+    if (i >= n) return NULL;
+    if (m == 0) return p[i] == '\r' || p[i] == '\n' ? "more than one empty line before the request line"
+                                                   : "bytes that do not start with a method";
+    if (p[i] != ' ') return "a method followed by a byte that is not a space";
+    if (i + 1 < n && (p[i + 1] <= 0x20 || p[i + 1] >= 0x7f)) return "no request target after the method";
+    return NULL;
+}
+
+/* In a complete header block p[0..n): a Content-Length value that is not a number.
+ * libmicrohttpd 0.9.75 answers that one itself, with its status line and headers sent
+ * twice (two responses for a proxy to pair with requests: the smuggling surface), and
+ * never calls the handler, so it has to be caught before the library reads it. */
+static bool header_has_bad_length(const unsigned char *p, size_t n) {
+    const unsigned char *end = NULL;
+    for (size_t i = 0; i + 1 < n && !end; i++)
+        if (p[i] == '\n' && (p[i + 1] == '\n' || (p[i + 1] == '\r' && i + 2 < n && p[i + 2] == '\n'))) end = p + i + 1;
+    if (!end) return false; /* not all there: libmicrohttpd decides */
+    const unsigned char *line = memchr(p, '\n', (size_t)(end - p));
+    while (line && line + 1 < end) {
+        line++;
+        const unsigned char *eol = memchr(line, '\n', (size_t)(end - line));
+        if (!eol) break;
+        size_t len = (size_t)(eol - line);
+        if (len >= 15 && !strncasecmp((const char *)line, "Content-Length:", 15)) {
+            const unsigned char *v = line + 15, *ve = eol;
+            while (v < ve && (*v == ' ' || *v == '\t')) v++;
+            while (ve > v && (ve[-1] == '\r' || ve[-1] == ' ' || ve[-1] == '\t')) ve--;
+            if (v == ve) return true;
+            for (; v < ve; v++)
+                if (*v < '0' || *v > '9') return true;
+        }
+        line = eol;
+    }
+    return false;
+}
+
+/* The route of a request line's target (for /metrics), R_NONE when there is none. */
+static enum route first_line_route(const unsigned char *p, size_t n) {
+    const unsigned char *sp = memchr(p, ' ', n);
+    if (!sp) return R_NONE;
+    const unsigned char *t = sp + 1, *e = t;
+    while (e < p + n && *e != ' ' && *e != '?' && *e != '\r' && *e != '\n') e++;
+    char url[64];
+    size_t len = (size_t)(e - t);
+    if (len >= sizeof url) return R_NONE;
+    memcpy(url, t, len);
+    url[len] = 0;
+    return find_route(url);
+}
+
+/* Looks at what a new connection sent first, before libmicrohttpd reads it (it has not
+ * yet: this runs as the connection is accepted, and TCP_DEFER_ACCEPT on the listening
+ * socket makes the kernel hand it over once the first bytes are there). Garbage where
+ * the request line should be, or a header with a Content-Length that is no number, is
+ * answered with one 400 and a close, at once; anything else (including nothing yet) is
+ * left to libmicrohttpd. A keep-alive connection's later requests are not seen here. */
+static bool first_bytes_refused(struct srv_server *s, int fd) {
+    unsigned char buf[FIRST_BYTES_MAX];
+    ssize_t n = recv(fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+    if (n <= 0) return false;
+    const char *why = request_line_garbage(buf, (size_t)n);
+    enum route route = R_NONE;
+    char msg[160];
+    if (why) {
+        snprintf(msg, sizeof msg, "the connection began with %s; expected a request line (METHOD /path HTTP/1.1)", why);
+    } else if (header_has_bad_length(buf, (size_t)n)) {
+        route = first_line_route(buf, (size_t)n);
+        snprintf(msg, sizeof msg, "the Content-Length header is not a decimal number of bytes");
+    } else {
+        return false;
+    }
+    /* take the bytes already there, so that the close does not turn into a reset that
+     * could discard the answer before the client reads it */
+    ssize_t r = recv(fd, buf, (size_t)n, MSG_DONTWAIT);
+    (void)r;
+    struct srv_error err = {0};
+    srv_error_bad(&err, NULL, "%s", msg);
+    char *body = srv_error_json(&err);
+    char head[256];
+    int hn = snprintf(head, sizeof head,
+                      "HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                      "Content-Length: %zu\r\n\r\n", body ? strlen(body) : 0);
+    if (hn > 0 && (size_t)hn < sizeof head) {
+        ssize_t w = send(fd, head, (size_t)hn, MSG_DONTWAIT | MSG_NOSIGNAL | (body ? MSG_MORE : 0));
+        if (w == hn && body) w = send(fd, body, strlen(body), MSG_DONTWAIT | MSG_NOSIGNAL);
+        (void)w; /* best effort, as the 408: the close is what matters */
+    }
+    free(body);
+    shutdown(fd, SHUT_RDWR); /* libmicrohttpd reads the end of the stream and closes */
+    count_request(s, route, 400);
+    TERN_LOG_INFO("request - %s 400 : %s", route_names[route], msg);
+    return true;
+}
+
 static void notify_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                               enum MHD_ConnectionNotificationCode code) {
     struct srv_server *s = cls;
@@ -1127,6 +1315,7 @@ static void notify_connection(void *cls, struct MHD_Connection *c, void **socket
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         sk->fd = ci ? ci->connect_fd : -1;
         sk->deadline = tern_now_s() + s->p.header_timeout_s;
+        if (sk->fd >= 0 && first_bytes_refused(s, sk->fd)) sk->deadline = 0; /* answered and closing */
         pthread_mutex_lock(&s->smu);
         sk->next = s->socks;
         if (s->socks) s->socks->prev = sk;
@@ -1251,13 +1440,13 @@ void srv_params_default(struct srv_params *p) {
     p->host = "127.0.0.1";
     p->port = 8080;
     p->n_queue = 16;
-    p->max_body = (size_t)16 << 20;
-    p->max_connections = 4096;
+    p->max_body = DEFAULT_MAX_BODY;
+    p->max_connections = DEFAULT_MAX_CONNECTIONS;
     p->max_conn_per_ip = 128;
-    p->header_timeout_s = 10;
-    p->idle_timeout_s = 30;
-    p->n_http_threads = 2;
-    p->n_prep_threads = 2;
+    p->header_timeout_s = DEFAULT_HEADER_TIMEOUT_S;
+    p->idle_timeout_s = DEFAULT_IDLE_TIMEOUT_S;
+    p->n_http_threads = DEFAULT_HTTP_THREADS;
+    p->n_prep_threads = DEFAULT_PREP_THREADS;
 }
 
 /* Every connection is a descriptor: raise the soft limit towards what the connection
@@ -1286,12 +1475,12 @@ enum tern_status srv_start(const struct srv_params *params, struct srv_server **
     if (!s) return tern_errorf(TERN_ERR_NOMEM, "out of memory");
     s->p = *params;
     if (s->p.n_queue == 0) s->p.n_queue = 1;
-    if (s->p.max_connections == 0) s->p.max_connections = 4096;
-    if (s->p.max_body == 0) s->p.max_body = (size_t)16 << 20;
-    if (s->p.header_timeout_s == 0) s->p.header_timeout_s = 10;
-    if (s->p.idle_timeout_s == 0) s->p.idle_timeout_s = 30;
-    if (s->p.n_http_threads == 0) s->p.n_http_threads = 2;
-    if (s->p.n_prep_threads == 0) s->p.n_prep_threads = 2;
+    if (s->p.max_connections == 0) s->p.max_connections = DEFAULT_MAX_CONNECTIONS;
+    if (s->p.max_body == 0) s->p.max_body = DEFAULT_MAX_BODY;
+    if (s->p.header_timeout_s == 0) s->p.header_timeout_s = DEFAULT_HEADER_TIMEOUT_S;
+    if (s->p.idle_timeout_s == 0) s->p.idle_timeout_s = DEFAULT_IDLE_TIMEOUT_S;
+    if (s->p.n_http_threads == 0) s->p.n_http_threads = DEFAULT_HTTP_THREADS;
+    if (s->p.n_prep_threads == 0) s->p.n_prep_threads = DEFAULT_PREP_THREADS;
     s->p.max_connections = fit_fd_limit(s->p.max_connections);
     if (s->p.max_connections < s->p.n_http_threads) s->p.max_connections = s->p.n_http_threads;
     s->t_start = tern_now_s();
@@ -1369,7 +1558,8 @@ enum tern_status srv_start(const struct srv_params *params, struct srv_server **
     s->watcher_started = true;
     /* MHD's own inactivity timeout (stalled uploads, clients that stop reading) fires
      * after the watcher's deadlines, so that those always answer 408 first */
-    unsigned mhd_timeout = (s->p.header_timeout_s > s->p.idle_timeout_s ? s->p.header_timeout_s : s->p.idle_timeout_s) + 2;
+    unsigned mhd_timeout = (s->p.header_timeout_s > s->p.idle_timeout_s ? s->p.header_timeout_s : s->p.idle_timeout_s) +
+                           MHD_TIMEOUT_SLACK_S;
     s->mhd = MHD_start_daemon(flags, (uint16_t)s->p.port, NULL, NULL, handler, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
                               s, MHD_OPTION_SOCK_ADDR,
                               (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, completed, s,
@@ -1384,6 +1574,11 @@ enum tern_status srv_start(const struct srv_params *params, struct srv_server **
         return tern_errorf(TERN_ERR_IO, "cannot listen on %s:%d (in use, or not an address of this machine?)", host,
                            port);
     }
+    const union MHD_DaemonInfo *li = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_LISTEN_FD);
+    int defer_s = DEFER_ACCEPT_S;
+    if (!li || setsockopt(li->listen_fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, &defer_s, sizeof defer_s) != 0)
+        TERN_LOG_WARN("http: cannot set TCP_DEFER_ACCEPT (%s): garbage sent right after connecting may wait for the "
+                      "header timeout", li ? strerror(errno) : "no listening socket");
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : s->p.port;
     *out = s;

@@ -3,6 +3,7 @@
 
 #include "server/request.h"
 #include "server/respond.h"
+#include "template/template.h"
 #include "tokenizer/tokenizer.h"
 #include "util/log.h"
 #include "util/mem.h"
@@ -76,10 +77,12 @@ enum tern_status predict_render_cut(const struct chat_fmt *cf, int32_t turn_toke
     json_t *vars = srv_template_vars(&rq, cf->bos_text, cf->eos_text);
     if (!vars) return tern_errorf(TERN_ERR_NOMEM, "predict: out of memory for template variables");
     struct tern_buf text = TERN_BUF_INIT;
-    enum tern_status st = chat_fmt_render(cf, vars, &text);
+    struct tern_template_spans marks = {0}; /* tokenized as a request's prompt is */
+    enum tern_status st = chat_fmt_render(cf, vars, &text, &marks);
     json_decref(vars);
     if (st) {
         tern_buf_free(&text);
+        tern_template_spans_free(&marks);
         return st == TERN_ERR_NOMEM ? st : tern_error_prefix(TERN_ERR_STATE, "predict: the template refused");
     }
     size_t pl = strlen(placeholder);
@@ -87,14 +90,16 @@ enum tern_status predict_render_cut(const struct chat_fmt *cf, int32_t turn_toke
     const char *cut = ph ? find_last(text.data, (size_t)(ph - text.data), turn_text, tl) : NULL;
     if (!cut) {
         tern_buf_free(&text);
+        tern_template_spans_free(&marks);
         return tern_errorf(TERN_ERR_STATE, "predict: %s", ph ? "no turn start before the placeholder"
                                                             : "the template did not render the placeholder");
     }
     /* Tokenize through the turn token itself: it must come out as the turn token, which
      * proves the cut is a token boundary of the full render. */
     size_t cap = 0;
-    st = chat_fmt_tokenize(cf, text.data, (size_t)(cut - text.data) + tl, toks, n, &cap);
+    st = chat_fmt_tokenize(cf, text.data, (size_t)(cut - text.data) + tl, &marks, toks, n, &cap);
     tern_buf_free(&text);
+    tern_template_spans_free(&marks);
     if (st) {
         free(*toks);
         *toks = NULL;

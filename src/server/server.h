@@ -40,6 +40,12 @@ struct srv_params {
 
 void srv_params_default(struct srv_params *p);
 
+/* The tenant name of an API key (what srv_job.tenant starts with): "key-" and 32 hex
+ * digits of a hash of the key, never the key; the same whatever the key's position in
+ * --api-key. Writes at most size bytes (NUL included; 37 are needed). */
+#define SRV_TENANT_LEN 36
+void srv_tenant_of_key(const char *key, char *out, size_t size);
+
 /* One request on its way through the server. Fields marked (http) are set before the
  * job is queued and read-only afterwards; (backend) fields belong to the backend. */
 struct srv_job {
@@ -49,7 +55,7 @@ struct srv_job {
     enum srv_endpoint ep;
     const char *path;
     struct srv_request req;
-    char *tenant;                /* API key used and/or cache_salt; "" = default */
+    char *tenant;                /* hash of the API key used and/or cache_salt; "" = default */
     char *key;                   /* session key (body beats header x-session-id); NULL = none */
     int64_t created;
     double t_arrive;             /* tern_now_s() */

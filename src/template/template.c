@@ -57,8 +57,8 @@ static time_t default_clock(void *user) {
     return time(NULL);
 }
 
-enum tern_status tern_template_render(const struct tern_template *t, const json_t *vars,
-                                      const struct tern_template_opts *opts, struct tern_buf *out) {
+static enum tern_status render(const struct tern_template *t, const json_t *vars, const struct tern_template_opts *opts,
+                               const char *const *trusted, struct tern_buf *out, struct tern_template_spans *spans) {
     if (!t || !out) return tern_errorf(TERN_ERR_INVALID, "tern_template_render: NULL template or output");
     if (vars && !json_is_object(vars))
         return tern_errorf(TERN_ERR_INVALID, "template variables must be a JSON object");
@@ -73,6 +73,9 @@ enum tern_status tern_template_render(const struct tern_template *t, const json_
     c.max_steps = o.max_steps ? o.max_steps : TERN_TEMPLATE_DEFAULT_MAX_STEPS;
     c.clock = o.clock ? o.clock : default_clock;
     c.clock_user = o.clock_user;
+    c.spans = spans;
+    c.trusted = trusted;
+    size_t spans0 = spans ? spans->n : 0;
     size_t max_memory = o.max_memory;
     if (!max_memory) {
         if (tern_mul_overflow(c.max_output, 16, &max_memory)) max_memory = SIZE_MAX;
@@ -97,7 +100,11 @@ enum tern_status tern_template_render(const struct tern_template *t, const json_
             out->len = start;
             out->data[start] = 0;
         }
+        if (spans) spans->n = spans0;
     }
+    for (uint32_t i = 0; i < c.n_cap_spans; i++) tern_template_spans_free(&c.cap_spans[i]);
+    free(c.cap_spans);
+    tern_template_spans_free(&c.tmp);
     for (uint32_t i = 0; i < c.n_caps; i++) {
         tern_buf_free(c.caps[i]);
         free(c.caps[i]);
@@ -106,6 +113,18 @@ enum tern_status tern_template_render(const struct tern_template *t, const json_
     tern_buf_free(&c.scratch);
     tern_arena_free(&c.ar);
     return st;
+}
+
+enum tern_status tern_template_render(const struct tern_template *t, const json_t *vars,
+                                      const struct tern_template_opts *opts, struct tern_buf *out) {
+    return render(t, vars, opts, NULL, out, NULL);
+}
+
+enum tern_status tern_template_render_spans(const struct tern_template *t, const json_t *vars,
+                                            const struct tern_template_opts *opts, const char *const *trusted,
+                                            struct tern_buf *out, struct tern_template_spans *spans) {
+    if (!spans) return tern_errorf(TERN_ERR_INVALID, "tern_template_render_spans: NULL spans");
+    return render(t, vars, opts, trusted, out, spans);
 }
 
 int tern_template_uses(const struct tern_template *t, const char *name) {

@@ -56,6 +56,35 @@ enum tern_status tern_template_compile(const char *src, size_t len, struct tern_
 enum tern_status tern_template_render(const struct tern_template *t, const json_t *vars,
                                       const struct tern_template_opts *opts, struct tern_buf *out);
 
+/* Byte ranges [start, end) of a render. */
+struct tern_template_span {
+    size_t start, end;
+};
+struct tern_template_spans {
+    struct tern_template_span *v; /* malloc'd; tern_template_spans_free */
+    size_t n, cap;
+};
+void tern_template_spans_free(struct tern_template_spans *s);
+
+/* As tern_template_render, and appends to *spans (sorted, disjoint, offsets into out)
+ * the ranges of the output whose bytes came from the string values of vars — message
+ * contents, names, tool results, tool-call arguments, tools, extra keywords — as opposed
+ * to the template's own literals. `trusted` (NULL-terminated, may be NULL) names
+ * top-level variables whose string values are the caller's (bos_token): not marked.
+ *
+ * What is tracked: strings of vars printed directly, through attribute, item and slice
+ * access, loops, set, namespaces and macro arguments; concatenation (+, ~, output
+ * sums) and captured output (macros, call and set blocks, filter blocks) byte by byte;
+ * a view of a string (slice, strip, trim, split pieces) keeps the marking of the bytes
+ * it shows. A string computed from marked input by any other filter, method or
+ * operator (replace, join, format, %, tojson, upper ...) is marked as a whole, and so
+ * is the printed form of a container that holds marked strings. Not tracked: single
+ * characters got by iterating over a string (`for ch in s`), which come out unmarked.
+ * On error out and *spans are unchanged. */
+enum tern_status tern_template_render_spans(const struct tern_template *t, const json_t *vars,
+                                            const struct tern_template_opts *opts, const char *const *trusted,
+                                            struct tern_buf *out, struct tern_template_spans *spans);
+
 /* True when the template source reads the variable `name` anywhere (as jinja2's
  * meta.find_undeclared_variables would, approximately: any load of the name). */
 int tern_template_uses(const struct tern_template *t, const char *name);

@@ -156,6 +156,8 @@ static enum tern_status lookup(struct ctx *c, uint32_t sym, struct val *out) {
     enum tern_status st = TERN_OK;
     if (j) {
         v = v_from_json(j);
+        for (const char *const *t = c->trusted; t && *t && v.kind == V_STR; t++)
+            if (!strcmp(*t, name)) v.taint = 0;
     } else if (c->t->sym_builtin[sym] >= 0) {
         v = builtin_value(c, c->t->sym_builtin[sym], name, &st);
         if (st) return st;
@@ -203,8 +205,16 @@ static enum tern_status emit(struct ctx *c, const char *p, size_t n) {
     return tern_buf_append(c->out, p, n);
 }
 
+/* A string to the output, its marks with it. */
+static enum tern_status emit_str(struct ctx *c, struct val v) {
+    size_t at = c->out->len;
+    enum tern_status st = emit(c, v.u.s.p, v.u.s.n);
+    if (!st && tpl_marking(c)) st = tpl_str_spans(c, v, at, c->spans);
+    return st;
+}
+
 static enum tern_status emit_val(struct ctx *c, struct val v) {
-    if (v.kind == V_STR) return emit(c, v.u.s.p, v.u.s.n);
+    if (v.kind == V_STR) return emit_str(c, v);
     if (v.kind == V_UNDEF) return TERN_OK;
     size_t before = c->out->len;
     enum tern_status st = tpl_fmt_str(c, c->out, v, 0);
@@ -213,12 +223,15 @@ static enum tern_status emit_val(struct ctx *c, struct val v) {
         c->out->data[before] = 0;
         return tern_errorf(TERN_ERR_LIMIT, "template output exceeds max_output (%zu bytes)", c->max_output);
     }
+    /* the printed form of data that holds marked strings is marked as a whole */
+    if (!st && tpl_marking(c) && tpl_tainted(c, v)) st = tpl_spans_add(c->spans, before, c->out->len);
     return st;
 }
 
 struct capture {
     struct tern_buf *out;
     size_t out_start;
+    struct tern_template_spans *spans;
 };
 
 static enum tern_status capture_begin(struct ctx *c, struct capture *save) {
@@ -237,6 +250,19 @@ static enum tern_status capture_begin(struct ctx *c, struct capture *save) {
     }
     save->out = c->out;
     save->out_start = c->out_start;
+    save->spans = c->spans;
+    if (tpl_marking(c)) {
+        if (c->cap_depth >= c->n_cap_spans) {
+            uint32_t nc = c->n_caps;
+            struct tern_template_spans *cs = tern_reallocarray(c->cap_spans, nc, sizeof *cs);
+            if (!cs) return tern_errorf(TERN_ERR_NOMEM, "cannot allocate capture buffers");
+            memset(cs + c->n_cap_spans, 0, (nc - c->n_cap_spans) * sizeof *cs);
+            c->cap_spans = cs;
+            c->n_cap_spans = nc;
+        }
+        c->spans = &c->cap_spans[c->cap_depth];
+        c->spans->n = 0;
+    }
     struct tern_buf *b = c->caps[c->cap_depth++];
     tern_buf_clear(b);
     c->out = b;
@@ -247,11 +273,15 @@ static enum tern_status capture_begin(struct ctx *c, struct capture *save) {
 /* Ends a capture; *out (if not NULL) gets what was written as a string. */
 static enum tern_status capture_end(struct ctx *c, struct capture *save, struct val *out) {
     struct tern_buf *b = c->out;
+    struct tern_template_spans *marks = c->spans;
     c->out = save->out;
     c->out_start = save->out_start;
+    c->spans = save->spans;
     c->cap_depth--;
     if (!out) return TERN_OK;
-    return tpl_new_str(c, b->data ? b->data : "", b->len, out);
+    enum tern_status st = tpl_new_str(c, b->data ? b->data : "", b->len, out);
+    if (!st && tpl_marking(c)) st = tpl_taint_from_spans(c, out->u.s.p, out->u.s.n, marks, &out->taint);
+    return st;
 }
 
 /* ---- calls ------------------------------------------------------------------------ */
@@ -412,6 +442,23 @@ enum tern_status tpl_call_value(struct ctx *c, struct val fn, const struct argv 
     }
 }
 
+/* The marking of a filter's, method's or builtin's result from self and the arguments. */
+static void derive_call(struct ctx *c, const struct val *self, const struct argv *a, struct val *out) {
+    if (!tpl_marking(c)) return;
+    struct val small[SMALL_ARGS * 2 + 1];
+    size_t n = 1 + a->n_pos + a->n_kw;
+    struct val *in = n <= TERN_ARRAY_LEN(small) ? small : tern_arena_alloc(&c->ar, n * sizeof *in);
+    if (!in) {
+        if (out->kind == V_STR && !out->taint) out->taint = TAINT_ALL; /* cannot tell: mark it */
+        return;
+    }
+    size_t k = 0;
+    in[k++] = self ? *self : v_none();
+    for (uint32_t i = 0; i < a->n_pos; i++) in[k++] = a->pos[i];
+    for (uint32_t i = 0; i < a->n_kw; i++) in[k++] = a->kw[i];
+    tpl_taint_derive(c, in, k, out);
+}
+
 static enum tern_status eval_call(struct ctx *c, const struct node *n, const struct val *caller, struct val *out) {
     enum tern_status st;
     const struct node *fnode = n->u.call.fn;
@@ -425,13 +472,18 @@ static enum tern_status eval_call(struct ctx *c, const struct node *n, const str
         if (obj.kind != V_UNDEF && obj.kind != V_NS && obj.kind != V_LOOP &&
             tpl_has_method(obj, fnode->u.attr.method, &safe) && safe) {
             if ((st = eval_args(c, &n->u.call.a, &av, pos_buf, kw_buf))) return st;
-            return locate(c, fnode->pos, tpl_call_method(c, obj, fnode->u.attr.method, fnode->u.attr.name, &av, out));
+            st = locate(c, fnode->pos, tpl_call_method(c, obj, fnode->u.attr.method, fnode->u.attr.name, &av, out));
+            if (!st) derive_call(c, &obj, &av, out);
+            return st;
         }
         struct val fn;
         if ((st = tpl_getattr(c, obj, fnode->u.attr.name, fnode->u.attr.len, fnode->u.attr.method, &fn)))
             return locate(c, fnode->pos, st);
         if ((st = eval_args(c, &n->u.call.a, &av, pos_buf, kw_buf))) return st;
-        return tpl_call_value(c, fn, &av, out);
+        if ((st = tpl_call_value(c, fn, &av, out))) return st;
+        if (fn.kind == V_FUNC && (fn.u.fn->type == F_METHOD || fn.u.fn->type == F_BUILTIN))
+            derive_call(c, fn.u.fn->type == F_METHOD ? &fn.u.fn->self : NULL, &av, out);
+        return TERN_OK;
     }
     struct val fn;
     if ((st = eval(c, fnode, &fn))) return st;
@@ -456,7 +508,11 @@ static enum tern_status eval_call(struct ctx *c, const struct node *n, const str
         av.kw = kws;
         av.n_kw = a2.n_kw + 1;
     }
-    return tpl_call_value(c, fn, &av, out);
+    if ((st = tpl_call_value(c, fn, &av, out))) return st;
+    /* a macro's result is its captured output, marked byte by byte already */
+    if (fn.kind == V_FUNC && (fn.u.fn->type == F_METHOD || fn.u.fn->type == F_BUILTIN))
+        derive_call(c, fn.u.fn->type == F_METHOD ? &fn.u.fn->self : NULL, &av, out);
+    return TERN_OK;
 }
 
 /* ---- expressions ------------------------------------------------------------------ */
@@ -466,7 +522,9 @@ static enum tern_status apply_filter_node(struct ctx *c, const struct node *f, s
     struct val pos_buf[SMALL_ARGS], kw_buf[SMALL_ARGS];
     struct argv av;
     if ((st = eval_args(c, &f->u.filter.a, &av, pos_buf, kw_buf))) return st;
-    return locate(c, f->pos, tpl_apply_filter(c, f->u.filter.id, f->u.filter.name, in, &av, out));
+    if ((st = locate(c, f->pos, tpl_apply_filter(c, f->u.filter.id, f->u.filter.name, in, &av, out)))) return st;
+    derive_call(c, &in, &av, out);
+    return TERN_OK;
 }
 
 /* A filter chain whose innermost argument is `base` (filter blocks, set blocks). */
@@ -520,9 +578,18 @@ static enum tern_status eval_concat(struct ctx *c, const struct node *n, struct 
     for (uint32_t i = 0; i < n->u.seq.n; i++)
         if ((st = eval(c, n->u.seq.items[i], &vals[i]))) return st;
     tern_buf_clear(b);
-    for (uint32_t i = 0; i < n->u.seq.n; i++)
+    bool mark = tpl_marking(c);
+    if (mark) c->tmp.n = 0;
+    for (uint32_t i = 0; i < n->u.seq.n; i++) {
+        size_t at = b->len;
         if ((st = tpl_fmt_str(c, b, vals[i], 0))) return st;
-    return tpl_new_str(c, b->data ? b->data : "", b->len, out);
+        if (!mark) continue;
+        if (vals[i].kind == V_STR) st = tpl_str_spans(c, vals[i], at, &c->tmp);
+        else if (tpl_tainted(c, vals[i])) st = tpl_spans_add(&c->tmp, at, b->len);
+        if (st) return st;
+    }
+    if ((st = tpl_new_str(c, b->data ? b->data : "", b->len, out))) return st;
+    return mark ? tpl_taint_from_spans(c, out->u.s.p, out->u.s.n, &c->tmp, &out->taint) : TERN_OK;
 }
 
 static enum tern_status eval_inner(struct ctx *c, const struct node *n, struct val *out) {
@@ -538,7 +605,9 @@ static enum tern_status eval_inner(struct ctx *c, const struct node *n, struct v
     case N_GETITEM: {
         struct val obj, key;
         if ((st = eval(c, n->u.item.obj, &obj)) || (st = eval(c, n->u.item.key, &key))) return st;
-        return tpl_getitem(c, obj, key, out);
+        if ((st = tpl_getitem(c, obj, key, out))) return st;
+        tpl_taint_derive(c, &obj, 1, out);
+        return TERN_OK;
     }
     case N_SLICE: {
         struct val obj, a = v_none(), b = v_none(), s = v_none();
@@ -546,7 +615,9 @@ static enum tern_status eval_inner(struct ctx *c, const struct node *n, struct v
         if (n->u.slice.start && (st = eval(c, n->u.slice.start, &a))) return st;
         if (n->u.slice.stop && (st = eval(c, n->u.slice.stop, &b))) return st;
         if (n->u.slice.step && (st = eval(c, n->u.slice.step, &s))) return st;
-        return tpl_slice(c, obj, a, b, s, out);
+        if ((st = tpl_slice(c, obj, a, b, s, out))) return st;
+        tpl_taint_derive(c, &obj, 1, out);
+        return TERN_OK;
     }
     case N_CALL: return eval_call(c, n, NULL, out);
     case N_FILTER: {
@@ -586,7 +657,11 @@ static enum tern_status eval_inner(struct ctx *c, const struct node *n, struct v
             return eval(c, n->u.bin.b, out);
         }
         if ((st = eval(c, n->u.bin.b, &b))) return st;
-        return tpl_binop(c, n->op, a, b, out);
+        if ((st = tpl_binop(c, n->op, a, b, out))) return st;
+        if (n->op == OP_ADD && a.kind == V_STR && b.kind == V_STR) return tpl_taint_concat(c, a, b, out);
+        struct val ab[2] = {a, b};
+        tpl_taint_derive(c, ab, 2, out);
+        return TERN_OK;
     }
     case N_COMPARE: return eval_compare(c, n, out);
     case N_COND: {
@@ -659,13 +734,20 @@ static enum tern_status output_sum(struct ctx *c, const struct node *n) {
     }
     if (plain) {
         for (uint32_t i = 0; i < k; i++)
-            if ((st = emit(c, vals[i].u.s.p, vals[i].u.s.n))) return st;
+            if ((st = emit_str(c, vals[i]))) return st;
         return TERN_OK;
     }
     struct val acc = vals[0];
     for (uint32_t i = 1; i < k; i++) {
-        if ((st = tpl_binop(c, OP_ADD, acc, vals[i], &acc))) return locate(c, n->pos, st);
-        if ((st = tpl_step(c, 1))) return st;
+        struct val prev = acc;
+        if ((st = tpl_binop(c, OP_ADD, prev, vals[i], &acc))) return locate(c, n->pos, st);
+        if (prev.kind == V_STR && vals[i].kind == V_STR) {
+            st = tpl_taint_concat(c, prev, vals[i], &acc);
+        } else {
+            struct val pv[2] = {prev, vals[i]};
+            tpl_taint_derive(c, pv, 2, &acc);
+        }
+        if (st || (st = tpl_step(c, 1))) return st;
     }
     return emit_val(c, acc);
 }

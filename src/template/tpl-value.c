@@ -58,7 +58,12 @@ struct val v_from_json(json_t *j) {
         v.rep = REP_JSON;
         v.u.j = j;
         break;
-    case JSON_STRING: v = v_str(json_string_value(j), json_string_length(j)); break;
+    case JSON_STRING:
+        /* the variables' strings are the request's: marked (tpl-taint.c); lookup()
+         * clears it for the caller's trusted names */
+        v = v_str(json_string_value(j), json_string_length(j));
+        v.taint = TAINT_ALL;
+        break;
     case JSON_INTEGER: v = v_int((int64_t)json_integer_value(j)); break;
     case JSON_REAL: v = v_float(json_real_value(j)); break;
     case JSON_TRUE: v = v_bool(true); break;
@@ -248,7 +253,10 @@ bool v_dict_next(struct val d, struct dict_iter *it, struct val *key, struct val
         it->i = 1;
         it->jit = jit;
         if (!jit) return false;
-        if (key) *key = v_str(json_object_iter_key(jit), json_object_iter_key_len(jit));
+        if (key) {
+            *key = v_str(json_object_iter_key(jit), json_object_iter_key_len(jit));
+            key->taint = TAINT_ALL; /* a key of the variables' data (tool-call argument names) */
+        }
         if (value) *value = v_from_json(json_object_iter_value(jit));
         return true;
     }

@@ -74,6 +74,8 @@ struct val {
     uint8_t rep;   /* enum vrep (V_LIST, V_DICT) */
     uint8_t flags; /* VF_* ; V_UNDEF: enum undef_why */
     uint8_t aux;   /* V_UNDEF: enum otype of the owner */
+    uint32_t taint; /* V_STR: which bytes came from the caller's variables (tpl-taint.c):
+                     * 0 none, TAINT_ALL all, else 1 + an index into ctx.tmaps */
     union {
         bool b;
         int64_t i;
@@ -146,6 +148,18 @@ struct tpl_loop {
     struct scope *scope;     /* scope the loop runs in (recursive loops) */
     struct val last_changed; /* loop.changed() */
     bool has_changed;
+};
+
+#define TAINT_ALL UINT32_MAX
+
+/* A string whose bytes came partly from the variables (a concatenation, a capture): the
+ * byte ranges of base[0..n) that did, relative to base. A string value refers to it
+ * while it points into base (a view made by slicing or stripping keeps it). */
+struct tmap {
+    const char *base;
+    size_t n;
+    struct tern_template_span *spans;
+    size_t n_spans;
 };
 
 /* ---- lexer ------------------------------------------------------------------------ */
@@ -413,7 +427,36 @@ struct ctx {
     struct val *globals;    /* per symbol: cached lookup in vars/builtins */
     uint8_t *globals_state; /* 0 = not looked up yet */
     bool located;           /* the error message already says where */
+    /* marking (tern_template_render_spans): NULL when not asked for */
+    struct tern_template_spans *spans;     /* the spans of what c->out holds now */
+    struct tern_template_spans *cap_spans; /* per capture level, like caps */
+    uint32_t n_cap_spans;
+    struct tern_template_spans tmp;        /* scratch for building a tmap */
+    struct tmap *tmaps;
+    uint32_t n_tmaps, cap_tmaps;
+    const char *const *trusted;            /* top-level names whose strings are not marked */
 };
+
+/* ---- marking (tpl-taint.c): which output bytes came from the variables ------------ */
+
+static inline bool tpl_marking(const struct ctx *c) { return c->spans != NULL; }
+/* Adds [a, b) to a span list (merged with the last one when they touch). */
+enum tern_status tpl_spans_add(struct tern_template_spans *l, size_t a, size_t b);
+/* Appends to l the marked ranges of string v, shifted by `at` (v's bytes start there). */
+enum tern_status tpl_str_spans(struct ctx *c, struct val v, size_t at, struct tern_template_spans *l);
+/* Whether any string inside v (strings, containers, namespaces) is marked; data of the
+ * variables (REP_JSON) always is. */
+bool tpl_tainted(struct ctx *c, struct val v);
+/* The taint of a new string p[0..n) whose marked ranges are l (relative to p). */
+enum tern_status tpl_taint_from_spans(struct ctx *c, const char *p, size_t n, const struct tern_template_spans *l,
+                                      uint32_t *taint);
+/* After an operation on inputs in[0..n) made *out: a string result (or the strings of a
+ * list result) that carries no marking of its own is marked as the input it is a view
+ * of, else wholly when any input is marked (conservative: a filter or method result is
+ * not tracked byte by byte). */
+void tpl_taint_derive(struct ctx *c, const struct val *in, size_t n, struct val *out);
+/* For a+b of two strings: out marked byte by byte. */
+enum tern_status tpl_taint_concat(struct ctx *c, struct val a, struct val b, struct val *out);
 
 /* Internal status codes beyond enum tern_status (never returned by the API). */
 #define ST_BREAK 1

@@ -179,6 +179,9 @@ struct tok_call {
     size_t buf_cap;
     bool use_cache;
     struct word_cache *cache;
+    /* tern_tokenize_plain: ranges of the text where control tokens are not matched */
+    const struct tern_tok_range *plain;
+    size_t n_plain;
 };
 
 enum tern_status tok_emit_slow(struct tok_call *c, const int32_t *ids, size_t n);

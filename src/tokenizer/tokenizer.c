@@ -812,6 +812,15 @@ static bool special_active(const struct tern_tokenizer *t, int32_t id, bool pars
     return parse_special || !(t->attrs[id] & (ATTR_CONTROL | ATTR_UNKNOWN));
 }
 
+/* Whether [a, b) overlaps a plain range (c->plain sorted; *hint: a search position
+ * that only moves forward, as occurrences are found left to right). */
+static bool in_plain(const struct tok_call *c, size_t a, size_t b, size_t *hint) {
+    size_t i = *hint;
+    while (i < c->n_plain && c->plain[i].end <= a) i++;
+    *hint = i;
+    return i < c->n_plain && c->plain[i].start < b;
+}
+
 static bool c_isspace(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 
 static enum tern_status process_raw(struct tok_call *c, const char *s, size_t n, bool *prev_special) {
@@ -836,6 +845,7 @@ static enum tern_status partition(struct tok_call *c, const char *text, size_t l
     size_t n_segs = 0, segs_cap = 0, next_cap = 0;
     bool prev_special = true;
     enum tern_status st = TERN_OK;
+    size_t plain_hint = 0;
 
     if (t->n_specials) {
         const uint8_t *p = (const uint8_t *)text;
@@ -855,7 +865,9 @@ static enum tern_status partition(struct tok_call *c, const char *text, size_t l
                 if (ch < 0) break;
                 node = ch;
                 int32_t k = t->trie[node].special;
-                if (k >= 0 && special_active(t, t->specials[k], parse_special)) {
+                if (k >= 0 && special_active(t, t->specials[k], parse_special) &&
+                    !(c->n_plain && (t->attrs[t->specials[k]] & (ATTR_CONTROL | ATTR_UNKNOWN)) &&
+                      in_plain(c, i, j + 1, &plain_hint))) {
                     if ((st = tok_grow((void **)&occ, &occ_cap, n_occ + 1, sizeof *occ))) goto done;
                     occ[n_occ++] = (struct occ){.prio = (uint32_t)k, .pos = i};
                 }
@@ -933,8 +945,9 @@ done:
  * than it saves). */
 #define CACHE_MIN_TEXT 4096
 
-enum tern_status tern_tokenize_ex(const struct tern_tokenizer *t, const char *text, size_t len, int flags,
-                                  int32_t **ids, size_t *n, size_t *cap, struct tern_tok_stats *stats) {
+static enum tern_status tokenize_impl(const struct tern_tokenizer *t, const char *text, size_t len, int flags,
+                                      const struct tern_tok_range *plain, size_t n_plain, int32_t **ids, size_t *n,
+                                      size_t *cap, struct tern_tok_stats *stats) {
     if (!t || !ids || !n || !cap || (!text && len))
         return tern_errorf(TERN_ERR_INVALID, "tern_tokenize: NULL argument");
     if (len > (size_t)INT32_MAX)
@@ -942,7 +955,7 @@ enum tern_status tern_tokenize_ex(const struct tern_tokenizer *t, const char *te
                            INT32_MAX);
     if (*n > *cap || (*cap && !*ids)) return tern_errorf(TERN_ERR_INVALID, "tern_tokenize: inconsistent id array");
     size_t n0 = *n;
-    struct tok_call c = {.t = t, .out = {ids, n, cap}, .stats = stats};
+    struct tok_call c = {.t = t, .out = {ids, n, cap}, .stats = stats, .plain = plain, .n_plain = n_plain};
     enum tern_status st = TERN_OK;
     bool add_special = flags & TERN_TOK_ADD_SPECIAL;
     if (add_special && t->add_bos) st = tok_emit(&c, t->bos);
@@ -956,7 +969,22 @@ enum tern_status tern_tokenize_ex(const struct tern_tokenizer *t, const char *te
     return st;
 }
 
+enum tern_status tern_tokenize_ex(const struct tern_tokenizer *t, const char *text, size_t len, int flags,
+                                  int32_t **ids, size_t *n, size_t *cap, struct tern_tok_stats *stats) {
+    return tokenize_impl(t, text, len, flags, NULL, 0, ids, n, cap, stats);
+}
+
 enum tern_status tern_tokenize(const struct tern_tokenizer *t, const char *text, size_t len, int flags,
                                int32_t **ids, size_t *n, size_t *cap) {
     return tern_tokenize_ex(t, text, len, flags, ids, n, cap, NULL);
+}
+
+enum tern_status tern_tokenize_plain(const struct tern_tokenizer *t, const char *text, size_t len, int flags,
+                                     const struct tern_tok_range *plain, size_t n_plain, int32_t **ids, size_t *n,
+                                     size_t *cap) {
+    for (size_t i = 0; i < n_plain; i++)
+        if (plain[i].end < plain[i].start || (i && plain[i].start < plain[i - 1].end))
+            return tern_errorf(TERN_ERR_INVALID, "tern_tokenize_plain: range %zu [%zu, %zu) is not sorted and disjoint", i,
+                               plain[i].start, plain[i].end);
+    return tokenize_impl(t, text, len, flags, plain, n_plain, ids, n, cap, NULL);
 }

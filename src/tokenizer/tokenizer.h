@@ -108,6 +108,24 @@ struct tern_tok_stats {
  * appended so far are dropped (*n is restored) and *ids stays valid. */
 enum tern_status tern_tokenize(const struct tern_tokenizer *t, const char *text, size_t len, int flags,
                                int32_t **ids, size_t *n, size_t *cap);
+/* A byte range [start, end) of a text. */
+struct tern_tok_range {
+    size_t start, end;
+};
+
+/* As tern_tokenize, except that with TERN_TOK_PARSE_SPECIAL control (and unknown) token
+ * text is matched only where it lies wholly outside every plain range (sorted,
+ * disjoint, offsets into text): inside one it is ordinary text, tokenized together with
+ * its neighbours. The text is split at the control tokens matched, and nowhere else (not
+ * at range edges), so a text whose plain ranges hold no control token text gives exactly
+ * the ids of tern_tokenize with the same flags. USER_DEFINED tokens are split out
+ * everywhere, as always. For a chat prompt: plain = the bytes that came from the
+ * request (tern_template_render_spans), so that only the template's own literals can
+ * produce control tokens. */
+enum tern_status tern_tokenize_plain(const struct tern_tokenizer *t, const char *text, size_t len, int flags,
+                                     const struct tern_tok_range *plain, size_t n_plain, int32_t **ids, size_t *n,
+                                     size_t *cap);
+
 /* Same, accumulating work counters into *stats (may be NULL). */
 enum tern_status tern_tokenize_ex(const struct tern_tokenizer *t, const char *text, size_t len, int flags,
                                   int32_t **ids, size_t *n, size_t *cap, struct tern_tok_stats *stats);

@@ -53,6 +53,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (st == TERN_OK && size < 4096) {
         enum tern_status st2 = tern_template_render(t, vars, &o, &b);
         if (st2 != TERN_OK || a.len != b.len || (a.len && memcmp(a.data, b.data, a.len) != 0)) abort();
+        /* marking the variables' bytes never changes the render; its spans are sorted,
+         * disjoint and inside it */
+        static const char *const trusted[] = {"bos_token", NULL};
+        struct tern_template_spans sp = {0};
+        tern_buf_clear(&b);
+        st2 = tern_template_render_spans(t, vars, &o, trusted, &b, &sp);
+        if (st2 != TERN_OK || a.len != b.len || (a.len && memcmp(a.data, b.data, a.len) != 0)) abort();
+        for (size_t i = 0; i < sp.n; i++)
+            if (sp.v[i].start >= sp.v[i].end || sp.v[i].end > b.len || (i && sp.v[i].start <= sp.v[i - 1].end)) abort();
+        tern_template_spans_free(&sp);
     }
     tern_buf_free(&a);
     tern_buf_free(&b);

@@ -166,6 +166,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         CHECK(dec.len == len && (!len || !memcmp(dec.data, text, len)));
     }
     check_stream(t, ids, n, flags & TERN_TOK_PARSE_SPECIAL);
+    /* Plain ranges: none gives the same ids; all of the text gives the ids without
+     * PARSE_SPECIAL (control tokens unmatched, USER_DEFINED ones split out as always);
+     * the text cut in two at its middle is a valid pair of ranges too. */
+    {
+        int32_t *p = NULL;
+        size_t np = 0, capp = 0;
+        struct tern_tok_range whole = {0, len}, halves[2] = {{0, len / 2}, {len / 2 + (len > 1), len}};
+        CHECK(tern_tokenize_plain(t, len ? text : NULL, len, flags, NULL, 0, &p, &np, &capp) == TERN_OK);
+        CHECK(np == n && (!n || !memcmp(ids, p, n * sizeof *ids)));
+        int32_t *q = NULL;
+        size_t nq = 0, capq = 0;
+        np = 0;
+        CHECK(tern_tokenize_plain(t, len ? text : NULL, len, flags, &whole, 1, &p, &np, &capp) == TERN_OK);
+        CHECK(tern_tokenize(t, len ? text : NULL, len, flags & ~TERN_TOK_PARSE_SPECIAL, &q, &nq, &capq) == TERN_OK);
+        CHECK(np == nq && (!np || !memcmp(p, q, np * sizeof *p)));
+        np = 0;
+        CHECK(tern_tokenize_plain(t, len ? text : NULL, len, flags, halves, 2, &p, &np, &capp) == TERN_OK);
+        for (size_t i = 0; i < np; i++) CHECK(p[i] >= 0 && (uint32_t)p[i] < tern_tokenizer_n_vocab(t));
+        free(p);
+        free(q);
+    }
     tern_buf_free(&dec);
     free(ids);
     return 0;

@@ -123,6 +123,13 @@ static json_t *fake_tokenize(void *self, const json_t *body, struct srv_error *e
         srv_error_bad(err, "content", "'content' must be a string");
         return NULL;
     }
+    if (!strcmp(s, "block")) {
+        atomic_fetch_add(&running_now, 1);
+        pthread_mutex_lock(&gate_mu);
+        while (!gate_open) pthread_cond_wait(&gate_cv, &gate_mu);
+        pthread_mutex_unlock(&gate_mu);
+        atomic_fetch_sub(&running_now, 1);
+    }
     json_t *a = json_array();
     for (const char *q = s; *q; q++) json_array_append_new(a, json_integer((unsigned char)*q));
     return json_pack("{s:o}", "tokens", a);
@@ -331,7 +338,14 @@ static void test_auth(void **state) {
     assert_int_equal(r.status, 200);
     json_t *o = json_loads(r.body, 0, NULL);
     assert_string_equal(json_string_value(json_object_get(o, "seen_key")), "hdr");
-    assert_string_equal(json_string_value(json_object_get(o, "seen_tenant")), "key1/salt:s1");
+    char t1[64], t2[64], want[80];
+    srv_tenant_of_key("k1", t1, sizeof t1);
+    srv_tenant_of_key("k2", t2, sizeof t2);
+    assert_int_equal(strlen(t2), SRV_TENANT_LEN);
+    assert_string_not_equal(t1, t2);
+    snprintf(want, sizeof want, "%s/salt:s1", t2);
+    assert_string_equal(json_string_value(json_object_get(o, "seen_tenant")), want);
+    assert_null(strstr(json_string_value(json_object_get(o, "seen_tenant")), "k2/"));
     json_decref(o);
     reply_free(&r);
     /* the body's key beats the header */
@@ -339,7 +353,18 @@ static void test_auth(void **state) {
              CHAT("hi") ",\"user\":\"body\"}");
     o = json_loads(r.body, 0, NULL);
     assert_string_equal(json_string_value(json_object_get(o, "seen_key")), "body");
-    assert_string_equal(json_string_value(json_object_get(o, "seen_tenant")), "key0");
+    assert_string_equal(json_string_value(json_object_get(o, "seen_tenant")), t1);
+    json_decref(o);
+    reply_free(&r);
+    srv_stop(s);
+    /* the tenant is the key's, not its position: reordered and extended, k2 keeps it */
+    const char *keys2[] = {"k0", "k2", "k1"};
+    s = start(4, keys2, 3);
+    srv_set_backend(s, &fake);
+    r = http("POST", "/v1/chat/completions", "Authorization: Bearer k2\r\n", CHAT("hi") "}");
+    assert_int_equal(r.status, 200);
+    o = json_loads(r.body, 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(o, "seen_tenant")), t2);
     json_decref(o);
     reply_free(&r);
     srv_stop(s);
@@ -629,12 +654,20 @@ static void test_idle_connections_lock_nobody_out(void **state) {
     r = http("POST", "/v1/chat/completions", NULL, CHAT("hi") "}");
     assert_int_equal(r.status, 200);
     reply_free(&r);
-    r = http("GET", "/metrics", NULL, NULL);
+    /* the sockets that sent nothing are handed over by the kernel after DEFER_ACCEPT_S
+     * (1 s): then they are open connections of the server's, and it still serves */
     int open = 0;
-    const char *m = strstr(r.body, "\ntern_http_connections_open ");
-    assert_non_null(m);
-    assert_int_equal(sscanf(m, "\ntern_http_connections_open %d", &open), 1);
+    for (int i = 0; i < 100 && open < N_IDLE; i++) {
+        if (i) sleep_ms(100);
+        r = http("GET", "/metrics", NULL, NULL);
+        const char *m = strstr(r.body, "\ntern_http_connections_open ");
+        assert_non_null(m);
+        assert_int_equal(sscanf(m, "\ntern_http_connections_open %d", &open), 1);
+        reply_free(&r);
+    }
     assert_true(open >= N_IDLE);
+    r = http("GET", "/health", NULL, NULL);
+    assert_int_equal(r.status, 200);
     reply_free(&r);
     for (int i = 0; i < N_IDLE; i++) close(fds[i]);
     srv_stop(s);
@@ -716,8 +749,13 @@ static void test_per_address_cap(void **state) {
     p.max_conn_per_ip = 3;
     struct srv_server *s = start_with(&p);
     srv_set_backend(s, &fake);
+    /* three slow clients (a connection that has sent nothing yet stays in the kernel's
+     * queue until its first bytes or DEFER_ACCEPT_S: it holds nothing of the server's) */
     int fds[3];
-    for (int i = 0; i < 3; i++) fds[i] = connect_from("127.0.0.2");
+    for (int i = 0; i < 3; i++) {
+        fds[i] = connect_from("127.0.0.2");
+        assert_int_equal(write(fds[i], "GET /health HTTP/1.1\r\n", 22), 22);
+    }
     sleep_ms(50);
     int extra = connect_from("127.0.0.2"); /* the kernel accepts; the server closes it */
     const char *req = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
@@ -821,6 +859,183 @@ static void test_refused_bodies_are_read(void **state) {
     srv_stop(s);
 }
 
+/* A Content-Length that is not a number is refused with one 400 (libmicrohttpd's own
+ * answer used to be followed by a second status line and headers). */
+static void test_bad_content_length(void **state) {
+    (void)state;
+    struct srv_server *s = start(4, NULL, 0);
+    srv_set_backend(s, &fake);
+    const char *cls[] = {"-5", "abc", "5x", "-0"};
+    for (size_t i = 0; i < TERN_ARRAY_LEN(cls); i++) {
+        char req[256];
+        snprintf(req, sizeof req, "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: %s\r\n\r\n{}", cls[i]);
+        int fd = connect_port();
+        assert_int_equal(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+        char *got;
+        assert_true(closed_by_server(fd, &got));
+        if (strncmp(got, "HTTP/1.1 400 ", 13)) fail_msg("Content-Length %s: '%.200s'", cls[i], got);
+        if (strstr(got, "\nHTTP/1.")) fail_msg("Content-Length %s: two responses: [%s]", cls[i], got);
+        assert_non_null(strstr(got, "Content-Length"));
+        free(got);
+        close(fd);
+    }
+    struct reply r = http("GET", "/metrics", NULL, NULL);
+    assert_non_null(strstr(r.body, "tern_requests_total{route=\"/tokenize\",status=\"400\"} 4\n"));
+    reply_free(&r);
+    srv_stop(s);
+}
+
+/* Bytes that cannot start a request line (binary, a TLS hello, a run of bare line ends)
+ * get a 400 and a close at once, not the 408 of the header timeout. */
+static void test_garbage_request_line(void **state) {
+    (void)state;
+    struct srv_params p;
+    test_params(&p, 4);
+    p.header_timeout_s = 8;
+    p.idle_timeout_s = 8;
+    struct srv_server *s = start_with(&p);
+    srv_set_backend(s, &fake);
+    static const struct {
+        const char *bytes;
+        size_t n;
+    } garbage[] = {
+        {"\x00\x01\x02\x03", 4},
+        {"\r\n\r\n\r\n\r\n\r\n\r\n", 12},
+        {"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 11},
+        {"GET\x01/ HTTP/1.1\r\n", 16},
+        {"\n\n", 2},
+    };
+    for (size_t g = 0; g < TERN_ARRAY_LEN(garbage); g++) {
+        int fd = connect_port();
+        assert_int_equal(send(fd, garbage[g].bytes, garbage[g].n, MSG_NOSIGNAL), (ssize_t)garbage[g].n);
+        char *got;
+        assert_true(closed_by_server(fd, &got));
+        if (strncmp(got, "HTTP/1.1 400 ", 13)) fail_msg("garbage %zu: '%.200s'", g, got);
+        assert_non_null(strstr(got, "\"type\":\"invalid_request_error\""));
+        assert_null(strstr(got, "\nHTTP/1."));
+        free(got);
+        close(fd);
+    }
+    /* one empty line before the request line is allowed (RFC 9112 2.2), and so is a
+     * request line that arrives in pieces */
+    int fd = connect_port();
+    const char *req = "\r\nGET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    assert_int_equal(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+    char *got = read_all(fd);
+    assert_non_null(strstr(got, "HTTP/1.1 200 "));
+    free(got);
+    close(fd);
+    fd = connect_port();
+    assert_int_equal(write(fd, "GE", 2), 2);
+    sleep_ms(50);
+    req = "T /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    assert_int_equal(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+    got = read_all(fd);
+    assert_non_null(strstr(got, "HTTP/1.1 200 "));
+    free(got);
+    close(fd);
+    struct reply r = http("GET", "/metrics", NULL, NULL);
+    unsigned n = 99;
+    const char *m = strstr(r.body, "\ntern_http_header_timeouts_total ");
+    assert_non_null(m);
+    assert_int_equal(sscanf(m, "\ntern_http_header_timeouts_total %u", &n), 1);
+    assert_int_equal(n, 0);
+    assert_non_null(strstr(r.body, "tern_requests_total{route=\"other\",status=\"400\"} 5\n"));
+    reply_free(&r);
+    srv_stop(s);
+}
+
+struct bg_tok {
+    const char *content;
+    struct reply r;
+};
+
+static void *bg_tokenize(void *arg) {
+    struct bg_tok *b = arg;
+    char body[128];
+    snprintf(body, sizeof body, "{\"content\":\"%s\"}", b->content);
+    b->r = http("POST", "/tokenize", NULL, body);
+    return NULL;
+}
+
+static void wait_running(int n) {
+    for (int i = 0; i < 2000 && atomic_load(&running_now) < n; i++) sleep_ms(5);
+    assert_int_equal(atomic_load(&running_now), n);
+}
+
+/* /tokenize and /detokenize take a place in the same bounded admission as generation:
+ * when the queue is full they get 429, and while they hold the last place so does a chat. */
+static void test_tokenize_admission(void **state) {
+    (void)state;
+    struct srv_server *s = start(1, NULL, 0);
+    srv_set_backend(s, &fake);
+    pthread_mutex_lock(&gate_mu);
+    gate_open = false;
+    pthread_mutex_unlock(&gate_mu);
+    atomic_store(&running_now, 0);
+    /* a blocked chat runs, a second waits in the queue (full): tokenize is refused */
+    struct bg a = {.body = CHAT("block") "}"}, b = {.body = CHAT("block") "}"};
+    pthread_t ta, tb;
+    pthread_create(&ta, NULL, bg_request, &a);
+    wait_running(1);
+    pthread_create(&tb, NULL, bg_request, &b);
+    bool queued = false;
+    for (int i = 0; i < 400 && !queued; i++) {
+        struct reply m = http("GET", "/metrics", NULL, NULL);
+        queued = strstr(m.body, "tern_queue_depth 1\n") != NULL;
+        reply_free(&m);
+        if (!queued) sleep_ms(5);
+    }
+    assert_true(queued);
+    const char *routes[] = {"/tokenize", "/detokenize"};
+    for (int i = 0; i < 2; i++) {
+        struct reply r = http("POST", routes[i], NULL, "{\"content\":\"ab\"}");
+        assert_error_shape(&r, 429, "rate_limit_error");
+        assert_non_null(strcasestr(r.head, "Retry-After: 1"));
+        reply_free(&r);
+    }
+    pthread_mutex_lock(&gate_mu);
+    gate_open = true;
+    pthread_cond_broadcast(&gate_cv);
+    pthread_mutex_unlock(&gate_mu);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    assert_int_equal(a.r.status, 200);
+    assert_int_equal(b.r.status, 200);
+    reply_free(&a.r);
+    reply_free(&b.r);
+
+    /* a tokenize that holds the only place: a chat and another tokenize get 429 */
+    pthread_mutex_lock(&gate_mu);
+    gate_open = false;
+    pthread_mutex_unlock(&gate_mu);
+    struct bg_tok t = {.content = "block"};
+    pthread_t tt;
+    pthread_create(&tt, NULL, bg_tokenize, &t);
+    wait_running(1);
+    struct reply r = http("POST", "/v1/chat/completions", NULL, CHAT("hi") "}");
+    assert_error_shape(&r, 429, "rate_limit_error");
+    reply_free(&r);
+    r = http("POST", "/tokenize", NULL, "{\"content\":\"ab\"}");
+    assert_error_shape(&r, 429, "rate_limit_error");
+    reply_free(&r);
+    pthread_mutex_lock(&gate_mu);
+    gate_open = true;
+    pthread_cond_broadcast(&gate_cv);
+    pthread_mutex_unlock(&gate_mu);
+    pthread_join(tt, NULL);
+    assert_int_equal(t.r.status, 200);
+    reply_free(&t.r);
+    /* the place is given back */
+    r = http("POST", "/tokenize", NULL, "{\"content\":\"ab\"}");
+    assert_int_equal(r.status, 200);
+    reply_free(&r);
+    r = http("POST", "/v1/chat/completions", NULL, CHAT("hi") "}");
+    assert_int_equal(r.status, 200);
+    reply_free(&r);
+    srv_stop(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_routes_and_errors),
@@ -835,6 +1050,11 @@ int main(void) {
         cmocka_unit_test(test_per_address_cap),
         cmocka_unit_test(test_ambiguous_framing),
         cmocka_unit_test(test_refused_bodies_are_read),
+        cmocka_unit_test(test_bad_content_length),
+        cmocka_unit_test(test_garbage_request_line),
+        cmocka_unit_test(test_tokenize_admission),
     };
+    /* TERN_TEST_FILTER=test_auth (a cmocka glob) runs only the matching tests */
+    if (getenv("TERN_TEST_FILTER")) cmocka_set_test_filter(getenv("TERN_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

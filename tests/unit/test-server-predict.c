@@ -12,6 +12,7 @@
 #include "server/predict.h"
 #include "server/reply.h"
 #include "server/request.h"
+#include "template/template.h"
 #include "tokenizer/tokenizer.h"
 #include "util/buf.h"
 
@@ -119,14 +120,16 @@ static void prompt_of(json_t *messages, int32_t **ids, size_t *n) {
     free(txt);
     json_t *vars = srv_template_vars(&req, fx.cf.bos_text, fx.cf.eos_text);
     struct tern_buf text = TERN_BUF_INIT;
-    if (chat_fmt_render(&fx.cf, vars, &text)) fail_msg("render: %s", tern_last_error());
+    struct tern_template_spans marks = {0};
+    if (chat_fmt_render(&fx.cf, vars, &text, &marks)) fail_msg("render: %s", tern_last_error());
     json_decref(vars);
     srv_request_free(&req);
     size_t cap = 0;
     *ids = NULL;
     *n = 0;
-    assert_int_equal(chat_fmt_tokenize(&fx.cf, text.data, text.len, ids, n, &cap), TERN_OK);
+    assert_int_equal(chat_fmt_tokenize(&fx.cf, text.data, text.len, &marks, ids, n, &cap), TERN_OK);
     tern_buf_free(&text);
+    tern_template_spans_free(&marks);
 }
 
 /* toks[0..n) is a prefix of the prompt and the prompt has a turn start right there. */
@@ -259,12 +262,14 @@ static void test_cut_equals_full_tokenization(void **state) {
     struct srv_request rq = {.ep = SRV_EP_CHAT, .messages = msgs};
     json_t *vars = srv_template_vars(&rq, fx.cf.bos_text, fx.cf.eos_text);
     struct tern_buf text = TERN_BUF_INIT;
-    assert_int_equal(chat_fmt_render(&fx.cf, vars, &text), TERN_OK);
+    struct tern_template_spans marks = {0};
+    assert_int_equal(chat_fmt_render(&fx.cf, vars, &text, &marks), TERN_OK);
     json_decref(vars);
     size_t cap = 0;
     n_full = 0;
-    assert_int_equal(chat_fmt_tokenize(&fx.cf, text.data, text.len, &full, &n_full, &cap), TERN_OK);
+    assert_int_equal(chat_fmt_tokenize(&fx.cf, text.data, text.len, &marks, &full, &n_full, &cap), TERN_OK);
     tern_buf_free(&text);
+    tern_template_spans_free(&marks);
     assert_prefix_at_turn(cut, n_cut, full, n_full);
     /* the turn at the cut is the placeholder's: the last turn start but the header */
     size_t n_turns = 0;

@@ -986,9 +986,89 @@ static void test_cli(void **state) {
     assert_non_null(strstr(out, "usage: tern template"));
 }
 
+/* ---- marks (tern_template_render_spans) ------------------------------------------ */
+
+struct mark_case {
+    const char *src, *vars, *expected; /* expected: the render with marked bytes in [[ ]] */
+};
+
+static const struct mark_case mark_cases[] = {
+    {"{{ '<|s|>' + m + '<|e|>' }}", "{\"m\":\"hi\"}", "<|s|>[[hi]]<|e|>"},
+    {"{% set x = '<|s|>' ~ m ~ '!' %}{{ x }}", "{\"m\":\"hi\"}", "<|s|>[[hi]]!"},
+    {"{% set x = '<|s|>' + m + '<|e|>' %}{{ x }}", "{\"m\":\"hi\"}", "<|s|>[[hi]]<|e|>"},
+    {"{% macro f(a) %} <|s|>{{ a }}<|e|> {% endmacro %}{{ f(m) | trim }}", "{\"m\":\"hi\"}", "<|s|>[[hi]]<|e|>"},
+    {"{% set c %}<|s|>{{ m }}{% endset %}{{ c }}", "{\"m\":\"hi\"}", "<|s|>[[hi]]"},
+    {"{{ bos_token }}{{ m }}{{ eos_token }}", "{\"m\":\"hi\",\"bos_token\":\"<s>\",\"eos_token\":\"</s>\"}",
+     "<s>[[hi]]</s>"},
+    {"{{ m.split('|')[1] }}", "{\"m\":\"a|b|c\"}", "[[b]]"},
+    {"{{ m[1:] }}", "{\"m\":\"hello\"}", "[[ello]]"},
+    {"{{ m.strip() }}", "{\"m\":\"  hi \"}", "[[hi]]"},
+    {"{{ m | upper }}", "{\"m\":\"hi\"}", "[[HI]]"},
+    {"{{ m | replace('h', '<|s|>') }}", "{\"m\":\"hi\"}", "[[<|s|>i]]"},
+    {"{{ d | tojson }}", "{\"d\":{\"k\":\"v\"}}", "[[{\"k\": \"v\"}]]"},
+    {"{% for k, v in d.items() %}<{{ k }}>{{ v }}{% endfor %}", "{\"d\":{\"k\":\"v\"}}", "<[[k]]>[[v]]"},
+    {"{% set ns = namespace(s='') %}{% for x in l %}{% set ns.s = ns.s + '<|s|>' + x %}{% endfor %}{{ ns.s }}",
+     "{\"l\":[\"a\",\"b\"]}", "<|s|>[[a]]<|s|>[[b]]"},
+    {"{{ l }}", "{\"l\":[\"a\",\"b\"]}", "[[['a', 'b']]]"},
+    {"{{ 'yes' if m else 'no' }}|{{ m | length }}|{{ m ~ 1 }}", "{\"m\":\"hi\"}", "yes|2|[[hi]]1"},
+    {"{{ m }}", "{\"m\":\"<|s|>x\"}", "[[<|s|>x]]"},
+    {"{% for m in msgs %}<|s|>{{ m.role }}\n{{ m.content }}<|e|>{% endfor %}",
+     "{\"msgs\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":\"b\"}]}",
+     "<|s|>[[user]]\n[[a]]<|e|><|s|>[[assistant]]\n[[b]]<|e|>"},
+    {"<|s|>{{ '' }}{{ m }}{{ '' }}<|e|>", "{\"m\":\"\"}", "<|s|><|e|>"},
+};
+
+static void test_marks(void **state) {
+    (void)state;
+    static const char *const trusted[] = {"bos_token", "eos_token", NULL};
+    for (size_t i = 0; i < TERN_ARRAY_LEN(mark_cases); i++) {
+        const struct mark_case *mc = &mark_cases[i];
+        struct tern_template *t;
+        assert_int_equal(tern_template_compile(mc->src, strlen(mc->src), &t), TERN_OK);
+        json_t *vars = json_loads(mc->vars, 0, NULL);
+        assert_non_null(vars);
+        struct tern_buf out = TERN_BUF_INIT, shown = TERN_BUF_INIT;
+        tern_buf_puts(&out, "pre"); /* spans are offsets into out, whatever it held */
+        struct tern_template_spans sp = {0};
+        if (tern_template_render_spans(t, vars, NULL, trusted, &out, &sp)) fail_msg("case %zu: %s", i, tern_last_error());
+        size_t at = 3;
+        for (size_t k = 0; k < sp.n; k++) {
+            assert_true(sp.v[k].start >= at && sp.v[k].end <= out.len);
+            tern_buf_append(&shown, out.data + at, sp.v[k].start - at);
+            tern_buf_puts(&shown, "[[");
+            tern_buf_append(&shown, out.data + sp.v[k].start, sp.v[k].end - sp.v[k].start);
+            tern_buf_puts(&shown, "]]");
+            at = sp.v[k].end;
+        }
+        tern_buf_append(&shown, out.data + at, out.len - at);
+        tern_buf_puts(&shown, "");
+        if (strcmp(shown.data, mc->expected)) fail_msg("case %zu (%s): got '%s', want '%s'", i, mc->src, shown.data, mc->expected);
+        tern_template_spans_free(&sp);
+        tern_buf_free(&out);
+        tern_buf_free(&shown);
+        json_decref(vars);
+        tern_template_free(t);
+    }
+    /* a failed render leaves the spans as they were */
+    struct tern_template *t;
+    const char *src = "{{ m }}{{ raise_exception('no') }}";
+    assert_int_equal(tern_template_compile(src, strlen(src), &t), TERN_OK);
+    json_t *vars = json_loads("{\"m\":\"hi\"}", 0, NULL);
+    struct tern_buf out = TERN_BUF_INIT;
+    struct tern_template_spans sp = {0};
+    assert_int_equal(tern_template_render_spans(t, vars, NULL, NULL, &out, &sp), TERN_ERR_TEMPLATE);
+    assert_int_equal(sp.n, 0);
+    assert_int_equal(out.len, 0);
+    tern_template_spans_free(&sp);
+    tern_buf_free(&out);
+    json_decref(vars);
+    tern_template_free(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_render_cases),
+        cmocka_unit_test(test_marks),
         cmocka_unit_test(test_runtime_errors),
         cmocka_unit_test(test_runtime_error_location),
         cmocka_unit_test(test_raise_exception),
