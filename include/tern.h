@@ -171,12 +171,16 @@ enum tern_status tern_session_reserve(struct tern_session *s, size_t n);
 
 /* One session's part of a batched step: n > 0 tokens consumed at its position; logits:
  * whether the logits after its last token are wanted (tern_session_logits; without
- * them it has none until its next eval). */
+ * them it has none until its next eval). logits_all and rec_trail as in
+ * tern_eval_opts (speculative verification: every position's logits, the recurrent
+ * state after each token); either may be NULL. */
 struct tern_batch_item {
     struct tern_session *s;
     const int32_t *toks;
     uint32_t n;
     bool logits;
+    float *logits_all;
+    void *rec_trail;
 };
 
 /* Continuous batching (DESIGN.md §8): one forward over the tokens of several sessions

@@ -175,15 +175,12 @@ void model_output(struct tern_session *s, const struct model_batch *b, const str
     if (!b->logits) return;
     const size_t E = out_w->k;
     uint32_t n_out = 0;
-    if (b->logits_all) {
-        n_out = b->n;
-        memcpy(xb, x, (size_t)b->n * E * sizeof *xb);
-    } else {
-        for (uint32_t j = 0; j < b->n_seq; j++) {
-            const struct model_seq *q = &b->seq[j];
-            if (!q->want || q->n == 0) continue;
-            memcpy(xb + (size_t)n_out++ * E, x + (size_t)(q->row0 + q->n - 1) * E, E * sizeof *xb);
-        }
+    for (uint32_t j = 0; j < b->n_seq; j++) {
+        const struct model_seq *q = &b->seq[j];
+        if (!q->want || q->n == 0) continue;
+        const uint32_t first = q->all ? 0 : q->n - 1;
+        memcpy(xb + (size_t)n_out * E, x + (size_t)(q->row0 + first) * E, (size_t)(q->n - first) * E * sizeof *xb);
+        n_out += q->n - first;
     }
     if (n_out == 0) return;
     model_rmsnorm(s, xb, xb, norm_w, n_out, (uint32_t)E, eps);

@@ -62,6 +62,7 @@ struct model_seq {
     struct tern_session *s;
     uint32_t row0, n, pos0;
     bool want; /* the logits after its last row are wanted */
+    bool all;  /* the logits after every one of its rows are wanted (with want) */
 };
 
 struct model_batch {
@@ -69,10 +70,9 @@ struct model_batch {
     uint32_t n;          /* rows in all */
     const struct model_seq *seq;
     uint32_t n_seq;
-    /* NULL: no logits. Else [n_out][n_vocab]: every row's when logits_all (a batch of one
-     * sequence), otherwise the last row's of each sequence with want, in sequence order. */
+    /* NULL: no logits. Else [n_out][n_vocab], sequence by sequence in order: every row's
+     * of a sequence with all, the last row's of one with want (only), none of the others. */
     float *logits;
-    bool logits_all;
 };
 
 /* ---- architecture hooks ------------------------------------------------------------ */

@@ -370,9 +370,10 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
         TERN_ASSERT(m->ws.n_chunk >= len);
         ws_bind(s);
         s->rec_trail = o->rec_trail && m->rec_bytes ? (uint8_t *)o->rec_trail + done * m->rec_bytes : NULL;
-        const struct model_seq seq = {.s = s, .row0 = 0, .n = (uint32_t)len, .pos0 = s->n_past, .want = logits != NULL};
+        const struct model_seq seq = {.s = s, .row0 = 0, .n = (uint32_t)len, .pos0 = s->n_past,
+                                      .want = logits != NULL, .all = o->logits_all != NULL};
         const struct model_batch b = {.toks = toks + done, .n = (uint32_t)len, .seq = &seq, .n_seq = 1,
-                                      .logits = logits, .logits_all = o->logits_all != NULL};
+                                      .logits = logits};
         m->arch->forward(s, &b);
         ws_unbind(s);
         pthread_mutex_unlock(&m->eval_mu);
@@ -441,7 +442,7 @@ enum tern_status tern_eval_batch(const struct tern_batch_item *items, size_t n_i
                                    "session: batch item %zu: token id %d at index %u is outside the vocabulary [0, %u)",
                                    i, it->toks[t], t, n_vocab);
         rows += it->n;
-        n_want += it->logits;
+        n_want += it->logits_all ? it->n : it->logits;
     }
     if (rows > UINT32_MAX / 2) return tern_errorf(TERN_ERR_INVALID, "session: a batch of %zu rows", rows);
     int32_t *toks = tern_malloc(rows * sizeof *toks);
@@ -463,25 +464,40 @@ enum tern_status tern_eval_batch(const struct tern_batch_item *items, size_t n_i
     uint32_t row = 0;
     for (size_t i = 0; i < n_items; i++) {
         const struct tern_batch_item *it = &items[i];
-        seq[i] = (struct model_seq){.s = it->s, .row0 = row, .n = it->n, .pos0 = it->s->n_past, .want = it->logits};
+        seq[i] = (struct model_seq){.s = it->s, .row0 = row, .n = it->n, .pos0 = it->s->n_past,
+                                    .want = it->logits || it->logits_all, .all = it->logits_all != NULL};
         memcpy(toks + row, it->toks, it->n * sizeof *toks);
         row += it->n;
     }
     pthread_mutex_lock(&m->eval_mu);
     TERN_ASSERT(m->ws.n_chunk >= rows && m->ws.logits_rows >= n_want);
-    for (size_t i = 0; i < n_items; i++) ws_bind(items[i].s);
+    for (size_t i = 0; i < n_items; i++) {
+        ws_bind(items[i].s);
+        items[i].s->rec_trail = m->rec_bytes ? items[i].rec_trail : NULL;
+    }
     const struct model_batch b = {.toks = toks, .n = (uint32_t)rows, .seq = seq, .n_seq = (uint32_t)n_items,
                                   .logits = n_want ? m->ws.logits : NULL};
     m->arch->forward(items[0].s, &b);
     uint32_t k = 0;
     for (size_t i = 0; i < n_items; i++) {
-        struct tern_session *s = items[i].s;
+        const struct tern_batch_item *it = &items[i];
+        struct tern_session *s = it->s;
         ws_unbind(s);
         s->trail = NULL;
-        memcpy(s->tokens + s->n_past, items[i].toks, items[i].n * sizeof *items[i].toks);
-        s->n_past += items[i].n;
-        s->logits_valid = items[i].logits;
-        if (items[i].logits) memcpy(s->logits, m->ws.logits + (size_t)k++ * n_vocab, n_vocab * sizeof(float));
+        if (it->rec_trail && m->rec_bytes) {
+            s->trail = it->rec_trail;
+            s->trail_pos0 = s->n_past;
+            s->trail_end = s->n_past + it->n;
+        }
+        memcpy(s->tokens + s->n_past, it->toks, it->n * sizeof *it->toks);
+        s->n_past += it->n;
+        s->logits_valid = it->logits || it->logits_all;
+        if (it->logits_all) {
+            memcpy(it->logits_all, m->ws.logits + (size_t)k * n_vocab, (size_t)it->n * n_vocab * sizeof(float));
+            k += it->n;
+        }
+        if (it->logits_all) memcpy(s->logits, it->logits_all + (size_t)(it->n - 1) * n_vocab, n_vocab * sizeof(float));
+        else if (it->logits) memcpy(s->logits, m->ws.logits + (size_t)k++ * n_vocab, n_vocab * sizeof(float));
     }
     pthread_mutex_unlock(&m->eval_mu);
     free(toks);

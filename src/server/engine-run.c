@@ -4,9 +4,10 @@
  * is positioned at the resume point r), and from then on every engine_step advances it:
  *
  *   decode   a request with logits samples its next token (grammar mask, forced
- *            tokens, or speculative decoding, which evaluates its own drafts), streams
- *            what the stop matcher and the reply parser decide, and either ends or
- *            adds the token as one row of the step's batch;
+ *            tokens, or speculative decoding), streams what the stop matcher and the
+ *            reply parser decide, and either ends or adds the token as one row of the
+ *            step's batch (with speculative decoding: the token and its draft, the
+ *            verify chunk, whose logits decide the accepted tokens after the step);
  *   prefill  the requests still reading their prompts, in arrival order, add chunks
  *            of up to the step's remaining budget (--batch-tokens minus the decode
  *            rows), cut at the checkpoint plan's positions, where the checkpoint is
@@ -59,7 +60,7 @@ struct eng_req {
     struct srv_reuse reuse;
     struct out_state o;
     struct tern_sampler *sampler;
-    struct spec_dec sd;          /* sd.s set: speculative decoding evaluates for this request */
+    struct spec_dec sd;          /* sd.s set: speculative decoding drafts for this request */
     struct tern_gmatch *gm;      /* the grammar's matcher (NULL: unconstrained) */
     uint32_t *gmask;
     double t_mask;
@@ -68,6 +69,7 @@ struct eng_req {
     size_t lazy_scan;            /* where the lazy trigger search goes on */
     int64_t max_new, i;          /* tokens allowed; the index of the next one */
     int32_t feed;                /* the token this step evaluates for it */
+    struct spec_rows rows;       /* its rows of the step: feed, or a verify chunk */
     bool release_ok, completed, ended;
     const char *finish;
 };
@@ -402,8 +404,8 @@ static bool decode_begin(struct srv_engine *e, struct eng_req *r) {
         }
         r->o.role_sent = true;
     }
-    /* Speculative decoding (spec.h): the decoder samples and evaluates for this request,
-     * outside the step's batch. Forced output (tests) bypasses it. A grammar (also one
+    /* Speculative decoding (spec.h): the decoder samples for this request and its verify
+     * chunks are the request's rows of a step. Forced output (tests) bypasses it. A grammar (also one
      * that a tool call may trigger later) or a forced prefix turns drafting off: the
      * mask is applied to each sampled token in turn, so the session must never run
      * ahead of the accepted tokens (docs/spec.md). Without drafting, each token is a
@@ -562,21 +564,23 @@ static bool decode_step(struct srv_engine *e, struct eng_req *r) {
         req_complete(e, r);
         return false;
     }
+    r->feed = tok;
+    r->rows = (struct spec_rows){.toks = &r->feed, .n = 1};
     if (r->sd.s) {
-        st = spec_accept(&r->sd, tok, (size_t)(r->max_new - i - 1)); /* drafts stop at max_tokens */
-        if (st == TERN_ERR_CANCELLED) req_cancelled(e, r);
-        else if (st == TERN_ERR_RANGE) req_complete(e, r);
-        else if (st) {
+        /* the verify chunk (the token and its draft) is this request's rows of the step */
+        st = spec_prepare(&r->sd, tok, (size_t)(r->max_new - i - 1), &r->rows); /* drafts stop at max_tokens */
+        if (st) {
             r->release_ok = false;
             req_fail(e, r, 500, "decoding failed: %s", tern_last_error());
+            return false;
         }
-        return false;
+        if (r->rows.n == 0) return false; /* an accepted draft: the session has it already */
     }
-    if ((st = tern_session_reserve(r->s, 1))) {
+    if ((st = tern_session_reserve(r->s, r->rows.n))) {
+        if (r->sd.s) spec_abort(&r->sd);
         req_fail(e, r, 503, "decoding failed: %s", tern_last_error());
         return false;
     }
-    r->feed = tok;
     return true;
 }
 
@@ -658,8 +662,10 @@ size_t engine_step(void *self, struct srv_job **ended, size_t cap) {
         if (r->ended || r->phase != RQ_DECODE) continue;
         if (!decode_step(e, r)) continue;
         owner[n_items] = r;
-        items[n_items++] = (struct tern_batch_item){r->s, &r->feed, 1, true};
-        decode_rows++;
+        items[n_items++] = (struct tern_batch_item){
+            .s = r->s, .toks = r->rows.toks, .n = r->rows.n, .logits = true, .logits_all = r->rows.logits_all,
+            .rec_trail = r->rows.rec_trail};
+        decode_rows += r->rows.n;
     }
     /* then the prompts, in arrival order, within the step's budget */
     uint32_t budget = e->batch_tokens > decode_rows ? e->batch_tokens - decode_rows : 0;
@@ -669,7 +675,8 @@ size_t engine_step(void *self, struct srv_job **ended, size_t cap) {
         if (r->ended || len == 0) continue;
         const uint32_t n_past = tern_session_n_past(r->s);
         owner[n_items] = r;
-        items[n_items++] = (struct tern_batch_item){r->s, r->j->prompt + n_past, len, n_past + len == r->j->n_prompt};
+        items[n_items++] = (struct tern_batch_item){
+            .s = r->s, .toks = r->j->prompt + n_past, .n = len, .logits = n_past + len == r->j->n_prompt};
         budget -= len;
         prefill_rows += len;
     }
@@ -680,8 +687,11 @@ size_t engine_step(void *self, struct srv_job **ended, size_t cap) {
         for (size_t k = 0; k < n_items; k++) {
             struct eng_req *r = owner[k];
             if (st) {
+                if (r->phase == RQ_DECODE && r->sd.s) spec_abort(&r->sd);
                 r->release_ok = false;
                 req_fail(e, r, 500, "evaluation failed: %s", tern_last_error());
+            } else if (r->phase == RQ_DECODE && r->sd.s) {
+                spec_commit(&r->sd, &r->rows);
             } else if (r->phase == RQ_PRIME && tern_session_n_past(r->s) == r->j->n_prompt) {
                 if (checkpoints_due(e, r)) decode_begin(e, r);
             }

@@ -152,8 +152,9 @@ static enum tern_status settle_now(struct spec_dec *d) {
     return st;
 }
 
-enum tern_status spec_accept(struct spec_dec *d, int32_t tok, size_t want) {
+enum tern_status spec_prepare(struct spec_dec *d, int32_t tok, size_t want, struct spec_rows *out) {
     struct tern_session *s = d->s;
+    memset(out, 0, sizeof *out);
     /* An accepted draft token that the session has consumed already. */
     if (d->iq < d->nq) {
         TERN_ASSERT(tok == d->q[d->iq - 1]);
@@ -174,37 +175,28 @@ enum tern_status spec_accept(struct spec_dec *d, int32_t tok, size_t want) {
     else if (max > n_ctx - d->n_commit - 1) max = n_ctx - d->n_commit - 1;
     const size_t k = draft(d, tok, max, d->buf + 1);
     d->buf[0] = tok;
-
-    if (k == 0) {
-        struct tern_eval_opts eo = {.cancel = d->cancel};
-        st = tern_session_eval(s, &tok, 1, &eo);
-        if (!st) d->n_commit++;
-        return st;
-    }
-    if (d->hybrid && d->refeed) {
+    if (k > 0 && d->hybrid && d->refeed) {
         const double t0 = tern_now_s();
         if (!d->ck) st = tern_session_checkpoint(s, &d->ck);
         else st = tern_session_checkpoint_update(s, d->ck);
         d->st.t_ckpt += tern_now_s() - t0;
         if (st) return st;
     }
-    /* One chunk: a cancel is only seen before it, so a cancelled verify changes nothing. */
-    struct tern_eval_opts eo = {.n_chunk = (uint32_t)(k + 1), .logits_all = d->logits, .cancel = d->cancel,
-                                .rec_trail = d->trail};
-    st = tern_session_eval(s, d->buf, k + 1, &eo);
-    if (st) {
-        /* a failure after the chunk started leaves the session at an unknown end */
-        if (st != TERN_ERR_CANCELLED && tern_session_n_past(s) > d->n_commit) {
-            enum tern_status st2 = settle(d);
-            if (st2) TERN_LOG_WARN("spec: %s", tern_last_error());
-        }
-        return st;
-    }
+    out->toks = d->buf;
+    out->n = (uint32_t)(k + 1);
+    out->logits_all = k ? d->logits : NULL;
+    out->rec_trail = k ? d->trail : NULL;
+    return TERN_OK;
+}
+
+void spec_commit(struct spec_dec *d, const struct spec_rows *r) {
     d->n_commit++; /* tok */
+    const size_t k = r->n - 1;
+    if (k == 0) return;
     d->st.rounds++;
     d->st.drafted += k;
     /* Each position decides with the same sampler and history a plain run would have. */
-    const int32_t *hist = tern_session_tokens(s);
+    const int32_t *hist = tern_session_tokens(d->s);
     size_t j = 0;
     for (;; j++) {
         bool acc = false;
@@ -223,6 +215,26 @@ enum tern_status spec_accept(struct spec_dec *d, int32_t tok, size_t want) {
     /* all accepted: try twice as long; else one more than what was accepted */
     if (j == k) d->cur = d->cur * 2 < d->max ? d->cur * 2 : d->max;
     else d->cur = (uint32_t)j + 1;
+}
+
+void spec_abort(struct spec_dec *d) {
+    /* a failure after the chunk started leaves the session at an unknown end */
+    if (tern_session_n_past(d->s) > d->n_commit && settle(d)) TERN_LOG_WARN("spec: %s", tern_last_error());
+}
+
+enum tern_status spec_accept(struct spec_dec *d, int32_t tok, size_t want) {
+    struct spec_rows r;
+    enum tern_status st = spec_prepare(d, tok, want, &r);
+    if (st || r.n == 0) return st;
+    /* One chunk: a cancel is only seen before it, so a cancelled verify changes nothing. */
+    struct tern_eval_opts eo = {.n_chunk = r.n, .logits_all = r.logits_all, .cancel = d->cancel,
+                                .rec_trail = r.rec_trail};
+    st = tern_session_eval(d->s, r.toks, r.n, &eo);
+    if (st) {
+        if (st != TERN_ERR_CANCELLED) spec_abort(d);
+        return st;
+    }
+    spec_commit(d, &r);
     return TERN_OK;
 }
 

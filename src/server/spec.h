@@ -106,6 +106,23 @@ int32_t spec_next(struct spec_dec *d);
  * beyond it would be wasted). Errors as tern_session_eval's; TERN_ERR_CANCELLED leaves
  * the accepted tokens without tok, consistent. */
 enum tern_status spec_accept(struct spec_dec *d, int32_t tok, size_t want);
+/* spec_accept in two halves, for a caller that evaluates the rows itself (the step
+ * scheduler batches them with other requests' rows: DESIGN.md §8, drafts are rows too):
+ * spec_prepare decides what to evaluate after tok — out->n == 0: nothing (tok was an
+ * accepted draft the session holds already); else out->toks[0..n) (tok and the draft)
+ * with every position's logits into out->logits_all and the recurrent states into
+ * out->rec_trail when they are set (n > 1), else as a plain token. After that
+ * evaluation, spec_commit decides the accepted tokens; after a failed one, spec_abort
+ * brings the session back. */
+struct spec_rows {
+    const int32_t *toks;
+    uint32_t n;
+    float *logits_all;
+    void *rec_trail;
+};
+enum tern_status spec_prepare(struct spec_dec *d, int32_t tok, size_t want, struct spec_rows *out);
+void spec_commit(struct spec_dec *d, const struct spec_rows *r);
+void spec_abort(struct spec_dec *d);
 /* The position of the accepted tokens (the session's n_past once finished). */
 uint32_t spec_n_past(const struct spec_dec *d);
 /* Brings the session to exactly the accepted tokens (idempotent) and detaches it from

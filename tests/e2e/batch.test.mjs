@@ -33,6 +33,13 @@ before(async () => {
       solo: await startServer(['--model', m, ...common, '--parallel', '1'], env),
     };
   }
+  // speculative decoding's verify chunks as rows of shared steps (hybrid: the state trail)
+  const spec = ['--spec', 'ngram', '--spec-max', '4'];
+  servers.spec = {
+    batched: await startServer(['--model', models.qwen35, ...common, ...spec, '--parallel', '8', '--batch-tokens',
+      '24'], env),
+    solo: await startServer(['--model', models.qwen35, ...common, ...spec, '--parallel', '1'], env),
+  };
 });
 after(async () => {
   for (const s of Object.values(servers)) {
@@ -144,3 +151,13 @@ for (const name of ['qwen35', 'qwen3']) {
     assert.ok(cached[1] > 0, 'the other resumed the parked session');
   });
 }
+
+test('qwen35 with --spec ngram: 8 concurrent conversations (verify chunks batched) equal their solo runs', async () => {
+  const { solo: S, batched: B } = servers.spec;
+  const solo = [];
+  for (const c of convs) solo.push(await post(S, c));
+  const batched = await Promise.all(convs.map((c) => post(B, c)));
+  await check('spec', solo, batched, 'speculative, all at once');
+  const metrics = await (await fetch(`${B.base}/metrics`)).text();
+  assert.ok(Number(metrics.match(/^tern_spec_drafted_tokens_total (\d+)$/m)[1]) > 0, 'drafts were verified');
+});

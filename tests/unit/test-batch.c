@@ -18,6 +18,8 @@
 
 #define N_SEQ 8
 #define MAX_GEN 12
+/* A batch item that wants its last logits. */
+#define ITEM(S, T, N) ((struct tern_batch_item){.s = (S), .toks = (T), .n = (N), .logits = true})
 
 /* --light (the variant that also runs under ASan): fewer models and configurations. */
 static bool g_light;
@@ -123,7 +125,7 @@ static void run_batched(struct tern_model *m, enum tern_kv_type kv, const int32_
                 done[i] = true;
                 continue;
             }
-            items[n_items++] = (struct tern_batch_item){ss[i], &outs[i].toks[gen[i] - 1], 1, true};
+            items[n_items++] = ITEM(ss[i], &outs[i].toks[gen[i] - 1], 1);
             used++;
         }
         for (int i = 0; i < N_SEQ; i++) {
@@ -131,7 +133,7 @@ static void run_batched(struct tern_model *m, enum tern_kv_type kv, const int32_
             uint32_t n = (uint32_t)(g_specs[i].len - fed[i]);
             if (n > budget - used) n = budget - used;
             const bool last = fed[i] + n == g_specs[i].len;
-            items[n_items++] = (struct tern_batch_item){ss[i], prompts[i] + fed[i], n, last};
+            items[n_items++] = (struct tern_batch_item){.s = ss[i], .toks = prompts[i] + fed[i], .n = n, .logits = last};
             fed[i] += n;
             used += n;
         }
@@ -219,14 +221,16 @@ static void test_fork_resumes_in_batch(void **u) {
     int32_t *base = tx_prompt(120);
     for (int i = 0; i < 120; i++) base[i] %= (int32_t)nv;
     struct tern_session *a = new_session(m, TERN_KV_F16), *b = new_session(m, TERN_KV_F16);
-    struct tern_batch_item it[2] = {{a, base, 50, true}, {b, base + 60, 30, true}};
+    struct tern_batch_item it[2] = {ITEM(a, base, 50),
+                                   ITEM(b, base + 60, 30)};
     assert_int_equal(tern_eval_batch(it, 2), TERN_OK);
     struct tern_checkpoint *ck = NULL;
     assert_int_equal(tern_session_checkpoint(a, &ck), TERN_OK);
     struct tern_session *f = NULL;
     assert_int_equal(tern_session_fork(a, 50, ck, &f), TERN_OK);
     /* the fork reads 20 more tokens beside b's decode step */
-    struct tern_batch_item it2[2] = {{b, base + 90, 1, true}, {f, base + 50, 20, true}};
+    struct tern_batch_item it2[2] = {ITEM(b, base + 90, 1),
+                                    ITEM(f, base + 50, 20)};
     assert_int_equal(tern_eval_batch(it2, 2), TERN_OK);
     struct tern_session *cold = new_session(m, TERN_KV_F16);
     assert_int_equal(tern_session_eval(cold, base, 70, NULL), TERN_OK);
@@ -236,6 +240,49 @@ static void test_fork_resumes_in_batch(void **u) {
     tern_session_free(a);
     tern_session_free(b);
     tern_session_free(f);
+    tern_session_free(cold);
+    free(base);
+    tern_model_free(m);
+}
+
+/* Speculative verification as rows of a step: an item with every position's logits and
+ * the recurrent state trail, beside another session's decode row, gives the logits a
+ * solo eval gives, and rewinds into its trail to the state of a cold read. */
+static void test_verify_rows(void **u) {
+    (void)u;
+    struct tern_model *m = load("models/tiny-qwen35-q8_0.gguf", 2);
+    const struct tern_model_info *info = tern_model_info(m);
+    const uint32_t nv = info->n_vocab;
+    int32_t *base = tx_prompt(100);
+    for (int i = 0; i < 100; i++) base[i] %= (int32_t)nv;
+    struct tern_session *a = new_session(m, TERN_KV_F16), *b = new_session(m, TERN_KV_F16);
+    struct tern_session *solo = new_session(m, TERN_KV_F16);
+    assert_int_equal(tern_session_eval(a, base, 40, NULL), TERN_OK);
+    assert_int_equal(tern_session_eval(solo, base, 40, NULL), TERN_OK);
+    assert_int_equal(tern_session_eval(b, base + 50, 30, NULL), TERN_OK);
+    float *la = malloc((size_t)5 * nv * sizeof *la), *ls = malloc((size_t)5 * nv * sizeof *ls);
+    uint8_t *ta = malloc(5 * info->recurrent_bytes), *ts = malloc(5 * info->recurrent_bytes);
+    assert_true(la && ls && ta && ts);
+    struct tern_batch_item it[2] = {{.s = b, .toks = base + 80, .n = 1, .logits = true},
+                                    {.s = a, .toks = base + 40, .n = 5, .logits = true, .logits_all = la,
+                                     .rec_trail = ta}};
+    assert_int_equal(tern_eval_batch(it, 2), TERN_OK);
+    struct tern_eval_opts o = {.logits_all = ls, .rec_trail = ts};
+    assert_int_equal(tern_session_eval(solo, base + 40, 5, &o), TERN_OK);
+    assert_memory_equal(la, ls, (size_t)5 * nv * sizeof *la);
+    assert_memory_equal(tern_session_logits(a), ls + (size_t)4 * nv, nv * sizeof(float));
+    assert_int_equal(tern_session_hash(a), tern_session_hash(solo));
+    assert_int_equal(tern_session_rewind(a, 42), TERN_OK);
+    struct tern_session *cold = new_session(m, TERN_KV_F16);
+    assert_int_equal(tern_session_eval(cold, base, 42, NULL), TERN_OK);
+    assert_int_equal(tern_session_hash(a), tern_session_hash(cold));
+    free(la);
+    free(ls);
+    free(ta);
+    free(ts);
+    tern_session_free(a);
+    tern_session_free(b);
+    tern_session_free(solo);
     tern_session_free(cold);
     free(base);
     tern_model_free(m);
@@ -251,16 +298,16 @@ static void test_refusals(void **u) {
     assert_int_equal(tern_session_eval(a, t, 2, NULL), TERN_OK);
     const uint64_t ha = tern_session_hash(a), hb = tern_session_hash(b);
     int32_t bad[2] = {5, (int32_t)nv};
-    struct tern_batch_item same[2] = {{a, t, 1, true}, {a, t + 1, 1, true}};
+    struct tern_batch_item same[2] = {ITEM(a, t, 1), ITEM(a, t + 1, 1)};
     assert_int_equal(tern_eval_batch(same, 2), TERN_ERR_INVALID);
     assert_non_null(strstr(tern_last_error(), "one session"));
-    struct tern_batch_item oov[2] = {{a, t, 1, true}, {b, bad, 2, true}};
+    struct tern_batch_item oov[2] = {ITEM(a, t, 1), ITEM(b, bad, 2)};
     assert_int_equal(tern_eval_batch(oov, 2), TERN_ERR_FORMAT);
     assert_non_null(strstr(tern_last_error(), "item 1"));
-    struct tern_batch_item empty[2] = {{a, t, 1, true}, {b, t, 0, true}};
+    struct tern_batch_item empty[2] = {ITEM(a, t, 1), ITEM(b, t, 0)};
     assert_int_equal(tern_eval_batch(empty, 2), TERN_ERR_INVALID);
     int32_t *many = calloc(600, sizeof *many);
-    struct tern_batch_item range[2] = {{a, t, 1, true}, {b, many, 600, true}};
+    struct tern_batch_item range[2] = {ITEM(a, t, 1), ITEM(b, many, 600)};
     assert_int_equal(tern_eval_batch(range, 2), TERN_ERR_RANGE);
     assert_non_null(strstr(tern_last_error(), "512"));
     assert_int_equal(tern_session_n_past(a), 2);
@@ -279,11 +326,13 @@ int main(int argc, char **argv) {
     const struct CMUnitTest full[] = {
         cmocka_unit_test(test_llama),     cmocka_unit_test(test_qwen3),    cmocka_unit_test(test_qwen3_q4km),
         cmocka_unit_test(test_qwen35),    cmocka_unit_test(test_qwen3moe), cmocka_unit_test(test_qwen35moe),
-        cmocka_unit_test(test_fork_resumes_in_batch), cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_fork_resumes_in_batch), cmocka_unit_test(test_verify_rows),
+        cmocka_unit_test(test_refusals),
     };
     const struct CMUnitTest light[] = {
         cmocka_unit_test(test_qwen3),     cmocka_unit_test(test_qwen35),   cmocka_unit_test(test_qwen35moe),
-        cmocka_unit_test(test_fork_resumes_in_batch), cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_fork_resumes_in_batch), cmocka_unit_test(test_verify_rows),
+        cmocka_unit_test(test_refusals),
     };
     return g_light ? cmocka_run_group_tests(light, NULL, NULL) : cmocka_run_group_tests(full, NULL, NULL);
 }
