@@ -147,6 +147,7 @@ struct tern_eval_opts {
     const uint32_t *ckpt_pos;
     size_t n_ckpt;
     tern_ckpt_cb on_ckpt;
+    void *ckpt_user;               /* passed to on_ckpt (NULL: user): each callback its own context */
     /* Hybrid models (speculative verification): if set, [n][recurrent_bytes] receives
      * the recurrent state after each evaluated token, so that tern_session_rewind can
      * go back to any position this eval reached without a checkpoint. The caller owns

@@ -88,7 +88,7 @@ void cache_free(struct cache *c);
  * On error no state is lost (the candidates stay parked). */
 enum tern_status cache_acquire(struct cache *c, const struct cache_ident *id, const int32_t *prompt,
                                size_t m, struct cache_lease *out);
-/* tern_eval_opts.on_ckpt target (user = the lease). */
+/* tern_eval_opts.on_ckpt target (ckpt_user = the lease). */
 void cache_on_checkpoint(void *lease, struct tern_checkpoint *ckpt);
 /* Parks the session (prompt + generated tokens) under the request's key. ok = false
  * when the request failed in a way that leaves the state unusable: it is dropped. */

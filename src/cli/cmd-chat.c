@@ -117,7 +117,8 @@ static enum tern_status chat_turn(struct chat_state *cs) {
                            n_prompt, tern_session_n_ctx(s));
     }
     struct tern_eval_opts eo = {.cancel = &interrupted, .progress = prime_progress, .user = &lease,
-                                .ckpt_pos = lease.ckpt_pos, .n_ckpt = lease.n_ckpt, .on_ckpt = cache_on_checkpoint};
+                                .ckpt_pos = lease.ckpt_pos, .n_ckpt = lease.n_ckpt, .on_ckpt = cache_on_checkpoint,
+                                .ckpt_user = &lease};
     double t0 = tern_now_s();
     st = tern_session_eval(s, prompt + r, n_prompt - r, &eo);
     if (n_prompt - r > 2048) fprintf(stderr, "\r\033[K");

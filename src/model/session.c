@@ -299,7 +299,7 @@ static enum tern_status take_checkpoint(struct tern_session *s, const struct ter
     struct tern_checkpoint *c;
     enum tern_status st = tern_session_checkpoint(s, &c);
     if (st) return st;
-    if (o->on_ckpt) o->on_ckpt(o->user, c);
+    if (o->on_ckpt) o->on_ckpt(o->ckpt_user ? o->ckpt_user : o->user, c);
     else tern_checkpoint_free(c);
     return TERN_OK;
 }

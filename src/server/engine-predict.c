@@ -54,7 +54,6 @@ void predict_follow(struct srv_engine *e, struct srv_job *j, const struct reply_
     atomic_store(&e->pred_active, 1);
 }
 
-/* The lease must be the first member (see prime_ctx). */
 struct pred_ctx {
     struct cache_lease lease;
     const atomic_int *preempt;
@@ -143,6 +142,7 @@ static bool prime_one(struct srv_engine *e, struct eng_predict *p, const struct 
         .ckpt_pos = pc.lease.ckpt_pos,
         .n_ckpt = pc.lease.n_ckpt,
         .on_ckpt = cache_on_checkpoint,
+        .ckpt_user = &pc.lease,
     };
     st = tern_session_eval(pc.lease.session, it->toks + r, it->n - r, &eo);
     uint32_t primed = tern_session_n_past(pc.lease.session) - r;
