@@ -14,6 +14,7 @@
 #include "util/log.h"
 #include "util/mem.h"
 #include "util/timeutil.h"
+#include "util/utf8.h"
 
 #include <getopt.h>
 #include <limits.h>
@@ -339,7 +340,7 @@ int cli_chat_main(int argc, char **argv) {
             fprintf(stderr, "[conversation reset]\n");
             continue;
         }
-        if (!srv_utf8_valid(line, (size_t)n)) {
+        if (!tern_utf8_valid(line, (size_t)n)) {
             fprintf(stderr, "[the input is not valid UTF-8; ignored]\n");
             continue;
         }

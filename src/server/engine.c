@@ -11,6 +11,7 @@
 #include "util/log.h"
 #include "util/mem.h"
 #include "util/timeutil.h"
+#include "util/utf8.h"
 
 #include <malloc.h>
 #include <stdatomic.h>
@@ -906,14 +907,17 @@ static json_t *engine_detokenize(void *self, const json_t *body, struct srv_erro
         srv_error_set(err, 500, "server_error", NULL, NULL, "detokenize: %s", tern_last_error());
         return NULL;
     }
-    json_t *s = json_stringn(out.data ? out.data : "", out.len);
-    if (!s) { /* ids that end inside a UTF-8 sequence: replace what is broken */
-        size_t k = out.len;
-        while (k > 0 && !srv_utf8_valid(out.data, k)) k--;
-        s = json_stringn(out.data, k);
-    }
+    /* ids that split or end inside a UTF-8 sequence: replace what is broken (U+FFFD) */
+    struct tern_buf text = TERN_BUF_INIT;
+    st = tern_utf8_sanitize(&text, out.data ? out.data : "", out.len);
     tern_buf_free(&out);
-    return json_pack("{s:o}", "content", s ? s : json_string(""));
+    json_t *s = st ? NULL : json_stringn(text.data ? text.data : "", text.len);
+    tern_buf_free(&text);
+    if (!s) {
+        srv_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+        return NULL;
+    }
+    return json_pack("{s:o}", "content", s);
 }
 
 static json_t *engine_model_entry(void *self) {

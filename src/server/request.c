@@ -5,6 +5,7 @@
 #include "server/constrain.h"
 
 #include "util/mem.h"
+#include "util/utf8.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -42,15 +43,14 @@ char *srv_error_json(const struct srv_error *e) {
      * valid UTF-8 when jansson accepted them, but a truncation may have cut a
      * sequence, so repair before handing it to jansson (which refuses bad UTF-8). */
     char msg[sizeof e->message];
-    size_t n = strnlen(e->message, sizeof e->message - 1);
+    size_t n = tern_utf8_valid_prefix(e->message, strnlen(e->message, sizeof e->message - 1));
     memcpy(msg, e->message, n);
-    while (n > 0 && !srv_utf8_valid(msg, n)) n--;
     msg[n] = 0;
     json_t *inner = json_object();
     if (!inner) return NULL;
     int rc = json_object_set_new(inner, "message", json_string(msg));
     rc |= json_object_set_new(inner, "type", json_string(e->type ? e->type : "server_error"));
-    rc |= json_object_set_new(inner, "param", e->param[0] && srv_utf8_valid(e->param, strlen(e->param))
+    rc |= json_object_set_new(inner, "param", e->param[0] && tern_utf8_valid(e->param, strlen(e->param))
                                                   ? json_string(e->param)
                                                   : json_null());
     rc |= json_object_set_new(inner, "code", e->code ? json_string(e->code) : json_null());
@@ -66,42 +66,6 @@ char *srv_error_json(const struct srv_error *e) {
 }
 
 /* ---- helpers ----------------------------------------------------------------------- */
-
-bool srv_utf8_valid(const char *str, size_t n) {
-    const unsigned char *s = (const unsigned char *)str;
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t len;
-        unsigned cp;
-        if (c >= 0xc2 && c <= 0xdf) {
-            len = 2;
-            cp = c & 0x1f;
-        } else if (c >= 0xe0 && c <= 0xef) {
-            len = 3;
-            cp = c & 0x0f;
-        } else if (c >= 0xf0 && c <= 0xf4) {
-            len = 4;
-            cp = c & 0x07;
-        } else {
-            return false;
-        }
-        if (n - i < len) return false;
-        for (size_t k = 1; k < len; k++) {
-            if ((s[i + k] & 0xc0) != 0x80) return false;
-            cp = (cp << 6) | (s[i + k] & 0x3f);
-        }
-        if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
-            (cp >= 0xd800 && cp <= 0xdfff))
-            return false;
-        i += len;
-    }
-    return true;
-}
 
 /* A field that may be absent or null (both mean "not given"). */
 static const json_t *opt_field(const json_t *o, const char *key) {

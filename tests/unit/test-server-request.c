@@ -295,16 +295,6 @@ static void test_forced_output_allowed(void **state) {
     srv_request_free(&req);
 }
 
-static void test_utf8_validator(void **state) {
-    (void)state;
-    assert_true(srv_utf8_valid("h\xc3\xa9llo \xe2\x82\xac \xf0\x9f\x98\x80", 15));
-    assert_false(srv_utf8_valid("\xc0\xaf", 2));         /* overlong */
-    assert_false(srv_utf8_valid("\xed\xa0\x80", 3));     /* surrogate */
-    assert_false(srv_utf8_valid("\xf4\x90\x80\x80", 4)); /* > U+10FFFF */
-    assert_false(srv_utf8_valid("\xe2\x82", 2));         /* truncated */
-    assert_false(srv_utf8_valid("\x80", 1));
-}
-
 /* Every request body of the shared agent transcripts is accepted and normalised. */
 static void test_bench_bodies(void **state) {
     (void)state;
@@ -461,7 +451,6 @@ int main(void) {
         cmocka_unit_test(test_spec_fields),
         cmocka_unit_test(test_body_limit),
         cmocka_unit_test(test_forced_output_allowed),
-        cmocka_unit_test(test_utf8_validator),
         cmocka_unit_test(test_bench_bodies),
         cmocka_unit_test(test_sampling_edges_agree_with_sampler),
         cmocka_unit_test(test_json_alloc_failures),
