@@ -21,6 +21,7 @@
 #include "util/timeutil.h"
 
 #include <malloc.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -137,6 +138,23 @@ static void ck_drop(struct entry *e, size_t i) {
     tern_checkpoint_free(e->ck[i].ck);
     memmove(e->ck + i, e->ck + i + 1, (e->n_ck - i - 1) * sizeof *e->ck);
     e->n_ck--;
+}
+
+/* Inserts ce into e's ascending checkpoint list (its bytes counted). False when out of
+ * memory: e is unchanged and ce still belongs to the caller. */
+static bool ck_insert(struct entry *e, struct ckpt_entry ce) {
+    if (e->n_ck == e->cap_ck) {
+        size_t cap = e->cap_ck ? e->cap_ck * 2 : 8;
+        struct ckpt_entry *p = tern_reallocarray(e->ck, cap, sizeof *p);
+        if (!p) return false;
+        e->ck = p;
+        e->cap_ck = cap;
+    }
+    size_t j = plan_insert_slot(e->ck, e->n_ck, sizeof *e->ck, offsetof(struct ckpt_entry, pos), ce.pos);
+    e->ck[j] = ce;
+    e->n_ck++;
+    e->ck_bytes += ce.ck ? tern_checkpoint_bytes(ce.ck) : 0;
+    return true;
 }
 
 static void entry_free(struct entry *e) {
@@ -521,23 +539,8 @@ static void inherit_checkpoints(struct entry *e, struct entry *o) {
             i++;
             continue;
         }
-        if (e->n_ck == e->cap_ck) {
-            size_t cap = e->cap_ck ? e->cap_ck * 2 : 8;
-            struct ckpt_entry *p = tern_reallocarray(e->ck, cap, sizeof *p);
-            if (!p) return; /* fewer checkpoints, not an error */
-            e->ck = p;
-            e->cap_ck = cap;
-        }
-        size_t j = e->n_ck;
-        while (j > 0 && e->ck[j - 1].pos > ce.pos) {
-            e->ck[j] = e->ck[j - 1];
-            j--;
-        }
-        e->ck[j] = ce;
-        e->n_ck++;
-        size_t bytes = ce.ck ? tern_checkpoint_bytes(ce.ck) : 0;
-        e->ck_bytes += bytes;
-        o->ck_bytes -= bytes;
+        if (!ck_insert(e, ce)) return; /* fewer checkpoints, not an error */
+        o->ck_bytes -= ce.ck ? tern_checkpoint_bytes(ce.ck) : 0;
         memmove(o->ck + i, o->ck + i + 1, (o->n_ck - i - 1) * sizeof *o->ck);
         o->n_ck--;
     }
@@ -959,25 +962,11 @@ static void add_checkpoints(struct cache *c, struct entry *e, struct lease_priv 
             ce.kinds |= e->ck[dup].kinds;
             ck_drop(e, (size_t)dup);
         }
-        if (e->n_ck == e->cap_ck) {
-            size_t cap = e->cap_ck ? e->cap_ck * 2 : 8;
-            struct ckpt_entry *p = tern_reallocarray(e->ck, cap, sizeof *p);
-            if (!p) {
-                tern_checkpoint_free(ce.ck);
-                continue;
-            }
-            e->ck = p;
-            e->cap_ck = cap;
-        }
-        size_t j = e->n_ck;
-        while (j > 0 && e->ck[j - 1].pos > ce.pos) {
-            e->ck[j] = e->ck[j - 1];
-            j--;
-        }
         ce.stamp = e->last_used;
-        e->ck[j] = ce;
-        e->n_ck++;
-        e->ck_bytes += ce.ck ? tern_checkpoint_bytes(ce.ck) : 0;
+        if (!ck_insert(e, ce)) {
+            tern_checkpoint_free(ce.ck);
+            continue;
+        }
         STAT_ADD(c, ckpts_made, 1);
     }
     lp->n_pending = 0;
