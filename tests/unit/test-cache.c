@@ -662,6 +662,7 @@ int main(void) {
         cmocka_unit_test_setup(test_compaction_uses_longest_valid_point, setup_q35),
         cmocka_unit_test_setup(test_budget_evicts_lru, setup_q35),
         cmocka_unit_test_setup(test_switches, setup_q35),
+        cmocka_unit_test_setup(test_affinity_switch_both_paths, setup_q35),
         cmocka_unit_test_setup(test_predictions, setup_q35),
     };
     int rc = cmocka_run_group_tests_name("qwen3 (attention-only)", q3, NULL, NULL);
