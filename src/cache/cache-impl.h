@@ -50,7 +50,6 @@ struct entry {
 struct cache {
     struct tern_model *model;
     struct cache_params p;
-    const struct tern_tokenizer *tok;
     bool hybrid;
     uint8_t *sep_bits;
     struct fp_separators sep;

@@ -13,7 +13,6 @@
 #include "cache/cache-impl.h"
 
 #include "tokenizer/tokenizer.h"
-#include "util/buf.h"
 #include "util/hash.h"
 #include "util/log.h"
 #include "util/mem.h"
@@ -320,33 +319,21 @@ static void enforce_budget(struct cache *c, size_t extra) {
 
 /* ---- turns ------------------------------------------------------------------------ */
 
-/* Classifies the turn starting at toks[i] (a turn-start token) from the text of the
- * tokens that follow: "user\n<tool_response>" is a tool result in the Qwen format. */
+/* The role of the turn whose turn-start token is toks[i]: the longest rule of the role
+ * map (cache_params.roles) that the tokens after it begin with. Ids only: the cache
+ * never reads token text. */
 static enum plan_role turn_role(const struct cache *c, const int32_t *toks, size_t n, size_t i) {
-    if (!c->tok) return PLAN_ROLE_OTHER;
-    char text[64];
-    size_t len = 0;
-    struct tern_buf piece = TERN_BUF_INIT;
-    /* enough tokens for "user\n<tool_response>" even with a byte-level vocabulary */
-    for (size_t j = i + 1; j < n && j < i + 24 && len < 24; j++) {
-        tern_buf_clear(&piece);
-        if (tern_token_piece(c->tok, toks[j], TERN_TOK_PARSE_SPECIAL, &piece) != TERN_OK) break;
-        size_t k = TERN_MIN(piece.len, sizeof text - 1 - len);
-        memcpy(text + len, piece.data, k);
-        len += k;
+    enum plan_role role = PLAN_ROLE_OTHER;
+    uint32_t longest = 0;
+    for (uint32_t k = 0; k < c->p.n_roles; k++) {
+        const struct cache_role_rule *rule = &c->p.roles[k];
+        if (rule->n <= longest || rule->n > n - i - 1) continue;
+        if (!memcmp(toks + i + 1, rule->toks, rule->n * sizeof *toks)) {
+            longest = rule->n;
+            role = rule->role;
+        }
     }
-    tern_buf_free(&piece);
-    text[len] = 0;
-    if (!strncmp(text, "user", 4)) {
-        const char *rest = text + 4;
-        while (*rest == '\n' || *rest == ' ') rest++;
-        if (!strncmp(rest, "<tool_response>", 15)) return PLAN_ROLE_TOOL;
-        return PLAN_ROLE_USER;
-    }
-    if (!strncmp(text, "assistant", 9) || !strncmp(text, "model", 5)) return PLAN_ROLE_ASSISTANT;
-    if (!strncmp(text, "system", 6) || !strncmp(text, "developer", 9)) return PLAN_ROLE_SYSTEM;
-    if (!strncmp(text, "tool", 4) || !strncmp(text, "ipython", 7)) return PLAN_ROLE_TOOL;
-    return PLAN_ROLE_OTHER;
+    return role;
 }
 
 static size_t find_turns(struct cache *c, const int32_t *toks, size_t n) {
@@ -372,11 +359,17 @@ static size_t find_turns(struct cache *c, const int32_t *toks, size_t n) {
 
 enum tern_status cache_new(struct tern_model *m, const struct cache_params *p, struct cache **out) {
     *out = NULL;
+    if (p->n_roles > CACHE_MAX_ROLES)
+        return tern_errorf(TERN_ERR_INVALID, "cache: a role map of %u rules (at most %u)", p->n_roles, CACHE_MAX_ROLES);
+    for (uint32_t i = 0; i < p->n_roles; i++)
+        if (p->roles[i].n == 0 || p->roles[i].n > CACHE_ROLE_MAX_TOKENS)
+            return tern_errorf(TERN_ERR_INVALID, "cache: role rule %u has %u tokens (1 to %u)", i, p->roles[i].n,
+                               CACHE_ROLE_MAX_TOKENS);
     struct cache *c = tern_calloc(1, sizeof *c);
     if (!c) return tern_errorf(TERN_ERR_NOMEM, "cache: out of memory");
     c->model = m;
     c->p = *p;
-    c->tok = tern_model_tokenizer(m);
+    const struct tern_tokenizer *tok = tern_model_tokenizer(m);
     const struct tern_model_info *info = tern_model_info(m);
     c->hybrid = info->hybrid;
     uint32_t n_vocab = info->n_vocab;
@@ -386,9 +379,9 @@ enum tern_status cache_new(struct tern_model *m, const struct cache_params *p, s
         return tern_errorf(TERN_ERR_NOMEM, "cache: out of memory");
     }
     /* Segment separators: the vocabulary's control tokens (turn markers). */
-    if (c->tok) {
-        for (uint32_t i = 0; i < n_vocab && i < tern_tokenizer_n_vocab(c->tok); i++)
-            if (tern_token_is_control(c->tok, (int32_t)i)) c->sep_bits[i >> 3] |= (uint8_t)(1u << (i & 7));
+    if (tok) {
+        for (uint32_t i = 0; i < n_vocab && i < tern_tokenizer_n_vocab(tok); i++)
+            if (tern_token_is_control(tok, (int32_t)i)) c->sep_bits[i >> 3] |= (uint8_t)(1u << (i & 7));
     }
     if (p->turn_token >= 0 && (uint32_t)p->turn_token < n_vocab)
         c->sep_bits[(uint32_t)p->turn_token >> 3] |= (uint8_t)(1u << ((uint32_t)p->turn_token & 7));

@@ -305,7 +305,8 @@ int cli_chat_main(int argc, char **argv) {
     free(tsrc);
     if (!st) {
         cp.turn_token = chat_turn_token(&cs.cf);
-        st = cache_new(cs.model, &cp, &cs.cache);
+        st = chat_role_map(cs.cf.tok, &cp);
+        if (!st) st = cache_new(cs.model, &cp, &cs.cache);
     }
     if (st) {
         int rc = cli_fail("chat", "%s: %s", model_path, tern_last_error());
