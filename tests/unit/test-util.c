@@ -126,6 +126,19 @@ static void test_utf8_sanitizer(void **state) {
     assert_sanitized("\xed\xa0\x80", 3, R R R);             /* a surrogate: each byte */
     assert_sanitized("\xf0\x9f\x98\x80\xff", 5, "\xf0\x9f\x98\x80" R);
     assert_sanitized("x\0y", 3, "x\0y");                    /* NUL is valid UTF-8 */
+    /* a stream holds a truncated tail back instead of replacing it */
+    struct tern_buf st = TERN_BUF_INIT;
+    size_t held = 9;
+    assert_int_equal(tern_utf8_sanitize_stream(&st, "ab\xe2\x82", 4, &held), TERN_OK);
+    assert_int_equal(held, 2);
+    assert_int_equal(st.len, 2);
+    assert_memory_equal(st.data, "ab", 2);
+    tern_buf_clear(&st);
+    assert_int_equal(tern_utf8_sanitize_stream(&st, "\xe2\x82x\xf0", 4, &held), TERN_OK);
+    assert_int_equal(held, 1);
+    assert_int_equal(st.len, 4);
+    assert_memory_equal(st.data, R "x", 4);
+    tern_buf_free(&st);
 #undef R
     /* A long valid text with a long ill-formed tail costs one pass. The old callers
      * backed off one byte at a time and validated the whole text again: with 1 MiB of
