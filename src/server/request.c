@@ -237,8 +237,13 @@ static json_t *normalise_tool_calls(const json_t *calls, const char *where, stru
         if (json_is_string(args)) {
             /* Templates (Qwen3.5, Qwen3-Coder) iterate arguments|items: they need an
              * object. A string that is not a JSON object stays as it was. */
+            const unsigned long failed0 = tern_alloc_failures();
             json_t *parsed = json_loadb(json_string_value(args), json_string_length(args),
                                         JSON_DECODE_ANY, NULL);
+            if (!parsed && tern_alloc_failures() != failed0) { /* not "not JSON": no memory */
+                json_decref(out);
+                return oom(err), NULL;
+            }
             if (json_is_object(parsed)) {
                 nargs = parsed;
             } else {
@@ -252,8 +257,15 @@ static json_t *normalise_tool_calls(const json_t *calls, const char *where, stru
         }
         json_t *nfn = json_copy((json_t *)fn);
         json_t *nc = json_copy((json_t *)c);
-        if (!nargs || !nfn || !nc || json_object_set_new(nfn, "arguments", nargs) ||
-            json_object_set_new(nc, "function", nfn) || json_array_append_new(out, nc)) {
+        /* each _set_new/_append_new takes its value, also when it fails */
+        bool ok = nargs && nfn && nc;
+        if (ok) ok = !json_object_set_new(nfn, "arguments", nargs), nargs = NULL;
+        if (ok) ok = !json_object_set_new(nc, "function", nfn), nfn = NULL;
+        if (ok) ok = !json_array_append_new(out, nc), nc = NULL;
+        if (!ok) {
+            json_decref(nargs);
+            json_decref(nfn);
+            json_decref(nc);
             json_decref(out);
             return oom(err), NULL;
         }
@@ -711,9 +723,16 @@ bool srv_request_parse(enum srv_endpoint ep, const char *body, size_t len,
         return false;
     }
     json_error_t jerr;
+    const unsigned long failed0 = tern_alloc_failures();
     json_t *o = json_loadb(body, len, 0, &jerr);
     if (!o) {
-        if (json_error_code(&jerr) == json_error_invalid_utf8)
+        /* jansson allocates through tern_malloc (tern_json_alloc_init): a failed
+         * allocation during the parse is out of memory, whatever jansson calls it (its
+         * lexer reports one as a syntax error) */
+        if (tern_alloc_failures() != failed0 || json_error_code(&jerr) == json_error_out_of_memory)
+            srv_error_set(err, 500, "server_error", NULL, NULL, "out of memory parsing a request body of %zu bytes",
+                          len);
+        else if (json_error_code(&jerr) == json_error_invalid_utf8)
             srv_error_bad(err, NULL, "invalid UTF-8 in the request body at line %d, column %d (byte %d)",
                           jerr.line, jerr.column, jerr.position);
         else
@@ -728,6 +747,10 @@ bool srv_request_parse(enum srv_endpoint ep, const char *body, size_t len,
     }
     bool ok = parse_body(ep, o, opts, req, err);
     json_decref(o);
+    /* A failed allocation makes any verdict after it unreliable (a grammar that could
+     * not be built reads as one too large): the request failed for want of memory. */
+    if (!ok && tern_alloc_failures() != failed0)
+        srv_error_set(err, 500, "server_error", NULL, NULL, "out of memory parsing a request body of %zu bytes", len);
     if (!ok) srv_request_free(req);
     req->ep = ep;
     return ok;

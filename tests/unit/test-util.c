@@ -39,12 +39,14 @@ static void test_buf_append_and_limit(void **state) {
 
 static void test_alloc_fault_injection(void **state) {
     (void)state;
+    unsigned long failed0 = tern_alloc_failures();
     tern_alloc_fail_after(1);
     void *a = tern_malloc(16);
     void *b = tern_malloc(16);
     tern_alloc_fail_after(-1);
     assert_non_null(a);
     assert_null(b);
+    assert_int_equal(tern_alloc_failures(), failed0 + 1); /* the failure is counted */
     free(a);
     size_t out;
     assert_true(tern_mul_overflow(SIZE_MAX / 2, 3, &out));
