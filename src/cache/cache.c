@@ -2,63 +2,26 @@
  *
  * Entries are conversations: a session (its state holds T[0..n)) plus the checkpoints
  * taken in its lineage, parked under (tenant, key). Candidates for a request are
- * nominated by identity — the same explicit key, or for unnamed requests the
- * structural fingerprint and a token-prefix probe over the most recent unnamed
- * entries — and the decision is made by bytes only (planner.c). A conversation that
+ * nominated by identity (candidates.c) — the same explicit key, or for unnamed requests
+ * the structural fingerprint and a token-prefix probe over the most recent unnamed
+ * entries — and the decision is made by bytes only (planner.c). cache_acquire and
+ * cache_predict_begin_flags read as DESIGN.md §4's steps: candidates, decision, plan,
+ * lease. A conversation that
  * resumes from its own entry replaces it (one lineage per conversation); a request that
  * merely shares a prefix with another conversation gets a copy (a fork), so the other
  * conversation keeps its state. */
-#include "cache/cache.h"
+#include "cache/cache-impl.h"
 
-#include "cache/disk.h"
-#include "cache/fingerprint.h"
-#include "cache/planner.h"
 #include "tokenizer/tokenizer.h"
-#include "util/buf.h"
 #include "util/hash.h"
 #include "util/log.h"
 #include "util/mem.h"
 #include "util/timeutil.h"
 
 #include <malloc.h>
-#include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-
-/* Unnamed entries compared by plain token-prefix probing, most recent first. Older
- * unnamed entries are reached only through the fingerprint. */
-#define PROBE_RECENT 8
-/* Upper bound on the checkpoint plan of one request. */
-#define MAX_PLAN 64
-
-struct ckpt_entry {
-    struct tern_checkpoint *ck; /* NULL on attention-only models: a position is enough */
-    uint32_t pos;
-    uint32_t kinds;             /* PLAN_CKPT_* */
-    uint64_t stamp;
-};
-
-struct entry {
-    struct tern_session *s;
-    char *tenant;
-    char *key;                  /* NULL: unnamed */
-    struct fingerprint fp;      /* of the session's tokens */
-    struct ckpt_entry *ck;      /* ascending positions */
-    size_t n_ck, cap_ck;
-    size_t ck_bytes;
-    uint64_t last_used;
-    uint64_t lineage;           /* one conversation: its entry and its predictions */
-    bool leased;
-    bool predicted;             /* primed ahead of time, not yet used by a request */
-    bool keep;                  /* predicted with CACHE_PREDICT_KEEP: the base of the next one */
-    /* The disk tier: an unnamed conversation's file is named by a nonce it keeps for
-     * its lifetime (resumed from disk: the file's), so its next park replaces it. */
-    uint8_t disk_nonce[DISK_NONCE_BYTES];
-    bool has_nonce;
-    bool disk_dirty;            /* changed since it was last written (or the write failed) */
-    struct entry *prev, *next;  /* LRU list, head = most recent */
-};
 
 struct lease_priv {
     struct cache *c;
@@ -69,26 +32,6 @@ struct lease_priv {
     struct ckpt_entry pending[MAX_PLAN];
     size_t n_pending;
     bool in_place;              /* a prediction that continues a kept one */
-};
-
-struct cache {
-    struct tern_model *model;
-    const struct tern_tokenizer *tok;
-    struct cache_params p;
-    bool hybrid;
-    uint8_t *sep_bits;
-    struct fp_separators sep;
-    struct entry *head, *tail;
-    size_t n_entries;
-    uint64_t clock;
-    uint64_t next_lineage;
-    struct fingerprint req_fp;  /* scratch */
-    struct plan_turn *turns;    /* scratch */
-    size_t cap_turns;
-    pthread_mutex_t stats_mu;
-    struct cache_stats stats;
-    struct disk *disk;          /* --cache-dir; NULL = off */
-    bool disk_failing;          /* the last write failed (logged once until one succeeds) */
 };
 
 const char *cache_tier_name(enum cache_tier t) {
@@ -139,6 +82,23 @@ static void ck_drop(struct entry *e, size_t i) {
     e->n_ck--;
 }
 
+/* Inserts ce into e's ascending checkpoint list (its bytes counted). False when out of
+ * memory: e is unchanged and ce still belongs to the caller. */
+static bool ck_insert(struct entry *e, struct ckpt_entry ce) {
+    if (e->n_ck == e->cap_ck) {
+        size_t cap = e->cap_ck ? e->cap_ck * 2 : 8;
+        struct ckpt_entry *p = tern_reallocarray(e->ck, cap, sizeof *p);
+        if (!p) return false;
+        e->ck = p;
+        e->cap_ck = cap;
+    }
+    size_t j = plan_insert_slot(e->ck, e->n_ck, sizeof *e->ck, offsetof(struct ckpt_entry, pos), ce.pos);
+    e->ck[j] = ce;
+    e->n_ck++;
+    e->ck_bytes += ce.ck ? tern_checkpoint_bytes(ce.ck) : 0;
+    return true;
+}
+
 static void entry_free(struct entry *e) {
     if (!e) return;
     for (size_t i = 0; i < e->n_ck; i++) tern_checkpoint_free(e->ck[i].ck);
@@ -152,11 +112,6 @@ static void entry_free(struct entry *e) {
 
 static size_t entry_bytes(const struct entry *e) {
     return tern_session_bytes(e->s) + e->ck_bytes + e->n_ck * sizeof *e->ck;
-}
-
-static bool same_str(const char *a, const char *b) {
-    if (!a || !*a) return !b || !*b;
-    return b && !strcmp(a, b);
 }
 
 static enum tern_status entry_new(struct cache *c, const struct cache_ident *id, struct tern_session *s,
@@ -235,13 +190,6 @@ void cache_get_stats(const struct cache *c, struct cache_stats *out) {
     *out = c->stats;
     pthread_mutex_unlock((pthread_mutex_t *)&c->stats_mu);
 }
-
-#define STAT_ADD(c, field, v)                                                               \
-    do {                                                                                    \
-        pthread_mutex_lock(&(c)->stats_mu);                                                 \
-        (c)->stats.field += (v);                                                            \
-        pthread_mutex_unlock(&(c)->stats_mu);                                               \
-    } while (0)
 
 /* ---- the disk tier ------------------------------------------------------------------- */
 
@@ -371,33 +319,21 @@ static void enforce_budget(struct cache *c, size_t extra) {
 
 /* ---- turns ------------------------------------------------------------------------ */
 
-/* Classifies the turn starting at toks[i] (a turn-start token) from the text of the
- * tokens that follow: "user\n<tool_response>" is a tool result in the Qwen format. */
+/* The role of the turn whose turn-start token is toks[i]: the longest rule of the role
+ * map (cache_params.roles) that the tokens after it begin with. Ids only: the cache
+ * never reads token text. */
 static enum plan_role turn_role(const struct cache *c, const int32_t *toks, size_t n, size_t i) {
-    if (!c->tok) return PLAN_ROLE_OTHER;
-    char text[64];
-    size_t len = 0;
-    struct tern_buf piece = TERN_BUF_INIT;
-    /* enough tokens for "user\n<tool_response>" even with a byte-level vocabulary */
-    for (size_t j = i + 1; j < n && j < i + 24 && len < 24; j++) {
-        tern_buf_clear(&piece);
-        if (tern_token_piece(c->tok, toks[j], TERN_TOK_PARSE_SPECIAL, &piece) != TERN_OK) break;
-        size_t k = TERN_MIN(piece.len, sizeof text - 1 - len);
-        memcpy(text + len, piece.data, k);
-        len += k;
+    enum plan_role role = PLAN_ROLE_OTHER;
+    uint32_t longest = 0;
+    for (uint32_t k = 0; k < c->p.n_roles; k++) {
+        const struct cache_role_rule *rule = &c->p.roles[k];
+        if (rule->n <= longest || rule->n > n - i - 1) continue;
+        if (!memcmp(toks + i + 1, rule->toks, rule->n * sizeof *toks)) {
+            longest = rule->n;
+            role = rule->role;
+        }
     }
-    tern_buf_free(&piece);
-    text[len] = 0;
-    if (!strncmp(text, "user", 4)) {
-        const char *rest = text + 4;
-        while (*rest == '\n' || *rest == ' ') rest++;
-        if (!strncmp(rest, "<tool_response>", 15)) return PLAN_ROLE_TOOL;
-        return PLAN_ROLE_USER;
-    }
-    if (!strncmp(text, "assistant", 9) || !strncmp(text, "model", 5)) return PLAN_ROLE_ASSISTANT;
-    if (!strncmp(text, "system", 6) || !strncmp(text, "developer", 9)) return PLAN_ROLE_SYSTEM;
-    if (!strncmp(text, "tool", 4) || !strncmp(text, "ipython", 7)) return PLAN_ROLE_TOOL;
-    return PLAN_ROLE_OTHER;
+    return role;
 }
 
 static size_t find_turns(struct cache *c, const int32_t *toks, size_t n) {
@@ -423,11 +359,17 @@ static size_t find_turns(struct cache *c, const int32_t *toks, size_t n) {
 
 enum tern_status cache_new(struct tern_model *m, const struct cache_params *p, struct cache **out) {
     *out = NULL;
+    if (p->n_roles > CACHE_MAX_ROLES)
+        return tern_errorf(TERN_ERR_INVALID, "cache: a role map of %u rules (at most %u)", p->n_roles, CACHE_MAX_ROLES);
+    for (uint32_t i = 0; i < p->n_roles; i++)
+        if (p->roles[i].n == 0 || p->roles[i].n > CACHE_ROLE_MAX_TOKENS)
+            return tern_errorf(TERN_ERR_INVALID, "cache: role rule %u has %u tokens (1 to %u)", i, p->roles[i].n,
+                               CACHE_ROLE_MAX_TOKENS);
     struct cache *c = tern_calloc(1, sizeof *c);
     if (!c) return tern_errorf(TERN_ERR_NOMEM, "cache: out of memory");
     c->model = m;
     c->p = *p;
-    c->tok = tern_model_tokenizer(m);
+    const struct tern_tokenizer *tok = tern_model_tokenizer(m);
     const struct tern_model_info *info = tern_model_info(m);
     c->hybrid = info->hybrid;
     uint32_t n_vocab = info->n_vocab;
@@ -437,9 +379,9 @@ enum tern_status cache_new(struct tern_model *m, const struct cache_params *p, s
         return tern_errorf(TERN_ERR_NOMEM, "cache: out of memory");
     }
     /* Segment separators: the vocabulary's control tokens (turn markers). */
-    if (c->tok) {
-        for (uint32_t i = 0; i < n_vocab && i < tern_tokenizer_n_vocab(c->tok); i++)
-            if (tern_token_is_control(c->tok, (int32_t)i)) c->sep_bits[i >> 3] |= (uint8_t)(1u << (i & 7));
+    if (tok) {
+        for (uint32_t i = 0; i < n_vocab && i < tern_tokenizer_n_vocab(tok); i++)
+            if (tern_token_is_control(tok, (int32_t)i)) c->sep_bits[i >> 3] |= (uint8_t)(1u << (i & 7));
     }
     if (p->turn_token >= 0 && (uint32_t)p->turn_token < n_vocab)
         c->sep_bits[(uint32_t)p->turn_token >> 3] |= (uint8_t)(1u << ((uint32_t)p->turn_token & 7));
@@ -481,28 +423,6 @@ void cache_free(struct cache *c) {
 
 /* ---- acquire ------------------------------------------------------------------------ */
 
-struct candidate_eval {
-    struct entry *e;
-    struct plan_resume res;
-    bool by_key;
-    bool by_fp;
-    bool by_probe;
-};
-
-static struct plan_resume evaluate(const struct cache *c, const struct entry *e, const int32_t *prompt, size_t m) {
-    uint32_t pos[MAX_PLAN * 4];
-    size_t n = 0;
-    for (size_t i = 0; i < e->n_ck && n < TERN_ARRAY_LEN(pos); i++) pos[n++] = e->ck[i].pos;
-    struct plan_candidate cand = {
-        .tokens = tern_session_tokens(e->s),
-        .n = tern_session_n_past(e->s),
-        .any_position = !c->hybrid,
-        .ckpt_pos = pos,
-        .n_ckpt = n,
-    };
-    return plan_resume_point(&cand, prompt, m);
-}
-
 /* Where the candidate's checkpoint for position r sits (or -1). */
 static long find_ck(const struct entry *e, uint32_t r) {
     for (size_t i = 0; i < e->n_ck; i++)
@@ -521,23 +441,8 @@ static void inherit_checkpoints(struct entry *e, struct entry *o) {
             i++;
             continue;
         }
-        if (e->n_ck == e->cap_ck) {
-            size_t cap = e->cap_ck ? e->cap_ck * 2 : 8;
-            struct ckpt_entry *p = tern_reallocarray(e->ck, cap, sizeof *p);
-            if (!p) return; /* fewer checkpoints, not an error */
-            e->ck = p;
-            e->cap_ck = cap;
-        }
-        size_t j = e->n_ck;
-        while (j > 0 && e->ck[j - 1].pos > ce.pos) {
-            e->ck[j] = e->ck[j - 1];
-            j--;
-        }
-        e->ck[j] = ce;
-        e->n_ck++;
-        size_t bytes = ce.ck ? tern_checkpoint_bytes(ce.ck) : 0;
-        e->ck_bytes += bytes;
-        o->ck_bytes -= bytes;
+        if (!ck_insert(e, ce)) return; /* fewer checkpoints, not an error */
+        o->ck_bytes -= ce.ck ? tern_checkpoint_bytes(ce.ck) : 0;
         memmove(o->ck + i, o->ck + i + 1, (o->n_ck - i - 1) * sizeof *o->ck);
         o->n_ck--;
     }
@@ -558,53 +463,6 @@ static enum tern_status reread(struct cache *c, const int32_t *prompt, uint32_t 
         *out = NULL;
     }
     return st;
-}
-
-/* The disk tier's best candidate for a request: nominated like a parked RAM entry (the
- * same key; unnamed: the fingerprint or the most recent few), decided by the stored
- * token list. */
-struct disk_choice {
-    long idx;
-    struct plan_resume res;
-    bool by_fp;
-};
-
-static struct disk_choice disk_best(struct cache *c, const struct cache_ident *id, const int32_t *prompt, size_t m) {
-    struct disk_choice best = {.idx = -1};
-    if (!c->disk) return best;
-    const bool named = id->key && *id->key;
-    const char *tenant = id->tenant ? id->tenant : "";
-    disk_refresh(c->disk);
-    size_t n_probe = 0, n_compared = 0;
-    for (size_t i = 0; i < disk_count(c->disk); i++) {
-        const struct disk_entry *de = disk_at(c->disk, i);
-        if (strcmp(de->tenant, tenant) || named != (de->key != NULL)) continue; /* tenants never mix */
-        bool by_fp = false;
-        if (named) {
-            if (strcmp(de->key, id->key)) continue;
-        } else {
-            by_fp = c->p.affinity && fp_shared(&de->fp, &c->req_fp) >= FP_MIN_SHARED;
-            bool probe = n_probe < PROBE_RECENT;
-            if (probe) n_probe++;
-            if (!by_fp && !probe) continue;
-        }
-        struct plan_candidate cand = {
-            .tokens = de->tokens,
-            .n = de->n,
-            .any_position = !c->hybrid,
-            .ckpt_pos = de->ckpt_pos,
-            .n_ckpt = de->n_ckpt,
-        };
-        struct plan_resume r = plan_resume_point(&cand, prompt, m);
-        n_compared++;
-        if (r.r > best.res.r) {
-            best.idx = (long)i;
-            best.res = r;
-            best.by_fp = by_fp;
-        }
-    }
-    STAT_ADD(c, candidates, n_compared);
-    return best;
 }
 
 /* Restores the disk tier's candidate as a new entry positioned at its resume point,
@@ -629,7 +487,7 @@ static enum tern_status disk_resume(struct cache *c, const struct cache_ident *i
     if (st) return st;
     for (struct entry *o = c->head, *nx; o; o = nx) {
         nx = o->next;
-        if (o->leased || !same_str(o->tenant, tenant)) continue;
+        if (o->leased || !cache_same_str(o->tenant, tenant)) continue;
         if (named ? (o->key && !strcmp(o->key, id->key))
                   : (!o->key && o->has_nonce && !memcmp(o->disk_nonce, nonce, sizeof nonce)))
             entry_remove(c, o);
@@ -681,32 +539,223 @@ static void log_decision(const struct cache_decision *d) {
                       d->reason, d->reason[0] ? ")" : "");
 }
 
-/* Who may be resumed (DESIGN.md §4): one rule for requests and predictions. Tenants
- * never mix, named and unnamed never mix; a named request sees its key's sessions; an
- * unnamed one sees the sessions its fingerprint nominates (not with TERN_AFFINITY=0)
- * and the PROBE_RECENT most recent unnamed ones (*n_probe counts them). c->req_fp is
- * the fingerprint of the tokens being placed. */
-struct nomination {
-    bool by_key, by_fp, by_probe;
+/* ---- acquire: candidates, decision, plan, lease ----------------------------------------- */
+
+/* Drops e's checkpoints above r: their positions are about to be overwritten. */
+static void drop_ckpts_above(struct cache *c, struct entry *e, uint32_t r) {
+    while (e->n_ck && e->ck[e->n_ck - 1].pos > r) {
+        ck_drop(e, e->n_ck - 1);
+        STAT_ADD(c, ckpt_evictions, 1);
+    }
+}
+
+/* TERN_REUSE_POOL=0: the live session only; every other unleased entry goes. */
+static void drop_others(struct cache *c, const struct entry *keep) {
+    for (struct entry *o = c->head, *nx; o; o = nx) {
+        nx = o->next;
+        if (o != keep && !o->leased) entry_remove(c, o);
+    }
+}
+
+/* The request's decision among its candidates (DESIGN.md §4, bytes only): the best
+ * resume point wins; ties go to identity (key, fingerprint), then recency (the walk is
+ * most recent first). The most informative refusal is kept for the log. */
+struct request_choice {
+    struct candidate best;      /* best.e = NULL: none qualifies */
+    struct candidate declined;
 };
 
-static bool nominate(const struct cache *c, const struct entry *e, const char *tenant, const char *key,
-                     size_t *n_probe, struct nomination *out) {
-    memset(out, 0, sizeof *out);
-    const bool named = key && *key;
-    if (e->leased || !same_str(e->tenant, tenant)) return false; /* tenants never mix */
-    if (named != (e->key != NULL)) return false;                  /* named and unnamed never mix */
-    if (named) {
-        if (strcmp(e->key, key)) return false;
-        out->by_key = true;
+static bool by_identity(const struct nomination *n) { return n->by_key || n->by_fp; }
+
+static bool choose_for_request(void *ctx, const struct candidate *cand) {
+    struct request_choice *ch = ctx;
+    if (cand->res.r == 0) {
+        if ((by_identity(&cand->nom) || cand->res.lcp > 0) && cand->res.lcp >= ch->declined.res.lcp)
+            ch->declined = *cand;
         return true;
     }
-    if (c->p.affinity && fp_shared(&e->fp, &c->req_fp) >= FP_MIN_SHARED) out->by_fp = true;
-    if (*n_probe < PROBE_RECENT) {
-        out->by_probe = true;
-        (*n_probe)++;
+    bool better = !ch->best.e || cand->res.r > ch->best.res.r ||
+                  (cand->res.r == ch->best.res.r && by_identity(&cand->nom) && !by_identity(&ch->best.nom));
+    if (better) ch->best = *cand;
+    return true;
+}
+
+/* "reuse: declined (...)": a refusal that offered more than the winner is explained. */
+static void explain_decline(struct cache *c, const struct request_choice *ch, struct cache_decision *d) {
+    const struct candidate *dc = &ch->declined;
+    if (!dc->e || (ch->best.e && dc->res.lcp <= ch->best.res.r)) return;
+    enum cache_decline why = dc->res.lcp > 0 ? CACHE_DECLINE_DIVERGED : CACHE_DECLINE_MISMATCH;
+    if (dc->res.lcp == 0)
+        snprintf(d->reason, sizeof d->reason, "%s session has no common prefix with the prompt",
+                 dc->nom.by_key ? "the named" : "the nominated");
+    else if (dc->res.first_unusable_ckpt)
+        snprintf(d->reason, sizeof d->reason, "history diverged at %u of checkpoint %u", dc->res.lcp,
+                 dc->res.first_unusable_ckpt);
+    else
+        snprintf(d->reason, sizeof d->reason, "history diverged at %u before any checkpoint", dc->res.lcp);
+    pthread_mutex_lock(&c->stats_mu);
+    c->stats.declines++;
+    c->stats.declines_by_reason[why]++;
+    pthread_mutex_unlock(&c->stats_mu);
+}
+
+/* The disk tier, when it offers more than RAM's best (ram_r): a restart, a peer's turn.
+ * True when *out is the restored entry, positioned at *r. A failed restore is logged and
+ * the request goes on with RAM or cold. */
+static bool resume_from_disk(struct cache *c, const struct cache_ident *id, const int32_t *prompt, size_t m,
+                             uint32_t ram_r, struct cache_decision *d, struct entry **out, uint32_t *r) {
+    struct disk_choice dc = cache_disk_best(c, id, prompt, m);
+    if (dc.idx < 0 || dc.res.r <= ram_r) return false;
+    if (disk_resume(c, id, &dc, out, d)) {
+        TERN_LOG_WARN("reuse: %s; resuming from RAM or cold instead", tern_last_error());
+        return false;
     }
-    return out->by_fp || out->by_probe;
+    *r = dc.res.r;
+    d->key_implicit = !d->key_explicit && dc.by_fp;
+    d->tier = CACHE_TIER_DISK;
+    return true;
+}
+
+/* The conversation's own entry continues at r: restored (hybrid), rewound
+ * (attention-only) or re-read (TERN_CKPT_REREAD). Its lineage collapses onto it. */
+static enum tern_status resume_in_place(struct cache *c, struct entry *e, const struct plan_resume *res,
+                                        const struct tern_checkpoint *ck, const int32_t *prompt) {
+    const uint32_t r = res->r;
+    if (!res->live) {
+        enum tern_status st;
+        if (c->p.ckpt_reread && c->hybrid) {
+            struct tern_session *fresh = NULL;
+            st = reread(c, prompt, r, &fresh);
+            if (!st) {
+                tern_session_free(e->s);
+                e->s = fresh;
+            }
+        } else if (c->hybrid) {
+            st = tern_session_restore(e->s, ck);
+        } else {
+            st = tern_session_rewind(e->s, r);
+        }
+        if (st) return tern_error_prefix(st, "cache: resuming at %u", r);
+    }
+    drop_ckpts_above(c, e, r);
+    if (e->predicted) {
+        e->predicted = false;
+        e->keep = false;
+        STAT_ADD(c, predictions_used, 1);
+    }
+    /* One lineage per conversation: the conversation moved on from this entry, so its
+     * siblings (the state it was predicted from, other predictions) are obsolete. Their
+     * checkpoints below the point where they part from this entry stay valid here (a
+     * prediction forked at r starts without the ones below r, e.g. the turn start after
+     * the latest user message, which the next rewrite needs). */
+    for (struct entry *o = c->head, *nx; o; o = nx) {
+        nx = o->next;
+        if (o != e && !o->leased && o->lineage == e->lineage) {
+            /* ... except the kept prediction (the re-rendered history), which the
+             * conversation's next prediction continues */
+            if (o->keep && o->predicted) continue;
+            inherit_checkpoints(e, o);
+            entry_remove(c, o);
+        }
+    }
+    if (!c->p.pool) drop_others(c, e);
+    return TERN_OK;
+}
+
+/* Another conversation's prefix: a copy (fork) at r as a new entry, so that the other
+ * conversation — or a wrong identity claim — never costs the original its state. The
+ * copy starts its own checkpoints (the source's live in the other lineage's memory). */
+static enum tern_status resume_fork(struct cache *c, const struct cache_ident *id, const struct entry *src,
+                                    const struct plan_resume *res, const struct tern_checkpoint *ck,
+                                    const int32_t *prompt, struct entry **out) {
+    const uint32_t r = res->r;
+    struct tern_session *fork = NULL;
+    enum tern_status st;
+    if (c->p.ckpt_reread && c->hybrid && !res->live) st = reread(c, prompt, r, &fork);
+    else st = tern_session_fork(src->s, r, ck, &fork);
+    if (st) return tern_error_prefix(st, "cache: copying %u tokens of another session", r);
+    st = entry_new(c, id, fork, 0, out);
+    if (st) {
+        tern_session_free(fork);
+        return st;
+    }
+    STAT_ADD(c, forks, 1);
+    return TERN_OK;
+}
+
+/* Resumes from the chosen RAM candidate: in place or a fork, and the tier it counts as. */
+static enum tern_status resume_from_ram(struct cache *c, const struct cache_ident *id, const struct candidate *best,
+                                        const int32_t *prompt, struct cache_decision *d, struct entry **out) {
+    struct entry *src = best->e;
+    const struct plan_resume *res = &best->res;
+    const uint32_t r = res->r;
+    d->key_implicit = !d->key_explicit && best->nom.by_fp;
+    /* Replace the conversation's own lineage when the request extends it entirely, when
+     * it reproduces every completed turn of it (only the last, open turn — the reply —
+     * differs: a retry, a re-rendered reply), or when identity nominated it (key,
+     * fingerprint) and the structure confirms it (at least FP_MIN_SHARED leading
+     * segments: a compaction or a template rewrite of the same conversation).
+     * Otherwise fork a copy. */
+    bool in_place = res->live || res->lcp >= src->fp.open_start ||
+                    (by_identity(&best->nom) && fp_shared(&src->fp, &c->req_fp) >= FP_MIN_SHARED);
+    long ck_i = find_ck(src, r);
+    const struct tern_checkpoint *ck = (ck_i >= 0) ? src->ck[ck_i].ck : NULL;
+    bool predicted = src->predicted || (ck_i >= 0 && (src->ck[ck_i].kinds & PLAN_CKPT_PREDICTED));
+    enum tern_status st;
+    if (in_place) {
+        st = resume_in_place(c, src, res, ck, prompt);
+        *out = src;
+    } else {
+        st = resume_fork(c, id, src, res, ck, prompt, out);
+    }
+    if (st) return st;
+    if (predicted) d->tier = CACHE_TIER_PREDICTED;
+    else if (res->live) d->tier = CACHE_TIER_LIVE;
+    else if (c->hybrid) d->tier = CACHE_TIER_CHECKPOINT;
+    else d->tier = CACHE_TIER_PREFIX;
+    /* A parked conversation found only through its fingerprint, not the most recent one:
+     * the affinity mechanism at work. */
+    if (d->tier != CACHE_TIER_PREDICTED && d->key_implicit && !best->nom.by_probe) d->tier = CACHE_TIER_AFFINITY;
+    return TERN_OK;
+}
+
+/* No candidate qualifies: a fresh session. Without the pool, the one live session is
+ * replaced. */
+static enum tern_status start_cold(struct cache *c, const struct cache_ident *id, struct cache_decision *d,
+                                   struct entry **out) {
+    if (!c->p.pool) drop_others(c, NULL);
+    struct tern_session *s = NULL;
+    enforce_budget(c, 0);
+    enum tern_status st = new_session(c, &s);
+    if (st) return st;
+    st = entry_new(c, id, s, 0, out);
+    if (st) {
+        tern_session_free(s);
+        return st;
+    }
+    d->tier = CACHE_TIER_COLD;
+    return TERN_OK;
+}
+
+/* The lease: the worker owns e's session until release (or predict_end). */
+static void lease_begin(struct cache *c, struct entry *e, struct lease_priv *lp, struct cache_lease *out) {
+    e->leased = true;
+    lru_unlink(c, e);
+    lru_push_head(c, e);
+    e->last_used = ++c->clock;
+    lp->e = e;
+    for (size_t i = 0; i < lp->n_plan; i++) lp->plan_pos[i] = lp->plan[i].pos;
+    out->session = e->s;
+    out->ckpt_pos = lp->plan_pos;
+    out->n_ckpt = lp->n_plan;
+    out->priv = lp;
+}
+
+/* The checkpoint plan of a request (hybrid models): positions in (r, m]. */
+static void plan_request(struct cache *c, struct lease_priv *lp, const int32_t *prompt, uint32_t r, size_t m) {
+    if (!c->hybrid || c->p.max_ckpts == 0) return;
+    size_t n_turns = find_turns(c, prompt, m);
+    lp->n_plan = plan_checkpoints(r, (uint32_t)m, c->turns, n_turns, c->p.ckpt_every, lp->plan, MAX_PLAN);
 }
 
 enum tern_status cache_acquire(struct cache *c, const struct cache_ident *id, const int32_t *prompt, size_t m,
@@ -716,9 +765,8 @@ enum tern_status cache_acquire(struct cache *c, const struct cache_ident *id, co
     struct lease_priv *lp = tern_calloc(1, sizeof *lp);
     if (!lp) return tern_errorf(TERN_ERR_NOMEM, "cache: out of memory for a lease");
     lp->c = c;
-    const bool named = id->key && *id->key;
-    const char *tenant = id->tenant ? id->tenant : "";
-
+    struct cache_decision *d = &out->decision;
+    d->key_explicit = id->key && *id->key;
     /* The fingerprint is computed even without affinity: it also decides whether a
      * resume replaces a lineage or forks it. */
     enum tern_status st = fp_compute(&c->sep, prompt, m, &c->req_fp);
@@ -726,202 +774,25 @@ enum tern_status cache_acquire(struct cache *c, const struct cache_ident *id, co
         free(lp);
         return st;
     }
-
-    /* Nominate and decide. */
-    struct candidate_eval best = {0};
-    struct candidate_eval declined = {0}; /* the most informative refusal, for the log */
-    size_t n_probe = 0, n_compared = 0;
-    for (struct entry *e = c->head; e; e = e->next) {
-        struct nomination nom;
-        if (!nominate(c, e, tenant, id->key, &n_probe, &nom)) continue;
-        struct candidate_eval ce = {.e = e, .by_key = nom.by_key, .by_fp = nom.by_fp, .by_probe = nom.by_probe};
-        ce.res = evaluate(c, e, prompt, m);
-        n_compared++;
-        if (ce.res.r == 0) {
-            if ((ce.by_key || ce.by_fp || ce.res.lcp > 0) && ce.res.lcp >= declined.res.lcp) declined = ce;
-            continue;
-        }
-        /* Best resume point wins; ties go to identity (key, fingerprint), then recency
-         * (the list is walked most recent first). */
-        bool better = !best.e || ce.res.r > best.res.r ||
-                      (ce.res.r == best.res.r && (ce.by_key || ce.by_fp) && !(best.by_key || best.by_fp));
-        if (better) best = ce;
-    }
-
-    struct cache_decision *d = &out->decision;
-    d->key_explicit = named;
-    STAT_ADD(c, candidates, n_compared);
-    if (declined.e && (!best.e || declined.res.lcp > best.res.r)) {
-        enum cache_decline why = declined.res.lcp > 0 ? CACHE_DECLINE_DIVERGED : CACHE_DECLINE_MISMATCH;
-        if (declined.res.lcp == 0)
-            snprintf(d->reason, sizeof d->reason, "%s session has no common prefix with the prompt",
-                     declined.by_key ? "the named" : "the nominated");
-        else if (declined.res.first_unusable_ckpt)
-            snprintf(d->reason, sizeof d->reason, "history diverged at %u of checkpoint %u", declined.res.lcp,
-                     declined.res.first_unusable_ckpt);
-        else
-            snprintf(d->reason, sizeof d->reason, "history diverged at %u before any checkpoint", declined.res.lcp);
-        pthread_mutex_lock(&c->stats_mu);
-        c->stats.declines++;
-        c->stats.declines_by_reason[why]++;
-        pthread_mutex_unlock(&c->stats_mu);
-    }
-
+    /* candidates and decision */
+    struct request_choice ch = {0};
+    STAT_ADD(c, candidates, cache_candidates(c, id, prompt, m, choose_for_request, &ch));
+    explain_decline(c, &ch, d);
     struct entry *e = NULL;
     uint32_t r = 0;
-    /* The disk tier, when it offers more than RAM (a restart, a peer's turn). */
-    struct disk_choice dc = disk_best(c, id, prompt, m);
-    bool from_disk = false;
-    if (dc.idx >= 0 && dc.res.r > (best.e ? best.res.r : 0)) {
-        st = disk_resume(c, id, &dc, &e, d);
-        if (st) {
-            TERN_LOG_WARN("reuse: %s; resuming from RAM or cold instead", tern_last_error());
-        } else {
-            from_disk = true;
-            r = dc.res.r;
-            d->key_implicit = !named && dc.by_fp;
-            d->tier = CACHE_TIER_DISK;
-        }
-    }
-    if (from_disk) {
-        /* positioned at r by disk_resume */
-    } else if (best.e) {
-        struct entry *src = best.e;
-        r = best.res.r;
-        d->key_implicit = !named && best.by_fp;
-        /* Replace the conversation's own lineage when the request extends it entirely,
-         * when it reproduces every completed turn of it (only the last, open turn — the
-         * reply — differs: a retry, a re-rendered reply), or when identity nominated it
-         * (key, fingerprint) and the structure confirms it (at least FP_MIN_SHARED
-         * leading segments: a compaction or a template rewrite of the same
-         * conversation). Otherwise fork a copy, so that another conversation — or a
-         * wrong identity claim — never costs the original its state. */
-        bool in_place = best.res.live || best.res.lcp >= src->fp.open_start ||
-                        ((best.by_key || best.by_fp) && fp_shared(&src->fp, &c->req_fp) >= FP_MIN_SHARED);
-        long ck_i = find_ck(src, r);
-        const struct tern_checkpoint *ck = (ck_i >= 0) ? src->ck[ck_i].ck : NULL;
-        bool predicted = src->predicted || (ck_i >= 0 && (src->ck[ck_i].kinds & PLAN_CKPT_PREDICTED));
-        if (in_place) {
-            e = src;
-            if (!best.res.live) {
-                if (c->p.ckpt_reread && c->hybrid) {
-                    struct tern_session *fresh = NULL;
-                    st = reread(c, prompt, r, &fresh);
-                    if (!st) {
-                        tern_session_free(e->s);
-                        e->s = fresh;
-                    }
-                } else if (c->hybrid) {
-                    st = tern_session_restore(e->s, ck);
-                } else {
-                    st = tern_session_rewind(e->s, r);
-                }
-                if (st) {
-                    free(lp);
-                    return tern_error_prefix(st, "cache: resuming at %u", r);
-                }
-            }
-            /* Checkpoints above the resume point are about to be overwritten. */
-            while (e->n_ck && e->ck[e->n_ck - 1].pos > r) {
-                ck_drop(e, e->n_ck - 1);
-                STAT_ADD(c, ckpt_evictions, 1);
-            }
-            if (e->predicted) {
-                e->predicted = false;
-                e->keep = false;
-                STAT_ADD(c, predictions_used, 1);
-            }
-            /* One lineage per conversation: the conversation moved on from this entry,
-             * so its siblings (the state it was predicted from, other predictions) are
-             * obsolete. Their checkpoints below the point where they part from this
-             * entry stay valid here (a prediction forked at r starts without the ones
-             * below r, e.g. the turn start after the latest user message, which the next
-             * rewrite needs). */
-            for (struct entry *o = c->head, *nx; o; o = nx) {
-                nx = o->next;
-                if (o != e && !o->leased && o->lineage == e->lineage) {
-                    /* ... except the kept prediction (the re-rendered history), which the
-                     * conversation's next prediction continues */
-                    if (o->keep && o->predicted) continue;
-                    inherit_checkpoints(e, o);
-                    entry_remove(c, o);
-                }
-            }
-            if (!c->p.pool) { /* TERN_REUSE_POOL=0: the live session only */
-                for (struct entry *o = c->head, *nx; o; o = nx) {
-                    nx = o->next;
-                    if (o != e && !o->leased) entry_remove(c, o);
-                }
-            }
-        } else {
-            struct tern_session *fork = NULL;
-            if (c->p.ckpt_reread && c->hybrid && !best.res.live) st = reread(c, prompt, r, &fork);
-            else st = tern_session_fork(src->s, r, ck, &fork);
-            if (st) {
-                free(lp);
-                return tern_error_prefix(st, "cache: copying %u tokens of another session", r);
-            }
-            st = entry_new(c, id, fork, 0, &e);
-            if (st) {
-                tern_session_free(fork);
-                free(lp);
-                return st;
-            }
-            /* The copy inherits the checkpoints at or below r? They live in the other
-             * lineage's memory; the copy starts its own. */
-            STAT_ADD(c, forks, 1);
-        }
-        if (predicted) d->tier = CACHE_TIER_PREDICTED;
-        else if (best.res.live) d->tier = CACHE_TIER_LIVE;
-        else if (c->hybrid) d->tier = CACHE_TIER_CHECKPOINT;
-        else d->tier = CACHE_TIER_PREFIX;
-        /* A parked conversation found only through its fingerprint, not the most recent
-         * one: the affinity mechanism at work. */
-        if (d->tier != CACHE_TIER_PREDICTED && d->key_implicit && !best.by_probe) d->tier = CACHE_TIER_AFFINITY;
-    } else {
-        /* Cold. Without the pool, the one live session is reused (rewound or replaced). */
-        if (!c->p.pool) {
-            for (struct entry *o = c->head, *nx; o; o = nx) {
-                nx = o->next;
-                if (!o->leased) entry_remove(c, o);
-            }
-        }
-        struct tern_session *s = NULL;
-        enforce_budget(c, 0);
-        st = new_session(c, &s);
+    if (!resume_from_disk(c, id, prompt, m, ch.best.e ? ch.best.res.r : 0, d, &e, &r)) {
+        st = ch.best.e ? resume_from_ram(c, id, &ch.best, prompt, d, &e) : start_cold(c, id, d, &e);
         if (st) {
             free(lp);
             return st;
         }
-        st = entry_new(c, id, s, 0, &e);
-        if (st) {
-            tern_session_free(s);
-            free(lp);
-            return st;
-        }
-        d->tier = CACHE_TIER_COLD;
+        r = ch.best.e ? ch.best.res.r : 0;
     }
-
-    /* The entry is leased: the worker owns its session until release. */
-    e->leased = true;
-    lru_unlink(c, e);
-    lru_push_head(c, e);
-    e->last_used = ++c->clock;
-    lp->e = e;
+    /* plan and lease */
+    plan_request(c, lp, prompt, r, m);
+    lease_begin(c, e, lp, out);
     d->cached = r;
     d->read = (uint32_t)(m - r);
-
-    /* The checkpoint plan (hybrid models): positions in (r, m]. */
-    if (c->hybrid && c->p.max_ckpts > 0) {
-        size_t n_turns = find_turns(c, prompt, m);
-        lp->n_plan = plan_checkpoints(r, (uint32_t)m, c->turns, n_turns, c->p.ckpt_every, lp->plan, MAX_PLAN);
-        for (size_t i = 0; i < lp->n_plan; i++) lp->plan_pos[i] = lp->plan[i].pos;
-    }
-    out->session = e->s;
-    out->ckpt_pos = lp->plan_pos;
-    out->n_ckpt = lp->n_plan;
-    out->priv = lp;
-
     pthread_mutex_lock(&c->stats_mu);
     c->stats.requests_by_tier[d->tier]++;
     c->stats.tokens_cached += r;
@@ -959,25 +830,11 @@ static void add_checkpoints(struct cache *c, struct entry *e, struct lease_priv 
             ce.kinds |= e->ck[dup].kinds;
             ck_drop(e, (size_t)dup);
         }
-        if (e->n_ck == e->cap_ck) {
-            size_t cap = e->cap_ck ? e->cap_ck * 2 : 8;
-            struct ckpt_entry *p = tern_reallocarray(e->ck, cap, sizeof *p);
-            if (!p) {
-                tern_checkpoint_free(ce.ck);
-                continue;
-            }
-            e->ck = p;
-            e->cap_ck = cap;
-        }
-        size_t j = e->n_ck;
-        while (j > 0 && e->ck[j - 1].pos > ce.pos) {
-            e->ck[j] = e->ck[j - 1];
-            j--;
-        }
         ce.stamp = e->last_used;
-        e->ck[j] = ce;
-        e->n_ck++;
-        e->ck_bytes += ce.ck ? tern_checkpoint_bytes(ce.ck) : 0;
+        if (!ck_insert(e, ce)) {
+            tern_checkpoint_free(ce.ck);
+            continue;
+        }
         STAT_ADD(c, ckpts_made, 1);
     }
     lp->n_pending = 0;
@@ -1045,114 +902,126 @@ static void lineage_to_head(struct cache *c, uint64_t lineage) {
     }
 }
 
+/* The conversation's state a prediction builds on: the same candidates a request would
+ * see, the best resume point (unlike a request, a prediction may be covered entirely);
+ * ties go to a kept prediction, which is continued in place (no copy). */
+struct predict_choice {
+    size_t n;
+    bool keep;
+    bool covered;
+    struct entry *src;
+    struct plan_resume best;
+};
+
+static bool choose_for_prediction(void *ctx, const struct candidate *cand) {
+    struct predict_choice *ch = ctx;
+    if (cand->res.lcp >= ch->n) {
+        ch->covered = true;
+        return false;
+    }
+    const struct entry *e = cand->e;
+    if (cand->res.r > ch->best.r ||
+        (ch->src && cand->res.r == ch->best.r && ch->keep && e->keep && e->predicted && !ch->src->keep)) {
+        ch->best = cand->res;
+        ch->src = cand->e;
+    }
+    return true;
+}
+
+/* The previous kept prediction of the conversation (the history re-rendered up to the
+ * previous turn) continues in place at r: what it held beyond r is superseded. */
+static enum tern_status predict_in_place(struct cache *c, struct entry *e, const struct plan_resume *res) {
+    const uint32_t r = res->r;
+    if (!res->live) {
+        long ck_i = find_ck(e, r);
+        enum tern_status st;
+        if (c->hybrid) st = ck_i >= 0 ? tern_session_restore(e->s, e->ck[ck_i].ck)
+                                      : tern_errorf(TERN_ERR_STATE, "no checkpoint at %u", r);
+        else st = tern_session_rewind(e->s, r);
+        if (st) return tern_error_prefix(st, "predict: resuming the kept prediction at %u", r);
+    }
+    drop_ckpts_above(c, e, r);
+    return TERN_OK;
+}
+
+/* A new predicted entry of src's lineage, copied at r. */
+static enum tern_status predict_fork(struct cache *c, struct entry *src, uint32_t r, bool keep, struct entry **out) {
+    long ck_i = find_ck(src, r);
+    struct tern_session *fork = NULL;
+    enum tern_status st = tern_session_fork(src->s, r, ck_i >= 0 ? src->ck[ck_i].ck : NULL, &fork);
+    if (st) return tern_error_prefix(st, "predict: copying %u tokens", r);
+    struct cache_ident pid = {.tenant = src->tenant, .key = src->key};
+    struct entry *e = NULL;
+    st = entry_new(c, &pid, fork, src->lineage, &e);
+    if (st) {
+        tern_session_free(fork);
+        return st;
+    }
+    /* when used, it becomes the conversation's entry: the same file on disk */
+    memcpy(e->disk_nonce, src->disk_nonce, sizeof e->disk_nonce);
+    e->has_nonce = src->has_nonce;
+    e->predicted = true;
+    e->keep = keep;
+    if (keep) {
+        /* one kept prediction per conversation: an older one it did not build on has
+         * diverged */
+        for (struct entry *o = c->head, *nx; o; o = nx) {
+            nx = o->next;
+            if (o != e && !o->leased && o->lineage == e->lineage && o->keep && o->predicted) entry_remove(c, o);
+        }
+    }
+    *out = e;
+    return TERN_OK;
+}
+
+/* The checkpoint plan of a prediction (hybrid models): the caller's marks in (r, n]. */
+static void plan_prediction(struct cache *c, struct lease_priv *lp, const uint32_t *marks, size_t n_marks, uint32_t r,
+                            size_t n) {
+    if (!c->hybrid || c->p.max_ckpts == 0) return;
+    for (size_t i = 0; i < n_marks && lp->n_plan < MAX_PLAN; i++)
+        if (marks[i] > r && marks[i] <= n)
+            lp->plan[lp->n_plan++] = (struct plan_point){marks[i], PLAN_CKPT_PREDICTED | PLAN_CKPT_END};
+}
+
 enum tern_status cache_predict_begin_flags(struct cache *c, const struct cache_ident *id, const int32_t *toks,
                                            size_t n, const uint32_t *marks, size_t n_marks, unsigned flags,
                                            struct cache_lease *out) {
     memset(out, 0, sizeof *out);
     if (n == 0) return tern_errorf(TERN_ERR_STATE, "predict: empty prediction");
-    const bool named = id->key && *id->key;
-    const char *tenant = id->tenant ? id->tenant : "";
     const bool keep = (flags & CACHE_PREDICT_KEEP) != 0;
     enum tern_status st = fp_compute(&c->sep, toks, n, &c->req_fp);
     if (st) return st;
-    /* The conversation's state to build on: the same candidates a request would see.
-     * The prediction is primed only beyond the best resume point. */
-    struct entry *src = NULL;
-    struct plan_resume best = {0};
-    size_t n_probe = 0;
-    for (struct entry *e = c->head; e; e = e->next) {
-        struct nomination nom;
-        if (!nominate(c, e, tenant, id->key, &n_probe, &nom)) continue;
-        /* Unlike a request, a prediction may be covered entirely (r == n). */
-        size_t lcp = plan_lcp(tern_session_tokens(e->s), tern_session_n_past(e->s), toks, n);
-        if (lcp >= n) return tern_errorf(TERN_ERR_STATE, "predict: already covered (%zu tokens)", n);
-        struct plan_resume r = evaluate(c, e, toks, n);
-        /* ties go to a kept prediction, which is continued in place (no copy) */
-        if (r.r > best.r || (src && r.r == best.r && keep && e->keep && e->predicted && !src->keep)) {
-            best = r;
-            src = e;
-        }
-    }
-    if (!src) return tern_errorf(TERN_ERR_STATE, "predict: no state of this conversation to build on");
-    if (best.r >= n) return tern_errorf(TERN_ERR_STATE, "predict: the conversation's state already covers it");
+    /* candidates and decision: primed only beyond the best resume point */
+    struct predict_choice ch = {.n = n, .keep = keep};
+    cache_candidates(c, id, toks, n, choose_for_prediction, &ch);
+    if (ch.covered) return tern_errorf(TERN_ERR_STATE, "predict: already covered (%zu tokens)", n);
+    if (!ch.src) return tern_errorf(TERN_ERR_STATE, "predict: no state of this conversation to build on");
+    if (ch.best.r >= n) return tern_errorf(TERN_ERR_STATE, "predict: the conversation's state already covers it");
     struct lease_priv *lp = tern_calloc(1, sizeof *lp);
     if (!lp) return tern_errorf(TERN_ERR_NOMEM, "predict: out of memory");
     lp->c = c;
-    uint32_t r = best.r;
-    long ck_i = find_ck(src, r);
+    const uint32_t r = ch.best.r;
     struct entry *e = NULL;
-    if (keep && src->keep && src->predicted) {
-        /* The previous kept prediction of the conversation (the history re-rendered
-         * up to the previous turn) continues in place: what it held beyond r is
-         * superseded by this prediction. */
-        e = src;
-        if (!best.live) {
-            if (c->hybrid) st = ck_i >= 0 ? tern_session_restore(e->s, src->ck[ck_i].ck)
-                                          : tern_errorf(TERN_ERR_STATE, "no checkpoint at %u", r);
-            else st = tern_session_rewind(e->s, r);
-            if (st) {
-                free(lp);
-                return tern_error_prefix(st, "predict: resuming the kept prediction at %u", r);
-            }
-        }
-        while (e->n_ck && e->ck[e->n_ck - 1].pos > r) {
-            ck_drop(e, e->n_ck - 1);
-            STAT_ADD(c, ckpt_evictions, 1);
-        }
-        lp->in_place = true;
+    lp->in_place = keep && ch.src->keep && ch.src->predicted;
+    if (lp->in_place) {
+        e = ch.src;
+        st = predict_in_place(c, e, &ch.best);
     } else {
-        struct tern_session *fork = NULL;
-        st = tern_session_fork(src->s, r, ck_i >= 0 ? src->ck[ck_i].ck : NULL, &fork);
-        if (st) {
-            free(lp);
-            return tern_error_prefix(st, "predict: copying %u tokens", r);
-        }
-        struct cache_ident pid = {.tenant = src->tenant, .key = src->key};
-        st = entry_new(c, &pid, fork, src->lineage, &e);
-        if (st) {
-            tern_session_free(fork);
-            free(lp);
-            return st;
-        }
-        /* when used, it becomes the conversation's entry: the same file on disk */
-        memcpy(e->disk_nonce, src->disk_nonce, sizeof e->disk_nonce);
-        e->has_nonce = src->has_nonce;
-        e->predicted = true;
-        e->keep = keep;
-        if (keep) {
-            /* one kept prediction per conversation: an older one it did not build on
-             * has diverged */
-            for (struct entry *o = c->head, *nx; o; o = nx) {
-                nx = o->next;
-                if (o != e && !o->leased && o->lineage == e->lineage && o->keep && o->predicted) entry_remove(c, o);
-            }
-        }
+        st = predict_fork(c, ch.src, r, keep, &e);
     }
-    e->leased = true;
-    e->last_used = ++c->clock;
-    lru_unlink(c, e);
-    lru_push_head(c, e);
+    if (st) {
+        free(lp);
+        return st;
+    }
+    /* plan and lease */
+    plan_prediction(c, lp, marks, n_marks, r, n);
+    lease_begin(c, e, lp, out);
     lineage_to_head(c, e->lineage);
-    lp->e = e;
-    if (c->hybrid && c->p.max_ckpts > 0) {
-        for (size_t i = 0; i < n_marks && lp->n_plan < MAX_PLAN; i++) {
-            if (marks[i] > r && marks[i] <= n) {
-                lp->plan[lp->n_plan] = (struct plan_point){marks[i], PLAN_CKPT_PREDICTED | PLAN_CKPT_END};
-                lp->plan_pos[lp->n_plan++] = marks[i];
-            }
-        }
-    }
-    out->session = e->s;
-    out->ckpt_pos = lp->plan_pos;
-    out->n_ckpt = lp->n_plan;
-    out->priv = lp;
     out->decision.tier = CACHE_TIER_PREDICTED;
     out->decision.cached = r;
     out->decision.read = (uint32_t)(n - r);
-    out->decision.key_explicit = named;
-    pthread_mutex_lock(&c->stats_mu);
-    c->stats.predictions_made++;
-    pthread_mutex_unlock(&c->stats_mu);
+    out->decision.key_explicit = id->key && *id->key;
+    STAT_ADD(c, predictions_made, 1);
     enforce_budget(c, 0);
     return TERN_OK;
 }

@@ -10,6 +10,7 @@
 #ifndef TERN_CACHE_H
 #define TERN_CACHE_H
 
+#include "cache/planner.h"
 #include "tern.h"
 #include "util/status.h"
 
@@ -20,6 +21,20 @@
 struct cache;
 
 #define CACHE_MAX_TENANT_STATS 16
+#define CACHE_MAX_ROLES 16
+#define CACHE_ROLE_MAX_TOKENS 24 /* a header read byte by byte fits (a small vocabulary) */
+
+/* One rule of the role map: a turn plays `role` when the tokens right after its
+ * turn-start token begin with toks[0..n). The checkpoint plan needs the roles (the turn
+ * after the latest real user message, the end of a system prompt, DESIGN.md §4); the
+ * cache learns them from these ids only and never reads token text: which header means
+ * which role is the chat template's business, so the server builds the map
+ * (chat_role_map in server/chat.h). */
+struct cache_role_rule {
+    int32_t toks[CACHE_ROLE_MAX_TOKENS];
+    uint32_t n;               /* 1..CACHE_ROLE_MAX_TOKENS */
+    enum plan_role role;
+};
 
 struct cache_params {
     struct tern_session_params session; /* for sessions the cache creates */
@@ -33,6 +48,11 @@ struct cache_params {
     uint32_t max_ckpts;      /* --prompt-cache: checkpoints per session (0 = none) */
     uint32_t ckpt_every;     /* --prompt-cache-every: periodic checkpoint spacing */
     int32_t turn_token;      /* --turn-token: id of the turn-start control token, -1 = none */
+    /* The role map: the longest matching rule wins; no rule matches = PLAN_ROLE_OTHER.
+     * Empty (n_roles = 0): every turn is OTHER (the plan keeps its end, boundary and
+     * periodic points only). */
+    struct cache_role_rule roles[CACHE_MAX_ROLES];
+    uint32_t n_roles;
     bool affinity;           /* TERN_AFFINITY (fingerprint nomination) */
     bool pool;               /* TERN_REUSE_POOL (parked sessions beyond the live one) */
     bool ckpt_reread;        /* TERN_CKPT_REREAD: re-read instead of restoring */
@@ -80,7 +100,9 @@ struct cache_lease {
 };
 
 /* With p->disk_dir (and the pool on) the disk tier is opened: its index is rebuilt from
- * the directory; an unusable directory is an error. */
+ * the directory; an unusable directory is an error. A role map with more than
+ * CACHE_MAX_ROLES rules or a rule of 0 or more than CACHE_ROLE_MAX_TOKENS ids is
+ * TERN_ERR_INVALID. */
 enum tern_status cache_new(struct tern_model *m, const struct cache_params *p, struct cache **out);
 void cache_free(struct cache *c);
 

@@ -1,5 +1,6 @@
 #include "cache/planner.h"
 
+#include <stddef.h>
 #include <string.h>
 
 size_t plan_lcp(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
@@ -40,6 +41,17 @@ struct plan_resume plan_resume_point(const struct plan_candidate *c, const int32
     return res;
 }
 
+size_t plan_insert_slot(void *base, size_t n, size_t elem_size, size_t key_off, uint32_t pos) {
+    uint8_t *b = base;
+    size_t j = n;
+    for (uint32_t key; j > 0; j--) {
+        memcpy(&key, b + (j - 1) * elem_size + key_off, sizeof key);
+        if (key <= pos) break;
+    }
+    memmove(b + (j + 1) * elem_size, b + j * elem_size, (n - j) * elem_size);
+    return j;
+}
+
 static size_t add_point(struct plan_point *out, size_t n, size_t cap, uint32_t pos, uint32_t kind) {
     for (size_t i = 0; i < n; i++) {
         if (out[i].pos == pos) {
@@ -48,14 +60,8 @@ static size_t add_point(struct plan_point *out, size_t n, size_t cap, uint32_t p
         }
     }
     if (n == cap) return n;
-    /* insertion keeping ascending order */
-    size_t j = n;
-    while (j > 0 && out[j - 1].pos > pos) {
-        out[j] = out[j - 1];
-        j--;
-    }
-    out[j].pos = pos;
-    out[j].kinds = kind;
+    size_t j = plan_insert_slot(out, n, sizeof *out, offsetof(struct plan_point, pos), pos);
+    out[j] = (struct plan_point){.pos = pos, .kinds = kind};
     return n + 1;
 }
 

@@ -78,4 +78,10 @@ struct plan_kept {
 };
 size_t plan_retain(const struct plan_kept *pts, size_t n, size_t max, bool *drop);
 
+/* The sorted insert of every ascending position list in the cache (checkpoint plans,
+ * a session's checkpoints): base[0..n) holds elements of elem_size bytes, ascending by
+ * the uint32_t at key_off, with room for one more. Shifts the elements above pos up by
+ * one and returns the index of the slot opened for pos (after any equal keys). */
+size_t plan_insert_slot(void *base, size_t n, size_t elem_size, size_t key_off, uint32_t pos);
+
 #endif

@@ -15,6 +15,7 @@
 #include "util/log.h"
 #include "util/mem.h"
 #include "util/timeutil.h"
+#include "util/utf8.h"
 
 #include <getopt.h>
 #include <limits.h>
@@ -308,7 +309,8 @@ int cli_chat_main(int argc, char **argv) {
     free(tsrc);
     if (!st) {
         cp.turn_token = chat_turn_token(&cs.cf);
-        st = cache_new(cs.model, &cp, &cs.cache);
+        st = chat_role_map(cs.cf.tok, &cp);
+        if (!st) st = cache_new(cs.model, &cp, &cs.cache);
     }
     if (st) {
         int rc = cli_fail("chat", "%s: %s", model_path, tern_last_error());
@@ -343,7 +345,7 @@ int cli_chat_main(int argc, char **argv) {
             fprintf(stderr, "[conversation reset]\n");
             continue;
         }
-        if (!srv_utf8_valid(line, (size_t)n)) {
+        if (!tern_utf8_valid(line, (size_t)n)) {
             fprintf(stderr, "[the input is not valid UTF-8; ignored]\n");
             continue;
         }

@@ -4,6 +4,7 @@
 #include "gguf/gguf.h"
 #include "util/buf.h"
 #include "util/mem.h"
+#include "util/utf8.h"
 
 #include <getopt.h>
 #include <inttypes.h>
@@ -173,28 +174,13 @@ static int print_text(const struct gguf_file *f, bool all) {
 
 /* ---- JSON ------------------------------------------------------------------------- */
 
-/* A JSON string from bytes that may be invalid UTF-8 or hold NULs: invalid bytes become
- * U+FFFD, so the document is always valid. */
+/* A JSON string from bytes that may be invalid UTF-8 or hold NULs: ill-formed bytes
+ * become U+FFFD (util/utf8.h's rule), so the document is always valid. */
 static json_t *jstr(const char *s, uint64_t len) {
     json_t *j = json_stringn(s, (size_t)len);
     if (j) return j;
     struct tern_buf b = TERN_BUF_INIT;
-    const unsigned char *p = (const unsigned char *)s;
-    for (uint64_t i = 0; i < len;) {
-        unsigned char c = p[i];
-        uint64_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        bool ok = n && i + n <= len;
-        for (uint64_t k = 1; ok && k < n; k++) ok = (p[i + k] & 0xc0) == 0x80;
-        if (ok && n > 1 && !json_stringn((const char *)p + i, (size_t)n)) ok = false; /* overlong, surrogate */
-        if (ok) {
-            (void)tern_buf_append(&b, p + i, (size_t)n);
-            i += n;
-        } else {
-            (void)tern_buf_puts(&b, "\xef\xbf\xbd");
-            i++;
-        }
-    }
-    j = json_stringn(b.data ? b.data : "", b.len);
+    j = tern_utf8_sanitize(&b, s, (size_t)len) ? NULL : json_stringn(b.data ? b.data : "", b.len);
     tern_buf_free(&b);
     return j;
 }

@@ -2,6 +2,7 @@
 #include "cli/cli.h"
 
 #include "cache/cache.h"
+#include "server/chat.h"
 #include "server/demo.h"
 #include "server/engine.h"
 #include "server/predict.h"
@@ -347,6 +348,8 @@ static int cmd_serve(int argc, char **argv) {
     struct tern_model *model = NULL;
     struct srv_engine *eng = NULL;
     enum tern_status st = tern_model_load(&mp, &model);
+    /* the cache's role map: which turn headers the chat template writes (server/chat.h) */
+    if (!st) st = chat_role_map(tern_model_tokenizer(model), &cp);
     if (!st) {
         struct srv_engine_params ep = {
             .model = model,

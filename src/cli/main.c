@@ -1,6 +1,8 @@
 /* tern: command dispatch. */
 #include "cli/cli.h"
 
+#include "util/mem.h"
+
 #include <errno.h>
 #include <float.h>
 #include <math.h>
@@ -74,6 +76,7 @@ static void print_help(FILE *out) {
 }
 
 int main(int argc, char **argv) {
+    tern_json_alloc_init(); /* jansson allocates through tern's allocator (util/mem.h) */
     qsort(commands, (size_t)n_commands, sizeof commands[0], cmp_cmd);
     if (argc < 2) {
         fprintf(stderr, "tern: missing command (see 'tern --help')\n");

@@ -6,6 +6,8 @@
 #define XXH_STATIC_LINKING_ONLY
 #include "model/model.h"
 
+#include "model/ctx-default.h"
+
 #include "util/hash.h"
 #include "util/log.h"
 #include "util/mem.h"
@@ -14,7 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DEFAULT_N_CTX_CAP 32768u
 #define MAX_N_CTX (1u << 24)
 
 struct tern_checkpoint {
@@ -242,10 +243,7 @@ enum tern_status tern_session_new(struct tern_model *m, const struct tern_sessio
         p = &def;
     }
     uint32_t n_ctx = p->n_ctx;
-    if (n_ctx == 0) {
-        n_ctx = m->hp.n_ctx_train ? m->hp.n_ctx_train : DEFAULT_N_CTX_CAP;
-        if (n_ctx > DEFAULT_N_CTX_CAP) n_ctx = DEFAULT_N_CTX_CAP;
-    }
+    if (n_ctx == 0) n_ctx = tern_n_ctx_default(m->hp.n_ctx_train);
     if (n_ctx > MAX_N_CTX)
         return tern_errorf(TERN_ERR_RANGE, "session: context size %u exceeds the limit %u", n_ctx, MAX_N_CTX);
     if (m->hp.n_ctx_train && n_ctx > m->hp.n_ctx_train)

@@ -118,4 +118,53 @@ enum tern_status chat_fmt_tokenize(const struct chat_fmt *cf, const char *text, 
     return TERN_OK;
 }
 
-int32_t chat_turn_token(const struct chat_fmt *cf) { return tern_token_find(cf->tok, "<|im_start|>", 12); }
+static int32_t default_turn_token(const struct tern_tokenizer *tok) { return tern_token_find(tok, "<|im_start|>", 12); }
+
+int32_t chat_turn_token(const struct chat_fmt *cf) { return default_turn_token(cf->tok); }
+
+enum tern_status chat_role_map(const struct tern_tokenizer *tok, struct cache_params *p) {
+    static const struct {
+        const char *header;
+        enum plan_role role;
+    } heads[] = {
+        {"system", PLAN_ROLE_SYSTEM},   {"developer", PLAN_ROLE_SYSTEM}, {"user", PLAN_ROLE_USER},
+        {"user\n<tool_response>", PLAN_ROLE_TOOL}, {"assistant", PLAN_ROLE_ASSISTANT}, {"model", PLAN_ROLE_ASSISTANT},
+        {"tool", PLAN_ROLE_TOOL},       {"ipython", PLAN_ROLE_TOOL},
+    };
+    _Static_assert(sizeof heads / sizeof heads[0] <= CACHE_MAX_ROLES, "the role map's size");
+    p->n_roles = 0;
+    if (!tok) return TERN_OK;
+    const int32_t turn_id = p->turn_token >= 0 ? p->turn_token : default_turn_token(tok);
+    size_t tl = 0;
+    const char *turn = turn_id >= 0 ? tern_token_text(tok, turn_id, &tl) : NULL;
+    if (!turn) return TERN_OK;
+    struct tern_buf text = TERN_BUF_INIT;
+    int32_t *ids = NULL;
+    size_t cap = 0;
+    enum tern_status st = TERN_OK;
+    for (size_t h = 0; h < sizeof heads / sizeof heads[0] && !st; h++) {
+        const size_t hl = strlen(heads[h].header);
+        size_t n = 0;
+        tern_buf_clear(&text);
+        if ((st = tern_buf_append(&text, turn, tl)) || (st = tern_buf_append(&text, heads[h].header, hl)) ||
+            (st = tern_buf_append(&text, "\n", 1)) ||
+            (st = tern_tokenize(tok, text.data, text.len, TERN_TOK_PARSE_SPECIAL, &ids, &n, &cap)))
+            break;
+        if (n < 2 || ids[0] != turn_id) continue; /* the turn token did not survive: no rule */
+        struct cache_role_rule rule = {.role = heads[h].role};
+        size_t bytes = 0;
+        for (size_t i = 1; i < n && rule.n < CACHE_ROLE_MAX_TOKENS; i++) {
+            size_t len = 0;
+            if (!tern_token_piece_ref(tok, ids[i], TERN_TOK_PARSE_SPECIAL, &len) || bytes + len > hl) break;
+            bytes += len;
+            rule.toks[rule.n++] = ids[i];
+        }
+        /* at most the header's last byte may have merged with its newline; a rule that
+         * covers less could pass for a shorter header's ("user" for the tool result) */
+        if (rule.n && bytes + 1 >= hl) p->roles[p->n_roles++] = rule;
+    }
+    free(ids);
+    tern_buf_free(&text);
+    if (st) p->n_roles = 0;
+    return st;
+}

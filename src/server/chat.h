@@ -4,6 +4,7 @@
 #ifndef TERN_SERVER_CHAT_H
 #define TERN_SERVER_CHAT_H
 
+#include "cache/cache.h"
 #include "server/reply.h"
 #include "tern.h"
 #include "util/buf.h"
@@ -53,5 +54,15 @@ enum tern_status chat_fmt_tokenize(const struct chat_fmt *cf, const char *text, 
 /* The turn-start token (DESIGN.md §4 checkpoint plan): <|im_start|> when the
  * vocabulary has it, else -1. */
 int32_t chat_turn_token(const struct chat_fmt *cf);
+
+/* Fills p->roles / p->n_roles, the cache's role map (cache.h), for the turn-start token
+ * p->turn_token (-1: chat_turn_token's default; none: an empty map): the role headers chat templates write after it —
+ * ChatML's system/developer/user/assistant/tool, Qwen's tool result (a user turn that
+ * opens with <tool_response>), Gemma's "model", Llama 3's "ipython" — as the ids the
+ * prompt holds for them. Each header is tokenized the way a rendered prompt is (after
+ * the turn-start token, followed by its newline), and only the ids that lie wholly
+ * within the header are kept, so a merge with what follows never breaks the match; a
+ * header whose ids cover less than all but its last byte gets no rule. */
+enum tern_status chat_role_map(const struct tern_tokenizer *tok, struct cache_params *p);
 
 #endif

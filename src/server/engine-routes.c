@@ -4,6 +4,7 @@
 #include "server/respond.h"
 #include "tokenizer/tokenizer.h"
 #include "util/mem.h"
+#include "util/utf8.h"
 
 #include <string.h>
 
@@ -98,14 +99,17 @@ json_t *engine_detokenize(void *self, const json_t *body, struct srv_error *err)
         srv_error_set(err, 500, "server_error", NULL, NULL, "detokenize: %s", tern_last_error());
         return NULL;
     }
-    json_t *s = json_stringn(out.data ? out.data : "", out.len);
-    if (!s) { /* ids that end inside a UTF-8 sequence: replace what is broken */
-        size_t k = out.len;
-        while (k > 0 && !srv_utf8_valid(out.data, k)) k--;
-        s = json_stringn(out.data, k);
-    }
+    /* ids that split or end inside a UTF-8 sequence: replace what is broken (U+FFFD) */
+    struct tern_buf text = TERN_BUF_INIT;
+    st = tern_utf8_sanitize(&text, out.data ? out.data : "", out.len);
     tern_buf_free(&out);
-    return json_pack("{s:o}", "content", s ? s : json_string(""));
+    json_t *s = st ? NULL : json_stringn(text.data ? text.data : "", text.len);
+    tern_buf_free(&text);
+    if (!s) {
+        srv_error_set(err, 500, "server_error", NULL, NULL, "out of memory");
+        return NULL;
+    }
+    return json_pack("{s:o}", "content", s);
 }
 
 void engine_metrics(void *self, struct tern_buf *b) {

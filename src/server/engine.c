@@ -2,6 +2,7 @@
  * lifecycle, prepare (connection threads), the model entry. */
 #include "server/engine-impl.h"
 
+#include "model/ctx-default.h"
 #include "server/constrain.h"
 #include "server/reply.h"
 #include "server/respond.h"
@@ -176,7 +177,7 @@ enum tern_status srv_engine_new(const struct srv_engine_params *p, struct srv_en
     e->chat.parse_special_in_content = p->parse_special_in_content;
     struct cache_params cp = p->cache;
     uint32_t n_ctx = cp.session.n_ctx;
-    if (n_ctx == 0) n_ctx = e->info->n_ctx_train && e->info->n_ctx_train < 32768 ? e->info->n_ctx_train : 32768;
+    if (n_ctx == 0) n_ctx = tern_n_ctx_default(e->info->n_ctx_train); /* the session's own default */
     cp.session.n_ctx = n_ctx;
     e->n_ctx = n_ctx;
     if (cp.turn_token < 0) cp.turn_token = chat_turn_token(&e->chat);

@@ -5,6 +5,7 @@
 #include "server/constrain.h"
 
 #include "util/mem.h"
+#include "util/utf8.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -42,15 +43,14 @@ char *srv_error_json(const struct srv_error *e) {
      * valid UTF-8 when jansson accepted them, but a truncation may have cut a
      * sequence, so repair before handing it to jansson (which refuses bad UTF-8). */
     char msg[sizeof e->message];
-    size_t n = strnlen(e->message, sizeof e->message - 1);
+    size_t n = tern_utf8_valid_prefix(e->message, strnlen(e->message, sizeof e->message - 1));
     memcpy(msg, e->message, n);
-    while (n > 0 && !srv_utf8_valid(msg, n)) n--;
     msg[n] = 0;
     json_t *inner = json_object();
     if (!inner) return NULL;
     int rc = json_object_set_new(inner, "message", json_string(msg));
     rc |= json_object_set_new(inner, "type", json_string(e->type ? e->type : "server_error"));
-    rc |= json_object_set_new(inner, "param", e->param[0] && srv_utf8_valid(e->param, strlen(e->param))
+    rc |= json_object_set_new(inner, "param", e->param[0] && tern_utf8_valid(e->param, strlen(e->param))
                                                   ? json_string(e->param)
                                                   : json_null());
     rc |= json_object_set_new(inner, "code", e->code ? json_string(e->code) : json_null());
@@ -66,42 +66,6 @@ char *srv_error_json(const struct srv_error *e) {
 }
 
 /* ---- helpers ----------------------------------------------------------------------- */
-
-bool srv_utf8_valid(const char *str, size_t n) {
-    const unsigned char *s = (const unsigned char *)str;
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t len;
-        unsigned cp;
-        if (c >= 0xc2 && c <= 0xdf) {
-            len = 2;
-            cp = c & 0x1f;
-        } else if (c >= 0xe0 && c <= 0xef) {
-            len = 3;
-            cp = c & 0x0f;
-        } else if (c >= 0xf0 && c <= 0xf4) {
-            len = 4;
-            cp = c & 0x07;
-        } else {
-            return false;
-        }
-        if (n - i < len) return false;
-        for (size_t k = 1; k < len; k++) {
-            if ((s[i + k] & 0xc0) != 0x80) return false;
-            cp = (cp << 6) | (s[i + k] & 0x3f);
-        }
-        if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
-            (cp >= 0xd800 && cp <= 0xdfff))
-            return false;
-        i += len;
-    }
-    return true;
-}
 
 /* A field that may be absent or null (both mean "not given"). */
 static const json_t *opt_field(const json_t *o, const char *key) {
@@ -273,8 +237,13 @@ static json_t *normalise_tool_calls(const json_t *calls, const char *where, stru
         if (json_is_string(args)) {
             /* Templates (Qwen3.5, Qwen3-Coder) iterate arguments|items: they need an
              * object. A string that is not a JSON object stays as it was. */
+            const unsigned long failed0 = tern_alloc_failures();
             json_t *parsed = json_loadb(json_string_value(args), json_string_length(args),
                                         JSON_DECODE_ANY, NULL);
+            if (!parsed && tern_alloc_failures() != failed0) { /* not "not JSON": no memory */
+                json_decref(out);
+                return oom(err), NULL;
+            }
             if (json_is_object(parsed)) {
                 nargs = parsed;
             } else {
@@ -288,8 +257,15 @@ static json_t *normalise_tool_calls(const json_t *calls, const char *where, stru
         }
         json_t *nfn = json_copy((json_t *)fn);
         json_t *nc = json_copy((json_t *)c);
-        if (!nargs || !nfn || !nc || json_object_set_new(nfn, "arguments", nargs) ||
-            json_object_set_new(nc, "function", nfn) || json_array_append_new(out, nc)) {
+        /* each _set_new/_append_new takes its value, also when it fails */
+        bool ok = nargs && nfn && nc;
+        if (ok) ok = !json_object_set_new(nfn, "arguments", nargs), nargs = NULL;
+        if (ok) ok = !json_object_set_new(nc, "function", nfn), nfn = NULL;
+        if (ok) ok = !json_array_append_new(out, nc), nc = NULL;
+        if (!ok) {
+            json_decref(nargs);
+            json_decref(nfn);
+            json_decref(nc);
             json_decref(out);
             return oom(err), NULL;
         }
@@ -747,9 +723,16 @@ bool srv_request_parse(enum srv_endpoint ep, const char *body, size_t len,
         return false;
     }
     json_error_t jerr;
+    const unsigned long failed0 = tern_alloc_failures();
     json_t *o = json_loadb(body, len, 0, &jerr);
     if (!o) {
-        if (json_error_code(&jerr) == json_error_invalid_utf8)
+        /* jansson allocates through tern_malloc (tern_json_alloc_init): a failed
+         * allocation during the parse is out of memory, whatever jansson calls it (its
+         * lexer reports one as a syntax error) */
+        if (tern_alloc_failures() != failed0 || json_error_code(&jerr) == json_error_out_of_memory)
+            srv_error_set(err, 500, "server_error", NULL, NULL, "out of memory parsing a request body of %zu bytes",
+                          len);
+        else if (json_error_code(&jerr) == json_error_invalid_utf8)
             srv_error_bad(err, NULL, "invalid UTF-8 in the request body at line %d, column %d (byte %d)",
                           jerr.line, jerr.column, jerr.position);
         else
@@ -764,6 +747,10 @@ bool srv_request_parse(enum srv_endpoint ep, const char *body, size_t len,
     }
     bool ok = parse_body(ep, o, opts, req, err);
     json_decref(o);
+    /* A failed allocation makes any verdict after it unreliable (a grammar that could
+     * not be built reads as one too large): the request failed for want of memory. */
+    if (!ok && tern_alloc_failures() != failed0)
+        srv_error_set(err, 500, "server_error", NULL, NULL, "out of memory parsing a request body of %zu bytes", len);
     if (!ok) srv_request_free(req);
     req->ep = ep;
     return ok;

@@ -123,7 +123,5 @@ json_t *srv_template_vars(const struct srv_request *req, const char *bos_token, 
  * new array or NULL with *err set. */
 json_t *srv_messages_normalise(const json_t *messages, struct srv_error *err);
 
-/* True when s[0..n) is valid UTF-8 (no overlongs, surrogates or values > U+10FFFF). */
-bool srv_utf8_valid(const char *s, size_t n);
 
 #endif

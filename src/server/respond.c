@@ -1,6 +1,8 @@
 /* OpenAI response objects and SSE framing (see respond.h). */
 #include "server/respond.h"
 
+#include "util/utf8.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -12,8 +14,7 @@ static json_t *str_n(const char *s, size_t n) {
     if (!s) return json_string("");
     json_t *v = json_stringn(s, n);
     if (v) return v;
-    while (n > 0 && !srv_utf8_valid(s, n)) n--;
-    v = json_stringn(s, n);
+    v = json_stringn(s, tern_utf8_valid_prefix(s, n)); /* one pass, whatever the tail */
     return v ? v : json_string("");
 }
 

@@ -4,6 +4,7 @@
 
 #include "template/tpl.h"
 #include "util/mem.h"
+#include "util/utf8.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -12,8 +13,8 @@ enum tern_status tern_template_compile(const char *src, size_t len, struct tern_
     *out = NULL;
     if (!src && len) return tern_errorf(TERN_ERR_INVALID, "template source is NULL");
     if (len > UINT32_MAX / 2) return tern_errorf(TERN_ERR_LIMIT, "template of %zu bytes is too large", len);
-    size_t bad;
-    if (!utf8_valid(src, len, &bad)) {
+    size_t bad = tern_utf8_valid_prefix(src, len);
+    if (bad != len) {
         unsigned line, col;
         tpl_line_col(src, bad, bad, &line, &col);
         return tern_errorf(TERN_ERR_TEMPLATE, "line %u:%u: template is not valid UTF-8 (byte offset %zu)", line, col, bad);

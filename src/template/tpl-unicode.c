@@ -86,30 +86,6 @@ uint32_t utf8_decode(const char *p, size_t n, size_t *len) {
            (s[3] & 0x3F);
 }
 
-size_t utf8_encode(uint32_t cp, char *out) {
-    unsigned char *o = (unsigned char *)out;
-    if (cp < 0x80) {
-        o[0] = (unsigned char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        o[0] = (unsigned char)(0xC0 | (cp >> 6));
-        o[1] = (unsigned char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (unsigned char)(0xE0 | (cp >> 12));
-        o[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (unsigned char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (unsigned char)(0xF0 | (cp >> 18));
-    o[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
-    o[3] = (unsigned char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 size_t utf8_count(const char *p, size_t n) {
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
@@ -128,43 +104,6 @@ void utf8_trim_partial(char *s) {
     size_t n = strlen(s), k = n;
     while (k > 0 && ((unsigned char)s[k - 1] & 0xC0) == 0x80) k--;
     if (k > 0 && (unsigned char)s[k - 1] >= 0xC0 && k - 1 + utf8_seqlen((unsigned char)s[k - 1]) > n) s[k - 1] = 0;
-}
-
-bool utf8_valid(const char *p, size_t n, size_t *bad) {
-    const unsigned char *s = (const unsigned char *)p;
-    size_t i = 0;
-    while (i < n) {
-        unsigned char c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t len;
-        uint32_t min;
-        if (c >= 0xC2 && c <= 0xDF) {
-            len = 2;
-            min = 0x80;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            len = 3;
-            min = 0x800;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            len = 4;
-            min = 0x10000;
-        } else {
-            goto fail;
-        }
-        if (n - i < len) goto fail;
-        for (size_t k = 1; k < len; k++)
-            if ((s[i + k] & 0xC0) != 0x80) goto fail;
-        size_t l2;
-        uint32_t cp = utf8_decode(p + i, n - i, &l2);
-        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) goto fail;
-        i += len;
-    }
-    return true;
-fail:
-    if (bad) *bad = i;
-    return false;
 }
 
 bool uc_isspace(uint32_t cp) {

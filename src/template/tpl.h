@@ -16,6 +16,7 @@
 #include "template/template.h"
 #include "util/arena.h"
 #include "util/buf.h"
+#include "util/utf8.h"
 
 #include <jansson.h>
 #include <stdbool.h>
@@ -562,13 +563,13 @@ enum tern_status tpl_fmt_json(struct ctx *c, struct tern_buf *b, struct val v, c
 
 /* Decodes one code point of valid UTF-8 at p (n > 0 bytes left); *len gets its size. */
 uint32_t utf8_decode(const char *p, size_t n, size_t *len);
-size_t utf8_encode(uint32_t cp, char *out); /* out has room for 4 */
+/* Encodes a code point (<= U+10FFFF); out has room for 4. */
+static inline size_t utf8_encode(uint32_t cp, char *out) { return tern_utf8_encode(cp, out); }
 size_t utf8_count(const char *p, size_t n);  /* code points */
 /* The longest prefix of p[0..n) of at most max bytes that ends on a character boundary. */
 size_t utf8_clip(const char *p, size_t n, size_t max);
 /* Cuts a NUL-terminated string before an incomplete final character (after snprintf). */
 void utf8_trim_partial(char *s);
-bool utf8_valid(const char *p, size_t n, size_t *bad);
 bool uc_isspace(uint32_t cp);
 bool uc_isprintable(uint32_t cp);
 bool uc_isalpha(uint32_t cp);

@@ -108,28 +108,13 @@ static enum tern_status feed(struct tern_detok *d, const uint8_t *p, size_t n, s
             i--;
         }
     }
-    size_t run = i;
-    while (i < n) {
-        if (p[i] < 0x80) {
-            i++;
-            continue;
-        }
-        size_t bad, k = tern_utf8_seq(p + i, n - i, &bad);
-        if (k) {
-            i += k;
-            continue;
-        }
-        if ((st = tern_buf_append(out, p + run, i - run))) return st;
-        if (!bad) { /* an incomplete sequence at the end: hold it back */
-            memcpy(d->pend, p + i, n - i);
-            d->n_pend = n - i;
-            return TERN_OK;
-        }
-        if ((st = tern_buf_append(out, TERN_UTF8_REPLACEMENT, 3))) return st;
-        i += bad;
-        run = i;
-    }
-    return tern_buf_append(out, p + run, n - run);
+    if (i == n) return TERN_OK; /* (all of p went to the held bytes, which may still wait) */
+    /* the rest by util/utf8.h's sanitiser; an incomplete sequence at the end is held back */
+    size_t held;
+    if ((st = tern_utf8_sanitize_stream(out, (const char *)p + i, n - i, &held))) return st;
+    memcpy(d->pend, p + n - held, held);
+    d->n_pend = held;
+    return TERN_OK;
 }
 
 enum tern_status tern_detok_push(struct tern_detok *d, int32_t id, struct tern_buf *out) {

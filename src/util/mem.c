@@ -1,12 +1,16 @@
 #include "util/mem.h"
 
+#include <jansson.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 static _Atomic long fail_after = -1;
+static _Atomic unsigned long n_failed;
 
 void tern_alloc_fail_after(long n) { atomic_store(&fail_after, n); }
+
+unsigned long tern_alloc_failures(void) { return atomic_load(&n_failed); }
 
 static bool should_fail(void) {
     long v = atomic_load(&fail_after);
@@ -16,27 +20,33 @@ static bool should_fail(void) {
     return false;
 }
 
+/* Counts a failed allocation (injected, too large or refused by the system). */
+static void *counted(void *p) {
+    if (!p) atomic_fetch_add(&n_failed, 1);
+    return p;
+}
+
 void *tern_malloc(size_t size) {
-    if (should_fail()) return NULL;
-    return malloc(size ? size : 1);
+    if (should_fail()) return counted(NULL);
+    return counted(malloc(size ? size : 1));
 }
 
 void *tern_calloc(size_t n, size_t size) {
     size_t total;
-    if (tern_mul_overflow(n, size, &total) || should_fail()) return NULL;
-    return calloc(total ? n : 1, total ? size : 1);
+    if (tern_mul_overflow(n, size, &total) || should_fail()) return counted(NULL);
+    return counted(calloc(total ? n : 1, total ? size : 1));
 }
 
 void *tern_reallocarray(void *p, size_t n, size_t size) {
     size_t total;
-    if (tern_mul_overflow(n, size, &total) || should_fail()) return NULL;
-    return realloc(p, total ? total : 1);
+    if (tern_mul_overflow(n, size, &total) || should_fail()) return counted(NULL);
+    return counted(realloc(p, total ? total : 1));
 }
 
 void *tern_aligned_alloc(size_t size) {
-    if (should_fail()) return NULL;
+    if (should_fail()) return counted(NULL);
     void *p = NULL;
-    if (posix_memalign(&p, 64, size ? size : 64) != 0) return NULL;
+    if (posix_memalign(&p, 64, size ? size : 64) != 0) return counted(NULL);
     return p;
 }
 
@@ -51,3 +61,5 @@ char *tern_strndup(const char *s, size_t n) {
 }
 
 char *tern_strdup(const char *s) { return tern_strndup(s, strlen(s)); }
+
+void tern_json_alloc_init(void) { json_set_alloc_funcs(tern_malloc, free); }

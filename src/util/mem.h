@@ -36,6 +36,17 @@ char *tern_strndup(const char *s, size_t n);
 /* Fault injection for tests: after `n` more successful allocations, every allocation
  * through the functions above fails. n < 0 disables (the default). */
 void tern_alloc_fail_after(long n);
+/* How many allocations through the functions above have failed (injected or not) since
+ * the start: a caller whose library reports failures vaguely (jansson's parser calls a
+ * failed allocation a syntax error) compares it before and after. */
+unsigned long tern_alloc_failures(void);
+
+/* Routes jansson's allocations through tern_malloc (json_set_alloc_funcs), so that the
+ * fault injection above reaches JSON parsing and building (request.c) like the rest.
+ * Call once, before a second thread uses jansson (tern's main does; so do the tests that
+ * inject faults). Values jansson allocated before stay valid: both allocators free with
+ * free(). */
+void tern_json_alloc_init(void);
 
 #define TERN_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define TERN_MIN(a, b) ((a) < (b) ? (a) : (b))

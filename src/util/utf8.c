@@ -81,10 +81,12 @@ size_t tern_utf8_valid_prefix(const char *s, size_t n) {
     return i;
 }
 
-enum tern_status tern_utf8_sanitize(struct tern_buf *out, const char *s, size_t n) {
+/* The sanitiser; held = NULL: a truncated sequence at the end is replaced too. */
+static enum tern_status sanitize(struct tern_buf *out, const char *s, size_t n, size_t *held) {
     const uint8_t *p = (const uint8_t *)s;
     size_t len0 = out->len, i = 0, run = 0; /* run: start of pending valid bytes */
     enum tern_status st;
+    if (held) *held = 0;
     while (i < n) {
         if (p[i] < 0x80) {
             i++;
@@ -94,6 +96,11 @@ enum tern_status tern_utf8_sanitize(struct tern_buf *out, const char *s, size_t 
         if (k) {
             i += k;
             continue;
+        }
+        if (!bad && held) { /* a proper prefix at the end: the next bytes may complete it */
+            *held = n - i;
+            n = i;
+            break;
         }
         if (!bad) bad = n - i; /* truncated at the end: one replacement */
         if ((st = tern_buf_append(out, s + run, i - run)) != TERN_OK ||
@@ -107,5 +114,12 @@ enum tern_status tern_utf8_sanitize(struct tern_buf *out, const char *s, size_t 
 fail:
     out->len = len0;
     if (out->data) out->data[len0] = 0;
+    if (held) *held = 0;
     return st;
+}
+
+enum tern_status tern_utf8_sanitize(struct tern_buf *out, const char *s, size_t n) { return sanitize(out, s, n, NULL); }
+
+enum tern_status tern_utf8_sanitize_stream(struct tern_buf *out, const char *s, size_t n, size_t *held) {
+    return sanitize(out, s, n, held);
 }

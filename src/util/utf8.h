@@ -30,5 +30,9 @@ static inline bool tern_utf8_valid(const char *s, size_t n) { return tern_utf8_v
 /* Appends s[0..n) to out with every ill-formed maximal subpart (including a truncated
  * sequence at the end) replaced by U+FFFD. On error out is unchanged. */
 enum tern_status tern_utf8_sanitize(struct tern_buf *out, const char *s, size_t n);
+/* The same for a stream: a proper prefix of a well-formed sequence at the very end (the
+ * next bytes may complete it) is left out instead of replaced; *held gets its length
+ * (0 to 3), the bytes s[n - *held .. n). On error out is unchanged and *held = 0. */
+enum tern_status tern_utf8_sanitize_stream(struct tern_buf *out, const char *s, size_t n, size_t *held);
 
 #endif

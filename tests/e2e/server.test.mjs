@@ -190,6 +190,14 @@ test('tokenize / detokenize round trip', async () => {
   const d = await post('/detokenize', { tokens: t.json.tokens });
   assert.equal(d.json.content, 'Hello, wörld! <|im_start|>');
   assertError(await post('/detokenize', { tokens: ['a'] }), 400, 'invalid_request_error');
+  // ids that split a character: the broken bytes become U+FFFD, the rest is kept
+  const ch = (await post('/tokenize', { content: '\u0800' })).json.tokens; // E0 A0 80
+  assert.ok(ch.length > 1, 'the tiny vocabulary reads U+0800 in pieces');
+  const ab = (await post('/tokenize', { content: 'ab' })).json.tokens;
+  const cd = (await post('/tokenize', { content: 'cd' })).json.tokens;
+  const broken = await post('/detokenize', { tokens: [...ab, ch[0], ...cd] });
+  assert.equal(broken.status, 200, broken.text);
+  assert.equal(broken.json.content, 'ab\ufffdcd');
 });
 
 test('errors: shapes and codes', async () => {

@@ -5,6 +5,7 @@
 #include "harness.h"
 
 #include "cache/cache.h"
+#include "server/chat.h"
 #include "tokenizer/tokenizer.h"
 #include "util/buf.h"
 #include "util/mem.h"
@@ -69,6 +70,7 @@ static void default_params(struct fixture *f, struct cache_params *p) {
     p->max_ckpts = 8;
     p->ckpt_every = 256;
     p->turn_token = f->im_start;
+    assert_int_equal(chat_role_map(f->tok, p), TERN_OK); /* the server's role map */
     p->affinity = true;
     p->pool = true;
 }
@@ -558,6 +560,101 @@ static void test_affinity_switch_both_paths(void **state) {
     }
 }
 
+/* The plan's roles come from the role map the server hands over, never from token text:
+ * the same prompt gets the turn-after-the-user-message and system-prompt checkpoints
+ * only under a map that names its headers. */
+static bool plan_has(const struct cache_lease *l, uint32_t pos) {
+    for (size_t i = 0; i < l->n_ckpt; i++)
+        if (l->ckpt_pos[i] == pos) return true;
+    return false;
+}
+
+static void plan_of(struct fixture *f, const struct cache_params *p, const struct toks *t, struct cache_lease *l,
+                    struct cache **c) {
+    (void)f;
+    assert_int_equal(cache_new(f->m, p, c), TERN_OK);
+    struct cache_ident id = {.tenant = "", .key = NULL};
+    assert_int_equal(cache_acquire(*c, &id, t->v, t->n, l), TERN_OK);
+}
+
+/* Position of the k-th turn-start token of t. */
+static uint32_t turn_pos(const struct fixture *f, const struct toks *t, int k) {
+    for (size_t i = 0; i < t->n; i++)
+        if (t->v[i] == f->im_start && k-- == 0) return (uint32_t)i;
+    fail_msg("no turn %d", k);
+    return 0;
+}
+
+static void test_role_map_is_data(void **state) {
+    struct fixture *f = *state;
+    /* the server's map on a Qwen-style prompt: the tool result is no user message, so
+     * the user point is the turn after the real user message (turn 2), not the header */
+    struct toks q = {0};
+    toks_add_text(f, &q, SYS);
+    toks_add_text(f, &q, "<|im_start|>user\nlist the files<|im_end|>\n<|im_start|>assistant\nls<|im_end|>\n"
+                         "<|im_start|>user\n<tool_response>\na.c b.c\n</tool_response><|im_end|>\n"
+                         "<|im_start|>assistant\n");
+    struct cache_params p;
+    default_params(f, &p);
+    p.ckpt_every = 0;
+    assert_true(p.n_roles >= 6);
+    struct cache *c;
+    struct cache_lease l;
+    plan_of(f, &p, &q, &l, &c);
+    assert_true(plan_has(&l, turn_pos(f, &q, 1)));  /* end of the system prompt */
+    assert_true(plan_has(&l, turn_pos(f, &q, 2)));  /* after the latest real user message */
+    assert_true(plan_has(&l, turn_pos(f, &q, 4)));  /* the generation header */
+    assert_int_equal(l.n_ckpt, 4);                  /* ... and the end */
+    cache_release(c, &l, false);
+    cache_free(c);
+
+    /* a template with other headers: "human" and "narrator" mean nothing to the server's
+     * map, so that plan has only the header and the end */
+    struct toks h = {0};
+    toks_add_text(f, &h, "<|im_start|>narrator\nA story.<|im_end|>\n<|im_start|>human\nGo on.<|im_end|>\n"
+                         "<|im_start|>gpt\nOnce<|im_end|>\n<|im_start|>human\nMore.<|im_end|>\n"
+                         "<|im_start|>gpt\nTwice<|im_end|>\n<|im_start|>gpt\n");
+    plan_of(f, &p, &h, &l, &c);
+    assert_false(plan_has(&l, turn_pos(f, &h, 1)));
+    assert_false(plan_has(&l, turn_pos(f, &h, 4)));
+    assert_true(plan_has(&l, turn_pos(f, &h, 5)));  /* the generation header */
+    assert_int_equal(l.n_ckpt, 2);                  /* ... and the end */
+    cache_release(c, &l, false);
+    cache_free(c);
+    /* a custom map naming them changes the decision: the system prompt's end and the
+     * turn after the latest user message become checkpoints */
+    struct toks ids = {0};
+    p.n_roles = 0;
+    const struct {
+        const char *text;
+        enum plan_role role;
+    } custom[] = {{"narrator", PLAN_ROLE_SYSTEM}, {"human", PLAN_ROLE_USER}, {"gpt", PLAN_ROLE_ASSISTANT}};
+    for (size_t i = 0; i < 3; i++) {
+        toks_free(&ids);
+        char text[64];
+        snprintf(text, sizeof text, "<|im_start|>%s", custom[i].text);
+        toks_add_text(f, &ids, text);
+        assert_true(ids.n >= 2 && ids.n - 1 <= CACHE_ROLE_MAX_TOKENS);
+        struct cache_role_rule *r = &p.roles[p.n_roles++];
+        r->n = (uint32_t)(ids.n - 1);
+        memcpy(r->toks, ids.v + 1, r->n * sizeof *ids.v);
+        r->role = custom[i].role;
+    }
+    plan_of(f, &p, &h, &l, &c);
+    assert_true(plan_has(&l, turn_pos(f, &h, 1)));  /* end of the narrator's (system) turn */
+    assert_true(plan_has(&l, turn_pos(f, &h, 4)));  /* after the latest human (user) turn */
+    assert_true(plan_has(&l, turn_pos(f, &h, 5)));
+    assert_int_equal(l.n_ckpt, 4);
+    cache_release(c, &l, false);
+    cache_free(c);
+    /* a malformed map is refused */
+    p.roles[0].n = 0;
+    assert_int_equal(cache_new(f->m, &p, &c), TERN_ERR_INVALID);
+    toks_free(&ids);
+    toks_free(&q);
+    toks_free(&h);
+}
+
 /* Predictive priming: the predicted prefix is primed ahead; a request that matches it
  * resumes at its end (tier predicted) and equals a cold run; a wrong prediction is never
  * used; a pre-empted one is still valid up to where it got. */
@@ -662,6 +759,8 @@ int main(void) {
         cmocka_unit_test_setup(test_compaction_uses_longest_valid_point, setup_q35),
         cmocka_unit_test_setup(test_budget_evicts_lru, setup_q35),
         cmocka_unit_test_setup(test_switches, setup_q35),
+        cmocka_unit_test_setup(test_affinity_switch_both_paths, setup_q35),
+        cmocka_unit_test_setup(test_role_map_is_data, setup_q35),
         cmocka_unit_test_setup(test_predictions, setup_q35),
     };
     int rc = cmocka_run_group_tests_name("qwen3 (attention-only)", q3, NULL, NULL);

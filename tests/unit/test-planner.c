@@ -4,6 +4,7 @@
 #include "cache/fingerprint.h"
 #include "cache/planner.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,6 +41,29 @@ static void test_lcp(void **state) {
     assert_int_equal(plan_lcp(a, 10, b, 1000), 10);
     b[0] = -1;
     assert_int_equal(plan_lcp(a, 1000, b, 1000), 0);
+}
+
+/* The one sorted insert: ascending by a key inside a larger element, after equal keys. */
+static void test_insert_slot(void **state) {
+    (void)state;
+    struct el {
+        uint64_t tag;
+        uint32_t pos;
+    } a[8] = {{1, 10}, {2, 20}, {3, 30}};
+    size_t n = 3;
+    const uint32_t add[] = {25, 5, 40, 20};
+    for (size_t i = 0; i < 4; i++) {
+        size_t j = plan_insert_slot(a, n, sizeof *a, offsetof(struct el, pos), add[i]);
+        a[j] = (struct el){100 + i, add[i]};
+        n++;
+    }
+    const uint32_t want_pos[] = {5, 10, 20, 20, 25, 30, 40};
+    const uint64_t want_tag[] = {101, 1, 2, 103, 100, 3, 102};
+    assert_int_equal(n, 7);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(a[i].pos, want_pos[i]);
+        assert_int_equal(a[i].tag, want_tag[i]);
+    }
 }
 
 static void test_resume_point_rules(void **state) {
@@ -192,6 +216,7 @@ static void test_fingerprint_nominates_rewritten_history(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lcp),
+        cmocka_unit_test(test_insert_slot),
         cmocka_unit_test(test_resume_point_rules),
         cmocka_unit_test(test_checkpoint_plan),
         cmocka_unit_test(test_retention_protects_user_boundary),

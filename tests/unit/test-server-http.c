@@ -30,6 +30,7 @@ static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
 static bool gate_open = true;
 static atomic_int runs, cancelled_runs, running_now;
+static atomic_int cancelled_at; /* tokens a cancelled run had produced when it saw the flag */
 
 static const char *last_content(const struct srv_job *j) {
     size_t n = json_array_size(j->req.messages);
@@ -54,6 +55,20 @@ static void sleep_ms(int ms) {
     nanosleep(&ts, NULL);
 }
 
+/* Every wait of these tests is bounded: a server that never gets there fails the test
+ * with what was awaited, instead of hanging until ctest's timeout. The bound is a count
+ * of polls, far above what any machine needs; no test asserts how long anything took. */
+#define WAIT_POLLS 5000 /* x 2 ms */
+#define ENDLESS_TOKENS 500
+#define WAIT_UNTIL(cond, what)                                                              \
+    do {                                                                                    \
+        int polls_ = 0;                                                                     \
+        while (!(cond)) {                                                                   \
+            if (++polls_ > WAIT_POLLS) fail_msg("gave up waiting for %s", what);           \
+            sleep_ms(2);                                                                    \
+        }                                                                                   \
+    } while (0)
+
 static void fake_run(void *self, struct srv_job *j) {
     (void)self;
     atomic_fetch_add(&runs, 1);
@@ -64,8 +79,16 @@ static void fake_run(void *self, struct srv_job *j) {
         while (!gate_open) pthread_cond_wait(&gate_cv, &gate_mu);
         pthread_mutex_unlock(&gate_mu);
     }
-    bool slow = !strcmp(prompt, "slow");
-    const char *text = j->req.forced_output ? j->req.forced_output : slow ? "abcdefghijklmnopqrstuvwxyz" : "Hello world";
+    /* "endless": 20 ms a token for longer than any bounded wait (ENDLESS_TOKENS x 20 ms =
+     * 10 s), so it ends by being cancelled, whatever the machine's speed */
+    static char endless_text[ENDLESS_TOKENS + 1];
+    if (!endless_text[0]) memset(endless_text, 'x', ENDLESS_TOKENS);
+    bool endless = !strcmp(prompt, "endless");
+    bool slow = endless || !strcmp(prompt, "slow");
+    const char *text = j->req.forced_output ? j->req.forced_output
+                       : endless            ? endless_text
+                       : slow               ? "abcdefghijklmnopqrstuvwxyz"
+                                            : "Hello world";
     struct srv_resp_ctx ctx = {.id = j->id, .model = "fake", .created = j->created, .ep = j->ep};
     struct reply_parser p;
     reply_parser_init(&p, &reply_format_qwen, j->req.tools != NULL, false, j->seq);
@@ -74,7 +97,7 @@ static void fake_run(void *self, struct srv_job *j) {
     if (j->req.stream) srv_sse_comment(&out, "priming %zu/%zu", j->n_prompt, j->n_prompt);
     size_t n = strlen(text);
     for (size_t i = 0; i < n && !atomic_load(&j->cancel); i++) {
-        if (slow) sleep_ms(40);
+        if (slow) sleep_ms(endless ? 20 : 40);
         if (i == 0) j->t_first = 1e-9;
         j->n_generated++;
         reply_parser_feed(&p, text + i, 1);
@@ -88,6 +111,7 @@ static void fake_run(void *self, struct srv_job *j) {
         }
     }
     if (atomic_load(&j->cancel)) {
+        atomic_store(&cancelled_at, (int)j->n_generated);
         atomic_fetch_add(&cancelled_runs, 1);
         srv_job_finish(j, 499);
     } else {
@@ -450,6 +474,14 @@ static void *bg_request(void *arg) {
     return NULL;
 }
 
+/* True when /metrics holds the line (or fragment) want. */
+static bool metrics_has(const char *want) {
+    struct reply m = http("GET", "/metrics", NULL, NULL);
+    bool has = strstr(m.body, want) != NULL;
+    reply_free(&m);
+    return has;
+}
+
 static void test_queue_full_429(void **state) {
     (void)state;
     struct srv_server *s = start(1, NULL, 0);
@@ -461,16 +493,9 @@ static void test_queue_full_429(void **state) {
     pthread_t ta, tb;
     atomic_store(&running_now, 0);
     pthread_create(&ta, NULL, bg_request, &a);
-    while (atomic_load(&running_now) == 0) sleep_ms(5); /* a runs (blocked) */
+    WAIT_UNTIL(atomic_load(&running_now) > 0, "the first request to run (blocked)");
     pthread_create(&tb, NULL, bg_request, &b);
-    /* wait until b sits in the queue (metrics say so) */
-    for (int i = 0; i < 400; i++) {
-        struct reply m = http("GET", "/metrics", NULL, NULL);
-        bool queued = strstr(m.body, "tern_queue_depth 1\n") != NULL;
-        reply_free(&m);
-        if (queued) break;
-        sleep_ms(5);
-    }
+    WAIT_UNTIL(metrics_has("tern_queue_depth 1\n"), "the second request in the queue");
     struct reply r = http("POST", "/v1/chat/completions", NULL, CHAT("hi") "}");
     assert_error_shape(&r, 429, "rate_limit_error");
     assert_non_null(strcasestr(r.head, "Retry-After: 1"));
@@ -492,29 +517,28 @@ static void test_disconnect_cancels(void **state) {
     (void)state;
     struct srv_server *s = start(4, NULL, 0);
     srv_set_backend(s, &fake);
+    atomic_store(&cancelled_runs, 0);
+    atomic_store(&running_now, 0);
     for (int stream = 0; stream < 2; stream++) {
         int fd = connect_port();
+        atomic_store(&cancelled_at, -1);
         send_request(fd, "POST", "/v1/chat/completions", NULL,
-                     stream ? CHAT("slow") ",\"stream\":true}" : CHAT("slow") "}");
+                     stream ? CHAT("endless") ",\"stream\":true}" : CHAT("endless") "}");
         if (stream) {
             char tmp[256];
             assert_true(read(fd, tmp, sizeof tmp) > 0); /* the stream has started */
-        } else {
-            sleep_ms(100);
         }
+        WAIT_UNTIL(atomic_load(&running_now) == 1, "the endless request to run");
         close(fd);
-        /* The request is cancelled long before its 26 x 40 ms are over: by the backend
-         * (it saw the flag) or by the worker (it was still queued). */
+        /* The running request sees the cancel flag (the client went away) and stops: one
+         * more cancelled run, counted on /metrics, before its last token (the flag is
+         * checked between tokens). */
         char want[64];
         snprintf(want, sizeof want, "tern_requests_cancelled_total %d\n", stream + 1);
-        bool seen = false;
-        for (int i = 0; i < 200 && !seen; i++) {
-            struct reply m = http("GET", "/metrics", NULL, NULL);
-            seen = strstr(m.body, want) != NULL;
-            reply_free(&m);
-            if (!seen) sleep_ms(10);
-        }
-        assert_true(seen);
+        WAIT_UNTIL(metrics_has(want), want);
+        WAIT_UNTIL(atomic_load(&running_now) == 0, "the cancelled run to return");
+        assert_int_equal(atomic_load(&cancelled_runs), stream + 1);
+        assert_true(atomic_load(&cancelled_at) >= 0 && atomic_load(&cancelled_at) < ENDLESS_TOKENS);
     }
     /* /metrics counts both as 499, as the log does (a stream's status line said 200) */
     struct reply m = http("GET", "/metrics", NULL, NULL);
@@ -525,7 +549,7 @@ static void test_disconnect_cancels(void **state) {
     struct reply r = http("POST", "/v1/chat/completions", NULL, CHAT("hi") "}");
     assert_int_equal(r.status, 200);
     reply_free(&r);
-    assert_true(atomic_load(&cancelled_runs) <= 2);
+    assert_int_equal(atomic_load(&cancelled_runs), 2); /* the served one was not cancelled */
     srv_stop(s);
 }
 
@@ -537,7 +561,7 @@ static void test_stop_with_requests_in_flight(void **state) {
     pthread_t ta;
     atomic_store(&running_now, 0);
     pthread_create(&ta, NULL, bg_request, &a);
-    while (atomic_load(&running_now) == 0) sleep_ms(5);
+    WAIT_UNTIL(atomic_load(&running_now) > 0, "the slow request to run");
     srv_stop(s); /* must not hang or leak */
     pthread_join(ta, NULL);
     reply_free(&a.r);
@@ -546,6 +570,7 @@ static void test_stop_with_requests_in_flight(void **state) {
 /* ---- idle work (predictive priming's slot) ---------------------------------------- */
 
 static atomic_int idle_calls, idle_now, idle_preempted, idle_during_run, idle_chunks_left;
+static atomic_int idle_left_at_preempt; /* chunks still to do when the pre-emption came */
 
 /* Idle work in 10 ms "chunks", yielding when a request is queued. */
 static bool fake_idle(void *self, const atomic_int *preempt) {
@@ -555,6 +580,7 @@ static bool fake_idle(void *self, const atomic_int *preempt) {
     bool more = false;
     while (atomic_load(&idle_chunks_left) > 0) {
         if (atomic_load(preempt)) {
+            atomic_store(&idle_left_at_preempt, atomic_load(&idle_chunks_left));
             atomic_fetch_add(&idle_preempted, 1);
             more = true;
             break;
@@ -582,27 +608,29 @@ static void test_idle_work_yields(void **state) {
     sleep_ms(50);
     assert_int_equal(atomic_load(&idle_calls), 0);
 
-    atomic_store(&idle_chunks_left, 1000); /* 10 s of work unless pre-empted */
+    /* more idle work than any wait below lasts (WAIT_POLLS x 2 ms = 10 s): it can only
+     * end by being pre-empted */
+    atomic_store(&idle_chunks_left, 1 << 20);
     struct reply r = http("POST", "/v1/chat/completions", NULL, CHAT("hi") "}");
     assert_int_equal(r.status, 200);
     reply_free(&r);
-    while (!atomic_load(&idle_now)) sleep_ms(2); /* the idle work started after the job */
-    sleep_ms(30);
-    /* a request pre-empts it at its next chunk boundary and is served */
+    WAIT_UNTIL(atomic_load(&idle_now), "the idle work to start after the job");
+    /* a request pre-empts it at its next chunk boundary and is served, never while the
+     * idle work runs; the idle work had work left (it yielded, it did not finish) */
     r = http("POST", "/v1/chat/completions", NULL, CHAT("hi") "}");
     assert_int_equal(r.status, 200);
     reply_free(&r);
     assert_int_equal(atomic_load(&idle_preempted), 1);
     assert_int_equal(atomic_load(&idle_during_run), 0);
-    assert_true(atomic_load(&idle_chunks_left) > 500);
+    assert_true(atomic_load(&idle_left_at_preempt) > 0);
     struct reply m = http("GET", "/metrics", NULL, NULL);
     assert_non_null(strstr(m.body, "tern_preempt_wait_seconds_count 1\n"));
     reply_free(&m);
 
     /* it resumes when the queue is empty again, and stops being called once done */
-    while (!atomic_load(&idle_now)) sleep_ms(2);
+    WAIT_UNTIL(atomic_load(&idle_now), "the idle work to resume");
     atomic_store(&idle_chunks_left, 2);
-    while (atomic_load(&idle_now)) sleep_ms(2);
+    WAIT_UNTIL(!atomic_load(&idle_now), "the idle work to finish");
     int calls = atomic_load(&idle_calls);
     sleep_ms(100);
     assert_int_equal(atomic_load(&idle_calls), calls);
@@ -741,6 +769,15 @@ static void test_header_and_idle_timeouts(void **state) {
     srv_stop(s);
 }
 
+static int open_connections(void) {
+    struct reply r = http("GET", "/metrics", NULL, NULL);
+    int open = -1;
+    const char *m = strstr(r.body, "\ntern_http_connections_open ");
+    if (m) sscanf(m, "\ntern_http_connections_open %d", &open);
+    reply_free(&r);
+    return open;
+}
+
 /* One client address cannot take every connection. */
 static void test_per_address_cap(void **state) {
     (void)state;
@@ -752,11 +789,9 @@ static void test_per_address_cap(void **state) {
     /* three slow clients (a connection that has sent nothing yet stays in the kernel's
      * queue until its first bytes or DEFER_ACCEPT_S: it holds nothing of the server's) */
     int fds[3];
-    for (int i = 0; i < 3; i++) {
-        fds[i] = connect_from("127.0.0.2");
-        assert_int_equal(write(fds[i], "GET /health HTTP/1.1\r\n", 22), 22);
-    }
-    sleep_ms(50);
+    for (int i = 0; i < 3; i++) fds[i] = connect_from("127.0.0.2");
+    /* the server has taken the three (this /metrics request is the fourth open one) */
+    WAIT_UNTIL(open_connections() >= 4, "the server to accept three connections");
     int extra = connect_from("127.0.0.2"); /* the kernel accepts; the server closes it */
     const char *req = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
     ssize_t w = send(extra, req, strlen(req), MSG_NOSIGNAL);
@@ -772,13 +807,19 @@ static void test_per_address_cap(void **state) {
     reply_free(&r);
     /* and the capped address again once its sockets close */
     for (int i = 0; i < 3; i++) close(fds[i]);
-    sleep_ms(100);
-    int again = connect_from("127.0.0.2");
-    assert_int_equal(write(again, req, strlen(req)), (ssize_t)strlen(req));
-    got = read_all(again);
-    assert_non_null(strstr(got, "HTTP/1.1 200 "));
-    free(got);
-    close(again);
+    /* (the server notices the closes on its own time: until then it refuses, so retry,
+     * boundedly) */
+    bool served = false;
+    for (int tries = 0; !served; tries++) {
+        if (tries == WAIT_POLLS) fail_msg("the capped address was never served again");
+        int again = connect_from("127.0.0.2");
+        ssize_t wr = send(again, req, strlen(req), MSG_NOSIGNAL);
+        got = wr == (ssize_t)strlen(req) ? read_all(again) : NULL;
+        served = got && strstr(got, "HTTP/1.1 200 ");
+        free(got);
+        close(again);
+        if (!served) sleep_ms(2);
+    }
     srv_stop(s);
 }
 

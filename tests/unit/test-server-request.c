@@ -295,16 +295,6 @@ static void test_forced_output_allowed(void **state) {
     srv_request_free(&req);
 }
 
-static void test_utf8_validator(void **state) {
-    (void)state;
-    assert_true(srv_utf8_valid("h\xc3\xa9llo \xe2\x82\xac \xf0\x9f\x98\x80", 15));
-    assert_false(srv_utf8_valid("\xc0\xaf", 2));         /* overlong */
-    assert_false(srv_utf8_valid("\xed\xa0\x80", 3));     /* surrogate */
-    assert_false(srv_utf8_valid("\xf4\x90\x80\x80", 4)); /* > U+10FFFF */
-    assert_false(srv_utf8_valid("\xe2\x82", 2));         /* truncated */
-    assert_false(srv_utf8_valid("\x80", 1));
-}
-
 /* Every request body of the shared agent transcripts is accepted and normalised. */
 static void test_bench_bodies(void **state) {
     (void)state;
@@ -409,12 +399,6 @@ static void test_json_alloc_failures(void **state) {
         "\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}}]},"
         "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"ok\"}],\"temperature\":0}";
     int n_ok = 0;
-#if defined(__SANITIZE_ADDRESS__)
-    /* jansson 2.14's parser leaks the values it had built when an allocation fails
-     * inside json_loadb (LeakSanitizer: every leak is allocated under json_loadb);
-     * that is the library's, not tern's, so leak reports are off for this loop */
-    __lsan_disable();
-#endif
     for (long n = 0; n < 400 && n_ok < 3; n++) {
         struct srv_request req;
         struct srv_error err;
@@ -443,11 +427,64 @@ static void test_json_alloc_failures(void **state) {
         assert_true(json_is_array(json_object_get(json_array_get(req.messages, 2), "tool_calls")));
         srv_request_free(&req);
     }
-    json_set_alloc_funcs(malloc, free);
-#if defined(__SANITIZE_ADDRESS__)
-    __lsan_enable();
-#endif
+    tern_json_alloc_init(); /* back to tern's allocator, as the server runs */
     assert_true(n_ok >= 1);
+}
+
+/* Every allocation of request parsing fails in turn — tern's and jansson's alike, since
+ * jansson allocates through tern_malloc — and each failure is a clear error: a 500 that
+ * says "out of memory", rendered to the OpenAI shape (or not at all, never partially),
+ * and nothing leaks (LeakSanitizer in the ASan build, checked after the loop). */
+static void test_request_parse_alloc_failures(void **state) {
+    (void)state;
+    const char *bodies[] = {
+        "{\"messages\":[{\"role\":\"system\",\"content\":[{\"type\":\"text\",\"text\":\"be brief\"}]},"
+        "{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"reasoning_content\":\"hm\",\"tool_calls\":"
+        "[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"ok\"}],\"temperature\":0,\"stop\":[\"x\",\"y\"],"
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}}],"
+        "\"session_id\":\"s1\",\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+        "\"chat_template_kwargs\":{\"enable_thinking\":false},\"response_format\":{\"type\":\"json_object\"}}",
+        "{\"prompt\":\"one two\",\"max_tokens\":5,\"seed\":1,\"logit_bias\":{\"5\":-1}}",
+    };
+    const enum srv_endpoint eps[] = {SRV_EP_CHAT, SRV_EP_COMPLETION};
+    tern_json_alloc_init();
+    for (size_t b = 0; b < TERN_ARRAY_LEN(bodies); b++) {
+        long n_failed = 0;
+        bool parsed = false;
+        for (long n = 0; !parsed; n++) {
+            if (n == 100000) fail_msg("body %zu: still failing after %ld allocations", b, n);
+            struct srv_request req;
+            struct srv_error err;
+            memset(&err, 0, sizeof err);
+            tern_alloc_fail_after(n);
+            bool ok = srv_request_parse(eps[b], bodies[b], strlen(bodies[b]), NULL, &req, &err);
+            char *ej = ok ? NULL : srv_error_json(&err); /* may fail too: NULL, never partial */
+            tern_alloc_fail_after(-1);
+            if (ok) {
+                parsed = true;
+                assert_true(json_is_array(req.messages) || req.prompt);
+                srv_request_free(&req);
+                break;
+            }
+            n_failed++;
+            if (err.status != 500 || !strstr(err.message, "out of memory"))
+                fail_msg("body %zu, allocation %ld failed: %d '%s' (want 500 'out of memory')", b, n, err.status,
+                         err.message);
+            if (ej) {
+                json_t *o = json_loads(ej, 0, NULL);
+                assert_non_null(o);
+                assert_string_equal(json_string_value(json_object_get(json_object_get(o, "error"), "message")),
+                                    err.message);
+                json_decref(o);
+                free(ej);
+            }
+        }
+        assert_true(n_failed > 10); /* the injection reached the parse (jansson's nodes too) */
+    }
+#if defined(__SANITIZE_ADDRESS__)
+    assert_int_equal(__lsan_do_recoverable_leak_check(), 0);
+#endif
 }
 
 int main(void) {
@@ -461,10 +498,10 @@ int main(void) {
         cmocka_unit_test(test_spec_fields),
         cmocka_unit_test(test_body_limit),
         cmocka_unit_test(test_forced_output_allowed),
-        cmocka_unit_test(test_utf8_validator),
         cmocka_unit_test(test_bench_bodies),
         cmocka_unit_test(test_sampling_edges_agree_with_sampler),
         cmocka_unit_test(test_json_alloc_failures),
+        cmocka_unit_test(test_request_parse_alloc_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

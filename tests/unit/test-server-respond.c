@@ -116,6 +116,19 @@ static void test_text_and_broken_utf8(void **state) {
     assert_string_equal(json_string_value(json_object_get(o, "object")), "text_completion");
     assert_null(json_object_get(o, "tern"));
     json_decref(o);
+    /* a long text with a long broken tail: one pass (the old back-off re-validated the
+     * text once per byte of the tail, 2^40 steps here) */
+    const size_t half = (size_t)1 << 20;
+    char *t = malloc(2 * half);
+    assert_non_null(t);
+    memset(t, 'a', half);
+    memset(t + half, 0xff, half);
+    o = srv_response_text(&c, t, 2 * half, "length", &u, NULL);
+    assert_non_null(o);
+    assert_int_equal(strlen(json_string_value(json_object_get(json_array_get(json_object_get(o, "choices"), 0), "text"))),
+                     half);
+    json_decref(o);
+    free(t);
 }
 
 int main(void) {

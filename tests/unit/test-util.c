@@ -1,4 +1,4 @@
-/* util: status messages, buffers, checked arithmetic, dtype table, fp16/bf16. */
+/* util: status messages, buffers, checked arithmetic, dtype table, fp16/bf16, UTF-8. */
 #include "harness.h"
 
 #include "util/buf.h"
@@ -6,6 +6,7 @@
 #include "util/fp16.h"
 #include "util/mem.h"
 #include "util/status.h"
+#include "util/utf8.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -38,12 +39,14 @@ static void test_buf_append_and_limit(void **state) {
 
 static void test_alloc_fault_injection(void **state) {
     (void)state;
+    unsigned long failed0 = tern_alloc_failures();
     tern_alloc_fail_after(1);
     void *a = tern_malloc(16);
     void *b = tern_malloc(16);
     tern_alloc_fail_after(-1);
     assert_non_null(a);
     assert_null(b);
+    assert_int_equal(tern_alloc_failures(), failed0 + 1); /* the failure is counted */
     free(a);
     size_t out;
     assert_true(tern_mul_overflow(SIZE_MAX / 2, 3, &out));
@@ -87,11 +90,88 @@ static void test_fp16_roundtrip_all(void **state) {
     assert_int_equal(tern_f32_to_bf16(tern_bits_f32(0x3f818000)), 0x3f82);
 }
 
+/* The one validator (util/utf8.h): Table 3-7 of the Unicode standard. */
+static void test_utf8_validator(void **state) {
+    (void)state;
+    assert_true(tern_utf8_valid("h\xc3\xa9llo \xe2\x82\xac \xf0\x9f\x98\x80", 15));
+    assert_true(tern_utf8_valid("\xf4\x8f\xbf\xbf", 4));  /* U+10FFFF */
+    assert_true(tern_utf8_valid("\xed\x9f\xbf", 3));      /* U+D7FF */
+    assert_false(tern_utf8_valid("\xc0\xaf", 2));         /* overlong */
+    assert_false(tern_utf8_valid("\xe0\x80\xaf", 3));     /* overlong */
+    assert_false(tern_utf8_valid("\xed\xa0\x80", 3));     /* surrogate */
+    assert_false(tern_utf8_valid("\xf4\x90\x80\x80", 4)); /* > U+10FFFF */
+    assert_false(tern_utf8_valid("\xe2\x82", 2));         /* truncated */
+    assert_false(tern_utf8_valid("\x80", 1));
+    assert_false(tern_utf8_valid("\xff", 1));
+    assert_int_equal(tern_utf8_valid_prefix("ab\xe2\x82\xac" "c\xe2\x82", 8), 6);
+    assert_int_equal(tern_utf8_valid_prefix("\xc3", 1), 0);
+}
+
+static void assert_sanitized_n(const char *in, size_t n, const char *want, size_t want_n) {
+    struct tern_buf b = TERN_BUF_INIT;
+    assert_int_equal(tern_utf8_sanitize(&b, in, n), TERN_OK);
+    assert_int_equal(b.len, want_n);
+    assert_memory_equal(b.data, want, b.len);
+    assert_true(tern_utf8_valid(b.data, b.len));
+    tern_buf_free(&b);
+}
+#define assert_sanitized(in, n, want) assert_sanitized_n(in, n, want, sizeof(want) - 1)
+
+/* The one sanitiser: one U+FFFD per maximal subpart of an ill-formed sequence. */
+static void test_utf8_sanitizer(void **state) {
+    (void)state;
+#define R TERN_UTF8_REPLACEMENT
+    assert_sanitized("plain", 5, "plain");
+    assert_sanitized("a\xe2\x82" "b", 4, "a" R "b");        /* E2 82: one maximal subpart */
+    assert_sanitized("a\xe2\x82", 3, "a" R);                /* a truncated tail */
+    assert_sanitized("\xc0\xaf", 2, R R);                   /* C0 is never valid, nor a lone AF */
+    assert_sanitized("\xed\xa0\x80", 3, R R R);             /* a surrogate: each byte */
+    assert_sanitized("\xf0\x9f\x98\x80\xff", 5, "\xf0\x9f\x98\x80" R);
+    assert_sanitized("x\0y", 3, "x\0y");                    /* NUL is valid UTF-8 */
+    /* a stream holds a truncated tail back instead of replacing it */
+    struct tern_buf st = TERN_BUF_INIT;
+    size_t held = 9;
+    assert_int_equal(tern_utf8_sanitize_stream(&st, "ab\xe2\x82", 4, &held), TERN_OK);
+    assert_int_equal(held, 2);
+    assert_int_equal(st.len, 2);
+    assert_memory_equal(st.data, "ab", 2);
+    tern_buf_clear(&st);
+    assert_int_equal(tern_utf8_sanitize_stream(&st, "\xe2\x82x\xf0", 4, &held), TERN_OK);
+    assert_int_equal(held, 1);
+    assert_int_equal(st.len, 4);
+    assert_memory_equal(st.data, R "x", 4);
+    tern_buf_free(&st);
+#undef R
+    /* A long valid text with a long ill-formed tail costs one pass. The old callers
+     * backed off one byte at a time and validated the whole text again: with 1 MiB of
+     * each that is 2^40 steps. The prefix scan and the sanitiser look at each byte a
+     * bounded number of times, so this ends in linear work (or at ctest's timeout,
+     * never by a clock read here). */
+    const size_t half = (size_t)1 << 20;
+    char *s = malloc(2 * half);
+    assert_non_null(s);
+    memset(s, 'a', half);
+    memset(s + half, 0xff, half);
+    assert_int_equal(tern_utf8_valid_prefix(s, 2 * half), half);
+    struct tern_buf b = TERN_BUF_INIT;
+    assert_int_equal(tern_utf8_sanitize(&b, s, 2 * half), TERN_OK);
+    assert_int_equal(b.len, half + 3 * half);
+    assert_memory_equal(b.data + half, TERN_UTF8_REPLACEMENT, 3);
+    assert_memory_equal(b.data + b.len - 3, TERN_UTF8_REPLACEMENT, 3);
+    assert_true(tern_utf8_valid(b.data, b.len));
+    tern_buf_free(&b);
+    /* a valid text whose last character is cut: only the cut goes */
+    memcpy(s + half - 2, "\xe2\x82", 2);
+    assert_int_equal(tern_utf8_valid_prefix(s, half), half - 2);
+    free(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errorf_keeps_message), cmocka_unit_test(test_buf_append_and_limit),
         cmocka_unit_test(test_alloc_fault_injection), cmocka_unit_test(test_dtype_table),
-        cmocka_unit_test(test_fp16_roundtrip_all),
+        cmocka_unit_test(test_fp16_roundtrip_all), cmocka_unit_test(test_utf8_validator),
+        cmocka_unit_test(test_utf8_sanitizer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,6 +20,7 @@ enum qk_kind { K_Q4_K, K_Q5_K, K_Q6_K };
 #define K4_DMIN offsetof(struct tern_block_q4_k, dmin)
 #define K4_SCALES offsetof(struct tern_block_q4_k, scales)
 #define K5_QH offsetof(struct tern_block_q5_k, qh)
+#define Q6K_QL offsetof(struct tern_block_q6_k, ql)
 #define Q6K_QH offsetof(struct tern_block_q6_k, qh)
 #define Q6K_SCALES offsetof(struct tern_block_q6_k, scales)
 #define Q6K_D offsetof(struct tern_block_q6_k, d)
@@ -157,7 +158,7 @@ AVX2_INLINE void q6k_tile(int R, int T, const uint8_t *w, size_t wrb, const uint
                 __m256i q[AVX2_RMAX], sv[AVX2_RMAX];
                 UNROLL for (int r = 0; r < R; r++) {
                     const uint8_t *blk = w + (size_t)r * wrb + b * bb;
-                    const __m256i ql = loadu256(blk + 64 * hf + 32 * (j & 1));
+                    const __m256i ql = loadu256(blk + Q6K_QL + 64 * hf + 32 * (j & 1));
                     const __m256i qhv = loadu256(blk + Q6K_QH + 32 * hf);
                     const __m256i low = j < 2 ? _mm256_and_si256(ql, m4) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
                     const __m256i top = _mm256_and_si256(_mm256_srli_epi16(qhv, 2 * j), m2);
