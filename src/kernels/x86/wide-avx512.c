@@ -338,8 +338,8 @@ static void w_drive(const struct w_tiles *tl, const void *wv, size_t wrb, size_t
 #define Q5_K_W(RP, T, ...) k4_wtile(1, RP, T, __VA_ARGS__)
 #define Q6_K_W(RP, T, ...) q6k_wtile(RP, T, __VA_ARGS__)
 
-W_TILES2(tern_avx512_matmul_q8_0, Q8_0_W, 6, TERN_QK, tern_avx2_matmul_q8_0)
-W_TILES2(tern_avx512_matmul_f16, F16_W, 8, 8, tern_avx2_matmul_f16)
+W_TILES3(tern_avx512_matmul_q8_0, Q8_0_W, 4, TERN_QK, tern_avx2_matmul_q8_0)
+W_TILES3(tern_avx512_matmul_f16, F16_W, 6, 8, tern_avx2_matmul_f16)
 W_TILES2(tern_avx512_matmul_q4_k, Q4_K_W, 4, TERN_QK_K, tern_avx2_matmul_q4_k)
 W_TILES2(tern_avx512_matmul_q5_k, Q5_K_W, 4, TERN_QK_K, tern_avx2_matmul_q5_k)
 W_TILES2(tern_avx512_matmul_q6_k, Q6_K_W, 4, TERN_QK_K, tern_avx2_matmul_q6_k)
