@@ -22,7 +22,7 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")
 
 #define W_RPMAX 3 /* row pairs per tile */
-#define W_TMAX 8  /* tokens per tile */
+#define W_TMAX 6  /* tokens per tile */
 
 /* [lo | hi]: two 32-byte loads in one register. */
 AVX2_INLINE __m512i pair_i(const void *lo, const void *hi) {
@@ -304,33 +304,28 @@ static void w_drive(const struct w_tiles *tl, const void *wv, size_t wrb, size_t
                                   float *y, size_t ldy) {                                                   \
         body(RP, T, w, wrb, a, arb, k, y, ldy);                                                              \
     }
-#define W_ROW(b, RP)                                                                                         \
-    W_TILE_INST(b, RP, 1)                                                                                    \
-    W_TILE_INST(b, RP, 2)                                                                                    \
-    W_TILE_INST(b, RP, 3)                                                                                    \
-    W_TILE_INST(b, RP, 4) W_TILE_INST(b, RP, 5) W_TILE_INST(b, RP, 6) W_TILE_INST(b, RP, 7) W_TILE_INST(b, RP, 8)
-#define W_SLOTS(b, RP)                                                                                       \
-    [RP][1] = b##_##RP##x1, [RP][2] = b##_##RP##x2, [RP][3] = b##_##RP##x3, [RP][4] = b##_##RP##x4,         \
-    [RP][5] = b##_##RP##x5, [RP][6] = b##_##RP##x6, [RP][7] = b##_##RP##x7, [RP][8] = b##_##RP##x8
-/* Tiles up to RP row pairs x 8 tokens, the middle ones RP x T. */
+/* Tiles of RP row pairs x 1 .. T tokens (only the token counts the driver can ask for:
+ * the middle tiles' T and the edges below it). */
+#define W_ROW4(b, RP) W_TILE_INST(b, RP, 1) W_TILE_INST(b, RP, 2) W_TILE_INST(b, RP, 3) W_TILE_INST(b, RP, 4)
+#define W_ROW6(b, RP) W_ROW4(b, RP) W_TILE_INST(b, RP, 5) W_TILE_INST(b, RP, 6)
+#define W_SLOTS4(b, RP) [RP][1] = b##_##RP##x1, [RP][2] = b##_##RP##x2, [RP][3] = b##_##RP##x3, [RP][4] = b##_##RP##x4
+#define W_SLOTS6(b, RP) W_SLOTS4(b, RP), [RP][5] = b##_##RP##x5, [RP][6] = b##_##RP##x6
+#define W_ENTRY(name)                                                                                        \
+    void name(const void *w, size_t wrb, size_t k, const void *a, size_t arb, size_t n_tok, float *y,        \
+              size_t ldy, size_t r0, size_t r1) {                                                            \
+        w_drive(&name##_tiles, w, wrb, k, a, arb, n_tok, y, ldy, r0, r1);                                    \
+    }
+/* Tiles up to 2 (W_TILES2) or 3 (W_TILES3) row pairs x T (4 or 6) tokens, the middle ones
+ * the largest. */
 #define W_TILES2(name, body, T, kmul, avx2fn)                                                                \
-    W_ROW(body, 1)                                                                                           \
-    W_ROW(body, 2)                                                                                           \
-    static const struct w_tiles name##_tiles = {{W_SLOTS(body, 1), W_SLOTS(body, 2)}, 2, T, kmul, avx2fn};  \
-    void name(const void *w, size_t wrb, size_t k, const void *a, size_t arb, size_t n_tok, float *y,        \
-              size_t ldy, size_t r0, size_t r1) {                                                            \
-        w_drive(&name##_tiles, w, wrb, k, a, arb, n_tok, y, ldy, r0, r1);                                    \
-    }
+    W_ROW##T(body, 1) W_ROW##T(body, 2)                                                                      \
+    static const struct w_tiles name##_tiles = {{W_SLOTS##T(body, 1), W_SLOTS##T(body, 2)}, 2, T, kmul, avx2fn}; \
+    W_ENTRY(name)
 #define W_TILES3(name, body, T, kmul, avx2fn)                                                                \
-    W_ROW(body, 1)                                                                                           \
-    W_ROW(body, 2)                                                                                           \
-    W_ROW(body, 3)                                                                                           \
+    W_ROW##T(body, 1) W_ROW##T(body, 2) W_ROW##T(body, 3)                                                    \
     static const struct w_tiles name##_tiles = {                                                             \
-        {W_SLOTS(body, 1), W_SLOTS(body, 2), W_SLOTS(body, 3)}, 3, T, kmul, avx2fn};                        \
-    void name(const void *w, size_t wrb, size_t k, const void *a, size_t arb, size_t n_tok, float *y,        \
-              size_t ldy, size_t r0, size_t r1) {                                                            \
-        w_drive(&name##_tiles, w, wrb, k, a, arb, n_tok, y, ldy, r0, r1);                                    \
-    }
+        {W_SLOTS##T(body, 1), W_SLOTS##T(body, 2), W_SLOTS##T(body, 3)}, 3, T, kmul, avx2fn};                \
+    W_ENTRY(name)
 
 #define Q8_0_W(RP, T, ...) q8_0_wtile(RP, T, __VA_ARGS__)
 #define F16_W(RP, T, ...) f16_wtile(RP, T, __VA_ARGS__)
