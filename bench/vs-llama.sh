@@ -25,7 +25,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 model="" p=512 n=128 r=3 threads=$(nproc) pairs=2 max_load="" wait_s=60 mmap=0 depth=0 base=""
 tern=$here/build/tern
 llama_run=$here/../shared/reference/llama.cpp/run
-usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 while [ $# -gt 0 ]; do
   case $1 in
     -m|--model) model=$2; shift ;;
