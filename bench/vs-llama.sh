@@ -7,6 +7,7 @@
 #
 #   bench/vs-llama.sh -m MODEL.gguf [-p 512] [-n 128] [-r 3] [-t THREADS] [--pairs 2]
 #                     [--max-load L] [--wait S] [--mmap] [--tern PATH] [--llama-bench PATH]
+#                     [--ctx-fill N] [--tern-base PATH]
 #
 # Each run of either engine is -r repetitions (mean, sd over them); a pair is one run of
 # each; the table reports the median over pairs. Weights are read into memory (tern
@@ -15,13 +16,16 @@
 # 60) for it to drop and is marked "busy" if it does not; busy pairs are reported but the
 # medians use the quiet ones when there are any. Timings are for reading, never a pass or
 # fail: the script exits 0 whatever the figures are (2 on a usage or tool error).
+# --ctx-fill N: both engines run pp and tg on a context already holding N tokens (tern bench
+# --ctx-fill N, llama-bench -d N). --tern-base PATH: a second tern binary (say, main before a
+# change) run in every pair too (A tern, A' base, B llama-bench), its figures and ratio beside.
 # Needs python3 (to read the two engines' JSON).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-model="" p=512 n=128 r=3 threads=$(nproc) pairs=2 max_load="" wait_s=60 mmap=0
+model="" p=512 n=128 r=3 threads=$(nproc) pairs=2 max_load="" wait_s=60 mmap=0 depth=0 base=""
 tern=$here/build/tern
 llama_run=$here/../shared/reference/llama.cpp/run
-usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 while [ $# -gt 0 ]; do
   case $1 in
     -m|--model) model=$2; shift ;;
@@ -35,6 +39,8 @@ while [ $# -gt 0 ]; do
     --mmap) mmap=1 ;;
     --tern) tern=$2; shift ;;
     --llama-bench) llama_run=$2; shift ;;
+    --ctx-fill|-d) depth=$2; shift ;;
+    --tern-base) base=$2; shift ;;
     -h|--help) usage ;;
     *) echo "vs-llama: unknown option '$1'" >&2; usage ;;
   esac
@@ -45,7 +51,8 @@ done
 [ -x "$tern" ] || { echo "vs-llama: no tern binary at $tern (build it, or --tern PATH)" >&2; exit 2; }
 [ -x "$llama_run" ] || { echo "vs-llama: no reference engine at $llama_run (--llama-bench PATH)" >&2; exit 2; }
 command -v python3 >/dev/null || { echo "vs-llama: needs python3" >&2; exit 2; }
-for v in p n r threads pairs wait_s; do
+[ -z "$base" ] || [ -x "$base" ] || { echo "vs-llama: no tern binary at $base (--tern-base)" >&2; exit 2; }
+for v in p n r threads pairs wait_s depth; do
   [[ ${!v} =~ ^[0-9]+$ ]] || { echo "vs-llama: $v '${!v}' is not a number" >&2; exit 2; }
 done
 [ -n "$max_load" ] || max_load=$threads
@@ -60,8 +67,10 @@ above() { python3 -c "import sys; sys.exit(0 if float('$1') > float('$2') else 1
 
 tern_mm=(--no-mmap) llama_mm=(-mmp 0)
 [ "$mmap" = 1 ] && tern_mm=() llama_mm=(-mmp 1)
+tern_d=() llama_d=()
+[ "$depth" = 0 ] || tern_d=(--ctx-fill "$depth") llama_d=(-d "$depth")
 
-echo "model: $model ($(stat -c %s "$model") bytes); pp$p / tg$n, $r repetitions per run, $threads threads, $pairs pairs"
+echo "model: $model ($(stat -c %s "$model") bytes); pp$p / tg$n$([ "$depth" = 0 ] || echo " at a context of $depth tokens"), $r repetitions per run, $threads threads, $pairs pairs"
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1) (family $(lscpu | sed -n 's/^CPU family: *//p' | head -1), model $(lscpu | sed -n 's/^Model: *//p' | head -1)), $(nproc) CPUs; $("$tern" --version 2>/dev/null | head -1 || echo 'tern ?')"
 membench() {
   "$tern" bench memory -t "$threads" --json >"$tmp/mem$1.json"
@@ -77,18 +86,22 @@ for i in $(seq 1 "$pairs"); do
     above "$l" "$max_load" && busy=1
   fi
   echo "pair $i: load $l$([ $busy = 1 ] && echo ' (busy)'): A tern, B llama-bench"
-  "$tern" bench -m "$model" -p "$p" -n "$n" -r "$r" -t "$threads" "${tern_mm[@]}" --json >"$tmp/a$i.json" 2>"$tmp/a$i.err" ||
+  "$tern" bench -m "$model" -p "$p" -n "$n" -r "$r" -t "$threads" "${tern_mm[@]}" "${tern_d[@]}" --json >"$tmp/a$i.json" 2>"$tmp/a$i.err" ||
     { echo "vs-llama: tern bench failed:" >&2; cat "$tmp/a$i.err" >&2; exit 2; }
-  "${llama[@]}" -m "$model" -p "$p" -n "$n" -r "$r" -t "$threads" "${llama_mm[@]}" -o json >"$tmp/b$i.json" 2>"$tmp/b$i.err" ||
+  if [ -n "$base" ]; then
+    "$base" bench -m "$model" -p "$p" -n "$n" -r "$r" -t "$threads" "${tern_mm[@]}" "${tern_d[@]}" --json >"$tmp/c$i.json" 2>"$tmp/c$i.err" ||
+      { echo "vs-llama: tern bench (base) failed:" >&2; cat "$tmp/c$i.err" >&2; exit 2; }
+  fi
+  "${llama[@]}" -m "$model" -p "$p" -n "$n" -r "$r" -t "$threads" "${llama_mm[@]}" "${llama_d[@]}" -o json >"$tmp/b$i.json" 2>"$tmp/b$i.err" ||
     { echo "vs-llama: llama-bench failed:" >&2; tail -5 "$tmp/b$i.err" >&2; exit 2; }
   echo "$i $l $busy" >>"$tmp/pairs"
 done
 
 membench 1 after
 
-python3 - "$tmp" "$p" "$n" <<'PY'
-import json, statistics, sys
-tmp, p, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+python3 - "$tmp" "$p" "$n" "$base" <<'PY'
+import json, os, statistics, sys
+tmp, p, n, base = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 # the bound: the better of the two measurements (a busy machine lowers both)
 mems = [json.load(open(f"{tmp}/mem{k}.json")) for k in (0, 1)]
 mem = max(mems, key=lambda m: m["gbps_n"])
@@ -105,9 +118,10 @@ for line in open(f"{tmp}/pairs"):
         return None, None
     lp, lps = llama("pp")
     lt, lts = llama("tg")
+    c = json.load(open(f"{tmp}/c{i}.json")) if base else {}
     rows.append(dict(i=int(i), load=float(load), busy=busy == "1", bpt=a["weight_bytes_per_token"],
                      tp=a.get("pp_tps"), tps=a.get("pp_tps_sd"), tt=a.get("tg_tps"), tts=a.get("tg_tps_sd"),
-                     lp=lp, lps=lps, lt=lt, lts=lts))
+                     lp=lp, lps=lps, lt=lt, lts=lts, bp=c.get("pp_tps"), bt=c.get("tg_tps")))
 def f(v, sd=None):
     if v is None: return "-"
     return f"{v:.1f} ± {sd:.1f}" if sd is not None else f"{v:.1f}"
@@ -132,6 +146,12 @@ bpt = rows[0]["bpt"]
 tp, lp, tt, lt = med("tp"), med("lp"), med("tt"), med("lt")
 print(f"| median of {len(quiet)}{'' if quiet is not rows or not any(x['busy'] for x in rows) else ' (all busy)'} | "
       f"| {f(lp)} | {f(tp)} | {ratio(tp, lp)} | {f(lt)} | {f(tt)} | {ratio(tt, lt)} | {share(lt, bpt)} | {share(tt, bpt)} |")
+if base:
+    bp, bt = med("bp"), med("bt")
+    print(f"\nbase tern ({base}), same pairs: pp{p} {f(bp)} ({ratio(bp, lp)} of llama.cpp; this tern {ratio(tp, bp)}x of it), "
+          f"tg{n} {f(bt)} ({ratio(bt, lt)} of llama.cpp; this tern {ratio(tt, bt)}x of it)")
+    for x in rows:
+        print(f"  pair {x['i']}: base pp {f(x['bp'])} tg {f(x['bt'])}")
 print(f"\ndecode GB/s = weight bytes read per token ({bpt} B, from tern bench) x tg t/s; the bound is the "
       f"better of the two `tern bench memory` runs with {mem['threads']} thread(s). A model that fits in the "
       f"caches, or a bound measured while the machine was busy, can give more than 100 %.")

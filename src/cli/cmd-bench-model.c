@@ -18,7 +18,8 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: tern bench [model] --model FILE [-p N] [-n N] [-r N] [--threads N] [--no-mmap] [--json]\n"
+            "usage: tern bench [model] --model FILE [-p N] [-n N] [-r N] [--threads N] [--ctx-fill N] [--no-mmap]\n"
+            "                         [--json]\n"
             "\n"
             "Measures prompt processing (pp: one prompt of N random tokens) and decoding (tg:\n"
             "N tokens one by one from an empty context), mean +- sd over repetitions, after a\n"
@@ -32,6 +33,9 @@ static void usage(FILE *f) {
             "  -r, --repetitions N   (default 3)\n"
             "  -t, --threads N       compute threads (default: online cores)\n"
             "      --chunk N         prompt chunk size (default: the whole prompt)\n"
+            "  -d, --ctx-fill N      run pp and tg on a context already holding N tokens (random,\n"
+            "                        read once, untimed, and restored from a checkpoint before each\n"
+            "                        run), as llama-bench -d N does (default 0; CPU only)\n"
             "      --kv-type f16|f32 KV cache type (default f16)\n"
             "      --no-mmap         read the weights into memory instead of mapping them\n"
             "      --mlock           pin the weights\n"
@@ -47,7 +51,8 @@ static const struct option long_opts[] = {
     {"threads", required_argument, 0, 't'},  {"chunk", required_argument, 0, 'C'},
     {"kv-type", required_argument, 0, 'K'},  {"no-mmap", no_argument, 0, 'M'},
     {"mlock", no_argument, 0, 'L'},          {"json", no_argument, 0, 'J'},
-    {"device", required_argument, 0, 'D'},   {"help", no_argument, 0, 'h'},
+    {"device", required_argument, 0, 'D'},   {"ctx-fill", required_argument, 0, 'd'},
+    {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
 
@@ -234,13 +239,13 @@ static int bench_gpu(struct tern_model *m, int dev, long n_prompt, long n_gen, l
 
 static int bench_model_main(int argc, char **argv) {
     const char *model = NULL;
-    long n_prompt = 512, n_gen = 128, reps = 3, threads = 0, chunk = 0;
+    long n_prompt = 512, n_gen = 128, reps = 3, threads = 0, chunk = 0, ctx_fill = 0;
     bool no_mmap = false, mlock = false, json = false;
     enum tern_kv_type kv = TERN_KV_F16;
     const char *device = getenv("TERN_DEVICE");
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "m:p:n:r:t:h", long_opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:p:n:r:t:d:h", long_opts, NULL)) != -1) {
         switch (c) {
         case 'm': model = optarg; break;
         case 'p':
@@ -262,6 +267,10 @@ static int bench_model_main(int argc, char **argv) {
             if (!strcmp(optarg, "f16")) kv = TERN_KV_F16;
             else if (!strcmp(optarg, "f32")) kv = TERN_KV_F32;
             else return cli_usage_error("bench", "bad --kv-type '%s' (f16 or f32)", optarg);
+            break;
+        case 'd':
+            if (!cli_parse_int(optarg, 0, 1 << 22, &ctx_fill))
+                return cli_usage_error("bench", "bad --ctx-fill '%s' (0..%d)", optarg, 1 << 22);
             break;
         case 'M': no_mmap = true; break;
         case 'L': mlock = true; break;
@@ -289,6 +298,10 @@ static int bench_model_main(int argc, char **argv) {
     const double t_load = tern_now_s();
     if (tern_model_load(&mp, &m)) return cli_fail("bench", "%s", tern_last_error());
     const double load_s = tern_now_s() - t_load;
+    if (dev >= 0 && ctx_fill) {
+        tern_model_free(m);
+        return cli_usage_error("bench", "--ctx-fill is for the CPU backend only");
+    }
     if (dev >= 0) {
         const int grc = bench_gpu(m, dev, n_prompt, n_gen, reps, chunk, kv == TERN_KV_F16, &ws, json);
         tern_model_free(m);
@@ -299,13 +312,14 @@ static int bench_model_main(int argc, char **argv) {
     tern_session_params_default(&sp);
     sp.kv_type = kv;
     sp.n_chunk = (uint32_t)(chunk ? chunk : (n_prompt ? n_prompt : 1));
-    sp.n_ctx = (uint32_t)((n_prompt > n_gen ? n_prompt : n_gen) + 8);
+    sp.n_ctx = (uint32_t)(ctx_fill + (n_prompt > n_gen ? n_prompt : n_gen) + 8);
     struct tern_session *s;
     if (tern_session_new(m, &sp, &s)) {
         tern_model_free(m);
         return cli_fail("bench", "%s", tern_last_error());
     }
-    int32_t *toks = malloc(sizeof(int32_t) * (size_t)(n_prompt + n_gen + 1));
+    const size_t n_toks = (size_t)(n_prompt + n_gen + 1) > (size_t)ctx_fill ? (size_t)(n_prompt + n_gen + 1) : (size_t)ctx_fill;
+    int32_t *toks = malloc(sizeof(int32_t) * n_toks);
     double *pp = calloc((size_t)reps, sizeof(double)), *tg = calloc((size_t)reps, sizeof(double));
     double *ck_save = calloc((size_t)reps, sizeof(double)), *ck_restore = calloc((size_t)reps, sizeof(double));
     size_t ck_bytes = 0;
@@ -317,7 +331,22 @@ static int bench_model_main(int argc, char **argv) {
     /* Each run starts from an empty context: restoring the checkpoint at position 0
      * (a hybrid model's session cannot be rewound, DESIGN.md §3). */
     struct tern_checkpoint *ck0 = NULL;
-    if (tern_session_checkpoint(s, &ck0)) rc = 1;
+    double fill_s = 0;
+    if (!toks || !pp || !tg || !ck_save || !ck_restore) {
+        tern_session_free(s);
+        tern_model_free(m);
+        free(toks), free(pp), free(tg), free(ck_save), free(ck_restore);
+        return cli_fail("bench", "out of memory");
+    }
+    /* --ctx-fill: the context every run starts from holds ctx_fill random tokens, read once
+     * here (in chunks of the session's size); the runs restore the checkpoint taken after it. */
+    if (ctx_fill) {
+        random_tokens(toks, (size_t)ctx_fill, info->n_vocab, &rng);
+        const double f0 = tern_now_s();
+        if (tern_session_eval(s, toks, (size_t)ctx_fill, NULL)) rc = 1;
+        fill_s = tern_now_s() - f0;
+    }
+    if (!rc && tern_session_checkpoint(s, &ck0)) rc = 1;
     /* r = -1 is the warm-up (pages the weights in, grows the workspace) */
     for (long r = -1; r < reps && !rc; r++) {
         if (n_prompt) {
@@ -385,11 +414,11 @@ static int bench_model_main(int argc, char **argv) {
                    "\"weight_bytes_per_token\":%llu,\"threads\":%d,\"mmap\":%s,\"mlock\":%s,\"kv_type\":\"%s\","
                    "\"repetitions\":%ld,\"load_s\":%.3f,\"n_prompt\":%ld,\"pp_tps\":%.3f,\"pp_tps_sd\":%.3f,"
                    "\"pp_gflops\":%.3f,\"pp_cpu_util\":%.3f,\"n_gen\":%ld,\"tg_tps\":%.3f,\"tg_tps_sd\":%.3f,"
-                   "\"tg_gbps\":%.3f,\"tg_cpu_util\":%.3f",
+                   "\"tg_gbps\":%.3f,\"tg_cpu_util\":%.3f,\"ctx_fill\":%ld,\"ctx_fill_s\":%.3f",
                    info->name, info->arch, (unsigned long long)info->n_params,
                    (unsigned long long)info->weight_bytes, (unsigned long long)ws.read_per_token, info->n_threads,
                    no_mmap ? "false" : "true", mlock ? "true" : "false", kv == TERN_KV_F16 ? "f16" : "f32", reps,
-                   load_s, n_prompt, pp_m, pp_sd, gflops, pp_util, n_gen, tg_m, tg_sd, gbps, tg_util);
+                   load_s, n_prompt, pp_m, pp_sd, gflops, pp_util, n_gen, tg_m, tg_sd, gbps, tg_util, ctx_fill, fill_s);
             if (ck)
                 printf(",\"ckpt_bytes\":%zu,\"ckpt_save_s\":%.6f,\"ckpt_restore_s\":%.6f", ck_bytes, save_s,
                        restore_s);
@@ -400,6 +429,9 @@ static int bench_model_main(int argc, char **argv) {
                    (double)ws.read_per_token / 1e6);
             printf("weights: %s, loaded in %.2f s; %d threads; KV %s; %ld repetitions after a warm-up\n", mode,
                    load_s, info->n_threads, kv == TERN_KV_F16 ? "f16" : "f32", reps);
+            if (ctx_fill)
+                printf("context: %ld tokens before each run (read once in %.1f s, %.1f t/s)\n", ctx_fill, fill_s,
+                       (double)ctx_fill / fill_s);
             if (n_prompt)
                 printf("pp%-5ld %8.2f +- %6.2f t/s   %7.2f GFLOP/s (matmuls)   cpu %3.0f%%\n", n_prompt, pp_m, pp_sd,
                        gflops, 100 * pp_util);

@@ -3,6 +3,7 @@
 
 #include "cache/cache.h"
 #include "server/chat.h"
+#include "gguf/gguf.h"
 #include "server/demo.h"
 #include "server/engine.h"
 #include "server/predict.h"
@@ -72,7 +73,8 @@ static void usage(FILE *out) {
             "  --spec off|ngram        speculative decoding: draft by prompt lookup (ngram) and verify the\n"
             "                          draft in one forward; output unchanged (default off; docs/spec.md)\n"
             "  --spec-max N            tokens per draft, 1-32 (default 8)\n"
-            "  --no-mmap               read the weights into memory instead of mapping the file\n"
+            "  --no-mmap / --mmap      read the weights into memory / map the file (default: read when\n"
+            "                          the file takes at most half of the available memory, else map)\n"
             "  --mlock                 pin the weights in memory\n"
             "  -h, --help              this help\n"
             "\n"
@@ -107,7 +109,7 @@ static char *read_text_file(const char *path, size_t *len) {
 
 static int cmd_serve(int argc, char **argv) {
     enum { O_HOST = 256, O_PORT, O_THREADS, O_CTX, O_KEY, O_QUEUE, O_BODY, O_TMPL, O_CHUNK, O_KV, O_RAM, O_PC,
-           O_PCE, O_TURN, O_NOMMAP, O_MLOCK, O_MODEL, O_PREDICT, O_PCHUNK, O_CDIR, O_CDISK, O_MAXTOK, O_MAXCONN,
+           O_PCE, O_TURN, O_NOMMAP, O_MMAP, O_MLOCK, O_MODEL, O_PREDICT, O_PCHUNK, O_CDIR, O_CDISK, O_MAXTOK, O_MAXCONN,
            O_PERIP, O_HDRTO, O_IDLETO, O_RAMKEY, O_SPEC, O_SPECMAX, O_PARALLEL, O_BATCHTOK, O_PSPECIAL };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"host", required_argument, 0, O_HOST},
@@ -117,7 +119,7 @@ static int cmd_serve(int argc, char **argv) {
         {"chat-template", required_argument, 0, O_TMPL}, {"chunk", required_argument, 0, O_CHUNK},
         {"kv-type", required_argument, 0, O_KV},      {"cache-ram", required_argument, 0, O_RAM},
         {"prompt-cache", required_argument, 0, O_PC}, {"prompt-cache-every", required_argument, 0, O_PCE},
-        {"turn-token", required_argument, 0, O_TURN}, {"no-mmap", no_argument, 0, O_NOMMAP},
+        {"turn-token", required_argument, 0, O_TURN}, {"no-mmap", no_argument, 0, O_NOMMAP}, {"mmap", no_argument, 0, O_MMAP},
         {"mlock", no_argument, 0, O_MLOCK},           {"help", no_argument, 0, 'h'},
         {"predict", required_argument, 0, O_PREDICT}, {"predict-chunk", required_argument, 0, O_PCHUNK},
         {"cache-dir", required_argument, 0, O_CDIR},  {"cache-disk", required_argument, 0, O_CDISK},
@@ -135,6 +137,7 @@ static int cmd_serve(int argc, char **argv) {
     struct srv_params sp;
     srv_params_default(&sp);
     struct tern_model_params mp;
+    int mmap_mode = -1; /* -1: read when it fits (gguf_read_fits_memory), 0: read, 1: map */
     tern_model_params_default(&mp);
     struct cache_params cp = {0};
     tern_session_params_default(&cp.session);
@@ -285,7 +288,8 @@ static int cmd_serve(int argc, char **argv) {
                 return cli_usage_error("serve", "--batch-tokens '%s' is not 1-65536", optarg);
             batch_tokens = (uint32_t)v;
             break;
-        case O_NOMMAP: mp.no_mmap = true; break;
+        case O_NOMMAP: mmap_mode = 0; break;
+        case O_MMAP: mmap_mode = 1; break;
         case O_MLOCK: mp.mlock = true; break;
         default:
             return cli_usage_error("serve", "unknown option '%s'", argv[optind - 1]);
@@ -345,6 +349,11 @@ static int cmd_serve(int argc, char **argv) {
         TERN_LOG_WARN("%s", demo_note);
     }
     mp.path = model_path;
+    uint64_t fsz, avail;
+    const bool fits = gguf_read_fits_memory(model_path, &fsz, &avail);
+    mp.no_mmap = mmap_mode == 0 || (mmap_mode < 0 && fits);
+    TERN_LOG_INFO("weights: %s (%.2f GB file, %.2f GB available%s)", mp.no_mmap ? "read into memory" : "mapped",
+                  (double)fsz / 1e9, (double)avail / 1e9, mmap_mode < 0 ? "; --mmap / --no-mmap to choose" : "");
     struct tern_model *model = NULL;
     struct srv_engine *eng = NULL;
     enum tern_status st = tern_model_load(&mp, &model);

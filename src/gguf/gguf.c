@@ -668,6 +668,11 @@ enum tern_status gguf_open(const char *path, const struct gguf_open_opts *opts, 
         } else {
             f->map = m;
             f->base = m;
+#ifdef MADV_HUGEPAGE
+            /* Where the kernel collapses read-only file pages into 2 MiB ones, let it
+             * (advice only; most kernels leave a file mapping in 4 KiB pages). */
+            (void)madvise(m, f->size, MADV_HUGEPAGE);
+#endif
         }
     }
     close(fd);
@@ -873,4 +878,23 @@ double gguf_arr_get_f64(const struct gguf_kv *kv, uint64_t i) {
     case GGUF_TYPE_UINT64: return (double)((const uint64_t *)d)[i];
     default: return (double)gguf_arr_get_i64(kv, i);
     }
+}
+
+bool gguf_read_fits_memory(const char *path, uint64_t *size, uint64_t *avail) {
+    if (size) *size = 0;
+    if (avail) *avail = 0;
+    struct stat sb;
+    if (!path || stat(path, &sb) != 0 || sb.st_size <= 0) return false;
+    FILE *mi = fopen("/proc/meminfo", "r");
+    if (!mi) return false;
+    char line[256];
+    unsigned long long kb = 0;
+    bool found = false;
+    while (!found && fgets(line, sizeof line, mi)) found = sscanf(line, "MemAvailable: %llu kB", &kb) == 1;
+    fclose(mi);
+    if (!found) return false;
+    const uint64_t fs = (uint64_t)sb.st_size, av = (uint64_t)kb * 1024;
+    if (size) *size = fs;
+    if (avail) *avail = av;
+    return fs <= av / 2;
 }

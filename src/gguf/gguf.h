@@ -88,6 +88,15 @@ struct gguf_open_opts {
  * mlock is logged as a warning, not an error. With no_data, a tensor whose bytes lie
  * past the end of the file has data == NULL instead of failing the open. */
 enum tern_status gguf_open(const char *path, const struct gguf_open_opts *opts, struct gguf_file **out);
+/* The weights-in-memory default of the server: true when reading the file at path into
+ * memory (no_mmap) leaves at least as much memory available as the file takes, i.e. its
+ * size is at most half of MemAvailable (/proc/meminfo). Read weights are anonymous
+ * memory with 2 MiB pages where the kernel grants them: decode runs faster from them than
+ * from a mapping, and page-cache reclaim (DAMON on the project's VMs) cannot evict them
+ * under a running model. A larger file is better mapped (it may not fit at all). size and
+ * avail (either may be NULL) receive the two figures; false, with both 0, when the file
+ * or /proc/meminfo cannot be read. */
+bool gguf_read_fits_memory(const char *path, uint64_t *size, uint64_t *avail);
 /* Same from a memory buffer (not copied: it must outlive the gguf_file). */
 enum tern_status gguf_open_mem(const void *data, size_t size, struct gguf_file **out);
 void gguf_close(struct gguf_file *f);

@@ -27,5 +27,9 @@ extern const struct tern_kernel_table tern_kernels_portable;
 extern float tern_fp16_lut[65536];
 
 extern const struct tern_kernel_table tern_kernels_avx2;
+/* AVX-512 tiles for batches with the AVX2 tiles' bits (x86/wide-avx512.c); consulted before
+ * tern_kernels_avx2 when the AVX2 ISA is active and the CPU has AVX-512 F, BW, VL, DQ and
+ * VNNI. */
+extern const struct tern_kernel_table tern_kernels_avx512_tiles;
 
 #endif

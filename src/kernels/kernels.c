@@ -17,6 +17,7 @@
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static enum tern_isa active_isa = TERN_ISA_PORTABLE;
 static bool have_avx2;
+static bool have_avx512, use_avx512;
 
 static bool cpu_has_avx2_fma_f16c(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -30,12 +31,28 @@ static bool cpu_has_avx2_fma_f16c(void) {
 #endif
 }
 
+/* AVX-512 F, BW, VL, DQ and VNNI, with the OS saving the zmm state (the compiler's CPU
+ * model checks XCR0 before it reports an AVX-512 feature). */
+static bool cpu_has_avx512_tiles(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vnni");
+#else
+    return false;
+#endif
+}
+
 float tern_fp16_lut[65536];
 
 static void init_isa(void) {
     for (uint32_t h = 0; h < 65536; h++) tern_fp16_lut[h] = tern_fp16_to_f32((tern_fp16)h);
     have_avx2 = cpu_has_avx2_fma_f16c();
     active_isa = have_avx2 ? TERN_ISA_AVX2 : TERN_ISA_PORTABLE;
+    have_avx512 = have_avx2 && cpu_has_avx512_tiles();
+    const char *w = getenv("TERN_AVX512");
+    use_avx512 = have_avx512 && !(w && !strcmp(w, "0"));
     const char *e = getenv("TERN_ISA");
     if (e && *e) {
         if (!strcasecmp(e, "portable")) {
@@ -46,7 +63,8 @@ static void init_isa(void) {
             TERN_LOG_WARN("TERN_ISA='%s' is not one of portable, avx2; ignored", e);
         }
     }
-    TERN_LOG_DEBUG("kernels: %s", tern_isa_name(active_isa));
+    TERN_LOG_DEBUG("kernels: %s%s", tern_isa_name(active_isa),
+                   active_isa == TERN_ISA_AVX2 && use_avx512 ? " (AVX-512 tiles for batches)" : "");
 }
 
 void tern_kernels_init(void) { pthread_once(&init_once, init_isa); }
@@ -74,6 +92,23 @@ bool tern_kernels_set_isa(enum tern_isa isa) {
     if (isa == TERN_ISA_AVX2 && !have_avx2) return false;
     if (isa != TERN_ISA_AVX2 && isa != TERN_ISA_PORTABLE) return false;
     active_isa = isa;
+    return true;
+}
+
+bool tern_kernels_avx512_available(void) {
+    tern_kernels_init();
+    return have_avx512;
+}
+
+bool tern_kernels_avx512(void) {
+    tern_kernels_init();
+    return use_avx512;
+}
+
+bool tern_kernels_set_avx512(bool on) {
+    tern_kernels_init();
+    if (on && !have_avx512) return false;
+    use_avx512 = on;
     return true;
 }
 
@@ -132,7 +167,9 @@ void tern_matmul(enum tern_dtype wtype, const void *w, size_t w_row_bytes, size_
     TERN_ASSERT(w_row_bytes >= k / wi->blck_size * wi->type_size);
     TERN_ASSERT(n_tok == 1 || act_row_bytes >= tern_act_row_bytes(wtype, k));
     TERN_ASSERT(n_tok == 1 || ldy >= r1);
-    tern_matmul_fn fn = table()->matmul[wtype];
+    tern_matmul_fn fn = NULL;
+    if (active_isa == TERN_ISA_AVX2 && use_avx512) fn = tern_kernels_avx512_tiles.matmul[wtype];
+    if (!fn) fn = table()->matmul[wtype];
     if (!fn) fn = tern_kernels_portable.matmul[wtype];
     fn(w, w_row_bytes, k, act, act_row_bytes, n_tok, y, ldy, r0, r1);
 }

@@ -36,6 +36,16 @@ bool tern_kernels_isa_available(enum tern_isa isa);
  * if the CPU lacks it). Not thread-safe with respect to running kernels. */
 bool tern_kernels_set_isa(enum tern_isa isa);
 
+/* Within the AVX2 ISA, batches (n_tok > 1) of F16, Q8_0, Q4_K, Q5_K and Q6_K weights may run
+ * on AVX-512 tiles (F, BW, VL, DQ, VNNI): two (row, token) pairs per register, every lane
+ * through the AVX2 tile's operations, so the bits are the AVX2 kernels' (the kernel test
+ * checks that bit for bit). On by default where the CPU has them; TERN_AVX512=0 turns
+ * them off. set returns false (and changes nothing) when asked for tiles the CPU lacks.
+ * Not thread-safe with respect to running kernels. */
+bool tern_kernels_avx512_available(void);
+bool tern_kernels_avx512(void);
+bool tern_kernels_set_avx512(bool on);
+
 /* Whether weights of this type can be multiplied (dtype supported flag). */
 bool tern_matmul_supported(enum tern_dtype wtype);
 /* Row length granularity the type needs (its block size). */

@@ -71,6 +71,10 @@ for k in pp_tps tg_tps tg_gbps pp_gflops '"mmap":true'; do
   printf '%s' "$j" | grep -q "$k" || fail "bench JSON lacks $k: $j"
 done
 "$bin" bench -m "$m" -p 8 -n 0 -r 1 --no-mmap | grep -q "no-mmap" || fail "bench does not say the mmap mode"
+# --ctx-fill: the runs start from a filled context (said in the JSON), a bad value is refused
+j=$("$bin" bench -m "$m" -p 8 -n 2 -r 1 --ctx-fill 40 --json) || fail "bench --ctx-fill exit $?"
+printf '%s' "$j" | grep -q '"ctx_fill":40' || fail "bench --ctx-fill JSON: $j"
+"$bin" bench -m "$m" -p 8 -n 2 --ctx-fill x >/dev/null 2>&1 && fail "bench --ctx-fill x accepted"
 
 # stories260K: the reference's greedy continuation of "Once upon a time"
 st=$shared/models/stories260K.gguf

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 
 #define CHECK_OK(expr)                                                                    \
@@ -221,6 +222,26 @@ static void check_everything(const struct gguf_file *f) {
     assert_null(gguf_find_tensor(f, "t.f3"));
     assert_null(gguf_tensor_at(f, 4));
     assert_null(gguf_kv_at(f, 26));
+}
+
+/* The server's read-or-map default: a small file fits (its size reported, MemAvailable
+ * above twice it), a missing one is refused with both figures 0. */
+static void test_read_fits_memory(void **state) {
+    (void)state;
+    char path[] = "/tmp/tern-test-fits-XXXXXX";
+    const int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "GGUF0123", 8), 8);
+    close(fd);
+    uint64_t size = 1, avail = 1;
+    assert_true(gguf_read_fits_memory(path, &size, &avail));
+    assert_int_equal(size, 8);
+    assert_true(avail >= 16);
+    unlink(path);
+    assert_false(gguf_read_fits_memory(path, &size, &avail));
+    assert_int_equal(size, 0);
+    assert_int_equal(avail, 0);
+    assert_false(gguf_read_fits_memory(NULL, NULL, NULL));
 }
 
 static void test_roundtrip_mem_and_file(void **state) {
@@ -1085,6 +1106,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_malformed_table),
         cmocka_unit_test(test_truncated_every_byte),
         cmocka_unit_test(test_alloc_failures),
+        cmocka_unit_test(test_read_fits_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -382,6 +382,59 @@ static void test_iq4_twins_same_bits(void **state) {
     tern_kernels_set_isa(isas[n_isas - 1]);
 }
 
+/* The AVX-512 tiles for batches give the AVX2 tiles' bits: every type (those without such
+ * tiles trivially), row counts that leave every tile shape and a last odd row, token counts
+ * from a single token (always AVX2) to several full tiles and their edges, several k
+ * (F16 also one that is not a multiple of 8), every weight and activation mode. */
+static void test_avx512_tiles_same_bits(void **state) {
+    (void)state;
+    if (n_isas < 2 || !tern_kernels_avx512_available()) {
+        printf("note: no AVX-512 tiles on this CPU; nothing to compare\n");
+        return;
+    }
+    static const size_t rows_list[] = {1, 2, 3, 4, 5, 6, 7, 13, 67};
+    static const size_t n_list[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 19};
+    int n_compared = 0;
+    assert_true(tern_kernels_set_isa(TERN_ISA_AVX2));
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const enum tern_dtype t = mm_types[ti];
+        const size_t m = k_multiple(t);
+        const size_t ks[3] = {m == 1 ? 1027 : m, m == 1 ? 64 : 3 * m, m == 1 ? 1024 : 9 * m};
+        for (size_t ri = 0; ri < TERN_ARRAY_LEN(rows_list); ri++) {
+            for (size_t ki = 0; ki < 3; ki++) {
+                const size_t rows = rows_list[ri], k = ks[ki], rb = row_bytes(t, k);
+                const enum wmode wm = (enum wmode)((ri + ki) % W_N_MODES);
+                uint8_t *w = malloc(rows * rb);
+                float *x = malloc(19 * k * sizeof(float));
+                assert_true(w && x);
+                make_weights(t, wm, rows, k, w);
+                for (size_t tok = 0; tok < 19; tok++) make_act_floats((enum amode)((tok + ri) % A_N_MODES), k, x + tok * k);
+                size_t ab;
+                uint8_t *a = prepare_acts(t, x, 19, k, &ab);
+                float *y[2] = {malloc(19 * rows * sizeof(float)), malloc(19 * rows * sizeof(float))};
+                assert_true(y[0] && y[1]);
+                for (size_t ni = 0; ni < TERN_ARRAY_LEN(n_list); ni++) {
+                    const size_t n = n_list[ni];
+                    for (int wide = 0; wide < 2; wide++) {
+                        assert_true(tern_kernels_set_avx512(wide));
+                        tern_matmul(t, w, rb, k, a, ab, n, y[wide], rows, 0, rows);
+                    }
+                    for (size_t i = 0; i < n * rows; i++) {
+                        if (memcmp(&y[0][i], &y[1][i], sizeof(float)) != 0)
+                            fail_msg("%s rows=%zu k=%zu n_tok=%zu weights mode %d: y[%zu][%zu] avx512 %a, avx2 %a",
+                                     tern_dtype_name(t), rows, k, n, wm, i / rows, i % rows, y[1][i], y[0][i]);
+                        n_compared++;
+                    }
+                }
+                free(w), free(x), free(a), free(y[0]), free(y[1]);
+            }
+        }
+    }
+    assert_true(n_compared > 10000);
+    assert_true(tern_kernels_set_avx512(true));
+    tern_kernels_set_isa(isas[n_isas - 1]);
+}
+
 /* Outputs are exactly zero when either operand is. */
 static void test_zero_operands(void **state) {
     (void)state;
@@ -518,6 +571,7 @@ int main(void) {
         cmocka_unit_test(test_zero_operands),
         cmocka_unit_test(test_against_double_and_twin),
         cmocka_unit_test(test_iq4_twins_same_bits),
+        cmocka_unit_test(test_avx512_tiles_same_bits),
         cmocka_unit_test(test_exactness),
         cmocka_unit_test(test_threads_split_rows),
     };

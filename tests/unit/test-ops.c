@@ -210,6 +210,51 @@ static void test_attention(void **state) {
         }
 }
 
+/* With the kernels' AVX-512 tiles on, attn_page runs 512-bit loops that must give the AVX2
+ * loops' bits: head sizes around the 8-, 64- and 128-element paths, key counts around
+ * the groups of eight, F16 and F32 rows, several pages in a row. */
+static void test_attention_avx512_same_bits(void **state) {
+    (void)state;
+    const struct tern_ops *o = tern_ops_avx2();
+    if (!o || !tern_kernels_avx512_available()) {
+        printf("note: no AVX-512 on this CPU; nothing to compare\n");
+        return;
+    }
+    const size_t dims[] = {8, 16, 64, 72, 128, 136, 256};
+    const size_t lens[] = {1, 5, 8, 9, 17, 256};
+    int compared = 0;
+    for (size_t a = 0; a < TERN_ARRAY_LEN(dims); a++)
+        for (size_t b = 0; b < TERN_ARRAY_LEN(lens); b++)
+            for (int f16 = 0; f16 < 2; f16++) {
+                const size_t d = dims[a], n = lens[b], row = 2 * d, es = f16 ? 2 : 4;
+                char *k = malloc(n * row * es), *v = malloc(n * row * es);
+                float *q = malloc(d * 4), *scores = malloc((n + 8) * 4), *out[2] = {malloc(d * 4), malloc(d * 4)};
+                float ml[2][2];
+                assert_true(k && v && q && scores && out[0] && out[1]);
+                for (size_t e = 0; e < n * row; e++) {
+                    const float kv = frand(-1, 1), vv = frand(-1, 1);
+                    if (f16) ((uint16_t *)k)[e] = tern_f32_to_fp16(kv), ((uint16_t *)v)[e] = tern_f32_to_fp16(vv);
+                    else ((float *)k)[e] = kv, ((float *)v)[e] = vv;
+                }
+                for (size_t i = 0; i < d; i++) q[i] = frand(-2, 2);
+                for (int w = 0; w < 2; w++) {
+                    assert_true(tern_kernels_set_avx512(w));
+                    ml[w][0] = -INFINITY, ml[w][1] = 0.0f;
+                    memset(out[w], 0, d * 4);
+                    for (int pg = 0; pg < 3; pg++) /* the same page three times: a running state */
+                        o->attn_page(out[w], &ml[w][0], &ml[w][1], q, d, k + d * es, v + d * es, row, n,
+                                     0.125f + 0.5f * (float)pg, f16, scores);
+                }
+                if (memcmp(out[0], out[1], d * 4) || memcmp(ml[0], ml[1], sizeof ml[0]))
+                    fail_msg("attn_page d=%zu n=%zu f16=%d: AVX-512 and AVX2 differ (out[0] %a vs %a, l %a vs %a)", d,
+                             n, f16, out[1][0], out[0][0], ml[1][1], ml[0][1]);
+                compared++;
+                free(k), free(v), free(q), free(scores), free(out[0]), free(out[1]);
+            }
+    assert_int_equal(compared, 84);
+    assert_true(tern_kernels_set_avx512(true));
+}
+
 static void test_rope(void **state) {
     (void)state;
     /* angles: pair i at position p turns by p * base^(-2i/n_rot) */
@@ -261,7 +306,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rmsnorm),  cmocka_unit_test(test_swiglu_and_add),
         cmocka_unit_test(test_elementwise_position_independent),
-        cmocka_unit_test(test_softmax),  cmocka_unit_test(test_attention), cmocka_unit_test(test_to_f16),
+        cmocka_unit_test(test_softmax),  cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_avx512_same_bits),
+        cmocka_unit_test(test_to_f16),
         cmocka_unit_test(test_rope),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -253,9 +253,101 @@ INLINE void attn_page_impl(float *acc, float *m, float *l, const float *q, size_
     for (size_t i0 = 0; i0 < d; i0 += 64) pv_block(acc, c, scores, n, v, rb, i0, d - i0 >= 64 ? 8 : (d - i0) / 8, f16);
 }
 
+/* ---- AVX-512 (F, DQ): the same attention with the same bits ---------------------------------
+ *
+ * Where the kernels use their AVX-512 tiles (tern_kernels_avx512()), attn_page runs the
+ * loops above on 512-bit registers holding two of the AVX2 code's vectors side by side:
+ * two keys' accumulators per register in the scores (then the same hadd tree on the
+ * halves), sixteen elements of the output per register in the V accumulation. Every lane
+ * sees the AVX2 code's operations in its order, so the results are the same bits (the ops
+ * test compares the two). */
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512vl")
+
+/* Elements i .. i + 8 of two rows, [row p0 | row p1]. */
+INLINE __m512 load8x2(const char *p0, const char *p1, size_t i, const int f16) {
+    if (f16)
+        return _mm512_cvtph_ps(_mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)((const uint16_t *)p0 + i))),
+            _mm_loadu_si128((const __m128i *)((const uint16_t *)p1 + i)), 1));
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps((const float *)p0 + i)),
+                              _mm256_loadu_ps((const float *)p1 + i), 1);
+}
+INLINE __m256 lo8(__m512 x) { return _mm512_castps512_ps256(x); }
+INLINE __m256 hi8(__m512 x) { return _mm512_extractf32x8_ps(x, 1); }
+
+/* dots8 with keys 2i, 2i + 1 in one register. */
+INLINE __m256 dots8_512(const float *q, const char *k, size_t rb, size_t d, const int f16) {
+    __m512 a01 = _mm512_setzero_ps(), a23 = a01, a45 = a01, a67 = a01;
+    for (size_t i = 0; i < d; i += 8) {
+        const __m512 qv = _mm512_broadcast_f32x8(_mm256_loadu_ps(q + i));
+        a01 = _mm512_fmadd_ps(qv, load8x2(k, k + rb, i, f16), a01);
+        a23 = _mm512_fmadd_ps(qv, load8x2(k + 2 * rb, k + 3 * rb, i, f16), a23);
+        a45 = _mm512_fmadd_ps(qv, load8x2(k + 4 * rb, k + 5 * rb, i, f16), a45);
+        a67 = _mm512_fmadd_ps(qv, load8x2(k + 6 * rb, k + 7 * rb, i, f16), a67);
+    }
+    const __m256 h01 = _mm256_hadd_ps(lo8(a01), hi8(a01)), h23 = _mm256_hadd_ps(lo8(a23), hi8(a23));
+    const __m256 h45 = _mm256_hadd_ps(lo8(a45), hi8(a45)), h67 = _mm256_hadd_ps(lo8(a67), hi8(a67));
+    const __m256 g0123 = _mm256_hadd_ps(h01, h23);
+    const __m256 g4567 = _mm256_hadd_ps(h45, h67);
+    const __m256 lo = _mm256_permute2f128_ps(g0123, g4567, 0x20);
+    const __m256 hi = _mm256_permute2f128_ps(g0123, g4567, 0x31);
+    return _mm256_add_ps(lo, hi);
+}
+
+/* pv_block over NZ registers of 16 (elements i0 .. i0 + 16 NZ), NZ 4 or 8. */
+INLINE void pv_512(float *acc, float c, const float *p, size_t n, const char *v, size_t rb, size_t i0, const int nz,
+                   const int f16) {
+    const __m512 vc = _mm512_set1_ps(c);
+    __m512 a[8];
+    for (int r = 0; r < nz; r++) a[r] = _mm512_mul_ps(_mm512_loadu_ps(acc + i0 + 16 * r), vc);
+    v += i0 * (f16 ? 2 : 4);
+    for (size_t j = 0; j < n; j++, v += rb) {
+        const __m512 w = _mm512_set1_ps(p[j]);
+        for (int r = 0; r < nz; r++) {
+            const __m512 x = f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)v + 16 * r)))
+                                 : _mm512_loadu_ps((const float *)v + 16 * r);
+            a[r] = _mm512_fmadd_ps(w, x, a[r]);
+        }
+    }
+    for (int r = 0; r < nz; r++) _mm512_storeu_ps(acc + i0 + 16 * r, a[r]);
+}
+
+INLINE void attn_page_impl512(float *acc, float *m, float *l, const float *q, size_t d, const void *k,
+                              const void *v, size_t row_elems, size_t n, float scale, float *scores, const int f16) {
+    const size_t rb = row_elems * (f16 ? 2 : 4);
+    const char *kr = k;
+    const __m256 vs = _mm256_set1_ps(scale);
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8, kr += 8 * rb)
+        _mm256_storeu_ps(scores + j, _mm256_mul_ps(dots8_512(q, kr, rb, d, f16), vs));
+    for (; j < n; j++, kr += rb) scores[j] = dot1(q, kr, d, f16) * scale;
+    const float pm = max_avx2(scores, n);
+    const float mn = pm > *m ? pm : *m;
+    const float c = _mm_cvtss_f32(_mm256_castps256_ps128(exp256(_mm256_set1_ps(*m - mn))));
+    const float sum = expsum_avx2(scores, n, mn);
+    *l = *l * c + sum;
+    *m = mn;
+    size_t i0 = 0;
+    if (d == 128) {
+        pv_512(acc, c, scores, n, v, rb, 0, 8, f16);
+        i0 = 128;
+    }
+    for (; i0 + 64 <= d; i0 += 64) pv_512(acc, c, scores, n, v, rb, i0, 4, f16);
+    if (i0 < d) pv_block(acc, c, scores, n, v, rb, i0, (d - i0) / 8, f16);
+}
+
+static void attn_page_avx512(float *acc, float *m, float *l, const float *q, size_t d, const void *k, const void *v,
+                             size_t row_elems, size_t n, float scale, bool f16, float *scores) {
+    if (f16) attn_page_impl512(acc, m, l, q, d, k, v, row_elems, n, scale, scores, 1);
+    else attn_page_impl512(acc, m, l, q, d, k, v, row_elems, n, scale, scores, 0);
+}
+#pragma GCC pop_options
+
 static void attn_page_avx2(float *acc, float *m, float *l, const float *q, size_t d, const void *k, const void *v,
                            size_t row_elems, size_t n, float scale, bool f16, float *scores) {
     if (d % 8 != 0) tern_ops_portable()->attn_page(acc, m, l, q, d, k, v, row_elems, n, scale, f16, scores);
+    else if (tern_kernels_avx512()) attn_page_avx512(acc, m, l, q, d, k, v, row_elems, n, scale, f16, scores);
     else if (f16) attn_page_impl(acc, m, l, q, d, k, v, row_elems, n, scale, scores, 1);
     else attn_page_impl(acc, m, l, q, d, k, v, row_elems, n, scale, scores, 0);
 }

@@ -1,0 +1,354 @@
+/* AVX-512 tiles for batches (prompt processing), used by the AVX2 kernel table where the CPU
+ * has AVX-512 F, BW, VL and VNNI (CPUID, kernels.c; TERN_AVX512=0 turns them off).
+ *
+ * Same bits as the AVX2 tiles, by construction: a 512-bit register holds two (row, token)
+ * pairs side by side, rows 2p in the low 256 bits and 2p + 1 in the high ones, and every
+ * lane goes through exactly the operations the AVX2 tile applies to that lane of that pair
+ * (the same float multiplies, fused multiply-adds and conversions, in the same order; the
+ * integer parts are exact, so how they are formed does not matter), then the same hsum8
+ * on each half. What changes is how many pairs one instruction serves, and the integer
+ * dot products:
+ *   Q8_0:       vpdpbusd of (activation + 128, unsigned) by the signed weight bytes, started
+ *               from -128 * (the weight lane sums), instead of sign / maddubs / madd: the
+ *               same exact lane sums in one instruction per two pairs;
+ *   Q4_K/Q5_K/Q6_K: maddubs, then vpdpwssd (the scale multiply and the add in one);
+ *   F16:        the AVX2 tile's fmas, two pairs per instruction.
+ * A single token (GEMV, decode), a last odd row and a k the tiles do not handle go to the
+ * AVX2 entry points: the mix is free, as every pair's bits are the same either way (the
+ * kernel test compares the two tile sets bit for bit on odd shapes). */
+#include "kernels/x86/avx2.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")
+
+#define W_RPMAX 3 /* row pairs per tile */
+#define W_TMAX 6  /* tokens per tile */
+
+/* [lo | hi]: two 32-byte loads in one register. */
+AVX2_INLINE __m512i pair_i(const void *lo, const void *hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(loadu256(lo)), loadu256(hi), 1);
+}
+AVX2_INLINE __m512 pair_ps(__m256 lo, __m256 hi) { return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1); }
+/* 32 bytes in both halves (a broadcast load, no ALU work). */
+AVX2_INLINE __m512i bcast_i(const void *p) { return _mm512_broadcast_i64x4(loadu256(p)); }
+/* A block's half scale as a float: in all 16 lanes, or per half for two rows. */
+AVX2_INLINE __m512 lut16(const uint8_t *p) {
+    tern_fp16 h;
+    memcpy(&h, p, 2);
+    return _mm512_set1_ps(tern_fp16_lut[h]);
+}
+AVX2_INLINE __m512 lut_pair(const uint8_t *p0, const uint8_t *p1) { return pair_ps(lut_bcast(p0), lut_bcast(p1)); }
+
+/* The two outputs of a register: hsum8 of each half, as the AVX2 tiles do. */
+AVX2_INLINE void store_pair(__m512 acc, float *y0, float *y1) {
+    *y0 = hsum8(_mm512_castps512_ps256(acc));
+    *y1 = hsum8(_mm512_extractf32x8_ps(acc, 1));
+}
+
+#define W_STORE(RP, T)                                                                                          \
+    UNROLL for (int t = 0; t < (T); t++) UNROLL for (int p = 0; p < (RP); p++)                                  \
+        store_pair(acc[p][t], y + (size_t)t * ldy + 2 * p, y + (size_t)t * ldy + 2 * p + 1)
+
+/* ---- Q8_0 ------------------------------------------------------------------------------ */
+
+AVX2_INLINE void q8_0_wtile(int RP, int T, const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb, size_t k,
+                            float *y, size_t ldy) {
+    const size_t bb = sizeof(struct tern_block_q8_0);
+    const __m512i x80 = _mm512_set1_epi8((char)0x80);
+    __m512 acc[W_RPMAX][W_TMAX];
+    UNROLL for (int p = 0; p < RP; p++) UNROLL for (int t = 0; t < T; t++) acc[p][t] = _mm512_setzero_ps();
+    for (size_t b = 0; b < k / TERN_QK; b++) {
+        __m512i wq[W_RPMAX], nc[W_RPMAX];
+        __m512 dw[W_RPMAX];
+        UNROLL for (int p = 0; p < RP; p++) {
+            const uint8_t *b0 = w + (size_t)(2 * p) * wrb + b * bb, *b1 = b0 + wrb;
+            wq[p] = pair_i(b0 + 2, b1 + 2);
+            /* -128 * (sum of each lane's 4 weights): cancels the +128 of the activations */
+            nc[p] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), x80, wq[p]));
+            dw[p] = lut_pair(b0, b1);
+        }
+        UNROLL for (int t = 0; t < T; t++) {
+            const uint8_t *ab = a + (size_t)t * arb + b * bb;
+            const __m512i au = _mm512_xor_si512(bcast_i(ab + 2), x80); /* a + 128, as unsigned bytes */
+            const __m512 da = lut16(ab);
+            UNROLL for (int p = 0; p < RP; p++) {
+                const __m512i l = _mm512_dpbusd_epi32(nc[p], au, wq[p]);
+                acc[p][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), _mm512_mul_ps(dw[p], da), acc[p][t]);
+            }
+        }
+    }
+    W_STORE(RP, T);
+}
+
+/* ---- F16 -------------------------------------------------------------------------------- */
+
+/* k a multiple of 8 (the driver sends other k to the AVX2 tiles, which pad the tail). */
+AVX2_INLINE void f16_wtile(int RP, int T, const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb, size_t k,
+                           float *y, size_t ldy) {
+    __m512 acc[W_RPMAX][W_TMAX];
+    UNROLL for (int p = 0; p < RP; p++) UNROLL for (int t = 0; t < T; t++) acc[p][t] = _mm512_setzero_ps();
+    for (size_t i = 0; i < k; i += 8) {
+        __m512 wv[W_RPMAX];
+        UNROLL for (int p = 0; p < RP; p++) {
+            const uint8_t *w0 = w + (size_t)(2 * p) * wrb + 2 * i;
+            wv[p] = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(loadu128(w0)), loadu128(w0 + wrb), 1));
+        }
+        UNROLL for (int t = 0; t < T; t++) {
+            const __m512 x = _mm512_broadcast_f32x8(_mm256_loadu_ps((const float *)(a + (size_t)t * arb) + i));
+            UNROLL for (int p = 0; p < RP; p++) acc[p][t] = _mm512_fmadd_ps(wv[p], x, acc[p][t]);
+        }
+    }
+    W_STORE(RP, T);
+}
+
+/* ---- Q4_K and Q5_K ---------------------------------------------------------------------- */
+
+#define Q8K_D offsetof(struct tern_block_q8_k, d)
+#define Q8K_QS offsetof(struct tern_block_q8_k, qs)
+#define Q8K_BSUMS offsetof(struct tern_block_q8_k, bsums)
+#define K4_D offsetof(struct tern_block_q4_k, d)
+#define K4_DMIN offsetof(struct tern_block_q4_k, dmin)
+#define K4_SCALES offsetof(struct tern_block_q4_k, scales)
+#define K5_QH offsetof(struct tern_block_q5_k, qh)
+#define Q6K_QH offsetof(struct tern_block_q6_k, qh)
+#define Q6K_SCALES offsetof(struct tern_block_q6_k, scales)
+#define Q6K_D offsetof(struct tern_block_q6_k, d)
+
+/* A Q4_K/Q5_K block's 8 scales and 8 mins, each as int16 (the AVX2 tile's unpacking). */
+AVX2_INLINE void k4_scales(const uint8_t *blk, __m128i *sc, __m128i *mn) {
+    uint32_t u[3];
+    memcpy(u, blk + K4_SCALES, 12);
+    const uint32_t sc_lo = u[0] & 0x3f3f3f3fu, m_lo = u[1] & 0x3f3f3f3fu;
+    const uint32_t sc_hi = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u);
+    const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
+    *sc = _mm_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, 0, 0));
+    *mn = _mm_cvtepu8_epi16(_mm_setr_epi32((int)m_lo, (int)m_hi, 0, 0));
+}
+
+/* int16 element j of each 128-bit lane, in all of that lane's int16 slots. */
+AVX2_INLINE __m512i i16_bcast(__m512i x, int j) {
+    return _mm512_shuffle_epi8(x, _mm512_set1_epi16((short)(0x0100 + 0x0202 * j)));
+}
+
+AVX2_INLINE void k4_wtile(int kind5, int RP, int T, const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb,
+                          size_t k, float *y, size_t ldy) {
+    const size_t bb = kind5 ? sizeof(struct tern_block_q5_k) : sizeof(struct tern_block_q4_k);
+    const size_t ab = sizeof(struct tern_block_q8_k);
+    const size_t qs_off = kind5 ? offsetof(struct tern_block_q5_k, qs) : offsetof(struct tern_block_q4_k, qs);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    /* [m0 m0 m1 m1 m2 m2 m3 m3 | m4 m4 .. m7 m7] per 256 bits, to pair with the 16 group sums */
+    const __m256i mins_idx = _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7, 8, 9, 8, 9, 10, 11, 10,
+                                              11, 12, 13, 12, 13, 14, 15, 14, 15);
+    __m512 acc[W_RPMAX][W_TMAX];
+    UNROLL for (int p = 0; p < RP; p++) UNROLL for (int t = 0; t < T; t++) acc[p][t] = _mm512_setzero_ps();
+    for (size_t b = 0; b < k / TERN_QK_K; b++) {
+        __m512i sc[W_RPMAX], mins[W_RPMAX], qh[W_RPMAX];
+        __m512 dw[W_RPMAX], dmw[W_RPMAX];
+        UNROLL for (int p = 0; p < RP; p++) {
+            const uint8_t *b0 = w + (size_t)(2 * p) * wrb + b * bb, *b1 = b0 + wrb;
+            dw[p] = lut_pair(b0 + K4_D, b1 + K4_D);
+            dmw[p] = lut_pair(b0 + K4_DMIN, b1 + K4_DMIN);
+            __m128i s0, m0, s1, m1;
+            k4_scales(b0, &s0, &m0);
+            k4_scales(b1, &s1, &m1);
+            sc[p] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_broadcastsi128_si256(s0)),
+                                       _mm256_broadcastsi128_si256(s1), 1);
+            const __m256i mm0 = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(m0), mins_idx);
+            const __m256i mm1 = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(m1), mins_idx);
+            mins[p] = _mm512_inserti64x4(_mm512_castsi256_si512(mm0), mm1, 1);
+            if (kind5) qh[p] = pair_i(b0 + K5_QH, b1 + K5_QH);
+        }
+        __m512i sumi[W_RPMAX][W_TMAX];
+        UNROLL for (int p = 0; p < RP; p++) UNROLL for (int t = 0; t < T; t++) sumi[p][t] = _mm512_setzero_si512();
+        UNROLL for (int c = 0; c < 4; c++) {
+            __m512i lo[W_RPMAX], hi[W_RPMAX], slo[W_RPMAX], shi[W_RPMAX];
+            UNROLL for (int p = 0; p < RP; p++) {
+                const uint8_t *q0 = w + (size_t)(2 * p) * wrb + b * bb + qs_off + 32 * c;
+                const __m512i q = pair_i(q0, q0 + wrb);
+                lo[p] = _mm512_and_si512(q, m4);
+                hi[p] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+                if (kind5) {
+                    const __m512i one = _mm512_set1_epi8(1);
+                    const __m512i h0 = _mm512_and_si512(_mm512_srli_epi16(qh[p], 2 * c), one);
+                    const __m512i h1 = _mm512_and_si512(_mm512_srli_epi16(qh[p], 2 * c + 1), one);
+                    lo[p] = _mm512_or_si512(lo[p], _mm512_slli_epi16(h0, 4));
+                    hi[p] = _mm512_or_si512(hi[p], _mm512_slli_epi16(h1, 4));
+                }
+                slo[p] = i16_bcast(sc[p], 2 * c);
+                shi[p] = i16_bcast(sc[p], 2 * c + 1);
+            }
+            UNROLL for (int t = 0; t < T; t++) {
+                const uint8_t *aq = a + (size_t)t * arb + b * ab + Q8K_QS + 64 * c;
+                const __m512i alo = bcast_i(aq), ahi = bcast_i(aq + 32);
+                UNROLL for (int p = 0; p < RP; p++) {
+                    sumi[p][t] = _mm512_dpwssd_epi32(sumi[p][t], _mm512_maddubs_epi16(lo[p], alo), slo[p]);
+                    sumi[p][t] = _mm512_dpwssd_epi32(sumi[p][t], _mm512_maddubs_epi16(hi[p], ahi), shi[p]);
+                }
+            }
+        }
+        UNROLL for (int t = 0; t < T; t++) {
+            const uint8_t *ablk = a + (size_t)t * arb + b * ab;
+            const __m512 dy = _mm512_set1_ps(*(const float *)(ablk + Q8K_D));
+            const __m512i bs = bcast_i(ablk + Q8K_BSUMS);
+            UNROLL for (int p = 0; p < RP; p++) {
+                const __m512 m = _mm512_cvtepi32_ps(_mm512_madd_epi16(mins[p], bs));
+                acc[p][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[p][t]), _mm512_mul_ps(dw[p], dy), acc[p][t]);
+                acc[p][t] = _mm512_fnmadd_ps(m, _mm512_mul_ps(dmw[p], dy), acc[p][t]);
+            }
+        }
+    }
+    W_STORE(RP, T);
+}
+
+/* ---- Q6_K ------------------------------------------------------------------------------- */
+
+AVX2_INLINE void q6k_wtile(int RP, int T, const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb, size_t k,
+                           float *y, size_t ldy) {
+    const size_t bb = sizeof(struct tern_block_q6_k);
+    const size_t ab = sizeof(struct tern_block_q8_k);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
+    __m512 acc[W_RPMAX][W_TMAX];
+    UNROLL for (int p = 0; p < RP; p++) UNROLL for (int t = 0; t < T; t++) acc[p][t] = _mm512_setzero_ps();
+    for (size_t b = 0; b < k / TERN_QK_K; b++) {
+        __m512i sc16[W_RPMAX]; /* the 16 scales of row 2p, then of row 2p + 1, as int16 */
+        __m512 dw[W_RPMAX];
+        UNROLL for (int p = 0; p < RP; p++) {
+            const uint8_t *b0 = w + (size_t)(2 * p) * wrb + b * bb, *b1 = b0 + wrb;
+            dw[p] = lut_pair(b0 + Q6K_D, b1 + Q6K_D);
+            sc16[p] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepi8_epi16(loadu128(b0 + Q6K_SCALES))),
+                                         _mm256_cvtepi8_epi16(loadu128(b1 + Q6K_SCALES)), 1);
+        }
+        __m512i sumi[W_RPMAX][W_TMAX];
+        UNROLL for (int p = 0; p < RP; p++) UNROLL for (int t = 0; t < T; t++) sumi[p][t] = _mm512_setzero_si512();
+        UNROLL for (int hf = 0; hf < 2; hf++) {
+            UNROLL for (int j = 0; j < 4; j++) {
+                /* 128-bit lane L takes scale 8 hf + 2 j + (L & 1) of its row (L >> 1): the
+                 * AVX2 tile's sub-blocks 8 hf + 2 j (low 128 bits) and + 1 (high) */
+                const int s = 8 * hf + 2 * j;
+                const __m512i sidx = _mm512_setr_epi32(
+                    s | s << 16, s | s << 16, s | s << 16, s | s << 16, (s + 1) | (s + 1) << 16, (s + 1) | (s + 1) << 16,
+                    (s + 1) | (s + 1) << 16, (s + 1) | (s + 1) << 16, (s + 16) | (s + 16) << 16,
+                    (s + 16) | (s + 16) << 16, (s + 16) | (s + 16) << 16, (s + 16) | (s + 16) << 16,
+                    (s + 17) | (s + 17) << 16, (s + 17) | (s + 17) << 16, (s + 17) | (s + 17) << 16,
+                    (s + 17) | (s + 17) << 16);
+                __m512i q[W_RPMAX], sv[W_RPMAX];
+                UNROLL for (int p = 0; p < RP; p++) {
+                    const uint8_t *b0 = w + (size_t)(2 * p) * wrb + b * bb;
+                    const __m512i ql = pair_i(b0 + 64 * hf + 32 * (j & 1), b0 + wrb + 64 * hf + 32 * (j & 1));
+                    const __m512i qhv = pair_i(b0 + Q6K_QH + 32 * hf, b0 + wrb + Q6K_QH + 32 * hf);
+                    const __m512i low = j < 2 ? _mm512_and_si512(ql, m4) : _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4);
+                    const __m512i top = _mm512_and_si512(_mm512_srli_epi16(qhv, 2 * j), m2);
+                    q[p] = _mm512_or_si512(low, _mm512_slli_epi16(top, 4));
+                    sv[p] = _mm512_permutexvar_epi16(sidx, sc16[p]);
+                }
+                UNROLL for (int t = 0; t < T; t++) {
+                    const __m512i av = bcast_i(a + (size_t)t * arb + b * ab + Q8K_QS + 128 * hf + 32 * j);
+                    UNROLL for (int p = 0; p < RP; p++)
+                        sumi[p][t] = _mm512_dpwssd_epi32(sumi[p][t], _mm512_maddubs_epi16(q[p], av), sv[p]);
+                }
+            }
+        }
+        UNROLL for (int t = 0; t < T; t++) {
+            const uint8_t *ablk = a + (size_t)t * arb + b * ab;
+            const __m512 dy = _mm512_set1_ps(*(const float *)(ablk + Q8K_D));
+            const __m512i bs = bcast_i(ablk + Q8K_BSUMS);
+            UNROLL for (int p = 0; p < RP; p++) {
+                const __m512i corr = _mm512_slli_epi32(_mm512_madd_epi16(sc16[p], bs), 5);
+                const __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(sumi[p][t], corr));
+                acc[p][t] = _mm512_fmadd_ps(s, _mm512_mul_ps(dw[p], dy), acc[p][t]);
+            }
+        }
+    }
+    W_STORE(RP, T);
+}
+
+/* ---- the driver ------------------------------------------------------------------------- */
+
+typedef void (*w_tile_fn)(const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb, size_t k, float *y,
+                          size_t ldy);
+
+struct w_tiles {
+    w_tile_fn fn[W_RPMAX + 1][W_TMAX + 1]; /* [row pairs][tokens], 1-based */
+    int rp, t;                              /* the shape of the tiles in the middle */
+    size_t k_multiple;                      /* k the tiles handle; others go to AVX2 */
+    tern_matmul_fn avx2;                    /* single tokens, the last odd row, other k */
+};
+
+static void w_drive(const struct w_tiles *tl, const void *wv, size_t wrb, size_t k, const void *av, size_t arb,
+                    size_t n_tok, float *y, size_t ldy, size_t r0, size_t r1) {
+    if (n_tok == 1 || k % tl->k_multiple || r1 - r0 < 2) {
+        tl->avx2(wv, wrb, k, av, arb, n_tok, y, ldy, r0, r1);
+        return;
+    }
+    const uint8_t *w = wv;
+    const uint8_t *a = av;
+    const size_t RP = (size_t)tl->rp, T = (size_t)tl->t;
+    const size_t r_even = r0 + (r1 - r0) / 2 * 2;
+    size_t tb = AVX2_ACT_BLOCK_BYTES / (arb ? arb : 1);
+    tb = tb < T ? T : tb / T * T;
+    for (size_t t0 = 0; t0 < n_tok; t0 += tb) {
+        const size_t t1 = n_tok - t0 < tb ? n_tok : t0 + tb;
+        for (size_t r = r0; r < r_even; r += 2 * RP) {
+            const size_t np = (r_even - r) / 2 < RP ? (r_even - r) / 2 : RP;
+            for (size_t t = t0; t < t1; t += T) {
+                const size_t nt = t1 - t < T ? t1 - t : T;
+                tl->fn[np][nt](w + r * wrb, wrb, a + t * arb, arb, k, y + t * ldy + r, ldy);
+            }
+        }
+    }
+    if (r_even < r1) tl->avx2(wv, wrb, k, av, arb, n_tok, y, ldy, r_even, r1);
+}
+
+#define W_TILE_INST(body, RP, T)                                                                             \
+    static void body##_##RP##x##T(const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb, size_t k,      \
+                                  float *y, size_t ldy) {                                                   \
+        body(RP, T, w, wrb, a, arb, k, y, ldy);                                                              \
+    }
+/* Tiles of RP row pairs x 1 .. T tokens (only the token counts the driver can ask for:
+ * the middle tiles' T and the edges below it). */
+#define W_ROW4(b, RP) W_TILE_INST(b, RP, 1) W_TILE_INST(b, RP, 2) W_TILE_INST(b, RP, 3) W_TILE_INST(b, RP, 4)
+#define W_ROW6(b, RP) W_ROW4(b, RP) W_TILE_INST(b, RP, 5) W_TILE_INST(b, RP, 6)
+#define W_SLOTS4(b, RP) [RP][1] = b##_##RP##x1, [RP][2] = b##_##RP##x2, [RP][3] = b##_##RP##x3, [RP][4] = b##_##RP##x4
+#define W_SLOTS6(b, RP) W_SLOTS4(b, RP), [RP][5] = b##_##RP##x5, [RP][6] = b##_##RP##x6
+#define W_ENTRY(name)                                                                                        \
+    void name(const void *w, size_t wrb, size_t k, const void *a, size_t arb, size_t n_tok, float *y,        \
+              size_t ldy, size_t r0, size_t r1) {                                                            \
+        w_drive(&name##_tiles, w, wrb, k, a, arb, n_tok, y, ldy, r0, r1);                                    \
+    }
+/* Tiles up to 2 (W_TILES2) or 3 (W_TILES3) row pairs x T (4 or 6) tokens, the middle ones
+ * the largest. */
+#define W_TILES2(name, body, T, kmul, avx2fn)                                                                \
+    W_ROW##T(body, 1) W_ROW##T(body, 2)                                                                      \
+    static const struct w_tiles name##_tiles = {{W_SLOTS##T(body, 1), W_SLOTS##T(body, 2)}, 2, T, kmul, avx2fn}; \
+    W_ENTRY(name)
+#define W_TILES3(name, body, T, kmul, avx2fn)                                                                \
+    W_ROW##T(body, 1) W_ROW##T(body, 2) W_ROW##T(body, 3)                                                    \
+    static const struct w_tiles name##_tiles = {                                                             \
+        {W_SLOTS##T(body, 1), W_SLOTS##T(body, 2), W_SLOTS##T(body, 3)}, 3, T, kmul, avx2fn};                \
+    W_ENTRY(name)
+
+#define Q8_0_W(RP, T, ...) q8_0_wtile(RP, T, __VA_ARGS__)
+#define F16_W(RP, T, ...) f16_wtile(RP, T, __VA_ARGS__)
+#define Q4_K_W(RP, T, ...) k4_wtile(0, RP, T, __VA_ARGS__)
+#define Q5_K_W(RP, T, ...) k4_wtile(1, RP, T, __VA_ARGS__)
+#define Q6_K_W(RP, T, ...) q6k_wtile(RP, T, __VA_ARGS__)
+
+W_TILES3(tern_avx512_matmul_q8_0, Q8_0_W, 4, TERN_QK, tern_avx2_matmul_q8_0)
+W_TILES3(tern_avx512_matmul_f16, F16_W, 6, 8, tern_avx2_matmul_f16)
+W_TILES2(tern_avx512_matmul_q4_k, Q4_K_W, 4, TERN_QK_K, tern_avx2_matmul_q4_k)
+W_TILES2(tern_avx512_matmul_q5_k, Q5_K_W, 4, TERN_QK_K, tern_avx2_matmul_q5_k)
+W_TILES2(tern_avx512_matmul_q6_k, Q6_K_W, 4, TERN_QK_K, tern_avx2_matmul_q6_k)
+
+#pragma GCC pop_options
+
+/* Entries by weight type; NULL: the AVX2 table's. */
+const struct tern_kernel_table tern_kernels_avx512_tiles = {
+    .matmul =
+        {
+            [TERN_DTYPE_F16] = tern_avx512_matmul_f16,
+            [TERN_DTYPE_Q8_0] = tern_avx512_matmul_q8_0,
+            [TERN_DTYPE_Q4_K] = tern_avx512_matmul_q4_k,
+            [TERN_DTYPE_Q5_K] = tern_avx512_matmul_q5_k,
+            [TERN_DTYPE_Q6_K] = tern_avx512_matmul_q6_k,
+        },
+};
