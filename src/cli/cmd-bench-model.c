@@ -41,7 +41,7 @@ static void usage(FILE *f) {
             "      --mlock           pin the weights\n"
             "      --json            print one JSON object instead of a table\n"
             "      --device D        cpu (default; or $TERN_DEVICE), vulkan[:N] (the Vulkan backend,\n"
-            "                        llama, qwen3, qwen35 today: docs/gpu.md), auto (a GPU when there is one)\n"
+            "                        every architecture: docs/gpu.md), auto (a GPU when there is one)\n"
             "  -h, --help            this help\n");
 }
 
