@@ -25,7 +25,7 @@
 //                       [--long-prompt 4096] [--server-args "..."]
 //
 // For each N, a fresh server (tern serve --parallel N, or the reference llama-server
-// --parallel N --cont-batching with N times the context) gets N streaming
+// --parallel N --cont-batching with N times the context; N + 1 with --long-prompt) gets N streaming
 // /v1/completions requests at once, each a distinct prompt of random token ids and a
 // reply of exactly --reply-tokens tokens (ignore_eos for llama-server), R rounds.
 // Reported per N: the aggregate decode rate (the sum over streams of their decode
@@ -233,9 +233,10 @@ async function streamsBench() {
   const prompt = (len) => Array.from({ length: len }, () => 1000 + (rnd() % 20000));
   const rows = [];
   for (const n of ns) {
-    const srv = engine === 'llama' ? await startLlama(model, n, ctx, extra)
-      : await startServer(['--model', model, '--ctx-size', String(ctx), '--parallel', String(n), '--queue',
-        String(n + 2), ...extra], { TERN_PREDICT: '0' });
+    const slots = n + (longP ? 1 : 0); // the long prompt runs beside the streams, not after them
+    const srv = engine === 'llama' ? await startLlama(model, slots, ctx, extra)
+      : await startServer(['--model', model, '--ctx-size', String(ctx), '--parallel', String(slots), '--queue',
+        String(slots + 2), ...extra], { TERN_PREDICT: '0' });
     await streamOne(srv.base, prompt(pTok), 8); // warm-up
     const agg = [], per = [], tput = [], ttft = [], gapMax = [], gapMed = [];
     for (let round = 0; round < nRounds; round++) {
