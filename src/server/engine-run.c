@@ -433,6 +433,19 @@ static bool decode_begin(struct srv_engine *e, struct eng_req *r) {
     return true;
 }
 
+/* A token the request forces (tests: forced output; a forced prefix), held to the
+ * grammar when there is one; -1 when the grammar refuses it (the request ended). */
+static int32_t forced_token(struct srv_engine *e, struct eng_req *r, int32_t tok, const char *what) {
+    if (r->gm && !tern_gmatch_accept_token(r->gm, tok)) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "forced %s token %d (at %lld) is not allowed by the grammar", what, tok,
+                 (long long)r->i);
+        req_fail(e, r, 500, "%s", msg);
+        return -1;
+    }
+    return tok;
+}
+
 /* The token the request produces next; -1 when it ended (failed). */
 static int32_t next_token(struct srv_engine *e, struct eng_req *r, bool *eog) {
     struct srv_job *j = r->j;
@@ -445,27 +458,9 @@ static int32_t next_token(struct srv_engine *e, struct eng_req *r, bool *eog) {
             *eog = true;
             return 0;
         }
-        tok = ej->forced[i];
-        if (r->gm && !tern_gmatch_accept_token(r->gm, tok)) {
-            char msg[160];
-            snprintf(msg, sizeof msg, "forced output token %d (at %lld) is not allowed by the grammar", tok,
-                     (long long)i);
-            req_fail(e, r, 500, "%s", msg);
-            return -1;
-        }
-        return tok;
+        return forced_token(e, r, ej->forced[i], "output");
     }
-    if ((size_t)i < ej->n_prefix) {
-        tok = ej->prefix[i];
-        if (r->gm && !tern_gmatch_accept_token(r->gm, tok)) {
-            char msg[160];
-            snprintf(msg, sizeof msg, "forced prefix token %d (at %lld) is not allowed by the grammar", tok,
-                     (long long)i);
-            req_fail(e, r, 500, "%s", msg);
-            return -1;
-        }
-        return tok;
-    }
+    if ((size_t)i < ej->n_prefix) return forced_token(e, r, ej->prefix[i], "prefix");
     if (r->gm) {
         double t0 = tern_now_s();
         enum tern_status gst;
