@@ -37,8 +37,11 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { spawn } from 'node:child_process';
 
+// (--server-args takes the next argument whatever it starts with: "--batch-tokens 128")
 const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) => {
-  if (a.startsWith('--')) acc.push([a.slice(2), all[i + 1] && !all[i + 1].startsWith('--') ? all[i + 1] : 'true']);
+  if (i > 0 && all[i - 1] === '--server-args') return acc;
+  if (a === '--server-args') acc.push(['server-args', all[i + 1] ?? 'true']);
+  else if (a.startsWith('--')) acc.push([a.slice(2), all[i + 1] && !all[i + 1].startsWith('--') ? all[i + 1] : 'true']);
   return acc;
 }, []));
 if (args.help) {
