@@ -90,3 +90,17 @@ export function sseFrames(text) {
   }
   return frames;
 }
+
+// The first match of re in the server's log, waiting for it (bounded: 5 s).
+export async function logged(srv, re) {
+  for (let i = 0; i < 250; i++) {
+    const m = srv.log().match(re);
+    if (m) return m;
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  throw new Error(`not in the log: ${re}`);
+}
+
+// "n_past hash" of the state a request left (TERN_STATE_HASH=1 logs it).
+export const stateHash = async (srv, id) =>
+  (await logged(srv, new RegExp(`state-hash ${id} n_past=(\\d+) total=([0-9a-f]{16})`))).slice(1).join(' ');

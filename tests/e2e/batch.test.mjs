@@ -10,7 +10,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
-import { bin, startServer, tmp, sseFrames } from '../clients/harness.mjs';
+import { bin, startServer, tmp, sseFrames, logged, stateHash } from '../clients/harness.mjs';
 
 const dir = tmp();
 
@@ -62,16 +62,6 @@ async function post(srv, body) {
   return { id: frames[0].id, choices: [{ message: { content }, finish_reason: finish }], usage };
 }
 
-async function logged(srv, re) {
-  for (let i = 0; i < 250; i++) {
-    const m = srv.log().match(re);
-    if (m) return m;
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  throw new Error(`not in the log: ${re}`);
-}
-const stateHash = async (srv, id) =>
-  (await logged(srv, new RegExp(`state-hash ${id} n_past=(\\d+) total=([0-9a-f]{16})`))).slice(1).join(' ');
 
 const words = 'alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi'.split(' ');
 const text = (n, k) => Array.from({ length: n }, (_, i) => words[(i * 7 + k) % words.length]).join(' ');

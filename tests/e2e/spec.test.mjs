@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
-import { bin, sourceDir, startServer, tmp, sseFrames } from '../clients/harness.mjs';
+import { bin, sourceDir, startServer, tmp, sseFrames, logged, stateHash } from '../clients/harness.mjs';
 
 const dir = tmp();
 
@@ -51,16 +51,6 @@ async function post(srv, path, body) {
   return body.stream ? text : JSON.parse(text);
 }
 
-async function logged(srv, re) {
-  for (let i = 0; i < 100; i++) {
-    const m = srv.log().match(re);
-    if (m) return m;
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  throw new Error(`not in the log: ${re}`);
-}
-const stateHash = async (srv, id) =>
-  (await logged(srv, new RegExp(`state-hash ${id} n_past=(\\d+) total=([0-9a-f]{16})`))).slice(1).join(' ');
 
 // The same body to both servers: the same response (ids and times aside) and state.
 async function both(name, path, body) {
