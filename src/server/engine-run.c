@@ -62,6 +62,8 @@ struct eng_req {
     struct tern_sampler *sampler;
     struct spec_dec sd;          /* sd.s set: speculative decoding drafts for this request */
     struct tern_gmatch *gm;      /* the grammar's matcher (NULL: unconstrained) */
+    struct tern_gmatch *gm_own;  /* gm when it is this request's own (every kept one was in use) */
+    struct tern_grammar *g_own;  /* gm_own's grammar */
     uint32_t *gmask;
     double t_mask;
     struct tern_gmatch_stats gstats0;
@@ -160,10 +162,21 @@ static bool matcher_in_use(const struct srv_engine *e, const struct tern_gmatch 
     return false;
 }
 
-/* The matcher for a job's grammar (*owner): a kept one (reset) when the same grammar
- * came before and no running request holds it, else a new one that is kept, taking the
- * grammar over from the job. */
-static enum tern_status grammar_matcher(struct srv_engine *e, struct tern_grammar **owner, struct tern_gmatch **out) {
+/* The request lets its matcher go (a kept one stays for the next request). */
+static void req_drop_matcher(struct eng_req *r) {
+    tern_gmatch_free(r->gm_own);
+    tern_grammar_free(r->g_own);
+    r->gm_own = NULL;
+    r->g_own = NULL;
+    r->gm = NULL;
+}
+
+/* The matcher for a job's grammar (*owner) into r->gm: a kept one (reset) when the same
+ * grammar came before and no running request holds it, else a new one that is kept,
+ * taking the grammar over from the job; when every kept matcher is held by a running
+ * request, a new one of the request's own (freed when it ends). */
+static enum tern_status grammar_matcher(struct srv_engine *e, struct tern_grammar **owner, struct eng_req *r) {
+    struct tern_gmatch **out = &r->gm;
     size_t lru = ENG_GRAMMARS;
     for (size_t i = 0; i < ENG_GRAMMARS; i++) {
         struct eng_gram *k = &e->gram[i];
@@ -182,8 +195,14 @@ static enum tern_status grammar_matcher(struct srv_engine *e, struct tern_gramma
         }
         if (lru == ENG_GRAMMARS || !k->g || k->used < e->gram[lru].used) lru = i;
     }
-    if (lru == ENG_GRAMMARS) /* every kept matcher is in use: this request's own */
-        return tern_errorf(TERN_ERR_LIMIT, "more than %d constrained requests at once", ENG_GRAMMARS);
+    if (lru == ENG_GRAMMARS) { /* every kept matcher is in use: this request's own */
+        enum tern_status st = tern_gmatch_new(*owner, e->gvocab, &r->gm_own);
+        if (st) return st;
+        r->g_own = *owner;
+        *owner = NULL;
+        *out = r->gm_own;
+        return TERN_OK;
+    }
     struct eng_gram *k = &e->gram[lru];
     tern_gmatch_free(k->m);
     tern_grammar_free(k->g);
@@ -245,7 +264,7 @@ static void req_end(struct srv_engine *e, struct eng_req *r) {
         cache_release(e->cache, &r->lease, r->release_ok);
         r->s = NULL;
     }
-    r->gm = NULL;
+    req_drop_matcher(r);
     free(r->gmask);
     r->gmask = NULL;
     tern_buf_free(&r->gtail);
@@ -390,7 +409,7 @@ static bool decode_begin(struct srv_engine *e, struct eng_req *r) {
     struct tern_grammar **grammar = ej->tool_grammar ? &ej->tool_grammar : j->req.grammar ? &j->req.grammar : NULL;
     if (!st && grammar) {
         st = grammar_runtime(e, &r->gmask);
-        if (!st) st = grammar_matcher(e, grammar, &r->gm);
+        if (!st) st = grammar_matcher(e, grammar, r);
         if (!st) tern_gmatch_get_stats(r->gm, &r->gstats0);
     }
     if (st) {
@@ -499,7 +518,7 @@ static enum tern_status lazy_trigger(struct srv_engine *e, struct eng_req *r) {
     r->lazy_scan = g->len >= sizeof trig - 1 ? g->len - (sizeof trig - 2) : 0;
     if (!f || in_reasoning(g->data, (size_t)(f - g->data), r->ej->in_think)) return TERN_OK;
     enum tern_status st = grammar_runtime(e, &r->gmask);
-    if (!st) st = grammar_matcher(e, &r->ej->lazy_grammar, &r->gm);
+    if (!st) st = grammar_matcher(e, &r->ej->lazy_grammar, r);
     if (st) return st;
     tern_gmatch_get_stats(r->gm, &r->gstats0);
     size_t at = (size_t)(f - g->data);
@@ -509,7 +528,7 @@ static enum tern_status lazy_trigger(struct srv_engine *e, struct eng_req *r) {
         TERN_LOG_WARN("grammar: %s: the tool call opened as '%.*s', which the tools' grammar does not allow; it is "
                       "not constrained",
                       r->j->id, (int)(g->len - at > 80 ? 80 : g->len - at), f);
-        r->gm = NULL;
+        req_drop_matcher(r);
     }
     tern_grammar_free(r->ej->lazy_grammar);
     r->ej->lazy_grammar = NULL;

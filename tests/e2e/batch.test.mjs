@@ -40,11 +40,16 @@ before(async () => {
       '24'], env),
     solo: await startServer(['--model', models.qwen35, ...common, ...spec, '--parallel', '1'], env),
   };
+  // more constrained requests at once than the engine keeps matchers for (16)
+  servers.grammar = {
+    batched: await startServer(['--model', models.qwen3, ...common, '--parallel', '20', '--queue', '32', '--batch-tokens', '512'], env),
+    solo: servers.qwen3.solo,
+  };
 });
 after(async () => {
-  for (const s of Object.values(servers)) {
+  for (const [name, s] of Object.entries(servers)) {
     assert.equal(await s.batched.stop(), 0);
-    assert.equal(await s.solo.stop(), 0);
+    if (name !== 'grammar') assert.equal(await s.solo.stop(), 0);
   }
 });
 
@@ -151,3 +156,24 @@ test('qwen35 with --spec ngram: 8 concurrent conversations (verify chunks batche
   const metrics = await (await fetch(`${B.base}/metrics`)).text();
   assert.ok(Number(metrics.match(/^tern_spec_drafted_tokens_total (\d+)$/m)[1]) > 0, 'drafts were verified');
 });
+
+test('qwen3: 20 constrained requests at once (more than the 16 kept matchers) all run and equal their solo runs',
+  async () => {
+    const { solo: S, batched: B } = servers.grammar;
+    const grammars = ['root ::= ("alpha" | "beta" | " ")+', 'root ::= [a-z ]+ "."', 'root ::= ("yes" | "no") (" " [0-9])*'];
+    const reqs = Array.from({ length: 20 }, (_, k) => ({
+      messages: [{ role: 'user', content: text(4 + k, k) }],
+      max_tokens: 10 + (k % 5), temperature: 0, grammar: grammars[k % grammars.length],
+    }));
+    const solo = [];
+    for (const r of reqs) solo.push(await post(S, r));
+    const batched = await Promise.all(reqs.map((r) => post(B, r)));
+    for (let k = 0; k < reqs.length; k++) {
+      assert.deepEqual(batched[k].choices, solo[k].choices, `request ${k}: the same constrained answer`);
+      assert.equal(await stateHash(B, batched[k].id), await stateHash(S, solo[k].id), `request ${k}: the same state`);
+    }
+    const metrics = await (await fetch(`${B.base}/metrics`)).text();
+    const le16 = Number(metrics.match(/^tern_engine_step_sequences_bucket\{le="16"\} (\d+)$/m)[1]);
+    const all = Number(metrics.match(/^tern_engine_step_sequences_count (\d+)$/m)[1]);
+    assert.ok(all > le16, `some step held more than 16 requests (${all - le16} of ${all} steps)`);
+  });
