@@ -317,6 +317,10 @@ static void enforce_budget(struct cache *c, size_t extra) {
     stats_update_pool(c);
 }
 
+void cache_fit(struct cache *c) {
+    enforce_budget(c, 0);
+}
+
 /* ---- turns ------------------------------------------------------------------------ */
 
 /* The role of the turn whose turn-start token is toks[i]: the longest rule of the role

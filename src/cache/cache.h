@@ -115,6 +115,11 @@ void cache_on_checkpoint(void *lease, struct tern_checkpoint *ckpt);
 /* Parks the session (prompt + generated tokens) under the request's key. ok = false
  * when the request failed in a way that leaves the state unusable: it is dropped. */
 void cache_release(struct cache *c, struct cache_lease *lease, bool ok);
+/* A leased session grew (its prompt or reply took new KV pages): parked state that is not
+ * leased is evicted, least recently used first, until the pool (leased sessions
+ * included) fits the budget again. Leased sessions are never touched, so running ones
+ * alone may still exceed it. */
+void cache_fit(struct cache *c);
 
 /* Why a candidate that was compared gave nothing (or less than its common prefix). */
 enum cache_decline {

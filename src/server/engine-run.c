@@ -162,6 +162,15 @@ static bool matcher_in_use(const struct srv_engine *e, const struct tern_gmatch 
     return false;
 }
 
+/* Room in r's session for n more tokens; when that took new KV pages, parked sessions
+ * give way so that the pool, running sessions included, stays within --cache-ram. */
+static enum tern_status session_grow(struct srv_engine *e, struct eng_req *r, size_t n) {
+    const size_t b0 = tern_session_bytes(r->s);
+    enum tern_status st = tern_session_reserve(r->s, n);
+    if (!st && tern_session_bytes(r->s) > b0) cache_fit(e->cache);
+    return st;
+}
+
 /* The request lets its matcher go (a kept one stays for the next request). */
 static void req_drop_matcher(struct eng_req *r) {
     tern_gmatch_free(r->gm_own);
@@ -590,7 +599,7 @@ static bool decode_step(struct srv_engine *e, struct eng_req *r) {
         }
         if (r->rows.n == 0) return false; /* an accepted draft: the session has it already */
     }
-    if ((st = tern_session_reserve(r->s, r->rows.n))) {
+    if ((st = session_grow(e, r, r->rows.n))) {
         if (r->sd.s) spec_abort(&r->sd);
         req_fail(e, r, 503, "decoding failed: %s", tern_last_error());
         return false;
@@ -643,7 +652,7 @@ static uint32_t prefill_chunk(struct srv_engine *e, struct eng_req *r, uint32_t 
     if (len > budget) len = budget;
     if (r->ick < r->lease.n_ckpt && r->lease.ckpt_pos[r->ick] - n_past < len) len = r->lease.ckpt_pos[r->ick] - n_past;
     if (len == 0) return 0;
-    enum tern_status st = tern_session_reserve(r->s, len);
+    enum tern_status st = session_grow(e, r, len);
     if (st) {
         req_fail(e, r, st == TERN_ERR_RANGE ? 400 : 503, "reading the prompt failed: %s", tern_last_error());
         return 0;

@@ -214,6 +214,10 @@ enum tern_status srv_engine_new(const struct srv_engine_params *p, struct srv_en
         const size_t full = per_token * n_ctx + e->info->recurrent_bytes + 1;
         const size_t fit = cp.ram_bytes / full;
         e->parallel = fit < 4 ? 4 : fit > 8 ? 8 : (uint32_t)fit;
+        if (fit < e->parallel)
+            TERN_LOG_INFO("scheduler: %u full contexts of %u tokens (%zu MiB each) exceed --cache-ram %zu MiB; parked "
+                          "sessions give way as running ones grow (set --parallel or --ctx-size to bound it)",
+                          e->parallel, n_ctx, full >> 20, cp.ram_bytes >> 20);
     }
     if (e->parallel > MODEL_MAX_PARALLEL) e->parallel = MODEL_MAX_PARALLEL;
     e->step_items = tern_calloc(e->parallel, sizeof *e->step_items);

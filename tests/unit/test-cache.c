@@ -412,6 +412,67 @@ static void test_budget_evicts_lru(void **state) {
     cache_free(c);
 }
 
+/* A running (leased) session that grows makes parked ones give way: cache_fit keeps the
+ * pool, leased sessions included, within the budget while the lease is held, and the
+ * running session's answer is still the cold one. */
+static void test_budget_counts_running(void **state) {
+    struct fixture *f = *state;
+    struct cache_params p;
+    default_params(f, &p);
+    struct cache *c;
+    assert_int_equal(cache_new(f->m, &p, &c), TERN_OK);
+    struct toks t = {0};
+    toks_add_text(f, &t, SYS);
+    toks_add_text(f, &t, "<|im_start|>user\nconversation number 0<|im_end|>\n<|im_start|>assistant\n");
+    request(f, c, "", "k0", &t, 64);
+    struct cache_stats st;
+    cache_get_stats(c, &st);
+    const size_t one = st.pool_bytes;
+    cache_free(c);
+    p.ram_bytes = one * 3 + one / 2;
+    assert_int_equal(cache_new(f->m, &p, &c), TERN_OK);
+    for (int i = 0; i < 3; i++) {
+        char key[16], text[128];
+        snprintf(key, sizeof key, "k%d", i);
+        snprintf(text, sizeof text, "<|im_start|>user\nconversation number %d<|im_end|>\n<|im_start|>assistant\n", i);
+        toks_free(&t);
+        toks_add_text(f, &t, SYS);
+        toks_add_text(f, &t, text);
+        request(f, c, "", key, &t, 64);
+    }
+    cache_get_stats(c, &st);
+    assert_int_equal(st.n_sessions, 3);
+    const uint64_t ev0 = st.evictions;
+    /* a long conversation, leased while it reads three more KV pages */
+    toks_free(&t);
+    toks_add_text(f, &t, SYS);
+    toks_add_text(f, &t, "<|im_start|>user\n");
+    while (t.n < 3 * 256 + 40) toks_add_text(f, &t, "a long request that goes on and on about many things, ");
+    toks_add_text(f, &t, "<|im_end|>\n<|im_start|>assistant\n");
+    struct cache_ident id = {.tenant = "", .key = "long"};
+    struct cache_lease l;
+    assert_int_equal(cache_acquire(c, &id, t.v, t.n, &l), TERN_OK);
+    for (size_t at = 0; at < t.n; at += 64) {
+        const size_t n = t.n - at < 64 ? t.n - at : 64;
+        const size_t b0 = tern_session_bytes(l.session);
+        assert_int_equal(tern_session_reserve(l.session, n), TERN_OK);
+        if (tern_session_bytes(l.session) > b0) cache_fit(c);
+        struct tern_eval_opts o = {.n_chunk = 64};
+        assert_int_equal(tern_session_eval(l.session, t.v + at, n, &o), TERN_OK);
+    }
+    cache_get_stats(c, &st);
+    assert_true(st.evictions > ev0);                      /* parked sessions gave way ... */
+    assert_true(st.pool_bytes <= p.ram_bytes || st.n_sessions == 1); /* ... until it fit, or only it is left */
+    struct result r;
+    memset(&r, 0, sizeof r);
+    decode(l.session, tern_model_info(f->m)->n_vocab, r.gen);
+    r.hash = tern_session_hash(l.session);
+    cache_release(c, &l, true);
+    assert_equals_cold(f, &r, &t);
+    toks_free(&t);
+    cache_free(c);
+}
+
 /* The rollback switches serve correctly: no pool (live session only), no checkpoints. */
 static void test_switches(void **state) {
     struct fixture *f = *state;
@@ -746,6 +807,7 @@ int main(void) {
         cmocka_unit_test_setup(test_interleaved_conversations, setup_q3),
         cmocka_unit_test_setup(test_compaction_uses_longest_valid_point, setup_q3),
         cmocka_unit_test_setup(test_budget_evicts_lru, setup_q3),
+        cmocka_unit_test_setup(test_budget_counts_running, setup_q3),
         cmocka_unit_test_setup(test_switches, setup_q3),
         cmocka_unit_test_setup(test_affinity_switch_both_paths, setup_q3),
         cmocka_unit_test_setup(test_tenant_share, setup_q3),
@@ -758,6 +820,7 @@ int main(void) {
         cmocka_unit_test_setup(test_interleaved_conversations, setup_q35),
         cmocka_unit_test_setup(test_compaction_uses_longest_valid_point, setup_q35),
         cmocka_unit_test_setup(test_budget_evicts_lru, setup_q35),
+        cmocka_unit_test_setup(test_budget_counts_running, setup_q35),
         cmocka_unit_test_setup(test_switches, setup_q35),
         cmocka_unit_test_setup(test_affinity_switch_both_paths, setup_q35),
         cmocka_unit_test_setup(test_role_map_is_data, setup_q35),
