@@ -315,6 +315,10 @@ int32_t tern_sampler_sample_masked(struct tern_sampler *s, const float *logits, 
  * draw as tern_sampler_sample. */
 int32_t tern_sampler_sample_draft(struct tern_sampler *s, const float *logits, const int32_t *history,
                                   size_t n_history, int32_t draft, bool *accepted);
+/* The same over the tokens whose bit is set in allow (as tern_sampler_sample_masked): a
+ * draft allow leaves out is never accepted. -1 when allow has no token. */
+int32_t tern_sampler_sample_draft_masked(struct tern_sampler *s, const float *logits, const uint32_t *allow,
+                                         const int32_t *history, size_t n_history, int32_t draft, bool *accepted);
 
 #ifdef __cplusplus
 }

@@ -175,13 +175,12 @@ int32_t tern_sampler_sample(struct tern_sampler *s, const float *logits, const i
 
 static inline bool allowed(const uint32_t *allow, int32_t i) { return (allow[i / 32] >> (i % 32)) & 1u; }
 
-int32_t tern_sampler_sample_masked(struct tern_sampler *s, const float *logits, const uint32_t *allow,
-                                   const int32_t *history, size_t n_history) {
-    if (!allow) return tern_sampler_sample(s, logits, history, n_history);
-    const uint32_t V = s->n_vocab;
+/* The logits into s->work, the tokens allow leaves out at -inf; the lowest allowed id (-1:
+ * none). */
+static int32_t mask_into_work(struct tern_sampler *s, const float *logits, const uint32_t *allow) {
     float *l = s->work;
     int32_t first = -1;
-    for (uint32_t i = 0; i < V; i++) {
+    for (uint32_t i = 0; i < s->n_vocab; i++) {
         if (allowed(allow, (int32_t)i)) {
             l[i] = logits[i];
             if (first < 0) first = (int32_t)i;
@@ -189,8 +188,15 @@ int32_t tern_sampler_sample_masked(struct tern_sampler *s, const float *logits, 
             l[i] = -INFINITY;
         }
     }
+    return first;
+}
+
+int32_t tern_sampler_sample_masked(struct tern_sampler *s, const float *logits, const uint32_t *allow,
+                                   const int32_t *history, size_t n_history) {
+    if (!allow) return tern_sampler_sample(s, logits, history, n_history);
+    const int32_t first = mask_into_work(s, logits, allow);
     if (first < 0) return -1;
-    int32_t t = sample_work(s, l, history, n_history);
+    int32_t t = sample_work(s, s->work, history, n_history);
     /* NaN or -inf logits among the allowed tokens can leave the draw on a removed token:
      * the lowest allowed id is the deterministic answer then */
     return allowed(allow, t) ? t : first;
@@ -325,12 +331,12 @@ static int32_t sample_work(struct tern_sampler *s, float *l, const int32_t *hist
     return dist_draw(s, &d, -1);
 }
 
-int32_t tern_sampler_sample_draft(struct tern_sampler *s, const float *logits, const int32_t *history,
-                                  size_t n_history, int32_t draft, bool *accepted) {
+/* The draft rule over s->work (the logits, disallowed ones at -inf). */
+static int32_t draft_work(struct tern_sampler *s, const int32_t *history, size_t n_history, int32_t draft,
+                          bool *accepted) {
     struct dist d;
     int32_t g;
     *accepted = false;
-    memcpy(s->work, logits, (size_t)s->n_vocab * sizeof *s->work);
     if (dist_build(s, history, n_history, &d, &g)) {
         *accepted = g == draft;
         return g;
@@ -351,4 +357,24 @@ int32_t tern_sampler_sample_draft(struct tern_sampler *s, const float *logits, c
         return draft;
     }
     return dist_draw(s, &d, draft);
+}
+
+int32_t tern_sampler_sample_draft(struct tern_sampler *s, const float *logits, const int32_t *history,
+                                  size_t n_history, int32_t draft, bool *accepted) {
+    memcpy(s->work, logits, (size_t)s->n_vocab * sizeof *s->work);
+    return draft_work(s, history, n_history, draft, accepted);
+}
+
+int32_t tern_sampler_sample_draft_masked(struct tern_sampler *s, const float *logits, const uint32_t *allow,
+                                         const int32_t *history, size_t n_history, int32_t draft, bool *accepted) {
+    if (!allow) return tern_sampler_sample_draft(s, logits, history, n_history, draft, accepted);
+    *accepted = false;
+    const int32_t first = mask_into_work(s, logits, allow);
+    if (first < 0) return -1;
+    const int32_t t = draft_work(s, history, n_history, draft >= 0 && allowed(allow, draft) ? draft : -1, accepted);
+    /* as tern_sampler_sample_masked: a draw left on a removed token (NaN or -inf logits
+     * among the allowed) gives the lowest allowed id */
+    if (allowed(allow, t)) return t;
+    *accepted = first == draft;
+    return first;
 }

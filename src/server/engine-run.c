@@ -433,19 +433,20 @@ static bool decode_begin(struct srv_engine *e, struct eng_req *r) {
         r->o.role_sent = true;
     }
     /* Speculative decoding (spec.h): the decoder samples for this request and its verify
-     * chunks are the request's rows of a step. Forced output (tests) bypasses it. A grammar (also one
-     * that a tool call may trigger later) or a forced prefix turns drafting off: the
-     * mask is applied to each sampled token in turn, so the session must never run
-     * ahead of the accepted tokens (docs/spec.md). Without drafting, each token is a
-     * row of the step. */
+     * chunks are the request's rows of a step. Forced output (tests) bypasses it. Under a
+     * grammar the decoder decides each position under the mask of the matcher's state
+     * there, taking every decided token into the matcher, so the states, masks and tokens
+     * are a plain constrained loop's (docs/spec.md); a grammar that a tool call opens
+     * later is handed over then (lazy_trigger). A forced prefix (tests) is fed as plain
+     * rows, drafting from its last token on. Without drafting, each token is a row. */
     if (!ej->forced) {
         struct spec_params spp = {.mode = j->req.spec_set ? j->req.spec : e->spec,
                                   .max = j->req.spec_max ? j->req.spec_max : e->spec_max};
-        if (r->gm || ej->lazy_grammar || ej->n_prefix) spp.mode = SPEC_OFF;
         if (spp.mode != SPEC_OFF && (st = spec_dec_init(&r->sd, r->s, r->sampler, &spp, &j->cancel))) {
             req_fail(e, r, 500, "cannot start decoding: %s", tern_last_error());
             return false;
         }
+        if (r->sd.s && r->gm) spec_set_grammar(&r->sd, r->gm, r->gmask, &r->t_mask);
     }
     /* the request's max_tokens, within the server's cap: a request that names none (or
      * more) still ends, with finish_reason "length", instead of holding a place until
@@ -474,9 +475,21 @@ static int32_t forced_token(struct srv_engine *e, struct eng_req *r, int32_t tok
     return tok;
 }
 
+/* The request ends with 500 when its grammar allows no further token (gst: the mask's
+ * error, TERN_OK when it simply allows none); -1 for next_token. */
+static int32_t grammar_stuck(struct srv_engine *e, struct eng_req *r, enum tern_status gst) {
+    char msg[300];
+    if (gst) snprintf(msg, sizeof msg, "%s", tern_last_error());
+    else snprintf(msg, sizeof msg, "the grammar allows no token of the vocabulary after %lld generated "
+                  "tokens (the output so far is not a complete match)", (long long)r->i);
+    TERN_LOG_WARN("grammar: %s stuck after: %.*s", r->j->id, (int)(r->gtail.len > 2000 ? 2000 : r->gtail.len),
+                  r->gtail.data ? r->gtail.data + (r->gtail.len > 2000 ? r->gtail.len - 2000 : 0) : "");
+    req_fail(e, r, 500, "constrained decoding stopped: %s", msg);
+    return -1;
+}
+
 /* The token the request produces next; -1 when it ended (failed). */
 static int32_t next_token(struct srv_engine *e, struct eng_req *r, bool *eog) {
-    struct srv_job *j = r->j;
     struct eng_job *ej = r->ej;
     const int64_t i = r->i;
     int32_t tok;
@@ -489,7 +502,10 @@ static int32_t next_token(struct srv_engine *e, struct eng_req *r, bool *eog) {
         return forced_token(e, r, ej->forced[i], "output");
     }
     if ((size_t)i < ej->n_prefix) return forced_token(e, r, ej->prefix[i], "prefix");
-    if (r->gm) {
+    if (r->sd.s) {
+        tok = spec_next(&r->sd); /* under the grammar, if any: taken into the matcher already */
+        if (tok < 0) return grammar_stuck(e, r, r->sd.gst);
+    } else if (r->gm) {
         double t0 = tern_now_s();
         enum tern_status gst;
         size_t n_allowed = tern_gmatch_mask(r->gm, r->gmask, &gst);
@@ -497,18 +513,7 @@ static int32_t next_token(struct srv_engine *e, struct eng_req *r, bool *eog) {
         tok = n_allowed ? tern_sampler_sample_masked(r->sampler, tern_session_logits(r->s), r->gmask,
                                                      tern_session_tokens(r->s), tern_session_n_past(r->s))
                         : -1;
-        if (tok < 0 || !tern_gmatch_accept_token(r->gm, tok)) {
-            char msg[300];
-            if (gst) snprintf(msg, sizeof msg, "%s", tern_last_error());
-            else snprintf(msg, sizeof msg, "the grammar allows no token of the vocabulary after %lld generated "
-                          "tokens (the output so far is not a complete match)", (long long)i);
-            TERN_LOG_WARN("grammar: %s stuck after: %.*s", j->id, (int)(r->gtail.len > 2000 ? 2000 : r->gtail.len),
-                          r->gtail.data ? r->gtail.data + (r->gtail.len > 2000 ? r->gtail.len - 2000 : 0) : "");
-            req_fail(e, r, 500, "constrained decoding stopped: %s", msg);
-            return -1;
-        }
-    } else if (r->sd.s) {
-        tok = spec_next(&r->sd);
+        if (tok < 0 || !tern_gmatch_accept_token(r->gm, tok)) return grammar_stuck(e, r, n_allowed ? TERN_OK : gst);
     } else {
         tok = tern_sampler_sample(r->sampler, tern_session_logits(r->s), tern_session_tokens(r->s),
                                   tern_session_n_past(r->s));
@@ -539,6 +544,7 @@ static enum tern_status lazy_trigger(struct srv_engine *e, struct eng_req *r) {
                       r->j->id, (int)(g->len - at > 80 ? 80 : g->len - at), f);
         req_drop_matcher(r);
     }
+    if (r->gm && r->sd.s) spec_set_grammar(&r->sd, r->gm, r->gmask, &r->t_mask);
     tern_grammar_free(r->ej->lazy_grammar);
     r->ej->lazy_grammar = NULL;
     return TERN_OK;
@@ -591,7 +597,9 @@ static bool decode_step(struct srv_engine *e, struct eng_req *r) {
     r->rows = (struct spec_rows){.toks = &r->feed, .n = 1};
     if (r->sd.s) {
         /* the verify chunk (the token and its draft) is this request's rows of the step */
-        st = spec_prepare(&r->sd, tok, (size_t)(r->max_new - i - 1), &r->rows); /* drafts stop at max_tokens */
+        /* drafts stop at max_tokens, and wait while the next token is a forced one */
+        const size_t want = (size_t)i + 1 < r->ej->n_prefix ? 0 : (size_t)(r->max_new - i - 1);
+        st = spec_prepare(&r->sd, tok, want, &r->rows);
         if (st) {
             r->release_ok = false;
             req_fail(e, r, 500, "decoding failed: %s", tern_last_error());

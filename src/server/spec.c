@@ -1,6 +1,8 @@
 /* Speculative decoding: drafting and verification (see spec.h, docs/spec.md). */
 #include "server/spec.h"
 
+#include "grammar/grammar.h"
+
 #include "util/log.h"
 #include "util/mem.h"
 #include "util/rng.h"
@@ -112,10 +114,43 @@ void spec_dec_free(struct spec_dec *d) {
 
 uint32_t spec_n_past(const struct spec_dec *d) { return d->n_commit; }
 
+void spec_set_grammar(struct spec_dec *d, struct tern_gmatch *gm, uint32_t *gmask, double *t_mask) {
+    d->gm = gm;
+    d->gmask = gmask;
+    d->t_mask = t_mask;
+    d->gst = TERN_OK;
+    d->nq = d->iq; /* decided without the grammar: decided again under it */
+}
+
+/* The grammar's mask for its current state into d->gmask; false when it allows nothing. */
+static bool grammar_mask(struct spec_dec *d) {
+    const double t0 = tern_now_s();
+    const size_t n = tern_gmatch_mask(d->gm, d->gmask, &d->gst);
+    if (d->t_mask) *d->t_mask += tern_now_s() - t0;
+    return n > 0;
+}
+
+/* Takes y into the grammar (y < 0: nothing was allowed); -1 when it refuses. */
+static int32_t grammar_take(struct spec_dec *d, int32_t y) {
+    return y >= 0 && tern_gmatch_accept_token(d->gm, y) ? y : -1;
+}
+
+/* The logits after the accepted tokens: the session's, or when it ran ahead (decisions
+ * spec_set_grammar dropped) the last verify chunk's row for that position. */
+static const float *next_logits(const struct spec_dec *d) {
+    if (tern_session_n_past(d->s) == d->n_commit) return tern_session_logits(d->s);
+    TERN_ASSERT(d->n_commit > d->v0 && d->n_commit <= tern_session_n_past(d->s));
+    return d->logits + (size_t)(d->n_commit - 1 - d->v0) * d->n_vocab;
+}
+
 int32_t spec_next(struct spec_dec *d) {
     int32_t tok;
     if (d->iq < d->nq) tok = d->q[d->iq++];
-    else tok = tern_sampler_sample(d->smp, tern_session_logits(d->s), tern_session_tokens(d->s), d->n_commit);
+    else if (d->gm)
+        tok = grammar_mask(d) ? grammar_take(d, tern_sampler_sample_masked(d->smp, next_logits(d), d->gmask,
+                                                                           tern_session_tokens(d->s), d->n_commit))
+                              : -1;
+    else tok = tern_sampler_sample(d->smp, next_logits(d), tern_session_tokens(d->s), d->n_commit);
     d->n_gen++;
     return tok;
 }
@@ -182,6 +217,7 @@ enum tern_status spec_prepare(struct spec_dec *d, int32_t tok, size_t want, stru
         d->st.t_ckpt += tern_now_s() - t0;
         if (st) return st;
     }
+    d->v0 = d->n_commit;
     out->toks = d->buf;
     out->n = (uint32_t)(k + 1);
     out->logits_all = k ? d->logits : NULL;
@@ -201,8 +237,13 @@ void spec_commit(struct spec_dec *d, const struct spec_rows *r) {
     for (;; j++) {
         bool acc = false;
         const int32_t want_tok = j < k ? d->buf[j + 1] : -1;
-        const int32_t y = tern_sampler_sample_draft(d->smp, d->logits + j * d->n_vocab, hist, d->n_commit + j,
-                                                    want_tok, &acc);
+        const float *lg = d->logits + j * d->n_vocab;
+        int32_t y;
+        if (!d->gm) y = tern_sampler_sample_draft(d->smp, lg, hist, d->n_commit + j, want_tok, &acc);
+        else if (!grammar_mask(d)) y = -1;
+        else y = grammar_take(d, tern_sampler_sample_draft_masked(d->smp, lg, d->gmask, hist, d->n_commit + j,
+                                                                   want_tok, &acc));
+        if (y < 0) acc = false; /* the grammar stopped here: spec_next returns -1 */
         if (j < k && acc) {
             d->q[j] = y;
             continue;

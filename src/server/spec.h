@@ -23,6 +23,8 @@
 
 #include "tern.h"
 
+struct tern_gmatch;
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -85,10 +87,18 @@ struct spec_dec {
     int32_t q[SPEC_MAX_DRAFT + 1]; /* tokens decided ahead: accepted drafts (consumed), then the next one */
     uint32_t nq, iq;
     int32_t buf[SPEC_MAX_DRAFT + 1]; /* the verify chunk: the token, then the draft */
+    uint32_t v0;                 /* the position of the last verify chunk's first token */
     float *logits;               /* (max + 1, n_vocab) the verify chunk's logits */
     struct tern_checkpoint *ck;  /* hybrid, refeed: the state before the last verify chunk */
     bool refeed;
     uint8_t *trail;              /* hybrid: (max + 1, recurrent_bytes) the states after each verified position */
+    /* A grammar (spec_set_grammar): every token is decided under its mask and taken into
+     * the matcher as it is decided, so the matcher runs through exactly the states a plain
+     * constrained loop would, and q holds only tokens it took. */
+    struct tern_gmatch *gm;
+    uint32_t *gmask;             /* (n_vocab / 32 words) the caller's */
+    double *t_mask;              /* seconds computing masks are added here (may be NULL) */
+    enum tern_status gst;        /* why the grammar stopped (TERN_OK: no token allowed) */
     struct spec_stats st;
 };
 
@@ -99,8 +109,15 @@ enum tern_status spec_dec_init(struct spec_dec *d, struct tern_session *s, struc
 void spec_dec_free(struct spec_dec *d);
 
 /* The next token the target model produces, as tern_sampler_sample would pick it after
- * the accepted tokens (an end-of-generation token included: the caller decides). */
+ * the accepted tokens (an end-of-generation token included: the caller decides). With a
+ * grammar: as tern_sampler_sample_masked under the matcher's mask, already taken into
+ * the matcher; -1 when the grammar allows no token (d->gst says why when it failed). */
 int32_t spec_next(struct spec_dec *d);
+/* Holds every later decision to grammar matcher gm (in its current state; gmask is the
+ * caller's buffer for masks), e.g. when a tool call opens. Tokens decided ahead without
+ * it are dropped (the session is brought back at the next spec_prepare), so the output
+ * is what a plain loop that took the grammar at this point gives. */
+void spec_set_grammar(struct spec_dec *d, struct tern_gmatch *gm, uint32_t *gmask, double *t_mask);
 /* Continues after tok, the token spec_next just returned (what a plain loop does by
  * evaluating it). want: how many more tokens the caller may still ask for (drafts
  * beyond it would be wasted). Errors as tern_session_eval's; TERN_ERR_CANCELLED leaves

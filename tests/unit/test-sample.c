@@ -224,6 +224,61 @@ static void test_masked(void **state) {
     free(l);
 }
 
+/* The draft rule under a mask: the masked distribution is the target (each token at its
+ * probability among the allowed, an allowed draft accepted at its probability), a draft
+ * the mask leaves out is never accepted and costs the masked draw's random numbers,
+ * greedy is the best allowed token, nothing allowed gives -1. */
+static void test_draft_masked(void **state) {
+    (void)state;
+    enum { V = 8, N = 200000 };
+    const float l[V] = {1.0f, 0.2f, 2.0f, -1.0f, 0.7f, 1.5f, 3.0f, 0.1f};
+    const uint32_t allow[1] = {0x37u}; /* 0, 1, 2, 4, 5 (not 3, 6, 7) */
+    double q[V] = {0}, z = 0;
+    for (int i = 0; i < V; i++)
+        if (allow[0] >> i & 1) z += exp(l[i]);
+    for (int i = 0; i < V; i++) q[i] = (allow[0] >> i & 1) ? exp(l[i]) / z : 0;
+    for (int32_t draft = 0; draft < 6; draft += 5) {
+        struct tern_sampler *s = mk(1.0f, 0, 1.0f, 0.0f, 3, V);
+        long cnt[V] = {0}, n_acc = 0;
+        for (int it = 0; it < N; it++) {
+            bool acc;
+            const int32_t t = tern_sampler_sample_draft_masked(s, l, allow, NULL, 0, draft, &acc);
+            assert_true(t >= 0 && t < V && (allow[0] >> t & 1));
+            assert_true(acc == (t == draft));
+            cnt[t]++;
+            n_acc += acc;
+        }
+        for (int i = 0; i < V; i++) {
+            const double sd = sqrt(q[i] * (1 - q[i]) / N) + 1e-9;
+            assert_true(fabs((double)cnt[i] / N - q[i]) < 4.5 * sd + 1e-6);
+        }
+        assert_true(fabs((double)n_acc / N - q[draft]) < 4.5 * sqrt(q[draft] * (1 - q[draft]) / N) + 1e-6);
+        tern_sampler_free(s);
+    }
+    /* a draft outside the mask (6 has the largest logit): never accepted, the plain masked draw */
+    struct tern_sampler *a = mk(1.0f, 0, 1.0f, 0.0f, 11, V), *b = mk(1.0f, 0, 1.0f, 0.0f, 11, V);
+    for (int it = 0; it < 1000; it++) {
+        bool acc;
+        assert_int_equal(tern_sampler_sample_draft_masked(a, l, allow, NULL, 0, 6, &acc),
+                         tern_sampler_sample_masked(b, l, allow, NULL, 0));
+        assert_false(acc);
+    }
+    tern_sampler_free(a);
+    tern_sampler_free(b);
+    struct tern_sampler *g = mk(0.0f, 0, 1.0f, 0.0f, 1, V);
+    bool acc;
+    assert_int_equal(tern_sampler_sample_draft_masked(g, l, allow, NULL, 0, 2, &acc), 2); /* 6 is masked */
+    assert_true(acc);
+    assert_int_equal(tern_sampler_sample_draft_masked(g, l, allow, NULL, 0, 6, &acc), 2);
+    assert_false(acc);
+    assert_int_equal(tern_sampler_sample_draft_masked(g, l, allow, NULL, 0, -1, &acc), 2);
+    assert_false(acc);
+    const uint32_t none[1] = {0};
+    assert_int_equal(tern_sampler_sample_draft_masked(g, l, none, NULL, 0, 2, &acc), -1);
+    assert_false(acc);
+    tern_sampler_free(g);
+}
+
 static void test_bad_params(void **state) {
     (void)state;
     struct tern_sampler_params p;
@@ -246,6 +301,7 @@ int main(void) {
         cmocka_unit_test(test_greedy),       cmocka_unit_test(test_seeded_determinism),
         cmocka_unit_test(test_distribution), cmocka_unit_test(test_filters_match_reference),
         cmocka_unit_test(test_penalties),    cmocka_unit_test(test_bad_params), cmocka_unit_test(test_masked),
+        cmocka_unit_test(test_draft_masked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

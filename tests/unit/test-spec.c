@@ -12,6 +12,7 @@
  * - a cancelled verify leaves the accepted tokens. */
 #include "harness.h"
 
+#include "grammar/grammar.h"
 #include "server/spec.h"
 #include "tern.h"
 #include "util/mem.h"
@@ -526,6 +527,119 @@ static void test_cancel(void **unused) {
     tern_model_free(m);
 }
 
+/* A grammar handed to the decoder midway (a tool call opening) or from the start: what it
+ * decided ahead without the grammar is dropped, every later position is decided under the
+ * matcher's mask and taken into it, so tokens and state equal a plain loop that applies
+ * the grammar from the same token on, for prompt lookup and the oracle (all accepted, half
+ * wrong), draft lengths 4 and 8. */
+static void grammar_plain(struct tern_model *m, const int32_t *prompt, const struct tern_gvocab *v,
+                          const struct tern_grammar *g, int at, struct run *r) {
+    const uint32_t nv = tern_model_info(m)->n_vocab;
+    struct tern_session *s = primed(m, prompt, N_PROMPT);
+    struct tern_sampler *smp = mk_sampler(0.0f, 0, 1, nv);
+    uint32_t *mask = tern_malloc((nv + 31) / 32 * sizeof *mask);
+    struct tern_gmatch *gm = NULL;
+    for (int i = 0; i < N_GEN; i++) {
+        if (i == at) assert_int_equal(tern_gmatch_new(g, v, &gm), TERN_OK);
+        const float *lg = tern_session_logits(s);
+        if (gm) {
+            enum tern_status st;
+            assert_true(tern_gmatch_mask(gm, mask, &st) > 0);
+            r->toks[i] = tern_sampler_sample_masked(smp, lg, mask, tern_session_tokens(s), tern_session_n_past(s));
+            assert_true(tern_gmatch_accept_token(gm, r->toks[i]));
+        } else {
+            r->toks[i] = tern_sampler_sample(smp, lg, tern_session_tokens(s), tern_session_n_past(s));
+        }
+        if (i + 1 < N_GEN) assert_int_equal(tern_session_eval(s, &r->toks[i], 1, NULL), TERN_OK);
+    }
+    r->n_past = tern_session_n_past(s);
+    r->hash = tern_session_hash(s);
+    tern_gmatch_free(gm);
+    free(mask);
+    tern_sampler_free(smp);
+    tern_session_free(s);
+}
+
+static void grammar_spec(struct tern_model *m, const int32_t *prompt, const struct tern_gvocab *v,
+                         const struct tern_grammar *g, int at, const struct spec_params *spp, struct run *r) {
+    const uint32_t nv = tern_model_info(m)->n_vocab;
+    struct tern_session *s = primed(m, prompt, N_PROMPT);
+    struct tern_sampler *smp = mk_sampler(0.0f, 0, 1, nv);
+    uint32_t *mask = tern_malloc((nv + 31) / 32 * sizeof *mask);
+    struct tern_gmatch *gm = NULL;
+    struct spec_dec d;
+    assert_int_equal(spec_dec_init(&d, s, smp, spp, NULL), TERN_OK);
+    for (int i = 0; i < N_GEN; i++) {
+        if (i == at) {
+            assert_int_equal(tern_gmatch_new(g, v, &gm), TERN_OK);
+            spec_set_grammar(&d, gm, mask, NULL);
+        }
+        r->toks[i] = spec_next(&d);
+        assert_true(r->toks[i] >= 0);
+        if (i + 1 == N_GEN) break;
+        assert_int_equal(spec_accept(&d, r->toks[i], (size_t)(N_GEN - i - 1)), TERN_OK);
+    }
+    assert_int_equal(spec_finish(&d), TERN_OK);
+    r->n_past = tern_session_n_past(s);
+    r->hash = tern_session_hash(s);
+    r->st = d.st;
+    spec_dec_free(&d);
+    tern_gmatch_free(gm);
+    free(mask);
+    tern_sampler_free(smp);
+    tern_session_free(s);
+}
+
+static void test_grammar_midway(void **unused) {
+    (void)unused;
+    static const char src[] = "root ::= [a-z ]+";
+    struct tern_grammar *g = NULL;
+    assert_int_equal(tern_grammar_compile(src, sizeof src - 1, NULL, &g), TERN_OK);
+    /* a real model, a quantized attention-only one, a hybrid (the state trail) */
+    static const char *const models[] = {"models/stories260K.gguf", "models/tiny-qwen3-q4_k_m.gguf",
+                                         "models/tiny-qwen35-f32.gguf"};
+    size_t n_models = 0;
+    for (size_t im = 0; im < TERN_ARRAY_LEN(models); im++) {
+        struct tern_model *m = load(models[im]);
+        if (!m) continue;
+        n_models++;
+        struct tern_gvocab *v = NULL;
+        assert_int_equal(tern_gvocab_from_tokenizer(tern_model_tokenizer(m), &v), TERN_OK);
+        int32_t prompt[N_PROMPT];
+        mk_prompt(m, prompt);
+        static const int ats[] = {0, 6};
+        for (size_t ia = 0; ia < TERN_ARRAY_LEN(ats); ia++) {
+            struct run plain, r, free_run;
+            grammar_plain(m, prompt, v, g, ats[ia], &plain);
+            /* the oracle proposes the constrained tokens after the hand-over and the free
+             * ones before it, so drafts decided ahead of it are accepted and then dropped */
+            decode(m, prompt, &(struct spec_params){.mode = SPEC_OFF}, 0.0f, 1, 0, &free_run, NULL);
+            int32_t otoks[N_GEN];
+            for (int i = 0; i < N_GEN; i++) otoks[i] = i < ats[ia] ? free_run.toks[i] : plain.toks[i];
+            for (uint32_t max = 4; max <= 8; max *= 2) {
+                for (uint32_t pct = 0; pct <= 50; pct += 50) {
+                    const struct spec_oracle o = {.toks = otoks, .n = N_GEN, .reject_pct = pct, .seed = 9};
+                    char label[160];
+                    snprintf(label, sizeof label, "%s grammar from token %d, oracle %u%% wrong, max %u", models[im],
+                             ats[ia], pct, max);
+                    grammar_spec(m, prompt, v, g, ats[ia],
+                                 &(struct spec_params){.mode = SPEC_ORACLE, .max = max, .oracle = &o}, &r);
+                    check_same(label, &plain, &r);
+                    assert_true(r.st.accepted > 0);
+                }
+            }
+            char label[160];
+            snprintf(label, sizeof label, "%s grammar from token %d, ngram max 4", models[im], ats[ia]);
+            grammar_spec(m, prompt, v, g, ats[ia], &(struct spec_params){.mode = SPEC_NGRAM, .max = 4}, &r);
+            check_same(label, &plain, &r);
+        }
+        tern_gvocab_free(v);
+        tern_model_free(m);
+    }
+    tern_grammar_free(g);
+    if (!n_models) skip();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ngram),
@@ -536,6 +650,7 @@ int main(void) {
         cmocka_unit_test(test_state_trail),
         cmocka_unit_test(test_sampling_deterministic),
         cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_grammar_midway),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
