@@ -44,8 +44,8 @@ static void usage(FILE *f) {
             "      --frequency-penalty P (default 0)\n"
             "      --seed S              sampling seed (default: from the clock)\n"
             "      --stop STR            stop when the text contains STR (repeatable)\n"
-            "      --spec off|ngram      speculative decoding by prompt lookup (default off; the\n"
-            "                            output is the same, docs/spec.md)\n"
+            "      --spec off|ngram|mtp  speculative decoding by prompt lookup or the model's MTP head\n"
+            "                            (Qwen3.5 nextn; default off; the output is the same, docs/spec.md)\n"
             "      --spec-max N          tokens per draft, 1-32 (default 8)\n"
             "  -t, --threads N           compute threads (default: online cores)\n"
             "      --chunk N             prompt tokens per chunk (default 512)\n"
@@ -400,7 +400,7 @@ static int run_main(int argc, char **argv) {
         case OPT_PRINTIDS: print_ids = true; break;
         case OPT_DUMP: dump = optarg; break;
         case OPT_SPEC:
-            if (!spec_mode_parse(optarg, &spp.mode)) return cli_usage_error("run", "bad --spec '%s' (off or ngram)", optarg);
+            if (!spec_mode_parse(optarg, &spp.mode)) return cli_usage_error("run", "bad --spec '%s' (off, ngram or mtp)", optarg);
             break;
         case OPT_SPECMAX:
             if (!cli_parse_int(optarg, 1, SPEC_MAX_DRAFT, &lv))

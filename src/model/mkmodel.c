@@ -263,6 +263,9 @@ enum tern_status tern_mkmodel_check(const struct tern_mkmodel_params *p) {
     if (!(p->rope_theta > 0) || !(p->rms_eps > 0))
         return tern_errorf(TERN_ERR_INVALID, "rope_theta %g and rms_eps %g must be positive", p->rope_theta,
                            p->rms_eps);
+    if (p->n_mtp > 1 || (p->n_mtp && !is_hybrid(p->arch)))
+        return tern_errorf(TERN_ERR_INVALID, "%u MTP blocks: only qwen35 and qwen35moe take one (--mtp 0 or 1)",
+                           p->n_mtp);
     if (is_hybrid(p->arch)) {
         if ((st = check_range("ssm k-heads", p->ssm_k_heads, 1, LIMIT_HEADS))) return st;
         if ((st = check_range("ssm v-heads", p->ssm_v_heads, 1, LIMIT_HEADS))) return st;
@@ -511,17 +514,26 @@ static enum tern_status build_tensors(struct mk_ctx *c, uint32_t n_vocab) {
     const uint64_t ssm_inner = (uint64_t)p->ssm_v_heads * p->ssm_state;
     const uint64_t ssm_conv_ch = 2 * (uint64_t)p->ssm_k_heads * p->ssm_state + ssm_inner;
     /* The Q4_K_M mix counts attn_v/attn_qkv tensors before it picks any type. */
-    c->n_wv = p->n_layer;
+    c->n_wv = p->n_layer + p->n_mtp;
     enum tern_status st = TERN_OK;
 #define ADD(...) do { if ((st = add(c, __VA_ARGS__))) return st; } while (0)
     ADD(INIT_WEIGHT, 0, e, n_vocab, "token_embd.weight");
     ADD(INIT_NORM, 0, e, 0, "output_norm.weight");
     if (!p->tied) ADD(INIT_WEIGHT, 0, e, n_vocab, "output.weight");
-    for (uint32_t il = 0; il < p->n_layer; il++) {
+    /* The MTP blocks (qwen35, --mtp) follow the main layers, as llama.cpp's converter
+     * writes them: a full-attention decoder layer plus the nextn tensors. */
+    for (uint32_t il = 0; il < p->n_layer + p->n_mtp; il++) {
+        const bool mtp = il >= p->n_layer;
         ADD(INIT_NORM, il, e, 0, "blk.%u.attn_norm.weight", il);
+        if (mtp) {
+            ADD(INIT_WEIGHT, il, 2 * e, e, "blk.%u.nextn.eh_proj.weight", il); /* input [embedding | hidden] */
+            ADD(INIT_NORM, il, e, 0, "blk.%u.nextn.enorm.weight", il);
+            ADD(INIT_NORM, il, e, 0, "blk.%u.nextn.hnorm.weight", il);
+            ADD(INIT_NORM, il, e, 0, "blk.%u.nextn.shared_head_norm.weight", il);
+        }
         if (is_hybrid(p->arch)) {
             ADD(INIT_NORM, il, e, 0, "blk.%u.post_attention_norm.weight", il);
-            if (is_full_attn(p, il)) {
+            if (mtp || is_full_attn(p, il)) {
                 ADD(INIT_WEIGHT, il, e, 2 * q, "blk.%u.attn_q.weight", il); /* per head: q then gate */
                 ADD(INIT_WEIGHT, il, e, kv, "blk.%u.attn_k.weight", il);
                 ADD(INIT_WEIGHT, il, e, kv, "blk.%u.attn_v.weight", il);
@@ -772,7 +784,8 @@ static enum tern_status write_metadata(struct gguf_writer *w, const struct tern_
     else snprintf(name, sizeof name, "%s-random", a);
     enum tern_status st = gguf_writer_set_str(w, "general.architecture", a);
     if (!st) st = gguf_writer_set_str(w, "general.name", name);
-    if (!st) st = set_arch_u32(w, a, "block_count", p->n_layer);
+    if (!st) st = set_arch_u32(w, a, "block_count", p->n_layer + p->n_mtp);
+    if (!st && p->n_mtp) st = set_arch_u32(w, a, "nextn_predict_layers", p->n_mtp);
     if (!st) st = set_arch_u32(w, a, "context_length", p->n_ctx);
     if (!st) st = set_arch_u32(w, a, "embedding_length", p->n_embd);
     /* qwen35moe files have no dense feed-forward key; qwen3moe ones carry it unused */

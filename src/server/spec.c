@@ -1,12 +1,15 @@
 /* Speculative decoding: drafting and verification (see spec.h, docs/spec.md). */
 #include "server/spec.h"
 
+#include "model/mtp.h"
+
 #include "util/log.h"
 #include "util/mem.h"
 #include "util/rng.h"
 #include "util/status.h"
 #include "util/timeutil.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +18,7 @@ const char *spec_mode_name(enum spec_mode m) {
     case SPEC_OFF: return "off";
     case SPEC_NGRAM: return "ngram";
     case SPEC_ORACLE: return "oracle";
+    case SPEC_MTP: return "mtp";
     }
     return "?";
 }
@@ -22,6 +26,7 @@ const char *spec_mode_name(enum spec_mode m) {
 bool spec_mode_parse(const char *s, enum spec_mode *out) {
     if (!strcmp(s, "off")) *out = SPEC_OFF;
     else if (!strcmp(s, "ngram")) *out = SPEC_NGRAM;
+    else if (!strcmp(s, "mtp")) *out = SPEC_MTP;
     else return false;
     return true;
 }
@@ -47,6 +52,57 @@ size_t spec_ngram_draft(const int32_t *ctx, size_t n_ctx, int32_t last, uint32_t
         }
     }
     return 0;
+}
+
+/* The head's guess: the largest logit (the lowest id on a tie). */
+static int32_t argmax(const float *l, uint32_t n) {
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (l[i] > l[best]) best = i;
+    return (int32_t)best;
+}
+
+/* MTP: the head is fed the rows it lacks — main positions [hid_pos0, n_commit), each
+ * the main model's hidden state there and the token after it (tok for the last) — so
+ * that its rows match the accepted tokens; its guess after the last is the first draft
+ * token. Each further one is a chained row at the next position from the head's own
+ * hidden state and the token just guessed; those rows are dropped again afterwards (the
+ * verify chunk gives the main model's hidden states for them). */
+static enum tern_status mtp_draft(struct spec_dec *d, int32_t tok, size_t max, int32_t *out, size_t *n_out) {
+    *n_out = 0;
+    const uint32_t n = d->n_commit;
+    /* no hidden state of position n - 1 (the first token after the prompt; docs/spec.md) */
+    if (d->hid_n == 0 || d->hid_pos0 + d->hid_n != n) return TERN_OK;
+    enum tern_status st;
+    const uint32_t have = tern_mtp_n_past(d->mtp);
+    if (have == 0 || d->mtp_base + have != d->hid_pos0) {
+        /* the head's rows do not end where the new ones start (an aborted chunk): start over */
+        if (have && (st = tern_mtp_rewind(d->mtp, 0))) return st;
+        d->mtp_base = d->hid_pos0;
+    }
+    int32_t toks[SPEC_MAX_DRAFT + 1];
+    const int32_t *T = tern_session_tokens(d->s);
+    for (uint32_t i = 0; i < d->hid_n; i++) {
+        const uint32_t p = d->hid_pos0 + i;
+        toks[i] = p + 1 < n ? T[p + 1] : tok;
+    }
+    const uint32_t rows = d->hid_n;
+    d->hid_n = 0;
+    if ((st = tern_mtp_eval(d->mtp, d->hid, toks, rows, NULL, d->mtp_h))) return st;
+    if (max == 0) return TERN_OK;
+    const uint32_t keep = tern_mtp_n_past(d->mtp);
+    const float *h = d->mtp_h + (size_t)(rows - 1) * d->n_embd;
+    size_t m = 0;
+    out[m++] = argmax(tern_mtp_logits(d->mtp), d->n_vocab);
+    while (m < max) {
+        /* the input row is read before the output row is written: in place */
+        if ((st = tern_mtp_eval(d->mtp, h, &out[m - 1], 1, NULL, d->mtp_h))) return st;
+        h = d->mtp_h;
+        out[m++] = argmax(tern_mtp_logits(d->mtp), d->n_vocab);
+    }
+    if (tern_mtp_n_past(d->mtp) > keep && (st = tern_mtp_rewind(d->mtp, keep))) return st;
+    *n_out = m;
+    return TERN_OK;
 }
 
 /* Up to max drafted tokens after tok (the gen-th generated token is tok). */
@@ -89,6 +145,21 @@ enum tern_status spec_dec_init(struct spec_dec *d, struct tern_session *s, struc
         return tern_errorf(TERN_ERR_INVALID, "spec: the oracle source needs its tokens");
     if (d->mode == SPEC_OFF) return TERN_OK;
     d->refeed = p->refeed;
+    if (d->mode == SPEC_MTP) {
+        enum tern_status st = tern_mtp_new(s, &d->mtp);
+        if (st == TERN_ERR_UNSUPPORTED) {
+            char why[256];
+            snprintf(why, sizeof why, "%s", tern_last_error());
+            return tern_errorf(st, "spec: mtp drafting needs the model's multi-token-prediction head: %s", why);
+        }
+        if (st) return st;
+        d->n_embd = info->n_embd;
+        d->hid = tern_malloc((size_t)(d->max + 1) * d->n_embd * sizeof(float));
+        d->mtp_h = tern_malloc((size_t)(d->max + 1) * d->n_embd * sizeof(float));
+        if (!d->hid || !d->mtp_h)
+            return tern_errorf(TERN_ERR_NOMEM, "spec: out of memory for %u hidden states of %u", d->max + 1,
+                               d->n_embd);
+    }
     d->logits = tern_malloc((size_t)(d->max + 1) * d->n_vocab * sizeof(float));
     if (!d->logits)
         return tern_errorf(TERN_ERR_NOMEM, "spec: out of memory for %u x %u logits", d->max + 1, d->n_vocab);
@@ -102,6 +173,12 @@ enum tern_status spec_dec_init(struct spec_dec *d, struct tern_session *s, struc
 }
 
 void spec_dec_free(struct spec_dec *d) {
+    if (d->mtp) tern_session_capture_hidden(d->s, NULL, 0);
+    tern_mtp_free(d->mtp);
+    free(d->hid);
+    free(d->mtp_h);
+    d->mtp = NULL;
+    d->hid = d->mtp_h = NULL;
     free(d->logits);
     tern_aligned_free(d->trail);
     d->trail = NULL;
@@ -168,12 +245,19 @@ enum tern_status spec_prepare(struct spec_dec *d, int32_t tok, size_t want, stru
     const uint32_t n_ctx = tern_session_n_ctx(s);
     /* Prompt lookup adapts its length (a draft that is mostly rejected costs a longer
      * chunk for nothing); the oracle keeps its fixed length, the bound it measures. */
-    size_t max = d->mode == SPEC_OFF ? 0 : d->mode == SPEC_NGRAM ? d->cur : d->max;
+    size_t max = d->mode == SPEC_OFF ? 0 : d->mode == SPEC_ORACLE ? d->max : d->cur;
     if (want < 1) max = 0;
     else if (max > want - 1) max = want - 1; /* tok's chunk yields up to k + 1 tokens */
     if (d->n_commit + 1 >= n_ctx) max = 0;
     else if (max > n_ctx - d->n_commit - 1) max = n_ctx - d->n_commit - 1;
-    const size_t k = draft(d, tok, max, d->buf + 1);
+    size_t k = 0;
+    if (d->mode != SPEC_MTP) {
+        k = draft(d, tok, max, d->buf + 1);
+    } else {
+        if ((st = mtp_draft(d, tok, max, d->buf + 1, &k))) return st;
+        /* the chunk's hidden states: the head's next rows */
+        tern_session_capture_hidden(s, d->hid, d->n_commit);
+    }
     d->buf[0] = tok;
     if (k > 0 && d->hybrid && d->refeed) {
         const double t0 = tern_now_s();
@@ -190,6 +274,11 @@ enum tern_status spec_prepare(struct spec_dec *d, int32_t tok, size_t want, stru
 }
 
 void spec_commit(struct spec_dec *d, const struct spec_rows *r) {
+    if (d->mtp) {
+        tern_session_capture_hidden(d->s, NULL, 0);
+        d->hid_pos0 = d->n_commit;
+        d->hid_n = 1;
+    }
     d->n_commit++; /* tok */
     const size_t k = r->n - 1;
     if (k == 0) return;
@@ -212,12 +301,17 @@ void spec_commit(struct spec_dec *d, const struct spec_rows *r) {
     }
     d->nq = (uint32_t)(j + 1);
     d->st.accepted += j;
+    if (d->mtp) d->hid_n = (uint32_t)j + 1; /* the rows of tok and the accepted drafts */
     /* all accepted: try twice as long; else one more than what was accepted */
     if (j == k) d->cur = d->cur * 2 < d->max ? d->cur * 2 : d->max;
     else d->cur = (uint32_t)j + 1;
 }
 
 void spec_abort(struct spec_dec *d) {
+    if (d->mtp) {
+        tern_session_capture_hidden(d->s, NULL, 0);
+        d->hid_n = 0;
+    }
     /* a failure after the chunk started leaves the session at an unknown end */
     if (tern_session_n_past(d->s) > d->n_commit && settle(d)) TERN_LOG_WARN("spec: %s", tern_last_error());
 }
@@ -231,7 +325,12 @@ enum tern_status spec_accept(struct spec_dec *d, int32_t tok, size_t want) {
                                 .rec_trail = r.rec_trail};
     st = tern_session_eval(d->s, r.toks, r.n, &eo);
     if (st) {
-        if (st != TERN_ERR_CANCELLED) spec_abort(d);
+        if (st != TERN_ERR_CANCELLED) {
+            spec_abort(d);
+        } else if (d->mtp) {
+            tern_session_capture_hidden(d->s, NULL, 0);
+            d->hid_n = 0;
+        }
         return st;
     }
     spec_commit(d, &r);
@@ -241,6 +340,7 @@ enum tern_status spec_accept(struct spec_dec *d, int32_t tok, size_t want) {
 enum tern_status spec_finish(struct spec_dec *d) {
     /* accepted drafts the caller did not take are dropped with the rest */
     d->nq = d->iq = 0;
+    if (d->mtp) tern_session_capture_hidden(d->s, NULL, 0);
     enum tern_status st = settle(d);
     /* the session outlives the trail buffer (it is parked, hashed, resumed) */
     tern_session_drop_trail(d->s);

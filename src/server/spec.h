@@ -34,10 +34,11 @@ enum spec_mode {
     SPEC_OFF = 0,
     SPEC_NGRAM,  /* prompt lookup: the last 3..1 tokens matched against the context */
     SPEC_ORACLE, /* tests and benchmarks: drafts from a known continuation */
+    SPEC_MTP,    /* the model's multi-token-prediction head (Qwen3.5 nextn), greedy, chained */
 };
 
 const char *spec_mode_name(enum spec_mode m);
-/* "off" or "ngram" (the oracle is not a user-facing mode); false when unknown. */
+/* "off", "ngram" or "mtp" (the oracle is not a user-facing mode); false when unknown. */
 bool spec_mode_parse(const char *s, enum spec_mode *out);
 
 /* Drafts from a continuation known in advance: toks[i] is proposed as the i-th
@@ -89,6 +90,16 @@ struct spec_dec {
     struct tern_checkpoint *ck;  /* hybrid, refeed: the state before the last verify chunk */
     bool refeed;
     uint8_t *trail;              /* hybrid: (max + 1, recurrent_bytes) the states after each verified position */
+    /* SPEC_MTP (docs/spec.md): the head, and the main model's hidden states that it has
+     * not been fed yet: those of positions [hid_pos0, hid_pos0 + hid_n), captured by the
+     * last verify chunk (its accepted rows). The head's position q is the main
+     * position mtp_base + q; its rows cover main positions [mtp_base, n_commit - 1). */
+    struct tern_mtp *mtp;
+    float *hid;                  /* (max + 1, n_embd) */
+    uint32_t hid_pos0, hid_n;
+    uint32_t mtp_base;
+    float *mtp_h;                /* (n_embd) the head's own hidden state: a chained guess's input */
+    uint32_t n_embd;
     struct spec_stats st;
 };
 
