@@ -12,6 +12,8 @@ tern_unit_test(test-engine ${CMAKE_SOURCE_DIR}/tests/unit/test-engine.c TIMEOUT 
 tern_unit_test(test-server-http ${CMAKE_SOURCE_DIR}/tests/unit/test-server-http.c TIMEOUT 120 LABELS tsan)
 # speculative decoding: greedy identical to plain on every kit model, the sampling rule
 tern_unit_test(test-spec ${CMAKE_SOURCE_DIR}/tests/unit/test-spec.c TIMEOUT 600)
+# MTP drafting (Qwen3.5 nextn) on generated models: load, head chunk invariance, greedy identical
+tern_unit_test(test-spec-mtp ${CMAKE_SOURCE_DIR}/tests/unit/test-mtp.c TIMEOUT 600)
 # End-to-end: `tern serve` on a generated model driven over HTTP from node (fetch), by
 # the official openai SDK (third_party/node_modules, installed by scripts/deps.sh), and
 # with the real agent request bodies of ../shared/bench; `tern chat` from stdin.

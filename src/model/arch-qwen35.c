@@ -194,11 +194,14 @@ static enum tern_status load_attn_ffn(struct tern_model *m, struct q35_weights *
 static enum tern_status load_mtp(struct tern_model *m, struct q35_weights *w, uint32_t n_nextn) {
     const uint32_t il = w->n_layer, E = m->hp.n_embd;
     char name[96];
-    snprintf(name, sizeof name, "blk.%u.nextn.eh_proj.weight", il);
-    const bool has_proj = gguf_find_tensor(m->f, name) != NULL;
-    snprintf(name, sizeof name, "blk.%u.attn_norm.weight", il);
-    const bool has_norm = gguf_find_tensor(m->f, name) != NULL;
-    if (!has_proj && !has_norm) {
+    snprintf(name, sizeof name, "blk.%u.", il);
+    const size_t n_prefix = strlen(name);
+    bool any = false;
+    for (uint64_t i = 0; i < gguf_n_tensors(m->f) && !any; i++) {
+        const struct gguf_str *tn = &gguf_tensor_at(m->f, i)->name;
+        any = tn->len > n_prefix && !memcmp(tn->ptr, name, n_prefix);
+    }
+    if (!any) {
         TERN_LOG_INFO("qwen35: nextn_predict_layers is %u but block %u has no tensors: no MTP head", n_nextn, il);
         return TERN_OK;
     }

@@ -297,7 +297,9 @@ enum tern_status tern_mkmodel_check(const struct tern_mkmodel_params *p) {
 
 /* ---- tensors ------------------------------------------------------------------------ */
 
-enum init { INIT_WEIGHT, INIT_NORM, INIT_SSM_A, INIT_DT_BIAS, INIT_CONV };
+/* INIT_ZERO and INIT_PASS (tern_mkmodel_params.mtp_echo) draw like INIT_WEIGHT and then
+ * write 0, resp. the matrix that passes the second half of its input through. */
+enum init { INIT_WEIGHT, INIT_NORM, INIT_SSM_A, INIT_DT_BIAS, INIT_CONV, INIT_ZERO, INIT_PASS };
 
 struct mk_tensor {
     char name[96];
@@ -321,7 +323,7 @@ struct mk_rows {
     struct tern_threadpool *pool;
     /* the current task */
     struct mk_tensor *t;
-    uint64_t n_rows;
+    uint64_t row0, n_rows;
     void *dst;
     _Atomic int failed;
 };
@@ -366,6 +368,10 @@ static void fill_task(void *ctx, int ith, int nth) {
     for (uint64_t row = r0; row < r1; row++) {
         float *v = t->type == TERN_DTYPE_F32 ? (float *)((uint8_t *)q->dst + row * t->row_bytes) : q->buf + row * k;
         for (uint64_t i = 0; i < k; i++) v[i] = init_value(t, &r);
+        if (t->init == INIT_ZERO || t->init == INIT_PASS) {
+            memset(v, 0, (size_t)k * sizeof *v);
+            if (t->init == INIT_PASS) v[k / 2 + q->row0 + row] = 1.0f; /* output j = input n_embd + j */
+        }
         if (t->type != TERN_DTYPE_F32 && !tern_quantize_row(t->type, v, (uint8_t *)q->dst + row * t->row_bytes, (size_t)k))
             q->failed = 1;
     }
@@ -384,6 +390,7 @@ static enum tern_status fill(void *user, uint64_t row0, uint64_t n_rows, void *d
         q->cap = (size_t)(n_rows * k);
     }
     q->t = t;
+    q->row0 = row0;
     q->n_rows = n_rows;
     q->dst = dst;
     q->failed = 0;
@@ -412,7 +419,8 @@ static bool name_ends(const char *name, const char *suffix) {
  * not divide falls back to F32. */
 static enum tern_dtype pick_type(struct mk_ctx *c, const struct mk_tensor *t, uint32_t layer) {
     const struct tern_mkmodel_params *p = c->p;
-    if (t->n_dims < 2 || t->init != INIT_WEIGHT) return TERN_DTYPE_F32;
+    if (t->n_dims < 2 || (t->init != INIT_WEIGHT && t->init != INIT_ZERO && t->init != INIT_PASS))
+        return TERN_DTYPE_F32;
     /* llama-quantize keeps the MoE routers in F32 */
     if (name_ends(t->name, ".ffn_gate_inp.weight") || name_ends(t->name, ".ffn_gate_inp_shexp.weight"))
         return TERN_DTYPE_F32;
@@ -495,11 +503,11 @@ static enum tern_status add(struct mk_ctx *c, enum init init, uint32_t layer, ui
 }
 
 /* A stack of ne2 matrices [ne0, ne1] (MoE experts). */
-static enum tern_status add3(struct mk_ctx *c, uint32_t layer, uint64_t ne0, uint64_t ne1, uint64_t ne2,
-                             const char *fmt, ...) {
+static enum tern_status add3(struct mk_ctx *c, enum init init, uint32_t layer, uint64_t ne0, uint64_t ne1,
+                             uint64_t ne2, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    enum tern_status st = add_v(c, INIT_WEIGHT, layer, ne0, ne1, ne2, fmt, ap);
+    enum tern_status st = add_v(c, init, layer, ne0, ne1, ne2, fmt, ap);
     va_end(ap);
     return st;
 }
@@ -524,9 +532,12 @@ static enum tern_status build_tensors(struct mk_ctx *c, uint32_t n_vocab) {
      * writes them: a full-attention decoder layer plus the nextn tensors. */
     for (uint32_t il = 0; il < p->n_layer + p->n_mtp; il++) {
         const bool mtp = il >= p->n_layer;
+        /* mtp_echo: the block passes the hidden state through (mkmodel.h) */
+        const enum init out_init = mtp && p->mtp_echo ? INIT_ZERO : INIT_WEIGHT;
         ADD(INIT_NORM, il, e, 0, "blk.%u.attn_norm.weight", il);
         if (mtp) {
-            ADD(INIT_WEIGHT, il, 2 * e, e, "blk.%u.nextn.eh_proj.weight", il); /* input [embedding | hidden] */
+            /* input [embedding | hidden] */
+            ADD(p->mtp_echo ? INIT_PASS : INIT_WEIGHT, il, 2 * e, e, "blk.%u.nextn.eh_proj.weight", il);
             ADD(INIT_NORM, il, e, 0, "blk.%u.nextn.enorm.weight", il);
             ADD(INIT_NORM, il, e, 0, "blk.%u.nextn.hnorm.weight", il);
             ADD(INIT_NORM, il, e, 0, "blk.%u.nextn.shared_head_norm.weight", il);
@@ -537,7 +548,7 @@ static enum tern_status build_tensors(struct mk_ctx *c, uint32_t n_vocab) {
                 ADD(INIT_WEIGHT, il, e, 2 * q, "blk.%u.attn_q.weight", il); /* per head: q then gate */
                 ADD(INIT_WEIGHT, il, e, kv, "blk.%u.attn_k.weight", il);
                 ADD(INIT_WEIGHT, il, e, kv, "blk.%u.attn_v.weight", il);
-                ADD(INIT_WEIGHT, il, q, e, "blk.%u.attn_output.weight", il);
+                ADD(out_init, il, q, e, "blk.%u.attn_output.weight", il);
                 ADD(INIT_NORM, il, hd, 0, "blk.%u.attn_q_norm.weight", il);
                 ADD(INIT_NORM, il, hd, 0, "blk.%u.attn_k_norm.weight", il);
             } else {
@@ -569,9 +580,9 @@ static enum tern_status build_tensors(struct mk_ctx *c, uint32_t n_vocab) {
         if (is_moe(p->arch)) {
             const uint64_t x = p->n_expert, f = p->n_ff_exp, sf = p->n_ff_shexp;
             ADD(INIT_WEIGHT, il, e, x, "blk.%u.ffn_gate_inp.weight", il);
-            if ((st = add3(c, il, e, f, x, "blk.%u.ffn_gate_exps.weight", il)) ||
-                (st = add3(c, il, e, f, x, "blk.%u.ffn_up_exps.weight", il)) ||
-                (st = add3(c, il, f, e, x, "blk.%u.ffn_down_exps.weight", il)))
+            if ((st = add3(c, INIT_WEIGHT, il, e, f, x, "blk.%u.ffn_gate_exps.weight", il)) ||
+                (st = add3(c, INIT_WEIGHT, il, e, f, x, "blk.%u.ffn_up_exps.weight", il)) ||
+                (st = add3(c, out_init, il, f, e, x, "blk.%u.ffn_down_exps.weight", il)))
                 return st;
             if (sf) {
                 /* [n_embd, 1] as the HF converter writes it; 1-D once llama-quantize has
@@ -579,12 +590,12 @@ static enum tern_status build_tensors(struct mk_ctx *c, uint32_t n_vocab) {
                 ADD(INIT_WEIGHT, il, e, is_float_type(p->wtype) ? 1 : 0, "blk.%u.ffn_gate_inp_shexp.weight", il);
                 ADD(INIT_WEIGHT, il, e, sf, "blk.%u.ffn_gate_shexp.weight", il);
                 ADD(INIT_WEIGHT, il, e, sf, "blk.%u.ffn_up_shexp.weight", il);
-                ADD(INIT_WEIGHT, il, sf, e, "blk.%u.ffn_down_shexp.weight", il);
+                ADD(out_init, il, sf, e, "blk.%u.ffn_down_shexp.weight", il);
             }
         } else {
             ADD(INIT_WEIGHT, il, e, p->n_ff, "blk.%u.ffn_gate.weight", il);
             ADD(INIT_WEIGHT, il, e, p->n_ff, "blk.%u.ffn_up.weight", il);
-            ADD(INIT_WEIGHT, il, p->n_ff, e, "blk.%u.ffn_down.weight", il);
+            ADD(out_init, il, p->n_ff, e, "blk.%u.ffn_down.weight", il);
         }
     }
 #undef ADD

@@ -415,7 +415,8 @@ static bool decode_begin(struct srv_engine *e, struct eng_req *r) {
                                   .max = j->req.spec_max ? j->req.spec_max : e->spec_max};
         if (r->gm || ej->lazy_grammar || ej->n_prefix) spp.mode = SPEC_OFF;
         if (spp.mode != SPEC_OFF && (st = spec_dec_init(&r->sd, r->s, r->sampler, &spp, &j->cancel))) {
-            req_fail(e, r, 500, "cannot start decoding: %s", tern_last_error());
+            /* "spec": "mtp" on a model without the head is the request's mistake */
+            req_fail(e, r, st == TERN_ERR_UNSUPPORTED ? 400 : 500, "cannot start decoding: %s", tern_last_error());
             return false;
         }
     }

@@ -156,9 +156,11 @@ enum tern_status spec_dec_init(struct spec_dec *d, struct tern_session *s, struc
         d->n_embd = info->n_embd;
         d->hid = tern_malloc((size_t)(d->max + 1) * d->n_embd * sizeof(float));
         d->mtp_h = tern_malloc((size_t)(d->max + 1) * d->n_embd * sizeof(float));
-        if (!d->hid || !d->mtp_h)
+        if (!d->hid || !d->mtp_h) {
+            spec_dec_free(d);
             return tern_errorf(TERN_ERR_NOMEM, "spec: out of memory for %u hidden states of %u", d->max + 1,
                                d->n_embd);
+        }
     }
     d->logits = tern_malloc((size_t)(d->max + 1) * d->n_vocab * sizeof(float));
     if (!d->logits)
