@@ -256,7 +256,10 @@ enum tern_status spec_prepare(struct spec_dec *d, int32_t tok, size_t want, stru
     if (d->mode != SPEC_MTP) {
         k = draft(d, tok, max, d->buf + 1);
     } else {
-        if ((st = mtp_draft(d, tok, max, d->buf + 1, &k))) return st;
+        const double t0 = tern_now_s();
+        st = mtp_draft(d, tok, max, d->buf + 1, &k);
+        d->st.t_draft += tern_now_s() - t0;
+        if (st) return st;
         /* the chunk's hidden states: the head's next rows */
         tern_session_capture_hidden(s, d->hid, d->n_commit);
     }

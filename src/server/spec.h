@@ -69,6 +69,7 @@ struct spec_stats {
     uint64_t refed;    /* tokens read again to bring a hybrid state back after a rejection */
     double t_ckpt;     /* seconds saving the recurrent state before verify chunks (refeed) */
     double t_settle;   /* seconds bringing the session back (restore + re-read, rewind) */
+    double t_draft;    /* seconds drafting (the MTP head's rows) */
 };
 
 struct spec_dec {
