@@ -47,6 +47,8 @@ tern_script_test(cli-chat ${CMAKE_SOURCE_DIR}/tests/e2e/cli-chat.sh TIMEOUT 120 
 tern_script_test(install-demo ${CMAKE_SOURCE_DIR}/tests/e2e/install.sh TIMEOUT 300 LABELS e2e no-asan)
 # tern run / tern chat --spec: the same output and state as --spec off, drafts reported
 tern_script_test(spec-cli ${CMAKE_SOURCE_DIR}/tests/e2e/spec-cli.sh TIMEOUT 300 LABELS e2e)
+# MTP drafting against llama.cpp's draft-mtp (the kit's reference): the same ids, drafts and accepts
+tern_script_test(spec-mtp-parity ${CMAKE_SOURCE_DIR}/tests/e2e/mtp-parity.sh TIMEOUT 300 LABELS e2e)
 if(TERN_NODE)
   # the README's first command (makes a 50 MB model once: too slow under ASan)
   tern_script_test(server-demo ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/demo.test.mjs

@@ -263,6 +263,7 @@ enum tern_status tern_mkmodel_check(const struct tern_mkmodel_params *p) {
     if (!(p->rope_theta > 0) || !(p->rms_eps > 0))
         return tern_errorf(TERN_ERR_INVALID, "rope_theta %g and rms_eps %g must be positive", p->rope_theta,
                            p->rms_eps);
+    if (p->mtp_echo > 2) return tern_errorf(TERN_ERR_INVALID, "mtp_echo %u is not 0, 1 or 2", p->mtp_echo);
     if (p->n_mtp > 1 || (p->n_mtp && !is_hybrid(p->arch)))
         return tern_errorf(TERN_ERR_INVALID, "%u MTP blocks: only qwen35 and qwen35moe take one (--mtp 0 or 1)",
                            p->n_mtp);
@@ -298,8 +299,9 @@ enum tern_status tern_mkmodel_check(const struct tern_mkmodel_params *p) {
 /* ---- tensors ------------------------------------------------------------------------ */
 
 /* INIT_ZERO and INIT_PASS (tern_mkmodel_params.mtp_echo) draw like INIT_WEIGHT and then
- * write 0, resp. the matrix that passes the second half of its input through. */
-enum init { INIT_WEIGHT, INIT_NORM, INIT_SSM_A, INIT_DT_BIAS, INIT_CONV, INIT_ZERO, INIT_PASS };
+ * write 0, resp. the matrix that passes the second half of its input through; INIT_SIGN
+ * is +-1 by the sign of a normal, INIT_LOUD N(0, 0.1). */
+enum init { INIT_WEIGHT, INIT_NORM, INIT_SSM_A, INIT_DT_BIAS, INIT_CONV, INIT_ZERO, INIT_PASS, INIT_SIGN, INIT_LOUD };
 
 struct mk_tensor {
     char name[96];
@@ -354,6 +356,8 @@ static float init_value(struct mk_tensor *t, struct rng *r) {
     case INIT_DT_BIAS: return (float)(1.0 + 0.02 * rng_normal(r));
     case INIT_SSM_A: return (float)-exp(rng_uniform(r) * log(16.0));
     case INIT_CONV: return (float)(0.3 * rng_normal(r));
+    case INIT_SIGN: return rng_normal(r) < 0 ? -1.0f : 1.0f;
+    case INIT_LOUD: return (float)(0.1 * rng_normal(r));
     default: return (float)(0.02 * rng_normal(r));
     }
 }
@@ -419,7 +423,8 @@ static bool name_ends(const char *name, const char *suffix) {
  * not divide falls back to F32. */
 static enum tern_dtype pick_type(struct mk_ctx *c, const struct mk_tensor *t, uint32_t layer) {
     const struct tern_mkmodel_params *p = c->p;
-    if (t->n_dims < 2 || (t->init != INIT_WEIGHT && t->init != INIT_ZERO && t->init != INIT_PASS))
+    if (t->n_dims < 2 ||
+        (t->init != INIT_WEIGHT && t->init != INIT_ZERO && t->init != INIT_PASS && t->init != INIT_LOUD))
         return TERN_DTYPE_F32;
     /* llama-quantize keeps the MoE routers in F32 */
     if (name_ends(t->name, ".ffn_gate_inp.weight") || name_ends(t->name, ".ffn_gate_inp_shexp.weight"))
@@ -534,11 +539,15 @@ static enum tern_status build_tensors(struct mk_ctx *c, uint32_t n_vocab) {
         const bool mtp = il >= p->n_layer;
         /* mtp_echo: the block passes the hidden state through (mkmodel.h) */
         const enum init out_init = mtp && p->mtp_echo ? INIT_ZERO : INIT_WEIGHT;
+        /* mtp_echo 2: an attention loud enough to change some guesses */
+        const enum init attn_out_init = !mtp || !p->mtp_echo ? INIT_WEIGHT : p->mtp_echo == 1 ? INIT_ZERO : INIT_LOUD;
         ADD(INIT_NORM, il, e, 0, "blk.%u.attn_norm.weight", il);
         if (mtp) {
             /* input [embedding | hidden] */
             ADD(p->mtp_echo ? INIT_PASS : INIT_WEIGHT, il, 2 * e, e, "blk.%u.nextn.eh_proj.weight", il);
-            ADD(INIT_NORM, il, e, 0, "blk.%u.nextn.enorm.weight", il);
+            /* mtp_echo: random signs, so that the embedding half (were it the one passed
+             * through) would point nowhere */
+            ADD(p->mtp_echo ? INIT_SIGN : INIT_NORM, il, e, 0, "blk.%u.nextn.enorm.weight", il);
             ADD(INIT_NORM, il, e, 0, "blk.%u.nextn.hnorm.weight", il);
             ADD(INIT_NORM, il, e, 0, "blk.%u.nextn.shared_head_norm.weight", il);
         }
@@ -548,7 +557,7 @@ static enum tern_status build_tensors(struct mk_ctx *c, uint32_t n_vocab) {
                 ADD(INIT_WEIGHT, il, e, 2 * q, "blk.%u.attn_q.weight", il); /* per head: q then gate */
                 ADD(INIT_WEIGHT, il, e, kv, "blk.%u.attn_k.weight", il);
                 ADD(INIT_WEIGHT, il, e, kv, "blk.%u.attn_v.weight", il);
-                ADD(out_init, il, q, e, "blk.%u.attn_output.weight", il);
+                ADD(attn_out_init, il, q, e, "blk.%u.attn_output.weight", il);
                 ADD(INIT_NORM, il, hd, 0, "blk.%u.attn_q_norm.weight", il);
                 ADD(INIT_NORM, il, hd, 0, "blk.%u.attn_k_norm.weight", il);
             } else {

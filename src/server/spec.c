@@ -105,6 +105,23 @@ static enum tern_status mtp_draft(struct spec_dec *d, int32_t tok, size_t max, i
     return TERN_OK;
 }
 
+/* The prompt's rows: positions [pos0, n - 1) with the tokens after them; the hidden
+ * state of n - 1 waits for the first generated token. */
+static enum tern_status mtp_feed_prompt(struct spec_dec *d, const struct spec_params *p) {
+    const uint32_t n = d->n_commit, pos0 = p->prompt_hidden_pos0;
+    if (!p->prompt_hidden || n == 0 || pos0 >= n) return TERN_OK;
+    const int32_t *T = tern_session_tokens(d->s);
+    d->mtp_base = pos0;
+    if (n - 1 > pos0) {
+        const enum tern_status st = tern_mtp_eval(d->mtp, p->prompt_hidden, T + pos0 + 1, n - 1 - pos0, NULL, NULL);
+        if (st) return st;
+    }
+    memcpy(d->hid, p->prompt_hidden + (size_t)(n - 1 - pos0) * d->n_embd, d->n_embd * sizeof(float));
+    d->hid_pos0 = n - 1;
+    d->hid_n = 1;
+    return TERN_OK;
+}
+
 /* Up to max drafted tokens after tok (the gen-th generated token is tok). */
 static size_t draft(struct spec_dec *d, int32_t tok, size_t max, int32_t *out) {
     if (max == 0) return 0;
@@ -160,6 +177,10 @@ enum tern_status spec_dec_init(struct spec_dec *d, struct tern_session *s, struc
             spec_dec_free(d);
             return tern_errorf(TERN_ERR_NOMEM, "spec: out of memory for %u hidden states of %u", d->max + 1,
                                d->n_embd);
+        }
+        if ((st = mtp_feed_prompt(d, p))) {
+            spec_dec_free(d);
+            return st;
         }
     }
     d->logits = tern_malloc((size_t)(d->max + 1) * d->n_vocab * sizeof(float));

@@ -60,6 +60,13 @@ struct spec_params {
      * chunk and a re-read of the accepted tokens, instead of the state trail (the
      * alternative docs/spec.md measures; tests and benchmarks). */
     bool refeed;
+    /* SPEC_MTP: the main model's hidden states of the session's positions
+     * [prompt_hidden_pos0, n_past) at init, as tern_session_capture_hidden wrote them
+     * while the prompt was read (borrowed for spec_dec_init only). The head is fed those
+     * rows first, so that it attends over the prompt too; NULL: its rows start with the
+     * first generated token (docs/spec.md). */
+    const float *prompt_hidden;
+    uint32_t prompt_hidden_pos0;
 };
 
 struct spec_stats {

@@ -63,7 +63,7 @@ static const char *write_model(const struct gen_model *g, uint32_t n_mtp, const 
     p.wtype = g->wtype;
     p.mix = g->mix;
     p.n_mtp = n_mtp;
-    p.mtp_echo = g->echo;
+    p.mtp_echo = g->echo ? 1 : 0;
     p.tied = g->echo; /* tied and weak layers: the model repeats its input token */
     const char *path = model_path(name);
     if (tern_mkmodel_write(&p, path, NULL)) fail_msg("mkmodel %s: %s", name, tern_last_error());
