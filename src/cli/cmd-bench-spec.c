@@ -9,6 +9,7 @@
  * re-reading the accepted tokens) and says what that cost (docs/spec.md). */
 #include "cli/cli.h"
 
+#include "model/mtp.h"
 #include "server/spec.h"
 #include "tokenizer/tokenizer.h"
 #include "util/mem.h"
@@ -218,8 +219,23 @@ static int bench_spec_main(int argc, char **argv) {
     tern_session_params_default(&sep);
     sep.n_ctx = (uint32_t)(n_ids + (size_t)n_gen + SPEC_MAX_DRAFT + 8);
     struct tern_session *base = NULL;
-    if (tern_session_new(m, &sep, &base) || tern_session_eval(base, ids, n_ids, NULL)) {
+    /* --source mtp: the prompt's hidden states, which the MTP head reads first */
+    float *prompt_hidden = NULL;
+    if (!strcmp(source, "mtp") && info->has_mtp && !(prompt_hidden = tern_malloc(n_ids * info->n_embd * sizeof(float)))) {
         free(ids);
+        tern_model_free(m);
+        return cli_fail("bench spec", "out of memory for the prompt's hidden states");
+    }
+    enum tern_status pst = tern_session_new(m, &sep, &base);
+    if (!pst) {
+        tern_session_capture_hidden(base, prompt_hidden, 0);
+        pst = tern_session_eval(base, ids, n_ids, NULL);
+        tern_session_capture_hidden(base, NULL, 0);
+    }
+    if (pst) {
+        free(ids);
+        free(prompt_hidden);
+        tern_session_free(base);
         tern_model_free(m);
         return cli_fail("bench spec", "%s", tern_last_error());
     }
@@ -248,7 +264,8 @@ static int bench_spec_main(int argc, char **argv) {
     }
     for (int refeed = 0; mtp && refeed <= (int)info->hybrid; refeed++)
         for (int il = 0; il < n_lens && n_cfg < MAX_CFG; il++)
-            cfgs[n_cfg++] = (struct cfg){.p = {.mode = SPEC_MTP, .max = (uint32_t)lens[il], .refeed = refeed},
+            cfgs[n_cfg++] = (struct cfg){.p = {.mode = SPEC_MTP, .max = (uint32_t)lens[il], .refeed = refeed,
+                                               .prompt_hidden = prompt_hidden},
                                          .identical = true};
     for (int il = 0; il < n_lens && ngram && n_cfg < MAX_CFG; il++)
         cfgs[n_cfg++] = (struct cfg){.p = {.mode = SPEC_NGRAM, .max = (uint32_t)lens[il]}, .identical = true};
@@ -308,6 +325,7 @@ static int bench_spec_main(int argc, char **argv) {
     free(plain_toks);
     free(toks);
     free(ids);
+    free(prompt_hidden);
     tern_session_free(base);
     tern_model_free(m);
     return all_same ? 0 : 1;
