@@ -281,8 +281,6 @@ enum tern_status spec_prepare(struct spec_dec *d, int32_t tok, size_t want, stru
         st = mtp_draft(d, tok, max, d->buf + 1, &k);
         d->st.t_draft += tern_now_s() - t0;
         if (st) return st;
-        /* the chunk's hidden states: the head's next rows */
-        tern_session_capture_hidden(s, d->hid, d->n_commit);
     }
     d->buf[0] = tok;
     if (k > 0 && d->hybrid && d->refeed) {
@@ -292,6 +290,8 @@ enum tern_status spec_prepare(struct spec_dec *d, int32_t tok, size_t want, stru
         d->st.t_ckpt += tern_now_s() - t0;
         if (st) return st;
     }
+    /* the chunk's hidden states: the head's next rows (spec_commit / spec_abort stop it) */
+    if (d->mtp) tern_session_capture_hidden(s, d->hid, d->n_commit);
     out->toks = d->buf;
     out->n = (uint32_t)(k + 1);
     out->logits_all = k ? d->logits : NULL;
