@@ -85,6 +85,7 @@ struct tern_model_info {
     uint64_t weight_bytes;       /* bytes of all tensors, as read per decoded token */
     size_t kv_bytes_per_token_f16; /* KV bytes per position, F16 cache */
     size_t recurrent_bytes;      /* bytes of the recurrent state (= a checkpoint's payload) */
+    bool has_mtp;                /* a multi-token-prediction head (Qwen3.5 nextn): --spec mtp */
     int n_threads;
 };
 

@@ -12,6 +12,8 @@ tern_unit_test(test-engine ${CMAKE_SOURCE_DIR}/tests/unit/test-engine.c TIMEOUT 
 tern_unit_test(test-server-http ${CMAKE_SOURCE_DIR}/tests/unit/test-server-http.c TIMEOUT 120 LABELS tsan)
 # speculative decoding: greedy identical to plain on every kit model, the sampling rule
 tern_unit_test(test-spec ${CMAKE_SOURCE_DIR}/tests/unit/test-spec.c TIMEOUT 600)
+# MTP drafting (Qwen3.5 nextn) on generated models: load, head chunk invariance, greedy identical
+tern_unit_test(test-spec-mtp ${CMAKE_SOURCE_DIR}/tests/unit/test-mtp.c TIMEOUT 600)
 # End-to-end: `tern serve` on a generated model driven over HTTP from node (fetch), by
 # the official openai SDK (third_party/node_modules, installed by scripts/deps.sh), and
 # with the real agent request bodies of ../shared/bench; `tern chat` from stdin.
@@ -45,6 +47,8 @@ tern_script_test(cli-chat ${CMAKE_SOURCE_DIR}/tests/e2e/cli-chat.sh TIMEOUT 120 
 tern_script_test(install-demo ${CMAKE_SOURCE_DIR}/tests/e2e/install.sh TIMEOUT 300 LABELS e2e no-asan)
 # tern run / tern chat --spec: the same output and state as --spec off, drafts reported
 tern_script_test(spec-cli ${CMAKE_SOURCE_DIR}/tests/e2e/spec-cli.sh TIMEOUT 300 LABELS e2e)
+# MTP drafting against llama.cpp's draft-mtp (the kit's reference): the same ids, drafts and accepts
+tern_script_test(spec-mtp-parity ${CMAKE_SOURCE_DIR}/tests/e2e/mtp-parity.sh TIMEOUT 300 LABELS e2e)
 if(TERN_NODE)
   # the README's first command (makes a 50 MB model once: too slow under ASan)
   tern_script_test(server-demo ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/demo.test.mjs

@@ -9,6 +9,7 @@
  * re-reading the accepted tokens) and says what that cost (docs/spec.md). */
 #include "cli/cli.h"
 
+#include "model/mtp.h"
 #include "server/spec.h"
 #include "tokenizer/tokenizer.h"
 #include "util/mem.h"
@@ -37,7 +38,8 @@ static void usage(FILE *f) {
             "  -n, --n-gen N         tokens generated per run (default 64)\n"
             "  -r, --repetitions N   (default 3)\n"
             "  -t, --threads N       compute threads (default: online cores)\n"
-            "      --source S        ngram, oracle or both (default both)\n"
+            "      --source S        ngram, oracle, mtp (the model's MTP head, trail and refeed on a\n"
+            "                        hybrid) or both (ngram and oracle; default)\n"
             "      --lens L,L,...    draft lengths (default 2,4,8)\n"
             "      --reject P,P,...  oracle: percent of drafted tokens made wrong (default 0,50)\n"
             "  -h, --help            this help\n");
@@ -170,8 +172,8 @@ static int bench_spec_main(int argc, char **argv) {
             if (!cli_parse_int(optarg, 1, 1024, &threads)) return cli_usage_error("bench spec", "bad -t '%s'", optarg);
             break;
         case 'S':
-            if (strcmp(optarg, "ngram") && strcmp(optarg, "oracle") && strcmp(optarg, "both"))
-                return cli_usage_error("bench spec", "bad --source '%s' (ngram, oracle or both)", optarg);
+            if (strcmp(optarg, "ngram") && strcmp(optarg, "oracle") && strcmp(optarg, "both") && strcmp(optarg, "mtp"))
+                return cli_usage_error("bench spec", "bad --source '%s' (ngram, oracle, mtp or both)", optarg);
             source = optarg;
             break;
         case 'L':
@@ -217,8 +219,23 @@ static int bench_spec_main(int argc, char **argv) {
     tern_session_params_default(&sep);
     sep.n_ctx = (uint32_t)(n_ids + (size_t)n_gen + SPEC_MAX_DRAFT + 8);
     struct tern_session *base = NULL;
-    if (tern_session_new(m, &sep, &base) || tern_session_eval(base, ids, n_ids, NULL)) {
+    /* --source mtp: the prompt's hidden states, which the MTP head reads first */
+    float *prompt_hidden = NULL;
+    if (!strcmp(source, "mtp") && info->has_mtp && !(prompt_hidden = tern_malloc(n_ids * info->n_embd * sizeof(float)))) {
         free(ids);
+        tern_model_free(m);
+        return cli_fail("bench spec", "out of memory for the prompt's hidden states");
+    }
+    enum tern_status pst = tern_session_new(m, &sep, &base);
+    if (!pst) {
+        tern_session_capture_hidden(base, prompt_hidden, 0);
+        pst = tern_session_eval(base, ids, n_ids, NULL);
+        tern_session_capture_hidden(base, NULL, 0);
+    }
+    if (pst) {
+        free(ids);
+        free(prompt_hidden);
+        tern_session_free(base);
         tern_model_free(m);
         return cli_fail("bench spec", "%s", tern_last_error());
     }
@@ -235,7 +252,21 @@ static int bench_spec_main(int argc, char **argv) {
 
     static struct cfg cfgs[MAX_CFG];
     int n_cfg = 0;
-    const bool ngram = strcmp(source, "oracle") != 0, oracle = strcmp(source, "ngram") != 0;
+    const bool mtp = !strcmp(source, "mtp");
+    const bool ngram = !mtp && strcmp(source, "oracle") != 0, oracle = !mtp && strcmp(source, "ngram") != 0;
+    if (mtp && !info->has_mtp) {
+        free(plain_toks);
+        free(toks);
+        free(ids);
+        tern_session_free(base);
+        tern_model_free(m);
+        return cli_fail("bench spec", "--source mtp: the model has no MTP head (tern mkmodel --mtp 1 writes one)");
+    }
+    for (int refeed = 0; mtp && refeed <= (int)info->hybrid; refeed++)
+        for (int il = 0; il < n_lens && n_cfg < MAX_CFG; il++)
+            cfgs[n_cfg++] = (struct cfg){.p = {.mode = SPEC_MTP, .max = (uint32_t)lens[il], .refeed = refeed,
+                                               .prompt_hidden = prompt_hidden},
+                                         .identical = true};
     for (int il = 0; il < n_lens && ngram && n_cfg < MAX_CFG; il++)
         cfgs[n_cfg++] = (struct cfg){.p = {.mode = SPEC_NGRAM, .max = (uint32_t)lens[il]}, .identical = true};
     for (int ir = 0; ir < n_rej && oracle; ir++)
@@ -267,6 +298,8 @@ static int bench_spec_main(int argc, char **argv) {
         const struct cfg *k = &cfgs[i];
         char name[48];
         if (k->p.mode == SPEC_NGRAM) snprintf(name, sizeof name, "ngram max %u", k->p.max);
+        else if (k->p.mode == SPEC_MTP)
+            snprintf(name, sizeof name, "mtp max %u%s", k->p.max, !info->hybrid ? "" : k->p.refeed ? " refeed" : " trail");
         else snprintf(name, sizeof name, "oracle %u%% wrong max %u%s", k->o.reject_pct, k->p.max,
                       !info->hybrid ? "" : k->p.refeed ? " refeed" : " trail");
         const double km = median(k->tps, (int)reps);
@@ -275,6 +308,11 @@ static int bench_spec_main(int argc, char **argv) {
         if (info->hybrid)
             snprintf(extra, sizeof extra, "%5.1f%% (%llu)", 100 * (k->st.t_ckpt + k->st.t_settle) / t_dec,
                      (unsigned long long)k->st.refed);
+        if (k->p.mode == SPEC_MTP) {
+            const size_t used = strlen(extra);
+            snprintf(extra + used, sizeof extra - used, "%sMTP head %.1f%%", used ? "; " : "",
+                     100 * k->st.t_draft / t_dec);
+        }
         printf("%-30s %9.2f %7.2f %8llu %8llu %6.1f%% %7.2f %s%s\n", name, km, km / pm,
                (unsigned long long)k->st.drafted, (unsigned long long)k->st.accepted,
                k->st.drafted ? 100.0 * (double)k->st.accepted / (double)k->st.drafted : 0.0,
@@ -287,6 +325,7 @@ static int bench_spec_main(int argc, char **argv) {
     free(plain_toks);
     free(toks);
     free(ids);
+    free(prompt_hidden);
     tern_session_free(base);
     tern_model_free(m);
     return all_same ? 0 : 1;

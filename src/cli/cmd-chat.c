@@ -50,7 +50,8 @@ static void usage(FILE *out) {
             "  --chunk N / --kv-type f16|f32 / --no-mmap / --mlock   as for tern run\n"
             "  --chat-template FILE   template to use instead of the model's\n"
             "  --no-think             chat_template_kwargs.enable_thinking = false\n"
-            "  --spec off|ngram       speculative decoding by prompt lookup (default off; same output)\n"
+            "  --spec off|ngram|mtp   speculative decoding by prompt lookup or the MTP head (default off;\n"
+            "                         same output)\n"
             "  --spec-max N           tokens per draft, 1-32 (default 8)\n"
             "  -h, --help             this help\n");
 }
@@ -288,7 +289,7 @@ int cli_chat_main(int argc, char **argv) {
         case O_NOTHINK: no_think = true; break;
         case O_CHAT: break;
         case O_SPEC:
-            if (!spec_mode_parse(optarg, &cs.spec.mode)) return cli_usage_error("chat", "--spec '%s' is not off or ngram", optarg);
+            if (!spec_mode_parse(optarg, &cs.spec.mode)) return cli_usage_error("chat", "--spec '%s' is not off, ngram or mtp", optarg);
             break;
         case O_SPECMAX:
             if (!cli_parse_int(optarg, 1, SPEC_MAX_DRAFT, &v))

@@ -47,6 +47,12 @@ static void usage(FILE *out) {
             "  --ssm-heads-k N (group_count)  --ssm-heads-v N (time_step_rank)\n"
             "  --ssm-state N (head dim)  --ssm-conv N (kernel)  --full-attn-interval N\n"
             "  --rope-sections A,B,C,D  (default: the rope pairs split as Qwen3.5 does)\n"
+            "  --mtp N                  N (0 or 1) multi-token-prediction blocks after the layers\n"
+            "                           (blk.<n_layer>.nextn.*, as real Qwen3.5 files carry: --spec mtp)\n"
+            "  --mtp-echo               tests: the MTP block passes the hidden state through (its\n"
+            "                           guesses then often match a repeating random model)\n"
+            "  --mtp-echo-attn          likewise, but its attention stays random (a perturbation\n"
+            "                           that depends on its KV rows)\n"
             "qwen3moe / qwen35moe (mixture of experts):\n"
             "  --experts N  --experts-used N  --expert-ff N  --shared-expert-ff N (qwen35moe)\n"
             "  Large models are written tensor by tensor: memory stays small whatever the size\n"
@@ -61,7 +67,7 @@ enum {
     OPT_N_LAYER, OPT_N_EMBD, OPT_N_HEAD, OPT_N_HEAD_KV, OPT_HEAD_DIM, OPT_N_FF, OPT_N_CTX, OPT_N_VOCAB,
     OPT_TIED, OPT_UNTIED, OPT_ROPE_THETA, OPT_RMS_EPS, OPT_ROPE_DIM,
     OPT_SSM_K, OPT_SSM_V, OPT_SSM_STATE, OPT_SSM_CONV, OPT_FULL_ATTN, OPT_ROPE_SECTIONS,
-    OPT_EXPERTS, OPT_EXPERTS_USED, OPT_EXPERT_FF, OPT_SHEXP_FF,
+    OPT_EXPERTS, OPT_EXPERTS_USED, OPT_EXPERT_FF, OPT_SHEXP_FF, OPT_MTP, OPT_MTP_ECHO, OPT_MTP_ECHO_ATTN,
 };
 
 /* A shape option given on the command line; applied after the arch/preset defaults. */
@@ -94,7 +100,10 @@ static int apply(const struct override *o, struct tern_mkmodel_params *p) {
     case OPT_EXPERTS_USED: field = &p->n_expert_used; hi = 64; break;
     case OPT_EXPERT_FF: field = &p->n_ff_exp; break;
     case OPT_SHEXP_FF: field = &p->n_ff_shexp; break;
+    case OPT_MTP: field = &p->n_mtp; lo = 0; hi = 1; break;
     case OPT_TIED: p->tied = true; return 0;
+    case OPT_MTP_ECHO: p->mtp_echo = 1; return 0;
+    case OPT_MTP_ECHO_ATTN: p->mtp_echo = 2; return 0;
     case OPT_UNTIED: p->tied = false; return 0;
     case OPT_ROPE_THETA:
         if (!cli_parse_float(o->val, 1e-3, 1e12, &d))
@@ -182,6 +191,9 @@ static int mkmodel_main(int argc, char **argv) {
         {"shared-expert-ff", required_argument, NULL, OPT_SHEXP_FF},
         {"full-attn-interval", required_argument, NULL, OPT_FULL_ATTN},
         {"rope-sections", required_argument, NULL, OPT_ROPE_SECTIONS},
+        {"mtp", required_argument, NULL, OPT_MTP},
+        {"mtp-echo", no_argument, NULL, OPT_MTP_ECHO},
+        {"mtp-echo-attn", no_argument, NULL, OPT_MTP_ECHO_ATTN},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };

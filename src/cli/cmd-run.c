@@ -6,6 +6,7 @@
 #include "backend/vulkan.h"
 #include "model/gpu.h"
 
+#include "model/mtp.h"
 #include "server/spec.h"
 
 #include "tokenizer/tokenizer.h"
@@ -44,8 +45,8 @@ static void usage(FILE *f) {
             "      --frequency-penalty P (default 0)\n"
             "      --seed S              sampling seed (default: from the clock)\n"
             "      --stop STR            stop when the text contains STR (repeatable)\n"
-            "      --spec off|ngram      speculative decoding by prompt lookup (default off; the\n"
-            "                            output is the same, docs/spec.md)\n"
+            "      --spec off|ngram|mtp  speculative decoding by prompt lookup or the model's MTP head\n"
+            "                            (Qwen3.5 nextn; default off; the output is the same, docs/spec.md)\n"
             "      --spec-max N          tokens per draft, 1-32 (default 8)\n"
             "  -t, --threads N           compute threads (default: online cores)\n"
             "      --chunk N             prompt tokens per chunk (default 512)\n"
@@ -400,7 +401,7 @@ static int run_main(int argc, char **argv) {
         case OPT_PRINTIDS: print_ids = true; break;
         case OPT_DUMP: dump = optarg; break;
         case OPT_SPEC:
-            if (!spec_mode_parse(optarg, &spp.mode)) return cli_usage_error("run", "bad --spec '%s' (off or ngram)", optarg);
+            if (!spec_mode_parse(optarg, &spp.mode)) return cli_usage_error("run", "bad --spec '%s' (off, ngram or mtp)", optarg);
             break;
         case OPT_SPECMAX:
             if (!cli_parse_int(optarg, 1, SPEC_MAX_DRAFT, &lv))
@@ -459,6 +460,7 @@ static int run_main(int argc, char **argv) {
     size_t n_ids = 0, cap = 0;
     float *logits_all = NULL;
     struct spec_dec sd = {0};
+    float *prompt_hidden = NULL; /* --spec mtp: (n_ids, n_embd) while the prompt is read */
 
     struct tern_model_params mp;
     tern_model_params_default(&mp);
@@ -547,7 +549,19 @@ static int run_main(int argc, char **argv) {
     struct progress pr = {n_ids, (uint32_t)chunk, tern_now_s()};
     struct tern_eval_opts eo = {.logits_all = logits_all, .progress = on_progress, .user = &pr};
     const double t0 = tern_now_s();
-    if (tern_session_eval(s, ids, n_ids, &eo)) {
+    /* --spec mtp: the prompt's hidden states, so that the MTP head reads the prompt too */
+    if (spp.mode == SPEC_MTP && info->has_mtp) {
+        prompt_hidden = tern_malloc(n_ids * info->n_embd * sizeof(float));
+        if (!prompt_hidden) {
+            cli_fail("run", "out of memory for the prompt's %zu hidden states", n_ids);
+            goto done;
+        }
+        tern_session_capture_hidden(s, prompt_hidden, 0);
+        spp.prompt_hidden = prompt_hidden;
+    }
+    const enum tern_status pst = tern_session_eval(s, ids, n_ids, &eo);
+    tern_session_capture_hidden(s, NULL, 0);
+    if (pst) {
         cli_fail("run", "%s", tern_last_error());
         goto done;
     }
@@ -562,7 +576,10 @@ static int run_main(int argc, char **argv) {
 
     /* generate (through the speculative decoder: with --spec off it samples and
      * evaluates one token at a time) */
-    if (spec_dec_init(&sd, s, smp, &spp, NULL)) {
+    const enum tern_status sst = spec_dec_init(&sd, s, smp, &spp, NULL);
+    free(prompt_hidden);
+    prompt_hidden = NULL;
+    if (sst) {
         cli_fail("run", "%s", tern_last_error());
         goto done;
     }
@@ -623,6 +640,7 @@ done:
     tern_session_free(s);
     tern_model_free(m);
     free(ids);
+    free(prompt_hidden);
     free(logits_all);
     return rc;
 }

@@ -70,8 +70,9 @@ static void usage(FILE *out) {
             "  --predict off|user|all  predictive priming in idle time: the next prompt's prefix after a\n"
             "                          new user message (user), and after tool results too (all; default)\n"
             "  --predict-chunk N       tokens per idle priming step; a request waits at most one (default 128)\n"
-            "  --spec off|ngram        speculative decoding: draft by prompt lookup (ngram) and verify the\n"
-            "                          draft in one forward; output unchanged (default off; docs/spec.md)\n"
+            "  --spec off|ngram|mtp    speculative decoding: draft by prompt lookup (ngram) or the model's\n"
+            "                          MTP head (mtp: Qwen3.5 nextn) and verify the draft in one forward;\n"
+            "                          output unchanged (default off; docs/spec.md)\n"
             "  --spec-max N            tokens per draft, 1-32 (default 8)\n"
             "  --no-mmap / --mmap      read the weights into memory / map the file (default: read when\n"
             "                          the file takes at most half of the available memory, else map)\n"
@@ -272,7 +273,7 @@ static int cmd_serve(int argc, char **argv) {
             ram_per_key = (long long)v << 20;
             break;
         case O_SPEC:
-            if (!spec_mode_parse(optarg, &spec)) return cli_usage_error("serve", "--spec '%s' is not off or ngram", optarg);
+            if (!spec_mode_parse(optarg, &spec)) return cli_usage_error("serve", "--spec '%s' is not off, ngram or mtp", optarg);
             break;
         case O_SPECMAX:
             if (!cli_parse_int(optarg, 1, SPEC_MAX_DRAFT, &v))

@@ -29,6 +29,7 @@
 #include "model/model.h"
 #include "model/moe.h"
 
+#include "util/log.h"
 #include "util/mem.h"
 
 #include <math.h>
@@ -58,6 +59,7 @@ struct q35_state {
     float *hb;      /* (n_chunk, n_ff) */
     float *hb2;     /* (n_chunk, n_ff) */
     float *xm;      /* (n_chunk, n_embd) qwen35moe: the normed FFN input */
+    float *cat;     /* (n_chunk, 2 n_embd) the MTP head's [embedding | hidden] input */
     struct moe_state moe;
     size_t bytes;
 };
@@ -163,6 +165,75 @@ static enum tern_status load_conv(struct tern_model *m, const struct q35_weights
     return TERN_OK;
 }
 
+/* The tensors of a full-attention layer and its feed-forward block, blk.{il}. */
+static enum tern_status load_attn_ffn(struct tern_model *m, struct q35_weights *w, struct q35_layer *L, uint32_t il) {
+    const struct model_hparams *hp = &m->hp;
+    const uint32_t E = hp->n_embd, hd = hp->head_dim_k, nq = hp->n_head * hd, nkv = hp->n_head_kv * hd;
+    enum tern_status st;
+    if ((st = model_get_vec(m, &L->attn_norm, E, true, "blk.%u.attn_norm.weight", il)) ||
+        (st = model_get_vec(m, &L->post_norm, E, true, "blk.%u.post_attention_norm.weight", il)) ||
+        (st = model_get_mat(m, &L->wq, E, 2 * nq, "blk.%u.attn_q.weight", il)) ||
+        (st = model_get_mat(m, &L->wk, E, nkv, "blk.%u.attn_k.weight", il)) ||
+        (st = model_get_mat(m, &L->wv, E, nkv, "blk.%u.attn_v.weight", il)) ||
+        (st = model_get_mat(m, &L->wo, nq, E, "blk.%u.attn_output.weight", il)) ||
+        (st = model_get_vec(m, &L->q_norm, hd, true, "blk.%u.attn_q_norm.weight", il)) ||
+        (st = model_get_vec(m, &L->k_norm, hd, true, "blk.%u.attn_k_norm.weight", il)))
+        return st;
+    if (w->moe) return moe_layer_load(m, &w->moe_hp, il, &L->moe);
+    if ((st = model_get_mat(m, &L->w_gate, E, hp->n_ff, "blk.%u.ffn_gate.weight", il)) ||
+        (st = model_get_mat(m, &L->w_up, E, hp->n_ff, "blk.%u.ffn_up.weight", il)))
+        return st;
+    return model_get_mat(m, &L->w_down, hp->n_ff, E, "blk.%u.ffn_down.weight", il);
+}
+
+/* The MTP block blk.{n_layer} (llama.cpp's names: a full-attention decoder layer's
+ * tensors plus blk.N.nextn.{eh_proj,enorm,hnorm} and the optional
+ * nextn.{embed_tokens,shared_head_head,shared_head_norm}). A file that declares the
+ * layer but carries none of its tensors (a converter that dropped them) loads without
+ * the head; one that carries some of them must carry all. */
+static enum tern_status load_mtp(struct tern_model *m, struct q35_weights *w, uint32_t n_nextn) {
+    const uint32_t il = w->n_layer, E = m->hp.n_embd;
+    char name[96];
+    snprintf(name, sizeof name, "blk.%u.", il);
+    const size_t n_prefix = strlen(name);
+    bool any = false;
+    for (uint64_t i = 0; i < gguf_n_tensors(m->f) && !any; i++) {
+        const struct gguf_str *tn = &gguf_tensor_at(m->f, i)->name;
+        any = tn->len > n_prefix && !memcmp(tn->ptr, name, n_prefix);
+    }
+    if (!any) {
+        TERN_LOG_INFO("qwen35: nextn_predict_layers is %u but block %u has no tensors: no MTP head", n_nextn, il);
+        return TERN_OK;
+    }
+    if (n_nextn > 1)
+        TERN_LOG_WARN("qwen35: nextn_predict_layers is %u; only the first MTP layer (block %u) is used", n_nextn, il);
+    enum tern_status st;
+    struct q35_layer *L = &w->mtp;
+    if ((st = model_get_mat(m, &w->eh_proj, 2 * E, E, "blk.%u.nextn.eh_proj.weight", il)) ||
+        (st = model_get_vec(m, &w->enorm, E, true, "blk.%u.nextn.enorm.weight", il)) ||
+        (st = model_get_vec(m, &w->hnorm, E, true, "blk.%u.nextn.hnorm.weight", il)) ||
+        (st = model_get_vec(m, &w->head_norm, E, false, "blk.%u.nextn.shared_head_norm.weight", il)) ||
+        (st = load_attn_ffn(m, w, L, il)))
+        return st;
+    snprintf(name, sizeof name, "blk.%u.nextn.embed_tokens.weight", il);
+    if (gguf_find_tensor(m->f, name)) {
+        if ((st = model_get_embd(m, &w->mtp_embd, E, name))) return st;
+        if (w->mtp_embd.n != m->hp.n_vocab)
+            return tern_errorf(TERN_ERR_FORMAT, "qwen35: tensor '%s' has %u rows, expected the vocabulary's %u", name,
+                               w->mtp_embd.n, m->hp.n_vocab);
+    } else {
+        w->mtp_embd = w->tok_embd;
+    }
+    if ((st = model_get_mat_opt(m, &w->mtp_head, E, m->hp.n_vocab, "blk.%u.nextn.shared_head_head.weight", il)))
+        return st;
+    if (!w->mtp_head.data) w->mtp_head = w->output;
+    if (!w->head_norm) w->head_norm = w->out_norm;
+    L->recurrent = false;
+    w->has_mtp = true;
+    m->info.has_mtp = true;
+    return TERN_OK;
+}
+
 static enum tern_status q35_load(struct tern_model *m) {
     enum tern_status st;
     struct model_hparams *hp = &m->hp;
@@ -238,6 +309,7 @@ static enum tern_status q35_load(struct tern_model *m) {
                 return st;
         }
     }
+    if (n_nextn > 0 && (st = load_mtp(m, w, n_nextn))) return st;
 
     if ((st = model_layers_init(m, w->n_layer))) return st;
     const char *const names[] = {"conv", "ssm"};
@@ -255,7 +327,7 @@ static void q35_state_free(void *p) {
     if (!rs) return;
     float **bufs[] = {&rs->x,  &rs->xb,   &rs->qkv_raw, &rs->qkv, &rs->z,   &rs->beta, &rs->alpha,
                       &rs->o,  &rs->dn_scratch, &rs->qg, &rs->q, &rs->gate, &rs->k, &rs->v,
-                      &rs->att, &rs->cs, &rs->hb, &rs->hb2, &rs->xm};
+                      &rs->att, &rs->cs, &rs->hb, &rs->hb2, &rs->xm, &rs->cat};
     for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) tern_aligned_free(*bufs[i]);
     moe_state_free(&rs->moe);
     free(rs);
@@ -279,13 +351,16 @@ static enum tern_status q35_state_new(const struct tern_model *m, uint32_t n_chu
         {&rs->k, nkv, false},           {&rs->v, nkv, false},         {&rs->att, nq, false},
         {&rs->cs, hp->rope.n_rot, false}, {&rs->hb, hp->n_ff, false}, {&rs->hb2, hp->n_ff, false},
         {&rs->xm, w->moe ? hp->n_embd : 0, false},
+        {&rs->cat, w->has_mtp ? 2 * (size_t)hp->n_embd : 0, false},
     };
     enum tern_status st = model_bufs_alloc(bufs, TERN_ARRAY_LEN(bufs), n_chunk, &rs->bytes, "qwen35");
     if (!st && w->moe) {
-        struct moe_layer *ml = tern_calloc(w->n_layer, sizeof *ml);
+        const uint32_t n_ml = w->n_layer + w->has_mtp;
+        struct moe_layer *ml = tern_calloc(n_ml, sizeof *ml);
         if (!ml) st = tern_errorf(TERN_ERR_NOMEM, "qwen35: out of memory");
         for (uint32_t il = 0; ml && il < w->n_layer; il++) ml[il] = w->layers[il].moe;
-        if (ml) st = moe_state_new(m, &w->moe_hp, ml, w->n_layer, n_chunk, &rs->moe);
+        if (ml && w->has_mtp) ml[w->n_layer] = w->mtp.moe;
+        if (ml) st = moe_state_new(m, &w->moe_hp, ml, n_ml, n_chunk, &rs->moe);
         free(ml);
         rs->bytes += rs->moe.bytes;
     }
@@ -333,6 +408,36 @@ static void attention_layer(struct tern_session *s, const struct model_batch *b,
     model_matmul1(s, rs->att, n, &L->wo, rs->xb);
 }
 
+/* The feed-forward block of layer L on x, into xb. */
+static void ffn_block(struct tern_session *s, const struct model_hparams *hp, const struct q35_weights *w,
+                      const struct q35_layer *L, struct q35_state *rs, uint32_t n) {
+    const uint32_t E = hp->n_embd;
+    if (w->moe) {
+        model_rmsnorm(s, rs->xm, rs->x, L->post_norm, n, E, hp->rms_eps);
+        moe_forward(s, &w->moe_hp, &L->moe, &rs->moe, rs->xm, n, rs->xb);
+    } else {
+        model_rmsnorm(s, rs->xb, rs->x, L->post_norm, n, E, hp->rms_eps);
+        const struct mm_out gu[] = {{&L->w_gate, rs->hb}, {&L->w_up, rs->hb2}};
+        model_matmul(s, rs->xb, n, gu, 2);
+        model_swiglu(s, rs->hb, rs->hb2, n, hp->n_ff);
+        model_matmul1(s, rs->hb, n, &L->w_down, rs->xb);
+    }
+}
+
+/* For the sequences that asked for it (tern_session.hidden_out, the MTP head's input):
+ * the normed hidden state of every row, the same per-row norm the output head applies. */
+static void hidden_capture(struct tern_session *s, const struct model_batch *b, const float *norm_w,
+                           const struct model_hparams *hp, const float *x) {
+    for (uint32_t j = 0; j < b->n_seq; j++) {
+        const struct model_seq *q = &b->seq[j];
+        struct tern_session *qs = q->s;
+        if (!qs->hidden_out || q->n == 0) continue;
+        TERN_ASSERT(q->pos0 >= qs->hidden_pos0);
+        model_rmsnorm(s, qs->hidden_out + (size_t)(q->pos0 - qs->hidden_pos0) * hp->n_embd,
+                      x + (size_t)q->row0 * hp->n_embd, norm_w, q->n, hp->n_embd, hp->rms_eps);
+    }
+}
+
 static void q35_forward(struct tern_session *s, const struct model_batch *b) {
     const struct tern_model *m = s->m;
     const struct model_hparams *hp = &m->hp;
@@ -347,20 +452,46 @@ static void q35_forward(struct tern_session *s, const struct model_batch *b) {
         if (L->recurrent) deltanet_layer(s, b, w, L, rs, il);
         else attention_layer(s, b, hp, w, L, rs, il);
         model_add(s, rs->x, rs->xb, n, E);
-        /* feed-forward */
-        if (w->moe) {
-            model_rmsnorm(s, rs->xm, rs->x, L->post_norm, n, E, hp->rms_eps);
-            moe_forward(s, &w->moe_hp, &L->moe, &rs->moe, rs->xm, n, rs->xb);
-        } else {
-            model_rmsnorm(s, rs->xb, rs->x, L->post_norm, n, E, hp->rms_eps);
-            const struct mm_out gu[] = {{&L->w_gate, rs->hb}, {&L->w_up, rs->hb2}};
-            model_matmul(s, rs->xb, n, gu, 2);
-            model_swiglu(s, rs->hb, rs->hb2, n, hp->n_ff);
-            model_matmul1(s, rs->hb, n, &L->w_down, rs->xb);
-        }
+        ffn_block(s, hp, w, L, rs, n);
         model_add(s, rs->x, rs->xb, n, E);
     }
+    hidden_capture(s, b, w->out_norm, hp, rs->x);
     model_output(s, b, &w->output, w->out_norm, hp->rms_eps, rs->x, rs->xb);
+}
+
+/* The MTP head (docs/spec.md): one row per position p of its own session, from the main
+ * model's hidden state at p (hidden_in) and the embedding of the token at p + 1 (the
+ * batch's token); its own output-normed hidden state goes to hidden_out (the input of
+ * a chained draft). Its single attention layer is layer 0 of the head's session. */
+static void q35_mtp_forward(struct tern_session *s, const struct model_batch *b) {
+    const struct tern_model *m = s->m;
+    const struct model_hparams *hp = &m->hp;
+    const struct q35_weights *w = m->w;
+    struct q35_state *rs = s->rs;
+    const uint32_t E = hp->n_embd, n = b->n;
+    const struct q35_layer *L = &w->mtp;
+
+    /* cat = [enorm(embd(t)) | hnorm(h)] per row */
+    model_embed(s, &w->mtp_embd, b->toks, n, rs->x);
+    model_rmsnorm(s, rs->xb, rs->x, w->enorm, n, E, hp->rms_eps);
+    for (uint32_t j = 0; j < b->n_seq; j++) {
+        const struct model_seq *q = &b->seq[j];
+        const struct tern_session *qs = q->s;
+        TERN_ASSERT(qs->hidden_in && q->pos0 >= qs->hidden_pos0);
+        memcpy(rs->x + (size_t)q->row0 * E, qs->hidden_in + (size_t)(q->pos0 - qs->hidden_pos0) * E,
+               (size_t)q->n * E * sizeof(float));
+    }
+    model_rmsnorm(s, rs->x, rs->x, w->hnorm, n, E, hp->rms_eps);
+    model_concat_rows(s, rs->cat, rs->xb, rs->x, n, E);
+    model_matmul1(s, rs->cat, n, &w->eh_proj, rs->x);
+
+    model_rmsnorm(s, rs->xb, rs->x, L->attn_norm, n, E, hp->rms_eps);
+    attention_layer(s, b, hp, w, L, rs, 0);
+    model_add(s, rs->x, rs->xb, n, E);
+    ffn_block(s, hp, w, L, rs, n);
+    model_add(s, rs->x, rs->xb, n, E);
+    hidden_capture(s, b, w->head_norm, hp, rs->x);
+    model_output(s, b, &w->mtp_head, w->head_norm, hp->rms_eps, rs->x, rs->xb);
 }
 
 #define Q35_ARCH(NAME)                                                                                                 \
@@ -370,4 +501,8 @@ static void q35_forward(struct tern_session *s, const struct model_batch *b) {
     }
 
 const struct tern_arch tern_arch_qwen35 = Q35_ARCH("qwen35");
+const struct tern_arch tern_arch_qwen35_mtp = {
+    .name = "qwen35-mtp", .load = NULL, .unload = NULL, .state_new = q35_state_new,
+    .state_free = q35_state_free, .state_bytes = q35_state_bytes, .forward = q35_mtp_forward,
+};
 const struct tern_arch tern_arch_qwen35moe = Q35_ARCH("qwen35moe");

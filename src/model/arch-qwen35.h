@@ -49,6 +49,22 @@ struct q35_weights {
     const float *out_norm;     /* (n_embd) */
     struct mat output;         /* [n_embd, n_vocab]; token_embd when tied */
     struct q35_layer *layers;  /* (n_layer) */
+    /* The multi-token-prediction head (docs/spec.md, MTP), when the file has one: the
+     * block blk.{n_layer}, a full-attention decoder layer plus the nextn tensors.
+     *   x = eh_proj [rmsnorm(embd(t)) * enorm | rmsnorm(h) * hnorm]   (h: the main
+     *       model's output-normed hidden state at the previous position)
+     *   x = layer(x);  h' = rmsnorm(x) * head_norm;  logits = head h' */
+    bool has_mtp;
+    struct q35_layer mtp;      /* the decoder layer (recurrent = false) */
+    struct mat eh_proj;        /* [2 n_embd, n_embd] nextn.eh_proj: input [embedding | hidden] */
+    const float *enorm;        /* (n_embd) nextn.enorm, the embedding's norm */
+    const float *hnorm;        /* (n_embd) nextn.hnorm, the hidden state's norm */
+    const float *head_norm;    /* (n_embd) nextn.shared_head_norm, else output_norm */
+    struct mat mtp_embd;       /* nextn.embed_tokens, else token_embd */
+    struct mat mtp_head;       /* nextn.shared_head_head, else the output matrix */
 };
+
+/* The MTP head's forward (arch-qwen35.c), run on the head's own session (model/mtp.c). */
+extern const struct tern_arch tern_arch_qwen35_mtp;
 
 #endif

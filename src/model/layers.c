@@ -397,6 +397,14 @@ void model_add(struct tern_session *s, float *y, const float *x, uint32_t n_tok,
     model_parallel_for(s, n_tok, add_item, &r);
 }
 
+void model_concat_rows(struct tern_session *s, float *y, const float *a, const float *b, uint32_t n_tok, uint32_t n) {
+    (void)s;
+    for (uint32_t t = 0; t < n_tok; t++) {
+        memcpy(y + (size_t)t * 2 * n, a + (size_t)t * n, (size_t)n * sizeof *y);
+        memcpy(y + (size_t)t * 2 * n + n, b + (size_t)t * n, (size_t)n * sizeof *y);
+    }
+}
+
 static void swiglu_item(void *ctx, uint32_t t) {
     struct rows_task *r = ctx;
     float *g = r->y + (size_t)t * r->n;

@@ -263,6 +263,10 @@ enum tern_status tern_mkmodel_check(const struct tern_mkmodel_params *p) {
     if (!(p->rope_theta > 0) || !(p->rms_eps > 0))
         return tern_errorf(TERN_ERR_INVALID, "rope_theta %g and rms_eps %g must be positive", p->rope_theta,
                            p->rms_eps);
+    if (p->mtp_echo > 2) return tern_errorf(TERN_ERR_INVALID, "mtp_echo %u is not 0, 1 or 2", p->mtp_echo);
+    if (p->n_mtp > 1 || (p->n_mtp && !is_hybrid(p->arch)))
+        return tern_errorf(TERN_ERR_INVALID, "%u MTP blocks: only qwen35 and qwen35moe take one (--mtp 0 or 1)",
+                           p->n_mtp);
     if (is_hybrid(p->arch)) {
         if ((st = check_range("ssm k-heads", p->ssm_k_heads, 1, LIMIT_HEADS))) return st;
         if ((st = check_range("ssm v-heads", p->ssm_v_heads, 1, LIMIT_HEADS))) return st;
@@ -294,7 +298,10 @@ enum tern_status tern_mkmodel_check(const struct tern_mkmodel_params *p) {
 
 /* ---- tensors ------------------------------------------------------------------------ */
 
-enum init { INIT_WEIGHT, INIT_NORM, INIT_SSM_A, INIT_DT_BIAS, INIT_CONV };
+/* INIT_ZERO and INIT_PASS (tern_mkmodel_params.mtp_echo) draw like INIT_WEIGHT and then
+ * write 0, resp. the matrix that passes the second half of its input through; INIT_SIGN
+ * is +-1 by the sign of a normal, INIT_LOUD N(0, 0.1). */
+enum init { INIT_WEIGHT, INIT_NORM, INIT_SSM_A, INIT_DT_BIAS, INIT_CONV, INIT_ZERO, INIT_PASS, INIT_SIGN, INIT_LOUD };
 
 struct mk_tensor {
     char name[96];
@@ -318,7 +325,7 @@ struct mk_rows {
     struct tern_threadpool *pool;
     /* the current task */
     struct mk_tensor *t;
-    uint64_t n_rows;
+    uint64_t row0, n_rows;
     void *dst;
     _Atomic int failed;
 };
@@ -349,6 +356,8 @@ static float init_value(struct mk_tensor *t, struct rng *r) {
     case INIT_DT_BIAS: return (float)(1.0 + 0.02 * rng_normal(r));
     case INIT_SSM_A: return (float)-exp(rng_uniform(r) * log(16.0));
     case INIT_CONV: return (float)(0.3 * rng_normal(r));
+    case INIT_SIGN: return rng_normal(r) < 0 ? -1.0f : 1.0f;
+    case INIT_LOUD: return (float)(0.1 * rng_normal(r));
     default: return (float)(0.02 * rng_normal(r));
     }
 }
@@ -363,6 +372,10 @@ static void fill_task(void *ctx, int ith, int nth) {
     for (uint64_t row = r0; row < r1; row++) {
         float *v = t->type == TERN_DTYPE_F32 ? (float *)((uint8_t *)q->dst + row * t->row_bytes) : q->buf + row * k;
         for (uint64_t i = 0; i < k; i++) v[i] = init_value(t, &r);
+        if (t->init == INIT_ZERO || t->init == INIT_PASS) {
+            memset(v, 0, (size_t)k * sizeof *v);
+            if (t->init == INIT_PASS) v[k / 2 + q->row0 + row] = 1.0f; /* output j = input n_embd + j */
+        }
         if (t->type != TERN_DTYPE_F32 && !tern_quantize_row(t->type, v, (uint8_t *)q->dst + row * t->row_bytes, (size_t)k))
             q->failed = 1;
     }
@@ -381,6 +394,7 @@ static enum tern_status fill(void *user, uint64_t row0, uint64_t n_rows, void *d
         q->cap = (size_t)(n_rows * k);
     }
     q->t = t;
+    q->row0 = row0;
     q->n_rows = n_rows;
     q->dst = dst;
     q->failed = 0;
@@ -409,7 +423,9 @@ static bool name_ends(const char *name, const char *suffix) {
  * not divide falls back to F32. */
 static enum tern_dtype pick_type(struct mk_ctx *c, const struct mk_tensor *t, uint32_t layer) {
     const struct tern_mkmodel_params *p = c->p;
-    if (t->n_dims < 2 || t->init != INIT_WEIGHT) return TERN_DTYPE_F32;
+    if (t->n_dims < 2 ||
+        (t->init != INIT_WEIGHT && t->init != INIT_ZERO && t->init != INIT_PASS && t->init != INIT_LOUD))
+        return TERN_DTYPE_F32;
     /* llama-quantize keeps the MoE routers in F32 */
     if (name_ends(t->name, ".ffn_gate_inp.weight") || name_ends(t->name, ".ffn_gate_inp_shexp.weight"))
         return TERN_DTYPE_F32;
@@ -492,11 +508,11 @@ static enum tern_status add(struct mk_ctx *c, enum init init, uint32_t layer, ui
 }
 
 /* A stack of ne2 matrices [ne0, ne1] (MoE experts). */
-static enum tern_status add3(struct mk_ctx *c, uint32_t layer, uint64_t ne0, uint64_t ne1, uint64_t ne2,
-                             const char *fmt, ...) {
+static enum tern_status add3(struct mk_ctx *c, enum init init, uint32_t layer, uint64_t ne0, uint64_t ne1,
+                             uint64_t ne2, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    enum tern_status st = add_v(c, INIT_WEIGHT, layer, ne0, ne1, ne2, fmt, ap);
+    enum tern_status st = add_v(c, init, layer, ne0, ne1, ne2, fmt, ap);
     va_end(ap);
     return st;
 }
@@ -511,21 +527,37 @@ static enum tern_status build_tensors(struct mk_ctx *c, uint32_t n_vocab) {
     const uint64_t ssm_inner = (uint64_t)p->ssm_v_heads * p->ssm_state;
     const uint64_t ssm_conv_ch = 2 * (uint64_t)p->ssm_k_heads * p->ssm_state + ssm_inner;
     /* The Q4_K_M mix counts attn_v/attn_qkv tensors before it picks any type. */
-    c->n_wv = p->n_layer;
+    c->n_wv = p->n_layer + p->n_mtp;
     enum tern_status st = TERN_OK;
 #define ADD(...) do { if ((st = add(c, __VA_ARGS__))) return st; } while (0)
     ADD(INIT_WEIGHT, 0, e, n_vocab, "token_embd.weight");
     ADD(INIT_NORM, 0, e, 0, "output_norm.weight");
     if (!p->tied) ADD(INIT_WEIGHT, 0, e, n_vocab, "output.weight");
-    for (uint32_t il = 0; il < p->n_layer; il++) {
+    /* The MTP blocks (qwen35, --mtp) follow the main layers, as llama.cpp's converter
+     * writes them: a full-attention decoder layer plus the nextn tensors. */
+    for (uint32_t il = 0; il < p->n_layer + p->n_mtp; il++) {
+        const bool mtp = il >= p->n_layer;
+        /* mtp_echo: the block passes the hidden state through (mkmodel.h) */
+        const enum init out_init = mtp && p->mtp_echo ? INIT_ZERO : INIT_WEIGHT;
+        /* mtp_echo 2: an attention loud enough to change some guesses */
+        const enum init attn_out_init = !mtp || !p->mtp_echo ? INIT_WEIGHT : p->mtp_echo == 1 ? INIT_ZERO : INIT_LOUD;
         ADD(INIT_NORM, il, e, 0, "blk.%u.attn_norm.weight", il);
+        if (mtp) {
+            /* input [embedding | hidden] */
+            ADD(p->mtp_echo ? INIT_PASS : INIT_WEIGHT, il, 2 * e, e, "blk.%u.nextn.eh_proj.weight", il);
+            /* mtp_echo: random signs, so that the embedding half (were it the one passed
+             * through) would point nowhere */
+            ADD(p->mtp_echo ? INIT_SIGN : INIT_NORM, il, e, 0, "blk.%u.nextn.enorm.weight", il);
+            ADD(INIT_NORM, il, e, 0, "blk.%u.nextn.hnorm.weight", il);
+            ADD(INIT_NORM, il, e, 0, "blk.%u.nextn.shared_head_norm.weight", il);
+        }
         if (is_hybrid(p->arch)) {
             ADD(INIT_NORM, il, e, 0, "blk.%u.post_attention_norm.weight", il);
-            if (is_full_attn(p, il)) {
+            if (mtp || is_full_attn(p, il)) {
                 ADD(INIT_WEIGHT, il, e, 2 * q, "blk.%u.attn_q.weight", il); /* per head: q then gate */
                 ADD(INIT_WEIGHT, il, e, kv, "blk.%u.attn_k.weight", il);
                 ADD(INIT_WEIGHT, il, e, kv, "blk.%u.attn_v.weight", il);
-                ADD(INIT_WEIGHT, il, q, e, "blk.%u.attn_output.weight", il);
+                ADD(attn_out_init, il, q, e, "blk.%u.attn_output.weight", il);
                 ADD(INIT_NORM, il, hd, 0, "blk.%u.attn_q_norm.weight", il);
                 ADD(INIT_NORM, il, hd, 0, "blk.%u.attn_k_norm.weight", il);
             } else {
@@ -557,9 +589,9 @@ static enum tern_status build_tensors(struct mk_ctx *c, uint32_t n_vocab) {
         if (is_moe(p->arch)) {
             const uint64_t x = p->n_expert, f = p->n_ff_exp, sf = p->n_ff_shexp;
             ADD(INIT_WEIGHT, il, e, x, "blk.%u.ffn_gate_inp.weight", il);
-            if ((st = add3(c, il, e, f, x, "blk.%u.ffn_gate_exps.weight", il)) ||
-                (st = add3(c, il, e, f, x, "blk.%u.ffn_up_exps.weight", il)) ||
-                (st = add3(c, il, f, e, x, "blk.%u.ffn_down_exps.weight", il)))
+            if ((st = add3(c, INIT_WEIGHT, il, e, f, x, "blk.%u.ffn_gate_exps.weight", il)) ||
+                (st = add3(c, INIT_WEIGHT, il, e, f, x, "blk.%u.ffn_up_exps.weight", il)) ||
+                (st = add3(c, out_init, il, f, e, x, "blk.%u.ffn_down_exps.weight", il)))
                 return st;
             if (sf) {
                 /* [n_embd, 1] as the HF converter writes it; 1-D once llama-quantize has
@@ -567,12 +599,12 @@ static enum tern_status build_tensors(struct mk_ctx *c, uint32_t n_vocab) {
                 ADD(INIT_WEIGHT, il, e, is_float_type(p->wtype) ? 1 : 0, "blk.%u.ffn_gate_inp_shexp.weight", il);
                 ADD(INIT_WEIGHT, il, e, sf, "blk.%u.ffn_gate_shexp.weight", il);
                 ADD(INIT_WEIGHT, il, e, sf, "blk.%u.ffn_up_shexp.weight", il);
-                ADD(INIT_WEIGHT, il, sf, e, "blk.%u.ffn_down_shexp.weight", il);
+                ADD(out_init, il, sf, e, "blk.%u.ffn_down_shexp.weight", il);
             }
         } else {
             ADD(INIT_WEIGHT, il, e, p->n_ff, "blk.%u.ffn_gate.weight", il);
             ADD(INIT_WEIGHT, il, e, p->n_ff, "blk.%u.ffn_up.weight", il);
-            ADD(INIT_WEIGHT, il, p->n_ff, e, "blk.%u.ffn_down.weight", il);
+            ADD(out_init, il, p->n_ff, e, "blk.%u.ffn_down.weight", il);
         }
     }
 #undef ADD
@@ -772,7 +804,8 @@ static enum tern_status write_metadata(struct gguf_writer *w, const struct tern_
     else snprintf(name, sizeof name, "%s-random", a);
     enum tern_status st = gguf_writer_set_str(w, "general.architecture", a);
     if (!st) st = gguf_writer_set_str(w, "general.name", name);
-    if (!st) st = set_arch_u32(w, a, "block_count", p->n_layer);
+    if (!st) st = set_arch_u32(w, a, "block_count", p->n_layer + p->n_mtp);
+    if (!st && p->n_mtp) st = set_arch_u32(w, a, "nextn_predict_layers", p->n_mtp);
     if (!st) st = set_arch_u32(w, a, "context_length", p->n_ctx);
     if (!st) st = set_arch_u32(w, a, "embedding_length", p->n_embd);
     /* qwen35moe files have no dense feed-forward key; qwen3moe ones carry it unused */

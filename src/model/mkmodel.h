@@ -49,6 +49,13 @@ struct tern_mkmodel_params {
     uint32_t ssm_conv;      /* ssm.conv_kernel */
     uint32_t full_attn_interval; /* every n-th layer (n-1, 2n-1, ...) is full attention */
     int32_t rope_sections[4];    /* all 0 = derived from rope_dim as Qwen3.5 splits it */
+    uint32_t n_mtp;              /* MTP (nextn) blocks after the main layers (qwen35, qwen35moe; 0 or 1) */
+    /* Tests: an MTP block that echoes the main model: eh_proj passes the hidden half
+     * through and the feed-forward's output projection is zero; 1: the attention's too,
+     * so its guess for the token at p + 2 is nearly the main model's for p + 1 (a model
+     * that repeats itself gets its drafts accepted); 2: the attention stays random, a
+     * perturbation that depends on the head's KV rows. */
+    uint32_t mtp_echo;
     /* qwen3moe / qwen35moe (mixture of experts; n_ff is then only written as a key) */
     uint32_t n_expert;           /* expert_count */
     uint32_t n_expert_used;      /* expert_used_count */

@@ -261,6 +261,13 @@ struct tern_session {
      * positions trail_pos0 + 1 .. trail_end; NULL once any other state change happens. */
     const uint8_t *trail;
     uint32_t trail_pos0, trail_end;
+    /* Multi-token prediction (model/mtp.h): while set, the forward writes the
+     * output-normed hidden state of the row at position p to hidden_out + (p -
+     * hidden_pos0) * n_embd; an MTP head's session reads the main model's hidden state
+     * for its row at position p from hidden_in likewise. NULL otherwise. */
+    float *hidden_out;
+    const float *hidden_in;
+    uint32_t hidden_pos0;
 };
 
 /* The layer il's recurrent buffer ib (zeroed at position 0). */
@@ -340,6 +347,8 @@ void model_output(struct tern_session *s, const struct model_batch *b, const str
 
 /* y[t] += x[t] for n_tok rows of n (the residual add). */
 void model_add(struct tern_session *s, float *y, const float *x, uint32_t n_tok, uint32_t n);
+/* y[t] = [a[t] | b[t]] for n_tok rows of n each (y has rows of 2n). */
+void model_concat_rows(struct tern_session *s, float *y, const float *a, const float *b, uint32_t n_tok, uint32_t n);
 /* g[t] = silu(g[t]) * u[t] for n_tok rows of n. */
 void model_swiglu(struct tern_session *s, float *g, const float *u, uint32_t n_tok, uint32_t n);
 /* x[t] *= sigmoid(gate[t]) for n_tok rows of n. */

@@ -443,7 +443,8 @@ static bool decode_begin(struct srv_engine *e, struct eng_req *r) {
         struct spec_params spp = {.mode = j->req.spec_set ? j->req.spec : e->spec,
                                   .max = j->req.spec_max ? j->req.spec_max : e->spec_max};
         if (spp.mode != SPEC_OFF && (st = spec_dec_init(&r->sd, r->s, r->sampler, &spp, &j->cancel))) {
-            req_fail(e, r, 500, "cannot start decoding: %s", tern_last_error());
+            /* "spec": "mtp" on a model without the head is the request's mistake */
+            req_fail(e, r, st == TERN_ERR_UNSUPPORTED ? 400 : 500, "cannot start decoding: %s", tern_last_error());
             return false;
         }
         if (r->sd.s && r->gm) spec_set_grammar(&r->sd, r->gm, r->gmask, &r->t_mask);

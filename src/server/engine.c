@@ -189,6 +189,14 @@ enum tern_status srv_engine_new(const struct srv_engine_params *p, struct srv_en
     e->max_tokens = p->max_tokens;
     e->spec = p->spec;
     e->spec_max = p->spec_max;
+    /* --spec mtp on a model without the head is refused at startup, not per request */
+    if (e->spec == SPEC_MTP && !e->info->has_mtp) {
+        st = tern_errorf(TERN_ERR_UNSUPPORTED,
+                         "--spec mtp: the model (%s) has no multi-token-prediction head (no nextn block)",
+                         e->info->arch ? e->info->arch : "?");
+        srv_engine_free(e); /* the message first: it reads e */
+        return st;
+    }
     if (e->spec != SPEC_OFF)
         TERN_LOG_INFO("speculative decoding: %s, up to %u tokens per draft", spec_mode_name(e->spec),
                       e->spec_max ? e->spec_max : SPEC_DEFAULT_MAX);

@@ -640,7 +640,7 @@ static bool parse_body(enum srv_endpoint ep, const json_t *o, const struct srv_p
         req->spec_set = spec_mode_parse(spec, &req->spec);
         free(spec);
         if (!req->spec_set) {
-            srv_error_bad(err, "spec", "'spec' must be \"off\" or \"ngram\"");
+            srv_error_bad(err, "spec", "'spec' must be \"off\", \"ngram\" or \"mtp\"");
             return false;
         }
     }

@@ -2,6 +2,7 @@
 #include "server/spec.h"
 
 #include "grammar/grammar.h"
+#include "model/mtp.h"
 
 #include "util/log.h"
 #include "util/mem.h"
@@ -9,6 +10,7 @@
 #include "util/status.h"
 #include "util/timeutil.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +19,7 @@ const char *spec_mode_name(enum spec_mode m) {
     case SPEC_OFF: return "off";
     case SPEC_NGRAM: return "ngram";
     case SPEC_ORACLE: return "oracle";
+    case SPEC_MTP: return "mtp";
     }
     return "?";
 }
@@ -24,6 +27,7 @@ const char *spec_mode_name(enum spec_mode m) {
 bool spec_mode_parse(const char *s, enum spec_mode *out) {
     if (!strcmp(s, "off")) *out = SPEC_OFF;
     else if (!strcmp(s, "ngram")) *out = SPEC_NGRAM;
+    else if (!strcmp(s, "mtp")) *out = SPEC_MTP;
     else return false;
     return true;
 }
@@ -49,6 +53,74 @@ size_t spec_ngram_draft(const int32_t *ctx, size_t n_ctx, int32_t last, uint32_t
         }
     }
     return 0;
+}
+
+/* The head's guess: the largest logit (the lowest id on a tie). */
+static int32_t argmax(const float *l, uint32_t n) {
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (l[i] > l[best]) best = i;
+    return (int32_t)best;
+}
+
+/* MTP: the head is fed the rows it lacks — main positions [hid_pos0, n_commit), each
+ * the main model's hidden state there and the token after it (tok for the last) — so
+ * that its rows match the accepted tokens; its guess after the last is the first draft
+ * token. Each further one is a chained row at the next position from the head's own
+ * hidden state and the token just guessed; those rows are dropped again afterwards (the
+ * verify chunk gives the main model's hidden states for them). */
+static enum tern_status mtp_draft(struct spec_dec *d, int32_t tok, size_t max, int32_t *out, size_t *n_out) {
+    *n_out = 0;
+    const uint32_t n = d->n_commit;
+    /* no hidden state of position n - 1 (the first token after the prompt; docs/spec.md) */
+    if (d->hid_n == 0 || d->hid_pos0 + d->hid_n != n) return TERN_OK;
+    enum tern_status st;
+    const uint32_t have = tern_mtp_n_past(d->mtp);
+    if (have == 0 || d->mtp_base + have != d->hid_pos0) {
+        /* the head's rows do not end where the new ones start (an aborted chunk): start over */
+        if (have && (st = tern_mtp_rewind(d->mtp, 0))) return st;
+        d->mtp_base = d->hid_pos0;
+    }
+    int32_t toks[SPEC_MAX_DRAFT + 1];
+    const int32_t *T = tern_session_tokens(d->s);
+    for (uint32_t i = 0; i < d->hid_n; i++) {
+        const uint32_t p = d->hid_pos0 + i;
+        toks[i] = p + 1 < n ? T[p + 1] : tok;
+    }
+    const uint32_t rows = d->hid_n;
+    d->hid_n = 0;
+    if ((st = tern_mtp_eval(d->mtp, d->hid, toks, rows, NULL, d->mtp_h))) return st;
+    if (max == 0) return TERN_OK;
+    const uint32_t keep = tern_mtp_n_past(d->mtp);
+    const float *h = d->mtp_h + (size_t)(rows - 1) * d->n_embd;
+    size_t m = 0;
+    out[m++] = argmax(tern_mtp_logits(d->mtp), d->n_vocab);
+    while (m < max) {
+        /* the input row is read before the output row is written: in place */
+        if ((st = tern_mtp_eval(d->mtp, h, &out[m - 1], 1, NULL, d->mtp_h))) return st;
+        h = d->mtp_h;
+        out[m++] = argmax(tern_mtp_logits(d->mtp), d->n_vocab);
+    }
+    if (tern_mtp_n_past(d->mtp) > keep && (st = tern_mtp_rewind(d->mtp, keep))) return st;
+    *n_out = m;
+    return TERN_OK;
+}
+
+/* The prompt's rows: positions [pos0, n - 1) with the tokens after them; the hidden
+ * state of n - 1 waits for the first generated token. */
+static enum tern_status mtp_feed_prompt(struct spec_dec *d, const struct spec_params *p) {
+    const uint32_t n = d->n_commit, pos0 = p->prompt_hidden_pos0;
+    if (!p->prompt_hidden || n == 0 || pos0 >= n) return TERN_OK;
+    const int32_t *T = tern_session_tokens(d->s);
+    d->mtp_base = pos0;
+    if (n - 1 > pos0) {
+        const enum tern_status st = tern_mtp_eval(d->mtp, p->prompt_hidden, T + pos0 + 1, n - 1 - pos0, NULL, NULL);
+        if (st) return st;
+    }
+    memcpy(d->hid, p->prompt_hidden + (size_t)(n - 1 - pos0) * d->n_embd, d->n_embd * sizeof(float));
+    d->hid_pos0 = n - 1;
+    d->hid_n = 1;
+    return TERN_OK;
 }
 
 /* Up to max drafted tokens after tok (the gen-th generated token is tok). */
@@ -91,6 +163,27 @@ enum tern_status spec_dec_init(struct spec_dec *d, struct tern_session *s, struc
         return tern_errorf(TERN_ERR_INVALID, "spec: the oracle source needs its tokens");
     if (d->mode == SPEC_OFF) return TERN_OK;
     d->refeed = p->refeed;
+    if (d->mode == SPEC_MTP) {
+        enum tern_status st = tern_mtp_new(s, &d->mtp);
+        if (st == TERN_ERR_UNSUPPORTED) {
+            char why[256];
+            snprintf(why, sizeof why, "%s", tern_last_error());
+            return tern_errorf(st, "spec: mtp drafting needs the model's multi-token-prediction head: %s", why);
+        }
+        if (st) return st;
+        d->n_embd = info->n_embd;
+        d->hid = tern_malloc((size_t)(d->max + 1) * d->n_embd * sizeof(float));
+        d->mtp_h = tern_malloc((size_t)(d->max + 1) * d->n_embd * sizeof(float));
+        if (!d->hid || !d->mtp_h) {
+            spec_dec_free(d);
+            return tern_errorf(TERN_ERR_NOMEM, "spec: out of memory for %u hidden states of %u", d->max + 1,
+                               d->n_embd);
+        }
+        if ((st = mtp_feed_prompt(d, p))) {
+            spec_dec_free(d);
+            return st;
+        }
+    }
     d->logits = tern_malloc((size_t)(d->max + 1) * d->n_vocab * sizeof(float));
     if (!d->logits)
         return tern_errorf(TERN_ERR_NOMEM, "spec: out of memory for %u x %u logits", d->max + 1, d->n_vocab);
@@ -104,6 +197,12 @@ enum tern_status spec_dec_init(struct spec_dec *d, struct tern_session *s, struc
 }
 
 void spec_dec_free(struct spec_dec *d) {
+    if (d->mtp) tern_session_capture_hidden(d->s, NULL, 0);
+    tern_mtp_free(d->mtp);
+    free(d->hid);
+    free(d->mtp_h);
+    d->mtp = NULL;
+    d->hid = d->mtp_h = NULL;
     free(d->logits);
     tern_aligned_free(d->trail);
     d->trail = NULL;
@@ -119,7 +218,11 @@ void spec_set_grammar(struct spec_dec *d, struct tern_gmatch *gm, uint32_t *gmas
     d->gmask = gmask;
     d->t_mask = t_mask;
     d->gst = TERN_OK;
-    d->nq = d->iq; /* decided without the grammar: decided again under it */
+    if (d->nq > d->iq) {
+        d->nq = d->iq; /* decided without the grammar: decided again under it */
+        /* the head's pending rows end at the last token taken (q[i] follows row i) */
+        if (d->mtp && d->hid_n > d->iq) d->hid_n = d->iq;
+    }
 }
 
 /* The grammar's mask for its current state into d->gmask; false when it allows nothing. */
@@ -203,12 +306,20 @@ enum tern_status spec_prepare(struct spec_dec *d, int32_t tok, size_t want, stru
     const uint32_t n_ctx = tern_session_n_ctx(s);
     /* Prompt lookup adapts its length (a draft that is mostly rejected costs a longer
      * chunk for nothing); the oracle keeps its fixed length, the bound it measures. */
-    size_t max = d->mode == SPEC_OFF ? 0 : d->mode == SPEC_NGRAM ? d->cur : d->max;
+    size_t max = d->mode == SPEC_OFF ? 0 : d->mode == SPEC_ORACLE ? d->max : d->cur;
     if (want < 1) max = 0;
     else if (max > want - 1) max = want - 1; /* tok's chunk yields up to k + 1 tokens */
     if (d->n_commit + 1 >= n_ctx) max = 0;
     else if (max > n_ctx - d->n_commit - 1) max = n_ctx - d->n_commit - 1;
-    const size_t k = draft(d, tok, max, d->buf + 1);
+    size_t k = 0;
+    if (d->mode != SPEC_MTP) {
+        k = draft(d, tok, max, d->buf + 1);
+    } else {
+        const double t0 = tern_now_s();
+        st = mtp_draft(d, tok, max, d->buf + 1, &k);
+        d->st.t_draft += tern_now_s() - t0;
+        if (st) return st;
+    }
     d->buf[0] = tok;
     if (k > 0 && d->hybrid && d->refeed) {
         const double t0 = tern_now_s();
@@ -218,6 +329,8 @@ enum tern_status spec_prepare(struct spec_dec *d, int32_t tok, size_t want, stru
         if (st) return st;
     }
     d->v0 = d->n_commit;
+    /* the chunk's hidden states: the head's next rows (spec_commit / spec_abort stop it) */
+    if (d->mtp) tern_session_capture_hidden(s, d->hid, d->n_commit);
     out->toks = d->buf;
     out->n = (uint32_t)(k + 1);
     out->logits_all = k ? d->logits : NULL;
@@ -226,6 +339,11 @@ enum tern_status spec_prepare(struct spec_dec *d, int32_t tok, size_t want, stru
 }
 
 void spec_commit(struct spec_dec *d, const struct spec_rows *r) {
+    if (d->mtp) {
+        tern_session_capture_hidden(d->s, NULL, 0);
+        d->hid_pos0 = d->n_commit;
+        d->hid_n = 1;
+    }
     d->n_commit++; /* tok */
     const size_t k = r->n - 1;
     if (k == 0) return;
@@ -253,12 +371,17 @@ void spec_commit(struct spec_dec *d, const struct spec_rows *r) {
     }
     d->nq = (uint32_t)(j + 1);
     d->st.accepted += j;
+    if (d->mtp) d->hid_n = (uint32_t)j + 1; /* the rows of tok and the accepted drafts */
     /* all accepted: try twice as long; else one more than what was accepted */
     if (j == k) d->cur = d->cur * 2 < d->max ? d->cur * 2 : d->max;
     else d->cur = (uint32_t)j + 1;
 }
 
 void spec_abort(struct spec_dec *d) {
+    if (d->mtp) {
+        tern_session_capture_hidden(d->s, NULL, 0);
+        d->hid_n = 0;
+    }
     /* a failure after the chunk started leaves the session at an unknown end */
     if (tern_session_n_past(d->s) > d->n_commit && settle(d)) TERN_LOG_WARN("spec: %s", tern_last_error());
 }
@@ -272,7 +395,12 @@ enum tern_status spec_accept(struct spec_dec *d, int32_t tok, size_t want) {
                                 .rec_trail = r.rec_trail};
     st = tern_session_eval(d->s, r.toks, r.n, &eo);
     if (st) {
-        if (st != TERN_ERR_CANCELLED) spec_abort(d);
+        if (st != TERN_ERR_CANCELLED) {
+            spec_abort(d);
+        } else if (d->mtp) {
+            tern_session_capture_hidden(d->s, NULL, 0);
+            d->hid_n = 0;
+        }
         return st;
     }
     spec_commit(d, &r);
@@ -282,6 +410,7 @@ enum tern_status spec_accept(struct spec_dec *d, int32_t tok, size_t want) {
 enum tern_status spec_finish(struct spec_dec *d) {
     /* accepted drafts the caller did not take are dropped with the rest */
     d->nq = d->iq = 0;
+    if (d->mtp) tern_session_capture_hidden(d->s, NULL, 0);
     enum tern_status st = settle(d);
     /* the session outlives the trail buffer (it is parked, hashed, resumed) */
     tern_session_drop_trail(d->s);

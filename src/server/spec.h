@@ -36,10 +36,11 @@ enum spec_mode {
     SPEC_OFF = 0,
     SPEC_NGRAM,  /* prompt lookup: the last 3..1 tokens matched against the context */
     SPEC_ORACLE, /* tests and benchmarks: drafts from a known continuation */
+    SPEC_MTP,    /* the model's multi-token-prediction head (Qwen3.5 nextn), greedy, chained */
 };
 
 const char *spec_mode_name(enum spec_mode m);
-/* "off" or "ngram" (the oracle is not a user-facing mode); false when unknown. */
+/* "off", "ngram" or "mtp" (the oracle is not a user-facing mode); false when unknown. */
 bool spec_mode_parse(const char *s, enum spec_mode *out);
 
 /* Drafts from a continuation known in advance: toks[i] is proposed as the i-th
@@ -61,6 +62,13 @@ struct spec_params {
      * chunk and a re-read of the accepted tokens, instead of the state trail (the
      * alternative docs/spec.md measures; tests and benchmarks). */
     bool refeed;
+    /* SPEC_MTP: the main model's hidden states of the session's positions
+     * [prompt_hidden_pos0, n_past) at init, as tern_session_capture_hidden wrote them
+     * while the prompt was read (borrowed for spec_dec_init only). The head is fed those
+     * rows first, so that it attends over the prompt too; NULL: its rows start with the
+     * first generated token (docs/spec.md). */
+    const float *prompt_hidden;
+    uint32_t prompt_hidden_pos0;
 };
 
 struct spec_stats {
@@ -70,6 +78,7 @@ struct spec_stats {
     uint64_t refed;    /* tokens read again to bring a hybrid state back after a rejection */
     double t_ckpt;     /* seconds saving the recurrent state before verify chunks (refeed) */
     double t_settle;   /* seconds bringing the session back (restore + re-read, rewind) */
+    double t_draft;    /* seconds drafting (the MTP head's rows) */
 };
 
 struct spec_dec {
@@ -99,6 +108,16 @@ struct spec_dec {
     uint32_t *gmask;             /* (n_vocab / 32 words) the caller's */
     double *t_mask;              /* seconds computing masks are added here (may be NULL) */
     enum tern_status gst;        /* why the grammar stopped (TERN_OK: no token allowed) */
+    /* SPEC_MTP (docs/spec.md): the head, and the main model's hidden states that it has
+     * not been fed yet: those of positions [hid_pos0, hid_pos0 + hid_n), captured by the
+     * last verify chunk (its accepted rows). The head's position q is the main
+     * position mtp_base + q; its rows cover main positions [mtp_base, n_commit - 1). */
+    struct tern_mtp *mtp;
+    float *hid;                  /* (max + 1, n_embd) */
+    uint32_t hid_pos0, hid_n;
+    uint32_t mtp_base;
+    float *mtp_h;                /* (n_embd) the head's own hidden state: a chained guess's input */
+    uint32_t n_embd;
     struct spec_stats st;
 };
 

@@ -39,8 +39,27 @@ for m in $models; do
     esac
   done
 done
-# bad values are usage errors
-"$bin" run -m "$tmp/q35.gguf" -p x --spec mtp >/dev/null 2>&1 && fail "--spec mtp accepted"
+# --spec mtp (the MTP head, docs/spec.md): a random head (drafts rejected) and an echo head
+# on a tied model that repeats itself (drafts accepted) give the ids and state of --spec off
+"$bin" mkmodel --preset tiny-qwen35 --n-layer 4 --mtp 1 --out "$tmp/q35mtp.gguf" >/dev/null 2>&1 || fail "mkmodel --mtp"
+"$bin" mkmodel --preset tiny-qwen35 --n-layer 4 --mtp 1 --mtp-echo --tied --out "$tmp/q35echo.gguf" >/dev/null 2>&1 ||
+  fail "mkmodel --mtp-echo"
+for m in "$tmp/q35mtp.gguf" "$tmp/q35echo.gguf"; do
+  run "$m" --spec off >"$tmp/off.ids" 2>"$tmp/off.err" || { cat "$tmp/off.err"; fail "$m: run --spec off"; }
+  for args in "--spec mtp" "--spec mtp --spec-max 1" "--spec mtp --spec-max 5"; do
+    # shellcheck disable=SC2086
+    run "$m" $args >"$tmp/spec.ids" 2>"$tmp/spec.err" || { cat "$tmp/spec.err"; fail "$m: run $args"; }
+    cmp -s "$tmp/off.ids" "$tmp/spec.ids" || fail "$m: $args printed other ids than --spec off"
+    [ "$(grep state-hash "$tmp/off.err")" = "$(grep state-hash "$tmp/spec.err")" ] || fail "$m: $args ended in another state"
+    line=$(grep -o 'spec mtp: drafted=[0-9]* accepted=[0-9]*' "$tmp/spec.err") || { cat "$tmp/spec.err"; fail "$m: no mtp stats"; }
+    d=$(echo "$line" | sed 's/.*drafted=\([0-9]*\).*/\1/'); a=$(echo "$line" | sed 's/.*accepted=//')
+    [ "$d" -gt 0 ] && [ "$a" -le "$d" ] || fail "$m: $args: $line"
+    case "$m" in *echo*) [ "$a" -gt 0 ] || fail "$m: the echo head's drafts were never accepted: $line" ;; esac
+  done
+done
+# bad values are usage errors; --spec mtp needs a model with the head
+"$bin" run -m "$tmp/q35.gguf" -p x --spec mtp 2>"$tmp/mtp.err" >/dev/null && fail "--spec mtp accepted"
+grep -q "multi-token-prediction head" "$tmp/mtp.err" || { cat "$tmp/mtp.err"; fail "--spec mtp without the head: message"; }
 "$bin" run -m "$tmp/q35.gguf" -p x --spec-max 33 >/dev/null 2>&1 && fail "--spec-max 33 accepted"
 # tern chat: the same answers, and the turn line reports drafts
 printf 'alpha beta gamma alpha beta gamma\nagain alpha beta gamma\n/exit\n' >"$tmp/in"

@@ -13,24 +13,32 @@ import { bin, sourceDir, startServer, tmp, sseFrames, logged, stateHash } from '
 
 const dir = tmp();
 
-function makeModel(preset) {
-  const out = join(dir, `${preset}.gguf`);
-  const r = spawnSync(bin, ['mkmodel', '--preset', preset, '--n-layer', '4', '--out', out], { encoding: 'utf8' });
+function makeModel(preset, extra = [], tag = preset) {
+  const out = join(dir, `${tag}.gguf`);
+  const r = spawnSync(bin, ['mkmodel', '--preset', preset, '--n-layer', '4', ...extra, '--out', out],
+    { encoding: 'utf8' });
   if (r.status !== 0) throw new Error(`mkmodel ${preset}: ${r.stderr}`);
   return out;
 }
 
 const stories = join(process.env.TERN_SHARED_DIR || join(sourceDir, '../shared'), 'models/stories260K.gguf');
-const models = { qwen35: makeModel('tiny-qwen35'), qwen3: makeModel('tiny-qwen3') };
+const models = { qwen35: makeModel('tiny-qwen35'), qwen3: makeModel('tiny-qwen3'),
+  // MTP drafting (--spec mtp): a random MTP block (its drafts are rejected) and an echo
+  // block on a tied model that repeats itself (its drafts are accepted)
+  qwen35mtp: makeModel('tiny-qwen35', ['--mtp', '1'], 'tiny-qwen35-mtp'),
+  qwen35moemtp: makeModel('tiny-qwen35moe', ['--mtp', '1'], 'tiny-qwen35moe-mtp'),
+  qwen35echo: makeModel('tiny-qwen35', ['--mtp', '1', '--mtp-echo', '--tied'], 'tiny-qwen35-echo') };
 if (existsSync(stories)) models.stories = stories;
 const env = { TERN_STATE_HASH: '1', TERN_PREDICT: '0', TERN_TEST_FORCED_OUTPUT: '1' };
 const common = ['--ctx-size', '2048', '--chunk', '64'];
+const specArgs = (name) => name.endsWith('mtp') || name.endsWith('echo') ? ['--spec', 'mtp', '--spec-max', '4']
+  : ['--spec', 'ngram', '--spec-max', '6'];
 
 const servers = {};
 before(async () => {
   for (const [name, m] of Object.entries(models)) {
     servers[name] = {
-      spec: await startServer(['--model', m, ...common, '--spec', 'ngram', '--spec-max', '6'], env),
+      spec: await startServer(['--model', m, ...common, ...specArgs(name)], env),
       off: await startServer(['--model', m, ...common, '--spec', 'off'], env),
     };
   }
@@ -80,7 +88,7 @@ const echoMessages = [
   { role: 'user', content: 'alpha beta gamma delta alpha beta gamma delta alpha beta gamma delta alpha beta' },
 ];
 
-for (const name of ['qwen35', 'qwen3']) {
+for (const name of ['qwen35', 'qwen3', 'qwen35mtp', 'qwen35moemtp', 'qwen35echo']) {
   test(`${name}: chat answers, streams and stops as without speculation`, async () => {
     const r = await both(name, '/v1/chat/completions', { messages: echoMessages, temperature: 0, max_tokens: 40 });
     const text = r.choices[0].message.content ?? '';
@@ -195,3 +203,30 @@ for (const name of ['qwen3', 'qwen35']) {
     assert.deepEqual(noIds(x.choices), noIds(y.choices));
   });
 }
+
+test('--spec mtp: drafts are verified like any others; a model without the head is refused', async () => {
+  for (const name of ['qwen35mtp', 'qwen35echo']) {
+    const r = await both(name, '/v1/chat/completions', { messages: echoMessages, temperature: 0, max_tokens: 32 });
+    const line = await logged(servers[name].spec, new RegExp(`request ${r.id} .* drafted=(\\d+) accepted=(\\d+)`));
+    assert.ok(Number(line[1]) > 0, line[0]);
+    assert.ok(Number(line[2]) <= Number(line[1]), line[0]);
+    // the echo head guesses the token it is given; the tied model repeats itself
+    if (name === 'qwen35echo') assert.ok(Number(line[2]) > 0, line[0]);
+    // per request: "spec": "mtp" on the plain server of the same model
+    const on = await post(servers[name].off, '/v1/chat/completions', { messages: echoMessages, temperature: 0,
+      max_tokens: 32, spec: 'mtp', spec_max: 2 });
+    assert.deepEqual(on.choices, r.choices);
+    assert.match((await logged(servers[name].off, new RegExp(`request ${on.id} [^\n]*`)))[0], / drafted=[1-9]/);
+  }
+  // "spec": "mtp" where the model has no head: a 400 naming why
+  const bad = await fetch(`${servers.qwen35.off.base}/v1/chat/completions`, { method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ messages: echoMessages, max_tokens: 4, spec: 'mtp' }) });
+  assert.equal(bad.status, 400);
+  assert.match(await bad.text(), /multi-token-prediction/);
+  // the server itself refuses --spec mtp on such a model
+  const r = spawnSync(bin, ['serve', '--model', models.qwen3, '--port', '0', '--spec', 'mtp'],
+    { encoding: 'utf8', timeout: 20000 });
+  assert.notEqual(r.status, 0);
+  assert.match(r.stderr, /--spec mtp: the model \(qwen3\) has no multi-token-prediction head/);
+});

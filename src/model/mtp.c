@@ -1,0 +1,85 @@
+/* The MTP head's session (mtp.h). */
+#include "model/mtp.h"
+
+#include "model/arch-qwen35.h"
+#include "model/model.h"
+
+#include "util/mem.h"
+#include "util/status.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct tern_mtp {
+    /* The head's view of the model: the same weights, tokenizer and thread pool, one
+     * attention layer, its own workspace and lock. Never loaded or unloaded: the main
+     * model owns everything it points at. */
+    struct tern_model m;
+    struct model_layer layer;
+    struct tern_session *s;
+};
+
+void tern_session_capture_hidden(struct tern_session *s, float *buf, uint32_t pos0) {
+    s->hidden_out = buf;
+    s->hidden_pos0 = pos0;
+}
+
+enum tern_status tern_mtp_new(const struct tern_session *main, struct tern_mtp **out) {
+    *out = NULL;
+    const struct tern_model *mm = main->m;
+    if (!mm->info.has_mtp)
+        return tern_errorf(TERN_ERR_UNSUPPORTED, "mtp: model '%s' (%s) has no MTP block (nextn_predict_layers and blk.N.nextn.* tensors)",
+                           mm->info.name ? mm->info.name : "?", mm->info.arch ? mm->info.arch : "?");
+    struct tern_mtp *h = tern_calloc(1, sizeof *h);
+    if (!h) return tern_errorf(TERN_ERR_NOMEM, "mtp: out of memory");
+    h->m = *mm;
+    memset(&h->m.ws, 0, sizeof h->m.ws);
+    pthread_mutex_init(&h->m.eval_mu, NULL);
+    h->m.arch = &tern_arch_qwen35_mtp;
+    h->layer = (struct model_layer){.kind = LAYER_ATTN, .n_kv_head = mm->hp.n_head_kv,
+                                    .head_dim_k = mm->hp.head_dim_k, .head_dim_v = mm->hp.head_dim_v};
+    h->m.n_layer = 1;
+    h->m.layers = &h->layer;
+    h->m.rec_bytes = 0;
+    h->m.info.n_layer = 1;
+    h->m.info.n_attn_layers = 1;
+    h->m.info.n_recurrent_layers = 0;
+    h->m.info.hybrid = false;
+    h->m.info.recurrent_bytes = 0;
+    const struct tern_session_params p = {.n_ctx = main->n_ctx, .kv_type = main->kv_type, .n_chunk = 64};
+    enum tern_status st = tern_session_new(&h->m, &p, &h->s);
+    if (st) {
+        tern_mtp_free(h);
+        return st;
+    }
+    *out = h;
+    return TERN_OK;
+}
+
+void tern_mtp_free(struct tern_mtp *h) {
+    if (!h) return;
+    tern_session_free(h->s);
+    pthread_mutex_lock(&h->m.eval_mu);
+    model_ws_free(&h->m);
+    pthread_mutex_unlock(&h->m.eval_mu);
+    pthread_mutex_destroy(&h->m.eval_mu);
+    free(h);
+}
+
+enum tern_status tern_mtp_eval(struct tern_mtp *h, const float *hidden, const int32_t *toks, uint32_t n,
+                               float *logits_all, float *h_out) {
+    struct tern_session *s = h->s;
+    s->hidden_in = hidden;
+    s->hidden_out = h_out;
+    s->hidden_pos0 = s->n_past;
+    const struct tern_eval_opts eo = {.logits_all = logits_all};
+    enum tern_status st = tern_session_eval(s, toks, n, &eo);
+    s->hidden_in = NULL;
+    s->hidden_out = NULL;
+    return st;
+}
+
+const float *tern_mtp_logits(const struct tern_mtp *h) { return tern_session_logits(h->s); }
+uint32_t tern_mtp_n_past(const struct tern_mtp *h) { return tern_session_n_past(h->s); }
+enum tern_status tern_mtp_rewind(struct tern_mtp *h, uint32_t p) { return tern_session_rewind(h->s, p); }
+uint64_t tern_mtp_hash(const struct tern_mtp *h) { return tern_session_hash(h->s); }
