@@ -7,3 +7,7 @@ tern_unit_test(test-gpu-model-lite ${CMAKE_SOURCE_DIR}/tests/unit/test-gpu-model
   ARGS lite LABELS vulkan TIMEOUT 600)
 # tern run --device: the GPU's greedy ids equal the CPU's; auto, TERN_DEVICE, errors.
 tern_script_test(gpu-cli ${CMAKE_SOURCE_DIR}/tests/e2e/gpu-cli.sh LABELS vulkan TIMEOUT 600)
+# Sessions on the Vulkan backend: resumed equals cold within the device (checkpoints, fork,
+# export/import, cancel, batches) on tiny-qwen3 and tiny-qwen35, F32 and Q8_0.
+tern_unit_test(test-gpu-session ${CMAKE_SOURCE_DIR}/tests/unit/test-gpu-session.c ${CMAKE_SOURCE_DIR}/tests/unit/exact.c
+  LABELS vulkan TIMEOUT 600)
