@@ -109,7 +109,8 @@ const char *tern_model_chat_template(const struct tern_model *m);
  *   TERN_ERR_UNSUPPORTED, so a hybrid session rewinds only to a checkpoint;
  * - a failure of the device (TERN_ERR_IO, "device lost") during an eval leaves the
  *   session unusable; later calls fail the same way.
- * Call it before any session of m exists (else TERN_ERR_STATE). Errors, m unchanged: no
+ * index -1 brings the model back to the CPU. Call it before any session of m exists
+ * (else TERN_ERR_STATE). Errors, m unchanged: no
  * Vulkan or no such device (TERN_ERR_UNSUPPORTED / TERN_ERR_IO, naming what is missing),
  * an architecture or weight type the backend lacks (TERN_ERR_UNSUPPORTED, naming the
  * tensor), device memory too small (TERN_ERR_NOMEM, with both sizes, checked before

@@ -13,8 +13,11 @@ enum tern_status tern_model_use_vulkan(struct tern_model *m, int index, uint32_t
     if (atomic_load(&m->n_sessions))
         return tern_errorf(TERN_ERR_STATE, "model: the device must be chosen before any session exists (%u do)",
                            (unsigned)atomic_load(&m->n_sessions));
+    if (index < 0) {
+        model_device_free(m); /* back to the CPU */
+        return TERN_OK;
+    }
     if (m->gpu) return tern_errorf(TERN_ERR_STATE, "model: already on %s", m->device);
-    if (index < 0) return tern_errorf(TERN_ERR_INVALID, "model: Vulkan device index %d", index);
     if (!n_chunk) n_chunk = TERN_DEFAULT_CHUNK;
     struct tern_vk *vk;
     enum tern_status st = tern_vk_open(index, &vk);
