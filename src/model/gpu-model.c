@@ -682,9 +682,13 @@ enum tern_status tern_gpu_eval(struct tern_gpu *g, struct tern_gpu_state *S, uin
     enum tern_status st = TERN_OK;
     /* the scratch is shared by every state: one chunk at a time */
     pthread_mutex_lock(&g->mu);
-    for (uint32_t i = 0; i < n && !st; i += n_chunk) {
-        const uint32_t c = n - i < n_chunk ? n - i : n_chunk;
-        const bool last = i + c == n;
+    for (uint32_t i = 0, c; i < n && !st; i += c) {
+        c = n - i < n_chunk ? n - i : n_chunk;
+        bool last = i + c == n;
+        /* Only the last token's logits: the chunk's other rows go without (eval_chunk
+         * projects every row it is given), the last token alone after them. The split
+         * changes no bits (chunk invariance) and saves n - 1 rows of the output matmul. */
+        if (last && logits && !logits_all && c > 1) c--, last = false;
         float *lg = logits_all ? logits + (size_t)i * nv : last ? logits : NULL;
         st = eval_chunk(g, S, pos0 + i, toks + i, c, lg, logits_all);
     }

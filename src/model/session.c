@@ -527,9 +527,18 @@ enum tern_status tern_eval_batch(const struct tern_batch_item *items, size_t n_i
         for (size_t i = 0; i < n_items && !st; i++) st = tern_session_reserve(items[i].s, items[i].n);
         for (size_t i = 0; i < n_items && !st; i++) {
             const struct tern_batch_item *it = &items[i];
-            const struct tern_eval_opts o = {.logits_all = it->logits_all};
-            if ((st = tern_session_eval(it->s, it->toks, it->n, &o))) break;
-            it->s->logits_valid = it->logits || it->logits_all;
+            struct tern_session *s = it->s;
+            if (it->logits || it->logits_all) {
+                const struct tern_eval_opts o = {.logits_all = it->logits_all};
+                if ((st = tern_session_eval(s, it->toks, it->n, &o))) break;
+                continue;
+            }
+            /* a prompt chunk before the last: no logits at all */
+            s->trail = NULL;
+            s->logits_valid = false;
+            if ((st = gpu_chunk(s, it->toks, it->n, NULL, false))) break;
+            memcpy(s->tokens + s->n_past, it->toks, it->n * sizeof *it->toks);
+            s->n_past += it->n;
         }
         return st;
     }

@@ -5,6 +5,7 @@
 // TERN_STATE_HASH=1, the same final state hash (resumed equals cold within the backend).
 // - multi-turn reuse: the second turn resumes (cached_tokens > 0);
 // - the hybrid resumes from a checkpoint when the client rewrote the reply;
+// - a restart resumes from the disk tier (--cache-dir): export and import on the device;
 // - a client that disconnects cancels its request; the engine stays consistent;
 // - $TERN_DEVICE chooses the device as --device does.
 // Skips (77) without a Vulkan device unless TERN_REQUIRE_VULKAN=1.
@@ -110,6 +111,39 @@ for (const arch of ['qwen3', 'qwen35']) {
     const cached = r2.usage.prompt_tokens_details.cached_tokens;
     assert.ok(cached > 0 && cached <= r1.usage.prompt_tokens, `cached ${cached}, the first prompt ${r1.usage.prompt_tokens}`);
     if (hybrid) assert.equal(r2.tern.reuse.tier, 'checkpoint', JSON.stringify(r2.tern.reuse));
+  });
+}
+
+async function metric(srv, name) {
+  const text = await (await fetch(`${srv.base}/metrics`)).text();
+  const m = text.match(new RegExp(`^${name} (\\d+)`, 'm'));
+  return m ? Number(m[1]) : 0;
+}
+
+for (const arch of ['qwen3', 'qwen35']) {
+  test(`${arch}: a restart resumes from the disk tier; resumed equals cold`, async () => {
+    const cacheDir = join(dir, `disk-${arch}`);
+    const args = ['--model', models[arch], '--device', 'vulkan:0', ...common, '--cache-dir', cacheDir];
+    let srv = await startServer(args, env);
+    try {
+      const key = { session_id: `disk-${arch}` };
+      const u1 = { role: 'user', content: 'Count to three.' };
+      const r1 = await chat(srv, { ...key, messages: [u1] });
+      for (let i = 0; i < 500 && (await metric(srv, 'tern_cache_disk_writes_total')) < 1; i++)
+        await new Promise((r) => setTimeout(r, 20));
+      assert.equal(await srv.stop(), 0);
+      srv = await startServer(args, env);
+      await logged(srv, /disk tier: .*: 1 conversations/);
+      const body = { ...key, messages: [u1, r1.choices[0].message, { role: 'user', content: 'Now to five.' }] };
+      const a = await chat(srv, body);
+      assert.equal(a.tern.reuse.tier, 'disk', JSON.stringify(a.tern.reuse));
+      assert.ok(a.usage.prompt_tokens_details.cached_tokens > 0);
+      const c = await chat(servers[arch].off, { messages: body.messages, cache_salt: `disk-cold-${arch}` });
+      assert.deepEqual(a.choices[0].message, c.choices[0].message, 'resumed output equals cold output');
+      assert.equal(await stateHash(srv, a.id), await stateHash(servers[arch].off, c.id), 'resumed state equals cold state');
+    } finally {
+      assert.equal(await srv.stop(), 0);
+    }
   });
 }
 
