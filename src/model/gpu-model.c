@@ -26,6 +26,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -658,15 +659,22 @@ static enum tern_status eval_chunk(struct tern_gpu *g, struct tern_gpu_state *S,
     enum tern_status st = tern_vk_upload(g->x, 0, g->host_x, (size_t)n * E * sizeof(float));
     if (!st && nr) st = tern_vk_upload(g->cs, 0, g->host_cs, (size_t)n * nr * sizeof(float));
     if (!st) st = tern_vk_begin(vk);
-    if (!st) st = g->qw ? record_qwen35(g, S, n, pos0) : record_llama(g, S, n, pos0);
+    if (st) return st;
+    st = g->qw ? record_qwen35(g, S, n, pos0) : record_llama(g, S, n, pos0);
     if (logits) {
         /* every row normed and projected: a row's logits do not depend on which are read */
         DO(tern_vk_rmsnorm(vk, g->x, g->out_norm, g->xb, n, E, hp->rms_eps));
         DO(tern_vk_matmul(vk, output->type, g->output, E, hp->n_vocab, g->xb, n, g->logits));
     }
     if (!st) st = tern_vk_end(vk);
-    else (void)tern_vk_end(vk);
-    if (st) return st;
+    else {
+        /* close the recording (a failed operation may have ended it already) and keep the
+         * failure's message, not tern_vk_end's */
+        char why[512];
+        snprintf(why, sizeof why, "%s", tern_last_error());
+        (void)tern_vk_end(vk);
+        return tern_errorf(st, "%s", why);
+    }
     if (!logits) return TERN_OK;
     const size_t nv = hp->n_vocab;
     if (logits_all) return tern_vk_download(g->logits, 0, logits, (size_t)n * nv * sizeof(float));

@@ -7,6 +7,7 @@
 // - the hybrid resumes from a checkpoint when the client rewrote the reply;
 // - a restart resumes from the disk tier (--cache-dir): export and import on the device;
 // - a client that disconnects cancels its request; the engine stays consistent;
+// - a lost device (TERN_TEST_VK_LOSE_AFTER) fails the request with 500, logged;
 // - $TERN_DEVICE chooses the device as --device does.
 // Skips (77) without a Vulkan device unless TERN_REQUIRE_VULKAN=1.
 import { test, before, after } from 'node:test';
@@ -168,4 +169,24 @@ test('a client that disconnects cancels its request; the engine stays consistent
   assert.ok(cancelled, 'the server noticed the disconnect');
   assert.deepEqual((await chat(srv, body)).choices[0].message, before, 'same greedy answer after a cancelled request');
   await both('qwen35', { session_id: 'after-cancel', messages: [{ role: 'user', content: 'Still exact?' }] });
+});
+
+test('a lost device fails the request with 500 and the server logs it', async () => {
+  const srv = await startServer(['--model', models.qwen3, '--device', 'vulkan:0', ...common],
+    { ...env, TERN_TEST_VK_LOSE_AFTER: '3' });
+  try {
+    const post = () => fetch(`${srv.base}/v1/chat/completions`, { method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ messages: [{ role: 'user', content: 'hello' }], max_tokens: 8, temperature: 0 }) });
+    const r = await post();
+    const j = await r.json();
+    assert.equal(r.status, 500, JSON.stringify(j));
+    assert.match(j.error.message, /device lost/);
+    await logged(srv, /tern error: session: the device failed at position \d+: vulkan: device lost/);
+    const r2 = await post(); // and every later one, naming the device
+    assert.equal(r2.status, 500);
+    assert.match((await r2.json()).error.message, /was lost/);
+  } finally {
+    assert.equal(await srv.stop(), 0);
+  }
 });
