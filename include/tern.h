@@ -95,6 +95,31 @@ const struct tern_tokenizer *tern_model_tokenizer(const struct tern_model *m);
 /* tokenizer.chat_template, or NULL when the file has none. Owned by the model. */
 const char *tern_model_chat_template(const struct tern_model *m);
 
+/* ---- devices (the Vulkan backend, docs/gpu.md) ------------------------------------ */
+
+/* Runs the model's sessions on Vulkan device `index` (as `tern devices` lists them): the
+ * weights are uploaded once and every session made afterwards keeps its KV cache and
+ * recurrent state on the device (allocated for its whole n_ctx when it is made); its
+ * chunks are evaluated there, one session at a time (the device's activations are
+ * shared), in chunks of at most n_chunk tokens (0 = TERN_DEFAULT_CHUNK). Every session
+ * call works on a device session, with these differences:
+ * - exactness holds within the device (chunking, batches, resume: bit for bit), not
+ *   across backends; a checkpoint is host memory, its bytes laid out as the CPU's;
+ * - tern_eval_batch evaluates its device items one session after another;
+ * - rec_trail (speculative verification on hybrid models) is refused with
+ *   TERN_ERR_UNSUPPORTED, so a hybrid session rewinds only to a checkpoint;
+ * - a failure of the device (TERN_ERR_IO, "device lost") during an eval leaves the
+ *   session unusable; later calls fail the same way.
+ * index -1 brings the model back to the CPU. Call it before any session of m exists
+ * (else TERN_ERR_STATE). Errors, m unchanged: no
+ * Vulkan or no such device (TERN_ERR_UNSUPPORTED / TERN_ERR_IO, naming what is missing),
+ * an architecture or weight type the backend lacks (TERN_ERR_UNSUPPORTED, naming the
+ * tensor), device memory too small (TERN_ERR_NOMEM, with both sizes, checked before
+ * allocating). */
+enum tern_status tern_model_use_vulkan(struct tern_model *m, int index, uint32_t n_chunk);
+/* "cpu", or "vulkan:N 'device name'". Owned by the model. */
+const char *tern_model_device(const struct tern_model *m);
+
 /* ---- sessions --------------------------------------------------------------------- */
 
 /* The default tokens per priming chunk (tern_session_params.n_chunk). */
@@ -122,7 +147,8 @@ uint32_t tern_session_n_ctx(const struct tern_session *s);
 /* Number of consumed tokens n, and the tokens T[0..n). */
 uint32_t tern_session_n_past(const struct tern_session *s);
 const int32_t *tern_session_tokens(const struct tern_session *s);
-/* Bytes of memory the session holds (tokens, logits, KV pages in use, recurrent state).
+/* Bytes of memory the session holds (tokens, logits, KV pages in use, recurrent state;
+ * on a device also its device state: the KV cache for n_ctx and the recurrent state).
  * The evaluation workspace (one chunk's activations) belongs to the model and is
  * shared by its sessions. */
 size_t tern_session_bytes(const struct tern_session *s);
@@ -243,12 +269,16 @@ uint64_t tern_state_layout(const struct tern_model *m, enum tern_kv_type kv);
 size_t tern_state_kv_row_bytes(const struct tern_model *m, enum tern_kv_type kv);
 /* Copies KV rows [p0, p1) (p1 <= n_past) to buf, in this order: attention layers
  * ascending, K then V, KV heads ascending, rows p0..p1 contiguous. buf holds
- * (p1 - p0) * tern_state_kv_row_bytes() bytes. */
-void tern_session_kv_export(const struct tern_session *s, uint32_t p0, uint32_t p1, void *buf);
+ * (p1 - p0) * tern_state_kv_row_bytes() bytes. Fails only on a device session (the
+ * download: TERN_ERR_IO); buf is then undefined. */
+enum tern_status tern_session_kv_export(const struct tern_session *s, uint32_t p0, uint32_t p1, void *buf);
 /* The reverse: fills rows [p0, p1) (p1 <= n_past) of an imported session from buf, an
- * export of buf_rows >= p1 - p0 rows starting at p0 (its first p1 - p0 rows per run). */
-void tern_session_kv_import(struct tern_session *s, uint32_t p0, uint32_t p1, const void *buf, uint32_t buf_rows);
-/* The recurrent state at n_past / a checkpoint's (recurrent_bytes; NULL when none). */
+ * export of buf_rows >= p1 - p0 rows starting at p0 (its first p1 - p0 rows per run).
+ * Fails only on a device session (the upload). */
+enum tern_status tern_session_kv_import(struct tern_session *s, uint32_t p0, uint32_t p1, const void *buf,
+                                        uint32_t buf_rows);
+/* The recurrent state at n_past / a checkpoint's (recurrent_bytes; NULL when none; a
+ * device session's is downloaded first, and NULL with the error set when that fails). */
 const void *tern_session_rec_data(const struct tern_session *s);
 const void *tern_checkpoint_data(const struct tern_checkpoint *c);
 /* A new session that has consumed toks[0..n) (ids checked against the vocabulary, n
@@ -269,7 +299,9 @@ struct tern_hash_component {
     uint64_t hash;  /* xxh3-64 of the component's bytes ([0, n) rows for KV) */
 };
 
-/* Fills up to cap components and returns how many there are in total. */
+/* Fills up to cap components and returns how many there are in total. A device
+ * session's bytes are downloaded and hashed as the CPU's are laid out; a download that
+ * fails is logged and its component hashes as 0. */
 size_t tern_session_hash_components(const struct tern_session *s, struct tern_hash_component *out,
                                     size_t cap);
 /* One hash over every component, in order. */

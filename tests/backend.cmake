@@ -7,3 +7,14 @@ tern_unit_test(test-gpu-model-lite ${CMAKE_SOURCE_DIR}/tests/unit/test-gpu-model
   ARGS lite LABELS vulkan TIMEOUT 600)
 # tern run --device: the GPU's greedy ids equal the CPU's; auto, TERN_DEVICE, errors.
 tern_script_test(gpu-cli ${CMAKE_SOURCE_DIR}/tests/e2e/gpu-cli.sh LABELS vulkan TIMEOUT 600)
+# Sessions on the Vulkan backend: resumed equals cold within the device (checkpoints, fork,
+# export/import, cancel, batches) on tiny-qwen3 and tiny-qwen35, F32 and Q8_0.
+tern_unit_test(test-gpu-session ${CMAKE_SOURCE_DIR}/tests/unit/test-gpu-session.c ${CMAKE_SOURCE_DIR}/tests/unit/exact.c
+  LABELS vulkan TIMEOUT 600)
+# The server with its sessions on the device (--device vulkan:0): multi-turn reuse, a hybrid
+# checkpoint, cancellation, resumed == cold state hashes against a cold server on the device.
+find_program(TERN_NODE node)
+if(TERN_NODE)
+  tern_script_test(server-device ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/device.test.mjs
+                   TIMEOUT 600 LABELS vulkan e2e)
+endif()

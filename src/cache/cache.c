@@ -453,7 +453,24 @@ static void inherit_checkpoints(struct entry *e, struct entry *o) {
 }
 
 static enum tern_status new_session(struct cache *c, struct tern_session **out) {
-    return tern_session_new(c->model, &c->p.session, out);
+    enum tern_status st = tern_session_new(c->model, &c->p.session, out);
+    /* On a device (tern_model_use_vulkan) the sessions' states may fill the device's memory
+     * before the RAM budget: parked sessions make room, least recently used first (kept
+     * on disk when there is a disk tier), until the new one fits or none is left. */
+    while (st == TERN_ERR_NOMEM && strcmp(tern_model_device(c->model), "cpu")) {
+        struct entry *victim = NULL;
+        for (struct entry *e = c->tail; e && !victim; e = e->prev)
+            if (!e->leased) victim = e;
+        if (!victim) break;
+        TERN_LOG_INFO("reuse: evicted session (key=%s, %u tokens, %zu bytes) for device memory (%s)",
+                      victim->key ? victim->key : "-", tern_session_n_past(victim->s), entry_bytes(victim),
+                      tern_last_error());
+        if (victim->disk_dirty) disk_park(c, victim);
+        entry_remove(c, victim);
+        STAT_ADD(c, evictions, 1);
+        st = tern_session_new(c->model, &c->p.session, out);
+    }
+    return st;
 }
 
 /* Re-reads prompt[0..r) into a fresh session (TERN_CKPT_REREAD=1: proves that a

@@ -937,13 +937,14 @@ enum tern_status disk_put(struct disk *d, const char *tenant, const char *key, u
     uint64_t no = 0;
     if (!st) st = put_block(d, fd, tblk, (size_t)l.tok_len, hdr_sum, no++);
     if (!st && d->rec_bytes) {
-        st = put_block(d, fd, tern_session_rec_data(s), d->rec_bytes, hdr_sum, no++);
+        const void *rec = tern_session_rec_data(s); /* NULL: a device's download failed */
+        st = rec ? put_block(d, fd, rec, d->rec_bytes, hdr_sum, no++) : TERN_ERR_IO;
         for (uint32_t i = 0; !st && i < n_ck; i++) st = put_block(d, fd, recs[i], d->rec_bytes, hdr_sum, no++);
     }
     for (uint32_t pg = 0; !st && pg < l.n_pages; pg++) {
         uint32_t rows = page_rows(n, pg);
-        tern_session_kv_export(s, pg * KV_BLOCK, pg * KV_BLOCK + rows, d->buf);
-        st = put_block(d, fd, d->buf, (size_t)rows * d->kv_row_bytes, hdr_sum, 1000000 + pg);
+        st = tern_session_kv_export(s, pg * KV_BLOCK, pg * KV_BLOCK + rows, d->buf);
+        if (!st) st = put_block(d, fd, d->buf, (size_t)rows * d->kv_row_bytes, hdr_sum, 1000000 + pg);
     }
     if (!st && fsync(fd)) st = tern_errorf(TERN_ERR_IO, "fsync: %s", strerror(errno));
     struct stat fst;
@@ -1109,7 +1110,7 @@ enum tern_status disk_load(struct disk *d, size_t idx, uint32_t r, const char *t
                        1000000 + pg, why, sizeof why))
             goto invalid;
         uint32_t p1 = r < pg * KV_BLOCK + rows ? r : pg * KV_BLOCK + rows;
-        tern_session_kv_import(s, pg * KV_BLOCK, p1, d->buf, rows);
+        if ((st = tern_session_kv_import(s, pg * KV_BLOCK, p1, d->buf, rows))) goto fail;
     }
     /* Checkpoints at or below r stay valid for the resumed conversation. */
     if (d->rec_bytes && hd.h.n_ckpt) {

@@ -35,6 +35,20 @@ int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf
 bool cli_parse_int(const char *s, long min, long max, long *out);
 bool cli_parse_float(const char *s, double min, double max, double *out);
 
+/* --device D (cpu, vulkan, vulkan:N, auto; NULL or "" = cpu), before the model is loaded
+ * (device.c): *out = -1 for the CPU, else a Vulkan device index; *is_auto when the choice
+ * may still fall back to the CPU. auto says on stderr which device it took and why.
+ * Returns 0, or the exit code of a bad value or of a Vulkan the user named and the
+ * machine lacks (the message names what is missing). */
+int cli_device_resolve(const char *cmd, const char *d, int *out, bool *is_auto);
+/* Puts the loaded model's sessions on Vulkan device *dev (nothing when -1), chunks of at
+ * most n_chunk tokens, and says so on stderr; with sp, one session of those parameters is
+ * made and freed to check that its state fits. A failure (an unsupported tensor, too
+ * little device memory: the message has the sizes) is the exit code 1 for a named
+ * device; for auto it is logged and *dev becomes -1 (the model back on the CPU). */
+int cli_device_use(const char *cmd, struct tern_model *m, int *dev, bool is_auto, uint32_t n_chunk,
+                   const struct tern_session_params *sp);
+
 
 /* `tern bench <what>`: benchmarks register themselves the same way. `tern bench` with
  * no subcommand (or options first) runs the one registered as "model". */

@@ -53,6 +53,8 @@ static void usage(FILE *out) {
             "  --spec off|ngram|mtp   speculative decoding by prompt lookup or the MTP head (default off;\n"
             "                         same output)\n"
             "  --spec-max N           tokens per draft, 1-32 (default 8)\n"
+            "  --device D             cpu (default; or $TERN_DEVICE), vulkan, vulkan:N or auto, as for\n"
+            "                         tern serve (--spec is CPU-only)\n"
             "  -h, --help             this help\n");
 }
 
@@ -198,7 +200,7 @@ static enum tern_status chat_turn(struct chat_state *cs) {
 
 int cli_chat_main(int argc, char **argv) {
     enum { O_MODEL = 256, O_SYSTEM, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_SEED, O_THREADS, O_CTX, O_TMPL, O_NOTHINK, O_CHAT,
-           O_CHUNK, O_KV, O_NOMMAP, O_MLOCK, O_SPEC, O_SPECMAX };
+           O_CHUNK, O_KV, O_NOMMAP, O_MLOCK, O_SPEC, O_SPECMAX, O_DEVICE };
     /* The names of tern run's options where they mean the same (tern run --chat
      * hands its arguments over unchanged). */
     static const struct option opts[] = {
@@ -212,7 +214,8 @@ int cli_chat_main(int argc, char **argv) {
         {"mlock", no_argument, 0, O_MLOCK},        {"chat-template", required_argument, 0, O_TMPL},
         {"no-think", no_argument, 0, O_NOTHINK},   {"chat", no_argument, 0, O_CHAT},
         {"spec", required_argument, 0, O_SPEC},    {"spec-max", required_argument, 0, O_SPECMAX},
-        {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
+        {"device", required_argument, 0, O_DEVICE}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     struct chat_state cs = {.max_tokens = 1024};
     struct tern_model_params mp;
@@ -229,6 +232,7 @@ int cli_chat_main(int argc, char **argv) {
                                          .repeat_penalty = 1.0f, .repeat_last_n = 64, .seed = tern_now_ns()};
     const char *model_path = NULL, *system = NULL, *tmpl = NULL;
     bool no_think = false;
+    const char *device = getenv("TERN_DEVICE");
     long v;
     double d;
     int c;
@@ -296,16 +300,33 @@ int cli_chat_main(int argc, char **argv) {
                 return cli_usage_error("chat", "--spec-max '%s' is not 1-%d", optarg, SPEC_MAX_DRAFT);
             cs.spec.max = (uint32_t)v;
             break;
+        case O_DEVICE: device = optarg; break;
         default: return cli_usage_error("chat", "unknown option '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc) return cli_usage_error("chat", "unexpected argument '%s'", argv[optind]);
     if (!model_path) return cli_usage_error("chat", "--model FILE is required");
+    int dev = -1;
+    bool dev_auto = false;
+    if ((c = cli_device_resolve("chat", device, &dev, &dev_auto))) return c;
+    if (dev >= 0 && cs.spec.mode != SPEC_OFF) {
+        if (!dev_auto) return cli_usage_error("chat", "--spec runs on the CPU only (leave out --device or use --device cpu)");
+        fprintf(stderr, "device: auto: the CPU (--spec runs on the CPU only)\n");
+        dev = -1;
+    }
     char *tsrc = NULL;
     size_t tlen = 0;
     if (tmpl && !(tsrc = slurp(tmpl, &tlen))) return cli_fail("chat", "cannot read --chat-template '%s'", tmpl);
     mp.path = model_path;
     enum tern_status st = tern_model_load(&mp, &cs.model);
+    /* the device's chunk: --chunk, at most 1024 (its scratch holds one chunk's activations
+     * and logits; the bits do not depend on it) */
+    const uint32_t dev_chunk = !cp.session.n_chunk ? TERN_DEFAULT_CHUNK : TERN_MIN(cp.session.n_chunk, 1024u);
+    if (!st && dev >= 0 && cli_device_use("chat", cs.model, &dev, dev_auto, dev_chunk, &cp.session)) {
+        free(tsrc);
+        tern_model_free(cs.model);
+        return 1;
+    }
     if (!st) st = chat_fmt_init(&cs.cf, cs.model, tsrc, tlen);
     free(tsrc);
     if (!st) {

@@ -182,47 +182,6 @@ static bool emit(struct out_text *o, bool final) {
     return stop;
 }
 
-/* --device, before the model is loaded: -1 = the CPU, else a Vulkan device index.
- * *is_auto: the choice may still fall back to the CPU (auto). Returns nonzero (the exit
- * code) on a bad value or a Vulkan the user asked for and the machine lacks. */
-static int resolve_device(const char *d, int *out, bool *is_auto) {
-    *out = -1;
-    *is_auto = false;
-    if (!d || !*d || !strcmp(d, "cpu")) return 0;
-    long idx = -1;
-    const bool any = !strcmp(d, "vulkan"), autod = !strcmp(d, "auto");
-    if (!any && !autod && (strncmp(d, "vulkan:", 7) || !cli_parse_int(d + 7, 0, 15, &idx)))
-        return cli_usage_error("run", "bad --device '%s' (cpu, vulkan, vulkan:N, auto)", d);
-    struct tern_vk_device_info devs[16];
-    uint32_t n = 0;
-    if (tern_vk_enumerate(devs, 16, &n)) {
-        if (autod) {
-            fprintf(stderr, "device: auto: the CPU (no Vulkan: %s)\n", tern_last_error());
-            return 0;
-        }
-        return cli_fail("run", "--device %s: %s", d, tern_last_error());
-    }
-    if (n > 16) n = 16;
-    if (idx >= 0) {
-        if ((uint32_t)idx >= n) return cli_fail("run", "--device %s: no such device (the loader sees %u; tern devices lists them)", d, n);
-        *out = (int)idx;
-        return 0;
-    }
-    const int pick = tern_vk_pick_auto(devs, n);
-    if (autod) {
-        *is_auto = true;
-        if (pick < 0) {
-            fprintf(stderr, "device: auto: the CPU (no discrete or integrated GPU; %u Vulkan device%s of other types, "
-                            "e.g. '%s' (%s), are used only when named: --device vulkan:0)\n",
-                    n, n == 1 ? "" : "s", devs[0].name, devs[0].type);
-            return 0;
-        }
-        fprintf(stderr, "device: auto: vulkan:%d '%s' (%s GPU)\n", pick, devs[pick].name, devs[pick].type);
-    }
-    *out = pick >= 0 ? pick : 0;
-    return 0;
-}
-
 /* The GPU's side of a run: the model on device dev, the prompt primed, then tokens
  * sampled and evaluated one at a time, as the CPU path's --spec off does (the sampler
  * sees the same history: prompt and generated tokens). */
@@ -437,7 +396,7 @@ static int run_main(int argc, char **argv) {
 
     int dev = -1;
     bool dev_auto = false;
-    if ((c = resolve_device(device, &dev, &dev_auto))) {
+    if ((c = cli_device_resolve("run", device, &dev, &dev_auto))) {
         free(oracle_ids);
         return c;
     }

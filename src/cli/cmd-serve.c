@@ -74,6 +74,11 @@ static void usage(FILE *out) {
             "                          MTP head (mtp: Qwen3.5 nextn) and verify the draft in one forward;\n"
             "                          output unchanged (default off; docs/spec.md)\n"
             "  --spec-max N            tokens per draft, 1-32 (default 8)\n"
+            "  --device D              where sessions run: cpu (default; or $TERN_DEVICE), vulkan (the\n"
+            "                          first GPU, else device 0), vulkan:N (see tern devices), auto (a\n"
+            "                          GPU when there is one and the model runs on it; says which and\n"
+            "                          why). On a device every session keeps its KV cache (--ctx-size\n"
+            "                          positions, allocated up front) and state there; --spec is CPU-only\n"
             "  --no-mmap / --mmap      read the weights into memory / map the file (default: read when\n"
             "                          the file takes at most half of the available memory, else map)\n"
             "  --mlock                 pin the weights in memory\n"
@@ -111,7 +116,8 @@ static char *read_text_file(const char *path, size_t *len) {
 static int cmd_serve(int argc, char **argv) {
     enum { O_HOST = 256, O_PORT, O_THREADS, O_CTX, O_KEY, O_QUEUE, O_BODY, O_TMPL, O_CHUNK, O_KV, O_RAM, O_PC,
            O_PCE, O_TURN, O_NOMMAP, O_MMAP, O_MLOCK, O_MODEL, O_PREDICT, O_PCHUNK, O_CDIR, O_CDISK, O_MAXTOK, O_MAXCONN,
-           O_PERIP, O_HDRTO, O_IDLETO, O_RAMKEY, O_SPEC, O_SPECMAX, O_PARALLEL, O_BATCHTOK, O_PSPECIAL };
+           O_PERIP, O_HDRTO, O_IDLETO, O_RAMKEY, O_SPEC, O_SPECMAX, O_PARALLEL, O_BATCHTOK, O_PSPECIAL,
+           O_DEVICE };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},       {"threads", required_argument, 0, O_THREADS},
@@ -130,6 +136,7 @@ static int cmd_serve(int argc, char **argv) {
         {"spec", required_argument, 0, O_SPEC},       {"spec-max", required_argument, 0, O_SPECMAX},
         {"parallel", required_argument, 0, O_PARALLEL}, {"batch-tokens", required_argument, 0, O_BATCHTOK},
         {"parse-special-in-content", no_argument, 0, O_PSPECIAL},
+        {"device", required_argument, 0, O_DEVICE},
         {0, 0, 0, 0},
     };
     const char *model_path = NULL, *tmpl_path = NULL;
@@ -155,6 +162,7 @@ static int cmd_serve(int argc, char **argv) {
     uint32_t spec_max = 0;
     uint32_t parallel = 0, batch_tokens = 0;
     bool parse_special_in_content = false;
+    const char *device = getenv("TERN_DEVICE");
     long v;
     int c;
     optind = 1;
@@ -292,11 +300,22 @@ static int cmd_serve(int argc, char **argv) {
         case O_NOMMAP: mmap_mode = 0; break;
         case O_MMAP: mmap_mode = 1; break;
         case O_MLOCK: mp.mlock = true; break;
+        case O_DEVICE: device = optarg; break;
         default:
             return cli_usage_error("serve", "unknown option '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc) return cli_usage_error("serve", "unexpected argument '%s'", argv[optind]);
+    int dev = -1;
+    bool dev_auto = false;
+    if ((c = cli_device_resolve("serve", device, &dev, &dev_auto))) return c;
+    if (dev >= 0 && spec != SPEC_OFF) {
+        /* a hybrid's draft verification needs the recurrent state trail, which the device
+         * sessions refuse; one rule for every model, as tern run has */
+        if (!dev_auto) return cli_usage_error("serve", "--spec runs on the CPU only (leave out --device or use --device cpu)");
+        fprintf(stderr, "device: auto: the CPU (--spec runs on the CPU only)\n");
+        dev = -1;
+    }
     cp.affinity = env_flag("TERN_AFFINITY", true);
     cp.pool = env_flag("TERN_REUSE_POOL", true);
     cp.ckpt_reread = env_flag("TERN_CKPT_REREAD", false);
@@ -358,6 +377,15 @@ static int cmd_serve(int argc, char **argv) {
     struct tern_model *model = NULL;
     struct srv_engine *eng = NULL;
     enum tern_status st = tern_model_load(&mp, &model);
+    /* the device's chunk: --chunk, at most 1024 (its scratch holds one chunk's activations
+     * and logits; the bits do not depend on it) */
+    const uint32_t dev_chunk = !cp.session.n_chunk ? TERN_DEFAULT_CHUNK : TERN_MIN(cp.session.n_chunk, 1024u);
+    if (!st && dev >= 0 && cli_device_use("serve", model, &dev, dev_auto, dev_chunk, &cp.session)) {
+        srv_stop(srv);
+        tern_model_free(model);
+        free(tmpl_src);
+        return 1;
+    }
     /* the cache's role map: which turn headers the chat template writes (server/chat.h) */
     if (!st) st = chat_role_map(tern_model_tokenizer(model), &cp);
     if (!st) {
@@ -389,8 +417,9 @@ static int cmd_serve(int argc, char **argv) {
         return rc;
     }
     const struct tern_model_info *mi = tern_model_info(model);
-    TERN_LOG_INFO("model %s loaded (%s, %u layers, %.1fM params%s); ready on http://%s:%d/v1", mi->name, mi->arch,
-                  mi->n_layer, (double)mi->n_params / 1e6, mi->hybrid ? ", hybrid" : "", sp.host, srv_port(srv));
+    TERN_LOG_INFO("model %s loaded (%s, %u layers, %.1fM params%s; sessions on %s); ready on http://%s:%d/v1",
+                  mi->name, mi->arch, mi->n_layer, (double)mi->n_params / 1e6, mi->hybrid ? ", hybrid" : "",
+                  tern_model_device(model), sp.host, srv_port(srv));
     srv_set_backend(srv, srv_engine_backend(eng));
 
     int sig = 0;

@@ -1,25 +1,77 @@
-/* Models on the GPU (the Vulkan backend, backend/vulkan.h): weights uploaded once, the KV
- * cache and recurrent state on the device, a chunk's forward pass recorded into one command
- * buffer. The llama, qwen2, qwen3, qwen3moe, qwen35 and qwen35moe architectures
- * (gpu-model.c), used by `tern bench` and `tern run --device`; the session features
- * (checkpoints, reuse, the server) still run on the CPU path only — docs/gpu.md says what
- * is left.
+/* Models on the GPU (the Vulkan backend, backend/vulkan.h): the llama, qwen2, qwen3,
+ * qwen3moe, qwen35 and qwen35moe architectures (gpu-model.c).
+ *
+ * Two objects. A `tern_gpu` holds what one model needs once on a device: its weights,
+ * uploaded in their own types, and one chunk's activations (the scratch every
+ * evaluation writes). A `tern_gpu_state` holds what one conversation owns: per attention
+ * layer the KV cache [n_kv_head][n_ctx][head_dim] (F16 or F32), per Gated DeltaNet layer
+ * its conv window [n_conv - 1][C] and state [n_v][d_k][d_v] (F32, the CPU's "conv" and
+ * "ssm" layouts, so a checkpoint's bytes read the same on both backends). Sessions of a
+ * model loaded for a device (tern_model_use_vulkan, session.c) each own a state; they
+ * share the tern_gpu, whose scratch makes evaluations run one at a time: every call
+ * below that touches the device takes the tern_gpu's lock (the Vulkan context is used
+ * by one thread at a time, vulkan.h), for one chunk's command buffer or one copy.
+ *
+ * `tern_gpu_model` (the first API, used by `tern bench --device` and `tern run --device`)
+ * is one tern_gpu with one state and a position.
  *
  * Exactness within the backend (DESIGN.md §7): every operation computes a token's
- * results from that token's rows alone, in one fixed order, so the logits do not depend
- * on the chunking (tested token by token against chunks of 7 and of the whole prompt). */
+ * results from that token's rows alone, in one fixed order, so the logits and the state
+ * do not depend on the chunking (tested token by token against chunks of 7 and of the
+ * whole prompt, and through sessions: tests/unit/test-gpu-session.c). */
 #ifndef TERN_MODEL_GPU_H
 #define TERN_MODEL_GPU_H
 
 #include "model/model.h"
 
 struct tern_vk;
+struct tern_gpu;
+struct tern_gpu_state;
 struct tern_gpu_model;
 
+/* Uploads m's weights to vk and sizes activations for chunks of n_chunk tokens. Errors:
+ * an architecture or weight type the backend lacks (TERN_ERR_UNSUPPORTED, naming it),
+ * device memory (TERN_ERR_NOMEM; the sizes are checked against the device's memory
+ * before anything is allocated, and the message has both). vk and m must outlive it. */
+enum tern_status tern_gpu_new(struct tern_vk *vk, const struct tern_model *m, uint32_t n_chunk, struct tern_gpu **out);
+void tern_gpu_free(struct tern_gpu *g);
+uint32_t tern_gpu_n_chunk(const struct tern_gpu *g);
+/* Device bytes of the weights and the scratch. */
+size_t tern_gpu_bytes(const struct tern_gpu *g);
+/* Device bytes of one state of n_ctx positions. */
+size_t tern_gpu_state_need(const struct tern_gpu *g, uint32_t n_ctx, bool f16_kv);
+
+/* A state of n_ctx positions at position 0 (recurrent parts zeroed). TERN_ERR_NOMEM when
+ * the device's memory (less what this tern_gpu's weights and states hold) is too small,
+ * the sizes in the message, before anything is allocated. */
+enum tern_status tern_gpu_state_new(struct tern_gpu *g, uint32_t n_ctx, bool f16_kv, struct tern_gpu_state **out);
+void tern_gpu_state_free(struct tern_gpu_state *st);
+size_t tern_gpu_state_bytes(const struct tern_gpu_state *st);
+
+/* Consumes toks[0..n) (ids already checked) at positions [pos0, pos0 + n), pos0 + n <=
+ * n_ctx, in chunks of n_chunk (0 or more than the tern_gpu's: the largest), and writes
+ * the last token's logits (or every token's, [n][n_vocab], when logits_all) unless
+ * logits is NULL. On error (a lost device: TERN_ERR_IO) the state is undefined. */
+enum tern_status tern_gpu_eval(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t pos0, const int32_t *toks,
+                               uint32_t n, uint32_t n_chunk, float *logits, bool logits_all);
+/* The recurrent parts to / from rec, laid out as the model's recurrent block
+ * (m->rec_bytes: each recurrent layer's buffers at its rec_offset). rec NULL on upload:
+ * zero. */
+enum tern_status tern_gpu_rec_download(struct tern_gpu *g, struct tern_gpu_state *st, void *rec);
+enum tern_status tern_gpu_rec_upload(struct tern_gpu *g, struct tern_gpu_state *st, const void *rec);
+/* Rows [p0, p1) of attention layer il's K (v false) or V cache, KV head by KV head, each
+ * head's rows contiguous: buf holds n_kv_head runs, run h at h * run_bytes, of (p1 - p0)
+ * rows of head_dim elements (2 bytes for an F16 cache, else 4). */
+enum tern_status tern_gpu_kv_download(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t il, bool v, uint32_t p0,
+                                      uint32_t p1, void *buf, size_t run_bytes);
+enum tern_status tern_gpu_kv_upload(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t il, bool v, uint32_t p0,
+                                    uint32_t p1, const void *buf, size_t run_bytes);
+
+/* ---- the standalone model: one tern_gpu, one state ---- */
+
 /* Uploads m's weights to vk and sizes a KV cache of n_ctx positions (F16 or F32) and
- * activations for chunks of n_chunk tokens. Errors: an architecture or weight type the
- * backend lacks (TERN_ERR_UNSUPPORTED, naming it), device memory (TERN_ERR_NOMEM). The
- * model must outlive the result. */
+ * activations for chunks of n_chunk tokens. Errors as tern_gpu_new's. The model must
+ * outlive the result. */
 enum tern_status tern_gpu_model_new(struct tern_vk *vk, const struct tern_model *m, uint32_t n_ctx, uint32_t n_chunk,
                                     bool f16_kv, struct tern_gpu_model **out);
 void tern_gpu_model_free(struct tern_gpu_model *g);

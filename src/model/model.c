@@ -451,6 +451,7 @@ fail:
 void tern_model_free(struct tern_model *m) {
     if (!m) return;
     model_ws_free(m);
+    model_device_free(m);
     if (m->arch && m->arch->unload) m->arch->unload(m);
     tern_threadpool_free(m->pool);
     tern_tokenizer_free(m->tok);

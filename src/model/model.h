@@ -48,6 +48,9 @@
 #define MODEL_MAX_ACT_KINDS 3
 
 struct tern_session;
+struct tern_vk;
+struct tern_gpu;
+struct tern_gpu_state;
 
 /* ---- the batch of one evaluation step ---------------------------------------------- *
  * Rows of several sessions evaluated together (DESIGN.md §8): every per-row operation
@@ -169,6 +172,12 @@ struct tern_model {
     uint32_t n_act_kinds;       /* distinct activation formats of the bound matrices */
     enum tern_dtype act_kinds[8];
     void *w;                    /* the architecture's weights struct */
+    /* tern_model_use_vulkan (device.c): the device and the weights on it; NULL on the CPU.
+     * Sessions made while gpu is set are device sessions. */
+    struct tern_vk *vk;
+    struct tern_gpu *gpu;
+    char device[300]; /* tern_model_device(): "" = "cpu" */
+    atomic_uint n_sessions; /* live sessions, so that the device is chosen before there are any */
 
     /* The workspace of an evaluation: one chunk's activations, shared by every session
      * of the model (evaluations take eval_mu, one at a time, as they share the pool),
@@ -225,6 +234,8 @@ enum tern_status model_layer_recurrent(struct tern_model *m, uint32_t il, const 
  * error it is unchanged. */
 enum tern_status model_ws_reserve(struct tern_model *m, uint32_t n_chunk);
 void model_ws_free(struct tern_model *m);
+/* Frees what tern_model_use_vulkan set up (device.c); a no-op on the CPU. */
+void model_device_free(struct tern_model *m);
 
 /* ---- session ----------------------------------------------------------------------- */
 
@@ -268,6 +279,11 @@ struct tern_session {
     float *hidden_out;
     const float *hidden_in;
     uint32_t hidden_pos0;
+    /* A device session (tern_model_use_vulkan): its KV cache and recurrent state on the
+     * device; kv pages stay empty. rec is then a host copy of the recurrent state, valid
+     * unless rec_stale (set by every eval, cleared by a download or an upload). */
+    struct tern_gpu_state *gpu;
+    bool rec_stale;
 };
 
 /* The layer il's recurrent buffer ib (zeroed at position 0). */

@@ -1,12 +1,19 @@
 /* Sessions: the state of one conversation (DESIGN.md §3) — tokens T[0..n), KV rows in
  * pages that grow with use, recurrent buffers — and the state operations: eval in
  * chunks, rewind, checkpoint/restore, fork, hashes. Everything here is generic over the
- * layer kinds a model declares; the per-architecture math is in arch-*.c. */
+ * layer kinds a model declares; the per-architecture math is in arch-*.c.
+ *
+ * A device session (the model on a Vulkan device, device.c) keeps the same token list,
+ * logits and host copy of the recurrent state (s->rec, refreshed lazily: rec_stale), but
+ * its KV rows and recurrent state live in a tern_gpu_state (model/gpu.h); each state
+ * operation below branches once on s->gpu and moves bytes to or from the device, laid
+ * out as the CPU's, so checkpoints, hashes and the disk tier read the same. */
 /* XXH3_state_t on the stack (streaming hashes over KV pages). */
 #define XXH_STATIC_LINKING_ONLY
 #include "model/model.h"
 
 #include "model/ctx-default.h"
+#include "model/gpu.h"
 
 #include "util/hash.h"
 #include "util/log.h"
@@ -133,7 +140,7 @@ static size_t page_bytes(const struct tern_session *s, const struct model_layer 
 static enum tern_status kv_grow(struct tern_session *s, uint32_t n) {
     TERN_ASSERT(n <= s->n_pages_cap);
     const uint32_t old = s->n_pages;
-    if (n <= old) return TERN_OK;
+    if (n <= old || s->gpu) return TERN_OK; /* a device session's cache is allocated whole */
     for (uint32_t il = 0; il < s->m->n_layer; il++) {
         const struct model_layer *L = &s->m->layers[il];
         if (L->kind != LAYER_ATTN) continue;
@@ -205,6 +212,7 @@ static enum tern_status session_alloc(struct tern_model *m, uint32_t n_ctx, enum
     struct tern_session *s = tern_calloc(1, sizeof *s);
     if (!s) return tern_errorf(TERN_ERR_NOMEM, "session: out of memory");
     s->m = m;
+    atomic_fetch_add(&m->n_sessions, 1); /* tern_session_free takes it back */
     s->n_ctx = n_ctx;
     s->kv_type = kv_type;
     s->n_chunk = n_chunk;
@@ -220,9 +228,14 @@ static enum tern_status session_alloc(struct tern_model *m, uint32_t n_ctx, enum
         s->kv[il].v_pages = tern_calloc(s->n_pages_cap, sizeof(void *));
         if (!s->kv[il].k_pages || !s->kv[il].v_pages) goto nomem;
     }
-    pthread_mutex_lock(&m->eval_mu);
-    enum tern_status st = model_ws_reserve(m, n_chunk);
-    pthread_mutex_unlock(&m->eval_mu);
+    enum tern_status st;
+    if (m->gpu) {
+        st = tern_gpu_state_new(m->gpu, n_ctx, kv_type == TERN_KV_F16, &s->gpu);
+    } else {
+        pthread_mutex_lock(&m->eval_mu);
+        st = model_ws_reserve(m, n_chunk);
+        pthread_mutex_unlock(&m->eval_mu);
+    }
     if (st) {
         tern_session_free(s);
         return st;
@@ -268,6 +281,8 @@ void tern_session_free(struct tern_session *s) {
     free(s->tokens);
     free(s->logits);
     tern_aligned_free(s->rec);
+    tern_gpu_state_free(s->gpu);
+    atomic_fetch_sub(&s->m->n_sessions, 1);
     free(s);
 }
 
@@ -286,7 +301,41 @@ size_t tern_session_bytes(const struct tern_session *s) {
         b += 2 * (size_t)s->n_pages_cap * sizeof(void *);
         b += (size_t)s->n_pages * (page_bytes(s, L, false) + page_bytes(s, L, true));
     }
+    if (s->gpu) b += tern_gpu_state_bytes(s->gpu);
     return b;
+}
+
+/* ---- device sessions ------------------------------------------------------------ */
+
+/* Brings s->rec up to date with the device's recurrent state. The host copy is a cache
+ * of the device's bytes, so a const session may refresh it. */
+static enum tern_status rec_sync(const struct tern_session *cs) {
+    struct tern_session *s = (struct tern_session *)(uintptr_t)cs;
+    if (!s->gpu || !s->rec_stale || !s->m->rec_bytes) return TERN_OK;
+    enum tern_status st = tern_gpu_rec_download(s->m->gpu, s->gpu, s->rec);
+    if (st) return tern_error_prefix(st, "session: downloading the recurrent state");
+    s->rec_stale = false;
+    return TERN_OK;
+}
+
+/* Sets the device's recurrent state (and the host copy) from rec (NULL: zero). */
+static enum tern_status rec_put(struct tern_session *s, const void *rec) {
+    if (!s->m->rec_bytes) return TERN_OK;
+    if (rec) memcpy(s->rec, rec, s->m->rec_bytes);
+    else memset(s->rec, 0, s->m->rec_bytes);
+    if (!s->gpu) return TERN_OK;
+    enum tern_status st = tern_gpu_rec_upload(s->m->gpu, s->gpu, s->rec);
+    if (st) return tern_error_prefix(st, "session: uploading the recurrent state");
+    s->rec_stale = false;
+    return TERN_OK;
+}
+
+/* One chunk on the device (the CPU's forward otherwise). */
+static enum tern_status gpu_chunk(struct tern_session *s, const int32_t *toks, uint32_t n, float *logits, bool all) {
+    s->rec_stale = true; /* also on failure: the device's state is then undefined */
+    enum tern_status st = tern_gpu_eval(s->m->gpu, s->gpu, s->n_past, toks, n, n, logits, all);
+    if (st) TERN_LOG_ERROR("session: the device failed at position %u: %s", s->n_past, tern_last_error());
+    return st;
 }
 
 /* ---- eval ----------------------------------------------------------------------- */
@@ -332,12 +381,18 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
     if (n_chunk > s->n_ctx) n_chunk = s->n_ctx;
     if (o->rec_trail && o->n_ckpt)
         return tern_errorf(TERN_ERR_INVALID, "session: an eval with a state trail takes no checkpoints");
+    if (o->rec_trail && m->rec_bytes && s->gpu)
+        return tern_errorf(TERN_ERR_UNSUPPORTED, "session: a recurrent state trail (speculative verification of a "
+                                                 "hybrid model) runs on the CPU only, not on %s", m->device);
     s->trail = NULL;
     const uint32_t pos0 = s->n_past;
 
-    pthread_mutex_lock(&m->eval_mu);
-    enum tern_status st = model_ws_reserve(m, n_chunk);
-    pthread_mutex_unlock(&m->eval_mu);
+    enum tern_status st = TERN_OK;
+    if (!s->gpu) {
+        pthread_mutex_lock(&m->eval_mu);
+        st = model_ws_reserve(m, n_chunk);
+        pthread_mutex_unlock(&m->eval_mu);
+    }
     if (!st) st = tokens_reserve(s, (size_t)s->n_past + n);
     if (!st) st = kv_grow(s, (uint32_t)((s->n_past + n + TERN_KV_PAGE - 1) / TERN_KV_PAGE));
     if (st) return st;
@@ -361,6 +416,22 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
         if (o->logits_all) logits = o->logits_all + done * n_vocab;
         else if (last) logits = s->logits;
         s->logits_valid = false;
+        if (s->gpu) {
+            /* tern_gpu_eval takes the device's lock for the chunk, as the CPU's takes eval_mu */
+            if ((st = gpu_chunk(s, toks + done, (uint32_t)len, logits, o->logits_all != NULL))) break;
+            memcpy(s->tokens + s->n_past, toks + done, len * sizeof *toks);
+            s->n_past += (uint32_t)len;
+            done += len;
+            if (last) {
+                if (o->logits_all) memcpy(s->logits, o->logits_all + (n - 1) * n_vocab, n_vocab * sizeof(float));
+                s->logits_valid = true;
+            }
+            if (o->progress && o->progress(o->user, done, n) && done < n) {
+                st = tern_errorf(TERN_ERR_CANCELLED, "session: evaluation cancelled after %zu of %zu tokens", done, n);
+                break;
+            }
+            continue;
+        }
         /* The workspace is borrowed for one chunk at a time (the callbacks run without
          * the lock, so they may use other sessions of the model). It only ever grows, so
          * what was reserved above still fits. */
@@ -439,10 +510,38 @@ enum tern_status tern_eval_batch(const struct tern_batch_item *items, size_t n_i
                 return tern_errorf(TERN_ERR_FORMAT,
                                    "session: batch item %zu: token id %d at index %u is outside the vocabulary [0, %u)",
                                    i, it->toks[t], t, n_vocab);
+        if (it->rec_trail && m->rec_bytes && m->gpu)
+            return tern_errorf(TERN_ERR_UNSUPPORTED, "session: batch item %zu: a recurrent state trail (speculative "
+                                                     "verification of a hybrid model) runs on the CPU only, not on %s",
+                               i, m->device);
         rows += it->n;
         n_want += it->logits_all ? it->n : it->logits;
     }
     if (rows > UINT32_MAX / 2) return tern_errorf(TERN_ERR_INVALID, "session: a batch of %zu rows", rows);
+    if (m->gpu) {
+        /* On a device the items are evaluated one session after another (correct first: a
+         * device step over several sessions' rows is issue 22's work); each one's bits are
+         * those of its own eval, which is what the batch promises. Only a device failure
+         * can stop it midway, leaving the items before it advanced. */
+        enum tern_status st = TERN_OK;
+        for (size_t i = 0; i < n_items && !st; i++) st = tern_session_reserve(items[i].s, items[i].n);
+        for (size_t i = 0; i < n_items && !st; i++) {
+            const struct tern_batch_item *it = &items[i];
+            struct tern_session *s = it->s;
+            if (it->logits || it->logits_all) {
+                const struct tern_eval_opts o = {.logits_all = it->logits_all};
+                if ((st = tern_session_eval(s, it->toks, it->n, &o))) break;
+                continue;
+            }
+            /* a prompt chunk before the last: no logits at all */
+            s->trail = NULL;
+            s->logits_valid = false;
+            if ((st = gpu_chunk(s, it->toks, it->n, NULL, false))) break;
+            memcpy(s->tokens + s->n_past, it->toks, it->n * sizeof *it->toks);
+            s->n_past += it->n;
+        }
+        return st;
+    }
     int32_t *toks = tern_malloc(rows * sizeof *toks);
     struct model_seq *seq = tern_malloc(n_items * sizeof *seq);
     enum tern_status st = toks && seq ? TERN_OK : tern_errorf(TERN_ERR_NOMEM, "session: out of memory for a batch");
@@ -537,6 +636,11 @@ enum tern_status tern_session_checkpoint(struct tern_session *s, struct tern_che
     c->pos = s->n_past;
     c->tok_hash = tokens_hash(s->tokens, s->n_past);
     c->n_bytes = s->m->rec_bytes;
+    enum tern_status st = rec_sync(s);
+    if (st) {
+        free(c);
+        return st;
+    }
     if (c->n_bytes) {
         c->data = tern_malloc(c->n_bytes);
         if (!c->data) {
@@ -566,7 +670,7 @@ static enum tern_status ckpt_check(const struct tern_session *s, const struct te
 enum tern_status tern_session_restore(struct tern_session *s, const struct tern_checkpoint *c) {
     enum tern_status st = ckpt_check(s, c, s->n_past);
     if (st) return st;
-    if (c->n_bytes) memcpy(s->rec, c->data, c->n_bytes);
+    if (c->n_bytes && (st = rec_put(s, c->data))) return st;
     s->trail = NULL;
     if (c->pos != s->n_past || c->n_bytes) s->logits_valid = false;
     s->n_past = c->pos;
@@ -577,6 +681,8 @@ enum tern_status tern_session_restore(struct tern_session *s, const struct tern_
 enum tern_status tern_session_checkpoint_update(struct tern_session *s, struct tern_checkpoint *c) {
     if (c->m != s->m || c->n_bytes != s->m->rec_bytes)
         return tern_errorf(TERN_ERR_INVALID, "session: the checkpoint was taken with another model");
+    enum tern_status st = rec_sync(s);
+    if (st) return st;
     c->pos = s->n_past;
     c->tok_hash = tokens_hash(s->tokens, s->n_past);
     if (c->n_bytes) memcpy(c->data, s->rec, c->n_bytes);
@@ -590,6 +696,32 @@ void tern_checkpoint_free(struct tern_checkpoint *c) {
     if (!c) return;
     free(c->data);
     free(c);
+}
+
+/* KV rows [0, p) of every attention layer from src's device state to dst's, through the
+ * host (a device-to-device copy would save the round trip: left for the speed work). */
+static enum tern_status gpu_fork_kv(const struct tern_session *src, struct tern_session *dst, uint32_t p) {
+    struct tern_model *m = src->m;
+    enum tern_status st = TERN_OK;
+    if (!p) return TERN_OK;
+    uint8_t *tmp = NULL;
+    for (uint32_t il = 0; il < m->n_layer && !st; il++) {
+        const struct model_layer *L = &m->layers[il];
+        if (L->kind != LAYER_ATTN) continue;
+        const size_t run = (size_t)p * head_row_bytes(src, L, false);
+        if (!tmp && !(tmp = tern_malloc(run * L->n_kv_head * 2 + 1)))
+            return tern_errorf(TERN_ERR_NOMEM, "session: out of memory forking %u positions", p);
+        for (int v = 0; v < 2 && !st; v++) {
+            st = tern_gpu_kv_download(m->gpu, src->gpu, il, v, 0, p, tmp, run);
+            if (!st) st = tern_gpu_kv_upload(m->gpu, dst->gpu, il, v, 0, p, tmp, run);
+        }
+        /* layers may differ in geometry: a fresh buffer for the next one */
+        free(tmp);
+        tmp = NULL;
+    }
+    free(tmp);
+    if (st) tern_error_prefix(st, "session: forking at %u on the device", p);
+    return st;
 }
 
 enum tern_status tern_session_fork(const struct tern_session *src, uint32_t p, const struct tern_checkpoint *ckpt,
@@ -615,7 +747,14 @@ enum tern_status tern_session_fork(const struct tern_session *src, uint32_t p, c
         return st;
     }
     if (p) memcpy(s->tokens, src->tokens, (size_t)p * sizeof *s->tokens);
-    for (uint32_t il = 0; il < s->m->n_layer; il++) {
+    if (s->gpu) {
+        if ((st = gpu_fork_kv(src, s, p)) || (!ckpt && (st = rec_sync(src))) ||
+            (st = rec_put(s, ckpt ? ckpt->data : src->rec))) {
+            tern_session_free(s);
+            return st;
+        }
+    }
+    for (uint32_t il = 0; il < s->m->n_layer && !s->gpu; il++) {
         const struct model_layer *L = &s->m->layers[il];
         if (L->kind != LAYER_ATTN) continue;
         for (int v = 0; v < 2; v++) {
@@ -630,7 +769,7 @@ enum tern_status tern_session_fork(const struct tern_session *src, uint32_t p, c
             }
         }
     }
-    if (s->m->rec_bytes) memcpy(s->rec, ckpt ? ckpt->data : src->rec, s->m->rec_bytes);
+    if (s->m->rec_bytes && !s->gpu) memcpy(s->rec, ckpt ? ckpt->data : src->rec, s->m->rec_bytes);
     s->n_past = p;
     if (p == src->n_past && src->logits_valid) {
         memcpy(s->logits, src->logits, (size_t)s->m->hp.n_vocab * sizeof(float));
@@ -642,7 +781,33 @@ enum tern_status tern_session_fork(const struct tern_session *src, uint32_t p, c
 
 /* ---- hashes --------------------------------------------------------------------- */
 
+/* A device session's rows [0, n) of layer il's K or V, downloaded head by head and hashed
+ * in the CPU's order (page by page, heads within a page), so that the stream of bytes is
+ * the one kv_hash hashes. 0 (logged) when the download fails. */
+static uint64_t gpu_kv_hash(const struct tern_session *s, uint32_t il, bool v) {
+    const struct model_layer *L = &s->m->layers[il];
+    const size_t hb = head_row_bytes(s, L, v), run = (size_t)s->n_past * hb;
+    uint8_t *tmp = tern_malloc(run * L->n_kv_head + 1);
+    enum tern_status st = tmp ? tern_gpu_kv_download(s->m->gpu, s->gpu, il, v, 0, s->n_past, tmp, run)
+                              : tern_errorf(TERN_ERR_NOMEM, "out of memory");
+    uint64_t h = 0;
+    if (!st) {
+        XXH3_state_t x;
+        XXH3_64bits_reset(&x);
+        for (uint32_t pos = 0; pos < s->n_past; pos += TERN_KV_PAGE) {
+            const uint32_t rows = s->n_past - pos < TERN_KV_PAGE ? s->n_past - pos : TERN_KV_PAGE;
+            for (uint32_t g = 0; g < L->n_kv_head; g++) XXH3_64bits_update(&x, tmp + g * run + pos * hb, rows * hb);
+        }
+        h = XXH3_64bits_digest(&x);
+    } else {
+        TERN_LOG_ERROR("session: state hash of blk.%u.%c: %s", il, v ? 'v' : 'k', tern_last_error());
+    }
+    free(tmp);
+    return h;
+}
+
 static uint64_t kv_hash(const struct tern_session *s, uint32_t il, bool v) {
+    if (s->gpu) return gpu_kv_hash(s, il, v);
     const struct model_layer *L = &s->m->layers[il];
     void *const *pages = v ? s->kv[il].v_pages : s->kv[il].k_pages;
     const size_t hb = head_row_bytes(s, L, v);
@@ -663,6 +828,8 @@ typedef void (*component_fn)(void *ctx, const char *name, uint64_t hash);
 
 static void each_component(const struct tern_session *s, component_fn fn, void *ctx) {
     char name[48];
+    const bool rec_ok = !rec_sync(s);
+    if (!rec_ok) TERN_LOG_ERROR("session: state hash: %s", tern_last_error());
     for (uint32_t il = 0; il < s->m->n_layer; il++) {
         const struct model_layer *L = &s->m->layers[il];
         if (L->kind == LAYER_ATTN) {
@@ -673,7 +840,7 @@ static void each_component(const struct tern_session *s, component_fn fn, void *
         } else {
             for (uint32_t b = 0; b < L->n_bufs; b++) {
                 snprintf(name, sizeof name, "blk.%u.%s", il, L->bufs[b].name);
-                fn(ctx, name, tern_hash64(s->rec + L->rec_offset + L->bufs[b].offset, L->bufs[b].bytes));
+                fn(ctx, name, rec_ok ? tern_hash64(s->rec + L->rec_offset + L->bufs[b].offset, L->bufs[b].bytes) : 0);
             }
         }
     }
@@ -726,12 +893,22 @@ size_t tern_state_kv_row_bytes(const struct tern_model *m, enum tern_kv_type kv)
 
 /* Copies rows [p0, p1) between the pages and buf in the export order (layer, K then V,
  * kv head, then rows); buf holds buf_rows >= p1 - p0 rows per (layer, K/V, head) run. */
-static void kv_walk(const struct tern_session *s, uint32_t p0, uint32_t p1, uint8_t *buf, bool to_pages,
-                    uint32_t buf_rows) {
+static enum tern_status kv_walk(const struct tern_session *s, uint32_t p0, uint32_t p1, uint8_t *buf, bool to_pages,
+                                uint32_t buf_rows) {
     for (uint32_t il = 0; il < s->m->n_layer; il++) {
         const struct model_layer *L = &s->m->layers[il];
         if (L->kind != LAYER_ATTN) continue;
-        for (int v = 0; v < 2; v++) {
+        for (int v = 0; v < 2 && s->gpu; v++) {
+            /* the device's cache holds each head's rows contiguously, as a run of buf does */
+            const size_t run = (size_t)buf_rows * head_row_bytes(s, L, v);
+            enum tern_status st = to_pages ? tern_gpu_kv_upload(s->m->gpu, s->gpu, il, v, p0, p1, buf, run)
+                                           : tern_gpu_kv_download(s->m->gpu, s->gpu, il, v, p0, p1, buf, run);
+            if (st)
+                return tern_error_prefix(st, "session: %s KV rows [%u, %u) of layer %u", to_pages ? "uploading" : "downloading",
+                                         p0, p1, il);
+            buf += run * L->n_kv_head;
+        }
+        for (int v = 0; v < 2 && !s->gpu; v++) {
             void **pages = v ? s->kv[il].v_pages : s->kv[il].k_pages;
             const size_t hb = head_row_bytes(s, L, v);
             for (uint32_t g = 0; g < L->n_kv_head; g++) {
@@ -750,19 +927,24 @@ static void kv_walk(const struct tern_session *s, uint32_t p0, uint32_t p1, uint
             }
         }
     }
+    return TERN_OK;
 }
 
-void tern_session_kv_export(const struct tern_session *s, uint32_t p0, uint32_t p1, void *buf) {
+enum tern_status tern_session_kv_export(const struct tern_session *s, uint32_t p0, uint32_t p1, void *buf) {
     TERN_ASSERT(p0 <= p1 && p1 <= s->n_past);
-    kv_walk(s, p0, p1, buf, false, p1 - p0);
+    return kv_walk(s, p0, p1, buf, false, p1 - p0);
 }
 
-void tern_session_kv_import(struct tern_session *s, uint32_t p0, uint32_t p1, const void *buf, uint32_t buf_rows) {
+enum tern_status tern_session_kv_import(struct tern_session *s, uint32_t p0, uint32_t p1, const void *buf,
+                                        uint32_t buf_rows) {
     TERN_ASSERT(p0 <= p1 && p1 <= s->n_past && buf_rows >= p1 - p0);
-    kv_walk(s, p0, p1, (uint8_t *)(uintptr_t)buf, true, buf_rows);
+    return kv_walk(s, p0, p1, (uint8_t *)(uintptr_t)buf, true, buf_rows);
 }
 
-const void *tern_session_rec_data(const struct tern_session *s) { return s->m->rec_bytes ? s->rec : NULL; }
+const void *tern_session_rec_data(const struct tern_session *s) {
+    if (!s->m->rec_bytes || rec_sync(s)) return NULL;
+    return s->rec;
+}
 
 const void *tern_checkpoint_data(const struct tern_checkpoint *c) { return c->n_bytes ? c->data : NULL; }
 
@@ -785,10 +967,7 @@ enum tern_status tern_session_import(struct tern_model *m, const struct tern_ses
     }
     if ((st = tokens_reserve(s, n ? n : 1)) || (st = kv_grow(s, (n + TERN_KV_PAGE - 1) / TERN_KV_PAGE))) goto fail;
     if (n) memcpy(s->tokens, toks, (size_t)n * sizeof *toks);
-    if (m->rec_bytes) {
-        if (rec) memcpy(s->rec, rec, m->rec_bytes);
-        else memset(s->rec, 0, m->rec_bytes);
-    }
+    if ((st = rec_put(s, rec))) goto fail;
     s->n_past = n;
     s->logits_valid = false;
     *out = s;

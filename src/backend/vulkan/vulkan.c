@@ -224,6 +224,9 @@ struct tern_vk {
     VkPipeline pipes[N_PIPES];
     bool recording;             /* inside tern_vk_begin / tern_vk_end */
     bool lost;
+    /* tests: $TERN_TEST_VK_LOSE_AFTER=N makes the device "lost" at its (N+1)-th submit, so
+     * that the engine's and the server's handling of a lost device can be exercised */
+    long lose_after, n_submits;
 };
 
 struct tern_vk_buf {
@@ -326,6 +329,8 @@ enum tern_status tern_vk_open(int index, struct tern_vk **out) {
     struct tern_vk *vk = tern_calloc(1, sizeof *vk);
     if (!vk) return tern_errorf(TERN_ERR_NOMEM, "vulkan: out of memory");
     vk->pd = pds[index];
+    const char *lose = getenv("TERN_TEST_VK_LOSE_AFTER");
+    if (lose && *lose) vk->lose_after = strtol(lose, NULL, 10);
     describe(vk->pd, &vk->info);
     p_vkGetPhysicalDeviceMemoryProperties(vk->pd, &vk->mem);
 
@@ -491,6 +496,10 @@ size_t tern_vk_buf_bytes(const struct tern_vk_buf *b) { return b->bytes; }
 /* Records one command into the context's buffer, submits it and waits. */
 static enum tern_status submit_begin(struct tern_vk *vk) {
     if (vk->lost) return tern_errorf(TERN_ERR_IO, "vulkan: the device '%s' was lost", vk->info.name);
+    if (vk->lose_after > 0 && ++vk->n_submits > vk->lose_after) {
+        vk->lost = true;
+        return tern_errorf(TERN_ERR_IO, "vulkan: device lost (TERN_TEST_VK_LOSE_AFTER=%ld submits)", vk->lose_after);
+    }
     const VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
                                          .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
     VkResult r = vk->f.vkResetCommandBuffer(vk->cmd, 0);

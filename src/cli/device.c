@@ -1,0 +1,68 @@
+/* --device cpu|vulkan[:N]|auto (or $TERN_DEVICE) for tern run, serve and chat: one
+ * resolver, so every command picks and explains a device the same way (docs/gpu.md). */
+#include "cli/cli.h"
+
+#include "backend/vulkan.h"
+
+#include <string.h>
+
+int cli_device_resolve(const char *cmd, const char *d, int *out, bool *is_auto) {
+    *out = -1;
+    *is_auto = false;
+    if (!d || !*d || !strcmp(d, "cpu")) return 0;
+    long idx = -1;
+    const bool any = !strcmp(d, "vulkan"), autod = !strcmp(d, "auto");
+    if (!any && !autod && (strncmp(d, "vulkan:", 7) || !cli_parse_int(d + 7, 0, 15, &idx)))
+        return cli_usage_error(cmd, "bad --device '%s' (cpu, vulkan, vulkan:N, auto)", d);
+    struct tern_vk_device_info devs[16];
+    uint32_t n = 0;
+    if (tern_vk_enumerate(devs, 16, &n)) {
+        if (autod) {
+            fprintf(stderr, "device: auto: the CPU (no Vulkan: %s)\n", tern_last_error());
+            return 0;
+        }
+        return cli_fail(cmd, "--device %s: %s", d, tern_last_error());
+    }
+    if (n > 16) n = 16;
+    if (idx >= 0) {
+        if ((uint32_t)idx >= n)
+            return cli_fail(cmd, "--device %s: no such device (the loader sees %u; tern devices lists them)", d, n);
+        *out = (int)idx;
+        return 0;
+    }
+    const int pick = tern_vk_pick_auto(devs, n);
+    if (autod) {
+        *is_auto = true;
+        if (pick < 0) {
+            fprintf(stderr, "device: auto: the CPU (no discrete or integrated GPU; %u Vulkan device%s of other types, "
+                            "e.g. '%s' (%s), are used only when named: --device vulkan:0)\n",
+                    n, n == 1 ? "" : "s", devs[0].name, devs[0].type);
+            return 0;
+        }
+        fprintf(stderr, "device: auto: vulkan:%d '%s' (%s GPU)\n", pick, devs[pick].name, devs[pick].type);
+    }
+    *out = pick >= 0 ? pick : 0;
+    return 0;
+}
+
+int cli_device_use(const char *cmd, struct tern_model *m, int *dev, bool is_auto, uint32_t n_chunk,
+                   const struct tern_session_params *sp) {
+    if (*dev < 0) return 0;
+    enum tern_status st = tern_model_use_vulkan(m, *dev, n_chunk);
+    if (!st && sp) {
+        /* one session's device state, made and freed now: a context too large for the
+         * device's memory is said at start (with the sizes), not at the first request */
+        struct tern_session *s = NULL;
+        st = tern_session_new(m, sp, &s);
+        tern_session_free(s);
+        if (st) (void)tern_model_use_vulkan(m, -1, 0);
+    }
+    if (!st) {
+        fprintf(stderr, "device: %s\n", tern_model_device(m));
+        return 0;
+    }
+    if (!is_auto) return cli_fail(cmd, "--device vulkan:%d: %s", *dev, tern_last_error());
+    fprintf(stderr, "device: auto: the CPU (%s)\n", tern_last_error());
+    *dev = -1;
+    return 0;
+}

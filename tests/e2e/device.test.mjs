@@ -1,0 +1,192 @@
+// The server with its sessions on a Vulkan device (--device vulkan:0, lavapipe in CI;
+// issue 21): a light twin of server-e2e and reuse-e2e on generated tiny qwen3
+// (attention-only) and qwen35 (hybrid) models. Every resumed request is compared with a
+// server on the same device that reuses nothing: the same greedy output and, with
+// TERN_STATE_HASH=1, the same final state hash (resumed equals cold within the backend).
+// - multi-turn reuse: the second turn resumes (cached_tokens > 0);
+// - the hybrid resumes from a checkpoint when the client rewrote the reply;
+// - a restart resumes from the disk tier (--cache-dir): export and import on the device;
+// - a client that disconnects cancels its request; the engine stays consistent;
+// - a lost device (TERN_TEST_VK_LOSE_AFTER) fails the request with 500, logged;
+// - $TERN_DEVICE chooses the device as --device does.
+// Skips (77) without a Vulkan device unless TERN_REQUIRE_VULKAN=1.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { join } from 'node:path';
+import { bin, logged, skip, startServer, stateHash, tmp } from '../clients/harness.mjs';
+
+const devs = spawnSync(bin, ['devices', '--json'], { encoding: 'utf8' });
+let info = {};
+try { info = JSON.parse(devs.stdout); } catch { /* below */ }
+if (!info.vulkan_built || !info.vulkan || info.vulkan.length === 0) {
+  const why = `no Vulkan device (${info.vulkan_built === false ? 'built without the Vulkan backend'
+    : info.vulkan_error || devs.stderr.trim() || 'none listed'})`;
+  if (process.env.TERN_REQUIRE_VULKAN === '1') {
+    console.log(`FAIL: ${why}`);
+    process.exit(1);
+  }
+  skip(why);
+}
+
+const dir = tmp();
+function makeModel(preset) {
+  const out = join(dir, `${preset}.gguf`);
+  const r = spawnSync(bin, ['mkmodel', '--preset', preset, '--n-layer', '4', '--out', out], { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`mkmodel ${preset}: ${r.stderr}`);
+  return out;
+}
+const models = { qwen35: makeModel('tiny-qwen35'), qwen3: makeModel('tiny-qwen3') };
+const common = ['--ctx-size', '1024', '--chunk', '32', '--parallel', '2'];
+const env = { TERN_STATE_HASH: '1', TERN_PREDICT: '0' };
+const offEnv = { ...env, TERN_AFFINITY: '0', TERN_REUSE_POOL: '0' };
+
+const servers = {};
+before(async () => {
+  for (const [arch, m] of Object.entries(models)) {
+    servers[arch] = {
+      on: await startServer(['--model', m, '--device', 'vulkan:0', ...common], env),
+      // the cold twin takes its device from the environment
+      off: await startServer(['--model', m, ...common, '--prompt-cache', '0'], { ...offEnv, TERN_DEVICE: 'vulkan:0' }),
+    };
+  }
+});
+after(async () => {
+  for (const s of Object.values(servers)) {
+    assert.equal(await s.on.stop(), 0);
+    assert.equal(await s.off.stop(), 0);
+  }
+});
+
+async function chat(srv, body) {
+  const r = await fetch(`${srv.base}/v1/chat/completions`, {
+    method: 'POST', headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ temperature: 0, max_tokens: 6, ...body }),
+  });
+  const json = await r.json();
+  assert.equal(r.status, 200, JSON.stringify(json));
+  return json;
+}
+
+let coldSeq = 0;
+// The same body to the reusing server and to the cold one: same output, same state.
+async function both(arch, body) {
+  const { on, off } = servers[arch];
+  const a = await chat(on, body);
+  const b = await chat(off, { ...body, session_id: undefined, cache_salt: `cold-${++coldSeq}` });
+  assert.equal(a.usage.prompt_tokens, b.usage.prompt_tokens, 'same prompt on both servers');
+  assert.deepEqual(a.choices[0].message, b.choices[0].message, 'resumed output equals cold output');
+  assert.equal(b.usage.prompt_tokens_details.cached_tokens, 0, 'the cold server reuses nothing');
+  assert.equal(await stateHash(on, a.id), await stateHash(off, b.id), 'resumed state equals cold state');
+  return a;
+}
+
+test('both servers run their sessions on the device', async () => {
+  for (const s of Object.values(servers)) {
+    await logged(s.on, /sessions on vulkan:0 /);
+    await logged(s.off, /sessions on vulkan:0 /);
+  }
+});
+
+for (const arch of ['qwen3', 'qwen35']) {
+  const hybrid = arch === 'qwen35';
+
+  test(`${arch}: the second turn resumes; resumed equals cold`, async () => {
+    const key = { session_id: `multi-${arch}` };
+    const u1 = { role: 'user', content: 'Name three prime numbers.' };
+    const r1 = await both(arch, { ...key, messages: [u1] });
+    assert.equal(r1.usage.prompt_tokens_details.cached_tokens, 0);
+    const u2 = { role: 'user', content: 'And two more.' };
+    const r2 = await both(arch, { ...key, messages: [u1, r1.choices[0].message, u2] });
+    const cached = r2.usage.prompt_tokens_details.cached_tokens;
+    assert.ok(cached > 0 && cached < r2.usage.prompt_tokens, `cached ${cached} of ${r2.usage.prompt_tokens}`);
+  });
+
+  test(`${arch}: a rewritten reply resumes ${hybrid ? 'from a checkpoint' : 'by rewinding'}; resumed equals cold`, async () => {
+    const key = { session_id: `rewrite-${arch}` };
+    const u1 = { role: 'user', content: 'Write a haiku about rivers.' };
+    const r1 = await both(arch, { ...key, messages: [u1] });
+    // the client sends back a reply other than the one generated
+    const r2 = await both(arch, { ...key, messages: [u1, { role: 'assistant', content: 'Water runs downhill.' },
+      { role: 'user', content: 'Another one.' }] });
+    const cached = r2.usage.prompt_tokens_details.cached_tokens;
+    assert.ok(cached > 0 && cached <= r1.usage.prompt_tokens, `cached ${cached}, the first prompt ${r1.usage.prompt_tokens}`);
+    if (hybrid) assert.equal(r2.tern.reuse.tier, 'checkpoint', JSON.stringify(r2.tern.reuse));
+  });
+}
+
+async function metric(srv, name) {
+  const text = await (await fetch(`${srv.base}/metrics`)).text();
+  const m = text.match(new RegExp(`^${name} (\\d+)`, 'm'));
+  return m ? Number(m[1]) : 0;
+}
+
+for (const arch of ['qwen3', 'qwen35']) {
+  test(`${arch}: a restart resumes from the disk tier; resumed equals cold`, async () => {
+    const cacheDir = join(dir, `disk-${arch}`);
+    const args = ['--model', models[arch], '--device', 'vulkan:0', ...common, '--cache-dir', cacheDir];
+    let srv = await startServer(args, env);
+    try {
+      const key = { session_id: `disk-${arch}` };
+      const u1 = { role: 'user', content: 'Count to three.' };
+      const r1 = await chat(srv, { ...key, messages: [u1] });
+      for (let i = 0; i < 500 && (await metric(srv, 'tern_cache_disk_writes_total')) < 1; i++)
+        await new Promise((r) => setTimeout(r, 20));
+      assert.equal(await srv.stop(), 0);
+      srv = await startServer(args, env);
+      await logged(srv, /disk tier: .*: 1 conversations/);
+      const body = { ...key, messages: [u1, r1.choices[0].message, { role: 'user', content: 'Now to five.' }] };
+      const a = await chat(srv, body);
+      assert.equal(a.tern.reuse.tier, 'disk', JSON.stringify(a.tern.reuse));
+      assert.ok(a.usage.prompt_tokens_details.cached_tokens > 0);
+      const c = await chat(servers[arch].off, { messages: body.messages, cache_salt: `disk-cold-${arch}` });
+      assert.deepEqual(a.choices[0].message, c.choices[0].message, 'resumed output equals cold output');
+      assert.equal(await stateHash(srv, a.id), await stateHash(servers[arch].off, c.id), 'resumed state equals cold state');
+    } finally {
+      assert.equal(await srv.stop(), 0);
+    }
+  });
+}
+
+test('a client that disconnects cancels its request; the engine stays consistent', async () => {
+  const srv = servers.qwen35.on;
+  const body = { messages: [{ role: 'user', content: 'Consistency check' }] };
+  const before = (await chat(srv, body)).choices[0].message;
+  const ctl = new AbortController();
+  const r = await fetch(srv.base + '/v1/chat/completions', {
+    method: 'POST', signal: ctl.signal, headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ messages: [{ role: 'user', content: 'go on forever' }], max_tokens: 100000, stream: true }),
+  });
+  const reader = r.body.getReader();
+  await reader.read(); // the stream has started
+  ctl.abort();
+  let cancelled = false;
+  for (let i = 0; i < 100 && !cancelled; i++) {
+    const met = await (await fetch(srv.base + '/metrics')).text();
+    cancelled = /^tern_requests_cancelled_total [1-9]/m.test(met);
+    if (!cancelled) await new Promise((res) => setTimeout(res, 100));
+  }
+  assert.ok(cancelled, 'the server noticed the disconnect');
+  assert.deepEqual((await chat(srv, body)).choices[0].message, before, 'same greedy answer after a cancelled request');
+  await both('qwen35', { session_id: 'after-cancel', messages: [{ role: 'user', content: 'Still exact?' }] });
+});
+
+test('a lost device fails the request with 500 and the server logs it', async () => {
+  const srv = await startServer(['--model', models.qwen3, '--device', 'vulkan:0', ...common],
+    { ...env, TERN_TEST_VK_LOSE_AFTER: '3' });
+  try {
+    const post = () => fetch(`${srv.base}/v1/chat/completions`, { method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ messages: [{ role: 'user', content: 'hello' }], max_tokens: 8, temperature: 0 }) });
+    const r = await post();
+    const j = await r.json();
+    assert.equal(r.status, 500, JSON.stringify(j));
+    assert.match(j.error.message, /device lost/);
+    await logged(srv, /tern error: session: the device failed at position \d+: vulkan: device lost/);
+    const r2 = await post(); // and every later one, naming the device
+    assert.equal(r2.status, 500);
+    assert.match((await r2.json()).error.message, /was lost/);
+  } finally {
+    assert.equal(await srv.stop(), 0);
+  }
+});

@@ -1,0 +1,381 @@
+/* Sessions on the Vulkan backend (tern_model_use_vulkan, session.c over model/gpu.h), on the
+ * kit's tiny-qwen3 (attention only) and tiny-qwen35 (hybrid), each in F32 and Q8_0:
+ * resumed equals cold, bit for bit, within the device (DESIGN.md §5, §7):
+ * - chunks of 1, 7, 64 and 512: every position's logits and the state hash identical;
+ * - a checkpoint taken during priming, then other tokens, then restore and the rest again:
+ *   the logits and the state hash of the cold run;
+ * - fork at p (the live end, and an earlier p: attention-only without a checkpoint, the
+ *   hybrid with the one taken at p) then the rest: the cold run's;
+ * - kv_export + the recurrent bytes -> tern_session_import + kv_import: the cold hash, and
+ *   the next token's logits;
+ * - a cancelled eval stops at a chunk boundary and the rest then gives the cold run's;
+ * - tern_eval_batch of two device sessions gives each its own eval's bits;
+ * - rewinding an attention-only session then re-reading equals cold; the hybrid refuses;
+ * - the checkpoint's and KV export's bytes are laid out as the CPU's (F32: the same values
+ *   within the backends' tolerance), so the disk tier reads the same on both;
+ * - what a device session cannot do is refused with a message: a recurrent state trail
+ *   (TERN_ERR_UNSUPPORTED), a device chosen after a session exists (TERN_ERR_STATE), a
+ *   context larger than the device's memory (TERN_ERR_NOMEM with the sizes).
+ * Skips (77) without a Vulkan device or the kit, unless TERN_REQUIRE_VULKAN=1 /
+ * TERN_REQUIRE_SHARED=1 make that a failure. Short prompts: lavapipe is slow. */
+#include "harness.h"
+#include "exact.h"
+
+#include "backend/vulkan.h"
+#include "tern.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N_TOK 72u /* the prompt: chunks of 64 split it, 512 does not */
+#define P_CUT 40u /* the checkpoint / fork / rewind position */
+
+static int dev = -1;
+
+static int setup(void **state) {
+    (void)state;
+    const char *req = getenv("TERN_REQUIRE_VULKAN");
+    const bool required = req && !strcmp(req, "1");
+    struct tern_vk_device_info d[8];
+    uint32_t n = 0;
+    if (!tern_vk_built() || tern_vk_enumerate(d, 8, &n)) {
+        printf("%s: no Vulkan device: %s\n", required ? "FAIL" : "SKIP",
+               tern_vk_built() ? tern_last_error() : "this build has no Vulkan backend (libvulkan-dev and glslc were absent)");
+        exit(required ? 1 : 77);
+    }
+    dev = tern_vk_pick_auto(d, n < 8 ? n : 8);
+    if (dev < 0) dev = 0;
+    return 0;
+}
+
+static struct tern_model *load(const char *rel, bool gpu) {
+    th_require_shared(rel);
+    struct tern_model_params mp;
+    tern_model_params_default(&mp);
+    mp.path = th_shared_path(rel);
+    mp.n_threads = 2;
+    struct tern_model *m = NULL;
+    if (tern_model_load(&mp, &m)) fail_msg("%s: %s", rel, tern_last_error());
+    if (gpu && tern_model_use_vulkan(m, dev, 64)) fail_msg("%s on vulkan:%d: %s", rel, dev, tern_last_error());
+    return m;
+}
+
+static struct tern_session *new_session(struct tern_model *m, enum tern_kv_type kv) {
+    struct tern_session_params sp;
+    tern_session_params_default(&sp);
+    sp.n_ctx = 256;
+    sp.kv_type = kv;
+    struct tern_session *s = NULL;
+    if (tern_session_new(m, &sp, &s)) fail_msg("session: %s", tern_last_error());
+    return s;
+}
+
+/* A session that has read toks[0..n) in chunks of chunk (0: token by token); every
+ * position's logits into l when set. */
+static struct tern_session *primed(struct tern_model *m, const int32_t *toks, size_t n, uint32_t chunk, float *l) {
+    const size_t nv = tern_model_info(m)->n_vocab;
+    struct tern_session *s = new_session(m, TERN_KV_F16);
+    if (chunk == 0) {
+        for (size_t i = 0; i < n; i++) {
+            struct tern_eval_opts o = {.n_chunk = 1, .logits_all = l ? l + i * nv : NULL};
+            assert_int_equal(tern_session_eval(s, toks + i, 1, &o), TERN_OK);
+        }
+    } else {
+        struct tern_eval_opts o = {.n_chunk = chunk, .logits_all = l};
+        assert_int_equal(tern_session_eval(s, toks, n, &o), TERN_OK);
+    }
+    assert_int_equal(tern_session_n_past(s), n);
+    return s;
+}
+
+static void keep_ckpt(void *user, struct tern_checkpoint *c) {
+    struct tern_checkpoint **slot = user;
+    tern_checkpoint_free(*slot);
+    *slot = c;
+}
+
+static int stop_after_first(void *user, size_t done, size_t total) {
+    (void)total;
+    *(size_t *)user = done;
+    return 1;
+}
+
+/* The logits after the last token equal row `row` of the cold run's. */
+static void assert_last_logits(const struct tern_session *s, const float *cold, size_t row, size_t nv) {
+    const float *l = tern_session_logits(s);
+    assert_non_null(l);
+    assert_memory_equal(l, cold + row * nv, nv * sizeof(float));
+}
+
+static void check_model(const char *rel) {
+    struct tern_model *m = load(rel, true);
+    const struct tern_model_info *info = tern_model_info(m);
+    const size_t nv = info->n_vocab;
+    const bool hybrid = info->hybrid;
+    assert_non_null(strstr(tern_model_device(m), "vulkan:"));
+    int32_t *toks = tx_prompt(N_TOK + 1), other[24];
+    for (size_t i = 0; i <= N_TOK; i++) toks[i] %= (int32_t)nv;
+    for (size_t i = 0; i < 24; i++) other[i] = (int32_t)((toks[i] * 7 + 11) % (int32_t)nv);
+    const size_t lbytes = N_TOK * nv * sizeof(float);
+    float *cold = malloc(lbytes), *l = malloc(lbytes);
+
+    /* chunking: 512 (one chunk) is the cold reference */
+    struct tern_session *ref = primed(m, toks, N_TOK, 512, cold);
+    const uint64_t h = tern_session_hash(ref);
+    static const uint32_t chunks[] = {0, 1, 7, 64};
+    for (size_t i = 0; i < sizeof chunks / sizeof *chunks; i++) {
+        memset(l, 0, lbytes);
+        struct tern_session *s = primed(m, toks, N_TOK, chunks[i], l);
+        assert_memory_equal(l, cold, lbytes);
+        assert_true(tern_session_hash(s) == h);
+        tern_session_free(s);
+    }
+    printf("%-28s chunks 1/7/64/512 and token by token: logits and state hash %016llx identical\n", rel,
+           (unsigned long long)h);
+
+    /* a checkpoint taken during priming; other tokens; restore; the rest again */
+    struct tern_checkpoint *ck = NULL;
+    {
+        struct tern_session *s = new_session(m, TERN_KV_F16);
+        const uint32_t pos[] = {P_CUT};
+        struct tern_eval_opts o = {.n_chunk = 64, .ckpt_pos = pos, .n_ckpt = 1, .on_ckpt = keep_ckpt, .ckpt_user = &ck};
+        assert_int_equal(tern_session_eval(s, toks, N_TOK, &o), TERN_OK);
+        assert_non_null(ck);
+        assert_int_equal(tern_checkpoint_pos(ck), P_CUT);
+        assert_true(tern_session_hash(s) == h); /* taking it changed nothing */
+        assert_int_equal(tern_session_restore(s, ck), TERN_OK);
+        assert_int_equal(tern_session_eval(s, other, 24, NULL), TERN_OK); /* a diverging history */
+        assert_true(tern_session_hash(s) != h);
+        assert_int_equal(tern_session_restore(s, ck), TERN_OK); /* its tokens before P_CUT still match */
+        assert_int_equal(tern_session_n_past(s), P_CUT);
+        tern_session_free(s);
+        /* the same in a session whose tokens before P_CUT match */
+        s = primed(m, toks, P_CUT, 7, NULL);
+        assert_int_equal(tern_session_eval(s, other, 24, NULL), TERN_OK);
+        if (hybrid) assert_int_equal(tern_session_rewind(s, P_CUT), TERN_ERR_STATE);
+        assert_int_equal(tern_session_restore(s, ck), TERN_OK);
+        assert_int_equal(tern_session_n_past(s), P_CUT);
+        struct tern_eval_opts o2 = {.n_chunk = 5, .logits_all = l};
+        assert_int_equal(tern_session_eval(s, toks + P_CUT, N_TOK - P_CUT, &o2), TERN_OK);
+        assert_memory_equal(l, cold + P_CUT * nv, (N_TOK - P_CUT) * nv * sizeof(float));
+        assert_true(tern_session_hash(s) == h);
+        /* checkpoint_update retakes it at the end; restoring it changes nothing */
+        struct tern_checkpoint *c2 = NULL;
+        assert_int_equal(tern_session_checkpoint(s, &c2), TERN_OK);
+        assert_int_equal(tern_session_checkpoint_update(s, c2), TERN_OK);
+        assert_int_equal(tern_checkpoint_pos(c2), N_TOK);
+        assert_int_equal(tern_session_restore(s, c2), TERN_OK);
+        assert_true(tern_session_hash(s) == h);
+        tern_checkpoint_free(c2);
+        tern_session_free(s);
+    }
+
+    /* fork: at the live end (no checkpoint) and at P_CUT */
+    {
+        struct tern_session *f = NULL;
+        assert_int_equal(tern_session_fork(ref, N_TOK, NULL, &f), TERN_OK);
+        assert_true(tern_session_hash(f) == h);
+        assert_last_logits(f, cold, N_TOK - 1, nv);
+        tern_session_free(f);
+        if (hybrid) assert_int_equal(tern_session_fork(ref, P_CUT, NULL, &f), TERN_ERR_STATE);
+        assert_int_equal(tern_session_fork(ref, P_CUT, hybrid ? ck : NULL, &f), TERN_OK);
+        assert_int_equal(tern_session_n_past(f), P_CUT);
+        struct tern_eval_opts o = {.n_chunk = 64, .logits_all = l};
+        assert_int_equal(tern_session_eval(f, toks + P_CUT, N_TOK - P_CUT, &o), TERN_OK);
+        assert_memory_equal(l, cold + P_CUT * nv, (N_TOK - P_CUT) * nv * sizeof(float));
+        assert_true(tern_session_hash(f) == h);
+        tern_session_free(f);
+    }
+
+    /* rewind: attention-only models read the rest again */
+    if (!hybrid) {
+        struct tern_session *s = primed(m, toks, N_TOK, 64, NULL);
+        assert_int_equal(tern_session_rewind(s, P_CUT), TERN_OK);
+        assert_int_equal(tern_session_eval(s, toks + P_CUT, N_TOK - P_CUT, NULL), TERN_OK);
+        assert_true(tern_session_hash(s) == h);
+        assert_last_logits(s, cold, N_TOK - 1, nv);
+        tern_session_free(s);
+    }
+
+    /* the disk tier's path: export, import, the same state and the same next token */
+    {
+        const size_t rb = tern_state_kv_row_bytes(m, TERN_KV_F16);
+        uint8_t *kv = malloc(N_TOK * rb), *kv2 = malloc(N_TOK * rb);
+        assert_int_equal(tern_session_kv_export(ref, 0, N_TOK, kv), TERN_OK);
+        const void *rec = tern_session_rec_data(ref);
+        assert_true(hybrid ? rec != NULL : rec == NULL);
+        struct tern_session_params sp;
+        tern_session_params_default(&sp);
+        sp.n_ctx = 256;
+        struct tern_session *s = NULL;
+        assert_int_equal(tern_session_import(m, &sp, toks, N_TOK, rec, &s), TERN_OK);
+        /* in two pieces, as the disk tier's blocks */
+        assert_int_equal(tern_session_kv_import(s, 0, P_CUT, kv, N_TOK), TERN_OK);
+        assert_int_equal(tern_session_kv_export(ref, P_CUT, N_TOK, kv2), TERN_OK);
+        assert_int_equal(tern_session_kv_import(s, P_CUT, N_TOK, kv2, N_TOK - P_CUT), TERN_OK);
+        assert_true(tern_session_hash(s) == h);
+        assert_null(tern_session_logits(s));
+        if (hybrid) {
+            struct tern_checkpoint *ci = NULL;
+            assert_int_equal(tern_checkpoint_import(s, P_CUT, tern_checkpoint_data(ck), info->recurrent_bytes, &ci),
+                             TERN_OK);
+            assert_memory_equal(tern_checkpoint_data(ci), tern_checkpoint_data(ck), info->recurrent_bytes);
+            tern_checkpoint_free(ci);
+        }
+        float *a = malloc(nv * sizeof(float));
+        struct tern_session *r2 = NULL;
+        assert_int_equal(tern_session_fork(ref, N_TOK, NULL, &r2), TERN_OK);
+        assert_int_equal(tern_session_eval(r2, toks + N_TOK, 1, NULL), TERN_OK);
+        memcpy(a, tern_session_logits(r2), nv * sizeof(float));
+        assert_int_equal(tern_session_eval(s, toks + N_TOK, 1, NULL), TERN_OK);
+        assert_memory_equal(tern_session_logits(s), a, nv * sizeof(float));
+        assert_true(tern_session_hash(s) == tern_session_hash(r2));
+        free(a);
+        free(kv);
+        free(kv2);
+        tern_session_free(r2);
+        tern_session_free(s);
+    }
+
+    /* cancellation at a chunk boundary, then the rest */
+    {
+        struct tern_session *s = new_session(m, TERN_KV_F16);
+        size_t done = 0;
+        struct tern_eval_opts o = {.n_chunk = 16, .progress = stop_after_first, .user = &done};
+        assert_int_equal(tern_session_eval(s, toks, N_TOK, &o), TERN_ERR_CANCELLED);
+        assert_int_equal(done, 16);
+        assert_int_equal(tern_session_n_past(s), 16);
+        assert_int_equal(tern_session_eval(s, toks + 16, N_TOK - 16, NULL), TERN_OK);
+        assert_true(tern_session_hash(s) == h);
+        assert_last_logits(s, cold, N_TOK - 1, nv);
+        tern_session_free(s);
+    }
+
+    /* a batch of two device sessions: each gets its own eval's bits */
+    {
+        struct tern_session *a = primed(m, toks, P_CUT, 64, NULL), *b = new_session(m, TERN_KV_F16);
+        float *la = malloc((N_TOK - P_CUT) * nv * sizeof(float));
+        const struct tern_batch_item items[] = {
+            {.s = a, .toks = toks + P_CUT, .n = N_TOK - P_CUT, .logits_all = la},
+            {.s = b, .toks = toks, .n = N_TOK, .logits = true},
+        };
+        assert_int_equal(tern_eval_batch(items, 2), TERN_OK);
+        assert_memory_equal(la, cold + P_CUT * nv, (N_TOK - P_CUT) * nv * sizeof(float));
+        assert_true(tern_session_hash(a) == h && tern_session_hash(b) == h);
+        assert_last_logits(b, cold, N_TOK - 1, nv);
+        free(la);
+        tern_session_free(a);
+        tern_session_free(b);
+    }
+
+    /* refusals */
+    {
+        struct tern_session *s = new_session(m, TERN_KV_F16);
+        void *trail = malloc(4 * (info->recurrent_bytes + 1));
+        struct tern_eval_opts o = {.rec_trail = trail};
+        const enum tern_status st = tern_session_eval(s, toks, 4, &o);
+        if (hybrid) {
+            assert_int_equal(st, TERN_ERR_UNSUPPORTED);
+            assert_non_null(strstr(tern_last_error(), "CPU only"));
+            assert_int_equal(tern_session_n_past(s), 0);
+        } else {
+            assert_int_equal(st, TERN_OK); /* attention-only: no trail needed, rewind works */
+        }
+        free(trail);
+        assert_int_equal(tern_model_use_vulkan(m, dev, 64), TERN_ERR_STATE);
+        tern_session_free(s);
+        struct tern_session_params sp;
+        tern_session_params_default(&sp);
+        sp.n_ctx = 1u << 24;
+        sp.kv_type = TERN_KV_F32;
+        assert_int_equal(tern_session_new(m, &sp, &s), TERN_ERR_NOMEM);
+        assert_null(s);
+        assert_non_null(strstr(tern_last_error(), "MiB"));
+        printf("%-28s refused: %s\n", rel, tern_last_error());
+    }
+    printf("%-28s checkpoint/restore, fork, rewind, export/import, cancel, batch: equal to cold\n", rel);
+    tern_checkpoint_free(ck);
+    tern_session_free(ref);
+    free(cold);
+    free(l);
+    free(toks);
+    tern_model_free(m);
+}
+
+/* The device's checkpoint and KV bytes are laid out as the CPU's: on F32 weights and an
+ * F32 cache the same values, within the backends' parity (not bits). */
+static void check_layout(const char *rel) {
+    struct tern_model *mc = load(rel, false), *mg = load(rel, true);
+    const struct tern_model_info *info = tern_model_info(mc);
+    int32_t *toks = tx_prompt(P_CUT);
+    for (size_t i = 0; i < P_CUT; i++) toks[i] %= (int32_t)info->n_vocab;
+    struct tern_session *c = new_session(mc, TERN_KV_F32), *g = new_session(mg, TERN_KV_F32);
+    assert_int_equal(tern_session_eval(c, toks, P_CUT, NULL), TERN_OK);
+    assert_int_equal(tern_session_eval(g, toks, P_CUT, NULL), TERN_OK);
+    const size_t rb = tern_state_kv_row_bytes(mc, TERN_KV_F32);
+    assert_int_equal(rb, tern_state_kv_row_bytes(mg, TERN_KV_F32));
+    float *kc = malloc(P_CUT * rb), *kg = malloc(P_CUT * rb);
+    assert_int_equal(tern_session_kv_export(c, 0, P_CUT, kc), TERN_OK);
+    assert_int_equal(tern_session_kv_export(g, 0, P_CUT, kg), TERN_OK);
+    double worst = 0, mx = 0;
+    for (size_t i = 0; i < P_CUT * rb / sizeof(float); i++) {
+        worst = fmax(worst, fabs((double)kc[i] - kg[i]));
+        mx = fmax(mx, fabs(kc[i]));
+    }
+    printf("%-28s KV export: device vs CPU max diff %.2e (largest %.2f)\n", rel, worst, mx);
+    assert_true(mx > 0 && worst <= 1e-3 * mx);
+    if (info->hybrid) {
+        const float *rc = tern_session_rec_data(c), *rg = tern_session_rec_data(g);
+        assert_non_null(rc);
+        assert_non_null(rg);
+        worst = mx = 0;
+        for (size_t i = 0; i < info->recurrent_bytes / sizeof(float); i++) {
+            worst = fmax(worst, fabs((double)rc[i] - rg[i]));
+            mx = fmax(mx, fabs(rc[i]));
+        }
+        printf("%-28s recurrent state: device vs CPU max diff %.2e (largest %.2f)\n", rel, worst, mx);
+        assert_true(mx > 0 && worst <= 1e-3 * mx);
+    }
+    free(kc);
+    free(kg);
+    free(toks);
+    tern_session_free(c);
+    tern_session_free(g);
+    tern_model_free(mc);
+    tern_model_free(mg);
+}
+
+static void test_qwen3_f32(void **state) {
+    (void)state;
+    check_model("models/tiny-qwen3-f32.gguf");
+    check_layout("models/tiny-qwen3-f32.gguf");
+}
+
+static void test_qwen3_q8_0(void **state) {
+    (void)state;
+    check_model("models/tiny-qwen3-q8_0.gguf");
+}
+
+static void test_qwen35_f32(void **state) {
+    (void)state;
+    check_model("models/tiny-qwen35-f32.gguf");
+    check_layout("models/tiny-qwen35-f32.gguf");
+}
+
+static void test_qwen35_q8_0(void **state) {
+    (void)state;
+    check_model("models/tiny-qwen35-q8_0.gguf");
+}
+
+int main(void) {
+    th_require_shared("models/tiny-qwen3-f32.gguf");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_qwen3_f32),
+        cmocka_unit_test(test_qwen3_q8_0),
+        cmocka_unit_test(test_qwen35_f32),
+        cmocka_unit_test(test_qwen35_q8_0),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}
