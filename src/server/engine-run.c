@@ -417,7 +417,7 @@ bool engine_start(void *self, struct srv_job *j) {
      * others step (engine_step starts it when the write is done). */
     struct cache_ident ident = {.tenant = j->tenant ? j->tenant : "", .key = j->key};
     if (cache_write_pending(e->cache, &ident, j->prompt, j->n_prompt)) {
-        TERN_LOG_DEBUG("engine: %s waits for its conversation's disk write", j->id);
+        TERN_LOG_INFO("engine: %s waits for its conversation's disk write", j->id);
         r->phase = RQ_WAIT;
         run_append(e, r);
         return true;
