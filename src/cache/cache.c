@@ -628,7 +628,10 @@ enum tern_status cache_new(struct tern_model *m, const struct cache_params *p, s
                 return st;
             }
             disk_stats_update(c);
-            writer_start(c);
+            /* TERN_DISK_WRITER=0: the rollback, writes in the caller's thread as before */
+            const char *w = getenv("TERN_DISK_WRITER");
+            if (!(w && !strcmp(w, "0"))) writer_start(c);
+            else TERN_LOG_INFO("reuse: TERN_DISK_WRITER=0: the disk tier writes in the worker, between steps");
         }
     }
     *out = c;

@@ -371,6 +371,28 @@ static void test_write_fails(void **state) {
     signal(SIGXFSZ, SIG_DFL);
 }
 
+/* TERN_DISK_WRITER=0 (the rollback): written by the caller, before cache_release
+ * returns, with the same file. */
+static void test_rollback_switch(void **state) {
+    struct fixture *f = *state;
+    char dir[600];
+    fresh_dir(dir, sizeof dir, f, "sync");
+    setenv("TERN_DISK_WRITER", "0", 1);
+    struct cache *c = open_cache(f, dir, (size_t)1 << 30);
+    unsetenv("TERN_DISK_WRITER");
+    cache_test_hold_writes(c, true); /* no writer to hold */
+    request(c, "k", f->toks, N_TOK, NULL);
+    assert_int_equal(stats(c).disk_writes, 1);
+    struct cache_ident id = {.tenant = "t", .key = "k"};
+    assert_false(cache_write_pending(c, &id, f->toks, N_TOK + N_EXT));
+    cache_free(c);
+    c = open_cache(f, dir, (size_t)1 << 30);
+    struct cache_decision d;
+    assert_true(request(c, "k", f->toks, N_TOK + N_EXT, &d) == cold_hash(f, f->toks, N_TOK + N_EXT));
+    assert_int_equal(d.tier, CACHE_TIER_DISK);
+    cache_free(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_async_roundtrip, setup_q35),
@@ -380,6 +402,7 @@ int main(void) {
         cmocka_unit_test_setup(test_evict_pinned, setup_q35),
         cmocka_unit_test_setup(test_shutdown_inflight, setup_q35),
         cmocka_unit_test_setup(test_write_fails, setup_q35),
+        cmocka_unit_test_setup(test_rollback_switch, setup_q35),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tern_model_free(fx_q3.m);
