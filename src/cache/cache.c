@@ -298,7 +298,8 @@ static void *writer_main(void *arg) {
         c->w_busy = true;
         pthread_mutex_unlock(&c->wmu);
         struct entry *e = j->e;
-        enum tern_status st = disk_put_io(c->disk, c->wio, e->tenant, e->key, j->nonce, e->s, j->cks, j->kinds, j->n_cks);
+        enum tern_status st =
+            disk_put_io(c->disk, c->wio, e->tenant, e->key, j->nonce, e->s, j->cks, j->kinds, j->n_cks);
         disk_stats_update(c);
         pthread_mutex_lock(&c->wmu);
         write_outcome(c, e, st, st ? tern_last_error() : NULL);

@@ -372,7 +372,8 @@ static void run_append(struct srv_engine *e, struct eng_req *r) {
 static bool req_begin(struct srv_engine *e, struct eng_req *r) {
     struct srv_job *j = r->j;
     struct cache_ident ident = {.tenant = j->tenant ? j->tenant : "", .key = j->key};
-    enum tern_status st = cache_acquire_flags(e->cache, &ident, j->prompt, j->n_prompt, CACHE_ACQUIRE_NOWAIT, &r->lease);
+    enum tern_status st =
+        cache_acquire_flags(e->cache, &ident, j->prompt, j->n_prompt, CACHE_ACQUIRE_NOWAIT, &r->lease);
     if (st) {
         send_failure(j, st == TERN_ERR_NOMEM ? 503 : 500, "server_error", "cannot start the request: %s",
                      tern_last_error());
