@@ -42,7 +42,7 @@ echo "skipped tests: $(grep -c '(Skipped)' build-asan/ctest.log || true)"
 
 echo "== build (ThreadSanitizer: tern and the server's threaded tests) =="
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTERN_TSAN=ON "${cfg[@]}" >/dev/null
-cmake --build build-tsan -j"$jobs" --target tern test-server-http
+cmake --build build-tsan -j"$jobs" --target tern test-server-http test-disk-writer
 echo "== tests labelled tsan under ThreadSanitizer =="
 (cd build-tsan && ctest --output-on-failure -j"$jobs" -L tsan)
 echo "all tests passed (normal, ASan+UBSan, and the tsan subset under ThreadSanitizer)"

@@ -3,6 +3,10 @@ tern_unit_test(test-cache ${CMAKE_SOURCE_DIR}/tests/unit/test-cache.c TIMEOUT 90
 # The disk tier's format and index: restore == cold at every resume point, flipped bytes,
 # truncation, renamed files, another layout, the budget, two processes on one directory.
 tern_unit_test(test-disk ${CMAKE_SOURCE_DIR}/tests/unit/test-disk.c TIMEOUT 600)
+# The disk writer thread: async write == cold state, a resume that waits for the write in
+# flight, eviction and removal of a pinned entry, shutdown with writes queued, failing
+# writes logged once. Label tsan: scripts/test.sh runs it under ThreadSanitizer too.
+tern_unit_test(test-disk-writer ${CMAKE_SOURCE_DIR}/tests/unit/test-disk-writer.c TIMEOUT 900 LABELS tsan)
 # Reuse through HTTP: tiers, identities, checkpoints, resumed == cold (node's fetch).
 find_program(TERN_NODE node)
 if(TERN_NODE)

@@ -1,7 +1,8 @@
 /* The cache's internals, shared by cache.c (the pool, leases, the decision's effects)
  * and candidates.c (who may be resumed). Not part of the cache's interface: nothing
- * outside src/cache includes it. The cache is used from one thread (cache.h); only
- * `stats` is read from others, under stats_mu. */
+ * outside src/cache includes it. The cache is used from one thread (cache.h); `stats`
+ * is read from others, under stats_mu; the disk writer thread (cache.c) shares the
+ * write queue and the entries' pin state with it, under wmu. */
 #ifndef TERN_CACHE_IMPL_H
 #define TERN_CACHE_IMPL_H
 
@@ -18,6 +19,9 @@
 #define PROBE_RECENT 8
 /* Upper bound on the checkpoint plan of one request. */
 #define MAX_PLAN 64
+/* Writes queued for the disk writer thread; when full, the worker writes itself. */
+#define WRITE_QUEUE 4
+struct write_job;
 
 struct ckpt_entry {
     struct tern_checkpoint *ck; /* NULL on attention-only models: a position is enough */
@@ -43,7 +47,13 @@ struct entry {
      * its lifetime (resumed from disk: the file's), so its next park replaces it. */
     uint8_t disk_nonce[DISK_NONCE_BYTES];
     bool has_nonce;
-    bool disk_dirty;            /* changed since it was last written (or the write failed) */
+    bool disk_dirty;            /* changed since it was last written (or the write failed); (wmu)
+                                 * while pinned */
+    /* A write of this entry is queued or running (wmu): the writer thread reads its
+     * session and the checkpoints it was handed, so that nothing changes or frees them
+     * until it is done (the pinning rule, cache.c). */
+    bool pinned;
+    bool doomed;                /* (wmu) removed from the pool while pinned: the writer frees it */
     struct entry *prev, *next;  /* LRU list, head = most recent */
 };
 
@@ -63,7 +73,20 @@ struct cache {
     pthread_mutex_t stats_mu;
     struct cache_stats stats;
     struct disk *disk;          /* --cache-dir; NULL = off */
-    bool disk_failing;          /* the last write failed (logged once until one succeeds) */
+    /* The disk writer thread and its bounded queue (cache.c). */
+    pthread_mutex_t wmu;
+    pthread_cond_t wcv;         /* a job queued, or stop */
+    pthread_cond_t done_cv;     /* a write finished */
+    struct write_job *wq[WRITE_QUEUE];
+    size_t wq_head, wq_len;
+    bool w_busy;                /* a job taken off the queue is being written */
+    bool w_stop;
+    bool w_hold;                /* tests: queued writes wait (cache_test_hold_writes) */
+    bool writer_on;
+    pthread_t writer;
+    struct disk_io *wio;        /* the writer's lock descriptor and KV buffer */
+    bool disk_failing;          /* (wmu) the last write failed (logged once until one succeeds) */
+    bool skip_pinned;           /* scratch of a walk: pinned entries are not candidates */
 };
 
 #define STAT_ADD(c, field, v)                                                               \
@@ -72,6 +95,9 @@ struct cache {
         (c)->stats.field += (v);                                                            \
         pthread_mutex_unlock(&(c)->stats_mu);                                               \
     } while (0)
+
+/* Whether a write of e is queued or running (cache.c; the worker's view, under wmu). */
+bool cache_entry_pinned(struct cache *c, struct entry *e);
 
 /* Tenants and keys: NULL and "" are the same (the default tenant, no key). */
 static inline bool cache_same_str(const char *a, const char *b) {
@@ -103,7 +129,8 @@ size_t cache_candidates(struct cache *c, const struct cache_ident *id, const int
                         cache_candidate_fn visit, void *ctx);
 
 /* The disk tier's best candidate for id (nominated by the same rule, decided by the
- * stored token list); idx = -1 when none offers anything or the tier is off. */
+ * stored token list); idx = -1 when none offers anything or the tier is off. The caller
+ * holds disk_lock until it has loaded idx (the writer thread changes the index). */
 struct disk_choice {
     long idx;
     struct plan_resume res;

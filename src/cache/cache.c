@@ -22,6 +22,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 struct lease_priv {
     struct cache *c;
@@ -142,7 +143,12 @@ static void entry_remove(struct cache *c, struct entry *e) {
     }
     lru_unlink(c, e);
     c->n_entries--;
-    entry_free(e);
+    /* pinned: out of the pool now, freed by the writer when its write is done */
+    pthread_mutex_lock(&c->wmu);
+    const bool pinned = e->pinned;
+    if (pinned) e->doomed = true;
+    pthread_mutex_unlock(&c->wmu);
+    if (!pinned) entry_free(e);
 }
 
 /* ---- stats ------------------------------------------------------------------------ */
@@ -211,32 +217,241 @@ static void disk_stats_update(struct cache *c) {
     pthread_mutex_unlock(&c->stats_mu);
 }
 
-/* Writes a parked conversation (its session and checkpoints) to the disk tier. A failure
- * (disk full, a state larger than the budget) leaves the conversation in RAM only: the
- * server keeps serving and says why, once until a write succeeds again. */
-static void disk_park(struct cache *c, struct entry *e) {
-    if (!c->disk || e->predicted || e->leased || tern_session_n_past(e->s) == 0) return;
+/* ---- the disk writer ------------------------------------------------------------------
+ *
+ * A parked conversation is written by a thread of its own, so that the streams the
+ * worker batches do not pause for it (a long conversation is hundreds of MB). Nothing is
+ * copied: the entry is *pinned* while its write is queued or running, and the writer
+ * reads its session (tokens, KV rows [0, n), the recurrent state at n) and the
+ * checkpoints it was handed, straight from RAM.
+ *
+ * The pinning rule. A pinned entry's session and those checkpoints are read-only:
+ *   - reading them is allowed (a fork of its prefix, a prediction forked from it, the
+ *     candidate walk comparing its tokens): readers do not race with a reader;
+ *   - changing them waits for the write: a request that would resume the entry in place
+ *     (eval past n, or a rewind or a checkpoint restore below n, which overwrite rows and
+ *     the recurrent state; appending alone would leave rows < n as they are, but not the
+ *     recurrent state at n, which the writer reads too) waits until the write is done
+ *     (cache_write_pending, the engine defers only that request; cache_acquire itself
+ *     waits, bounded by CACHE_PIN_WAIT_MS, then leaves the entry alone);
+ *   - the budget treats it like a leased entry (neither it nor its checkpoints are
+ *     evicted; the pool is evicted again after the write);
+ *   - any other removal (lineage collapse, a newer copy from disk, TERN_REUSE_POOL=0)
+ *     takes it out of the pool at once and leaves the free to the writer (doomed);
+ *   - its checkpoints are not moved to another entry (that one could free them).
+ * A pinned entry is never leased: it is pinned only when parked, and a lease waits.
+ *
+ * Failures: a write that fails leaves the entry dirty (written again when evicted) and
+ * is logged once until a write succeeds, by the thread that wrote. The queue holds
+ * WRITE_QUEUE writes; when it is full the worker writes itself, as before the writer
+ * existed (the write-ahead bound holds: a crash loses at most the turns in flight). At
+ * cache_free the queued writes finish before anything is freed. */
+struct write_job {
+    struct entry *e;
     struct tern_checkpoint *cks[MAX_PLAN * 4];
     uint32_t kinds[MAX_PLAN * 4];
-    size_t n = 0;
-    for (size_t i = 0; i < e->n_ck && n < TERN_ARRAY_LEN(cks); i++) {
-        if (!e->ck[i].ck) continue;
-        kinds[n] = e->ck[i].kinds;
-        cks[n++] = e->ck[i].ck;
-    }
-    enum tern_status st = disk_put(c->disk, e->tenant, e->key, e->disk_nonce, &e->has_nonce, e->s, cks, kinds, n);
+    size_t n_cks;
+    uint8_t nonce[DISK_NONCE_BYTES];
+};
+
+bool cache_entry_pinned(struct cache *c, struct entry *e) {
+    pthread_mutex_lock(&c->wmu);
+    bool p = e->pinned;
+    pthread_mutex_unlock(&c->wmu);
+    return p;
+}
+
+/* The outcome of a write, under wmu: the entry's dirt and the once-until-it-works log. */
+static void write_outcome(struct cache *c, struct entry *e, enum tern_status st, const char *msg) {
     if (st) {
         e->disk_dirty = true;
         if (!c->disk_failing)
-            TERN_LOG_WARN("reuse: %s; the conversation stays in RAM only (logged once until a write succeeds)",
-                          tern_last_error());
+            TERN_LOG_WARN("reuse: %s; the conversation stays in RAM only (logged once until a write succeeds)", msg);
         c->disk_failing = true;
     } else {
         e->disk_dirty = false;
         if (c->disk_failing) TERN_LOG_INFO("reuse: the disk tier writes again");
         c->disk_failing = false;
     }
+}
+
+static void job_fill(struct write_job *j, struct entry *e) {
+    j->e = e;
+    j->n_cks = 0;
+    for (size_t i = 0; i < e->n_ck && j->n_cks < TERN_ARRAY_LEN(j->cks); i++) {
+        if (!e->ck[i].ck) continue;
+        j->kinds[j->n_cks] = e->ck[i].kinds;
+        j->cks[j->n_cks++] = e->ck[i].ck;
+    }
+    memcpy(j->nonce, e->disk_nonce, sizeof j->nonce);
+}
+
+static void *writer_main(void *arg) {
+    struct cache *c = arg;
+    pthread_mutex_lock(&c->wmu);
+    for (;;) {
+        while ((c->wq_len == 0 || c->w_hold) && !c->w_stop) pthread_cond_wait(&c->wcv, &c->wmu);
+        if (c->wq_len == 0) break; /* stopping, and every queued write is done */
+        struct write_job *j = c->wq[c->wq_head];
+        c->wq_head = (c->wq_head + 1) % WRITE_QUEUE;
+        c->wq_len--;
+        c->w_busy = true;
+        pthread_mutex_unlock(&c->wmu);
+        struct entry *e = j->e;
+        enum tern_status st =
+            disk_put_io(c->disk, c->wio, e->tenant, e->key, j->nonce, e->s, j->cks, j->kinds, j->n_cks);
+        disk_stats_update(c);
+        pthread_mutex_lock(&c->wmu);
+        write_outcome(c, e, st, st ? tern_last_error() : NULL);
+        e->pinned = false;
+        const bool doomed = e->doomed;
+        c->w_busy = false;
+        pthread_cond_broadcast(&c->done_cv);
+        pthread_mutex_unlock(&c->wmu);
+        if (doomed) {
+            entry_free(e);
+            malloc_trim(0);
+        }
+        free(j);
+        pthread_mutex_lock(&c->wmu);
+    }
+    pthread_mutex_unlock(&c->wmu);
+    return NULL;
+}
+
+/* Starts the writer (cache_new). On failure the worker writes itself. */
+static void writer_start(struct cache *c) {
+    if (disk_io_new(c->disk, &c->wio)) {
+        TERN_LOG_WARN("reuse: %s; the disk tier writes in the worker", tern_last_error());
+        return;
+    }
+    if (pthread_create(&c->writer, NULL, writer_main, c)) {
+        TERN_LOG_WARN("reuse: cannot start the disk writer thread; the disk tier writes in the worker");
+        disk_io_free(c->wio);
+        c->wio = NULL;
+        return;
+    }
+    c->writer_on = true;
+}
+
+/* Stops the writer after the queued writes (cache_free). */
+static void writer_stop(struct cache *c) {
+    if (!c->writer_on) return;
+    pthread_mutex_lock(&c->wmu);
+    c->w_stop = true;
+    pthread_cond_signal(&c->wcv);
+    pthread_mutex_unlock(&c->wmu);
+    pthread_join(c->writer, NULL);
+    c->writer_on = false;
+    disk_io_free(c->wio);
+    c->wio = NULL;
+}
+
+/* Writes a parked conversation (its session and checkpoints) to the disk tier: queued
+ * for the writer (the entry pinned), or, when the queue is full, here. A failure (disk
+ * full, a state larger than the budget) leaves the conversation in RAM only: the server
+ * keeps serving and says why, once until a write succeeds again. */
+static void disk_park(struct cache *c, struct entry *e) {
+    if (!c->disk || e->predicted || e->leased || tern_session_n_past(e->s) == 0) return;
+    if (cache_entry_pinned(c, e)) return; /* (its write is in flight) */
+    if (!e->key && !e->has_nonce) {
+        if (disk_nonce_new(e->disk_nonce)) {
+            pthread_mutex_lock(&c->wmu);
+            write_outcome(c, e, TERN_ERR_IO, tern_last_error());
+            pthread_mutex_unlock(&c->wmu);
+            return;
+        }
+        e->has_nonce = true;
+    }
+    struct write_job *j = c->writer_on ? tern_malloc(sizeof *j) : NULL;
+    if (j) {
+        job_fill(j, e);
+        pthread_mutex_lock(&c->wmu);
+        if (c->wq_len < WRITE_QUEUE) {
+            c->wq[(c->wq_head + c->wq_len) % WRITE_QUEUE] = j;
+            c->wq_len++;
+            e->pinned = true;
+            pthread_cond_signal(&c->wcv);
+            j = NULL;
+        }
+        pthread_mutex_unlock(&c->wmu);
+        if (!j) return;
+    }
+    /* the queue is full (or no writer): written here, as the worker always did */
+    struct write_job *sync = j ? j : tern_malloc(sizeof *sync);
+    enum tern_status st;
+    if (sync) {
+        job_fill(sync, e);
+        st = disk_put(c->disk, e->tenant, e->key, e->disk_nonce, &e->has_nonce, e->s, sync->cks, sync->kinds,
+                      sync->n_cks);
+        free(sync);
+    } else {
+        st = tern_errorf(TERN_ERR_NOMEM, "disk tier: out of memory for a write");
+    }
+    pthread_mutex_lock(&c->wmu);
+    write_outcome(c, e, st, st ? tern_last_error() : NULL);
+    pthread_mutex_unlock(&c->wmu);
     disk_stats_update(c);
+}
+
+/* True when e's disk copy is stale (under wmu: the writer sets it). */
+static bool entry_dirty(struct cache *c, struct entry *e) {
+    pthread_mutex_lock(&c->wmu);
+    bool d = e->disk_dirty;
+    pthread_mutex_unlock(&c->wmu);
+    return d;
+}
+
+static void set_dirty(struct cache *c, struct entry *e) {
+    pthread_mutex_lock(&c->wmu);
+    e->disk_dirty = true;
+    pthread_mutex_unlock(&c->wmu);
+}
+
+/* Waits until e's write is done or deadline (ns, tern_now_ns clock) passes. */
+static bool wait_unpinned(struct cache *c, struct entry *e, uint64_t deadline) {
+    pthread_mutex_lock(&c->wmu);
+    while (e->pinned) {
+        uint64_t now = tern_now_ns();
+        if (now >= deadline) break;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t left = deadline - now;
+        if (left > 100000000ull) left = 100000000ull; /* re-check the clock every 100 ms */
+        uint64_t t = (uint64_t)ts.tv_nsec + left;
+        ts.tv_sec += (time_t)(t / 1000000000ull);
+        ts.tv_nsec = (long)(t % 1000000000ull);
+        pthread_cond_timedwait(&c->done_cv, &c->wmu, &ts);
+    }
+    bool done = !e->pinned;
+    pthread_mutex_unlock(&c->wmu);
+    return done;
+}
+
+void cache_test_hold_writes(struct cache *c, bool hold) {
+    pthread_mutex_lock(&c->wmu);
+    c->w_hold = hold;
+    pthread_cond_broadcast(&c->wcv);
+    pthread_mutex_unlock(&c->wmu);
+}
+
+void cache_flush(struct cache *c) {
+    pthread_mutex_lock(&c->wmu);
+    while (c->wq_len || c->w_busy) pthread_cond_wait(&c->done_cv, &c->wmu);
+    pthread_mutex_unlock(&c->wmu);
+}
+
+void cache_wait_write(struct cache *c, unsigned ms) {
+    pthread_mutex_lock(&c->wmu);
+    if (c->wq_len || c->w_busy) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t t = (uint64_t)ts.tv_nsec + (uint64_t)ms * 1000000ull;
+        ts.tv_sec += (time_t)(t / 1000000000ull);
+        ts.tv_nsec = (long)(t % 1000000000ull);
+        pthread_cond_timedwait(&c->done_cv, &c->wmu, &ts);
+    }
+    pthread_mutex_unlock(&c->wmu);
 }
 
 /* ---- budget ------------------------------------------------------------------------ */
@@ -279,14 +494,15 @@ static void enforce_budget(struct cache *c, size_t extra) {
         struct entry *victim = NULL;
         /* a tenant over its share goes first (least recently used of its entries) */
         for (struct entry *e = c->tail; e && c->p.ram_per_tenant; e = e->prev) {
-            if (!e->leased && e != c->head && quota_bytes(c, e->tenant) > c->p.ram_per_tenant) {
+            if (!e->leased && e != c->head && quota_bytes(c, e->tenant) > c->p.ram_per_tenant &&
+                !cache_entry_pinned(c, e)) {
                 victim = e;
                 STAT_ADD(c, quota_evictions, 1);
                 break;
             }
         }
         for (struct entry *e = c->tail; e && !victim; e = e->prev) {
-            if (!e->leased && e != c->head) {
+            if (!e->leased && e != c->head && !cache_entry_pinned(c, e)) {
                 victim = e;
                 break;
             }
@@ -295,16 +511,18 @@ static void enforce_budget(struct cache *c, size_t extra) {
             TERN_LOG_INFO("reuse: evicted session (key=%s, %u tokens, %zu bytes) for the %zu MiB budget%s",
                           victim->key ? victim->key : "-", tern_session_n_past(victim->s), entry_bytes(victim),
                           budget >> 20, c->disk && !victim->predicted ? " (kept on disk)" : "");
-            /* written ahead when it was parked; again only if that write failed */
-            if (victim->disk_dirty) disk_park(c, victim);
+            /* written ahead when it was parked; again only if that write failed (queued:
+             * out of the pool now, freed when written) */
+            if (entry_dirty(c, victim)) disk_park(c, victim);
             entry_remove(c, victim);
             STAT_ADD(c, evictions, 1);
             freed = true;
             continue;
         }
-        /* Only the newest/leased entries are left: drop checkpoints, oldest first. */
+        /* Only the newest/leased/pinned entries are left: drop checkpoints, oldest first
+         * (never a pinned entry's: the writer reads them). */
         struct entry *e = c->tail;
-        while (e && e->n_ck == 0) e = e->prev;
+        while (e && (e->n_ck == 0 || cache_entry_pinned(c, e))) e = e->prev;
         if (!e) break;
         size_t oldest = 0;
         for (size_t i = 1; i < e->n_ck; i++)
@@ -392,6 +610,9 @@ enum tern_status cache_new(struct tern_model *m, const struct cache_params *p, s
     c->sep.bits = c->sep_bits;
     c->sep.n_vocab = n_vocab;
     pthread_mutex_init(&c->stats_mu, NULL);
+    pthread_mutex_init(&c->wmu, NULL);
+    pthread_cond_init(&c->wcv, NULL);
+    pthread_cond_init(&c->done_cv, NULL);
     if (p->disk_dir && *p->disk_dir) {
         if (!p->pool) {
             /* TERN_REUSE_POOL=0 keeps only the live session: nothing is parked, so nothing
@@ -408,6 +629,16 @@ enum tern_status cache_new(struct tern_model *m, const struct cache_params *p, s
                 return st;
             }
             disk_stats_update(c);
+            /* TERN_DISK_WRITER=0: the rollback, writes in the caller's thread as before */
+            const char *w = getenv("TERN_DISK_WRITER");
+            if (w && !strcmp(w, "0"))
+                TERN_LOG_INFO("reuse: TERN_DISK_WRITER=0: the disk tier writes in the worker, between steps");
+            else if (strcmp(tern_model_device(m), "cpu"))
+                /* a device session's rows are downloaded through the device's one queue,
+                 * which the worker's evaluations use: from the worker only */
+                TERN_LOG_INFO("reuse: sessions on %s: the disk tier writes in the worker, between steps",
+                              tern_model_device(m));
+            else writer_start(c);
         }
     }
     *out = c;
@@ -416,12 +647,16 @@ enum tern_status cache_new(struct tern_model *m, const struct cache_params *p, s
 
 void cache_free(struct cache *c) {
     if (!c) return;
+    writer_stop(c); /* the queued writes finish first: they read entries freed below */
     while (c->head) entry_remove(c, c->head);
     disk_free(c->disk);
     fp_free(&c->req_fp);
     free(c->turns);
     free(c->sep_bits);
     pthread_mutex_destroy(&c->stats_mu);
+    pthread_mutex_destroy(&c->wmu);
+    pthread_cond_destroy(&c->wcv);
+    pthread_cond_destroy(&c->done_cv);
     free(c);
 }
 
@@ -436,7 +671,8 @@ static long find_ck(const struct entry *e, uint32_t r) {
 
 /* Moves o's checkpoints that are valid for e (at or below their common prefix and e's
  * end, at a position e has none) into e. o is about to be removed. */
-static void inherit_checkpoints(struct entry *e, struct entry *o) {
+static void inherit_checkpoints(struct cache *c, struct entry *e, struct entry *o) {
+    if (cache_entry_pinned(c, o)) return; /* the writer reads them; they go with o */
     size_t lcp = plan_lcp(tern_session_tokens(o->s), tern_session_n_past(o->s), tern_session_tokens(e->s),
                           tern_session_n_past(e->s));
     for (size_t i = 0; i < o->n_ck;) {
@@ -489,7 +725,8 @@ static enum tern_status reread(struct cache *c, const int32_t *prompt, uint32_t 
 /* Restores the disk tier's candidate as a new entry positioned at its resume point,
  * with its checkpoints at or below it. RAM copies of the same conversation (older: the
  * file offered more) give way. On error nothing changed in RAM (a file that did not
- * verify is gone). */
+ * verify is gone). Called with disk_lock held (dc->idx was chosen under it): released
+ * once the file is loaded. */
 static enum tern_status disk_resume(struct cache *c, const struct cache_ident *id, const struct disk_choice *dc,
                                     struct entry **out, struct cache_decision *d) {
     const char *tenant = id->tenant ? id->tenant : "";
@@ -504,6 +741,7 @@ static enum tern_status disk_resume(struct cache *c, const struct cache_ident *i
     size_t n_cks = 0;
     const uint64_t t0 = tern_now_ns();
     enum tern_status st = disk_load(c->disk, (size_t)dc->idx, r, tenant, &s, &cks, &kinds, &n_cks);
+    disk_unlock(c->disk);
     disk_stats_update(c);
     if (st) return st;
     for (struct entry *o = c->head, *nx; o; o = nx) {
@@ -625,8 +863,14 @@ static void explain_decline(struct cache *c, const struct request_choice *ch, st
  * the request goes on with RAM or cold. */
 static bool resume_from_disk(struct cache *c, const struct cache_ident *id, const int32_t *prompt, size_t m,
                              uint32_t ram_r, struct cache_decision *d, struct entry **out, uint32_t *r) {
+    if (!c->disk) return false;
+    /* the index stays as it is from the choice to the load (disk_resume releases it) */
+    disk_lock(c->disk);
     struct disk_choice dc = cache_disk_best(c, id, prompt, m);
-    if (dc.idx < 0 || dc.res.r <= ram_r) return false;
+    if (dc.idx < 0 || dc.res.r <= ram_r) {
+        disk_unlock(c->disk);
+        return false;
+    }
     if (disk_resume(c, id, &dc, out, d)) {
         TERN_LOG_WARN("reuse: %s; resuming from RAM or cold instead", tern_last_error());
         return false;
@@ -675,7 +919,7 @@ static enum tern_status resume_in_place(struct cache *c, struct entry *e, const 
             /* ... except the kept prediction (the re-rendered history), which the
              * conversation's next prediction continues */
             if (o->keep && o->predicted) continue;
-            inherit_checkpoints(e, o);
+            inherit_checkpoints(c, e, o);
             entry_remove(c, o);
         }
     }
@@ -704,6 +948,26 @@ static enum tern_status resume_fork(struct cache *c, const struct cache_ident *i
     return TERN_OK;
 }
 
+/* Replace the conversation's own lineage when the request extends it entirely, when it
+ * reproduces every completed turn of it (only the last, open turn — the reply — differs:
+ * a retry, a re-rendered reply), or when identity nominated it (key, fingerprint) and the
+ * structure confirms it (at least FP_MIN_SHARED leading segments: a compaction or a
+ * template rewrite of the same conversation). Otherwise fork a copy. c->req_fp holds the
+ * request's fingerprint. */
+static bool resumes_in_place(struct cache *c, const struct candidate *best) {
+    const struct entry *src = best->e;
+    const struct plan_resume *res = &best->res;
+    return res->live || res->lcp >= src->fp.open_start ||
+           (by_identity(&best->nom) && fp_shared(&src->fp, &c->req_fp) >= FP_MIN_SHARED);
+}
+
+/* The request's choice when it would change an entry whose disk write is in flight
+ * (in place: rewind, restore, eval); a fork only reads it. */
+static struct entry *pinned_choice(struct cache *c, const struct candidate *best) {
+    if (!best->e || !resumes_in_place(c, best) || !cache_entry_pinned(c, best->e)) return NULL;
+    return best->e;
+}
+
 /* Resumes from the chosen RAM candidate: in place or a fork, and the tier it counts as. */
 static enum tern_status resume_from_ram(struct cache *c, const struct cache_ident *id, const struct candidate *best,
                                         const int32_t *prompt, struct cache_decision *d, struct entry **out) {
@@ -711,14 +975,7 @@ static enum tern_status resume_from_ram(struct cache *c, const struct cache_iden
     const struct plan_resume *res = &best->res;
     const uint32_t r = res->r;
     d->key_implicit = !d->key_explicit && best->nom.by_fp;
-    /* Replace the conversation's own lineage when the request extends it entirely, when
-     * it reproduces every completed turn of it (only the last, open turn — the reply —
-     * differs: a retry, a re-rendered reply), or when identity nominated it (key,
-     * fingerprint) and the structure confirms it (at least FP_MIN_SHARED leading
-     * segments: a compaction or a template rewrite of the same conversation).
-     * Otherwise fork a copy. */
-    bool in_place = res->live || res->lcp >= src->fp.open_start ||
-                    (by_identity(&best->nom) && fp_shared(&src->fp, &c->req_fp) >= FP_MIN_SHARED);
+    const bool in_place = resumes_in_place(c, best);
     long ck_i = find_ck(src, r);
     const struct tern_checkpoint *ck = (ck_i >= 0) ? src->ck[ck_i].ck : NULL;
     bool predicted = src->predicted || (ck_i >= 0 && (src->ck[ck_i].kinds & PLAN_CKPT_PREDICTED));
@@ -781,6 +1038,22 @@ static void plan_request(struct cache *c, struct lease_priv *lp, const int32_t *
 
 enum tern_status cache_acquire(struct cache *c, const struct cache_ident *id, const int32_t *prompt, size_t m,
                                struct cache_lease *out) {
+    return cache_acquire_flags(c, id, prompt, m, 0, out);
+}
+
+bool cache_write_pending(struct cache *c, const struct cache_ident *id, const int32_t *prompt, size_t m) {
+    if (!c->disk || m == 0) return false;
+    pthread_mutex_lock(&c->wmu);
+    const bool any = c->wq_len || c->w_busy;
+    pthread_mutex_unlock(&c->wmu);
+    if (!any || fp_compute(&c->sep, prompt, m, &c->req_fp) != TERN_OK) return false;
+    struct request_choice ch = {0};
+    cache_candidates(c, id, prompt, m, choose_for_request, &ch);
+    return pinned_choice(c, &ch.best) != NULL;
+}
+
+enum tern_status cache_acquire_flags(struct cache *c, const struct cache_ident *id, const int32_t *prompt, size_t m,
+                                     unsigned flags, struct cache_lease *out) {
     memset(out, 0, sizeof *out);
     if (m == 0) return tern_errorf(TERN_ERR_INVALID, "cache: empty prompt");
     struct lease_priv *lp = tern_calloc(1, sizeof *lp);
@@ -795,9 +1068,24 @@ enum tern_status cache_acquire(struct cache *c, const struct cache_ident *id, co
         free(lp);
         return st;
     }
-    /* candidates and decision */
-    struct request_choice ch = {0};
-    STAT_ADD(c, candidates, cache_candidates(c, id, prompt, m, choose_for_request, &ch));
+    /* candidates and decision; a choice whose disk write is in flight waits for it, or,
+     * past the bound (or with CACHE_ACQUIRE_NOWAIT), is left alone */
+    struct request_choice ch;
+    size_t n_compared;
+    for (int pass = 0;; pass++) {
+        ch = (struct request_choice){0};
+        n_compared = cache_candidates(c, id, prompt, m, choose_for_request, &ch);
+        struct entry *pe = pinned_choice(c, &ch.best);
+        if (!pe || c->skip_pinned) break;
+        if (!(flags & CACHE_ACQUIRE_NOWAIT) && pass < 4 &&
+            wait_unpinned(c, pe, tern_now_ns() + (uint64_t)CACHE_PIN_WAIT_MS * 1000000ull))
+            continue;
+        TERN_LOG_INFO("reuse: the conversation's disk write is still running; not resuming it (key=%s)",
+                      pe->key ? pe->key : "-");
+        c->skip_pinned = true;
+    }
+    c->skip_pinned = false;
+    STAT_ADD(c, candidates, n_compared);
     explain_decline(c, &ch, d);
     struct entry *e = NULL;
     uint32_t r = 0;
@@ -889,7 +1177,7 @@ void cache_release(struct cache *c, struct cache_lease *lease, bool ok) {
          * request was cancelled mid-prime. */
         if (fp_compute(&c->sep, tern_session_tokens(e->s), tern_session_n_past(e->s), &e->fp) != TERN_OK) e->fp.n = 0;
         /* Written ahead as it is parked, so that a crash loses at most the turn in flight. */
-        e->disk_dirty = true;
+        set_dirty(c, e);
         disk_park(c, e);
         if (!c->p.pool) {
             for (struct entry *o = c->head, *nx; o; o = nx) {

@@ -6,7 +6,8 @@
  * P[r..m) (passing the lease's checkpoint plan to tern_session_eval, whose checkpoints
  * go to cache_on_checkpoint), decodes, and then releases, which parks the session
  * under the request's key. The cache is used from the engine worker thread only
- * (its stats can be read from any thread). */
+ * (its stats can be read from any thread); with the disk tier it runs a writer thread of
+ * its own (cache_free waits for its queued writes). */
 #ifndef TERN_CACHE_H
 #define TERN_CACHE_H
 
@@ -110,6 +111,26 @@ void cache_free(struct cache *c);
  * On error no state is lost (the candidates stay parked). */
 enum tern_status cache_acquire(struct cache *c, const struct cache_ident *id, const int32_t *prompt,
                                size_t m, struct cache_lease *out);
+/* The disk tier writes parked conversations on a thread of its own (cache.c: the
+ * pinning rule). A request that would resume a conversation in place while its write is
+ * queued or running waits for the write: cache_acquire waits in the caller's thread, at
+ * most CACHE_PIN_WAIT_MS, then leaves that conversation alone (reads from elsewhere or
+ * cold). A caller that must not wait (the engine: other streams run in its thread) asks
+ * cache_write_pending first and keeps only that request back until it is false, then
+ * calls cache_acquire_flags with CACHE_ACQUIRE_NOWAIT. */
+#define CACHE_PIN_WAIT_MS 30000u
+enum { CACHE_ACQUIRE_NOWAIT = 1u << 0 };
+enum tern_status cache_acquire_flags(struct cache *c, const struct cache_ident *id, const int32_t *prompt,
+                                     size_t m, unsigned flags, struct cache_lease *out);
+bool cache_write_pending(struct cache *c, const struct cache_ident *id, const int32_t *prompt, size_t m);
+/* Waits for every queued disk write (tests, benchmarks). */
+void cache_flush(struct cache *c);
+/* Waits until a disk write finishes, at most ms (returns at once when none is queued). */
+void cache_wait_write(struct cache *c, unsigned ms);
+/* Tests only: while held, queued disk writes wait (a write "in flight" for as long as a
+ * test needs); cache_free writes them anyway. */
+void cache_test_hold_writes(struct cache *c, bool hold);
+
 /* tern_eval_opts.on_ckpt target (ckpt_user = the lease). */
 void cache_on_checkpoint(void *lease, struct tern_checkpoint *ckpt);
 /* Parks the session (prompt + generated tokens) under the request's key. ok = false

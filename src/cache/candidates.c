@@ -47,7 +47,8 @@ size_t cache_candidates(struct cache *c, const struct cache_ident *id, const int
     size_t n_probe = 0, n_compared = 0;
     for (struct entry *e = c->head; e; e = e->next) {
         struct candidate cand = {.e = e};
-        if (e->leased || !nominate(c, e->tenant, e->key, &e->fp, id, &n_probe, &cand.nom)) continue;
+        if (e->leased || (c->skip_pinned && cache_entry_pinned(c, e))) continue;
+        if (!nominate(c, e->tenant, e->key, &e->fp, id, &n_probe, &cand.nom)) continue;
         cand.res = evaluate(c, e, toks, n);
         n_compared++;
         if (!visit(ctx, &cand)) break;

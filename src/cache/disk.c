@@ -23,6 +23,7 @@
 #include "util/timeutil.h"
 
 #include <dirent.h>
+#include <pthread.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -68,9 +69,24 @@ struct file_hdr {
 };
 _Static_assert(sizeof(struct file_hdr) == 96, "the file header is 96 bytes on disk");
 
+/* What one thread needs to write (disk.h): a descriptor of DIR/.lock of its own (flock
+ * locks of two descriptors exclude each other, so the writer thread and the worker do
+ * too, as peers do) and a KV page buffer. */
+struct disk_io {
+    int lock_fd;
+    uint8_t *buf;              /* one KV page's rows / a recurrent block */
+    size_t buf_cap;
+};
+
 struct disk {
     char *dir;
-    int dir_fd, lock_fd, gen_fd;
+    int dir_fd, gen_fd;
+    /* The index and everything below it but io: disk_put takes it only for index work
+     * (refresh, budget, index_put), never while it writes, fsyncs or waits for the
+     * directory's lock; the cache holds it (disk_lock) from its decision to the load.
+     * Recursive: the public calls take it too. Lock order: DIR/.lock, then mu. */
+    pthread_mutex_t mu;
+    struct disk_io io;         /* the engine worker's: disk_load, disk_put, disk_remove */
     uint64_t max_bytes;
     struct tern_model *model;
     struct tern_session_params sp;
@@ -83,12 +99,10 @@ struct disk {
     uint64_t gen;              /* the generation counter at the last scan */
     bool scanned;
     bool scanning;             /* the index is being rebuilt: entries are dropped at its end */
-    int lock_depth;            /* DIR/.lock held (nested: a scan inside a write) */
+    bool gen_dirty;            /* a change (an invalid file deleted) not counted in .gen yet */
     struct disk_entry **e;     /* the index, most recently used first */
     size_t n, cap;
     uint64_t total_bytes;
-    uint8_t *buf;              /* one KV page's rows / a recurrent block */
-    size_t buf_cap;
     unsigned tmp_seq;
     char host[64];
     struct disk_stats st;
@@ -139,13 +153,13 @@ static int read_at(int fd, void *p, size_t n, uint64_t off) {
     return 1;
 }
 
-static enum tern_status buf_reserve(struct disk *d, size_t n) {
-    if (n <= d->buf_cap) return TERN_OK;
+static enum tern_status buf_reserve(struct disk_io *io, size_t n) {
+    if (n <= io->buf_cap) return TERN_OK;
     uint8_t *b = tern_aligned_alloc(n);
     if (!b) return tern_errorf(TERN_ERR_NOMEM, "disk tier: out of memory for a %zu-byte block", n);
-    tern_aligned_free(d->buf);
-    d->buf = b;
-    d->buf_cap = n;
+    tern_aligned_free(io->buf);
+    io->buf = b;
+    io->buf_cap = n;
     return TERN_OK;
 }
 
@@ -296,34 +310,44 @@ static void index_put(struct disk *d, struct disk_entry *e, bool replace) {
     d->total_bytes += e->bytes;
 }
 
-/* The directory's advisory lock, re-entrant within this process. */
-static bool dir_lock(struct disk *d) {
-    if (d->lock_depth++ > 0) return true;
-    while (flock(d->lock_fd, LOCK_EX)) {
+/* The directory's advisory lock through io's descriptor: it excludes peers and the
+ * other io of this process. Never taken with d->mu held (lock order). */
+static bool dir_lock(struct disk_io *io) {
+    while (flock(io->lock_fd, LOCK_EX)) {
         if (errno == EINTR) continue;
-        d->lock_depth = 0;
         return false;
     }
     return true;
 }
 
-static void dir_unlock(struct disk *d) {
-    if (d->lock_depth > 0 && --d->lock_depth == 0) flock(d->lock_fd, LOCK_UN);
-}
+static void dir_unlock(struct disk_io *io) { flock(io->lock_fd, LOCK_UN); }
 
-/* The generation counter goes up by one per change, under the lock (a lost increment
- * would hide a peer's change). */
-static void bump_gen(struct disk *d) {
-    bool locked = dir_lock(d);
+/* The generation counter goes up by one per change, under the directory's lock (a lost
+ * increment would hide a peer's change) and d->mu. One increment announces every change
+ * since the last (peers re-read the directory on any change), so a change made without
+ * the lock (gen_dirty) is counted by the next holder's. */
+static void bump_gen_locked(struct disk *d) {
     uint64_t g = 0;
     if (pread(d->gen_fd, &g, sizeof g, 0) != (ssize_t)sizeof g) g = 0;
     g++;
-    if (pwrite(d->gen_fd, &g, sizeof g, 0) != (ssize_t)sizeof g)
+    if (pwrite(d->gen_fd, &g, sizeof g, 0) != (ssize_t)sizeof g) {
         TERN_LOG_WARN("disk tier: updating %s/.gen: %s (peers may miss this change until their next scan)", d->dir,
                       strerror(errno));
-    else if (d->gen + 1 == g)
-        d->gen = g; /* only our own change since the last scan: nothing new to read */
-    if (locked) dir_unlock(d);
+        return;
+    }
+    if (d->gen + 1 == g) d->gen = g; /* only our own change since the last scan: nothing new to read */
+    d->gen_dirty = false;
+}
+
+/* Counts the changes noted by gen_dirty when the lock is free now (the worker never
+ * waits for it here: the writer may hold it for a whole write, and counts them then). */
+static void gen_flush(struct disk *d) {
+    if (!d->gen_dirty) return;
+    if (flock(d->io.lock_fd, LOCK_EX | LOCK_NB)) return;
+    pthread_mutex_lock(&d->mu);
+    if (d->gen_dirty) bump_gen_locked(d);
+    pthread_mutex_unlock(&d->mu);
+    flock(d->io.lock_fd, LOCK_UN);
 }
 
 static uint64_t read_gen(const struct disk *d) {
@@ -344,7 +368,7 @@ static void invalidate(struct disk *d, const char *name, const char *why) {
         if (i >= 0) index_drop(d, (size_t)i);
     }
     d->st.invalid++;
-    bump_gen(d);
+    d->gen_dirty = true; /* counted in .gen by gen_flush or the next write */
 }
 
 /* Reads and verifies the header and the token block of an open file. On success *out
@@ -664,17 +688,36 @@ static void scan(struct disk *d, bool at_open) {
     d->scanned = true;
 }
 
+void disk_lock(struct disk *d) { pthread_mutex_lock(&d->mu); }
+void disk_unlock(struct disk *d) { pthread_mutex_unlock(&d->mu); }
+
 void disk_refresh(struct disk *d) {
+    pthread_mutex_lock(&d->mu);
     if (!d->scanned || read_gen(d) != d->gen) scan(d, false);
+    pthread_mutex_unlock(&d->mu);
+    gen_flush(d);
 }
 
-size_t disk_count(const struct disk *d) { return d->n; }
-const struct disk_entry *disk_at(const struct disk *d, size_t i) { return i < d->n ? d->e[i] : NULL; }
+size_t disk_count(struct disk *d) {
+    pthread_mutex_lock(&d->mu);
+    size_t n = d->n;
+    pthread_mutex_unlock(&d->mu);
+    return n;
+}
 
-void disk_get_stats(const struct disk *d, struct disk_stats *out) {
+const struct disk_entry *disk_at(struct disk *d, size_t i) {
+    pthread_mutex_lock(&d->mu);
+    const struct disk_entry *e = i < d->n ? d->e[i] : NULL;
+    pthread_mutex_unlock(&d->mu);
+    return e;
+}
+
+void disk_get_stats(struct disk *d, struct disk_stats *out) {
+    pthread_mutex_lock(&d->mu);
     *out = d->st;
     out->bytes = d->total_bytes;
     out->entries = (uint32_t)d->n;
+    pthread_mutex_unlock(&d->mu);
 }
 
 /* ---- open ---------------------------------------------------------------------------- */
@@ -684,7 +727,7 @@ static enum tern_status load_secret(struct disk *d) {
     if (fd < 0 && errno == ENOENT) {
         /* First use: create it under the lock, so that two replicas starting together
          * agree on one secret (the second finds the first's). */
-        if (flock(d->lock_fd, LOCK_EX)) return tern_errorf(TERN_ERR_IO, "disk tier: locking %s/.lock: %s", d->dir, strerror(errno));
+        if (flock(d->io.lock_fd, LOCK_EX)) return tern_errorf(TERN_ERR_IO, "disk tier: locking %s/.lock: %s", d->dir, strerror(errno));
         fd = openat(d->dir_fd, ".secret", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
         if (fd < 0 && errno == ENOENT) {
             uint8_t s[SECRET_BYTES];
@@ -693,7 +736,7 @@ static enum tern_status load_secret(struct disk *d) {
                 ssize_t r = getrandom(s + got, sizeof s - got, 0);
                 if (r < 0 && errno == EINTR) continue;
                 if (r < 0) {
-                    flock(d->lock_fd, LOCK_UN);
+                    flock(d->io.lock_fd, LOCK_UN);
                     return tern_errorf(TERN_ERR_IO, "disk tier: getrandom: %s", strerror(errno));
                 }
                 got += (size_t)r;
@@ -706,13 +749,13 @@ static enum tern_status load_secret(struct disk *d) {
             if (!st && renameat(d->dir_fd, ".secret.tmp", d->dir_fd, ".secret"))
                 st = tern_errorf(TERN_ERR_IO, "renaming %s/.secret: %s", d->dir, strerror(errno));
             if (!st) fsync(d->dir_fd);
-            flock(d->lock_fd, LOCK_UN);
+            flock(d->io.lock_fd, LOCK_UN);
             if (st) return tern_error_prefix(st, "disk tier");
             memcpy(d->secret, s, sizeof s);
             TERN_LOG_INFO("disk tier: created the name secret %s/.secret (0600)", d->dir);
             return TERN_OK;
         }
-        flock(d->lock_fd, LOCK_UN);
+        flock(d->io.lock_fd, LOCK_UN);
     }
     if (fd < 0) return tern_errorf(TERN_ERR_IO, "disk tier: opening %s/.secret: %s", d->dir, strerror(errno));
     struct stat st;
@@ -735,7 +778,12 @@ enum tern_status disk_open(const struct disk_params *p, struct disk **out) {
     if (!p->dir || !*p->dir) return tern_errorf(TERN_ERR_INVALID, "disk tier: no directory given");
     struct disk *d = tern_calloc(1, sizeof *d);
     if (!d) return tern_errorf(TERN_ERR_NOMEM, "disk tier: out of memory");
-    d->dir_fd = d->lock_fd = d->gen_fd = -1;
+    d->dir_fd = d->io.lock_fd = d->gen_fd = -1;
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+    pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&d->mu, &ma);
+    pthread_mutexattr_destroy(&ma);
     d->dir = tern_strdup(p->dir);
     d->max_bytes = p->max_bytes;
     d->model = p->model;
@@ -756,9 +804,9 @@ enum tern_status disk_open(const struct disk_params *p, struct disk **out) {
         st = tern_errorf(TERN_ERR_IO, "disk tier: opening %s: %s", d->dir, strerror(errno));
         goto fail;
     }
-    d->lock_fd = openat(d->dir_fd, ".lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    d->io.lock_fd = openat(d->dir_fd, ".lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     d->gen_fd = openat(d->dir_fd, ".gen", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (d->lock_fd < 0 || d->gen_fd < 0) {
+    if (d->io.lock_fd < 0 || d->gen_fd < 0) {
         st = tern_errorf(TERN_ERR_IO, "disk tier: opening %s/.lock and .gen: %s", d->dir, strerror(errno));
         goto fail;
     }
@@ -773,7 +821,10 @@ enum tern_status disk_open(const struct disk_params *p, struct disk **out) {
     d->hybrid = tern_model_info(p->model)->hybrid;
     d->kv_row_bytes = tern_state_kv_row_bytes(p->model, p->session.kv_type);
     uint64_t t0 = tern_now_ns();
+    pthread_mutex_lock(&d->mu);
     scan(d, true);
+    pthread_mutex_unlock(&d->mu);
+    gen_flush(d);
     TERN_LOG_INFO("disk tier: %s: %zu conversations, %.1f MiB of %.1f MiB, indexed in %.1f ms", d->dir, d->n,
                   (double)d->total_bytes / (1 << 20), (double)d->max_bytes / (1 << 20),
                   (double)(tern_now_ns() - t0) * 1e-6);
@@ -789,11 +840,44 @@ void disk_free(struct disk *d) {
     for (size_t i = 0; i < d->n; i++) entry_free(d->e[i]);
     free(d->e);
     if (d->dir_fd >= 0) close(d->dir_fd);
-    if (d->lock_fd >= 0) close(d->lock_fd);
+    if (d->io.lock_fd >= 0) close(d->io.lock_fd);
     if (d->gen_fd >= 0) close(d->gen_fd);
-    tern_aligned_free(d->buf);
+    tern_aligned_free(d->io.buf);
+    pthread_mutex_destroy(&d->mu);
     free(d->dir);
     free(d);
+}
+
+enum tern_status disk_io_new(struct disk *d, struct disk_io **out) {
+    *out = NULL;
+    struct disk_io *io = tern_calloc(1, sizeof *io);
+    if (!io) return tern_errorf(TERN_ERR_NOMEM, "disk tier: out of memory");
+    io->lock_fd = openat(d->dir_fd, ".lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (io->lock_fd < 0) {
+        enum tern_status st = tern_errorf(TERN_ERR_IO, "disk tier: opening %s/.lock: %s", d->dir, strerror(errno));
+        free(io);
+        return st;
+    }
+    *out = io;
+    return TERN_OK;
+}
+
+void disk_io_free(struct disk_io *io) {
+    if (!io) return;
+    close(io->lock_fd);
+    tern_aligned_free(io->buf);
+    free(io);
+}
+
+enum tern_status disk_nonce_new(uint8_t nonce[DISK_NONCE_BYTES]) {
+    size_t got = 0;
+    while (got < DISK_NONCE_BYTES) {
+        ssize_t r = getrandom(nonce + got, DISK_NONCE_BYTES - got, 0);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return tern_errorf(TERN_ERR_IO, "disk tier: getrandom: %s", strerror(errno));
+        got += (size_t)r;
+    }
+    return TERN_OK;
 }
 
 /* ---- write ------------------------------------------------------------------------------ */
@@ -809,13 +893,15 @@ static void remove_file(struct disk *d, size_t i, const char *why) {
 }
 
 void disk_remove(struct disk *d, const char *name) {
+    if (!dir_lock(&d->io)) return;
+    pthread_mutex_lock(&d->mu);
     long i = find_entry(d, name);
-    if (i < 0) return;
-    if (dir_lock(d)) {
+    if (i >= 0) {
         remove_file(d, (size_t)i, "removed");
-        bump_gen(d);
-        dir_unlock(d);
+        bump_gen_locked(d);
     }
+    pthread_mutex_unlock(&d->mu);
+    dir_unlock(&d->io);
 }
 
 /* Writes one block: payload then its checksum. */
@@ -834,20 +920,25 @@ static enum tern_status put_block(const struct disk *d, int fd, const void *p, s
 enum tern_status disk_put(struct disk *d, const char *tenant, const char *key, uint8_t nonce[DISK_NONCE_BYTES],
                           bool *has_nonce, const struct tern_session *s, struct tern_checkpoint *const *cks,
                           const uint32_t *kinds, size_t n_cks) {
+    if (!(key && *key) && !*has_nonce) {
+        enum tern_status st = disk_nonce_new(nonce);
+        if (st) return st;
+        *has_nonce = true;
+    }
+    return disk_put_io(d, &d->io, tenant, key, nonce, s, cks, kinds, n_cks);
+}
+
+/* The write holds the directory's lock (through io's descriptor) from the budget to the
+ * rename, as every writer does, so that peers' budgets see a consistent directory; it
+ * holds d->mu only for the index work, so that the worker's decisions and loads go on
+ * while it writes. */
+enum tern_status disk_put_io(struct disk *d, struct disk_io *io, const char *tenant, const char *key,
+                             const uint8_t nonce[DISK_NONCE_BYTES], const struct tern_session *s,
+                             struct tern_checkpoint *const *cks, const uint32_t *kinds, size_t n_cks) {
     tenant = tenant ? tenant : "";
     if (key && !*key) key = NULL;
     if (strlen(tenant) > MAX_STR || (key && strlen(key) > MAX_STR))
         return tern_errorf(TERN_ERR_LIMIT, "disk tier: tenant or key longer than %u bytes", MAX_STR);
-    if (!key && !*has_nonce) {
-        size_t got = 0;
-        while (got < DISK_NONCE_BYTES) {
-            ssize_t r = getrandom(nonce + got, DISK_NONCE_BYTES - got, 0);
-            if (r < 0 && errno == EINTR) continue;
-            if (r < 0) return tern_errorf(TERN_ERR_IO, "disk tier: getrandom: %s", strerror(errno));
-            got += (size_t)r;
-        }
-        *has_nonce = true;
-    }
     const uint32_t n = tern_session_n_past(s);
     const int32_t *toks = tern_session_tokens(s);
     uint32_t pos[MAX_CKPT], knd[MAX_CKPT];
@@ -889,7 +980,7 @@ enum tern_status disk_put(struct disk *d, const char *tenant, const char *key, u
     uint8_t *hbuf = tern_malloc(h.hdr_bytes + 8);
     struct disk_entry *ne = tern_calloc(1, sizeof *ne);
     uint8_t *tblk = tern_malloc((size_t)l.tok_len + 4);
-    enum tern_status st = buf_reserve(d, (size_t)KV_BLOCK * d->kv_row_bytes + 64);
+    enum tern_status st = buf_reserve(io, (size_t)KV_BLOCK * d->kv_row_bytes + 64);
     if (!st && (!hbuf || !ne || !tblk)) st = tern_errorf(TERN_ERR_NOMEM, "disk tier: out of memory");
     if (st) {
         free(hbuf);
@@ -907,16 +998,18 @@ enum tern_status disk_put(struct disk *d, const char *tenant, const char *key, u
     memcpy(tblk + ((size_t)n + n_ck) * 4, knd, (size_t)n_ck * 4);
 
     char tmp[128];
-    snprintf(tmp, sizeof tmp, ".tmp-%s-%d-%u", d->host, (int)getpid(), ++d->tmp_seq);
     char fn[DISK_NAME_LEN + sizeof DISK_FILE_SUFFIX];
     file_of(name, fn);
     const uint64_t t0 = tern_now_ns();
-    if (!dir_lock(d)) {
+    if (!dir_lock(io)) {
         st = tern_errorf(TERN_ERR_IO, "disk tier: locking %s/.lock: %s", d->dir, strerror(errno));
+        pthread_mutex_lock(&d->mu);
         goto out_nolock;
     }
     /* The budget holds over the directory, peers' files included: see what they did. */
-    disk_refresh(d);
+    pthread_mutex_lock(&d->mu);
+    snprintf(tmp, sizeof tmp, ".tmp-%s-%d-%u", d->host, (int)getpid(), ++d->tmp_seq);
+    if (!d->scanned || read_gen(d) != d->gen) scan(d, false);
     {
         long same = find_entry(d, name);
         uint64_t have = d->total_bytes - (same >= 0 ? d->e[same]->bytes : 0);
@@ -926,11 +1019,17 @@ enum tern_status disk_put(struct disk *d, const char *tenant, const char *key, u
             have -= d->e[i]->bytes;
             remove_file(d, i, "least recently used, for the --cache-disk budget");
             d->st.evictions++;
+            d->gen_dirty = true;
         }
     }
+    if (d->gen_dirty) bump_gen_locked(d);
+    pthread_mutex_unlock(&d->mu);
+    /* the file: no index lock (the worker decides and loads meanwhile); s and the
+     * checkpoints are the caller's to keep unchanged until this returns */
     int fd = openat(d->dir_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) {
         st = tern_errorf(TERN_ERR_IO, "disk tier: creating %s/%s: %s", d->dir, tmp, strerror(errno));
+        pthread_mutex_lock(&d->mu);
         goto out;
     }
     st = write_all(fd, hbuf, h.hdr_bytes + 8, "the header");
@@ -943,8 +1042,8 @@ enum tern_status disk_put(struct disk *d, const char *tenant, const char *key, u
     }
     for (uint32_t pg = 0; !st && pg < l.n_pages; pg++) {
         uint32_t rows = page_rows(n, pg);
-        st = tern_session_kv_export(s, pg * KV_BLOCK, pg * KV_BLOCK + rows, d->buf);
-        if (!st) st = put_block(d, fd, d->buf, (size_t)rows * d->kv_row_bytes, hdr_sum, 1000000 + pg);
+        st = tern_session_kv_export(s, pg * KV_BLOCK, pg * KV_BLOCK + rows, io->buf);
+        if (!st) st = put_block(d, fd, io->buf, (size_t)rows * d->kv_row_bytes, hdr_sum, 1000000 + pg);
     }
     if (!st && fsync(fd)) st = tern_errorf(TERN_ERR_IO, "fsync: %s", strerror(errno));
     struct stat fst;
@@ -955,10 +1054,12 @@ enum tern_status disk_put(struct disk *d, const char *tenant, const char *key, u
     if (st) {
         unlinkat(d->dir_fd, tmp, 0);
         st = tern_error_prefix(st, "disk tier: writing %s/%s (%llu bytes)", d->dir, fn, (unsigned long long)l.total);
+        pthread_mutex_lock(&d->mu);
         goto out;
     }
     fsync(d->dir_fd);
-    bump_gen(d);
+    pthread_mutex_lock(&d->mu);
+    bump_gen_locked(d);
     memcpy(ne->name, name, sizeof name);
     ne->tenant = tern_strdup(tenant);
     ne->key = key ? tern_strdup(key) : NULL;
@@ -994,9 +1095,11 @@ enum tern_status disk_put(struct disk *d, const char *tenant, const char *key, u
     TERN_LOG_DEBUG("disk tier: wrote %s (%u tokens, %u checkpoints, %llu bytes) in %.1f ms", fn, n, n_ck,
                    (unsigned long long)l.total, (double)(tern_now_ns() - t0) * 1e-6);
 out:
-    dir_unlock(d);
+    /* (d->mu held from here) */
+    dir_unlock(io);
 out_nolock:
     if (st) d->st.write_errors++;
+    pthread_mutex_unlock(&d->mu);
     free(ne);
     free(hbuf);
     free(tblk);
@@ -1005,21 +1108,21 @@ out_nolock:
 
 /* ---- read --------------------------------------------------------------------------------- */
 
-/* Reads block no at off (payload n bytes) into d->buf and verifies it. */
+/* Reads block no at off (payload n bytes) into d->io.buf and verifies it. */
 static bool get_block(struct disk *d, int fd, uint64_t off, size_t n, uint64_t hdr_sum, uint64_t no, char *why,
                       size_t why_len) {
-    if (buf_reserve(d, n + 8)) {
+    if (buf_reserve(&d->io, n + 8)) {
         snprintf(why, why_len, "out of memory");
         return false;
     }
-    int r = read_at(fd, d->buf, n + 8, off);
+    int r = read_at(fd, d->io.buf, n + 8, off);
     if (r != 1) {
         snprintf(why, why_len, "reading block %llu: %s", (unsigned long long)no, r < 0 ? strerror(errno) : "short");
         return false;
     }
     uint64_t sum;
-    memcpy(&sum, d->buf + n, 8);
-    if (block_sum(d->buf, n, hdr_sum, no) != sum) {
+    memcpy(&sum, d->io.buf + n, 8);
+    if (block_sum(d->io.buf, n, hdr_sum, no) != sum) {
         snprintf(why, why_len, "checksum mismatch in block %llu (offset %llu)", (unsigned long long)no,
                  (unsigned long long)off);
         return false;
@@ -1028,8 +1131,22 @@ static bool get_block(struct disk *d, int fd, uint64_t off, size_t n, uint64_t h
     return true;
 }
 
+static enum tern_status load(struct disk *d, size_t idx, uint32_t r, const char *tenant, struct tern_session **out,
+                             struct tern_checkpoint ***cks_out, uint32_t **kinds_out, size_t *n_cks_out);
+
+/* The index lock is held throughout (the worker's buffer; the entry stays where it is):
+ * the writer thread waits for it only at the start and the end of a write. */
 enum tern_status disk_load(struct disk *d, size_t idx, uint32_t r, const char *tenant, struct tern_session **out,
                            struct tern_checkpoint ***cks_out, uint32_t **kinds_out, size_t *n_cks_out) {
+    pthread_mutex_lock(&d->mu);
+    enum tern_status st = load(d, idx, r, tenant, out, cks_out, kinds_out, n_cks_out);
+    pthread_mutex_unlock(&d->mu);
+    gen_flush(d);
+    return st;
+}
+
+static enum tern_status load(struct disk *d, size_t idx, uint32_t r, const char *tenant, struct tern_session **out,
+                             struct tern_checkpoint ***cks_out, uint32_t **kinds_out, size_t *n_cks_out) {
     *out = NULL;
     *cks_out = NULL;
     *kinds_out = NULL;
@@ -1094,7 +1211,7 @@ enum tern_status disk_load(struct disk *d, size_t idx, uint32_t r, const char *t
         /* block numbers: 0 tokens, 1 the live state, 2 + i checkpoint i */
         if (!get_block(d, fd, rec_block_off(&hd.h, &hd.l, blk), d->rec_bytes, hd.hdr_sum, 1 + blk, why, sizeof why))
             goto invalid;
-        rec = d->buf;
+        rec = d->io.buf;
     }
     st = tern_session_import(d->model, &d->sp, hd.tokens, r, rec, &s);
     if (st) {
@@ -1110,7 +1227,7 @@ enum tern_status disk_load(struct disk *d, size_t idx, uint32_t r, const char *t
                        1000000 + pg, why, sizeof why))
             goto invalid;
         uint32_t p1 = r < pg * KV_BLOCK + rows ? r : pg * KV_BLOCK + rows;
-        if ((st = tern_session_kv_import(s, pg * KV_BLOCK, p1, d->buf, rows))) goto fail;
+        if ((st = tern_session_kv_import(s, pg * KV_BLOCK, p1, d->io.buf, rows))) goto fail;
     }
     /* Checkpoints at or below r stay valid for the resumed conversation. */
     if (d->rec_bytes && hd.h.n_ckpt) {
@@ -1123,7 +1240,7 @@ enum tern_status disk_load(struct disk *d, size_t idx, uint32_t r, const char *t
         for (uint32_t i = 0; i < hd.h.n_ckpt && hd.ckpt_pos[i] <= r; i++) {
             if (!get_block(d, fd, rec_block_off(&hd.h, &hd.l, 1 + i), d->rec_bytes, hd.hdr_sum, 2 + i, why, sizeof why))
                 goto invalid;
-            if ((st = tern_checkpoint_import(s, hd.ckpt_pos[i], d->buf, d->rec_bytes, &cks[n_cks]))) goto fail;
+            if ((st = tern_checkpoint_import(s, hd.ckpt_pos[i], d->io.buf, d->rec_bytes, &cks[n_cks]))) goto fail;
             kinds[n_cks++] = hd.ckpt_kinds[i];
         }
     }

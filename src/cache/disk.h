@@ -22,8 +22,15 @@
  * The index (what is on disk: tenant, key, token list, checkpoint positions,
  * fingerprint) lives in memory and is rebuilt from the directory at open. The decision
  * to resume from a file is made by cache.c on the index's token list, the same rule as
- * in RAM; disk_load re-verifies that the file still holds those tokens. Used from the
- * engine worker thread only. */
+ * in RAM; disk_load re-verifies that the file still holds those tokens.
+ *
+ * Threads: the engine worker (decisions, loads, and writes when the writer's queue is
+ * full) and the cache's writer thread (disk_put_io with a disk_io of its own). The index
+ * is guarded by a mutex that a write holds only for its index work (the refresh and the
+ * budget before it, the new entry after it), never while it writes or fsyncs, so that
+ * the worker's decisions go on meanwhile. Index entries (disk_at) stay valid while the
+ * caller holds disk_lock; a choice made by index position must be loaded under the same
+ * hold (the writer may add or evict entries in between otherwise). */
 #ifndef TERN_CACHE_DISK_H
 #define TERN_CACHE_DISK_H
 
@@ -57,7 +64,8 @@ enum tern_status disk_open(const struct disk_params *p, struct disk **out);
 void disk_free(struct disk *d);
 
 /* An index entry (read-only for callers; valid until the next disk_* call that may
- * change the index: disk_refresh, disk_put, disk_load). */
+ * change the index: disk_refresh, disk_put, disk_load, and, unless the caller holds
+ * disk_lock, any write of the writer thread). */
 struct disk_entry {
     char name[DISK_NAME_LEN + 1];
     char *tenant;
@@ -77,11 +85,17 @@ struct disk_entry {
     bool seen;                  /* scratch of a directory scan */
 };
 
+/* The index lock (recursive; every call below takes it too): hold it from a look at the
+ * index (disk_count, disk_at) to the disk_load of what was chosen there. Never across a
+ * disk_put (lock order: the directory's lock, then this). */
+void disk_lock(struct disk *d);
+void disk_unlock(struct disk *d);
+
 /* Picks up a peer's changes (cheap when the generation counter did not move). */
 void disk_refresh(struct disk *d);
-size_t disk_count(const struct disk *d);
+size_t disk_count(struct disk *d);
 /* Entries in recency order, most recently used first. */
-const struct disk_entry *disk_at(const struct disk *d, size_t i);
+const struct disk_entry *disk_at(struct disk *d, size_t i);
 
 /* Writes a conversation's state: its tokens, KV rows and recurrent state at n_past and
  * the given checkpoints (hybrid models; cks[i] at ascending positions <= n_past, NULL
@@ -93,6 +107,21 @@ const struct disk_entry *disk_at(const struct disk *d, size_t i);
 enum tern_status disk_put(struct disk *d, const char *tenant, const char *key, uint8_t nonce[DISK_NONCE_BYTES],
                           bool *has_nonce, const struct tern_session *s, struct tern_checkpoint *const *cks,
                           const uint32_t *kinds, size_t n_cks);
+
+/* What a thread other than the worker needs to write: a descriptor of the directory's
+ * lock of its own (the worker's and the writer's exclude each other like peers do) and
+ * its KV export buffer. Freed before the disk. */
+struct disk_io;
+enum tern_status disk_io_new(struct disk *d, struct disk_io **out);
+void disk_io_free(struct disk_io *io);
+/* A fresh random nonce (an unnamed conversation's file name). */
+enum tern_status disk_nonce_new(uint8_t nonce[DISK_NONCE_BYTES]);
+/* disk_put through io, from any thread, with the nonce already chosen (unnamed entries).
+ * It reads s (tokens, KV rows [0, n_past), recurrent state) and the checkpoints while it
+ * writes, without a copy: the caller keeps them unchanged and alive until it returns. */
+enum tern_status disk_put_io(struct disk *d, struct disk_io *io, const char *tenant, const char *key,
+                             const uint8_t nonce[DISK_NONCE_BYTES], const struct tern_session *s,
+                             struct tern_checkpoint *const *cks, const uint32_t *kinds, size_t n_cks);
 
 /* Loads entry i's state at resume point r (r == its n, a checkpoint position, or for
  * attention-only models any r <= n) as a new session positioned at r, with the
@@ -114,7 +143,7 @@ struct disk_stats {
     uint64_t bytes;             /* entry files' bytes now */
     uint32_t entries;
 };
-void disk_get_stats(const struct disk *d, struct disk_stats *out);
+void disk_get_stats(struct disk *d, struct disk_stats *out);
 
 /* ---- inspection (tern cache ls|rm), no model needed ---------------------------------- */
 

@@ -45,7 +45,13 @@ struct out_state {
     bool role_sent;
 };
 
-enum rq_phase { RQ_PRIME, RQ_DECODE };
+/* RQ_WAIT: not started yet, the conversation it resumes is being written to the disk
+ * tier (cache_write_pending); it holds a running slot and no lease. */
+enum rq_phase { RQ_WAIT, RQ_PRIME, RQ_DECODE };
+
+/* How long a request waits for its conversation's disk write before it reads from
+ * elsewhere (cache.h: CACHE_ACQUIRE_NOWAIT leaves the conversation alone). */
+#define DISK_WAIT_S 30.0
 
 /* One running request: what engine_run's locals were when a request ran alone. */
 struct eng_req {
@@ -56,7 +62,7 @@ struct eng_req {
     struct tern_session *s;
     enum rq_phase phase;
     size_t ick;                  /* the next position of the lease's checkpoint plan */
-    double t_prime0, t_comment;
+    double t_prime0, t_comment, t_wait0;
     struct srv_reuse reuse;
     struct out_state o;
     struct tern_sampler *sampler;
@@ -355,22 +361,22 @@ static void req_complete(struct srv_engine *e, struct eng_req *r) {
 
 /* ---- start ------------------------------------------------------------------------- */
 
-bool engine_start(void *self, struct srv_job *j) {
-    struct srv_engine *e = self;
-    struct eng_req *r = tern_calloc(1, sizeof *r);
-    if (!r) {
-        send_failure(j, 503, "server_error", "cannot start the request: %s", "out of memory");
-        return false;
-    }
-    r->j = j;
-    r->ej = j->priv;
-    r->t_prime0 = r->t_comment = tern_now_s();
+static void run_append(struct srv_engine *e, struct eng_req *r) {
+    if (e->run_tail) e->run_tail->next = r;
+    else e->run_head = r;
+    e->run_tail = r;
+    atomic_fetch_add(&e->n_running, 1);
+}
+
+/* The lease and what the request needs to run. false: it failed (answered). */
+static bool req_begin(struct srv_engine *e, struct eng_req *r) {
+    struct srv_job *j = r->j;
     struct cache_ident ident = {.tenant = j->tenant ? j->tenant : "", .key = j->key};
-    enum tern_status st = cache_acquire(e->cache, &ident, j->prompt, j->n_prompt, &r->lease);
+    enum tern_status st =
+        cache_acquire_flags(e->cache, &ident, j->prompt, j->n_prompt, CACHE_ACQUIRE_NOWAIT, &r->lease);
     if (st) {
         send_failure(j, st == TERN_ERR_NOMEM ? 503 : 500, "server_error", "cannot start the request: %s",
                      tern_last_error());
-        free(r);
         return false;
     }
     r->s = r->lease.session;
@@ -393,12 +399,59 @@ bool engine_start(void *self, struct srv_job *j) {
     r->finish = "stop";
     r->phase = RQ_PRIME;
     /* checkpoints at or below the resume point are not in the plan (it is in (r, m]) */
-    if (e->run_tail) e->run_tail->next = r;
-    else e->run_head = r;
-    e->run_tail = r;
-    atomic_fetch_add(&e->n_running, 1);
     atomic_fetch_add(&e->n_priming, 1);
     return true;
+}
+
+bool engine_start(void *self, struct srv_job *j) {
+    struct srv_engine *e = self;
+    struct eng_req *r = tern_calloc(1, sizeof *r);
+    if (!r) {
+        send_failure(j, 503, "server_error", "cannot start the request: %s", "out of memory");
+        return false;
+    }
+    r->j = j;
+    r->ej = j->priv;
+    r->t_prime0 = r->t_comment = r->t_wait0 = tern_now_s();
+    /* The conversation it resumes is being written to disk (the agent's next turn often
+     * comes within the write): only this request waits, in the running set, while the
+     * others step (engine_step starts it when the write is done). */
+    struct cache_ident ident = {.tenant = j->tenant ? j->tenant : "", .key = j->key};
+    if (cache_write_pending(e->cache, &ident, j->prompt, j->n_prompt)) {
+        TERN_LOG_INFO("engine: %s waits for its conversation's disk write", j->id);
+        r->phase = RQ_WAIT;
+        run_append(e, r);
+        return true;
+    }
+    if (!req_begin(e, r)) {
+        free(r);
+        return false;
+    }
+    run_append(e, r);
+    return true;
+}
+
+/* The requests waiting for a disk write: started once it is done (or after
+ * DISK_WAIT_S, leaving that conversation alone). True when any still waits. */
+static bool start_waiting(struct srv_engine *e) {
+    bool waiting = false;
+    for (struct eng_req *r = e->run_head; r; r = r->next) {
+        if (r->ended || r->phase != RQ_WAIT) continue;
+        struct srv_job *j = r->j;
+        if (atomic_load(&j->cancel)) {
+            snprintf(j->note, sizeof j->note, "cancelled (client went away)");
+            srv_job_finish(j, 499);
+            r->ended = true;
+            continue;
+        }
+        struct cache_ident ident = {.tenant = j->tenant ? j->tenant : "", .key = j->key};
+        if (tern_now_s() - r->t_wait0 < DISK_WAIT_S && cache_write_pending(e->cache, &ident, j->prompt, j->n_prompt)) {
+            waiting = true;
+            continue;
+        }
+        if (!req_begin(e, r)) r->ended = true;
+    }
+    return waiting;
 }
 
 /* ---- decode ------------------------------------------------------------------------ */
@@ -688,6 +741,7 @@ size_t engine_step(void *self, struct srv_job **ended, size_t cap) {
     struct eng_req **owner = e->step_owner;
     size_t n_items = 0;
     uint32_t decode_rows = 0, prefill_rows = 0;
+    const bool waiting = start_waiting(e);
 
     /* decode rows first: every stream gets its token each step */
     for (struct eng_req *r = e->run_head; r; r = r->next) {
@@ -728,6 +782,8 @@ size_t engine_step(void *self, struct srv_job **ended, size_t cap) {
                 if (checkpoints_due(e, r)) decode_begin(e, r);
             }
         }
+    } else if (waiting) {
+        cache_wait_write(e->cache, 20); /* only waiting requests: no step to run */
     }
     /* (the cache resumes at r < m: every request reads at least its last prompt token) */
     for (struct eng_req *r = e->run_head; r; r = r->next)
@@ -756,7 +812,8 @@ void engine_run_free(struct srv_engine *e) {
     while (e->run_head) {
         struct eng_req *r = e->run_head;
         e->run_head = r->next;
-        if (!r->ended) req_end(e, r);
+        if (!r->ended && r->phase == RQ_WAIT) srv_job_finish(r->j, 503);
+        else if (!r->ended) req_end(e, r);
         free(r);
     }
     e->run_tail = NULL;

@@ -10,7 +10,7 @@ import { spawn, spawnSync } from 'node:child_process';
 import { copyFileSync, existsSync, mkdirSync, openSync, readFileSync, readSync, readdirSync, closeSync,
   statSync, truncateSync, writeFileSync, writeSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { bin, sourceDir, skip, startServer, tmp } from '../clients/harness.mjs';
+import { bin, logged, sourceDir, skip, startServer, tmp } from '../clients/harness.mjs';
 
 const dir = tmp();
 
@@ -358,6 +358,80 @@ test('qwen35: a full disk (a small tmpfs): the server keeps serving from RAM and
   } finally {
     spawnSync('umount', [mnt]);
   }
+});
+
+// The writer thread: a conversation's write (slowed block by block) runs beside the
+// worker, so a stream that is decoding keeps receiving tokens while the write is in
+// flight (its temporary file exists, the write counter has not moved), and the
+// conversation's next turn, sent during the write, waits for that write only and then
+// resumes from RAM. Asserted on the order of events, not on times.
+test('qwen35: a stream keeps decoding while another conversation is written to disk; its next turn waits for the write', async () => {
+  const cacheDir = join(dir, 'writer');
+  const srv = await start(['--model', models.qwen35, ...common, '--cache-dir', cacheDir, '--parallel', '4'],
+    { ...env, TERN_TEST_DISK_DELAY_MS: '400', TERN_TEST_FORCED_OUTPUT: '1' });
+  const tmps = () => (existsSync(cacheDir) ? readdirSync(cacheDir).filter((f) => f.startsWith('.tmp-')) : []);
+  const until = async (cond, what, n = 1000) => {
+    for (let i = 0; i < n; i++) {
+      if (cond()) return;
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    throw new Error(`timed out waiting for ${what}: ${srv.log().slice(-2000)}`);
+  };
+  // B: a long forced reply, streamed; nB counts its content events as they arrive
+  const ctl = new AbortController();
+  const rb = await fetch(`${srv.base}/v1/chat/completions`, {
+    method: 'POST', headers: { 'content-type': 'application/json' }, signal: ctl.signal,
+    body: JSON.stringify({ session_id: 'streamer', stream: true, temperature: 0, max_tokens: 3000,
+      tern_forced_output: 'tok '.repeat(2500), messages: [SYS, { role: 'user', content: 'Stream a long answer.' }] }),
+  });
+  assert.equal(rb.status, 200);
+  let nB = 0, bDone = false, buf = '';
+  const pump = (async () => {
+    const dec = new TextDecoder();
+    try {
+      for await (const chunk of rb.body) {
+        buf += dec.decode(chunk, { stream: true });
+        let k;
+        while ((k = buf.indexOf('\n\n')) >= 0) {
+          const frame = buf.slice(0, k);
+          buf = buf.slice(k + 2);
+          const data = frame.split('\n').find((l) => l.startsWith('data: '))?.slice(6);
+          if (!data || data === '[DONE]') continue;
+          if (JSON.parse(data).choices?.[0]?.delta?.content) nB++;
+        }
+      }
+    } catch (e) {
+      if (e.name !== 'AbortError') throw e;
+    }
+    bDone = true;
+  })();
+  await until(() => nB >= 5, 'the stream to start');
+  const w0 = await metric(srv, 'tern_cache_disk_writes_total');
+  // A: a short conversation; its write starts once its response has been sent
+  const key = { session_id: 'written' };
+  const t1 = [SYS, { role: 'user', content: 'Writer thread: turn one.' }];
+  const r1 = await chat(srv, { ...key, messages: t1 });
+  await until(() => tmps().length > 0 || bDone, "A's write to start");
+  const tmp = tmps()[0];
+  assert.ok(tmp && !bDone, 'the stream is still running when the write starts');
+  const n0 = nB;
+  await until(() => nB >= n0 + 5 || !tmps().includes(tmp), 'stream tokens during the write');
+  const n1 = nB;
+  assert.ok(tmps().includes(tmp), `the write is still in flight after the stream received ${n1 - n0} tokens`);
+  assert.equal(await metric(srv, 'tern_cache_disk_writes_total'), w0, 'and it has not completed');
+  assert.ok(n1 - n0 >= 5, `the stream received ${n1 - n0} tokens while the write was in flight`);
+  // A's next turn while its write is in flight: it waits for that write, then resumes from RAM
+  const t2 = [...t1, { role: 'assistant', content: r1.choices[0].message.content }, { role: 'user', content: 'turn two' }];
+  const r2 = await chat(srv, { ...key, messages: t2 });
+  await logged(srv, /engine: \S+ waits for its conversation's disk write/);
+  assert.equal(r2.tern.reuse.tier, 'checkpoint', 'resumed from RAM after the write');
+  assert.ok(r2.usage.prompt_tokens_details.cached_tokens > 0);
+  assert.ok((await metric(srv, 'tern_cache_disk_writes_total')) >= w0 + 1, 'the write completed before the resume');
+  assert.ok(!bDone || nB > n1, 'the stream went on meanwhile');
+  ctl.abort();
+  await pump;
+  assert.equal(await srv.stop(), 0);
+  assert.deepEqual(tmps(), [], 'no temporary file left: the queued writes finished at shutdown');
 });
 
 test('tern cache ls|rm: lists the parked conversations, removes them under the lock, the server notices', async () => {
