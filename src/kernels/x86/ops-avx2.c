@@ -300,16 +300,21 @@ INLINE void pv_512(float *acc, float c, const float *p, size_t n, const char *v,
                    const int f16) {
     const __m512 vc = _mm512_set1_ps(c);
     __m512 a[8];
+    /* unrolled, so that a[] lives in registers (a loop over memory costs a store and a
+     * reload per row) */
+#pragma GCC unroll 8
     for (int r = 0; r < nz; r++) a[r] = _mm512_mul_ps(_mm512_loadu_ps(acc + i0 + 16 * r), vc);
     v += i0 * (f16 ? 2 : 4);
     for (size_t j = 0; j < n; j++, v += rb) {
         const __m512 w = _mm512_set1_ps(p[j]);
+#pragma GCC unroll 8
         for (int r = 0; r < nz; r++) {
             const __m512 x = f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)v + 16 * r)))
                                  : _mm512_loadu_ps((const float *)v + 16 * r);
             a[r] = _mm512_fmadd_ps(w, x, a[r]);
         }
     }
+#pragma GCC unroll 8
     for (int r = 0; r < nz; r++) _mm512_storeu_ps(acc + i0 + 16 * r, a[r]);
 }
 
