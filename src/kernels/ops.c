@@ -108,11 +108,9 @@ static void attn_page_multi_portable(const struct tern_attn_query *qs, size_t nq
 
 size_t tern_attn_multi_scratch_floats(size_t nq, size_t n, size_t head_dim) {
     /* AVX-512: the scores of an even number of queries, the queries packed in pairs and 16
-     * converted rows; AVX2: the page converted to float, and one query's scores. */
+     * converted rows (at least attn_page's n + 8: fewer queries run one by one). */
     const size_t np = (nq + 1) / 2;
-    const size_t wide = 2 * np * (n + 8) + 2 * np * head_dim + 16 * head_dim;
-    const size_t narrow = 2 * n * head_dim + n + 8;
-    return (wide > narrow ? wide : narrow) + 16;
+    return 2 * np * (n + 8) + 2 * np * head_dim + 16 * head_dim + 16;
 }
 
 static void to_f16_portable(uint16_t *dst, const float *src, size_t n) {

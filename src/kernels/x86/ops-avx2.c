@@ -521,30 +521,23 @@ static void attn_page_avx2(float *acc, float *m, float *l, const float *q, size_
     else attn_page_impl(acc, m, l, q, d, k, v, row_elems, n, scale, scores, 0);
 }
 
-/* AVX2: an F16 page is converted to float once (exact), then each query runs the float
- * loops, which give the F16 loops' bits; F32 pages need nothing shared. The conversion
- * pass pays for itself from about 4 queries (callgrind, bench-attn: 2 queries of 128 run
- * 1.31x the instructions of two attn_page calls, 16 queries 0.74x). */
+/* The 512-bit loops share a page from 4 queries on; below that (and on the AVX2 loops,
+ * whose registers hold one query's lanes) the queries run one after another.
+ * `bench-attn` (thread CPU time, 4096 positions of F16, a loaded 2-vCPU Xeon family 6
+ * model 207): head 128, 16 queries 0.83 -> 0.43 ms, 4 queries 0.22 -> 0.15, 2 queries
+ * 0.12 -> 0.14 (the float copy of each 8-key block does not pay for one pair); head 256,
+ * 32 queries 4.3 -> 2.1, 4 queries 0.53 -> 0.45, 2 queries 0.33 -> 0.35. Converting a
+ * whole F16 page to float for the AVX2 loops cut their instructions (callgrind: 0.74x for
+ * 16 queries of 128) but ran slower (1.35 against 0.80 ms: twice the bytes from L2 per
+ * query), so they do not. */
 static void attn_page_multi_avx2(const struct tern_attn_query *qs, size_t nq, size_t d, const void *k, const void *v,
                                  size_t row_elems, size_t n, float scale, bool f16, float *scratch) {
-    if (d % 8 != 0) {
-        tern_ops_portable()->attn_page_multi(qs, nq, d, k, v, row_elems, n, scale, f16, scratch);
-    } else if (tern_kernels_avx512()) {
+    if (d % 8 == 0 && nq >= 4 && tern_kernels_avx512()) {
         attn_multi_avx512(qs, nq, d, k, v, row_elems, n, scale, f16, scratch);
-    } else if (f16 && nq >= 4) {
-        float *kf = scratch, *vf = kf + n * d, *scores = vf + n * d;
-        const size_t rb = row_elems * 2;
-        for (size_t j = 0; j < n; j++)
-            for (size_t i = 0; i < d; i += 8) {
-                _mm256_storeu_ps(kf + j * d + i, load8((const char *)k + j * rb, i, 1));
-                _mm256_storeu_ps(vf + j * d + i, load8((const char *)v + j * rb, i, 1));
-            }
-        for (size_t a = 0; a < nq; a++)
-            attn_page_impl(qs[a].acc, qs[a].m, qs[a].l, qs[a].q, d, kf, vf, d, n, scale, scores, 0);
-    } else {
-        for (size_t a = 0; a < nq; a++)
-            attn_page_avx2(qs[a].acc, qs[a].m, qs[a].l, qs[a].q, d, k, v, row_elems, n, scale, f16, scratch);
+        return;
     }
+    for (size_t a = 0; a < nq; a++)
+        attn_page_avx2(qs[a].acc, qs[a].m, qs[a].l, qs[a].q, d, k, v, row_elems, n, scale, f16, scratch);
 }
 
 static void to_f16_avx2(uint16_t *dst, const float *src, size_t n) {
