@@ -98,6 +98,21 @@ static void attn_page_portable(float *acc, float *m, float *l, const float *q, s
     }
 }
 
+/* The portable twin: one query after another (the definition of the bits). */
+static void attn_page_multi_portable(const struct tern_attn_query *qs, size_t nq, size_t d, const void *k,
+                                     const void *v, size_t row_elems, size_t n, float scale, bool f16,
+                                     float *scratch) {
+    for (size_t a = 0; a < nq; a++)
+        attn_page_portable(qs[a].acc, qs[a].m, qs[a].l, qs[a].q, d, k, v, row_elems, n, scale, f16, scratch);
+}
+
+size_t tern_attn_multi_scratch_floats(size_t nq, size_t n, size_t head_dim) {
+    /* AVX-512: the scores of an even number of queries, the queries packed in pairs and 16
+     * converted rows (at least attn_page's n + 8: fewer queries run one by one). */
+    const size_t np = (nq + 1) / 2;
+    return 2 * np * (n + 8) + 2 * np * head_dim + 16 * head_dim + 16;
+}
+
 static void to_f16_portable(uint16_t *dst, const float *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = tern_f32_to_fp16(src[i]);
 }
@@ -110,6 +125,7 @@ static const struct tern_ops ops_portable = {
     .softmax = softmax_portable,
     .to_f16 = to_f16_portable,
     .attn_page = attn_page_portable,
+    .attn_page_multi = attn_page_multi_portable,
 };
 
 /* ---- choice --------------------------------------------------------------------- */

@@ -16,6 +16,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* One query of attn_page_multi: its q (head_dim floats) and its running state. */
+struct tern_attn_query {
+    const float *q;
+    float *acc; /* head_dim */
+    float *m, *l;
+};
+
+/* The most queries one attn_page_multi call takes. */
+#define TERN_ATTN_MAX_Q 32
+
 struct tern_ops {
     const char *name; /* "portable", "avx2" */
     /* y[i] = x[i] / sqrt(mean(x^2) + eps) * w[i] (w NULL: no weight). y may be x. */
@@ -38,7 +48,18 @@ struct tern_ops {
      * attention output is acc / *l. scores: scratch of n + 8 floats; n >= 1. */
     void (*attn_page)(float *acc, float *m, float *l, const float *q, size_t head_dim, const void *k,
                       const void *v, size_t row_elems, size_t n, float scale, bool f16, float *scores);
+    /* attn_page for nq (1..TERN_ATTN_MAX_Q) queries over the same n rows: each query's
+     * acc, *m and *l come out with exactly the bits attn_page alone would give it (the
+     * same operations in the same order per query), whatever nq and whatever the other
+     * queries; the rows are read, and F16 rows converted to float, once for all of them
+     * instead of once per query. scratch: tern_attn_multi_scratch_floats(nq, n, head_dim)
+     * floats. */
+    void (*attn_page_multi)(const struct tern_attn_query *qs, size_t nq, size_t head_dim, const void *k,
+                            const void *v, size_t row_elems, size_t n, float scale, bool f16, float *scratch);
 };
+
+/* Floats of scratch attn_page_multi needs for nq queries over up to n rows (any op set). */
+size_t tern_attn_multi_scratch_floats(size_t nq, size_t n, size_t head_dim);
 
 /* The ops for the ISA the kernels chose (tern_kernels_isa()). */
 const struct tern_ops *tern_ops(void);

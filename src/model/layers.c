@@ -254,11 +254,27 @@ struct attn_task {
     float scale;
 };
 
+/* Scratch of one thread: attn_page_multi's, then the item's per-query states. */
+static size_t attn_multi_floats(uint32_t max_group, uint32_t max_head_dim) {
+    const size_t nq = (size_t)ATTN_QBLOCK * max_group;
+    return tern_attn_multi_scratch_floats(nq < TERN_ATTN_MAX_Q ? nq : TERN_ATTN_MAX_Q, TERN_KV_PAGE, max_head_dim);
+}
+
 size_t model_attn_scratch_floats(uint32_t max_group, uint32_t max_head_dim) {
-    return TERN_KV_PAGE + 8 + (size_t)ATTN_QBLOCK * max_group * (max_head_dim + 2);
+    return attn_multi_floats(max_group, max_head_dim) + (size_t)ATTN_QBLOCK * max_group * (max_head_dim + 2);
 }
 
 static uint32_t n_qblocks(uint32_t n_tok) { return (n_tok + ATTN_QBLOCK - 1) / ATTN_QBLOCK; }
+
+/* One page for a run of queries that see the same rows of it: attn_page_multi reads
+ * (and converts) the rows once for all of them; each query's bits are attn_page's. */
+static void attn_run(const struct attn_task *p, const struct tern_attn_query *qs, size_t nq, const char *kp,
+                     const char *vp, size_t n, bool f16, float *scratch) {
+    if (nq == 1)
+        p->ops->attn_page(qs[0].acc, qs[0].m, qs[0].l, qs[0].q, p->head_dim, kp, vp, p->head_dim, n, p->scale, f16,
+                          scratch);
+    else p->ops->attn_page_multi(qs, nq, p->head_dim, kp, vp, p->head_dim, n, p->scale, f16, scratch);
+}
 
 /* Attention of one work item: kv head g of sequence q, for its rows [t0, t1) (offsets
  * within the sequence). */
@@ -268,7 +284,7 @@ static void attn_item(const struct attn_task *p, const struct model_seq *sq_, ui
     const struct kv_layer *kv = &s->kv[p->il];
     const bool f16 = s->kv_type == TERN_KV_F16;
     const size_t es = f16 ? 2 : 4, hd = p->head_dim;
-    float *state = scores + TERN_KV_PAGE + 8; /* per query: m, l, acc[hd] */
+    float *state = scores + attn_multi_floats(p->group, p->head_dim); /* per query: m, l, acc[hd] */
     const size_t sq = hd + 2;
     const uint32_t nq = (t1 - t0) * p->group;
     for (uint32_t k = 0; k < nq; k++) {
@@ -282,16 +298,26 @@ static void attn_item(const struct attn_task *p, const struct model_seq *sq_, ui
     for (uint32_t pg = 0; pg * TERN_KV_PAGE <= last; pg++) {
         const char *kp = (const char *)kv->k_pages[pg] + (size_t)g * TERN_KV_PAGE * hd * es;
         const char *vp = (const char *)kv->v_pages[pg] + (size_t)g * TERN_KV_PAGE * hd * es;
+        /* Runs of queries with the same rows of this page: all of them on a page below the
+         * block's first position, each token's GQA group on the diagonal page. */
+        struct tern_attn_query run[TERN_ATTN_MAX_Q];
+        size_t n_run = 0, run_n = 0;
         for (uint32_t t = t0; t < t1; t++) {
             const uint32_t pos = pos0 + t;
             if (pos < pg * TERN_KV_PAGE) continue;
             const size_t n = pos - pg * TERN_KV_PAGE + 1 < TERN_KV_PAGE ? pos - pg * TERN_KV_PAGE + 1 : TERN_KV_PAGE;
             for (uint32_t h = 0; h < p->group; h++) {
+                if (n_run == TERN_ATTN_MAX_Q || (n_run && n != run_n)) {
+                    attn_run(p, run, n_run, kp, vp, run_n, f16, scores);
+                    n_run = 0;
+                }
                 float *st = state + ((t - t0) * p->group + h) * sq;
-                const float *q = qrows + t * p->q_stride + (size_t)(g * p->group + h) * hd;
-                p->ops->attn_page(st + 2, &st[0], &st[1], q, hd, kp, vp, hd, n, p->scale, f16, scores);
+                run[n_run++] = (struct tern_attn_query){
+                    .q = qrows + t * p->q_stride + (size_t)(g * p->group + h) * hd, .acc = st + 2, .m = &st[0], .l = &st[1]};
+                run_n = n;
             }
         }
+        if (n_run) attn_run(p, run, n_run, kp, vp, run_n, f16, scores);
     }
     float *orows = p->out + (size_t)sq_->row0 * p->out_stride;
     for (uint32_t t = t0; t < t1; t++)

@@ -255,6 +255,79 @@ static void test_attention_avx512_same_bits(void **state) {
     assert_true(tern_kernels_set_avx512(true));
 }
 
+/* attn_page_multi must give every query exactly attn_page's bits, whatever the number of
+ * queries sharing the call: nq around the kernels' pairs and groups of 4 and 6, head sizes
+ * around the 8-, 16- and 64-element paths (12: the portable fallback), row counts around
+ * the groups of 8 and 16, F16 and F32 rows, three pages in a row (a running state), for the
+ * portable ops and the AVX2 ops with the AVX-512 loops off and on. */
+static int check_attn_multi(const struct tern_ops *o, size_t d, size_t n, size_t nq, bool f16) {
+    const size_t row = 2 * d, es = f16 ? 2 : 4, n_pg = 3;
+    char *k = malloc(n_pg * n * row * es), *v = malloc(n_pg * n * row * es);
+    float *q = malloc(nq * d * 4), *acc[2] = {malloc(nq * d * 4), malloc(nq * d * 4)}, ml[2][2 * TERN_ATTN_MAX_Q];
+    float *scratch = malloc(tern_attn_multi_scratch_floats(nq, n, d) * 4);
+    assert_true(k && v && q && acc[0] && acc[1] && scratch);
+    for (size_t e = 0; e < n_pg * n * row; e++) {
+        const float kv = frand(-1, 1), vv = frand(-1, 1);
+        if (f16) ((uint16_t *)k)[e] = tern_f32_to_fp16(kv), ((uint16_t *)v)[e] = tern_f32_to_fp16(vv);
+        else ((float *)k)[e] = kv, ((float *)v)[e] = vv;
+    }
+    /* query 1 is large: its exps underflow to 0 for most rows */
+    for (size_t i = 0; i < nq * d; i++) q[i] = frand(-2, 2) * (i / d == 1 ? 40.0f : 1.0f);
+    struct tern_attn_query qs[TERN_ATTN_MAX_Q];
+    for (int w = 0; w < 2; w++) { /* 0: one query at a time, 1: all in one call */
+        for (size_t a = 0; a < nq; a++) {
+            ml[w][2 * a] = -INFINITY, ml[w][2 * a + 1] = 0.0f;
+            qs[a] = (struct tern_attn_query){q + a * d, acc[w] + a * d, &ml[w][2 * a], &ml[w][2 * a + 1]};
+        }
+        memset(acc[w], 0, nq * d * 4);
+        for (size_t pg = 0; pg < n_pg; pg++) {
+            const char *kp = k + (pg * n * row + d) * es, *vp = v + (pg * n * row + d) * es;
+            const float scale = 0.125f + 0.25f * (float)pg;
+            if (w == 0)
+                for (size_t a = 0; a < nq; a++)
+                    o->attn_page(qs[a].acc, qs[a].m, qs[a].l, qs[a].q, d, kp, vp, row, n, scale, f16, scratch);
+            else o->attn_page_multi(qs, nq, d, kp, vp, row, n, scale, f16, scratch);
+        }
+    }
+    if (memcmp(acc[0], acc[1], nq * d * 4) || memcmp(ml[0], ml[1], 2 * nq * sizeof(float))) {
+        size_t a = 0, i = 0;
+        while (a < nq && !memcmp(acc[0] + a * d, acc[1] + a * d, d * 4) && ml[0][2 * a] == ml[1][2 * a] &&
+               ml[0][2 * a + 1] == ml[1][2 * a + 1])
+            a++;
+        while (a < nq && i + 1 < d && acc[0][a * d + i] == acc[1][a * d + i]) i++;
+        fail_msg("%s (avx512 %d) attn_page_multi d=%zu n=%zu nq=%zu f16=%d: query %zu differs (acc[%zu] %a vs %a, "
+                 "l %a vs %a)",
+                 o->name, tern_kernels_avx512(), d, n, nq, f16, a, i, acc[1][a * d + i], acc[0][a * d + i],
+                 ml[1][2 * a + 1], ml[0][2 * a + 1]);
+    }
+    free(k), free(v), free(q), free(acc[0]), free(acc[1]), free(scratch);
+    return 1;
+}
+
+static void test_attention_multi_same_bits(void **state) {
+    (void)state;
+    const size_t dims[] = {8, 12, 16, 64, 72, 128, 136, 256};
+    const size_t lens[] = {1, 5, 8, 9, 16, 17, 255, 256};
+    const size_t nqs[] = {1, 2, 3, 4, 5, 6, 7, 8, 13, 16, TERN_ATTN_MAX_Q};
+    const int n_wide = tern_ops_avx2() && tern_kernels_avx512_available() ? 2 : 1;
+    int compared = 0, configs = 0;
+    for (int k = 0; k < n_sets; k++)
+        for (int wide = 0; wide < (k == 0 ? 1 : n_wide); wide++, configs++) {
+            if (tern_kernels_avx512_available()) assert_true(tern_kernels_set_avx512(wide));
+            for (size_t a = 0; a < TERN_ARRAY_LEN(dims); a++)
+                for (size_t b = 0; b < TERN_ARRAY_LEN(lens); b++)
+                    for (size_t c = 0; c < TERN_ARRAY_LEN(nqs); c++) {
+                        /* the long pages with the smaller query counts only: time */
+                        if (lens[b] > 17 && nqs[c] > 8 && dims[a] != 128) continue;
+                        compared += check_attn_multi(sets[k], dims[a], lens[b], nqs[c], false);
+                        compared += check_attn_multi(sets[k], dims[a], lens[b], nqs[c], true);
+                    }
+        }
+    if (tern_kernels_avx512_available()) assert_true(tern_kernels_set_avx512(true));
+    if (n_wide == 1) printf("note: %s\n", n_sets == 1 ? "no AVX2: the portable ops only" : "no AVX-512 loops to compare");
+    assert_int_equal(compared, configs * 2 * (8 * 8 * 11 - 7 * 2 * 3));
+}
+
 static void test_rope(void **state) {
     (void)state;
     /* angles: pair i at position p turns by p * base^(-2i/n_rot) */
@@ -307,6 +380,7 @@ int main(void) {
         cmocka_unit_test(test_rmsnorm),  cmocka_unit_test(test_swiglu_and_add),
         cmocka_unit_test(test_elementwise_position_independent),
         cmocka_unit_test(test_softmax),  cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_avx512_same_bits),
+        cmocka_unit_test(test_attention_multi_same_bits),
         cmocka_unit_test(test_to_f16),
         cmocka_unit_test(test_rope),
     };
