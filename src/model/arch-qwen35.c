@@ -425,16 +425,17 @@ static void ffn_block(struct tern_session *s, const struct model_hparams *hp, co
 }
 
 /* For the sequences that asked for it (tern_session.hidden_out, the MTP head's input):
- * the normed hidden state of every row, the same per-row norm the output head applies. */
+ * the normed hidden state of every row at or above hidden_pos0, the same per-row norm the
+ * output head applies. */
 static void hidden_capture(struct tern_session *s, const struct model_batch *b, const float *norm_w,
                            const struct model_hparams *hp, const float *x) {
     for (uint32_t j = 0; j < b->n_seq; j++) {
         const struct model_seq *q = &b->seq[j];
         struct tern_session *qs = q->s;
-        if (!qs->hidden_out || q->n == 0) continue;
-        TERN_ASSERT(q->pos0 >= qs->hidden_pos0);
-        model_rmsnorm(s, qs->hidden_out + (size_t)(q->pos0 - qs->hidden_pos0) * hp->n_embd,
-                      x + (size_t)q->row0 * hp->n_embd, norm_w, q->n, hp->n_embd, hp->rms_eps);
+        if (!qs->hidden_out || q->pos0 + q->n <= qs->hidden_pos0) continue;
+        const uint32_t skip = q->pos0 < qs->hidden_pos0 ? qs->hidden_pos0 - q->pos0 : 0;
+        model_rmsnorm(s, qs->hidden_out + (size_t)(q->pos0 + skip - qs->hidden_pos0) * hp->n_embd,
+                      x + (size_t)(q->row0 + skip) * hp->n_embd, norm_w, q->n - skip, hp->n_embd, hp->rms_eps);
     }
 }
 

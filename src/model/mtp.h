@@ -24,8 +24,8 @@ enum tern_status tern_mtp_new(const struct tern_session *main, struct tern_mtp *
 void tern_mtp_free(struct tern_mtp *h);
 
 /* While buf is set, every eval of s writes the output-normed hidden state of the row at
- * position p to buf + (p - pos0) * n_embd (the caller sizes buf for the positions it
- * evaluates); NULL stops it. Results do not depend on it. */
+ * each position p >= pos0 to buf + (p - pos0) * n_embd (the caller sizes buf for the
+ * positions it evaluates); NULL stops it. Results do not depend on it. */
 void tern_session_capture_hidden(struct tern_session *s, float *buf, uint32_t pos0);
 
 /* Feeds n rows at the head's positions [n_past, n_past + n): row i from hidden[i]

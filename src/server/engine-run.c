@@ -21,6 +21,7 @@
 #include "server/engine-impl.h"
 
 #include "grammar/grammar.h"
+#include "model/mtp.h"
 #include "server/constrain.h"
 #include "server/reply.h"
 #include "server/respond.h"
@@ -54,6 +55,10 @@ enum rq_phase { RQ_WAIT, RQ_PRIME, RQ_DECODE };
 #define DISK_WAIT_S 30.0
 
 /* One running request: what engine_run's locals were when a request ran alone. */
+/* --spec mtp: the prompt rows whose hidden states the MTP head reads (the last ones of
+ * the part read; 16 KiB per row at n_embd 4096). */
+#define ENG_MTP_PROMPT_ROWS 8192u
+
 struct eng_req {
     struct eng_req *next;
     struct srv_job *j;
@@ -78,6 +83,8 @@ struct eng_req {
     int64_t max_new, i;          /* tokens allowed; the index of the next one */
     int32_t feed;                /* the token this step evaluates for it */
     struct spec_rows rows;       /* its rows of the step: feed, or a verify chunk */
+    float *mtp_hid;              /* --spec mtp: (n_prompt - mtp_pos0, n_embd) the prompt's hidden states read here */
+    uint32_t mtp_pos0;
     bool release_ok, completed, ended;
     const char *finish;
 };
@@ -247,6 +254,11 @@ static bool in_reasoning(const char *text, size_t at, bool prompt_opened) {
 /* Commits and frees what the request holds (the job was finished before). */
 static void req_end(struct srv_engine *e, struct eng_req *r) {
     struct srv_job *j = r->j;
+    if (r->mtp_hid) { /* ended while priming */
+        tern_session_capture_hidden(r->s, NULL, 0);
+        free(r->mtp_hid);
+        r->mtp_hid = NULL;
+    }
     /* The session holds exactly the accepted tokens before it is hashed or parked. */
     if (r->sd.s && spec_finish(&r->sd)) {
         TERN_LOG_WARN("spec: %s: %s", j->id, tern_last_error());
@@ -398,6 +410,18 @@ static bool req_begin(struct srv_engine *e, struct eng_req *r) {
     r->release_ok = true;
     r->finish = "stop";
     r->phase = RQ_PRIME;
+    /* --spec mtp: the hidden states of the prompt's rows read here (the last
+     * ENG_MTP_PROMPT_ROWS of them; a resumed prefix has none), for the MTP head to attend
+     * over (docs/spec.md); without the memory the head starts with the first token */
+    const enum spec_mode sm = j->req.spec_set ? j->req.spec : e->spec;
+    if (sm == SPEC_MTP && e->info->has_mtp && !r->ej->forced) {
+        const uint32_t n0 = tern_session_n_past(r->s), m = (uint32_t)j->n_prompt;
+        const uint32_t p0 = m - n0 > ENG_MTP_PROMPT_ROWS ? m - ENG_MTP_PROMPT_ROWS : n0;
+        if (m > p0 && (r->mtp_hid = tern_malloc((size_t)(m - p0) * e->info->n_embd * sizeof(float)))) {
+            r->mtp_pos0 = p0;
+            tern_session_capture_hidden(r->s, r->mtp_hid, p0);
+        }
+    }
     /* checkpoints at or below the resume point are not in the plan (it is in (r, m]) */
     atomic_fetch_add(&e->n_priming, 1);
     return true;
@@ -494,8 +518,12 @@ static bool decode_begin(struct srv_engine *e, struct eng_req *r) {
      * rows, drafting from its last token on. Without drafting, each token is a row. */
     if (!ej->forced) {
         struct spec_params spp = {.mode = j->req.spec_set ? j->req.spec : e->spec,
-                                  .max = j->req.spec_max ? j->req.spec_max : e->spec_max};
-        if (spp.mode != SPEC_OFF && (st = spec_dec_init(&r->sd, r->s, r->sampler, &spp, &j->cancel))) {
+                                  .max = j->req.spec_max ? j->req.spec_max : e->spec_max,
+                                  .prompt_hidden = r->mtp_hid, .prompt_hidden_pos0 = r->mtp_pos0};
+        st = spp.mode != SPEC_OFF ? spec_dec_init(&r->sd, r->s, r->sampler, &spp, &j->cancel) : TERN_OK;
+        free(r->mtp_hid); /* read by spec_dec_init only */
+        r->mtp_hid = NULL;
+        if (st) {
             /* "spec": "mtp" on a model without the head is the request's mistake */
             req_fail(e, r, st == TERN_ERR_UNSUPPORTED ? 400 : 500, "cannot start decoding: %s", tern_last_error());
             return false;
@@ -779,6 +807,7 @@ size_t engine_step(void *self, struct srv_job **ended, size_t cap) {
             } else if (r->phase == RQ_DECODE && r->sd.s) {
                 spec_commit(&r->sd, &r->rows);
             } else if (r->phase == RQ_PRIME && tern_session_n_past(r->s) == r->j->n_prompt) {
+                if (r->mtp_hid) tern_session_capture_hidden(r->s, NULL, 0); /* the prompt is read */
                 if (checkpoints_due(e, r)) decode_begin(e, r);
             }
         }

@@ -218,6 +218,12 @@ test('--spec mtp: drafts are verified like any others; a model without the head 
     assert.deepEqual(on.choices, r.choices);
     assert.match((await logged(servers[name].off, new RegExp(`request ${on.id} [^\n]*`)))[0], / drafted=[1-9]/);
   }
+  // the server feeds the prompt's rows to the head: with max_tokens 3 the first token's
+  // round may draft one (without the prompt's rows the head could guess only from the
+  // second token on, whose round may draft none)
+  const s3 = await both('qwen35mtp', '/v1/chat/completions', { messages: echoMessages, temperature: 0, max_tokens: 3 });
+  if (s3.usage.completion_tokens === 3)
+    assert.match((await logged(servers.qwen35mtp.spec, new RegExp(`request ${s3.id} [^\n]*`)))[0], / drafted=1 /);
   // "spec": "mtp" where the model has no head: a 400 naming why
   const bad = await fetch(`${servers.qwen35.off.base}/v1/chat/completions`, { method: 'POST',
     headers: { 'content-type': 'application/json' },

@@ -227,6 +227,19 @@ static void test_head_chunk_invariance(void **unused) {
         assert_memory_equal(hid, hid1, (size_t)(N - 1) * E * sizeof(float));
         assert_int_equal(h1, h2);
         {
+            /* a capture from position 10 on, through chunks that straddle it */
+            float *tail = tern_malloc((size_t)(N - 11) * E * sizeof(float));
+            assert_non_null(tail);
+            struct tern_session *s = NULL;
+            assert_int_equal(tern_session_new(m, NULL, &s), TERN_OK);
+            tern_session_capture_hidden(s, tail, 10);
+            assert_int_equal(tern_session_eval(s, toks, N - 1, &(struct tern_eval_opts){.n_chunk = 7}), TERN_OK);
+            tern_session_capture_hidden(s, NULL, 0);
+            assert_memory_equal(tail, hid + 10 * (size_t)E, (size_t)(N - 11) * E * sizeof(float));
+            tern_session_free(s);
+            free(tail);
+        }
+        {
             struct tern_session *s = NULL;
             assert_int_equal(tern_session_new(m, NULL, &s), TERN_OK);
             assert_int_equal(tern_session_eval(s, toks, N - 1, NULL), TERN_OK);
