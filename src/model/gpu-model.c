@@ -272,7 +272,7 @@ static enum tern_status upload_qwen35(struct tern_gpu *g) {
     return st;
 }
 
-/* The device-local bytes left on g's device (none counted: 0 means unknown). */
+/* The device-local bytes of g's device (0: unknown, nothing is checked). */
 static uint64_t device_bytes(const struct tern_gpu *g) { return tern_vk_info(g->vk)->device_local_bytes; }
 
 static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }

@@ -703,23 +703,18 @@ void tern_checkpoint_free(struct tern_checkpoint *c) {
 static enum tern_status gpu_fork_kv(const struct tern_session *src, struct tern_session *dst, uint32_t p) {
     struct tern_model *m = src->m;
     enum tern_status st = TERN_OK;
-    if (!p) return TERN_OK;
-    uint8_t *tmp = NULL;
-    for (uint32_t il = 0; il < m->n_layer && !st; il++) {
+    for (uint32_t il = 0; il < m->n_layer && p && !st; il++) {
         const struct model_layer *L = &m->layers[il];
         if (L->kind != LAYER_ATTN) continue;
-        const size_t run = (size_t)p * head_row_bytes(src, L, false);
-        if (!tmp && !(tmp = tern_malloc(run * L->n_kv_head * 2 + 1)))
-            return tern_errorf(TERN_ERR_NOMEM, "session: out of memory forking %u positions", p);
+        const size_t run = (size_t)p * head_row_bytes(src, L, false); /* K and V rows are alike */
+        uint8_t *tmp = tern_malloc(run * L->n_kv_head);
+        if (!tmp) return tern_errorf(TERN_ERR_NOMEM, "session: out of memory forking %u positions", p);
         for (int v = 0; v < 2 && !st; v++) {
             st = tern_gpu_kv_download(m->gpu, src->gpu, il, v, 0, p, tmp, run);
             if (!st) st = tern_gpu_kv_upload(m->gpu, dst->gpu, il, v, 0, p, tmp, run);
         }
-        /* layers may differ in geometry: a fresh buffer for the next one */
         free(tmp);
-        tmp = NULL;
     }
-    free(tmp);
     if (st) tern_error_prefix(st, "session: forking at %u on the device", p);
     return st;
 }
@@ -904,8 +899,8 @@ static enum tern_status kv_walk(const struct tern_session *s, uint32_t p0, uint3
             enum tern_status st = to_pages ? tern_gpu_kv_upload(s->m->gpu, s->gpu, il, v, p0, p1, buf, run)
                                            : tern_gpu_kv_download(s->m->gpu, s->gpu, il, v, p0, p1, buf, run);
             if (st)
-                return tern_error_prefix(st, "session: %s KV rows [%u, %u) of layer %u", to_pages ? "uploading" : "downloading",
-                                         p0, p1, il);
+                return tern_error_prefix(st, "session: %s KV rows [%u, %u) of layer %u",
+                                         to_pages ? "uploading" : "downloading", p0, p1, il);
             buf += run * L->n_kv_head;
         }
         for (int v = 0; v < 2 && !s->gpu; v++) {

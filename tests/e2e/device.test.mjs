@@ -6,6 +6,7 @@
 // - multi-turn reuse: the second turn resumes (cached_tokens > 0);
 // - the hybrid resumes from a checkpoint when the client rewrote the reply;
 // - a restart resumes from the disk tier (--cache-dir): export and import on the device;
+// - predictive priming primes on the device in idle time, and the next turn equals cold;
 // - a client that disconnects cancels its request; the engine stays consistent;
 // - a lost device (TERN_TEST_VK_LOSE_AFTER) fails the request with 500, logged;
 // - $TERN_DEVICE chooses the device as --device does.
@@ -147,6 +148,31 @@ for (const arch of ['qwen3', 'qwen35']) {
     }
   });
 }
+
+test('qwen35: predictive priming runs on the device; the next turn equals cold', async () => {
+  const srv = await startServer(['--model', models.qwen35, '--device', 'vulkan:0', ...common, '--predict-chunk', '16'],
+    { TERN_STATE_HASH: '1' });
+  try {
+    const key = { session_id: 'predict-qwen35' };
+    const u1 = { role: 'user', content: 'List two colours.' };
+    const r1 = await chat(srv, { ...key, messages: [u1] });
+    let idle = false;
+    for (let i = 0; i < 1200 && !idle; i++) {
+      idle = (await metric(srv, 'tern_predict_runs_total')) >= 1 && (await metric(srv, 'tern_predict_active')) === 0
+        && (await metric(srv, 'tern_engine_busy')) === 0;
+      if (!idle) await new Promise((r) => setTimeout(r, 25));
+    }
+    assert.ok(idle, 'the predictions were primed');
+    const msgs = [u1, r1.choices[0].message, { role: 'user', content: 'Two more.' }];
+    const a = await chat(srv, { ...key, messages: msgs });
+    assert.ok(a.usage.prompt_tokens_details.cached_tokens > 0, JSON.stringify(a.tern.reuse));
+    const c = await chat(servers.qwen35.off, { messages: msgs, cache_salt: 'predict-cold' });
+    assert.deepEqual(a.choices[0].message, c.choices[0].message, 'resumed output equals cold output');
+    assert.equal(await stateHash(srv, a.id), await stateHash(servers.qwen35.off, c.id), 'resumed state equals cold state');
+  } finally {
+    assert.equal(await srv.stop(), 0);
+  }
+});
 
 test('a client that disconnects cancels its request; the engine stays consistent', async () => {
   const srv = servers.qwen35.on;
