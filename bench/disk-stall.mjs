@@ -2,7 +2,7 @@
 // The pause a disk-tier write causes to a stream that is decoding beside it.
 //
 //   node bench/disk-stall.mjs --model FILE [--bin build/tern] [--context N] [--threads 2]
-//                             [--stream-tokens 300]
+//                             [--stream-tokens 300] [--modes worker,writer]
 //
 // For each mode ("writer": the disk tier's writer thread; "worker": TERN_DISK_WRITER=0,
 // the write in the worker between steps, as before) a fresh server with --cache-dir:
@@ -35,7 +35,9 @@ process.on('exit', () => rmSync(dir, { recursive: true, force: true }));
 
 const words = 'the parser reads tokens from the lexer and builds a tree of nodes for each expression'.split(' ');
 const text = (n, seed) => Array.from({ length: n }, (_, i) => words[(i * 7 + seed) % words.length]).join(' ');
-const SYS = { role: 'system', content: `You are a coding agent. ${text(Math.round(context * 0.75), 1)}` };
+// (about --context tokens with mkmodel's byte-level vocabulary, ~3.4 tokens a word; fewer
+// with a real one)
+const SYS = { role: 'system', content: `You are a coding agent. ${text(Math.round(context / 3.4), 1)}` };
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 async function metric(srv, name) {
@@ -77,7 +79,7 @@ const median = (v) => [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)];
 async function run(mode) {
   const env = { TERN_PREDICT: '0', TERN_TEST_FORCED_OUTPUT: '1', TERN_LOG: 'debug',
     ...(mode === 'worker' ? { TERN_DISK_WRITER: '0' } : {}) };
-  const srv = await startServer(['--model', model, '--threads', threads, '--ctx-size', String(context + 1024),
+  const srv = await startServer(['--model', model, '--threads', threads, '--ctx-size', String(2 * context + 1024),
     '--cache-dir', join(dir, mode)], env);
   try {
     const key = { session_id: 'long' };
@@ -107,7 +109,7 @@ async function run(mode) {
 }
 
 const rows = [];
-for (const mode of ['worker', 'writer']) rows.push(await run(mode));
+for (const mode of arg('modes', 'worker,writer').split(',')) rows.push(await run(mode));
 console.log('| mode | conversation | file | write | B median gap | B largest gap from A\'s response to its write counted |');
 console.log('|---|---|---|---|---|---|');
 for (const r of rows)

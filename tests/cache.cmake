@@ -13,7 +13,8 @@ if(TERN_NODE)
   tern_script_test(reuse-e2e ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/reuse.test.mjs
                    TIMEOUT 900 LABELS e2e)
   # The disk tier (--cache-dir): restarts, corrupt and foreign files, kill -9, budget,
-  # a full tmpfs (skipped where mount is not permitted), the switches.
+  # a full tmpfs (skipped where mount is not permitted), the switches, a stream that keeps
+  # decoding while the writer thread writes another conversation.
   tern_script_test(disk-e2e ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/disk.test.mjs
                    TIMEOUT 900 LABELS e2e)
   # nginx (deploy/nginx.conf) in front of two replicas sharing one --cache-dir; skipped

@@ -382,6 +382,26 @@ static void test_write_fails(void **state) {
     signal(SIGXFSZ, SIG_DFL);
 }
 
+/* The queue full (4 writes held): the fifth conversation is written by the caller, at
+ * once; the held ones follow. */
+static void test_queue_full(void **state) {
+    struct fixture *f = *state;
+    char dir[600];
+    fresh_dir(dir, sizeof dir, f, "full");
+    struct cache *c = open_cache(f, dir, (size_t)1 << 30);
+    cache_test_hold_writes(c, true);
+    const char *keys[] = {"q0", "q1", "q2", "q3", "q4"};
+    for (int i = 0; i < 4; i++) request(c, keys[i], f->toks + i, N_TOK, NULL);
+    assert_int_equal(stats(c).disk_writes, 0);
+    request(c, keys[4], f->toks + 4, N_TOK, NULL);
+    assert_int_equal(stats(c).disk_writes, 1);
+    cache_test_hold_writes(c, false);
+    cache_flush(c);
+    assert_int_equal(stats(c).disk_writes, 5);
+    assert_int_equal(stats(c).disk_entries, 5);
+    cache_free(c);
+}
+
 /* TERN_DISK_WRITER=0 (the rollback): written by the caller, before cache_release
  * returns, with the same file. */
 static void test_rollback_switch(void **state) {
@@ -413,6 +433,7 @@ int main(void) {
         cmocka_unit_test_setup(test_evict_pinned, setup_q35),
         cmocka_unit_test_setup(test_shutdown_inflight, setup_q35),
         cmocka_unit_test_setup(test_write_fails, setup_q35),
+        cmocka_unit_test_setup(test_queue_full, setup_q3),
         cmocka_unit_test_setup(test_rollback_switch, setup_q35),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
