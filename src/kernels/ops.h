@@ -51,9 +51,10 @@ struct tern_ops {
     /* attn_page for nq (1..TERN_ATTN_MAX_Q) queries over the same n rows: each query's
      * acc, *m and *l come out with exactly the bits attn_page alone would give it (the
      * same operations in the same order per query), whatever nq and whatever the other
-     * queries; the rows are read, and F16 rows converted to float, once for all of them
-     * instead of once per query. scratch: tern_attn_multi_scratch_floats(nq, n, head_dim)
-     * floats. */
+     * queries. Where it pays (the AVX-512 loops, from 4 queries) the rows are read, and
+     * F16 rows converted to float, once for all of them instead of once per query; else
+     * the queries run one after another. scratch: tern_attn_multi_scratch_floats(nq, n,
+     * head_dim) floats. */
     void (*attn_page_multi)(const struct tern_attn_query *qs, size_t nq, size_t head_dim, const void *k,
                             const void *v, size_t row_elems, size_t n, float scale, bool f16, float *scratch);
 };
