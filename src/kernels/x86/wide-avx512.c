@@ -38,6 +38,14 @@ AVX2_INLINE __m512 lut16(const uint8_t *p) {
     return _mm512_set1_ps(tern_fp16_lut[h]);
 }
 AVX2_INLINE __m512 lut_pair(const uint8_t *p0, const uint8_t *p1) { return pair_ps(lut_bcast(p0), lut_bcast(p1)); }
+/* Prefetches a super-block (bytes long) of two rows at distance pf (0: none). */
+AVX2_INLINE void pf_pair(const uint8_t *b0, const uint8_t *b1, size_t bytes, size_t pf) {
+    if (!pf) return;
+    for (size_t o = 0; o < bytes; o += 64) {
+        avx2_prefetch(b0 + pf + o);
+        avx2_prefetch(b1 + pf + o);
+    }
+}
 
 /* The two outputs of a register: hsum8 of each half, as the AVX2 tiles do. */
 AVX2_INLINE void store_pair(__m512 acc, float *y0, float *y1) {
@@ -52,7 +60,7 @@ AVX2_INLINE void store_pair(__m512 acc, float *y0, float *y1) {
 /* ---- Q8_0 ------------------------------------------------------------------------------ */
 
 AVX2_INLINE void q8_0_wtile(int RP, int T, const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb, size_t k,
-                            float *y, size_t ldy) {
+                            float *y, size_t ldy, size_t pf) {
     const size_t bb = sizeof(struct tern_block_q8_0);
     const __m512i x80 = _mm512_set1_epi8((char)0x80);
     __m512 acc[W_RPMAX][W_TMAX];
@@ -62,6 +70,10 @@ AVX2_INLINE void q8_0_wtile(int RP, int T, const uint8_t *w, size_t wrb, const u
         __m512 dw[W_RPMAX];
         UNROLL for (int p = 0; p < RP; p++) {
             const uint8_t *b0 = w + (size_t)(2 * p) * wrb + b * bb, *b1 = b0 + wrb;
+            if (pf) {
+                avx2_prefetch(b0 + pf);
+                avx2_prefetch(b1 + pf);
+            }
             wq[p] = pair_i(b0 + 2, b1 + 2);
             /* -128 * (sum of each lane's 4 weights): cancels the +128 of the activations */
             nc[p] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), x80, wq[p]));
@@ -84,13 +96,17 @@ AVX2_INLINE void q8_0_wtile(int RP, int T, const uint8_t *w, size_t wrb, const u
 
 /* k a multiple of 8 (the driver sends other k to the AVX2 tiles, which pad the tail). */
 AVX2_INLINE void f16_wtile(int RP, int T, const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb, size_t k,
-                           float *y, size_t ldy) {
+                           float *y, size_t ldy, size_t pf) {
     __m512 acc[W_RPMAX][W_TMAX];
     UNROLL for (int p = 0; p < RP; p++) UNROLL for (int t = 0; t < T; t++) acc[p][t] = _mm512_setzero_ps();
     for (size_t i = 0; i < k; i += 8) {
         __m512 wv[W_RPMAX];
         UNROLL for (int p = 0; p < RP; p++) {
             const uint8_t *w0 = w + (size_t)(2 * p) * wrb + 2 * i;
+            if (pf && i % 32 == 0) { /* a cache line of each row per 32 elements */
+                avx2_prefetch(w0 + pf);
+                avx2_prefetch(w0 + wrb + pf);
+            }
             wv[p] = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(loadu128(w0)), loadu128(w0 + wrb), 1));
         }
         UNROLL for (int t = 0; t < T; t++) {
@@ -131,7 +147,7 @@ AVX2_INLINE __m512i i16_bcast(__m512i x, int j) {
 }
 
 AVX2_INLINE void k4_wtile(int kind5, int RP, int T, const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb,
-                          size_t k, float *y, size_t ldy) {
+                          size_t k, float *y, size_t ldy, size_t pf) {
     const size_t bb = kind5 ? sizeof(struct tern_block_q5_k) : sizeof(struct tern_block_q4_k);
     const size_t ab = sizeof(struct tern_block_q8_k);
     const size_t qs_off = kind5 ? offsetof(struct tern_block_q5_k, qs) : offsetof(struct tern_block_q4_k, qs);
@@ -146,6 +162,7 @@ AVX2_INLINE void k4_wtile(int kind5, int RP, int T, const uint8_t *w, size_t wrb
         __m512 dw[W_RPMAX], dmw[W_RPMAX];
         UNROLL for (int p = 0; p < RP; p++) {
             const uint8_t *b0 = w + (size_t)(2 * p) * wrb + b * bb, *b1 = b0 + wrb;
+            pf_pair(b0, b1, bb, pf);
             dw[p] = lut_pair(b0 + K4_D, b1 + K4_D);
             dmw[p] = lut_pair(b0 + K4_DMIN, b1 + K4_DMIN);
             __m128i s0, m0, s1, m1;
@@ -203,7 +220,7 @@ AVX2_INLINE void k4_wtile(int kind5, int RP, int T, const uint8_t *w, size_t wrb
 /* ---- Q6_K ------------------------------------------------------------------------------- */
 
 AVX2_INLINE void q6k_wtile(int RP, int T, const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb, size_t k,
-                           float *y, size_t ldy) {
+                           float *y, size_t ldy, size_t pf) {
     const size_t bb = sizeof(struct tern_block_q6_k);
     const size_t ab = sizeof(struct tern_block_q8_k);
     const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
@@ -214,6 +231,7 @@ AVX2_INLINE void q6k_wtile(int RP, int T, const uint8_t *w, size_t wrb, const ui
         __m512 dw[W_RPMAX];
         UNROLL for (int p = 0; p < RP; p++) {
             const uint8_t *b0 = w + (size_t)(2 * p) * wrb + b * bb, *b1 = b0 + wrb;
+            pf_pair(b0, b1, bb, pf);
             dw[p] = lut_pair(b0 + Q6K_D, b1 + Q6K_D);
             sc16[p] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepi8_epi16(loadu128(b0 + Q6K_SCALES))),
                                          _mm256_cvtepi8_epi16(loadu128(b1 + Q6K_SCALES)), 1);
@@ -264,8 +282,10 @@ AVX2_INLINE void q6k_wtile(int RP, int T, const uint8_t *w, size_t wrb, const ui
 
 /* ---- the driver ------------------------------------------------------------------------- */
 
+/* pf: 0, or how far ahead (bytes) to prefetch the weight rows as they are read: the
+ * first token tile of a row tile reads them from memory, the next ones from L1. */
 typedef void (*w_tile_fn)(const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb, size_t k, float *y,
-                          size_t ldy);
+                          size_t ldy, size_t pf);
 
 struct w_tiles {
     w_tile_fn fn[W_RPMAX + 1][W_TMAX + 1]; /* [row pairs][tokens], 1-based */
@@ -292,7 +312,8 @@ static void w_drive(const struct w_tiles *tl, const void *wv, size_t wrb, size_t
             const size_t np = (r_even - r) / 2 < RP ? (r_even - r) / 2 : RP;
             for (size_t t = t0; t < t1; t += T) {
                 const size_t nt = t1 - t < T ? t1 - t : T;
-                tl->fn[np][nt](w + r * wrb, wrb, a + t * arb, arb, k, y + t * ldy + r, ldy);
+                tl->fn[np][nt](w + r * wrb, wrb, a + t * arb, arb, k, y + t * ldy + r, ldy,
+                               t == t0 ? 2 * RP * wrb : 0);
             }
         }
     }
@@ -301,8 +322,8 @@ static void w_drive(const struct w_tiles *tl, const void *wv, size_t wrb, size_t
 
 #define W_TILE_INST(body, RP, T)                                                                             \
     static void body##_##RP##x##T(const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb, size_t k,      \
-                                  float *y, size_t ldy) {                                                   \
-        body(RP, T, w, wrb, a, arb, k, y, ldy);                                                              \
+                                  float *y, size_t ldy, size_t pf) {                                        \
+        body(RP, T, w, wrb, a, arb, k, y, ldy, pf);                                                          \
     }
 /* Tiles of RP row pairs x 1 .. T tokens (only the token counts the driver can ask for:
  * the middle tiles' T and the edges below it). */
