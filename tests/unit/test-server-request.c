@@ -235,8 +235,8 @@ static void test_errors(void **state) {
     expect_error(SRV_EP_CHAT,
                  "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"tool_calls\":[{\"function\":{\"name\":\"f\"}}]}]}",
                  400, "messages[0].tool_calls", "only assistant");
-    expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"spec\":\"mtp\"}", 400,
-                 "spec", "\"ngram\"");
+    expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"spec\":\"medusa\"}", 400,
+                 "spec", "\"mtp\"");
     expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"spec\":1}", 400, "spec",
                  "must be a string");
     expect_error(SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"spec_max\":33}", 400,
@@ -270,6 +270,11 @@ static void test_spec_fields(void **state) {
                       &err));
     assert_true(req.spec_set);
     assert_int_equal(req.spec, SPEC_OFF);
+    srv_request_free(&req);
+    /* the MTP head is a per-request mode too (a model without it answers 400 later) */
+    assert_true(parse(SRV_EP_COMPLETION, "{\"prompt\":\"x\",\"spec\":\"mtp\"}", &req, &err));
+    assert_true(req.spec_set);
+    assert_int_equal(req.spec, SPEC_MTP);
     srv_request_free(&req);
 }
 
