@@ -300,6 +300,7 @@ static void render_metrics(struct srv_server *s, struct tern_buf *b) {
     pthread_mutex_lock(&s->qmu);
     uint32_t q = s->q_len;
     uint32_t n_running = s->n_running;
+    uint32_t n_simple = s->n_simple;
     pthread_mutex_unlock(&s->qmu);
     tern_buf_printf(b,
                     "# TYPE tern_queue_depth gauge\ntern_queue_depth %u\n"
@@ -309,6 +310,8 @@ static void render_metrics(struct srv_server *s, struct tern_buf *b) {
                     "# TYPE tern_requests_running gauge\ntern_requests_running %u\n"
                     "# HELP tern_requests_waiting Requests queued for a place among the running ones.\n"
                     "# TYPE tern_requests_waiting gauge\ntern_requests_waiting %u\n"
+                    "# HELP tern_tokenize_running /tokenize and /detokenize requests admitted and not yet answered.\n"
+                    "# TYPE tern_tokenize_running gauge\ntern_tokenize_running %u\n"
                     "# TYPE tern_prompt_tokens_total counter\ntern_prompt_tokens_total %llu\n"
                     "# TYPE tern_prompt_tokens_cached_total counter\ntern_prompt_tokens_cached_total %llu\n"
                     "# TYPE tern_prompt_tokens_read_total counter\ntern_prompt_tokens_read_total %llu\n"
@@ -324,7 +327,7 @@ static void render_metrics(struct srv_server *s, struct tern_buf *b) {
                     "# TYPE tern_preempt_wait_seconds summary\ntern_preempt_wait_seconds_sum %.6f\n"
                     "tern_preempt_wait_seconds_count %llu\n"
                     "# TYPE tern_uptime_seconds gauge\ntern_uptime_seconds %.1f\n",
-                    q, s->p.n_queue, n_running ? 1 : 0, n_running, q, (unsigned long long)atomic_load(&s->prompt_tokens),
+                    q, s->p.n_queue, n_running ? 1 : 0, n_running, q, n_simple, (unsigned long long)atomic_load(&s->prompt_tokens),
                     (unsigned long long)atomic_load(&s->cached_tokens),
                     (unsigned long long)atomic_load(&s->read_tokens),
                     (unsigned long long)atomic_load(&s->generated_tokens),
