@@ -253,6 +253,101 @@ INLINE void attn_page_impl(float *acc, float *m, float *l, const float *q, size_
     for (size_t i0 = 0; i0 < d; i0 += 64) pv_block(acc, c, scores, n, v, rb, i0, d - i0 >= 64 ? 8 : (d - i0) / 8, f16);
 }
 
+/* ---- several queries over one page (attn_page_multi), AVX2 ----------------------------------
+ *
+ * Each query runs attn_page_impl's arithmetic (dots8 and dot1 for the scores, the same
+ * max, exp and sum, acc * c and then fma(p_j, v_j) for j ascending), so its bits are
+ * attn_page's. What the queries share is the reading of the page: F16 rows are converted
+ * once per block (8 keys, MQ2_JB values) into a float buffer that stays in L1, and every
+ * query's loop reads that block there, instead of each query converting the whole page
+ * again and reading it from L2 or memory. The accumulators go to memory between value
+ * blocks, which changes no bits. */
+#define MQ2_JB 16
+
+/* Rows [0, cnt) of src (rb bytes apart), F16, as floats d apart in dst (d a multiple of 8). */
+INLINE void rows_to_f32_avx2(float *dst, const char *src, size_t rb, size_t cnt, size_t d) {
+    for (size_t r = 0; r < cnt; r++, src += rb, dst += d)
+        for (size_t i = 0; i < d; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)src + i))));
+}
+
+/* acc[0 .. 64) over float rows [0, jn) ld apart at vb with weights p[0 .. jn); first:
+ * acc * c before the first row (pv_block's order). */
+INLINE void pv64_rows(float *acc, float c, const float *p, const float *vb, size_t ld, size_t jn, int first) {
+    __m256 a0 = _mm256_loadu_ps(acc), a1 = _mm256_loadu_ps(acc + 8), a2 = _mm256_loadu_ps(acc + 16);
+    __m256 a3 = _mm256_loadu_ps(acc + 24), a4 = _mm256_loadu_ps(acc + 32), a5 = _mm256_loadu_ps(acc + 40);
+    __m256 a6 = _mm256_loadu_ps(acc + 48), a7 = _mm256_loadu_ps(acc + 56);
+    if (first) {
+        const __m256 vc = _mm256_set1_ps(c);
+        a0 = _mm256_mul_ps(a0, vc), a1 = _mm256_mul_ps(a1, vc), a2 = _mm256_mul_ps(a2, vc);
+        a3 = _mm256_mul_ps(a3, vc), a4 = _mm256_mul_ps(a4, vc), a5 = _mm256_mul_ps(a5, vc);
+        a6 = _mm256_mul_ps(a6, vc), a7 = _mm256_mul_ps(a7, vc);
+    }
+    for (size_t j = 0; j < jn; j++, vb += ld) {
+        const __m256 w = _mm256_broadcast_ss(&p[j]);
+        a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vb), a0);
+        a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vb + 8), a1);
+        a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vb + 16), a2);
+        a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vb + 24), a3);
+        a4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vb + 32), a4);
+        a5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vb + 40), a5);
+        a6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vb + 48), a6);
+        a7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(vb + 56), a7);
+    }
+    _mm256_storeu_ps(acc, a0), _mm256_storeu_ps(acc + 8, a1), _mm256_storeu_ps(acc + 16, a2);
+    _mm256_storeu_ps(acc + 24, a3), _mm256_storeu_ps(acc + 32, a4), _mm256_storeu_ps(acc + 40, a5);
+    _mm256_storeu_ps(acc + 48, a6), _mm256_storeu_ps(acc + 56, a7);
+}
+
+/* scratch: nq score rows of n + 8, then MQ2_JB converted rows of d (within
+ * tern_attn_multi_scratch_floats). */
+INLINE void attn_multi_impl(const struct tern_attn_query *qs, size_t nq, size_t d, const void *k, const void *v,
+                            size_t row_elems, size_t n, float scale, float *scratch, const int f16) {
+    const size_t rb = row_elems * (f16 ? 2 : 4), ns = n + 8;
+    float *cv = scratch + nq * ns;
+    const __m256 vs = _mm256_set1_ps(scale);
+    const size_t n8 = n / 8 * 8;
+    for (size_t j0 = 0; j0 < n8; j0 += 8) {
+        const char *kr = (const char *)k + j0 * rb, *kb = kr;
+        size_t kbr = rb;
+        if (f16) rows_to_f32_avx2(cv, kr, rb, 8, d), kb = (const char *)cv, kbr = d * sizeof(float);
+        for (size_t a = 0; a < nq; a++)
+            _mm256_storeu_ps(scratch + a * ns + j0, _mm256_mul_ps(dots8(qs[a].q, kb, kbr, d, 0), vs));
+    }
+    for (size_t j = n8; j < n; j++)
+        for (size_t a = 0; a < nq; a++) scratch[a * ns + j] = dot1(qs[a].q, (const char *)k + j * rb, d, f16) * scale;
+    float c[TERN_ATTN_MAX_Q];
+    for (size_t a = 0; a < nq; a++) {
+        float *sc = scratch + a * ns;
+        const float pm = max_avx2(sc, n), m0 = *qs[a].m;
+        const float mn = pm > m0 ? pm : m0;
+        c[a] = _mm_cvtss_f32(_mm256_castps256_ps128(exp256(_mm256_set1_ps(m0 - mn))));
+        const float sum = expsum_avx2(sc, n, mn);
+        *qs[a].l = *qs[a].l * c[a] + sum;
+        *qs[a].m = mn;
+    }
+    const size_t d64 = d / 64 * 64;
+    for (size_t j0 = 0; j0 < n && d64; j0 += MQ2_JB) {
+        const size_t jn = n - j0 < MQ2_JB ? n - j0 : MQ2_JB;
+        const char *vr = (const char *)v + j0 * rb;
+        const float *vb = (const float *)vr;
+        size_t ld = row_elems;
+        if (f16) rows_to_f32_avx2(cv, vr, rb, jn, d), vb = cv, ld = d;
+        for (size_t a = 0; a < nq; a++)
+            for (size_t i0 = 0; i0 < d64; i0 += 64)
+                pv64_rows(qs[a].acc + i0, c[a], scratch + a * ns + j0, vb + i0, ld, jn, j0 == 0);
+    }
+    if (d64 < d)
+        for (size_t a = 0; a < nq; a++)
+            pv_block(qs[a].acc, c[a], scratch + a * ns, n, v, rb, d64, (d - d64) / 8, f16);
+}
+
+static void attn_multi_avx2(const struct tern_attn_query *qs, size_t nq, size_t d, const void *k, const void *v,
+                            size_t row_elems, size_t n, float scale, bool f16, float *scratch) {
+    if (f16) attn_multi_impl(qs, nq, d, k, v, row_elems, n, scale, scratch, 1);
+    else attn_multi_impl(qs, nq, d, k, v, row_elems, n, scale, scratch, 0);
+}
+
 /* ---- AVX-512 (F, DQ): the same attention with the same bits ---------------------------------
  *
  * Where the kernels use their AVX-512 tiles (tern_kernels_avx512()), attn_page runs the
@@ -521,8 +616,15 @@ static void attn_page_avx2(float *acc, float *m, float *l, const float *q, size_
     else attn_page_impl(acc, m, l, q, d, k, v, row_elems, n, scale, scores, 0);
 }
 
-/* The 512-bit loops share a page from 4 queries on; below that (and on the AVX2 loops,
- * whose registers hold one query's lanes) the queries run one after another.
+/* The 512-bit loops share a page from 4 queries on; below that the queries run one after
+ * another. The AVX2 loops share it (attn_multi_avx2) for heads of 256 from 4 queries on:
+ * `bench-attn --avx512 0` (thread CPU time, F16, the same VM, loaded), 4096 positions:
+ * head 256, 4 queries 0.45 -> 0.38 ms, 8 queries 0.83 -> 0.62, 16 queries 1.59 -> 1.13;
+ * 32768 positions, 32 queries 28.7 -> 21.3 (a head of 256 re-reads every value row four
+ * times per query, 64 elements at a time: the block in L1 saves those reads). Heads of
+ * 128 gain nothing measurable (16 queries 0.82 -> 0.75 at 4096, 8.3 -> 9.4 at 32768; 2
+ * queries 0.12 -> 0.16: the block's copy costs what the shared conversion saves), so they
+ * run one query after another.
  * `bench-attn` (thread CPU time, 4096 positions of F16, a loaded 2-vCPU Xeon family 6
  * model 207): head 128, 16 queries 0.83 -> 0.43 ms, 4 queries 0.22 -> 0.15, 2 queries
  * 0.12 -> 0.14 (the float copy of each 8-key block does not pay for one pair); head 256,
@@ -534,6 +636,10 @@ static void attn_page_multi_avx2(const struct tern_attn_query *qs, size_t nq, si
                                  size_t row_elems, size_t n, float scale, bool f16, float *scratch) {
     if (d % 8 == 0 && nq >= 4 && tern_kernels_avx512()) {
         attn_multi_avx512(qs, nq, d, k, v, row_elems, n, scale, f16, scratch);
+        return;
+    }
+    if (d % 8 == 0 && d >= 256 && nq >= 4) { /* the AVX2 loops: heads of 256 (see above) */
+        attn_multi_avx2(qs, nq, d, k, v, row_elems, n, scale, f16, scratch);
         return;
     }
     for (size_t a = 0; a < nq; a++)
