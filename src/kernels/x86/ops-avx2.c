@@ -443,6 +443,104 @@ static void attn_page_avx512(float *acc, float *m, float *l, const float *q, siz
     else attn_page_impl512(acc, m, l, q, d, k, v, row_elems, n, scale, scores, 0);
 }
 
+/* attn_page_impl512 for two queries a, b at once: each loaded (and converted) key pair and
+ * value register feeds both queries' accumulators, which see exactly attn_page_impl512's
+ * operations in its order (the same bits); the page is read once for the pair. */
+INLINE void dots8x2_512(const float *qa, const float *qb, const char *k, size_t rb, size_t d, __m256 *sa, __m256 *sb,
+                        const int f16) {
+    __m512 a01 = _mm512_setzero_ps(), a23 = a01, a45 = a01, a67 = a01;
+    __m512 b01 = a01, b23 = a01, b45 = a01, b67 = a01;
+    for (size_t i = 0; i < d; i += 8) {
+        const __m512 qva = _mm512_broadcast_f32x8(_mm256_loadu_ps(qa + i));
+        const __m512 qvb = _mm512_broadcast_f32x8(_mm256_loadu_ps(qb + i));
+        const __m512 k01 = load8x2(k, k + rb, i, f16), k23 = load8x2(k + 2 * rb, k + 3 * rb, i, f16);
+        const __m512 k45 = load8x2(k + 4 * rb, k + 5 * rb, i, f16), k67 = load8x2(k + 6 * rb, k + 7 * rb, i, f16);
+        a01 = _mm512_fmadd_ps(qva, k01, a01), b01 = _mm512_fmadd_ps(qvb, k01, b01);
+        a23 = _mm512_fmadd_ps(qva, k23, a23), b23 = _mm512_fmadd_ps(qvb, k23, b23);
+        a45 = _mm512_fmadd_ps(qva, k45, a45), b45 = _mm512_fmadd_ps(qvb, k45, b45);
+        a67 = _mm512_fmadd_ps(qva, k67, a67), b67 = _mm512_fmadd_ps(qvb, k67, b67);
+    }
+    const __m512 acc[2][4] = {{a01, a23, a45, a67}, {b01, b23, b45, b67}};
+    __m256 *const out[2] = {sa, sb};
+    for (int q = 0; q < 2; q++) {
+        const __m256 h01 = _mm256_hadd_ps(lo8(acc[q][0]), hi8(acc[q][0]));
+        const __m256 h23 = _mm256_hadd_ps(lo8(acc[q][1]), hi8(acc[q][1]));
+        const __m256 h45 = _mm256_hadd_ps(lo8(acc[q][2]), hi8(acc[q][2]));
+        const __m256 h67 = _mm256_hadd_ps(lo8(acc[q][3]), hi8(acc[q][3]));
+        const __m256 g0123 = _mm256_hadd_ps(h01, h23), g4567 = _mm256_hadd_ps(h45, h67);
+        *out[q] = _mm256_add_ps(_mm256_permute2f128_ps(g0123, g4567, 0x20), _mm256_permute2f128_ps(g0123, g4567, 0x31));
+    }
+}
+
+/* pv_512 for two queries (elements i0 .. i0 + 16 NZ of both accs), NZ 4 or 8. */
+INLINE void pv2_512(float *acca, float *accb, float ca, float cb, const float *pa, const float *pb, size_t n,
+                    const char *v, size_t rb, size_t i0, const int nz, const int f16) {
+    const __m512 vca = _mm512_set1_ps(ca), vcb = _mm512_set1_ps(cb);
+    __m512 a[8], b[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < nz; r++) {
+        a[r] = _mm512_mul_ps(_mm512_loadu_ps(acca + i0 + 16 * r), vca);
+        b[r] = _mm512_mul_ps(_mm512_loadu_ps(accb + i0 + 16 * r), vcb);
+    }
+    v += i0 * (f16 ? 2 : 4);
+    for (size_t j = 0; j < n; j++, v += rb) {
+        const __m512 wa = _mm512_set1_ps(pa[j]), wb = _mm512_set1_ps(pb[j]);
+#pragma GCC unroll 8
+        for (int r = 0; r < nz; r++) {
+            const __m512 x = f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)v + 16 * r)))
+                                 : _mm512_loadu_ps((const float *)v + 16 * r);
+            a[r] = _mm512_fmadd_ps(wa, x, a[r]);
+            b[r] = _mm512_fmadd_ps(wb, x, b[r]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < nz; r++) {
+        _mm512_storeu_ps(acca + i0 + 16 * r, a[r]);
+        _mm512_storeu_ps(accb + i0 + 16 * r, b[r]);
+    }
+}
+
+/* scores: 2 (n + 8) floats. */
+INLINE void attn_page2_impl512(const struct tern_attn_query *qs, size_t d, const void *k, const void *v,
+                               size_t row_elems, size_t n, float scale, float *scores, const int f16) {
+    const size_t rb = row_elems * (f16 ? 2 : 4);
+    float *sc[2] = {scores, scores + n + 8};
+    const char *kr = k;
+    const __m256 vs = _mm256_set1_ps(scale);
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8, kr += 8 * rb) {
+        __m256 sa, sb;
+        dots8x2_512(qs[0].q, qs[1].q, kr, rb, d, &sa, &sb, f16);
+        _mm256_storeu_ps(sc[0] + j, _mm256_mul_ps(sa, vs));
+        _mm256_storeu_ps(sc[1] + j, _mm256_mul_ps(sb, vs));
+    }
+    for (; j < n; j++, kr += rb)
+        for (int q = 0; q < 2; q++) sc[q][j] = dot1(qs[q].q, kr, d, f16) * scale;
+    float c[2];
+    for (int q = 0; q < 2; q++) {
+        const float pm = max_avx2(sc[q], n), m0 = *qs[q].m;
+        const float mn = pm > m0 ? pm : m0;
+        c[q] = _mm_cvtss_f32(_mm256_castps256_ps128(exp256(_mm256_set1_ps(m0 - mn))));
+        const float sum = expsum_avx2(sc[q], n, mn);
+        *qs[q].l = *qs[q].l * c[q] + sum;
+        *qs[q].m = mn;
+    }
+    size_t i0 = 0;
+    if (d == 128) {
+        pv2_512(qs[0].acc, qs[1].acc, c[0], c[1], sc[0], sc[1], n, v, rb, 0, 8, f16);
+        i0 = 128;
+    }
+    for (; i0 + 64 <= d; i0 += 64) pv2_512(qs[0].acc, qs[1].acc, c[0], c[1], sc[0], sc[1], n, v, rb, i0, 4, f16);
+    if (i0 < d)
+        for (int q = 0; q < 2; q++) pv_block(qs[q].acc, c[q], sc[q], n, v, rb, i0, (d - i0) / 8, f16);
+}
+
+static void attn_page2_avx512(const struct tern_attn_query *qs, size_t d, const void *k, const void *v,
+                              size_t row_elems, size_t n, float scale, bool f16, float *scores) {
+    if (f16) attn_page2_impl512(qs, d, k, v, row_elems, n, scale, scores, 1);
+    else attn_page2_impl512(qs, d, k, v, row_elems, n, scale, scores, 0);
+}
+
 /* ---- several queries over one page (attn_page_multi), AVX-512 -------------------------------
  *
  * A query's bits are attn_page's: its score of key j is the fma chain over d in steps of 8
@@ -642,7 +740,10 @@ static void attn_page_multi_avx2(const struct tern_attn_query *qs, size_t nq, si
         attn_multi_avx2(qs, nq, d, k, v, row_elems, n, scale, f16, scratch);
         return;
     }
-    for (size_t a = 0; a < nq; a++)
+    size_t a = 0;
+    if (d % 8 == 0 && tern_kernels_avx512())
+        for (; a + 2 <= nq; a += 2) attn_page2_avx512(qs + a, d, k, v, row_elems, n, scale, f16, scratch);
+    for (; a < nq; a++)
         attn_page_avx2(qs[a].acc, qs[a].m, qs[a].l, qs[a].q, d, k, v, row_elems, n, scale, f16, scratch);
 }
 
