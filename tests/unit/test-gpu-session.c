@@ -19,6 +19,8 @@
  *   from one on the device, spilled, or made in host memory gives the cold run's logits
  *   and hash, and their bytes are the host checkpoints' (fork and restore copy on the
  *   device: every case above runs through those copies too);
+ * - a device without room for a checkpoint ($TERN_TEST_VK_DEVICE_BYTES): the oldest on the
+ *   device makes way, else the checkpoint is made in host memory; both restore to cold;
  * - what a device session cannot do is refused with a message: a recurrent state trail
  *   (TERN_ERR_UNSUPPORTED), a device chosen after a session exists (TERN_ERR_STATE), a
  *   context larger than the device's memory (TERN_ERR_NOMEM with the sizes).
@@ -28,6 +30,8 @@
 #include "exact.h"
 
 #include "backend/vulkan.h"
+#include "model/gpu.h"
+#include "model/model.h" /* m->gpu: the device's byte counts, for a device made to be full */
 #include "tern.h"
 
 #include <math.h>
@@ -491,6 +495,52 @@ static void test_qwen35_vram(void **state) {
     tern_model_free(m);
 }
 
+/* A device with room for one session and 1.5 (or 0.5) checkpoints: the oldest makes way
+ * for a new one (spilled), or the new one is made in host memory (a fallback). */
+static void vram_full(const char *rel, float room) {
+    struct tern_model *m = load(rel, true);
+    const size_t rb = tern_model_info(m)->recurrent_bytes, nv = tern_model_info(m)->n_vocab;
+    const size_t used = tern_gpu_bytes(m->gpu) + tern_gpu_state_need(m->gpu, 256, true);
+    tern_model_free(m);
+    char cap[32];
+    snprintf(cap, sizeof cap, "%zu", used + (size_t)(room * (float)rb));
+    setenv("TERN_TEST_VK_DEVICE_BYTES", cap, 1);
+    m = load(rel, true);
+    unsetenv("TERN_TEST_VK_DEVICE_BYTES");
+    tern_model_set_ckpt_vram(m, 8 * rb); /* the budget is not what is short */
+    int32_t *toks = tx_prompt(N_TOK), other[8];
+    for (size_t i = 0; i < N_TOK; i++) toks[i] %= (int32_t)nv;
+    for (size_t i = 0; i < 8; i++) other[i] = (int32_t)((toks[i] * 3 + 1) % (int32_t)nv);
+    float *cold = malloc(N_TOK * nv * sizeof(float)), *l = malloc(N_TOK * nv * sizeof(float));
+    struct ck_set ck = {0};
+    static const uint32_t pos[] = {16, P_CUT};
+    struct tern_session *ref = new_session(m, TERN_KV_F16);
+    struct tern_eval_opts o = {.n_chunk = 64, .logits_all = cold, .ckpt_pos = pos, .n_ckpt = 2, .on_ckpt = collect_ckpt,
+                               .ckpt_user = &ck};
+    assert_int_equal(tern_session_eval(ref, toks, N_TOK, &o), TERN_OK);
+    const uint64_t h = tern_session_hash(ref);
+    struct tern_ckpt_vram_stats v;
+    vram_stats(m, &v);
+    printf("%-28s a device with room for %.1f checkpoints: %u on it, %llu spilled, %llu made in host memory\n", rel,
+           (double)room, v.n, (unsigned long long)v.spilled, (unsigned long long)v.fallbacks);
+    if (room >= 1) assert_true(v.n == 1 && v.kept == 2 && v.spilled == 1 && v.fallbacks == 0);
+    else assert_true(v.n == 0 && v.kept == 0 && v.fallbacks == 2);
+    tern_session_free(ref); /* the restores below make a second session */
+    /* ref's cold logits were taken with checkpoints along the way: they change nothing */
+    for (size_t i = 0; i < 2; i++) restore_equals_cold(m, toks, other, ck.c[i], cold, h, l);
+    for (size_t i = 0; i < 2; i++) tern_checkpoint_free(ck.c[i]);
+    free(cold);
+    free(l);
+    free(toks);
+    tern_model_free(m);
+}
+
+static void test_qwen35_vram_full(void **state) {
+    (void)state;
+    vram_full("models/tiny-qwen35-f32.gguf", 1.5f);
+    vram_full("models/tiny-qwen35-f32.gguf", 0.5f);
+}
+
 static void test_qwen3_f32(void **state) {
     (void)state;
     check_model("models/tiny-qwen3-f32.gguf", false);
@@ -521,6 +571,7 @@ int main(void) {
         cmocka_unit_test(test_qwen35_f32),
         cmocka_unit_test(test_qwen35_q8_0),
         cmocka_unit_test(test_qwen35_vram),
+        cmocka_unit_test(test_qwen35_vram_full),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
