@@ -395,14 +395,15 @@ static int cmd_serve(int argc, char **argv) {
         free(tmpl_src);
         return 1;
     }
-    if (!st && vram_bytes) {
-        if (strcmp(tern_model_device(model), "cpu")) {
-            tern_model_set_ckpt_vram(model, vram_bytes);
+    if (!st && strcmp(tern_model_device(model), "cpu")) {
+        tern_model_set_ckpt_vram(model, vram_bytes);
+        if (vram_bytes)
             TERN_LOG_INFO("cache-vram: checkpoints kept in device memory on %s, up to %zu MiB; the oldest spill to "
                           "host memory (--cache-ram)", tern_model_device(model), vram_bytes >> 20);
-        } else {
-            TERN_LOG_WARN("cache-vram: %zu MiB ignored: the sessions run on the CPU (--device)", vram_bytes >> 20);
-        }
+        else if (tern_model_info(model)->hybrid)
+            TERN_LOG_INFO("cache-vram: 0, checkpoints in host memory (--cache-vram MiB keeps them on the device)");
+    } else if (!st && vram_bytes) {
+        TERN_LOG_WARN("cache-vram: %zu MiB ignored: the sessions run on the CPU (--device)", vram_bytes >> 20);
     }
     /* the cache's role map: which turn headers the chat template writes (server/chat.h) */
     if (!st) st = chat_role_map(tern_model_tokenizer(model), &cp);

@@ -372,13 +372,13 @@ static void collect_ckpt(void *user, struct tern_checkpoint *c) {
 
 static void vram_stats(struct tern_model *m, struct tern_ckpt_vram_stats *v) { tern_model_ckpt_vram_stats(m, v); }
 
-/* A session with toks[0..N_TOK) read, then other tokens: restoring c and reading the rest
- * must give the cold run's logits and hash. */
-static void restore_equals_cold(struct tern_model *m, const int32_t *toks, const int32_t *other,
+/* s has read toks[0..N_TOK); after other tokens, restoring c and reading the rest must
+ * give the cold run's logits and hash (s is then back where it was). */
+static void restore_equals_cold(struct tern_session *s, const int32_t *toks, const int32_t *other,
                                 const struct tern_checkpoint *c, const float *cold, uint64_t h, float *l) {
-    const size_t nv = tern_model_info(m)->n_vocab;
+    const size_t nv = tern_model_info(tern_session_model(s))->n_vocab;
     const uint32_t p = tern_checkpoint_pos(c);
-    struct tern_session *s = primed(m, toks, N_TOK, 64, NULL);
+    assert_int_equal(tern_session_n_past(s), N_TOK);
     assert_int_equal(tern_session_eval(s, other, 8, NULL), TERN_OK);
     assert_int_equal(tern_session_restore(s, c), TERN_OK);
     assert_int_equal(tern_session_n_past(s), p);
@@ -386,7 +386,6 @@ static void restore_equals_cold(struct tern_model *m, const int32_t *toks, const
     assert_int_equal(tern_session_eval(s, toks + p, N_TOK - p, &o), TERN_OK);
     assert_memory_equal(l, cold + (size_t)p * nv, (N_TOK - p) * nv * sizeof(float));
     assert_true(tern_session_hash(s) == h);
-    tern_session_free(s);
 }
 
 /* Checkpoints in device memory on the hybrid: budget, spill, bits. */
@@ -403,6 +402,7 @@ static void test_qwen35_vram(void **state) {
     float *cold = malloc(lbytes), *l = malloc(lbytes);
     struct tern_session *ref = primed(m, toks, N_TOK, 512, cold);
     const uint64_t h = tern_session_hash(ref);
+    struct tern_session *rs = primed(m, toks, N_TOK, 64, NULL); /* restores into it */
     static const uint32_t pos[] = {16, P_CUT, 56};
 
     /* the default keeps nothing on the device */
@@ -437,8 +437,8 @@ static void test_qwen35_vram(void **state) {
     assert_int_equal(tern_checkpoint_bytes(dev.c[1]), tern_checkpoint_bytes(host.c[1])); /* the pool's count */
 
     /* restore from the device (1, 2), from the spilled one (0), from host ones: cold bits */
-    for (size_t i = 0; i < 3; i++) restore_equals_cold(m, toks, other, dev.c[i], cold, h, l);
-    restore_equals_cold(m, toks, other, host.c[1], cold, h, l);
+    for (size_t i = 0; i < 3; i++) restore_equals_cold(rs, toks, other, dev.c[i], cold, h, l);
+    restore_equals_cold(rs, toks, other, host.c[1], cold, h, l);
     vram_stats(m, &v);
     assert_true(v.restores_device == 2 && v.restores_host == 2);
     /* fork from one on the device */
@@ -462,8 +462,8 @@ static void test_qwen35_vram(void **state) {
     tern_model_set_ckpt_vram(m, rb);
     vram_stats(m, &v);
     assert_true(v.n == 1 && v.bytes == rb && v.spilled == 2);
-    restore_equals_cold(m, toks, other, dev.c[1], cold, h, l);
-    restore_equals_cold(m, toks, other, dev.c[2], cold, h, l);
+    restore_equals_cold(rs, toks, other, dev.c[1], cold, h, l);
+    restore_equals_cold(rs, toks, other, dev.c[2], cold, h, l);
     vram_stats(m, &v);
     assert_true(v.restores_device == 4 && v.restores_host == 3);
     /* a budget below one checkpoint keeps none; freeing one on the device gives its bytes back */
@@ -488,6 +488,7 @@ static void test_qwen35_vram(void **state) {
         tern_checkpoint_free(host.c[i]);
         tern_checkpoint_free(dev.c[i]);
     }
+    tern_session_free(rs);
     tern_session_free(ref);
     free(cold);
     free(l);
@@ -500,7 +501,9 @@ static void test_qwen35_vram(void **state) {
 static void vram_full(const char *rel, float room) {
     struct tern_model *m = load(rel, true);
     const size_t rb = tern_model_info(m)->recurrent_bytes, nv = tern_model_info(m)->n_vocab;
-    const size_t used = tern_gpu_bytes(m->gpu) + tern_gpu_state_need(m->gpu, 256, true);
+    /* a session of 2048 positions: the device's room then passes the weights' size in the
+     * file, which tern_gpu_new checks first (the token embedding stays on the host) */
+    const size_t used = tern_gpu_bytes(m->gpu) + tern_gpu_state_need(m->gpu, 2048, true);
     tern_model_free(m);
     char cap[32];
     snprintf(cap, sizeof cap, "%zu", used + (size_t)(room * (float)rb));
@@ -514,7 +517,11 @@ static void vram_full(const char *rel, float room) {
     float *cold = malloc(N_TOK * nv * sizeof(float)), *l = malloc(N_TOK * nv * sizeof(float));
     struct ck_set ck = {0};
     static const uint32_t pos[] = {16, P_CUT};
-    struct tern_session *ref = new_session(m, TERN_KV_F16);
+    struct tern_session_params sp;
+    tern_session_params_default(&sp);
+    sp.n_ctx = 2048;
+    struct tern_session *ref = NULL;
+    assert_int_equal(tern_session_new(m, &sp, &ref), TERN_OK);
     struct tern_eval_opts o = {.n_chunk = 64, .logits_all = cold, .ckpt_pos = pos, .n_ckpt = 2, .on_ckpt = collect_ckpt,
                                .ckpt_user = &ck};
     assert_int_equal(tern_session_eval(ref, toks, N_TOK, &o), TERN_OK);
@@ -525,9 +532,10 @@ static void vram_full(const char *rel, float room) {
            (double)room, v.n, (unsigned long long)v.spilled, (unsigned long long)v.fallbacks);
     if (room >= 1) assert_true(v.n == 1 && v.kept == 2 && v.spilled == 1 && v.fallbacks == 0);
     else assert_true(v.n == 0 && v.kept == 0 && v.fallbacks == 2);
-    tern_session_free(ref); /* the restores below make a second session */
     /* ref's cold logits were taken with checkpoints along the way: they change nothing */
-    for (size_t i = 0; i < 2; i++) restore_equals_cold(m, toks, other, ck.c[i], cold, h, l);
+    struct tern_session *rs = ref; /* restored into ref itself: the device has room for one session */
+    for (size_t i = 0; i < 2; i++) restore_equals_cold(rs, toks, other, ck.c[i], cold, h, l);
+    tern_session_free(ref);
     for (size_t i = 0; i < 2; i++) tern_checkpoint_free(ck.c[i]);
     free(cold);
     free(l);
