@@ -104,7 +104,9 @@ const char *tern_model_chat_template(const struct tern_model *m);
  * shared), in chunks of at most n_chunk tokens (0 = TERN_DEFAULT_CHUNK). Every session
  * call works on a device session, with these differences:
  * - exactness holds within the device (chunking, batches, resume: bit for bit), not
- *   across backends; a checkpoint is host memory, its bytes laid out as the CPU's;
+ *   across backends; a checkpoint is host memory, its bytes laid out as the CPU's,
+ *   unless tern_model_set_ckpt_vram keeps it on the device; fork and restore copy KV
+ *   rows and recurrent state on the device (no host round trip);
  * - tern_eval_batch evaluates its device items one session after another;
  * - rec_trail (speculative verification on hybrid models) is refused with
  *   TERN_ERR_UNSUPPORTED, so a hybrid session rewinds only to a checkpoint;
@@ -119,6 +121,30 @@ const char *tern_model_chat_template(const struct tern_model *m);
 enum tern_status tern_model_use_vulkan(struct tern_model *m, int index, uint32_t n_chunk);
 /* "cpu", or "vulkan:N 'device name'". Owned by the model. */
 const char *tern_model_device(const struct tern_model *m);
+
+/* Checkpoints of a device model's sessions kept in device memory (tern serve
+ * --cache-vram): while their device bytes stay within `bytes`, a new checkpoint stays on
+ * the device (taken, restored and forked from by copies on the device). When one more
+ * would pass the budget, the least recently taken or restored are spilled to host memory
+ * first, their bytes laid out as the CPU's (tern_checkpoint_data, the disk tier and the
+ * hashes read them as before); when the device has no room for it, the new one is made in
+ * host memory instead (counted as a fallback). Restoring from either place gives the same
+ * bits. 0, the default: every checkpoint is host memory. A smaller budget spills at
+ * once; a model on the CPU ignores it. A device checkpoint's tern_checkpoint_bytes
+ * counts its host size all the same (the pool's budget then holds when it spills).
+ * Free every checkpoint before its model. */
+void tern_model_set_ckpt_vram(struct tern_model *m, size_t bytes);
+struct tern_ckpt_vram_stats {
+    size_t budget;            /* the budget set, bytes */
+    size_t bytes;             /* device bytes of the checkpoints on the device now */
+    uint32_t n;               /* checkpoints on the device now */
+    uint64_t kept;            /* checkpoints made on the device, in all */
+    uint64_t spilled;         /* moved to host memory for the budget (or by the device's room) */
+    uint64_t fallbacks;       /* made in host memory because the device had no room */
+    uint64_t restores_device; /* restores and forks from a checkpoint on the device */
+    uint64_t restores_host;   /* ... from one in host memory (uploaded), on a device model */
+};
+void tern_model_ckpt_vram_stats(const struct tern_model *m, struct tern_ckpt_vram_stats *out);
 
 /* ---- sessions --------------------------------------------------------------------- */
 

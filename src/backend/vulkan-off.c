@@ -44,6 +44,11 @@ enum tern_status tern_vk_download(struct tern_vk_buf *b, size_t off, void *dst, 
     (void)b, (void)off, (void)dst, (void)bytes;
     return NOT_BUILT;
 }
+enum tern_status tern_vk_copy(struct tern_vk *vk, const struct tern_vk_buf *src, size_t src_off, struct tern_vk_buf *dst,
+                              size_t dst_off, size_t bytes) {
+    (void)vk, (void)src, (void)src_off, (void)dst, (void)dst_off, (void)bytes;
+    return NOT_BUILT;
+}
 bool tern_vk_matmul_supported(enum tern_dtype wtype) {
     (void)wtype;
     return false;

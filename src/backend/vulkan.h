@@ -62,6 +62,15 @@ size_t tern_vk_buf_bytes(const struct tern_vk_buf *b);
 enum tern_status tern_vk_upload(struct tern_vk_buf *b, size_t off, const void *src, size_t bytes);
 enum tern_status tern_vk_download(struct tern_vk_buf *b, size_t off, void *dst, size_t bytes);
 
+/* Copies bytes from src at src_off to dst at dst_off on the device (vkCmdCopyBuffer): no
+ * host round trip, whatever memory the buffers are in. Inside a recording it is recorded,
+ * with barriers so that it sees the operations before it and those after it see its
+ * writes; outside one it runs and waits. src and dst may be one buffer only for ranges
+ * that do not overlap. Errors: a range past a buffer's end (TERN_ERR_RANGE, nothing
+ * recorded), a lost device (TERN_ERR_IO, "device lost"). 0 bytes: nothing. */
+enum tern_status tern_vk_copy(struct tern_vk *vk, const struct tern_vk_buf *src, size_t src_off, struct tern_vk_buf *dst,
+                              size_t dst_off, size_t bytes);
+
 /* Whether tern_vk_matmul handles weights of this type (F32, F16, BF16, Q4_0, Q4_1, Q5_0,
  * Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS). */
 bool tern_vk_matmul_supported(enum tern_dtype wtype);

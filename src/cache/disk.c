@@ -949,9 +949,13 @@ enum tern_status disk_put_io(struct disk *d, struct disk_io *io, const char *ten
             if (!cks[i]) continue;
             uint32_t p = tern_checkpoint_pos(cks[i]);
             if (p > n || (n_ck && p <= pos[n_ck - 1])) continue;
+            /* a checkpoint kept on the device is read back here; one whose bytes cannot be
+             * (a lost device: logged) is left out of the file */
+            const void *rec = tern_checkpoint_data(cks[i]);
+            if (!rec) continue;
             pos[n_ck] = p;
             knd[n_ck] = kinds ? kinds[i] : 0;
-            recs[n_ck++] = tern_checkpoint_data(cks[i]);
+            recs[n_ck++] = rec;
         }
     }
     struct file_hdr h = {0};

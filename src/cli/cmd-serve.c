@@ -58,6 +58,8 @@ static void usage(FILE *out) {
             "  --chunk N               tokens per priming chunk (default 512)\n"
             "  --kv-type f16|f32       KV cache type (default f16)\n"
             "  --cache-ram MiB         memory budget of parked sessions + checkpoints (default 4096)\n"
+            "  --cache-vram MiB        with --device: checkpoints kept in device memory, up to MiB of them;\n"
+            "                          the oldest spill to host memory (default 0: all in host memory)\n"
             "  --cache-dir DIR         disk tier: parked conversations survive restarts and are shared by\n"
             "                          replicas pointing at the same directory (default: off)\n"
             "  --cache-disk GiB        byte budget of --cache-dir, LRU (default 16; fractions allowed)\n"
@@ -117,7 +119,7 @@ static int cmd_serve(int argc, char **argv) {
     enum { O_HOST = 256, O_PORT, O_THREADS, O_CTX, O_KEY, O_QUEUE, O_BODY, O_TMPL, O_CHUNK, O_KV, O_RAM, O_PC,
            O_PCE, O_TURN, O_NOMMAP, O_MMAP, O_MLOCK, O_MODEL, O_PREDICT, O_PCHUNK, O_CDIR, O_CDISK, O_MAXTOK, O_MAXCONN,
            O_PERIP, O_HDRTO, O_IDLETO, O_RAMKEY, O_SPEC, O_SPECMAX, O_PARALLEL, O_BATCHTOK, O_PSPECIAL,
-           O_DEVICE };
+           O_DEVICE, O_VRAM };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},       {"threads", required_argument, 0, O_THREADS},
@@ -137,6 +139,7 @@ static int cmd_serve(int argc, char **argv) {
         {"parallel", required_argument, 0, O_PARALLEL}, {"batch-tokens", required_argument, 0, O_BATCHTOK},
         {"parse-special-in-content", no_argument, 0, O_PSPECIAL},
         {"device", required_argument, 0, O_DEVICE},
+        {"cache-vram", required_argument, 0, O_VRAM},
         {0, 0, 0, 0},
     };
     const char *model_path = NULL, *tmpl_path = NULL;
@@ -163,6 +166,7 @@ static int cmd_serve(int argc, char **argv) {
     uint32_t parallel = 0, batch_tokens = 0;
     bool parse_special_in_content = false;
     const char *device = getenv("TERN_DEVICE");
+    size_t vram_bytes = 0; /* --cache-vram */
     long v;
     int c;
     optind = 1;
@@ -212,6 +216,11 @@ static int cmd_serve(int argc, char **argv) {
         case O_RAM:
             if (!cli_parse_int(optarg, 0, 1L << 24, &v)) return cli_usage_error("serve", "--cache-ram '%s' is not 0-16777216 MiB", optarg);
             cp.ram_bytes = (size_t)v << 20;
+            break;
+        case O_VRAM:
+            if (!cli_parse_int(optarg, 0, 1L << 24, &v))
+                return cli_usage_error("serve", "--cache-vram '%s' is not 0-16777216 MiB", optarg);
+            vram_bytes = (size_t)v << 20;
             break;
         case O_CDIR:
             if (!*optarg) return cli_usage_error("serve", "--cache-dir needs a directory");
@@ -385,6 +394,16 @@ static int cmd_serve(int argc, char **argv) {
         tern_model_free(model);
         free(tmpl_src);
         return 1;
+    }
+    if (!st && strcmp(tern_model_device(model), "cpu")) {
+        tern_model_set_ckpt_vram(model, vram_bytes);
+        if (vram_bytes)
+            TERN_LOG_INFO("cache-vram: checkpoints kept in device memory on %s, up to %zu MiB; the oldest spill to "
+                          "host memory (--cache-ram)", tern_model_device(model), vram_bytes >> 20);
+        else if (tern_model_info(model)->hybrid)
+            TERN_LOG_INFO("cache-vram: 0, checkpoints in host memory (--cache-vram MiB keeps them on the device)");
+    } else if (!st && vram_bytes) {
+        TERN_LOG_WARN("cache-vram: %zu MiB ignored: the sessions run on the CPU (--device)", vram_bytes >> 20);
     }
     /* the cache's role map: which turn headers the chat template writes (server/chat.h) */
     if (!st) st = chat_role_map(tern_model_tokenizer(model), &cp);

@@ -38,6 +38,7 @@ enum tern_status tern_model_use_vulkan(struct tern_model *m, int index, uint32_t
 const char *tern_model_device(const struct tern_model *m) { return m->gpu ? m->device : "cpu"; }
 
 void model_device_free(struct tern_model *m) {
+    model_ckpt_vram_release(m);
     tern_gpu_free(m->gpu);
     tern_vk_close(m->vk);
     m->gpu = NULL;

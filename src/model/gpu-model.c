@@ -54,6 +54,7 @@ struct tern_gpu {
     pthread_mutex_t mu;
     size_t bytes;        /* device bytes of the weights and the scratch */
     size_t state_bytes;  /* device bytes of the live states (under mu) */
+    size_t ckpt_bytes;   /* device bytes of the checkpoints kept on the device (under mu) */
     struct gpu_layer *L;
     struct tern_vk_buf *out_norm, *output;
     /* one chunk's activations */
@@ -396,15 +397,16 @@ enum tern_status tern_gpu_state_new(struct tern_gpu *g, uint32_t n_ctx, bool f16
     const size_t need = tern_gpu_state_need(g, n_ctx, f16_kv);
     const uint64_t have = device_bytes(g);
     pthread_mutex_lock(&g->mu);
-    const size_t used = g->bytes + g->state_bytes;
+    const size_t used = g->bytes + g->state_bytes + g->ckpt_bytes, ckb = g->ckpt_bytes;
     pthread_mutex_unlock(&g->mu);
     if (have && used + (uint64_t)need > have)
         return tern_errorf(TERN_ERR_NOMEM,
                            "gpu: a session of %u positions needs %.1f MiB of device memory (KV cache %s and recurrent "
                            "state), but device '%s' has %.1f MiB left of %.1f MiB (weights and scratch %.1f MiB, other "
-                           "sessions %.1f MiB): a smaller context fits",
+                           "sessions %.1f MiB, checkpoints %.1f MiB): a smaller context fits",
                            n_ctx, mib(need), f16_kv ? "F16" : "F32", tern_vk_info(g->vk)->name,
-                           mib(have > used ? have - used : 0), mib(have), mib(g->bytes), mib(used - g->bytes));
+                           mib(have > used ? have - used : 0), mib(have), mib(g->bytes), mib(used - g->bytes - ckb),
+                           mib(ckb));
     struct tern_gpu_state *st = tern_calloc(1, sizeof *st);
     if (!st) return tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
     st->g = g;
@@ -750,4 +752,129 @@ enum tern_status tern_gpu_model_eval(struct tern_gpu_model *gm, const int32_t *t
     enum tern_status st = tern_gpu_eval(gm->g, gm->st, gm->n_past, toks, n, n_chunk, logits, logits_all);
     if (!st) gm->n_past += n;
     return st;
+}
+
+/* ---- copies on the device (fork, checkpoints) ---------------------------------------- */
+
+/* Every copy below is recorded into one command buffer (one submit, one wait) under mu:
+ * nothing goes through the host. */
+#define COPY(src, so, dst, dof, n)                                                                                     \
+    do {                                                                                                               \
+        if (!s) s = tern_vk_copy(g->vk, (src), (so), (dst), (dof), (n));                                              \
+    } while (0)
+
+/* Closes a recording after copies: tern_vk_end's status, or the failure's message when a
+ * copy failed (a failed copy leaves the recording open: nothing of it runs). */
+static enum tern_status copies_end(struct tern_gpu *g, enum tern_status s) {
+    if (!s) return tern_vk_end(g->vk);
+    char why[512];
+    snprintf(why, sizeof why, "%s", tern_last_error());
+    (void)tern_vk_end(g->vk);
+    return tern_errorf(s, "%s", why);
+}
+
+enum tern_status tern_gpu_state_copy(struct tern_gpu *g, const struct tern_gpu_state *src, struct tern_gpu_state *dst,
+                                     uint32_t p, bool rec) {
+    const struct tern_model *m = g->m;
+    TERN_ASSERT(src->g == g && dst->g == g && src->n_ctx == dst->n_ctx && src->f16_kv == dst->f16_kv &&
+                p <= src->n_ctx);
+    if (!p && (!rec || !m->rec_bytes)) return TERN_OK;
+    pthread_mutex_lock(&g->mu);
+    enum tern_status s = tern_vk_begin(g->vk);
+    if (s) {
+        pthread_mutex_unlock(&g->mu);
+        return s;
+    }
+    for (uint32_t il = 0; il < m->n_layer; il++) {
+        const struct model_layer *L = &m->layers[il];
+        if (L->kind == LAYER_ATTN) {
+            /* each KV head's rows [0, p) are contiguous: one copy per head */
+            const size_t row = (size_t)L->head_dim_k * (src->f16_kv ? 2 : 4);
+            for (uint32_t h = 0; h < L->n_kv_head && p; h++) {
+                const size_t off = (size_t)h * src->n_ctx * row;
+                COPY(src->kc[il], off, dst->kc[il], off, (size_t)p * row);
+                COPY(src->vc[il], off, dst->vc[il], off, (size_t)p * row);
+            }
+        } else if (L->kind == LAYER_RECURRENT && rec) {
+            COPY(src->win[il], 0, dst->win[il], 0, L->bufs[0].bytes);
+            COPY(src->S[il], 0, dst->S[il], 0, L->bufs[1].bytes);
+        }
+    }
+    s = copies_end(g, s);
+    pthread_mutex_unlock(&g->mu);
+    return s;
+}
+
+size_t tern_gpu_ckpt_bytes(struct tern_gpu *g) {
+    pthread_mutex_lock(&g->mu);
+    const size_t b = g->ckpt_bytes;
+    pthread_mutex_unlock(&g->mu);
+    return b;
+}
+
+enum tern_status tern_gpu_rec_new(struct tern_gpu *g, struct tern_vk_buf **out) {
+    *out = NULL;
+    const size_t need = g->m->rec_bytes;
+    const uint64_t have = device_bytes(g);
+    pthread_mutex_lock(&g->mu);
+    const size_t used = g->bytes + g->state_bytes + g->ckpt_bytes;
+    enum tern_status s = TERN_OK;
+    if (have && used + (uint64_t)need > have)
+        s = tern_errorf(TERN_ERR_NOMEM, "gpu: a checkpoint of %.2f MiB does not fit the %.1f MiB left of device '%s'",
+                        mib(need), mib(have > used ? have - used : 0), tern_vk_info(g->vk)->name);
+    if (!s) s = tern_vk_buf_new(g->vk, need, out);
+    if (!s) g->ckpt_bytes += need;
+    pthread_mutex_unlock(&g->mu);
+    return s;
+}
+
+void tern_gpu_rec_free(struct tern_gpu *g, struct tern_vk_buf *b) {
+    if (!b) return;
+    pthread_mutex_lock(&g->mu);
+    tern_vk_buf_free(b);
+    g->ckpt_bytes -= g->m->rec_bytes;
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* The recurrent parts of st to (save) or from b, laid out as the recurrent block. */
+static enum tern_status rec_move(struct tern_gpu *g, struct tern_gpu_state *st, struct tern_vk_buf *b, bool save) {
+    const struct tern_model *m = g->m;
+    TERN_ASSERT(st->g == g && tern_vk_buf_bytes(b) >= m->rec_bytes);
+    pthread_mutex_lock(&g->mu);
+    enum tern_status s = tern_vk_begin(g->vk);
+    if (s) {
+        pthread_mutex_unlock(&g->mu);
+        return s;
+    }
+    for (uint32_t il = 0; il < m->n_layer; il++) {
+        const struct model_layer *L = &m->layers[il];
+        if (L->kind != LAYER_RECURRENT) continue;
+        const size_t conv = L->rec_offset + L->bufs[0].offset, ssm = L->rec_offset + L->bufs[1].offset;
+        if (save) {
+            COPY(st->win[il], 0, b, conv, L->bufs[0].bytes);
+            COPY(st->S[il], 0, b, ssm, L->bufs[1].bytes);
+        } else {
+            COPY(b, conv, st->win[il], 0, L->bufs[0].bytes);
+            COPY(b, ssm, st->S[il], 0, L->bufs[1].bytes);
+        }
+    }
+    s = copies_end(g, s);
+    pthread_mutex_unlock(&g->mu);
+    return s;
+}
+#undef COPY
+
+enum tern_status tern_gpu_rec_save(struct tern_gpu *g, const struct tern_gpu_state *st, struct tern_vk_buf *b) {
+    return rec_move(g, (struct tern_gpu_state *)(uintptr_t)st, b, true);
+}
+
+enum tern_status tern_gpu_rec_load(struct tern_gpu *g, struct tern_gpu_state *st, const struct tern_vk_buf *b) {
+    return rec_move(g, st, (struct tern_vk_buf *)(uintptr_t)b, false);
+}
+
+enum tern_status tern_gpu_rec_read(struct tern_gpu *g, const struct tern_vk_buf *b, void *rec) {
+    pthread_mutex_lock(&g->mu);
+    enum tern_status s = tern_vk_download((struct tern_vk_buf *)(uintptr_t)b, 0, rec, g->m->rec_bytes);
+    pthread_mutex_unlock(&g->mu);
+    return s;
 }

@@ -28,6 +28,7 @@ struct tern_vk;
 struct tern_gpu;
 struct tern_gpu_state;
 struct tern_gpu_model;
+struct tern_vk_buf;
 
 /* Uploads m's weights to vk and sizes activations for chunks of n_chunk tokens. Errors:
  * an architecture or weight type the backend lacks (TERN_ERR_UNSUPPORTED, naming it),
@@ -66,6 +67,27 @@ enum tern_status tern_gpu_kv_download(struct tern_gpu *g, struct tern_gpu_state 
                                       uint32_t p1, void *buf, size_t run_bytes);
 enum tern_status tern_gpu_kv_upload(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t il, bool v, uint32_t p0,
                                     uint32_t p1, const void *buf, size_t run_bytes);
+
+/* ---- copies on the device: fork and checkpoints (no host round trip) ---- */
+
+/* KV rows [0, p) of every attention layer, and the recurrent parts too when rec, from src
+ * to dst (states of g with the same n_ctx and cache type): buffer copies on the device,
+ * one submit. On error (a lost device: TERN_ERR_IO) dst is undefined, src unchanged. */
+enum tern_status tern_gpu_state_copy(struct tern_gpu *g, const struct tern_gpu_state *src, struct tern_gpu_state *dst,
+                                     uint32_t p, bool rec);
+/* A device buffer for one checkpoint: the model's recurrent block (m->rec_bytes, laid out
+ * as tern_gpu_rec_download's), counted with the states against the device's memory.
+ * TERN_ERR_NOMEM when the device has no room for it (checked before allocating, and a
+ * failed allocation says the same); nothing is then allocated. */
+enum tern_status tern_gpu_rec_new(struct tern_gpu *g, struct tern_vk_buf **out);
+void tern_gpu_rec_free(struct tern_gpu *g, struct tern_vk_buf *b); /* NULL: no-op */
+/* Device bytes of the checkpoint buffers now held. */
+size_t tern_gpu_ckpt_bytes(struct tern_gpu *g);
+/* st's recurrent parts into b (save) / from b into st (load), copies on the device; on
+ * error the destination is undefined. read: b's bytes into rec (m->rec_bytes). */
+enum tern_status tern_gpu_rec_save(struct tern_gpu *g, const struct tern_gpu_state *st, struct tern_vk_buf *b);
+enum tern_status tern_gpu_rec_load(struct tern_gpu *g, struct tern_gpu_state *st, const struct tern_vk_buf *b);
+enum tern_status tern_gpu_rec_read(struct tern_gpu *g, const struct tern_vk_buf *b, void *rec);
 
 /* ---- the standalone model: one tern_gpu, one state ---- */
 

@@ -376,6 +376,7 @@ enum tern_status tern_model_load(const struct tern_model_params *p, struct tern_
     struct tern_model *m = tern_calloc(1, sizeof *m);
     if (!m) return tern_errorf(TERN_ERR_NOMEM, "model: out of memory");
     pthread_mutex_init(&m->eval_mu, NULL);
+    pthread_mutex_init(&m->ckpt_mu, NULL);
     enum tern_status st;
     struct gguf_open_opts oo = {.no_mmap = p->no_mmap, .mlock = p->mlock};
     if ((st = gguf_open(p->path, &oo, &m->f))) goto fail;
@@ -459,6 +460,7 @@ void tern_model_free(struct tern_model *m) {
     free(m->name);
     gguf_close(m->f);
     pthread_mutex_destroy(&m->eval_mu);
+    pthread_mutex_destroy(&m->ckpt_mu);
     free(m);
 }
 

@@ -178,6 +178,15 @@ struct tern_model {
     struct tern_gpu *gpu;
     char device[300]; /* tern_model_device(): "" = "cpu" */
     atomic_uint n_sessions; /* live sessions, so that the device is chosen before there are any */
+    /* Checkpoints kept in device memory (session.c, tern_model_set_ckpt_vram): the budget,
+     * the list of those on the device (least recently taken or restored first) and the
+     * counters, under ckpt_mu (taken before the tern_gpu's lock, never while holding it;
+     * used only when gpu is set and checkpoints have bytes). */
+    pthread_mutex_t ckpt_mu;
+    size_t ckpt_vram_budget, ckpt_vram_bytes;
+    uint32_t ckpt_vram_n;
+    struct tern_checkpoint *ckpt_oldest, *ckpt_newest;
+    uint64_t ckpt_kept, ckpt_spilled, ckpt_fallbacks, ckpt_restores_dev, ckpt_restores_host;
 
     /* The workspace of an evaluation: one chunk's activations, shared by every session
      * of the model (evaluations take eval_mu, one at a time, as they share the pool),
@@ -236,6 +245,9 @@ enum tern_status model_ws_reserve(struct tern_model *m, uint32_t n_chunk);
 void model_ws_free(struct tern_model *m);
 /* Frees what tern_model_use_vulkan set up (device.c); a no-op on the CPU. */
 void model_device_free(struct tern_model *m);
+/* Moves every checkpoint kept on the device to host memory (session.c), before the device
+ * goes; those that cannot be read back lose their bytes (restoring them then fails). */
+void model_ckpt_vram_release(struct tern_model *m);
 
 /* ---- session ----------------------------------------------------------------------- */
 

@@ -7,7 +7,10 @@
  * logits and host copy of the recurrent state (s->rec, refreshed lazily: rec_stale), but
  * its KV rows and recurrent state live in a tern_gpu_state (model/gpu.h); each state
  * operation below branches once on s->gpu and moves bytes to or from the device, laid
- * out as the CPU's, so checkpoints, hashes and the disk tier read the same. */
+ * out as the CPU's, so checkpoints, hashes and the disk tier read the same. Fork copies
+ * KV rows and recurrent state from state to state on the device; a checkpoint may live
+ * in device memory (tern_model_set_ckpt_vram: "checkpoints in device memory" below) and
+ * is then taken and restored by copies on the device too. */
 /* XXH3_state_t on the stack (streaming hashes over KV pages). */
 #define XXH_STATIC_LINKING_ONLY
 #include "model/model.h"
@@ -30,8 +33,17 @@ struct tern_checkpoint {
     uint32_t pos;
     uint64_t tok_hash; /* xxh3 of T[0..pos) */
     size_t n_bytes;
-    uint8_t *data; /* (n_bytes) the recurrent buffers, layer by layer */
+    /* Where the bytes are (under m->ckpt_mu when m is on a device): data, the recurrent
+     * buffers layer by layer in host memory (n_bytes), and/or dev, the same bytes in a
+     * device buffer. A device checkpoint gets data when something reads its bytes
+     * (tern_checkpoint_data: a host copy, the device one kept) or when it is spilled (dev
+     * freed). Once in host memory the bytes stay there until the checkpoint is freed. */
+    uint8_t *data;
+    struct tern_vk_buf *dev;
+    struct tern_checkpoint *older, *newer; /* m's list of checkpoints with a dev */
 };
+
+static uint32_t vram_spill_all(struct tern_model *m);
 
 /* ---- workspace ------------------------------------------------------------------ */
 
@@ -231,6 +243,12 @@ static enum tern_status session_alloc(struct tern_model *m, uint32_t n_ctx, enum
     enum tern_status st;
     if (m->gpu) {
         st = tern_gpu_state_new(m->gpu, n_ctx, kv_type == TERN_KV_F16, &s->gpu);
+        /* checkpoints kept on the device never keep a session from being made: they go
+         * to host memory first */
+        if (st == TERN_ERR_NOMEM && vram_spill_all(m)) {
+            TERN_LOG_INFO("session: checkpoints moved from the device to host memory to make room for a session");
+            st = tern_gpu_state_new(m->gpu, n_ctx, kv_type == TERN_KV_F16, &s->gpu);
+        }
     } else {
         pthread_mutex_lock(&m->eval_mu);
         st = model_ws_reserve(m, n_chunk);
@@ -328,6 +346,186 @@ static enum tern_status rec_put(struct tern_session *s, const void *rec) {
     if (st) return tern_error_prefix(st, "session: uploading the recurrent state");
     s->rec_stale = false;
     return TERN_OK;
+}
+
+/* ---- checkpoints in device memory ------------------------------------------------ */
+
+/* A device model's checkpoints may keep their bytes in a device buffer (c->dev) under the
+ * model's budget: taking one is then a copy on the device, and so are restoring and
+ * forking from it. The list runs from the least recently taken or restored to the most;
+ * when a new one would pass the budget the oldest spill (downloaded into host memory, the
+ * device buffer freed). Everything here holds m->ckpt_mu, which is taken before the
+ * tern_gpu's lock (the copies take that one themselves). */
+
+static struct tern_model *ck_model(const struct tern_checkpoint *c) { return (struct tern_model *)(uintptr_t)c->m; }
+
+/* Whether c's model keeps checkpoints whose placement needs ckpt_mu. */
+static bool ck_locked(const struct tern_checkpoint *c) { return c->n_bytes && c->m->gpu; }
+
+static void vram_unlink(struct tern_model *m, struct tern_checkpoint *c) {
+    if (c->older) c->older->newer = c->newer;
+    else m->ckpt_oldest = c->newer;
+    if (c->newer) c->newer->older = c->older;
+    else m->ckpt_newest = c->older;
+    c->older = c->newer = NULL;
+}
+
+static void vram_link_newest(struct tern_model *m, struct tern_checkpoint *c) {
+    c->older = m->ckpt_newest;
+    c->newer = NULL;
+    if (m->ckpt_newest) m->ckpt_newest->newer = c;
+    else m->ckpt_oldest = c;
+    m->ckpt_newest = c;
+}
+
+/* Gives c a host copy of its device bytes (ckpt_mu held). */
+static enum tern_status vram_host_copy(struct tern_model *m, struct tern_checkpoint *c) {
+    if (c->data) return TERN_OK;
+    uint8_t *d = tern_malloc(c->n_bytes);
+    if (!d) return tern_errorf(TERN_ERR_NOMEM, "session: out of memory for a checkpoint of %zu bytes", c->n_bytes);
+    enum tern_status st = tern_gpu_rec_read(m->gpu, c->dev, d);
+    if (st) {
+        free(d);
+        return tern_error_prefix(st, "session: downloading a checkpoint at %u", c->pos);
+    }
+    c->data = d;
+    return TERN_OK;
+}
+
+/* Moves c to host memory (ckpt_mu held). On error c stays on the device. */
+static enum tern_status vram_spill(struct tern_model *m, struct tern_checkpoint *c) {
+    enum tern_status st = vram_host_copy(m, c);
+    if (st) return st;
+    vram_unlink(m, c);
+    tern_gpu_rec_free(m->gpu, c->dev);
+    c->dev = NULL;
+    m->ckpt_vram_bytes -= c->n_bytes;
+    m->ckpt_vram_n--;
+    m->ckpt_spilled++;
+    return TERN_OK;
+}
+
+/* Spills the oldest until need more bytes fit the budget (ckpt_mu held); false when they
+ * cannot (a spill failed: logged, the rest stay). */
+static bool vram_make_room(struct tern_model *m, size_t need) {
+    while (m->ckpt_oldest && m->ckpt_vram_bytes + need > m->ckpt_vram_budget) {
+        if (vram_spill(m, m->ckpt_oldest)) {
+            TERN_LOG_ERROR("session: spilling a checkpoint to host memory: %s", tern_last_error());
+            return false;
+        }
+    }
+    return m->ckpt_vram_bytes + need <= m->ckpt_vram_budget;
+}
+
+/* Every checkpoint on the device to host memory; how many moved. */
+static uint32_t vram_spill_all(struct tern_model *m) {
+    if (!m->gpu) return 0;
+    pthread_mutex_lock(&m->ckpt_mu);
+    const uint32_t n = m->ckpt_vram_n;
+    const size_t keep = m->ckpt_vram_budget;
+    m->ckpt_vram_budget = 0;
+    (void)vram_make_room(m, 0);
+    m->ckpt_vram_budget = keep;
+    const uint32_t moved = n - m->ckpt_vram_n;
+    pthread_mutex_unlock(&m->ckpt_mu);
+    return moved;
+}
+
+/* Makes c a device checkpoint of s's recurrent state, if the budget and the device have
+ * room: true when it did. A device that has no room leaves c to the host path (counted);
+ * a copy that fails too (its message is logged: the host path then says what is wrong). */
+static bool vram_take(struct tern_session *s, struct tern_checkpoint *c) {
+    struct tern_model *m = s->m;
+    if (!m->gpu || !c->n_bytes) return false;
+    pthread_mutex_lock(&m->ckpt_mu);
+    bool ok = c->n_bytes <= m->ckpt_vram_budget && vram_make_room(m, c->n_bytes);
+    struct tern_vk_buf *b = NULL;
+    if (ok) {
+        enum tern_status st = tern_gpu_rec_new(m->gpu, &b);
+        /* the device's room, not the budget: the oldest on the device makes way, once */
+        if (st == TERN_ERR_NOMEM && m->ckpt_oldest && !vram_spill(m, m->ckpt_oldest))
+            st = tern_gpu_rec_new(m->gpu, &b);
+        if (st) {
+            TERN_LOG_DEBUG("session: checkpoint at %u in host memory: %s", s->n_past, tern_last_error());
+            m->ckpt_fallbacks++;
+            ok = false;
+        } else if ((st = tern_gpu_rec_save(m->gpu, s->gpu, b))) {
+            TERN_LOG_ERROR("session: a checkpoint at %u on the device: %s", s->n_past, tern_last_error());
+            tern_gpu_rec_free(m->gpu, b);
+            ok = false;
+        }
+    }
+    if (ok) {
+        c->dev = b;
+        vram_link_newest(m, c);
+        m->ckpt_vram_bytes += c->n_bytes;
+        m->ckpt_vram_n++;
+        m->ckpt_kept++;
+    }
+    pthread_mutex_unlock(&m->ckpt_mu);
+    return ok;
+}
+
+/* Sets s's recurrent state from checkpoint c, wherever c's bytes are. */
+static enum tern_status rec_from_ckpt(struct tern_session *s, const struct tern_checkpoint *cc) {
+    if (!cc->n_bytes) return TERN_OK;
+    if (!s->gpu) return rec_put(s, cc->data);
+    struct tern_model *m = s->m;
+    struct tern_checkpoint *c = (struct tern_checkpoint *)(uintptr_t)cc; /* its place in the list moves */
+    pthread_mutex_lock(&m->ckpt_mu);
+    enum tern_status st;
+    if (c->dev) {
+        st = tern_gpu_rec_load(m->gpu, s->gpu, c->dev);
+        s->rec_stale = true; /* also on failure: the device's state is then undefined */
+        if (st) tern_error_prefix(st, "session: restoring a checkpoint on the device");
+        else {
+            vram_unlink(m, c);
+            vram_link_newest(m, c);
+            m->ckpt_restores_dev++;
+        }
+    } else if (c->data) {
+        st = rec_put(s, c->data);
+        if (!st) m->ckpt_restores_host++;
+    } else {
+        st = tern_errorf(TERN_ERR_IO, "session: the checkpoint at %u was lost with the device", c->pos);
+    }
+    pthread_mutex_unlock(&m->ckpt_mu);
+    return st;
+}
+
+void tern_model_set_ckpt_vram(struct tern_model *m, size_t bytes) {
+    pthread_mutex_lock(&m->ckpt_mu);
+    m->ckpt_vram_budget = bytes;
+    if (m->gpu) (void)vram_make_room(m, 0);
+    pthread_mutex_unlock(&m->ckpt_mu);
+}
+
+void tern_model_ckpt_vram_stats(const struct tern_model *cm, struct tern_ckpt_vram_stats *out) {
+    struct tern_model *m = (struct tern_model *)(uintptr_t)cm;
+    pthread_mutex_lock(&m->ckpt_mu);
+    *out = (struct tern_ckpt_vram_stats){.budget = m->ckpt_vram_budget, .bytes = m->ckpt_vram_bytes,
+                                         .n = m->ckpt_vram_n, .kept = m->ckpt_kept, .spilled = m->ckpt_spilled,
+                                         .fallbacks = m->ckpt_fallbacks, .restores_device = m->ckpt_restores_dev,
+                                         .restores_host = m->ckpt_restores_host};
+    pthread_mutex_unlock(&m->ckpt_mu);
+}
+
+void model_ckpt_vram_release(struct tern_model *m) {
+    if (!m->gpu || !m->ckpt_vram_n) return;
+    (void)vram_spill_all(m);
+    /* those that could not be read back (a lost device) lose their bytes: restoring them
+     * then fails, never gives a wrong state */
+    pthread_mutex_lock(&m->ckpt_mu);
+    if (m->ckpt_vram_n) TERN_LOG_ERROR("session: %u checkpoints lost with the device", m->ckpt_vram_n);
+    while (m->ckpt_oldest) {
+        struct tern_checkpoint *c = m->ckpt_oldest;
+        vram_unlink(m, c);
+        tern_gpu_rec_free(m->gpu, c->dev);
+        c->dev = NULL;
+        m->ckpt_vram_bytes -= c->n_bytes;
+        m->ckpt_vram_n--;
+    }
+    pthread_mutex_unlock(&m->ckpt_mu);
 }
 
 /* One chunk on the device (the CPU's forward otherwise). */
@@ -636,6 +834,10 @@ enum tern_status tern_session_checkpoint(struct tern_session *s, struct tern_che
     c->pos = s->n_past;
     c->tok_hash = tokens_hash(s->tokens, s->n_past);
     c->n_bytes = s->m->rec_bytes;
+    if (s->gpu && vram_take(s, c)) {
+        *out = c;
+        return TERN_OK;
+    }
     enum tern_status st = rec_sync(s);
     if (st) {
         free(c);
@@ -670,7 +872,7 @@ static enum tern_status ckpt_check(const struct tern_session *s, const struct te
 enum tern_status tern_session_restore(struct tern_session *s, const struct tern_checkpoint *c) {
     enum tern_status st = ckpt_check(s, c, s->n_past);
     if (st) return st;
-    if (c->n_bytes && (st = rec_put(s, c->data))) return st;
+    if ((st = rec_from_ckpt(s, c))) return st;
     s->trail = NULL;
     if (c->pos != s->n_past || c->n_bytes) s->logits_valid = false;
     s->n_past = c->pos;
@@ -681,6 +883,19 @@ enum tern_status tern_session_restore(struct tern_session *s, const struct tern_
 enum tern_status tern_session_checkpoint_update(struct tern_session *s, struct tern_checkpoint *c) {
     if (c->m != s->m || c->n_bytes != s->m->rec_bytes)
         return tern_errorf(TERN_ERR_INVALID, "session: the checkpoint was taken with another model");
+    if (ck_locked(c)) {
+        /* a device checkpoint is retaken on the device, its host copy (if any) as well */
+        struct tern_model *m = ck_model(c);
+        pthread_mutex_lock(&m->ckpt_mu);
+        enum tern_status st = c->dev ? tern_gpu_rec_save(m->gpu, s->gpu, c->dev) : TERN_OK;
+        if (!st && c->data && !(st = rec_sync(s))) memcpy(c->data, s->rec, c->n_bytes);
+        if (!st) {
+            c->pos = s->n_past;
+            c->tok_hash = tokens_hash(s->tokens, s->n_past);
+        }
+        pthread_mutex_unlock(&m->ckpt_mu);
+        return st;
+    }
     enum tern_status st = rec_sync(s);
     if (st) return st;
     c->pos = s->n_past;
@@ -694,29 +909,19 @@ size_t tern_checkpoint_bytes(const struct tern_checkpoint *c) { return sizeof *c
 
 void tern_checkpoint_free(struct tern_checkpoint *c) {
     if (!c) return;
+    if (ck_locked(c)) {
+        struct tern_model *m = ck_model(c);
+        pthread_mutex_lock(&m->ckpt_mu);
+        if (c->dev) {
+            vram_unlink(m, c);
+            tern_gpu_rec_free(m->gpu, c->dev);
+            m->ckpt_vram_bytes -= c->n_bytes;
+            m->ckpt_vram_n--;
+        }
+        pthread_mutex_unlock(&m->ckpt_mu);
+    }
     free(c->data);
     free(c);
-}
-
-/* KV rows [0, p) of every attention layer from src's device state to dst's, through the
- * host (a device-to-device copy would save the round trip: left for the speed work). */
-static enum tern_status gpu_fork_kv(const struct tern_session *src, struct tern_session *dst, uint32_t p) {
-    struct tern_model *m = src->m;
-    enum tern_status st = TERN_OK;
-    for (uint32_t il = 0; il < m->n_layer && p && !st; il++) {
-        const struct model_layer *L = &m->layers[il];
-        if (L->kind != LAYER_ATTN) continue;
-        const size_t run = (size_t)p * head_row_bytes(src, L, false); /* K and V rows are alike */
-        uint8_t *tmp = tern_malloc(run * L->n_kv_head);
-        if (!tmp) return tern_errorf(TERN_ERR_NOMEM, "session: out of memory forking %u positions", p);
-        for (int v = 0; v < 2 && !st; v++) {
-            st = tern_gpu_kv_download(m->gpu, src->gpu, il, v, 0, p, tmp, run);
-            if (!st) st = tern_gpu_kv_upload(m->gpu, dst->gpu, il, v, 0, p, tmp, run);
-        }
-        free(tmp);
-    }
-    if (st) tern_error_prefix(st, "session: forking at %u on the device", p);
-    return st;
 }
 
 enum tern_status tern_session_fork(const struct tern_session *src, uint32_t p, const struct tern_checkpoint *ckpt,
@@ -743,8 +948,13 @@ enum tern_status tern_session_fork(const struct tern_session *src, uint32_t p, c
     }
     if (p) memcpy(s->tokens, src->tokens, (size_t)p * sizeof *s->tokens);
     if (s->gpu) {
-        if ((st = gpu_fork_kv(src, s, p)) || (!ckpt && (st = rec_sync(src))) ||
-            (st = rec_put(s, ckpt ? ckpt->data : src->rec))) {
+        /* on the device: KV rows [0, p), and the recurrent state from src's or from the
+         * checkpoint's (on the device or uploaded from host memory) */
+        st = tern_gpu_state_copy(s->m->gpu, src->gpu, s->gpu, p, !ckpt);
+        if (st) tern_error_prefix(st, "session: forking at %u on the device", p);
+        if (!st && !ckpt) s->rec_stale = true;
+        if (!st && ckpt) st = rec_from_ckpt(s, ckpt);
+        if (st) {
             tern_session_free(s);
             return st;
         }
@@ -941,7 +1151,20 @@ const void *tern_session_rec_data(const struct tern_session *s) {
     return s->rec;
 }
 
-const void *tern_checkpoint_data(const struct tern_checkpoint *c) { return c->n_bytes ? c->data : NULL; }
+const void *tern_checkpoint_data(const struct tern_checkpoint *cc) {
+    if (!cc->n_bytes) return NULL;
+    if (!ck_locked(cc)) return cc->data;
+    /* a device checkpoint gets a host copy (kept until it is freed: the pointer stays
+     * valid) and stays on the device */
+    struct tern_checkpoint *c = (struct tern_checkpoint *)(uintptr_t)cc;
+    struct tern_model *m = ck_model(c);
+    pthread_mutex_lock(&m->ckpt_mu);
+    const enum tern_status st = c->dev ? vram_host_copy(m, c) : TERN_OK;
+    const void *d = c->data;
+    pthread_mutex_unlock(&m->ckpt_mu);
+    if (st) TERN_LOG_ERROR("session: %s", tern_last_error());
+    return st ? NULL : d;
+}
 
 enum tern_status tern_session_import(struct tern_model *m, const struct tern_session_params *p, const int32_t *toks,
                                      uint32_t n, const void *rec, struct tern_session **out) {

@@ -202,6 +202,29 @@ void engine_metrics(void *self, struct tern_buf *b) {
                     (unsigned long long)cs.tokens_read, (unsigned long long)cs.evictions,
                     (unsigned long long)cs.quota_evictions, cs.pool_bytes,
                     cs.n_sessions, cs.n_checkpoints);
+    if (strcmp(tern_model_device(e->model), "cpu")) {
+        struct tern_ckpt_vram_stats v;
+        tern_model_ckpt_vram_stats(e->model, &v);
+        tern_buf_printf(b,
+                        "# HELP tern_cache_vram_budget_bytes Device memory checkpoints may keep (--cache-vram).\n"
+                        "# TYPE tern_cache_vram_budget_bytes gauge\ntern_cache_vram_budget_bytes %zu\n"
+                        "# HELP tern_cache_vram_bytes Device memory held by checkpoints now.\n"
+                        "# TYPE tern_cache_vram_bytes gauge\ntern_cache_vram_bytes %zu\n"
+                        "# TYPE tern_cache_vram_checkpoints gauge\ntern_cache_vram_checkpoints %u\n"
+                        "# HELP tern_cache_vram_kept_total Checkpoints made in device memory.\n"
+                        "# TYPE tern_cache_vram_kept_total counter\ntern_cache_vram_kept_total %llu\n"
+                        "# HELP tern_cache_vram_spilled_total Checkpoints moved to host memory (over the budget).\n"
+                        "# TYPE tern_cache_vram_spilled_total counter\ntern_cache_vram_spilled_total %llu\n"
+                        "# HELP tern_cache_vram_fallbacks_total Checkpoints made in host memory: no room on the device.\n"
+                        "# TYPE tern_cache_vram_fallbacks_total counter\ntern_cache_vram_fallbacks_total %llu\n"
+                        "# HELP tern_cache_vram_restores_total Restores and forks from a checkpoint, by where it was.\n"
+                        "# TYPE tern_cache_vram_restores_total counter\n"
+                        "tern_cache_vram_restores_total{from=\"device\"} %llu\n"
+                        "tern_cache_vram_restores_total{from=\"host\"} %llu\n",
+                        v.budget, v.bytes, v.n, (unsigned long long)v.kept, (unsigned long long)v.spilled,
+                        (unsigned long long)v.fallbacks, (unsigned long long)v.restores_device,
+                        (unsigned long long)v.restores_host);
+    }
     if (cs.disk_on)
         tern_buf_printf(b,
                         "# HELP tern_cache_disk_writes_total Conversations written to the disk tier (--cache-dir).\n"

@@ -6,6 +6,8 @@
 // - multi-turn reuse: the second turn resumes (cached_tokens > 0);
 // - the hybrid resumes from a checkpoint when the client rewrote the reply;
 // - a restart resumes from the disk tier (--cache-dir): export and import on the device;
+// - --cache-vram keeps the hybrid's checkpoints in device memory (counted on /metrics,
+//   said at start), and the answer resumed from one equals cold;
 // - predictive priming primes on the device in idle time, and the next turn equals cold;
 // - a client that disconnects cancels its request; the engine stays consistent;
 // - a lost device (TERN_TEST_VK_LOSE_AFTER) fails the request with 500, logged;
@@ -148,6 +150,39 @@ for (const arch of ['qwen3', 'qwen35']) {
     }
   });
 }
+
+test('qwen35: --cache-vram keeps checkpoints on the device; resumed equals cold', async () => {
+  const srv = await startServer(['--model', models.qwen35, '--device', 'vulkan:0', ...common, '--cache-vram', '64'], env);
+  const off = servers.qwen35.off;
+  const restores = async (from) => {
+    const text = await (await fetch(`${srv.base}/metrics`)).text();
+    const m = text.match(new RegExp(`^tern_cache_vram_restores_total\\{from="${from}"\\} (\\d+)`, 'm'));
+    assert.ok(m, 'tern_cache_vram_restores_total on /metrics');
+    return Number(m[1]);
+  };
+  try {
+    await logged(srv, /cache-vram: checkpoints kept in device memory on vulkan:0 .* up to 64 MiB/);
+    assert.equal(await metric(srv, 'tern_cache_vram_budget_bytes'), 64 << 20);
+    const key = { session_id: 'vram-qwen35' };
+    const u1 = { role: 'user', content: 'Write a haiku about snow.' };
+    const r1 = await chat(srv, { ...key, messages: [u1] });
+    const c1 = await chat(off, { messages: [u1], cache_salt: 'vram-cold-1' });
+    assert.deepEqual(r1.choices[0].message, c1.choices[0].message, 'same output as the cold server');
+    const n = await metric(srv, 'tern_cache_vram_checkpoints');
+    assert.ok(n > 0 && (await metric(srv, 'tern_cache_vram_bytes')) > 0, `${n} checkpoints on the device`);
+    // the client rewrote the reply: the turn resumes from a checkpoint kept on the device
+    const msgs = [u1, { role: 'assistant', content: 'Snow falls without sound.' }, { role: 'user', content: 'Again.' }];
+    const a = await chat(srv, { ...key, messages: msgs });
+    assert.equal(a.tern.reuse.tier, 'checkpoint', JSON.stringify(a.tern.reuse));
+    assert.ok(a.usage.prompt_tokens_details.cached_tokens > 0);
+    assert.ok((await restores('device')) >= 1, 'restored from device memory');
+    const c = await chat(off, { messages: msgs, cache_salt: 'vram-cold-2' });
+    assert.deepEqual(a.choices[0].message, c.choices[0].message, 'resumed output equals cold output');
+    assert.equal(await stateHash(srv, a.id), await stateHash(off, c.id), 'resumed state equals cold state');
+  } finally {
+    assert.equal(await srv.stop(), 0);
+  }
+});
 
 test('qwen35: predictive priming runs on the device; the next turn equals cold', async () => {
   const srv = await startServer(['--model', models.qwen35, '--device', 'vulkan:0', ...common, '--predict-chunk', '16'],

@@ -14,6 +14,13 @@
  * - rewinding an attention-only session then re-reading equals cold; the hybrid refuses;
  * - the checkpoint's and KV export's bytes are laid out as the CPU's (F32: the same values
  *   within the backends' tolerance), so the disk tier reads the same on both;
+ * - checkpoints kept in device memory (tern_model_set_ckpt_vram): within the budget they
+ *   stay on the device (counted), the oldest spill to host memory; restoring or forking
+ *   from one on the device, spilled, or made in host memory gives the cold run's logits
+ *   and hash, and their bytes are the host checkpoints' (fork and restore copy on the
+ *   device: every case above runs through those copies too);
+ * - a device without room for a checkpoint ($TERN_TEST_VK_DEVICE_BYTES): the oldest on the
+ *   device makes way, else the checkpoint is made in host memory; both restore to cold;
  * - what a device session cannot do is refused with a message: a recurrent state trail
  *   (TERN_ERR_UNSUPPORTED), a device chosen after a session exists (TERN_ERR_STATE), a
  *   context larger than the device's memory (TERN_ERR_NOMEM with the sizes).
@@ -23,6 +30,8 @@
 #include "exact.h"
 
 #include "backend/vulkan.h"
+#include "model/gpu.h"
+#include "model/model.h" /* m->gpu: the device's byte counts, for a device made to be full */
 #include "tern.h"
 
 #include <math.h>
@@ -350,6 +359,196 @@ static void check_layout(const char *rel) {
     tern_model_free(mg);
 }
 
+struct ck_set {
+    struct tern_checkpoint *c[4];
+    size_t n;
+};
+
+static void collect_ckpt(void *user, struct tern_checkpoint *c) {
+    struct ck_set *k = user;
+    assert_true(k->n < 4);
+    k->c[k->n++] = c;
+}
+
+static void vram_stats(struct tern_model *m, struct tern_ckpt_vram_stats *v) { tern_model_ckpt_vram_stats(m, v); }
+
+/* s has read toks[0..N_TOK); after other tokens, restoring c and reading the rest must
+ * give the cold run's logits and hash (s is then back where it was). */
+static void restore_equals_cold(struct tern_session *s, const int32_t *toks, const int32_t *other,
+                                const struct tern_checkpoint *c, const float *cold, uint64_t h, float *l) {
+    const size_t nv = tern_model_info(tern_session_model(s))->n_vocab;
+    const uint32_t p = tern_checkpoint_pos(c);
+    assert_int_equal(tern_session_n_past(s), N_TOK);
+    assert_int_equal(tern_session_eval(s, other, 8, NULL), TERN_OK);
+    assert_int_equal(tern_session_restore(s, c), TERN_OK);
+    assert_int_equal(tern_session_n_past(s), p);
+    struct tern_eval_opts o = {.n_chunk = 64, .logits_all = l};
+    assert_int_equal(tern_session_eval(s, toks + p, N_TOK - p, &o), TERN_OK);
+    assert_memory_equal(l, cold + (size_t)p * nv, (N_TOK - p) * nv * sizeof(float));
+    assert_true(tern_session_hash(s) == h);
+}
+
+/* Checkpoints in device memory on the hybrid: budget, spill, bits. */
+static void test_qwen35_vram(void **state) {
+    (void)state;
+    const char *rel = "models/tiny-qwen35-f32.gguf";
+    struct tern_model *m = load(rel, true);
+    const struct tern_model_info *info = tern_model_info(m);
+    const size_t nv = info->n_vocab, rb = info->recurrent_bytes;
+    int32_t *toks = tx_prompt(N_TOK), other[8];
+    for (size_t i = 0; i < N_TOK; i++) toks[i] %= (int32_t)nv;
+    for (size_t i = 0; i < 8; i++) other[i] = (int32_t)((toks[i] * 5 + 3) % (int32_t)nv);
+    const size_t lbytes = N_TOK * nv * sizeof(float);
+    float *cold = malloc(lbytes), *l = malloc(lbytes);
+    struct tern_session *ref = primed(m, toks, N_TOK, 512, cold);
+    const uint64_t h = tern_session_hash(ref);
+    struct tern_session *rs = primed(m, toks, N_TOK, 64, NULL); /* restores into it */
+    static const uint32_t pos[] = {16, P_CUT, 56};
+
+    /* the default keeps nothing on the device */
+    struct tern_ckpt_vram_stats v;
+    vram_stats(m, &v);
+    assert_true(v.budget == 0 && v.n == 0 && v.bytes == 0);
+    struct ck_set host = {0}, dev = {0};
+    {
+        struct tern_session *s = new_session(m, TERN_KV_F16);
+        struct tern_eval_opts o = {.n_chunk = 64, .ckpt_pos = pos, .n_ckpt = 3, .on_ckpt = collect_ckpt, .ckpt_user = &host};
+        assert_int_equal(tern_session_eval(s, toks, N_TOK, &o), TERN_OK);
+        tern_session_free(s);
+    }
+    vram_stats(m, &v);
+    assert_int_equal(host.n, 3);
+    assert_true(v.n == 0 && v.kept == 0);
+
+    /* a budget of two: the third pushes the first out to host memory */
+    tern_model_set_ckpt_vram(m, 2 * rb);
+    {
+        struct tern_session *s = new_session(m, TERN_KV_F16);
+        struct tern_eval_opts o = {.n_chunk = 64, .ckpt_pos = pos, .n_ckpt = 3, .on_ckpt = collect_ckpt, .ckpt_user = &dev};
+        assert_int_equal(tern_session_eval(s, toks, N_TOK, &o), TERN_OK);
+        assert_true(tern_session_hash(s) == h); /* taking them changed nothing */
+        tern_session_free(s);                   /* checkpoints outlive their session */
+    }
+    assert_int_equal(dev.n, 3);
+    vram_stats(m, &v);
+    printf("%-28s vram budget %zu: %u on the device (%zu bytes), %llu kept, %llu spilled\n", rel, v.budget, v.n, v.bytes,
+           (unsigned long long)v.kept, (unsigned long long)v.spilled);
+    assert_true(v.n == 2 && v.bytes == 2 * rb && v.bytes <= v.budget && v.kept == 3 && v.spilled == 1);
+    assert_int_equal(tern_checkpoint_bytes(dev.c[1]), tern_checkpoint_bytes(host.c[1])); /* the pool's count */
+
+    /* restore from the device (1, 2), from the spilled one (0), from host ones: cold bits */
+    for (size_t i = 0; i < 3; i++) restore_equals_cold(rs, toks, other, dev.c[i], cold, h, l);
+    restore_equals_cold(rs, toks, other, host.c[1], cold, h, l);
+    vram_stats(m, &v);
+    assert_true(v.restores_device == 2 && v.restores_host == 2);
+    /* fork from one on the device */
+    {
+        struct tern_session *f = NULL;
+        assert_int_equal(tern_session_fork(ref, pos[2], dev.c[2], &f), TERN_OK);
+        struct tern_eval_opts o = {.n_chunk = 7, .logits_all = l};
+        assert_int_equal(tern_session_eval(f, toks + pos[2], N_TOK - pos[2], &o), TERN_OK);
+        assert_memory_equal(l, cold + (size_t)pos[2] * nv, (N_TOK - pos[2]) * nv * sizeof(float));
+        assert_true(tern_session_hash(f) == h);
+        tern_session_free(f);
+    }
+    /* their bytes are the host checkpoints' (read back, still on the device) */
+    for (size_t i = 0; i < 3; i++)
+        assert_memory_equal(tern_checkpoint_data(dev.c[i]), tern_checkpoint_data(host.c[i]), rb);
+    vram_stats(m, &v);
+    assert_true(v.n == 2 && v.restores_device == 3);
+
+    /* a smaller budget spills at once; the spilled one restores to the bits it gave on
+     * the device */
+    tern_model_set_ckpt_vram(m, rb);
+    vram_stats(m, &v);
+    assert_true(v.n == 1 && v.bytes == rb && v.spilled == 2);
+    restore_equals_cold(rs, toks, other, dev.c[1], cold, h, l);
+    restore_equals_cold(rs, toks, other, dev.c[2], cold, h, l);
+    vram_stats(m, &v);
+    assert_true(v.restores_device == 4 && v.restores_host == 3);
+    /* a budget below one checkpoint keeps none; freeing one on the device gives its bytes back */
+    tern_model_set_ckpt_vram(m, 2 * rb);
+    struct tern_checkpoint *extra = NULL;
+    assert_int_equal(tern_session_checkpoint(ref, &extra), TERN_OK);
+    vram_stats(m, &v);
+    assert_true(v.n == 2 && v.bytes == 2 * rb);
+    tern_checkpoint_free(extra);
+    vram_stats(m, &v);
+    assert_true(v.n == 1 && v.bytes == rb);
+    tern_model_set_ckpt_vram(m, rb - 1);
+    vram_stats(m, &v);
+    assert_true(v.n == 0 && v.bytes == 0);
+    assert_int_equal(tern_session_checkpoint(ref, &extra), TERN_OK);
+    vram_stats(m, &v);
+    assert_true(v.n == 0);
+    tern_checkpoint_free(extra);
+    printf("%-28s checkpoints on the device, spilled and in host memory: restore and fork equal to cold\n", rel);
+
+    for (size_t i = 0; i < 3; i++) {
+        tern_checkpoint_free(host.c[i]);
+        tern_checkpoint_free(dev.c[i]);
+    }
+    tern_session_free(rs);
+    tern_session_free(ref);
+    free(cold);
+    free(l);
+    free(toks);
+    tern_model_free(m);
+}
+
+/* A device with room for one session and 1.5 (or 0.5) checkpoints: the oldest makes way
+ * for a new one (spilled), or the new one is made in host memory (a fallback). */
+static void vram_full(const char *rel, float room) {
+    struct tern_model *m = load(rel, true);
+    const size_t rb = tern_model_info(m)->recurrent_bytes, nv = tern_model_info(m)->n_vocab;
+    /* a session of 2048 positions: the device's room then passes the weights' size in the
+     * file, which tern_gpu_new checks first (the token embedding stays on the host) */
+    const size_t used = tern_gpu_bytes(m->gpu) + tern_gpu_state_need(m->gpu, 2048, true);
+    tern_model_free(m);
+    char cap[32];
+    snprintf(cap, sizeof cap, "%zu", used + (size_t)(room * (float)rb));
+    setenv("TERN_TEST_VK_DEVICE_BYTES", cap, 1);
+    m = load(rel, true);
+    unsetenv("TERN_TEST_VK_DEVICE_BYTES");
+    tern_model_set_ckpt_vram(m, 8 * rb); /* the budget is not what is short */
+    int32_t *toks = tx_prompt(N_TOK), other[8];
+    for (size_t i = 0; i < N_TOK; i++) toks[i] %= (int32_t)nv;
+    for (size_t i = 0; i < 8; i++) other[i] = (int32_t)((toks[i] * 3 + 1) % (int32_t)nv);
+    float *cold = malloc(N_TOK * nv * sizeof(float)), *l = malloc(N_TOK * nv * sizeof(float));
+    struct ck_set ck = {0};
+    static const uint32_t pos[] = {16, P_CUT};
+    struct tern_session_params sp;
+    tern_session_params_default(&sp);
+    sp.n_ctx = 2048;
+    struct tern_session *ref = NULL;
+    assert_int_equal(tern_session_new(m, &sp, &ref), TERN_OK);
+    struct tern_eval_opts o = {.n_chunk = 64, .logits_all = cold, .ckpt_pos = pos, .n_ckpt = 2, .on_ckpt = collect_ckpt,
+                               .ckpt_user = &ck};
+    assert_int_equal(tern_session_eval(ref, toks, N_TOK, &o), TERN_OK);
+    const uint64_t h = tern_session_hash(ref);
+    struct tern_ckpt_vram_stats v;
+    vram_stats(m, &v);
+    printf("%-28s a device with room for %.1f checkpoints: %u on it, %llu spilled, %llu made in host memory\n", rel,
+           (double)room, v.n, (unsigned long long)v.spilled, (unsigned long long)v.fallbacks);
+    if (room >= 1) assert_true(v.n == 1 && v.kept == 2 && v.spilled == 1 && v.fallbacks == 0);
+    else assert_true(v.n == 0 && v.kept == 0 && v.fallbacks == 2);
+    /* ref's cold logits were taken with checkpoints along the way: they change nothing */
+    struct tern_session *rs = ref; /* restored into ref itself: the device has room for one session */
+    for (size_t i = 0; i < 2; i++) restore_equals_cold(rs, toks, other, ck.c[i], cold, h, l);
+    tern_session_free(ref);
+    for (size_t i = 0; i < 2; i++) tern_checkpoint_free(ck.c[i]);
+    free(cold);
+    free(l);
+    free(toks);
+    tern_model_free(m);
+}
+
+static void test_qwen35_vram_full(void **state) {
+    (void)state;
+    vram_full("models/tiny-qwen35-f32.gguf", 1.5f);
+    vram_full("models/tiny-qwen35-f32.gguf", 0.5f);
+}
+
 static void test_qwen3_f32(void **state) {
     (void)state;
     check_model("models/tiny-qwen3-f32.gguf", false);
@@ -379,6 +578,8 @@ int main(void) {
         cmocka_unit_test(test_qwen3_q8_0),
         cmocka_unit_test(test_qwen35_f32),
         cmocka_unit_test(test_qwen35_q8_0),
+        cmocka_unit_test(test_qwen35_vram),
+        cmocka_unit_test(test_qwen35_vram_full),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -96,6 +96,44 @@ static void test_buffers(void **state) {
     assert_int_equal(tern_vk_upload(b, 1000, src, 2), TERN_ERR_RANGE);
     assert_non_null(strstr(tern_last_error(), "overruns"));
     assert_int_equal(tern_vk_download(b, 2000, dst, 1), TERN_ERR_RANGE);
+
+    /* copies on the device: at odd offsets, alone and recorded between operations (an add
+     * before it is seen, one after it sees the copied bytes); overruns and overlapping
+     * ranges of one buffer are refused */
+    struct tern_vk_buf *c;
+    assert_int_equal(tern_vk_buf_new(vk, 1001, &c), TERN_OK);
+    assert_int_equal(tern_vk_upload(c, 0, src + 1, 1000), TERN_OK);
+    assert_int_equal(tern_vk_copy(vk, b, 7, c, 301, 555), TERN_OK);
+    assert_int_equal(tern_vk_download(c, 0, dst, 1001), TERN_OK);
+    assert_memory_equal(dst, src + 1, 301);
+    assert_memory_equal(dst + 301, src + 7, 6);    /* b[7..13) = src[7..13) */
+    assert_memory_equal(dst + 307, src, 100);                    /* 13..112: src[0..100) */
+    assert_memory_equal(dst + 407, src + 113, 555 - 106);
+    assert_memory_equal(dst + 856, src + 857, 1000 - 856);
+    assert_int_equal(tern_vk_copy(vk, b, 1000, c, 0, 2), TERN_ERR_RANGE);
+    assert_int_equal(tern_vk_copy(vk, b, 0, c, 1000, 2), TERN_ERR_RANGE);
+    assert_int_equal(tern_vk_copy(vk, b, 0, b, 10, 20), TERN_ERR_INVALID);
+    assert_int_equal(tern_vk_copy(vk, b, 0, c, 0, 0), TERN_OK);
+    const size_t nf = 37;
+    float one[37], two[37], got[37];
+    for (size_t i = 0; i < nf; i++) one[i] = (float)i, two[i] = 0.5f * (float)i + 1;
+    struct tern_vk_buf *fa, *fb, *fc;
+    assert_int_equal(tern_vk_buf_new(vk, nf * sizeof(float), &fa), TERN_OK);
+    assert_int_equal(tern_vk_buf_new(vk, nf * sizeof(float), &fb), TERN_OK);
+    assert_int_equal(tern_vk_buf_new(vk, nf * sizeof(float), &fc), TERN_OK);
+    assert_int_equal(tern_vk_upload(fa, 0, one, sizeof one), TERN_OK);
+    assert_int_equal(tern_vk_upload(fb, 0, two, sizeof two), TERN_OK);
+    assert_int_equal(tern_vk_begin(vk), TERN_OK);
+    assert_int_equal(tern_vk_add(vk, fa, fb, 1, nf), TERN_OK);     /* fa = one + two */
+    assert_int_equal(tern_vk_copy(vk, fa, 0, fc, 0, sizeof one), TERN_OK); /* fc = fa */
+    assert_int_equal(tern_vk_add(vk, fc, fb, 1, nf), TERN_OK);     /* fc = one + two + two */
+    assert_int_equal(tern_vk_end(vk), TERN_OK);
+    assert_int_equal(tern_vk_download(fc, 0, got, sizeof got), TERN_OK);
+    for (size_t i = 0; i < nf; i++) assert_true(got[i] == (one[i] + two[i]) + two[i]);
+    tern_vk_buf_free(fa);
+    tern_vk_buf_free(fb);
+    tern_vk_buf_free(fc);
+    tern_vk_buf_free(c);
     tern_vk_buf_free(b);
     tern_vk_buf_free(NULL);
 }

@@ -332,6 +332,11 @@ enum tern_status tern_vk_open(int index, struct tern_vk **out) {
     const char *lose = getenv("TERN_TEST_VK_LOSE_AFTER");
     if (lose && *lose) vk->lose_after = strtol(lose, NULL, 10);
     describe(vk->pd, &vk->info);
+    /* tests: $TERN_TEST_VK_DEVICE_BYTES=N makes the device report N bytes of device-local
+     * memory, so that the engine's handling of a full device can be exercised on one with
+     * plenty (what tern_gpu counts against it is refused before anything is allocated) */
+    const char *cap = getenv("TERN_TEST_VK_DEVICE_BYTES");
+    if (cap && *cap) vk->info.device_local_bytes = strtoull(cap, NULL, 10);
     p_vkGetPhysicalDeviceMemoryProperties(vk->pd, &vk->mem);
 
     uint32_t nq = 0;
@@ -557,6 +562,37 @@ enum tern_status tern_vk_download(struct tern_vk_buf *b, size_t off, void *dst, 
         return TERN_OK;
     }
     return staged_copy(b, off, dst, bytes, false);
+}
+
+/* A device-to-device copy. The barrier before it makes the compute writes and copies
+ * recorded earlier visible to the transfer; the one after makes its writes visible to
+ * later dispatches and copies (record() puts only compute-to-compute barriers). */
+enum tern_status tern_vk_copy(struct tern_vk *vk, const struct tern_vk_buf *src, size_t src_off, struct tern_vk_buf *dst,
+                              size_t dst_off, size_t bytes) {
+    if (src_off > src->bytes || bytes > src->bytes - src_off || dst_off > dst->bytes || bytes > dst->bytes - dst_off)
+        return tern_errorf(TERN_ERR_RANGE,
+                           "vulkan: a copy of %zu bytes from %zu of a %zu-byte buffer to %zu of a %zu-byte one overruns",
+                           bytes, src_off, src->bytes, dst_off, dst->bytes);
+    if (src == dst && src_off < dst_off + bytes && dst_off < src_off + bytes)
+        return tern_errorf(TERN_ERR_INVALID, "vulkan: a copy within one buffer of overlapping ranges");
+    if (!bytes) return TERN_OK;
+    const bool own = !vk->recording;
+    enum tern_status st;
+    if (own && (st = tern_vk_begin(vk))) return st;
+    const VkPipelineStageFlags stages = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
+    const VkAccessFlags acc = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
+                              VK_ACCESS_TRANSFER_WRITE_BIT;
+    const VkMemoryBarrier before = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                                    .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+                                    .dstAccessMask = acc};
+    vk->f.vkCmdPipelineBarrier(vk->cmd, stages, stages, 0, 1, &before, 0, NULL, 0, NULL);
+    const VkBufferCopy c = {src_off, dst_off, bytes};
+    vk->f.vkCmdCopyBuffer(vk->cmd, src->buf, dst->buf, 1, &c);
+    const VkMemoryBarrier after = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                                   .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
+                                   .dstAccessMask = acc};
+    vk->f.vkCmdPipelineBarrier(vk->cmd, stages, stages, 0, 1, &after, 0, NULL, 0, NULL);
+    return own ? tern_vk_end(vk) : TERN_OK;
 }
 
 /* ---- recording ------------------------------------------------------------------- */
