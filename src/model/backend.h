@@ -68,12 +68,13 @@ struct model_ops {
      * act_free. */
     enum tern_status (*acts_new)(void *ctx, const struct model_act_buf *bufs, size_t n_bufs, uint32_t n_chunk,
                                  size_t *bytes);
-    void (*act_free)(void *ctx, struct model_act *a); /* NULL: a no-op */
-    /* The MoE scratch for the layers' experts (gate.data NULL: a layer without). */
+    void (*act_free)(void *ctx, struct model_act *a);
+    /* The MoE scratch for the layers' experts (gate.data NULL: a layer without). On
+     * failure *out holds what was made (or NULL), for moe_ws_free. */
     enum tern_status (*moe_ws_new)(void *ctx, const struct tern_model *m, const struct moe_hparams *hp,
                                    const struct moe_layer *layers, uint32_t n_layer, uint32_t n_chunk,
                                    struct model_moe_ws **out, size_t *bytes);
-    void (*moe_ws_free)(void *ctx, struct model_moe_ws *ws); /* NULL: a no-op */
+    void (*moe_ws_free)(void *ctx, struct model_moe_ws *ws);
 
     /* ---- the step's inputs: before any operation below them ---- */
     /* x[t] = row toks[t] of the table. */
@@ -129,15 +130,15 @@ struct model_ops {
 /* The CPU backend (backend-cpu.c). */
 extern const struct model_ops model_cpu_ops;
 
-/* Helpers for an architecture's RunState. */
+/* Helpers for an architecture's RunState: its buffers made on backend be, and freed
+ * (the NULL ones, never made, skipped). */
 static inline enum tern_status model_acts_new(const struct model_backend *be, const struct model_act_buf *bufs,
                                               size_t n_bufs, uint32_t n_chunk, size_t *bytes) {
     return be->ops->acts_new(be->ctx, bufs, n_bufs, n_chunk, bytes);
 }
 static inline void model_acts_free(const struct model_backend *be, struct model_act *const *acts, size_t n) {
-    if (be->ops->act_free)
-        for (size_t i = 0; i < n; i++)
-            if (acts[i]) be->ops->act_free(be->ctx, acts[i]);
+    for (size_t i = 0; i < n; i++)
+        if (acts[i]) be->ops->act_free(be->ctx, acts[i]);
 }
 
 #endif
