@@ -7,8 +7,9 @@
  *   logits = Wout n(x)
  *
  * Every layer is an attention layer (model.h). */
-#include "model/model.h"
 #include "model/arch-llama.h"
+#include "model/backend.h"
+#include "model/model.h"
 #include "model/moe.h"
 
 #include "util/mem.h"
@@ -17,20 +18,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* What changes per chunk (llama2.c's RunState). */
+/* What changes per chunk (llama2.c's RunState), on the backend it was made for. */
 struct llama_state {
+    struct model_backend be;
     uint32_t n_chunk;
-    float *x;   /* (n_chunk, n_embd) residual stream */
-    float *xb;  /* (n_chunk, n_embd) normed input / projected output */
-    float *q;   /* (n_chunk, n_head * head_dim) */
-    float *k;   /* (n_chunk, n_head_kv * head_dim) */
-    float *v;   /* (n_chunk, n_head_kv * head_dim) */
-    float *att; /* (n_chunk, n_head * head_dim) attention output */
-    float *hb;  /* (n_chunk, n_ff) gate, then silu(gate) * up */
-    float *hb2; /* (n_chunk, n_ff) up */
-    float *cs;  /* (n_chunk, n_rot) RoPE cos/sin per token */
-    float *xm;  /* (n_chunk, n_embd) qwen3moe: the experts' output */
-    struct moe_state moe; /* qwen3moe */
+    struct model_act *x;   /* (n_chunk, n_embd) residual stream */
+    struct model_act *xb;  /* (n_chunk, n_embd) normed input / projected output */
+    struct model_act *q;   /* (n_chunk, n_head * head_dim) */
+    struct model_act *k;   /* (n_chunk, n_head_kv * head_dim) */
+    struct model_act *v;   /* (n_chunk, n_head_kv * head_dim) */
+    struct model_act *att; /* (n_chunk, n_head * head_dim) attention output */
+    struct model_act *hb;  /* (n_chunk, n_ff) gate, then silu(gate) * up */
+    struct model_act *hb2; /* (n_chunk, n_ff) up */
+    struct model_act *cs;  /* (n_chunk, n_rot) RoPE cos/sin per token */
+    struct model_act *xm;  /* (n_chunk, n_embd) qwen3moe: the normed FFN input */
+    struct model_moe_ws *moe; /* qwen3moe */
     size_t bytes;
 };
 
@@ -119,34 +121,35 @@ static enum tern_status load_qwen3moe(struct tern_model *m) {
 static void llama_state_free(void *p) {
     struct llama_state *rs = p;
     if (!rs) return;
-    float **bufs[] = {&rs->x, &rs->xb, &rs->q, &rs->k, &rs->v, &rs->att, &rs->hb, &rs->hb2, &rs->cs, &rs->xm};
-    for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) tern_aligned_free(*bufs[i]);
-    moe_state_free(&rs->moe);
+    struct model_act *const acts[] = {rs->x, rs->xb, rs->q, rs->k, rs->v, rs->att, rs->hb, rs->hb2, rs->cs, rs->xm};
+    model_acts_free(&rs->be, acts, TERN_ARRAY_LEN(acts));
+    if (rs->moe) rs->be.ops->moe_ws_free(rs->be.ctx, rs->moe);
     free(rs);
 }
 
-static enum tern_status llama_state_new(const struct tern_model *m, uint32_t n_chunk, void **out) {
+static enum tern_status llama_state_new(const struct tern_model *m, const struct model_backend *be, uint32_t n_chunk,
+                                        void **out) {
     *out = NULL;
     const struct model_hparams *hp = &m->hp;
+    const struct llama_weights *w = m->w;
     struct llama_state *rs = tern_calloc(1, sizeof *rs);
     if (!rs) return tern_errorf(TERN_ERR_NOMEM, "model: out of memory");
+    rs->be = *be;
     rs->n_chunk = n_chunk;
     const size_t nq = (size_t)hp->n_head * hp->head_dim_k, nkv = (size_t)hp->n_head_kv * hp->head_dim_k;
-    const struct model_buf bufs[] = {
+    const struct model_act_buf bufs[] = {
         {&rs->x, hp->n_embd, false},   {&rs->xb, hp->n_embd, false}, {&rs->q, nq, false},
         {&rs->k, nkv, false},          {&rs->v, nkv, false},         {&rs->att, nq, false},
-        {&rs->hb, hp->n_ff, false},    {&rs->hb2, hp->n_ff, false},  {&rs->cs, hp->rope.n_rot, false},
-        {&rs->xm, ((const struct llama_weights *)m->w)->var.moe ? hp->n_embd : 0, false},
+        {&rs->hb, hp->n_ff, false},    {&rs->hb2, hp->n_ff, false},
+        {&rs->cs, hp->rope.n_rot, false}, {&rs->xm, w->var.moe ? hp->n_embd : 0, false},
     };
-    enum tern_status st = model_bufs_alloc(bufs, TERN_ARRAY_LEN(bufs), n_chunk, &rs->bytes, "model");
-    const struct llama_weights *w = m->w;
+    enum tern_status st = model_acts_new(be, bufs, TERN_ARRAY_LEN(bufs), n_chunk, &rs->bytes);
     if (!st && w->var.moe) {
         struct moe_layer *ml = tern_calloc(hp->n_layer, sizeof *ml);
         if (!ml) st = tern_errorf(TERN_ERR_NOMEM, "model: out of memory");
         for (uint32_t il = 0; ml && il < hp->n_layer; il++) ml[il] = w->layers[il].moe;
-        if (ml) st = moe_state_new(m, &w->moe, ml, hp->n_layer, n_chunk, &rs->moe);
+        if (ml) st = be->ops->moe_ws_new(be->ctx, m, &w->moe, ml, hp->n_layer, n_chunk, &rs->moe, &rs->bytes);
         free(ml);
-        rs->bytes += rs->moe.bytes;
     }
     if (st) {
         llama_state_free(rs);
@@ -160,50 +163,53 @@ static size_t llama_state_bytes(const void *p) { return ((const struct llama_sta
 
 /* ---- forward ----------------------------------------------------------------------- */
 
-static void llama_forward(struct tern_session *s, const struct model_batch *b) {
-    const struct tern_model *m = s->m;
+static void llama_forward(const struct model_step *f, void *p) {
+    const struct model_ops *o = f->ops;
+    const struct tern_model *m = f->m;
     const struct model_hparams *hp = &m->hp;
     const struct llama_weights *w = m->w;
-    struct llama_state *rs = s->rs;
+    struct llama_state *rs = p;
     const uint32_t E = hp->n_embd, hd = hp->head_dim_k;
     const uint32_t nq = hp->n_head * hd, nkv = hp->n_head_kv * hd;
     const float scale = 1.0f / sqrtf((float)hd);
     const struct model_rope rope = {.p = &hp->rope, .neox = w->var.neox};
-    const uint32_t n = b->n;
 
-    model_embed(s, &w->tok_embd, b->toks, n, rs->x);
+    o->embed(f, &w->tok_embd, rs->x);
+    o->rope_angles(f, &rope, rs->cs);
     for (uint32_t il = 0; il < m->n_layer; il++) {
         const struct llama_layer *L = &w->layers[il];
         /* attention */
-        model_rmsnorm(s, rs->xb, rs->x, L->attn_norm, n, E, hp->rms_eps);
-        const struct mm_out qkv[] = {{&L->wq, rs->q}, {&L->wk, rs->k}, {&L->wv, rs->v}};
-        model_matmul(s, rs->xb, n, qkv, 3);
-        if (L->bq) model_add_bias(rs->q, L->bq, n, nq);
-        if (L->bk) model_add_bias(rs->k, L->bk, n, nkv);
-        if (L->bv) model_add_bias(rs->v, L->bv, n, nkv);
+        o->rmsnorm(f, rs->xb, rs->x, L->attn_norm, E, hp->rms_eps);
+        const struct model_mm qkv[] = {{&L->wq, rs->q}, {&L->wk, rs->k}, {&L->wv, rs->v}};
+        o->matmul(f, rs->xb, qkv, 3);
+        if (L->bq) o->add_bias(f, rs->q, L->bq, nq);
+        if (L->bk) o->add_bias(f, rs->k, L->bk, nkv);
+        if (L->bv) o->add_bias(f, rs->v, L->bv, nkv);
         if (L->q_norm) {
-            model_rmsnorm_heads(s, rs->q, L->q_norm, n, hp->n_head, hd, hp->rms_eps);
-            model_rmsnorm_heads(s, rs->k, L->k_norm, n, hp->n_head_kv, hd, hp->rms_eps);
+            o->rmsnorm_heads(f, rs->q, L->q_norm, hp->n_head, hd, hp->rms_eps);
+            o->rmsnorm_heads(f, rs->k, L->k_norm, hp->n_head_kv, hd, hp->rms_eps);
         }
-        model_rope(s, b, &rope, rs->q, hp->n_head, rs->k, hp->n_head_kv, hd, rs->cs);
-        model_attention(s, il, b, rs->q, nq, rs->k, nkv, rs->v, nkv, rs->att, nq, hp->n_head, scale);
-        model_matmul1(s, rs->att, n, &L->wo, rs->xb);
-        model_add(s, rs->x, rs->xb, n, E);
+        o->rope(f, &rope, rs->q, hp->n_head, rs->k, hp->n_head_kv, hd, rs->cs);
+        o->attention(f, il, rs->q, rs->k, rs->v, rs->att, hp->n_head, scale);
+        const struct model_mm wo = {&L->wo, rs->xb};
+        o->matmul(f, rs->att, &wo, 1);
+        o->add(f, rs->x, rs->xb, E);
         /* feed-forward */
         if (w->var.moe) {
-            model_rmsnorm(s, rs->xm, rs->x, L->ffn_norm, n, E, hp->rms_eps);
-            moe_forward(s, &w->moe, &L->moe, &rs->moe, rs->xm, n, rs->xb);
+            o->rmsnorm(f, rs->xm, rs->x, L->ffn_norm, E, hp->rms_eps);
+            o->moe(f, &w->moe, &L->moe, rs->moe, rs->xm, rs->xb);
         } else {
-            model_rmsnorm(s, rs->xb, rs->x, L->ffn_norm, n, E, hp->rms_eps);
-            const struct mm_out gu[] = {{&L->w_gate, rs->hb}, {&L->w_up, rs->hb2}};
-            model_matmul(s, rs->xb, n, gu, 2);
-            model_swiglu(s, rs->hb, rs->hb2, n, hp->n_ff);
-            model_matmul1(s, rs->hb, n, &L->w_down, rs->xb);
+            o->rmsnorm(f, rs->xb, rs->x, L->ffn_norm, E, hp->rms_eps);
+            const struct model_mm gu[] = {{&L->w_gate, rs->hb}, {&L->w_up, rs->hb2}};
+            o->matmul(f, rs->xb, gu, 2);
+            o->swiglu(f, rs->hb, rs->hb2, hp->n_ff);
+            const struct model_mm down = {&L->w_down, rs->xb};
+            o->matmul(f, rs->hb, &down, 1);
         }
-        model_add(s, rs->x, rs->xb, n, E);
+        o->add(f, rs->x, rs->xb, E);
     }
     /* Only the rows whose logits are wanted are normed and projected. */
-    model_output(s, b, &w->output, w->out_norm, hp->rms_eps, rs->x, rs->xb);
+    o->output(f, &w->output, w->out_norm, hp->rms_eps, rs->x, rs->xb);
 }
 
 #define LLAMA_ARCH(NAME, LOAD)                                                                                         \

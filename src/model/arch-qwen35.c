@@ -25,6 +25,7 @@
  *   "conv"  [n_conv - 1][C] F32, C = 2 * n_k_heads * d_k + n_v_heads * d_v
  *   "ssm"   [n_v_heads][d_k][d_v] F32 */
 #include "model/arch-qwen35.h"
+#include "model/backend.h"
 #include "model/deltanet.h"
 #include "model/model.h"
 #include "model/moe.h"
@@ -37,30 +38,33 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* What changes per chunk (the RunState). Rows of n_chunk tokens. */
+/* What changes per chunk (the RunState), on the backend it was made for. Rows of
+ * n_chunk tokens. */
 struct q35_state {
+    struct model_backend be;
     uint32_t n_chunk;
-    float *x;       /* (n_chunk, n_embd) residual stream */
-    float *xb;      /* (n_chunk, n_embd) normed input / projected output */
-    float *qkv_raw; /* (n_chunk, C) attn_qkv projection */
-    float *qkv;     /* (n_chunk, C) after conv + silu */
-    float *z;       /* (n_chunk, n_v * d_v) attn_gate projection */
-    float *beta;    /* (n_chunk, n_v) */
-    float *alpha;   /* (n_chunk, n_v) */
-    float *o;       /* (n_chunk, n_v * d_v) DeltaNet output, gated-normed */
-    float *dn_scratch; /* (n_v, tern_deltanet_scratch_floats) one per v-head */
-    float *qg;      /* (n_chunk, n_head * 2 * head_dim) */
-    float *q;       /* (n_chunk, n_head * head_dim) */
-    float *gate;    /* (n_chunk, n_head * head_dim) */
-    float *k;       /* (n_chunk, n_head_kv * head_dim) */
-    float *v;       /* (n_chunk, n_head_kv * head_dim) */
-    float *att;     /* (n_chunk, n_head * head_dim) */
-    float *cs;      /* (n_chunk, n_rot) RoPE cos/sin per token */
-    float *hb;      /* (n_chunk, n_ff) */
-    float *hb2;     /* (n_chunk, n_ff) */
-    float *xm;      /* (n_chunk, n_embd) qwen35moe: the normed FFN input */
-    float *cat;     /* (n_chunk, 2 n_embd) the MTP head's [embedding | hidden] input */
-    struct moe_state moe;
+    struct model_act *x;       /* (n_chunk, n_embd) residual stream */
+    struct model_act *xb;      /* (n_chunk, n_embd) normed input / projected output */
+    struct model_act *qkv_raw; /* (n_chunk, C) attn_qkv projection */
+    struct model_act *qkv;     /* (n_chunk, C) after conv + silu */
+    struct model_act *z;       /* (n_chunk, n_v * d_v) attn_gate projection */
+    struct model_act *beta;    /* (n_chunk, n_v) */
+    struct model_act *alpha;   /* (n_chunk, n_v) */
+    struct model_act *o;       /* (n_chunk, n_v * d_v) DeltaNet output, gated-normed */
+    struct model_act *dn_scratch; /* (n_v, tern_deltanet_scratch_floats) one per v-head */
+    struct model_act *qg;      /* (n_chunk, n_head * 2 * head_dim) */
+    struct model_act *q;       /* (n_chunk, n_head * head_dim) */
+    struct model_act *gate;    /* (n_chunk, n_head * head_dim) */
+    struct model_act *k;       /* (n_chunk, n_head_kv * head_dim) */
+    struct model_act *v;       /* (n_chunk, n_head_kv * head_dim) */
+    struct model_act *att;     /* (n_chunk, n_head * head_dim) */
+    struct model_act *cs;      /* (n_chunk, n_rot) RoPE cos/sin per token */
+    struct model_act *hb;      /* (n_chunk, n_ff) */
+    struct model_act *hb2;     /* (n_chunk, n_ff) */
+    struct model_act *xm;      /* (n_chunk, n_embd) qwen35moe: the normed FFN input */
+    struct model_act *h;       /* (n_chunk, n_embd) the MTP head's input hidden state */
+    struct model_act *cat;     /* (n_chunk, 2 n_embd) the MTP head's [embedding | hidden] input */
+    struct model_moe_ws *moe;  /* qwen35moe */
     size_t bytes;
 };
 
@@ -325,24 +329,26 @@ static enum tern_status q35_load(struct tern_model *m) {
 static void q35_state_free(void *p) {
     struct q35_state *rs = p;
     if (!rs) return;
-    float **bufs[] = {&rs->x,  &rs->xb,   &rs->qkv_raw, &rs->qkv, &rs->z,   &rs->beta, &rs->alpha,
-                      &rs->o,  &rs->dn_scratch, &rs->qg, &rs->q, &rs->gate, &rs->k, &rs->v,
-                      &rs->att, &rs->cs, &rs->hb, &rs->hb2, &rs->xm, &rs->cat};
-    for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) tern_aligned_free(*bufs[i]);
-    moe_state_free(&rs->moe);
+    struct model_act *const acts[] = {rs->x,  rs->xb, rs->qkv_raw, rs->qkv, rs->z,  rs->beta, rs->alpha,
+                                      rs->o,  rs->dn_scratch, rs->qg, rs->q, rs->gate, rs->k, rs->v,
+                                      rs->att, rs->cs, rs->hb, rs->hb2, rs->xm, rs->h, rs->cat};
+    model_acts_free(&rs->be, acts, TERN_ARRAY_LEN(acts));
+    if (rs->moe) rs->be.ops->moe_ws_free(rs->be.ctx, rs->moe);
     free(rs);
 }
 
-static enum tern_status q35_state_new(const struct tern_model *m, uint32_t n_chunk, void **out) {
+static enum tern_status q35_state_new(const struct tern_model *m, const struct model_backend *be, uint32_t n_chunk,
+                                      void **out) {
     *out = NULL;
     const struct model_hparams *hp = &m->hp;
     const struct q35_weights *w = m->w;
     struct q35_state *rs = tern_calloc(1, sizeof *rs);
     if (!rs) return tern_errorf(TERN_ERR_NOMEM, "qwen35: out of memory");
+    rs->be = *be;
     rs->n_chunk = n_chunk;
     const size_t nq = (size_t)hp->n_head * hp->head_dim_k, nkv = (size_t)hp->n_head_kv * hp->head_dim_k;
     const size_t C = tern_deltanet_channels(&w->dn), nv = w->dn.n_v_heads, nvd = nv * w->dn.d_v;
-    const struct model_buf bufs[] = {
+    const struct model_act_buf bufs[] = {
         {&rs->x, hp->n_embd, false},    {&rs->xb, hp->n_embd, false}, {&rs->qkv_raw, C, false},
         {&rs->qkv, C, false},           {&rs->z, nvd, false},         {&rs->beta, nv, false},
         {&rs->alpha, nv, false},        {&rs->o, nvd, false},
@@ -351,18 +357,18 @@ static enum tern_status q35_state_new(const struct tern_model *m, uint32_t n_chu
         {&rs->k, nkv, false},           {&rs->v, nkv, false},         {&rs->att, nq, false},
         {&rs->cs, hp->rope.n_rot, false}, {&rs->hb, hp->n_ff, false}, {&rs->hb2, hp->n_ff, false},
         {&rs->xm, w->moe ? hp->n_embd : 0, false},
+        {&rs->h, w->has_mtp ? hp->n_embd : 0, false},
         {&rs->cat, w->has_mtp ? 2 * (size_t)hp->n_embd : 0, false},
     };
-    enum tern_status st = model_bufs_alloc(bufs, TERN_ARRAY_LEN(bufs), n_chunk, &rs->bytes, "qwen35");
+    enum tern_status st = model_acts_new(be, bufs, TERN_ARRAY_LEN(bufs), n_chunk, &rs->bytes);
     if (!st && w->moe) {
         const uint32_t n_ml = w->n_layer + w->has_mtp;
         struct moe_layer *ml = tern_calloc(n_ml, sizeof *ml);
         if (!ml) st = tern_errorf(TERN_ERR_NOMEM, "qwen35: out of memory");
         for (uint32_t il = 0; ml && il < w->n_layer; il++) ml[il] = w->layers[il].moe;
         if (ml && w->has_mtp) ml[w->n_layer] = w->mtp.moe;
-        if (ml) st = moe_state_new(m, &w->moe_hp, ml, n_ml, n_chunk, &rs->moe);
+        if (ml) st = be->ops->moe_ws_new(be->ctx, m, &w->moe_hp, ml, n_ml, n_chunk, &rs->moe, &rs->bytes);
         free(ml);
-        rs->bytes += rs->moe.bytes;
     }
     if (st) {
         q35_state_free(rs);
@@ -376,123 +382,117 @@ static size_t q35_state_bytes(const void *p) { return ((const struct q35_state *
 
 /* ---- forward ----------------------------------------------------------------------- */
 
-/* One DeltaNet layer: projections, conv + recurrence (model_deltanet), output. */
-static void deltanet_layer(struct tern_session *s, const struct model_batch *b, const struct q35_weights *w,
-                           const struct q35_layer *L, struct q35_state *rs, uint32_t il) {
-    const uint32_t n = b->n;
-    const struct mm_out proj[] = {
-        {&L->wqkv, rs->qkv_raw}, {&L->wgate, rs->z}, {&L->wbeta, rs->beta}, {&L->walpha, rs->alpha}};
-    model_matmul(s, rs->xb, n, proj, TERN_ARRAY_LEN(proj));
-    const struct tern_deltanet_params p = {.ssm_a = L->ssm_a, .dt_bias = L->dt_bias, .norm_w = L->ssm_norm};
-    const struct model_deltanet d = {.dn = &w->dn, .conv_wt = L->conv_wt, .p = &p};
-    model_deltanet(s, il, b, &d, rs->qkv_raw, rs->qkv, rs->z, rs->beta, rs->alpha, rs->o, rs->dn_scratch);
-    model_matmul1(s, rs->o, n, &L->wout, rs->xb);
+/* The text positions' RoPE (see the top of the file). */
+static struct model_rope q35_rope(const struct model_hparams *hp, const struct q35_weights *w) {
+    return (struct model_rope){.p = &hp->rope, .neox = true, .pos0_pairs = w->any_pos0 ? w->rope_pos0 : NULL,
+                               .cs0 = w->rope_cs0};
 }
 
-/* One gated attention layer: [q | gate] per head, QK-norm, RoPE with the text positions,
+/* One DeltaNet layer: projections, conv + recurrence, output. */
+static void deltanet_layer(const struct model_step *f, const struct q35_weights *w, const struct q35_layer *L,
+                           struct q35_state *rs, uint32_t il) {
+    const struct model_ops *o = f->ops;
+    const struct model_mm proj[] = {
+        {&L->wqkv, rs->qkv_raw}, {&L->wgate, rs->z}, {&L->wbeta, rs->beta}, {&L->walpha, rs->alpha}};
+    o->matmul(f, rs->xb, proj, TERN_ARRAY_LEN(proj));
+    const struct tern_deltanet_params p = {.ssm_a = L->ssm_a, .dt_bias = L->dt_bias, .norm_w = L->ssm_norm};
+    const struct model_deltanet d = {.dn = &w->dn, .conv_wt = L->conv_wt, .p = &p};
+    o->deltanet(f, il, &d, rs->qkv_raw, rs->qkv, rs->z, rs->beta, rs->alpha, rs->o, rs->dn_scratch);
+    const struct model_mm out = {&L->wout, rs->xb};
+    o->matmul(f, rs->o, &out, 1);
+}
+
+/* One gated attention layer: [q | gate] per head, QK-norm, RoPE with the step's angles,
  * attention, the sigmoid gate, output. */
-static void attention_layer(struct tern_session *s, const struct model_batch *b, const struct model_hparams *hp,
-                            const struct q35_weights *w, const struct q35_layer *L, struct q35_state *rs, uint32_t il) {
-    const uint32_t n = b->n;
-    const uint32_t hd = hp->head_dim_k, nq = hp->n_head * hd, nkv = hp->n_head_kv * hd;
-    const struct mm_out qkv[] = {{&L->wq, rs->qg}, {&L->wk, rs->k}, {&L->wv, rs->v}};
-    model_matmul(s, rs->xb, n, qkv, 3);
-    model_split_heads(s, rs->qg, rs->q, rs->gate, n, hp->n_head, hd);
-    model_rmsnorm_heads(s, rs->q, L->q_norm, n, hp->n_head, hd, hp->rms_eps);
-    model_rmsnorm_heads(s, rs->k, L->k_norm, n, hp->n_head_kv, hd, hp->rms_eps);
-    const struct model_rope rope = {.p = &hp->rope, .neox = true, .pos0_pairs = w->any_pos0 ? w->rope_pos0 : NULL,
-                                    .cs0 = w->rope_cs0};
-    model_rope(s, b, &rope, rs->q, hp->n_head, rs->k, hp->n_head_kv, hd, rs->cs);
-    model_attention(s, il, b, rs->q, nq, rs->k, nkv, rs->v, nkv, rs->att, nq, hp->n_head, 1.0f / sqrtf((float)hd));
-    model_sigmoid_mul(s, rs->att, rs->gate, n, nq);
-    model_matmul1(s, rs->att, n, &L->wo, rs->xb);
+static void attention_layer(const struct model_step *f, const struct model_hparams *hp, const struct q35_weights *w,
+                            const struct q35_layer *L, struct q35_state *rs, uint32_t il) {
+    const struct model_ops *o = f->ops;
+    const uint32_t hd = hp->head_dim_k, nq = hp->n_head * hd;
+    const struct model_mm qkv[] = {{&L->wq, rs->qg}, {&L->wk, rs->k}, {&L->wv, rs->v}};
+    o->matmul(f, rs->xb, qkv, 3);
+    o->split_heads(f, rs->qg, rs->q, rs->gate, hp->n_head, hd);
+    o->rmsnorm_heads(f, rs->q, L->q_norm, hp->n_head, hd, hp->rms_eps);
+    o->rmsnorm_heads(f, rs->k, L->k_norm, hp->n_head_kv, hd, hp->rms_eps);
+    const struct model_rope rope = q35_rope(hp, w);
+    o->rope(f, &rope, rs->q, hp->n_head, rs->k, hp->n_head_kv, hd, rs->cs);
+    o->attention(f, il, rs->q, rs->k, rs->v, rs->att, hp->n_head, 1.0f / sqrtf((float)hd));
+    o->sigmoid_mul(f, rs->att, rs->gate, nq);
+    const struct model_mm wo = {&L->wo, rs->xb};
+    o->matmul(f, rs->att, &wo, 1);
 }
 
 /* The feed-forward block of layer L on x, into xb. */
-static void ffn_block(struct tern_session *s, const struct model_hparams *hp, const struct q35_weights *w,
-                      const struct q35_layer *L, struct q35_state *rs, uint32_t n) {
+static void ffn_block(const struct model_step *f, const struct model_hparams *hp, const struct q35_weights *w,
+                      const struct q35_layer *L, struct q35_state *rs) {
+    const struct model_ops *o = f->ops;
     const uint32_t E = hp->n_embd;
     if (w->moe) {
-        model_rmsnorm(s, rs->xm, rs->x, L->post_norm, n, E, hp->rms_eps);
-        moe_forward(s, &w->moe_hp, &L->moe, &rs->moe, rs->xm, n, rs->xb);
+        o->rmsnorm(f, rs->xm, rs->x, L->post_norm, E, hp->rms_eps);
+        o->moe(f, &w->moe_hp, &L->moe, rs->moe, rs->xm, rs->xb);
     } else {
-        model_rmsnorm(s, rs->xb, rs->x, L->post_norm, n, E, hp->rms_eps);
-        const struct mm_out gu[] = {{&L->w_gate, rs->hb}, {&L->w_up, rs->hb2}};
-        model_matmul(s, rs->xb, n, gu, 2);
-        model_swiglu(s, rs->hb, rs->hb2, n, hp->n_ff);
-        model_matmul1(s, rs->hb, n, &L->w_down, rs->xb);
+        o->rmsnorm(f, rs->xb, rs->x, L->post_norm, E, hp->rms_eps);
+        const struct model_mm gu[] = {{&L->w_gate, rs->hb}, {&L->w_up, rs->hb2}};
+        o->matmul(f, rs->xb, gu, 2);
+        o->swiglu(f, rs->hb, rs->hb2, hp->n_ff);
+        const struct model_mm down = {&L->w_down, rs->xb};
+        o->matmul(f, rs->hb, &down, 1);
     }
 }
 
-/* For the sequences that asked for it (tern_session.hidden_out, the MTP head's input):
- * the normed hidden state of every row at or above hidden_pos0, the same per-row norm the
- * output head applies. */
-static void hidden_capture(struct tern_session *s, const struct model_batch *b, const float *norm_w,
-                           const struct model_hparams *hp, const float *x) {
-    for (uint32_t j = 0; j < b->n_seq; j++) {
-        const struct model_seq *q = &b->seq[j];
-        struct tern_session *qs = q->s;
-        if (!qs->hidden_out || q->pos0 + q->n <= qs->hidden_pos0) continue;
-        const uint32_t skip = q->pos0 < qs->hidden_pos0 ? qs->hidden_pos0 - q->pos0 : 0;
-        model_rmsnorm(s, qs->hidden_out + (size_t)(q->pos0 + skip - qs->hidden_pos0) * hp->n_embd,
-                      x + (size_t)(q->row0 + skip) * hp->n_embd, norm_w, q->n - skip, hp->n_embd, hp->rms_eps);
-    }
-}
+static void q35_forward(const struct model_step *f, void *p) {
+    const struct model_ops *o = f->ops;
+    const struct model_hparams *hp = &f->m->hp;
+    const struct q35_weights *w = f->m->w;
+    struct q35_state *rs = p;
+    const uint32_t E = hp->n_embd;
+    const struct model_rope rope = q35_rope(hp, w);
 
-static void q35_forward(struct tern_session *s, const struct model_batch *b) {
-    const struct tern_model *m = s->m;
-    const struct model_hparams *hp = &m->hp;
-    const struct q35_weights *w = m->w;
-    struct q35_state *rs = s->rs;
-    const uint32_t E = hp->n_embd, n = b->n;
-
-    model_embed(s, &w->tok_embd, b->toks, n, rs->x);
+    o->embed(f, &w->tok_embd, rs->x);
+    o->rope_angles(f, &rope, rs->cs);
     for (uint32_t il = 0; il < w->n_layer; il++) {
         const struct q35_layer *L = &w->layers[il];
-        model_rmsnorm(s, rs->xb, rs->x, L->attn_norm, n, E, hp->rms_eps);
-        if (L->recurrent) deltanet_layer(s, b, w, L, rs, il);
-        else attention_layer(s, b, hp, w, L, rs, il);
-        model_add(s, rs->x, rs->xb, n, E);
-        ffn_block(s, hp, w, L, rs, n);
-        model_add(s, rs->x, rs->xb, n, E);
+        o->rmsnorm(f, rs->xb, rs->x, L->attn_norm, E, hp->rms_eps);
+        if (L->recurrent) deltanet_layer(f, w, L, rs, il);
+        else attention_layer(f, hp, w, L, rs, il);
+        o->add(f, rs->x, rs->xb, E);
+        ffn_block(f, hp, w, L, rs);
+        o->add(f, rs->x, rs->xb, E);
     }
-    hidden_capture(s, b, w->out_norm, hp, rs->x);
-    model_output(s, b, &w->output, w->out_norm, hp->rms_eps, rs->x, rs->xb);
+    /* the MTP head's input, for the sequences that asked for it (tern_session.hidden_out) */
+    o->hidden_out(f, w->out_norm, hp->rms_eps, rs->x);
+    o->output(f, &w->output, w->out_norm, hp->rms_eps, rs->x, rs->xb);
 }
 
 /* The MTP head (docs/spec.md): one row per position p of its own session, from the main
  * model's hidden state at p (hidden_in) and the embedding of the token at p + 1 (the
  * batch's token); its own output-normed hidden state goes to hidden_out (the input of
  * a chained draft). Its single attention layer is layer 0 of the head's session. */
-static void q35_mtp_forward(struct tern_session *s, const struct model_batch *b) {
-    const struct tern_model *m = s->m;
-    const struct model_hparams *hp = &m->hp;
-    const struct q35_weights *w = m->w;
-    struct q35_state *rs = s->rs;
-    const uint32_t E = hp->n_embd, n = b->n;
+static void q35_mtp_forward(const struct model_step *f, void *p) {
+    const struct model_ops *o = f->ops;
+    const struct model_hparams *hp = &f->m->hp;
+    const struct q35_weights *w = f->m->w;
+    struct q35_state *rs = p;
+    const uint32_t E = hp->n_embd;
     const struct q35_layer *L = &w->mtp;
+    const struct model_rope rope = q35_rope(hp, w);
 
     /* cat = [enorm(embd(t)) | hnorm(h)] per row */
-    model_embed(s, &w->mtp_embd, b->toks, n, rs->x);
-    model_rmsnorm(s, rs->xb, rs->x, w->enorm, n, E, hp->rms_eps);
-    for (uint32_t j = 0; j < b->n_seq; j++) {
-        const struct model_seq *q = &b->seq[j];
-        const struct tern_session *qs = q->s;
-        TERN_ASSERT(qs->hidden_in && q->pos0 >= qs->hidden_pos0);
-        memcpy(rs->x + (size_t)q->row0 * E, qs->hidden_in + (size_t)(q->pos0 - qs->hidden_pos0) * E,
-               (size_t)q->n * E * sizeof(float));
-    }
-    model_rmsnorm(s, rs->x, rs->x, w->hnorm, n, E, hp->rms_eps);
-    model_concat_rows(s, rs->cat, rs->xb, rs->x, n, E);
-    model_matmul1(s, rs->cat, n, &w->eh_proj, rs->x);
+    o->embed(f, &w->mtp_embd, rs->x);
+    o->hidden_in(f, rs->h);
+    o->rope_angles(f, &rope, rs->cs);
+    o->rmsnorm(f, rs->xb, rs->x, w->enorm, E, hp->rms_eps);
+    o->rmsnorm(f, rs->x, rs->h, w->hnorm, E, hp->rms_eps);
+    o->concat_rows(f, rs->cat, rs->xb, rs->x, E);
+    const struct model_mm eh = {&w->eh_proj, rs->x};
+    o->matmul(f, rs->cat, &eh, 1);
 
-    model_rmsnorm(s, rs->xb, rs->x, L->attn_norm, n, E, hp->rms_eps);
-    attention_layer(s, b, hp, w, L, rs, 0);
-    model_add(s, rs->x, rs->xb, n, E);
-    ffn_block(s, hp, w, L, rs, n);
-    model_add(s, rs->x, rs->xb, n, E);
-    hidden_capture(s, b, w->head_norm, hp, rs->x);
-    model_output(s, b, &w->mtp_head, w->head_norm, hp->rms_eps, rs->x, rs->xb);
+    o->rmsnorm(f, rs->xb, rs->x, L->attn_norm, E, hp->rms_eps);
+    attention_layer(f, hp, w, L, rs, 0);
+    o->add(f, rs->x, rs->xb, E);
+    ffn_block(f, hp, w, L, rs);
+    o->add(f, rs->x, rs->xb, E);
+    o->hidden_out(f, w->head_norm, hp->rms_eps, rs->x);
+    o->output(f, &w->mtp_head, w->head_norm, hp->rms_eps, rs->x, rs->xb);
 }
 
 #define Q35_ARCH(NAME)                                                                                                 \

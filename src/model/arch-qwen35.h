@@ -1,5 +1,5 @@
-/* Qwen3.5's weights (arch-qwen35.c), shared with its GPU forward pass (gpu-model.c).
- * Internal to model/. */
+/* Qwen3.5's weights (arch-qwen35.c), shared with the GPU backend's upload
+ * (gpu-model.c). Internal to model/. */
 #ifndef TERN_MODEL_ARCH_QWEN35_H
 #define TERN_MODEL_ARCH_QWEN35_H
 

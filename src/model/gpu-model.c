@@ -1,10 +1,10 @@
-/* Forward passes on the Vulkan backend (model/gpu.h): llama/qwen2/qwen3/qwen3moe
- * (llama_forward's operations, qwen2's q/k/v biases) and the Qwen3.5 hybrids qwen35 and
- * qwen35moe (q35_forward's: Gated DeltaNet layers with their conv windows and states on
- * the device, gated attention), on device buffers, recorded into one command buffer per
- * chunk (one submit, one wait, the logits read back). Weights are uploaded once, in their
- * own types (dequantized in the shaders); the KV cache and the recurrent state live on
- * the device.
+/* The Vulkan backend of the layer seam (model/backend.h, model/gpu.h): the
+ * architectures' own forward passes (llama/qwen2/qwen3/qwen3moe's llama_forward, the
+ * Qwen3.5 hybrids' q35_forward) run on device buffers, each operation recorded into one
+ * command buffer per chunk (one submit, one wait, the logits read back). Weights are
+ * uploaded once, in their own types (dequantized in the shaders), and found again by
+ * their host address; the activations of the architecture's RunState, the KV cache and
+ * the recurrent state live on the device.
  *
  * The MoE feed-forward (moe.h's math) stays on the device too: the router's logits, the
  * routing (softmax, top-k with ties to the lowest id, renormalised weights) per token, the
@@ -14,14 +14,16 @@
  * trip: the routing decides which expert rows a slot reads and the order of the workgroups
  * (neighbours read the same expert's rows), not what is dispatched nor any slot's bits.
  *
- * What runs on the host: the embedding rows (dequantized, uploaded with the chunk) and
- * the RoPE angles (tern_rope_angles, the CPU's exact values, with Qwen3.5's position-0
- * pairs). */
+ * What runs on the host: the step's inputs, the embedding rows (dequantized) and the RoPE
+ * angles (model_rope_row_angles, the CPU's exact values), uploaded before the step's
+ * recording starts (an upload may need the command buffer, vulkan.c). Not on the device:
+ * the MTP head (hidden_in, concat_rows), which speculative decoding runs on the CPU. */
 #include "model/gpu.h"
 
 #include "backend/vulkan.h"
 #include "model/arch-llama.h"
 #include "model/arch-qwen35.h"
+#include "model/backend.h"
 #include "util/mem.h"
 
 #include <math.h>
@@ -30,42 +32,28 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct gpu_layer {
-    struct tern_vk_buf *attn_norm, *ffn_norm, *q_norm, *k_norm; /* ffn_norm: qwen35's post_attention_norm */
-    struct tern_vk_buf *wq, *wk, *wv, *wo, *wg, *wu, *wd;
-    /* Gated DeltaNet (qwen35) */
-    struct tern_vk_buf *wqkv, *wz, *wbeta, *walpha, *wout, *conv_wt, *params;
-    struct tern_vk_buf *bq, *bk, *bv; /* qwen2's biases; NULL when absent */
-    /* MoE (qwen3moe, qwen35moe) */
-    const struct moe_layer *moe;    /* NULL: a dense feed-forward */
-    struct tern_vk_buf *router;     /* [n_embd, n_expert] F32 */
-    struct tern_vk_buf *eg, *eu, *ed; /* the stacked experts, in their own types */
-    struct tern_vk_buf *sh_inp, *sh_g, *sh_u, *sh_d; /* the shared expert (qwen35moe) */
+/* A weight on the device, found by the address of its host copy (the architecture's
+ * struct mat data or F32 vector; a DeltaNet layer's packed parameters by its ssm_a). */
+struct gpu_weight {
+    uintptr_t host;
+    struct tern_vk_buf *buf;
 };
 
-/* One model on one device: the weights and one chunk's activations, shared by every
- * state (mu serialises the evaluations and copies that use them). */
+/* One model on one device: the weights and the architecture's RunState for one chunk,
+ * shared by every state (mu serialises the evaluations and copies that use them). */
 struct tern_gpu {
     struct tern_vk *vk;
     const struct tern_model *m;
-    const struct llama_weights *w;  /* llama, qwen3 */
-    const struct q35_weights *qw;   /* qwen35 */
     uint32_t n_chunk;
     pthread_mutex_t mu;
     size_t bytes;        /* device bytes of the weights and the scratch */
     size_t state_bytes;  /* device bytes of the live states (under mu) */
     size_t ckpt_bytes;   /* device bytes of the checkpoints kept on the device (under mu) */
-    struct gpu_layer *L;
-    struct tern_vk_buf *out_norm, *output;
-    /* one chunk's activations */
-    struct tern_vk_buf *x, *xb, *q, *k, *v, *att, *hb, *hb2, *cs, *logits;
-    struct tern_vk_buf *qg, *gate, *qkv_raw, *qkv, *z, *beta, *alpha, *o; /* qwen35 */
-    const struct moe_hparams *moe_hp; /* NULL: no MoE layers */
-    /* MoE scratch: router logits (n_chunk, n_expert), the slots' expert ids and weights
-     * (n_chunk, n_used), their gate/up (slots, n_ff_exp) and down outputs (slots, n_embd);
-     * the shared expert's gate/up (n_chunk, n_ff_shexp), gate logit (n_chunk), output */
-    struct tern_vk_buf *m_probs, *m_ids, *m_order, *m_wts, *m_g, *m_u, *m_d, *s_g, *s_u, *s_w, *s_d;
-    float *host_x, *host_cs; /* (n_chunk, n_embd), (n_chunk, n_rot) staging */
+    struct gpu_weight *wt; /* (n_wt) sorted by host address */
+    uint32_t n_wt, cap_wt;
+    void *rs;            /* the architecture's RunState, its activations on the device */
+    struct tern_vk_buf *logits; /* (n_chunk, n_vocab) */
+    float *host_x, *host_cs; /* (n_chunk, n_embd), (n_chunk, n_rot) staging of the inputs */
     float *zeros;            /* (zeros_n) for resetting the recurrent state */
     size_t zeros_n;
 };
@@ -94,42 +82,61 @@ static enum tern_status newbuf(struct tern_gpu *g, size_t bytes, struct tern_vk_
     return st;
 }
 
-static enum tern_status upload(struct tern_gpu *g, const void *src, size_t bytes, struct tern_vk_buf **out) {
-    enum tern_status st = newbuf(g, bytes, out);
-    if (!st) st = tern_vk_upload(*out, 0, src, bytes);
-    return st;
-}
-
-static enum tern_status upload_mat(struct tern_gpu *g, const struct mat *w, struct tern_vk_buf **out) {
-    if (!tern_vk_matmul_supported(w->type))
-        return tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: tensor '%s' is %s, which the Vulkan matmul does not handle yet",
-                           w->name, tern_dtype_name((uint32_t)w->type));
-    return upload(g, w->data, (size_t)w->n * w->row_bytes, out);
-}
-
 static enum tern_status scratch(struct tern_gpu *g, size_t floats, struct tern_vk_buf **out) {
     return newbuf(g, (floats ? floats : 1) * sizeof(float), out);
 }
 
+/* Uploads bytes of host data as the weight found by key (once: a tensor bound twice,
+ * e.g. tied embeddings or a shared norm, is one buffer). */
+static enum tern_status put(struct tern_gpu *g, const void *key, const void *src, size_t bytes) {
+    for (uint32_t i = 0; i < g->n_wt; i++)
+        if (g->wt[i].host == (uintptr_t)key) return TERN_OK;
+    if (g->n_wt == g->cap_wt) {
+        const uint32_t cap = g->cap_wt ? 2 * g->cap_wt : 64;
+        struct gpu_weight *wt = realloc(g->wt, cap * sizeof *wt);
+        if (!wt) return tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
+        g->wt = wt;
+        g->cap_wt = cap;
+    }
+    struct tern_vk_buf *b;
+    enum tern_status st = newbuf(g, bytes, &b);
+    if (!st && (st = tern_vk_upload(b, 0, src, bytes))) tern_vk_buf_free(b);
+    if (!st) g->wt[g->n_wt++] = (struct gpu_weight){(uintptr_t)key, b};
+    return st;
+}
+
+static enum tern_status put_vec(struct tern_gpu *g, const float *v, size_t n) {
+    return v ? put(g, v, v, n * sizeof(float)) : TERN_OK;
+}
+
+/* A matrix, or n_mat of them stride bytes apart (the stacked experts). */
+static enum tern_status put_mats(struct tern_gpu *g, const struct mat *w, size_t stride, uint32_t n_mat) {
+    if (!tern_vk_matmul_supported(w->type))
+        return tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: tensor '%s' is %s, which the Vulkan matmul does not handle yet",
+                           w->name, tern_dtype_name((uint32_t)w->type));
+    return put(g, w->data, w->data, n_mat > 1 ? (size_t)n_mat * stride : (size_t)w->n * w->row_bytes);
+}
+
+static enum tern_status put_mat(struct tern_gpu *g, const struct mat *w) { return put_mats(g, w, 0, 1); }
+
+static int weight_cmp(const void *a, const void *b) {
+    const uintptr_t x = ((const struct gpu_weight *)a)->host, y = ((const struct gpu_weight *)b)->host;
+    return x < y ? -1 : x > y;
+}
+
+/* The device copy of the weight keyed by host (NULL: never uploaded). */
+static struct tern_vk_buf *weight(const struct tern_gpu *g, const void *host) {
+    const struct gpu_weight key = {(uintptr_t)host, NULL};
+    const struct gpu_weight *w = bsearch(&key, g->wt, g->n_wt, sizeof *g->wt, weight_cmp);
+    return w ? w->buf : NULL;
+}
+
 void tern_gpu_free(struct tern_gpu *g) {
     if (!g) return;
-    if (g->L)
-        for (uint32_t il = 0; il < g->m->n_layer; il++) {
-            struct gpu_layer *L = &g->L[il];
-            struct tern_vk_buf *bufs[] = {L->attn_norm, L->ffn_norm, L->q_norm, L->k_norm, L->wq,     L->wk,
-                                          L->wv,        L->wo,       L->wg,     L->wu,     L->wd,     L->wqkv,
-                                          L->wz,        L->wbeta,    L->walpha, L->wout,   L->conv_wt, L->params,
-                                          L->bq,        L->bk,       L->bv,     L->router, L->eg,     L->eu,
-                                          L->ed,        L->sh_inp,   L->sh_g,   L->sh_u,   L->sh_d};
-            for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) tern_vk_buf_free(bufs[i]);
-        }
-    free(g->L);
-    struct tern_vk_buf *bufs[] = {g->out_norm, g->output, g->x,    g->xb,      g->q,   g->k,    g->v,    g->att,
-                                  g->hb,       g->hb2,    g->cs,   g->logits,  g->qg,  g->gate, g->qkv_raw,
-                                  g->qkv,      g->z,      g->beta, g->alpha,   g->o,   g->m_probs, g->m_ids, g->m_order,
-                                  g->m_wts,    g->m_g,    g->m_u,  g->m_d,     g->s_g, g->s_u,  g->s_w,
-                                  g->s_d};
-    for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) tern_vk_buf_free(bufs[i]);
+    if (g->rs) g->m->arch->state_free(g->rs);
+    for (uint32_t i = 0; i < g->n_wt; i++) tern_vk_buf_free(g->wt[i].buf);
+    free(g->wt);
+    tern_vk_buf_free(g->logits);
     free(g->host_x);
     free(g->host_cs);
     free(g->zeros);
@@ -137,86 +144,47 @@ void tern_gpu_free(struct tern_gpu *g) {
     free(g);
 }
 
-/* The stacked experts of one matrix: n_expert slices stride bytes apart. */
-static enum tern_status upload_experts(struct tern_gpu *g, const struct mat *w, size_t stride, uint32_t n_expert,
-                                       struct tern_vk_buf **out) {
-    if (!tern_vk_matmul_supported(w->type))
-        return tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: tensor '%s' is %s, which the Vulkan matmul does not handle yet",
-                           w->name, tern_dtype_name((uint32_t)w->type));
-    return upload(g, w->data, (size_t)n_expert * stride, out);
-}
-
 /* A layer's MoE block: router, experts, shared expert. */
-static enum tern_status upload_moe(struct tern_gpu *g, struct gpu_layer *L, const struct moe_layer *ml) {
-    const struct moe_hparams *hp = g->moe_hp;
+static enum tern_status upload_moe(struct tern_gpu *g, const struct moe_hparams *hp, const struct moe_layer *ml) {
     enum tern_status st;
-    L->moe = ml;
-    if ((st = upload_mat(g, &ml->router, &L->router)) ||
-        (st = upload_experts(g, &ml->gate, ml->gate_stride, hp->n_expert, &L->eg)) ||
-        (st = upload_experts(g, &ml->up, ml->up_stride, hp->n_expert, &L->eu)) ||
-        (st = upload_experts(g, &ml->down, ml->down_stride, hp->n_expert, &L->ed)))
+    if ((st = put_mat(g, &ml->router)) || (st = put_mats(g, &ml->gate, ml->gate_stride, hp->n_expert)) ||
+        (st = put_mats(g, &ml->up, ml->up_stride, hp->n_expert)) ||
+        (st = put_mats(g, &ml->down, ml->down_stride, hp->n_expert)))
         return st;
     if (!hp->n_ff_shexp) return TERN_OK;
-    if ((st = upload_mat(g, &ml->sh_gate_inp, &L->sh_inp)) || (st = upload_mat(g, &ml->sh_gate, &L->sh_g)) ||
-        (st = upload_mat(g, &ml->sh_up, &L->sh_u)) || (st = upload_mat(g, &ml->sh_down, &L->sh_d)))
+    if ((st = put_mat(g, &ml->sh_gate_inp)) || (st = put_mat(g, &ml->sh_gate)) || (st = put_mat(g, &ml->sh_up)) ||
+        (st = put_mat(g, &ml->sh_down)))
         return st;
     return TERN_OK;
-}
-
-/* The MoE scratch for chunks of n_chunk tokens. */
-static enum tern_status moe_scratch(struct tern_gpu *g) {
-    const struct moe_hparams *hp = g->moe_hp;
-    const size_t n = g->n_chunk, K = hp->n_used, slots = n * K, E = g->m->hp.n_embd, S = hp->n_ff_shexp;
-    enum tern_status st = scratch(g, n * hp->n_expert, &g->m_probs);
-    if (!st) st = scratch(g, slots, &g->m_ids);
-    if (!st) st = scratch(g, slots, &g->m_order);
-    if (!st) st = scratch(g, slots, &g->m_wts);
-    if (!st) st = scratch(g, slots * hp->n_ff_exp, &g->m_g);
-    if (!st) st = scratch(g, slots * hp->n_ff_exp, &g->m_u);
-    if (!st) st = scratch(g, slots * E, &g->m_d);
-    if (!st && S) st = scratch(g, n * S, &g->s_g);
-    if (!st && S) st = scratch(g, n * S, &g->s_u);
-    if (!st && S) st = scratch(g, n, &g->s_w);
-    if (!st && S) st = scratch(g, n * E, &g->s_d);
-    return st;
 }
 
 /* The attention-only family's weights. */
 static enum tern_status upload_llama(struct tern_gpu *g) {
     const struct tern_model *m = g->m;
     const struct model_hparams *hp = &m->hp;
-    const size_t E = hp->n_embd, hd = hp->head_dim_k;
+    const struct llama_weights *w = m->w;
+    const size_t E = hp->n_embd, hd = hp->head_dim_k, nq = (size_t)hp->n_head * hd, nkv = (size_t)hp->n_head_kv * hd;
     enum tern_status st = TERN_OK;
     for (uint32_t il = 0; il < m->n_layer && !st; il++) {
-        const struct llama_layer *l = &g->w->layers[il];
-        struct gpu_layer *L = &g->L[il];
-        const size_t nq = (size_t)hp->n_head * hd, nkv = (size_t)hp->n_head_kv * hd;
-        st = upload(g, l->attn_norm, E * sizeof(float), &L->attn_norm);
-        if (!st && l->bq) st = upload(g, l->bq, nq * sizeof(float), &L->bq);
-        if (!st && l->bk) st = upload(g, l->bk, nkv * sizeof(float), &L->bk);
-        if (!st && l->bv) st = upload(g, l->bv, nkv * sizeof(float), &L->bv);
-        if (!st) st = upload(g, l->ffn_norm, E * sizeof(float), &L->ffn_norm);
-        if (!st && l->q_norm) st = upload(g, l->q_norm, hd * sizeof(float), &L->q_norm);
-        if (!st && l->k_norm) st = upload(g, l->k_norm, hd * sizeof(float), &L->k_norm);
-        if (!st) st = upload_mat(g, &l->wq, &L->wq);
-        if (!st) st = upload_mat(g, &l->wk, &L->wk);
-        if (!st) st = upload_mat(g, &l->wv, &L->wv);
-        if (!st) st = upload_mat(g, &l->wo, &L->wo);
-        if (!st && g->w->var.moe) st = upload_moe(g, L, &l->moe);
-        if (!st && !g->w->var.moe) st = upload_mat(g, &l->w_gate, &L->wg);
-        if (!st && !g->w->var.moe) st = upload_mat(g, &l->w_up, &L->wu);
-        if (!st && !g->w->var.moe) st = upload_mat(g, &l->w_down, &L->wd);
+        const struct llama_layer *l = &w->layers[il];
+        if ((st = put_vec(g, l->attn_norm, E)) || (st = put_vec(g, l->bq, nq)) || (st = put_vec(g, l->bk, nkv)) ||
+            (st = put_vec(g, l->bv, nkv)) || (st = put_vec(g, l->ffn_norm, E)) || (st = put_vec(g, l->q_norm, hd)) ||
+            (st = put_vec(g, l->k_norm, hd)) || (st = put_mat(g, &l->wq)) || (st = put_mat(g, &l->wk)) ||
+            (st = put_mat(g, &l->wv)) || (st = put_mat(g, &l->wo)))
+            break;
+        if (w->var.moe) st = upload_moe(g, &w->moe, &l->moe);
+        else if (!(st = put_mat(g, &l->w_gate)) && !(st = put_mat(g, &l->w_up))) st = put_mat(g, &l->w_down);
     }
-    if (!st) st = upload(g, g->w->out_norm, E * sizeof(float), &g->out_norm);
-    if (!st) st = upload_mat(g, &g->w->output, &g->output);
+    if (!st) st = put_vec(g, w->out_norm, E);
+    if (!st) st = put_mat(g, &w->output);
     return st;
 }
 
-/* Qwen3.5's weights and recurrent state. */
+/* Qwen3.5's weights. */
 static enum tern_status upload_qwen35(struct tern_gpu *g) {
     const struct tern_model *m = g->m;
     const struct model_hparams *hp = &m->hp;
-    const struct q35_weights *w = g->qw;
+    const struct q35_weights *w = m->w;
     const struct tern_deltanet_shape *dn = &w->dn;
     const size_t E = hp->n_embd, hd = hp->head_dim_k;
     const size_t C = tern_deltanet_channels(dn), nv = dn->n_v_heads;
@@ -224,54 +192,343 @@ static enum tern_status upload_qwen35(struct tern_gpu *g) {
         return tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: DeltaNet heads of %u/%u (the Vulkan recurrence takes at most 256)",
                            dn->d_k, dn->d_v);
     enum tern_status st = TERN_OK;
-    float *prm = tern_malloc((2 * nv + dn->d_v) * sizeof(float));
+    const size_t n_prm = 2 * nv + dn->d_v;
+    float *prm = tern_malloc(n_prm * sizeof(float));
     if (!prm) return tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
     for (uint32_t il = 0; il < w->n_layer && !st; il++) {
         const struct q35_layer *l = &w->layers[il];
-        struct gpu_layer *L = &g->L[il];
-        st = upload(g, l->attn_norm, E * sizeof(float), &L->attn_norm);
-        if (!st) st = upload(g, l->post_norm, E * sizeof(float), &L->ffn_norm);
-        if (!st && w->moe) st = upload_moe(g, L, &l->moe);
-        if (!st && !w->moe) st = upload_mat(g, &l->w_gate, &L->wg);
-        if (!st && !w->moe) st = upload_mat(g, &l->w_up, &L->wu);
-        if (!st && !w->moe) st = upload_mat(g, &l->w_down, &L->wd);
+        if ((st = put_vec(g, l->attn_norm, E)) || (st = put_vec(g, l->post_norm, E))) break;
+        if (w->moe) st = upload_moe(g, &w->moe_hp, &l->moe);
+        else if (!(st = put_mat(g, &l->w_gate)) && !(st = put_mat(g, &l->w_up))) st = put_mat(g, &l->w_down);
         if (st) break;
         if (l->recurrent) {
+            /* the deltanet shader's parameters: ssm_a | dt_bias | ssm_norm, keyed by ssm_a */
             memcpy(prm, l->ssm_a, nv * sizeof(float));
             memcpy(prm + nv, l->dt_bias, nv * sizeof(float));
             memcpy(prm + 2 * nv, l->ssm_norm, dn->d_v * sizeof(float));
-            st = upload_mat(g, &l->wqkv, &L->wqkv);
-            if (!st) st = upload_mat(g, &l->wgate, &L->wz);
-            if (!st) st = upload_mat(g, &l->wbeta, &L->wbeta);
-            if (!st) st = upload_mat(g, &l->walpha, &L->walpha);
-            if (!st) st = upload_mat(g, &l->wout, &L->wout);
-            if (!st) st = upload(g, l->conv_wt, dn->n_conv * C * sizeof(float), &L->conv_wt);
-            if (!st) st = upload(g, prm, (2 * nv + dn->d_v) * sizeof(float), &L->params);
-        } else {
-            st = upload_mat(g, &l->wq, &L->wq);
-            if (!st) st = upload_mat(g, &l->wk, &L->wk);
-            if (!st) st = upload_mat(g, &l->wv, &L->wv);
-            if (!st) st = upload_mat(g, &l->wo, &L->wo);
-            if (!st) st = upload(g, l->q_norm, hd * sizeof(float), &L->q_norm);
-            if (!st) st = upload(g, l->k_norm, hd * sizeof(float), &L->k_norm);
+            if ((st = put_mat(g, &l->wqkv)) || (st = put_mat(g, &l->wgate)) || (st = put_mat(g, &l->wbeta)) ||
+                (st = put_mat(g, &l->walpha)) || (st = put_mat(g, &l->wout)) ||
+                (st = put(g, l->conv_wt, l->conv_wt, dn->n_conv * C * sizeof(float))))
+                break;
+            st = put(g, l->ssm_a, prm, n_prm * sizeof(float));
+        } else if (!(st = put_mat(g, &l->wq)) && !(st = put_mat(g, &l->wk)) && !(st = put_mat(g, &l->wv)) &&
+                   !(st = put_mat(g, &l->wo)) && !(st = put_vec(g, l->q_norm, hd))) {
+            st = put_vec(g, l->k_norm, hd);
         }
     }
     free(prm);
-    if (!st) st = upload(g, w->out_norm, E * sizeof(float), &g->out_norm);
-    if (!st) st = upload_mat(g, &w->output, &g->output);
-    const size_t n = g->n_chunk, nq = (size_t)hp->n_head * hd, nvd = nv * dn->d_v;
-    if (!st) st = scratch(g, n * 2 * nq, &g->qg);
-    if (!st) st = scratch(g, n * nq, &g->gate);
-    if (!st) st = scratch(g, n * C, &g->qkv_raw);
-    if (!st) st = scratch(g, n * C, &g->qkv);
-    if (!st) st = scratch(g, n * nvd, &g->z);
-    if (!st) st = scratch(g, n * nv, &g->beta);
-    if (!st) st = scratch(g, n * nv, &g->alpha);
-    if (!st) st = scratch(g, n * nvd, &g->o);
+    if (!st) st = put_vec(g, w->out_norm, E);
+    if (!st) st = put_mat(g, &w->output);
     g->zeros_n = TERN_MAX(tern_deltanet_state_floats(dn), (dn->n_conv - 1) * C);
     if (!st && !(g->zeros = tern_calloc(g->zeros_n, sizeof(float)))) st = tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
     return st;
 }
+
+/* ---- the seam's operations on the device (backend.h) ---------------------------------- *
+ * An activation is a device buffer. The step records every operation into one command
+ * buffer, begun at the first operation after the inputs (which are uploaded, and an
+ * upload may use the command buffer); the first failure is kept and the rest skipped. */
+
+/* One chunk of n tokens of state S at positions [pos0, pos0 + n) (g->mu held). */
+struct gpu_step {
+    struct tern_gpu *g;
+    struct tern_gpu_state *S;
+    uint32_t pos0, n;
+    bool recording;
+    enum tern_status st;
+};
+
+#define STEP(f) ((struct gpu_step *)(f)->be)
+#define BUF(a) ((struct tern_vk_buf *)(a))
+
+static enum tern_status gpu_acts_new(void *ctx, const struct model_act_buf *bufs, size_t n_bufs, uint32_t n_chunk,
+                                     size_t *bytes) {
+    for (size_t i = 0; i < n_bufs; i++) {
+        const size_t n = (bufs[i].once ? 1 : (size_t)n_chunk) * (bufs[i].n ? bufs[i].n : 1);
+        struct tern_vk_buf *b;
+        enum tern_status st = scratch(ctx, n, &b);
+        if (st) return st;
+        *bufs[i].p = (struct model_act *)b;
+        *bytes += n * sizeof(float);
+    }
+    return TERN_OK;
+}
+
+static void gpu_act_free(void *ctx, struct model_act *a) {
+    (void)ctx;
+    tern_vk_buf_free(BUF(a));
+}
+
+/* The MoE scratch: router logits (n_chunk, n_expert), the slots' expert ids, order and
+ * weights (n_chunk, n_used), their gate/up (slots, n_ff_exp) and down outputs (slots,
+ * n_embd); the shared expert's gate/up (n_chunk, n_ff_shexp), gate logit (n_chunk),
+ * output (n_chunk, n_embd). */
+struct gpu_moe_ws {
+    struct tern_vk_buf *probs, *ids, *order, *wts, *g, *u, *d, *s_g, *s_u, *s_w, *s_d;
+};
+
+static void gpu_moe_ws_free(void *ctx, struct model_moe_ws *p) {
+    (void)ctx;
+    struct gpu_moe_ws *ws = (struct gpu_moe_ws *)p;
+    if (!ws) return;
+    struct tern_vk_buf *bufs[] = {ws->probs, ws->ids, ws->order, ws->wts, ws->g,  ws->u,
+                                  ws->d,     ws->s_g, ws->s_u,   ws->s_w, ws->s_d};
+    for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) tern_vk_buf_free(bufs[i]);
+    free(ws);
+}
+
+static enum tern_status gpu_moe_ws_new(void *ctx, const struct tern_model *m, const struct moe_hparams *hp,
+                                       const struct moe_layer *layers, uint32_t n_layer, uint32_t n_chunk,
+                                       struct model_moe_ws **out, size_t *bytes) {
+    (void)layers;
+    (void)n_layer;
+    struct tern_gpu *g = ctx;
+    *out = NULL;
+    struct gpu_moe_ws *ws = tern_calloc(1, sizeof *ws);
+    if (!ws) return tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
+    *out = (struct model_moe_ws *)ws;
+    const size_t n = n_chunk, K = hp->n_used, slots = n * K, E = m->hp.n_embd, S = hp->n_ff_shexp;
+    const size_t before = g->bytes;
+    enum tern_status st = scratch(g, n * hp->n_expert, &ws->probs);
+    if (!st) st = scratch(g, slots, &ws->ids);
+    if (!st) st = scratch(g, slots, &ws->order);
+    if (!st) st = scratch(g, slots, &ws->wts);
+    if (!st) st = scratch(g, slots * hp->n_ff_exp, &ws->g);
+    if (!st) st = scratch(g, slots * hp->n_ff_exp, &ws->u);
+    if (!st) st = scratch(g, slots * E, &ws->d);
+    if (!st && S) st = scratch(g, n * S, &ws->s_g);
+    if (!st && S) st = scratch(g, n * S, &ws->s_u);
+    if (!st && S) st = scratch(g, n, &ws->s_w);
+    if (!st && S) st = scratch(g, n * E, &ws->s_d);
+    *bytes += g->bytes - before;
+    return st;
+}
+
+/* Whether the step may record its next operation (its recording begun). */
+static bool live(const struct model_step *f) {
+    struct gpu_step *p = STEP(f);
+    if (!p->st && !p->recording) {
+        p->st = tern_vk_begin(p->g->vk);
+        p->recording = !p->st;
+    }
+    return !p->st;
+}
+
+static void keep(const struct model_step *f, enum tern_status st) {
+    if (!STEP(f)->st) STEP(f)->st = st;
+}
+
+#define DO(f, call)                                                                                                    \
+    do {                                                                                                               \
+        if (live(f)) keep((f), (call));                                                                                \
+    } while (0)
+
+/* The device copy of a weight; a miss is a bug (every weight the forward names is
+ * uploaded by upload_*). */
+static struct tern_vk_buf *wbuf(const struct model_step *f, const void *host, const char *what) {
+    struct tern_vk_buf *b = weight(STEP(f)->g, host);
+    if (!b) keep(f, tern_errorf(TERN_ERR_INTERNAL, "gpu: %s was not uploaded to the device", what));
+    return b;
+}
+
+static struct tern_vk_buf *vbuf(const struct model_step *f, const float *v) {
+    return v ? wbuf(f, v, "a weight vector") : NULL;
+}
+
+/* An input of the step: uploaded before its recording begins. */
+static bool input(const struct model_step *f) {
+    struct gpu_step *p = STEP(f);
+    if (!p->st && p->recording)
+        p->st = tern_errorf(TERN_ERR_INTERNAL, "gpu: a step's inputs must come before its operations");
+    return !p->st;
+}
+
+static void gpu_embed(const struct model_step *f, const struct mat *embd, struct model_act *x) {
+    struct gpu_step *p = STEP(f);
+    if (!input(f)) return;
+    for (uint32_t t = 0; t < p->n; t++)
+        tern_dequantize_row(embd->type, (const char *)embd->data + (size_t)f->b->toks[t] * embd->row_bytes,
+                            p->g->host_x + (size_t)t * embd->k, embd->k);
+    keep(f, tern_vk_upload(BUF(x), 0, p->g->host_x, (size_t)p->n * embd->k * sizeof(float)));
+}
+
+static void gpu_rope_angles(const struct model_step *f, const struct model_rope *r, struct model_act *cs) {
+    struct gpu_step *p = STEP(f);
+    const uint32_t nr = r->p->n_rot;
+    if (!input(f) || !nr) return;
+    for (uint32_t t = 0; t < p->n; t++) model_rope_row_angles(r, p->pos0 + t, p->g->host_cs + (size_t)t * nr);
+    keep(f, tern_vk_upload(BUF(cs), 0, p->g->host_cs, (size_t)p->n * nr * sizeof(float)));
+}
+
+static void gpu_hidden_in(const struct model_step *f, struct model_act *x) {
+    (void)x;
+    keep(f, tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: the MTP head runs on the CPU only"));
+}
+
+static void gpu_matmul(const struct model_step *f, const struct model_act *x, const struct model_mm *outs,
+                       size_t n_outs) {
+    for (size_t i = 0; i < n_outs; i++) {
+        const struct mat *w = outs[i].w;
+        struct tern_vk_buf *b = wbuf(f, w->data, w->name);
+        DO(f, tern_vk_matmul(STEP(f)->g->vk, w->type, b, w->k, w->n, BUF(x), STEP(f)->n, BUF(outs[i].y)));
+    }
+}
+
+static void gpu_rmsnorm(const struct model_step *f, struct model_act *y, const struct model_act *x, const float *w,
+                        uint32_t n, float eps) {
+    struct tern_vk_buf *wb = vbuf(f, w);
+    DO(f, tern_vk_rmsnorm(STEP(f)->g->vk, BUF(x), wb, BUF(y), STEP(f)->n, n, eps));
+}
+
+static void gpu_rmsnorm_heads(const struct model_step *f, struct model_act *x, const float *w, uint32_t n_head,
+                              uint32_t head_dim, float eps) {
+    struct tern_vk_buf *wb = vbuf(f, w);
+    DO(f, tern_vk_rmsnorm(STEP(f)->g->vk, BUF(x), wb, BUF(x), (size_t)STEP(f)->n * n_head, head_dim, eps));
+}
+
+static void gpu_add_bias(const struct model_step *f, struct model_act *x, const float *bias, uint32_t n) {
+    struct tern_vk_buf *b = vbuf(f, bias);
+    DO(f, tern_vk_add_bias(STEP(f)->g->vk, BUF(x), b, STEP(f)->n, n));
+}
+
+static void gpu_add(const struct model_step *f, struct model_act *y, const struct model_act *x, uint32_t n) {
+    DO(f, tern_vk_add(STEP(f)->g->vk, BUF(y), BUF(x), STEP(f)->n, n));
+}
+
+static void gpu_swiglu(const struct model_step *f, struct model_act *g, const struct model_act *u, uint32_t n) {
+    DO(f, tern_vk_swiglu(STEP(f)->g->vk, BUF(g), BUF(u), STEP(f)->n, n));
+}
+
+static void gpu_sigmoid_mul(const struct model_step *f, struct model_act *x, const struct model_act *gate,
+                            uint32_t n) {
+    DO(f, tern_vk_sigmoid_mul(STEP(f)->g->vk, BUF(x), BUF(gate), STEP(f)->n, n));
+}
+
+static void gpu_split_heads(const struct model_step *f, const struct model_act *ab, struct model_act *a,
+                            struct model_act *b, uint32_t n_head, uint32_t head_dim) {
+    DO(f, tern_vk_split_heads(STEP(f)->g->vk, BUF(ab), BUF(a), BUF(b), STEP(f)->n, n_head, head_dim));
+}
+
+static void gpu_concat_rows(const struct model_step *f, struct model_act *y, const struct model_act *a,
+                            const struct model_act *b, uint32_t n) {
+    (void)y, (void)a, (void)b, (void)n;
+    keep(f, tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: the MTP head runs on the CPU only"));
+}
+
+static void gpu_rope(const struct model_step *f, const struct model_rope *r, struct model_act *q, uint32_t n_head,
+                     struct model_act *k, uint32_t n_head_kv, uint32_t head_dim, const struct model_act *cs) {
+    struct tern_vk *vk = STEP(f)->g->vk;
+    const size_t n = STEP(f)->n, nr = r->p->n_rot;
+    DO(f, tern_vk_rope(vk, BUF(q), (size_t)n_head * head_dim, n_head, head_dim, nr, BUF(cs), n, r->neox));
+    DO(f, tern_vk_rope(vk, BUF(k), (size_t)n_head_kv * head_dim, n_head_kv, head_dim, nr, BUF(cs), n, r->neox));
+}
+
+/* moe_forward's steps on the device, from the normed rows h into out. */
+static void gpu_moe(const struct model_step *f, const struct moe_hparams *mh, const struct moe_layer *ml,
+                    struct model_moe_ws *p, const struct model_act *h, struct model_act *out) {
+    struct gpu_moe_ws *ws = (struct gpu_moe_ws *)p;
+    struct tern_vk *vk = STEP(f)->g->vk;
+    const uint32_t E = f->m->hp.n_embd, X = mh->n_expert, K = mh->n_used, F = mh->n_ff_exp, S = mh->n_ff_shexp;
+    const uint32_t n = STEP(f)->n, slots = n * K;
+    struct tern_vk_buf *r = wbuf(f, ml->router.data, ml->router.name), *eg = wbuf(f, ml->gate.data, ml->gate.name);
+    struct tern_vk_buf *eu = wbuf(f, ml->up.data, ml->up.name), *ed = wbuf(f, ml->down.data, ml->down.name);
+    DO(f, tern_vk_matmul(vk, ml->router.type, r, E, X, BUF(h), n, ws->probs));
+    DO(f, tern_vk_moe_route(vk, ws->probs, ws->ids, ws->wts, n, X, K, mh->norm_topk, mh->scale));
+    DO(f, tern_vk_moe_group(vk, ws->ids, ws->order, slots, X));
+    DO(f, tern_vk_matmul_id(vk, ml->gate.type, eg, ml->gate_stride, X, E, F, ws->ids, ws->order, BUF(h), K, slots,
+                            ws->g));
+    DO(f, tern_vk_matmul_id(vk, ml->up.type, eu, ml->up_stride, X, E, F, ws->ids, ws->order, BUF(h), K, slots, ws->u));
+    DO(f, tern_vk_swiglu(vk, ws->g, ws->u, slots, F));
+    DO(f, tern_vk_matmul_id(vk, ml->down.type, ed, ml->down_stride, X, F, E, ws->ids, ws->order, ws->g, 1, slots,
+                            ws->d));
+    if (S) {
+        const struct mat *sm[] = {&ml->sh_gate, &ml->sh_up, &ml->sh_gate_inp, &ml->sh_down};
+        struct tern_vk_buf *sb[4];
+        for (int i = 0; i < 4; i++) sb[i] = wbuf(f, sm[i]->data, sm[i]->name);
+        DO(f, tern_vk_matmul(vk, ml->sh_gate.type, sb[0], E, S, BUF(h), n, ws->s_g));
+        DO(f, tern_vk_matmul(vk, ml->sh_up.type, sb[1], E, S, BUF(h), n, ws->s_u));
+        DO(f, tern_vk_matmul(vk, ml->sh_gate_inp.type, sb[2], E, 1, BUF(h), n, ws->s_w));
+        DO(f, tern_vk_swiglu(vk, ws->s_g, ws->s_u, n, S));
+        DO(f, tern_vk_matmul(vk, ml->sh_down.type, sb[3], S, E, ws->s_g, n, ws->s_d));
+    }
+    DO(f, tern_vk_moe_combine(vk, BUF(out), ws->d, ws->wts, n, E, K, S ? ws->s_d : NULL, S ? ws->s_w : NULL));
+}
+
+/* The chunk's K/V into layer il's cache, then attention over it. */
+static void gpu_attention(const struct model_step *f, uint32_t il, const struct model_act *q,
+                          const struct model_act *k, const struct model_act *v, struct model_act *out,
+                          uint32_t n_head, float scale) {
+    const struct gpu_step *p = STEP(f);
+    const struct model_layer *L = &f->m->layers[il];
+    const struct tern_gpu_state *S = p->S;
+    struct tern_vk *vk = p->g->vk;
+    const size_t hd = L->head_dim_k, nq = (size_t)n_head * hd, nkv = (size_t)L->n_kv_head * hd;
+    DO(f, tern_vk_kv_store(vk, BUF(k), nkv, S->kc[il], S->n_ctx, L->n_kv_head, hd, p->pos0, p->n, S->f16_kv));
+    DO(f, tern_vk_kv_store(vk, BUF(v), nkv, S->vc[il], S->n_ctx, L->n_kv_head, hd, p->pos0, p->n, S->f16_kv));
+    DO(f, tern_vk_attention(vk, BUF(q), nq, S->kc[il], S->vc[il], S->n_ctx, BUF(out), nq, p->n, p->pos0, n_head,
+                            L->n_kv_head, hd, scale, S->f16_kv));
+}
+
+/* The conv (its window on the device) and the recurrence (its state on the device); the
+ * CPU's scratch is not needed. */
+static void gpu_deltanet(const struct model_step *f, uint32_t il, const struct model_deltanet *d,
+                         const struct model_act *qkv_raw, struct model_act *qkv, const struct model_act *z,
+                         const struct model_act *beta, const struct model_act *alpha, struct model_act *out,
+                         struct model_act *scratch) {
+    (void)scratch;
+    const struct gpu_step *p = STEP(f);
+    const struct tern_deltanet_shape *dn = d->dn;
+    struct tern_vk *vk = p->g->vk;
+    const size_t C = tern_deltanet_channels(dn);
+    struct tern_vk_buf *conv_wt = wbuf(f, d->conv_wt, "a DeltaNet conv weight");
+    struct tern_vk_buf *params = wbuf(f, d->p->ssm_a, "a DeltaNet layer's parameters");
+    DO(f, tern_vk_deltanet_conv(vk, p->S->win[il], conv_wt, BUF(qkv_raw), C, BUF(qkv), C, C, dn->n_conv, p->n));
+    DO(f, tern_vk_deltanet_heads(vk, p->S->S[il], BUF(qkv), BUF(z), BUF(beta), BUF(alpha), BUF(out), params,
+                                 dn->n_k_heads, dn->n_v_heads, dn->d_k, dn->d_v, dn->eps, p->n));
+}
+
+/* Every row normed and projected into the tern_gpu's logits (a row's logits do not depend
+ * on which are read); the driver reads the wanted rows back after the step. */
+static void gpu_output(const struct model_step *f, const struct mat *out_w, const float *norm_w, float eps,
+                       const struct model_act *x, struct model_act *xb) {
+    const struct gpu_step *p = STEP(f);
+    if (!f->b->logits) return;
+    struct tern_vk_buf *nb = vbuf(f, norm_w), *wb = wbuf(f, out_w->data, out_w->name);
+    DO(f, tern_vk_rmsnorm(p->g->vk, BUF(x), nb, BUF(xb), p->n, out_w->k, eps));
+    DO(f, tern_vk_matmul(p->g->vk, out_w->type, wb, out_w->k, out_w->n, BUF(xb), p->n, p->g->logits));
+}
+
+/* Nothing: a device session never captures its hidden state (the MTP head and
+ * speculative decoding run on the CPU). */
+static void gpu_hidden_out(const struct model_step *f, const float *norm_w, float eps, const struct model_act *x) {
+    (void)f, (void)norm_w, (void)eps, (void)x;
+}
+
+const struct model_ops gpu_ops = {
+    .acts_new = gpu_acts_new,
+    .act_free = gpu_act_free,
+    .moe_ws_new = gpu_moe_ws_new,
+    .moe_ws_free = gpu_moe_ws_free,
+    .embed = gpu_embed,
+    .rope_angles = gpu_rope_angles,
+    .hidden_in = gpu_hidden_in,
+    .matmul = gpu_matmul,
+    .rmsnorm = gpu_rmsnorm,
+    .rmsnorm_heads = gpu_rmsnorm_heads,
+    .add_bias = gpu_add_bias,
+    .add = gpu_add,
+    .swiglu = gpu_swiglu,
+    .sigmoid_mul = gpu_sigmoid_mul,
+    .split_heads = gpu_split_heads,
+    .concat_rows = gpu_concat_rows,
+    .rope = gpu_rope,
+    .moe = gpu_moe,
+    .attention = gpu_attention,
+    .deltanet = gpu_deltanet,
+    .output = gpu_output,
+    .hidden_out = gpu_hidden_out,
+};
+#undef DO
 
 /* The device-local bytes of g's device (0: unknown, nothing is checked). */
 static uint64_t device_bytes(const struct tern_gpu *g) { return tern_vk_info(g->vk)->device_local_bytes; }
@@ -291,6 +548,13 @@ enum tern_status tern_gpu_new(struct tern_vk *vk, const struct tern_model *m, ui
                                                  "of an even size, at most 256)", hp->head_dim_k, hp->head_dim_v);
     if (n_chunk == 0 || n_chunk > 65535)
         return tern_errorf(TERN_ERR_INVALID, "gpu: chunk %u must be positive (at most 65535)", n_chunk);
+    const struct moe_hparams *moe = NULL;
+    if (q35 ? ((const struct q35_weights *)m->w)->moe : ((const struct llama_weights *)m->w)->var.moe)
+        moe = q35 ? &((const struct q35_weights *)m->w)->moe_hp : &((const struct llama_weights *)m->w)->moe;
+    if (moe && (uint64_t)n_chunk * moe->n_used > 65535)
+        return tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: chunks of %u tokens with %u experts each exceed the Vulkan "
+                                                 "matmul's 65535 slots (chunks of at most %u)", n_chunk, moe->n_used,
+                           65535 / moe->n_used);
     /* Before anything is allocated: the weights alone against the device's memory. */
     const uint64_t have = tern_vk_info(vk)->device_local_bytes;
     if (have && m->info.weight_bytes > have)
@@ -302,36 +566,16 @@ enum tern_status tern_gpu_new(struct tern_vk *vk, const struct tern_model *m, ui
     pthread_mutex_init(&g->mu, NULL);
     g->vk = vk;
     g->m = m;
-    if (q35) g->qw = m->w;
-    else g->w = m->w;
-    if (q35 ? g->qw->moe : g->w->var.moe) g->moe_hp = q35 ? &g->qw->moe_hp : &g->w->moe;
-    if (g->moe_hp && (uint64_t)n_chunk * g->moe_hp->n_used > 65535) {
-        const uint32_t k = g->moe_hp->n_used;
-        tern_gpu_free(g);
-        return tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: chunks of %u tokens with %u experts each exceed the Vulkan "
-                                                 "matmul's 65535 slots (chunks of at most %u)", n_chunk, k, 65535 / k);
-    }
     g->n_chunk = n_chunk;
-    const size_t E = hp->n_embd, hd = hp->head_dim_k, nq = (size_t)hp->n_head * hd, nkv = (size_t)hp->n_head_kv * hd;
-    const size_t F = hp->n_ff;
     enum tern_status st = TERN_OK;
-    g->L = tern_calloc(m->n_layer, sizeof *g->L);
-    g->host_x = tern_malloc((size_t)n_chunk * E * sizeof(float));
+    g->host_x = tern_malloc((size_t)n_chunk * hp->n_embd * sizeof(float));
     g->host_cs = tern_malloc((size_t)n_chunk * hp->rope.n_rot * sizeof(float) + sizeof(float));
-    if (!g->L || !g->host_x || !g->host_cs) st = tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
+    if (!g->host_x || !g->host_cs) st = tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
     if (!st) st = q35 ? upload_qwen35(g) : upload_llama(g);
-    if (!st && g->moe_hp) st = moe_scratch(g);
-    const size_t C = n_chunk;
-    if (!st) st = scratch(g, C * E, &g->x);
-    if (!st) st = scratch(g, C * E, &g->xb);
-    if (!st) st = scratch(g, C * nq, &g->q);
-    if (!st) st = scratch(g, C * nkv, &g->k);
-    if (!st) st = scratch(g, C * nkv, &g->v);
-    if (!st) st = scratch(g, C * nq, &g->att);
-    if (!st) st = scratch(g, C * F, &g->hb);
-    if (!st) st = scratch(g, C * F, &g->hb2);
-    if (!st) st = scratch(g, C * hp->rope.n_rot, &g->cs);
-    if (!st) st = scratch(g, C * hp->n_vocab, &g->logits);
+    if (!st) qsort(g->wt, g->n_wt, sizeof *g->wt, weight_cmp);
+    const struct model_backend be = {&gpu_ops, g};
+    if (!st) st = m->arch->state_new(m, &be, n_chunk, &g->rs);
+    if (!st) st = scratch(g, (size_t)n_chunk * hp->n_vocab, &g->logits);
     if (st) {
         tern_error_prefix(st, "gpu: %s", m->name);
         tern_gpu_free(g);
@@ -427,7 +671,7 @@ enum tern_status tern_gpu_state_new(struct tern_gpu *g, uint32_t n_ctx, bool f16
             if (!s) st->bytes += 2 * b;
         } else {
             /* the CPU's "conv" and "ssm" buffers, byte for byte */
-            const struct tern_deltanet_shape *dn = &g->qw->dn;
+            const struct tern_deltanet_shape *dn = &((const struct q35_weights *)m->w)->dn;
             if (L->n_bufs != 2 || L->bufs[0].bytes != (dn->n_conv - 1) * tern_deltanet_channels(dn) * sizeof(float) ||
                 L->bufs[1].bytes != tern_deltanet_state_floats(dn) * sizeof(float) ||
                 TERN_MAX(L->bufs[0].bytes, L->bufs[1].bytes) > g->zeros_n * sizeof(float)) {
@@ -500,189 +744,30 @@ enum tern_status tern_gpu_kv_upload(struct tern_gpu *g, struct tern_gpu_state *s
     return kv_copy(g, st, il, v, p0, p1, (uint8_t *)(uintptr_t)buf, run_bytes, true);
 }
 
-#define DO(call)                                                                                                       \
-    do {                                                                                                               \
-        if (!st) st = (call);                                                                                          \
-    } while (0)
-
-/* The attention of one layer after the projections and norms: RoPE, the chunk's K/V into
- * the cache, attention over it into att. */
-static enum tern_status record_attention(struct tern_gpu *g, struct tern_gpu_state *S, uint32_t il, uint32_t n,
-                                         uint32_t pos0, bool neox) {
-    const struct model_hparams *hp = &g->m->hp;
-    struct tern_vk *vk = g->vk;
-    const uint32_t hd = hp->head_dim_k, nq = hp->n_head * hd, nkv = hp->n_head_kv * hd, nr = hp->rope.n_rot;
-    enum tern_status st = TERN_OK;
-    DO(tern_vk_rope(vk, g->q, nq, hp->n_head, hd, nr, g->cs, n, neox));
-    DO(tern_vk_rope(vk, g->k, nkv, hp->n_head_kv, hd, nr, g->cs, n, neox));
-    DO(tern_vk_kv_store(vk, g->k, nkv, S->kc[il], S->n_ctx, hp->n_head_kv, hd, pos0, n, S->f16_kv));
-    DO(tern_vk_kv_store(vk, g->v, nkv, S->vc[il], S->n_ctx, hp->n_head_kv, hd, pos0, n, S->f16_kv));
-    DO(tern_vk_attention(vk, g->q, nq, S->kc[il], S->vc[il], S->n_ctx, g->att, nq, n, pos0, hp->n_head, hp->n_head_kv,
-                         hd, 1.0f / sqrtf((float)hd), S->f16_kv));
-    return st;
-}
-
-/* The MoE block (moe_forward's steps) of the normed rows h = xb, written back into xb. */
-static enum tern_status record_moe(struct tern_gpu *g, const struct gpu_layer *L, uint32_t n) {
-    const struct moe_hparams *mh = g->moe_hp;
-    const struct moe_layer *ml = L->moe;
-    struct tern_vk *vk = g->vk;
-    const uint32_t E = g->m->hp.n_embd, X = mh->n_expert, K = mh->n_used, F = mh->n_ff_exp, S = mh->n_ff_shexp;
-    const uint32_t slots = n * K;
-    enum tern_status st = TERN_OK;
-    DO(tern_vk_matmul(vk, ml->router.type, L->router, E, X, g->xb, n, g->m_probs));
-    DO(tern_vk_moe_route(vk, g->m_probs, g->m_ids, g->m_wts, n, X, K, mh->norm_topk, mh->scale));
-    DO(tern_vk_moe_group(vk, g->m_ids, g->m_order, slots, X));
-    DO(tern_vk_matmul_id(vk, ml->gate.type, L->eg, ml->gate_stride, X, E, F, g->m_ids, g->m_order, g->xb, K, slots,
-                         g->m_g));
-    DO(tern_vk_matmul_id(vk, ml->up.type, L->eu, ml->up_stride, X, E, F, g->m_ids, g->m_order, g->xb, K, slots,
-                         g->m_u));
-    DO(tern_vk_swiglu(vk, g->m_g, g->m_u, slots, F));
-    DO(tern_vk_matmul_id(vk, ml->down.type, L->ed, ml->down_stride, X, F, E, g->m_ids, g->m_order, g->m_g, 1, slots,
-                         g->m_d));
-    if (S) {
-        DO(tern_vk_matmul(vk, ml->sh_gate.type, L->sh_g, E, S, g->xb, n, g->s_g));
-        DO(tern_vk_matmul(vk, ml->sh_up.type, L->sh_u, E, S, g->xb, n, g->s_u));
-        DO(tern_vk_matmul(vk, ml->sh_gate_inp.type, L->sh_inp, E, 1, g->xb, n, g->s_w));
-        DO(tern_vk_swiglu(vk, g->s_g, g->s_u, n, S));
-        DO(tern_vk_matmul(vk, ml->sh_down.type, L->sh_d, S, E, g->s_g, n, g->s_d));
-    }
-    DO(tern_vk_moe_combine(vk, g->xb, g->m_d, g->m_wts, n, E, K, S ? g->s_d : NULL, S ? g->s_w : NULL));
-    return st;
-}
-
-/* The residual add of the block's output, then the feed-forward (SwiGLU, or the MoE
- * block) and its add. */
-static enum tern_status record_ffn(struct tern_gpu *g, const struct gpu_layer *L, const struct mat *wg,
-                                   const struct mat *wu, const struct mat *wd, uint32_t n) {
-    const struct model_hparams *hp = &g->m->hp;
-    struct tern_vk *vk = g->vk;
-    const uint32_t E = hp->n_embd, F = hp->n_ff;
-    enum tern_status st = TERN_OK;
-    DO(tern_vk_add(vk, g->x, g->xb, n, E));
-    DO(tern_vk_rmsnorm(vk, g->x, L->ffn_norm, g->xb, n, E, hp->rms_eps));
-    if (L->moe) {
-        DO(record_moe(g, L, n));
-        DO(tern_vk_add(vk, g->x, g->xb, n, E));
-        return st;
-    }
-    DO(tern_vk_matmul(vk, wg->type, L->wg, E, F, g->xb, n, g->hb));
-    DO(tern_vk_matmul(vk, wu->type, L->wu, E, F, g->xb, n, g->hb2));
-    DO(tern_vk_swiglu(vk, g->hb, g->hb2, n, F));
-    DO(tern_vk_matmul(vk, wd->type, L->wd, F, E, g->hb, n, g->xb));
-    DO(tern_vk_add(vk, g->x, g->xb, n, E));
-    return st;
-}
-
-/* The attention-only layers of llama / qwen3 (llama_forward's operations). */
-static enum tern_status record_llama(struct tern_gpu *g, struct tern_gpu_state *S, uint32_t n, uint32_t pos0) {
-    const struct model_hparams *hp = &g->m->hp;
-    const struct llama_weights *w = g->w;
-    struct tern_vk *vk = g->vk;
-    const uint32_t E = hp->n_embd, hd = hp->head_dim_k, nq = hp->n_head * hd, nkv = hp->n_head_kv * hd;
-    enum tern_status st = TERN_OK;
-    for (uint32_t il = 0; il < g->m->n_layer && !st; il++) {
-        const struct llama_layer *l = &w->layers[il];
-        const struct gpu_layer *L = &g->L[il];
-        DO(tern_vk_rmsnorm(vk, g->x, L->attn_norm, g->xb, n, E, hp->rms_eps));
-        DO(tern_vk_matmul(vk, l->wq.type, L->wq, E, nq, g->xb, n, g->q));
-        DO(tern_vk_matmul(vk, l->wk.type, L->wk, E, nkv, g->xb, n, g->k));
-        DO(tern_vk_matmul(vk, l->wv.type, L->wv, E, nkv, g->xb, n, g->v));
-        if (L->bq) DO(tern_vk_add_bias(vk, g->q, L->bq, n, nq));
-        if (L->bk) DO(tern_vk_add_bias(vk, g->k, L->bk, n, nkv));
-        if (L->bv) DO(tern_vk_add_bias(vk, g->v, L->bv, n, nkv));
-        if (L->q_norm) {
-            DO(tern_vk_rmsnorm(vk, g->q, L->q_norm, g->q, (size_t)n * hp->n_head, hd, hp->rms_eps));
-            DO(tern_vk_rmsnorm(vk, g->k, L->k_norm, g->k, (size_t)n * hp->n_head_kv, hd, hp->rms_eps));
-        }
-        DO(record_attention(g, S, il, n, pos0, w->var.neox));
-        DO(tern_vk_matmul(vk, l->wo.type, L->wo, nq, E, g->att, n, g->xb));
-        DO(record_ffn(g, L, &l->w_gate, &l->w_up, &l->w_down, n));
-    }
-    return st;
-}
-
-/* Qwen3.5's layers (q35_forward's operations): DeltaNet or gated attention, then the FFN. */
-static enum tern_status record_qwen35(struct tern_gpu *g, struct tern_gpu_state *S, uint32_t n, uint32_t pos0) {
-    const struct model_hparams *hp = &g->m->hp;
-    const struct q35_weights *w = g->qw;
-    const struct tern_deltanet_shape *dn = &w->dn;
-    struct tern_vk *vk = g->vk;
-    const uint32_t E = hp->n_embd, hd = hp->head_dim_k, nq = hp->n_head * hd, nkv = hp->n_head_kv * hd;
-    const uint32_t C = (uint32_t)tern_deltanet_channels(dn), nv = dn->n_v_heads;
-    const uint32_t nvd = nv * dn->d_v;
-    enum tern_status st = TERN_OK;
-    for (uint32_t il = 0; il < w->n_layer && !st; il++) {
-        const struct q35_layer *l = &w->layers[il];
-        const struct gpu_layer *L = &g->L[il];
-        DO(tern_vk_rmsnorm(vk, g->x, L->attn_norm, g->xb, n, E, hp->rms_eps));
-        if (l->recurrent) {
-            DO(tern_vk_matmul(vk, l->wqkv.type, L->wqkv, E, C, g->xb, n, g->qkv_raw));
-            DO(tern_vk_matmul(vk, l->wgate.type, L->wz, E, nvd, g->xb, n, g->z));
-            DO(tern_vk_matmul(vk, l->wbeta.type, L->wbeta, E, nv, g->xb, n, g->beta));
-            DO(tern_vk_matmul(vk, l->walpha.type, L->walpha, E, nv, g->xb, n, g->alpha));
-            DO(tern_vk_deltanet_conv(vk, S->win[il], L->conv_wt, g->qkv_raw, C, g->qkv, C, C, dn->n_conv, n));
-            DO(tern_vk_deltanet_heads(vk, S->S[il], g->qkv, g->z, g->beta, g->alpha, g->o, L->params, dn->n_k_heads, nv,
-                                      dn->d_k, dn->d_v, dn->eps, n));
-            DO(tern_vk_matmul(vk, l->wout.type, L->wout, nvd, E, g->o, n, g->xb));
-        } else {
-            DO(tern_vk_matmul(vk, l->wq.type, L->wq, E, 2 * nq, g->xb, n, g->qg));
-            DO(tern_vk_matmul(vk, l->wk.type, L->wk, E, nkv, g->xb, n, g->k));
-            DO(tern_vk_matmul(vk, l->wv.type, L->wv, E, nkv, g->xb, n, g->v));
-            DO(tern_vk_split_heads(vk, g->qg, g->q, g->gate, n, hp->n_head, hd));
-            DO(tern_vk_rmsnorm(vk, g->q, L->q_norm, g->q, (size_t)n * hp->n_head, hd, hp->rms_eps));
-            DO(tern_vk_rmsnorm(vk, g->k, L->k_norm, g->k, (size_t)n * hp->n_head_kv, hd, hp->rms_eps));
-            DO(record_attention(g, S, il, n, pos0, true));
-            DO(tern_vk_sigmoid_mul(vk, g->att, g->gate, n, nq));
-            DO(tern_vk_matmul(vk, l->wo.type, L->wo, nq, E, g->att, n, g->xb));
-        }
-        DO(record_ffn(g, L, &l->w_gate, &l->w_up, &l->w_down, n));
-    }
-    return st;
-}
-
-/* One chunk of n tokens at positions [pos0, pos0 + n) (g->mu held). */
+/* One chunk of n tokens at positions [pos0, pos0 + n) (g->mu held): the architecture's
+ * forward on the device, one submit. */
 static enum tern_status eval_chunk(struct tern_gpu *g, struct tern_gpu_state *S, uint32_t pos0, const int32_t *toks,
                                    uint32_t n, float *logits, bool logits_all) {
-    const struct model_hparams *hp = &g->m->hp;
-    const struct mat *embd = g->qw ? &g->qw->tok_embd : &g->w->tok_embd;
-    const struct mat *output = g->qw ? &g->qw->output : &g->w->output;
-    struct tern_vk *vk = g->vk;
-    const uint32_t E = hp->n_embd, nr = hp->rope.n_rot;
-    for (uint32_t t = 0; t < n; t++) {
-        tern_dequantize_row(embd->type, (const char *)embd->data + (size_t)toks[t] * embd->row_bytes,
-                            g->host_x + (size_t)t * E, E);
-        float *cs = g->host_cs + (size_t)t * nr;
-        tern_rope_angles(&hp->rope, pos0 + t, cs);
-        if (g->qw && g->qw->any_pos0) /* IMROPE's "e" section: position 0 (as q35_forward) */
-            for (uint32_t i = 0; i < nr / 2; i++)
-                if (g->qw->rope_pos0[i]) cs[2 * i] = g->qw->rope_cs0[2 * i], cs[2 * i + 1] = g->qw->rope_cs0[2 * i + 1];
-    }
-    enum tern_status st = tern_vk_upload(g->x, 0, g->host_x, (size_t)n * E * sizeof(float));
-    if (!st && nr) st = tern_vk_upload(g->cs, 0, g->host_cs, (size_t)n * nr * sizeof(float));
-    if (!st) st = tern_vk_begin(vk);
-    if (st) return st;
-    st = g->qw ? record_qwen35(g, S, n, pos0) : record_llama(g, S, n, pos0);
-    if (logits) {
-        /* every row normed and projected: a row's logits do not depend on which are read */
-        DO(tern_vk_rmsnorm(vk, g->x, g->out_norm, g->xb, n, E, hp->rms_eps));
-        DO(tern_vk_matmul(vk, output->type, g->output, E, hp->n_vocab, g->xb, n, g->logits));
-    }
-    if (!st) st = tern_vk_end(vk);
-    else {
+    const struct tern_model *m = g->m;
+    const struct model_seq seq = {.row0 = 0, .n = n, .pos0 = pos0, .want = logits != NULL, .all = logits_all};
+    const struct model_batch b = {.toks = toks, .n = n, .seq = &seq, .n_seq = 1, .logits = logits};
+    struct gpu_step p = {.g = g, .S = S, .pos0 = pos0, .n = n};
+    const struct model_step f = {&gpu_ops, &p, m, &b};
+    m->arch->forward(&f, g->rs);
+    if (!p.st && p.recording) p.st = tern_vk_end(g->vk);
+    else if (p.recording) {
         /* close the recording (a failed operation may have ended it already) and keep the
          * failure's message, not tern_vk_end's */
         char why[512];
         snprintf(why, sizeof why, "%s", tern_last_error());
-        (void)tern_vk_end(vk);
-        return tern_errorf(st, "%s", why);
+        (void)tern_vk_end(g->vk);
+        return tern_errorf(p.st, "%s", why);
     }
-    if (!logits) return TERN_OK;
-    const size_t nv = hp->n_vocab;
+    if (p.st || !logits) return p.st;
+    const size_t nv = m->hp.n_vocab;
     if (logits_all) return tern_vk_download(g->logits, 0, logits, (size_t)n * nv * sizeof(float));
     return tern_vk_download(g->logits, (size_t)(n - 1) * nv * sizeof(float), logits, nv * sizeof(float));
 }
-#undef DO
 
 enum tern_status tern_gpu_eval(struct tern_gpu *g, struct tern_gpu_state *S, uint32_t pos0, const int32_t *toks,
                                uint32_t n, uint32_t n_chunk, float *logits, bool logits_all) {

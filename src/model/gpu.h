@@ -1,9 +1,11 @@
 /* Models on the GPU (the Vulkan backend, backend/vulkan.h): the llama, qwen2, qwen3,
- * qwen3moe, qwen35 and qwen35moe architectures (gpu-model.c).
+ * qwen3moe, qwen35 and qwen35moe architectures (gpu-model.c). The forward pass is the
+ * architecture's own (arch-*.c), run through the layer seam (backend.h) with
+ * gpu-model.c's device implementation of its operations.
  *
  * Two objects. A `tern_gpu` holds what one model needs once on a device: its weights,
- * uploaded in their own types, and one chunk's activations (the scratch every
- * evaluation writes). A `tern_gpu_state` holds what one conversation owns: per attention
+ * uploaded in their own types, and the architecture's RunState for one chunk (the
+ * scratch every evaluation writes). A `tern_gpu_state` holds what one conversation owns: per attention
  * layer the KV cache [n_kv_head][n_ctx][head_dim] (F16 or F32), per Gated DeltaNet layer
  * its conv window [n_conv - 1][C] and state [n_v][d_k][d_v] (F32, the CPU's "conv" and
  * "ssm" layouts, so a checkpoint's bytes read the same on both backends). Sessions of a

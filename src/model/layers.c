@@ -393,18 +393,6 @@ void model_attention(struct tern_session *s, uint32_t il, const struct model_bat
     else tern_threadpool_run_shared(s->m->pool, attn_run_task, &at);
 }
 
-enum tern_status model_bufs_alloc(const struct model_buf *bufs, size_t n_bufs, uint32_t n_chunk, size_t *bytes,
-                                  const char *who) {
-    for (size_t i = 0; i < n_bufs; i++) {
-        size_t b;
-        const size_t rows = bufs[i].once ? 1 : n_chunk;
-        if (tern_mul_overflow(rows * sizeof(float), bufs[i].n ? bufs[i].n : 1, &b) || !(*bufs[i].p = tern_aligned_alloc(b)))
-            return tern_errorf(TERN_ERR_NOMEM, "%s: out of memory for the state of %u-token chunks", who, n_chunk);
-        *bytes += b;
-    }
-    return TERN_OK;
-}
-
 /* ---- element-wise layer operations -------------------------------------------------- */
 
 struct rows_task {
@@ -483,26 +471,38 @@ struct rope_task {
     uint32_t n_head, n_head_kv, head_dim;
 };
 
-static void rope_item(void *ctx, uint32_t t) {
-    struct rope_task *p = ctx;
-    const struct model_rope *r = p->r;
-    const struct model_seq *sq = seq_of_row(p->b, t);
-    const size_t hd = p->head_dim, nr = r->p->n_rot;
-    float *cs = p->cs + t * nr;
-    tern_rope_angles(r->p, sq->pos0 + (t - sq->row0), cs);
+void model_rope_row_angles(const struct model_rope *r, uint32_t pos, float *cs) {
+    tern_rope_angles(r->p, pos, cs);
     if (r->pos0_pairs)
-        for (size_t i = 0; i < nr / 2; i++)
+        for (size_t i = 0; i < r->p->n_rot / 2; i++)
             if (r->pos0_pairs[i]) { /* position 0: no rotation, only the magnitude scale */
                 cs[2 * i] = r->cs0[2 * i];
                 cs[2 * i + 1] = r->cs0[2 * i + 1];
             }
-    tern_rope(p->q + t * p->n_head * hd, p->n_head, hd, nr, cs, r->neox);
-    tern_rope(p->k + t * p->n_head_kv * hd, p->n_head_kv, hd, nr, cs, r->neox);
+}
+
+static void angles_item(void *ctx, uint32_t t) {
+    struct rope_task *p = ctx;
+    const struct model_seq *sq = seq_of_row(p->b, t);
+    model_rope_row_angles(p->r, sq->pos0 + (t - sq->row0), p->cs + t * p->r->p->n_rot);
+}
+
+void model_rope_angles(struct tern_session *s, const struct model_batch *b, const struct model_rope *r, float *cs) {
+    struct rope_task p = {.r = r, .b = b, .cs = cs};
+    model_parallel_for(s, b->n, angles_item, &p);
+}
+
+static void rope_item(void *ctx, uint32_t t) {
+    struct rope_task *p = ctx;
+    const size_t hd = p->head_dim, nr = p->r->p->n_rot;
+    const float *cs = p->cs + t * nr;
+    tern_rope(p->q + t * p->n_head * hd, p->n_head, hd, nr, cs, p->r->neox);
+    tern_rope(p->k + t * p->n_head_kv * hd, p->n_head_kv, hd, nr, cs, p->r->neox);
 }
 
 void model_rope(struct tern_session *s, const struct model_batch *b, const struct model_rope *r, float *q,
-                uint32_t n_head, float *k, uint32_t n_head_kv, uint32_t head_dim, float *cs) {
-    struct rope_task p = {r, b, q, k, cs, n_head, n_head_kv, head_dim};
+                uint32_t n_head, float *k, uint32_t n_head_kv, uint32_t head_dim, const float *cs) {
+    struct rope_task p = {r, b, q, k, (float *)cs, n_head, n_head_kv, head_dim};
     model_parallel_for(s, b->n, rope_item, &p);
 }
 

@@ -10,10 +10,12 @@
  *
  *   load     read its hyperparameters, bind and validate its weights (views into the
  *            mapping), and declare its layers with model_layers_init();
- *   state_*  its per-session scratch (the RunState: activations for one chunk);
- *   forward  consume a chunk of tokens at positions [pos0, pos0 + n): write K/V rows
- *            through model_attention(), advance recurrent buffers token by token, and
- *            produce logits.
+ *   state_*  its scratch (the RunState: activations for one chunk, allocated through a
+ *            backend);
+ *   forward  consume a chunk of tokens at positions [pos0, pos0 + n) through the layer
+ *            operations of the backend seam (backend.h), once for every backend: the
+ *            attention operation writes K/V rows, the recurrent ones advance their
+ *            buffers token by token, the output one produces logits.
  *
  * Exactness (DESIGN.md §5): every per-token computation goes through tern_matmul (batch
  * independent by contract), the per-row ops of kernels/ops.h, and model_attention()
@@ -51,6 +53,8 @@ struct tern_session;
 struct tern_vk;
 struct tern_gpu;
 struct tern_gpu_state;
+struct model_backend;
+struct model_step;
 
 /* ---- the batch of one evaluation step ---------------------------------------------- *
  * Rows of several sessions evaluated together (DESIGN.md §8): every per-row operation
@@ -88,20 +92,23 @@ struct tern_arch {
      * weights struct in m->w. On error everything it allocated is freed by unload. */
     enum tern_status (*load)(struct tern_model *m);
     void (*unload)(struct tern_model *m); /* frees m->w; must accept a partial load */
-    /* Per-session scratch for chunks of up to n_chunk tokens (the arch's RunState). */
-    enum tern_status (*state_new)(const struct tern_model *m, uint32_t n_chunk, void **out);
+    /* Scratch for chunks of up to n_chunk tokens (the arch's RunState), its buffers
+     * allocated through the backend be (backend.h): the CPU's for the model's workspace,
+     * the GPU's for its device (gpu-model.c). */
+    enum tern_status (*state_new)(const struct tern_model *m, const struct model_backend *be, uint32_t n_chunk,
+                                  void **out);
     void (*state_free)(void *rs);
     size_t (*state_bytes)(const void *rs);
-    /* Consumes one step's batch (struct model_batch): b->n rows of tokens, each
-     * sequence's rows at its own positions in its own session; b->n <= the chunk size
-     * the state was made for, and KV pages for every row's position exist. s is the
-     * step's lead session (b->seq[0].s): it and every sequence's session point at the
-     * model's workspace. Logits into b->logits as model_output() writes them. An
-     * architecture with recurrent layers copies each layer's buffers to
-     * seq.s->rec_trail + t * rec_bytes + rec_offset after the sequence's token t when
-     * that is set (tern_eval_opts.rec_trail). Must not fail (everything is allocated up
-     * front) other than by a bug. */
-    void (*forward)(struct tern_session *s, const struct model_batch *b);
+    /* Consumes one step (backend.h's struct model_step) with the RunState rs, made for
+     * the step's backend, through the step's operations only: b->n rows of tokens, each
+     * sequence's rows at its own positions in its own state; b->n <= the chunk size the
+     * state was made for. Logits as the output operation writes them. On the CPU, s is
+     * the step's lead session (b->seq[0].s): it and every sequence's session point at
+     * the model's workspace, and KV pages for every row's position exist; the recurrent
+     * trail (tern_eval_opts.rec_trail) is the deltanet operation's. Must not fail
+     * (everything is allocated up front) other than by a bug or a device's failure
+     * (which the GPU's step keeps). */
+    void (*forward)(const struct model_step *f, void *rs);
 };
 
 /* The registered architectures (arch.c); NULL when unknown. */
@@ -314,18 +321,6 @@ struct mm_out {
     float *y;
 };
 
-/* One scratch buffer of an architecture's eval state: n floats per token of a chunk, or
- * n in all when once. */
-struct model_buf {
-    float **p;
-    size_t n;
-    bool once;
-};
-/* Allocates every buffer (aligned; a size of 0 counts as 1 float) and adds their bytes to
- * *bytes. On failure the buffers allocated so far stay set, for the caller's state_free;
- * the message names `who`. */
-enum tern_status model_bufs_alloc(const struct model_buf *bufs, size_t n_bufs, uint32_t n_chunk, size_t *bytes,
-                                  const char *who);
 void model_matmul(struct tern_session *s, const float *x, uint32_t n_tok, const struct mm_out *outs, size_t n_outs);
 static inline void model_matmul1(struct tern_session *s, const float *x, uint32_t n_tok, const struct mat *w, float *y) {
     const struct mm_out o = {w, y};
@@ -367,11 +362,10 @@ void model_output(struct tern_session *s, const struct model_batch *b, const str
                   float eps, const float *x, float *xb);
 
 /* ---- the rest of the layer operations (layers.c) ----------------------------------- *
- * With the ones above, these are everything a forward pass computes: the architecture
- * files call only model_* operations (and moe_forward), never a kernel, an op table or a
- * host loop over rows, so that another backend can implement the same operations
- * (DESIGN.md §7). Each is per token (rows split across threads) and in place where it
- * says so. */
+ * With the ones above (and moe_forward), these are everything the CPU's forward pass
+ * computes: the CPU backend (backend-cpu.c) forwards the seam's operations (backend.h)
+ * to them. Each is per token (rows split across threads) and in place where it says
+ * so. */
 
 /* y[t] += x[t] for n_tok rows of n (the residual add). */
 void model_add(struct tern_session *s, float *y, const float *x, uint32_t n_tok, uint32_t n);
@@ -386,18 +380,21 @@ void model_sigmoid_mul(struct tern_session *s, float *x, const float *gate, uint
 void model_split_heads(struct tern_session *s, const float *ab, float *a, float *b, uint32_t n_tok, uint32_t n_head,
                        uint32_t head_dim);
 
-/* RoPE of the batch's rows at their positions, in place on q (n_head heads) and k
- * (n_head_kv heads) rows of head_dim; cs: (b->n, n_rot) scratch for the angles. Pairs
- * marked in pos0_pairs (NULL: none) take position 0's angles cs0 (IMROPE's "e" section
- * for text). */
+/* RoPE of the batch's rows at their positions: model_rope_angles writes each row's
+ * angles into cs (b->n rows of n_rot), pairs marked in pos0_pairs (NULL: none) taking
+ * position 0's angles cs0 (IMROPE's "e" section for text); model_rope rotates q (n_head
+ * heads) and k (n_head_kv heads) rows of head_dim in place with them. */
 struct model_rope {
     const struct tern_rope_params *p;
     bool neox;
     const bool *pos0_pairs; /* (n_rot / 2) or NULL */
     const float *cs0;       /* (n_rot) the angles at position 0, when pos0_pairs */
 };
+void model_rope_angles(struct tern_session *s, const struct model_batch *b, const struct model_rope *r, float *cs);
+/* One row's angles (n_rot) at position pos, as model_rope_angles computes them. */
+void model_rope_row_angles(const struct model_rope *r, uint32_t pos, float *cs);
 void model_rope(struct tern_session *s, const struct model_batch *b, const struct model_rope *r, float *q,
-                uint32_t n_head, float *k, uint32_t n_head_kv, uint32_t head_dim, float *cs);
+                uint32_t n_head, float *k, uint32_t n_head_kv, uint32_t head_dim, const float *cs);
 
 /* The Gated DeltaNet of recurrent layer il for the batch (deltanet.h has the math): for
  * each sequence, the causal conv of its rows of qkv_raw into qkv with its session's

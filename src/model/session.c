@@ -15,6 +15,7 @@
 #define XXH_STATIC_LINKING_ONLY
 #include "model/model.h"
 
+#include "model/backend.h"
 #include "model/ctx-default.h"
 #include "model/gpu.h"
 
@@ -77,7 +78,8 @@ enum tern_status model_ws_reserve(struct tern_model *m, uint32_t n_chunk) {
     void *act[MODEL_MAX_ACT_KINDS] = {0};
     float *scores = NULL;
     size_t act_bytes = 0, scores_bytes = 0;
-    enum tern_status st = m->arch->state_new(m, n_chunk, &rs);
+    const struct model_backend cpu = {&model_cpu_ops, NULL};
+    enum tern_status st = m->arch->state_new(m, &cpu, n_chunk, &rs);
     if (st) return st;
     const uint32_t n_act = n_act_buffers(m);
     if (tern_mul_overflow(n_chunk, m->max_act_row_bytes, &act_bytes) ||
@@ -641,7 +643,8 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
                                       .want = logits != NULL, .all = o->logits_all != NULL};
         const struct model_batch b = {.toks = toks + done, .n = (uint32_t)len, .seq = &seq, .n_seq = 1,
                                       .logits = logits};
-        m->arch->forward(s, &b);
+        const struct model_step f = {&model_cpu_ops, s, m, &b};
+        m->arch->forward(&f, s->rs);
         ws_unbind(s);
         pthread_mutex_unlock(&m->eval_mu);
         memcpy(s->tokens + s->n_past, toks + done, len * sizeof *toks);
@@ -772,7 +775,8 @@ enum tern_status tern_eval_batch(const struct tern_batch_item *items, size_t n_i
     }
     const struct model_batch b = {.toks = toks, .n = (uint32_t)rows, .seq = seq, .n_seq = (uint32_t)n_items,
                                   .logits = n_want ? m->ws.logits : NULL};
-    m->arch->forward(items[0].s, &b);
+    const struct model_step f = {&model_cpu_ops, items[0].s, m, &b};
+    m->arch->forward(&f, items[0].s->rs);
     uint32_t k = 0;
     for (size_t i = 0; i < n_items; i++) {
         const struct tern_batch_item *it = &items[i];
