@@ -236,6 +236,19 @@ INLINE __m256 dots8(const float *q, const char *k, size_t rb, size_t d, const in
     return _mm256_add_ps(lo, hi);
 }
 
+/* The online softmax step of a page: scores become exp(score - m') with m' the running
+ * max taken over them, *l = *l * c + their sum, *m = m'; returns c = exp(m - m'), the
+ * factor the query's acc is scaled by before this page's rows are added. */
+INLINE float page_softmax(float *scores, size_t n, float *m, float *l) {
+    const float pm = max_avx2(scores, n), m0 = *m;
+    const float mn = pm > m0 ? pm : m0;
+    const float c = _mm_cvtss_f32(_mm256_castps256_ps128(exp256(_mm256_set1_ps(m0 - mn))));
+    const float sum = expsum_avx2(scores, n, mn);
+    *l = *l * c + sum;
+    *m = mn;
+    return c;
+}
+
 INLINE void attn_page_impl(float *acc, float *m, float *l, const float *q, size_t d, const void *k, const void *v,
                            size_t row_elems, size_t n, float scale, float *scores, const int f16) {
     const size_t rb = row_elems * (f16 ? 2 : 4);
@@ -244,12 +257,7 @@ INLINE void attn_page_impl(float *acc, float *m, float *l, const float *q, size_
     size_t j = 0;
     for (; j + 8 <= n; j += 8, kr += 8 * rb) _mm256_storeu_ps(scores + j, _mm256_mul_ps(dots8(q, kr, rb, d, f16), vs));
     for (; j < n; j++, kr += rb) scores[j] = dot1(q, kr, d, f16) * scale;
-    const float pm = max_avx2(scores, n);
-    const float mn = pm > *m ? pm : *m;
-    const float c = _mm_cvtss_f32(_mm256_castps256_ps128(exp256(_mm256_set1_ps(*m - mn))));
-    const float sum = expsum_avx2(scores, n, mn);
-    *l = *l * c + sum;
-    *m = mn;
+    const float c = page_softmax(scores, n, m, l);
     for (size_t i0 = 0; i0 < d; i0 += 64) pv_block(acc, c, scores, n, v, rb, i0, d - i0 >= 64 ? 8 : (d - i0) / 8, f16);
 }
 
@@ -317,15 +325,7 @@ INLINE void attn_multi_impl(const struct tern_attn_query *qs, size_t nq, size_t 
     for (size_t j = n8; j < n; j++)
         for (size_t a = 0; a < nq; a++) scratch[a * ns + j] = dot1(qs[a].q, (const char *)k + j * rb, d, f16) * scale;
     float c[TERN_ATTN_MAX_Q];
-    for (size_t a = 0; a < nq; a++) {
-        float *sc = scratch + a * ns;
-        const float pm = max_avx2(sc, n), m0 = *qs[a].m;
-        const float mn = pm > m0 ? pm : m0;
-        c[a] = _mm_cvtss_f32(_mm256_castps256_ps128(exp256(_mm256_set1_ps(m0 - mn))));
-        const float sum = expsum_avx2(sc, n, mn);
-        *qs[a].l = *qs[a].l * c[a] + sum;
-        *qs[a].m = mn;
-    }
+    for (size_t a = 0; a < nq; a++) c[a] = page_softmax(scratch + a * ns, n, qs[a].m, qs[a].l);
     const size_t d64 = d / 64 * 64;
     for (size_t j0 = 0; j0 < n && d64; j0 += MQ2_JB) {
         const size_t jn = n - j0 < MQ2_JB ? n - j0 : MQ2_JB;
@@ -422,12 +422,7 @@ INLINE void attn_page_impl512(float *acc, float *m, float *l, const float *q, si
     for (; j + 8 <= n; j += 8, kr += 8 * rb)
         _mm256_storeu_ps(scores + j, _mm256_mul_ps(dots8_512(q, kr, rb, d, f16), vs));
     for (; j < n; j++, kr += rb) scores[j] = dot1(q, kr, d, f16) * scale;
-    const float pm = max_avx2(scores, n);
-    const float mn = pm > *m ? pm : *m;
-    const float c = _mm_cvtss_f32(_mm256_castps256_ps128(exp256(_mm256_set1_ps(*m - mn))));
-    const float sum = expsum_avx2(scores, n, mn);
-    *l = *l * c + sum;
-    *m = mn;
+    const float c = page_softmax(scores, n, m, l);
     size_t i0 = 0;
     if (d == 128) {
         pv_512(acc, c, scores, n, v, rb, 0, 8, f16);
@@ -517,14 +512,7 @@ INLINE void attn_page2_impl512(const struct tern_attn_query *qs, size_t d, const
     for (; j < n; j++, kr += rb)
         for (int q = 0; q < 2; q++) sc[q][j] = dot1(qs[q].q, kr, d, f16) * scale;
     float c[2];
-    for (int q = 0; q < 2; q++) {
-        const float pm = max_avx2(sc[q], n), m0 = *qs[q].m;
-        const float mn = pm > m0 ? pm : m0;
-        c[q] = _mm_cvtss_f32(_mm256_castps256_ps128(exp256(_mm256_set1_ps(m0 - mn))));
-        const float sum = expsum_avx2(sc[q], n, mn);
-        *qs[q].l = *qs[q].l * c[q] + sum;
-        *qs[q].m = mn;
-    }
+    for (int q = 0; q < 2; q++) c[q] = page_softmax(sc[q], n, qs[q].m, qs[q].l);
     size_t i0 = 0;
     if (d == 128) {
         pv2_512(qs[0].acc, qs[1].acc, c[0], c[1], sc[0], sc[1], n, v, rb, 0, 8, f16);
@@ -669,14 +657,7 @@ INLINE void attn_multi_impl512(const struct tern_attn_query *qs, size_t nq, size
     for (size_t j = n8; j < n; j++)
         for (size_t a = 0; a < nq; a++) rows[a][j] = dot1(qs[a].q, (const char *)k + j * rb, d, f16) * scale;
     float c[TERN_ATTN_MAX_Q];
-    for (size_t a = 0; a < nq; a++) {
-        const float pm = max_avx2(rows[a], n), m0 = *qs[a].m;
-        const float mn = pm > m0 ? pm : m0;
-        c[a] = _mm_cvtss_f32(_mm256_castps256_ps128(exp256(_mm256_set1_ps(m0 - mn))));
-        const float sum = expsum_avx2(rows[a], n, mn);
-        *qs[a].l = *qs[a].l * c[a] + sum;
-        *qs[a].m = mn;
-    }
+    for (size_t a = 0; a < nq; a++) c[a] = page_softmax(rows[a], n, qs[a].m, qs[a].l);
     const size_t d64 = d / 64 * 64;
     for (size_t j0 = 0; j0 < n && d64; j0 += MQ_JB) {
         const size_t jn = n - j0 < MQ_JB ? n - j0 : MQ_JB;
