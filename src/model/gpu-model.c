@@ -848,14 +848,27 @@ enum tern_status tern_gpu_model_eval(struct tern_gpu_model *gm, const int32_t *t
         if (!s) s = tern_vk_copy(g->vk, (src), (so), (dst), (dof), (n));                                              \
     } while (0)
 
-/* Closes a recording after copies: tern_vk_end's status, or the failure's message when a
- * copy failed (a failed copy leaves the recording open: nothing of it runs). */
+/* Takes mu and opens a recording for copies; on failure mu is not held. */
+static enum tern_status copies_begin(struct tern_gpu *g) {
+    pthread_mutex_lock(&g->mu);
+    const enum tern_status s = tern_vk_begin(g->vk);
+    if (s) pthread_mutex_unlock(&g->mu);
+    return s;
+}
+
+/* Closes a recording after copies and gives mu back: tern_vk_end's status, or the
+ * failure's message when a copy failed (a failed copy leaves the recording open: nothing
+ * of it runs). */
 static enum tern_status copies_end(struct tern_gpu *g, enum tern_status s) {
-    if (!s) return tern_vk_end(g->vk);
-    char why[512];
-    snprintf(why, sizeof why, "%s", tern_last_error());
-    (void)tern_vk_end(g->vk);
-    return tern_errorf(s, "%s", why);
+    if (!s) s = tern_vk_end(g->vk);
+    else {
+        char why[512];
+        snprintf(why, sizeof why, "%s", tern_last_error());
+        (void)tern_vk_end(g->vk);
+        s = tern_errorf(s, "%s", why);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return s;
 }
 
 enum tern_status tern_gpu_state_copy(struct tern_gpu *g, const struct tern_gpu_state *src, struct tern_gpu_state *dst,
@@ -864,12 +877,8 @@ enum tern_status tern_gpu_state_copy(struct tern_gpu *g, const struct tern_gpu_s
     TERN_ASSERT(src->g == g && dst->g == g && src->n_ctx == dst->n_ctx && src->f16_kv == dst->f16_kv &&
                 p <= src->n_ctx);
     if (!p && (!rec || !m->rec_bytes)) return TERN_OK;
-    pthread_mutex_lock(&g->mu);
-    enum tern_status s = tern_vk_begin(g->vk);
-    if (s) {
-        pthread_mutex_unlock(&g->mu);
-        return s;
-    }
+    enum tern_status s = copies_begin(g);
+    if (s) return s;
     for (uint32_t il = 0; il < m->n_layer; il++) {
         const struct model_layer *L = &m->layers[il];
         if (L->kind == LAYER_ATTN) {
@@ -885,9 +894,7 @@ enum tern_status tern_gpu_state_copy(struct tern_gpu *g, const struct tern_gpu_s
             COPY(src->S[il], 0, dst->S[il], 0, L->bufs[1].bytes);
         }
     }
-    s = copies_end(g, s);
-    pthread_mutex_unlock(&g->mu);
-    return s;
+    return copies_end(g, s);
 }
 
 size_t tern_gpu_ckpt_bytes(struct tern_gpu *g) {
@@ -925,12 +932,8 @@ void tern_gpu_rec_free(struct tern_gpu *g, struct tern_vk_buf *b) {
 static enum tern_status rec_move(struct tern_gpu *g, struct tern_gpu_state *st, struct tern_vk_buf *b, bool save) {
     const struct tern_model *m = g->m;
     TERN_ASSERT(st->g == g && tern_vk_buf_bytes(b) >= m->rec_bytes);
-    pthread_mutex_lock(&g->mu);
-    enum tern_status s = tern_vk_begin(g->vk);
-    if (s) {
-        pthread_mutex_unlock(&g->mu);
-        return s;
-    }
+    enum tern_status s = copies_begin(g);
+    if (s) return s;
     for (uint32_t il = 0; il < m->n_layer; il++) {
         const struct model_layer *L = &m->layers[il];
         if (L->kind != LAYER_RECURRENT) continue;
@@ -943,9 +946,7 @@ static enum tern_status rec_move(struct tern_gpu *g, struct tern_gpu_state *st, 
             COPY(b, ssm, st->S[il], 0, L->bufs[1].bytes);
         }
     }
-    s = copies_end(g, s);
-    pthread_mutex_unlock(&g->mu);
-    return s;
+    return copies_end(g, s);
 }
 #undef COPY
 
