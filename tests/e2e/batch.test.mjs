@@ -168,13 +168,19 @@ test('qwen3: 20 constrained requests at once (more than the 16 kept matchers) al
     }));
     const solo = [];
     for (const r of reqs) solo.push(await post(S, r));
-    const batched = await Promise.all(reqs.map((r) => post(B, r)));
-    for (let k = 0; k < reqs.length; k++) {
-      assert.deepEqual(batched[k].choices, solo[k].choices, `request ${k}: the same constrained answer`);
-      assert.equal(await stateHash(B, batched[k].id), await stateHash(S, solo[k].id), `request ${k}: the same state`);
+    /* Whether the 20 arrive before the first step is up to the machine's load (a busy
+     * one may start stepping the first few): up to 4 rounds, each checked in full, until
+     * a step has held more than 16 of them. */
+    let all = 0, le16 = 0;
+    for (let round = 0; round < 4 && all <= le16; round++) {
+      const batched = await Promise.all(reqs.map((r) => post(B, r)));
+      for (let k = 0; k < reqs.length; k++) {
+        assert.deepEqual(batched[k].choices, solo[k].choices, `request ${k}: the same constrained answer`);
+        assert.equal(await stateHash(B, batched[k].id), await stateHash(S, solo[k].id), `request ${k}: the same state`);
+      }
+      const metrics = await (await fetch(`${B.base}/metrics`)).text();
+      le16 = Number(metrics.match(/^tern_engine_step_sequences_bucket\{le="16"\} (\d+)$/m)[1]);
+      all = Number(metrics.match(/^tern_engine_step_sequences_count (\d+)$/m)[1]);
     }
-    const metrics = await (await fetch(`${B.base}/metrics`)).text();
-    const le16 = Number(metrics.match(/^tern_engine_step_sequences_bucket\{le="16"\} (\d+)$/m)[1]);
-    const all = Number(metrics.match(/^tern_engine_step_sequences_count (\d+)$/m)[1]);
     assert.ok(all > le16, `some step held more than 16 requests (${all - le16} of ${all} steps)`);
   });
