@@ -60,7 +60,8 @@ static void usage(FILE *f) {
             "                            device 0), vulkan:N (Vulkan device N, see tern devices) or\n"
             "                            auto (a discrete or integrated GPU when there is one and the\n"
             "                            model runs on it, else the CPU; says which and why). On a\n"
-            "                            GPU the whole forward pass runs there; --spec is CPU-only\n"
+            "                            GPU the whole forward pass runs there; --spec mtp is\n"
+            "                            CPU-only (--spec ngram runs on the device)\n"
             "      --chat                an interactive chat instead (see tern chat --help)\n"
             "  -h, --help                this help\n");
 }
@@ -400,12 +401,12 @@ static int run_main(int argc, char **argv) {
         free(oracle_ids);
         return c;
     }
-    if (dev >= 0 && spp.mode != SPEC_OFF) {
+    if (dev >= 0 && spp.mode == SPEC_MTP) {
         if (!dev_auto) {
             free(oracle_ids);
-            return cli_usage_error("run", "--spec runs on the CPU only (leave out --device or use --device cpu)");
+            return cli_usage_error("run", "--spec mtp runs on the CPU only (its head is not on the device; --spec ngram runs there)");
         }
-        fprintf(stderr, "device: auto: the CPU (--spec runs on the CPU only)\n");
+        fprintf(stderr, "device: auto: the CPU (--spec mtp runs on the CPU only)\n");
         dev = -1;
     }
 
@@ -453,6 +454,12 @@ static int run_main(int argc, char **argv) {
     if (n_ids == 0) {
         cli_fail("run", "the prompt has no tokens");
         goto done;
+    }
+    if (dev >= 0 && spp.mode != SPEC_OFF) {
+        /* --spec on a device: the model's sessions there (tern_model_use_vulkan), through
+         * the speculative decoder below as on the CPU */
+        if (cli_device_use("run", m, &dev, dev_auto, (uint32_t)chunk, NULL)) goto done;
+        dev = -1;
     }
     if (dev >= 0) {
         /* the context as the CPU session sizes it: the model's, at most 32768 */

@@ -56,6 +56,10 @@ struct tern_gpu {
     float *host_x, *host_cs; /* (n_chunk, n_embd), (n_chunk, n_rot) staging of the inputs */
     float *zeros;            /* (zeros_n) for resetting the recurrent state */
     size_t zeros_n;
+    /* One token's rows of a DeltaNet layer's inputs and outputs (the qwen35 family), for
+     * evaluations with a state trail: qkv_raw and qkv (C), z and out (n_v d_v), beta and
+     * alpha (n_v). */
+    struct tern_vk_buf *t_raw, *t_qkv, *t_z, *t_out, *t_beta, *t_alpha;
 };
 
 /* One conversation's device state (NULL entries for the layers of the other kind). */
@@ -66,6 +70,8 @@ struct tern_gpu_state {
     size_t bytes;
     struct tern_vk_buf **kc, **vc; /* (n_layer) [n_kv_head][n_ctx][head_dim] */
     struct tern_vk_buf **win, **S; /* (n_layer) [n_conv - 1][C], [n_v][d_k][d_v]: zero at position 0 */
+    struct tern_vk_buf *trail;     /* (trail_cap) recurrent blocks: tern_gpu_trail_reserve */
+    uint32_t trail_cap;
 };
 
 /* The standalone model of the first API: one state, one position. */
@@ -140,6 +146,8 @@ void tern_gpu_free(struct tern_gpu *g) {
     free(g->host_x);
     free(g->host_cs);
     free(g->zeros);
+    struct tern_vk_buf *tb[] = {g->t_raw, g->t_qkv, g->t_z, g->t_out, g->t_beta, g->t_alpha};
+    for (size_t i = 0; i < TERN_ARRAY_LEN(tb); i++) tern_vk_buf_free(tb[i]);
     pthread_mutex_destroy(&g->mu);
     free(g);
 }
@@ -221,6 +229,13 @@ static enum tern_status upload_qwen35(struct tern_gpu *g) {
     if (!st) st = put_mat(g, &w->output);
     g->zeros_n = TERN_MAX(tern_deltanet_state_floats(dn), (dn->n_conv - 1) * C);
     if (!st && !(g->zeros = tern_calloc(g->zeros_n, sizeof(float)))) st = tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
+    const size_t nvd = nv * dn->d_v;
+    if (!st) st = scratch(g, C, &g->t_raw);
+    if (!st) st = scratch(g, C, &g->t_qkv);
+    if (!st) st = scratch(g, nvd, &g->t_z);
+    if (!st) st = scratch(g, nvd, &g->t_out);
+    if (!st) st = scratch(g, nv, &g->t_beta);
+    if (!st) st = scratch(g, nv, &g->t_alpha);
     return st;
 }
 
@@ -229,11 +244,14 @@ static enum tern_status upload_qwen35(struct tern_gpu *g) {
  * buffer, begun at the first operation after the inputs (which are uploaded, and an
  * upload may use the command buffer); the first failure is kept and the rest skipped. */
 
-/* One chunk of n tokens of state S at positions [pos0, pos0 + n) (g->mu held). */
+/* One chunk of n tokens of state S at positions [pos0, pos0 + n) (g->mu held); with a
+ * trail, the recurrent state after row t goes to S's trail slot slot0 + t. */
 struct gpu_step {
     struct tern_gpu *g;
     struct tern_gpu_state *S;
     uint32_t pos0, n;
+    bool trail;
+    uint32_t slot0;
     bool recording;
     enum tern_status st;
 };
@@ -482,9 +500,32 @@ static void gpu_deltanet(const struct model_step *f, uint32_t il, const struct m
     const size_t C = tern_deltanet_channels(dn);
     struct tern_vk_buf *conv_wt = wbuf(f, d->conv_wt, "a DeltaNet conv weight");
     struct tern_vk_buf *params = wbuf(f, d->p->ssm_a, "a DeltaNet layer's parameters");
-    DO(f, tern_vk_deltanet_conv(vk, p->S->win[il], conv_wt, BUF(qkv_raw), C, BUF(qkv), C, C, dn->n_conv, p->n));
-    DO(f, tern_vk_deltanet_heads(vk, p->S->S[il], BUF(qkv), BUF(z), BUF(beta), BUF(alpha), BUF(out), params,
-                                 dn->n_k_heads, dn->n_v_heads, dn->d_k, dn->d_v, dn->eps, p->n));
+    if (!p->trail) {
+        DO(f, tern_vk_deltanet_conv(vk, p->S->win[il], conv_wt, BUF(qkv_raw), C, BUF(qkv), C, C, dn->n_conv, p->n));
+        DO(f, tern_vk_deltanet_heads(vk, p->S->S[il], BUF(qkv), BUF(z), BUF(beta), BUF(alpha), BUF(out), params,
+                                     dn->n_k_heads, dn->n_v_heads, dn->d_k, dn->d_v, dn->eps, p->n));
+        return;
+    }
+    /* With a trail: token by token (a row copied into the one-token buffers, the chunk-of-one
+     * dispatches, the results copied back), the layer's window and state copied into the
+     * token's slot after each. */
+    const struct tern_gpu *g = p->g;
+    const struct model_layer *L = &f->m->layers[il];
+    const size_t F = sizeof(float), nv = dn->n_v_heads, nvd = nv * dn->d_v;
+    for (uint32_t t = 0; t < p->n; t++) {
+        const size_t slot = (size_t)(p->slot0 + t) * f->m->rec_bytes + L->rec_offset;
+        DO(f, tern_vk_copy(vk, BUF(qkv_raw), t * C * F, g->t_raw, 0, C * F));
+        DO(f, tern_vk_copy(vk, BUF(z), t * nvd * F, g->t_z, 0, nvd * F));
+        DO(f, tern_vk_copy(vk, BUF(beta), t * nv * F, g->t_beta, 0, nv * F));
+        DO(f, tern_vk_copy(vk, BUF(alpha), t * nv * F, g->t_alpha, 0, nv * F));
+        DO(f, tern_vk_deltanet_conv(vk, p->S->win[il], conv_wt, g->t_raw, C, g->t_qkv, C, C, dn->n_conv, 1));
+        DO(f, tern_vk_deltanet_heads(vk, p->S->S[il], g->t_qkv, g->t_z, g->t_beta, g->t_alpha, g->t_out, params,
+                                     dn->n_k_heads, nv, dn->d_k, dn->d_v, dn->eps, 1));
+        DO(f, tern_vk_copy(vk, g->t_qkv, 0, BUF(qkv), t * C * F, C * F));
+        DO(f, tern_vk_copy(vk, g->t_out, 0, BUF(out), t * nvd * F, nvd * F));
+        DO(f, tern_vk_copy(vk, p->S->win[il], 0, p->S->trail, slot + L->bufs[0].offset, L->bufs[0].bytes));
+        DO(f, tern_vk_copy(vk, p->S->S[il], 0, p->S->trail, slot + L->bufs[1].offset, L->bufs[1].bytes));
+    }
 }
 
 /* Every row normed and projected into the tern_gpu's logits (a row's logits do not depend
@@ -609,6 +650,7 @@ void tern_gpu_state_free(struct tern_gpu_state *st) {
         if (st->win) tern_vk_buf_free(st->win[il]);
         if (st->S) tern_vk_buf_free(st->S[il]);
     }
+    tern_vk_buf_free(st->trail);
     g->state_bytes -= st->bytes;
     pthread_mutex_unlock(&g->mu);
     free(st->kc);
@@ -747,11 +789,11 @@ enum tern_status tern_gpu_kv_upload(struct tern_gpu *g, struct tern_gpu_state *s
 /* One chunk of n tokens at positions [pos0, pos0 + n) (g->mu held): the architecture's
  * forward on the device, one submit. */
 static enum tern_status eval_chunk(struct tern_gpu *g, struct tern_gpu_state *S, uint32_t pos0, const int32_t *toks,
-                                   uint32_t n, float *logits, bool logits_all) {
+                                   uint32_t n, float *logits, bool logits_all, bool trail, uint32_t slot0) {
     const struct tern_model *m = g->m;
     const struct model_seq seq = {.row0 = 0, .n = n, .pos0 = pos0, .want = logits != NULL, .all = logits_all};
     const struct model_batch b = {.toks = toks, .n = n, .seq = &seq, .n_seq = 1, .logits = logits};
-    struct gpu_step p = {.g = g, .S = S, .pos0 = pos0, .n = n};
+    struct gpu_step p = {.g = g, .S = S, .pos0 = pos0, .n = n, .trail = trail, .slot0 = slot0};
     const struct model_step f = {&gpu_ops, &p, m, &b};
     m->arch->forward(&f, g->rs);
     if (!p.st && p.recording) p.st = tern_vk_end(g->vk);
@@ -769,10 +811,12 @@ static enum tern_status eval_chunk(struct tern_gpu *g, struct tern_gpu_state *S,
     return tern_vk_download(g->logits, (size_t)(n - 1) * nv * sizeof(float), logits, nv * sizeof(float));
 }
 
-enum tern_status tern_gpu_eval(struct tern_gpu *g, struct tern_gpu_state *S, uint32_t pos0, const int32_t *toks,
-                               uint32_t n, uint32_t n_chunk, float *logits, bool logits_all) {
+static enum tern_status eval_n(struct tern_gpu *g, struct tern_gpu_state *S, uint32_t pos0, const int32_t *toks,
+                               uint32_t n, uint32_t n_chunk, float *logits, bool logits_all, bool trail,
+                               uint32_t slot0) {
     const uint32_t nv = g->m->hp.n_vocab;
     TERN_ASSERT(S->g == g && pos0 + (uint64_t)n <= S->n_ctx);
+    TERN_ASSERT(!trail || slot0 + (uint64_t)n <= S->trail_cap);
     if (n_chunk == 0 || n_chunk > g->n_chunk) n_chunk = g->n_chunk;
     enum tern_status st = TERN_OK;
     /* the scratch is shared by every state: one chunk at a time */
@@ -785,10 +829,46 @@ enum tern_status tern_gpu_eval(struct tern_gpu *g, struct tern_gpu_state *S, uin
          * changes no bits (chunk invariance) and saves n - 1 rows of the output matmul. */
         if (last && logits && !logits_all && c > 1) c--, last = false;
         float *lg = logits_all ? logits + (size_t)i * nv : last ? logits : NULL;
-        st = eval_chunk(g, S, pos0 + i, toks + i, c, lg, logits_all);
+        st = eval_chunk(g, S, pos0 + i, toks + i, c, lg, logits_all, trail, slot0 + i);
     }
     pthread_mutex_unlock(&g->mu);
     return st;
+}
+
+enum tern_status tern_gpu_eval(struct tern_gpu *g, struct tern_gpu_state *S, uint32_t pos0, const int32_t *toks,
+                               uint32_t n, uint32_t n_chunk, float *logits, bool logits_all) {
+    return eval_n(g, S, pos0, toks, n, n_chunk, logits, logits_all, false, 0);
+}
+
+enum tern_status tern_gpu_eval_trail(struct tern_gpu *g, struct tern_gpu_state *S, uint32_t pos0,
+                                     const int32_t *toks, uint32_t n, float *logits, bool logits_all,
+                                     uint32_t slot0) {
+    return eval_n(g, S, pos0, toks, n, 0, logits, logits_all, g->m->rec_bytes > 0, slot0);
+}
+
+enum tern_status tern_gpu_trail_reserve(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t n) {
+    const size_t rb = g->m->rec_bytes;
+    if (!rb || n <= st->trail_cap) return TERN_OK;
+    const size_t need = (size_t)n * rb, had = (size_t)st->trail_cap * rb;
+    const uint64_t have = device_bytes(g);
+    pthread_mutex_lock(&g->mu);
+    const size_t used = g->bytes + g->state_bytes + g->ckpt_bytes - had;
+    enum tern_status s = TERN_OK;
+    if (have && used + (uint64_t)need > have)
+        s = tern_errorf(TERN_ERR_NOMEM, "gpu: a state trail of %u positions (%.1f MiB) does not fit the %.1f MiB left "
+                                        "of device '%s'", n, mib(need), mib(have > used ? have - used : 0),
+                        tern_vk_info(g->vk)->name);
+    struct tern_vk_buf *b = NULL;
+    if (!s) s = tern_vk_buf_new(g->vk, need, &b);
+    if (!s) {
+        tern_vk_buf_free(st->trail);
+        st->trail = b;
+        st->trail_cap = n;
+        st->bytes += need - had;
+        g->state_bytes += need - had;
+    }
+    pthread_mutex_unlock(&g->mu);
+    return s;
 }
 
 /* ---- the standalone model ---------------------------------------------------------- */
@@ -928,16 +1008,18 @@ void tern_gpu_rec_free(struct tern_gpu *g, struct tern_vk_buf *b) {
     pthread_mutex_unlock(&g->mu);
 }
 
-/* The recurrent parts of st to (save) or from b, laid out as the recurrent block. */
-static enum tern_status rec_move(struct tern_gpu *g, struct tern_gpu_state *st, struct tern_vk_buf *b, bool save) {
+/* The recurrent parts of st to (save) or from b, laid out as the recurrent block at byte
+ * base of b. */
+static enum tern_status rec_move(struct tern_gpu *g, struct tern_gpu_state *st, struct tern_vk_buf *b, size_t base,
+                                 bool save) {
     const struct tern_model *m = g->m;
-    TERN_ASSERT(st->g == g && tern_vk_buf_bytes(b) >= m->rec_bytes);
+    TERN_ASSERT(st->g == g && tern_vk_buf_bytes(b) >= base + m->rec_bytes);
     enum tern_status s = copies_begin(g);
     if (s) return s;
     for (uint32_t il = 0; il < m->n_layer; il++) {
         const struct model_layer *L = &m->layers[il];
         if (L->kind != LAYER_RECURRENT) continue;
-        const size_t conv = L->rec_offset + L->bufs[0].offset, ssm = L->rec_offset + L->bufs[1].offset;
+        const size_t conv = base + L->rec_offset + L->bufs[0].offset, ssm = base + L->rec_offset + L->bufs[1].offset;
         if (save) {
             COPY(st->win[il], 0, b, conv, L->bufs[0].bytes);
             COPY(st->S[il], 0, b, ssm, L->bufs[1].bytes);
@@ -951,11 +1033,16 @@ static enum tern_status rec_move(struct tern_gpu *g, struct tern_gpu_state *st, 
 #undef COPY
 
 enum tern_status tern_gpu_rec_save(struct tern_gpu *g, const struct tern_gpu_state *st, struct tern_vk_buf *b) {
-    return rec_move(g, (struct tern_gpu_state *)(uintptr_t)st, b, true);
+    return rec_move(g, (struct tern_gpu_state *)(uintptr_t)st, b, 0, true);
 }
 
 enum tern_status tern_gpu_rec_load(struct tern_gpu *g, struct tern_gpu_state *st, const struct tern_vk_buf *b) {
-    return rec_move(g, st, (struct tern_vk_buf *)(uintptr_t)b, false);
+    return rec_move(g, st, (struct tern_vk_buf *)(uintptr_t)b, 0, false);
+}
+
+enum tern_status tern_gpu_trail_load(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t slot) {
+    TERN_ASSERT(slot < st->trail_cap);
+    return rec_move(g, st, st->trail, (size_t)slot * g->m->rec_bytes, false);
 }
 
 enum tern_status tern_gpu_rec_read(struct tern_gpu *g, const struct tern_vk_buf *b, void *rec) {

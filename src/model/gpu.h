@@ -57,6 +57,20 @@ size_t tern_gpu_state_bytes(const struct tern_gpu_state *st);
  * logits is NULL. On error (a lost device: TERN_ERR_IO) the state is undefined. */
 enum tern_status tern_gpu_eval(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t pos0, const int32_t *toks,
                                uint32_t n, uint32_t n_chunk, float *logits, bool logits_all);
+/* The recurrent-state trail (speculative verification of a hybrid model, tern_eval_opts.
+ * rec_trail), kept on the device: trail_reserve makes room in st for n states (a device
+ * buffer [n][rec_bytes] laid out as the recurrent block; what it held is lost when it
+ * grows; TERN_ERR_NOMEM, with the sizes, when the device has no room). eval_trail is
+ * tern_gpu_eval (every token's logits when logits_all, else the last one's) that also
+ * copies the recurrent state after token i into slot slot0 + i (slot0 + n within the
+ * room): each DeltaNet layer then runs token by token, the same dispatches as chunks of
+ * one, so the bits are the eval's. trail_load sets st's recurrent state from a slot. */
+enum tern_status tern_gpu_trail_reserve(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t n);
+enum tern_status tern_gpu_eval_trail(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t pos0,
+                                     const int32_t *toks, uint32_t n, float *logits, bool logits_all,
+                                     uint32_t slot0);
+enum tern_status tern_gpu_trail_load(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t slot);
+
 /* The recurrent parts to / from rec, laid out as the model's recurrent block
  * (m->rec_bytes: each recurrent layer's buffers at its rec_offset). rec NULL on upload:
  * zero. */

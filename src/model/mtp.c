@@ -30,6 +30,9 @@ enum tern_status tern_mtp_new(const struct tern_session *main, struct tern_mtp *
     if (!mm->info.has_mtp)
         return tern_errorf(TERN_ERR_UNSUPPORTED, "mtp: model '%s' (%s) has no MTP block (nextn_predict_layers and blk.N.nextn.* tensors)",
                            mm->info.name ? mm->info.name : "?", mm->info.arch ? mm->info.arch : "?");
+    if (mm->gpu)
+        return tern_errorf(TERN_ERR_UNSUPPORTED, "mtp: the MTP head runs on the CPU only, and the model is on %s",
+                           mm->device);
     struct tern_mtp *h = tern_calloc(1, sizeof *h);
     if (!h) return tern_errorf(TERN_ERR_NOMEM, "mtp: out of memory");
     h->m = *mm;

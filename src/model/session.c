@@ -530,10 +530,13 @@ void model_ckpt_vram_release(struct tern_model *m) {
     pthread_mutex_unlock(&m->ckpt_mu);
 }
 
-/* One chunk on the device (the CPU's forward otherwise). */
-static enum tern_status gpu_chunk(struct tern_session *s, const int32_t *toks, uint32_t n, float *logits, bool all) {
+/* One chunk on the device (the CPU's forward otherwise); with a trail (the state's trail
+ * reserved), the recurrent state after token i goes to trail slot slot0 + i. */
+static enum tern_status gpu_chunk(struct tern_session *s, const int32_t *toks, uint32_t n, float *logits, bool all,
+                                  bool trail, uint32_t slot0) {
     s->rec_stale = true; /* also on failure: the device's state is then undefined */
-    enum tern_status st = tern_gpu_eval(s->m->gpu, s->gpu, s->n_past, toks, n, n, logits, all);
+    enum tern_status st = trail ? tern_gpu_eval_trail(s->m->gpu, s->gpu, s->n_past, toks, n, logits, all, slot0)
+                                : tern_gpu_eval(s->m->gpu, s->gpu, s->n_past, toks, n, n, logits, all);
     if (st) TERN_LOG_ERROR("session: the device failed at position %u: %s", s->n_past, tern_last_error());
     return st;
 }
@@ -581,9 +584,6 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
     if (n_chunk > s->n_ctx) n_chunk = s->n_ctx;
     if (o->rec_trail && o->n_ckpt)
         return tern_errorf(TERN_ERR_INVALID, "session: an eval with a state trail takes no checkpoints");
-    if (o->rec_trail && m->rec_bytes && s->gpu)
-        return tern_errorf(TERN_ERR_UNSUPPORTED, "session: a recurrent state trail (speculative verification of a "
-                                                 "hybrid model) runs on the CPU only, not on %s", m->device);
     s->trail = NULL;
     const uint32_t pos0 = s->n_past;
 
@@ -595,6 +595,9 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
     }
     if (!st) st = tokens_reserve(s, (size_t)s->n_past + n);
     if (!st) st = kv_grow(s, (uint32_t)((s->n_past + n + TERN_KV_PAGE - 1) / TERN_KV_PAGE));
+    /* a device session keeps its trail in device memory (o->rec_trail is not written) */
+    const bool dev_trail = o->rec_trail && m->rec_bytes && s->gpu;
+    if (!st && dev_trail) st = tern_gpu_trail_reserve(m->gpu, s->gpu, (uint32_t)n);
     if (st) return st;
 
     size_t done = 0, ick = 0;
@@ -618,7 +621,8 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
         s->logits_valid = false;
         if (s->gpu) {
             /* tern_gpu_eval takes the device's lock for the chunk, as the CPU's takes eval_mu */
-            if ((st = gpu_chunk(s, toks + done, (uint32_t)len, logits, o->logits_all != NULL))) break;
+            if ((st = gpu_chunk(s, toks + done, (uint32_t)len, logits, o->logits_all != NULL, dev_trail, (uint32_t)done)))
+                break;
             memcpy(s->tokens + s->n_past, toks + done, len * sizeof *toks);
             s->n_past += (uint32_t)len;
             done += len;
@@ -711,10 +715,6 @@ enum tern_status tern_eval_batch(const struct tern_batch_item *items, size_t n_i
                 return tern_errorf(TERN_ERR_FORMAT,
                                    "session: batch item %zu: token id %d at index %u is outside the vocabulary [0, %u)",
                                    i, it->toks[t], t, n_vocab);
-        if (it->rec_trail && m->rec_bytes && m->gpu)
-            return tern_errorf(TERN_ERR_UNSUPPORTED, "session: batch item %zu: a recurrent state trail (speculative "
-                                                     "verification of a hybrid model) runs on the CPU only, not on %s",
-                               i, m->device);
         rows += it->n;
         n_want += it->logits_all ? it->n : it->logits;
     }
@@ -729,15 +729,15 @@ enum tern_status tern_eval_batch(const struct tern_batch_item *items, size_t n_i
         for (size_t i = 0; i < n_items && !st; i++) {
             const struct tern_batch_item *it = &items[i];
             struct tern_session *s = it->s;
-            if (it->logits || it->logits_all) {
-                const struct tern_eval_opts o = {.logits_all = it->logits_all};
+            if (it->logits || it->logits_all || it->rec_trail) {
+                const struct tern_eval_opts o = {.logits_all = it->logits_all, .rec_trail = it->rec_trail};
                 if ((st = tern_session_eval(s, it->toks, it->n, &o))) break;
                 continue;
             }
             /* a prompt chunk before the last: no logits at all */
             s->trail = NULL;
             s->logits_valid = false;
-            if ((st = gpu_chunk(s, it->toks, it->n, NULL, false))) break;
+            if ((st = gpu_chunk(s, it->toks, it->n, NULL, false, false, 0))) break;
             memcpy(s->tokens + s->n_past, it->toks, it->n * sizeof *it->toks);
             s->n_past += it->n;
         }
@@ -811,8 +811,15 @@ enum tern_status tern_session_rewind(struct tern_session *s, uint32_t p) {
         return tern_errorf(TERN_ERR_RANGE, "session: cannot rewind to position %u beyond the end %u", p, s->n_past);
     if (p == s->n_past) return TERN_OK;
     if (s->m->info.hybrid && s->trail && p > s->trail_pos0 && p <= s->trail_end) {
-        /* the state after token p - 1, as the trail recorded it */
-        memcpy(s->rec, s->trail + (size_t)(p - s->trail_pos0 - 1) * s->m->rec_bytes, s->m->rec_bytes);
+        /* the state after token p - 1, as the trail recorded it (on a device: its slot) */
+        const uint32_t slot = p - s->trail_pos0 - 1;
+        if (s->gpu) {
+            s->rec_stale = true;
+            enum tern_status st = tern_gpu_trail_load(s->m->gpu, s->gpu, slot);
+            if (st) return tern_error_prefix(st, "session: rewinding to %u from the device's state trail", p);
+        } else {
+            memcpy(s->rec, s->trail + (size_t)slot * s->m->rec_bytes, s->m->rec_bytes);
+        }
         s->trail_end = p;
     } else if (s->m->info.hybrid) {
         return tern_errorf(TERN_ERR_STATE,

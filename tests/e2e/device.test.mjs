@@ -11,6 +11,8 @@
 // - predictive priming primes on the device in idle time, and the next turn equals cold;
 // - a client that disconnects cancels its request; the engine stays consistent;
 // - a lost device (TERN_TEST_VK_LOSE_AFTER) fails the request with 500, logged;
+// - --spec ngram verifies its drafts on the device (a hybrid's state trail there) and
+//   answers as the cold server does, with the same state;
 // - $TERN_DEVICE chooses the device as --device does.
 // Skips (77) without a Vulkan device unless TERN_REQUIRE_VULKAN=1.
 import { test, before, after } from 'node:test';
@@ -208,6 +210,30 @@ test('qwen35: predictive priming runs on the device; the next turn equals cold',
     assert.equal(await srv.stop(), 0);
   }
 });
+
+for (const arch of ['qwen3', 'qwen35']) {
+  test(`${arch}: --spec ngram on the device answers as without speculation`, async () => {
+    // drafts by prompt lookup, verified on the device (a hybrid's state trail kept there)
+    const srv = await startServer(['--model', models[arch], '--device', 'vulkan:0', ...common, '--spec', 'ngram',
+      '--spec-max', '6'], offEnv);
+    try {
+      await logged(srv, /sessions on vulkan:0 /);
+      const text = 'alpha beta gamma delta alpha beta gamma delta alpha beta gamma delta alpha beta';
+      const u1 = { role: 'user', content: `Repeat exactly: ${text}` };
+      const bodies = [{ messages: [u1], max_tokens: 40 }, { messages: [u1], max_tokens: 3 }];
+      for (const [i, body] of bodies.entries()) {
+        const a = await chat(srv, { ...body, cache_salt: `spec-${arch}-${i}` });
+        const c = await chat(servers[arch].off, { ...body, cache_salt: `spec-cold-${arch}-${i}` });
+        assert.deepEqual(a.choices[0].message, c.choices[0].message, 'the same answer as --spec off');
+        assert.deepEqual(a.usage, c.usage, 'the same usage');
+        assert.equal(await stateHash(srv, a.id), await stateHash(servers[arch].off, c.id), 'the same state');
+      }
+      assert.ok((await metric(srv, 'tern_spec_drafted_tokens_total')) > 0, 'drafts were verified on the device');
+    } finally {
+      assert.equal(await srv.stop(), 0);
+    }
+  });
+}
 
 test('a client that disconnects cancels its request; the engine stays consistent', async () => {
   const srv = servers.qwen35.on;

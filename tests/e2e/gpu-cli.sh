@@ -2,7 +2,8 @@
 # tern run --device: generation through the GPU forward pass (model/gpu.h) gives the CPU's
 # greedy ids on F32 models (a generated qwen2 and qwen3, and the kit's stories260K,
 # tiny-qwen3moe and tiny-qwen35moe when present); TERN_DEVICE does what --device does;
-# auto says which device it took and why; a machine without Vulkan gets a message naming
+# auto says which device it took and why; --spec ngram and the oracle on the device print
+# the ids of --spec off there; a machine without Vulkan gets a message naming
 # what is missing (vulkan) or the CPU (auto). Skips (77) without a Vulkan device unless
 # TERN_REQUIRE_VULKAN=1.
 set -u
@@ -60,15 +61,44 @@ grep -q "decode: .* t/s" "$tmp/err" || fail "no speed line: $(cat "$tmp/err")"
 "$bin" run -m "$m" --ids "5 6 7" -n 0 --dump-logits "$tmp/g.f32" -c 64 --device vulkan:0 >/dev/null 2>&1 || fail "gpu dump"
 [ "$(stat -c %s "$tmp/g.f32")" -eq "$(stat -c %s "$tmp/c.f32")" ] || fail "gpu dump size differs"
 
-# errors: a bad value, a device that is not there, --spec (CPU-only), a prompt past the context
+# errors: a bad value, a device that is not there, --spec mtp (CPU-only), a prompt past the context
 "$bin" run -m "$m" --ids "1" -n 1 --device gpu 2>"$tmp/err" >/dev/null; rc=$?
 [ $rc -eq 2 ] && grep -q "cpu, vulkan, vulkan:N, auto" "$tmp/err" || fail "bad --device: exit $rc, $(cat "$tmp/err")"
 "$bin" run -m "$m" --ids "1" -n 1 --device vulkan:9 2>"$tmp/err" >/dev/null; rc=$?
 [ $rc -eq 1 ] && grep -q "no such device" "$tmp/err" || fail "vulkan:9: exit $rc, $(cat "$tmp/err")"
-"$bin" run -m "$m" --ids "1" -n 1 --spec ngram --device vulkan:0 2>"$tmp/err" >/dev/null; rc=$?
-[ $rc -eq 2 ] && grep -q "CPU only" "$tmp/err" || fail "--spec on the GPU: exit $rc, $(cat "$tmp/err")"
+"$bin" run -m "$m" --ids "1" -n 1 --spec mtp --device vulkan:0 2>"$tmp/err" >/dev/null; rc=$?
+[ $rc -eq 2 ] && grep -q "CPU only" "$tmp/err" || fail "--spec mtp on the GPU: exit $rc, $(cat "$tmp/err")"
 "$bin" run -m "$m" --ids "1 2 3 4 5 6 7 8" -c 4 -n 1 --device vulkan:0 2>"$tmp/err" >/dev/null; rc=$?
 [ $rc -eq 1 ] && grep -q "8" "$tmp/err" && grep -q "4" "$tmp/err" || fail "too-long prompt on the GPU: exit $rc, $(cat "$tmp/err")"
+
+# --spec on the device (the sessions there, drafts verified there; a hybrid's state trail
+# in device memory): prompt lookup and the oracle (all accepted, all rejected, half with
+# drafts of 3, so rewinds land inside the trail) print the ids of --spec off on the device
+# and end in one state
+"$bin" mkmodel --preset tiny-qwen35 --n-layer 4 --out "$tmp/q35.gguf" >/dev/null 2>&1 || fail "mkmodel tiny-qwen35"
+for sm in "$tmp/q35.gguf" "$m"; do
+  srun() { TERN_STATE_HASH=1 "$bin" run -m "$sm" -p "Once upon a time, there was a little girl. Once upon a time" \
+    -n 40 --temp 0 -c 256 --print-ids --device vulkan:0 "$@"; }
+  srun --spec off >"$tmp/off.ids" 2>"$tmp/off.err" || fail "$sm: --spec off on the GPU: $(cat "$tmp/off.err")"
+  ids=$(tr -s " " "," <"$tmp/off.ids")
+  h0=
+  for args in "--spec ngram" "--spec-oracle 0:$ids" "--spec-oracle 100:$ids" "--spec-oracle 50:$ids --spec-max 3"; do
+    # shellcheck disable=SC2086
+    srun $args >"$tmp/spec.ids" 2>"$tmp/spec.err" || fail "$sm: $args on the GPU: $(cat "$tmp/spec.err")"
+    grep -q "^device: vulkan:0" "$tmp/spec.err" || fail "$sm: $args did not run on vulkan:0: $(cat "$tmp/spec.err")"
+    cmp -s "$tmp/off.ids" "$tmp/spec.ids" || fail "$sm: $args printed other ids than --spec off on the GPU"
+    h=$(grep state-hash "$tmp/spec.err") || fail "$sm: $args: no state hash"
+    [ -z "$h0" ] && h0=$h
+    [ "$h" = "$h0" ] || fail "$sm: $args ended in another state: $h vs $h0"
+    line=$(grep -o 'drafted=[0-9]* accepted=[0-9]*' "$tmp/spec.err") || fail "$sm: $args: no drafted="
+    case "$args" in
+      --spec-oracle\ 0:*) echo "$line" | grep -Eq "drafted=([1-9][0-9]*) accepted=\1$" || fail "$sm: the right oracle: $line" ;;
+      --spec-oracle\ 100:*) echo "$line" | grep -Eq "drafted=[1-9][0-9]* accepted=0$" || fail "$sm: the wrong oracle: $line" ;;
+      --spec-oracle\ 50:*) echo "$line" | grep -Eq "accepted=[1-9]" || fail "$sm: half the oracle: $line" ;;
+    esac
+  done
+  echo "ok $(basename "$sm"): --spec ngram and the oracle on vulkan:0 print the ids of --spec off, one state"
+done
 
 # no Vulkan loader: vulkan names what is missing; auto runs on the CPU and says why
 TERN_VULKAN_LOADER=/nonexistent/libvulkan.so.1 "$bin" run -m "$m" --ids "1 2 3" -n 6 --temp 0 --device vulkan 2>"$tmp/err" >/dev/null; rc=$?

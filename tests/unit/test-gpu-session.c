@@ -21,9 +21,12 @@
  *   device: every case above runs through those copies too);
  * - a device without room for a checkpoint ($TERN_TEST_VK_DEVICE_BYTES): the oldest on the
  *   device makes way, else the checkpoint is made in host memory; both restore to cold;
- * - what a device session cannot do is refused with a message: a recurrent state trail
- *   (TERN_ERR_UNSUPPORTED), a device chosen after a session exists (TERN_ERR_STATE), a
- *   context larger than the device's memory (TERN_ERR_NOMEM with the sizes).
+ * - a recurrent state trail (tern_eval_opts.rec_trail, in a batch item too; a hybrid's
+ *   kept on the device): the eval's bits unchanged, rewinding inside it gives the cold
+ *   state, the rest then the cold logits; before it or once dropped a hybrid refuses;
+ * - what a device session cannot do is refused with a message: a device chosen after a
+ *   session exists (TERN_ERR_STATE), a context larger than the device's memory
+ *   (TERN_ERR_NOMEM with the sizes).
  * Skips (77) without a Vulkan device or the kit, unless TERN_REQUIRE_VULKAN=1 /
  * TERN_REQUIRE_SHARED=1 make that a failure. Short prompts: lavapipe is slow. */
 #include "harness.h"
@@ -282,20 +285,56 @@ static void check_model(const char *rel, bool quantized) {
         tern_session_free(b);
     }
 
+    /* the state trail (speculative verification; a hybrid's kept in device memory): the
+     * eval's bits do not change, rewinding to a position it reached gives the cold state
+     * there and the rest then the cold logits; before it, or once dropped, a hybrid
+     * refuses. Also through a batch item. (An attention-only model keeps no trail: its
+     * rewinds are tested above.) */
+    if (hybrid) {
+        enum { K = 9 };
+        void *trail = malloc(K * (info->recurrent_bytes + 1));
+        float *lt = malloc(K * nv * sizeof(float));
+        for (int batched = 0; batched < 2; batched++) {
+            struct tern_session *s = primed(m, toks, N_TOK - K, 64, NULL);
+            if (batched) {
+                const struct tern_batch_item it = {.s = s, .toks = toks + N_TOK - K, .n = K, .logits_all = lt,
+                                                   .rec_trail = trail};
+                assert_int_equal(tern_eval_batch(&it, 1), TERN_OK);
+            } else {
+                struct tern_eval_opts o = {.rec_trail = trail, .logits_all = lt, .n_chunk = 4};
+                assert_int_equal(tern_session_eval(s, toks + N_TOK - K, K, &o), TERN_OK);
+            }
+            assert_memory_equal(lt, cold + (N_TOK - K) * nv, K * nv * sizeof(float));
+            assert_true(tern_session_hash(s) == h);
+            assert_int_equal(tern_session_rewind(s, N_TOK - K), TERN_ERR_STATE);
+            uint32_t p = N_TOK - 1;
+            for (; p > N_TOK - K; p -= 3) {
+                assert_int_equal(tern_session_rewind(s, p), TERN_OK);
+                struct tern_session *c = primed(m, toks, p, 64, NULL);
+                assert_true(tern_session_hash(s) == tern_session_hash(c));
+                tern_session_free(c);
+            }
+            p += 3;
+            assert_int_equal(tern_session_eval(s, toks + p, N_TOK - p, NULL), TERN_OK);
+            assert_last_logits(s, cold, N_TOK - 1, nv);
+            assert_true(tern_session_hash(s) == h);
+            /* the next eval forgets the trail; so does dropping it */
+            assert_int_equal(tern_session_rewind(s, N_TOK - 1), TERN_ERR_STATE);
+            tern_session_free(s);
+        }
+        struct tern_session *s = primed(m, toks, 4, 64, NULL);
+        struct tern_eval_opts o = {.rec_trail = trail};
+        assert_int_equal(tern_session_eval(s, toks + 4, 3, &o), TERN_OK);
+        tern_session_drop_trail(s);
+        assert_int_equal(tern_session_rewind(s, 6), TERN_ERR_STATE);
+        tern_session_free(s);
+        free(lt);
+        free(trail);
+    }
+
     /* refusals */
     {
         struct tern_session *s = new_session(m, TERN_KV_F16);
-        void *trail = malloc(4 * (info->recurrent_bytes + 1));
-        struct tern_eval_opts o = {.rec_trail = trail};
-        const enum tern_status st = tern_session_eval(s, toks, 4, &o);
-        if (hybrid) {
-            assert_int_equal(st, TERN_ERR_UNSUPPORTED);
-            assert_non_null(strstr(tern_last_error(), "CPU only"));
-            assert_int_equal(tern_session_n_past(s), 0);
-        } else {
-            assert_int_equal(st, TERN_OK); /* attention-only: no trail needed, rewind works */
-        }
-        free(trail);
         assert_int_equal(tern_model_use_vulkan(m, dev, 64), TERN_ERR_STATE);
         tern_session_free(s);
         struct tern_session_params sp;
