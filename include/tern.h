@@ -110,7 +110,8 @@ const char *tern_model_chat_template(const struct tern_model *m);
  * - tern_eval_batch evaluates its device items one session after another;
  * - rec_trail (speculative verification on hybrid models): the states stay in device
  *   memory (the session's trail there; the caller's buffer is not written) and
- *   tern_session_rewind copies the one it needs on the device;
+ *   tern_session_rewind copies the one it needs on the device; an MTP head (spec) is
+ *   made on the device too;
  * - a failure of the device (TERN_ERR_IO, "device lost") during an eval leaves the
  *   session unusable; later calls fail the same way.
  * index -1 brings the model back to the CPU. Call it before any session of m exists

@@ -54,7 +54,7 @@ static void usage(FILE *out) {
             "                         same output)\n"
             "  --spec-max N           tokens per draft, 1-32 (default 8)\n"
             "  --device D             cpu (default; or $TERN_DEVICE), vulkan, vulkan:N or auto, as for\n"
-            "                         tern serve (--spec mtp is CPU-only)\n"
+            "                         tern serve\n"
             "  -h, --help             this help\n");
 }
 
@@ -309,11 +309,6 @@ int cli_chat_main(int argc, char **argv) {
     int dev = -1;
     bool dev_auto = false;
     if ((c = cli_device_resolve("chat", device, &dev, &dev_auto))) return c;
-    if (dev >= 0 && cs.spec.mode == SPEC_MTP) {
-        if (!dev_auto) return cli_usage_error("chat", "--spec mtp runs on the CPU only (its head is not on the device; --spec ngram runs there)");
-        fprintf(stderr, "device: auto: the CPU (--spec mtp runs on the CPU only)\n");
-        dev = -1;
-    }
     char *tsrc = NULL;
     size_t tlen = 0;
     if (tmpl && !(tsrc = slurp(tmpl, &tlen))) return cli_fail("chat", "cannot read --chat-template '%s'", tmpl);

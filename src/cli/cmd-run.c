@@ -60,8 +60,7 @@ static void usage(FILE *f) {
             "                            device 0), vulkan:N (Vulkan device N, see tern devices) or\n"
             "                            auto (a discrete or integrated GPU when there is one and the\n"
             "                            model runs on it, else the CPU; says which and why). On a\n"
-            "                            GPU the whole forward pass runs there; --spec mtp is\n"
-            "                            CPU-only (--spec ngram runs on the device)\n"
+            "                            GPU the whole forward pass runs there (--spec too)\n"
             "      --chat                an interactive chat instead (see tern chat --help)\n"
             "  -h, --help                this help\n");
 }
@@ -401,14 +400,6 @@ static int run_main(int argc, char **argv) {
         free(oracle_ids);
         return c;
     }
-    if (dev >= 0 && spp.mode == SPEC_MTP) {
-        if (!dev_auto) {
-            free(oracle_ids);
-            return cli_usage_error("run", "--spec mtp runs on the CPU only (its head is not on the device; --spec ngram runs there)");
-        }
-        fprintf(stderr, "device: auto: the CPU (--spec mtp runs on the CPU only)\n");
-        dev = -1;
-    }
 
     int rc = 1;
     struct gpu_run gr = {0};
@@ -508,8 +499,12 @@ static int run_main(int argc, char **argv) {
                      info->n_vocab);
         goto done;
     }
-    fprintf(stderr, "model: %s (%s), %u layers, %d threads, %s weights, loaded in %.2f s\n", info->name, info->arch,
-            info->n_layer, info->n_threads, no_mmap ? "read" : "mapped", tern_now_s() - t_load);
+    if (strcmp(tern_model_device(m), "cpu"))
+        fprintf(stderr, "model: %s (%s), %u layers, sessions on %s, loaded in %.2f s\n", info->name, info->arch,
+                info->n_layer, tern_model_device(m), tern_now_s() - t_load);
+    else
+        fprintf(stderr, "model: %s (%s), %u layers, %d threads, %s weights, loaded in %.2f s\n", info->name,
+                info->arch, info->n_layer, info->n_threads, no_mmap ? "read" : "mapped", tern_now_s() - t_load);
 
     /* prime */
     struct progress pr = {n_ids, (uint32_t)chunk, tern_now_s()};

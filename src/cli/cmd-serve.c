@@ -80,8 +80,7 @@ static void usage(FILE *out) {
             "                          first GPU, else device 0), vulkan:N (see tern devices), auto (a\n"
             "                          GPU when there is one and the model runs on it; says which and\n"
             "                          why). On a device every session keeps its KV cache (--ctx-size\n"
-            "                          positions, allocated up front) and state there; --spec mtp is\n"
-            "                          CPU-only (--spec ngram runs on the device)\n"
+            "                          positions, allocated up front) and state there, --spec included\n"
             "  --no-mmap / --mmap      read the weights into memory / map the file (default: read when\n"
             "                          the file takes at most half of the available memory, else map)\n"
             "  --mlock                 pin the weights in memory\n"
@@ -319,12 +318,6 @@ static int cmd_serve(int argc, char **argv) {
     int dev = -1;
     bool dev_auto = false;
     if ((c = cli_device_resolve("serve", device, &dev, &dev_auto))) return c;
-    if (dev >= 0 && spec == SPEC_MTP) {
-        /* the MTP head has no device path (a hybrid's verification trail does: on the device) */
-        if (!dev_auto) return cli_usage_error("serve", "--spec mtp runs on the CPU only (its head is not on the device; --spec ngram runs there)");
-        fprintf(stderr, "device: auto: the CPU (--spec mtp runs on the CPU only)\n");
-        dev = -1;
-    }
     cp.affinity = env_flag("TERN_AFFINITY", true);
     cp.pool = env_flag("TERN_REUSE_POOL", true);
     cp.ckpt_reread = env_flag("TERN_CKPT_REREAD", false);

@@ -44,8 +44,11 @@ struct gpu_weight {
 struct tern_gpu {
     struct tern_vk *vk;
     const struct tern_model *m;
+    /* An MTP head's tern_gpu (tern_gpu_new_head): the main model's, whose weights it finds
+     * too (only its own are uploaded) and whose lock it takes (one Vulkan context). */
+    const struct tern_gpu *parent;
     uint32_t n_chunk;
-    pthread_mutex_t mu;
+    pthread_mutex_t *mu, own_mu; /* mu: own_mu, or the parent's */
     size_t bytes;        /* device bytes of the weights and the scratch */
     size_t state_bytes;  /* device bytes of the live states (under mu) */
     size_t ckpt_bytes;   /* device bytes of the checkpoints kept on the device (under mu) */
@@ -60,6 +63,7 @@ struct tern_gpu {
      * evaluations with a state trail: qkv_raw and qkv (C), z and out (n_v d_v), beta and
      * alpha (n_v). */
     struct tern_vk_buf *t_raw, *t_qkv, *t_z, *t_out, *t_beta, *t_alpha;
+    struct tern_vk_buf *hid; /* (n_chunk, n_embd) the output-normed hidden rows (models with an MTP head) */
 };
 
 /* One conversation's device state (NULL entries for the layers of the other kind). */
@@ -81,6 +85,13 @@ struct tern_gpu_model {
     uint32_t n_past;
 };
 
+/* Device bytes held by g (and by its parent: one device), under mu. */
+static size_t used_bytes(const struct tern_gpu *g) {
+    size_t b = g->bytes + g->state_bytes + g->ckpt_bytes;
+    if (g->parent) b += g->parent->bytes + g->parent->state_bytes + g->parent->ckpt_bytes;
+    return b;
+}
+
 /* A buffer of the tern_gpu's own, counted in g->bytes. */
 static enum tern_status newbuf(struct tern_gpu *g, size_t bytes, struct tern_vk_buf **out) {
     enum tern_status st = tern_vk_buf_new(g->vk, bytes, out);
@@ -94,9 +105,12 @@ static enum tern_status scratch(struct tern_gpu *g, size_t floats, struct tern_v
 
 /* Uploads bytes of host data as the weight found by key (once: a tensor bound twice,
  * e.g. tied embeddings or a shared norm, is one buffer). */
+static struct tern_vk_buf *weight(const struct tern_gpu *g, const void *host);
+
 static enum tern_status put(struct tern_gpu *g, const void *key, const void *src, size_t bytes) {
     for (uint32_t i = 0; i < g->n_wt; i++)
         if (g->wt[i].host == (uintptr_t)key) return TERN_OK;
+    if (g->parent && weight(g->parent, key)) return TERN_OK; /* the main model's copy */
     if (g->n_wt == g->cap_wt) {
         const uint32_t cap = g->cap_wt ? 2 * g->cap_wt : 64;
         struct gpu_weight *wt = realloc(g->wt, cap * sizeof *wt);
@@ -134,7 +148,7 @@ static int weight_cmp(const void *a, const void *b) {
 static struct tern_vk_buf *weight(const struct tern_gpu *g, const void *host) {
     const struct gpu_weight key = {(uintptr_t)host, NULL};
     const struct gpu_weight *w = bsearch(&key, g->wt, g->n_wt, sizeof *g->wt, weight_cmp);
-    return w ? w->buf : NULL;
+    return w ? w->buf : g->parent ? weight(g->parent, host) : NULL;
 }
 
 void tern_gpu_free(struct tern_gpu *g) {
@@ -146,9 +160,9 @@ void tern_gpu_free(struct tern_gpu *g) {
     free(g->host_x);
     free(g->host_cs);
     free(g->zeros);
-    struct tern_vk_buf *tb[] = {g->t_raw, g->t_qkv, g->t_z, g->t_out, g->t_beta, g->t_alpha};
+    struct tern_vk_buf *tb[] = {g->t_raw, g->t_qkv, g->t_z, g->t_out, g->t_beta, g->t_alpha, g->hid};
     for (size_t i = 0; i < TERN_ARRAY_LEN(tb); i++) tern_vk_buf_free(tb[i]);
-    pthread_mutex_destroy(&g->mu);
+    if (!g->parent) pthread_mutex_destroy(&g->own_mu);
     free(g);
 }
 
@@ -188,13 +202,56 @@ static enum tern_status upload_llama(struct tern_gpu *g) {
     return st;
 }
 
+/* One Qwen3.5 decoder layer's weights (prm: room for a DeltaNet layer's packed parameters). */
+static enum tern_status upload_q35_layer(struct tern_gpu *g, const struct q35_layer *l, float *prm) {
+    const struct tern_model *m = g->m;
+    const struct q35_weights *w = m->w;
+    const struct tern_deltanet_shape *dn = &w->dn;
+    const size_t E = m->hp.n_embd, hd = m->hp.head_dim_k;
+    const size_t C = tern_deltanet_channels(dn), nv = dn->n_v_heads;
+    enum tern_status st;
+    if ((st = put_vec(g, l->attn_norm, E)) || (st = put_vec(g, l->post_norm, E))) return st;
+    if (w->moe) st = upload_moe(g, &w->moe_hp, &l->moe);
+    else if (!(st = put_mat(g, &l->w_gate)) && !(st = put_mat(g, &l->w_up))) st = put_mat(g, &l->w_down);
+    if (st) return st;
+    if (l->recurrent) {
+        /* the deltanet shader's parameters: ssm_a | dt_bias | ssm_norm, keyed by ssm_a */
+        memcpy(prm, l->ssm_a, nv * sizeof(float));
+        memcpy(prm + nv, l->dt_bias, nv * sizeof(float));
+        memcpy(prm + 2 * nv, l->ssm_norm, dn->d_v * sizeof(float));
+        if ((st = put_mat(g, &l->wqkv)) || (st = put_mat(g, &l->wgate)) || (st = put_mat(g, &l->wbeta)) ||
+            (st = put_mat(g, &l->walpha)) || (st = put_mat(g, &l->wout)) ||
+            (st = put(g, l->conv_wt, l->conv_wt, dn->n_conv * C * sizeof(float))))
+            return st;
+        return put(g, l->ssm_a, prm, (2 * nv + dn->d_v) * sizeof(float));
+    }
+    if ((st = put_mat(g, &l->wq)) || (st = put_mat(g, &l->wk)) || (st = put_mat(g, &l->wv)) ||
+        (st = put_mat(g, &l->wo)) || (st = put_vec(g, l->q_norm, hd)))
+        return st;
+    return put_vec(g, l->k_norm, hd);
+}
+
+/* The MTP head's own weights (the rest, e.g. a shared output matrix, are the parent's). */
+static enum tern_status upload_q35_head(struct tern_gpu *g) {
+    const struct q35_weights *w = g->m->w;
+    const size_t E = g->m->hp.n_embd;
+    if (!w->has_mtp) return tern_errorf(TERN_ERR_INTERNAL, "gpu: the model has no MTP head");
+    enum tern_status st = upload_q35_layer(g, &w->mtp, NULL);
+    if (!st) st = put_vec(g, w->enorm, E);
+    if (!st) st = put_vec(g, w->hnorm, E);
+    if (!st) st = put_vec(g, w->head_norm, E);
+    if (!st) st = put_mat(g, &w->eh_proj);
+    if (!st) st = put_mat(g, &w->mtp_head);
+    return st;
+}
+
 /* Qwen3.5's weights. */
 static enum tern_status upload_qwen35(struct tern_gpu *g) {
     const struct tern_model *m = g->m;
     const struct model_hparams *hp = &m->hp;
     const struct q35_weights *w = m->w;
     const struct tern_deltanet_shape *dn = &w->dn;
-    const size_t E = hp->n_embd, hd = hp->head_dim_k;
+    const size_t E = hp->n_embd;
     const size_t C = tern_deltanet_channels(dn), nv = dn->n_v_heads;
     if (dn->d_k > 256 || dn->d_v > 256)
         return tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: DeltaNet heads of %u/%u (the Vulkan recurrence takes at most 256)",
@@ -203,27 +260,7 @@ static enum tern_status upload_qwen35(struct tern_gpu *g) {
     const size_t n_prm = 2 * nv + dn->d_v;
     float *prm = tern_malloc(n_prm * sizeof(float));
     if (!prm) return tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
-    for (uint32_t il = 0; il < w->n_layer && !st; il++) {
-        const struct q35_layer *l = &w->layers[il];
-        if ((st = put_vec(g, l->attn_norm, E)) || (st = put_vec(g, l->post_norm, E))) break;
-        if (w->moe) st = upload_moe(g, &w->moe_hp, &l->moe);
-        else if (!(st = put_mat(g, &l->w_gate)) && !(st = put_mat(g, &l->w_up))) st = put_mat(g, &l->w_down);
-        if (st) break;
-        if (l->recurrent) {
-            /* the deltanet shader's parameters: ssm_a | dt_bias | ssm_norm, keyed by ssm_a */
-            memcpy(prm, l->ssm_a, nv * sizeof(float));
-            memcpy(prm + nv, l->dt_bias, nv * sizeof(float));
-            memcpy(prm + 2 * nv, l->ssm_norm, dn->d_v * sizeof(float));
-            if ((st = put_mat(g, &l->wqkv)) || (st = put_mat(g, &l->wgate)) || (st = put_mat(g, &l->wbeta)) ||
-                (st = put_mat(g, &l->walpha)) || (st = put_mat(g, &l->wout)) ||
-                (st = put(g, l->conv_wt, l->conv_wt, dn->n_conv * C * sizeof(float))))
-                break;
-            st = put(g, l->ssm_a, prm, n_prm * sizeof(float));
-        } else if (!(st = put_mat(g, &l->wq)) && !(st = put_mat(g, &l->wk)) && !(st = put_mat(g, &l->wv)) &&
-                   !(st = put_mat(g, &l->wo)) && !(st = put_vec(g, l->q_norm, hd))) {
-            st = put_vec(g, l->k_norm, hd);
-        }
-    }
+    for (uint32_t il = 0; il < w->n_layer && !st; il++) st = upload_q35_layer(g, &w->layers[il], prm);
     free(prm);
     if (!st) st = put_vec(g, w->out_norm, E);
     if (!st) st = put_mat(g, &w->output);
@@ -244,14 +281,19 @@ static enum tern_status upload_qwen35(struct tern_gpu *g) {
  * buffer, begun at the first operation after the inputs (which are uploaded, and an
  * upload may use the command buffer); the first failure is kept and the rest skipped. */
 
-/* One chunk of n tokens of state S at positions [pos0, pos0 + n) (g->mu held); with a
- * trail, the recurrent state after row t goes to S's trail slot slot0 + t. */
+/* One chunk of n tokens of state S at positions [pos0, pos0 + n) (g->mu held), with what
+ * io asks besides the logits (NULL: nothing): with a trail, the recurrent state after row
+ * t goes to S's trail slot slot0 + t. hid_rows: the hidden_out op normed rows [hid_skip, n)
+ * into g->hid, for the driver to read back. */
 struct gpu_step {
     struct tern_gpu *g;
     struct tern_gpu_state *S;
     uint32_t pos0, n;
+    const struct tern_gpu_io *io;
     bool trail;
     uint32_t slot0;
+    bool hid_rows;
+    uint32_t hid_skip;
     bool recording;
     enum tern_status st;
 };
@@ -378,9 +420,18 @@ static void gpu_rope_angles(const struct model_step *f, const struct model_rope 
     keep(f, tern_vk_upload(BUF(cs), 0, p->g->host_cs, (size_t)p->n * nr * sizeof(float)));
 }
 
+/* The MTP head's input rows: the main model's hidden states at the step's positions. */
 static void gpu_hidden_in(const struct model_step *f, struct model_act *x) {
-    (void)x;
-    keep(f, tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: the MTP head runs on the CPU only"));
+    struct gpu_step *p = STEP(f);
+    const struct tern_gpu_io *io = p->io;
+    const size_t E = f->m->hp.n_embd;
+    if (!input(f)) return;
+    if (!io || !io->hidden_in || p->pos0 < io->hidden_pos0) {
+        keep(f, tern_errorf(TERN_ERR_INTERNAL, "gpu: an MTP head's step at %u without the hidden states", p->pos0));
+        return;
+    }
+    keep(f, tern_vk_upload(BUF(x), 0, io->hidden_in + (size_t)(p->pos0 - io->hidden_pos0) * E,
+                           (size_t)p->n * E * sizeof(float)));
 }
 
 static void gpu_matmul(const struct model_step *f, const struct model_act *x, const struct model_mm *outs,
@@ -427,10 +478,15 @@ static void gpu_split_heads(const struct model_step *f, const struct model_act *
     DO(f, tern_vk_split_heads(STEP(f)->g->vk, BUF(ab), BUF(a), BUF(b), STEP(f)->n, n_head, head_dim));
 }
 
+/* y[t] = [a[t] | b[t]], rows of n: two copies a row (the MTP head's input, a few rows). */
 static void gpu_concat_rows(const struct model_step *f, struct model_act *y, const struct model_act *a,
                             const struct model_act *b, uint32_t n) {
-    (void)y, (void)a, (void)b, (void)n;
-    keep(f, tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: the MTP head runs on the CPU only"));
+    struct tern_vk *vk = STEP(f)->g->vk;
+    const size_t row = (size_t)n * sizeof(float);
+    for (uint32_t t = 0; t < STEP(f)->n; t++) {
+        DO(f, tern_vk_copy(vk, BUF(a), t * row, BUF(y), 2 * t * row, row));
+        DO(f, tern_vk_copy(vk, BUF(b), t * row, BUF(y), (2 * t + 1) * row, row));
+    }
 }
 
 static void gpu_rope(const struct model_step *f, const struct model_rope *r, struct model_act *q, uint32_t n_head,
@@ -539,10 +595,20 @@ static void gpu_output(const struct model_step *f, const struct mat *out_w, cons
     DO(f, tern_vk_matmul(p->g->vk, out_w->type, wb, out_w->k, out_w->n, BUF(xb), p->n, p->g->logits));
 }
 
-/* Nothing: a device session never captures its hidden state (the MTP head and
- * speculative decoding run on the CPU). */
+/* The output-normed hidden rows at or above io's hidden_pos0 into g->hid (the MTP head's
+ * input; read back after the step). */
 static void gpu_hidden_out(const struct model_step *f, const float *norm_w, float eps, const struct model_act *x) {
-    (void)f, (void)norm_w, (void)eps, (void)x;
+    struct gpu_step *p = STEP(f);
+    const struct tern_gpu_io *io = p->io;
+    if (!io || !io->hidden_out || p->pos0 + p->n <= io->hidden_pos0) return;
+    if (!p->g->hid) {
+        keep(f, tern_errorf(TERN_ERR_INTERNAL, "gpu: %s keeps no hidden rows", f->m->name));
+        return;
+    }
+    struct tern_vk_buf *nb = vbuf(f, norm_w);
+    DO(f, tern_vk_rmsnorm(p->g->vk, BUF(x), nb, p->g->hid, p->n, f->m->hp.n_embd, eps));
+    p->hid_rows = true;
+    p->hid_skip = p->pos0 < io->hidden_pos0 ? io->hidden_pos0 - p->pos0 : 0;
 }
 
 const struct model_ops gpu_ops = {
@@ -576,10 +642,15 @@ static uint64_t device_bytes(const struct tern_gpu *g) { return tern_vk_info(g->
 
 static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
 
-enum tern_status tern_gpu_new(struct tern_vk *vk, const struct tern_model *m, uint32_t n_chunk, struct tern_gpu **out) {
+/* tern_gpu_new, or with parent an MTP head's (its arch qwen35-mtp). */
+static enum tern_status gpu_make(struct tern_vk *vk, const struct tern_model *m, const struct tern_gpu *parent,
+                                 uint32_t n_chunk, struct tern_gpu **out) {
     *out = NULL;
     const char *a = m->arch->name;
-    const bool q35 = !strcmp(a, "qwen35") || !strcmp(a, "qwen35moe");
+    const bool head = parent && !strcmp(a, "qwen35-mtp");
+    const bool q35 = !strcmp(a, "qwen35") || !strcmp(a, "qwen35moe") || head;
+    if (parent && !head)
+        return tern_errorf(TERN_ERR_INTERNAL, "gpu: a head of architecture %s (only qwen35-mtp)", a);
     if (strcmp(a, "llama") && strcmp(a, "qwen2") && strcmp(a, "qwen3") && strcmp(a, "qwen3moe") && !q35)
         return tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: the %s architecture does not run on the Vulkan backend yet "
                                                  "(llama, qwen2, qwen3, qwen3moe, qwen35 and qwen35moe do)", a);
@@ -598,13 +669,15 @@ enum tern_status tern_gpu_new(struct tern_vk *vk, const struct tern_model *m, ui
                            65535 / moe->n_used);
     /* Before anything is allocated: the weights alone against the device's memory. */
     const uint64_t have = tern_vk_info(vk)->device_local_bytes;
-    if (have && m->info.weight_bytes > have)
+    if (!head && have && m->info.weight_bytes > have)
         return tern_errorf(TERN_ERR_NOMEM, "gpu: %s: the weights need %.1f MiB, but device '%s' has %.1f MiB of "
                                            "device-local memory", m->name, mib(m->info.weight_bytes),
                            tern_vk_info(vk)->name, mib(have));
     struct tern_gpu *g = tern_calloc(1, sizeof *g);
     if (!g) return tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
-    pthread_mutex_init(&g->mu, NULL);
+    g->mu = parent ? parent->mu : &g->own_mu;
+    if (!parent) pthread_mutex_init(&g->own_mu, NULL);
+    g->parent = parent;
     g->vk = vk;
     g->m = m;
     g->n_chunk = n_chunk;
@@ -612,11 +685,15 @@ enum tern_status tern_gpu_new(struct tern_vk *vk, const struct tern_model *m, ui
     g->host_x = tern_malloc((size_t)n_chunk * hp->n_embd * sizeof(float));
     g->host_cs = tern_malloc((size_t)n_chunk * hp->rope.n_rot * sizeof(float) + sizeof(float));
     if (!g->host_x || !g->host_cs) st = tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
-    if (!st) st = q35 ? upload_qwen35(g) : upload_llama(g);
+    /* a head's uploads and scratch take the main model's lock: one Vulkan context */
+    if (parent) pthread_mutex_lock(g->mu);
+    if (!st) st = head ? upload_q35_head(g) : q35 ? upload_qwen35(g) : upload_llama(g);
     if (!st) qsort(g->wt, g->n_wt, sizeof *g->wt, weight_cmp);
     const struct model_backend be = {&gpu_ops, g};
     if (!st) st = m->arch->state_new(m, &be, n_chunk, &g->rs);
     if (!st) st = scratch(g, (size_t)n_chunk * hp->n_vocab, &g->logits);
+    if (!st && q35 && ((const struct q35_weights *)m->w)->has_mtp) st = scratch(g, (size_t)n_chunk * hp->n_embd, &g->hid);
+    if (parent) pthread_mutex_unlock(g->mu);
     if (st) {
         tern_error_prefix(st, "gpu: %s", m->name);
         tern_gpu_free(g);
@@ -624,6 +701,15 @@ enum tern_status tern_gpu_new(struct tern_vk *vk, const struct tern_model *m, ui
     }
     *out = g;
     return TERN_OK;
+}
+
+enum tern_status tern_gpu_new(struct tern_vk *vk, const struct tern_model *m, uint32_t n_chunk, struct tern_gpu **out) {
+    return gpu_make(vk, m, NULL, n_chunk, out);
+}
+
+enum tern_status tern_gpu_new_head(const struct tern_gpu *main, const struct tern_model *head, uint32_t n_chunk,
+                                   struct tern_gpu **out) {
+    return gpu_make(main->vk, head, main, n_chunk, out);
 }
 
 uint32_t tern_gpu_n_chunk(const struct tern_gpu *g) { return g->n_chunk; }
@@ -643,7 +729,7 @@ size_t tern_gpu_state_need(const struct tern_gpu *g, uint32_t n_ctx, bool f16_kv
 void tern_gpu_state_free(struct tern_gpu_state *st) {
     if (!st) return;
     struct tern_gpu *g = st->g;
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(g->mu);
     for (uint32_t il = 0; il < g->m->n_layer; il++) {
         if (st->kc) tern_vk_buf_free(st->kc[il]);
         if (st->vc) tern_vk_buf_free(st->vc[il]);
@@ -652,7 +738,7 @@ void tern_gpu_state_free(struct tern_gpu_state *st) {
     }
     tern_vk_buf_free(st->trail);
     g->state_bytes -= st->bytes;
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(g->mu);
     free(st->kc);
     free(st->vc);
     free(st->win);
@@ -682,9 +768,9 @@ enum tern_status tern_gpu_state_new(struct tern_gpu *g, uint32_t n_ctx, bool f16
     if (n_ctx == 0) return tern_errorf(TERN_ERR_INVALID, "gpu: a context of 0 positions");
     const size_t need = tern_gpu_state_need(g, n_ctx, f16_kv);
     const uint64_t have = device_bytes(g);
-    pthread_mutex_lock(&g->mu);
-    const size_t used = g->bytes + g->state_bytes + g->ckpt_bytes, ckb = g->ckpt_bytes;
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_lock(g->mu);
+    const size_t used = used_bytes(g), ckb = g->ckpt_bytes;
+    pthread_mutex_unlock(g->mu);
     if (have && used + (uint64_t)need > have)
         return tern_errorf(TERN_ERR_NOMEM,
                            "gpu: a session of %u positions needs %.1f MiB of device memory (KV cache %s and recurrent "
@@ -703,7 +789,7 @@ enum tern_status tern_gpu_state_new(struct tern_gpu *g, uint32_t n_ctx, bool f16
     st->win = tern_calloc(m->n_layer, sizeof *st->win);
     st->S = tern_calloc(m->n_layer, sizeof *st->S);
     enum tern_status s = st->kc && st->vc && st->win && st->S ? TERN_OK : tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(g->mu);
     for (uint32_t il = 0; il < m->n_layer && !s; il++) {
         const struct model_layer *L = &m->layers[il];
         if (L->kind == LAYER_ATTN) {
@@ -727,7 +813,7 @@ enum tern_status tern_gpu_state_new(struct tern_gpu *g, uint32_t n_ctx, bool f16
     }
     if (!s) s = rec_upload_locked(g, st, NULL);
     g->state_bytes += st->bytes;
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(g->mu);
     if (s) {
         tern_error_prefix(s, "gpu: a session's state of %u positions (%.1f MiB)", n_ctx, mib(need));
         tern_gpu_state_free(st);
@@ -738,16 +824,16 @@ enum tern_status tern_gpu_state_new(struct tern_gpu *g, uint32_t n_ctx, bool f16
 }
 
 enum tern_status tern_gpu_rec_upload(struct tern_gpu *g, struct tern_gpu_state *st, const void *rec) {
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(g->mu);
     enum tern_status s = rec_upload_locked(g, st, rec);
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(g->mu);
     return s;
 }
 
 enum tern_status tern_gpu_rec_download(struct tern_gpu *g, struct tern_gpu_state *st, void *rec) {
     const struct tern_model *m = g->m;
     enum tern_status s = TERN_OK;
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(g->mu);
     for (uint32_t il = 0; il < m->n_layer && !s; il++) {
         const struct model_layer *L = &m->layers[il];
         if (L->kind != LAYER_RECURRENT) continue;
@@ -755,7 +841,7 @@ enum tern_status tern_gpu_rec_download(struct tern_gpu *g, struct tern_gpu_state
         s = tern_vk_download(st->win[il], 0, blk + L->bufs[0].offset, L->bufs[0].bytes);
         if (!s) s = tern_vk_download(st->S[il], 0, blk + L->bufs[1].offset, L->bufs[1].bytes);
     }
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(g->mu);
     return s;
 }
 
@@ -767,12 +853,12 @@ static enum tern_status kv_copy(struct tern_gpu *g, struct tern_gpu_state *st, u
     struct tern_vk_buf *b = v ? st->vc[il] : st->kc[il];
     enum tern_status s = TERN_OK;
     if (p0 == p1) return TERN_OK;
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(g->mu);
     for (uint32_t h = 0; h < L->n_kv_head && !s; h++) {
         const size_t off = ((size_t)h * st->n_ctx + p0) * row, bytes = (size_t)(p1 - p0) * row;
         s = up ? tern_vk_upload(b, off, buf + h * run_bytes, bytes) : tern_vk_download(b, off, buf + h * run_bytes, bytes);
     }
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(g->mu);
     return s;
 }
 
@@ -789,11 +875,13 @@ enum tern_status tern_gpu_kv_upload(struct tern_gpu *g, struct tern_gpu_state *s
 /* One chunk of n tokens at positions [pos0, pos0 + n) (g->mu held): the architecture's
  * forward on the device, one submit. */
 static enum tern_status eval_chunk(struct tern_gpu *g, struct tern_gpu_state *S, uint32_t pos0, const int32_t *toks,
-                                   uint32_t n, float *logits, bool logits_all, bool trail, uint32_t slot0) {
+                                   uint32_t n, float *logits, bool logits_all, const struct tern_gpu_io *io,
+                                   uint32_t slot0) {
     const struct tern_model *m = g->m;
     const struct model_seq seq = {.row0 = 0, .n = n, .pos0 = pos0, .want = logits != NULL, .all = logits_all};
     const struct model_batch b = {.toks = toks, .n = n, .seq = &seq, .n_seq = 1, .logits = logits};
-    struct gpu_step p = {.g = g, .S = S, .pos0 = pos0, .n = n, .trail = trail, .slot0 = slot0};
+    struct gpu_step p = {.g = g, .S = S, .pos0 = pos0, .n = n, .io = io, .trail = io && io->trail && m->rec_bytes,
+                         .slot0 = slot0};
     const struct model_step f = {&gpu_ops, &p, m, &b};
     m->arch->forward(&f, g->rs);
     if (!p.st && p.recording) p.st = tern_vk_end(g->vk);
@@ -805,22 +893,27 @@ static enum tern_status eval_chunk(struct tern_gpu *g, struct tern_gpu_state *S,
         (void)tern_vk_end(g->vk);
         return tern_errorf(p.st, "%s", why);
     }
+    if (!p.st && p.hid_rows) {
+        const size_t E = m->hp.n_embd, k = p.hid_skip;
+        p.st = tern_vk_download(g->hid, k * E * sizeof(float), io->hidden_out + (size_t)(pos0 + k - io->hidden_pos0) * E,
+                                (size_t)(n - k) * E * sizeof(float));
+    }
     if (p.st || !logits) return p.st;
     const size_t nv = m->hp.n_vocab;
     if (logits_all) return tern_vk_download(g->logits, 0, logits, (size_t)n * nv * sizeof(float));
     return tern_vk_download(g->logits, (size_t)(n - 1) * nv * sizeof(float), logits, nv * sizeof(float));
 }
 
-static enum tern_status eval_n(struct tern_gpu *g, struct tern_gpu_state *S, uint32_t pos0, const int32_t *toks,
-                               uint32_t n, uint32_t n_chunk, float *logits, bool logits_all, bool trail,
-                               uint32_t slot0) {
+enum tern_status tern_gpu_eval_io(struct tern_gpu *g, struct tern_gpu_state *S, uint32_t pos0, const int32_t *toks,
+                                  uint32_t n, uint32_t n_chunk, float *logits, bool logits_all,
+                                  const struct tern_gpu_io *io) {
     const uint32_t nv = g->m->hp.n_vocab;
     TERN_ASSERT(S->g == g && pos0 + (uint64_t)n <= S->n_ctx);
-    TERN_ASSERT(!trail || slot0 + (uint64_t)n <= S->trail_cap);
+    TERN_ASSERT(!io || !io->trail || !g->m->rec_bytes || io->slot0 + (uint64_t)n <= S->trail_cap);
     if (n_chunk == 0 || n_chunk > g->n_chunk) n_chunk = g->n_chunk;
     enum tern_status st = TERN_OK;
     /* the scratch is shared by every state: one chunk at a time */
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(g->mu);
     for (uint32_t i = 0, c; i < n && !st; i += c) {
         c = n - i < n_chunk ? n - i : n_chunk;
         bool last = i + c == n;
@@ -829,21 +922,15 @@ static enum tern_status eval_n(struct tern_gpu *g, struct tern_gpu_state *S, uin
          * changes no bits (chunk invariance) and saves n - 1 rows of the output matmul. */
         if (last && logits && !logits_all && c > 1) c--, last = false;
         float *lg = logits_all ? logits + (size_t)i * nv : last ? logits : NULL;
-        st = eval_chunk(g, S, pos0 + i, toks + i, c, lg, logits_all, trail, slot0 + i);
+        st = eval_chunk(g, S, pos0 + i, toks + i, c, lg, logits_all, io, (io ? io->slot0 : 0) + i);
     }
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(g->mu);
     return st;
 }
 
 enum tern_status tern_gpu_eval(struct tern_gpu *g, struct tern_gpu_state *S, uint32_t pos0, const int32_t *toks,
                                uint32_t n, uint32_t n_chunk, float *logits, bool logits_all) {
-    return eval_n(g, S, pos0, toks, n, n_chunk, logits, logits_all, false, 0);
-}
-
-enum tern_status tern_gpu_eval_trail(struct tern_gpu *g, struct tern_gpu_state *S, uint32_t pos0,
-                                     const int32_t *toks, uint32_t n, float *logits, bool logits_all,
-                                     uint32_t slot0) {
-    return eval_n(g, S, pos0, toks, n, 0, logits, logits_all, g->m->rec_bytes > 0, slot0);
+    return tern_gpu_eval_io(g, S, pos0, toks, n, n_chunk, logits, logits_all, NULL);
 }
 
 enum tern_status tern_gpu_trail_reserve(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t n) {
@@ -851,8 +938,8 @@ enum tern_status tern_gpu_trail_reserve(struct tern_gpu *g, struct tern_gpu_stat
     if (!rb || n <= st->trail_cap) return TERN_OK;
     const size_t need = (size_t)n * rb, had = (size_t)st->trail_cap * rb;
     const uint64_t have = device_bytes(g);
-    pthread_mutex_lock(&g->mu);
-    const size_t used = g->bytes + g->state_bytes + g->ckpt_bytes - had;
+    pthread_mutex_lock(g->mu);
+    const size_t used = used_bytes(g) - had;
     enum tern_status s = TERN_OK;
     if (have && used + (uint64_t)need > have)
         s = tern_errorf(TERN_ERR_NOMEM, "gpu: a state trail of %u positions (%.1f MiB) does not fit the %.1f MiB left "
@@ -867,7 +954,7 @@ enum tern_status tern_gpu_trail_reserve(struct tern_gpu *g, struct tern_gpu_stat
         st->bytes += need - had;
         g->state_bytes += need - had;
     }
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(g->mu);
     return s;
 }
 
@@ -930,9 +1017,9 @@ enum tern_status tern_gpu_model_eval(struct tern_gpu_model *gm, const int32_t *t
 
 /* Takes mu and opens a recording for copies; on failure mu is not held. */
 static enum tern_status copies_begin(struct tern_gpu *g) {
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(g->mu);
     const enum tern_status s = tern_vk_begin(g->vk);
-    if (s) pthread_mutex_unlock(&g->mu);
+    if (s) pthread_mutex_unlock(g->mu);
     return s;
 }
 
@@ -947,7 +1034,7 @@ static enum tern_status copies_end(struct tern_gpu *g, enum tern_status s) {
         (void)tern_vk_end(g->vk);
         s = tern_errorf(s, "%s", why);
     }
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(g->mu);
     return s;
 }
 
@@ -978,9 +1065,9 @@ enum tern_status tern_gpu_state_copy(struct tern_gpu *g, const struct tern_gpu_s
 }
 
 size_t tern_gpu_ckpt_bytes(struct tern_gpu *g) {
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(g->mu);
     const size_t b = g->ckpt_bytes;
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(g->mu);
     return b;
 }
 
@@ -988,24 +1075,24 @@ enum tern_status tern_gpu_rec_new(struct tern_gpu *g, struct tern_vk_buf **out) 
     *out = NULL;
     const size_t need = g->m->rec_bytes;
     const uint64_t have = device_bytes(g);
-    pthread_mutex_lock(&g->mu);
-    const size_t used = g->bytes + g->state_bytes + g->ckpt_bytes;
+    pthread_mutex_lock(g->mu);
+    const size_t used = used_bytes(g);
     enum tern_status s = TERN_OK;
     if (have && used + (uint64_t)need > have)
         s = tern_errorf(TERN_ERR_NOMEM, "gpu: a checkpoint of %.2f MiB does not fit the %.1f MiB left of device '%s'",
                         mib(need), mib(have > used ? have - used : 0), tern_vk_info(g->vk)->name);
     if (!s) s = tern_vk_buf_new(g->vk, need, out);
     if (!s) g->ckpt_bytes += need;
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(g->mu);
     return s;
 }
 
 void tern_gpu_rec_free(struct tern_gpu *g, struct tern_vk_buf *b) {
     if (!b) return;
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(g->mu);
     tern_vk_buf_free(b);
     g->ckpt_bytes -= g->m->rec_bytes;
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(g->mu);
 }
 
 /* The recurrent parts of st to (save) or from b, laid out as the recurrent block at byte
@@ -1046,8 +1133,8 @@ enum tern_status tern_gpu_trail_load(struct tern_gpu *g, struct tern_gpu_state *
 }
 
 enum tern_status tern_gpu_rec_read(struct tern_gpu *g, const struct tern_vk_buf *b, void *rec) {
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(g->mu);
     enum tern_status s = tern_vk_download((struct tern_vk_buf *)(uintptr_t)b, 0, rec, g->m->rec_bytes);
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(g->mu);
     return s;
 }

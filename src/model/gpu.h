@@ -38,6 +38,11 @@ struct tern_vk_buf;
  * before anything is allocated, and the message has both). vk and m must outlive it. */
 enum tern_status tern_gpu_new(struct tern_vk *vk, const struct tern_model *m, uint32_t n_chunk, struct tern_gpu **out);
 void tern_gpu_free(struct tern_gpu *g);
+/* The MTP head of main's model (head: the head's model view, arch qwen35-mtp, model/mtp.c)
+ * on main's device: its own weights uploaded, the rest (a shared output matrix) found in
+ * main's; it takes main's lock. main must outlive it. */
+enum tern_status tern_gpu_new_head(const struct tern_gpu *main, const struct tern_model *head, uint32_t n_chunk,
+                                   struct tern_gpu **out);
 uint32_t tern_gpu_n_chunk(const struct tern_gpu *g);
 /* Device bytes of the weights and the scratch. */
 size_t tern_gpu_bytes(const struct tern_gpu *g);
@@ -60,15 +65,27 @@ enum tern_status tern_gpu_eval(struct tern_gpu *g, struct tern_gpu_state *st, ui
 /* The recurrent-state trail (speculative verification of a hybrid model, tern_eval_opts.
  * rec_trail), kept on the device: trail_reserve makes room in st for n states (a device
  * buffer [n][rec_bytes] laid out as the recurrent block; what it held is lost when it
- * grows; TERN_ERR_NOMEM, with the sizes, when the device has no room). eval_trail is
- * tern_gpu_eval (every token's logits when logits_all, else the last one's) that also
- * copies the recurrent state after token i into slot slot0 + i (slot0 + n within the
- * room): each DeltaNet layer then runs token by token, the same dispatches as chunks of
- * one, so the bits are the eval's. trail_load sets st's recurrent state from a slot. */
+ * grows; TERN_ERR_NOMEM, with the sizes, when the device has no room). tern_gpu_eval_io
+ * with io->trail (below) also copies the recurrent state after token i into slot
+ * slot0 + i (slot0 + n within the room): each DeltaNet layer then runs token by token,
+ * the same dispatches as chunks of one, so the bits are the eval's. trail_load sets st's
+ * recurrent state from a slot. tern_gpu_eval_io is tern_gpu_eval with what io asks
+ * besides the logits: the trail, the MTP head's hidden states in and out. */
 enum tern_status tern_gpu_trail_reserve(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t n);
-enum tern_status tern_gpu_eval_trail(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t pos0,
-                                     const int32_t *toks, uint32_t n, float *logits, bool logits_all,
-                                     uint32_t slot0);
+struct tern_gpu_io {
+    bool trail;     /* the recurrent state after token i into trail slot slot0 + i */
+    uint32_t slot0;
+    /* An MTP head's input: the main model's hidden state of position p at
+     * hidden_in + (p - hidden_pos0) * n_embd. The output-normed hidden state of every
+     * position p >= hidden_pos0 goes to hidden_out likewise (a model with an MTP head, or
+     * the head itself). NULL: none. */
+    const float *hidden_in;
+    float *hidden_out;
+    uint32_t hidden_pos0;
+};
+enum tern_status tern_gpu_eval_io(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t pos0, const int32_t *toks,
+                                  uint32_t n, uint32_t n_chunk, float *logits, bool logits_all,
+                                  const struct tern_gpu_io *io);
 enum tern_status tern_gpu_trail_load(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t slot);
 
 /* The recurrent parts to / from rec, laid out as the model's recurrent block

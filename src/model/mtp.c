@@ -2,6 +2,7 @@
 #include "model/mtp.h"
 
 #include "model/arch-qwen35.h"
+#include "model/gpu.h"
 #include "model/model.h"
 
 #include "util/mem.h"
@@ -13,7 +14,8 @@
 struct tern_mtp {
     /* The head's view of the model: the same weights, tokenizer and thread pool, one
      * attention layer, its own workspace and lock. Never loaded or unloaded: the main
-     * model owns everything it points at. */
+     * model owns everything it points at, except, when the main model is on a device,
+     * the head's tern_gpu there (m.gpu: its own weights, the main's lock). */
     struct tern_model m;
     struct model_layer layer;
     struct tern_session *s;
@@ -30,9 +32,6 @@ enum tern_status tern_mtp_new(const struct tern_session *main, struct tern_mtp *
     if (!mm->info.has_mtp)
         return tern_errorf(TERN_ERR_UNSUPPORTED, "mtp: model '%s' (%s) has no MTP block (nextn_predict_layers and blk.N.nextn.* tensors)",
                            mm->info.name ? mm->info.name : "?", mm->info.arch ? mm->info.arch : "?");
-    if (mm->gpu)
-        return tern_errorf(TERN_ERR_UNSUPPORTED, "mtp: the MTP head runs on the CPU only, and the model is on %s",
-                           mm->device);
     struct tern_mtp *h = tern_calloc(1, sizeof *h);
     if (!h) return tern_errorf(TERN_ERR_NOMEM, "mtp: out of memory");
     h->m = *mm;
@@ -49,6 +48,20 @@ enum tern_status tern_mtp_new(const struct tern_session *main, struct tern_mtp *
     h->m.info.n_recurrent_layers = 0;
     h->m.info.hybrid = false;
     h->m.info.recurrent_bytes = 0;
+    /* none of the main model's checkpoints kept in device memory are the head's */
+    pthread_mutex_init(&h->m.ckpt_mu, NULL);
+    h->m.ckpt_vram_budget = h->m.ckpt_vram_bytes = 0;
+    h->m.ckpt_vram_n = 0;
+    h->m.ckpt_oldest = h->m.ckpt_newest = NULL;
+    h->m.gpu = NULL;
+    if (mm->gpu) {
+        /* on the main model's device: the head's own weights uploaded beside the main's */
+        enum tern_status st = tern_gpu_new_head(mm->gpu, &h->m, 64, &h->m.gpu);
+        if (st) {
+            tern_mtp_free(h);
+            return tern_error_prefix(st, "mtp: the head on %s", mm->device);
+        }
+    }
     const struct tern_session_params p = {.n_ctx = main->n_ctx, .kv_type = main->kv_type, .n_chunk = 64};
     enum tern_status st = tern_session_new(&h->m, &p, &h->s);
     if (st) {
@@ -62,10 +75,12 @@ enum tern_status tern_mtp_new(const struct tern_session *main, struct tern_mtp *
 void tern_mtp_free(struct tern_mtp *h) {
     if (!h) return;
     tern_session_free(h->s);
+    tern_gpu_free(h->m.gpu);
     pthread_mutex_lock(&h->m.eval_mu);
     model_ws_free(&h->m);
     pthread_mutex_unlock(&h->m.eval_mu);
     pthread_mutex_destroy(&h->m.eval_mu);
+    pthread_mutex_destroy(&h->m.ckpt_mu);
     free(h);
 }
 

@@ -531,12 +531,14 @@ void model_ckpt_vram_release(struct tern_model *m) {
 }
 
 /* One chunk on the device (the CPU's forward otherwise); with a trail (the state's trail
- * reserved), the recurrent state after token i goes to trail slot slot0 + i. */
+ * reserved), the recurrent state after token i goes to trail slot slot0 + i; the hidden
+ * states the session captures (or, an MTP head's, reads) as on the CPU. */
 static enum tern_status gpu_chunk(struct tern_session *s, const int32_t *toks, uint32_t n, float *logits, bool all,
                                   bool trail, uint32_t slot0) {
     s->rec_stale = true; /* also on failure: the device's state is then undefined */
-    enum tern_status st = trail ? tern_gpu_eval_trail(s->m->gpu, s->gpu, s->n_past, toks, n, logits, all, slot0)
-                                : tern_gpu_eval(s->m->gpu, s->gpu, s->n_past, toks, n, n, logits, all);
+    const struct tern_gpu_io io = {.trail = trail, .slot0 = slot0, .hidden_in = s->hidden_in,
+                                   .hidden_out = s->hidden_out, .hidden_pos0 = s->hidden_pos0};
+    enum tern_status st = tern_gpu_eval_io(s->m->gpu, s->gpu, s->n_past, toks, n, n, logits, all, &io);
     if (st) TERN_LOG_ERROR("session: the device failed at position %u: %s", s->n_past, tern_last_error());
     return st;
 }

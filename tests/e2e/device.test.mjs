@@ -11,8 +11,9 @@
 // - predictive priming primes on the device in idle time, and the next turn equals cold;
 // - a client that disconnects cancels its request; the engine stays consistent;
 // - a lost device (TERN_TEST_VK_LOSE_AFTER) fails the request with 500, logged;
-// - --spec ngram verifies its drafts on the device (a hybrid's state trail there) and
-//   answers as the cold server does, with the same state;
+// - --spec ngram verifies its drafts on the device (a hybrid's state trail there), and
+//   --spec mtp drafts with the head on the device; both answer as the cold server does,
+//   with the same state;
 // - $TERN_DEVICE chooses the device as --device does.
 // Skips (77) without a Vulkan device unless TERN_REQUIRE_VULKAN=1.
 import { test, before, after } from 'node:test';
@@ -234,6 +235,33 @@ for (const arch of ['qwen3', 'qwen35']) {
     }
   });
 }
+
+test('qwen35: --spec mtp drafts with the head on the device; the answers are the plain ones', async () => {
+  // an echo MTP head on a tied model that repeats itself: its drafts are accepted
+  const m = join(dir, 'echo.gguf');
+  const r = spawnSync(bin, ['mkmodel', '--preset', 'tiny-qwen35', '--n-layer', '4', '--mtp', '1', '--mtp-echo', '--tied',
+    '--out', m], { encoding: 'utf8' });
+  assert.equal(r.status, 0, r.stderr);
+  const srv = await startServer(['--model', m, '--device', 'vulkan:0', ...common, '--spec', 'mtp', '--spec-max', '4'],
+    offEnv);
+  const off = await startServer(['--model', m, '--device', 'vulkan:0', ...common, '--spec', 'off'], offEnv);
+  try {
+    const u1 = { role: 'user', content: 'Repeat exactly: alpha beta gamma delta alpha beta gamma delta' };
+    for (const [i, body] of [{ messages: [u1], max_tokens: 32 }, { messages: [u1], max_tokens: 2 }].entries()) {
+      const a = await chat(srv, { ...body, cache_salt: `mtp-${i}` });
+      const c = await chat(off, { ...body, cache_salt: `mtp-cold-${i}` });
+      assert.deepEqual(a.choices[0].message, c.choices[0].message, 'the same answer as --spec off');
+      assert.deepEqual(a.usage, c.usage, 'the same usage');
+      assert.equal(await stateHash(srv, a.id), await stateHash(off, c.id), 'the same state');
+    }
+    const drafted = await metric(srv, 'tern_spec_drafted_tokens_total');
+    const accepted = await metric(srv, 'tern_spec_accepted_tokens_total');
+    assert.ok(drafted > 0 && accepted > 0, `drafted ${drafted}, accepted ${accepted}`);
+  } finally {
+    assert.equal(await srv.stop(), 0);
+    assert.equal(await off.stop(), 0);
+  }
+});
 
 test('a client that disconnects cancels its request; the engine stays consistent', async () => {
   const srv = servers.qwen35.on;

@@ -2,8 +2,8 @@
 # tern run --device: generation through the GPU forward pass (model/gpu.h) gives the CPU's
 # greedy ids on F32 models (a generated qwen2 and qwen3, and the kit's stories260K,
 # tiny-qwen3moe and tiny-qwen35moe when present); TERN_DEVICE does what --device does;
-# auto says which device it took and why; --spec ngram and the oracle on the device print
-# the ids of --spec off there; a machine without Vulkan gets a message naming
+# auto says which device it took and why; --spec ngram, the oracle and --spec mtp on the
+# device print the ids of --spec off there; a machine without Vulkan gets a message naming
 # what is missing (vulkan) or the CPU (auto). Skips (77) without a Vulkan device unless
 # TERN_REQUIRE_VULKAN=1.
 set -u
@@ -61,13 +61,13 @@ grep -q "decode: .* t/s" "$tmp/err" || fail "no speed line: $(cat "$tmp/err")"
 "$bin" run -m "$m" --ids "5 6 7" -n 0 --dump-logits "$tmp/g.f32" -c 64 --device vulkan:0 >/dev/null 2>&1 || fail "gpu dump"
 [ "$(stat -c %s "$tmp/g.f32")" -eq "$(stat -c %s "$tmp/c.f32")" ] || fail "gpu dump size differs"
 
-# errors: a bad value, a device that is not there, --spec mtp (CPU-only), a prompt past the context
+# errors: a bad value, a device that is not there, --spec mtp without a head, a prompt past the context
 "$bin" run -m "$m" --ids "1" -n 1 --device gpu 2>"$tmp/err" >/dev/null; rc=$?
 [ $rc -eq 2 ] && grep -q "cpu, vulkan, vulkan:N, auto" "$tmp/err" || fail "bad --device: exit $rc, $(cat "$tmp/err")"
 "$bin" run -m "$m" --ids "1" -n 1 --device vulkan:9 2>"$tmp/err" >/dev/null; rc=$?
 [ $rc -eq 1 ] && grep -q "no such device" "$tmp/err" || fail "vulkan:9: exit $rc, $(cat "$tmp/err")"
 "$bin" run -m "$m" --ids "1" -n 1 --spec mtp --device vulkan:0 2>"$tmp/err" >/dev/null; rc=$?
-[ $rc -eq 2 ] && grep -q "CPU only" "$tmp/err" || fail "--spec mtp on the GPU: exit $rc, $(cat "$tmp/err")"
+[ $rc -eq 1 ] && grep -q "no MTP block" "$tmp/err" || fail "--spec mtp without a head on the GPU: exit $rc, $(cat "$tmp/err")"
 "$bin" run -m "$m" --ids "1 2 3 4 5 6 7 8" -c 4 -n 1 --device vulkan:0 2>"$tmp/err" >/dev/null; rc=$?
 [ $rc -eq 1 ] && grep -q "8" "$tmp/err" && grep -q "4" "$tmp/err" || fail "too-long prompt on the GPU: exit $rc, $(cat "$tmp/err")"
 
@@ -98,6 +98,30 @@ for sm in "$tmp/q35.gguf" "$m"; do
     esac
   done
   echo "ok $(basename "$sm"): --spec ngram and the oracle on vulkan:0 print the ids of --spec off, one state"
+done
+# --spec mtp on the device (the head there too, reading the hidden states the device
+# forward captures): a random head (drafts rejected) and an echo head (accepted), at
+# drafts of 1, 4 and 8, print the ids of --spec off there and end in one state
+"$bin" mkmodel --preset tiny-qwen35 --n-layer 4 --mtp 1 --out "$tmp/mtp.gguf" >/dev/null 2>&1 || fail "mkmodel --mtp"
+"$bin" mkmodel --preset tiny-qwen35 --n-layer 4 --mtp 1 --mtp-echo --tied --out "$tmp/echo.gguf" >/dev/null 2>&1 ||
+  fail "mkmodel --mtp-echo"
+for sm in "$tmp/mtp.gguf" "$tmp/echo.gguf"; do
+  srun() { TERN_STATE_HASH=1 "$bin" run -m "$sm" -p "Once upon a time, there was a little girl. Once upon a time" \
+    -n 40 --temp 0 -c 256 --print-ids --device vulkan:0 "$@"; }
+  srun --spec off >"$tmp/off.ids" 2>"$tmp/off.err" || fail "$sm: --spec off on the GPU: $(cat "$tmp/off.err")"
+  h0=
+  for args in "--spec mtp --spec-max 1" "--spec mtp --spec-max 4" "--spec mtp"; do
+    # shellcheck disable=SC2086
+    srun $args >"$tmp/spec.ids" 2>"$tmp/spec.err" || fail "$sm: $args on the GPU: $(cat "$tmp/spec.err")"
+    cmp -s "$tmp/off.ids" "$tmp/spec.ids" || fail "$sm: $args printed other ids than --spec off on the GPU"
+    h=$(grep state-hash "$tmp/spec.err") || fail "$sm: $args: no state hash"
+    [ -z "$h0" ] && h0=$h
+    [ "$h" = "$h0" ] || fail "$sm: $args ended in another state: $h vs $h0"
+    line=$(grep -o 'spec mtp: drafted=[0-9]* accepted=[0-9]*' "$tmp/spec.err") || fail "$sm: $args: no mtp stats"
+    echo "$line" | grep -Eq "drafted=[1-9]" || fail "$sm: $args drafted nothing: $line"
+    case "$sm" in *echo*) echo "$line" | grep -Eq "accepted=[1-9]" || fail "$sm: the echo head's drafts: $line" ;; esac
+  done
+  echo "ok $(basename "$sm"): --spec mtp on vulkan:0 prints the ids of --spec off, one state"
 done
 
 # no Vulkan loader: vulkan names what is missing; auto runs on the CPU and says why
