@@ -1,10 +1,12 @@
 /* The Vulkan backend of the layer seam (model/backend.h, model/gpu.h): the
  * architectures' own forward passes (llama/qwen2/qwen3/qwen3moe's llama_forward, the
- * Qwen3.5 hybrids' q35_forward) run on device buffers, each operation recorded into one
- * command buffer per chunk (one submit, one wait, the logits read back). Weights are
- * uploaded once, in their own types (dequantized in the shaders), and found again by
- * their host address; the activations of the architecture's RunState, the KV cache and
- * the recurrent state live on the device.
+ * Qwen3.5 hybrids' q35_forward, the MTP head's q35_mtp_forward) run on device buffers,
+ * each operation recorded into one command buffer per chunk (one submit, one wait, the
+ * logits read back). Weights are uploaded once, in their own types (dequantized in the
+ * shaders) — which ones, the forward itself says: it runs once on an uploading backend
+ * whose operations upload every weight they are handed — and found again by their host
+ * address; the activations of the architecture's RunState, the KV cache and the
+ * recurrent state live on the device.
  *
  * The MoE feed-forward (moe.h's math) stays on the device too: the router's logits, the
  * routing (softmax, top-k with ties to the lowest id, renormalised weights) per token, the
@@ -16,13 +18,11 @@
  *
  * What runs on the host: the step's inputs, the embedding rows (dequantized) and the RoPE
  * angles (model_rope_row_angles, the CPU's exact values), uploaded before the step's
- * recording starts (an upload may need the command buffer, vulkan.c). Not on the device:
- * the MTP head (hidden_in, concat_rows), which speculative decoding runs on the CPU. */
+ * recording starts (an upload may need the command buffer, vulkan.c), and the MTP head's
+ * input rows (the main model's hidden states, read back after its steps). */
 #include "model/gpu.h"
 
 #include "backend/vulkan.h"
-#include "model/arch-llama.h"
-#include "model/arch-qwen35.h"
 #include "model/backend.h"
 #include "util/mem.h"
 
@@ -59,6 +59,7 @@ struct tern_gpu {
     float *host_x, *host_cs; /* (n_chunk, n_embd), (n_chunk, n_rot) staging of the inputs */
     float *zeros;            /* (zeros_n) for resetting the recurrent state */
     size_t zeros_n;
+    const struct tern_deltanet_shape *dn; /* the DeltaNet layers' shape (NULL: none) */
     /* One token's rows of a DeltaNet layer's inputs and outputs (the qwen35 family), for
      * evaluations with a state trail: qkv_raw and qkv (C), z and out (n_v d_v), beta and
      * alpha (n_v). */
@@ -178,102 +179,6 @@ static enum tern_status upload_moe(struct tern_gpu *g, const struct moe_hparams 
         (st = put_mat(g, &ml->sh_down)))
         return st;
     return TERN_OK;
-}
-
-/* The attention-only family's weights. */
-static enum tern_status upload_llama(struct tern_gpu *g) {
-    const struct tern_model *m = g->m;
-    const struct model_hparams *hp = &m->hp;
-    const struct llama_weights *w = m->w;
-    const size_t E = hp->n_embd, hd = hp->head_dim_k, nq = (size_t)hp->n_head * hd, nkv = (size_t)hp->n_head_kv * hd;
-    enum tern_status st = TERN_OK;
-    for (uint32_t il = 0; il < m->n_layer && !st; il++) {
-        const struct llama_layer *l = &w->layers[il];
-        if ((st = put_vec(g, l->attn_norm, E)) || (st = put_vec(g, l->bq, nq)) || (st = put_vec(g, l->bk, nkv)) ||
-            (st = put_vec(g, l->bv, nkv)) || (st = put_vec(g, l->ffn_norm, E)) || (st = put_vec(g, l->q_norm, hd)) ||
-            (st = put_vec(g, l->k_norm, hd)) || (st = put_mat(g, &l->wq)) || (st = put_mat(g, &l->wk)) ||
-            (st = put_mat(g, &l->wv)) || (st = put_mat(g, &l->wo)))
-            break;
-        if (w->var.moe) st = upload_moe(g, &w->moe, &l->moe);
-        else if (!(st = put_mat(g, &l->w_gate)) && !(st = put_mat(g, &l->w_up))) st = put_mat(g, &l->w_down);
-    }
-    if (!st) st = put_vec(g, w->out_norm, E);
-    if (!st) st = put_mat(g, &w->output);
-    return st;
-}
-
-/* One Qwen3.5 decoder layer's weights (prm: room for a DeltaNet layer's packed parameters). */
-static enum tern_status upload_q35_layer(struct tern_gpu *g, const struct q35_layer *l, float *prm) {
-    const struct tern_model *m = g->m;
-    const struct q35_weights *w = m->w;
-    const struct tern_deltanet_shape *dn = &w->dn;
-    const size_t E = m->hp.n_embd, hd = m->hp.head_dim_k;
-    const size_t C = tern_deltanet_channels(dn), nv = dn->n_v_heads;
-    enum tern_status st;
-    if ((st = put_vec(g, l->attn_norm, E)) || (st = put_vec(g, l->post_norm, E))) return st;
-    if (w->moe) st = upload_moe(g, &w->moe_hp, &l->moe);
-    else if (!(st = put_mat(g, &l->w_gate)) && !(st = put_mat(g, &l->w_up))) st = put_mat(g, &l->w_down);
-    if (st) return st;
-    if (l->recurrent) {
-        /* the deltanet shader's parameters: ssm_a | dt_bias | ssm_norm, keyed by ssm_a */
-        memcpy(prm, l->ssm_a, nv * sizeof(float));
-        memcpy(prm + nv, l->dt_bias, nv * sizeof(float));
-        memcpy(prm + 2 * nv, l->ssm_norm, dn->d_v * sizeof(float));
-        if ((st = put_mat(g, &l->wqkv)) || (st = put_mat(g, &l->wgate)) || (st = put_mat(g, &l->wbeta)) ||
-            (st = put_mat(g, &l->walpha)) || (st = put_mat(g, &l->wout)) ||
-            (st = put(g, l->conv_wt, l->conv_wt, dn->n_conv * C * sizeof(float))))
-            return st;
-        return put(g, l->ssm_a, prm, (2 * nv + dn->d_v) * sizeof(float));
-    }
-    if ((st = put_mat(g, &l->wq)) || (st = put_mat(g, &l->wk)) || (st = put_mat(g, &l->wv)) ||
-        (st = put_mat(g, &l->wo)) || (st = put_vec(g, l->q_norm, hd)))
-        return st;
-    return put_vec(g, l->k_norm, hd);
-}
-
-/* The MTP head's own weights (the rest, e.g. a shared output matrix, are the parent's). */
-static enum tern_status upload_q35_head(struct tern_gpu *g) {
-    const struct q35_weights *w = g->m->w;
-    const size_t E = g->m->hp.n_embd;
-    if (!w->has_mtp) return tern_errorf(TERN_ERR_INTERNAL, "gpu: the model has no MTP head");
-    enum tern_status st = upload_q35_layer(g, &w->mtp, NULL);
-    if (!st) st = put_vec(g, w->enorm, E);
-    if (!st) st = put_vec(g, w->hnorm, E);
-    if (!st) st = put_vec(g, w->head_norm, E);
-    if (!st) st = put_mat(g, &w->eh_proj);
-    if (!st) st = put_mat(g, &w->mtp_head);
-    return st;
-}
-
-/* Qwen3.5's weights. */
-static enum tern_status upload_qwen35(struct tern_gpu *g) {
-    const struct tern_model *m = g->m;
-    const struct model_hparams *hp = &m->hp;
-    const struct q35_weights *w = m->w;
-    const struct tern_deltanet_shape *dn = &w->dn;
-    const size_t E = hp->n_embd;
-    const size_t C = tern_deltanet_channels(dn), nv = dn->n_v_heads;
-    if (dn->d_k > 256 || dn->d_v > 256)
-        return tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: DeltaNet heads of %u/%u (the Vulkan recurrence takes at most 256)",
-                           dn->d_k, dn->d_v);
-    enum tern_status st = TERN_OK;
-    const size_t n_prm = 2 * nv + dn->d_v;
-    float *prm = tern_malloc(n_prm * sizeof(float));
-    if (!prm) return tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
-    for (uint32_t il = 0; il < w->n_layer && !st; il++) st = upload_q35_layer(g, &w->layers[il], prm);
-    free(prm);
-    if (!st) st = put_vec(g, w->out_norm, E);
-    if (!st) st = put_mat(g, &w->output);
-    g->zeros_n = TERN_MAX(tern_deltanet_state_floats(dn), (dn->n_conv - 1) * C);
-    if (!st && !(g->zeros = tern_calloc(g->zeros_n, sizeof(float)))) st = tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
-    const size_t nvd = nv * dn->d_v;
-    if (!st) st = scratch(g, C, &g->t_raw);
-    if (!st) st = scratch(g, C, &g->t_qkv);
-    if (!st) st = scratch(g, nvd, &g->t_z);
-    if (!st) st = scratch(g, nvd, &g->t_out);
-    if (!st) st = scratch(g, nv, &g->t_beta);
-    if (!st) st = scratch(g, nv, &g->t_alpha);
-    return st;
 }
 
 /* ---- the seam's operations on the device (backend.h) ---------------------------------- *
@@ -637,6 +542,222 @@ const struct model_ops gpu_ops = {
 };
 #undef DO
 
+/* ---- the weights: the forward run once on an uploading backend ------------------------ *
+ * Every operation handed a weight uploads it (once; a head's parent's are found, not
+ * uploaded again), so the device holds exactly the weights the architecture's forward
+ * names, whatever the architecture: the seam says which weights a forward uses by using
+ * them. The embedding table stays on the host (the step's input rows are dequantized
+ * there). The pass also sizes what the operations need on the device: the DeltaNet's
+ * one-token buffers and zeros, the hidden rows of a model with an MTP head. */
+
+struct gpu_upload {
+    struct tern_gpu *g;
+    enum tern_status st;
+    float *prm; /* a DeltaNet layer's packed parameters, staged */
+    size_t n_prm;
+};
+
+#define UP(f) ((struct gpu_upload *)(f)->be)
+
+static void up_keep(const struct model_step *f, enum tern_status st) {
+    if (!UP(f)->st) UP(f)->st = st;
+}
+
+static char up_act; /* every activation and MoE scratch of the pass: never read or written */
+
+static enum tern_status up_acts_new(void *ctx, const struct model_act_buf *bufs, size_t n_bufs, uint32_t n_chunk,
+                                    size_t *bytes) {
+    (void)ctx, (void)n_chunk, (void)bytes;
+    for (size_t i = 0; i < n_bufs; i++) *bufs[i].p = (struct model_act *)&up_act;
+    return TERN_OK;
+}
+
+static void up_act_free(void *ctx, struct model_act *a) { (void)ctx, (void)a; }
+
+static enum tern_status up_moe_ws_new(void *ctx, const struct tern_model *m, const struct moe_hparams *hp,
+                                      const struct moe_layer *layers, uint32_t n_layer, uint32_t n_chunk,
+                                      struct model_moe_ws **out, size_t *bytes) {
+    (void)ctx, (void)m, (void)hp, (void)layers, (void)n_layer, (void)n_chunk, (void)bytes;
+    *out = (struct model_moe_ws *)&up_act;
+    return TERN_OK;
+}
+
+static void up_moe_ws_free(void *ctx, struct model_moe_ws *ws) { (void)ctx, (void)ws; }
+
+/* the operations without weights */
+static void up_embed(const struct model_step *f, const struct mat *e, struct model_act *x) { (void)f, (void)e, (void)x; }
+static void up_rope_angles(const struct model_step *f, const struct model_rope *r, struct model_act *cs) {
+    (void)f, (void)r, (void)cs;
+}
+static void up_hidden_in(const struct model_step *f, struct model_act *x) { (void)f, (void)x; }
+static void up_add(const struct model_step *f, struct model_act *y, const struct model_act *x, uint32_t n) {
+    (void)f, (void)y, (void)x, (void)n;
+}
+static void up_swiglu(const struct model_step *f, struct model_act *g, const struct model_act *u, uint32_t n) {
+    (void)f, (void)g, (void)u, (void)n;
+}
+static void up_sigmoid_mul(const struct model_step *f, struct model_act *x, const struct model_act *g, uint32_t n) {
+    (void)f, (void)x, (void)g, (void)n;
+}
+static void up_split_heads(const struct model_step *f, const struct model_act *ab, struct model_act *a,
+                           struct model_act *b, uint32_t n_head, uint32_t head_dim) {
+    (void)f, (void)ab, (void)a, (void)b, (void)n_head, (void)head_dim;
+}
+static void up_concat_rows(const struct model_step *f, struct model_act *y, const struct model_act *a,
+                           const struct model_act *b, uint32_t n) {
+    (void)f, (void)y, (void)a, (void)b, (void)n;
+}
+static void up_rope(const struct model_step *f, const struct model_rope *r, struct model_act *q, uint32_t n_head,
+                    struct model_act *k, uint32_t n_head_kv, uint32_t head_dim, const struct model_act *cs) {
+    (void)f, (void)r, (void)q, (void)n_head, (void)k, (void)n_head_kv, (void)head_dim, (void)cs;
+}
+static void up_attention(const struct model_step *f, uint32_t il, const struct model_act *q, const struct model_act *k,
+                         const struct model_act *v, struct model_act *out, uint32_t n_head, float scale) {
+    (void)f, (void)il, (void)q, (void)k, (void)v, (void)out, (void)n_head, (void)scale;
+}
+
+/* the operations with weights */
+static void up_matmul(const struct model_step *f, const struct model_act *x, const struct model_mm *outs,
+                      size_t n_outs) {
+    (void)x;
+    for (size_t i = 0; i < n_outs; i++) up_keep(f, put_mat(UP(f)->g, outs[i].w));
+}
+
+static void up_rmsnorm(const struct model_step *f, struct model_act *y, const struct model_act *x, const float *w,
+                       uint32_t n, float eps) {
+    (void)y, (void)x, (void)eps;
+    up_keep(f, put_vec(UP(f)->g, w, n));
+}
+
+static void up_rmsnorm_heads(const struct model_step *f, struct model_act *x, const float *w, uint32_t n_head,
+                             uint32_t head_dim, float eps) {
+    (void)x, (void)n_head, (void)eps;
+    up_keep(f, put_vec(UP(f)->g, w, head_dim));
+}
+
+static void up_add_bias(const struct model_step *f, struct model_act *x, const float *bias, uint32_t n) {
+    (void)x;
+    up_keep(f, put_vec(UP(f)->g, bias, n));
+}
+
+static void up_moe(const struct model_step *f, const struct moe_hparams *hp, const struct moe_layer *L,
+                   struct model_moe_ws *ws, const struct model_act *h, struct model_act *out) {
+    (void)ws, (void)h, (void)out;
+    const uint32_t n_chunk = UP(f)->g->n_chunk;
+    if ((uint64_t)n_chunk * hp->n_used > 65535) {
+        up_keep(f, tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: chunks of %u tokens with %u experts each exceed the Vulkan "
+                                                     "matmul's 65535 slots (chunks of at most %u)",
+                               n_chunk, hp->n_used, 65535 / hp->n_used));
+        return;
+    }
+    up_keep(f, upload_moe(UP(f)->g, hp, L));
+}
+
+static void up_deltanet(const struct model_step *f, uint32_t il, const struct model_deltanet *d,
+                        const struct model_act *qkv_raw, struct model_act *qkv, const struct model_act *z,
+                        const struct model_act *beta, const struct model_act *alpha, struct model_act *out,
+                        struct model_act *dn_scratch) {
+    (void)il, (void)qkv_raw, (void)qkv, (void)z, (void)beta, (void)alpha, (void)out, (void)dn_scratch;
+    struct gpu_upload *u = UP(f);
+    struct tern_gpu *g = u->g;
+    const struct tern_deltanet_shape *dn = d->dn;
+    const size_t C = tern_deltanet_channels(dn), nv = dn->n_v_heads, nvd = nv * dn->d_v, n_prm = 2 * nv + dn->d_v;
+    if (dn->d_k > 256 || dn->d_v > 256) {
+        up_keep(f, tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: DeltaNet heads of %u/%u (the Vulkan recurrence takes at "
+                                                     "most 256)", dn->d_k, dn->d_v));
+        return;
+    }
+    if (u->n_prm < n_prm) {
+        float *p = realloc(u->prm, n_prm * sizeof(float));
+        if (!p) {
+            up_keep(f, tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory"));
+            return;
+        }
+        u->prm = p;
+        u->n_prm = n_prm;
+    }
+    /* the deltanet shader's parameters: ssm_a | dt_bias | ssm_norm, keyed by ssm_a */
+    memcpy(u->prm, d->p->ssm_a, nv * sizeof(float));
+    memcpy(u->prm + nv, d->p->dt_bias, nv * sizeof(float));
+    memcpy(u->prm + 2 * nv, d->p->norm_w, dn->d_v * sizeof(float));
+    up_keep(f, put(g, d->conv_wt, d->conv_wt, dn->n_conv * C * sizeof(float)));
+    up_keep(f, put(g, d->p->ssm_a, u->prm, n_prm * sizeof(float)));
+    g->dn = dn;
+    g->zeros_n = TERN_MAX(g->zeros_n, TERN_MAX(tern_deltanet_state_floats(dn), (dn->n_conv - 1) * C));
+    if (!g->t_raw) {
+        up_keep(f, scratch(g, C, &g->t_raw));
+        up_keep(f, scratch(g, C, &g->t_qkv));
+        up_keep(f, scratch(g, nvd, &g->t_z));
+        up_keep(f, scratch(g, nvd, &g->t_out));
+        up_keep(f, scratch(g, nv, &g->t_beta));
+        up_keep(f, scratch(g, nv, &g->t_alpha));
+    }
+}
+
+static void up_output(const struct model_step *f, const struct mat *out_w, const float *norm_w, float eps,
+                      const struct model_act *x, struct model_act *xb) {
+    (void)eps, (void)x, (void)xb;
+    up_keep(f, put_vec(UP(f)->g, norm_w, out_w->k));
+    up_keep(f, put_mat(UP(f)->g, out_w));
+}
+
+static void up_hidden_out(const struct model_step *f, const float *norm_w, float eps, const struct model_act *x) {
+    (void)eps, (void)x;
+    struct tern_gpu *g = UP(f)->g;
+    if (!f->m->info.has_mtp) return; /* no head reads it */
+    up_keep(f, put_vec(g, norm_w, f->m->hp.n_embd));
+    if (!g->hid) up_keep(f, scratch(g, (size_t)g->n_chunk * f->m->hp.n_embd, &g->hid));
+}
+
+static const struct model_ops upload_ops = {
+    .acts_new = up_acts_new,
+    .act_free = up_act_free,
+    .moe_ws_new = up_moe_ws_new,
+    .moe_ws_free = up_moe_ws_free,
+    .embed = up_embed,
+    .rope_angles = up_rope_angles,
+    .hidden_in = up_hidden_in,
+    .matmul = up_matmul,
+    .rmsnorm = up_rmsnorm,
+    .rmsnorm_heads = up_rmsnorm_heads,
+    .add_bias = up_add_bias,
+    .add = up_add,
+    .swiglu = up_swiglu,
+    .sigmoid_mul = up_sigmoid_mul,
+    .split_heads = up_split_heads,
+    .concat_rows = up_concat_rows,
+    .rope = up_rope,
+    .moe = up_moe,
+    .attention = up_attention,
+    .deltanet = up_deltanet,
+    .output = up_output,
+    .hidden_out = up_hidden_out,
+};
+#undef UP
+
+/* The weights g->m's forward names, uploaded: the forward run once over one row. */
+static enum tern_status upload_weights(struct tern_gpu *g) {
+    const struct tern_model *m = g->m;
+    struct gpu_upload u = {.g = g};
+    const struct model_backend be = {&upload_ops, &u};
+    void *rs = NULL;
+    enum tern_status st = m->arch->state_new(m, &be, 1, &rs);
+    if (!st) {
+        static float no_logits; /* output's target: the pass writes nothing */
+        const int32_t tok = 0;
+        const struct model_seq seq = {.n = 1, .want = true};
+        const struct model_batch b = {.toks = &tok, .n = 1, .seq = &seq, .n_seq = 1, .logits = &no_logits};
+        const struct model_step f = {&upload_ops, &u, m, &b};
+        m->arch->forward(&f, rs);
+        st = u.st;
+    }
+    if (rs) m->arch->state_free(rs);
+    free(u.prm);
+    if (!st && g->zeros_n && !(g->zeros = tern_calloc(g->zeros_n, sizeof(float))))
+        st = tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
+    return st;
+}
+
 /* The device-local bytes of g's device (0: unknown, nothing is checked). */
 static uint64_t device_bytes(const struct tern_gpu *g) { return tern_vk_info(g->vk)->device_local_bytes; }
 
@@ -646,27 +767,13 @@ static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
 static enum tern_status gpu_make(struct tern_vk *vk, const struct tern_model *m, const struct tern_gpu *parent,
                                  uint32_t n_chunk, struct tern_gpu **out) {
     *out = NULL;
-    const char *a = m->arch->name;
-    const bool head = parent && !strcmp(a, "qwen35-mtp");
-    const bool q35 = !strcmp(a, "qwen35") || !strcmp(a, "qwen35moe") || head;
-    if (parent && !head)
-        return tern_errorf(TERN_ERR_INTERNAL, "gpu: a head of architecture %s (only qwen35-mtp)", a);
-    if (strcmp(a, "llama") && strcmp(a, "qwen2") && strcmp(a, "qwen3") && strcmp(a, "qwen3moe") && !q35)
-        return tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: the %s architecture does not run on the Vulkan backend yet "
-                                                 "(llama, qwen2, qwen3, qwen3moe, qwen35 and qwen35moe do)", a);
+    const bool head = parent != NULL;
     const struct model_hparams *hp = &m->hp;
     if (hp->head_dim_k > 256 || hp->head_dim_k % 2 || hp->head_dim_v != hp->head_dim_k)
         return tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: heads of %u/%u (the Vulkan attention takes equal K and V heads "
                                                  "of an even size, at most 256)", hp->head_dim_k, hp->head_dim_v);
     if (n_chunk == 0 || n_chunk > 65535)
         return tern_errorf(TERN_ERR_INVALID, "gpu: chunk %u must be positive (at most 65535)", n_chunk);
-    const struct moe_hparams *moe = NULL;
-    if (q35 ? ((const struct q35_weights *)m->w)->moe : ((const struct llama_weights *)m->w)->var.moe)
-        moe = q35 ? &((const struct q35_weights *)m->w)->moe_hp : &((const struct llama_weights *)m->w)->moe;
-    if (moe && (uint64_t)n_chunk * moe->n_used > 65535)
-        return tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: chunks of %u tokens with %u experts each exceed the Vulkan "
-                                                 "matmul's 65535 slots (chunks of at most %u)", n_chunk, moe->n_used,
-                           65535 / moe->n_used);
     /* Before anything is allocated: the weights alone against the device's memory. */
     const uint64_t have = tern_vk_info(vk)->device_local_bytes;
     if (!head && have && m->info.weight_bytes > have)
@@ -687,12 +794,11 @@ static enum tern_status gpu_make(struct tern_vk *vk, const struct tern_model *m,
     if (!g->host_x || !g->host_cs) st = tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
     /* a head's uploads and scratch take the main model's lock: one Vulkan context */
     if (parent) pthread_mutex_lock(g->mu);
-    if (!st) st = head ? upload_q35_head(g) : q35 ? upload_qwen35(g) : upload_llama(g);
+    if (!st) st = upload_weights(g);
     if (!st) qsort(g->wt, g->n_wt, sizeof *g->wt, weight_cmp);
     const struct model_backend be = {&gpu_ops, g};
     if (!st) st = m->arch->state_new(m, &be, n_chunk, &g->rs);
     if (!st) st = scratch(g, (size_t)n_chunk * hp->n_vocab, &g->logits);
-    if (!st && q35 && ((const struct q35_weights *)m->w)->has_mtp) st = scratch(g, (size_t)n_chunk * hp->n_embd, &g->hid);
     if (parent) pthread_mutex_unlock(g->mu);
     if (st) {
         tern_error_prefix(st, "gpu: %s", m->name);
@@ -799,8 +905,8 @@ enum tern_status tern_gpu_state_new(struct tern_gpu *g, uint32_t n_ctx, bool f16
             if (!s) st->bytes += 2 * b;
         } else {
             /* the CPU's "conv" and "ssm" buffers, byte for byte */
-            const struct tern_deltanet_shape *dn = &((const struct q35_weights *)m->w)->dn;
-            if (L->n_bufs != 2 || L->bufs[0].bytes != (dn->n_conv - 1) * tern_deltanet_channels(dn) * sizeof(float) ||
+            const struct tern_deltanet_shape *dn = g->dn;
+            if (!dn || L->n_bufs != 2 || L->bufs[0].bytes != (dn->n_conv - 1) * tern_deltanet_channels(dn) * sizeof(float) ||
                 L->bufs[1].bytes != tern_deltanet_state_floats(dn) * sizeof(float) ||
                 TERN_MAX(L->bufs[0].bytes, L->bufs[1].bytes) > g->zeros_n * sizeof(float)) {
                 s = tern_errorf(TERN_ERR_INTERNAL, "gpu: layer %u's recurrent buffers do not match the device's", il);
