@@ -720,28 +720,48 @@ enum tern_status tern_eval_batch(const struct tern_batch_item *items, size_t n_i
     }
     if (rows > UINT32_MAX / 2) return tern_errorf(TERN_ERR_INVALID, "session: a batch of %zu rows", rows);
     if (m->gpu) {
-        /* On a device the items are evaluated one session after another (correct first: a
-         * device step over several sessions' rows is issue 22's work); each one's bits are
-         * those of its own eval, which is what the batch promises. Only a device failure
-         * can stop it midway, leaving the items before it advanced. */
-        enum tern_status st = TERN_OK;
+        /* On a device the items' rows are one device step (tern_gpu_eval_batch: the
+         * matmuls over every row, attention and the DeltaNet per session against its own
+         * state), split into steps of the device's chunk when they are more; each item's
+         * bits are those of its own eval, which is what the batch promises. A device
+         * failure leaves every item's device state undefined (and the sessions' positions
+         * where they were): the caller fails them all. */
+        struct tern_gpu_seq *gs = tern_malloc(n_items * sizeof *gs);
+        enum tern_status st = gs ? TERN_OK : tern_errorf(TERN_ERR_NOMEM, "session: out of memory for a batch");
         for (size_t i = 0; i < n_items && !st; i++) st = tern_session_reserve(items[i].s, items[i].n);
-        for (size_t i = 0; i < n_items && !st; i++) {
+        if (st) {
+            free(gs);
+            return st;
+        }
+        for (size_t i = 0; i < n_items; i++) {
             const struct tern_batch_item *it = &items[i];
             struct tern_session *s = it->s;
-            if (it->logits || it->logits_all) {
-                const struct tern_eval_opts o = {.logits_all = it->logits_all};
-                if ((st = tern_session_eval(s, it->toks, it->n, &o))) break;
-                continue;
-            }
-            /* a prompt chunk before the last: no logits at all */
+            gs[i] = (struct tern_gpu_seq){.st = s->gpu, .pos0 = s->n_past, .toks = it->toks, .n = it->n,
+                                          .logits = it->logits_all ? it->logits_all : it->logits ? s->logits : NULL,
+                                          .all = it->logits_all != NULL};
+            /* as gpu_chunk: the host copy of the recurrent state is stale from here on
+             * (also on failure: the device's state is then undefined) */
             s->trail = NULL;
             s->logits_valid = false;
-            if ((st = gpu_chunk(s, it->toks, it->n, NULL, false))) break;
+            s->rec_stale = true;
+        }
+        st = tern_gpu_eval_batch(m->gpu, gs, (uint32_t)n_items, 0);
+        free(gs);
+        if (st) {
+            /* the position is the first item's (the log's pattern for a device failure) */
+            TERN_LOG_ERROR("session: the device failed at position %u: %s (a step of %zu sessions, %zu rows)",
+                           items[0].s->n_past, tern_last_error(), n_items, rows);
+            return st;
+        }
+        for (size_t i = 0; i < n_items; i++) {
+            const struct tern_batch_item *it = &items[i];
+            struct tern_session *s = it->s;
             memcpy(s->tokens + s->n_past, it->toks, it->n * sizeof *it->toks);
             s->n_past += it->n;
+            s->logits_valid = it->logits || it->logits_all;
+            if (it->logits_all) memcpy(s->logits, it->logits_all + (size_t)(it->n - 1) * n_vocab, n_vocab * sizeof(float));
         }
-        return st;
+        return TERN_OK;
     }
     int32_t *toks = tern_malloc(rows * sizeof *toks);
     struct model_seq *seq = tern_malloc(n_items * sizeof *seq);
