@@ -1,7 +1,9 @@
 /* The Vulkan backend of the layer seam (model/backend.h, model/gpu.h): the
  * architectures' own forward passes (llama/qwen2/qwen3/qwen3moe's llama_forward, the
  * Qwen3.5 hybrids' q35_forward) run on device buffers, each operation recorded into one
- * command buffer per chunk (one submit, one wait, the logits read back). Weights are
+ * command buffer per step (one submit, one wait, the wanted logits read back); a step is
+ * the rows of one or several states (tern_gpu_eval_batch: the row operations once over
+ * every row, attention and the DeltaNet per sequence against its state). Weights are
  * uploaded once, in their own types (dequantized in the shaders), and found again by
  * their host address; the activations of the architecture's RunState, the KV cache and
  * the recurrent state live on the device.

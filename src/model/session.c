@@ -10,7 +10,8 @@
  * out as the CPU's, so checkpoints, hashes and the disk tier read the same. Fork copies
  * KV rows and recurrent state from state to state on the device; a checkpoint may live
  * in device memory (tern_model_set_ckpt_vram: "checkpoints in device memory" below) and
- * is then taken and restored by copies on the device too. */
+ * is then taken and restored by copies on the device too. tern_eval_batch on a device is
+ * one device step over the items' rows (tern_gpu_eval_batch), as the CPU's is one forward. */
 /* XXH3_state_t on the stack (streaming hashes over KV pages). */
 #define XXH_STATIC_LINKING_ONLY
 #include "model/model.h"
