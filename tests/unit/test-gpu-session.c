@@ -14,7 +14,8 @@
  * - tern_eval_batch as one device step over several sessions' rows (a fresh prompt, a
  *   decoded token, a logits_all chunk, at different positions; and a batch of more rows
  *   than the device's chunk, split into steps with sessions cut across them): every
- *   item's logits and state hash equal its session's evaluated alone;
+ *   item's logits and state hash equal its session's evaluated alone; the device's entry
+ *   (tern_gpu_eval_batch) refuses one state twice in a step;
  * - rewinding an attention-only session then re-reading equals cold; the hybrid refuses;
  * - the checkpoint's and KV export's bytes are laid out as the CPU's (F32: the same values
  *   within the backends' tolerance), so the disk tier reads the same on both;
@@ -655,6 +656,15 @@ static void check_batch(const char *rel) {
         assert_item(&s3[2], &ec3[1], 72, nv);
         free(l);
         free(r);
+    }
+    /* the device's entry refuses one state twice in a step before computing anything */
+    {
+        const uint64_t ha = tern_session_hash(A);
+        const struct tern_gpu_seq twice[] = {{.st = A->gpu, .pos0 = tern_session_n_past(A), .toks = toks, .n = 1},
+                                             {.st = A->gpu, .pos0 = tern_session_n_past(A) + 1, .toks = toks, .n = 1}};
+        assert_int_equal(tern_gpu_eval_batch(m->gpu, twice, 2, 0), TERN_ERR_INVALID);
+        assert_non_null(strstr(tern_last_error(), "one state"));
+        assert_true(tern_session_hash(A) == ha);
     }
     printf("%-28s device batches of 3 sessions (51 rows; 91 and 68 rows in steps of 64): each item's logits and "
            "state hash equal its session alone\n",
