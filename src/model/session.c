@@ -760,7 +760,8 @@ enum tern_status tern_eval_batch(const struct tern_batch_item *items, size_t n_i
             memcpy(s->tokens + s->n_past, it->toks, it->n * sizeof *it->toks);
             s->n_past += it->n;
             s->logits_valid = it->logits || it->logits_all;
-            if (it->logits_all) memcpy(s->logits, it->logits_all + (size_t)(it->n - 1) * n_vocab, n_vocab * sizeof(float));
+            if (it->logits_all)
+                memcpy(s->logits, it->logits_all + (size_t)(it->n - 1) * n_vocab, n_vocab * sizeof(float));
         }
         return TERN_OK;
     }

@@ -418,15 +418,15 @@ static void check_attention(bool f16, size_t hd) {
         float *rest = malloc(T * nh * hd * sizeof(float));
         for (size_t i = 0; i < T * nh * hd; i++) rest[i] = -7.0f;
         struct tern_vk_buf *bo2 = dev_floats(rest, T * nh * hd);
-        assert_int_equal(tern_vk_attention(vk, bq, nh * hd, kc, vc, n_ctx, bo2, nh * hd, 3, T - 3, pos0 + 3, nh, nkv, hd,
-                                           scale, f16),
+        assert_int_equal(tern_vk_attention(vk, bq, nh * hd, kc, vc, n_ctx, bo2, nh * hd, 3, T - 3, pos0 + 3, nh, nkv,
+                                           hd, scale, f16),
                          TERN_OK);
         host_floats(bo2, rest, T * nh * hd);
         assert_memory_equal(rest + 3 * nh * hd, out + 3 * nh * hd, (T - 3) * nh * hd * sizeof(float));
         for (size_t i = 0; i < 3 * nh * hd; i++) assert_true(rest[i] == -7.0f);
         /* past the buffer's rows: refused */
-        assert_int_equal(tern_vk_attention(vk, bq, nh * hd, kc, vc, n_ctx, bo2, nh * hd, 4, T - 3, pos0 + 3, nh, nkv, hd,
-                                           scale, f16),
+        assert_int_equal(tern_vk_attention(vk, bq, nh * hd, kc, vc, n_ctx, bo2, nh * hd, 4, T - 3, pos0 + 3, nh, nkv,
+                                           hd, scale, f16),
                          TERN_ERR_RANGE);
         tern_vk_buf_free(bo2);
         free(rest);

@@ -919,7 +919,8 @@ enum tern_status tern_vk_deltanet_conv(struct tern_vk *vk, struct tern_vk_buf *w
         return tern_errorf(TERN_ERR_INVALID, "vulkan: DeltaNet conv of %zu taps over %zu channels (rows of %zu, %zu)",
                            n_conv, C, ldx, ldy);
     if ((st = check_rows("DeltaNet conv window", window, n_conv - 1, C)) ||
-        (st = check_rows("DeltaNet conv weights", conv_wt, n_conv, C)) || (st = check_rows("DeltaNet conv input", x, row0 + n_tok, ldx)) ||
+        (st = check_rows("DeltaNet conv weights", conv_wt, n_conv, C)) ||
+        (st = check_rows("DeltaNet conv input", x, row0 + n_tok, ldx)) ||
         (st = check_rows("DeltaNet conv output", y, row0 + n_tok, ldy)))
         return st;
     if (!n_tok || !C) return TERN_OK;
@@ -941,7 +942,8 @@ enum tern_status tern_vk_deltanet_heads(struct tern_vk *vk, struct tern_vk_buf *
     const size_t C = 2 * n_k * d_k + n_v * d_v, rows = row0 + n_tok;
     if ((st = check_rows("DeltaNet state", state, n_v * d_k, d_v)) || (st = check_rows("DeltaNet qkv", qkv, rows, C)) ||
         (st = check_rows("DeltaNet z", z, rows, n_v * d_v)) || (st = check_rows("DeltaNet beta", beta, rows, n_v)) ||
-        (st = check_rows("DeltaNet alpha", alpha, rows, n_v)) || (st = check_rows("DeltaNet output", out, rows, n_v * d_v)) ||
+        (st = check_rows("DeltaNet alpha", alpha, rows, n_v)) ||
+        (st = check_rows("DeltaNet output", out, rows, n_v * d_v)) ||
         (st = check_rows("DeltaNet parameters", params, 1, 2 * n_v + d_v)))
         return st;
     if (!n_tok) return TERN_OK;
