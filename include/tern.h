@@ -100,14 +100,17 @@ const char *tern_model_chat_template(const struct tern_model *m);
 /* Runs the model's sessions on Vulkan device `index` (as `tern devices` lists them): the
  * weights are uploaded once and every session made afterwards keeps its KV cache and
  * recurrent state on the device (allocated for its whole n_ctx when it is made); its
- * chunks are evaluated there, one session at a time (the device's activations are
+ * chunks are evaluated there, one step at a time (the device's activations are
  * shared), in chunks of at most n_chunk tokens (0 = TERN_DEFAULT_CHUNK). Every session
  * call works on a device session, with these differences:
  * - exactness holds within the device (chunking, batches, resume: bit for bit), not
  *   across backends; a checkpoint is host memory, its bytes laid out as the CPU's,
  *   unless tern_model_set_ckpt_vram keeps it on the device; fork and restore copy KV
  *   rows and recurrent state on the device (no host round trip);
- * - tern_eval_batch evaluates its device items one session after another;
+ * - tern_eval_batch runs its items' rows as one device step (the weights read once for
+ *   all; attention and recurrent layers per session), split into steps of at most
+ *   n_chunk rows when they are more; a device failure leaves every item's state
+ *   undefined;
  * - rec_trail (speculative verification on hybrid models): the states stay in device
  *   memory (the session's trail there; the caller's buffer is not written) and
  *   tern_session_rewind copies the one it needs on the device; an MTP head (spec) is

@@ -93,32 +93,35 @@ enum tern_status tern_vk_rope(struct tern_vk *vk, struct tern_vk_buf *x, size_t 
 }
 enum tern_status tern_vk_kv_store(struct tern_vk *vk, const struct tern_vk_buf *x, size_t row_stride,
                                   struct tern_vk_buf *cache, size_t n_ctx, size_t n_kv_head, size_t head_dim,
-                                  size_t pos0, size_t n_tok, bool f16) {
+                                  size_t pos0, size_t row0, size_t n_tok, bool f16) {
     (void)vk, (void)x, (void)row_stride, (void)cache, (void)n_ctx, (void)n_kv_head, (void)head_dim, (void)pos0,
-        (void)n_tok, (void)f16;
+        (void)row0, (void)n_tok, (void)f16;
     return NOT_BUILT;
 }
 enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf *q, size_t q_stride,
                                    const struct tern_vk_buf *kc, const struct tern_vk_buf *vc, size_t n_ctx,
-                                   struct tern_vk_buf *out, size_t out_stride, size_t n_tok, size_t pos0,
-                                   size_t n_head, size_t n_kv_head, size_t head_dim, float scale, bool f16) {
-    (void)vk, (void)q, (void)q_stride, (void)kc, (void)vc, (void)n_ctx, (void)out, (void)out_stride, (void)n_tok,
+                                   struct tern_vk_buf *out, size_t out_stride, size_t row0, size_t n_tok,
+                                   size_t pos0, size_t n_head, size_t n_kv_head, size_t head_dim, float scale,
+                                   bool f16) {
+    (void)vk, (void)q, (void)q_stride, (void)kc, (void)vc, (void)n_ctx, (void)out, (void)out_stride, (void)row0,
+        (void)n_tok,
         (void)pos0, (void)n_head, (void)n_kv_head, (void)head_dim, (void)scale, (void)f16;
     return NOT_BUILT;
 }
 enum tern_status tern_vk_deltanet_conv(struct tern_vk *vk, struct tern_vk_buf *window, const struct tern_vk_buf *conv_wt,
                                        const struct tern_vk_buf *x, size_t ldx, struct tern_vk_buf *y, size_t ldy,
-                                       size_t C, size_t n_conv, size_t n_tok) {
-    (void)vk, (void)window, (void)conv_wt, (void)x, (void)ldx, (void)y, (void)ldy, (void)C, (void)n_conv, (void)n_tok;
+                                       size_t C, size_t n_conv, size_t row0, size_t n_tok) {
+    (void)vk, (void)window, (void)conv_wt, (void)x, (void)ldx, (void)y, (void)ldy, (void)C, (void)n_conv, (void)row0,
+        (void)n_tok;
     return NOT_BUILT;
 }
 enum tern_status tern_vk_deltanet_heads(struct tern_vk *vk, struct tern_vk_buf *state, const struct tern_vk_buf *qkv,
                                         const struct tern_vk_buf *z, const struct tern_vk_buf *beta,
                                         const struct tern_vk_buf *alpha, struct tern_vk_buf *out,
                                         const struct tern_vk_buf *params, size_t n_k, size_t n_v, size_t d_k,
-                                        size_t d_v, float eps, size_t n_tok) {
+                                        size_t d_v, float eps, size_t row0, size_t n_tok) {
     (void)vk, (void)state, (void)qkv, (void)z, (void)beta, (void)alpha, (void)out, (void)params, (void)n_k, (void)n_v,
-        (void)d_k, (void)d_v, (void)eps, (void)n_tok;
+        (void)d_k, (void)d_v, (void)eps, (void)row0, (void)n_tok;
     return NOT_BUILT;
 }
 enum tern_status tern_vk_split_heads(struct tern_vk *vk, const struct tern_vk_buf *ab, struct tern_vk_buf *a,

@@ -150,29 +150,32 @@ enum tern_status tern_vk_rope(struct tern_vk *vk, struct tern_vk_buf *x, size_t 
  * token t and query head h, softmax(scale * q . k) v over the cache rows [0, pos0 + t]
  * read back from the cache, in blocks of 256 positions from 0 with an online softmax
  * (the CPU's pages), so a token's result depends on its own positions alone. Heads of at
- * most 256. */
+ * most 256. The tokens are rows row0.. of x, q and out (one sequence of a step over
+ * several sessions' rows: each against its own cache). */
 enum tern_status tern_vk_kv_store(struct tern_vk *vk, const struct tern_vk_buf *x, size_t row_stride,
                                   struct tern_vk_buf *cache, size_t n_ctx, size_t n_kv_head, size_t head_dim,
-                                  size_t pos0, size_t n_tok, bool f16);
+                                  size_t pos0, size_t row0, size_t n_tok, bool f16);
 enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf *q, size_t q_stride,
                                    const struct tern_vk_buf *kc, const struct tern_vk_buf *vc, size_t n_ctx,
-                                   struct tern_vk_buf *out, size_t out_stride, size_t n_tok, size_t pos0,
-                                   size_t n_head, size_t n_kv_head, size_t head_dim, float scale, bool f16);
+                                   struct tern_vk_buf *out, size_t out_stride, size_t row0, size_t n_tok,
+                                   size_t pos0, size_t n_head, size_t n_kv_head, size_t head_dim, float scale,
+                                   bool f16);
 
 /* Gated DeltaNet (model/deltanet.h) on the device, tokens in order. conv: the causal
  * depthwise convolution + SiLU over C channels with n_conv taps (conv_wt tap-major
  * [n_conv][C]), updating window [n_conv - 1][C]. heads: the recurrence per v-head over
  * state [n_v][d_k][d_v], reading rows of qkv (C), z (n_v d_v), beta and alpha (n_v),
  * writing rows of out (n_v d_v); params = ssm_a[n_v] | dt_bias[n_v] | ssm_norm[d_v].
- * Heads of at most 256. */
+ * Heads of at most 256. Both take the tokens from row row0 of their row buffers (one
+ * sequence of a step over several, against its own window and state). */
 enum tern_status tern_vk_deltanet_conv(struct tern_vk *vk, struct tern_vk_buf *window, const struct tern_vk_buf *conv_wt,
                                        const struct tern_vk_buf *x, size_t ldx, struct tern_vk_buf *y, size_t ldy,
-                                       size_t C, size_t n_conv, size_t n_tok);
+                                       size_t C, size_t n_conv, size_t row0, size_t n_tok);
 enum tern_status tern_vk_deltanet_heads(struct tern_vk *vk, struct tern_vk_buf *state, const struct tern_vk_buf *qkv,
                                         const struct tern_vk_buf *z, const struct tern_vk_buf *beta,
                                         const struct tern_vk_buf *alpha, struct tern_vk_buf *out,
                                         const struct tern_vk_buf *params, size_t n_k, size_t n_v, size_t d_k,
-                                        size_t d_v, float eps, size_t n_tok);
+                                        size_t d_v, float eps, size_t row0, size_t n_tok);
 
 /* Rows of n_head heads laid out [a | b] per head (2 * head_dim each) split into a and b. */
 enum tern_status tern_vk_split_heads(struct tern_vk *vk, const struct tern_vk_buf *ab, struct tern_vk_buf *a,

@@ -1,12 +1,14 @@
 /* The Vulkan backend of the layer seam (model/backend.h, model/gpu.h): the
  * architectures' own forward passes (llama/qwen2/qwen3/qwen3moe's llama_forward, the
  * Qwen3.5 hybrids' q35_forward, the MTP head's q35_mtp_forward) run on device buffers,
- * each operation recorded into one command buffer per chunk (one submit, one wait, the
- * logits read back). Weights are uploaded once, in their own types (dequantized in the
- * shaders) — which ones, the forward itself says: it runs once on an uploading backend
- * whose operations upload every weight they are handed — and found again by their host
- * address; the activations of the architecture's RunState, the KV cache and the
- * recurrent state live on the device.
+ * each operation recorded into one command buffer per step (one submit, one wait, the
+ * wanted logits read back); a step is the rows of one or several states
+ * (tern_gpu_eval_batch: the row operations once over every row, attention and the
+ * DeltaNet per sequence against its state). Weights are uploaded once, in their own
+ * types (dequantized in the shaders) — which ones, the forward itself says: it runs once
+ * on an uploading backend whose operations upload every weight they are handed — and
+ * found again by their host address; the activations of the architecture's RunState, the
+ * KV cache and the recurrent state live on the device.
  *
  * The MoE feed-forward (moe.h's math) stays on the device too: the router's logits, the
  * routing (softmax, top-k with ties to the lowest id, renormalised weights) per token, the
@@ -55,8 +57,15 @@ struct tern_gpu {
     struct gpu_weight *wt; /* (n_wt) sorted by host address */
     uint32_t n_wt, cap_wt;
     void *rs;            /* the architecture's RunState, its activations on the device */
-    struct tern_vk_buf *logits; /* (n_chunk, n_vocab) */
+    struct tern_vk_buf *logits; /* (n_chunk, n_vocab): the step's wanted rows, in order */
     float *host_x, *host_cs; /* (n_chunk, n_embd), (n_chunk, n_rot) staging of the inputs */
+    int32_t *host_toks;      /* (n_chunk) the step's tokens */
+    /* one step's sequences (under mu): their rows, their states, and which part of which
+     * caller's sequence each one is (index, rows of it already consumed) */
+    struct model_seq step_seq[MODEL_MAX_SEQS];
+    struct tern_gpu_state *step_S[MODEL_MAX_SEQS];
+    const struct tern_gpu_io *step_io[MODEL_MAX_SEQS];
+    uint32_t step_src[MODEL_MAX_SEQS], step_done[MODEL_MAX_SEQS];
     float *zeros;            /* (zeros_n) for resetting the recurrent state */
     size_t zeros_n;
     const struct tern_deltanet_shape *dn; /* the DeltaNet layers' shape (NULL: none) */
@@ -160,6 +169,7 @@ void tern_gpu_free(struct tern_gpu *g) {
     tern_vk_buf_free(g->logits);
     free(g->host_x);
     free(g->host_cs);
+    free(g->host_toks);
     free(g->zeros);
     struct tern_vk_buf *tb[] = {g->t_raw, g->t_qkv, g->t_z, g->t_out, g->t_beta, g->t_alpha, g->hid};
     for (size_t i = 0; i < TERN_ARRAY_LEN(tb); i++) tern_vk_buf_free(tb[i]);
@@ -186,19 +196,20 @@ static enum tern_status upload_moe(struct tern_gpu *g, const struct moe_hparams 
  * buffer, begun at the first operation after the inputs (which are uploaded, and an
  * upload may use the command buffer); the first failure is kept and the rest skipped. */
 
-/* One chunk of n tokens of state S at positions [pos0, pos0 + n) (g->mu held), with what
- * io asks besides the logits (NULL: nothing): with a trail, the recurrent state after row
- * t goes to S's trail slot slot0 + t. hid_rows: the hidden_out op normed rows [hid_skip, n)
- * into g->hid, for the driver to read back. */
+/* One step of n rows (g->mu held): the rows of f->b's sequences, sequence j's rows
+ * [row0, row0 + n) at its positions [pos0, pos0 + n) against its state S[j], with what
+ * io[j] asks besides the logits (NULL: nothing); done[j] of that sequence's rows came in
+ * earlier steps (its trail slots follow on from there). Matmuls, norms and the other row
+ * operations run once over all n rows (the weights read once for every sequence);
+ * attention and the DeltaNet run sequence by sequence. hid_rows: the hidden_out op normed
+ * every row into g->hid, for the driver to read the wanted ones back. */
 struct gpu_step {
     struct tern_gpu *g;
-    struct tern_gpu_state *S;
-    uint32_t pos0, n;
-    const struct tern_gpu_io *io;
-    bool trail;
-    uint32_t slot0;
+    struct tern_gpu_state *const *S;     /* (f->b->n_seq) */
+    const struct tern_gpu_io *const *io; /* (f->b->n_seq) */
+    const uint32_t *done;                /* (f->b->n_seq) */
+    uint32_t n;
     bool hid_rows;
-    uint32_t hid_skip;
     bool recording;
     enum tern_status st;
 };
@@ -321,22 +332,30 @@ static void gpu_rope_angles(const struct model_step *f, const struct model_rope 
     struct gpu_step *p = STEP(f);
     const uint32_t nr = r->p->n_rot;
     if (!input(f) || !nr) return;
-    for (uint32_t t = 0; t < p->n; t++) model_rope_row_angles(r, p->pos0 + t, p->g->host_cs + (size_t)t * nr);
+    /* each row at its own sequence's position */
+    for (uint32_t j = 0; j < f->b->n_seq; j++) {
+        const struct model_seq *q = &f->b->seq[j];
+        for (uint32_t t = 0; t < q->n; t++)
+            model_rope_row_angles(r, q->pos0 + t, p->g->host_cs + (size_t)(q->row0 + t) * nr);
+    }
     keep(f, tern_vk_upload(BUF(cs), 0, p->g->host_cs, (size_t)p->n * nr * sizeof(float)));
 }
 
-/* The MTP head's input rows: the main model's hidden states at the step's positions. */
+/* The MTP head's input rows: the main model's hidden states at each sequence's positions. */
 static void gpu_hidden_in(const struct model_step *f, struct model_act *x) {
-    struct gpu_step *p = STEP(f);
-    const struct tern_gpu_io *io = p->io;
+    const struct gpu_step *p = STEP(f);
     const size_t E = f->m->hp.n_embd;
     if (!input(f)) return;
-    if (!io || !io->hidden_in || p->pos0 < io->hidden_pos0) {
-        keep(f, tern_errorf(TERN_ERR_INTERNAL, "gpu: an MTP head's step at %u without the hidden states", p->pos0));
-        return;
+    for (uint32_t j = 0; j < f->b->n_seq; j++) {
+        const struct model_seq *q = &f->b->seq[j];
+        const struct tern_gpu_io *io = p->io[j];
+        if (!io || !io->hidden_in || q->pos0 < io->hidden_pos0) {
+            keep(f, tern_errorf(TERN_ERR_INTERNAL, "gpu: an MTP head's rows at %u without the hidden states", q->pos0));
+            return;
+        }
+        keep(f, tern_vk_upload(BUF(x), (size_t)q->row0 * E * sizeof(float),
+                               io->hidden_in + (size_t)(q->pos0 - io->hidden_pos0) * E, (size_t)q->n * E * sizeof(float)));
     }
-    keep(f, tern_vk_upload(BUF(x), 0, io->hidden_in + (size_t)(p->pos0 - io->hidden_pos0) * E,
-                           (size_t)p->n * E * sizeof(float)));
 }
 
 static void gpu_matmul(const struct model_step *f, const struct model_act *x, const struct model_mm *outs,
@@ -433,23 +452,29 @@ static void gpu_moe(const struct model_step *f, const struct moe_hparams *mh, co
     DO(f, tern_vk_moe_combine(vk, BUF(out), ws->d, ws->wts, n, E, K, S ? ws->s_d : NULL, S ? ws->s_w : NULL));
 }
 
-/* The chunk's K/V into layer il's cache, then attention over it. */
+/* Per sequence: its rows' K/V into layer il of its own cache, then its rows' attention
+ * over that cache (a row's result depends on its own positions alone). */
 static void gpu_attention(const struct model_step *f, uint32_t il, const struct model_act *q,
                           const struct model_act *k, const struct model_act *v, struct model_act *out,
                           uint32_t n_head, float scale) {
     const struct gpu_step *p = STEP(f);
     const struct model_layer *L = &f->m->layers[il];
-    const struct tern_gpu_state *S = p->S;
     struct tern_vk *vk = p->g->vk;
     const size_t hd = L->head_dim_k, nq = (size_t)n_head * hd, nkv = (size_t)L->n_kv_head * hd;
-    DO(f, tern_vk_kv_store(vk, BUF(k), nkv, S->kc[il], S->n_ctx, L->n_kv_head, hd, p->pos0, p->n, S->f16_kv));
-    DO(f, tern_vk_kv_store(vk, BUF(v), nkv, S->vc[il], S->n_ctx, L->n_kv_head, hd, p->pos0, p->n, S->f16_kv));
-    DO(f, tern_vk_attention(vk, BUF(q), nq, S->kc[il], S->vc[il], S->n_ctx, BUF(out), nq, p->n, p->pos0, n_head,
-                            L->n_kv_head, hd, scale, S->f16_kv));
+    for (uint32_t j = 0; j < f->b->n_seq; j++) {
+        const struct model_seq *sq = &f->b->seq[j];
+        const struct tern_gpu_state *S = p->S[j];
+        DO(f, tern_vk_kv_store(vk, BUF(k), nkv, S->kc[il], S->n_ctx, L->n_kv_head, hd, sq->pos0, sq->row0, sq->n,
+                               S->f16_kv));
+        DO(f, tern_vk_kv_store(vk, BUF(v), nkv, S->vc[il], S->n_ctx, L->n_kv_head, hd, sq->pos0, sq->row0, sq->n,
+                               S->f16_kv));
+        DO(f, tern_vk_attention(vk, BUF(q), nq, S->kc[il], S->vc[il], S->n_ctx, BUF(out), nq, sq->row0, sq->n,
+                                sq->pos0, n_head, L->n_kv_head, hd, scale, S->f16_kv));
+    }
 }
 
-/* The conv (its window on the device) and the recurrence (its state on the device); the
- * CPU's scratch is not needed. */
+/* Per sequence: the conv over its rows (its own window on the device) and the recurrence
+ * (its own state on the device), tokens in order; the CPU's scratch is not needed. */
 static void gpu_deltanet(const struct model_step *f, uint32_t il, const struct model_deltanet *d,
                          const struct model_act *qkv_raw, struct model_act *qkv, const struct model_act *z,
                          const struct model_act *beta, const struct model_act *alpha, struct model_act *out,
@@ -461,51 +486,82 @@ static void gpu_deltanet(const struct model_step *f, uint32_t il, const struct m
     const size_t C = tern_deltanet_channels(dn);
     struct tern_vk_buf *conv_wt = wbuf(f, d->conv_wt, "a DeltaNet conv weight");
     struct tern_vk_buf *params = wbuf(f, d->p->ssm_a, "a DeltaNet layer's parameters");
-    if (!p->trail) {
-        DO(f, tern_vk_deltanet_conv(vk, p->S->win[il], conv_wt, BUF(qkv_raw), C, BUF(qkv), C, C, dn->n_conv, p->n));
-        DO(f, tern_vk_deltanet_heads(vk, p->S->S[il], BUF(qkv), BUF(z), BUF(beta), BUF(alpha), BUF(out), params,
-                                     dn->n_k_heads, dn->n_v_heads, dn->d_k, dn->d_v, dn->eps, p->n));
-        return;
-    }
-    /* With a trail: token by token (a row copied into the one-token buffers, the chunk-of-one
-     * dispatches, the results copied back), the layer's window and state copied into the
-     * token's slot after each. */
-    const struct tern_gpu *g = p->g;
     const struct model_layer *L = &f->m->layers[il];
-    const size_t F = sizeof(float), nv = dn->n_v_heads, nvd = nv * dn->d_v;
-    for (uint32_t t = 0; t < p->n; t++) {
-        const size_t slot = (size_t)(p->slot0 + t) * f->m->rec_bytes + L->rec_offset;
-        DO(f, tern_vk_copy(vk, BUF(qkv_raw), t * C * F, g->t_raw, 0, C * F));
-        DO(f, tern_vk_copy(vk, BUF(z), t * nvd * F, g->t_z, 0, nvd * F));
-        DO(f, tern_vk_copy(vk, BUF(beta), t * nv * F, g->t_beta, 0, nv * F));
-        DO(f, tern_vk_copy(vk, BUF(alpha), t * nv * F, g->t_alpha, 0, nv * F));
-        DO(f, tern_vk_deltanet_conv(vk, p->S->win[il], conv_wt, g->t_raw, C, g->t_qkv, C, C, dn->n_conv, 1));
-        DO(f, tern_vk_deltanet_heads(vk, p->S->S[il], g->t_qkv, g->t_z, g->t_beta, g->t_alpha, g->t_out, params,
-                                     dn->n_k_heads, nv, dn->d_k, dn->d_v, dn->eps, 1));
-        DO(f, tern_vk_copy(vk, g->t_qkv, 0, BUF(qkv), t * C * F, C * F));
-        DO(f, tern_vk_copy(vk, g->t_out, 0, BUF(out), t * nvd * F, nvd * F));
-        DO(f, tern_vk_copy(vk, p->S->win[il], 0, p->S->trail, slot + L->bufs[0].offset, L->bufs[0].bytes));
-        DO(f, tern_vk_copy(vk, p->S->S[il], 0, p->S->trail, slot + L->bufs[1].offset, L->bufs[1].bytes));
+    for (uint32_t j = 0; j < f->b->n_seq; j++) {
+        const struct model_seq *q = &f->b->seq[j];
+        struct tern_gpu_state *S = p->S[j];
+        const struct tern_gpu_io *io = p->io[j];
+        if (!io || !io->trail || !f->m->rec_bytes) {
+            DO(f, tern_vk_deltanet_conv(vk, S->win[il], conv_wt, BUF(qkv_raw), C, BUF(qkv), C, C, dn->n_conv, q->row0,
+                                        q->n));
+            DO(f, tern_vk_deltanet_heads(vk, S->S[il], BUF(qkv), BUF(z), BUF(beta), BUF(alpha), BUF(out), params,
+                                         dn->n_k_heads, dn->n_v_heads, dn->d_k, dn->d_v, dn->eps, q->row0, q->n));
+            continue;
+        }
+        /* With a trail: token by token (the chunk-of-one dispatches, the same bits), the
+         * layer's window and state copied into the token's slot after each. */
+        for (uint32_t t = 0; t < q->n; t++) {
+            const size_t slot = (size_t)(io->slot0 + p->done[j] + t) * f->m->rec_bytes + L->rec_offset;
+            DO(f, tern_vk_deltanet_conv(vk, S->win[il], conv_wt, BUF(qkv_raw), C, BUF(qkv), C, C, dn->n_conv,
+                                        q->row0 + t, 1));
+            DO(f, tern_vk_deltanet_heads(vk, S->S[il], BUF(qkv), BUF(z), BUF(beta), BUF(alpha), BUF(out), params,
+                                         dn->n_k_heads, dn->n_v_heads, dn->d_k, dn->d_v, dn->eps, q->row0 + t, 1));
+            DO(f, tern_vk_copy(vk, S->win[il], 0, S->trail, slot + L->bufs[0].offset, L->bufs[0].bytes));
+            DO(f, tern_vk_copy(vk, S->S[il], 0, S->trail, slot + L->bufs[1].offset, L->bufs[1].bytes));
+        }
     }
 }
 
-/* Every row normed and projected into the tern_gpu's logits (a row's logits do not depend
- * on which are read); the driver reads the wanted rows back after the step. */
+/* The wanted rows (the sequences' want and all: every row of one with all, the last row
+ * of one with want only, sequence by sequence) normed and projected into rows 0.. of the
+ * tern_gpu's logits; the driver reads them back after the step. Only those rows are
+ * projected: when they are not already rows 0.. of x they are first copied, in order,
+ * into xb (on the device) and normed there in place. A row's logits do not depend on
+ * which rows are projected with it (the norm is per row, the matmul one reduction per
+ * element). */
 static void gpu_output(const struct model_step *f, const struct mat *out_w, const float *norm_w, float eps,
                        const struct model_act *x, struct model_act *xb) {
     const struct gpu_step *p = STEP(f);
-    if (!f->b->logits) return;
+    const struct model_batch *b = f->b;
+    struct tern_vk *vk = p->g->vk;
+    const size_t rb = (size_t)out_w->k * sizeof(float);
+    uint32_t n_out = 0;
+    bool in_place = true; /* the wanted rows are rows [0, n_out) of x */
+    for (uint32_t j = 0; j < b->n_seq; j++) {
+        const struct model_seq *q = &b->seq[j];
+        if (!q->want) continue;
+        if ((q->all ? q->row0 : q->row0 + q->n - 1) != n_out) in_place = false;
+        n_out += q->all ? q->n : 1;
+    }
+    if (!n_out) return;
     struct tern_vk_buf *nb = vbuf(f, norm_w), *wb = wbuf(f, out_w->data, out_w->name);
-    DO(f, tern_vk_rmsnorm(p->g->vk, BUF(x), nb, BUF(xb), p->n, out_w->k, eps));
-    DO(f, tern_vk_matmul(p->g->vk, out_w->type, wb, out_w->k, out_w->n, BUF(xb), p->n, p->g->logits));
+    if (in_place) {
+        DO(f, tern_vk_rmsnorm(vk, BUF(x), nb, BUF(xb), n_out, out_w->k, eps));
+    } else {
+        uint32_t o = 0;
+        for (uint32_t j = 0; j < b->n_seq; j++) {
+            const struct model_seq *q = &b->seq[j];
+            if (!q->want) continue;
+            const uint32_t r0 = q->all ? q->row0 : q->row0 + q->n - 1, c = q->all ? q->n : 1;
+            DO(f, tern_vk_copy(vk, BUF(x), r0 * rb, BUF(xb), o * rb, c * rb));
+            o += c;
+        }
+        DO(f, tern_vk_rmsnorm(vk, BUF(xb), nb, BUF(xb), n_out, out_w->k, eps));
+    }
+    DO(f, tern_vk_matmul(vk, out_w->type, wb, out_w->k, out_w->n, BUF(xb), n_out, p->g->logits));
 }
 
-/* The output-normed hidden rows at or above io's hidden_pos0 into g->hid (the MTP head's
- * input; read back after the step). */
+/* Every row output-normed into g->hid when a sequence captures its hidden states (the MTP
+ * head's input); the driver reads back each one's rows at or above its hidden_pos0. */
 static void gpu_hidden_out(const struct model_step *f, const float *norm_w, float eps, const struct model_act *x) {
     struct gpu_step *p = STEP(f);
-    const struct tern_gpu_io *io = p->io;
-    if (!io || !io->hidden_out || p->pos0 + p->n <= io->hidden_pos0) return;
+    bool any = false;
+    for (uint32_t j = 0; j < f->b->n_seq; j++) {
+        const struct model_seq *q = &f->b->seq[j];
+        const struct tern_gpu_io *io = p->io[j];
+        any |= io && io->hidden_out && q->pos0 + q->n > io->hidden_pos0;
+    }
+    if (!any) return;
     if (!p->g->hid) {
         keep(f, tern_errorf(TERN_ERR_INTERNAL, "gpu: %s keeps no hidden rows", f->m->name));
         return;
@@ -513,7 +569,6 @@ static void gpu_hidden_out(const struct model_step *f, const float *norm_w, floa
     struct tern_vk_buf *nb = vbuf(f, norm_w);
     DO(f, tern_vk_rmsnorm(p->g->vk, BUF(x), nb, p->g->hid, p->n, f->m->hp.n_embd, eps));
     p->hid_rows = true;
-    p->hid_skip = p->pos0 < io->hidden_pos0 ? io->hidden_pos0 - p->pos0 : 0;
 }
 
 const struct model_ops gpu_ops = {
@@ -791,7 +846,8 @@ static enum tern_status gpu_make(struct tern_vk *vk, const struct tern_model *m,
     enum tern_status st = TERN_OK;
     g->host_x = tern_malloc((size_t)n_chunk * hp->n_embd * sizeof(float));
     g->host_cs = tern_malloc((size_t)n_chunk * hp->rope.n_rot * sizeof(float) + sizeof(float));
-    if (!g->host_x || !g->host_cs) st = tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
+    g->host_toks = tern_malloc((size_t)n_chunk * sizeof *g->host_toks);
+    if (!g->host_x || !g->host_cs || !g->host_toks) st = tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
     /* a head's uploads and scratch take the main model's lock: one Vulkan context */
     if (parent) pthread_mutex_lock(g->mu);
     if (!st) st = upload_weights(g);
@@ -978,20 +1034,20 @@ enum tern_status tern_gpu_kv_upload(struct tern_gpu *g, struct tern_gpu_state *s
     return kv_copy(g, st, il, v, p0, p1, (uint8_t *)(uintptr_t)buf, run_bytes, true);
 }
 
-/* One chunk of n tokens at positions [pos0, pos0 + n) (g->mu held): the architecture's
- * forward on the device, one submit. */
-static enum tern_status eval_chunk(struct tern_gpu *g, struct tern_gpu_state *S, uint32_t pos0, const int32_t *toks,
-                                   uint32_t n, float *logits, bool logits_all, const struct tern_gpu_io *io,
-                                   uint32_t slot0) {
+/* One step of rows over k sequences (g->step_seq, g->step_S, g->step_io, g->step_done;
+ * g->step_seq's rows of g->host_toks; g->mu held): the architecture's forward on the
+ * device, one command buffer, one submit; then the hidden rows the sequences capture are
+ * read back. The wanted rows' logits are then rows 0.. of g->logits. */
+static enum tern_status step_run(struct tern_gpu *g, uint32_t k, uint32_t rows) {
     const struct tern_model *m = g->m;
-    const struct model_seq seq = {.row0 = 0, .n = n, .pos0 = pos0, .want = logits != NULL, .all = logits_all};
-    const struct model_batch b = {.toks = toks, .n = n, .seq = &seq, .n_seq = 1, .logits = logits};
-    struct gpu_step p = {.g = g, .S = S, .pos0 = pos0, .n = n, .io = io, .trail = io && io->trail && m->rec_bytes,
-                         .slot0 = slot0};
+    /* the GPU's output reads the sequences' want and all, not the batch's host logits */
+    const struct model_batch b = {.toks = g->host_toks, .n = rows, .seq = g->step_seq, .n_seq = k, .logits = NULL};
+    struct gpu_step p = {.g = g, .S = g->step_S, .io = g->step_io, .done = g->step_done, .n = rows};
     const struct model_step f = {&gpu_ops, &p, m, &b};
     m->arch->forward(&f, g->rs);
-    if (!p.st && p.recording) p.st = tern_vk_end(g->vk);
-    else if (p.recording) {
+    if (!p.st && p.recording) {
+        p.st = tern_vk_end(g->vk);
+    } else if (p.recording) {
         /* close the recording (a failed operation may have ended it already) and keep the
          * failure's message, not tern_vk_end's */
         char why[512];
@@ -999,39 +1055,101 @@ static enum tern_status eval_chunk(struct tern_gpu *g, struct tern_gpu_state *S,
         (void)tern_vk_end(g->vk);
         return tern_errorf(p.st, "%s", why);
     }
-    if (!p.st && p.hid_rows) {
-        const size_t E = m->hp.n_embd, k = p.hid_skip;
-        p.st = tern_vk_download(g->hid, k * E * sizeof(float), io->hidden_out + (size_t)(pos0 + k - io->hidden_pos0) * E,
-                                (size_t)(n - k) * E * sizeof(float));
+    if (p.st || !p.hid_rows) return p.st;
+    const size_t E = m->hp.n_embd;
+    for (uint32_t j = 0; j < k && !p.st; j++) {
+        const struct model_seq *q = &g->step_seq[j];
+        const struct tern_gpu_io *io = g->step_io[j];
+        if (!io || !io->hidden_out || q->pos0 + q->n <= io->hidden_pos0) continue;
+        const uint32_t skip = q->pos0 < io->hidden_pos0 ? io->hidden_pos0 - q->pos0 : 0;
+        p.st = tern_vk_download(g->hid, (size_t)(q->row0 + skip) * E * sizeof(float),
+                                io->hidden_out + (size_t)(q->pos0 + skip - io->hidden_pos0) * E,
+                                (size_t)(q->n - skip) * E * sizeof(float));
     }
-    if (p.st || !logits) return p.st;
-    const size_t nv = m->hp.n_vocab;
-    if (logits_all) return tern_vk_download(g->logits, 0, logits, (size_t)n * nv * sizeof(float));
-    return tern_vk_download(g->logits, (size_t)(n - 1) * nv * sizeof(float), logits, nv * sizeof(float));
+    return p.st;
+}
+
+/* The batch's sequences in steps of at most n_chunk rows (g->mu held). */
+static enum tern_status eval_locked(struct tern_gpu *g, const struct tern_gpu_seq *seqs, uint32_t n_seq,
+                                    uint32_t n_chunk) {
+    const size_t nv = g->m->hp.n_vocab, lb = nv * sizeof(float);
+    enum tern_status st = TERN_OK;
+    uint32_t i = 0, done = 0; /* the next row: row done of sequence i */
+    while (!st) {
+        while (i < n_seq && done == seqs[i].n) i++, done = 0;
+        if (i == n_seq) break;
+        /* Fill the step: the rest of sequence i, then the next ones, up to n_chunk rows; a
+         * sequence cut at the step's end goes on in the next (a chunk boundary, which
+         * changes no bits). */
+        uint32_t k = 0, rows = 0;
+        while (i < n_seq && rows < n_chunk) {
+            const struct tern_gpu_seq *q = &seqs[i];
+            const uint32_t take = q->n - done < n_chunk - rows ? q->n - done : n_chunk - rows;
+            if (take) {
+                g->step_seq[k] = (struct model_seq){.row0 = rows, .n = take, .pos0 = q->pos0 + done,
+                                                    .want = q->logits && (q->all || done + take == q->n),
+                                                    .all = q->all};
+                g->step_S[k] = q->st;
+                g->step_io[k] = q->io;
+                g->step_src[k] = i;
+                g->step_done[k] = done;
+                memcpy(g->host_toks + rows, q->toks + done, take * sizeof *q->toks);
+                k++;
+                rows += take;
+                done += take;
+            }
+            if (done == q->n) i++, done = 0;
+        }
+        if ((st = step_run(g, k, rows))) break;
+        /* the wanted rows, in the step's order */
+        size_t o = 0;
+        for (uint32_t j = 0; j < k && !st; j++) {
+            const struct model_seq *sq = &g->step_seq[j];
+            const struct tern_gpu_seq *q = &seqs[g->step_src[j]];
+            if (!sq->want) continue;
+            if (q->all) {
+                st = tern_vk_download(g->logits, o * lb, q->logits + (size_t)g->step_done[j] * nv, sq->n * lb);
+                o += sq->n;
+            } else {
+                st = tern_vk_download(g->logits, o * lb, q->logits, lb);
+                o++;
+            }
+        }
+    }
+    return st;
+}
+
+enum tern_status tern_gpu_eval_batch(struct tern_gpu *g, const struct tern_gpu_seq *seqs, uint32_t n_seq,
+                                     uint32_t n_chunk) {
+    if (n_seq > MODEL_MAX_SEQS)
+        return tern_errorf(TERN_ERR_INVALID, "gpu: a step holds at most %d sequences, not %u", MODEL_MAX_SEQS, n_seq);
+    for (uint32_t i = 0; i < n_seq; i++) {
+        const struct tern_gpu_seq *q = &seqs[i];
+        TERN_ASSERT(q->st && q->st->g == g && q->pos0 + (uint64_t)q->n <= q->st->n_ctx && (q->toks || !q->n));
+        TERN_ASSERT(!q->io || !q->io->trail || !g->m->rec_bytes || q->io->slot0 + (uint64_t)q->n <= q->st->trail_cap);
+        /* two parts of one state in a step would each read the state as it was before
+         * the step's other part */
+        for (uint32_t j = 0; j < i; j++)
+            if (seqs[j].st == q->st)
+                return tern_errorf(TERN_ERR_INVALID, "gpu: sequences %u and %u of a step are one state", j, i);
+    }
+    if (n_chunk == 0 || n_chunk > g->n_chunk) n_chunk = g->n_chunk;
+    /* the scratch is shared by every state: one step at a time */
+    pthread_mutex_lock(g->mu);
+    const enum tern_status st = eval_locked(g, seqs, n_seq, n_chunk);
+    pthread_mutex_unlock(g->mu);
+    return st;
 }
 
 enum tern_status tern_gpu_eval_io(struct tern_gpu *g, struct tern_gpu_state *S, uint32_t pos0, const int32_t *toks,
                                   uint32_t n, uint32_t n_chunk, float *logits, bool logits_all,
                                   const struct tern_gpu_io *io) {
-    const uint32_t nv = g->m->hp.n_vocab;
     TERN_ASSERT(S->g == g && pos0 + (uint64_t)n <= S->n_ctx);
-    TERN_ASSERT(!io || !io->trail || !g->m->rec_bytes || io->slot0 + (uint64_t)n <= S->trail_cap);
-    if (n_chunk == 0 || n_chunk > g->n_chunk) n_chunk = g->n_chunk;
-    enum tern_status st = TERN_OK;
-    /* the scratch is shared by every state: one chunk at a time */
-    pthread_mutex_lock(g->mu);
-    for (uint32_t i = 0, c; i < n && !st; i += c) {
-        c = n - i < n_chunk ? n - i : n_chunk;
-        bool last = i + c == n;
-        /* Only the last token's logits: the chunk's other rows go without (eval_chunk
-         * projects every row it is given), the last token alone after them. The split
-         * changes no bits (chunk invariance) and saves n - 1 rows of the output matmul. */
-        if (last && logits && !logits_all && c > 1) c--, last = false;
-        float *lg = logits_all ? logits + (size_t)i * nv : last ? logits : NULL;
-        st = eval_chunk(g, S, pos0 + i, toks + i, c, lg, logits_all, io, (io ? io->slot0 : 0) + i);
-    }
-    pthread_mutex_unlock(g->mu);
-    return st;
+    /* One sequence: its chunks are the steps, and only the wanted rows are projected (the
+     * last token's, unless logits_all), so the chunk's other rows cost no output matmul. */
+    const struct tern_gpu_seq q = {.st = S, .pos0 = pos0, .toks = toks, .n = n, .logits = logits, .all = logits_all,
+                                   .io = io};
+    return tern_gpu_eval_batch(g, &q, 1, n_chunk);
 }
 
 enum tern_status tern_gpu_eval(struct tern_gpu *g, struct tern_gpu_state *S, uint32_t pos0, const int32_t *toks,

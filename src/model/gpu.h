@@ -12,7 +12,8 @@
  * model loaded for a device (tern_model_use_vulkan, session.c) each own a state; they
  * share the tern_gpu, whose scratch makes evaluations run one at a time: every call
  * below that touches the device takes the tern_gpu's lock (the Vulkan context is used
- * by one thread at a time, vulkan.h), for one chunk's command buffer or one copy.
+ * by one thread at a time, vulkan.h), for one eval's steps (a step: one command buffer
+ * over the rows of one or several states, tern_gpu_eval_batch) or one copy.
  *
  * `tern_gpu_model` (the first API, used by `tern bench --device` and `tern run --device`)
  * is one tern_gpu with one state and a position.
@@ -30,6 +31,7 @@ struct tern_vk;
 struct tern_gpu;
 struct tern_gpu_state;
 struct tern_gpu_model;
+struct tern_gpu_io;
 struct tern_vk_buf;
 
 /* Uploads m's weights to vk and sizes activations for chunks of n_chunk tokens. Errors:
@@ -62,6 +64,34 @@ size_t tern_gpu_state_bytes(const struct tern_gpu_state *st);
  * logits is NULL. On error (a lost device: TERN_ERR_IO) the state is undefined. */
 enum tern_status tern_gpu_eval(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t pos0, const int32_t *toks,
                                uint32_t n, uint32_t n_chunk, float *logits, bool logits_all);
+
+/* One sequence of a batch: toks[0..n) (ids already checked) of state st at positions
+ * [pos0, pos0 + n), pos0 + n <= st's n_ctx; logits NULL: none, else the last token's
+ * [n_vocab] or, when all, every token's [n][n_vocab]. */
+struct tern_gpu_seq {
+    struct tern_gpu_state *st;
+    uint32_t pos0;
+    const int32_t *toks;
+    uint32_t n;
+    float *logits;
+    bool all;
+    const struct tern_gpu_io *io; /* the trail and hidden states (below), or NULL */
+};
+/* Continuous batching on the device (DESIGN.md §8): the rows of n_seq sequences (distinct
+ * states of g, at most MODEL_MAX_SEQS), laid end to end, in steps of at most n_chunk rows
+ * (0 or more than the tern_gpu's: the largest); a sequence cut at a step's end goes on in
+ * the next, as at a chunk boundary. A step is one command buffer: the matmuls and the
+ * other row operations run once over all its rows (the weights are read once for every
+ * sequence), attention and the DeltaNet sequence by sequence against each one's own KV
+ * cache, conv window and state, the RoPE angles from each row's own position, and only
+ * the wanted rows are projected to logits. Each sequence's logits and state are
+ * bit-identical to tern_gpu_eval of it alone, whatever the other rows (every operation
+ * computes a row from that row alone, in one fixed order); a sequence's io as
+ * tern_gpu_eval_io's (below). Errors: more than MODEL_MAX_SEQS sequences or one state
+ * twice (TERN_ERR_INVALID, nothing computed); a lost device (TERN_ERR_IO): every
+ * sequence's state is then undefined. */
+enum tern_status tern_gpu_eval_batch(struct tern_gpu *g, const struct tern_gpu_seq *seqs, uint32_t n_seq,
+                                     uint32_t n_chunk);
 /* The recurrent-state trail (speculative verification of a hybrid model, tern_eval_opts.
  * rec_trail), kept on the device: trail_reserve makes room in st for n states (a device
  * buffer [n][rec_bytes] laid out as the recurrent block; what it held is lost when it

@@ -10,7 +10,8 @@
  * out as the CPU's, so checkpoints, hashes and the disk tier read the same. Fork copies
  * KV rows and recurrent state from state to state on the device; a checkpoint may live
  * in device memory (tern_model_set_ckpt_vram: "checkpoints in device memory" below) and
- * is then taken and restored by copies on the device too. */
+ * is then taken and restored by copies on the device too. tern_eval_batch on a device is
+ * one device step over the items' rows (tern_gpu_eval_batch), as the CPU's is one forward. */
 /* XXH3_state_t on the stack (streaming hashes over KV pages). */
 #define XXH_STATIC_LINKING_ONLY
 #include "model/model.h"
@@ -722,28 +723,63 @@ enum tern_status tern_eval_batch(const struct tern_batch_item *items, size_t n_i
     }
     if (rows > UINT32_MAX / 2) return tern_errorf(TERN_ERR_INVALID, "session: a batch of %zu rows", rows);
     if (m->gpu) {
-        /* On a device the items are evaluated one session after another (correct first: a
-         * device step over several sessions' rows is issue 22's work); each one's bits are
-         * those of its own eval, which is what the batch promises. Only a device failure
-         * can stop it midway, leaving the items before it advanced. */
-        enum tern_status st = TERN_OK;
-        for (size_t i = 0; i < n_items && !st; i++) st = tern_session_reserve(items[i].s, items[i].n);
+        /* On a device the items' rows are one device step (tern_gpu_eval_batch: the
+         * matmuls over every row, attention and the DeltaNet per session against its own
+         * state), split into steps of the device's chunk when they are more; each item's
+         * bits are those of its own eval, which is what the batch promises. A device
+         * failure leaves every item's device state undefined (and the sessions' positions
+         * where they were): the caller fails them all. */
+        struct tern_gpu_seq *gs = tern_malloc(n_items * sizeof *gs);
+        struct tern_gpu_io *io = tern_malloc(n_items * sizeof *io);
+        enum tern_status st = gs && io ? TERN_OK : tern_errorf(TERN_ERR_NOMEM, "session: out of memory for a batch");
         for (size_t i = 0; i < n_items && !st; i++) {
+            st = tern_session_reserve(items[i].s, items[i].n);
+            /* a trail is kept in device memory (the item's rec_trail is not written) */
+            if (!st && items[i].rec_trail && m->rec_bytes) st = tern_gpu_trail_reserve(m->gpu, items[i].s->gpu, items[i].n);
+        }
+        if (st) {
+            free(gs);
+            free(io);
+            return st;
+        }
+        for (size_t i = 0; i < n_items; i++) {
             const struct tern_batch_item *it = &items[i];
             struct tern_session *s = it->s;
-            if (it->logits || it->logits_all || it->rec_trail) {
-                const struct tern_eval_opts o = {.logits_all = it->logits_all, .rec_trail = it->rec_trail};
-                if ((st = tern_session_eval(s, it->toks, it->n, &o))) break;
-                continue;
-            }
-            /* a prompt chunk before the last: no logits at all */
+            io[i] = (struct tern_gpu_io){.trail = it->rec_trail && m->rec_bytes, .hidden_in = s->hidden_in,
+                                         .hidden_out = s->hidden_out, .hidden_pos0 = s->hidden_pos0};
+            gs[i] = (struct tern_gpu_seq){.st = s->gpu, .pos0 = s->n_past, .toks = it->toks, .n = it->n,
+                                          .logits = it->logits_all ? it->logits_all : it->logits ? s->logits : NULL,
+                                          .all = it->logits_all != NULL, .io = &io[i]};
+            /* as gpu_chunk: the host copy of the recurrent state is stale from here on
+             * (also on failure: the device's state is then undefined) */
             s->trail = NULL;
             s->logits_valid = false;
-            if ((st = gpu_chunk(s, it->toks, it->n, NULL, false, false, 0))) break;
+            s->rec_stale = true;
+        }
+        st = tern_gpu_eval_batch(m->gpu, gs, (uint32_t)n_items, 0);
+        free(gs);
+        free(io);
+        if (st) {
+            /* the position is the first item's (the log's pattern for a device failure) */
+            TERN_LOG_ERROR("session: the device failed at position %u: %s (a step of %zu sessions, %zu rows)",
+                           items[0].s->n_past, tern_last_error(), n_items, rows);
+            return st;
+        }
+        for (size_t i = 0; i < n_items; i++) {
+            const struct tern_batch_item *it = &items[i];
+            struct tern_session *s = it->s;
+            if (it->rec_trail && m->rec_bytes) {
+                s->trail = it->rec_trail;
+                s->trail_pos0 = s->n_past;
+                s->trail_end = s->n_past + it->n;
+            }
             memcpy(s->tokens + s->n_past, it->toks, it->n * sizeof *it->toks);
             s->n_past += it->n;
+            s->logits_valid = it->logits || it->logits_all;
+            if (it->logits_all)
+                memcpy(s->logits, it->logits_all + (size_t)(it->n - 1) * n_vocab, n_vocab * sizeof(float));
         }
-        return st;
+        return TERN_OK;
     }
     int32_t *toks = tern_malloc(rows * sizeof *toks);
     struct model_seq *seq = tern_malloc(n_items * sizeof *seq);

@@ -9,6 +9,8 @@
 // - --cache-vram keeps the hybrid's checkpoints in device memory (counted on /metrics,
 //   said at start), and the answer resumed from one equals cold;
 // - predictive priming primes on the device in idle time, and the next turn equals cold;
+// - concurrent requests share device steps (tern_eval_batch: one step over several
+//   sessions' rows), and each answer and state hash equals the same request alone;
 // - a client that disconnects cancels its request; the engine stays consistent;
 // - a lost device (TERN_TEST_VK_LOSE_AFTER) fails the request with 500, logged;
 // - --spec ngram verifies its drafts on the device (a hybrid's state trail there), and
@@ -125,6 +127,39 @@ async function metric(srv, name) {
   const text = await (await fetch(`${srv.base}/metrics`)).text();
   const m = text.match(new RegExp(`^${name} (\\d+)`, 'm'));
   return m ? Number(m[1]) : 0;
+}
+
+// Steps so far, and those that held one sequence (the engine's histogram on /metrics).
+async function steps(srv) {
+  const text = await (await fetch(`${srv.base}/metrics`)).text();
+  const one = text.match(/^tern_engine_step_sequences_bucket\{le="1"\} (\d+)$/m);
+  const all = text.match(/^tern_engine_step_sequences_count (\d+)$/m);
+  assert.ok(one && all, 'the step histogram on /metrics');
+  return { one: Number(one[1]), all: Number(all[1]) };
+}
+
+for (const arch of ['qwen3', 'qwen35']) {
+  test(`${arch}: concurrent requests share device steps; each equals its request alone`, async () => {
+    const { on, off } = servers[arch];
+    const prompts = ['Describe a lighthouse at night.', 'Two plus two is'];
+    // Whether the second arrives before the first has finished is up to the machine's
+    // load: up to 3 rounds, each checked in full, until a step held both.
+    let shared = false;
+    for (let round = 0; round < 3 && !shared; round++) {
+      const before = await steps(on);
+      const bodies = prompts.map((p, i) => ({ messages: [{ role: 'user', content: p }], max_tokens: 12,
+        cache_salt: `conc-${arch}-${round}-${i}` }));
+      const got = await Promise.all(bodies.map((b) => chat(on, b)));
+      const after = await steps(on);
+      shared = after.all - before.all > after.one - before.one;
+      for (let i = 0; i < bodies.length; i++) {
+        const alone = await chat(off, { ...bodies[i], cache_salt: `conc-cold-${arch}-${round}-${i}` });
+        assert.deepEqual(got[i].choices[0].message, alone.choices[0].message, 'concurrent output equals alone');
+        assert.equal(await stateHash(on, got[i].id), await stateHash(off, alone.id), 'concurrent state equals alone');
+      }
+    }
+    assert.ok(shared, 'a step held both requests');
+  });
 }
 
 for (const arch of ['qwen3', 'qwen35']) {

@@ -11,6 +11,11 @@
  *   the next token's logits;
  * - a cancelled eval stops at a chunk boundary and the rest then gives the cold run's;
  * - tern_eval_batch of two device sessions gives each its own eval's bits;
+ * - tern_eval_batch as one device step over several sessions' rows (a fresh prompt, a
+ *   decoded token, a logits_all chunk, at different positions; and a batch of more rows
+ *   than the device's chunk, split into steps with sessions cut across them): every
+ *   item's logits and state hash equal its session's evaluated alone; the device's entry
+ *   (tern_gpu_eval_batch) refuses one state twice in a step;
  * - rewinding an attention-only session then re-reading equals cold; the hybrid refuses;
  * - the checkpoint's and KV export's bytes are laid out as the CPU's (F32: the same values
  *   within the backends' tolerance), so the disk tier reads the same on both;
@@ -582,6 +587,144 @@ static void vram_full(const char *rel, float room) {
     tern_model_free(m);
 }
 
+/* A solo reference: a session that read pre[0..n_pre) in chunks of 64, then each of the
+ * evals ev[k] alone (tern_session_eval), its logits (the last token's, or every token's
+ * when all) and state hash after each. */
+struct solo_eval {
+    const int32_t *toks;
+    uint32_t n;
+    bool all;
+    float *logits; /* out: [n][n_vocab] when all, else [n_vocab] */
+    uint64_t hash; /* out */
+};
+
+static void solo(struct tern_model *m, const int32_t *pre, uint32_t n_pre, struct solo_eval *ev, size_t n_ev) {
+    const size_t nv = tern_model_info(m)->n_vocab;
+    struct tern_session *s = n_pre ? primed(m, pre, n_pre, 64, NULL) : new_session(m, TERN_KV_F16);
+    for (size_t k = 0; k < n_ev; k++) {
+        struct tern_eval_opts o = {.logits_all = ev[k].all ? ev[k].logits : NULL};
+        assert_int_equal(tern_session_eval(s, ev[k].toks, ev[k].n, &o), TERN_OK);
+        if (!ev[k].all) memcpy(ev[k].logits, tern_session_logits(s), nv * sizeof(float));
+        ev[k].hash = tern_session_hash(s);
+    }
+    tern_session_free(s);
+}
+
+/* After a batch: the item's logits (its logits_all rows, or the session's logits) and
+ * state hash are its solo eval's. */
+static void assert_item(const struct tern_batch_item *it, const struct solo_eval *ev, uint32_t n_past, size_t nv) {
+    assert_int_equal(tern_session_n_past(it->s), n_past);
+    if (it->logits_all) {
+        assert_memory_equal(it->logits_all, ev->logits, (size_t)it->n * nv * sizeof(float));
+        assert_memory_equal(tern_session_logits(it->s), ev->logits + (size_t)(it->n - 1) * nv, nv * sizeof(float));
+    } else {
+        assert_non_null(tern_session_logits(it->s));
+        assert_memory_equal(tern_session_logits(it->s), ev->logits, nv * sizeof(float));
+    }
+    assert_true(tern_session_hash(it->s) == ev->hash);
+}
+
+/* tern_eval_batch on the device (one step over several sessions' rows, split into steps
+ * of the device's chunk of 64 when they are more) against each session alone. */
+static void check_batch(const char *rel) {
+    struct tern_model *m = load(rel, true);
+    const size_t nv = tern_model_info(m)->n_vocab;
+    int32_t *toks = tx_prompt(N_TOK + 1), p2[70];
+    for (size_t i = 0; i <= N_TOK; i++) toks[i] %= (int32_t)nv;
+    for (size_t i = 0; i < 70; i++) p2[i] = (int32_t)((toks[i] * 13 + 5) % (int32_t)nv);
+    float *a1 = malloc(nv * sizeof(float)), *a2 = malloc(nv * sizeof(float)), *b1 = malloc(nv * sizeof(float));
+    float *b2 = malloc(nv * sizeof(float)), *c = malloc(20 * nv * sizeof(float)), *d = malloc(50 * nv * sizeof(float));
+    float *gc = malloc(20 * nv * sizeof(float)), *gd = malloc(50 * nv * sizeof(float));
+
+    /* alone: A decodes one token after P_CUT, then another; B reads a fresh prompt of 30,
+     * then 40 more; C reads 20 tokens after 10 with every row's logits; D a fresh prompt
+     * of 50 with every row's logits */
+    struct solo_eval ea[] = {{toks + P_CUT, 1, false, a1, 0}, {toks + P_CUT + 1, 1, false, a2, 0}};
+    struct solo_eval eb[] = {{p2, 30, false, b1, 0}, {p2 + 30, 40, false, b2, 0}};
+    struct solo_eval ec[] = {{toks + 10, 20, true, c, 0}}, ed[] = {{toks, 50, true, d, 0}};
+    solo(m, toks, P_CUT, ea, 2);
+    solo(m, NULL, 0, eb, 2);
+    solo(m, toks, 10, ec, 1);
+    solo(m, NULL, 0, ed, 1);
+
+    struct tern_session *A = primed(m, toks, P_CUT, 64, NULL), *B = new_session(m, TERN_KV_F16);
+    struct tern_session *C = primed(m, toks, 10, 64, NULL), *D = new_session(m, TERN_KV_F16);
+    /* one step of 51 rows: A's token, B's prompt (its last row's logits), C's 20 rows */
+    const struct tern_batch_item s1[] = {
+        {.s = A, .toks = toks + P_CUT, .n = 1, .logits = true},
+        {.s = B, .toks = p2, .n = 30, .logits = true},
+        {.s = C, .toks = toks + 10, .n = 20, .logits_all = gc},
+    };
+    assert_int_equal(tern_eval_batch(s1, 3), TERN_OK);
+    assert_item(&s1[0], &ea[0], P_CUT + 1, nv);
+    assert_item(&s1[1], &eb[0], 30, nv);
+    assert_item(&s1[2], &ec[0], 30, nv);
+    /* 91 rows, more than the chunk: steps of 64 and 27 rows; B is cut across them (its
+     * last row in the second), D's rows all in the first */
+    const struct tern_batch_item s2[] = {
+        {.s = A, .toks = toks + P_CUT + 1, .n = 1, .logits = true},
+        {.s = D, .toks = toks, .n = 50, .logits_all = gd},
+        {.s = B, .toks = p2 + 30, .n = 40, .logits = true},
+    };
+    assert_int_equal(tern_eval_batch(s2, 3), TERN_OK);
+    assert_item(&s2[0], &ea[1], P_CUT + 2, nv);
+    assert_item(&s2[1], &ed[0], 50, nv);
+    assert_item(&s2[2], &eb[1], 70, nv);
+    /* 68 rows: a logits_all item cut across the steps (C: 38 rows in the first, 4 in the
+     * second), an item without logits (B: a prompt chunk before the last) and A's 24
+     * tokens, each equal to the same evaluated alone */
+    {
+        float *l = malloc(42 * nv * sizeof(float)), *r = malloc(42 * nv * sizeof(float));
+        const struct tern_batch_item s3[] = {
+            {.s = B, .toks = toks, .n = 2},
+            {.s = A, .toks = toks, .n = 24, .logits = true},
+            {.s = C, .toks = toks + 30, .n = 42, .logits_all = l},
+        };
+        assert_int_equal(tern_eval_batch(s3, 3), TERN_OK);
+        struct solo_eval eb3[] = {{p2, 30, false, b1, 0}, {p2 + 30, 40, false, b2, 0}, {toks, 2, false, a1, 0}};
+        solo(m, NULL, 0, eb3, 3);
+        assert_int_equal(tern_session_n_past(B), 72);
+        assert_null(tern_session_logits(B));
+        assert_true(tern_session_hash(B) == eb3[2].hash);
+        struct solo_eval ea3[] = {{toks + P_CUT, 1, false, a1, 0}, {toks + P_CUT + 1, 1, false, a2, 0},
+                                  {toks, 24, false, b1, 0}};
+        solo(m, toks, P_CUT, ea3, 3);
+        assert_item(&s3[1], &ea3[2], P_CUT + 26, nv);
+        struct solo_eval ec3[] = {{toks + 10, 20, true, gc, 0}, {toks + 30, 42, true, r, 0}};
+        solo(m, toks, 10, ec3, 2);
+        assert_item(&s3[2], &ec3[1], 72, nv);
+        free(l);
+        free(r);
+    }
+    /* the device's entry refuses one state twice in a step before computing anything */
+    {
+        const uint64_t ha = tern_session_hash(A);
+        const struct tern_gpu_seq twice[] = {{.st = A->gpu, .pos0 = tern_session_n_past(A), .toks = toks, .n = 1},
+                                             {.st = A->gpu, .pos0 = tern_session_n_past(A) + 1, .toks = toks, .n = 1}};
+        assert_int_equal(tern_gpu_eval_batch(m->gpu, twice, 2, 0), TERN_ERR_INVALID);
+        assert_non_null(strstr(tern_last_error(), "one state"));
+        assert_true(tern_session_hash(A) == ha);
+    }
+    printf("%-28s device batches of 3 sessions (51 rows; 91 and 68 rows in steps of 64): each item's logits and "
+           "state hash equal its session alone\n",
+           rel);
+    tern_session_free(A), tern_session_free(B), tern_session_free(C), tern_session_free(D);
+    float *fr[] = {a1, a2, b1, b2, c, d, gc, gd};
+    for (size_t i = 0; i < sizeof fr / sizeof *fr; i++) free(fr[i]);
+    free(toks);
+    tern_model_free(m);
+}
+
+static void test_batch_qwen3(void **state) {
+    (void)state;
+    check_batch("models/tiny-qwen3-f32.gguf");
+}
+
+static void test_batch_qwen35(void **state) {
+    (void)state;
+    check_batch("models/tiny-qwen35-f32.gguf");
+}
+
 static void test_qwen35_vram_full(void **state) {
     (void)state;
     vram_full("models/tiny-qwen35-f32.gguf", 1.5f);
@@ -619,6 +762,8 @@ int main(void) {
         cmocka_unit_test(test_qwen35_q8_0),
         cmocka_unit_test(test_qwen35_vram),
         cmocka_unit_test(test_qwen35_vram_full),
+        cmocka_unit_test(test_batch_qwen3),
+        cmocka_unit_test(test_batch_qwen35),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -363,9 +363,9 @@ static void check_attention(bool f16, size_t hd) {
     assert_int_equal(tern_vk_buf_new(vk, T * nh * hd * sizeof(float), &bo), TERN_OK);
     /* rows [0, P) in one go (rows of nkv heads), then the queries of the last T */
     assert_int_equal(tern_vk_begin(vk), TERN_OK);
-    assert_int_equal(tern_vk_kv_store(vk, bk, nkv * hd, kc, n_ctx, nkv, hd, 0, P, f16), TERN_OK);
-    assert_int_equal(tern_vk_kv_store(vk, bv, nkv * hd, vc, n_ctx, nkv, hd, 0, P, f16), TERN_OK);
-    assert_int_equal(tern_vk_attention(vk, bq, nh * hd, kc, vc, n_ctx, bo, nh * hd, T, pos0, nh, nkv, hd, scale, f16),
+    assert_int_equal(tern_vk_kv_store(vk, bk, nkv * hd, kc, n_ctx, nkv, hd, 0, 0, P, f16), TERN_OK);
+    assert_int_equal(tern_vk_kv_store(vk, bv, nkv * hd, vc, n_ctx, nkv, hd, 0, 0, P, f16), TERN_OK);
+    assert_int_equal(tern_vk_attention(vk, bq, nh * hd, kc, vc, n_ctx, bo, nh * hd, 0, T, pos0, nh, nkv, hd, scale, f16),
                      TERN_OK);
     assert_int_equal(tern_vk_end(vk), TERN_OK);
     host_floats(bo, out, T * nh * hd);
@@ -408,10 +408,29 @@ static void check_attention(bool f16, size_t hd) {
     float *one = malloc(nh * hd * sizeof(float));
     struct tern_vk_buf *bq1 = dev_floats(q + 3 * nh * hd, nh * hd), *bo1;
     assert_int_equal(tern_vk_buf_new(vk, nh * hd * sizeof(float), &bo1), TERN_OK);
-    assert_int_equal(tern_vk_attention(vk, bq1, nh * hd, kc, vc, n_ctx, bo1, nh * hd, 1, pos0 + 3, nh, nkv, hd, scale, f16),
+    assert_int_equal(tern_vk_attention(vk, bq1, nh * hd, kc, vc, n_ctx, bo1, nh * hd, 0, 1, pos0 + 3, nh, nkv, hd, scale, f16),
                      TERN_OK);
     host_floats(bo1, one, nh * hd);
     assert_memory_equal(one, out + 3 * nh * hd, nh * hd * sizeof(float));
+    /* tokens 3.. as rows 3.. of the whole buffers (row0: one sequence of a step over
+     * several): their bits among T, the rows before them untouched */
+    if (T > 3) {
+        float *rest = malloc(T * nh * hd * sizeof(float));
+        for (size_t i = 0; i < T * nh * hd; i++) rest[i] = -7.0f;
+        struct tern_vk_buf *bo2 = dev_floats(rest, T * nh * hd);
+        assert_int_equal(tern_vk_attention(vk, bq, nh * hd, kc, vc, n_ctx, bo2, nh * hd, 3, T - 3, pos0 + 3, nh, nkv,
+                                           hd, scale, f16),
+                         TERN_OK);
+        host_floats(bo2, rest, T * nh * hd);
+        assert_memory_equal(rest + 3 * nh * hd, out + 3 * nh * hd, (T - 3) * nh * hd * sizeof(float));
+        for (size_t i = 0; i < 3 * nh * hd; i++) assert_true(rest[i] == -7.0f);
+        /* past the buffer's rows: refused */
+        assert_int_equal(tern_vk_attention(vk, bq, nh * hd, kc, vc, n_ctx, bo2, nh * hd, 4, T - 3, pos0 + 3, nh, nkv,
+                                           hd, scale, f16),
+                         TERN_ERR_RANGE);
+        tern_vk_buf_free(bo2);
+        free(rest);
+    }
     tern_vk_buf_free(bk), tern_vk_buf_free(bv), tern_vk_buf_free(bq), tern_vk_buf_free(kc), tern_vk_buf_free(vc);
     tern_vk_buf_free(bo), tern_vk_buf_free(bq1), tern_vk_buf_free(bo1);
     free(k), free(v), free(q), free(out), free(kh), free(vh), free(kh16), free(vh16), free(acc), free(scores), free(ref);
@@ -456,8 +475,8 @@ static void check_deltanet(uint32_t n_k, uint32_t n_v, uint32_t d, size_t T) {
     assert_int_equal(tern_vk_buf_new(vk, T * C * sizeof(float), &by), TERN_OK);
     assert_int_equal(tern_vk_buf_new(vk, T * nvd * sizeof(float), &bo), TERN_OK);
     assert_int_equal(tern_vk_begin(vk), TERN_OK);
-    assert_int_equal(tern_vk_deltanet_conv(vk, bwin, bcw, bx, C, by, C, C, 4, T), TERN_OK);
-    assert_int_equal(tern_vk_deltanet_heads(vk, bS, by, bz, bb, ba, bo, bp, n_k, n_v, d, d, 1e-6f, T), TERN_OK);
+    assert_int_equal(tern_vk_deltanet_conv(vk, bwin, bcw, bx, C, by, C, C, 4, 0, T), TERN_OK);
+    assert_int_equal(tern_vk_deltanet_heads(vk, bS, by, bz, bb, ba, bo, bp, n_k, n_v, d, d, 1e-6f, 0, T), TERN_OK);
     assert_int_equal(tern_vk_end(vk), TERN_OK);
     float *gy = malloc(T * C * sizeof(float)), *go = malloc(T * nvd * sizeof(float)), *gS = malloc(nvd * d * sizeof(float));
     host_floats(by, gy, T * C);
@@ -478,8 +497,8 @@ static void check_deltanet(uint32_t n_k, uint32_t n_v, uint32_t d, size_t T) {
         struct tern_vk_buf *x1 = dev_floats(x + t * C, C), *z1 = dev_floats(z + t * nvd, nvd);
         struct tern_vk_buf *b1 = dev_floats(beta + t * n_v, n_v), *a1 = dev_floats(alpha + t * n_v, n_v);
         assert_int_equal(tern_vk_begin(vk), TERN_OK);
-        assert_int_equal(tern_vk_deltanet_conv(vk, bwin, bcw, x1, C, by, C, C, 4, 1), TERN_OK);
-        assert_int_equal(tern_vk_deltanet_heads(vk, bS, by, z1, b1, a1, bo, bp, n_k, n_v, d, d, 1e-6f, 1), TERN_OK);
+        assert_int_equal(tern_vk_deltanet_conv(vk, bwin, bcw, x1, C, by, C, C, 4, 0, 1), TERN_OK);
+        assert_int_equal(tern_vk_deltanet_heads(vk, bS, by, z1, b1, a1, bo, bp, n_k, n_v, d, d, 1e-6f, 0, 1), TERN_OK);
         assert_int_equal(tern_vk_end(vk), TERN_OK);
         host_floats(by, ty, C);
         host_floats(bo, to, nvd);
@@ -489,6 +508,29 @@ static void check_deltanet(uint32_t n_k, uint32_t n_v, uint32_t d, size_t T) {
     }
     host_floats(bS, tS, nvd * d);
     assert_memory_equal(tS, gS, nvd * d * sizeof(float));
+    /* the tokens as two dispatches over row ranges of the same buffers (row0: one
+     * sequence of a step over several): the chunk's bits */
+    const size_t cut = T / 2;
+    assert_int_equal(tern_vk_upload(bwin, 0, zeros, W * C * sizeof(float)), TERN_OK);
+    assert_int_equal(tern_vk_upload(bS, 0, zeros, nvd * d * sizeof(float)), TERN_OK);
+    assert_int_equal(tern_vk_begin(vk), TERN_OK);
+    assert_int_equal(tern_vk_deltanet_conv(vk, bwin, bcw, bx, C, by, C, C, 4, 0, cut), TERN_OK);
+    assert_int_equal(tern_vk_deltanet_heads(vk, bS, by, bz, bb, ba, bo, bp, n_k, n_v, d, d, 1e-6f, 0, cut), TERN_OK);
+    assert_int_equal(tern_vk_deltanet_conv(vk, bwin, bcw, bx, C, by, C, C, 4, cut, T - cut), TERN_OK);
+    assert_int_equal(tern_vk_deltanet_heads(vk, bS, by, bz, bb, ba, bo, bp, n_k, n_v, d, d, 1e-6f, cut, T - cut),
+                     TERN_OK);
+    assert_int_equal(tern_vk_end(vk), TERN_OK);
+    float *sy = malloc(T * C * sizeof(float)), *so = malloc(T * nvd * sizeof(float));
+    host_floats(by, sy, T * C);
+    host_floats(bo, so, T * nvd);
+    host_floats(bS, tS, nvd * d);
+    assert_memory_equal(sy, gy, T * C * sizeof(float));
+    assert_memory_equal(so, go, T * nvd * sizeof(float));
+    assert_memory_equal(tS, gS, nvd * d * sizeof(float));
+    assert_int_equal(tern_vk_deltanet_conv(vk, bwin, bcw, bx, C, by, C, C, 4, cut + 1, T - cut), TERN_ERR_RANGE);
+    assert_int_equal(tern_vk_deltanet_heads(vk, bS, by, bz, bb, ba, bo, bp, n_k, n_v, d, d, 1e-6f, cut + 1, T - cut),
+                     TERN_ERR_RANGE);
+    free(sy), free(so);
     struct tern_vk_buf *all[] = {bwin, bcw, bx, bS, bz, bb, ba, bp, by, bo};
     for (size_t i = 0; i < TERN_ARRAY_LEN(all); i++) tern_vk_buf_free(all[i]);
     float *fr[] = {x, cw, z, beta, alpha, prm, win, S, y, out, scr, zeros, gy, go, gS, ty, to, tS};

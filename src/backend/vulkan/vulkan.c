@@ -203,7 +203,7 @@ enum {
 };
 #define N_MODULES 10 /* matmul, rmsnorm, rows, rope, attention, kvstore, dnconv, dnheads, split, moe */
 #define N_BINDINGS 8
-#define PUSH_BYTES 32
+#define PUSH_BYTES 64 /* of the 128 every device offers */
 
 struct tern_vk {
     struct tern_vk_device_info info;
@@ -648,6 +648,7 @@ static enum tern_status record(struct tern_vk *vk, int pipe, const struct tern_v
                                        .pBufferInfo = &bi[i]};
     }
     vk->f.vkUpdateDescriptorSets(vk->dev, N_BINDINGS, wr, 0, NULL);
+    TERN_ASSERT(push_bytes <= PUSH_BYTES);
     uint8_t pc[PUSH_BYTES] = {0};
     memcpy(pc, push, push_bytes);
     vk->f.vkCmdBindPipeline(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, vk->pipes[pipe]);
@@ -864,18 +865,18 @@ enum tern_status tern_vk_rope(struct tern_vk *vk, struct tern_vk_buf *x, size_t 
 
 enum tern_status tern_vk_kv_store(struct tern_vk *vk, const struct tern_vk_buf *x, size_t row_stride,
                                   struct tern_vk_buf *cache, size_t n_ctx, size_t n_kv_head, size_t head_dim,
-                                  size_t pos0, size_t n_tok, bool f16) {
+                                  size_t pos0, size_t row0, size_t n_tok, bool f16) {
     enum tern_status st;
     const size_t es = f16 ? 2 : 4;
     if ((f16 && head_dim % 2) || row_stride < n_kv_head * head_dim || pos0 + n_tok > n_ctx)
         return tern_errorf(TERN_ERR_INVALID, "vulkan: kv store of %zu rows at %zu into %zu positions (heads of %zu)", n_tok,
                            pos0, n_ctx, head_dim);
-    if ((st = check_rows("kv store", x, n_tok, row_stride))) return st;
+    if ((st = check_rows("kv store", x, row0 + n_tok, row_stride))) return st;
     if (cache->bytes / es / head_dim / (n_kv_head ? n_kv_head : 1) < n_ctx)
         return tern_errorf(TERN_ERR_RANGE, "vulkan: a %zu-byte cache cannot hold %zu positions", cache->bytes, n_ctx);
     if (!n_tok || !n_kv_head) return TERN_OK;
-    const uint32_t pc[6] = {(uint32_t)head_dim, (uint32_t)n_ctx, (uint32_t)row_stride, (uint32_t)pos0,
-                            (uint32_t)n_kv_head, (uint32_t)n_tok};
+    const uint32_t pc[7] = {(uint32_t)head_dim,  (uint32_t)n_ctx, (uint32_t)row_stride, (uint32_t)pos0,
+                            (uint32_t)n_kv_head, (uint32_t)n_tok, (uint32_t)row0};
     const struct tern_vk_buf *bufs[2] = {x, cache};
     const size_t width = f16 ? head_dim / 2 : head_dim;
     return record(vk, f16 ? PIPE_KVSTORE_F16 : PIPE_KVSTORE_F32, bufs, 2, pc, sizeof pc, (uint32_t)((width + 63) / 64),
@@ -884,15 +885,17 @@ enum tern_status tern_vk_kv_store(struct tern_vk *vk, const struct tern_vk_buf *
 
 enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf *q, size_t q_stride,
                                    const struct tern_vk_buf *kc, const struct tern_vk_buf *vc, size_t n_ctx,
-                                   struct tern_vk_buf *out, size_t out_stride, size_t n_tok, size_t pos0,
-                                   size_t n_head, size_t n_kv_head, size_t head_dim, float scale, bool f16) {
+                                   struct tern_vk_buf *out, size_t out_stride, size_t row0, size_t n_tok,
+                                   size_t pos0, size_t n_head, size_t n_kv_head, size_t head_dim, float scale,
+                                   bool f16) {
     enum tern_status st;
     if (head_dim == 0 || head_dim > 256 || (f16 && head_dim % 2) || n_kv_head == 0 || n_head % n_kv_head ||
         q_stride < n_head * head_dim || out_stride < n_head * head_dim || pos0 + n_tok > n_ctx)
         return tern_errorf(TERN_ERR_INVALID,
                            "vulkan: attention of %zu heads (%zu kv heads of %zu, at most 256) at %zu+%zu of %zu positions",
                            n_head, n_kv_head, head_dim, pos0, n_tok, n_ctx);
-    if ((st = check_rows("attention queries", q, n_tok, q_stride)) || (st = check_rows("attention output", out, n_tok, out_stride)))
+    if ((st = check_rows("attention queries", q, row0 + n_tok, q_stride)) ||
+        (st = check_rows("attention output", out, row0 + n_tok, out_stride)))
         return st;
     const size_t es = f16 ? 2 : 4;
     if (kc->bytes / es / head_dim / n_kv_head < n_ctx || vc->bytes / es / head_dim / n_kv_head < n_ctx)
@@ -901,26 +904,28 @@ enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf 
     struct {
         uint32_t head_dim, n_ctx, q_stride, out_stride, pos0, group;
         float scale;
-        uint32_t n_tok;
-    } pc = {(uint32_t)head_dim, (uint32_t)n_ctx, (uint32_t)q_stride, (uint32_t)out_stride,
-            (uint32_t)pos0,     (uint32_t)(n_head / n_kv_head), scale, (uint32_t)n_tok};
+        uint32_t n_tok, row0;
+    } pc = {(uint32_t)head_dim, (uint32_t)n_ctx, (uint32_t)q_stride, (uint32_t)out_stride, (uint32_t)pos0,
+            (uint32_t)(n_head / n_kv_head), scale, (uint32_t)n_tok, (uint32_t)row0};
     const struct tern_vk_buf *bufs[4] = {q, kc, vc, out};
     return record(vk, f16 ? PIPE_ATTN_F16 : PIPE_ATTN_F32, bufs, 4, &pc, sizeof pc, (uint32_t)n_tok, (uint32_t)n_head, 1);
 }
 
 enum tern_status tern_vk_deltanet_conv(struct tern_vk *vk, struct tern_vk_buf *window, const struct tern_vk_buf *conv_wt,
                                        const struct tern_vk_buf *x, size_t ldx, struct tern_vk_buf *y, size_t ldy,
-                                       size_t C, size_t n_conv, size_t n_tok) {
+                                       size_t C, size_t n_conv, size_t row0, size_t n_tok) {
     enum tern_status st;
     if (n_conv < 2 || ldx < C || ldy < C)
         return tern_errorf(TERN_ERR_INVALID, "vulkan: DeltaNet conv of %zu taps over %zu channels (rows of %zu, %zu)",
                            n_conv, C, ldx, ldy);
     if ((st = check_rows("DeltaNet conv window", window, n_conv - 1, C)) ||
-        (st = check_rows("DeltaNet conv weights", conv_wt, n_conv, C)) || (st = check_rows("DeltaNet conv input", x, n_tok, ldx)) ||
-        (st = check_rows("DeltaNet conv output", y, n_tok, ldy)))
+        (st = check_rows("DeltaNet conv weights", conv_wt, n_conv, C)) ||
+        (st = check_rows("DeltaNet conv input", x, row0 + n_tok, ldx)) ||
+        (st = check_rows("DeltaNet conv output", y, row0 + n_tok, ldy)))
         return st;
     if (!n_tok || !C) return TERN_OK;
-    const uint32_t pc[5] = {(uint32_t)C, (uint32_t)n_conv, (uint32_t)ldx, (uint32_t)ldy, (uint32_t)n_tok};
+    const uint32_t pc[6] = {(uint32_t)C,   (uint32_t)n_conv, (uint32_t)ldx,
+                            (uint32_t)ldy, (uint32_t)n_tok,  (uint32_t)row0};
     const struct tern_vk_buf *bufs[4] = {window, conv_wt, x, y};
     return record(vk, PIPE_DNCONV, bufs, 4, pc, sizeof pc, (uint32_t)((C + 63) / 64), 1, 1);
 }
@@ -929,23 +934,24 @@ enum tern_status tern_vk_deltanet_heads(struct tern_vk *vk, struct tern_vk_buf *
                                         const struct tern_vk_buf *z, const struct tern_vk_buf *beta,
                                         const struct tern_vk_buf *alpha, struct tern_vk_buf *out,
                                         const struct tern_vk_buf *params, size_t n_k, size_t n_v, size_t d_k,
-                                        size_t d_v, float eps, size_t n_tok) {
+                                        size_t d_v, float eps, size_t row0, size_t n_tok) {
     enum tern_status st;
     if (!n_k || !n_v || n_v % n_k || d_k == 0 || d_k > 256 || d_v == 0 || d_v > 256)
         return tern_errorf(TERN_ERR_INVALID, "vulkan: DeltaNet of %zu k-heads, %zu v-heads, heads of %zu/%zu (at most 256)",
                            n_k, n_v, d_k, d_v);
-    const size_t C = 2 * n_k * d_k + n_v * d_v;
-    if ((st = check_rows("DeltaNet state", state, n_v * d_k, d_v)) || (st = check_rows("DeltaNet qkv", qkv, n_tok, C)) ||
-        (st = check_rows("DeltaNet z", z, n_tok, n_v * d_v)) || (st = check_rows("DeltaNet beta", beta, n_tok, n_v)) ||
-        (st = check_rows("DeltaNet alpha", alpha, n_tok, n_v)) || (st = check_rows("DeltaNet output", out, n_tok, n_v * d_v)) ||
+    const size_t C = 2 * n_k * d_k + n_v * d_v, rows = row0 + n_tok;
+    if ((st = check_rows("DeltaNet state", state, n_v * d_k, d_v)) || (st = check_rows("DeltaNet qkv", qkv, rows, C)) ||
+        (st = check_rows("DeltaNet z", z, rows, n_v * d_v)) || (st = check_rows("DeltaNet beta", beta, rows, n_v)) ||
+        (st = check_rows("DeltaNet alpha", alpha, rows, n_v)) ||
+        (st = check_rows("DeltaNet output", out, rows, n_v * d_v)) ||
         (st = check_rows("DeltaNet parameters", params, 1, 2 * n_v + d_v)))
         return st;
     if (!n_tok) return TERN_OK;
     struct {
         uint32_t n_k, n_v, d_k, d_v;
         float eps;
-        uint32_t n_tok;
-    } pc = {(uint32_t)n_k, (uint32_t)n_v, (uint32_t)d_k, (uint32_t)d_v, eps, (uint32_t)n_tok};
+        uint32_t n_tok, row0;
+    } pc = {(uint32_t)n_k, (uint32_t)n_v, (uint32_t)d_k, (uint32_t)d_v, eps, (uint32_t)n_tok, (uint32_t)row0};
     const struct tern_vk_buf *bufs[7] = {state, qkv, z, beta, alpha, out, params};
     return record(vk, PIPE_DNHEADS, bufs, 7, &pc, sizeof pc, (uint32_t)n_v, 1, 1);
 }

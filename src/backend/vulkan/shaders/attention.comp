@@ -8,6 +8,8 @@
 // result therefore depends only on its own positions, never on the other queries.
 //
 // Cache layout: [n_kv_head][n_ctx][head_dim], F32 or (F16 = 1) halves packed in uints.
+// Queries and outputs are rows row0.. of their buffers (one sequence of a step over
+// several; token t of the dispatch is at position pos0 + t).
 layout(local_size_x = 64) in;
 layout(constant_id = 0) const uint F16 = 0;
 
@@ -25,6 +27,7 @@ layout(push_constant) uniform P {
     uint group;     // query heads per kv head
     float scale;
     uint n_tok;
+    uint row0;      // the dispatch's first row of q and o
 } p;
 
 shared float s[256];
@@ -43,7 +46,7 @@ void main() {
     const uint lid = gl_LocalInvocationID.x;
     const uint hd = p.head_dim, g = h / p.group;
     const uint pos = p.pos0 + t;
-    const uint qo = t * p.q_stride + h * hd;
+    const uint qo = (p.row0 + t) * p.q_stride + h * hd;
     const uint base = g * p.n_ctx * hd;
     float m = -1.0 / 0.0, l = 0.0;
     float acc[4] = float[4](0.0, 0.0, 0.0, 0.0); // dims lid, lid + 64, lid + 128, lid + 192
@@ -97,6 +100,6 @@ void main() {
     const float inv = 1.0 / l;
     for (uint r = 0u; r < 4u; r++) {
         const uint e = lid + 64u * r;
-        if (e < hd) o[t * p.out_stride + h * hd + e] = acc[r] * inv;
+        if (e < hd) o[(p.row0 + t) * p.out_stride + h * hd + e] = acc[r] * inv;
     }
 }

@@ -1,7 +1,8 @@
 #version 450
 // Gated DeltaNet's causal depthwise convolution + SiLU (model/deltanet.h, step 1), one
 // invocation per channel, tokens in order: tap j meets row t + j of (window ++ x), taps
-// summed in ascending order; then the window keeps the last n_conv - 1 inputs.
+// summed in ascending order; then the window keeps the last n_conv - 1 inputs. The
+// tokens are rows row0.. of x and y (one sequence of a step over several).
 layout(local_size_x = 64) in;
 
 layout(std430, binding = 0) buffer Wd { float window[]; };   // [n_conv - 1][C]
@@ -15,9 +16,10 @@ layout(push_constant) uniform P {
     uint ldx;
     uint ldy;
     uint n_tok;
+    uint row0;
 } p;
 
-float in_row(uint r, uint c, uint W) { return r < W ? window[r * p.C + c] : x[(r - W) * p.ldx + c]; }
+float in_row(uint r, uint c, uint W) { return r < W ? window[r * p.C + c] : x[(p.row0 + r - W) * p.ldx + c]; }
 
 void main() {
     const uint c = gl_GlobalInvocationID.x;
@@ -26,7 +28,7 @@ void main() {
     for (uint t = 0u; t < p.n_tok; t++) {
         precise float acc = in_row(t, c, W) * cw[c];
         for (uint j = 1u; j < p.n_conv; j++) acc += in_row(t + j, c, W) * cw[j * p.C + c];
-        y[t * p.ldy + c] = acc / (1.0 + exp(-acc));
+        y[(p.row0 + t) * p.ldy + c] = acc / (1.0 + exp(-acc));
     }
     for (uint j = 0u; j < W; j++) window[j * p.C + c] = in_row(p.n_tok + j, c, W);
 }

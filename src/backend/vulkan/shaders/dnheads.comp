@@ -3,6 +3,7 @@
 // tokens in order; invocation lid owns value columns lid and lid + 128 of the state
 // S[d_k][d_v], walking the key index in order (the CPU's lanes, no fused multiply-add).
 // The l2 and RMS norms reduce with a tree whose shape depends on the head sizes alone.
+// The tokens are rows row0.. of qkv, z, beta, alpha and o (one sequence of a step).
 layout(local_size_x = 128) in;
 
 layout(std430, binding = 0) buffer S_ { float S[]; };            // [n_v][d_k][d_v]
@@ -20,6 +21,7 @@ layout(push_constant) uniform P {
     uint d_v;
     float eps;
     uint n_tok;
+    uint row0;
 } p;
 
 shared float qn[256], kn[256], red[128], ov[256];
@@ -45,7 +47,8 @@ void main() {
     const uint C = 2u * p.n_k * dk + p.n_v * dv;
     const uint sb = h * dk * dv;
     const float q_scale = 1.0 / sqrt(float(dk));
-    for (uint t = 0u; t < p.n_tok; t++) {
+    for (uint t0 = 0u; t0 < p.n_tok; t0++) {
+        const uint t = p.row0 + t0;
         const uint row = t * C;
         precise float sq = 0.0, sk = 0.0;
         for (uint i = lid; i < dk; i += 128u) {

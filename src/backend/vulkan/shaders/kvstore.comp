@@ -1,7 +1,8 @@
 #version 450
 // Writes n_tok rows of n_kv_head heads (row_stride floats apart) into the cache rows
 // pos0.. of [n_kv_head][n_ctx][head_dim]: F32, or (F16 = 1) rounded to halves packed
-// two per uint (head_dim is even), as the CPU's F16 cache stores them.
+// two per uint (head_dim is even), as the CPU's F16 cache stores them. The rows are
+// x's rows row0.. (one sequence of a step over several).
 layout(local_size_x = 64) in;
 layout(constant_id = 0) const uint F16 = 0;
 
@@ -17,13 +18,14 @@ layout(push_constant) uniform P {
     uint pos0;
     uint n_head;
     uint n_tok;
+    uint row0;
 } p;
 
 void main() {
     const uint e = gl_GlobalInvocationID.x, g = gl_GlobalInvocationID.y, t = gl_GlobalInvocationID.z;
     const uint width = F16 != 0u ? p.head_dim / 2u : p.head_dim;
     if (e >= width || g >= p.n_head || t >= p.n_tok) return;
-    const uint src = t * p.row_stride + g * p.head_dim;
+    const uint src = (p.row0 + t) * p.row_stride + g * p.head_dim;
     const uint dst = (g * p.n_ctx + p.pos0 + t) * width;
     if (F16 != 0u) c[dst + e] = packHalf2x16(vec2(x[src + 2u * e], x[src + 2u * e + 1u]));
     else c[dst + e] = floatBitsToUint(x[src + e]);
