@@ -69,10 +69,6 @@ struct tern_gpu {
     float *zeros;            /* (zeros_n) for resetting the recurrent state */
     size_t zeros_n;
     const struct tern_deltanet_shape *dn; /* the DeltaNet layers' shape (NULL: none) */
-    /* One token's rows of a DeltaNet layer's inputs and outputs (the qwen35 family), for
-     * evaluations with a state trail: qkv_raw and qkv (C), z and out (n_v d_v), beta and
-     * alpha (n_v). */
-    struct tern_vk_buf *t_raw, *t_qkv, *t_z, *t_out, *t_beta, *t_alpha;
     struct tern_vk_buf *hid; /* (n_chunk, n_embd) the output-normed hidden rows (models with an MTP head) */
 };
 
@@ -171,8 +167,7 @@ void tern_gpu_free(struct tern_gpu *g) {
     free(g->host_cs);
     free(g->host_toks);
     free(g->zeros);
-    struct tern_vk_buf *tb[] = {g->t_raw, g->t_qkv, g->t_z, g->t_out, g->t_beta, g->t_alpha, g->hid};
-    for (size_t i = 0; i < TERN_ARRAY_LEN(tb); i++) tern_vk_buf_free(tb[i]);
+    tern_vk_buf_free(g->hid);
     if (!g->parent) pthread_mutex_destroy(&g->own_mu);
     free(g);
 }
@@ -603,7 +598,7 @@ const struct model_ops gpu_ops = {
  * names, whatever the architecture: the seam says which weights a forward uses by using
  * them. The embedding table stays on the host (the step's input rows are dequantized
  * there). The pass also sizes what the operations need on the device: the DeltaNet's
- * one-token buffers and zeros, the hidden rows of a model with an MTP head. */
+ * zeros, the hidden rows of a model with an MTP head. */
 
 struct gpu_upload {
     struct tern_gpu *g;
@@ -716,7 +711,7 @@ static void up_deltanet(const struct model_step *f, uint32_t il, const struct mo
     struct gpu_upload *u = UP(f);
     struct tern_gpu *g = u->g;
     const struct tern_deltanet_shape *dn = d->dn;
-    const size_t C = tern_deltanet_channels(dn), nv = dn->n_v_heads, nvd = nv * dn->d_v, n_prm = 2 * nv + dn->d_v;
+    const size_t C = tern_deltanet_channels(dn), nv = dn->n_v_heads, n_prm = 2 * nv + dn->d_v;
     if (dn->d_k > 256 || dn->d_v > 256) {
         up_keep(f, tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: DeltaNet heads of %u/%u (the Vulkan recurrence takes at "
                                                      "most 256)", dn->d_k, dn->d_v));
@@ -739,14 +734,6 @@ static void up_deltanet(const struct model_step *f, uint32_t il, const struct mo
     up_keep(f, put(g, d->p->ssm_a, u->prm, n_prm * sizeof(float)));
     g->dn = dn;
     g->zeros_n = TERN_MAX(g->zeros_n, TERN_MAX(tern_deltanet_state_floats(dn), (dn->n_conv - 1) * C));
-    if (!g->t_raw) {
-        up_keep(f, scratch(g, C, &g->t_raw));
-        up_keep(f, scratch(g, C, &g->t_qkv));
-        up_keep(f, scratch(g, nvd, &g->t_z));
-        up_keep(f, scratch(g, nvd, &g->t_out));
-        up_keep(f, scratch(g, nv, &g->t_beta));
-        up_keep(f, scratch(g, nv, &g->t_alpha));
-    }
 }
 
 static void up_output(const struct model_step *f, const struct mat *out_w, const float *norm_w, float eps,
