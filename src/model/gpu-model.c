@@ -349,7 +349,8 @@ static void gpu_hidden_in(const struct model_step *f, struct model_act *x) {
             return;
         }
         keep(f, tern_vk_upload(BUF(x), (size_t)q->row0 * E * sizeof(float),
-                               io->hidden_in + (size_t)(q->pos0 - io->hidden_pos0) * E, (size_t)q->n * E * sizeof(float)));
+                               io->hidden_in + (size_t)(q->pos0 - io->hidden_pos0) * E,
+                               (size_t)q->n * E * sizeof(float)));
     }
 }
 
@@ -635,7 +636,9 @@ static enum tern_status up_moe_ws_new(void *ctx, const struct tern_model *m, con
 static void up_moe_ws_free(void *ctx, struct model_moe_ws *ws) { (void)ctx, (void)ws; }
 
 /* the operations without weights */
-static void up_embed(const struct model_step *f, const struct mat *e, struct model_act *x) { (void)f, (void)e, (void)x; }
+static void up_embed(const struct model_step *f, const struct mat *e, struct model_act *x) {
+    (void)f, (void)e, (void)x;
+}
 static void up_rope_angles(const struct model_step *f, const struct model_rope *r, struct model_act *cs) {
     (void)f, (void)r, (void)cs;
 }

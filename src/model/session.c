@@ -624,8 +624,8 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
         s->logits_valid = false;
         if (s->gpu) {
             /* tern_gpu_eval takes the device's lock for the chunk, as the CPU's takes eval_mu */
-            if ((st = gpu_chunk(s, toks + done, (uint32_t)len, logits, o->logits_all != NULL, dev_trail, (uint32_t)done)))
-                break;
+            const bool all = o->logits_all != NULL;
+            if ((st = gpu_chunk(s, toks + done, (uint32_t)len, logits, all, dev_trail, (uint32_t)done))) break;
             memcpy(s->tokens + s->n_past, toks + done, len * sizeof *toks);
             s->n_past += (uint32_t)len;
             done += len;
@@ -735,7 +735,8 @@ enum tern_status tern_eval_batch(const struct tern_batch_item *items, size_t n_i
         for (size_t i = 0; i < n_items && !st; i++) {
             st = tern_session_reserve(items[i].s, items[i].n);
             /* a trail is kept in device memory (the item's rec_trail is not written) */
-            if (!st && items[i].rec_trail && m->rec_bytes) st = tern_gpu_trail_reserve(m->gpu, items[i].s->gpu, items[i].n);
+            if (!st && items[i].rec_trail && m->rec_bytes)
+                st = tern_gpu_trail_reserve(m->gpu, items[i].s->gpu, items[i].n);
         }
         if (st) {
             free(gs);
