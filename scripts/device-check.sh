@@ -13,7 +13,7 @@
 #
 # One short prepared command on the GPU machine: `run` takes a few minutes (the device
 # layer and kernel tests, greedy runs of generated qwen2 / MoE models on the GPU against
-# the CPU, the benchmarks); it stays under 5 min.
+# the CPU, speculative decoding on the GPU, the benchmarks); it stays under 5 min.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
@@ -70,6 +70,16 @@ run)
       echo "$p: gpu $g"
       rm -f "$f" /tmp/tern-gpu-ids
     done
+    echo "== tern run --device --spec: drafts verified on the GPU (the same ids as --spec off there)"
+    f=/tmp/tern-echo.gguf
+    "$dev/bin/tern" mkmodel --preset tiny-qwen35 --n-layer 2 --mtp 1 --mtp-echo --tied --out "$f" >/dev/null 2>&1
+    for a in "--spec off" "--spec ngram" "--spec mtp"; do
+      # shellcheck disable=SC2086
+      ids=$("$dev/bin/tern" run -m "$f" --ids "1 2 3 4 5 6 7 8 1 2 3 4" -n 24 --temp 0 --print-ids -c 256 \
+        --device vulkan $a 2>/tmp/tern-spec-err) || cat /tmp/tern-spec-err
+      echo "$a: [$ids] $(grep -o 'drafted=[0-9]* accepted=[0-9]*' /tmp/tern-spec-err)"
+    done
+    rm -f "$f" /tmp/tern-spec-err
     echo "== benchmarks: tern bench --device vulkan and --device cpu on generated real shapes"
     # an MoE shape too: Qwen3-30B-A3B's layers (128 experts, 8 used), 4 of its 48
     for spec in "qwen3-0.6b q8_0" "qwen3-0.6b q4_k_m" "${TERN_BENCH_BIG:-qwen3-8b q4_k_m}" "qwen3-30b-a3b q4_k_m 4"; do
