@@ -46,9 +46,13 @@ struct gpu_weight {
 struct tern_gpu {
     struct tern_vk *vk;
     const struct tern_model *m;
-    /* An MTP head's tern_gpu (tern_gpu_new_head): the main model's, whose weights it finds
+    /* An MTP head's tern_gpu (tern_gpu_head): the main model's, whose weights it finds
      * too (only its own are uploaded) and whose lock it takes (one Vulkan context). */
     const struct tern_gpu *parent;
+    /* The model's MTP head on the device, made at the first tern_gpu_head and kept with
+     * the model (its weights uploaded once, not per request), and its model view. */
+    struct tern_gpu *head;
+    struct tern_model *head_m;
     uint32_t n_chunk;
     pthread_mutex_t *mu, own_mu; /* mu: own_mu, or the parent's */
     size_t bytes;        /* device bytes of the weights and the scratch */
@@ -159,6 +163,11 @@ static struct tern_vk_buf *weight(const struct tern_gpu *g, const void *host) {
 
 void tern_gpu_free(struct tern_gpu *g) {
     if (!g) return;
+    if (g->head) {
+        tern_gpu_free(g->head);
+        free(g->head_m->layers);
+        free(g->head_m);
+    }
     if (g->rs) g->m->arch->state_free(g->rs);
     for (uint32_t i = 0; i < g->n_wt; i++) tern_vk_buf_free(g->wt[i].buf);
     free(g->wt);
@@ -838,14 +847,12 @@ static enum tern_status gpu_make(struct tern_vk *vk, const struct tern_model *m,
     g->host_cs = tern_malloc((size_t)n_chunk * hp->rope.n_rot * sizeof(float) + sizeof(float));
     g->host_toks = tern_malloc((size_t)n_chunk * sizeof *g->host_toks);
     if (!g->host_x || !g->host_cs || !g->host_toks) st = tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
-    /* a head's uploads and scratch take the main model's lock: one Vulkan context */
-    if (parent) pthread_mutex_lock(g->mu);
+    /* (a head's caller holds the main model's lock: one Vulkan context) */
     if (!st) st = upload_weights(g);
     if (!st) qsort(g->wt, g->n_wt, sizeof *g->wt, weight_cmp);
     const struct model_backend be = {&gpu_ops, g};
     if (!st) st = m->arch->state_new(m, &be, n_chunk, &g->rs);
     if (!st) st = scratch(g, (size_t)n_chunk * hp->n_vocab, &g->logits);
-    if (parent) pthread_mutex_unlock(g->mu);
     if (st) {
         tern_error_prefix(st, "gpu: %s", m->name);
         tern_gpu_free(g);
@@ -859,9 +866,32 @@ enum tern_status tern_gpu_new(struct tern_vk *vk, const struct tern_model *m, ui
     return gpu_make(vk, m, NULL, n_chunk, out);
 }
 
-enum tern_status tern_gpu_new_head(const struct tern_gpu *main, const struct tern_model *head, uint32_t n_chunk,
-                                   struct tern_gpu **out) {
-    return gpu_make(main->vk, head, main, n_chunk, out);
+enum tern_status tern_gpu_head(struct tern_gpu *main, const struct tern_model *view, uint32_t n_chunk,
+                               struct tern_gpu **out) {
+    *out = NULL;
+    pthread_mutex_lock(main->mu);
+    enum tern_status st = TERN_OK;
+    if (!main->head) {
+        /* its own copy of the view (the caller's lives as long as one request) */
+        struct tern_model *hm = tern_malloc(sizeof *hm);
+        struct model_layer *hl = tern_malloc((view->n_layer ? view->n_layer : 1) * sizeof *hl);
+        if (!hm || !hl) st = tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
+        if (!st) {
+            *hm = *view;
+            memcpy(hl, view->layers, view->n_layer * sizeof *hl);
+            hm->layers = hl;
+            st = gpu_make(main->vk, hm, main, n_chunk, &main->head);
+        }
+        if (st) {
+            free(hm);
+            free(hl);
+        } else {
+            main->head_m = hm;
+        }
+    }
+    *out = main->head;
+    pthread_mutex_unlock(main->mu);
+    return st;
 }
 
 uint32_t tern_gpu_n_chunk(const struct tern_gpu *g) { return g->n_chunk; }
@@ -1339,6 +1369,18 @@ enum tern_status tern_gpu_rec_save(struct tern_gpu *g, const struct tern_gpu_sta
 
 enum tern_status tern_gpu_rec_load(struct tern_gpu *g, struct tern_gpu_state *st, const struct tern_vk_buf *b) {
     return rec_move(g, st, (struct tern_vk_buf *)(uintptr_t)b, 0, false);
+}
+
+void tern_gpu_trail_release(struct tern_gpu *g, struct tern_gpu_state *st) {
+    if (!st->trail) return;
+    const size_t b = (size_t)st->trail_cap * g->m->rec_bytes;
+    pthread_mutex_lock(g->mu);
+    tern_vk_buf_free(st->trail);
+    st->trail = NULL;
+    st->trail_cap = 0;
+    st->bytes -= b;
+    g->state_bytes -= b;
+    pthread_mutex_unlock(g->mu);
 }
 
 enum tern_status tern_gpu_trail_load(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t slot) {

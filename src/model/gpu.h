@@ -40,11 +40,12 @@ struct tern_vk_buf;
  * before anything is allocated, and the message has both). vk and m must outlive it. */
 enum tern_status tern_gpu_new(struct tern_vk *vk, const struct tern_model *m, uint32_t n_chunk, struct tern_gpu **out);
 void tern_gpu_free(struct tern_gpu *g);
-/* The MTP head of main's model (head: the head's model view, arch qwen35-mtp, model/mtp.c)
- * on main's device: its own weights uploaded, the rest (a shared output matrix) found in
- * main's; it takes main's lock. main must outlive it. */
-enum tern_status tern_gpu_new_head(const struct tern_gpu *main, const struct tern_model *head, uint32_t n_chunk,
-                                   struct tern_gpu **out);
+/* The MTP head of main's model on main's device (view: the head's model view, arch
+ * qwen35-mtp, model/mtp.c; copied), made at the first call and kept with main, freed by
+ * tern_gpu_free(main): its own weights uploaded once, the rest (a shared output matrix)
+ * found in main's; it takes main's lock. */
+enum tern_status tern_gpu_head(struct tern_gpu *main, const struct tern_model *view, uint32_t n_chunk,
+                               struct tern_gpu **out);
 uint32_t tern_gpu_n_chunk(const struct tern_gpu *g);
 /* Device bytes of the weights and the scratch. */
 size_t tern_gpu_bytes(const struct tern_gpu *g);
@@ -117,6 +118,9 @@ enum tern_status tern_gpu_eval_io(struct tern_gpu *g, struct tern_gpu_state *st,
                                   uint32_t n, uint32_t n_chunk, float *logits, bool logits_all,
                                   const struct tern_gpu_io *io);
 enum tern_status tern_gpu_trail_load(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t slot);
+/* Frees st's trail (a parked session keeps none: a hybrid's is slots of its whole
+ * recurrent state). */
+void tern_gpu_trail_release(struct tern_gpu *g, struct tern_gpu_state *st);
 
 /* The recurrent parts to / from rec, laid out as the model's recurrent block
  * (m->rec_bytes: each recurrent layer's buffers at its rec_offset). rec NULL on upload:

@@ -14,8 +14,8 @@
 struct tern_mtp {
     /* The head's view of the model: the same weights, tokenizer and thread pool, one
      * attention layer, its own workspace and lock. Never loaded or unloaded: the main
-     * model owns everything it points at, except, when the main model is on a device,
-     * the head's tern_gpu there (m.gpu: its own weights, the main's lock). */
+     * model owns everything it points at (on a device, m.gpu too: the head's tern_gpu,
+     * kept with the main one's). */
     struct tern_model m;
     struct model_layer layer;
     struct tern_session *s;
@@ -55,8 +55,9 @@ enum tern_status tern_mtp_new(const struct tern_session *main, struct tern_mtp *
     h->m.ckpt_oldest = h->m.ckpt_newest = NULL;
     h->m.gpu = NULL;
     if (mm->gpu) {
-        /* on the main model's device: the head's own weights uploaded beside the main's */
-        enum tern_status st = tern_gpu_new_head(mm->gpu, &h->m, 64, &h->m.gpu);
+        /* on the main model's device: the head's own weights, uploaded beside the main's
+         * once for the model (the tern_gpu is the main one's, kept with it) */
+        enum tern_status st = tern_gpu_head(mm->gpu, &h->m, 64, &h->m.gpu);
         if (st) {
             tern_mtp_free(h);
             return tern_error_prefix(st, "mtp: the head on %s", mm->device);
@@ -75,7 +76,6 @@ enum tern_status tern_mtp_new(const struct tern_session *main, struct tern_mtp *
 void tern_mtp_free(struct tern_mtp *h) {
     if (!h) return;
     tern_session_free(h->s);
-    tern_gpu_free(h->m.gpu);
     pthread_mutex_lock(&h->m.eval_mu);
     model_ws_free(&h->m);
     pthread_mutex_unlock(&h->m.eval_mu);

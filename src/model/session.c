@@ -872,7 +872,10 @@ enum tern_status tern_session_rewind(struct tern_session *s, uint32_t p) {
     return TERN_OK;
 }
 
-void tern_session_drop_trail(struct tern_session *s) { s->trail = NULL; }
+void tern_session_drop_trail(struct tern_session *s) {
+    s->trail = NULL;
+    if (s->gpu) tern_gpu_trail_release(s->m->gpu, s->gpu);
+}
 
 static uint64_t tokens_hash(const int32_t *t, uint32_t n) { return tern_hash64(t, (size_t)n * sizeof *t); }
 
