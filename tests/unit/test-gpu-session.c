@@ -28,7 +28,8 @@
  *   device makes way, else the checkpoint is made in host memory; both restore to cold;
  * - a recurrent state trail (tern_eval_opts.rec_trail, in a batch item too; a hybrid's
  *   kept on the device): the eval's bits unchanged, rewinding inside it gives the cold
- *   state, the rest then the cold logits; before it or once dropped a hybrid refuses;
+ *   state, the rest then the cold logits; before it or once dropped a hybrid refuses,
+ *   and dropping it gives its device memory back;
  * - what a device session cannot do is refused with a message: a device chosen after a
  *   session exists (TERN_ERR_STATE), a context larger than the device's memory
  *   (TERN_ERR_NOMEM with the sizes).
@@ -328,9 +329,13 @@ static void check_model(const char *rel, bool quantized) {
             tern_session_free(s);
         }
         struct tern_session *s = primed(m, toks, 4, 64, NULL);
+        const size_t b0 = tern_session_bytes(s);
         struct tern_eval_opts o = {.rec_trail = trail};
         assert_int_equal(tern_session_eval(s, toks + 4, 3, &o), TERN_OK);
+        /* the trail's 3 slots are device memory of the session's, given back when dropped */
+        assert_true(tern_session_bytes(s) >= b0 + 3 * info->recurrent_bytes);
         tern_session_drop_trail(s);
+        assert_true(tern_session_bytes(s) == b0);
         assert_int_equal(tern_session_rewind(s, 6), TERN_ERR_STATE);
         tern_session_free(s);
         free(lt);
