@@ -113,10 +113,10 @@ static enum tern_status scratch(struct tern_gpu *g, size_t floats, struct tern_v
     return newbuf(g, (floats ? floats : 1) * sizeof(float), out);
 }
 
-/* Uploads bytes of host data as the weight found by key (once: a tensor bound twice,
- * e.g. tied embeddings or a shared norm, is one buffer). */
 static struct tern_vk_buf *weight(const struct tern_gpu *g, const void *host);
 
+/* Uploads bytes of host data as the weight found by key (once: a tensor bound twice,
+ * e.g. tied embeddings or a shared norm, is one buffer; a head's parent's not again). */
 static enum tern_status put(struct tern_gpu *g, const void *key, const void *src, size_t bytes) {
     for (uint32_t i = 0; i < g->n_wt; i++)
         if (g->wt[i].host == (uintptr_t)key) return TERN_OK;
