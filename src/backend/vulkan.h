@@ -176,6 +176,20 @@ enum tern_status tern_vk_deltanet_heads(struct tern_vk *vk, struct tern_vk_buf *
                                         const struct tern_vk_buf *alpha, struct tern_vk_buf *out,
                                         const struct tern_vk_buf *params, size_t n_k, size_t n_v, size_t d_k,
                                         size_t d_v, float eps, size_t row0, size_t n_tok);
+/* The same with a trail (speculative verification): the window after token t goes to slot
+ * slot0 + t of trail, [slot][n_conv - 1][C], and the state after it to slot slot0 + t of
+ * trail, [slot][n_v][d_k][d_v]; the arithmetic, so the bits, are the plain dispatch's.
+ * TERN_ERR_RANGE when trail holds fewer than slot0 + n_tok slots. */
+enum tern_status tern_vk_deltanet_conv_trail(struct tern_vk *vk, struct tern_vk_buf *window,
+                                             const struct tern_vk_buf *conv_wt, const struct tern_vk_buf *x, size_t ldx,
+                                             struct tern_vk_buf *y, size_t ldy, size_t C, size_t n_conv, size_t row0,
+                                             size_t n_tok, struct tern_vk_buf *trail, size_t slot0);
+enum tern_status tern_vk_deltanet_heads_trail(struct tern_vk *vk, struct tern_vk_buf *state, const struct tern_vk_buf *qkv,
+                                              const struct tern_vk_buf *z, const struct tern_vk_buf *beta,
+                                              const struct tern_vk_buf *alpha, struct tern_vk_buf *out,
+                                              const struct tern_vk_buf *params, size_t n_k, size_t n_v, size_t d_k,
+                                              size_t d_v, float eps, size_t row0, size_t n_tok, struct tern_vk_buf *trail,
+                                              size_t slot0);
 
 /* Rows of n_head heads laid out [a | b] per head (2 * head_dim each) split into a and b. */
 enum tern_status tern_vk_split_heads(struct tern_vk *vk, const struct tern_vk_buf *ab, struct tern_vk_buf *a,

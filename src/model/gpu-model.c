@@ -84,7 +84,9 @@ struct tern_gpu_state {
     size_t bytes;
     struct tern_vk_buf **kc, **vc; /* (n_layer) [n_kv_head][n_ctx][head_dim] */
     struct tern_vk_buf **win, **S; /* (n_layer) [n_conv - 1][C], [n_v][d_k][d_v]: zero at position 0 */
-    struct tern_vk_buf *trail;     /* (trail_cap) recurrent blocks: tern_gpu_trail_reserve */
+    /* The trail (tern_gpu_trail_reserve), per recurrent layer: trail_cap windows and
+     * states, [slot][n_conv - 1][C] and [slot][n_v][d_k][d_v] (NULL: none) */
+    struct tern_vk_buf **tw, **tS;
     uint32_t trail_cap;
 };
 
@@ -491,29 +493,19 @@ static void gpu_deltanet(const struct model_step *f, uint32_t il, const struct m
     const size_t C = tern_deltanet_channels(dn);
     struct tern_vk_buf *conv_wt = wbuf(f, d->conv_wt, "a DeltaNet conv weight");
     struct tern_vk_buf *params = wbuf(f, d->p->ssm_a, "a DeltaNet layer's parameters");
-    const struct model_layer *L = &f->m->layers[il];
     for (uint32_t j = 0; j < f->b->n_seq; j++) {
         const struct model_seq *q = &f->b->seq[j];
         struct tern_gpu_state *S = p->S[j];
         const struct tern_gpu_io *io = p->io[j];
-        if (!io || !io->trail || !f->m->rec_bytes) {
-            DO(f, tern_vk_deltanet_conv(vk, S->win[il], conv_wt, BUF(qkv_raw), C, BUF(qkv), C, C, dn->n_conv, q->row0,
-                                        q->n));
-            DO(f, tern_vk_deltanet_heads(vk, S->S[il], BUF(qkv), BUF(z), BUF(beta), BUF(alpha), BUF(out), params,
-                                         dn->n_k_heads, dn->n_v_heads, dn->d_k, dn->d_v, dn->eps, q->row0, q->n));
-            continue;
-        }
-        /* With a trail: token by token (the chunk-of-one dispatches, the same bits), the
-         * layer's window and state copied into the token's slot after each. */
-        for (uint32_t t = 0; t < q->n; t++) {
-            const size_t slot = (size_t)(io->slot0 + p->done[j] + t) * f->m->rec_bytes + L->rec_offset;
-            DO(f, tern_vk_deltanet_conv(vk, S->win[il], conv_wt, BUF(qkv_raw), C, BUF(qkv), C, C, dn->n_conv,
-                                        q->row0 + t, 1));
-            DO(f, tern_vk_deltanet_heads(vk, S->S[il], BUF(qkv), BUF(z), BUF(beta), BUF(alpha), BUF(out), params,
-                                         dn->n_k_heads, dn->n_v_heads, dn->d_k, dn->d_v, dn->eps, q->row0 + t, 1));
-            DO(f, tern_vk_copy(vk, S->win[il], 0, S->trail, slot + L->bufs[0].offset, L->bufs[0].bytes));
-            DO(f, tern_vk_copy(vk, S->S[il], 0, S->trail, slot + L->bufs[1].offset, L->bufs[1].bytes));
-        }
+        /* with a trail the dispatches also write the window and state after each token
+         * into its slot (the same arithmetic, the same bits) */
+        const bool tr = io && io->trail && f->m->rec_bytes;
+        const size_t slot = tr ? io->slot0 + p->done[j] : 0;
+        DO(f, tern_vk_deltanet_conv_trail(vk, S->win[il], conv_wt, BUF(qkv_raw), C, BUF(qkv), C, C, dn->n_conv,
+                                          q->row0, q->n, tr ? S->tw[il] : NULL, slot));
+        DO(f, tern_vk_deltanet_heads_trail(vk, S->S[il], BUF(qkv), BUF(z), BUF(beta), BUF(alpha), BUF(out), params,
+                                           dn->n_k_heads, dn->n_v_heads, dn->d_k, dn->d_v, dn->eps, q->row0, q->n,
+                                           tr ? S->tS[il] : NULL, slot));
     }
 }
 
@@ -918,9 +910,14 @@ void tern_gpu_state_free(struct tern_gpu_state *st) {
         if (st->win) tern_vk_buf_free(st->win[il]);
         if (st->S) tern_vk_buf_free(st->S[il]);
     }
-    tern_vk_buf_free(st->trail);
+    for (uint32_t il = 0; il < g->m->n_layer && st->tw; il++) {
+        tern_vk_buf_free(st->tw[il]);
+        tern_vk_buf_free(st->tS[il]);
+    }
     g->state_bytes -= st->bytes;
     pthread_mutex_unlock(g->mu);
+    free(st->tw);
+    free(st->tS);
     free(st->kc);
     free(st->vc);
     free(st->win);
@@ -1177,8 +1174,22 @@ enum tern_status tern_gpu_eval(struct tern_gpu *g, struct tern_gpu_state *S, uin
     return tern_gpu_eval_io(g, S, pos0, toks, n, n_chunk, logits, logits_all, NULL);
 }
 
+/* Frees st's trail buffers (g->mu held); their bytes are st's. */
+static void trail_free_locked(struct tern_gpu *g, struct tern_gpu_state *st) {
+    const size_t b = (size_t)st->trail_cap * g->m->rec_bytes;
+    for (uint32_t il = 0; il < g->m->n_layer && st->tw; il++) {
+        tern_vk_buf_free(st->tw[il]);
+        tern_vk_buf_free(st->tS[il]);
+        st->tw[il] = st->tS[il] = NULL;
+    }
+    st->trail_cap = 0;
+    st->bytes -= b;
+    g->state_bytes -= b;
+}
+
 enum tern_status tern_gpu_trail_reserve(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t n) {
-    const size_t rb = g->m->rec_bytes;
+    const struct tern_model *m = g->m;
+    const size_t rb = m->rec_bytes;
     if (!rb || n <= st->trail_cap) return TERN_OK;
     const size_t need = (size_t)n * rb, had = (size_t)st->trail_cap * rb;
     const uint64_t have = device_bytes(g);
@@ -1189,14 +1200,29 @@ enum tern_status tern_gpu_trail_reserve(struct tern_gpu *g, struct tern_gpu_stat
         s = tern_errorf(TERN_ERR_NOMEM, "gpu: a state trail of %u positions (%.1f MiB) does not fit the %.1f MiB left "
                                         "of device '%s'", n, mib(need), mib(have > used ? have - used : 0),
                         tern_vk_info(g->vk)->name);
-    struct tern_vk_buf *b = NULL;
-    if (!s) s = tern_vk_buf_new(g->vk, need, &b);
+    if (!s && !st->tw) {
+        st->tw = tern_calloc(m->n_layer, sizeof *st->tw);
+        st->tS = tern_calloc(m->n_layer, sizeof *st->tS);
+        if (!st->tw || !st->tS) s = tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
+    }
+    /* what it held is lost: a trail grows only before an eval that fills it */
+    if (!s) trail_free_locked(g, st);
+    for (uint32_t il = 0; il < m->n_layer && !s; il++) {
+        const struct model_layer *L = &m->layers[il];
+        if (L->kind != LAYER_RECURRENT) continue;
+        s = tern_vk_buf_new(g->vk, (size_t)n * L->bufs[0].bytes, &st->tw[il]);
+        if (!s) s = tern_vk_buf_new(g->vk, (size_t)n * L->bufs[1].bytes, &st->tS[il]);
+    }
     if (!s) {
-        tern_vk_buf_free(st->trail);
-        st->trail = b;
         st->trail_cap = n;
-        st->bytes += need - had;
-        g->state_bytes += need - had;
+        st->bytes += need;
+        g->state_bytes += need;
+    } else if (st->tw) {
+        for (uint32_t il = 0; il < m->n_layer; il++) {
+            tern_vk_buf_free(st->tw[il]);
+            tern_vk_buf_free(st->tS[il]);
+            st->tw[il] = st->tS[il] = NULL;
+        }
     }
     pthread_mutex_unlock(g->mu);
     return s;
@@ -1339,18 +1365,16 @@ void tern_gpu_rec_free(struct tern_gpu *g, struct tern_vk_buf *b) {
     pthread_mutex_unlock(g->mu);
 }
 
-/* The recurrent parts of st to (save) or from b, laid out as the recurrent block at byte
- * base of b. */
-static enum tern_status rec_move(struct tern_gpu *g, struct tern_gpu_state *st, struct tern_vk_buf *b, size_t base,
-                                 bool save) {
+/* The recurrent parts of st to (save) or from b, laid out as the recurrent block. */
+static enum tern_status rec_move(struct tern_gpu *g, struct tern_gpu_state *st, struct tern_vk_buf *b, bool save) {
     const struct tern_model *m = g->m;
-    TERN_ASSERT(st->g == g && tern_vk_buf_bytes(b) >= base + m->rec_bytes);
+    TERN_ASSERT(st->g == g && tern_vk_buf_bytes(b) >= m->rec_bytes);
     enum tern_status s = copies_begin(g);
     if (s) return s;
     for (uint32_t il = 0; il < m->n_layer; il++) {
         const struct model_layer *L = &m->layers[il];
         if (L->kind != LAYER_RECURRENT) continue;
-        const size_t conv = base + L->rec_offset + L->bufs[0].offset, ssm = base + L->rec_offset + L->bufs[1].offset;
+        const size_t conv = L->rec_offset + L->bufs[0].offset, ssm = L->rec_offset + L->bufs[1].offset;
         if (save) {
             COPY(st->win[il], 0, b, conv, L->bufs[0].bytes);
             COPY(st->S[il], 0, b, ssm, L->bufs[1].bytes);
@@ -1364,28 +1388,32 @@ static enum tern_status rec_move(struct tern_gpu *g, struct tern_gpu_state *st, 
 #undef COPY
 
 enum tern_status tern_gpu_rec_save(struct tern_gpu *g, const struct tern_gpu_state *st, struct tern_vk_buf *b) {
-    return rec_move(g, (struct tern_gpu_state *)(uintptr_t)st, b, 0, true);
+    return rec_move(g, (struct tern_gpu_state *)(uintptr_t)st, b, true);
 }
 
 enum tern_status tern_gpu_rec_load(struct tern_gpu *g, struct tern_gpu_state *st, const struct tern_vk_buf *b) {
-    return rec_move(g, st, (struct tern_vk_buf *)(uintptr_t)b, 0, false);
+    return rec_move(g, st, (struct tern_vk_buf *)(uintptr_t)b, false);
 }
 
 void tern_gpu_trail_release(struct tern_gpu *g, struct tern_gpu_state *st) {
-    if (!st->trail) return;
-    const size_t b = (size_t)st->trail_cap * g->m->rec_bytes;
     pthread_mutex_lock(g->mu);
-    tern_vk_buf_free(st->trail);
-    st->trail = NULL;
-    st->trail_cap = 0;
-    st->bytes -= b;
-    g->state_bytes -= b;
+    if (st->trail_cap) trail_free_locked(g, st);
     pthread_mutex_unlock(g->mu);
 }
 
 enum tern_status tern_gpu_trail_load(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t slot) {
+    const struct tern_model *m = g->m;
     TERN_ASSERT(slot < st->trail_cap);
-    return rec_move(g, st, st->trail, (size_t)slot * g->m->rec_bytes, false);
+    enum tern_status s = copies_begin(g);
+    if (s) return s;
+    for (uint32_t il = 0; il < m->n_layer && !s; il++) {
+        const struct model_layer *L = &m->layers[il];
+        if (L->kind != LAYER_RECURRENT) continue;
+        const size_t w = L->bufs[0].bytes, b = L->bufs[1].bytes;
+        s = tern_vk_copy(g->vk, st->tw[il], slot * w, st->win[il], 0, w);
+        if (!s) s = tern_vk_copy(g->vk, st->tS[il], slot * b, st->S[il], 0, b);
+    }
+    return copies_end(g, s);
 }
 
 enum tern_status tern_gpu_rec_read(struct tern_gpu *g, const struct tern_vk_buf *b, void *rec) {

@@ -493,6 +493,8 @@ static void check_deltanet(uint32_t n_k, uint32_t n_v, uint32_t d, size_t T) {
     assert_int_equal(tern_vk_upload(bwin, 0, zeros, W * C * sizeof(float)), TERN_OK);
     assert_int_equal(tern_vk_upload(bS, 0, zeros, nvd * d * sizeof(float)), TERN_OK);
     float *ty = malloc(C * sizeof(float)), *to = malloc(nvd * sizeof(float)), *tS = malloc(nvd * d * sizeof(float));
+    /* the window and state after each token, for the trail below */
+    float *twin = malloc(T * W * C * sizeof(float)), *tst = malloc(T * nvd * d * sizeof(float));
     for (size_t t = 0; t < T; t++) {
         struct tern_vk_buf *x1 = dev_floats(x + t * C, C), *z1 = dev_floats(z + t * nvd, nvd);
         struct tern_vk_buf *b1 = dev_floats(beta + t * n_v, n_v), *a1 = dev_floats(alpha + t * n_v, n_v);
@@ -504,6 +506,8 @@ static void check_deltanet(uint32_t n_k, uint32_t n_v, uint32_t d, size_t T) {
         host_floats(bo, to, nvd);
         assert_memory_equal(ty, gy + t * C, C * sizeof(float));
         assert_memory_equal(to, go + t * nvd, nvd * sizeof(float));
+        host_floats(bwin, twin + t * W * C, W * C);
+        host_floats(bS, tst + t * nvd * d, nvd * d);
         tern_vk_buf_free(x1), tern_vk_buf_free(z1), tern_vk_buf_free(b1), tern_vk_buf_free(a1);
     }
     host_floats(bS, tS, nvd * d);
@@ -530,6 +534,34 @@ static void check_deltanet(uint32_t n_k, uint32_t n_v, uint32_t d, size_t T) {
     assert_int_equal(tern_vk_deltanet_conv(vk, bwin, bcw, bx, C, by, C, C, 4, cut + 1, T - cut), TERN_ERR_RANGE);
     assert_int_equal(tern_vk_deltanet_heads(vk, bS, by, bz, bb, ba, bo, bp, n_k, n_v, d, d, 1e-6f, cut + 1, T - cut),
                      TERN_ERR_RANGE);
+    /* with a trail, from slot 1: the chunk's bits, and slot 1 + t holds the window and
+     * state after token t as the token-by-token run left them; too small a trail refused */
+    struct tern_vk_buf *trw, *trs;
+    assert_int_equal(tern_vk_buf_new(vk, (T + 1) * W * C * sizeof(float), &trw), TERN_OK);
+    assert_int_equal(tern_vk_buf_new(vk, (T + 1) * nvd * d * sizeof(float), &trs), TERN_OK);
+    assert_int_equal(tern_vk_upload(bwin, 0, zeros, W * C * sizeof(float)), TERN_OK);
+    assert_int_equal(tern_vk_upload(bS, 0, zeros, nvd * d * sizeof(float)), TERN_OK);
+    assert_int_equal(tern_vk_begin(vk), TERN_OK);
+    assert_int_equal(tern_vk_deltanet_conv_trail(vk, bwin, bcw, bx, C, by, C, C, 4, 0, T, trw, 1), TERN_OK);
+    assert_int_equal(tern_vk_deltanet_heads_trail(vk, bS, by, bz, bb, ba, bo, bp, n_k, n_v, d, d, 1e-6f, 0, T, trs, 1),
+                     TERN_OK);
+    assert_int_equal(tern_vk_end(vk), TERN_OK);
+    host_floats(by, sy, T * C);
+    host_floats(bo, so, T * nvd);
+    host_floats(bS, tS, nvd * d);
+    assert_memory_equal(sy, gy, T * C * sizeof(float));
+    assert_memory_equal(so, go, T * nvd * sizeof(float));
+    assert_memory_equal(tS, gS, nvd * d * sizeof(float));
+    float *gw = malloc(T * W * C * sizeof(float)), *gs = malloc(T * nvd * d * sizeof(float));
+    assert_int_equal(tern_vk_download(trw, W * C * sizeof(float), gw, T * W * C * sizeof(float)), TERN_OK);
+    assert_int_equal(tern_vk_download(trs, nvd * d * sizeof(float), gs, T * nvd * d * sizeof(float)), TERN_OK);
+    assert_memory_equal(gw, twin, T * W * C * sizeof(float));
+    assert_memory_equal(gs, tst, T * nvd * d * sizeof(float));
+    assert_int_equal(tern_vk_deltanet_conv_trail(vk, bwin, bcw, bx, C, by, C, C, 4, 0, T, trw, 2), TERN_ERR_RANGE);
+    assert_int_equal(tern_vk_deltanet_heads_trail(vk, bS, by, bz, bb, ba, bo, bp, n_k, n_v, d, d, 1e-6f, 0, T, trs, 2),
+                     TERN_ERR_RANGE);
+    tern_vk_buf_free(trw), tern_vk_buf_free(trs);
+    free(gw), free(gs), free(twin), free(tst);
     free(sy), free(so);
     struct tern_vk_buf *all[] = {bwin, bcw, bx, bS, bz, bb, ba, bp, by, bo};
     for (size_t i = 0; i < TERN_ARRAY_LEN(all); i++) tern_vk_buf_free(all[i]);

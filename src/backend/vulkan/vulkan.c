@@ -914,6 +914,13 @@ enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf 
 enum tern_status tern_vk_deltanet_conv(struct tern_vk *vk, struct tern_vk_buf *window, const struct tern_vk_buf *conv_wt,
                                        const struct tern_vk_buf *x, size_t ldx, struct tern_vk_buf *y, size_t ldy,
                                        size_t C, size_t n_conv, size_t row0, size_t n_tok) {
+    return tern_vk_deltanet_conv_trail(vk, window, conv_wt, x, ldx, y, ldy, C, n_conv, row0, n_tok, NULL, 0);
+}
+
+enum tern_status tern_vk_deltanet_conv_trail(struct tern_vk *vk, struct tern_vk_buf *window,
+                                             const struct tern_vk_buf *conv_wt, const struct tern_vk_buf *x, size_t ldx,
+                                             struct tern_vk_buf *y, size_t ldy, size_t C, size_t n_conv, size_t row0,
+                                             size_t n_tok, struct tern_vk_buf *trail, size_t slot0) {
     enum tern_status st;
     if (n_conv < 2 || ldx < C || ldy < C)
         return tern_errorf(TERN_ERR_INVALID, "vulkan: DeltaNet conv of %zu taps over %zu channels (rows of %zu, %zu)",
@@ -921,13 +928,14 @@ enum tern_status tern_vk_deltanet_conv(struct tern_vk *vk, struct tern_vk_buf *w
     if ((st = check_rows("DeltaNet conv window", window, n_conv - 1, C)) ||
         (st = check_rows("DeltaNet conv weights", conv_wt, n_conv, C)) ||
         (st = check_rows("DeltaNet conv input", x, row0 + n_tok, ldx)) ||
-        (st = check_rows("DeltaNet conv output", y, row0 + n_tok, ldy)))
+        (st = check_rows("DeltaNet conv output", y, row0 + n_tok, ldy)) ||
+        (trail && (st = check_rows("DeltaNet conv trail", trail, (slot0 + n_tok) * (n_conv - 1), C))))
         return st;
     if (!n_tok || !C) return TERN_OK;
-    const uint32_t pc[6] = {(uint32_t)C,   (uint32_t)n_conv, (uint32_t)ldx,
-                            (uint32_t)ldy, (uint32_t)n_tok,  (uint32_t)row0};
-    const struct tern_vk_buf *bufs[4] = {window, conv_wt, x, y};
-    return record(vk, PIPE_DNCONV, bufs, 4, pc, sizeof pc, (uint32_t)((C + 63) / 64), 1, 1);
+    const uint32_t pc[8] = {(uint32_t)C,   (uint32_t)n_conv, (uint32_t)ldx, (uint32_t)ldy,
+                            (uint32_t)n_tok, (uint32_t)row0, trail != NULL, (uint32_t)slot0};
+    const struct tern_vk_buf *bufs[5] = {window, conv_wt, x, y, trail ? trail : window};
+    return record(vk, PIPE_DNCONV, bufs, 5, pc, sizeof pc, (uint32_t)((C + 63) / 64), 1, 1);
 }
 
 enum tern_status tern_vk_deltanet_heads(struct tern_vk *vk, struct tern_vk_buf *state, const struct tern_vk_buf *qkv,
@@ -935,6 +943,16 @@ enum tern_status tern_vk_deltanet_heads(struct tern_vk *vk, struct tern_vk_buf *
                                         const struct tern_vk_buf *alpha, struct tern_vk_buf *out,
                                         const struct tern_vk_buf *params, size_t n_k, size_t n_v, size_t d_k,
                                         size_t d_v, float eps, size_t row0, size_t n_tok) {
+    return tern_vk_deltanet_heads_trail(vk, state, qkv, z, beta, alpha, out, params, n_k, n_v, d_k, d_v, eps, row0,
+                                        n_tok, NULL, 0);
+}
+
+enum tern_status tern_vk_deltanet_heads_trail(struct tern_vk *vk, struct tern_vk_buf *state, const struct tern_vk_buf *qkv,
+                                              const struct tern_vk_buf *z, const struct tern_vk_buf *beta,
+                                              const struct tern_vk_buf *alpha, struct tern_vk_buf *out,
+                                              const struct tern_vk_buf *params, size_t n_k, size_t n_v, size_t d_k,
+                                              size_t d_v, float eps, size_t row0, size_t n_tok, struct tern_vk_buf *trail,
+                                              size_t slot0) {
     enum tern_status st;
     if (!n_k || !n_v || n_v % n_k || d_k == 0 || d_k > 256 || d_v == 0 || d_v > 256)
         return tern_errorf(TERN_ERR_INVALID, "vulkan: DeltaNet of %zu k-heads, %zu v-heads, heads of %zu/%zu (at most 256)",
@@ -944,16 +962,18 @@ enum tern_status tern_vk_deltanet_heads(struct tern_vk *vk, struct tern_vk_buf *
         (st = check_rows("DeltaNet z", z, rows, n_v * d_v)) || (st = check_rows("DeltaNet beta", beta, rows, n_v)) ||
         (st = check_rows("DeltaNet alpha", alpha, rows, n_v)) ||
         (st = check_rows("DeltaNet output", out, rows, n_v * d_v)) ||
-        (st = check_rows("DeltaNet parameters", params, 1, 2 * n_v + d_v)))
+        (st = check_rows("DeltaNet parameters", params, 1, 2 * n_v + d_v)) ||
+        (trail && (st = check_rows("DeltaNet state trail", trail, (slot0 + n_tok) * n_v * d_k, d_v))))
         return st;
     if (!n_tok) return TERN_OK;
     struct {
         uint32_t n_k, n_v, d_k, d_v;
         float eps;
-        uint32_t n_tok, row0;
-    } pc = {(uint32_t)n_k, (uint32_t)n_v, (uint32_t)d_k, (uint32_t)d_v, eps, (uint32_t)n_tok, (uint32_t)row0};
-    const struct tern_vk_buf *bufs[7] = {state, qkv, z, beta, alpha, out, params};
-    return record(vk, PIPE_DNHEADS, bufs, 7, &pc, sizeof pc, (uint32_t)n_v, 1, 1);
+        uint32_t n_tok, row0, tr, tr_slot;
+    } pc = {(uint32_t)n_k, (uint32_t)n_v, (uint32_t)d_k, (uint32_t)d_v, eps, (uint32_t)n_tok, (uint32_t)row0,
+            trail != NULL, (uint32_t)slot0};
+    const struct tern_vk_buf *bufs[8] = {state, qkv, z, beta, alpha, out, params, trail ? trail : state};
+    return record(vk, PIPE_DNHEADS, bufs, 8, &pc, sizeof pc, (uint32_t)n_v, 1, 1);
 }
 
 enum tern_status tern_vk_split_heads(struct tern_vk *vk, const struct tern_vk_buf *ab, struct tern_vk_buf *a,

@@ -3,7 +3,9 @@
 // tokens in order; invocation lid owns value columns lid and lid + 128 of the state
 // S[d_k][d_v], walking the key index in order (the CPU's lanes, no fused multiply-add).
 // The l2 and RMS norms reduce with a tree whose shape depends on the head sizes alone.
-// The tokens are rows row0.. of qkv, z, beta, alpha and o (one sequence of a step).
+// The tokens are rows row0.. of qkv, z, beta, alpha and o (one sequence of a step). With
+// a trail (tr = 1), the state after token t goes to slot tr_slot + t of T,
+// [slot][n_v][d_k][d_v] (speculative verification; the arithmetic is the same).
 layout(local_size_x = 128) in;
 
 layout(std430, binding = 0) buffer S_ { float S[]; };            // [n_v][d_k][d_v]
@@ -13,6 +15,7 @@ layout(std430, binding = 3) readonly buffer B { float beta[]; };  // rows of n_v
 layout(std430, binding = 4) readonly buffer A { float alpha[]; }; // rows of n_v
 layout(std430, binding = 5) writeonly buffer O { float o[]; };    // rows of n_v * d_v
 layout(std430, binding = 6) readonly buffer Pm { float prm[]; };  // ssm_a[n_v] | dt_bias[n_v] | norm_w[d_v]
+layout(std430, binding = 7) writeonly buffer T_ { float T[]; };   // the trail (bound to S when tr = 0)
 
 layout(push_constant) uniform P {
     uint n_k;
@@ -22,6 +25,8 @@ layout(push_constant) uniform P {
     float eps;
     uint n_tok;
     uint row0;
+    uint tr;
+    uint tr_slot;
 } p;
 
 shared float qn[256], kn[256], red[128], ov[256];
@@ -85,6 +90,7 @@ void main() {
             for (uint i = 0u; i < dk; i++) {
                 precise float sv = S[sb + i * dv + j] + kn[i] * delta;
                 S[sb + i * dv + j] = sv;
+                if (p.tr != 0u) T[(p.tr_slot + t0) * p.n_v * dk * dv + sb + i * dv + j] = sv;
                 acc += sv * qn[i];
             }
             ov[j] = acc;
