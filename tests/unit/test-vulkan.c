@@ -251,6 +251,12 @@ static void host_floats(struct tern_vk_buf *b, float *dst, size_t n) {
     assert_int_equal(tern_vk_download(b, 0, dst, n * sizeof(float)), TERN_OK);
 }
 
+/* b's first n floats (read into scratch) are exactly want's. */
+static void assert_device_floats(struct tern_vk_buf *b, float *scratch, const float *want, size_t n) {
+    host_floats(b, scratch, n);
+    assert_memory_equal(scratch, want, n * sizeof(float));
+}
+
 static double max_rel(const float *a, const float *b, size_t n) {
     double worst = 0;
     for (size_t i = 0; i < n; i++) {
@@ -525,12 +531,9 @@ static void check_deltanet(uint32_t n_k, uint32_t n_v, uint32_t d, size_t T) {
                      TERN_OK);
     assert_int_equal(tern_vk_end(vk), TERN_OK);
     float *sy = malloc(T * C * sizeof(float)), *so = malloc(T * nvd * sizeof(float));
-    host_floats(by, sy, T * C);
-    host_floats(bo, so, T * nvd);
-    host_floats(bS, tS, nvd * d);
-    assert_memory_equal(sy, gy, T * C * sizeof(float));
-    assert_memory_equal(so, go, T * nvd * sizeof(float));
-    assert_memory_equal(tS, gS, nvd * d * sizeof(float));
+    assert_device_floats(by, sy, gy, T * C);
+    assert_device_floats(bo, so, go, T * nvd);
+    assert_device_floats(bS, tS, gS, nvd * d);
     assert_int_equal(tern_vk_deltanet_conv(vk, bwin, bcw, bx, C, by, C, C, 4, cut + 1, T - cut), TERN_ERR_RANGE);
     assert_int_equal(tern_vk_deltanet_heads(vk, bS, by, bz, bb, ba, bo, bp, n_k, n_v, d, d, 1e-6f, cut + 1, T - cut),
                      TERN_ERR_RANGE);
@@ -546,12 +549,9 @@ static void check_deltanet(uint32_t n_k, uint32_t n_v, uint32_t d, size_t T) {
     assert_int_equal(tern_vk_deltanet_heads_trail(vk, bS, by, bz, bb, ba, bo, bp, n_k, n_v, d, d, 1e-6f, 0, T, trs, 1),
                      TERN_OK);
     assert_int_equal(tern_vk_end(vk), TERN_OK);
-    host_floats(by, sy, T * C);
-    host_floats(bo, so, T * nvd);
-    host_floats(bS, tS, nvd * d);
-    assert_memory_equal(sy, gy, T * C * sizeof(float));
-    assert_memory_equal(so, go, T * nvd * sizeof(float));
-    assert_memory_equal(tS, gS, nvd * d * sizeof(float));
+    assert_device_floats(by, sy, gy, T * C);
+    assert_device_floats(bo, so, go, T * nvd);
+    assert_device_floats(bS, tS, gS, nvd * d);
     float *gw = malloc(T * W * C * sizeof(float)), *gs = malloc(T * nvd * d * sizeof(float));
     assert_int_equal(tern_vk_download(trw, W * C * sizeof(float), gw, T * W * C * sizeof(float)), TERN_OK);
     assert_int_equal(tern_vk_download(trs, nvd * d * sizeof(float), gs, T * nvd * d * sizeof(float)), TERN_OK);
