@@ -99,7 +99,9 @@ const char *tern_model_chat_template(const struct tern_model *m);
 
 /* Runs the model's sessions on Vulkan device `index` (as `tern devices` lists them): the
  * weights are uploaded once and every session made afterwards keeps its KV cache and
- * recurrent state on the device (allocated for its whole n_ctx when it is made); its
+ * recurrent state on the device (the KV cache in pages of 256 positions taken as the
+ * session grows, as on the CPU; tern_session_reserve takes them ahead and says
+ * TERN_ERR_NOMEM, with the sizes, when the device has no room); its
  * chunks are evaluated there, one step at a time (the device's activations are
  * shared), in chunks of at most n_chunk tokens (0 = TERN_DEFAULT_CHUNK). Every session
  * call works on a device session, with these differences:

@@ -92,19 +92,17 @@ enum tern_status tern_vk_rope(struct tern_vk *vk, struct tern_vk_buf *x, size_t 
     return NOT_BUILT;
 }
 enum tern_status tern_vk_kv_store(struct tern_vk *vk, const struct tern_vk_buf *x, size_t row_stride,
-                                  struct tern_vk_buf *cache, size_t n_ctx, size_t n_kv_head, size_t head_dim,
-                                  size_t pos0, size_t row0, size_t n_tok, bool f16) {
-    (void)vk, (void)x, (void)row_stride, (void)cache, (void)n_ctx, (void)n_kv_head, (void)head_dim, (void)pos0,
-        (void)row0, (void)n_tok, (void)f16;
+                                  struct tern_vk_buf *cache, size_t n_kv_head, size_t head_dim, size_t pos0,
+                                  size_t row0, size_t n_tok, bool f16) {
+    (void)vk, (void)x, (void)row_stride, (void)cache, (void)n_kv_head, (void)head_dim, (void)pos0, (void)row0,
+        (void)n_tok, (void)f16;
     return NOT_BUILT;
 }
 enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf *q, size_t q_stride,
-                                   const struct tern_vk_buf *kc, const struct tern_vk_buf *vc, size_t n_ctx,
-                                   struct tern_vk_buf *out, size_t out_stride, size_t row0, size_t n_tok,
-                                   size_t pos0, size_t n_head, size_t n_kv_head, size_t head_dim, float scale,
-                                   bool f16) {
-    (void)vk, (void)q, (void)q_stride, (void)kc, (void)vc, (void)n_ctx, (void)out, (void)out_stride, (void)row0,
-        (void)n_tok,
+                                   const struct tern_vk_buf *kc, const struct tern_vk_buf *vc, struct tern_vk_buf *out,
+                                   size_t out_stride, size_t row0, size_t n_tok, size_t pos0, size_t n_head,
+                                   size_t n_kv_head, size_t head_dim, float scale, bool f16) {
+    (void)vk, (void)q, (void)q_stride, (void)kc, (void)vc, (void)out, (void)out_stride, (void)row0, (void)n_tok,
         (void)pos0, (void)n_head, (void)n_kv_head, (void)head_dim, (void)scale, (void)f16;
     return NOT_BUILT;
 }

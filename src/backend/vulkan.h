@@ -144,22 +144,24 @@ enum tern_status tern_vk_sigmoid_mul(struct tern_vk *vk, struct tern_vk_buf *x, 
 enum tern_status tern_vk_rope(struct tern_vk *vk, struct tern_vk_buf *x, size_t row_stride, size_t n_head,
                               size_t head_dim, size_t n_rot, const struct tern_vk_buf *cs, size_t n_tok, bool neox);
 
-/* The KV cache of one attention layer on the device: [n_kv_head][n_ctx][head_dim] of F32
- * or F16. kv_store writes n_tok rows (n_kv_head heads, row_stride floats apart) at
- * positions pos0.. (rounded to F16 for an F16 cache); attention then computes, for each
- * token t and query head h, softmax(scale * q . k) v over the cache rows [0, pos0 + t]
- * read back from the cache, in blocks of 256 positions from 0 with an online softmax
- * (the CPU's pages), so a token's result depends on its own positions alone. Heads of at
- * most 256. The tokens are rows row0.. of x, q and out (one sequence of a step over
- * several sessions' rows: each against its own cache). */
+/* The KV cache of one attention layer on the device: pages of TERN_VK_KV_PAGE positions
+ * end to end, each [n_kv_head][TERN_VK_KV_PAGE][head_dim] of F32 or F16 (the CPU's
+ * pages, byte for byte), so a cache of n pages holds positions [0, n * TERN_VK_KV_PAGE).
+ * kv_store writes n_tok rows (n_kv_head heads, row_stride floats apart) at positions
+ * pos0.. (rounded to F16 for an F16 cache); attention then computes, for each token t and
+ * query head h, softmax(scale * q . k) v over the cache rows [0, pos0 + t] read back from
+ * the cache, page by page with an online softmax (as the CPU), so a token's result
+ * depends on its own positions alone. Heads of at most 256. The tokens are rows row0.. of
+ * x, q and out (one sequence of a step over several sessions' rows: each against its own
+ * cache). A cache without the pages of the positions: TERN_ERR_RANGE. */
+#define TERN_VK_KV_PAGE 256
 enum tern_status tern_vk_kv_store(struct tern_vk *vk, const struct tern_vk_buf *x, size_t row_stride,
-                                  struct tern_vk_buf *cache, size_t n_ctx, size_t n_kv_head, size_t head_dim,
-                                  size_t pos0, size_t row0, size_t n_tok, bool f16);
+                                  struct tern_vk_buf *cache, size_t n_kv_head, size_t head_dim, size_t pos0,
+                                  size_t row0, size_t n_tok, bool f16);
 enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf *q, size_t q_stride,
-                                   const struct tern_vk_buf *kc, const struct tern_vk_buf *vc, size_t n_ctx,
-                                   struct tern_vk_buf *out, size_t out_stride, size_t row0, size_t n_tok,
-                                   size_t pos0, size_t n_head, size_t n_kv_head, size_t head_dim, float scale,
-                                   bool f16);
+                                   const struct tern_vk_buf *kc, const struct tern_vk_buf *vc, struct tern_vk_buf *out,
+                                   size_t out_stride, size_t row0, size_t n_tok, size_t pos0, size_t n_head,
+                                   size_t n_kv_head, size_t head_dim, float scale, bool f16);
 
 /* Gated DeltaNet (model/deltanet.h) on the device, tokens in order. conv: the causal
  * depthwise convolution + SiLU over C channels with n_conv taps (conv_wt tap-major

@@ -688,24 +688,35 @@ static void inherit_checkpoints(struct cache *c, struct entry *e, struct entry *
     }
 }
 
+/* On a device (tern_model_use_vulkan) the sessions' states may fill the device's memory
+ * before the RAM budget: the least recently used parked session that is not leased gives
+ * way (kept on disk when there is a disk tier). False when none is left, or on the CPU. */
+static bool evict_for_device(struct cache *c) {
+    if (!strcmp(tern_model_device(c->model), "cpu")) return false;
+    struct entry *victim = NULL;
+    for (struct entry *e = c->tail; e && !victim; e = e->prev)
+        if (!e->leased) victim = e;
+    if (!victim) return false;
+    TERN_LOG_INFO("reuse: evicted session (key=%s, %u tokens, %zu bytes) for device memory (%s)",
+                  victim->key ? victim->key : "-", tern_session_n_past(victim->s), entry_bytes(victim),
+                  tern_last_error());
+    if (victim->disk_dirty) disk_park(c, victim);
+    entry_remove(c, victim);
+    STAT_ADD(c, evictions, 1);
+    return true;
+}
+
 static enum tern_status new_session(struct cache *c, struct tern_session **out) {
     enum tern_status st = tern_session_new(c->model, &c->p.session, out);
-    /* On a device (tern_model_use_vulkan) the sessions' states may fill the device's memory
-     * before the RAM budget: parked sessions make room, least recently used first (kept
-     * on disk when there is a disk tier), until the new one fits or none is left. */
-    while (st == TERN_ERR_NOMEM && strcmp(tern_model_device(c->model), "cpu")) {
-        struct entry *victim = NULL;
-        for (struct entry *e = c->tail; e && !victim; e = e->prev)
-            if (!e->leased) victim = e;
-        if (!victim) break;
-        TERN_LOG_INFO("reuse: evicted session (key=%s, %u tokens, %zu bytes) for device memory (%s)",
-                      victim->key ? victim->key : "-", tern_session_n_past(victim->s), entry_bytes(victim),
-                      tern_last_error());
-        if (victim->disk_dirty) disk_park(c, victim);
-        entry_remove(c, victim);
-        STAT_ADD(c, evictions, 1);
-        st = tern_session_new(c->model, &c->p.session, out);
-    }
+    while (st == TERN_ERR_NOMEM && evict_for_device(c)) st = tern_session_new(c->model, &c->p.session, out);
+    return st;
+}
+
+enum tern_status cache_reserve(struct cache *c, struct tern_session *s, size_t n) {
+    const size_t b0 = tern_session_bytes(s);
+    enum tern_status st = tern_session_reserve(s, n);
+    while (st == TERN_ERR_NOMEM && evict_for_device(c)) st = tern_session_reserve(s, n);
+    if (!st && tern_session_bytes(s) > b0) cache_fit(c);
     return st;
 }
 

@@ -141,6 +141,11 @@ void cache_release(struct cache *c, struct cache_lease *lease, bool ok);
  * included) fits the budget again. Leased sessions are never touched, so running ones
  * alone may still exceed it. */
 void cache_fit(struct cache *c);
+/* Room in a leased session s for n more tokens (tern_session_reserve). On a device, when
+ * its memory has no room for the KV pages, parked sessions that are not leased give way,
+ * least recently used first (kept on disk with a disk tier, logged), until they fit or
+ * none is left (TERN_ERR_NOMEM then, with the sizes). When that took memory, cache_fit. */
+enum tern_status cache_reserve(struct cache *c, struct tern_session *s, size_t n);
 
 /* Why a candidate that was compared gave nothing (or less than its common prefix). */
 enum cache_decline {

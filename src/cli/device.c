@@ -50,10 +50,12 @@ int cli_device_use(const char *cmd, struct tern_model *m, int *dev, bool is_auto
     if (*dev < 0) return 0;
     enum tern_status st = tern_model_use_vulkan(m, *dev, n_chunk);
     if (!st && sp) {
-        /* one session's device state, made and freed now: a context too large for the
-         * device's memory is said at start (with the sizes), not at the first request */
+        /* one session's device state of the whole context, made and freed now: a context
+         * too large for the device's memory is said at start (with the sizes), not at the
+         * first long request (sessions then take KV pages as they grow) */
         struct tern_session *s = NULL;
         st = tern_session_new(m, sp, &s);
+        if (!st) st = tern_session_reserve(s, tern_session_n_ctx(s));
         tern_session_free(s);
         if (st) (void)tern_model_use_vulkan(m, -1, 0);
     }

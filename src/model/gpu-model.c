@@ -82,7 +82,12 @@ struct tern_gpu_state {
     uint32_t n_ctx;
     bool f16_kv;
     size_t bytes;
-    struct tern_vk_buf **kc, **vc; /* (n_layer) [n_kv_head][n_ctx][head_dim] */
+    /* (n_layer) the KV cache in pages of TERN_VK_KV_PAGE positions, end to end, each
+     * [n_kv_head][TERN_VK_KV_PAGE][head_dim] (the CPU's pages): n_pages pages in every
+     * attention layer (a layer may hold more after a growth that failed part way), none
+     * when the state is made; tern_gpu_state_reserve grows them */
+    struct tern_vk_buf **kc, **vc;
+    uint32_t n_pages;
     struct tern_vk_buf **win, **S; /* (n_layer) [n_conv - 1][C], [n_v][d_k][d_v]: zero at position 0 */
     /* The trail (tern_gpu_trail_reserve), per recurrent layer: trail_cap windows and
      * states, [slot][n_conv - 1][C] and [slot][n_v][d_k][d_v] (NULL: none) */
@@ -471,12 +476,10 @@ static void gpu_attention(const struct model_step *f, uint32_t il, const struct 
     for (uint32_t j = 0; j < f->b->n_seq; j++) {
         const struct model_seq *sq = &f->b->seq[j];
         const struct tern_gpu_state *S = p->S[j];
-        DO(f, tern_vk_kv_store(vk, BUF(k), nkv, S->kc[il], S->n_ctx, L->n_kv_head, hd, sq->pos0, sq->row0, sq->n,
-                               S->f16_kv));
-        DO(f, tern_vk_kv_store(vk, BUF(v), nkv, S->vc[il], S->n_ctx, L->n_kv_head, hd, sq->pos0, sq->row0, sq->n,
-                               S->f16_kv));
-        DO(f, tern_vk_attention(vk, BUF(q), nq, S->kc[il], S->vc[il], S->n_ctx, BUF(out), nq, sq->row0, sq->n,
-                                sq->pos0, n_head, L->n_kv_head, hd, scale, S->f16_kv));
+        DO(f, tern_vk_kv_store(vk, BUF(k), nkv, S->kc[il], L->n_kv_head, hd, sq->pos0, sq->row0, sq->n, S->f16_kv));
+        DO(f, tern_vk_kv_store(vk, BUF(v), nkv, S->vc[il], L->n_kv_head, hd, sq->pos0, sq->row0, sq->n, S->f16_kv));
+        DO(f, tern_vk_attention(vk, BUF(q), nq, S->kc[il], S->vc[il], BUF(out), nq, sq->row0, sq->n, sq->pos0, n_head,
+                                L->n_kv_head, hd, scale, S->f16_kv));
     }
 }
 
@@ -889,15 +892,28 @@ enum tern_status tern_gpu_head(struct tern_gpu *main, const struct tern_model *v
 uint32_t tern_gpu_n_chunk(const struct tern_gpu *g) { return g->n_chunk; }
 size_t tern_gpu_bytes(const struct tern_gpu *g) { return g->bytes; }
 
-size_t tern_gpu_state_need(const struct tern_gpu *g, uint32_t n_ctx, bool f16_kv) {
+/* Bytes of one KV page of attention layer L (K or V: the device's heads are square). */
+static size_t kv_page_bytes(const struct model_layer *L, bool f16_kv) {
+    return (size_t)TERN_VK_KV_PAGE * L->n_kv_head * L->head_dim_k * (f16_kv ? 2 : 4);
+}
+
+static uint32_t pages_of(uint32_t n_pos) { return (n_pos + TERN_VK_KV_PAGE - 1) / TERN_VK_KV_PAGE; }
+
+/* Device bytes of n_pages KV pages in every attention layer (K and V), plus the
+ * recurrent parts when rec. */
+static size_t state_bytes_of(const struct tern_gpu *g, uint32_t n_pages, bool f16_kv, bool rec) {
     const struct tern_model *m = g->m;
     size_t b = 0;
     for (uint32_t il = 0; il < m->n_layer; il++) {
         const struct model_layer *L = &m->layers[il];
-        if (L->kind == LAYER_ATTN) b += 2 * (size_t)L->n_kv_head * n_ctx * L->head_dim_k * (f16_kv ? 2 : 4);
-        else b += L->rec_bytes;
+        if (L->kind == LAYER_ATTN) b += 2 * (size_t)n_pages * kv_page_bytes(L, f16_kv);
+        else if (rec) b += L->rec_bytes;
     }
     return b;
+}
+
+size_t tern_gpu_state_need(const struct tern_gpu *g, uint32_t n_ctx, bool f16_kv) {
+    return state_bytes_of(g, pages_of(n_ctx), f16_kv, true);
 }
 
 void tern_gpu_state_free(struct tern_gpu_state *st) {
@@ -945,19 +961,18 @@ enum tern_status tern_gpu_state_new(struct tern_gpu *g, uint32_t n_ctx, bool f16
     *out = NULL;
     const struct tern_model *m = g->m;
     if (n_ctx == 0) return tern_errorf(TERN_ERR_INVALID, "gpu: a context of 0 positions");
-    const size_t need = tern_gpu_state_need(g, n_ctx, f16_kv);
+    const size_t need = state_bytes_of(g, 0, f16_kv, true); /* the recurrent parts; KV pages come with use */
     const uint64_t have = device_bytes(g);
     pthread_mutex_lock(g->mu);
     const size_t used = used_bytes(g), ckb = g->ckpt_bytes;
     pthread_mutex_unlock(g->mu);
     if (have && used + (uint64_t)need > have)
         return tern_errorf(TERN_ERR_NOMEM,
-                           "gpu: a session of %u positions needs %.1f MiB of device memory (KV cache %s and recurrent "
-                           "state), but device '%s' has %.1f MiB left of %.1f MiB (weights and scratch %.1f MiB, other "
-                           "sessions %.1f MiB, checkpoints %.1f MiB): a smaller context fits",
-                           n_ctx, mib(need), f16_kv ? "F16" : "F32", tern_vk_info(g->vk)->name,
-                           mib(have > used ? have - used : 0), mib(have), mib(g->bytes), mib(used - g->bytes - ckb),
-                           mib(ckb));
+                           "gpu: a session needs %.1f MiB of device memory for its recurrent state, but device '%s' "
+                           "has %.1f MiB left of %.1f MiB (weights and scratch %.1f MiB, other sessions %.1f MiB, "
+                           "checkpoints %.1f MiB)",
+                           mib(need), tern_vk_info(g->vk)->name, mib(have > used ? have - used : 0), mib(have),
+                           mib(g->bytes), mib(used - g->bytes - ckb), mib(ckb));
     struct tern_gpu_state *st = tern_calloc(1, sizeof *st);
     if (!st) return tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
     st->g = g;
@@ -971,35 +986,103 @@ enum tern_status tern_gpu_state_new(struct tern_gpu *g, uint32_t n_ctx, bool f16
     pthread_mutex_lock(g->mu);
     for (uint32_t il = 0; il < m->n_layer && !s; il++) {
         const struct model_layer *L = &m->layers[il];
-        if (L->kind == LAYER_ATTN) {
-            const size_t b = (size_t)L->n_kv_head * n_ctx * L->head_dim_k * (f16_kv ? 2 : 4);
-            s = tern_vk_buf_new(g->vk, b, &st->kc[il]);
-            if (!s) s = tern_vk_buf_new(g->vk, b, &st->vc[il]);
-            if (!s) st->bytes += 2 * b;
-        } else {
-            /* the CPU's "conv" and "ssm" buffers, byte for byte */
-            const struct tern_deltanet_shape *dn = g->dn;
-            if (!dn || L->n_bufs != 2 || L->bufs[0].bytes != (dn->n_conv - 1) * tern_deltanet_channels(dn) * sizeof(float) ||
-                L->bufs[1].bytes != tern_deltanet_state_floats(dn) * sizeof(float) ||
-                TERN_MAX(L->bufs[0].bytes, L->bufs[1].bytes) > g->zeros_n * sizeof(float)) {
-                s = tern_errorf(TERN_ERR_INTERNAL, "gpu: layer %u's recurrent buffers do not match the device's", il);
-                break;
-            }
-            s = tern_vk_buf_new(g->vk, L->bufs[0].bytes, &st->win[il]);
-            if (!s) s = tern_vk_buf_new(g->vk, L->bufs[1].bytes, &st->S[il]);
-            if (!s) st->bytes += L->rec_bytes;
+        if (L->kind != LAYER_RECURRENT) continue;
+        /* the CPU's "conv" and "ssm" buffers, byte for byte */
+        const struct tern_deltanet_shape *dn = g->dn;
+        if (!dn || L->n_bufs != 2 || L->bufs[0].bytes != (dn->n_conv - 1) * tern_deltanet_channels(dn) * sizeof(float) ||
+            L->bufs[1].bytes != tern_deltanet_state_floats(dn) * sizeof(float) ||
+            TERN_MAX(L->bufs[0].bytes, L->bufs[1].bytes) > g->zeros_n * sizeof(float)) {
+            s = tern_errorf(TERN_ERR_INTERNAL, "gpu: layer %u's recurrent buffers do not match the device's", il);
+            break;
         }
+        s = tern_vk_buf_new(g->vk, L->bufs[0].bytes, &st->win[il]);
+        if (!s) s = tern_vk_buf_new(g->vk, L->bufs[1].bytes, &st->S[il]);
+        if (!s) st->bytes += L->rec_bytes;
     }
     if (!s) s = rec_upload_locked(g, st, NULL);
     g->state_bytes += st->bytes;
     pthread_mutex_unlock(g->mu);
     if (s) {
-        tern_error_prefix(s, "gpu: a session's state of %u positions (%.1f MiB)", n_ctx, mib(need));
+        tern_error_prefix(s, "gpu: a session's state (%.1f MiB)", mib(need));
         tern_gpu_state_free(st);
         return s;
     }
     *out = st;
     return TERN_OK;
+}
+
+/* Layer il's K or V cache grown to n_pages pages (g->mu held): a new buffer, the pages it
+ * had copied into it on the device, the old one freed. Checked against the device's
+ * memory first; on error the layer keeps what it had. */
+static enum tern_status kv_layer_grow(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t il, bool v,
+                                      uint32_t n_pages, uint64_t have) {
+    const struct model_layer *L = &g->m->layers[il];
+    struct tern_vk_buf **slot = v ? &st->vc[il] : &st->kc[il];
+    const size_t pb = kv_page_bytes(L, st->f16_kv), had = *slot ? tern_vk_buf_bytes(*slot) : 0;
+    const size_t b = (size_t)n_pages * pb;
+    if (b <= had) return TERN_OK;
+    if (have && used_bytes(g) + (uint64_t)b > have) /* the old pages and the new buffer, for the copy */
+        return tern_errorf(TERN_ERR_NOMEM,
+                           "gpu: growing layer %u's KV cache to %u positions needs %.1f MiB of device memory while "
+                           "its %.1f MiB are copied, but device '%s' has %.1f MiB left of %.1f MiB",
+                           il, n_pages * TERN_VK_KV_PAGE, mib(b), mib(had), tern_vk_info(g->vk)->name,
+                           mib(have > used_bytes(g) ? have - used_bytes(g) : 0), mib(have));
+    struct tern_vk_buf *nb;
+    enum tern_status s = tern_vk_buf_new(g->vk, b, &nb);
+    if (s) return s;
+    if (had) s = tern_vk_copy(g->vk, *slot, 0, nb, 0, had); /* its own submit */
+    if (s) {
+        tern_vk_buf_free(nb);
+        return s;
+    }
+    tern_vk_buf_free(*slot);
+    *slot = nb;
+    st->bytes += b - had;
+    g->state_bytes += b - had;
+    return TERN_OK;
+}
+
+enum tern_status tern_gpu_state_reserve(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t n_pos) {
+    TERN_ASSERT(st->g == g);
+    if (n_pos > st->n_ctx)
+        return tern_errorf(TERN_ERR_RANGE, "gpu: %u positions exceed the state's context of %u", n_pos, st->n_ctx);
+    const uint32_t need = pages_of(n_pos), cap = pages_of(st->n_ctx);
+    if (need <= st->n_pages) return TERN_OK;
+    /* a quarter more than it had (within the context), so that a growing conversation
+     * copies its cache O(log n) times; exactly what is asked when that does not fit */
+    uint32_t want = st->n_pages + st->n_pages / 4;
+    want = want < need ? need : want > cap ? cap : want;
+    const uint64_t have = device_bytes(g);
+    enum tern_status s = TERN_OK;
+    pthread_mutex_lock(g->mu);
+    const size_t more = state_bytes_of(g, need, st->f16_kv, false) - state_bytes_of(g, st->n_pages, st->f16_kv, false);
+    if (have && used_bytes(g) + (uint64_t)more > have) {
+        s = tern_errorf(TERN_ERR_NOMEM,
+                        "gpu: a session's KV cache of %u positions needs %.1f MiB more device memory, but device '%s' "
+                        "has %.1f MiB left of %.1f MiB (weights and scratch %.1f MiB, sessions %.1f MiB, checkpoints "
+                        "%.1f MiB)",
+                        need * TERN_VK_KV_PAGE, mib(more), tern_vk_info(g->vk)->name,
+                        mib(have > used_bytes(g) ? have - used_bytes(g) : 0), mib(have), mib(g->bytes),
+                        mib(g->state_bytes), mib(g->ckpt_bytes));
+        pthread_mutex_unlock(g->mu);
+        return s;
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        const uint32_t n = pass ? need : want;
+        s = TERN_OK;
+        for (uint32_t il = 0; il < g->m->n_layer && !s; il++) {
+            if (g->m->layers[il].kind != LAYER_ATTN) continue;
+            s = kv_layer_grow(g, st, il, false, n, have);
+            if (!s) s = kv_layer_grow(g, st, il, true, n, have);
+        }
+        if (!s) {
+            st->n_pages = n;
+            break;
+        }
+        if (s != TERN_ERR_NOMEM || want == need) break;
+    }
+    pthread_mutex_unlock(g->mu);
+    return s;
 }
 
 enum tern_status tern_gpu_rec_upload(struct tern_gpu *g, struct tern_gpu_state *st, const void *rec) {
@@ -1024,20 +1107,35 @@ enum tern_status tern_gpu_rec_download(struct tern_gpu *g, struct tern_gpu_state
     return s;
 }
 
+/* Rows [p0, p1) of layer il's K or V between the cache's pages and buf's head runs (up:
+ * into the pages). The pages that hold them go through one host copy (downloaded, and for
+ * an upload patched and uploaded again: the rows of those pages outside [p0, p1) stay). */
 static enum tern_status kv_copy(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t il, bool v, uint32_t p0,
                                 uint32_t p1, uint8_t *buf, size_t run_bytes, bool up) {
     const struct model_layer *L = &g->m->layers[il];
-    TERN_ASSERT(L->kind == LAYER_ATTN && p0 <= p1 && p1 <= st->n_ctx);
-    const size_t row = (size_t)L->head_dim_k * (st->f16_kv ? 2 : 4);
-    struct tern_vk_buf *b = v ? st->vc[il] : st->kc[il];
-    enum tern_status s = TERN_OK;
+    TERN_ASSERT(L->kind == LAYER_ATTN && p0 <= p1 && p1 <= st->n_pages * TERN_VK_KV_PAGE);
     if (p0 == p1) return TERN_OK;
+    const size_t row = (size_t)L->head_dim_k * (st->f16_kv ? 2 : 4), pb = kv_page_bytes(L, st->f16_kv);
+    const uint32_t pg0 = p0 / TERN_VK_KV_PAGE, pg1 = pages_of(p1);
+    uint8_t *tmp = tern_malloc((size_t)(pg1 - pg0) * pb);
+    if (!tmp) return tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory for %u KV pages", pg1 - pg0);
+    struct tern_vk_buf *b = v ? st->vc[il] : st->kc[il];
     pthread_mutex_lock(g->mu);
-    for (uint32_t h = 0; h < L->n_kv_head && !s; h++) {
-        const size_t off = ((size_t)h * st->n_ctx + p0) * row, bytes = (size_t)(p1 - p0) * row;
-        s = up ? tern_vk_upload(b, off, buf + h * run_bytes, bytes) : tern_vk_download(b, off, buf + h * run_bytes, bytes);
+    enum tern_status s = tern_vk_download(b, (size_t)pg0 * pb, tmp, (size_t)(pg1 - pg0) * pb);
+    for (uint32_t pos = p0; pos < p1 && !s;) {
+        const uint32_t pg = pos / TERN_VK_KV_PAGE, in = pos % TERN_VK_KV_PAGE;
+        const uint32_t rows = TERN_MIN(TERN_VK_KV_PAGE - in, p1 - pos);
+        for (uint32_t h = 0; h < L->n_kv_head; h++) {
+            uint8_t *mem = tmp + (size_t)(pg - pg0) * pb + ((size_t)h * TERN_VK_KV_PAGE + in) * row;
+            uint8_t *run = buf + h * run_bytes + (size_t)(pos - p0) * row;
+            if (up) memcpy(mem, run, rows * row);
+            else memcpy(run, mem, rows * row);
+        }
+        pos += rows;
     }
+    if (!s && up) s = tern_vk_upload(b, (size_t)pg0 * pb, tmp, (size_t)(pg1 - pg0) * pb);
     pthread_mutex_unlock(g->mu);
+    free(tmp);
     return s;
 }
 
@@ -1143,6 +1241,9 @@ enum tern_status tern_gpu_eval_batch(struct tern_gpu *g, const struct tern_gpu_s
     for (uint32_t i = 0; i < n_seq; i++) {
         const struct tern_gpu_seq *q = &seqs[i];
         TERN_ASSERT(q->st && q->st->g == g && q->pos0 + (uint64_t)q->n <= q->st->n_ctx && (q->toks || !q->n));
+        /* the pages of its positions (a caller that reserved them finds them there) */
+        enum tern_status s = tern_gpu_state_reserve(g, q->st, q->pos0 + q->n);
+        if (s) return tern_error_prefix(s, "gpu: sequence %u of a step", i);
         TERN_ASSERT(!q->io || !q->io->trail || !g->m->rec_bytes || q->io->slot0 + (uint64_t)q->n <= q->st->trail_cap);
         /* two parts of one state in a step would each read the state as it was before
          * the step's other part */
@@ -1245,6 +1346,7 @@ enum tern_status tern_gpu_model_new(struct tern_vk *vk, const struct tern_model 
     if (!gm) return tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
     enum tern_status st = tern_gpu_new(vk, m, n_chunk, &gm->g);
     if (!st) st = tern_gpu_state_new(gm->g, n_ctx, f16_kv, &gm->st);
+    if (!st) st = tern_gpu_state_reserve(gm->g, gm->st, n_ctx); /* its whole context, at once */
     if (st) {
         tern_gpu_model_free(gm);
         return st;
@@ -1312,20 +1414,20 @@ enum tern_status tern_gpu_state_copy(struct tern_gpu *g, const struct tern_gpu_s
                                      uint32_t p, bool rec) {
     const struct tern_model *m = g->m;
     TERN_ASSERT(src->g == g && dst->g == g && src->n_ctx == dst->n_ctx && src->f16_kv == dst->f16_kv &&
-                p <= src->n_ctx);
+                p <= src->n_pages * TERN_VK_KV_PAGE);
     if (!p && (!rec || !m->rec_bytes)) return TERN_OK;
-    enum tern_status s = copies_begin(g);
+    enum tern_status s = tern_gpu_state_reserve(g, dst, p);
+    if (s) return s;
+    s = copies_begin(g);
     if (s) return s;
     for (uint32_t il = 0; il < m->n_layer; il++) {
         const struct model_layer *L = &m->layers[il];
         if (L->kind == LAYER_ATTN) {
-            /* each KV head's rows [0, p) are contiguous: one copy per head */
-            const size_t row = (size_t)L->head_dim_k * (src->f16_kv ? 2 : 4);
-            for (uint32_t h = 0; h < L->n_kv_head && p; h++) {
-                const size_t off = (size_t)h * src->n_ctx * row;
-                COPY(src->kc[il], off, dst->kc[il], off, (size_t)p * row);
-                COPY(src->vc[il], off, dst->vc[il], off, (size_t)p * row);
-            }
+            /* the pages of rows [0, p), whole: one copy each for K and V (the rows of the
+             * last page beyond p are written before anything reads them) */
+            const size_t b = (size_t)pages_of(p) * kv_page_bytes(L, src->f16_kv);
+            COPY(src->kc[il], 0, dst->kc[il], 0, b);
+            COPY(src->vc[il], 0, dst->vc[il], 0, b);
         } else if (L->kind == LAYER_RECURRENT && rec) {
             COPY(src->win[il], 0, dst->win[il], 0, L->bufs[0].bytes);
             COPY(src->S[il], 0, dst->S[il], 0, L->bufs[1].bytes);

@@ -6,7 +6,9 @@
  * Two objects. A `tern_gpu` holds what one model needs once on a device: its weights,
  * uploaded in their own types, and the architecture's RunState for one chunk (the
  * scratch every evaluation writes). A `tern_gpu_state` holds what one conversation owns: per attention
- * layer the KV cache [n_kv_head][n_ctx][head_dim] (F16 or F32), per Gated DeltaNet layer
+ * layer the KV cache in pages of TERN_VK_KV_PAGE (256) positions, each [n_kv_head][256]
+ * [head_dim] (F16 or F32, the CPU's pages byte for byte), taken as the conversation
+ * grows (tern_gpu_state_reserve), per Gated DeltaNet layer
  * its conv window [n_conv - 1][C] and state [n_v][d_k][d_v] (F32, the CPU's "conv" and
  * "ssm" layouts, so a checkpoint's bytes read the same on both backends). Sessions of a
  * model loaded for a device (tern_model_use_vulkan, session.c) each own a state; they
@@ -49,14 +51,25 @@ enum tern_status tern_gpu_head(struct tern_gpu *main, const struct tern_model *v
 uint32_t tern_gpu_n_chunk(const struct tern_gpu *g);
 /* Device bytes of the weights and the scratch. */
 size_t tern_gpu_bytes(const struct tern_gpu *g);
-/* Device bytes of one state of n_ctx positions. */
+/* Device bytes of one state holding all of n_ctx positions. */
 size_t tern_gpu_state_need(const struct tern_gpu *g, uint32_t n_ctx, bool f16_kv);
 
-/* A state of n_ctx positions at position 0 (recurrent parts zeroed). TERN_ERR_NOMEM when
- * the device's memory (less what this tern_gpu's weights and states hold) is too small,
- * the sizes in the message, before anything is allocated. */
+/* A state of a context of n_ctx positions at position 0 (recurrent parts zeroed), with no
+ * KV pages yet. TERN_ERR_NOMEM when the device's memory (less what this tern_gpu's
+ * weights, states and checkpoints hold) is too small for the recurrent parts, the sizes in
+ * the message, before anything is allocated. */
 enum tern_status tern_gpu_state_new(struct tern_gpu *g, uint32_t n_ctx, bool f16_kv, struct tern_gpu_state **out);
+/* The KV pages of positions [0, n_pos) in every attention layer (n_pos <= n_ctx, else
+ * TERN_ERR_RANGE). A layer's pages lie end to end in one device buffer: growing makes a
+ * larger one and copies the pages it had on the device (a quarter more than it had, so a
+ * growing conversation copies O(log n) times, or exactly what is asked when that is all
+ * that fits). TERN_ERR_NOMEM, with the sizes, when the device has no room (checked before
+ * each allocation): the state keeps what it had, and its positions stay as they were.
+ * Evaluations reserve their positions themselves; a caller reserves first to see the
+ * error before anything is computed. */
+enum tern_status tern_gpu_state_reserve(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t n_pos);
 void tern_gpu_state_free(struct tern_gpu_state *st);
+/* Device bytes st holds now: its KV pages, recurrent parts and trail. */
 size_t tern_gpu_state_bytes(const struct tern_gpu_state *st);
 
 /* Consumes toks[0..n) (ids already checked) at positions [pos0, pos0 + n), pos0 + n <=
@@ -127,9 +140,11 @@ void tern_gpu_trail_release(struct tern_gpu *g, struct tern_gpu_state *st);
  * zero. */
 enum tern_status tern_gpu_rec_download(struct tern_gpu *g, struct tern_gpu_state *st, void *rec);
 enum tern_status tern_gpu_rec_upload(struct tern_gpu *g, struct tern_gpu_state *st, const void *rec);
-/* Rows [p0, p1) of attention layer il's K (v false) or V cache, KV head by KV head, each
- * head's rows contiguous: buf holds n_kv_head runs, run h at h * run_bytes, of (p1 - p0)
- * rows of head_dim elements (2 bytes for an F16 cache, else 4). */
+/* Rows [p0, p1) of attention layer il's K (v false) or V cache (within its reserved
+ * pages), KV head by KV head, each head's rows contiguous: buf holds n_kv_head runs, run
+ * h at h * run_bytes, of (p1 - p0) rows of head_dim elements (2 bytes for an F16 cache,
+ * else 4). The pages that hold them pass through host memory once (an upload keeps their
+ * other rows). */
 enum tern_status tern_gpu_kv_download(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t il, bool v, uint32_t p0,
                                       uint32_t p1, void *buf, size_t run_bytes);
 enum tern_status tern_gpu_kv_upload(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t il, bool v, uint32_t p0,
@@ -137,9 +152,11 @@ enum tern_status tern_gpu_kv_upload(struct tern_gpu *g, struct tern_gpu_state *s
 
 /* ---- copies on the device: fork and checkpoints (no host round trip) ---- */
 
-/* KV rows [0, p) of every attention layer, and the recurrent parts too when rec, from src
- * to dst (states of g with the same n_ctx and cache type): buffer copies on the device,
- * one submit. On error (a lost device: TERN_ERR_IO) dst is undefined, src unchanged. */
+/* KV rows [0, p) of every attention layer (the pages that hold them, whole; dst's are
+ * reserved first), and the recurrent parts too when rec, from src to dst (states of g with
+ * the same n_ctx and cache type): buffer copies on the device, one submit. On error (no
+ * room for dst's pages: TERN_ERR_NOMEM; a lost device: TERN_ERR_IO) dst is undefined, src
+ * unchanged. */
 enum tern_status tern_gpu_state_copy(struct tern_gpu *g, const struct tern_gpu_state *src, struct tern_gpu_state *dst,
                                      uint32_t p, bool rec);
 /* A device buffer for one checkpoint: the model's recurrent block (m->rec_bytes, laid out

@@ -5,7 +5,8 @@
  *
  * A device session (the model on a Vulkan device, device.c) keeps the same token list,
  * logits and host copy of the recurrent state (s->rec, refreshed lazily: rec_stale), but
- * its KV rows and recurrent state live in a tern_gpu_state (model/gpu.h); each state
+ * its KV pages and recurrent state live in a tern_gpu_state (model/gpu.h: the pages taken
+ * as the session grows, as kv_grow takes the CPU's); each state
  * operation below branches once on s->gpu and moves bytes to or from the device, laid
  * out as the CPU's, so checkpoints, hashes and the disk tier read the same. Fork copies
  * KV rows and recurrent state from state to state on the device; a checkpoint may live
@@ -155,7 +156,18 @@ static size_t page_bytes(const struct tern_session *s, const struct model_layer 
 static enum tern_status kv_grow(struct tern_session *s, uint32_t n) {
     TERN_ASSERT(n <= s->n_pages_cap);
     const uint32_t old = s->n_pages;
-    if (n <= old || s->gpu) return TERN_OK; /* a device session's cache is allocated whole */
+    if (n <= old) return TERN_OK;
+    if (s->gpu) {
+        /* the device's pages (tern_gpu_state_reserve); checkpoints kept on the device go
+         * to host memory first when there is no room */
+        const uint32_t n_pos = n * TERN_KV_PAGE < s->n_ctx ? n * TERN_KV_PAGE : s->n_ctx;
+        enum tern_status st = tern_gpu_state_reserve(s->m->gpu, s->gpu, n_pos);
+        if (st == TERN_ERR_NOMEM && vram_spill_all(s->m)) {
+            TERN_LOG_INFO("session: checkpoints moved from the device to host memory to make room for KV pages");
+            st = tern_gpu_state_reserve(s->m->gpu, s->gpu, n_pos);
+        }
+        return st; /* s->n_pages counts host pages: none here */
+    }
     for (uint32_t il = 0; il < s->m->n_layer; il++) {
         const struct model_layer *L = &s->m->layers[il];
         if (L->kind != LAYER_ATTN) continue;

@@ -176,12 +176,10 @@ static bool matcher_in_use(const struct srv_engine *e, const struct tern_gmatch 
 }
 
 /* Room in r's session for n more tokens; when that took new KV pages, parked sessions
- * give way so that the pool, running sessions included, stays within --cache-ram. */
+ * give way so that the pool, running sessions included, stays within --cache-ram (and on a
+ * device, for its memory: cache_reserve). */
 static enum tern_status session_grow(struct srv_engine *e, struct eng_req *r, size_t n) {
-    const size_t b0 = tern_session_bytes(r->s);
-    enum tern_status st = tern_session_reserve(r->s, n);
-    if (!st && tern_session_bytes(r->s) > b0) cache_fit(e->cache);
-    return st;
+    return cache_reserve(e->cache, r->s, n);
 }
 
 /* The request lets its matcher go (a kept one stays for the next request). */

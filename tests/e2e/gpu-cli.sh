@@ -4,7 +4,8 @@
 # tiny-qwen3moe and tiny-qwen35moe when present); TERN_DEVICE does what --device does;
 # auto says which device it took and why; --spec ngram, the oracle and --spec mtp on the
 # device print the ids of --spec off there; a machine without Vulkan gets a message naming
-# what is missing (vulkan) or the CPU (auto). Skips (77) without a Vulkan device unless
+# what is missing (vulkan) or the CPU (auto); a context larger than the device is refused at
+# start by the standalone model and the server, and paged by sessions. Skips (77) without a Vulkan device unless
 # TERN_REQUIRE_VULKAN=1.
 set -u
 bin=${TERN_BIN:-./tern}
@@ -70,6 +71,19 @@ grep -q "decode: .* t/s" "$tmp/err" || fail "no speed line: $(cat "$tmp/err")"
 [ $rc -eq 1 ] && grep -q "no MTP block" "$tmp/err" || fail "--spec mtp without a head on the GPU: exit $rc, $(cat "$tmp/err")"
 "$bin" run -m "$m" --ids "1 2 3 4 5 6 7 8" -c 4 -n 1 --device vulkan:0 2>"$tmp/err" >/dev/null; rc=$?
 [ $rc -eq 1 ] && grep -q "8" "$tmp/err" && grep -q "4" "$tmp/err" || fail "too-long prompt on the GPU: exit $rc, $(cat "$tmp/err")"
+# a context the device cannot hold: the standalone model (whole context at once) and the
+# server (one whole context must fit at start) refuse it with the sizes; sessions take
+# their KV pages as they grow, so a run through them uses only the pages of its tokens
+"$bin" run -m "$m" --ids "1 2 3" -n 1 -c 16777216 --device vulkan:0 2>"$tmp/err" >/dev/null; rc=$?
+[ $rc -eq 1 ] && grep -q "KV cache of 16777216 positions needs .* MiB .* MiB left of" "$tmp/err" ||
+  fail "a context larger than the device: exit $rc, $(cat "$tmp/err")"
+timeout 120 "$bin" serve --model "$m" --ctx-size 16777216 --device vulkan:0 --port 0 2>"$tmp/err" >/dev/null; rc=$?
+[ $rc -eq 1 ] && grep -q "KV cache of 16777216 positions needs .* MiB .* MiB left of" "$tmp/err" ||
+  fail "serve with a context larger than the device: exit $rc, $(cat "$tmp/err")"
+g=$("$bin" run -m "$m" --ids "1 2 3" -n 6 --temp 0 --print-ids -c 16777216 --spec ngram --device vulkan:0 2>"$tmp/err") ||
+  fail "a run through sessions with a context larger than the device: $(cat "$tmp/err")"
+[ "$g" = "$ref" ] || fail "a run through sessions of a large context: '$g' vs '$ref'"
+echo "ok a context larger than the device: refused at start by the standalone model and the server, paged by sessions"
 
 # --spec on the device (the sessions there, drafts verified there; a hybrid's state trail
 # in device memory): prompt lookup and the oracle (all accepted, all rejected, half with

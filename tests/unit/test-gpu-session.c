@@ -30,15 +30,23 @@
  *   kept on the device): the eval's bits unchanged, rewinding inside it gives the cold
  *   state, the rest then the cold logits; before it or once dropped a hybrid refuses,
  *   and dropping it gives its device memory back;
+ * - KV pages on the device: a session takes them as it grows (560 positions: three pages,
+ *   in pieces that cross them) and equals one that held its whole context from the start:
+ *   every logit, the hash, KV export across pages, an import into the middle of a page
+ *   (the page's other rows stay), a fork, a rewind across a page; its device bytes are
+ *   its pages'; on a device with room for one context, a session without room for a page
+ *   is refused with the sizes and keeps its state, and through the cache the parked
+ *   session is evicted for the leased one's pages (cache_reserve);
  * - what a device session cannot do is refused with a message: a device chosen after a
- *   session exists (TERN_ERR_STATE), a context larger than the device's memory
- *   (TERN_ERR_NOMEM with the sizes).
+ *   session exists (TERN_ERR_STATE), the pages of a context larger than the device's
+ *   memory (TERN_ERR_NOMEM with the sizes; the session goes on).
  * Skips (77) without a Vulkan device or the kit, unless TERN_REQUIRE_VULKAN=1 /
  * TERN_REQUIRE_SHARED=1 make that a failure. Short prompts: lavapipe is slow. */
 #include "harness.h"
 #include "exact.h"
 
 #include "backend/vulkan.h"
+#include "cache/cache.h"
 #include "model/gpu.h"
 #include "model/model.h" /* m->gpu: the device's byte counts, for a device made to be full */
 #include "tern.h"
@@ -351,10 +359,15 @@ static void check_model(const char *rel, bool quantized) {
         tern_session_params_default(&sp);
         sp.n_ctx = 1u << 24;
         sp.kv_type = TERN_KV_F32;
-        assert_int_equal(tern_session_new(m, &sp, &s), TERN_ERR_NOMEM);
-        assert_null(s);
+        /* its pages come with use: a context larger than the device is made, and refused
+         * when its pages are asked for (the server asks for the whole context at start) */
+        assert_int_equal(tern_session_new(m, &sp, &s), TERN_OK);
+        assert_int_equal(tern_session_reserve(s, 1u << 24), TERN_ERR_NOMEM);
         assert_non_null(strstr(tern_last_error(), "MiB"));
         printf("%-28s refused: %s\n", rel, tern_last_error());
+        assert_int_equal(tern_session_n_past(s), 0);
+        assert_int_equal(tern_session_eval(s, toks, 8, NULL), TERN_OK); /* it keeps working */
+        tern_session_free(s);
     }
     printf("%-28s checkpoint/restore, fork, rewind, export/import, cancel, batch: equal to cold\n", rel);
     tern_checkpoint_free(ck);
@@ -571,6 +584,7 @@ static void vram_full(const char *rel, float room) {
     sp.n_ctx = 2048;
     struct tern_session *ref = NULL;
     assert_int_equal(tern_session_new(m, &sp, &ref), TERN_OK);
+    assert_int_equal(tern_session_reserve(ref, 2048), TERN_OK); /* the device's room for a session */
     struct tern_eval_opts o = {.n_chunk = 64, .logits_all = cold, .ckpt_pos = pos, .n_ckpt = 2, .on_ckpt = collect_ckpt,
                                .ckpt_user = &ck};
     assert_int_equal(tern_session_eval(ref, toks, N_TOK, &o), TERN_OK);
@@ -590,6 +604,174 @@ static void vram_full(const char *rel, float room) {
     free(l);
     free(toks);
     tern_model_free(m);
+}
+
+/* ---- KV pages on the device ------------------------------------------------------ */
+
+#define N_LONG 560u /* three pages of 256 */
+
+/* Device bytes of one KV page of 256 positions in every attention layer (K and V). */
+static size_t page_bytes_all(struct tern_model *m) {
+    return tern_gpu_state_need(m->gpu, TERN_VK_KV_PAGE, true) - tern_gpu_state_need(m->gpu, 0, true);
+}
+
+static struct tern_session *long_session(struct tern_model *m) {
+    struct tern_session_params sp;
+    tern_session_params_default(&sp);
+    sp.n_ctx = 1024;
+    struct tern_session *s = NULL;
+    if (tern_session_new(m, &sp, &s)) fail_msg("session: %s", tern_last_error());
+    return s;
+}
+
+/* A session takes its pages as it grows (a growth re-lays the pages it had into a larger
+ * buffer on the device) and gets the bits of one that held its whole context from the
+ * start: every position's logits, the state hash, KV rows across pages (export, import
+ * into the middle of a page, which leaves the page's other rows alone), a fork, and (attention
+ * only) a rewind across a page. */
+static void check_pages(const char *rel) {
+    struct tern_model *m = load(rel, true);
+    const struct tern_model_info *info = tern_model_info(m);
+    const size_t nv = info->n_vocab;
+    int32_t *base = tx_prompt(400), *toks = malloc(N_LONG * sizeof *toks); /* the kit's prompt, and again */
+    for (size_t i = 0; i < N_LONG; i++) toks[i] = (base[i % 400] + (int32_t)(i / 400)) % (int32_t)nv;
+    free(base);
+    const size_t page = page_bytes_all(m), lbytes = N_LONG * nv * sizeof(float);
+    assert_true(page > 0);
+    struct tern_session *whole = long_session(m), *grown = long_session(m);
+    const size_t b0 = tern_gpu_state_need(m->gpu, 0, true); /* the recurrent parts; no pages yet */
+    assert_int_equal(tern_gpu_state_bytes(grown->gpu), b0);
+    assert_int_equal(tern_session_reserve(whole, 1024), TERN_OK);
+    assert_int_equal(tern_gpu_state_bytes(whole->gpu), b0 + 4 * page);
+    assert_int_equal(tern_session_reserve(whole, 1025), TERN_ERR_RANGE);
+    float *lw = malloc(lbytes), *lg = malloc(lbytes);
+    struct tern_eval_opts o = {.n_chunk = 64, .logits_all = lw};
+    assert_int_equal(tern_session_eval(whole, toks, N_LONG, &o), TERN_OK);
+    const uint64_t h = tern_session_hash(whole);
+    /* in pieces that end inside pages and cross them, in chunks of 7 and 64 */
+    static const uint32_t cut[] = {0, 100, 300, N_LONG};
+    for (size_t i = 0; i < 3; i++) {
+        struct tern_eval_opts og = {.n_chunk = i == 1 ? 64 : 7, .logits_all = lg + (size_t)cut[i] * nv};
+        assert_int_equal(tern_session_eval(grown, toks + cut[i], cut[i + 1] - cut[i], &og), TERN_OK);
+        assert_int_equal(tern_gpu_state_bytes(grown->gpu), b0 + (i + 1) * page);
+    }
+    assert_memory_equal(lg, lw, lbytes);
+    assert_true(tern_session_hash(grown) == h);
+    /* KV rows across pages */
+    const size_t rb = tern_state_kv_row_bytes(m, TERN_KV_F16), nr = 430;
+    uint8_t *kw = malloc(nr * rb), *kg = malloc(nr * rb), *junk = malloc(nr * rb);
+    assert_int_equal(tern_session_kv_export(whole, 100, 100 + nr, kw), TERN_OK);
+    assert_int_equal(tern_session_kv_export(grown, 100, 100 + nr, kg), TERN_OK);
+    assert_memory_equal(kw, kg, nr * rb);
+    for (size_t i = 0; i < nr * rb; i++) junk[i] = (uint8_t)(i * 7 + 3);
+    assert_int_equal(tern_session_kv_import(grown, 250, 262, junk, 12), TERN_OK);
+    assert_true(tern_session_hash(grown) != h);
+    static const uint32_t span[][3] = {{100, 250, 1}, {250, 262, 0}, {262, 530, 1}}; /* rows, equal */
+    for (size_t i = 0; i < 3; i++) {
+        const uint32_t a0 = span[i][0], a1 = span[i][1];
+        assert_int_equal(tern_session_kv_export(whole, a0, a1, kw), TERN_OK);
+        assert_int_equal(tern_session_kv_export(grown, a0, a1, kg), TERN_OK);
+        assert_int_equal(memcmp(kw, kg, (a1 - a0) * rb) == 0, span[i][2]);
+    }
+    assert_int_equal(tern_session_kv_export(whole, 100, 100 + nr, kw), TERN_OK);
+    assert_int_equal(tern_session_kv_import(grown, 100, 100 + nr, kw, nr), TERN_OK);
+    assert_true(tern_session_hash(grown) == h);
+    /* a fork at the end takes the pages it needs */
+    struct tern_session *f = NULL;
+    assert_int_equal(tern_session_fork(grown, N_LONG, NULL, &f), TERN_OK);
+    assert_true(tern_session_hash(f) == h);
+    assert_int_equal(tern_gpu_state_bytes(f->gpu), b0 + 3 * page);
+    tern_session_free(f);
+    if (!info->hybrid) {
+        /* back across a page boundary, then the rest again */
+        assert_int_equal(tern_session_rewind(grown, 200), TERN_OK);
+        struct tern_eval_opts og = {.n_chunk = 64, .logits_all = lg};
+        assert_int_equal(tern_session_eval(grown, toks + 200, N_LONG - 200, &og), TERN_OK);
+        assert_memory_equal(lg, lw + 200 * nv, (N_LONG - 200) * nv * sizeof(float));
+        assert_true(tern_session_hash(grown) == h);
+    }
+    printf("%-28s KV pages of %zu bytes: a session grown page by page equals one of its whole context (hash "
+           "%016llx)\n",
+           rel, page, (unsigned long long)h);
+    tern_session_free(whole);
+    tern_session_free(grown);
+    free(lw), free(lg), free(kw), free(kg), free(junk), free(toks);
+    tern_model_free(m);
+}
+
+static void test_pages_qwen3(void **state) {
+    (void)state;
+    check_pages("models/tiny-qwen3-f32.gguf");
+}
+
+static void test_pages_qwen35(void **state) {
+    (void)state;
+    check_pages("models/tiny-qwen35-f32.gguf");
+}
+
+/* A device with room for one session's whole context: a session that cannot have its
+ * pages is refused with the sizes (and keeps what it had); through the cache, the parked
+ * session gives way for the leased one's pages (cache_reserve). */
+static void check_pages_full(const char *rel) {
+    struct tern_model *m = load(rel, true);
+    const size_t used = tern_gpu_bytes(m->gpu) + tern_gpu_state_need(m->gpu, 2048, true) +
+                        tern_gpu_state_need(m->gpu, 0, true); /* and a second session's recurrent state */
+    tern_model_free(m);
+    char cap[32];
+    snprintf(cap, sizeof cap, "%zu", used);
+    setenv("TERN_TEST_VK_DEVICE_BYTES", cap, 1);
+    m = load(rel, true);
+    unsetenv("TERN_TEST_VK_DEVICE_BYTES");
+    const size_t nv = tern_model_info(m)->n_vocab;
+    int32_t *toks = tx_prompt(64);
+    for (size_t i = 0; i < 64; i++) toks[i] %= (int32_t)nv;
+    struct cache_params p;
+    memset(&p, 0, sizeof p);
+    tern_session_params_default(&p.session);
+    p.session.n_ctx = 2048;
+    p.session.n_chunk = 64;
+    p.ram_bytes = (size_t)1 << 30;
+    p.pool = true;
+    p.turn_token = -1;
+    struct cache *c = NULL;
+    assert_int_equal(cache_new(m, &p, &c), TERN_OK);
+    /* conversation a takes the device's every page, then is parked */
+    struct cache_ident ia = {.tenant = "", .key = "a"}, ib = {.tenant = "", .key = "b"};
+    struct cache_lease la, lb;
+    assert_int_equal(cache_acquire(c, &ia, toks, 32, &la), TERN_OK);
+    assert_int_equal(cache_reserve(c, la.session, 2048), TERN_OK);
+    assert_int_equal(tern_session_eval(la.session, toks, 32, NULL), TERN_OK);
+    cache_release(c, &la, true);
+    /* b, alone: no room for a page */
+    struct tern_session *alone = NULL;
+    struct tern_session_params sp = p.session;
+    assert_int_equal(tern_session_new(m, &sp, &alone), TERN_OK);
+    assert_int_equal(tern_session_eval(alone, toks + 32, 8, NULL), TERN_ERR_NOMEM);
+    assert_non_null(strstr(tern_last_error(), "KV cache"));
+    assert_non_null(strstr(tern_last_error(), "MiB left"));
+    assert_int_equal(tern_session_n_past(alone), 0);
+    tern_session_free(alone);
+    /* b through the cache: a gives way */
+    struct cache_stats st0, st1;
+    cache_get_stats(c, &st0);
+    assert_int_equal(cache_acquire(c, &ib, toks + 32, 32, &lb), TERN_OK);
+    assert_int_equal(cache_reserve(c, lb.session, 32), TERN_OK);
+    assert_int_equal(tern_session_eval(lb.session, toks + 32, 32, NULL), TERN_OK);
+    cache_get_stats(c, &st1);
+    assert_int_equal(st1.evictions, st0.evictions + 1);
+    cache_release(c, &lb, true);
+    printf("%-28s a device with room for one context: a session without room refused, a parked one evicted for "
+           "the leased one\n",
+           rel);
+    cache_free(c);
+    free(toks);
+    tern_model_free(m);
+}
+
+static void test_pages_full(void **state) {
+    (void)state;
+    check_pages_full("models/tiny-qwen3-f32.gguf");
+    check_pages_full("models/tiny-qwen35-q8_0.gguf");
 }
 
 /* A solo reference: a session that read pre[0..n_pre) in chunks of 64, then each of the
@@ -767,6 +949,9 @@ int main(void) {
         cmocka_unit_test(test_qwen35_q8_0),
         cmocka_unit_test(test_qwen35_vram),
         cmocka_unit_test(test_qwen35_vram_full),
+        cmocka_unit_test(test_pages_qwen3),
+        cmocka_unit_test(test_pages_qwen35),
+        cmocka_unit_test(test_pages_full),
         cmocka_unit_test(test_batch_qwen3),
         cmocka_unit_test(test_batch_qwen35),
     };

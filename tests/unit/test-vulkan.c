@@ -353,7 +353,7 @@ static void test_row_ops(void **state) {
 }
 
 static void check_attention(bool f16, size_t hd) {
-    const size_t nkv = 2, nh = 6, pos0 = 300, T = 7, n_ctx = 320, P = pos0 + T;
+    const size_t nkv = 2, nh = 6, pos0 = 300, T = 7, P = pos0 + T, n_pages = (P + 255) / 256;
     const float scale = 1.0f / sqrtf((float)hd);
     struct tern_rng r;
     tern_rng_seed(&r, 5 + hd + f16);
@@ -364,14 +364,15 @@ static void check_attention(bool f16, size_t hd) {
     const size_t es = f16 ? 2 : 4;
     struct tern_vk_buf *bk = dev_floats(k, P * nkv * hd), *bv = dev_floats(v, P * nkv * hd), *bq = dev_floats(q, T * nh * hd);
     struct tern_vk_buf *kc, *vc, *bo;
-    assert_int_equal(tern_vk_buf_new(vk, nkv * n_ctx * hd * es, &kc), TERN_OK);
-    assert_int_equal(tern_vk_buf_new(vk, nkv * n_ctx * hd * es, &vc), TERN_OK);
+    const size_t page = 256 * nkv * hd * es; /* [n_kv_head][256][head_dim], pages end to end */
+    assert_int_equal(tern_vk_buf_new(vk, n_pages * page, &kc), TERN_OK);
+    assert_int_equal(tern_vk_buf_new(vk, n_pages * page, &vc), TERN_OK);
     assert_int_equal(tern_vk_buf_new(vk, T * nh * hd * sizeof(float), &bo), TERN_OK);
     /* rows [0, P) in one go (rows of nkv heads), then the queries of the last T */
     assert_int_equal(tern_vk_begin(vk), TERN_OK);
-    assert_int_equal(tern_vk_kv_store(vk, bk, nkv * hd, kc, n_ctx, nkv, hd, 0, 0, P, f16), TERN_OK);
-    assert_int_equal(tern_vk_kv_store(vk, bv, nkv * hd, vc, n_ctx, nkv, hd, 0, 0, P, f16), TERN_OK);
-    assert_int_equal(tern_vk_attention(vk, bq, nh * hd, kc, vc, n_ctx, bo, nh * hd, 0, T, pos0, nh, nkv, hd, scale, f16),
+    assert_int_equal(tern_vk_kv_store(vk, bk, nkv * hd, kc, nkv, hd, 0, 0, P, f16), TERN_OK);
+    assert_int_equal(tern_vk_kv_store(vk, bv, nkv * hd, vc, nkv, hd, 0, 0, P, f16), TERN_OK);
+    assert_int_equal(tern_vk_attention(vk, bq, nh * hd, kc, vc, bo, nh * hd, 0, T, pos0, nh, nkv, hd, scale, f16),
                      TERN_OK);
     assert_int_equal(tern_vk_end(vk), TERN_OK);
     host_floats(bo, out, T * nh * hd);
@@ -410,11 +411,29 @@ static void check_attention(bool f16, size_t hd) {
     printf("attention %s, heads of %zu, %zu positions: max difference to the CPU %.2e\n", f16 ? "F16" : "F32", hd, P,
            worst);
     assert_true(worst < 1e-4);
+    /* the cache holds the CPU's pages byte for byte: row p of head g at page p / 256,
+     * [g][p % 256], F16 rows as the CPU rounds them */
+    {
+        uint8_t *cache = malloc(n_pages * page), *want = malloc(hd * es);
+        assert_int_equal(tern_vk_download(kc, 0, cache, n_pages * page), TERN_OK);
+        for (size_t p = 0; p < P; p++)
+            for (size_t g = 0; g < nkv; g++) {
+                if (f16) ops->to_f16((uint16_t *)want, k + (p * nkv + g) * hd, hd);
+                else memcpy(want, k + (p * nkv + g) * hd, hd * es);
+                assert_memory_equal(cache + (p / 256) * page + ((g * 256) + p % 256) * hd * es, want, hd * es);
+            }
+        free(cache), free(want);
+    }
+    /* a position beyond the cache's pages: refused, nothing recorded */
+    assert_int_equal(tern_vk_kv_store(vk, bk, nkv * hd, kc, nkv, hd, n_pages * 256 - 1, 0, 2, f16), TERN_ERR_RANGE);
+    assert_int_equal(tern_vk_attention(vk, bq, nh * hd, kc, vc, bo, nh * hd, 0, 2, n_pages * 256 - 1, nh, nkv, hd,
+                                       scale, f16),
+                     TERN_ERR_RANGE);
     /* a token alone: the bits it got among T */
     float *one = malloc(nh * hd * sizeof(float));
     struct tern_vk_buf *bq1 = dev_floats(q + 3 * nh * hd, nh * hd), *bo1;
     assert_int_equal(tern_vk_buf_new(vk, nh * hd * sizeof(float), &bo1), TERN_OK);
-    assert_int_equal(tern_vk_attention(vk, bq1, nh * hd, kc, vc, n_ctx, bo1, nh * hd, 0, 1, pos0 + 3, nh, nkv, hd, scale, f16),
+    assert_int_equal(tern_vk_attention(vk, bq1, nh * hd, kc, vc, bo1, nh * hd, 0, 1, pos0 + 3, nh, nkv, hd, scale, f16),
                      TERN_OK);
     host_floats(bo1, one, nh * hd);
     assert_memory_equal(one, out + 3 * nh * hd, nh * hd * sizeof(float));
@@ -424,15 +443,15 @@ static void check_attention(bool f16, size_t hd) {
         float *rest = malloc(T * nh * hd * sizeof(float));
         for (size_t i = 0; i < T * nh * hd; i++) rest[i] = -7.0f;
         struct tern_vk_buf *bo2 = dev_floats(rest, T * nh * hd);
-        assert_int_equal(tern_vk_attention(vk, bq, nh * hd, kc, vc, n_ctx, bo2, nh * hd, 3, T - 3, pos0 + 3, nh, nkv,
-                                           hd, scale, f16),
+        assert_int_equal(tern_vk_attention(vk, bq, nh * hd, kc, vc, bo2, nh * hd, 3, T - 3, pos0 + 3, nh, nkv, hd,
+                                           scale, f16),
                          TERN_OK);
         host_floats(bo2, rest, T * nh * hd);
         assert_memory_equal(rest + 3 * nh * hd, out + 3 * nh * hd, (T - 3) * nh * hd * sizeof(float));
         for (size_t i = 0; i < 3 * nh * hd; i++) assert_true(rest[i] == -7.0f);
         /* past the buffer's rows: refused */
-        assert_int_equal(tern_vk_attention(vk, bq, nh * hd, kc, vc, n_ctx, bo2, nh * hd, 4, T - 3, pos0 + 3, nh, nkv,
-                                           hd, scale, f16),
+        assert_int_equal(tern_vk_attention(vk, bq, nh * hd, kc, vc, bo2, nh * hd, 4, T - 3, pos0 + 3, nh, nkv, hd,
+                                           scale, f16),
                          TERN_ERR_RANGE);
         tern_vk_buf_free(bo2);
         free(rest);

@@ -863,19 +863,25 @@ enum tern_status tern_vk_rope(struct tern_vk *vk, struct tern_vk_buf *x, size_t 
                   (uint32_t)n_tok);
 }
 
+/* Bytes of the cache pages that hold positions [0, n) of n_kv_head heads of head_dim. */
+static size_t kv_pages_bytes(size_t n, size_t n_kv_head, size_t head_dim, size_t es) {
+    return (n + TERN_VK_KV_PAGE - 1) / TERN_VK_KV_PAGE * TERN_VK_KV_PAGE * n_kv_head * head_dim * es;
+}
+
 enum tern_status tern_vk_kv_store(struct tern_vk *vk, const struct tern_vk_buf *x, size_t row_stride,
-                                  struct tern_vk_buf *cache, size_t n_ctx, size_t n_kv_head, size_t head_dim,
-                                  size_t pos0, size_t row0, size_t n_tok, bool f16) {
+                                  struct tern_vk_buf *cache, size_t n_kv_head, size_t head_dim, size_t pos0,
+                                  size_t row0, size_t n_tok, bool f16) {
     enum tern_status st;
     const size_t es = f16 ? 2 : 4;
-    if ((f16 && head_dim % 2) || row_stride < n_kv_head * head_dim || pos0 + n_tok > n_ctx)
-        return tern_errorf(TERN_ERR_INVALID, "vulkan: kv store of %zu rows at %zu into %zu positions (heads of %zu)", n_tok,
-                           pos0, n_ctx, head_dim);
+    if ((f16 && head_dim % 2) || row_stride < n_kv_head * head_dim || pos0 + n_tok > UINT32_MAX)
+        return tern_errorf(TERN_ERR_INVALID, "vulkan: kv store of %zu rows at %zu (%zu heads of %zu)", n_tok, pos0,
+                           n_kv_head, head_dim);
     if ((st = check_rows("kv store", x, row0 + n_tok, row_stride))) return st;
-    if (cache->bytes / es / head_dim / (n_kv_head ? n_kv_head : 1) < n_ctx)
-        return tern_errorf(TERN_ERR_RANGE, "vulkan: a %zu-byte cache cannot hold %zu positions", cache->bytes, n_ctx);
+    if (cache->bytes < kv_pages_bytes(pos0 + n_tok, n_kv_head, head_dim, es))
+        return tern_errorf(TERN_ERR_RANGE, "vulkan: a %zu-byte cache has no page for position %zu", cache->bytes,
+                           pos0 + n_tok - 1);
     if (!n_tok || !n_kv_head) return TERN_OK;
-    const uint32_t pc[7] = {(uint32_t)head_dim,  (uint32_t)n_ctx, (uint32_t)row_stride, (uint32_t)pos0,
+    const uint32_t pc[7] = {(uint32_t)head_dim,  0, (uint32_t)row_stride, (uint32_t)pos0,
                             (uint32_t)n_kv_head, (uint32_t)n_tok, (uint32_t)row0};
     const struct tern_vk_buf *bufs[2] = {x, cache};
     const size_t width = f16 ? head_dim / 2 : head_dim;
@@ -884,28 +890,27 @@ enum tern_status tern_vk_kv_store(struct tern_vk *vk, const struct tern_vk_buf *
 }
 
 enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf *q, size_t q_stride,
-                                   const struct tern_vk_buf *kc, const struct tern_vk_buf *vc, size_t n_ctx,
-                                   struct tern_vk_buf *out, size_t out_stride, size_t row0, size_t n_tok,
-                                   size_t pos0, size_t n_head, size_t n_kv_head, size_t head_dim, float scale,
-                                   bool f16) {
+                                   const struct tern_vk_buf *kc, const struct tern_vk_buf *vc, struct tern_vk_buf *out,
+                                   size_t out_stride, size_t row0, size_t n_tok, size_t pos0, size_t n_head,
+                                   size_t n_kv_head, size_t head_dim, float scale, bool f16) {
     enum tern_status st;
     if (head_dim == 0 || head_dim > 256 || (f16 && head_dim % 2) || n_kv_head == 0 || n_head % n_kv_head ||
-        q_stride < n_head * head_dim || out_stride < n_head * head_dim || pos0 + n_tok > n_ctx)
+        q_stride < n_head * head_dim || out_stride < n_head * head_dim || pos0 + n_tok > UINT32_MAX)
         return tern_errorf(TERN_ERR_INVALID,
-                           "vulkan: attention of %zu heads (%zu kv heads of %zu, at most 256) at %zu+%zu of %zu positions",
-                           n_head, n_kv_head, head_dim, pos0, n_tok, n_ctx);
+                           "vulkan: attention of %zu heads (%zu kv heads of %zu, at most 256) at %zu+%zu", n_head,
+                           n_kv_head, head_dim, pos0, n_tok);
     if ((st = check_rows("attention queries", q, row0 + n_tok, q_stride)) ||
         (st = check_rows("attention output", out, row0 + n_tok, out_stride)))
         return st;
-    const size_t es = f16 ? 2 : 4;
-    if (kc->bytes / es / head_dim / n_kv_head < n_ctx || vc->bytes / es / head_dim / n_kv_head < n_ctx)
-        return tern_errorf(TERN_ERR_RANGE, "vulkan: the caches cannot hold %zu positions", n_ctx);
+    const size_t need = kv_pages_bytes(pos0 + n_tok, n_kv_head, head_dim, f16 ? 2 : 4);
+    if (kc->bytes < need || vc->bytes < need)
+        return tern_errorf(TERN_ERR_RANGE, "vulkan: the caches have no page for position %zu", pos0 + n_tok - 1);
     if (!n_tok) return TERN_OK;
     struct {
-        uint32_t head_dim, n_ctx, q_stride, out_stride, pos0, group;
+        uint32_t head_dim, n_kv, q_stride, out_stride, pos0, group;
         float scale;
         uint32_t n_tok, row0;
-    } pc = {(uint32_t)head_dim, (uint32_t)n_ctx, (uint32_t)q_stride, (uint32_t)out_stride, (uint32_t)pos0,
+    } pc = {(uint32_t)head_dim, (uint32_t)n_kv_head, (uint32_t)q_stride, (uint32_t)out_stride, (uint32_t)pos0,
             (uint32_t)(n_head / n_kv_head), scale, (uint32_t)n_tok, (uint32_t)row0};
     const struct tern_vk_buf *bufs[4] = {q, kc, vc, out};
     return record(vk, f16 ? PIPE_ATTN_F16 : PIPE_ATTN_F32, bufs, 4, &pc, sizeof pc, (uint32_t)n_tok, (uint32_t)n_head, 1);

@@ -7,7 +7,8 @@
 // The sums over a block use a tree whose shape depends on the block alone. A token's
 // result therefore depends only on its own positions, never on the other queries.
 //
-// Cache layout: [n_kv_head][n_ctx][head_dim], F32 or (F16 = 1) halves packed in uints.
+// Cache layout: pages of 256 positions, [page][n_kv][256][head_dim] (the CPU's pages end
+// to end), F32 or (F16 = 1) halves packed in uints.
 // Queries and outputs are rows row0.. of their buffers (one sequence of a step over
 // several; token t of the dispatch is at position pos0 + t).
 layout(local_size_x = 64) in;
@@ -20,7 +21,7 @@ layout(std430, binding = 3) writeonly buffer O { float o[]; };
 
 layout(push_constant) uniform P {
     uint head_dim;
-    uint n_ctx;
+    uint n_kv;      // kv heads (a page holds n_kv heads' rows)
     uint q_stride;
     uint out_stride;
     uint pos0;
@@ -47,14 +48,14 @@ void main() {
     const uint hd = p.head_dim, g = h / p.group;
     const uint pos = p.pos0 + t;
     const uint qo = (p.row0 + t) * p.q_stride + h * hd;
-    const uint base = g * p.n_ctx * hd;
     float m = -1.0 / 0.0, l = 0.0;
     float acc[4] = float[4](0.0, 0.0, 0.0, 0.0); // dims lid, lid + 64, lid + 128, lid + 192
     for (uint b0 = 0u; b0 <= pos; b0 += 256u) {
         const uint nb = min(256u, pos + 1u - b0);
+        const uint base = ((b0 >> 8) * p.n_kv + g) * 256u * hd; // head g's rows of this page
         for (uint j = lid; j < nb; j += 64u) {
             precise float d = 0.0;
-            const uint ko = base + (b0 + j) * hd;
+            const uint ko = base + j * hd;
             for (uint e = 0u; e < hd; e++) d += q[qo + e] * cache_at(0u, ko + e);
             s[j] = p.scale * d;
         }
@@ -91,7 +92,7 @@ void main() {
             const uint e = lid + 64u * r;
             if (e >= hd) break;
             precise float a = acc[r] * c;
-            for (uint j = 0u; j < nb; j++) a += s[j] * cache_at(1u, base + (b0 + j) * hd + e);
+            for (uint j = 0u; j < nb; j++) a += s[j] * cache_at(1u, base + j * hd + e);
             acc[r] = a;
         }
         m = mn;

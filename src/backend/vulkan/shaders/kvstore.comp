@@ -1,8 +1,9 @@
 #version 450
-// Writes n_tok rows of n_kv_head heads (row_stride floats apart) into the cache rows
-// pos0.. of [n_kv_head][n_ctx][head_dim]: F32, or (F16 = 1) rounded to halves packed
-// two per uint (head_dim is even), as the CPU's F16 cache stores them. The rows are
-// x's rows row0.. (one sequence of a step over several).
+// Writes n_tok rows of n_head kv heads (row_stride floats apart) into the cache rows
+// pos0.. of pages of 256 positions, [page][n_head][256][head_dim] (the CPU's pages, end
+// to end): F32, or (F16 = 1) rounded to halves packed two per uint (head_dim is even),
+// as the CPU's F16 cache stores them. The rows are x's rows row0.. (one sequence of a
+// step over several).
 layout(local_size_x = 64) in;
 layout(constant_id = 0) const uint F16 = 0;
 
@@ -13,7 +14,7 @@ layout(std430, binding = 3) readonly buffer U3 { float unused3[]; };
 
 layout(push_constant) uniform P {
     uint head_dim;
-    uint n_ctx;
+    uint unused;
     uint row_stride;
     uint pos0;
     uint n_head;
@@ -26,7 +27,8 @@ void main() {
     const uint width = F16 != 0u ? p.head_dim / 2u : p.head_dim;
     if (e >= width || g >= p.n_head || t >= p.n_tok) return;
     const uint src = (p.row0 + t) * p.row_stride + g * p.head_dim;
-    const uint dst = (g * p.n_ctx + p.pos0 + t) * width;
+    const uint pos = p.pos0 + t;
+    const uint dst = (((pos >> 8) * p.n_head + g) * 256u + (pos & 255u)) * width;
     if (F16 != 0u) c[dst + e] = packHalf2x16(vec2(x[src + 2u * e], x[src + 2u * e + 1u]));
     else c[dst + e] = floatBitsToUint(x[src + e]);
 }
