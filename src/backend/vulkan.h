@@ -59,6 +59,9 @@ const struct tern_vk_device_info *tern_vk_info(const struct tern_vk *vk);
 enum tern_status tern_vk_buf_new(struct tern_vk *vk, size_t bytes, struct tern_vk_buf **out);
 void tern_vk_buf_free(struct tern_vk_buf *b);
 size_t tern_vk_buf_bytes(const struct tern_vk_buf *b);
+/* Command buffers submitted so far (a recording is one, however many dispatches it holds;
+ * an upload or download through staging is one). */
+uint64_t tern_vk_submits(const struct tern_vk *vk);
 enum tern_status tern_vk_upload(struct tern_vk_buf *b, size_t off, const void *src, size_t bytes);
 enum tern_status tern_vk_download(struct tern_vk_buf *b, size_t off, void *dst, size_t bytes);
 

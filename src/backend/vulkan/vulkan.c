@@ -218,8 +218,11 @@ struct tern_vk {
     VkFence fence;
     VkDescriptorSetLayout dsl;  /* N_BINDINGS storage buffers */
     VkPipelineLayout layout;    /* dsl + PUSH_BYTES of push constants */
-    VkDescriptorPool dpool;     /* the sets of one batch of recorded operations */
-    uint32_t n_sets, max_sets;
+    /* the sets of one recording: pools of MAX_SETS, one more made when the ones there are
+     * full (a step over many sessions' rows records thousands of dispatches), all reset
+     * at the next tern_vk_begin */
+    VkDescriptorPool *dpools;
+    uint32_t n_pools, cur_pool, n_sets;
     VkShaderModule modules[N_MODULES];
     VkPipeline pipes[N_PIPES];
     bool recording;             /* inside tern_vk_begin / tern_vk_end */
@@ -227,6 +230,7 @@ struct tern_vk {
     /* tests: $TERN_TEST_VK_LOSE_AFTER=N makes the device "lost" at its (N+1)-th submit, so
      * that the engine's and the server's handling of a lost device can be exercised */
     long lose_after, n_submits;
+    uint64_t submits; /* every submit (tern_vk_submits) */
 };
 
 struct tern_vk_buf {
@@ -250,6 +254,22 @@ static enum tern_status vk_fail(struct tern_vk *vk, VkResult r, const char *what
 
 #define MAX_SETS 1024
 
+/* One more descriptor pool of MAX_SETS sets. */
+static enum tern_status add_pool(struct tern_vk *vk) {
+    VkDescriptorPool *p = realloc(vk->dpools, (vk->n_pools + 1) * sizeof *p);
+    if (!p) return tern_errorf(TERN_ERR_NOMEM, "vulkan: out of memory");
+    vk->dpools = p;
+    const VkDescriptorPoolSize ps = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, N_BINDINGS * MAX_SETS};
+    const VkDescriptorPoolCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
+                                            .maxSets = MAX_SETS,
+                                            .poolSizeCount = 1,
+                                            .pPoolSizes = &ps};
+    VkResult r = vk->f.vkCreateDescriptorPool(vk->dev, &pci, NULL, &vk->dpools[vk->n_pools]);
+    if (r) return vk_fail(vk, r, "a descriptor pool");
+    vk->n_pools++;
+    return TERN_OK;
+}
+
 static enum tern_status make_pipelines(struct tern_vk *vk) {
     VkResult r;
     VkDescriptorSetLayoutBinding b[N_BINDINGS];
@@ -266,13 +286,8 @@ static enum tern_status make_pipelines(struct tern_vk *vk) {
                                             .pushConstantRangeCount = 1,
                                             .pPushConstantRanges = &pc};
     if ((r = vk->f.vkCreatePipelineLayout(vk->dev, &lci, NULL, &vk->layout))) return vk_fail(vk, r, "a pipeline layout");
-    const VkDescriptorPoolSize ps = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, N_BINDINGS * MAX_SETS};
-    const VkDescriptorPoolCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
-                                            .maxSets = MAX_SETS,
-                                            .poolSizeCount = 1,
-                                            .pPoolSizes = &ps};
-    if ((r = vk->f.vkCreateDescriptorPool(vk->dev, &pci, NULL, &vk->dpool))) return vk_fail(vk, r, "a descriptor pool");
-    vk->max_sets = MAX_SETS;
+    enum tern_status st = add_pool(vk);
+    if (st) return st;
     const struct {
         const uint32_t *code;
         size_t size;
@@ -407,13 +422,14 @@ void tern_vk_close(struct tern_vk *vk) {
             if (vk->pipes[i]) vk->f.vkDestroyPipeline(vk->dev, vk->pipes[i], NULL);
         for (int i = 0; i < N_MODULES; i++)
             if (vk->modules[i]) vk->f.vkDestroyShaderModule(vk->dev, vk->modules[i], NULL);
-        if (vk->dpool) vk->f.vkDestroyDescriptorPool(vk->dev, vk->dpool, NULL);
+        for (uint32_t i = 0; i < vk->n_pools; i++) vk->f.vkDestroyDescriptorPool(vk->dev, vk->dpools[i], NULL);
         if (vk->layout) vk->f.vkDestroyPipelineLayout(vk->dev, vk->layout, NULL);
         if (vk->dsl) vk->f.vkDestroyDescriptorSetLayout(vk->dev, vk->dsl, NULL);
         if (vk->fence) vk->f.vkDestroyFence(vk->dev, vk->fence, NULL);
         if (vk->cmd_pool) vk->f.vkDestroyCommandPool(vk->dev, vk->cmd_pool, NULL);
         vk->f.vkDestroyDevice(vk->dev, NULL);
     }
+    free(vk->dpools);
     free(vk);
 }
 
@@ -497,6 +513,7 @@ void tern_vk_buf_free(struct tern_vk_buf *b) {
 }
 
 size_t tern_vk_buf_bytes(const struct tern_vk_buf *b) { return b->bytes; }
+uint64_t tern_vk_submits(const struct tern_vk *vk) { return vk->submits; }
 
 /* Records one command into the context's buffer, submits it and waits. */
 static enum tern_status submit_begin(struct tern_vk *vk) {
@@ -516,6 +533,7 @@ static enum tern_status submit_wait(struct tern_vk *vk, const char *what) {
     VkResult r = vk->f.vkEndCommandBuffer(vk->cmd);
     const VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &vk->cmd};
     if (!r) r = vk->f.vkQueueSubmit(vk->queue, 1, &si, vk->fence);
+    if (!r) vk->submits++;
     if (!r) r = vk->f.vkWaitForFences(vk->dev, 1, &vk->fence, VK_TRUE, UINT64_MAX);
     if (!r) r = vk->f.vkResetFences(vk->dev, 1, &vk->fence);
     return r ? vk_fail(vk, r, what) : TERN_OK;
@@ -599,8 +617,11 @@ enum tern_status tern_vk_copy(struct tern_vk *vk, const struct tern_vk_buf *src,
 
 enum tern_status tern_vk_begin(struct tern_vk *vk) {
     if (vk->recording) return tern_errorf(TERN_ERR_STATE, "vulkan: tern_vk_begin inside a recording");
-    VkResult r = vk->f.vkResetDescriptorPool(vk->dev, vk->dpool, 0);
-    if (r) return vk_fail(vk, r, "resetting descriptors");
+    for (uint32_t i = 0; i <= vk->cur_pool && i < vk->n_pools; i++) {
+        VkResult r = vk->f.vkResetDescriptorPool(vk->dev, vk->dpools[i], 0);
+        if (r) return vk_fail(vk, r, "resetting descriptors");
+    }
+    vk->cur_pool = 0;
     vk->n_sets = 0;
     enum tern_status st = submit_begin(vk);
     if (!st) vk->recording = true;
@@ -621,13 +642,18 @@ static enum tern_status record(struct tern_vk *vk, int pipe, const struct tern_v
     const bool own = !vk->recording;
     enum tern_status st;
     if (own && (st = tern_vk_begin(vk))) return st;
-    if (vk->n_sets == vk->max_sets) {
-        /* a full pool: run what is recorded, then go on in a new batch */
-        if ((st = tern_vk_end(vk)) || (st = tern_vk_begin(vk))) return st;
+    if (vk->n_sets == MAX_SETS) {
+        /* a full pool: the next (made when there is none), the recording goes on */
+        if (vk->cur_pool + 1 == vk->n_pools && (st = add_pool(vk))) {
+            vk->recording = false;
+            return st;
+        }
+        vk->cur_pool++;
+        vk->n_sets = 0;
     }
     VkDescriptorSet set;
     const VkDescriptorSetAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
-                                            .descriptorPool = vk->dpool,
+                                            .descriptorPool = vk->dpools[vk->cur_pool],
                                             .descriptorSetCount = 1,
                                             .pSetLayouts = &vk->dsl};
     VkResult r = vk->f.vkAllocateDescriptorSets(vk->dev, &ai, &set);
