@@ -53,6 +53,13 @@ enum tern_status tern_vk_copy(struct tern_vk *vk, const struct tern_vk_buf *src,
     (void)vk, (void)src, (void)src_off, (void)dst, (void)dst_off, (void)bytes;
     return NOT_BUILT;
 }
+enum tern_status tern_vk_copy_rows(struct tern_vk *vk, const struct tern_vk_buf *src, size_t src_off,
+                                   size_t src_stride, struct tern_vk_buf *dst, size_t dst_off, size_t dst_stride,
+                                   size_t row_bytes, size_t n_rows) {
+    (void)vk, (void)src, (void)src_off, (void)src_stride, (void)dst, (void)dst_off, (void)dst_stride, (void)row_bytes,
+        (void)n_rows;
+    return NOT_BUILT;
+}
 bool tern_vk_matmul_supported(enum tern_dtype wtype) {
     (void)wtype;
     return false;

@@ -73,6 +73,12 @@ enum tern_status tern_vk_download(struct tern_vk_buf *b, size_t off, void *dst, 
  * recorded), a lost device (TERN_ERR_IO, "device lost"). 0 bytes: nothing. */
 enum tern_status tern_vk_copy(struct tern_vk *vk, const struct tern_vk_buf *src, size_t src_off, struct tern_vk_buf *dst,
                               size_t dst_off, size_t bytes);
+/* n_rows copies of row_bytes, row i from src_off + i * src_stride to dst_off + i *
+ * dst_stride, as one copy command (one pair of barriers), otherwise as tern_vk_copy; in
+ * one buffer the two spans (first row's start to last row's end) must not overlap. */
+enum tern_status tern_vk_copy_rows(struct tern_vk *vk, const struct tern_vk_buf *src, size_t src_off,
+                                   size_t src_stride, struct tern_vk_buf *dst, size_t dst_off, size_t dst_stride,
+                                   size_t row_bytes, size_t n_rows);
 
 /* Whether tern_vk_matmul handles weights of this type (F32, F16, BF16, Q4_0, Q4_1, Q5_0,
  * Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS). */

@@ -418,11 +418,10 @@ static void gpu_split_heads(const struct model_step *f, const struct model_act *
 static void gpu_concat_rows(const struct model_step *f, struct model_act *y, const struct model_act *a,
                             const struct model_act *b, uint32_t n) {
     struct tern_vk *vk = STEP(f)->g->vk;
-    const size_t row = (size_t)n * sizeof(float);
-    for (uint32_t t = 0; t < STEP(f)->n; t++) {
-        DO(f, tern_vk_copy(vk, BUF(a), t * row, BUF(y), 2 * t * row, row));
-        DO(f, tern_vk_copy(vk, BUF(b), t * row, BUF(y), (2 * t + 1) * row, row));
-    }
+    const size_t row = (size_t)n * sizeof(float), rows = STEP(f)->n;
+    /* every row of a to the first half of y's, of b to the second: two copy commands */
+    DO(f, tern_vk_copy_rows(vk, BUF(a), 0, row, BUF(y), 0, 2 * row, row, rows));
+    DO(f, tern_vk_copy_rows(vk, BUF(b), 0, row, BUF(y), row, 2 * row, row, rows));
 }
 
 static void gpu_rope(const struct model_step *f, const struct model_rope *r, struct model_act *q, uint32_t n_head,

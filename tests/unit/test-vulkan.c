@@ -114,6 +114,25 @@ static void test_buffers(void **state) {
     assert_int_equal(tern_vk_copy(vk, b, 0, c, 1000, 2), TERN_ERR_RANGE);
     assert_int_equal(tern_vk_copy(vk, b, 0, b, 10, 20), TERN_ERR_INVALID);
     assert_int_equal(tern_vk_copy(vk, b, 0, c, 0, 0), TERN_OK);
+    /* rows: 9 rows of 10 bytes, 31 apart in b, interleaved 20 apart into c from 3 (one
+     * copy command); the bytes between the rows stay */
+    {
+        uint8_t *cb = malloc(1001), *want = malloc(1001);
+        assert_int_equal(tern_vk_download(c, 0, cb, 1001), TERN_OK);
+        assert_int_equal(tern_vk_download(b, 0, dst, 1000), TERN_OK);
+        memcpy(want, cb, 1001);
+        for (size_t i = 0; i < 9; i++) memcpy(want + 3 + 20 * i, dst + 5 + 31 * i, 10);
+        assert_int_equal(tern_vk_copy_rows(vk, b, 5, 31, c, 3, 20, 10, 9), TERN_OK);
+        assert_int_equal(tern_vk_download(c, 0, cb, 1001), TERN_OK);
+        assert_memory_equal(cb, want, 1001);
+        assert_int_equal(tern_vk_copy_rows(vk, b, 5, 124, c, 3, 20, 10, 9), TERN_ERR_RANGE); /* the last row past b */
+        assert_int_equal(tern_vk_copy_rows(vk, b, 0, 31, c, 3, 125, 10, 9), TERN_ERR_RANGE); /* past c */
+        assert_int_equal(tern_vk_copy_rows(vk, b, 0, 31, b, 200, 31, 10, 9), TERN_ERR_INVALID); /* spans overlap */
+        assert_int_equal(tern_vk_copy_rows(vk, b, 0, 10, b, 500, 10, 10, 9), TERN_OK);          /* they do not */
+        assert_int_equal(tern_vk_download(c, 0, cb, 1001), TERN_OK);
+        assert_memory_equal(cb, want, 1001); /* the refused ones changed nothing */
+        free(cb), free(want);
+    }
     const size_t nf = 37;
     float one[37], two[37], got[37];
     for (size_t i = 0; i < nf; i++) one[i] = (float)i, two[i] = 0.5f * (float)i + 1;

@@ -582,21 +582,35 @@ enum tern_status tern_vk_download(struct tern_vk_buf *b, size_t off, void *dst, 
     return staged_copy(b, off, dst, bytes, false);
 }
 
-/* A device-to-device copy. The barrier before it makes the compute writes and copies
- * recorded earlier visible to the transfer; the one after makes its writes visible to
- * later dispatches and copies (record() puts only compute-to-compute barriers). */
-enum tern_status tern_vk_copy(struct tern_vk *vk, const struct tern_vk_buf *src, size_t src_off, struct tern_vk_buf *dst,
-                              size_t dst_off, size_t bytes) {
-    if (src_off > src->bytes || bytes > src->bytes - src_off || dst_off > dst->bytes || bytes > dst->bytes - dst_off)
+/* Device-to-device copies of n_rows rows, one copy command of n_rows regions. The barrier
+ * before it makes the compute writes and copies recorded earlier visible to the transfer;
+ * the one after makes its writes visible to later dispatches and copies (record() puts
+ * only compute-to-compute barriers). */
+enum tern_status tern_vk_copy_rows(struct tern_vk *vk, const struct tern_vk_buf *src, size_t src_off,
+                                   size_t src_stride, struct tern_vk_buf *dst, size_t dst_off, size_t dst_stride,
+                                   size_t row_bytes, size_t n_rows) {
+    if (!row_bytes || !n_rows) return TERN_OK;
+    /* the spans from the first row's start to the last row's end */
+    size_t s_last, d_last;
+    if (tern_mul_overflow(src_stride, n_rows - 1, &s_last) || tern_mul_overflow(dst_stride, n_rows - 1, &d_last) ||
+        src_off > src->bytes || s_last > src->bytes - src_off || row_bytes > src->bytes - src_off - s_last ||
+        dst_off > dst->bytes || d_last > dst->bytes - dst_off || row_bytes > dst->bytes - dst_off - d_last)
         return tern_errorf(TERN_ERR_RANGE,
-                           "vulkan: a copy of %zu bytes from %zu of a %zu-byte buffer to %zu of a %zu-byte one overruns",
-                           bytes, src_off, src->bytes, dst_off, dst->bytes);
-    if (src == dst && src_off < dst_off + bytes && dst_off < src_off + bytes)
+                           "vulkan: a copy of %zu rows of %zu bytes from %zu of a %zu-byte buffer to %zu of a %zu-byte "
+                           "one overruns",
+                           n_rows, row_bytes, src_off, src->bytes, dst_off, dst->bytes);
+    const size_t s_end = src_off + s_last + row_bytes, d_end = dst_off + d_last + row_bytes;
+    if (src == dst && src_off < d_end && dst_off < s_end)
         return tern_errorf(TERN_ERR_INVALID, "vulkan: a copy within one buffer of overlapping ranges");
-    if (!bytes) return TERN_OK;
+    VkBufferCopy one, *c = n_rows == 1 ? &one : malloc(n_rows * sizeof *c);
+    if (!c) return tern_errorf(TERN_ERR_NOMEM, "vulkan: out of memory for %zu copy regions", n_rows);
+    for (size_t i = 0; i < n_rows; i++) c[i] = (VkBufferCopy){src_off + i * src_stride, dst_off + i * dst_stride, row_bytes};
     const bool own = !vk->recording;
     enum tern_status st;
-    if (own && (st = tern_vk_begin(vk))) return st;
+    if (own && (st = tern_vk_begin(vk))) {
+        if (c != &one) free(c);
+        return st;
+    }
     const VkPipelineStageFlags stages = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
     const VkAccessFlags acc = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
                               VK_ACCESS_TRANSFER_WRITE_BIT;
@@ -604,13 +618,18 @@ enum tern_status tern_vk_copy(struct tern_vk *vk, const struct tern_vk_buf *src,
                                     .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
                                     .dstAccessMask = acc};
     vk->f.vkCmdPipelineBarrier(vk->cmd, stages, stages, 0, 1, &before, 0, NULL, 0, NULL);
-    const VkBufferCopy c = {src_off, dst_off, bytes};
-    vk->f.vkCmdCopyBuffer(vk->cmd, src->buf, dst->buf, 1, &c);
+    vk->f.vkCmdCopyBuffer(vk->cmd, src->buf, dst->buf, (uint32_t)n_rows, c);
     const VkMemoryBarrier after = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
                                    .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
                                    .dstAccessMask = acc};
     vk->f.vkCmdPipelineBarrier(vk->cmd, stages, stages, 0, 1, &after, 0, NULL, 0, NULL);
+    if (c != &one) free(c);
     return own ? tern_vk_end(vk) : TERN_OK;
+}
+
+enum tern_status tern_vk_copy(struct tern_vk *vk, const struct tern_vk_buf *src, size_t src_off, struct tern_vk_buf *dst,
+                              size_t dst_off, size_t bytes) {
+    return tern_vk_copy_rows(vk, src, src_off, bytes, dst, dst_off, bytes, bytes, 1);
 }
 
 /* ---- recording ------------------------------------------------------------------- */
