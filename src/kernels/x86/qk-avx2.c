@@ -63,7 +63,7 @@ AVX2_INLINE void k4_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, c
         UNROLL for (int r = 0; r < R; r++) {
             const uint8_t *blk = w + (size_t)r * wrb + b * bb;
             if (T == 1)
-                for (size_t o = 0; o < bb; o += 64) avx2_prefetch(blk + (size_t)AVX2_PF_ROWS * wrb + o);
+                UNROLL for (size_t o = 0; o < bb; o += 64) avx2_prefetch(blk + (size_t)AVX2_PF_ROWS * wrb + o);
             dw[r] = lut_bcast(blk + K4_D);
             dmw[r] = lut_bcast(blk + K4_DMIN);
             uint32_t u[3];
@@ -138,7 +138,7 @@ AVX2_INLINE void q6k_tile(int R, int T, const uint8_t *w, size_t wrb, const uint
         UNROLL for (int r = 0; r < R; r++) {
             const uint8_t *blk = w + (size_t)r * wrb + b * bb;
             if (T == 1)
-                for (size_t o = 0; o < bb; o += 64) avx2_prefetch(blk + (size_t)AVX2_PF_ROWS * wrb + o);
+                UNROLL for (size_t o = 0; o < bb; o += 64) avx2_prefetch(blk + (size_t)AVX2_PF_ROWS * wrb + o);
             dw[r] = lut_bcast(blk + Q6K_D);
             sc16[r] = _mm256_cvtepi8_epi16(loadu128(blk + Q6K_SCALES));
         }
@@ -233,7 +233,7 @@ AVX2_INLINE void iq4xs_tile(int R, int T, const uint8_t *w, size_t wrb, const ui
         UNROLL for (int r = 0; r < R; r++) {
             const uint8_t *blk = w + (size_t)r * wrb + b * bb;
             if (T == 1)
-                for (size_t o = 0; o < bb; o += 64) avx2_prefetch(blk + (size_t)AVX2_PF_ROWS * wrb + o);
+                UNROLL for (size_t o = 0; o < bb; o += 64) avx2_prefetch(blk + (size_t)AVX2_PF_ROWS * wrb + o);
             dw[r] = lut_bcast(blk + IQ4XS_D);
             sc[r] = iq4xs_scales16(blk);
         }
