@@ -127,22 +127,17 @@ AVX2_INLINE void f16_wtile(int RP, int T, const uint8_t *w, size_t wrb, const ui
 #define Q8K_BSUMS offsetof(struct tern_block_q8_k, bsums)
 #define K4_D offsetof(struct tern_block_q4_k, d)
 #define K4_DMIN offsetof(struct tern_block_q4_k, dmin)
-#define K4_SCALES offsetof(struct tern_block_q4_k, scales)
 #define K5_QH offsetof(struct tern_block_q5_k, qh)
 #define Q6K_QL offsetof(struct tern_block_q6_k, ql)
 #define Q6K_QH offsetof(struct tern_block_q6_k, qh)
 #define Q6K_SCALES offsetof(struct tern_block_q6_k, scales)
 #define Q6K_D offsetof(struct tern_block_q6_k, d)
 
-/* A Q4_K/Q5_K block's 8 scales and 8 mins, each as int16 (the AVX2 tile's unpacking). */
+/* A Q4_K/Q5_K block's 8 scales and 8 mins, each as int16. */
 AVX2_INLINE void k4_scales(const uint8_t *blk, __m128i *sc, __m128i *mn) {
-    uint32_t u[3];
-    memcpy(u, blk + K4_SCALES, 12);
-    const uint32_t sc_lo = u[0] & 0x3f3f3f3fu, m_lo = u[1] & 0x3f3f3f3fu;
-    const uint32_t sc_hi = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u);
-    const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
-    *sc = _mm_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, 0, 0));
-    *mn = _mm_cvtepu8_epi16(_mm_setr_epi32((int)m_lo, (int)m_hi, 0, 0));
+    const __m256i sm = k4_scales_mins16(blk);
+    *sc = _mm256_castsi256_si128(sm);
+    *mn = _mm256_extracti128_si256(sm, 1);
 }
 
 /* int16 element j of each 128-bit lane, in all of that lane's int16 slots. */
@@ -295,21 +290,6 @@ AVX2_INLINE void q6k_wtile(int RP, int T, const uint8_t *w, size_t wrb, const ui
  * maddubs, then vpdpwssd by the sub-block scales (the multiply and the add in one): about
  * half the AVX2 tile's instructions per weight byte, which matters when two hyper-threads
  * share a core's ports (decode is otherwise bound by memory). */
-
-/* The 8 scales (ymm words 0-7) and 8 mins (words 8-15) of a Q4_K/Q5_K block as int16: the
- * AVX2 tile's scalar unpacking done on the 12 bytes in one xmm (dwords u0 u1 u2):
- *   sc_lo = u0 & 3f, sc_hi = (u2 & 0f) | ((u0 >> 2) & 30), m_lo = u1 & 3f,
- *   m_hi = ((u2 >> 4) & 0f) | ((u1 >> 2) & 30)   (per byte). Reads 16 bytes: the block
- * goes on past its scales. */
-AVX2_INLINE __m256i k4_scales_mins16(const uint8_t *blk) {
-    const __m128i x = loadu128(blk + K4_SCALES);
-    const __m128i y = _mm_srlv_epi32(_mm_shuffle_epi32(x, _MM_SHUFFLE(2, 1, 2, 0)), _mm_setr_epi32(0, 0, 0, 4));
-    const __m128i lo = _mm_and_si128(y, _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
-    const __m128i hi = _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 0, 0)), 2),
-                                     _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
-    /* dwords [sc_lo, sc_hi, m_lo, m_hi] */
-    return _mm256_cvtepu8_epi16(_mm_or_si128(lo, hi));
-}
 
 AVX2_INLINE void k4_gemv(int kind5, const uint8_t *w, size_t wrb, const uint8_t *a, size_t k, float *y,
                          size_t n_rows) {
