@@ -305,7 +305,8 @@ AVX2_INLINE void k4_gemv(int kind5, const uint8_t *w, size_t wrb, const uint8_t 
     UNROLL for (int c = 0; c < 4; c++) {
         sidx[c] = _mm512_inserti64x4(_mm512_set1_epi16((short)(0x0100 + 0x0202 * (2 * c))),
                                      _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * c + 1))), 1);
-        hsel[c] = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * c))), _mm256_set1_epi8((char)(1 << (2 * c + 1))), 1);
+        hsel[c] = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * c))),
+                                     _mm256_set1_epi8((char)(1 << (2 * c + 1))), 1);
     }
     for (size_t r = 0; r < n_rows; r++) {
         const uint8_t *row = w + r * wrb;
@@ -345,6 +346,9 @@ AVX2_INLINE void q6k_gemv(const uint8_t *w, size_t wrb, const uint8_t *a, size_t
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     /* qh bits 0-1 (low 256 bits) and 2-3 (high) to bits 4-5; bits 4-5 and 6-7 likewise */
     const __m512i sh0 = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2), sh1 = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
+    /* every int16 slot holds the index of its 128-bit lane */
+    const long long l1 = 0x0001000100010001ll;
+    const __m512i lane16 = _mm512_setr_epi64(0, 0, l1, l1, 2 * l1, 2 * l1, 3 * l1, 3 * l1);
     for (size_t r = 0; r < n_rows; r++) {
         const uint8_t *row = w + r * wrb;
         __m256 acc = _mm256_setzero_ps();
@@ -360,15 +364,13 @@ AVX2_INLINE void q6k_gemv(const uint8_t *w, size_t wrb, const uint8_t *a, size_t
                 /* weights 128 hf + 0..63: low nibbles of ql, qh bits 0-1 | 2-3 (the AVX2
                  * tile's j = 0, 1); 128 hf + 64..127: high nibbles, bits 4-5 | 6-7 (j = 2, 3).
                  * ternlog 0xEC: (A & C) | B */
-                const __m512i w0 = _mm512_ternarylogic_epi32(ql, _mm512_and_si512(_mm512_sllv_epi64(qh, sh0), m30), m4, 0xEC);
-                const __m512i w1 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4),
-                                                             _mm512_and_si512(_mm512_srlv_epi64(qh, sh1), m30), m4, 0xEC);
+                const __m512i t0 = _mm512_and_si512(_mm512_sllv_epi64(qh, sh0), m30);
+                const __m512i t1 = _mm512_and_si512(_mm512_srlv_epi64(qh, sh1), m30);
+                const __m512i w0 = _mm512_ternarylogic_epi32(ql, t0, m4, 0xEC);
+                const __m512i w1 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), t1, m4, 0xEC);
                 /* 128-bit lane L of w0 is sub-block 8 hf + L, of w1 8 hf + 4 + L */
-                const __m512i i0 = _mm512_setr_epi64(0x0001000100010001ll * (8 * hf + 0), 0x0001000100010001ll * (8 * hf + 0),
-                                                     0x0001000100010001ll * (8 * hf + 1), 0x0001000100010001ll * (8 * hf + 1),
-                                                     0x0001000100010001ll * (8 * hf + 2), 0x0001000100010001ll * (8 * hf + 2),
-                                                     0x0001000100010001ll * (8 * hf + 3), 0x0001000100010001ll * (8 * hf + 3));
-                const __m512i i1 = _mm512_add_epi16(i0, _mm512_set1_epi16(4));
+                const __m512i i0 = _mm512_add_epi16(lane16, _mm512_set1_epi16((short)(8 * hf)));
+                const __m512i i1 = _mm512_add_epi16(lane16, _mm512_set1_epi16((short)(8 * hf + 4)));
                 const __m512i p0 = _mm512_maddubs_epi16(w0, _mm512_loadu_si512(ablk + Q8K_QS + 128 * hf));
                 const __m512i p1 = _mm512_maddubs_epi16(w1, _mm512_loadu_si512(ablk + Q8K_QS + 128 * hf + 64));
                 sum = _mm512_dpwssd_epi32(sum, p0, _mm512_permutexvar_epi16(i0, scz));
