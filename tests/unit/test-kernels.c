@@ -384,7 +384,8 @@ static void test_iq4_twins_same_bits(void **state) {
 
 /* The AVX-512 tiles for batches give the AVX2 tiles' bits: every type (those without such
  * tiles trivially), row counts that leave every tile shape and a last odd row, token counts
- * from a single token (always AVX2) to several full tiles and their edges, several k
+ * from a single token (the AVX-512 GEMV for Q4_K, Q5_K and Q6_K, AVX2 for the others) to
+ * several full tiles and their edges, several k
  * (F16 also one that is not a multiple of 8), every weight and activation mode. */
 static void test_avx512_tiles_same_bits(void **state) {
     (void)state;
@@ -536,9 +537,11 @@ static void *mm_thread(void *p) {
 static void test_threads_split_rows(void **state) {
     (void)state;
     const enum tern_dtype types[] = {TERN_DTYPE_F16, TERN_DTYPE_Q8_0, TERN_DTYPE_Q4_K, TERN_DTYPE_Q6_K};
-    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-        const enum tern_dtype t = types[ti];
-        const size_t rows = 61, k = 512, n = 7, rb = row_bytes(t, k);
+    /* 7 tokens (the GEMM tiles) and a single token (the GEMV, which for the K-quants on
+     * AVX-512 takes its own row ranges [r0, r1)) */
+    for (size_t ci = 0; ci < 2 * sizeof types / sizeof types[0]; ci++) {
+        const enum tern_dtype t = types[ci / 2];
+        const size_t rows = 61, k = 512, n = ci % 2 ? 1 : 7, rb = row_bytes(t, k);
         uint8_t *w = malloc(rows * rb);
         float *x = malloc(n * k * sizeof(float));
         float *y1 = malloc(n * rows * sizeof(float)), *y4 = malloc(n * rows * sizeof(float));

@@ -63,6 +63,20 @@ AVX2_INLINE __m256i nibbles32(const uint8_t *p) {
 /* The 16 IQ4 table values in both 128-bit lanes, for _mm256_shuffle_epi8 by nibble. */
 AVX2_INLINE __m256i iq4nl_table(void) { return _mm256_broadcastsi128_si256(loadu128(tern_iq4nl_values)); }
 
+/* The 8 scales (words 0-7) and 8 mins (words 8-15) of a Q4_K/Q5_K block (the same head) as
+ * int16, unpacked from the 12 bytes (dwords u0 u1 u2) in one xmm, per byte:
+ *   sc_lo = u0 & 3f, sc_hi = (u2 & 0f) | ((u0 >> 2) & 30), m_lo = u1 & 3f,
+ *   m_hi = ((u2 >> 4) & 0f) | ((u1 >> 2) & 30).
+ * Reads 16 bytes: the block goes on past its scales. */
+AVX2_INLINE __m256i k4_scales_mins16(const uint8_t *blk) {
+    const __m128i x = loadu128(blk + offsetof(struct tern_block_q4_k, scales));
+    const __m128i y = _mm_srlv_epi32(_mm_shuffle_epi32(x, _MM_SHUFFLE(2, 1, 2, 0)), _mm_setr_epi32(0, 0, 0, 4));
+    const __m128i lo = _mm_and_si128(y, _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(x, _MM_SHUFFLE(1, 0, 0, 0)), 2),
+                                     _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm256_cvtepu8_epi16(_mm_or_si128(lo, hi)); /* dwords [sc_lo, sc_hi, m_lo, m_hi] */
+}
+
 /* 32 bits -> 32 bytes, byte j = 0xFF where bit j is set. */
 AVX2_INLINE __m256i bits_to_bytes(uint32_t bits) {
     const __m256i spread = _mm256_shuffle_epi8(

@@ -18,7 +18,6 @@ enum qk_kind { K_Q4_K, K_Q5_K, K_Q6_K };
 #define Q8K_BSUMS offsetof(struct tern_block_q8_k, bsums)
 #define K4_D offsetof(struct tern_block_q4_k, d)
 #define K4_DMIN offsetof(struct tern_block_q4_k, dmin)
-#define K4_SCALES offsetof(struct tern_block_q4_k, scales)
 #define K5_QH offsetof(struct tern_block_q5_k, qh)
 #define Q6K_QL offsetof(struct tern_block_q6_k, ql)
 #define Q6K_QH offsetof(struct tern_block_q6_k, qh)
@@ -63,18 +62,14 @@ AVX2_INLINE void k4_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, c
         UNROLL for (int r = 0; r < R; r++) {
             const uint8_t *blk = w + (size_t)r * wrb + b * bb;
             if (T == 1)
-                for (size_t o = 0; o < bb; o += 64) avx2_prefetch(blk + (size_t)AVX2_PF_ROWS * wrb + o);
+                UNROLL for (size_t o = 0; o < bb; o += 64) avx2_prefetch(blk + (size_t)AVX2_PF_ROWS * wrb + o);
             dw[r] = lut_bcast(blk + K4_D);
             dmw[r] = lut_bcast(blk + K4_DMIN);
-            uint32_t u[3];
-            memcpy(u, blk + K4_SCALES, 12);
-            const uint32_t sc_lo = u[0] & 0x3f3f3f3fu, m_lo = u[1] & 0x3f3f3f3fu;
-            const uint32_t sc_hi = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u);
-            const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
-            const __m256i s16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, 0, 0)));
+            const __m256i sm = k4_scales_mins16(blk);
+            const __m256i s16 = _mm256_permute2x128_si256(sm, sm, 0x00); /* s0..s7 in both lanes */
             spl[r] = _mm256_unpacklo_epi16(s16, s16);
             sph[r] = _mm256_unpackhi_epi16(s16, s16);
-            const __m256i m16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_setr_epi32((int)m_lo, (int)m_hi, 0, 0)));
+            const __m256i m16 = _mm256_permute2x128_si256(sm, sm, 0x11); /* m0..m7 in both lanes */
             /* [m0 m0 m1 m1 m2 m2 m3 m3 | m4 m4 ... m7 m7], to pair with the 16 group sums */
             mins[r] = _mm256_shuffle_epi8(
                 m16, _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7, 8, 9, 8, 9, 10, 11, 10, 11, 12,
@@ -129,7 +124,7 @@ AVX2_INLINE void q6k_tile(int R, int T, const uint8_t *w, size_t wrb, const uint
                           float *y, size_t ldy) {
     const size_t bb = sizeof(struct tern_block_q6_k);
     const size_t ab = sizeof(struct tern_block_q8_k);
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     __m256 acc[AVX2_RMAX][AVX2_TMAX];
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
     for (size_t b = 0; b < k / TERN_QK_K; b++) {
@@ -138,7 +133,7 @@ AVX2_INLINE void q6k_tile(int R, int T, const uint8_t *w, size_t wrb, const uint
         UNROLL for (int r = 0; r < R; r++) {
             const uint8_t *blk = w + (size_t)r * wrb + b * bb;
             if (T == 1)
-                for (size_t o = 0; o < bb; o += 64) avx2_prefetch(blk + (size_t)AVX2_PF_ROWS * wrb + o);
+                UNROLL for (size_t o = 0; o < bb; o += 64) avx2_prefetch(blk + (size_t)AVX2_PF_ROWS * wrb + o);
             dw[r] = lut_bcast(blk + Q6K_D);
             sc16[r] = _mm256_cvtepi8_epi16(loadu128(blk + Q6K_SCALES));
         }
@@ -161,8 +156,12 @@ AVX2_INLINE void q6k_tile(int R, int T, const uint8_t *w, size_t wrb, const uint
                     const __m256i ql = loadu256(blk + Q6K_QL + 64 * hf + 32 * (j & 1));
                     const __m256i qhv = loadu256(blk + Q6K_QH + 32 * hf);
                     const __m256i low = j < 2 ? _mm256_and_si256(ql, m4) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
-                    const __m256i top = _mm256_and_si256(_mm256_srli_epi16(qhv, 2 * j), m2);
-                    q[r] = _mm256_or_si256(low, _mm256_slli_epi16(top, 4));
+                    /* qh bits 2j, 2j + 1 to bits 4-5 in one shift (none for j = 2) */
+                    const __m256i top = j == 0   ? _mm256_slli_epi16(qhv, 4)
+                                        : j == 1 ? _mm256_slli_epi16(qhv, 2)
+                                        : j == 2 ? qhv
+                                                 : _mm256_srli_epi16(qhv, 2);
+                    q[r] = _mm256_or_si256(low, _mm256_and_si256(top, m30));
                     /* sub-blocks 8 hf + 2 j (low 128) and 8 hf + 2 j + 1 (high 128) */
                     sv[r] = dword_bcast(sp[r], j);
                 }
@@ -233,7 +232,7 @@ AVX2_INLINE void iq4xs_tile(int R, int T, const uint8_t *w, size_t wrb, const ui
         UNROLL for (int r = 0; r < R; r++) {
             const uint8_t *blk = w + (size_t)r * wrb + b * bb;
             if (T == 1)
-                for (size_t o = 0; o < bb; o += 64) avx2_prefetch(blk + (size_t)AVX2_PF_ROWS * wrb + o);
+                UNROLL for (size_t o = 0; o < bb; o += 64) avx2_prefetch(blk + (size_t)AVX2_PF_ROWS * wrb + o);
             dw[r] = lut_bcast(blk + IQ4XS_D);
             sc[r] = iq4xs_scales16(blk);
         }

@@ -1,5 +1,6 @@
-/* AVX-512 tiles for batches (prompt processing), used by the AVX2 kernel table where the CPU
- * has AVX-512 F, BW, VL and VNNI (CPUID, kernels.c; TERN_AVX512=0 turns them off).
+/* AVX-512 tiles for batches (prompt processing) and the K-quant GEMV (decode), used by the
+ * AVX2 kernel table where the CPU has AVX-512 F, BW, VL and VNNI (CPUID, kernels.c;
+ * TERN_AVX512=0 turns them off).
  *
  * Same bits as the AVX2 tiles, by construction: a 512-bit register holds two (row, token)
  * pairs side by side, rows 2p in the low 256 bits and 2p + 1 in the high ones, and every
@@ -13,9 +14,11 @@
  *               same exact lane sums in one instruction per two pairs;
  *   Q4_K/Q5_K/Q6_K: maddubs, then vpdpwssd (the scale multiply and the add in one);
  *   F16:        the AVX2 tile's fmas, two pairs per instruction.
- * A single token (GEMV, decode), a last odd row and a k the tiles do not handle go to the
- * AVX2 entry points: the mix is free, as every pair's bits are the same either way (the
- * kernel test compares the two tile sets bit for bit on odd shapes). */
+ * A single token (GEMV, decode) of Q4_K, Q5_K or Q6_K goes to the one-row GEMV below (the
+ * same construction, one row at a time); of other types, a last odd row and a k the tiles
+ * do not handle go to the AVX2 entry points: the mix is free, as every pair's bits are the
+ * same either way (the kernel test compares the two tile sets bit for bit on odd shapes,
+ * single tokens included). */
 #include "kernels/x86/avx2.h"
 
 #pragma GCC push_options
@@ -124,21 +127,17 @@ AVX2_INLINE void f16_wtile(int RP, int T, const uint8_t *w, size_t wrb, const ui
 #define Q8K_BSUMS offsetof(struct tern_block_q8_k, bsums)
 #define K4_D offsetof(struct tern_block_q4_k, d)
 #define K4_DMIN offsetof(struct tern_block_q4_k, dmin)
-#define K4_SCALES offsetof(struct tern_block_q4_k, scales)
 #define K5_QH offsetof(struct tern_block_q5_k, qh)
+#define Q6K_QL offsetof(struct tern_block_q6_k, ql)
 #define Q6K_QH offsetof(struct tern_block_q6_k, qh)
 #define Q6K_SCALES offsetof(struct tern_block_q6_k, scales)
 #define Q6K_D offsetof(struct tern_block_q6_k, d)
 
-/* A Q4_K/Q5_K block's 8 scales and 8 mins, each as int16 (the AVX2 tile's unpacking). */
+/* A Q4_K/Q5_K block's 8 scales and 8 mins, each as int16. */
 AVX2_INLINE void k4_scales(const uint8_t *blk, __m128i *sc, __m128i *mn) {
-    uint32_t u[3];
-    memcpy(u, blk + K4_SCALES, 12);
-    const uint32_t sc_lo = u[0] & 0x3f3f3f3fu, m_lo = u[1] & 0x3f3f3f3fu;
-    const uint32_t sc_hi = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u);
-    const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
-    *sc = _mm_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, 0, 0));
-    *mn = _mm_cvtepu8_epi16(_mm_setr_epi32((int)m_lo, (int)m_hi, 0, 0));
+    const __m256i sm = k4_scales_mins16(blk);
+    *sc = _mm256_castsi256_si128(sm);
+    *mn = _mm256_extracti128_si256(sm, 1);
 }
 
 /* int16 element j of each 128-bit lane, in all of that lane's int16 slots. */
@@ -280,6 +279,126 @@ AVX2_INLINE void q6k_wtile(int RP, int T, const uint8_t *w, size_t wrb, const ui
     W_STORE(RP, T);
 }
 
+/* ---- single-token GEMV (decode) for the K-quants ----------------------------------------
+ *
+ * One row at a time, as the AVX2 GEMV tile (R = 1, T = 1), and the same float operations on
+ * the same 8 lanes: cvt of the 8 int32 lanes, fma with d*dy, fnmadd of the mins term (Q4_K,
+ * Q5_K) or the -32 correction in the integers (Q6_K), hsum8; only the integer lane sums are
+ * formed differently. A 512-bit register holds 64 consecutive weights of a super-block with
+ * their 64 consecutive activation bytes (one load): the AVX2 tile's two 256-bit halves of a
+ * step side by side, its lanes i and 8 + i summed at the end of the super-block (exact).
+ * maddubs, then vpdpwssd by the sub-block scales (the multiply and the add in one): about
+ * half the AVX2 tile's instructions per weight byte, which matters when two hyper-threads
+ * share a core's ports (decode is otherwise bound by memory). */
+
+AVX2_INLINE void k4_gemv(int kind5, const uint8_t *w, size_t wrb, const uint8_t *a, size_t k, float *y,
+                         size_t n_rows) {
+    const size_t bb = kind5 ? sizeof(struct tern_block_q5_k) : sizeof(struct tern_block_q4_k);
+    const size_t ab = sizeof(struct tern_block_q8_k);
+    const size_t qs_off = kind5 ? offsetof(struct tern_block_q5_k, qs) : offsetof(struct tern_block_q4_k, qs);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    /* [m0 m0 m1 m1 .. m7 m7] from words 8-15: pairs with the 16 group sums (AVX2 tile) */
+    const __m256i mins_idx = _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+    /* step c: int16 scale 2c in the low 256 bits, 2c + 1 in the high ones (sidx); Q5_K: bit
+     * 2c (low) or 2c + 1 (high) of each qh byte (hsel). Set once, not per row. */
+    __m512i sidx[4], hsel[4];
+    UNROLL for (int c = 0; c < 4; c++) {
+        sidx[c] = _mm512_inserti64x4(_mm512_set1_epi16((short)(0x0100 + 0x0202 * (2 * c))),
+                                     _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * c + 1))), 1);
+        hsel[c] = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * c))),
+                                     _mm256_set1_epi8((char)(1 << (2 * c + 1))), 1);
+    }
+    for (size_t r = 0; r < n_rows; r++) {
+        const uint8_t *row = w + r * wrb;
+        __m256 acc = _mm256_setzero_ps();
+        for (size_t b = 0; b < k / TERN_QK_K; b++) {
+            const uint8_t *blk = row + b * bb, *ablk = a + b * ab;
+            UNROLL for (size_t o = 0; o < bb; o += 64) avx2_prefetch(blk + (size_t)AVX2_PF_ROWS * wrb + o);
+            const __m256i sm = k4_scales_mins16(blk);
+            const __m512i sc = _mm512_broadcast_i32x4(_mm256_castsi256_si128(sm)); /* s0..s7 per 128 bits */
+            const __m512i qh = kind5 ? bcast_i(blk + K5_QH) : _mm512_setzero_si512();
+            __m512i sum = _mm512_setzero_si512();
+            UNROLL for (int c = 0; c < 4; c++) {
+                /* [low nibbles | high nibbles] of bytes 32c..32c+31: sub-blocks 2c and 2c + 1,
+                 * weights 64c..64c+63 in order */
+                const __m512i q = bcast_i(blk + qs_off + 32 * c);
+                __m512i v = _mm512_and_si512(_mm512_mask_srli_epi16(q, 0xFFFF0000u, q, 4), m4);
+                if (kind5) /* the fifth bit: qh bit 2c (low half) or 2c + 1 (high half) */
+                    v = _mm512_mask_add_epi8(v, _mm512_test_epi8_mask(qh, hsel[c]), v, _mm512_set1_epi8(0x10));
+                const __m512i p = _mm512_maddubs_epi16(v, _mm512_loadu_si512(ablk + Q8K_QS + 64 * c));
+                sum = _mm512_dpwssd_epi32(sum, p, _mm512_shuffle_epi8(sc, sidx[c]));
+            }
+            const __m256i sumi = _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
+            const __m256 dw = lut_bcast(blk + K4_D), dmw = lut_bcast(blk + K4_DMIN);
+            const __m256 dy = _mm256_broadcast_ss((const float *)(ablk + Q8K_D));
+            const __m256i bs = loadu256(ablk + Q8K_BSUMS);
+            const __m256 m = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_permutexvar_epi16(mins_idx, sm), bs));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(dw, dy), acc);
+            acc = _mm256_fnmadd_ps(m, _mm256_mul_ps(dmw, dy), acc);
+        }
+        y[r] = hsum8(acc);
+    }
+}
+
+AVX2_INLINE void q6k_gemv(const uint8_t *w, size_t wrb, const uint8_t *a, size_t k, float *y, size_t n_rows) {
+    const size_t bb = sizeof(struct tern_block_q6_k);
+    const size_t ab = sizeof(struct tern_block_q8_k);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    /* qh bits 0-1 (low 256 bits) and 2-3 (high) to bits 4-5; bits 4-5 and 6-7 likewise */
+    const __m512i sh0 = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2), sh1 = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
+    /* every int16 slot holds the index of its 128-bit lane */
+    const long long l1 = 0x0001000100010001ll;
+    const __m512i lane16 = _mm512_setr_epi64(0, 0, l1, l1, 2 * l1, 2 * l1, 3 * l1, 3 * l1);
+    for (size_t r = 0; r < n_rows; r++) {
+        const uint8_t *row = w + r * wrb;
+        __m256 acc = _mm256_setzero_ps();
+        for (size_t b = 0; b < k / TERN_QK_K; b++) {
+            const uint8_t *blk = row + b * bb, *ablk = a + b * ab;
+            UNROLL for (size_t o = 0; o < bb; o += 64) avx2_prefetch(blk + (size_t)AVX2_PF_ROWS * wrb + o);
+            const __m256i sc16 = _mm256_cvtepi8_epi16(loadu128(blk + Q6K_SCALES));
+            const __m512i scz = _mm512_castsi256_si512(sc16);
+            __m512i sum = _mm512_setzero_si512();
+            UNROLL for (int hf = 0; hf < 2; hf++) {
+                const __m512i ql = _mm512_loadu_si512(blk + Q6K_QL + 64 * hf);
+                const __m512i qh = bcast_i(blk + Q6K_QH + 32 * hf);
+                /* weights 128 hf + 0..63: low nibbles of ql, qh bits 0-1 | 2-3 (the AVX2
+                 * tile's j = 0, 1); 128 hf + 64..127: high nibbles, bits 4-5 | 6-7 (j = 2, 3).
+                 * ternlog 0xEC: (A & C) | B */
+                const __m512i t0 = _mm512_and_si512(_mm512_sllv_epi64(qh, sh0), m30);
+                const __m512i t1 = _mm512_and_si512(_mm512_srlv_epi64(qh, sh1), m30);
+                const __m512i w0 = _mm512_ternarylogic_epi32(ql, t0, m4, 0xEC);
+                const __m512i w1 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), t1, m4, 0xEC);
+                /* 128-bit lane L of w0 is sub-block 8 hf + L, of w1 8 hf + 4 + L */
+                const __m512i i0 = _mm512_add_epi16(lane16, _mm512_set1_epi16((short)(8 * hf)));
+                const __m512i i1 = _mm512_add_epi16(lane16, _mm512_set1_epi16((short)(8 * hf + 4)));
+                const __m512i p0 = _mm512_maddubs_epi16(w0, _mm512_loadu_si512(ablk + Q8K_QS + 128 * hf));
+                const __m512i p1 = _mm512_maddubs_epi16(w1, _mm512_loadu_si512(ablk + Q8K_QS + 128 * hf + 64));
+                sum = _mm512_dpwssd_epi32(sum, p0, _mm512_permutexvar_epi16(i0, scz));
+                sum = _mm512_dpwssd_epi32(sum, p1, _mm512_permutexvar_epi16(i1, scz));
+            }
+            const __m256i sumi = _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
+            const __m256 dw = lut_bcast(blk + Q6K_D);
+            const __m256 dy = _mm256_broadcast_ss((const float *)(ablk + Q8K_D));
+            const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, loadu256(ablk + Q8K_BSUMS)), 5);
+            const __m256 s = _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi, corr));
+            acc = _mm256_fmadd_ps(s, _mm256_mul_ps(dw, dy), acc);
+        }
+        y[r] = hsum8(acc);
+    }
+}
+
+/* Rows [0, n_rows) of a single-token product: y[r]. */
+typedef void (*w_gemv_fn)(const uint8_t *w, size_t wrb, const uint8_t *a, size_t k, float *y, size_t n_rows);
+static void q4_k_gemv(const uint8_t *w, size_t wrb, const uint8_t *a, size_t k, float *y, size_t n_rows) {
+    k4_gemv(0, w, wrb, a, k, y, n_rows);
+}
+static void q5_k_gemv(const uint8_t *w, size_t wrb, const uint8_t *a, size_t k, float *y, size_t n_rows) {
+    k4_gemv(1, w, wrb, a, k, y, n_rows);
+}
+static void q6_k_gemv(const uint8_t *w, size_t wrb, const uint8_t *a, size_t k, float *y, size_t n_rows) {
+    q6k_gemv(w, wrb, a, k, y, n_rows);
+}
+
 /* ---- the driver ------------------------------------------------------------------------- */
 
 /* pf: 0, or how far ahead (bytes) to prefetch the weight rows as they are read: the
@@ -292,10 +411,15 @@ struct w_tiles {
     int rp, t;                              /* the shape of the tiles in the middle */
     size_t k_multiple;                      /* k the tiles handle; others go to AVX2 */
     tern_matmul_fn avx2;                    /* single tokens, the last odd row, other k */
+    w_gemv_fn gemv;                         /* single tokens where not NULL (k a multiple of k_multiple) */
 };
 
 static void w_drive(const struct w_tiles *tl, const void *wv, size_t wrb, size_t k, const void *av, size_t arb,
                     size_t n_tok, float *y, size_t ldy, size_t r0, size_t r1) {
+    if (n_tok == 1 && tl->gemv && k % tl->k_multiple == 0) {
+        tl->gemv((const uint8_t *)wv + r0 * wrb, wrb, av, k, y + r0, r1 - r0);
+        return;
+    }
     if (n_tok == 1 || k % tl->k_multiple || r1 - r0 < 2) {
         tl->avx2(wv, wrb, k, av, arb, n_tok, y, ldy, r0, r1);
         return;
@@ -338,14 +462,15 @@ static void w_drive(const struct w_tiles *tl, const void *wv, size_t wrb, size_t
     }
 /* Tiles up to 2 (W_TILES2) or 3 (W_TILES3) row pairs x T (4 or 6) tokens, the middle ones
  * the largest. */
-#define W_TILES2(name, body, T, kmul, avx2fn)                                                                \
+#define W_TILES2(name, body, T, kmul, avx2fn, gemvfn)                                                        \
     W_ROW##T(body, 1) W_ROW##T(body, 2)                                                                      \
-    static const struct w_tiles name##_tiles = {{W_SLOTS##T(body, 1), W_SLOTS##T(body, 2)}, 2, T, kmul, avx2fn}; \
+    static const struct w_tiles name##_tiles = {                                                             \
+        {W_SLOTS##T(body, 1), W_SLOTS##T(body, 2)}, 2, T, kmul, avx2fn, gemvfn};                             \
     W_ENTRY(name)
 #define W_TILES3(name, body, T, kmul, avx2fn)                                                                \
     W_ROW##T(body, 1) W_ROW##T(body, 2) W_ROW##T(body, 3)                                                    \
     static const struct w_tiles name##_tiles = {                                                             \
-        {W_SLOTS##T(body, 1), W_SLOTS##T(body, 2), W_SLOTS##T(body, 3)}, 3, T, kmul, avx2fn};                \
+        {W_SLOTS##T(body, 1), W_SLOTS##T(body, 2), W_SLOTS##T(body, 3)}, 3, T, kmul, avx2fn, NULL};          \
     W_ENTRY(name)
 
 #define Q8_0_W(RP, T, ...) q8_0_wtile(RP, T, __VA_ARGS__)
@@ -356,9 +481,9 @@ static void w_drive(const struct w_tiles *tl, const void *wv, size_t wrb, size_t
 
 W_TILES3(tern_avx512_matmul_q8_0, Q8_0_W, 4, TERN_QK, tern_avx2_matmul_q8_0)
 W_TILES3(tern_avx512_matmul_f16, F16_W, 6, 8, tern_avx2_matmul_f16)
-W_TILES2(tern_avx512_matmul_q4_k, Q4_K_W, 4, TERN_QK_K, tern_avx2_matmul_q4_k)
-W_TILES2(tern_avx512_matmul_q5_k, Q5_K_W, 4, TERN_QK_K, tern_avx2_matmul_q5_k)
-W_TILES2(tern_avx512_matmul_q6_k, Q6_K_W, 4, TERN_QK_K, tern_avx2_matmul_q6_k)
+W_TILES2(tern_avx512_matmul_q4_k, Q4_K_W, 4, TERN_QK_K, tern_avx2_matmul_q4_k, q4_k_gemv)
+W_TILES2(tern_avx512_matmul_q5_k, Q5_K_W, 4, TERN_QK_K, tern_avx2_matmul_q5_k, q5_k_gemv)
+W_TILES2(tern_avx512_matmul_q6_k, Q6_K_W, 4, TERN_QK_K, tern_avx2_matmul_q6_k, q6_k_gemv)
 
 #pragma GCC pop_options
 
