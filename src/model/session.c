@@ -556,6 +556,30 @@ static enum tern_status gpu_chunk(struct tern_session *s, const int32_t *toks, u
     return st;
 }
 
+/* One chunk of toks[0..n) at s's end, on s's backend: the device (gpu_chunk: its lock
+ * for the chunk; with dev_trail the state after token i into trail slot slot0 + i) or
+ * the CPU's forward (the model's workspace borrowed for the chunk under eval_mu: the
+ * callbacks between chunks run without it, so they may use other sessions of the model;
+ * it only ever grows, so what the eval reserved still fits; with rec_trail the state
+ * after token i into rec_trail's row slot0 + i). logits: the last row's, or every row's
+ * when all; NULL: none. The caller moves n_past. */
+static enum tern_status run_chunk(struct tern_session *s, const int32_t *toks, uint32_t n, float *logits, bool all,
+                                  void *rec_trail, bool dev_trail, uint32_t slot0) {
+    if (s->gpu) return gpu_chunk(s, toks, n, logits, all, dev_trail, slot0);
+    struct tern_model *m = s->m;
+    pthread_mutex_lock(&m->eval_mu);
+    TERN_ASSERT(m->ws.n_chunk >= n);
+    ws_bind(s);
+    s->rec_trail = rec_trail && m->rec_bytes ? (uint8_t *)rec_trail + (size_t)slot0 * m->rec_bytes : NULL;
+    const struct model_seq seq = {.s = s, .row0 = 0, .n = n, .pos0 = s->n_past, .want = logits != NULL, .all = all};
+    const struct model_batch b = {.toks = toks, .n = n, .seq = &seq, .n_seq = 1, .logits = logits};
+    const struct model_step f = {&model_cpu_ops, s, m, &b};
+    m->arch->forward(&f, s->rs);
+    ws_unbind(s);
+    pthread_mutex_unlock(&m->eval_mu);
+    return TERN_OK;
+}
+
 /* ---- eval ----------------------------------------------------------------------- */
 
 static size_t s_room(const struct tern_session *s) { return (size_t)s->n_ctx - s->n_past; }
@@ -634,38 +658,9 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
         if (o->logits_all) logits = o->logits_all + done * n_vocab;
         else if (last) logits = s->logits;
         s->logits_valid = false;
-        if (s->gpu) {
-            /* tern_gpu_eval takes the device's lock for the chunk, as the CPU's takes eval_mu */
-            const bool all = o->logits_all != NULL;
-            if ((st = gpu_chunk(s, toks + done, (uint32_t)len, logits, all, dev_trail, (uint32_t)done))) break;
-            memcpy(s->tokens + s->n_past, toks + done, len * sizeof *toks);
-            s->n_past += (uint32_t)len;
-            done += len;
-            if (last) {
-                if (o->logits_all) memcpy(s->logits, o->logits_all + (n - 1) * n_vocab, n_vocab * sizeof(float));
-                s->logits_valid = true;
-            }
-            if (o->progress && o->progress(o->user, done, n) && done < n) {
-                st = tern_errorf(TERN_ERR_CANCELLED, "session: evaluation cancelled after %zu of %zu tokens", done, n);
-                break;
-            }
-            continue;
-        }
-        /* The workspace is borrowed for one chunk at a time (the callbacks run without
-         * the lock, so they may use other sessions of the model). It only ever grows, so
-         * what was reserved above still fits. */
-        pthread_mutex_lock(&m->eval_mu);
-        TERN_ASSERT(m->ws.n_chunk >= len);
-        ws_bind(s);
-        s->rec_trail = o->rec_trail && m->rec_bytes ? (uint8_t *)o->rec_trail + done * m->rec_bytes : NULL;
-        const struct model_seq seq = {.s = s, .row0 = 0, .n = (uint32_t)len, .pos0 = s->n_past,
-                                      .want = logits != NULL, .all = o->logits_all != NULL};
-        const struct model_batch b = {.toks = toks + done, .n = (uint32_t)len, .seq = &seq, .n_seq = 1,
-                                      .logits = logits};
-        const struct model_step f = {&model_cpu_ops, s, m, &b};
-        m->arch->forward(&f, s->rs);
-        ws_unbind(s);
-        pthread_mutex_unlock(&m->eval_mu);
+        if ((st = run_chunk(s, toks + done, (uint32_t)len, logits, o->logits_all != NULL, o->rec_trail, dev_trail,
+                            (uint32_t)done)))
+            break;
         memcpy(s->tokens + s->n_past, toks + done, len * sizeof *toks);
         s->n_past += (uint32_t)len;
         done += len;
@@ -702,98 +697,55 @@ enum tern_status tern_session_reserve(struct tern_session *s, size_t n) {
     return st;
 }
 
-enum tern_status tern_eval_batch(const struct tern_batch_item *items, size_t n_items) {
-    if (n_items == 0) return TERN_OK;
-    if (n_items > MODEL_MAX_SEQS)
-        return tern_errorf(TERN_ERR_INVALID, "session: a batch holds at most %d sequences, not %zu", MODEL_MAX_SEQS,
-                           n_items);
+/* tern_eval_batch's step on the device: the items' rows are one device step
+ * (tern_gpu_eval_batch: the matmuls over every row, attention and the DeltaNet per session
+ * against its own state), split into steps of the device's chunk when they are more; each
+ * item's bits are those of its own eval, which is what the batch promises. Its logits go
+ * to it->logits_all (every row) or its session's logits (the last row). A device failure
+ * leaves every item's device state undefined (and the sessions' positions where they
+ * were): the caller fails them all. */
+static enum tern_status batch_gpu(const struct tern_batch_item *items, size_t n_items, size_t rows) {
     struct tern_model *m = items[0].s->m;
-    const uint32_t n_vocab = m->hp.n_vocab;
-    size_t rows = 0;
-    uint32_t n_want = 0;
-    /* Everything that can be refused is refused before anything is computed: every
-     * session stays unchanged. */
-    for (size_t i = 0; i < n_items; i++) {
-        const struct tern_batch_item *it = &items[i];
-        if (it->s->m != m) return tern_errorf(TERN_ERR_INVALID, "session: batch item %zu is another model's", i);
-        if (it->n == 0 || !it->toks) return tern_errorf(TERN_ERR_INVALID, "session: batch item %zu has no tokens", i);
-        for (size_t k = 0; k < i; k++)
-            if (items[k].s == it->s)
-                return tern_errorf(TERN_ERR_INVALID, "session: batch items %zu and %zu are one session", k, i);
-        if (it->n > s_room(it->s))
-            return tern_errorf(TERN_ERR_RANGE,
-                               "session: batch item %zu: %u tokens at position %u need a context of %llu positions, "
-                               "but it is %u",
-                               i, it->n, it->s->n_past, (unsigned long long)it->s->n_past + it->n, it->s->n_ctx);
-        for (uint32_t t = 0; t < it->n; t++)
-            if (it->toks[t] < 0 || (uint32_t)it->toks[t] >= n_vocab)
-                return tern_errorf(TERN_ERR_FORMAT,
-                                   "session: batch item %zu: token id %d at index %u is outside the vocabulary [0, %u)",
-                                   i, it->toks[t], t, n_vocab);
-        rows += it->n;
-        n_want += it->logits_all ? it->n : it->logits;
+    struct tern_gpu_seq *gs = tern_malloc(n_items * sizeof *gs);
+    struct tern_gpu_io *io = tern_malloc(n_items * sizeof *io);
+    enum tern_status st = gs && io ? TERN_OK : tern_errorf(TERN_ERR_NOMEM, "session: out of memory for a batch");
+    for (size_t i = 0; i < n_items && !st; i++) {
+        st = tern_session_reserve(items[i].s, items[i].n);
+        /* a trail is kept in device memory (the item's rec_trail is not written) */
+        if (!st && items[i].rec_trail && m->rec_bytes) st = tern_gpu_trail_reserve(m->gpu, items[i].s->gpu, items[i].n);
     }
-    if (rows > UINT32_MAX / 2) return tern_errorf(TERN_ERR_INVALID, "session: a batch of %zu rows", rows);
-    if (m->gpu) {
-        /* On a device the items' rows are one device step (tern_gpu_eval_batch: the
-         * matmuls over every row, attention and the DeltaNet per session against its own
-         * state), split into steps of the device's chunk when they are more; each item's
-         * bits are those of its own eval, which is what the batch promises. A device
-         * failure leaves every item's device state undefined (and the sessions' positions
-         * where they were): the caller fails them all. */
-        struct tern_gpu_seq *gs = tern_malloc(n_items * sizeof *gs);
-        struct tern_gpu_io *io = tern_malloc(n_items * sizeof *io);
-        enum tern_status st = gs && io ? TERN_OK : tern_errorf(TERN_ERR_NOMEM, "session: out of memory for a batch");
-        for (size_t i = 0; i < n_items && !st; i++) {
-            st = tern_session_reserve(items[i].s, items[i].n);
-            /* a trail is kept in device memory (the item's rec_trail is not written) */
-            if (!st && items[i].rec_trail && m->rec_bytes)
-                st = tern_gpu_trail_reserve(m->gpu, items[i].s->gpu, items[i].n);
-        }
-        if (st) {
-            free(gs);
-            free(io);
-            return st;
-        }
-        for (size_t i = 0; i < n_items; i++) {
-            const struct tern_batch_item *it = &items[i];
-            struct tern_session *s = it->s;
-            io[i] = (struct tern_gpu_io){.trail = it->rec_trail && m->rec_bytes, .hidden_in = s->hidden_in,
-                                         .hidden_out = s->hidden_out, .hidden_pos0 = s->hidden_pos0};
-            gs[i] = (struct tern_gpu_seq){.st = s->gpu, .pos0 = s->n_past, .toks = it->toks, .n = it->n,
-                                          .logits = it->logits_all ? it->logits_all : it->logits ? s->logits : NULL,
-                                          .all = it->logits_all != NULL, .io = &io[i]};
-            /* as gpu_chunk: the host copy of the recurrent state is stale from here on
-             * (also on failure: the device's state is then undefined) */
-            s->trail = NULL;
-            s->logits_valid = false;
-            s->rec_stale = true;
-        }
+    for (size_t i = 0; i < n_items && !st; i++) {
+        const struct tern_batch_item *it = &items[i];
+        struct tern_session *s = it->s;
+        io[i] = (struct tern_gpu_io){.trail = it->rec_trail && m->rec_bytes, .hidden_in = s->hidden_in,
+                                     .hidden_out = s->hidden_out, .hidden_pos0 = s->hidden_pos0};
+        gs[i] = (struct tern_gpu_seq){.st = s->gpu, .pos0 = s->n_past, .toks = it->toks, .n = it->n,
+                                      .logits = it->logits_all ? it->logits_all : it->logits ? s->logits : NULL,
+                                      .all = it->logits_all != NULL, .io = &io[i]};
+        /* as gpu_chunk: the host copy of the recurrent state is stale from here on (also
+         * on failure: the device's state is then undefined) */
+        s->trail = NULL;
+        s->logits_valid = false;
+        s->rec_stale = true;
+    }
+    if (!st) {
         st = tern_gpu_eval_batch(m->gpu, gs, (uint32_t)n_items, 0);
-        free(gs);
-        free(io);
-        if (st) {
-            /* the position is the first item's (the log's pattern for a device failure) */
+        /* the position is the first item's (the log's pattern for a device failure) */
+        if (st)
             TERN_LOG_ERROR("session: the device failed at position %u: %s (a step of %zu sessions, %zu rows)",
                            items[0].s->n_past, tern_last_error(), n_items, rows);
-            return st;
-        }
-        for (size_t i = 0; i < n_items; i++) {
-            const struct tern_batch_item *it = &items[i];
-            struct tern_session *s = it->s;
-            if (it->rec_trail && m->rec_bytes) {
-                s->trail = it->rec_trail;
-                s->trail_pos0 = s->n_past;
-                s->trail_end = s->n_past + it->n;
-            }
-            memcpy(s->tokens + s->n_past, it->toks, it->n * sizeof *it->toks);
-            s->n_past += it->n;
-            s->logits_valid = it->logits || it->logits_all;
-            if (it->logits_all)
-                memcpy(s->logits, it->logits_all + (size_t)(it->n - 1) * n_vocab, n_vocab * sizeof(float));
-        }
-        return TERN_OK;
     }
+    free(gs);
+    free(io);
+    return st;
+}
+
+/* tern_eval_batch's step on the CPU: one forward over every item's rows, the model's
+ * workspace borrowed for it under eval_mu; each item's logits to it->logits_all (every
+ * row) or its session's logits (the last row). */
+static enum tern_status batch_cpu(const struct tern_batch_item *items, size_t n_items, size_t rows, uint32_t n_want) {
+    struct tern_model *m = items[0].s->m;
+    const uint32_t n_vocab = m->hp.n_vocab;
     int32_t *toks = tern_malloc(rows * sizeof *toks);
     struct model_seq *seq = tern_malloc(n_items * sizeof *seq);
     enum tern_status st = toks && seq ? TERN_OK : tern_errorf(TERN_ERR_NOMEM, "session: out of memory for a batch");
@@ -828,11 +780,61 @@ enum tern_status tern_eval_batch(const struct tern_batch_item *items, size_t n_i
                                   .logits = n_want ? m->ws.logits : NULL};
     const struct model_step f = {&model_cpu_ops, items[0].s, m, &b};
     m->arch->forward(&f, items[0].s->rs);
-    uint32_t k = 0;
+    uint32_t k = 0; /* the wanted rows are the workspace's logits rows in item order */
+    for (size_t i = 0; i < n_items; i++) {
+        const struct tern_batch_item *it = &items[i];
+        ws_unbind(it->s);
+        if (it->logits_all) {
+            memcpy(it->logits_all, m->ws.logits + (size_t)k * n_vocab, (size_t)it->n * n_vocab * sizeof(float));
+            k += it->n;
+        } else if (it->logits) {
+            memcpy(it->s->logits, m->ws.logits + (size_t)k++ * n_vocab, n_vocab * sizeof(float));
+        }
+    }
+    pthread_mutex_unlock(&m->eval_mu);
+    free(toks);
+    free(seq);
+    return TERN_OK;
+}
+
+enum tern_status tern_eval_batch(const struct tern_batch_item *items, size_t n_items) {
+    if (n_items == 0) return TERN_OK;
+    if (n_items > MODEL_MAX_SEQS)
+        return tern_errorf(TERN_ERR_INVALID, "session: a batch holds at most %d sequences, not %zu", MODEL_MAX_SEQS,
+                           n_items);
+    struct tern_model *m = items[0].s->m;
+    const uint32_t n_vocab = m->hp.n_vocab;
+    size_t rows = 0;
+    uint32_t n_want = 0;
+    /* Everything that can be refused is refused before anything is computed: every
+     * session stays unchanged. */
+    for (size_t i = 0; i < n_items; i++) {
+        const struct tern_batch_item *it = &items[i];
+        if (it->s->m != m) return tern_errorf(TERN_ERR_INVALID, "session: batch item %zu is another model's", i);
+        if (it->n == 0 || !it->toks) return tern_errorf(TERN_ERR_INVALID, "session: batch item %zu has no tokens", i);
+        for (size_t k = 0; k < i; k++)
+            if (items[k].s == it->s)
+                return tern_errorf(TERN_ERR_INVALID, "session: batch items %zu and %zu are one session", k, i);
+        if (it->n > s_room(it->s))
+            return tern_errorf(TERN_ERR_RANGE,
+                               "session: batch item %zu: %u tokens at position %u need a context of %llu positions, "
+                               "but it is %u",
+                               i, it->n, it->s->n_past, (unsigned long long)it->s->n_past + it->n, it->s->n_ctx);
+        for (uint32_t t = 0; t < it->n; t++)
+            if (it->toks[t] < 0 || (uint32_t)it->toks[t] >= n_vocab)
+                return tern_errorf(TERN_ERR_FORMAT,
+                                   "session: batch item %zu: token id %d at index %u is outside the vocabulary [0, %u)",
+                                   i, it->toks[t], t, n_vocab);
+        rows += it->n;
+        n_want += it->logits_all ? it->n : it->logits;
+    }
+    if (rows > UINT32_MAX / 2) return tern_errorf(TERN_ERR_INVALID, "session: a batch of %zu rows", rows);
+    enum tern_status st = m->gpu ? batch_gpu(items, n_items, rows) : batch_cpu(items, n_items, rows, n_want);
+    if (st) return st;
+    /* each item's tokens, position, trail and logits: one bookkeeping for both backends */
     for (size_t i = 0; i < n_items; i++) {
         const struct tern_batch_item *it = &items[i];
         struct tern_session *s = it->s;
-        ws_unbind(s);
         s->trail = NULL;
         if (it->rec_trail && m->rec_bytes) {
             s->trail = it->rec_trail;
@@ -842,16 +844,8 @@ enum tern_status tern_eval_batch(const struct tern_batch_item *items, size_t n_i
         memcpy(s->tokens + s->n_past, it->toks, it->n * sizeof *it->toks);
         s->n_past += it->n;
         s->logits_valid = it->logits || it->logits_all;
-        if (it->logits_all) {
-            memcpy(it->logits_all, m->ws.logits + (size_t)k * n_vocab, (size_t)it->n * n_vocab * sizeof(float));
-            k += it->n;
-        }
         if (it->logits_all) memcpy(s->logits, it->logits_all + (size_t)(it->n - 1) * n_vocab, n_vocab * sizeof(float));
-        else if (it->logits) memcpy(s->logits, m->ws.logits + (size_t)k++ * n_vocab, n_vocab * sizeof(float));
     }
-    pthread_mutex_unlock(&m->eval_mu);
-    free(toks);
-    free(seq);
     return TERN_OK;
 }
 
