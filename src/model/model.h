@@ -263,8 +263,11 @@ struct kv_layer {
     void **v_pages; /* (n_pages_cap) likewise with head_dim_v */
 };
 
+struct session_be; /* where the state lives (model/session-impl.h) */
+
 struct tern_session {
     struct tern_model *m;
+    const struct session_be *be; /* the CPU's or the model's device's */
     uint32_t n_ctx;
     enum tern_kv_type kv_type;
     uint32_t n_chunk;

@@ -3,23 +3,17 @@
  * chunks, rewind, checkpoint/restore, fork, hashes. Everything here is generic over the
  * layer kinds a model declares; the per-architecture math is in arch-*.c.
  *
- * A device session (the model on a Vulkan device, device.c) keeps the same token list,
- * logits and host copy of the recurrent state (s->rec, refreshed lazily: rec_stale), but
- * its KV pages and recurrent state live in a tern_gpu_state (model/gpu.h: the pages taken
- * as the session grows, as kv_grow takes the CPU's); each state
- * operation below branches once on s->gpu and moves bytes to or from the device, laid
- * out as the CPU's, so checkpoints, hashes and the disk tier read the same. Fork copies
- * KV rows and recurrent state from state to state on the device; a checkpoint may live
- * in device memory (tern_model_set_ckpt_vram: "checkpoints in device memory" below) and
- * is then taken and restored by copies on the device too. tern_eval_batch on a device is
- * one device step over the items' rows (tern_gpu_eval_batch), as the CPU's is one forward. */
+ * Where the state lives is the session's backend (session-impl.h): the CPU's, below (KV
+ * rows in host pages, the recurrent block in s->rec), or a Vulkan device's
+ * (session-gpu.c). Every operation here is written once against that table: it never asks
+ * which one a session has. tern_eval_batch is one step over the items' rows on either. */
 /* XXH3_state_t on the stack (streaming hashes over KV pages). */
 #define XXH_STATIC_LINKING_ONLY
 #include "model/model.h"
 
 #include "model/backend.h"
 #include "model/ctx-default.h"
-#include "model/gpu.h"
+#include "model/session-impl.h"
 
 #include "util/hash.h"
 #include "util/log.h"
@@ -31,22 +25,6 @@
 
 #define MAX_N_CTX (1u << 24)
 
-struct tern_checkpoint {
-    const struct tern_model *m;
-    uint32_t pos;
-    uint64_t tok_hash; /* xxh3 of T[0..pos) */
-    size_t n_bytes;
-    /* Where the bytes are (under m->ckpt_mu when m is on a device): data, the recurrent
-     * buffers layer by layer in host memory (n_bytes), and/or dev, the same bytes in a
-     * device buffer. A device checkpoint gets data when something reads its bytes
-     * (tern_checkpoint_data: a host copy, the device one kept) or when it is spilled (dev
-     * freed). Once in host memory the bytes stay there until the checkpoint is freed. */
-    uint8_t *data;
-    struct tern_vk_buf *dev;
-    struct tern_checkpoint *older, *newer; /* m's list of checkpoints with a dev */
-};
-
-static uint32_t vram_spill_all(struct tern_model *m);
 
 /* ---- workspace ------------------------------------------------------------------ */
 
@@ -151,23 +129,11 @@ static size_t page_bytes(const struct tern_session *s, const struct model_layer 
     return (size_t)TERN_KV_PAGE * L->n_kv_head * (v ? L->head_dim_v : L->head_dim_k) * es;
 }
 
-/* Makes pages [0, n) exist in every attention layer. On error the pages that were there
- * stay (the new ones are freed again). */
-static enum tern_status kv_grow(struct tern_session *s, uint32_t n) {
-    TERN_ASSERT(n <= s->n_pages_cap);
+/* Makes host pages [0, n) exist in every attention layer. On error the pages that were
+ * there stay (the new ones are freed again). */
+static enum tern_status cpu_grow(struct tern_session *s, uint32_t n) {
     const uint32_t old = s->n_pages;
     if (n <= old) return TERN_OK;
-    if (s->gpu) {
-        /* the device's pages (tern_gpu_state_reserve); checkpoints kept on the device go
-         * to host memory first when there is no room */
-        const uint32_t n_pos = n * TERN_KV_PAGE < s->n_ctx ? n * TERN_KV_PAGE : s->n_ctx;
-        enum tern_status st = tern_gpu_state_reserve(s->m->gpu, s->gpu, n_pos);
-        if (st == TERN_ERR_NOMEM && vram_spill_all(s->m)) {
-            TERN_LOG_INFO("session: checkpoints moved from the device to host memory to make room for KV pages");
-            st = tern_gpu_state_reserve(s->m->gpu, s->gpu, n_pos);
-        }
-        return st; /* s->n_pages counts host pages: none here */
-    }
     for (uint32_t il = 0; il < s->m->n_layer; il++) {
         const struct model_layer *L = &s->m->layers[il];
         if (L->kind != LAYER_ATTN) continue;
@@ -194,8 +160,8 @@ static enum tern_status kv_grow(struct tern_session *s, uint32_t n) {
     return TERN_OK;
 }
 
-/* Frees the pages beyond those that hold positions [0, n_pos). */
-static void kv_shrink(struct tern_session *s, uint32_t n_pos) {
+/* Frees the host pages beyond those that hold positions [0, n_pos). */
+static void cpu_shrink(struct tern_session *s, uint32_t n_pos) {
     const uint32_t keep = (n_pos + TERN_KV_PAGE - 1) / TERN_KV_PAGE;
     if (keep >= s->n_pages) return;
     for (uint32_t il = 0; il < s->m->n_layer; il++) {
@@ -209,10 +175,13 @@ static void kv_shrink(struct tern_session *s, uint32_t n_pos) {
     s->n_pages = keep;
 }
 
-/* Pages hold each kv head's rows together: [n_kv_head][TERN_KV_PAGE][head_dim]. */
-static size_t head_row_bytes(const struct tern_session *s, const struct model_layer *L, bool v) {
-    return page_bytes(s, L, v) / TERN_KV_PAGE / L->n_kv_head;
+/* On the session's backend: its pages [0, n) / pages beyond positions [0, n_pos) may go. */
+static enum tern_status kv_grow(struct tern_session *s, uint32_t n) {
+    TERN_ASSERT(n <= s->n_pages_cap);
+    return s->be->grow(s, n);
 }
+
+static void kv_shrink(struct tern_session *s, uint32_t n_pos) { s->be->shrink(s, n_pos); }
 
 /* ---- sessions ------------------------------------------------------------------- */
 
@@ -239,6 +208,7 @@ static enum tern_status session_alloc(struct tern_model *m, uint32_t n_ctx, enum
     struct tern_session *s = tern_calloc(1, sizeof *s);
     if (!s) return tern_errorf(TERN_ERR_NOMEM, "session: out of memory");
     s->m = m;
+    s->be = m->gpu ? &session_be_gpu : &session_be_cpu;
     atomic_fetch_add(&m->n_sessions, 1); /* tern_session_free takes it back */
     s->n_ctx = n_ctx;
     s->kv_type = kv_type;
@@ -255,20 +225,7 @@ static enum tern_status session_alloc(struct tern_model *m, uint32_t n_ctx, enum
         s->kv[il].v_pages = tern_calloc(s->n_pages_cap, sizeof(void *));
         if (!s->kv[il].k_pages || !s->kv[il].v_pages) goto nomem;
     }
-    enum tern_status st;
-    if (m->gpu) {
-        st = tern_gpu_state_new(m->gpu, n_ctx, kv_type == TERN_KV_F16, &s->gpu);
-        /* checkpoints kept on the device never keep a session from being made: they go
-         * to host memory first */
-        if (st == TERN_ERR_NOMEM && vram_spill_all(m)) {
-            TERN_LOG_INFO("session: checkpoints moved from the device to host memory to make room for a session");
-            st = tern_gpu_state_new(m->gpu, n_ctx, kv_type == TERN_KV_F16, &s->gpu);
-        }
-    } else {
-        pthread_mutex_lock(&m->eval_mu);
-        st = model_ws_reserve(m, n_chunk);
-        pthread_mutex_unlock(&m->eval_mu);
-    }
+    enum tern_status st = s->be->make(s);
     if (st) {
         tern_session_free(s);
         return st;
@@ -314,7 +271,7 @@ void tern_session_free(struct tern_session *s) {
     free(s->tokens);
     free(s->logits);
     tern_aligned_free(s->rec);
-    tern_gpu_state_free(s->gpu);
+    s->be->release(s);
     atomic_fetch_sub(&s->m->n_sessions, 1);
     free(s);
 }
@@ -328,256 +285,28 @@ const float *tern_session_logits(const struct tern_session *s) { return s->logit
 size_t tern_session_bytes(const struct tern_session *s) {
     size_t b = sizeof *s + (size_t)s->tokens_cap * sizeof(int32_t) + (size_t)s->m->hp.n_vocab * sizeof(float) +
                s->m->rec_bytes + (size_t)s->m->n_layer * sizeof *s->kv;
-    for (uint32_t il = 0; il < s->m->n_layer; il++) {
-        const struct model_layer *L = &s->m->layers[il];
-        if (L->kind != LAYER_ATTN) continue;
-        b += 2 * (size_t)s->n_pages_cap * sizeof(void *);
-        b += (size_t)s->n_pages * (page_bytes(s, L, false) + page_bytes(s, L, true));
-    }
-    if (s->gpu) b += tern_gpu_state_bytes(s->gpu);
-    return b;
+    for (uint32_t il = 0; il < s->m->n_layer; il++)
+        if (s->m->layers[il].kind == LAYER_ATTN) b += 2 * (size_t)s->n_pages_cap * sizeof(void *);
+    return b + s->be->bytes(s);
 }
 
-/* ---- device sessions ------------------------------------------------------------ */
-
-/* Brings s->rec up to date with the device's recurrent state. The host copy is a cache
- * of the device's bytes, so a const session may refresh it. */
+/* The recurrent block: s->rec up to date with the backend's state (a cache of it, so a
+ * const session may refresh it); and the backend's set from rec (NULL: zero). */
 static enum tern_status rec_sync(const struct tern_session *cs) {
     struct tern_session *s = (struct tern_session *)(uintptr_t)cs;
-    if (!s->gpu || !s->rec_stale || !s->m->rec_bytes) return TERN_OK;
-    enum tern_status st = tern_gpu_rec_download(s->m->gpu, s->gpu, s->rec);
-    if (st) return tern_error_prefix(st, "session: downloading the recurrent state");
-    s->rec_stale = false;
-    return TERN_OK;
+    return s->be->rec_sync(s);
 }
 
-/* Sets the device's recurrent state (and the host copy) from rec (NULL: zero). */
 static enum tern_status rec_put(struct tern_session *s, const void *rec) {
     if (!s->m->rec_bytes) return TERN_OK;
     if (rec) memcpy(s->rec, rec, s->m->rec_bytes);
     else memset(s->rec, 0, s->m->rec_bytes);
-    if (!s->gpu) return TERN_OK;
-    enum tern_status st = tern_gpu_rec_upload(s->m->gpu, s->gpu, s->rec);
-    if (st) return tern_error_prefix(st, "session: uploading the recurrent state");
-    s->rec_stale = false;
-    return TERN_OK;
-}
-
-/* ---- checkpoints in device memory ------------------------------------------------ */
-
-/* A device model's checkpoints may keep their bytes in a device buffer (c->dev) under the
- * model's budget: taking one is then a copy on the device, and so are restoring and
- * forking from it. The list runs from the least recently taken or restored to the most;
- * when a new one would pass the budget the oldest spill (downloaded into host memory, the
- * device buffer freed). Everything here holds m->ckpt_mu, which is taken before the
- * tern_gpu's lock (the copies take that one themselves). */
-
-static struct tern_model *ck_model(const struct tern_checkpoint *c) { return (struct tern_model *)(uintptr_t)c->m; }
-
-/* Whether c's model keeps checkpoints whose placement needs ckpt_mu. */
-static bool ck_locked(const struct tern_checkpoint *c) { return c->n_bytes && c->m->gpu; }
-
-static void vram_unlink(struct tern_model *m, struct tern_checkpoint *c) {
-    if (c->older) c->older->newer = c->newer;
-    else m->ckpt_oldest = c->newer;
-    if (c->newer) c->newer->older = c->older;
-    else m->ckpt_newest = c->older;
-    c->older = c->newer = NULL;
-}
-
-static void vram_link_newest(struct tern_model *m, struct tern_checkpoint *c) {
-    c->older = m->ckpt_newest;
-    c->newer = NULL;
-    if (m->ckpt_newest) m->ckpt_newest->newer = c;
-    else m->ckpt_oldest = c;
-    m->ckpt_newest = c;
-}
-
-/* Gives c a host copy of its device bytes (ckpt_mu held). */
-static enum tern_status vram_host_copy(struct tern_model *m, struct tern_checkpoint *c) {
-    if (c->data) return TERN_OK;
-    uint8_t *d = tern_malloc(c->n_bytes);
-    if (!d) return tern_errorf(TERN_ERR_NOMEM, "session: out of memory for a checkpoint of %zu bytes", c->n_bytes);
-    enum tern_status st = tern_gpu_rec_read(m->gpu, c->dev, d);
-    if (st) {
-        free(d);
-        return tern_error_prefix(st, "session: downloading a checkpoint at %u", c->pos);
-    }
-    c->data = d;
-    return TERN_OK;
-}
-
-/* Moves c to host memory (ckpt_mu held). On error c stays on the device. */
-static enum tern_status vram_spill(struct tern_model *m, struct tern_checkpoint *c) {
-    enum tern_status st = vram_host_copy(m, c);
-    if (st) return st;
-    vram_unlink(m, c);
-    tern_gpu_rec_free(m->gpu, c->dev);
-    c->dev = NULL;
-    m->ckpt_vram_bytes -= c->n_bytes;
-    m->ckpt_vram_n--;
-    m->ckpt_spilled++;
-    return TERN_OK;
-}
-
-/* Spills the oldest until need more bytes fit the budget (ckpt_mu held); false when they
- * cannot (a spill failed: logged, the rest stay). */
-static bool vram_make_room(struct tern_model *m, size_t need) {
-    while (m->ckpt_oldest && m->ckpt_vram_bytes + need > m->ckpt_vram_budget) {
-        if (vram_spill(m, m->ckpt_oldest)) {
-            TERN_LOG_ERROR("session: spilling a checkpoint to host memory: %s", tern_last_error());
-            return false;
-        }
-    }
-    return m->ckpt_vram_bytes + need <= m->ckpt_vram_budget;
-}
-
-/* Every checkpoint on the device to host memory; how many moved. */
-static uint32_t vram_spill_all(struct tern_model *m) {
-    if (!m->gpu) return 0;
-    pthread_mutex_lock(&m->ckpt_mu);
-    const uint32_t n = m->ckpt_vram_n;
-    const size_t keep = m->ckpt_vram_budget;
-    m->ckpt_vram_budget = 0;
-    (void)vram_make_room(m, 0);
-    m->ckpt_vram_budget = keep;
-    const uint32_t moved = n - m->ckpt_vram_n;
-    pthread_mutex_unlock(&m->ckpt_mu);
-    return moved;
-}
-
-/* Makes c a device checkpoint of s's recurrent state, if the budget and the device have
- * room: true when it did. A device that has no room leaves c to the host path (counted);
- * a copy that fails too (its message is logged: the host path then says what is wrong). */
-static bool vram_take(struct tern_session *s, struct tern_checkpoint *c) {
-    struct tern_model *m = s->m;
-    if (!m->gpu || !c->n_bytes) return false;
-    pthread_mutex_lock(&m->ckpt_mu);
-    bool ok = c->n_bytes <= m->ckpt_vram_budget && vram_make_room(m, c->n_bytes);
-    struct tern_vk_buf *b = NULL;
-    if (ok) {
-        enum tern_status st = tern_gpu_rec_new(m->gpu, &b);
-        /* the device's room, not the budget: the oldest on the device makes way, once */
-        if (st == TERN_ERR_NOMEM && m->ckpt_oldest && !vram_spill(m, m->ckpt_oldest))
-            st = tern_gpu_rec_new(m->gpu, &b);
-        if (st) {
-            TERN_LOG_DEBUG("session: checkpoint at %u in host memory: %s", s->n_past, tern_last_error());
-            m->ckpt_fallbacks++;
-            ok = false;
-        } else if ((st = tern_gpu_rec_save(m->gpu, s->gpu, b))) {
-            TERN_LOG_ERROR("session: a checkpoint at %u on the device: %s", s->n_past, tern_last_error());
-            tern_gpu_rec_free(m->gpu, b);
-            ok = false;
-        }
-    }
-    if (ok) {
-        c->dev = b;
-        vram_link_newest(m, c);
-        m->ckpt_vram_bytes += c->n_bytes;
-        m->ckpt_vram_n++;
-        m->ckpt_kept++;
-    }
-    pthread_mutex_unlock(&m->ckpt_mu);
-    return ok;
+    return s->be->rec_push(s);
 }
 
 /* Sets s's recurrent state from checkpoint c, wherever c's bytes are. */
-static enum tern_status rec_from_ckpt(struct tern_session *s, const struct tern_checkpoint *cc) {
-    if (!cc->n_bytes) return TERN_OK;
-    if (!s->gpu) return rec_put(s, cc->data);
-    struct tern_model *m = s->m;
-    struct tern_checkpoint *c = (struct tern_checkpoint *)(uintptr_t)cc; /* its place in the list moves */
-    pthread_mutex_lock(&m->ckpt_mu);
-    enum tern_status st;
-    if (c->dev) {
-        st = tern_gpu_rec_load(m->gpu, s->gpu, c->dev);
-        s->rec_stale = true; /* also on failure: the device's state is then undefined */
-        if (st) tern_error_prefix(st, "session: restoring a checkpoint on the device");
-        else {
-            vram_unlink(m, c);
-            vram_link_newest(m, c);
-            m->ckpt_restores_dev++;
-        }
-    } else if (c->data) {
-        st = rec_put(s, c->data);
-        if (!st) m->ckpt_restores_host++;
-    } else {
-        st = tern_errorf(TERN_ERR_IO, "session: the checkpoint at %u was lost with the device", c->pos);
-    }
-    pthread_mutex_unlock(&m->ckpt_mu);
-    return st;
-}
-
-void tern_model_set_ckpt_vram(struct tern_model *m, size_t bytes) {
-    pthread_mutex_lock(&m->ckpt_mu);
-    m->ckpt_vram_budget = bytes;
-    if (m->gpu) (void)vram_make_room(m, 0);
-    pthread_mutex_unlock(&m->ckpt_mu);
-}
-
-void tern_model_ckpt_vram_stats(const struct tern_model *cm, struct tern_ckpt_vram_stats *out) {
-    struct tern_model *m = (struct tern_model *)(uintptr_t)cm;
-    pthread_mutex_lock(&m->ckpt_mu);
-    *out = (struct tern_ckpt_vram_stats){.budget = m->ckpt_vram_budget, .bytes = m->ckpt_vram_bytes,
-                                         .n = m->ckpt_vram_n, .kept = m->ckpt_kept, .spilled = m->ckpt_spilled,
-                                         .fallbacks = m->ckpt_fallbacks, .restores_device = m->ckpt_restores_dev,
-                                         .restores_host = m->ckpt_restores_host};
-    pthread_mutex_unlock(&m->ckpt_mu);
-}
-
-void model_ckpt_vram_release(struct tern_model *m) {
-    if (!m->gpu || !m->ckpt_vram_n) return;
-    (void)vram_spill_all(m);
-    /* those that could not be read back (a lost device) lose their bytes: restoring them
-     * then fails, never gives a wrong state */
-    pthread_mutex_lock(&m->ckpt_mu);
-    if (m->ckpt_vram_n) TERN_LOG_ERROR("session: %u checkpoints lost with the device", m->ckpt_vram_n);
-    while (m->ckpt_oldest) {
-        struct tern_checkpoint *c = m->ckpt_oldest;
-        vram_unlink(m, c);
-        tern_gpu_rec_free(m->gpu, c->dev);
-        c->dev = NULL;
-        m->ckpt_vram_bytes -= c->n_bytes;
-        m->ckpt_vram_n--;
-    }
-    pthread_mutex_unlock(&m->ckpt_mu);
-}
-
-/* One chunk on the device (the CPU's forward otherwise); with a trail (the state's trail
- * reserved), the recurrent state after token i goes to trail slot slot0 + i; the hidden
- * states the session captures (or, an MTP head's, reads) as on the CPU. */
-static enum tern_status gpu_chunk(struct tern_session *s, const int32_t *toks, uint32_t n, float *logits, bool all,
-                                  bool trail, uint32_t slot0) {
-    s->rec_stale = true; /* also on failure: the device's state is then undefined */
-    const struct tern_gpu_io io = {.trail = trail, .slot0 = slot0, .hidden_in = s->hidden_in,
-                                   .hidden_out = s->hidden_out, .hidden_pos0 = s->hidden_pos0};
-    enum tern_status st = tern_gpu_eval_io(s->m->gpu, s->gpu, s->n_past, toks, n, n, logits, all, &io);
-    if (st) TERN_LOG_ERROR("session: the device failed at position %u: %s", s->n_past, tern_last_error());
-    return st;
-}
-
-/* One chunk of toks[0..n) at s's end, on s's backend: the device (gpu_chunk: its lock
- * for the chunk; with dev_trail the state after token i into trail slot slot0 + i) or
- * the CPU's forward (the model's workspace borrowed for the chunk under eval_mu: the
- * callbacks between chunks run without it, so they may use other sessions of the model;
- * it only ever grows, so what the eval reserved still fits; with rec_trail the state
- * after token i into rec_trail's row slot0 + i). logits: the last row's, or every row's
- * when all; NULL: none. The caller moves n_past. */
-static enum tern_status run_chunk(struct tern_session *s, const int32_t *toks, uint32_t n, float *logits, bool all,
-                                  void *rec_trail, bool dev_trail, uint32_t slot0) {
-    if (s->gpu) return gpu_chunk(s, toks, n, logits, all, dev_trail, slot0);
-    struct tern_model *m = s->m;
-    pthread_mutex_lock(&m->eval_mu);
-    TERN_ASSERT(m->ws.n_chunk >= n);
-    ws_bind(s);
-    s->rec_trail = rec_trail && m->rec_bytes ? (uint8_t *)rec_trail + (size_t)slot0 * m->rec_bytes : NULL;
-    const struct model_seq seq = {.s = s, .row0 = 0, .n = n, .pos0 = s->n_past, .want = logits != NULL, .all = all};
-    const struct model_batch b = {.toks = toks, .n = n, .seq = &seq, .n_seq = 1, .logits = logits};
-    const struct model_step f = {&model_cpu_ops, s, m, &b};
-    m->arch->forward(&f, s->rs);
-    ws_unbind(s);
-    pthread_mutex_unlock(&m->eval_mu);
-    return TERN_OK;
+static enum tern_status rec_from_ckpt(struct tern_session *s, const struct tern_checkpoint *c) {
+    return c->n_bytes ? s->be->ckpt_restore(s, c) : TERN_OK;
 }
 
 /* ---- eval ----------------------------------------------------------------------- */
@@ -626,17 +355,9 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
     s->trail = NULL;
     const uint32_t pos0 = s->n_past;
 
-    enum tern_status st = TERN_OK;
-    if (!s->gpu) {
-        pthread_mutex_lock(&m->eval_mu);
-        st = model_ws_reserve(m, n_chunk);
-        pthread_mutex_unlock(&m->eval_mu);
-    }
+    enum tern_status st = s->be->eval_prepare(s, n_chunk, (uint32_t)n, o->rec_trail != NULL);
     if (!st) st = tokens_reserve(s, (size_t)s->n_past + n);
     if (!st) st = kv_grow(s, (uint32_t)((s->n_past + n + TERN_KV_PAGE - 1) / TERN_KV_PAGE));
-    /* a device session keeps its trail in device memory (o->rec_trail is not written) */
-    const bool dev_trail = o->rec_trail && m->rec_bytes && s->gpu;
-    if (!st && dev_trail) st = tern_gpu_trail_reserve(m->gpu, s->gpu, (uint32_t)n);
     if (st) return st;
 
     size_t done = 0, ick = 0;
@@ -658,8 +379,8 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
         if (o->logits_all) logits = o->logits_all + done * n_vocab;
         else if (last) logits = s->logits;
         s->logits_valid = false;
-        if ((st = run_chunk(s, toks + done, (uint32_t)len, logits, o->logits_all != NULL, o->rec_trail, dev_trail,
-                            (uint32_t)done)))
+        if ((st = s->be->chunk(s, toks + done, (uint32_t)len, logits, o->logits_all != NULL, o->rec_trail,
+                               (uint32_t)done)))
             break;
         memcpy(s->tokens + s->n_past, toks + done, len * sizeof *toks);
         s->n_past += (uint32_t)len;
@@ -697,53 +418,10 @@ enum tern_status tern_session_reserve(struct tern_session *s, size_t n) {
     return st;
 }
 
-/* tern_eval_batch's step on the device: the items' rows are one device step
- * (tern_gpu_eval_batch: the matmuls over every row, attention and the DeltaNet per session
- * against its own state), split into steps of the device's chunk when they are more; each
- * item's bits are those of its own eval, which is what the batch promises. Its logits go
- * to it->logits_all (every row) or its session's logits (the last row). A device failure
- * leaves every item's device state undefined (and the sessions' positions where they
- * were): the caller fails them all. */
-static enum tern_status batch_gpu(const struct tern_batch_item *items, size_t n_items, size_t rows) {
-    struct tern_model *m = items[0].s->m;
-    struct tern_gpu_seq *gs = tern_malloc(n_items * sizeof *gs);
-    struct tern_gpu_io *io = tern_malloc(n_items * sizeof *io);
-    enum tern_status st = gs && io ? TERN_OK : tern_errorf(TERN_ERR_NOMEM, "session: out of memory for a batch");
-    for (size_t i = 0; i < n_items && !st; i++) {
-        st = tern_session_reserve(items[i].s, items[i].n);
-        /* a trail is kept in device memory (the item's rec_trail is not written) */
-        if (!st && items[i].rec_trail && m->rec_bytes) st = tern_gpu_trail_reserve(m->gpu, items[i].s->gpu, items[i].n);
-    }
-    for (size_t i = 0; i < n_items && !st; i++) {
-        const struct tern_batch_item *it = &items[i];
-        struct tern_session *s = it->s;
-        io[i] = (struct tern_gpu_io){.trail = it->rec_trail && m->rec_bytes, .hidden_in = s->hidden_in,
-                                     .hidden_out = s->hidden_out, .hidden_pos0 = s->hidden_pos0};
-        gs[i] = (struct tern_gpu_seq){.st = s->gpu, .pos0 = s->n_past, .toks = it->toks, .n = it->n,
-                                      .logits = it->logits_all ? it->logits_all : it->logits ? s->logits : NULL,
-                                      .all = it->logits_all != NULL, .io = &io[i]};
-        /* as gpu_chunk: the host copy of the recurrent state is stale from here on (also
-         * on failure: the device's state is then undefined) */
-        s->trail = NULL;
-        s->logits_valid = false;
-        s->rec_stale = true;
-    }
-    if (!st) {
-        st = tern_gpu_eval_batch(m->gpu, gs, (uint32_t)n_items, 0);
-        /* the position is the first item's (the log's pattern for a device failure) */
-        if (st)
-            TERN_LOG_ERROR("session: the device failed at position %u: %s (a step of %zu sessions, %zu rows)",
-                           items[0].s->n_past, tern_last_error(), n_items, rows);
-    }
-    free(gs);
-    free(io);
-    return st;
-}
-
 /* tern_eval_batch's step on the CPU: one forward over every item's rows, the model's
  * workspace borrowed for it under eval_mu; each item's logits to it->logits_all (every
  * row) or its session's logits (the last row). */
-static enum tern_status batch_cpu(const struct tern_batch_item *items, size_t n_items, size_t rows, uint32_t n_want) {
+static enum tern_status cpu_batch(const struct tern_batch_item *items, size_t n_items, size_t rows, uint32_t n_want) {
     struct tern_model *m = items[0].s->m;
     const uint32_t n_vocab = m->hp.n_vocab;
     int32_t *toks = tern_malloc(rows * sizeof *toks);
@@ -829,7 +507,7 @@ enum tern_status tern_eval_batch(const struct tern_batch_item *items, size_t n_i
         n_want += it->logits_all ? it->n : it->logits;
     }
     if (rows > UINT32_MAX / 2) return tern_errorf(TERN_ERR_INVALID, "session: a batch of %zu rows", rows);
-    enum tern_status st = m->gpu ? batch_gpu(items, n_items, rows) : batch_cpu(items, n_items, rows, n_want);
+    enum tern_status st = items[0].s->be->batch(items, n_items, rows, n_want);
     if (st) return st;
     /* each item's tokens, position, trail and logits: one bookkeeping for both backends */
     for (size_t i = 0; i < n_items; i++) {
@@ -857,14 +535,8 @@ enum tern_status tern_session_rewind(struct tern_session *s, uint32_t p) {
     if (p == s->n_past) return TERN_OK;
     if (s->m->info.hybrid && s->trail && p > s->trail_pos0 && p <= s->trail_end) {
         /* the state after token p - 1, as the trail recorded it (on a device: its slot) */
-        const uint32_t slot = p - s->trail_pos0 - 1;
-        if (s->gpu) {
-            s->rec_stale = true;
-            enum tern_status st = tern_gpu_trail_load(s->m->gpu, s->gpu, slot);
-            if (st) return tern_error_prefix(st, "session: rewinding to %u from the device's state trail", p);
-        } else {
-            memcpy(s->rec, s->trail + (size_t)slot * s->m->rec_bytes, s->m->rec_bytes);
-        }
+        enum tern_status st = s->be->trail_load(s, p - s->trail_pos0 - 1);
+        if (st) return tern_error_prefix(st, "session: rewinding to %u from the state trail", p);
         s->trail_end = p;
     } else if (s->m->info.hybrid) {
         return tern_errorf(TERN_ERR_STATE,
@@ -880,7 +552,7 @@ enum tern_status tern_session_rewind(struct tern_session *s, uint32_t p) {
 
 void tern_session_drop_trail(struct tern_session *s) {
     s->trail = NULL;
-    if (s->gpu) tern_gpu_trail_release(s->m->gpu, s->gpu);
+    s->be->trail_drop(s);
 }
 
 static uint64_t tokens_hash(const int32_t *t, uint32_t n) { return tern_hash64(t, (size_t)n * sizeof *t); }
@@ -893,7 +565,7 @@ enum tern_status tern_session_checkpoint(struct tern_session *s, struct tern_che
     c->pos = s->n_past;
     c->tok_hash = tokens_hash(s->tokens, s->n_past);
     c->n_bytes = s->m->rec_bytes;
-    if (s->gpu && vram_take(s, c)) {
+    if (s->be->ckpt_take(s, c)) {
         *out = c;
         return TERN_OK;
     }
@@ -942,19 +614,7 @@ enum tern_status tern_session_restore(struct tern_session *s, const struct tern_
 enum tern_status tern_session_checkpoint_update(struct tern_session *s, struct tern_checkpoint *c) {
     if (c->m != s->m || c->n_bytes != s->m->rec_bytes)
         return tern_errorf(TERN_ERR_INVALID, "session: the checkpoint was taken with another model");
-    if (ck_locked(c)) {
-        /* a device checkpoint is retaken on the device, its host copy (if any) as well */
-        struct tern_model *m = ck_model(c);
-        pthread_mutex_lock(&m->ckpt_mu);
-        enum tern_status st = c->dev ? tern_gpu_rec_save(m->gpu, s->gpu, c->dev) : TERN_OK;
-        if (!st && c->data && !(st = rec_sync(s))) memcpy(c->data, s->rec, c->n_bytes);
-        if (!st) {
-            c->pos = s->n_past;
-            c->tok_hash = tokens_hash(s->tokens, s->n_past);
-        }
-        pthread_mutex_unlock(&m->ckpt_mu);
-        return st;
-    }
+    if (session_ckpt_on_device_model(c)) return session_gpu_ckpt_update(s, c);
     enum tern_status st = rec_sync(s);
     if (st) return st;
     c->pos = s->n_past;
@@ -968,17 +628,7 @@ size_t tern_checkpoint_bytes(const struct tern_checkpoint *c) { return sizeof *c
 
 void tern_checkpoint_free(struct tern_checkpoint *c) {
     if (!c) return;
-    if (ck_locked(c)) {
-        struct tern_model *m = ck_model(c);
-        pthread_mutex_lock(&m->ckpt_mu);
-        if (c->dev) {
-            vram_unlink(m, c);
-            tern_gpu_rec_free(m->gpu, c->dev);
-            m->ckpt_vram_bytes -= c->n_bytes;
-            m->ckpt_vram_n--;
-        }
-        pthread_mutex_unlock(&m->ckpt_mu);
-    }
+    if (session_ckpt_on_device_model(c)) session_gpu_ckpt_release(c);
     free(c->data);
     free(c);
 }
@@ -1006,34 +656,10 @@ enum tern_status tern_session_fork(const struct tern_session *src, uint32_t p, c
         return st;
     }
     if (p) memcpy(s->tokens, src->tokens, (size_t)p * sizeof *s->tokens);
-    if (s->gpu) {
-        /* on the device: KV rows [0, p), and the recurrent state from src's or from the
-         * checkpoint's (on the device or uploaded from host memory) */
-        st = tern_gpu_state_copy(s->m->gpu, src->gpu, s->gpu, p, !ckpt);
-        if (st) tern_error_prefix(st, "session: forking at %u on the device", p);
-        if (!st && !ckpt) s->rec_stale = true;
-        if (!st && ckpt) st = rec_from_ckpt(s, ckpt);
-        if (st) {
-            tern_session_free(s);
-            return st;
-        }
+    if ((st = s->be->fork(s, src, p, ckpt))) {
+        tern_session_free(s);
+        return st;
     }
-    for (uint32_t il = 0; il < s->m->n_layer && !s->gpu; il++) {
-        const struct model_layer *L = &s->m->layers[il];
-        if (L->kind != LAYER_ATTN) continue;
-        for (int v = 0; v < 2; v++) {
-            void **dst = v ? s->kv[il].v_pages : s->kv[il].k_pages;
-            void *const *from = v ? src->kv[il].v_pages : src->kv[il].k_pages;
-            const size_t hb = head_row_bytes(s, L, v);
-            for (uint32_t pg = 0; pg < s->n_pages; pg++) {
-                const uint32_t rows = p - pg * TERN_KV_PAGE < TERN_KV_PAGE ? p - pg * TERN_KV_PAGE : TERN_KV_PAGE;
-                for (uint32_t g = 0; g < L->n_kv_head; g++)
-                    memcpy((char *)dst[pg] + (size_t)g * TERN_KV_PAGE * hb,
-                           (const char *)from[pg] + (size_t)g * TERN_KV_PAGE * hb, rows * hb);
-            }
-        }
-    }
-    if (s->m->rec_bytes && !s->gpu) memcpy(s->rec, ckpt ? ckpt->data : src->rec, s->m->rec_bytes);
     s->n_past = p;
     if (p == src->n_past && src->logits_valid) {
         memcpy(s->logits, src->logits, (size_t)s->m->hp.n_vocab * sizeof(float));
@@ -1045,36 +671,10 @@ enum tern_status tern_session_fork(const struct tern_session *src, uint32_t p, c
 
 /* ---- hashes --------------------------------------------------------------------- */
 
-/* A device session's rows [0, n) of layer il's K or V, downloaded head by head and hashed
- * in the CPU's order (page by page, heads within a page), so that the stream of bytes is
- * the one kv_hash hashes. 0 (logged) when the download fails. */
-static uint64_t gpu_kv_hash(const struct tern_session *s, uint32_t il, bool v) {
-    const struct model_layer *L = &s->m->layers[il];
-    const size_t hb = head_row_bytes(s, L, v), run = (size_t)s->n_past * hb;
-    uint8_t *tmp = tern_malloc(run * L->n_kv_head + 1);
-    enum tern_status st = tmp ? tern_gpu_kv_download(s->m->gpu, s->gpu, il, v, 0, s->n_past, tmp, run)
-                              : tern_errorf(TERN_ERR_NOMEM, "out of memory");
-    uint64_t h = 0;
-    if (!st) {
-        XXH3_state_t x;
-        XXH3_64bits_reset(&x);
-        for (uint32_t pos = 0; pos < s->n_past; pos += TERN_KV_PAGE) {
-            const uint32_t rows = s->n_past - pos < TERN_KV_PAGE ? s->n_past - pos : TERN_KV_PAGE;
-            for (uint32_t g = 0; g < L->n_kv_head; g++) XXH3_64bits_update(&x, tmp + g * run + pos * hb, rows * hb);
-        }
-        h = XXH3_64bits_digest(&x);
-    } else {
-        TERN_LOG_ERROR("session: state hash of blk.%u.%c: %s", il, v ? 'v' : 'k', tern_last_error());
-    }
-    free(tmp);
-    return h;
-}
-
-static uint64_t kv_hash(const struct tern_session *s, uint32_t il, bool v) {
-    if (s->gpu) return gpu_kv_hash(s, il, v);
+static uint64_t cpu_kv_hash(const struct tern_session *s, uint32_t il, bool v) {
     const struct model_layer *L = &s->m->layers[il];
     void *const *pages = v ? s->kv[il].v_pages : s->kv[il].k_pages;
-    const size_t hb = head_row_bytes(s, L, v);
+    const size_t hb = session_head_row_bytes(s, L, v);
     XXH3_state_t st;
     XXH3_64bits_reset(&st);
     /* rows [0, n) of each page, head by head, as they lie in the page */
@@ -1098,9 +698,9 @@ static void each_component(const struct tern_session *s, component_fn fn, void *
         const struct model_layer *L = &s->m->layers[il];
         if (L->kind == LAYER_ATTN) {
             snprintf(name, sizeof name, "blk.%u.k", il);
-            fn(ctx, name, kv_hash(s, il, false));
+            fn(ctx, name, s->be->kv_hash(s, il, false));
             snprintf(name, sizeof name, "blk.%u.v", il);
-            fn(ctx, name, kv_hash(s, il, true));
+            fn(ctx, name, s->be->kv_hash(s, il, true));
         } else {
             for (uint32_t b = 0; b < L->n_bufs; b++) {
                 snprintf(name, sizeof name, "blk.%u.%s", il, L->bufs[b].name);
@@ -1157,38 +757,19 @@ size_t tern_state_kv_row_bytes(const struct tern_model *m, enum tern_kv_type kv)
 
 /* Copies rows [p0, p1) between the pages and buf in the export order (layer, K then V,
  * kv head, then rows); buf holds buf_rows >= p1 - p0 rows per (layer, K/V, head) run. */
+/* Copies rows [p0, p1) between the state and buf in the export order (layer, K then V,
+ * kv head, then rows); buf holds buf_rows >= p1 - p0 rows per (layer, K/V, head) run. */
 static enum tern_status kv_walk(const struct tern_session *s, uint32_t p0, uint32_t p1, uint8_t *buf, bool to_pages,
                                 uint32_t buf_rows) {
     for (uint32_t il = 0; il < s->m->n_layer; il++) {
         const struct model_layer *L = &s->m->layers[il];
         if (L->kind != LAYER_ATTN) continue;
-        for (int v = 0; v < 2 && s->gpu; v++) {
-            /* the device's cache holds each head's rows contiguously, as a run of buf does */
-            const size_t run = (size_t)buf_rows * head_row_bytes(s, L, v);
-            enum tern_status st = to_pages ? tern_gpu_kv_upload(s->m->gpu, s->gpu, il, v, p0, p1, buf, run)
-                                           : tern_gpu_kv_download(s->m->gpu, s->gpu, il, v, p0, p1, buf, run);
+        for (int v = 0; v < 2; v++) {
+            enum tern_status st = s->be->kv_rows(s, il, v, p0, p1, buf, buf_rows, to_pages);
             if (st)
                 return tern_error_prefix(st, "session: %s KV rows [%u, %u) of layer %u",
-                                         to_pages ? "uploading" : "downloading", p0, p1, il);
-            buf += run * L->n_kv_head;
-        }
-        for (int v = 0; v < 2 && !s->gpu; v++) {
-            void **pages = v ? s->kv[il].v_pages : s->kv[il].k_pages;
-            const size_t hb = head_row_bytes(s, L, v);
-            for (uint32_t g = 0; g < L->n_kv_head; g++) {
-                uint8_t *run = buf;
-                for (uint32_t pos = p0; pos < p1;) {
-                    const uint32_t pg = pos / TERN_KV_PAGE, in = pos % TERN_KV_PAGE;
-                    uint32_t rows = TERN_KV_PAGE - in;
-                    if (rows > p1 - pos) rows = p1 - pos;
-                    uint8_t *mem = (uint8_t *)pages[pg] + ((size_t)g * TERN_KV_PAGE + in) * hb;
-                    if (to_pages) memcpy(mem, buf, rows * hb);
-                    else memcpy(buf, mem, rows * hb);
-                    buf += rows * hb;
-                    pos += rows;
-                }
-                buf = run + (size_t)buf_rows * hb;
-            }
+                                         to_pages ? "writing" : "reading", p0, p1, il);
+            buf += (size_t)buf_rows * session_head_row_bytes(s, L, v) * L->n_kv_head;
         }
     }
     return TERN_OK;
@@ -1212,17 +793,8 @@ const void *tern_session_rec_data(const struct tern_session *s) {
 
 const void *tern_checkpoint_data(const struct tern_checkpoint *cc) {
     if (!cc->n_bytes) return NULL;
-    if (!ck_locked(cc)) return cc->data;
-    /* a device checkpoint gets a host copy (kept until it is freed: the pointer stays
-     * valid) and stays on the device */
-    struct tern_checkpoint *c = (struct tern_checkpoint *)(uintptr_t)cc;
-    struct tern_model *m = ck_model(c);
-    pthread_mutex_lock(&m->ckpt_mu);
-    const enum tern_status st = c->dev ? vram_host_copy(m, c) : TERN_OK;
-    const void *d = c->data;
-    pthread_mutex_unlock(&m->ckpt_mu);
-    if (st) TERN_LOG_ERROR("session: %s", tern_last_error());
-    return st ? NULL : d;
+    if (!session_ckpt_on_device_model(cc)) return cc->data;
+    return session_gpu_ckpt_data((struct tern_checkpoint *)(uintptr_t)cc);
 }
 
 enum tern_status tern_session_import(struct tern_model *m, const struct tern_session_params *p, const int32_t *toks,
@@ -1279,3 +851,137 @@ enum tern_status tern_checkpoint_import(const struct tern_session *s, uint32_t p
     *out = c;
     return TERN_OK;
 }
+
+/* ---- the CPU's backend (session-impl.h) ------------------------------------------ */
+
+static enum tern_status cpu_make(struct tern_session *s) {
+    pthread_mutex_lock(&s->m->eval_mu);
+    const enum tern_status st = model_ws_reserve(s->m, s->n_chunk);
+    pthread_mutex_unlock(&s->m->eval_mu);
+    return st;
+}
+
+static void cpu_release(struct tern_session *s) { (void)s; /* its pages go with kv_shrink(s, 0) */ }
+
+static size_t cpu_bytes(const struct tern_session *s) {
+    size_t b = 0;
+    for (uint32_t il = 0; il < s->m->n_layer; il++) {
+        const struct model_layer *L = &s->m->layers[il];
+        if (L->kind == LAYER_ATTN) b += (size_t)s->n_pages * (page_bytes(s, L, false) + page_bytes(s, L, true));
+    }
+    return b;
+}
+
+static enum tern_status cpu_rec_none(struct tern_session *s) {
+    (void)s; /* s->rec is the state itself */
+    return TERN_OK;
+}
+
+/* The model's workspace for chunks of n_chunk (the trail is the caller's buffer). */
+static enum tern_status cpu_eval_prepare(struct tern_session *s, uint32_t n_chunk, uint32_t n, bool trail) {
+    (void)n, (void)trail;
+    pthread_mutex_lock(&s->m->eval_mu);
+    const enum tern_status st = model_ws_reserve(s->m, n_chunk);
+    pthread_mutex_unlock(&s->m->eval_mu);
+    return st;
+}
+
+/* The forward over one chunk, the model's workspace borrowed for it under eval_mu (the
+ * callbacks between chunks run without it, so they may use other sessions of the model;
+ * it only ever grows, so what eval_prepare reserved still fits); with rec_trail the state
+ * after token i into rec_trail's row slot0 + i. */
+static enum tern_status cpu_chunk(struct tern_session *s, const int32_t *toks, uint32_t n, float *logits, bool all,
+                                  void *rec_trail, uint32_t slot0) {
+    struct tern_model *m = s->m;
+    pthread_mutex_lock(&m->eval_mu);
+    TERN_ASSERT(m->ws.n_chunk >= n);
+    ws_bind(s);
+    s->rec_trail = rec_trail && m->rec_bytes ? (uint8_t *)rec_trail + (size_t)slot0 * m->rec_bytes : NULL;
+    const struct model_seq seq = {.s = s, .row0 = 0, .n = n, .pos0 = s->n_past, .want = logits != NULL, .all = all};
+    const struct model_batch b = {.toks = toks, .n = n, .seq = &seq, .n_seq = 1, .logits = logits};
+    const struct model_step f = {&model_cpu_ops, s, m, &b};
+    m->arch->forward(&f, s->rs);
+    ws_unbind(s);
+    pthread_mutex_unlock(&m->eval_mu);
+    return TERN_OK;
+}
+
+static enum tern_status cpu_trail_load(struct tern_session *s, uint32_t slot) {
+    memcpy(s->rec, s->trail + (size_t)slot * s->m->rec_bytes, s->m->rec_bytes);
+    return TERN_OK;
+}
+
+static void cpu_trail_drop(struct tern_session *s) { (void)s; /* the trail is the caller's buffer */ }
+
+static bool cpu_ckpt_take(struct tern_session *s, struct tern_checkpoint *c) {
+    (void)s, (void)c; /* made from s->rec by the host path */
+    return false;
+}
+
+static enum tern_status cpu_ckpt_restore(struct tern_session *s, const struct tern_checkpoint *c) {
+    memcpy(s->rec, c->data, c->n_bytes);
+    return TERN_OK;
+}
+
+/* src's rows [0, p) page by page (dst's pages exist), and the recurrent block. */
+static enum tern_status cpu_fork(struct tern_session *s, const struct tern_session *src, uint32_t p,
+                                 const struct tern_checkpoint *ckpt) {
+    for (uint32_t il = 0; il < s->m->n_layer; il++) {
+        const struct model_layer *L = &s->m->layers[il];
+        if (L->kind != LAYER_ATTN) continue;
+        for (int v = 0; v < 2; v++) {
+            void **dst = v ? s->kv[il].v_pages : s->kv[il].k_pages;
+            void *const *from = v ? src->kv[il].v_pages : src->kv[il].k_pages;
+            const size_t hb = session_head_row_bytes(s, L, v);
+            for (uint32_t pg = 0; pg < s->n_pages; pg++) {
+                const uint32_t rows = p - pg * TERN_KV_PAGE < TERN_KV_PAGE ? p - pg * TERN_KV_PAGE : TERN_KV_PAGE;
+                for (uint32_t g = 0; g < L->n_kv_head; g++)
+                    memcpy((char *)dst[pg] + (size_t)g * TERN_KV_PAGE * hb,
+                           (const char *)from[pg] + (size_t)g * TERN_KV_PAGE * hb, rows * hb);
+            }
+        }
+    }
+    if (s->m->rec_bytes) memcpy(s->rec, ckpt ? ckpt->data : src->rec, s->m->rec_bytes);
+    return TERN_OK;
+}
+
+static enum tern_status cpu_kv_rows(const struct tern_session *s, uint32_t il, bool v, uint32_t p0, uint32_t p1,
+                                    uint8_t *buf, uint32_t buf_rows, bool to_pages) {
+    const struct model_layer *L = &s->m->layers[il];
+    void *const *pages = v ? s->kv[il].v_pages : s->kv[il].k_pages;
+    const size_t hb = session_head_row_bytes(s, L, v);
+    for (uint32_t g = 0; g < L->n_kv_head; g++) {
+        uint8_t *run = buf + (size_t)g * buf_rows * hb;
+        for (uint32_t pos = p0; pos < p1;) {
+            const uint32_t pg = pos / TERN_KV_PAGE, in = pos % TERN_KV_PAGE;
+            uint32_t rows = TERN_KV_PAGE - in;
+            if (rows > p1 - pos) rows = p1 - pos;
+            uint8_t *mem = (uint8_t *)pages[pg] + ((size_t)g * TERN_KV_PAGE + in) * hb;
+            if (to_pages) memcpy(mem, run, rows * hb);
+            else memcpy(run, mem, rows * hb);
+            run += rows * hb;
+            pos += rows;
+        }
+    }
+    return TERN_OK;
+}
+
+const struct session_be session_be_cpu = {
+    .make = cpu_make,
+    .release = cpu_release,
+    .bytes = cpu_bytes,
+    .grow = cpu_grow,
+    .shrink = cpu_shrink,
+    .rec_sync = cpu_rec_none,
+    .rec_push = cpu_rec_none,
+    .eval_prepare = cpu_eval_prepare,
+    .chunk = cpu_chunk,
+    .batch = cpu_batch,
+    .trail_load = cpu_trail_load,
+    .trail_drop = cpu_trail_drop,
+    .ckpt_take = cpu_ckpt_take,
+    .ckpt_restore = cpu_ckpt_restore,
+    .fork = cpu_fork,
+    .kv_hash = cpu_kv_hash,
+    .kv_rows = cpu_kv_rows,
+};
