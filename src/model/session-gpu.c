@@ -105,6 +105,16 @@ static void vram_link_newest(struct tern_model *m, struct tern_checkpoint *c) {
     m->ckpt_newest = c;
 }
 
+/* Takes c off the device: out of the list, its buffer freed, the counts down (ckpt_mu
+ * held). Its host copy, if any, stays. */
+static void vram_drop(struct tern_model *m, struct tern_checkpoint *c) {
+    vram_unlink(m, c);
+    tern_gpu_rec_free(m->gpu, c->dev);
+    c->dev = NULL;
+    m->ckpt_vram_bytes -= c->n_bytes;
+    m->ckpt_vram_n--;
+}
+
 /* Gives c a host copy of its device bytes (ckpt_mu held). */
 static enum tern_status vram_host_copy(struct tern_model *m, struct tern_checkpoint *c) {
     if (c->data) return TERN_OK;
@@ -123,11 +133,7 @@ static enum tern_status vram_host_copy(struct tern_model *m, struct tern_checkpo
 static enum tern_status vram_spill(struct tern_model *m, struct tern_checkpoint *c) {
     enum tern_status st = vram_host_copy(m, c);
     if (st) return st;
-    vram_unlink(m, c);
-    tern_gpu_rec_free(m->gpu, c->dev);
-    c->dev = NULL;
-    m->ckpt_vram_bytes -= c->n_bytes;
-    m->ckpt_vram_n--;
+    vram_drop(m, c);
     m->ckpt_spilled++;
     return TERN_OK;
 }
@@ -244,14 +250,7 @@ void model_ckpt_vram_release(struct tern_model *m) {
      * then fails, never gives a wrong state */
     pthread_mutex_lock(&m->ckpt_mu);
     if (m->ckpt_vram_n) TERN_LOG_ERROR("session: %u checkpoints lost with the device", m->ckpt_vram_n);
-    while (m->ckpt_oldest) {
-        struct tern_checkpoint *c = m->ckpt_oldest;
-        vram_unlink(m, c);
-        tern_gpu_rec_free(m->gpu, c->dev);
-        c->dev = NULL;
-        m->ckpt_vram_bytes -= c->n_bytes;
-        m->ckpt_vram_n--;
-    }
+    while (m->ckpt_oldest) vram_drop(m, m->ckpt_oldest);
     pthread_mutex_unlock(&m->ckpt_mu);
 }
 
@@ -272,13 +271,7 @@ enum tern_status session_gpu_ckpt_update(struct tern_session *s, struct tern_che
 void session_gpu_ckpt_release(struct tern_checkpoint *c) {
     struct tern_model *m = ck_model(c);
     pthread_mutex_lock(&m->ckpt_mu);
-    if (c->dev) {
-        vram_unlink(m, c);
-        tern_gpu_rec_free(m->gpu, c->dev);
-        c->dev = NULL;
-        m->ckpt_vram_bytes -= c->n_bytes;
-        m->ckpt_vram_n--;
-    }
+    if (c->dev) vram_drop(m, c);
     pthread_mutex_unlock(&m->ckpt_mu);
 }
 
