@@ -5,6 +5,13 @@ tern_unit_test(test-gpu-model ${CMAKE_SOURCE_DIR}/tests/unit/test-gpu-model.c ${
   LABELS vulkan no-asan TIMEOUT 900)
 tern_unit_test(test-gpu-model-lite ${CMAKE_SOURCE_DIR}/tests/unit/test-gpu-model.c ${CMAKE_SOURCE_DIR}/tests/unit/exact.c
   ARGS lite LABELS vulkan TIMEOUT 600)
+# The kit's parity rules against llama.cpp's logits (test-model-parity) with the models'
+# sessions on the device: every kit model in full, four of them with short prompts under
+# the sanitizers.
+tern_unit_test(test-model-parity-vulkan ${CMAKE_SOURCE_DIR}/tests/unit/test-model-parity.c
+  ARGS vulkan LABELS vulkan no-asan TIMEOUT 900)
+tern_unit_test(test-model-parity-vulkan-lite ${CMAKE_SOURCE_DIR}/tests/unit/test-model-parity.c
+  ARGS lite vulkan LABELS vulkan TIMEOUT 600)
 # tern run --device: the GPU's greedy ids equal the CPU's; auto, TERN_DEVICE, errors.
 tern_script_test(gpu-cli ${CMAKE_SOURCE_DIR}/tests/e2e/gpu-cli.sh LABELS vulkan TIMEOUT 600)
 # Sessions on the Vulkan backend: resumed equals cold within the device (checkpoints, fork,

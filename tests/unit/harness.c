@@ -1,5 +1,8 @@
 #include "harness.h"
 
+#include "backend/vulkan.h"
+#include "tern.h"
+
 #include <stdbool.h>
 
 #include <stdio.h>
@@ -138,4 +141,32 @@ char *th_read_file(const char *path, size_t *len) {
 const char *th_tern_bin(void) {
     const char *e = getenv("TERN_BIN");
     return e && *e ? e : "./tern";
+}
+
+int th_vulkan_find(void) {
+    struct tern_vk_device_info d[8];
+    uint32_t n = 0;
+    const char *why = NULL;
+    if (!tern_vk_built()) why = "this build has no Vulkan backend (libvulkan-dev and glslc were absent)";
+    else if (tern_vk_enumerate(d, 8, &n)) why = tern_last_error();
+    else if (n == 0) why = "Vulkan lists no device";
+    if (why) {
+        const char *req = getenv("TERN_REQUIRE_VULKAN");
+        if (req && !strcmp(req, "1")) {
+            fprintf(stderr, "FAIL: TERN_REQUIRE_VULKAN=1 but there is no Vulkan device: %s\n", why);
+            exit(1);
+        }
+        printf("SKIP: no Vulkan device: %s\n", why);
+        return -1;
+    }
+    const char *e = getenv("TERN_VK_DEVICE");
+    if (e && *e) return atoi(e);
+    const int idx = tern_vk_pick_auto(d, n < 8 ? n : 8);
+    return idx < 0 ? 0 : idx;
+}
+
+int th_vulkan_device(void) {
+    const int idx = th_vulkan_find();
+    if (idx < 0) exit(77);
+    return idx;
 }

@@ -32,4 +32,12 @@ char *th_read_file(const char *path, size_t *len);
 /* The built tern executable (TERN_BIN), for tests that drive the CLI. */
 const char *th_tern_bin(void);
 
+/* The Vulkan device a test runs on: $TERN_VK_DEVICE, else the one `--device auto` would
+ * take, else device 0. Where this build has no Vulkan backend or the machine no device,
+ * th_vulkan_find says why and returns -1, and th_vulkan_device exits 77 (ctest: skipped);
+ * with TERN_REQUIRE_VULKAN=1 (the README's test command sets it) both fail the test
+ * instead (exit 1, naming what is missing). */
+int th_vulkan_find(void);
+int th_vulkan_device(void);
+
 #endif

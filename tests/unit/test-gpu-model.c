@@ -30,17 +30,7 @@ static bool lite; /* the variant run under sanitizers: one model of each archite
 
 static int setup(void **state) {
     (void)state;
-    const char *req = getenv("TERN_REQUIRE_VULKAN");
-    const bool required = req && !strcmp(req, "1");
-    struct tern_vk_device_info d[8];
-    uint32_t n = 0;
-    if (!tern_vk_built() || tern_vk_enumerate(d, 8, &n)) {
-        printf("%s: no Vulkan device: %s\n", required ? "FAIL" : "SKIP",
-               tern_vk_built() ? tern_last_error() : "this build has no Vulkan backend (libvulkan-dev and glslc were absent)");
-        exit(required ? 1 : 77);
-    }
-    int idx = tern_vk_pick_auto(d, n < 8 ? n : 8);
-    if (idx < 0) idx = 0;
+    const int idx = th_vulkan_device();
     if (tern_vk_open(idx, &vk)) {
         fprintf(stderr, "open vulkan:%d: %s\n", idx, tern_last_error());
         return -1;

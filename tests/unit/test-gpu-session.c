@@ -63,17 +63,7 @@ static int dev = -1;
 
 static int setup(void **state) {
     (void)state;
-    const char *req = getenv("TERN_REQUIRE_VULKAN");
-    const bool required = req && !strcmp(req, "1");
-    struct tern_vk_device_info d[8];
-    uint32_t n = 0;
-    if (!tern_vk_built() || tern_vk_enumerate(d, 8, &n)) {
-        printf("%s: no Vulkan device: %s\n", required ? "FAIL" : "SKIP",
-               tern_vk_built() ? tern_last_error() : "this build has no Vulkan backend (libvulkan-dev and glslc were absent)");
-        exit(required ? 1 : 77);
-    }
-    dev = tern_vk_pick_auto(d, n < 8 ? n : 8);
-    if (dev < 0) dev = 0;
+    dev = th_vulkan_device();
     return 0;
 }
 

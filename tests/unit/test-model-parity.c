@@ -1,7 +1,12 @@
 /* Parity with the reference engine (llama.cpp) on the shared models: the rules of
  * conformance/README.md §4 (the numbers come from each JSON's "tolerance" object), for
  * every prompt of every model we run, plus stories260K's 40-token greedy story.
- * Skips (exit 77) without the shared kit. */
+ * Arguments: "lite" (fewer models and prompts, for sanitizer builds), "vulkan" (the
+ * models' sessions on a Vulkan device, tern_model_use_vulkan: the same rules against the
+ * same reference; the device's activations are F32, so a quantized model is held to the
+ * default bounds, as an engine with F32 activations is).
+ * Skips (exit 77) without the shared kit, or without a Vulkan device for "vulkan" unless
+ * TERN_REQUIRE_VULKAN=1. */
 #include "harness.h"
 
 #include "tern.h"
@@ -23,6 +28,7 @@ static const char *const stems[] = {
 /* "lite" (the variant run under sanitizers): stories260K, two quantized qwen3 (Q4_K_M,
  * IQ4_XS) and the F32 qwen35, short prompts only. */
 static bool lite;
+static int dev = -1; /* "vulkan": the device's index */
 
 static int32_t argmax(const float *l, uint32_t n) {
     uint32_t b = 0;
@@ -187,6 +193,8 @@ static void test_parity(void **state) {
         mp.n_threads = 2;
         struct tern_model *m;
         if (tern_model_load(&mp, &m)) fail_msg("%s: %s", rel, tern_last_error());
+        if (dev >= 0 && tern_model_use_vulkan(m, dev, 64))
+            fail_msg("%s on vulkan:%d: %s", rel, dev, tern_last_error());
         char dir[4096];
         snprintf(dir, sizeof dir, "%s/conformance/logits/%s", th_shared_dir(), stems[i]);
         DIR *d = opendir(dir);
@@ -200,7 +208,7 @@ static void test_parity(void **state) {
         closedir(d);
         qsort(names, nn, sizeof *names, cmp_str);
         assert_true(nn > 0);
-        printf("%s:\n", stems[i]);
+        printf("%s (%s):\n", stems[i], tern_model_device(m));
         for (size_t k = 0; k < nn; k++) {
             if (!lite || strcmp(stems[i], "stories260K") == 0 || !strcmp(names[k], "p16.json") ||
                 !strcmp(names[k], "chat.json"))
@@ -213,8 +221,16 @@ static void test_parity(void **state) {
 }
 
 int main(int argc, char **argv) {
-    lite = argc > 1 && !strcmp(argv[1], "lite");
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "lite")) lite = true;
+        else if (!strcmp(argv[i], "vulkan")) dev = -2;
+        else {
+            fprintf(stderr, "usage: %s [lite] [vulkan]\n", argv[0]);
+            return 2;
+        }
+    }
     th_require_shared("conformance/logits/stories260K/once.json");
+    if (dev == -2) dev = th_vulkan_device();
     tern_log_set_level(TERN_LOG_WARN);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_parity)};
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -228,15 +228,8 @@ static void test_head_chunk_invariance(void **unused) {
  * the hidden states and the head runs too (docs/gpu.md): a dense and an MoE model. */
 static void test_head_on_device(void **unused) {
     (void)unused;
-    struct tern_vk_device_info d[8];
-    uint32_t n = 0;
-    const char *req = getenv("TERN_REQUIRE_VULKAN");
-    if (!tern_vk_built() || tern_vk_enumerate(d, 8, &n) || n == 0) {
-        if (req && !strcmp(req, "1")) fail_msg("TERN_REQUIRE_VULKAN=1 but no Vulkan device");
-        skip();
-    }
-    int dev = tern_vk_pick_auto(d, n < 8 ? n : 8);
-    if (dev < 0) dev = 0;
+    const int dev = th_vulkan_find();
+    if (dev < 0) skip();
     const size_t picks[] = {0, 6}; /* q35-mtp-f32, q35moe-echo-f32 */
     for (size_t i = 0; i < TERN_ARRAY_LEN(picks); i++) {
         const struct gen_model *g = &g_models[picks[i]];

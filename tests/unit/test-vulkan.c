@@ -43,26 +43,9 @@
 
 static struct tern_vk *vk;
 
-static void no_vulkan(const char *why) {
-    const char *req = getenv("TERN_REQUIRE_VULKAN");
-    if (req && !strcmp(req, "1")) {
-        fprintf(stderr, "FAIL: TERN_REQUIRE_VULKAN=1 but %s\n", why);
-        exit(1);
-    }
-    printf("SKIP: %s\n", why);
-    exit(77);
-}
-
 static int setup(void **state) {
     (void)state;
-    if (!tern_vk_built()) no_vulkan("this build has no Vulkan backend (libvulkan-dev and glslc were absent)");
-    struct tern_vk_device_info d[8];
-    uint32_t n = 0;
-    if (tern_vk_enumerate(d, 8, &n)) no_vulkan(tern_last_error());
-    int idx = tern_vk_pick_auto(d, n < 8 ? n : 8);
-    if (idx < 0) idx = 0;
-    const char *e = getenv("TERN_VK_DEVICE");
-    if (e && *e) idx = atoi(e);
+    const int idx = th_vulkan_device();
     if (tern_vk_open(idx, &vk)) {
         fprintf(stderr, "open vulkan:%d: %s\n", idx, tern_last_error());
         return -1;
