@@ -26,6 +26,7 @@
 
 #include "backend/vulkan.h"
 #include "model/backend.h"
+#include "util/log.h"
 #include "util/mem.h"
 
 #include <math.h>
@@ -83,9 +84,10 @@ struct tern_gpu_state {
     bool f16_kv;
     size_t bytes;
     /* (n_layer) the KV cache in pages of TERN_VK_KV_PAGE positions, end to end, each
-     * [n_kv_head][TERN_VK_KV_PAGE][head_dim] (the CPU's pages): n_pages pages in every
-     * attention layer (a layer may hold more after a growth that failed part way), none
-     * when the state is made; tern_gpu_state_reserve grows them */
+     * [n_kv_head][TERN_VK_KV_PAGE][head_dim] (the CPU's pages): at least n_pages pages in
+     * every attention layer (a layer may hold more after a growth that failed part way, or
+     * a shrink the device had no room to re-lay), none when the state is made;
+     * tern_gpu_state_reserve grows them, tern_gpu_state_shrink gives them back */
     struct tern_vk_buf **kc, **vc;
     uint32_t n_pages;
     struct tern_vk_buf **win, **S; /* (n_layer) [n_conv - 1][C], [n_v][d_k][d_v]: zero at position 0 */
@@ -1010,34 +1012,36 @@ enum tern_status tern_gpu_state_new(struct tern_gpu *g, uint32_t n_ctx, bool f16
     return TERN_OK;
 }
 
-/* Layer il's K or V cache grown to n_pages pages (g->mu held): a new buffer, the pages it
- * had copied into it on the device, the old one freed. Checked against the device's
- * memory first; on error the layer keeps what it had. */
-static enum tern_status kv_layer_grow(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t il, bool v,
-                                      uint32_t n_pages, uint64_t have) {
+/* Layer il's K or V cache re-laid as n_pages pages (g->mu held): a new buffer, the pages
+ * both hold copied into it on the device, the old one freed (n_pages 0: freed). Checked
+ * against the device's memory first (the old pages and the new buffer exist together for
+ * the copy); on error the layer keeps what it had. */
+static enum tern_status kv_layer_relay(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t il, bool v,
+                                       uint32_t n_pages, uint64_t have) {
     const struct model_layer *L = &g->m->layers[il];
     struct tern_vk_buf **slot = v ? &st->vc[il] : &st->kc[il];
     const size_t pb = kv_page_bytes(L, st->f16_kv), had = *slot ? tern_vk_buf_bytes(*slot) : 0;
     const size_t b = (size_t)n_pages * pb;
-    if (b <= had) return TERN_OK;
-    if (have && used_bytes(g) + (uint64_t)b > have) /* the old pages and the new buffer, for the copy */
-        return tern_errorf(TERN_ERR_NOMEM,
-                           "gpu: growing layer %u's KV cache to %u positions needs %.1f MiB of device memory while "
-                           "its %.1f MiB are copied, but device '%s' has %.1f MiB left of %.1f MiB",
-                           il, n_pages * TERN_VK_KV_PAGE, mib(b), mib(had), tern_vk_info(g->vk)->name,
-                           mib(have > used_bytes(g) ? have - used_bytes(g) : 0), mib(have));
-    struct tern_vk_buf *nb;
-    enum tern_status s = tern_vk_buf_new(g->vk, b, &nb);
-    if (s) return s;
-    if (had) s = tern_vk_copy(g->vk, *slot, 0, nb, 0, had); /* its own submit */
-    if (s) {
-        tern_vk_buf_free(nb);
-        return s;
+    if (b == had) return TERN_OK;
+    struct tern_vk_buf *nb = NULL;
+    if (b) {
+        if (have && used_bytes(g) + (uint64_t)b > have)
+            return tern_errorf(TERN_ERR_NOMEM,
+                               "gpu: re-laying layer %u's KV cache as %u positions needs %.1f MiB of device memory "
+                               "while its %.1f MiB are copied, but device '%s' has %.1f MiB left of %.1f MiB",
+                               il, n_pages * TERN_VK_KV_PAGE, mib(b), mib(had), tern_vk_info(g->vk)->name,
+                               mib(have > used_bytes(g) ? have - used_bytes(g) : 0), mib(have));
+        enum tern_status s = tern_vk_buf_new(g->vk, b, &nb);
+        if (!s && had) s = tern_vk_copy(g->vk, *slot, 0, nb, 0, had < b ? had : b); /* its own submit */
+        if (s) {
+            tern_vk_buf_free(nb);
+            return s;
+        }
     }
     tern_vk_buf_free(*slot);
     *slot = nb;
-    st->bytes += b - had;
-    g->state_bytes += b - had;
+    st->bytes = st->bytes + b - had;
+    g->state_bytes = g->state_bytes + b - had;
     return TERN_OK;
 }
 
@@ -1071,8 +1075,10 @@ enum tern_status tern_gpu_state_reserve(struct tern_gpu *g, struct tern_gpu_stat
         s = TERN_OK;
         for (uint32_t il = 0; il < g->m->n_layer && !s; il++) {
             if (g->m->layers[il].kind != LAYER_ATTN) continue;
-            s = kv_layer_grow(g, st, il, false, n, have);
-            if (!s) s = kv_layer_grow(g, st, il, true, n, have);
+            /* a layer a failed first pass already grew keeps its pages */
+            const size_t b = (size_t)n * kv_page_bytes(&g->m->layers[il], st->f16_kv);
+            if (!st->kc[il] || tern_vk_buf_bytes(st->kc[il]) < b) s = kv_layer_relay(g, st, il, false, n, have);
+            if (!s && (!st->vc[il] || tern_vk_buf_bytes(st->vc[il]) < b)) s = kv_layer_relay(g, st, il, true, n, have);
         }
         if (!s) {
             st->n_pages = n;
@@ -1082,6 +1088,29 @@ enum tern_status tern_gpu_state_reserve(struct tern_gpu *g, struct tern_gpu_stat
     }
     pthread_mutex_unlock(g->mu);
     return s;
+}
+
+void tern_gpu_state_shrink(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t n_pos) {
+    TERN_ASSERT(st->g == g);
+    const uint32_t keep = pages_of(n_pos), cap = pages_of(st->n_ctx);
+    /* what a growth from keep pages would hold, and a page: a session rewound a little (a
+     * rejected draft across a page boundary, a turn that re-reads its last answer) keeps
+     * its room and copies nothing */
+    uint32_t room = keep + keep / 4 + 1;
+    room = room > cap ? cap : room;
+    if (st->n_pages <= room) return;
+    const uint64_t have = device_bytes(g);
+    enum tern_status s = TERN_OK;
+    pthread_mutex_lock(g->mu);
+    for (uint32_t il = 0; il < g->m->n_layer && !s; il++) {
+        if (g->m->layers[il].kind != LAYER_ATTN) continue;
+        s = kv_layer_relay(g, st, il, false, keep, have);
+        if (!s) s = kv_layer_relay(g, st, il, true, keep, have);
+    }
+    /* a layer the device had no room to re-lay keeps all its pages, [0, keep) among them */
+    if (s) TERN_LOG_DEBUG("gpu: a session's KV pages were not all given back (%s)", tern_last_error());
+    st->n_pages = keep;
+    pthread_mutex_unlock(g->mu);
 }
 
 enum tern_status tern_gpu_rec_upload(struct tern_gpu *g, struct tern_gpu_state *st, const void *rec) {

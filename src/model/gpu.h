@@ -68,6 +68,12 @@ enum tern_status tern_gpu_state_new(struct tern_gpu *g, uint32_t n_ctx, bool f16
  * Evaluations reserve their positions themselves; a caller reserves first to see the
  * error before anything is computed. */
 enum tern_status tern_gpu_state_reserve(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t n_pos);
+/* Gives back the pages beyond those of positions [0, n_pos) when st holds more than a
+ * growth from there would take (a quarter more) and a page: a rewind or restore far back, or an eval
+ * cancelled before the positions it reserved. The pages kept are re-laid into a smaller
+ * buffer by a copy on the device; where the device has no room for that copy a layer keeps
+ * what it had (logged). Rows [0, n_pos) are unchanged either way. */
+void tern_gpu_state_shrink(struct tern_gpu *g, struct tern_gpu_state *st, uint32_t n_pos);
 void tern_gpu_state_free(struct tern_gpu_state *st);
 /* Device bytes st holds now: its KV pages, recurrent parts and trail. */
 size_t tern_gpu_state_bytes(const struct tern_gpu_state *st);

@@ -56,9 +56,12 @@ static enum tern_status gpu_grow(struct tern_session *s, uint32_t n) {
     return st;
 }
 
-/* The device keeps its pages (a rewound session grows into them again; freeing the
- * session gives them back). */
-static void gpu_shrink(struct tern_session *s, uint32_t n_pos) { (void)s, (void)n_pos; }
+/* A session rewound, restored or cancelled far below the pages it holds gives them back
+ * (a parked conversation holds the device memory of its tokens, not of its longest
+ * extent); one rewound a little keeps them and grows into them again. */
+static void gpu_shrink(struct tern_session *s, uint32_t n_pos) {
+    if (s->gpu) tern_gpu_state_shrink(s->m->gpu, s->gpu, n_pos);
+}
 
 /* Brings s->rec up to date with the device's recurrent state. */
 static enum tern_status gpu_rec_sync(struct tern_session *s) {

@@ -34,9 +34,11 @@
  *   in pieces that cross them) and equals one that held its whole context from the start:
  *   every logit, the hash, KV export across pages, an import into the middle of a page
  *   (the page's other rows stay), a fork, a rewind across a page; its device bytes are
- *   its pages'; on a device with room for one context, a session without room for a page
- *   is refused with the sizes and keeps its state, and through the cache the parked
- *   session is evicted for the leased one's pages (cache_reserve);
+ *   its pages'; restored or rewound far back it gives the pages beyond back (a page of
+ *   room kept), and growing again gives the same bits; on a device with room for one
+ *   context, a session without room for its pages is refused with the sizes and keeps
+ *   its state, and through the cache the parked session is evicted for the leased one's
+ *   pages (cache_reserve);
  * - what a device session cannot do is refused with a message: a device chosen after a
  *   session exists (TERN_ERR_STATE), the pages of a context larger than the device's
  *   memory (TERN_ERR_NOMEM with the sizes; the session goes on).
@@ -617,8 +619,9 @@ static struct tern_session *long_session(struct tern_model *m) {
 /* A session takes its pages as it grows (a growth re-lays the pages it had into a larger
  * buffer on the device) and gets the bits of one that held its whole context from the
  * start: every position's logits, the state hash, KV rows across pages (export, import
- * into the middle of a page, which leaves the page's other rows alone), a fork, and (attention
- * only) a rewind across a page. */
+ * into the middle of a page, which leaves the page's other rows alone), a fork, a restore
+ * far back (the pages beyond it given back, the page kept re-laid on the device) and
+ * (attention only) rewinds across a page. */
 static void check_pages(const char *rel) {
     struct tern_model *m = load(rel, true);
     const struct tern_model_info *info = tern_model_info(m);
@@ -640,8 +643,11 @@ static void check_pages(const char *rel) {
     const uint64_t h = tern_session_hash(whole);
     /* in pieces that end inside pages and cross them, in chunks of 7 and 64 */
     static const uint32_t cut[] = {0, 100, 300, N_LONG};
+    struct tern_checkpoint *ck = NULL; /* at 100, the end of the first piece */
+    const uint32_t ck_pos[] = {100};
     for (size_t i = 0; i < 3; i++) {
         struct tern_eval_opts og = {.n_chunk = i == 1 ? 64 : 7, .logits_all = lg + (size_t)cut[i] * nv};
+        if (i == 0) og.ckpt_pos = ck_pos, og.n_ckpt = 1, og.on_ckpt = keep_ckpt, og.ckpt_user = &ck;
         assert_int_equal(tern_session_eval(grown, toks + cut[i], cut[i + 1] - cut[i], &og), TERN_OK);
         assert_int_equal(tern_gpu_state_bytes(grown->gpu), b0 + (i + 1) * page);
     }
@@ -672,10 +678,28 @@ static void check_pages(const char *rel) {
     assert_true(tern_session_hash(f) == h);
     assert_int_equal(tern_gpu_state_bytes(f->gpu), b0 + 3 * page);
     tern_session_free(f);
+    /* restored far back, the session gives its pages beyond the checkpoint's back (the
+     * page it keeps re-laid on the device), takes them again as it grows, and the rest
+     * gives the same bits */
+    assert_non_null(ck);
+    assert_int_equal(tern_session_restore(grown, ck), TERN_OK);
+    assert_int_equal(tern_gpu_state_bytes(grown->gpu), b0 + page);
+    struct tern_eval_opts og = {.n_chunk = 64, .logits_all = lg};
+    assert_int_equal(tern_session_eval(grown, toks + 100, N_LONG - 100, &og), TERN_OK);
+    assert_memory_equal(lg, lw + 100 * nv, (N_LONG - 100) * nv * sizeof(float));
+    assert_true(tern_session_hash(grown) == h);
+    assert_int_equal(tern_gpu_state_bytes(grown->gpu), b0 + 3 * page);
+    tern_checkpoint_free(ck);
     if (!info->hybrid) {
-        /* back across a page boundary, then the rest again */
+        /* back across a page boundary (a page of room kept: nothing re-laid), then the
+         * rest again */
+        assert_int_equal(tern_session_rewind(grown, 400), TERN_OK);
+        assert_int_equal(tern_gpu_state_bytes(grown->gpu), b0 + 3 * page);
+        assert_int_equal(tern_session_eval(grown, toks + 400, N_LONG - 400, &og), TERN_OK);
+        assert_memory_equal(lg, lw + 400 * nv, (N_LONG - 400) * nv * sizeof(float));
+        /* far back: down to one page */
         assert_int_equal(tern_session_rewind(grown, 200), TERN_OK);
-        struct tern_eval_opts og = {.n_chunk = 64, .logits_all = lg};
+        assert_int_equal(tern_gpu_state_bytes(grown->gpu), b0 + page);
         assert_int_equal(tern_session_eval(grown, toks + 200, N_LONG - 200, &og), TERN_OK);
         assert_memory_equal(lg, lw + 200 * nv, (N_LONG - 200) * nv * sizeof(float));
         assert_true(tern_session_hash(grown) == h);
@@ -725,27 +749,29 @@ static void check_pages_full(const char *rel) {
     p.turn_token = -1;
     struct cache *c = NULL;
     assert_int_equal(cache_new(m, &p, &c), TERN_OK);
-    /* conversation a takes the device's every page, then is parked */
+    /* conversation a reads 32 tokens (a page) and is parked */
     struct cache_ident ia = {.tenant = "", .key = "a"}, ib = {.tenant = "", .key = "b"};
     struct cache_lease la, lb;
     assert_int_equal(cache_acquire(c, &ia, toks, 32, &la), TERN_OK);
-    assert_int_equal(cache_reserve(c, la.session, 2048), TERN_OK);
+    assert_int_equal(cache_reserve(c, la.session, 32), TERN_OK);
     assert_int_equal(tern_session_eval(la.session, toks, 32, NULL), TERN_OK);
     cache_release(c, &la, true);
-    /* b, alone: no room for a page */
+    /* b, alone: no room for its whole context beside a's page, refused with the sizes, and
+     * an eval that needs no more pages than it can have still runs */
     struct tern_session *alone = NULL;
     struct tern_session_params sp = p.session;
     assert_int_equal(tern_session_new(m, &sp, &alone), TERN_OK);
-    assert_int_equal(tern_session_eval(alone, toks + 32, 8, NULL), TERN_ERR_NOMEM);
+    assert_int_equal(tern_session_reserve(alone, 2048), TERN_ERR_NOMEM);
     assert_non_null(strstr(tern_last_error(), "KV cache"));
     assert_non_null(strstr(tern_last_error(), "MiB left"));
     assert_int_equal(tern_session_n_past(alone), 0);
+    assert_int_equal(tern_session_eval(alone, toks + 32, 8, NULL), TERN_OK);
     tern_session_free(alone);
     /* b through the cache: a gives way */
     struct cache_stats st0, st1;
     cache_get_stats(c, &st0);
     assert_int_equal(cache_acquire(c, &ib, toks + 32, 32, &lb), TERN_OK);
-    assert_int_equal(cache_reserve(c, lb.session, 32), TERN_OK);
+    assert_int_equal(cache_reserve(c, lb.session, 2048), TERN_OK);
     assert_int_equal(tern_session_eval(lb.session, toks + 32, 32, NULL), TERN_OK);
     cache_get_stats(c, &st1);
     assert_int_equal(st1.evictions, st0.evictions + 1);
