@@ -274,8 +274,8 @@ struct tern_session {
     uint32_t n_past;
     int32_t *tokens; /* (tokens_cap) T[0..n_past) */
     uint32_t tokens_cap;
-    struct kv_layer *kv; /* (n_layer); NULL pages for recurrent layers */
-    uint32_t n_pages;     /* pages allocated in every attention layer */
+    struct kv_layer *kv; /* (n_layer) on the CPU (NULL on a device); NULL pages for recurrent layers */
+    uint32_t n_pages;     /* CPU: pages allocated in every attention layer */
     uint32_t n_pages_cap; /* ceil(n_ctx / TERN_KV_PAGE) */
     uint8_t *rec;         /* (m->rec_bytes) all recurrent buffers, layer by layer */
     float *logits;        /* (n_vocab) after the last consumed token */

@@ -214,17 +214,13 @@ static enum tern_status session_alloc(struct tern_model *m, uint32_t n_ctx, enum
     s->kv_type = kv_type;
     s->n_chunk = n_chunk;
     s->n_pages_cap = (n_ctx + TERN_KV_PAGE - 1) / TERN_KV_PAGE;
-    s->kv = tern_calloc(m->n_layer, sizeof *s->kv);
     s->logits = tern_malloc((size_t)m->hp.n_vocab * sizeof(float));
     if (m->rec_bytes) s->rec = tern_aligned_alloc(m->rec_bytes);
-    if (!s->kv || !s->logits || (m->rec_bytes && !s->rec)) goto nomem;
-    if (s->rec) memset(s->rec, 0, m->rec_bytes);
-    for (uint32_t il = 0; il < m->n_layer; il++) {
-        if (m->layers[il].kind != LAYER_ATTN) continue;
-        s->kv[il].k_pages = tern_calloc(s->n_pages_cap, sizeof(void *));
-        s->kv[il].v_pages = tern_calloc(s->n_pages_cap, sizeof(void *));
-        if (!s->kv[il].k_pages || !s->kv[il].v_pages) goto nomem;
+    if (!s->logits || (m->rec_bytes && !s->rec)) {
+        tern_session_free(s);
+        return tern_errorf(TERN_ERR_NOMEM, "session: out of memory");
     }
+    if (s->rec) memset(s->rec, 0, m->rec_bytes);
     enum tern_status st = s->be->make(s);
     if (st) {
         tern_session_free(s);
@@ -232,9 +228,6 @@ static enum tern_status session_alloc(struct tern_model *m, uint32_t n_ctx, enum
     }
     *out = s;
     return TERN_OK;
-nomem:
-    tern_session_free(s);
-    return tern_errorf(TERN_ERR_NOMEM, "session: out of memory");
 }
 
 enum tern_status tern_session_new(struct tern_model *m, const struct tern_session_params *p,
@@ -260,14 +253,6 @@ enum tern_status tern_session_new(struct tern_model *m, const struct tern_sessio
 
 void tern_session_free(struct tern_session *s) {
     if (!s) return;
-    if (s->kv) {
-        kv_shrink(s, 0);
-        for (uint32_t il = 0; il < s->m->n_layer; il++) {
-            free(s->kv[il].k_pages);
-            free(s->kv[il].v_pages);
-        }
-    }
-    free(s->kv);
     free(s->tokens);
     free(s->logits);
     tern_aligned_free(s->rec);
@@ -283,10 +268,8 @@ const int32_t *tern_session_tokens(const struct tern_session *s) { return s->tok
 const float *tern_session_logits(const struct tern_session *s) { return s->logits_valid ? s->logits : NULL; }
 
 size_t tern_session_bytes(const struct tern_session *s) {
-    size_t b = sizeof *s + (size_t)s->tokens_cap * sizeof(int32_t) + (size_t)s->m->hp.n_vocab * sizeof(float) +
-               s->m->rec_bytes + (size_t)s->m->n_layer * sizeof *s->kv;
-    for (uint32_t il = 0; il < s->m->n_layer; il++)
-        if (s->m->layers[il].kind == LAYER_ATTN) b += 2 * (size_t)s->n_pages_cap * sizeof(void *);
+    const size_t b = sizeof *s + (size_t)s->tokens_cap * sizeof(int32_t) + (size_t)s->m->hp.n_vocab * sizeof(float) +
+                     s->m->rec_bytes;
     return b + s->be->bytes(s);
 }
 
@@ -854,20 +837,42 @@ enum tern_status tern_checkpoint_import(const struct tern_session *s, uint32_t p
 
 /* ---- the CPU's backend (session-impl.h) ------------------------------------------ */
 
+/* The page tables (n_pages_cap pointers per attention layer, the pages themselves taken
+ * as the session grows) and the model's workspace for chunks of n_chunk. */
 static enum tern_status cpu_make(struct tern_session *s) {
+    const struct tern_model *m = s->m;
+    s->kv = tern_calloc(m->n_layer, sizeof *s->kv);
+    if (!s->kv) return tern_errorf(TERN_ERR_NOMEM, "session: out of memory");
+    for (uint32_t il = 0; il < m->n_layer; il++) {
+        if (m->layers[il].kind != LAYER_ATTN) continue;
+        s->kv[il].k_pages = tern_calloc(s->n_pages_cap, sizeof(void *));
+        s->kv[il].v_pages = tern_calloc(s->n_pages_cap, sizeof(void *));
+        if (!s->kv[il].k_pages || !s->kv[il].v_pages) return tern_errorf(TERN_ERR_NOMEM, "session: out of memory");
+    }
     pthread_mutex_lock(&s->m->eval_mu);
     const enum tern_status st = model_ws_reserve(s->m, s->n_chunk);
     pthread_mutex_unlock(&s->m->eval_mu);
     return st;
 }
 
-static void cpu_release(struct tern_session *s) { (void)s; /* its pages go with kv_shrink(s, 0) */ }
+static void cpu_release(struct tern_session *s) {
+    if (!s->kv) return;
+    cpu_shrink(s, 0);
+    for (uint32_t il = 0; il < s->m->n_layer; il++) {
+        free(s->kv[il].k_pages);
+        free(s->kv[il].v_pages);
+    }
+    free(s->kv);
+    s->kv = NULL;
+}
 
 static size_t cpu_bytes(const struct tern_session *s) {
-    size_t b = 0;
+    size_t b = (size_t)s->m->n_layer * sizeof *s->kv;
     for (uint32_t il = 0; il < s->m->n_layer; il++) {
         const struct model_layer *L = &s->m->layers[il];
-        if (L->kind == LAYER_ATTN) b += (size_t)s->n_pages * (page_bytes(s, L, false) + page_bytes(s, L, true));
+        if (L->kind == LAYER_ATTN)
+            b += 2 * (size_t)s->n_pages_cap * sizeof(void *) +
+                 (size_t)s->n_pages * (page_bytes(s, L, false) + page_bytes(s, L, true));
     }
     return b;
 }
