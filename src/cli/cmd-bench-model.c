@@ -4,12 +4,11 @@
  * hybrid models also the checkpoint: its size and save / restore speed after the prompt. */
 #include "cli/cli.h"
 
-#include "backend/vulkan.h"
 #include "gguf/gguf.h"
-#include "model/gpu.h"
 #include "util/timeutil.h"
 
 #include <getopt.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,7 +34,7 @@ static void usage(FILE *f) {
             "      --chunk N         prompt chunk size (default: the whole prompt)\n"
             "  -d, --ctx-fill N      run pp and tg on a context already holding N tokens (random,\n"
             "                        read once, untimed, and restored from a checkpoint before each\n"
-            "                        run), as llama-bench -d N does (default 0; CPU only)\n"
+            "                        run), as llama-bench -d N does (default 0)\n"
             "      --kv-type f16|f32 KV cache type (default f16)\n"
             "      --no-mmap         read the weights into memory instead of mapping them\n"
             "      --mlock           pin the weights\n"
@@ -134,109 +133,6 @@ static void mean_sd(const double *v, int n, double *mean, double *sd) {
     *sd = n > 1 ? sqrt(q / (n - 1)) : 0.0;
 }
 
-/* --device: -1 = the CPU, else the Vulkan device index. */
-static int parse_device(const char *d, int *out) {
-    if (!d || !*d || !strcmp(d, "cpu")) {
-        *out = -1;
-        return 0;
-    }
-    if (!strcmp(d, "auto") || !strcmp(d, "vulkan")) {
-        struct tern_vk_device_info devs[16];
-        uint32_t n = 0;
-        if (tern_vk_enumerate(devs, 16, &n)) {
-            if (!strcmp(d, "auto")) {
-                fprintf(stderr, "tern bench: --device auto: the CPU (%s)\n", tern_last_error());
-                *out = -1;
-                return 0;
-            }
-            return cli_fail("bench", "%s", tern_last_error());
-        }
-        const int pick = tern_vk_pick_auto(devs, n < 16 ? n : 16);
-        *out = pick >= 0 ? pick : !strcmp(d, "vulkan") ? 0 : -1;
-        if (*out < 0) fprintf(stderr, "tern bench: --device auto: the CPU (no discrete or integrated GPU)\n");
-        return 0;
-    }
-    long idx;
-    if (!strncmp(d, "vulkan:", 7) && cli_parse_int(d + 7, 0, 15, &idx)) {
-        *out = (int)idx;
-        return 0;
-    }
-    return cli_usage_error("bench", "bad --device '%s' (cpu, vulkan, vulkan:N, auto)", d);
-}
-
-/* pp and tg on the Vulkan backend: the same runs as the CPU's (random tokens from an
- * empty context; the decode reads each token's logits back, as a server would). */
-static int bench_gpu(struct tern_model *m, int dev, long n_prompt, long n_gen, long reps, long chunk, bool f16,
-                     const struct weight_stats *ws, bool json) {
-    const struct tern_model_info *info = tern_model_info(m);
-    struct tern_vk *vk = NULL;
-    struct tern_gpu_model *g = NULL;
-    const uint32_t n_ctx = (uint32_t)((n_prompt > n_gen ? n_prompt : n_gen) + 8);
-    const uint32_t n_chunk = (uint32_t)(chunk ? chunk : (n_prompt ? n_prompt : 1));
-    const double t_up = tern_now_s();
-    if (tern_vk_open(dev, &vk) || tern_gpu_model_new(vk, m, n_ctx, n_chunk, f16, &g)) {
-        cli_fail("bench", "%s", tern_last_error());
-        tern_vk_close(vk);
-        return 1;
-    }
-    const double up_s = tern_now_s() - t_up;
-    int32_t *toks = malloc(sizeof(int32_t) * (size_t)(n_prompt + n_gen + 1));
-    float *logits = malloc(sizeof(float) * info->n_vocab);
-    double *pp = calloc((size_t)reps, sizeof(double)), *tg = calloc((size_t)reps, sizeof(double));
-    uint64_t rng = 0x2545F4914F6CDD1Dull;
-    int rc = !toks || !logits || !pp || !tg;
-    for (long r = -1; r < reps && !rc; r++) {
-        if (n_prompt) {
-            random_tokens(toks, (size_t)n_prompt, info->n_vocab, &rng);
-            if (tern_gpu_model_reset(g)) rc = 1;
-            const uint32_t n = (uint32_t)(r < 0 ? (n_prompt < 16 ? n_prompt : 16) : n_prompt);
-            const double t0 = tern_now_s();
-            if (!rc && tern_gpu_model_eval(g, toks, n, n_chunk, logits, false)) rc = 1;
-            if (r >= 0) pp[r] = (double)n_prompt / (tern_now_s() - t0);
-        }
-        if (n_gen && !rc) {
-            random_tokens(toks, (size_t)n_gen, info->n_vocab, &rng);
-            if (tern_gpu_model_reset(g)) rc = 1;
-            const long n = r < 0 ? (n_gen < 4 ? n_gen : 4) : n_gen;
-            const double t0 = tern_now_s();
-            for (long i = 0; i < n && !rc; i++)
-                if (tern_gpu_model_eval(g, &toks[i], 1, 1, logits, false)) rc = 1;
-            if (r >= 0) tg[r] = (double)n_gen / (tern_now_s() - t0);
-        }
-    }
-    if (rc) {
-        cli_fail("bench", "%s", tern_last_error());
-    } else {
-        double pp_m = 0, pp_sd = 0, tg_m = 0, tg_sd = 0;
-        if (n_prompt) mean_sd(pp, (int)reps, &pp_m, &pp_sd);
-        if (n_gen) mean_sd(tg, (int)reps, &tg_m, &tg_sd);
-        const double pp_flop = 2.0 * ((double)ws->layer_macs * (double)n_prompt + (double)ws->output_macs);
-        const double gflops = n_prompt ? pp_flop * pp_m / (double)n_prompt * 1e-9 : 0.0;
-        const double gbps = (double)ws->read_per_token * tg_m * 1e-9;
-        const struct tern_vk_device_info *di = tern_vk_info(vk);
-        if (json) {
-            printf("{\"model\":\"%s\",\"arch\":\"%s\",\"device\":\"vulkan:%d\",\"device_name\":\"%s\","
-                   "\"weight_bytes_per_token\":%llu,\"upload_s\":%.3f,\"n_prompt\":%ld,\"pp_tps\":%.3f,"
-                   "\"pp_tps_sd\":%.3f,\"pp_gflops\":%.3f,\"n_gen\":%ld,\"tg_tps\":%.3f,\"tg_tps_sd\":%.3f,"
-                   "\"tg_gbps\":%.3f}\n",
-                   info->name, info->arch, dev, di->name, (unsigned long long)ws->read_per_token, up_s, n_prompt, pp_m,
-                   pp_sd, gflops, n_gen, tg_m, tg_sd, gbps);
-        } else {
-            printf("model: %s (%s), %.1f M params, %.1f MB read per decoded token\n", info->name, info->arch,
-                   (double)info->n_params / 1e6, (double)ws->read_per_token / 1e6);
-            printf("device: vulkan:%d %s (%s); weights uploaded in %.2f s; KV %s; %ld repetitions after a warm-up\n",
-                   dev, di->name, di->type, up_s, f16 ? "f16" : "f32", reps);
-            if (n_prompt)
-                printf("pp%-5ld %8.2f +- %6.2f t/s   %7.2f GFLOP/s (matmuls)\n", n_prompt, pp_m, pp_sd, gflops);
-            if (n_gen) printf("tg%-5ld %8.2f +- %6.2f t/s   %7.2f GB/s of weights\n", n_gen, tg_m, tg_sd, gbps);
-        }
-    }
-    free(toks), free(logits), free(pp), free(tg);
-    tern_gpu_model_free(g);
-    tern_vk_close(vk);
-    return rc;
-}
-
 static int bench_model_main(int argc, char **argv) {
     const char *model = NULL;
     long n_prompt = 512, n_gen = 128, reps = 3, threads = 0, chunk = 0, ctx_fill = 0;
@@ -284,7 +180,8 @@ static int bench_model_main(int argc, char **argv) {
     if (!model) return cli_usage_error("bench", "--model is required");
     if (n_prompt == 0 && n_gen == 0) return cli_usage_error("bench", "nothing to measure (-p 0 and -n 0)");
     int dev = -1;
-    if ((c = parse_device(device, &dev))) return c;
+    bool dev_auto = false;
+    if ((c = cli_device_resolve("bench", device, &dev, &dev_auto))) return c;
 
     struct weight_stats ws;
     if (weight_stats(model, &ws)) return cli_fail("bench", "%s", tern_last_error());
@@ -298,21 +195,21 @@ static int bench_model_main(int argc, char **argv) {
     const double t_load = tern_now_s();
     if (tern_model_load(&mp, &m)) return cli_fail("bench", "%s", tern_last_error());
     const double load_s = tern_now_s() - t_load;
-    if (dev >= 0 && ctx_fill) {
-        tern_model_free(m);
-        return cli_usage_error("bench", "--ctx-fill is for the CPU backend only");
-    }
-    if (dev >= 0) {
-        const int grc = bench_gpu(m, dev, n_prompt, n_gen, reps, chunk, kv == TERN_KV_F16, &ws, json);
-        tern_model_free(m);
-        return grc;
-    }
     const struct tern_model_info *info = tern_model_info(m);
     struct tern_session_params sp;
     tern_session_params_default(&sp);
     sp.kv_type = kv;
     sp.n_chunk = (uint32_t)(chunk ? chunk : (n_prompt ? n_prompt : 1));
     sp.n_ctx = (uint32_t)(ctx_fill + (n_prompt > n_gen ? n_prompt : n_gen) + 8);
+    /* --device: the same runs in a session on the device (the weights uploaded once; each
+     * token's logits read back, as a server would) */
+    const double t_up = tern_now_s();
+    if (cli_device_use("bench", m, &dev, dev_auto, sp.n_chunk, &sp)) {
+        tern_model_free(m);
+        return 1;
+    }
+    const double up_s = tern_now_s() - t_up;
+    const bool on_dev = dev >= 0;
     struct tern_session *s;
     if (tern_session_new(m, &sp, &s)) {
         tern_model_free(m);
@@ -422,23 +319,33 @@ static int bench_model_main(int argc, char **argv) {
             if (ck)
                 printf(",\"ckpt_bytes\":%zu,\"ckpt_save_s\":%.6f,\"ckpt_restore_s\":%.6f", ck_bytes, save_s,
                        restore_s);
-            printf("}\n");
+            json_t *dj = json_string(tern_model_device(m));
+            char *ds = dj ? json_dumps(dj, JSON_ENCODE_ANY) : NULL;
+            printf(",\"device\":%s,\"upload_s\":%.3f}\n", ds ? ds : "null", on_dev ? up_s : 0.0);
+            free(ds);
+            json_decref(dj);
         } else {
             printf("model: %s (%s), %.1f M params, %.1f MB of weights, %.1f MB read per decoded token\n",
                    info->name, info->arch, (double)info->n_params / 1e6, (double)info->weight_bytes / 1e6,
                    (double)ws.read_per_token / 1e6);
-            printf("weights: %s, loaded in %.2f s; %d threads; KV %s; %ld repetitions after a warm-up\n", mode,
-                   load_s, info->n_threads, kv == TERN_KV_F16 ? "f16" : "f32", reps);
+            if (on_dev)
+                printf("weights: %s, loaded in %.2f s; device: %s, weights uploaded in %.2f s; KV %s; %ld repetitions "
+                       "after a warm-up\n",
+                       mode, load_s, tern_model_device(m), up_s, kv == TERN_KV_F16 ? "f16" : "f32", reps);
+            else
+                printf("weights: %s, loaded in %.2f s; %d threads; KV %s; %ld repetitions after a warm-up\n", mode,
+                       load_s, info->n_threads, kv == TERN_KV_F16 ? "f16" : "f32", reps);
             if (ctx_fill)
                 printf("context: %ld tokens before each run (read once in %.1f s, %.1f t/s)\n", ctx_fill, fill_s,
                        (double)ctx_fill / fill_s);
+            /* the CPU's share of the wall time says nothing of a device's */
+            char pu[32] = "", tu[32] = "";
+            if (!on_dev) snprintf(pu, sizeof pu, "   cpu %3.0f%%", 100 * pp_util);
+            if (!on_dev) snprintf(tu, sizeof tu, "      cpu %3.0f%%", 100 * tg_util);
             if (n_prompt)
-                printf("pp%-5ld %8.2f +- %6.2f t/s   %7.2f GFLOP/s (matmuls)   cpu %3.0f%%\n", n_prompt, pp_m, pp_sd,
-                       gflops, 100 * pp_util);
-            if (n_gen)
-                printf("tg%-5ld %8.2f +- %6.2f t/s   %7.2f GB/s of weights      cpu %3.0f%%\n", n_gen, tg_m, tg_sd, gbps,
-                       100 * tg_util);
-            if ((n_prompt && pp_util < 0.85) || (n_gen && tg_util < 0.85))
+                printf("pp%-5ld %8.2f +- %6.2f t/s   %7.2f GFLOP/s (matmuls)%s\n", n_prompt, pp_m, pp_sd, gflops, pu);
+            if (n_gen) printf("tg%-5ld %8.2f +- %6.2f t/s   %7.2f GB/s of weights%s\n", n_gen, tg_m, tg_sd, gbps, tu);
+            if (!on_dev && ((n_prompt && pp_util < 0.85) || (n_gen && tg_util < 0.85)))
                 printf("note: the threads had the CPU only part of the time (another load?): the figures are low\n");
             if (ck)
                 printf("checkpoint %.2f MB: save %.3f ms (%.2f GB/s), restore %.3f ms (%.2f GB/s); "

@@ -1,10 +1,7 @@
-/* tern run: primes a prompt and generates text (or ids) with a model, on the CPU or
- * (--device vulkan[:N] | auto) through the GPU forward pass (model/gpu.h). */
+/* tern run: primes a prompt and generates text (or ids) with a model, in a session on the
+ * CPU or (--device vulkan[:N] | auto) on a Vulkan device (tern_model_use_vulkan). */
 #include "cli/cli.h"
 #include "cli/cmd-chat.h"
-
-#include "backend/vulkan.h"
-#include "model/gpu.h"
 
 #include "model/mtp.h"
 #include "server/spec.h"
@@ -182,85 +179,10 @@ static bool emit(struct out_text *o, bool final) {
     return stop;
 }
 
-/* The GPU's side of a run: the model on device dev, the prompt primed, then tokens
- * sampled and evaluated one at a time, as the CPU path's --spec off does (the sampler
- * sees the same history: prompt and generated tokens). */
-struct gpu_run {
-    struct tern_vk *vk;
-    struct tern_gpu_model *g;
-    float *logits; /* (n_vocab) the last token's */
-    int32_t *hist; /* prompt + generated */
-};
-
-static void gpu_run_free(struct gpu_run *r) {
-    tern_gpu_model_free(r->g);
-    tern_vk_close(r->vk);
-    free(r->logits);
-    free(r->hist);
-}
-
-/* Opens the device and uploads the model. Errors leave *r freed-able. */
-static enum tern_status gpu_run_open(struct gpu_run *r, const struct tern_model *m, int dev, uint32_t n_ctx,
-                                     uint32_t chunk, bool f16) {
-    enum tern_status st = tern_vk_open(dev, &r->vk);
-    if (!st) st = tern_gpu_model_new(r->vk, m, n_ctx, chunk, f16, &r->g);
-    return st;
-}
-
 static int write_logits(const char *path, const float *l, size_t n, uint32_t nv) {
     FILE *f = fopen(path, "wb");
     if (!f || fwrite(l, sizeof(float) * nv, n, f) != n || fclose(f) != 0)
         return cli_fail("run", "cannot write %s: %s", path, strerror(errno));
-    return 0;
-}
-
-/* Primes and generates on the GPU; returns the exit code. */
-static int run_gpu(struct gpu_run *r, struct tern_sampler *smp, struct tern_detok *dt, struct out_text *out,
-                   const int32_t *ids, size_t n_ids, long n_predict, uint32_t chunk, float *logits_all,
-                   const char *dump, bool print_ids, const struct tern_tokenizer *tok, uint32_t nv) {
-    r->logits = tern_malloc(nv * sizeof(float));
-    r->hist = tern_malloc((n_ids + (size_t)n_predict + 1) * sizeof(int32_t));
-    if (!r->logits || !r->hist) return cli_fail("run", "out of memory for %u logits", nv);
-    memcpy(r->hist, ids, n_ids * sizeof(int32_t));
-    size_t n_hist = n_ids;
-    const double t0 = tern_now_s();
-    if (tern_gpu_model_eval(r->g, ids, (uint32_t)n_ids, chunk, logits_all ? logits_all : r->logits, logits_all != NULL))
-        return cli_fail("run", "%s", tern_last_error());
-    if (logits_all) memcpy(r->logits, logits_all + (n_ids - 1) * (size_t)nv, nv * sizeof(float));
-    const double t_prompt = tern_now_s() - t0;
-    if (dump && write_logits(dump, logits_all, n_ids, nv)) return 1;
-    const double t1 = tern_now_s();
-    long n_gen = 0, n_eval = 0;
-    bool stopped = false;
-    while (n_gen < n_predict && !stopped) {
-        const int32_t id = tern_sampler_sample(smp, r->logits, r->hist, n_hist);
-        n_gen++;
-        if (tok && tern_token_is_eog(tok, id)) break;
-        if (print_ids) printf("%s%d", n_gen > 1 ? " " : "", id);
-        if (dt) {
-            if (tern_detok_push(dt, id, &out->text)) return cli_fail("run", "%s", tern_last_error());
-            stopped = emit(out, false);
-        }
-        if (stopped || n_gen == n_predict) break;
-        if (tern_gpu_model_n_past(r->g) >= tern_gpu_model_n_ctx(r->g)) {
-            fprintf(stderr, "\nrun: the context of %u tokens is full\n", tern_gpu_model_n_ctx(r->g));
-            break;
-        }
-        r->hist[n_hist++] = id;
-        if (tern_gpu_model_eval(r->g, &id, 1, 1, r->logits, false)) return cli_fail("run", "%s", tern_last_error());
-        n_eval++;
-    }
-    if (dt && !stopped) {
-        tern_detok_flush(dt, &out->text);
-        emit(out, true);
-    }
-    if (print_ids || dt) putchar('\n');
-    const double t_gen = tern_now_s() - t1;
-    fprintf(stderr, "prompt: %zu tokens in %.3f s (%.2f t/s); decode: %ld tokens in %.3f s (%.2f t/s)\n", n_ids,
-            t_prompt, t_prompt > 0 ? (double)n_ids / t_prompt : 0.0, n_eval, t_gen,
-            t_gen > 0 ? (double)n_eval / t_gen : 0.0);
-    if (getenv("TERN_STATE_HASH") && strcmp(getenv("TERN_STATE_HASH"), "0"))
-        fprintf(stderr, "run: TERN_STATE_HASH: the GPU's state is not hashed yet (docs/gpu.md)\n");
     return 0;
 }
 
@@ -402,7 +324,6 @@ static int run_main(int argc, char **argv) {
     }
 
     int rc = 1;
-    struct gpu_run gr = {0};
     struct tern_model *m = NULL;
     struct tern_session *s = NULL;
     struct tern_sampler *smp = NULL;
@@ -446,37 +367,16 @@ static int run_main(int argc, char **argv) {
         cli_fail("run", "the prompt has no tokens");
         goto done;
     }
-    if (dev >= 0 && spp.mode != SPEC_OFF) {
-        /* --spec on a device: the model's sessions there (tern_model_use_vulkan), through
-         * the speculative decoder below as on the CPU */
-        if (cli_device_use("run", m, &dev, dev_auto, (uint32_t)chunk, NULL)) goto done;
-        dev = -1;
-    }
-    if (dev >= 0) {
-        /* the context as the CPU session sizes it: the model's, at most 32768 */
-        uint32_t n_ctx = (uint32_t)ctx;
-        if (!n_ctx) n_ctx = info->n_ctx_train && info->n_ctx_train < 32768 ? info->n_ctx_train : 32768;
-        const uint32_t n_chunk = (uint32_t)(chunk < (long)n_ctx ? chunk : n_ctx);
-        if (gpu_run_open(&gr, m, dev, n_ctx, n_chunk, kv == TERN_KV_F16)) {
-            if (!dev_auto) {
-                cli_fail("run", "--device vulkan:%d: %s", dev, tern_last_error());
-                goto done;
-            }
-            fprintf(stderr, "device: auto: the CPU (%s)\n", tern_last_error());
-            gpu_run_free(&gr);
-            memset(&gr, 0, sizeof gr);
-            dev = -1;
-        } else if (n_ids > n_ctx) {
-            cli_fail("run", "the prompt's %zu tokens exceed the context of %u", n_ids, n_ctx);
-            goto done;
-        }
-    }
+    /* --device: the model's sessions on the device (tern_model_use_vulkan), through the same
+     * decoder as on the CPU; one session's whole context must fit there at start, as for
+     * the server */
     struct tern_session_params sep;
     tern_session_params_default(&sep);
     sep.n_ctx = (uint32_t)ctx;
     sep.kv_type = kv;
     sep.n_chunk = (uint32_t)chunk;
-    if ((dev < 0 && tern_session_new(m, &sep, &s)) || tern_sampler_new(&sp, info->n_vocab, &smp)) {
+    if (cli_device_use("run", m, &dev, dev_auto, (uint32_t)chunk, &sep)) goto done;
+    if (tern_session_new(m, &sep, &s) || tern_sampler_new(&sp, info->n_vocab, &smp)) {
         cli_fail("run", "%s", tern_last_error());
         goto done;
     }
@@ -490,14 +390,6 @@ static int run_main(int argc, char **argv) {
             cli_fail("run", "out of memory for %zu x %u logits", n_ids, info->n_vocab);
             goto done;
         }
-    }
-    if (dev >= 0) {
-        const struct tern_vk_device_info *di = tern_vk_info(gr.vk);
-        fprintf(stderr, "model: %s (%s), %u layers, on vulkan:%d '%s' (%s), weights uploaded, loaded in %.2f s\n",
-                info->name, info->arch, info->n_layer, dev, di->name, di->type, tern_now_s() - t_load);
-        rc = run_gpu(&gr, smp, dt, &out, ids, n_ids, n_predict, (uint32_t)chunk, logits_all, dump, print_ids, tok,
-                     info->n_vocab);
-        goto done;
     }
     if (strcmp(tern_model_device(m), "cpu"))
         fprintf(stderr, "model: %s (%s), %u layers, sessions on %s, loaded in %.2f s\n", info->name, info->arch,
@@ -527,13 +419,7 @@ static int run_main(int argc, char **argv) {
         goto done;
     }
     const double t_prompt = tern_now_s() - t0;
-    if (dump) {
-        FILE *f = fopen(dump, "wb");
-        if (!f || fwrite(logits_all, sizeof(float) * info->n_vocab, n_ids, f) != n_ids || fclose(f) != 0) {
-            cli_fail("run", "cannot write %s: %s", dump, strerror(errno));
-            goto done;
-        }
-    }
+    if (dump && write_logits(dump, logits_all, n_ids, info->n_vocab)) goto done;
 
     /* generate (through the speculative decoder: with --spec off it samples and
      * evaluates one token at a time) */
@@ -592,7 +478,6 @@ static int run_main(int argc, char **argv) {
                 (unsigned long long)tern_session_hash(s));
     rc = 0;
 done:
-    gpu_run_free(&gr);
     spec_dec_free(&sd);
     free(oracle_ids);
     tern_buf_free(&out.text);

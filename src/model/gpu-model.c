@@ -97,13 +97,6 @@ struct tern_gpu_state {
     uint32_t trail_cap;
 };
 
-/* The standalone model of the first API: one state, one position. */
-struct tern_gpu_model {
-    struct tern_gpu *g;
-    struct tern_gpu_state *st;
-    uint32_t n_past;
-};
-
 /* Device bytes held by g (and by its parent: one device), under mu. */
 static size_t used_bytes(const struct tern_gpu *g) {
     size_t b = g->bytes + g->state_bytes + g->ckpt_bytes;
@@ -1355,55 +1348,6 @@ enum tern_status tern_gpu_trail_reserve(struct tern_gpu *g, struct tern_gpu_stat
     }
     pthread_mutex_unlock(g->mu);
     return s;
-}
-
-/* ---- the standalone model ---------------------------------------------------------- */
-
-void tern_gpu_model_free(struct tern_gpu_model *gm) {
-    if (!gm) return;
-    tern_gpu_state_free(gm->st);
-    tern_gpu_free(gm->g);
-    free(gm);
-}
-
-enum tern_status tern_gpu_model_new(struct tern_vk *vk, const struct tern_model *m, uint32_t n_ctx, uint32_t n_chunk,
-                                    bool f16_kv, struct tern_gpu_model **out) {
-    *out = NULL;
-    if (n_ctx == 0) return tern_errorf(TERN_ERR_INVALID, "gpu: context %u must be positive", n_ctx);
-    struct tern_gpu_model *gm = tern_calloc(1, sizeof *gm);
-    if (!gm) return tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
-    enum tern_status st = tern_gpu_new(vk, m, n_chunk, &gm->g);
-    if (!st) st = tern_gpu_state_new(gm->g, n_ctx, f16_kv, &gm->st);
-    if (!st) st = tern_gpu_state_reserve(gm->g, gm->st, n_ctx); /* its whole context, at once */
-    if (st) {
-        tern_gpu_model_free(gm);
-        return st;
-    }
-    *out = gm;
-    return TERN_OK;
-}
-
-uint32_t tern_gpu_model_n_past(const struct tern_gpu_model *gm) { return gm->n_past; }
-uint32_t tern_gpu_model_n_ctx(const struct tern_gpu_model *gm) { return gm->st->n_ctx; }
-
-enum tern_status tern_gpu_model_reset(struct tern_gpu_model *gm) {
-    gm->n_past = 0;
-    return tern_gpu_rec_upload(gm->g, gm->st, NULL);
-}
-
-enum tern_status tern_gpu_model_eval(struct tern_gpu_model *gm, const int32_t *toks, uint32_t n, uint32_t n_chunk,
-                                     float *logits, bool logits_all) {
-    const uint32_t nv = gm->g->m->hp.n_vocab;
-    if (n == 0) return TERN_OK;
-    if (gm->n_past + (uint64_t)n > gm->st->n_ctx)
-        return tern_errorf(TERN_ERR_RANGE, "gpu: %u + %u tokens exceed the context of %u", gm->n_past, n,
-                           gm->st->n_ctx);
-    for (uint32_t i = 0; i < n; i++)
-        if (toks[i] < 0 || (uint32_t)toks[i] >= nv)
-            return tern_errorf(TERN_ERR_FORMAT, "gpu: token id %d is outside the vocabulary of %u", toks[i], nv);
-    enum tern_status st = tern_gpu_eval(gm->g, gm->st, gm->n_past, toks, n, n_chunk, logits, logits_all);
-    if (!st) gm->n_past += n;
-    return st;
 }
 
 /* ---- copies on the device (fork, checkpoints) ---------------------------------------- */

@@ -17,9 +17,6 @@
  * by one thread at a time, vulkan.h), for one eval's steps (a step: one command buffer
  * over the rows of one or several states, tern_gpu_eval_batch) or one copy.
  *
- * `tern_gpu_model` (the first API, used by `tern bench --device` and `tern run --device`)
- * is one tern_gpu with one state and a position.
- *
  * Exactness within the backend (DESIGN.md §7): every operation computes a token's
  * results from that token's rows alone, in one fixed order, so the logits and the state
  * do not depend on the chunking (tested token by token against chunks of 7 and of the
@@ -32,7 +29,6 @@
 struct tern_vk;
 struct tern_gpu;
 struct tern_gpu_state;
-struct tern_gpu_model;
 struct tern_gpu_io;
 struct tern_vk_buf;
 
@@ -178,25 +174,5 @@ size_t tern_gpu_ckpt_bytes(struct tern_gpu *g);
 enum tern_status tern_gpu_rec_save(struct tern_gpu *g, const struct tern_gpu_state *st, struct tern_vk_buf *b);
 enum tern_status tern_gpu_rec_load(struct tern_gpu *g, struct tern_gpu_state *st, const struct tern_vk_buf *b);
 enum tern_status tern_gpu_rec_read(struct tern_gpu *g, const struct tern_vk_buf *b, void *rec);
-
-/* ---- the standalone model: one tern_gpu, one state ---- */
-
-/* Uploads m's weights to vk and sizes a KV cache of n_ctx positions (F16 or F32) and
- * activations for chunks of n_chunk tokens. Errors as tern_gpu_new's. The model must
- * outlive the result. */
-enum tern_status tern_gpu_model_new(struct tern_vk *vk, const struct tern_model *m, uint32_t n_ctx, uint32_t n_chunk,
-                                    bool f16_kv, struct tern_gpu_model **out);
-void tern_gpu_model_free(struct tern_gpu_model *g);
-/* Consumes toks[0..n) at the next positions, in chunks of n_chunk (0: the largest), and
- * writes the last token's logits (or every token's, [n][n_vocab], when logits_all) unless
- * logits is NULL. On error the position is unchanged and the cache rows it wrote are
- * undefined. */
-enum tern_status tern_gpu_model_eval(struct tern_gpu_model *g, const int32_t *toks, uint32_t n, uint32_t n_chunk,
-                                     float *logits, bool logits_all);
-uint32_t tern_gpu_model_n_past(const struct tern_gpu_model *g);
-uint32_t tern_gpu_model_n_ctx(const struct tern_gpu_model *g);
-/* Back to position 0: the recurrent state zeroed (the cache rows are overwritten as
- * tokens come). On error (a device failure) the model must not be evaluated again. */
-enum tern_status tern_gpu_model_reset(struct tern_gpu_model *g);
 
 #endif

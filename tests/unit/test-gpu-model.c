@@ -74,24 +74,27 @@ static float *cpu_logits(struct tern_model *m, const int32_t *toks, size_t n) {
     return l;
 }
 
-/* chunk 0: token by token; resume: the first 23 tokens, then the rest in a second call */
+/* The device forward (tern_gpu, one tern_gpu_state of 512 positions) over toks[0..n), every
+ * position's logits. chunk 0: token by token; resume: the first 23 tokens, then the rest in
+ * a second call. */
 static float *gpu_logits_at(struct tern_model *m, const int32_t *toks, size_t n, uint32_t chunk, bool f16,
                             bool resume) {
     const size_t nv = tern_model_info(m)->n_vocab;
-    struct tern_gpu_model *g;
-    const enum tern_status st = tern_gpu_model_new(vk, m, 512, 64, f16, &g);
-    if (st) fail_msg("gpu model: %s", tern_last_error());
+    struct tern_gpu *g;
+    struct tern_gpu_state *st;
+    if (tern_gpu_new(vk, m, 64, &g) || tern_gpu_state_new(g, 512, f16, &st))
+        fail_msg("gpu model: %s", tern_last_error());
     float *l = malloc(n * nv * sizeof(float));
     if (resume) {
-        assert_int_equal(tern_gpu_model_eval(g, toks, 23, chunk, l, true), TERN_OK);
-        assert_int_equal(tern_gpu_model_n_past(g), 23);
-        assert_int_equal(tern_gpu_model_eval(g, toks + 23, (uint32_t)n - 23, chunk, l + 23 * nv, true), TERN_OK);
+        assert_int_equal(tern_gpu_eval(g, st, 0, toks, 23, chunk, l, true), TERN_OK);
+        assert_int_equal(tern_gpu_eval(g, st, 23, toks + 23, (uint32_t)n - 23, chunk, l + 23 * nv, true), TERN_OK);
     } else if (chunk == 0)
-        for (size_t i = 0; i < n; i++) assert_int_equal(tern_gpu_model_eval(g, toks + i, 1, 1, l + i * nv, true), TERN_OK);
+        for (size_t i = 0; i < n; i++)
+            assert_int_equal(tern_gpu_eval(g, st, (uint32_t)i, toks + i, 1, 1, l + i * nv, true), TERN_OK);
     else
-        assert_int_equal(tern_gpu_model_eval(g, toks, (uint32_t)n, chunk, l, true), TERN_OK);
-    assert_int_equal(tern_gpu_model_n_past(g), n);
-    tern_gpu_model_free(g);
+        assert_int_equal(tern_gpu_eval(g, st, 0, toks, (uint32_t)n, chunk, l, true), TERN_OK);
+    tern_gpu_state_free(st);
+    tern_gpu_free(g);
     return l;
 }
 
@@ -224,9 +227,9 @@ static void test_qwen35moe(void **state) {
 static void test_refused(void **state) {
     (void)state;
     struct tern_model *m = load("models/tiny-qwen3moe-q8_0.gguf");
-    struct tern_gpu_model *g = (struct tern_gpu_model *)1;
+    struct tern_gpu *g = (struct tern_gpu *)1;
     /* 40000 tokens of 2 experts each: 80000 slots, past the dispatch limit */
-    assert_int_equal(tern_gpu_model_new(vk, m, 64, 40000, true, &g), TERN_ERR_UNSUPPORTED);
+    assert_int_equal(tern_gpu_new(vk, m, 40000, &g), TERN_ERR_UNSUPPORTED);
     assert_null(g);
     assert_non_null(strstr(tern_last_error(), "65535 slots"));
     tern_model_free(m);
