@@ -117,23 +117,7 @@ enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf 
         (void)pos0, (void)n_head, (void)n_kv_head, (void)head_dim, (void)scale, (void)f16;
     return NOT_BUILT;
 }
-enum tern_status tern_vk_deltanet_conv(struct tern_vk *vk, struct tern_vk_buf *window, const struct tern_vk_buf *conv_wt,
-                                       const struct tern_vk_buf *x, size_t ldx, struct tern_vk_buf *y, size_t ldy,
-                                       size_t C, size_t n_conv, size_t row0, size_t n_tok) {
-    (void)vk, (void)window, (void)conv_wt, (void)x, (void)ldx, (void)y, (void)ldy, (void)C, (void)n_conv, (void)row0,
-        (void)n_tok;
-    return NOT_BUILT;
-}
-enum tern_status tern_vk_deltanet_heads(struct tern_vk *vk, struct tern_vk_buf *state, const struct tern_vk_buf *qkv,
-                                        const struct tern_vk_buf *z, const struct tern_vk_buf *beta,
-                                        const struct tern_vk_buf *alpha, struct tern_vk_buf *out,
-                                        const struct tern_vk_buf *params, size_t n_k, size_t n_v, size_t d_k,
-                                        size_t d_v, float eps, size_t row0, size_t n_tok) {
-    (void)vk, (void)state, (void)qkv, (void)z, (void)beta, (void)alpha, (void)out, (void)params, (void)n_k, (void)n_v,
-        (void)d_k, (void)d_v, (void)eps, (void)row0, (void)n_tok;
-    return NOT_BUILT;
-}
-enum tern_status tern_vk_deltanet_conv_trail(struct tern_vk *vk, struct tern_vk_buf *window,
+enum tern_status tern_vk_deltanet_conv(struct tern_vk *vk, struct tern_vk_buf *window,
                                              const struct tern_vk_buf *conv_wt, const struct tern_vk_buf *x, size_t ldx,
                                              struct tern_vk_buf *y, size_t ldy, size_t C, size_t n_conv, size_t row0,
                                              size_t n_tok, struct tern_vk_buf *trail, size_t slot0) {
@@ -141,7 +125,7 @@ enum tern_status tern_vk_deltanet_conv_trail(struct tern_vk *vk, struct tern_vk_
         (void)n_tok, (void)trail, (void)slot0;
     return NOT_BUILT;
 }
-enum tern_status tern_vk_deltanet_heads_trail(struct tern_vk *vk, struct tern_vk_buf *state, const struct tern_vk_buf *qkv,
+enum tern_status tern_vk_deltanet_heads(struct tern_vk *vk, struct tern_vk_buf *state, const struct tern_vk_buf *qkv,
                                               const struct tern_vk_buf *z, const struct tern_vk_buf *beta,
                                               const struct tern_vk_buf *alpha, struct tern_vk_buf *out,
                                               const struct tern_vk_buf *params, size_t n_k, size_t n_v, size_t d_k,

@@ -178,29 +178,22 @@ enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf 
  * state [n_v][d_k][d_v], reading rows of qkv (C), z (n_v d_v), beta and alpha (n_v),
  * writing rows of out (n_v d_v); params = ssm_a[n_v] | dt_bias[n_v] | ssm_norm[d_v].
  * Heads of at most 256. Both take the tokens from row row0 of their row buffers (one
- * sequence of a step over several, against its own window and state). */
+ * sequence of a step over several, against its own window and state). With a trail
+ * (speculative verification; NULL: none) the window after token t also goes to slot
+ * slot0 + t of trail, [slot][n_conv - 1][C], and the state after it to slot slot0 + t of
+ * trail, [slot][n_v][d_k][d_v]: the same arithmetic, so the same bits, plus the writes.
+ * TERN_ERR_RANGE when a buffer is too small for its rows, or the trail for
+ * slot0 + n_tok slots. */
 enum tern_status tern_vk_deltanet_conv(struct tern_vk *vk, struct tern_vk_buf *window, const struct tern_vk_buf *conv_wt,
                                        const struct tern_vk_buf *x, size_t ldx, struct tern_vk_buf *y, size_t ldy,
-                                       size_t C, size_t n_conv, size_t row0, size_t n_tok);
+                                       size_t C, size_t n_conv, size_t row0, size_t n_tok, struct tern_vk_buf *trail,
+                                       size_t slot0);
 enum tern_status tern_vk_deltanet_heads(struct tern_vk *vk, struct tern_vk_buf *state, const struct tern_vk_buf *qkv,
                                         const struct tern_vk_buf *z, const struct tern_vk_buf *beta,
                                         const struct tern_vk_buf *alpha, struct tern_vk_buf *out,
                                         const struct tern_vk_buf *params, size_t n_k, size_t n_v, size_t d_k,
-                                        size_t d_v, float eps, size_t row0, size_t n_tok);
-/* The same with a trail (speculative verification): the window after token t goes to slot
- * slot0 + t of trail, [slot][n_conv - 1][C], and the state after it to slot slot0 + t of
- * trail, [slot][n_v][d_k][d_v]; the arithmetic, so the bits, are the plain dispatch's.
- * TERN_ERR_RANGE when trail holds fewer than slot0 + n_tok slots. */
-enum tern_status tern_vk_deltanet_conv_trail(struct tern_vk *vk, struct tern_vk_buf *window,
-                                             const struct tern_vk_buf *conv_wt, const struct tern_vk_buf *x, size_t ldx,
-                                             struct tern_vk_buf *y, size_t ldy, size_t C, size_t n_conv, size_t row0,
-                                             size_t n_tok, struct tern_vk_buf *trail, size_t slot0);
-enum tern_status tern_vk_deltanet_heads_trail(struct tern_vk *vk, struct tern_vk_buf *state, const struct tern_vk_buf *qkv,
-                                              const struct tern_vk_buf *z, const struct tern_vk_buf *beta,
-                                              const struct tern_vk_buf *alpha, struct tern_vk_buf *out,
-                                              const struct tern_vk_buf *params, size_t n_k, size_t n_v, size_t d_k,
-                                              size_t d_v, float eps, size_t row0, size_t n_tok, struct tern_vk_buf *trail,
-                                              size_t slot0);
+                                        size_t d_v, float eps, size_t row0, size_t n_tok, struct tern_vk_buf *trail,
+                                        size_t slot0);
 
 /* Rows of n_head heads laid out [a | b] per head (2 * head_dim each) split into a and b. */
 enum tern_status tern_vk_split_heads(struct tern_vk *vk, const struct tern_vk_buf *ab, struct tern_vk_buf *a,

@@ -961,13 +961,7 @@ enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf 
     return record(vk, f16 ? PIPE_ATTN_F16 : PIPE_ATTN_F32, bufs, 4, &pc, sizeof pc, (uint32_t)n_tok, (uint32_t)n_head, 1);
 }
 
-enum tern_status tern_vk_deltanet_conv(struct tern_vk *vk, struct tern_vk_buf *window, const struct tern_vk_buf *conv_wt,
-                                       const struct tern_vk_buf *x, size_t ldx, struct tern_vk_buf *y, size_t ldy,
-                                       size_t C, size_t n_conv, size_t row0, size_t n_tok) {
-    return tern_vk_deltanet_conv_trail(vk, window, conv_wt, x, ldx, y, ldy, C, n_conv, row0, n_tok, NULL, 0);
-}
-
-enum tern_status tern_vk_deltanet_conv_trail(struct tern_vk *vk, struct tern_vk_buf *window,
+enum tern_status tern_vk_deltanet_conv(struct tern_vk *vk, struct tern_vk_buf *window,
                                              const struct tern_vk_buf *conv_wt, const struct tern_vk_buf *x, size_t ldx,
                                              struct tern_vk_buf *y, size_t ldy, size_t C, size_t n_conv, size_t row0,
                                              size_t n_tok, struct tern_vk_buf *trail, size_t slot0) {
@@ -989,15 +983,6 @@ enum tern_status tern_vk_deltanet_conv_trail(struct tern_vk *vk, struct tern_vk_
 }
 
 enum tern_status tern_vk_deltanet_heads(struct tern_vk *vk, struct tern_vk_buf *state, const struct tern_vk_buf *qkv,
-                                        const struct tern_vk_buf *z, const struct tern_vk_buf *beta,
-                                        const struct tern_vk_buf *alpha, struct tern_vk_buf *out,
-                                        const struct tern_vk_buf *params, size_t n_k, size_t n_v, size_t d_k,
-                                        size_t d_v, float eps, size_t row0, size_t n_tok) {
-    return tern_vk_deltanet_heads_trail(vk, state, qkv, z, beta, alpha, out, params, n_k, n_v, d_k, d_v, eps, row0,
-                                        n_tok, NULL, 0);
-}
-
-enum tern_status tern_vk_deltanet_heads_trail(struct tern_vk *vk, struct tern_vk_buf *state, const struct tern_vk_buf *qkv,
                                               const struct tern_vk_buf *z, const struct tern_vk_buf *beta,
                                               const struct tern_vk_buf *alpha, struct tern_vk_buf *out,
                                               const struct tern_vk_buf *params, size_t n_k, size_t n_v, size_t d_k,
