@@ -12,6 +12,14 @@ find_program(TERN_NODE node)
 if(TERN_NODE)
   tern_script_test(reuse-e2e ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/reuse.test.mjs
                    TIMEOUT 900 LABELS e2e)
+  # The same reuse tests with every server's sessions on a Vulkan device (lavapipe in CI):
+  # the four architectures' tests (tiers, identities, rewrites, resumed == cold state
+  # hashes), not the RSS and pool-budget ones, which are the CPU's; out of the sanitizer
+  # run for its time (server-device runs the device server under the sanitizers).
+  find_program(TERN_ENV env)
+  tern_script_test(reuse-e2e-vulkan ${TERN_ENV} TERN_TEST_DEVICE=vulkan:0 ${TERN_NODE} --test-reporter=spec
+                   --test-name-pattern=^qwen ${CMAKE_SOURCE_DIR}/tests/e2e/reuse.test.mjs
+                   TIMEOUT 1200 LABELS e2e vulkan no-asan)
   # The disk tier (--cache-dir): restarts, corrupt and foreign files, kill -9, budget,
   # a full tmpfs (skipped where mount is not permitted), the switches, a stream that keeps
   # decoding while the writer thread writes another conversation.

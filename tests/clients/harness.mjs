@@ -13,6 +13,21 @@ export function skip(why) {
   process.exit(77);
 }
 
+// TERN_TEST_DEVICE=vulkan:N (the device twins of the e2e tests, e.g. reuse-e2e-vulkan):
+// every server below runs its sessions on that device and must say so at start. Without
+// the device the test is skipped, or fails with TERN_REQUIRE_VULKAN=1.
+export const testDevice = process.env.TERN_TEST_DEVICE || '';
+if (testDevice) {
+  const m = testDevice.match(/^vulkan:(\d+)$/);
+  if (!m) throw new Error(`TERN_TEST_DEVICE=${testDevice}: expected vulkan:N`);
+  const r = spawnSync(bin, ['devices', '--json'], { encoding: 'utf8' });
+  if (!(r.stdout || '').includes(`"index":${m[1]}`)) {
+    const why = `TERN_TEST_DEVICE=${testDevice} but tern devices does not list it: ${r.stdout}${r.stderr}`;
+    if (process.env.TERN_REQUIRE_VULKAN === '1') throw new Error(why);
+    skip(why);
+  }
+}
+
 // A temporary directory removed at exit.
 export function tmp() {
   const d = mkdtempSync(join(tmpdir(), 'tern-srv-'));
@@ -32,7 +47,8 @@ export function makeModel(dir, extra = []) {
 
 // Starts `tern serve` with args on port 0; resolves once /health says 200.
 export async function startServer(args, env = {}) {
-  const proc = spawn(bin, ['serve', '--port', '0', '--threads', '2', ...args], {
+  const dev = testDevice && !args.includes('--device') ? ['--device', testDevice] : [];
+  const proc = spawn(bin, ['serve', '--port', '0', '--threads', '2', ...dev, ...args], {
     env: { ...process.env, TERN_LOG: 'info', ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
@@ -56,6 +72,11 @@ export async function startServer(args, env = {}) {
       if (r.status === 200) break;
     } catch { /* not yet */ }
     await new Promise((r) => setTimeout(r, 100));
+  }
+  // the model is loaded (or failed): a device server has said which device it took
+  if (dev.length && !log.includes(`device: ${testDevice} `)) {
+    proc.kill('SIGKILL');
+    throw new Error(`tern serve --device ${testDevice} did not say it took the device: ${log}`);
   }
   return {
     proc, port, base,
