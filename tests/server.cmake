@@ -21,6 +21,11 @@ find_program(TERN_NODE node)
 if(TERN_NODE)
   tern_script_test(server-e2e ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/server.test.mjs
                    TIMEOUT 600 LABELS e2e tsan)
+  # The same with the server's sessions on a Vulkan device (TERN_TEST_DEVICE, the node
+  # harness; skipped without one unless TERN_REQUIRE_VULKAN=1).
+  find_program(TERN_ENV env)
+  tern_script_test(server-e2e-vulkan ${TERN_ENV} TERN_TEST_DEVICE=vulkan:0 ${TERN_NODE} --test-reporter=spec
+                   ${CMAKE_SOURCE_DIR}/tests/e2e/server.test.mjs TIMEOUT 600 LABELS e2e vulkan)
   # predictive priming over HTTP: rewrite turns after idle time, mid-prediction
   # requests, wrong predictions, the switches (generated qwen35 and qwen3 models)
   tern_script_test(server-predict ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/predict.test.mjs
