@@ -1,9 +1,11 @@
-/* The vector code of deltanet.c, written once for a vector type and included twice by
- * deltanet.c only: 8 lanes compiled for AVX2, and 4 lanes (SSE2, baseline x86-64, or
- * whatever the compiler has) for the portable path. Not a public header.
+/* The vector code of deltanet.c, written once for a vector type and included three times
+ * by deltanet.c only: 16 lanes compiled for AVX-512, 8 lanes for AVX2, and 4 lanes (SSE2,
+ * baseline x86-64, or whatever the compiler has) for the portable path. Not a public
+ * header.
  *
  * Parameters (macros defined by the includer):
- *   DN_V     the float vector type, DN_L floats wide (DN_L is 4 or 8)
+ *   DN_V     the float vector type, DN_L floats wide (DN_L is 4, 8 or 16)
+ *   DN_SUMSQ8 (DN_L 16 only) the 8-lane instantiation's sumsq, whose order it keeps
  *   DN_VI    the int32 vector type of the same width
  *   DN_FN(x) the name of x for this instantiation (adds a suffix)
  *   DN_ATTR  attributes of the instantiated functions (the target ISA)
@@ -62,6 +64,9 @@ static inline DN_ATTR __attribute__((always_inline)) void DN_FN(silu_row)(float 
  * serial double sum (ggml's order) would be a chain of n dependent adds, which cost
  * more than the state update it serves. */
 static inline DN_ATTR __attribute__((always_inline)) float DN_FN(sumsq)(const float *x, size_t n) {
+#if DN_L > 8
+    return DN_SUMSQ8(x, n); /* eight lane accumulators, whatever the vector width */
+#else
     size_t i = 0;
     float total = 0.0f;
     if (n >= 8) {
@@ -79,6 +84,7 @@ static inline DN_ATTR __attribute__((always_inline)) float DN_FN(sumsq)(const fl
     }
     for (; i < n; i++) total += x[i] * x[i];
     return total;
+#endif
 }
 
 /* ---- convolution ------------------------------------------------------------------- */

@@ -209,6 +209,25 @@ typedef int32_t dn_vi8 __attribute__((vector_size(32)));
 #undef DN_L
 #undef DN_FN
 #undef DN_ATTR
+/* 16 lanes compiled for AVX-512, taken where the kernels take their AVX-512 tiles
+ * (tern_kernels_avx512(): the CPU has them and TERN_AVX512 is not 0). Still no FMA
+ * (-ffp-contract=off), one accumulator per lane and sumsq in the 8-lane order: the bits
+ * of the other two. */
+typedef float dn_vf16 __attribute__((vector_size(64)));
+typedef int32_t dn_vi16 __attribute__((vector_size(64)));
+#define DN_V dn_vf16
+#define DN_VI dn_vi16
+#define DN_L 16
+#define DN_FN(x) x##_avx512
+#define DN_SUMSQ8 sumsq_avx2
+#define DN_ATTR __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+#include "model/deltanet-simd.h"
+#undef DN_V
+#undef DN_VI
+#undef DN_L
+#undef DN_FN
+#undef DN_SUMSQ8
+#undef DN_ATTR
 #else
 #define DN_HAVE_AVX2 0
 #endif
@@ -226,31 +245,29 @@ bool tern_deltanet_set_path(enum tern_deltanet_path path) {
 }
 
 #if DN_HAVE_AVX2
-#define DISPATCH(avx2_call, generic_call)                                                  \
+#define DISPATCH(fn, ...)                                                                  \
     do {                                                                                   \
-        if (tern_deltanet_path() == TERN_DELTANET_AVX2)                                    \
-            avx2_call;                                                                     \
+        if (tern_deltanet_path() != TERN_DELTANET_AVX2)                                    \
+            fn##_generic(__VA_ARGS__);                                                     \
+        else if (tern_kernels_avx512())                                                    \
+            fn##_avx512(__VA_ARGS__);                                                      \
         else                                                                               \
-            generic_call;                                                                  \
+            fn##_avx2(__VA_ARGS__);                                                        \
     } while (0)
 #else
-#define DISPATCH(avx2_call, generic_call) generic_call
+#define DISPATCH(fn, ...) fn##_generic(__VA_ARGS__)
 #endif
 
 void tern_deltanet_heads(const struct tern_deltanet_shape *s, const struct tern_deltanet_params *p,
                          float *state, const struct tern_deltanet_io *io, uint32_t h0, uint32_t h1,
                          float *scratch) {
-    DISPATCH(heads_avx2(s, p, state, io, h0, h1, scratch),
-             heads_generic(s, p, state, io, h0, h1, scratch));
+    DISPATCH(heads, s, p, state, io, h0, h1, scratch);
 }
 
 void tern_deltanet_conv(const struct tern_deltanet_shape *s, float *window, const float *conv_wt,
                         const float *x, size_t ldx, float *y, size_t ldy, size_t n_tok, size_t c0,
                         size_t c1) {
-    DISPATCH(conv_avx2(s, window, conv_wt, x, ldx, y, ldy, n_tok, c0, c1),
-             conv_generic(s, window, conv_wt, x, ldx, y, ldy, n_tok, c0, c1));
+    DISPATCH(conv, s, window, conv_wt, x, ldx, y, ldy, n_tok, c0, c1);
 }
 
-void tern_deltanet_silu(float *y, const float *x, size_t n) {
-    DISPATCH(silu_avx2(y, x, n), silu_generic(y, x, n));
-}
+void tern_deltanet_silu(float *y, const float *x, size_t n) { DISPATCH(silu, y, x, n); }

@@ -4,6 +4,7 @@
  * the SIMD path change no bit. */
 #include "harness.h"
 
+#include "kernels/kernels.h"
 #include "model/deltanet.h"
 #include "util/mem.h"
 
@@ -184,7 +185,26 @@ static const struct tern_deltanet_shape shapes[] = {
     {.n_k_heads = 1, .n_v_heads = 3, .d_k = 19, .d_v = 45, .n_conv = 3, .eps = 1e-6f},
     /* Qwen3.5-0.8B's head dims */
     {.n_k_heads = 2, .n_v_heads = 2, .d_k = 128, .d_v = 128, .n_conv = 4, .eps = 1e-6f},
+    /* blocks of 4 and of 1 vector of 16 and of 8 lanes, no tail */
+    {.n_k_heads = 1, .n_v_heads = 2, .d_k = 33, .d_v = 80, .n_conv = 4, .eps = 1e-6f},
 };
+
+/* The code paths of the module: generic (4 lanes), AVX2 (8), AVX-512 (16). use_path(i)
+ * switches to path i and says whether this machine has it; paths_restore() goes back to
+ * the path the test started on. */
+enum { N_PATHS = 3 };
+static const char *const path_names[N_PATHS] = {"generic", "AVX2", "AVX-512"};
+static enum tern_deltanet_path start_path;
+static bool start_avx512;
+static bool use_path(int i) {
+    if (i == 0) return tern_deltanet_set_path(TERN_DELTANET_GENERIC);
+    if (!tern_deltanet_set_path(TERN_DELTANET_AVX2)) return false;
+    return tern_kernels_set_avx512(i == 2);
+}
+static void paths_restore(void) {
+    assert_true(tern_deltanet_set_path(start_path));
+    tern_kernels_set_avx512(start_avx512);
+}
 
 /* ---- tests ----------------------------------------------------------------------------- */
 
@@ -261,6 +281,17 @@ static void test_conv_chunking_exact(void **unused) {
         assert_memory_equal(y1, y3, n * f.C * sizeof(float));
         assert_memory_equal(win1, win2, nw * sizeof(float));
         assert_memory_equal(win1, win3, nw * sizeof(float));
+        for (int pi = 0; pi < N_PATHS; pi++) { /* every path: the same bits */
+            if (!use_path(pi)) continue;
+            float *w4 = fdup(f.window, nw), *y4 = calloc(n * f.C, sizeof(float));
+            assert_non_null(y4);
+            tern_deltanet_conv(&f.s, w4, f.conv_wt, f.x, f.C, y4, f.C, n, 0, f.C);
+            assert_memory_equal(y1, y4, n * f.C * sizeof(float));
+            assert_memory_equal(win1, w4, nw * sizeof(float));
+            free(w4);
+            free(y4);
+        }
+        paths_restore();
         free(win1);
         free(win2);
         free(win3);
@@ -296,13 +327,13 @@ static void test_silu(void **unused) {
     print_message("silu: max rel err %.3g\n", worst);
     assert_true(worst < 1e-6);
     assert_memory_equal(y, y1, N * sizeof(float));
-    const enum tern_deltanet_path saved = tern_deltanet_path();
-    if (tern_deltanet_set_path(saved == TERN_DELTANET_AVX2 ? TERN_DELTANET_GENERIC
-                                                           : TERN_DELTANET_AVX2)) {
+    for (int pi = 0; pi < N_PATHS; pi++) { /* every path: the same bits */
+        if (!use_path(pi)) continue;
+        memset(y1, 0, N * sizeof(float));
         tern_deltanet_silu(y1, x, N);
         assert_memory_equal(y, y1, N * sizeof(float));
-        assert_true(tern_deltanet_set_path(saved));
     }
+    paths_restore();
     free(x);
     free(y);
     free(y1);
@@ -357,10 +388,10 @@ static void test_heads_match_reference(void **unused) {
 }
 
 /* Token by token, in uneven chunks, and with the heads split in ranges: every bit of
- * the outputs and of the state is the same. Also across the generic and AVX2 paths. */
+ * the outputs and of the state is the same. Also across the generic, AVX2 and AVX-512
+ * paths (those the machine has). */
 static void test_heads_chunking_exact(void **unused) {
     (void)unused;
-    const enum tern_deltanet_path saved = tern_deltanet_path();
     for (size_t si = 0; si < TERN_ARRAY_LEN(shapes); si++) {
         struct fixture f;
         const size_t n = 17;
@@ -389,23 +420,23 @@ static void test_heads_chunking_exact(void **unused) {
         assert_memory_equal(s1, s2, ns * sizeof(float));
         assert_memory_equal(s1, s3, ns * sizeof(float));
 
-        /* the other code path */
-        const enum tern_deltanet_path other =
-            saved == TERN_DELTANET_AVX2 ? TERN_DELTANET_GENERIC : TERN_DELTANET_AVX2;
-        if (tern_deltanet_set_path(other)) {
+        /* every code path: the same bits */
+        int n_run = 0;
+        for (int pi = 0; pi < N_PATHS; pi++) {
+            if (!use_path(pi)) continue;
+            n_run++;
             float *s4 = fdup(f.state, ns), *o4 = calloc(n * f.nvd, sizeof(float));
             assert_non_null(o4);
             io = io_at(&f, 0, n, o4);
             tern_deltanet_heads(&f.s, &f.p, s4, &io, 0, (uint32_t)nv, scratch);
             assert_memory_equal(o1, o4, n * f.nvd * sizeof(float));
             assert_memory_equal(s1, s4, ns * sizeof(float));
-            assert_true(tern_deltanet_set_path(saved));
             free(s4);
             free(o4);
-        } else {
-            print_message("only the %s path is available here\n",
-                          saved == TERN_DELTANET_AVX2 ? "AVX2" : "generic");
+            if (si == 0) print_message("heads: the %s path gives the same bits\n", path_names[pi]);
         }
+        paths_restore();
+        assert_true(n_run >= 1);
         free(scratch);
         free(s1);
         free(s2);
@@ -458,6 +489,8 @@ static void test_delta_rule_writes_value(void **unused) {
 }
 
 int main(void) {
+    start_path = tern_deltanet_path();
+    start_avx512 = tern_kernels_avx512();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shape_check),
         cmocka_unit_test(test_conv_matches_reference),
