@@ -9,6 +9,7 @@
  *   DN_VI    the int32 vector type of the same width
  *   DN_FN(x) the name of x for this instantiation (adds a suffix)
  *   DN_ATTR  attributes of the instantiated functions (the target ISA)
+ * The header undefines them (and its own macros) at its end.
  *
  * Exactness: every loop here runs along lanes (channels or value indices) with one
  * accumulator per lane and no FMA, and every lane performs the same operations in the
@@ -319,3 +320,10 @@ static DN_ATTR void DN_FN(heads)(const struct tern_deltanet_shape *s,
 #undef VSPLAT
 #undef VISPLAT
 #undef VSILU
+/* the includer's parameters too, so that the next instantiation defines its own */
+#undef DN_V
+#undef DN_VI
+#undef DN_L
+#undef DN_FN
+#undef DN_ATTR
+#undef DN_SUMSQ8

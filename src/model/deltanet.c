@@ -186,11 +186,6 @@ typedef int32_t dn_vi4 __attribute__((vector_size(16)));
 #define DN_FN(x) x##_generic
 #define DN_ATTR
 #include "model/deltanet-simd.h"
-#undef DN_V
-#undef DN_VI
-#undef DN_L
-#undef DN_FN
-#undef DN_ATTR
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define DN_HAVE_AVX2 1
@@ -204,11 +199,6 @@ typedef int32_t dn_vi8 __attribute__((vector_size(32)));
 #define DN_FN(x) x##_avx2
 #define DN_ATTR __attribute__((target("avx2")))
 #include "model/deltanet-simd.h"
-#undef DN_V
-#undef DN_VI
-#undef DN_L
-#undef DN_FN
-#undef DN_ATTR
 /* 16 lanes compiled for AVX-512, taken where the kernels take their AVX-512 tiles
  * (tern_kernels_avx512(): the CPU has them and TERN_AVX512 is not 0). Still no FMA
  * (-ffp-contract=off), one accumulator per lane and sumsq in the 8-lane order: the bits
@@ -222,12 +212,6 @@ typedef int32_t dn_vi16 __attribute__((vector_size(64)));
 #define DN_SUMSQ8 sumsq_avx2
 #define DN_ATTR __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 #include "model/deltanet-simd.h"
-#undef DN_V
-#undef DN_VI
-#undef DN_L
-#undef DN_FN
-#undef DN_SUMSQ8
-#undef DN_ATTR
 #else
 #define DN_HAVE_AVX2 0
 #endif

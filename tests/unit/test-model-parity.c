@@ -28,7 +28,8 @@ static const char *const stems[] = {
 /* "lite" (the variant run under sanitizers): stories260K, two quantized qwen3 (Q4_K_M,
  * IQ4_XS) and the F32 qwen35, short prompts only. */
 static bool lite;
-static int dev = -1; /* "vulkan": the device's index */
+static bool vulkan; /* "vulkan": the sessions on a Vulkan device */
+static int dev = -1; /* its index */
 
 static int32_t argmax(const float *l, uint32_t n) {
     uint32_t b = 0;
@@ -223,14 +224,14 @@ static void test_parity(void **state) {
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "lite")) lite = true;
-        else if (!strcmp(argv[i], "vulkan")) dev = -2;
+        else if (!strcmp(argv[i], "vulkan")) vulkan = true;
         else {
             fprintf(stderr, "usage: %s [lite] [vulkan]\n", argv[0]);
             return 2;
         }
     }
     th_require_shared("conformance/logits/stories260K/once.json");
-    if (dev == -2) dev = th_vulkan_device();
+    if (vulkan) dev = th_vulkan_device();
     tern_log_set_level(TERN_LOG_WARN);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_parity)};
     return cmocka_run_group_tests(tests, NULL, NULL);
