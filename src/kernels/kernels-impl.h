@@ -31,10 +31,5 @@ extern const struct tern_kernel_table tern_kernels_avx2;
  * tern_kernels_avx2 when the AVX2 ISA is active and the CPU has AVX-512 F, BW, VL, DQ and
  * VNNI. */
 extern const struct tern_kernel_table tern_kernels_avx512_tiles;
-/* The integer tiles with 256-bit vpdpbusd / vpdpwssd (AVX-VNNI: x86/q32-avxvnni.c and
- * x86/qk-avxvnni.c), the AVX2 tiles' bits; consulted before tern_kernels_avx2 when the AVX2
- * ISA is active, the AVX-512 tiles are not, and the CPU has AVX-VNNI (Alder Lake and later
- * clients have it without AVX-512). */
-extern const struct tern_kernel_table tern_kernels_avxvnni_tiles;
 
 #endif

@@ -18,7 +18,6 @@ static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static enum tern_isa active_isa = TERN_ISA_PORTABLE;
 static bool have_avx2;
 static bool have_avx512, use_avx512;
-static bool have_avxvnni, use_avxvnni;
 
 static bool cpu_has_avx2_fma_f16c(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -45,18 +44,6 @@ static bool cpu_has_avx512_tiles(void) {
 #endif
 }
 
-/* AVX-VNNI: the VEX-encoded vpdpbusd / vpdpwssd at 256 bits (CPUID leaf 7, sub-leaf 1,
- * EAX bit 4); the caller has checked AVX2 with the OS saving the ymm state. */
-static bool cpu_has_avxvnni(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
-    return (a & (1u << 4)) != 0;
-#else
-    return false;
-#endif
-}
-
 float tern_fp16_lut[65536];
 
 static void init_isa(void) {
@@ -66,9 +53,6 @@ static void init_isa(void) {
     have_avx512 = have_avx2 && cpu_has_avx512_tiles();
     const char *w = getenv("TERN_AVX512");
     use_avx512 = have_avx512 && !(w && !strcmp(w, "0"));
-    have_avxvnni = have_avx2 && cpu_has_avxvnni();
-    const char *v = getenv("TERN_AVXVNNI");
-    use_avxvnni = have_avxvnni && !(v && !strcmp(v, "0"));
     const char *e = getenv("TERN_ISA");
     if (e && *e) {
         if (!strcasecmp(e, "portable")) {
@@ -80,10 +64,7 @@ static void init_isa(void) {
         }
     }
     TERN_LOG_DEBUG("kernels: %s%s", tern_isa_name(active_isa),
-                   active_isa != TERN_ISA_AVX2 ? ""
-                   : use_avx512                ? " (AVX-512 tiles for batches and K-quant decode)"
-                   : use_avxvnni               ? " (AVX-VNNI integer tiles)"
-                                               : "");
+                   active_isa == TERN_ISA_AVX2 && use_avx512 ? " (AVX-512 tiles for batches and K-quant decode)" : "");
 }
 
 void tern_kernels_init(void) { pthread_once(&init_once, init_isa); }
@@ -128,23 +109,6 @@ bool tern_kernels_set_avx512(bool on) {
     tern_kernels_init();
     if (on && !have_avx512) return false;
     use_avx512 = on;
-    return true;
-}
-
-bool tern_kernels_avxvnni_available(void) {
-    tern_kernels_init();
-    return have_avxvnni;
-}
-
-bool tern_kernels_avxvnni(void) {
-    tern_kernels_init();
-    return use_avxvnni;
-}
-
-bool tern_kernels_set_avxvnni(bool on) {
-    tern_kernels_init();
-    if (on && !have_avxvnni) return false;
-    use_avxvnni = on;
     return true;
 }
 
@@ -204,12 +168,7 @@ void tern_matmul(enum tern_dtype wtype, const void *w, size_t w_row_bytes, size_
     TERN_ASSERT(n_tok == 1 || act_row_bytes >= tern_act_row_bytes(wtype, k));
     TERN_ASSERT(n_tok == 1 || ldy >= r1);
     tern_matmul_fn fn = NULL;
-    if (active_isa == TERN_ISA_AVX2) {
-        if (use_avx512)
-            fn = tern_kernels_avx512_tiles.matmul[wtype];
-        else if (use_avxvnni)
-            fn = tern_kernels_avxvnni_tiles.matmul[wtype];
-    }
+    if (active_isa == TERN_ISA_AVX2 && use_avx512) fn = tern_kernels_avx512_tiles.matmul[wtype];
     if (!fn) fn = table()->matmul[wtype];
     if (!fn) fn = tern_kernels_portable.matmul[wtype];
     fn(w, w_row_bytes, k, act, act_row_bytes, n_tok, y, ldy, r0, r1);

@@ -46,17 +46,6 @@ bool tern_kernels_avx512_available(void);
 bool tern_kernels_avx512(void);
 bool tern_kernels_set_avx512(bool on);
 
-/* Within the AVX2 ISA and without the AVX-512 tiles, the integer types' tiles (Q8_0, Q4_0,
- * Q4_1, Q5_0, Q5_1, IQ4_NL, the K-quants, IQ4_XS) may use the 256-bit VNNI instructions
- * (AVX-VNNI: Alder Lake and later, which lack AVX-512); their integer dot products are
- * exact, so the bits are the AVX2 tiles' (checked bit for bit by the kernel test). On by
- * default where the CPU has AVX-VNNI; TERN_AVXVNNI=0 turns them off. set returns false (and
- * changes nothing) when the CPU lacks them. Not thread-safe with respect to running
- * kernels. */
-bool tern_kernels_avxvnni_available(void);
-bool tern_kernels_avxvnni(void);
-bool tern_kernels_set_avxvnni(bool on);
-
 /* Whether weights of this type can be multiplied (dtype supported flag). */
 bool tern_matmul_supported(enum tern_dtype wtype);
 /* Row length granularity the type needs (its block size). */

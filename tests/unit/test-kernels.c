@@ -382,34 +382,15 @@ static void test_iq4_twins_same_bits(void **state) {
     tern_kernels_set_isa(isas[n_isas - 1]);
 }
 
-/* The wider tile sets within the AVX2 ISA: the AVX-512 tiles (batches, and the one-row
- * K-quant GEMV) and the AVX-VNNI integer tiles (taken without the AVX-512 ones). */
-enum wide_set { WIDE_AVX512, WIDE_AVXVNNI };
-
-static bool wide_available(enum wide_set v) {
-    return v == WIDE_AVX512 ? tern_kernels_avx512_available() : tern_kernels_avxvnni_available();
-}
-
-/* on: that set in use; off: the plain AVX2 tiles. */
-static void wide_use(enum wide_set v, bool on) {
-    if (v == WIDE_AVX512) {
-        assert_true(tern_kernels_set_avxvnni(false));
-        assert_true(tern_kernels_set_avx512(on));
-    } else {
-        assert_true(tern_kernels_set_avx512(false));
-        assert_true(tern_kernels_set_avxvnni(on));
-    }
-}
-
-/* A wider tile set gives the AVX2 tiles' bits: every type (those without such tiles
- * trivially), row counts that leave every tile shape and a last odd row, token counts from
- * a single token (the GEMV tiles) to several full tiles and their edges, several k (F16
- * also one that is not a multiple of 8), every weight and activation mode (extreme levels
- * and activations included: the VNNI forms must not saturate where maddubs does not). */
-static void wide_same_bits(enum wide_set v) {
-    const char *name = v == WIDE_AVX512 ? "avx512" : "avxvnni";
-    if (n_isas < 2 || !wide_available(v)) {
-        printf("note: no %s tiles on this CPU; nothing to compare\n", name);
+/* The AVX-512 tiles for batches give the AVX2 tiles' bits: every type (those without such
+ * tiles trivially), row counts that leave every tile shape and a last odd row, token counts
+ * from a single token (the AVX-512 GEMV for Q4_K, Q5_K and Q6_K, AVX2 for the others) to
+ * several full tiles and their edges, several k
+ * (F16 also one that is not a multiple of 8), every weight and activation mode. */
+static void test_avx512_tiles_same_bits(void **state) {
+    (void)state;
+    if (n_isas < 2 || !tern_kernels_avx512_available()) {
+        printf("note: no AVX-512 tiles on this CPU; nothing to compare\n");
         return;
     }
     static const size_t rows_list[] = {1, 2, 3, 4, 5, 6, 7, 13, 67};
@@ -436,13 +417,13 @@ static void wide_same_bits(enum wide_set v) {
                 for (size_t ni = 0; ni < TERN_ARRAY_LEN(n_list); ni++) {
                     const size_t n = n_list[ni];
                     for (int wide = 0; wide < 2; wide++) {
-                        wide_use(v, wide);
+                        assert_true(tern_kernels_set_avx512(wide));
                         tern_matmul(t, w, rb, k, a, ab, n, y[wide], rows, 0, rows);
                     }
                     for (size_t i = 0; i < n * rows; i++) {
                         if (memcmp(&y[0][i], &y[1][i], sizeof(float)) != 0)
-                            fail_msg("%s rows=%zu k=%zu n_tok=%zu weights mode %d: y[%zu][%zu] %s %a, avx2 %a",
-                                     tern_dtype_name(t), rows, k, n, wm, i / rows, i % rows, name, y[1][i], y[0][i]);
+                            fail_msg("%s rows=%zu k=%zu n_tok=%zu weights mode %d: y[%zu][%zu] avx512 %a, avx2 %a",
+                                     tern_dtype_name(t), rows, k, n, wm, i / rows, i % rows, y[1][i], y[0][i]);
                         n_compared++;
                     }
                 }
@@ -451,19 +432,8 @@ static void wide_same_bits(enum wide_set v) {
         }
     }
     assert_true(n_compared > 10000);
-    assert_true(tern_kernels_set_avx512(tern_kernels_avx512_available()));
-    assert_true(tern_kernels_set_avxvnni(tern_kernels_avxvnni_available()));
+    assert_true(tern_kernels_set_avx512(true));
     tern_kernels_set_isa(isas[n_isas - 1]);
-}
-
-static void test_avx512_tiles_same_bits(void **state) {
-    (void)state;
-    wide_same_bits(WIDE_AVX512);
-}
-
-static void test_avxvnni_tiles_same_bits(void **state) {
-    (void)state;
-    wide_same_bits(WIDE_AVXVNNI);
 }
 
 /* Outputs are exactly zero when either operand is. */
@@ -605,7 +575,6 @@ int main(void) {
         cmocka_unit_test(test_against_double_and_twin),
         cmocka_unit_test(test_iq4_twins_same_bits),
         cmocka_unit_test(test_avx512_tiles_same_bits),
-        cmocka_unit_test(test_avxvnni_tiles_same_bits),
         cmocka_unit_test(test_exactness),
         cmocka_unit_test(test_threads_split_rows),
     };

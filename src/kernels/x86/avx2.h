@@ -188,17 +188,6 @@ void tern_avx2_matmul_q5_k(const void *, size_t, size_t, const void *, size_t, s
 void tern_avx2_matmul_q6_k(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
 void tern_avx2_matmul_iq4_nl(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
 void tern_avx2_matmul_iq4_xs(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
-/* The AVX-VNNI builds of the integer tiles (q32-avxvnni.c, qk-avxvnni.c). */
-void tern_avxvnni_matmul_q8_0(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
-void tern_avxvnni_matmul_q4_0(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
-void tern_avxvnni_matmul_q4_1(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
-void tern_avxvnni_matmul_q5_0(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
-void tern_avxvnni_matmul_q5_1(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
-void tern_avxvnni_matmul_q4_k(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
-void tern_avxvnni_matmul_q5_k(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
-void tern_avxvnni_matmul_q6_k(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
-void tern_avxvnni_matmul_iq4_nl(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
-void tern_avxvnni_matmul_iq4_xs(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
 void tern_avx2_act_q8_0(const float *x, void *out, size_t k);
 void tern_avx2_act_q8_k(const float *x, void *out, size_t k);
 

@@ -1,6 +1,5 @@
 /* The AVX2 + FMA + F16C kernel table (these files are compiled with -mavx2 -mfma
- * -mf16c and only called when CPUID has all three), and the AVX-VNNI table of the
- * integer tiles (called only when CPUID also has AVX-VNNI). */
+ * -mf16c and only called when CPUID has all three). */
 #include "kernels/x86/avx2.h"
 
 const struct tern_kernel_table tern_kernels_avx2 = {
@@ -24,21 +23,5 @@ const struct tern_kernel_table tern_kernels_avx2 = {
         {
             [TERN_DTYPE_Q8_0] = tern_avx2_act_q8_0,
             [TERN_DTYPE_Q8_K] = tern_avx2_act_q8_k,
-        },
-};
-
-const struct tern_kernel_table tern_kernels_avxvnni_tiles = {
-    .matmul =
-        {
-            [TERN_DTYPE_Q8_0] = tern_avxvnni_matmul_q8_0,
-            [TERN_DTYPE_Q4_0] = tern_avxvnni_matmul_q4_0,
-            [TERN_DTYPE_Q4_1] = tern_avxvnni_matmul_q4_1,
-            [TERN_DTYPE_Q5_0] = tern_avxvnni_matmul_q5_0,
-            [TERN_DTYPE_Q5_1] = tern_avxvnni_matmul_q5_1,
-            [TERN_DTYPE_Q4_K] = tern_avxvnni_matmul_q4_k,
-            [TERN_DTYPE_Q5_K] = tern_avxvnni_matmul_q5_k,
-            [TERN_DTYPE_Q6_K] = tern_avxvnni_matmul_q6_k,
-            [TERN_DTYPE_IQ4_NL] = tern_avxvnni_matmul_iq4_nl,
-            [TERN_DTYPE_IQ4_XS] = tern_avxvnni_matmul_iq4_xs,
         },
 };
