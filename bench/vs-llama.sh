@@ -7,7 +7,8 @@
 #
 #   bench/vs-llama.sh -m MODEL.gguf [-p 512] [-n 128] [-r 3] [-t THREADS] [--pairs 2]
 #                     [--max-load L] [--wait S] [--mmap] [--tern PATH] [--llama-bench PATH]
-#                     [--ctx-fill N] [--tern-base PATH]
+#                     [--ctx-fill N] [--tern-base PATH] [--llama-cpu VARIANT] [--tern-env VAR=VAL]
+#                     [--avx2]
 #
 # Each run of either engine is -r repetitions (mean, sd over them); a pair is one run of
 # each; the table reports the median over pairs. Weights are read into memory (tern
@@ -19,13 +20,20 @@
 # --ctx-fill N: both engines run pp and tg on a context already holding N tokens (tern bench
 # --ctx-fill N, llama-bench -d N). --tern-base PATH: a second tern binary (say, main before a
 # change) run in every pair too (A tern, A' base, B llama-bench), its figures and ratio beside.
+# --llama-cpu VARIANT: llama-bench runs with only ggml's CPU variant VARIANT (haswell = AVX2,
+# alderlake = AVX2 + AVX-VNNI, skylakex, zen4, ...) beside it instead of the best one for the
+# machine (a copy of llama-bench in a scratch directory with the reference's libraries; its
+# log must name the variant). --tern-env VAR=VAL (repeatable): an environment setting for
+# every tern run. --avx2: the AVX2 paths of both engines on an AVX-512 machine, i.e.
+# --tern-env TERN_AVX512=0 --llama-cpu haswell.
 # Needs python3 (to read the two engines' JSON).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 model="" p=512 n=128 r=3 threads=$(nproc) pairs=2 max_load="" wait_s=60 mmap=0 depth=0 base=""
+llama_cpu="" tern_env=()
 tern=$here/build/tern
 llama_run=$here/../shared/reference/llama.cpp/run
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 while [ $# -gt 0 ]; do
   case $1 in
     -m|--model) model=$2; shift ;;
@@ -41,6 +49,10 @@ while [ $# -gt 0 ]; do
     --llama-bench) llama_run=$2; shift ;;
     --ctx-fill|-d) depth=$2; shift ;;
     --tern-base) base=$2; shift ;;
+    --llama-cpu) llama_cpu=$2; shift ;;
+    --tern-env) [[ $2 == *=* ]] || { echo "vs-llama: --tern-env wants VAR=VAL, not '$2'" >&2; exit 2; }
+                tern_env+=("$2"); shift ;;
+    --avx2) tern_env+=(TERN_AVX512=0); llama_cpu=haswell ;;
     -h|--help) usage ;;
     *) echo "vs-llama: unknown option '$1'" >&2; usage ;;
   esac
@@ -62,6 +74,23 @@ llama=("$llama_run")
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+
+# --llama-cpu: ggml loads the best libggml-cpu-*.so found beside the executable, so a copy of
+# llama-bench goes into a directory that links the reference's libraries but only the one
+# CPU variant
+if [ -n "$llama_cpu" ]; then
+  if [ "$(basename "$llama_run")" = run ]; then lbin=$(dirname "$llama_run")/bin; else lbin=$(dirname "$llama_run"); fi
+  [ -f "$lbin/libggml-cpu-$llama_cpu.so" ] ||
+    { echo "vs-llama: no CPU variant '$llama_cpu' in $lbin (have: $(cd "$lbin" && ls libggml-cpu-*.so 2>/dev/null | sed 's/libggml-cpu-//; s/\.so//' | tr '\n' ' '))" >&2; exit 2; }
+  mkdir "$tmp/llama"
+  cp "$lbin/llama-bench" "$tmp/llama/"
+  for f in "$lbin"/*.so*; do
+    case $(basename "$f") in libggml-cpu-*) ;; *) ln -s "$f" "$tmp/llama/" ;; esac
+  done
+  ln -s "$lbin/libggml-cpu-$llama_cpu.so" "$tmp/llama/"
+  llama=(env "LD_LIBRARY_PATH=$tmp/llama" "$tmp/llama/llama-bench")
+fi
+[ ${#tern_env[@]} = 0 ] || echo "tern runs with: ${tern_env[*]}"
 load1() { cut -d' ' -f1 /proc/loadavg; }
 above() { python3 -c "import sys; sys.exit(0 if float('$1') > float('$2') else 1)"; }
 
@@ -73,7 +102,7 @@ tern_d=() llama_d=()
 echo "model: $model ($(stat -c %s "$model") bytes); pp$p / tg$n$([ "$depth" = 0 ] || echo " at a context of $depth tokens"), $r repetitions per run, $threads threads, $pairs pairs"
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1) (family $(lscpu | sed -n 's/^CPU family: *//p' | head -1), model $(lscpu | sed -n 's/^Model: *//p' | head -1)), $(nproc) CPUs; $("$tern" --version 2>/dev/null | head -1 || echo 'tern ?')"
 membench() {
-  "$tern" bench memory -t "$threads" --json >"$tmp/mem$1.json"
+  env ${tern_env[@]+"${tern_env[@]}"} "$tern" bench memory -t "$threads" --json >"$tmp/mem$1.json"
   echo "tern bench memory ($2): $(python3 -c "import json; m=json.load(open('$tmp/mem$1.json')); print(f\"{m['gbps_n']:.1f} GB/s with {m['threads']} thread(s) ({m['gbps_1']:.1f} with 1)\")")"
 }
 membench 0 before
@@ -86,14 +115,16 @@ for i in $(seq 1 "$pairs"); do
     above "$l" "$max_load" && busy=1
   fi
   echo "pair $i: load $l$([ $busy = 1 ] && echo ' (busy)'): A tern, B llama-bench"
-  "$tern" bench -m "$model" -p "$p" -n "$n" -r "$r" -t "$threads" "${tern_mm[@]}" "${tern_d[@]}" --json >"$tmp/a$i.json" 2>"$tmp/a$i.err" ||
+  env ${tern_env[@]+"${tern_env[@]}"} "$tern" bench -m "$model" -p "$p" -n "$n" -r "$r" -t "$threads" "${tern_mm[@]}" "${tern_d[@]}" --json >"$tmp/a$i.json" 2>"$tmp/a$i.err" ||
     { echo "vs-llama: tern bench failed:" >&2; cat "$tmp/a$i.err" >&2; exit 2; }
   if [ -n "$base" ]; then
-    "$base" bench -m "$model" -p "$p" -n "$n" -r "$r" -t "$threads" "${tern_mm[@]}" "${tern_d[@]}" --json >"$tmp/c$i.json" 2>"$tmp/c$i.err" ||
+    env ${tern_env[@]+"${tern_env[@]}"} "$base" bench -m "$model" -p "$p" -n "$n" -r "$r" -t "$threads" "${tern_mm[@]}" "${tern_d[@]}" --json >"$tmp/c$i.json" 2>"$tmp/c$i.err" ||
       { echo "vs-llama: tern bench (base) failed:" >&2; cat "$tmp/c$i.err" >&2; exit 2; }
   fi
   "${llama[@]}" -m "$model" -p "$p" -n "$n" -r "$r" -t "$threads" "${llama_mm[@]}" "${llama_d[@]}" -o json >"$tmp/b$i.json" 2>"$tmp/b$i.err" ||
     { echo "vs-llama: llama-bench failed:" >&2; tail -5 "$tmp/b$i.err" >&2; exit 2; }
+  [ -z "$llama_cpu" ] || grep -q "libggml-cpu-$llama_cpu.so" "$tmp/b$i.err" ||
+    { echo "vs-llama: llama-bench did not load the '$llama_cpu' CPU variant:" >&2; grep -i backend "$tmp/b$i.err" >&2; exit 2; }
   echo "$i $l $busy" >>"$tmp/pairs"
 done
 
