@@ -69,8 +69,8 @@ for v in p n r threads pairs wait_s depth; do
 done
 [ -n "$max_load" ] || max_load=$threads
 # the reference's wrapper takes the tool's name first; a direct path to llama-bench does not
-llama=("$llama_run")
-[ "$(basename "$llama_run")" = run ] && llama+=(llama-bench)
+llama=("$llama_run") lbin=$(dirname "$llama_run")
+[ "$(basename "$llama_run")" = run ] && llama+=(llama-bench) lbin=$lbin/bin
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -79,7 +79,6 @@ trap 'rm -rf "$tmp"' EXIT
 # llama-bench goes into a directory that links the reference's libraries but only the one
 # CPU variant
 if [ -n "$llama_cpu" ]; then
-  if [ "$(basename "$llama_run")" = run ]; then lbin=$(dirname "$llama_run")/bin; else lbin=$(dirname "$llama_run"); fi
   [ -f "$lbin/libggml-cpu-$llama_cpu.so" ] ||
     { echo "vs-llama: no CPU variant '$llama_cpu' in $lbin (have: $(cd "$lbin" && ls libggml-cpu-*.so 2>/dev/null | sed 's/libggml-cpu-//; s/\.so//' | tr '\n' ' '))" >&2; exit 2; }
   mkdir "$tmp/llama"
@@ -91,6 +90,8 @@ if [ -n "$llama_cpu" ]; then
   llama=(env "LD_LIBRARY_PATH=$tmp/llama" "$tmp/llama/llama-bench")
 fi
 [ ${#tern_env[@]} = 0 ] || echo "tern runs with: ${tern_env[*]}"
+# a tern binary with --tern-env's settings
+run_tern() { env ${tern_env[@]+"${tern_env[@]}"} "$@"; }
 load1() { cut -d' ' -f1 /proc/loadavg; }
 above() { python3 -c "import sys; sys.exit(0 if float('$1') > float('$2') else 1)"; }
 
@@ -102,7 +103,7 @@ tern_d=() llama_d=()
 echo "model: $model ($(stat -c %s "$model") bytes); pp$p / tg$n$([ "$depth" = 0 ] || echo " at a context of $depth tokens"), $r repetitions per run, $threads threads, $pairs pairs"
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1) (family $(lscpu | sed -n 's/^CPU family: *//p' | head -1), model $(lscpu | sed -n 's/^Model: *//p' | head -1)), $(nproc) CPUs; $("$tern" --version 2>/dev/null | head -1 || echo 'tern ?')"
 membench() {
-  env ${tern_env[@]+"${tern_env[@]}"} "$tern" bench memory -t "$threads" --json >"$tmp/mem$1.json"
+  run_tern "$tern" bench memory -t "$threads" --json >"$tmp/mem$1.json"
   echo "tern bench memory ($2): $(python3 -c "import json; m=json.load(open('$tmp/mem$1.json')); print(f\"{m['gbps_n']:.1f} GB/s with {m['threads']} thread(s) ({m['gbps_1']:.1f} with 1)\")")"
 }
 membench 0 before
@@ -115,10 +116,10 @@ for i in $(seq 1 "$pairs"); do
     above "$l" "$max_load" && busy=1
   fi
   echo "pair $i: load $l$([ $busy = 1 ] && echo ' (busy)'): A tern, B llama-bench"
-  env ${tern_env[@]+"${tern_env[@]}"} "$tern" bench -m "$model" -p "$p" -n "$n" -r "$r" -t "$threads" "${tern_mm[@]}" "${tern_d[@]}" --json >"$tmp/a$i.json" 2>"$tmp/a$i.err" ||
+  run_tern "$tern" bench -m "$model" -p "$p" -n "$n" -r "$r" -t "$threads" "${tern_mm[@]}" "${tern_d[@]}" --json >"$tmp/a$i.json" 2>"$tmp/a$i.err" ||
     { echo "vs-llama: tern bench failed:" >&2; cat "$tmp/a$i.err" >&2; exit 2; }
   if [ -n "$base" ]; then
-    env ${tern_env[@]+"${tern_env[@]}"} "$base" bench -m "$model" -p "$p" -n "$n" -r "$r" -t "$threads" "${tern_mm[@]}" "${tern_d[@]}" --json >"$tmp/c$i.json" 2>"$tmp/c$i.err" ||
+    run_tern "$base" bench -m "$model" -p "$p" -n "$n" -r "$r" -t "$threads" "${tern_mm[@]}" "${tern_d[@]}" --json >"$tmp/c$i.json" 2>"$tmp/c$i.err" ||
       { echo "vs-llama: tern bench (base) failed:" >&2; cat "$tmp/c$i.err" >&2; exit 2; }
   fi
   "${llama[@]}" -m "$model" -p "$p" -n "$n" -r "$r" -t "$threads" "${llama_mm[@]}" "${llama_d[@]}" -o json >"$tmp/b$i.json" 2>"$tmp/b$i.err" ||
