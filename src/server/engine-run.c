@@ -22,6 +22,7 @@
 
 #include "grammar/grammar.h"
 #include "model/mtp.h"
+#include "server/api/api.h"
 #include "server/constrain.h"
 #include "server/reply.h"
 #include "server/respond.h"
@@ -44,6 +45,8 @@ struct out_state {
     struct tern_detok *detok;
     struct tern_buf piece, safe, frame;
     bool role_sent;
+    struct api_out api;          /* the Messages and Responses doors' rendering state */
+    uint32_t n_reasoning;        /* tokens generated inside a reasoning block */
 };
 
 /* RQ_WAIT: not started yet, the conversation it resumes is being written to the disk
@@ -105,7 +108,10 @@ static enum tern_status out_text(struct out_state *o, const char *s, size_t n, b
         if (st) return st;
         struct reply_delta *d = reply_parser_delta(&o->parser);
         if (j->req.stream && !reply_delta_empty(d)) {
-            st = srv_sse_data(&o->frame, srv_chunk_chat(&o->ctx, d, &o->parser, !o->role_sent, NULL, NULL));
+            if (j->req.proto == SRV_PROTO_CHAT)
+                st = srv_sse_data(&o->frame, srv_chunk_chat(&o->ctx, d, &o->parser, !o->role_sent, NULL, NULL));
+            else
+                st = api_stream_delta(&o->api, d, &o->parser, &o->frame);
             o->role_sent = true;
         }
         reply_delta_reset(d);
@@ -132,7 +138,10 @@ static void log_state_hashes(struct tern_session *s, const char *id) {
     tern_buf_free(&b);
 }
 
-static void send_failure(struct srv_job *j, int status, const char *type, const char *fmt, const char *msg) {
+/* The request failed: an error event ends its stream, or an error body in its
+ * protocol's shape answers it. a: its rendering state (NULL: not started). */
+static void send_failure(struct srv_job *j, struct api_out *a, int status, const char *type, const char *fmt,
+                         const char *msg) {
     struct srv_error err;
     srv_error_set(&err, status, type, NULL, NULL, fmt, msg);
     size_t nl = strnlen(err.message, sizeof j->note - 1);
@@ -140,9 +149,13 @@ static void send_failure(struct srv_job *j, int status, const char *type, const 
     j->note[nl] = 0;
     struct tern_buf b = TERN_BUF_INIT;
     if (j->req.stream) {
-        srv_sse_error(&b, &err);
+        struct srv_resp_ctx ctx = {.id = j->id, .model = j->req.model ? j->req.model : "", .created = j->created};
+        struct api_out tmp;
+        if (!a) api_out_init(a = &tmp, j->req.proto, &ctx, &j->req);
+        api_stream_error(a, &err, &b);
+        if (a == &tmp) api_out_free(&tmp);
     } else {
-        char *s = srv_error_json(&err);
+        char *s = api_error_json(j->req.proto, &err);
         if (s) tern_buf_puts(&b, s);
         free(s);
     }
@@ -307,11 +320,12 @@ static void req_end(struct srv_engine *e, struct eng_req *r) {
     tern_buf_free(&r->o.piece);
     tern_buf_free(&r->o.safe);
     tern_buf_free(&r->o.frame);
+    api_out_free(&r->o.api);
     r->ended = true;
 }
 
 static void req_fail(struct srv_engine *e, struct eng_req *r, int status, const char *fmt, const char *msg) {
-    send_failure(r->j, status, status < 500 ? "invalid_request_error" : "server_error", fmt, msg);
+    send_failure(r->j, r->o.api.ctx ? &r->o.api : NULL, status, status < 500 ? "invalid_request_error" : "server_error", fmt, msg);
     req_end(e, r);
 }
 
@@ -336,9 +350,17 @@ static void req_complete(struct srv_engine *e, struct eng_req *r) {
     }
     const char *finish = r->finish;
     if (j->ep == SRV_EP_CHAT && o->parser.n_calls > 0 && !strcmp(finish, "stop")) finish = "tool_calls";
+    const char *stop_seq = o->stop.stopped && (size_t)o->stop.which < j->req.n_stop ? j->req.stop[o->stop.which] : NULL;
     struct srv_usage u = {.prompt_tokens = (uint32_t)j->n_prompt, .completion_tokens = j->n_generated,
-                          .cached_tokens = r->lease.decision.cached};
-    if (j->req.stream) {
+                          .cached_tokens = r->lease.decision.cached, .reasoning_tokens = o->n_reasoning};
+    const bool other_door = j->ep == SRV_EP_CHAT && j->req.proto != SRV_PROTO_CHAT;
+    if (j->req.stream && other_door) {
+        if (api_stream_end(&o->api, &o->parser, finish, stop_seq, &u, &o->frame)) {
+            if (o->frame.len) srv_job_write(j, o->frame.data, o->frame.len);
+            req_fail(e, r, 500, "%s", "out of memory building the stream's last events");
+            return;
+        }
+    } else if (j->req.stream) {
         /* the stream ends with [DONE] only when every event before it was built; else
          * with an error event (never silently short) */
         enum tern_status fst =
@@ -352,8 +374,9 @@ static void req_complete(struct srv_engine *e, struct eng_req *r) {
             return;
         }
     } else {
-        json_t *resp = j->ep == SRV_EP_CHAT ? srv_response_chat(&o->ctx, &o->parser, finish, &u, &r->reuse)
-                                            : srv_response_text(&o->ctx, o->text.data, o->text.len, finish, &u, &r->reuse);
+        json_t *resp = other_door              ? api_response(&o->api, &o->parser, finish, stop_seq, &u)
+                       : j->ep == SRV_EP_CHAT ? srv_response_chat(&o->ctx, &o->parser, finish, &u, &r->reuse)
+                                              : srv_response_text(&o->ctx, o->text.data, o->text.len, finish, &u, &r->reuse);
         char *txt = resp ? json_dumps(resp, JSON_COMPACT) : NULL;
         json_decref(resp);
         if (!txt) {
@@ -385,7 +408,7 @@ static bool req_begin(struct srv_engine *e, struct eng_req *r) {
     enum tern_status st =
         cache_acquire_flags(e->cache, &ident, j->prompt, j->n_prompt, CACHE_ACQUIRE_NOWAIT, &r->lease);
     if (st) {
-        send_failure(j, st == TERN_ERR_NOMEM ? 503 : 500, "server_error", "cannot start the request: %s",
+        send_failure(j, NULL, st == TERN_ERR_NOMEM ? 503 : 500, "server_error", "cannot start the request: %s",
                      tern_last_error());
         return false;
     }
@@ -402,6 +425,21 @@ static bool req_begin(struct srv_engine *e, struct eng_req *r) {
     };
     r->o.job = j;
     r->o.ctx = (struct srv_resp_ctx){.id = j->id, .model = e->model_id, .created = j->created, .ep = j->ep};
+    api_out_init(&r->o.api, j->req.proto, &r->o.ctx, &j->req);
+    if (j->req.stream && j->req.proto != SRV_PROTO_CHAT) {
+        /* the stream's first events go out at once, so that its keep-alives may follow
+         * while the prompt is read */
+        struct srv_usage u0 = {.prompt_tokens = (uint32_t)j->n_prompt, .cached_tokens = dec->cached};
+        if (api_stream_start(&r->o.api, &u0, &r->o.frame)) {
+            send_failure(j, NULL, 503, "server_error", "cannot start the request: %s", "out of memory");
+            cache_release(e->cache, &r->lease, true);
+            api_out_free(&r->o.api);
+            tern_buf_free(&r->o.frame);
+            return false;
+        }
+        srv_job_write(j, r->o.frame.data, r->o.frame.len);
+        tern_buf_clear(&r->o.frame);
+    }
     reply_parser_init(&r->o.parser, e->chat.fmt, j->req.tools && j->req.tool_choice != SRV_TOOLS_NONE, r->ej->in_think,
                       j->seq * 0x9e3779b97f4a7c15ull ^ (uint64_t)j->created);
     stop_matcher_init(&r->o.stop, (const char *const *)j->req.stop, j->req.n_stop);
@@ -429,7 +467,7 @@ bool engine_start(void *self, struct srv_job *j) {
     struct srv_engine *e = self;
     struct eng_req *r = tern_calloc(1, sizeof *r);
     if (!r) {
-        send_failure(j, 503, "server_error", "cannot start the request: %s", "out of memory");
+        send_failure(j, NULL, 503, "server_error", "cannot start the request: %s", "out of memory");
         return false;
     }
     r->j = j;
@@ -500,7 +538,7 @@ static bool decode_begin(struct srv_engine *e, struct eng_req *r) {
         req_fail(e, r, st == TERN_ERR_LIMIT ? 503 : 500, "cannot start decoding: %s", tern_last_error());
         return false;
     }
-    if (j->req.stream && j->ep == SRV_EP_CHAT) {
+    if (j->req.stream && j->ep == SRV_EP_CHAT && j->req.proto == SRV_PROTO_CHAT) {
         if (srv_sse_data(&r->o.frame, srv_chunk_chat(&r->o.ctx, NULL, &r->o.parser, true, NULL, NULL))) {
             req_fail(e, r, 500, "%s", "out of memory building the first stream event");
             return false;
@@ -652,6 +690,7 @@ static bool decode_step(struct srv_engine *e, struct eng_req *r) {
     tern_buf_clear(&o->piece);
     enum tern_status st = tern_detok_push(o->detok, tok, &o->piece);
     if (!st) st = out_text(o, o->piece.data, o->piece.len, false);
+    if (!st && j->ep == SRV_EP_CHAT && reply_parser_in_think(&o->parser)) o->n_reasoning++;
     if (!st && (r->gm || r->ej->lazy_grammar)) st = tern_buf_append(&r->gtail, o->piece.data ? o->piece.data : "", o->piece.len);
     if (!st && !r->gm && r->ej->lazy_grammar) st = lazy_trigger(e, r);
     if (st) {
@@ -722,6 +761,13 @@ static bool checkpoints_due(struct srv_engine *e, struct eng_req *r) {
 static void prime_comment(struct eng_req *r) {
     double now = tern_now_s();
     if (!r->j->req.stream || now - r->t_comment < PRIME_COMMENT_EVERY_S) return;
+    if (r->j->req.proto != SRV_PROTO_CHAT) {
+        struct tern_buf b = TERN_BUF_INIT;
+        if (!api_stream_keepalive(&r->o.api, &b)) srv_job_write(r->j, b.data, b.len);
+        tern_buf_free(&b);
+        r->t_comment = now;
+        return;
+    }
     char line[96];
     int n = snprintf(line, sizeof line, ": priming %u/%zu\n\n", tern_session_n_past(r->s), r->j->n_prompt);
     srv_job_write(r->j, line, (size_t)n);

@@ -154,8 +154,14 @@ json_t *engine_model_entry(void *self) {
         json_object_set_new(meta, "demo", json_true());
         json_object_set_new(meta, "note", json_string(e->demo_note));
     }
-    return json_pack("{s:s,s:s,s:I,s:s,s:o}", "id", e->model_id, "object", "model", "created", (json_int_t)e->created,
-                     "owned_by", "tern", "meta", meta);
+    /* OpenAI's fields and Anthropic's (type, display_name, created_at) side by side */
+    char when[32];
+    time_t t = (time_t)e->created;
+    struct tm tm;
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&t, &tm));
+    return json_pack("{s:s,s:s,s:I,s:s,s:s,s:s,s:s,s:o}", "id", e->model_id, "object", "model", "created",
+                     (json_int_t)e->created, "owned_by", "tern", "type", "model", "display_name", e->model_id,
+                     "created_at", when, "meta", meta);
 }
 
 /* ---- lifecycle --------------------------------------------------------------------- */

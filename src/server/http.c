@@ -20,6 +20,8 @@
  * job's mu held, which is what makes "park, then resume" free of lost wake-ups). */
 #include "server/server.h"
 
+#include "server/api/api.h"
+
 #include "server/respond.h"
 #include "util/hash.h"
 #include "util/log.h"
@@ -85,11 +87,28 @@ static const char oom_json[] = "{\"error\":{\"message\":\"out of memory\",\"type
                                "\"code\":null}}";
 
 enum route {
-    R_NONE = 0, R_HEALTH, R_METRICS, R_MODELS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_COUNT
+    R_NONE = 0, R_HEALTH, R_METRICS, R_MODELS,
+    R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_MESSAGES, R_COUNT_TOKENS, R_RESPONSES, /* POST */
+    R_COUNT
 };
 
-static const char *const route_names[R_COUNT] = {"other", "/health", "/metrics", "/v1/models", "/v1/chat/completions",
-                                                 "/v1/completions", "/tokenize", "/detokenize"};
+static const char *const route_names[R_COUNT] = {
+    "other", "/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions", "/tokenize",
+    "/detokenize", "/v1/messages", "/v1/messages/count_tokens", "/v1/responses"};
+
+static bool route_is_post(enum route r) { return r >= R_CHAT; }
+
+/* The routes that run a request through the template and the engine (a job). */
+static bool route_generates(int r) {
+    return r == R_CHAT || r == R_COMPLETIONS || r == R_MESSAGES || r == R_COUNT_TOKENS || r == R_RESPONSES;
+}
+
+/* The protocol a route speaks (its errors' shape, its adapter). */
+static enum srv_proto route_proto(int r) {
+    return r == R_MESSAGES || r == R_COUNT_TOKENS ? SRV_PROTO_MESSAGES
+           : r == R_RESPONSES                     ? SRV_PROTO_RESPONSES
+                                                  : SRV_PROTO_CHAT;
+}
 
 /* status classes counted per route for /metrics */
 static const int counted_status[] = {200, 400, 401, 404, 405, 408, 413, 429, 499, 500, 503};
@@ -368,7 +387,7 @@ static void job_retire(struct srv_server *s, struct srv_job *j) {
     /* A stream's status line said 200 long ago; the log and /metrics say how it
      * ended (499: the client went away; 5xx: an error event ended it). */
     status = j->req.stream && status < 400 ? 200 : status;
-    count_request(s, j->ep == SRV_EP_CHAT ? R_CHAT : R_COMPLETIONS, status);
+    count_request(s, j->route, status);
     if (cancelled) atomic_fetch_add(&s->cancelled, 1);
     log_job(s, j, status);
     job_unref(s, j);
@@ -601,9 +620,9 @@ static void conn_reply(struct conn *cn, int status, char *txt, const char *ctype
 static void conn_reply_error(struct srv_server *s, struct conn *cn, const struct srv_error *e, const char *hdr,
                              const char *val) {
     count_request(s, cn->route, e->status);
-    if (cn->route >= R_CHAT && cn->route <= R_DETOKENIZE)
+    if (route_is_post(cn->route))
         TERN_LOG_INFO("request - %s %d : %s", route_names[cn->route], e->status, e->message);
-    conn_reply(cn, e->status, srv_error_json(e), "application/json", hdr, val);
+    conn_reply(cn, e->status, api_error_json(route_proto(cn->route), e), "application/json", hdr, val);
 }
 
 static void conn_reply_json(struct srv_server *s, struct conn *cn, int status, json_t *o) {
@@ -625,9 +644,9 @@ static MHD_Result send_json(struct srv_server *s, struct MHD_Connection *c, enum
 
 static MHD_Result send_error(struct srv_server *s, struct MHD_Connection *c, enum route route,
                              const struct srv_error *e, const char *hdr, const char *val) {
-    char *txt = srv_error_json(e);
+    char *txt = api_error_json(route_proto(route), e);
     count_request(s, route, e->status);
-    if (route >= R_CHAT && route <= R_DETOKENIZE)
+    if (route_is_post(route))
         TERN_LOG_INFO("request - %s %d : %s", route_names[route], e->status, e->message);
     if (!txt) return MHD_NO;
     MHD_Result r = send_bytes(c, e->status, "application/json", txt, strlen(txt), hdr, val);
@@ -635,6 +654,8 @@ static MHD_Result send_error(struct srv_server *s, struct MHD_Connection *c, enu
     return r;
 }
 
+/* The route of a request target; a query string is no part of it (Claude Code sends
+ * /v1/messages?beta=true). */
 static enum route find_route(const char *url) {
     static const struct {
         const char *path;
@@ -643,14 +664,15 @@ static enum route find_route(const char *url) {
         {"/health", R_HEALTH},           {"/metrics", R_METRICS},       {"/v1/models", R_MODELS},
         {"/models", R_MODELS},           {"/v1/chat/completions", R_CHAT}, {"/chat/completions", R_CHAT},
         {"/v1/completions", R_COMPLETIONS}, {"/completions", R_COMPLETIONS}, {"/tokenize", R_TOKENIZE},
-        {"/detokenize", R_DETOKENIZE},
+        {"/detokenize", R_DETOKENIZE},   {"/v1/messages", R_MESSAGES},  {"/messages", R_MESSAGES},
+        {"/v1/messages/count_tokens", R_COUNT_TOKENS}, {"/messages/count_tokens", R_COUNT_TOKENS},
+        {"/v1/responses", R_RESPONSES},  {"/responses", R_RESPONSES},
     };
+    size_t n = strcspn(url, "?");
     for (size_t i = 0; i < TERN_ARRAY_LEN(table); i++)
-        if (!strcmp(url, table[i].path)) return table[i].r;
+        if (strlen(table[i].path) == n && !strncmp(url, table[i].path, n)) return table[i].r;
     return R_NONE;
 }
-
-static bool route_is_post(enum route r) { return r >= R_CHAT; }
 
 /* The tenant of an API key: a hash of the key, so that a tenant stays the same when the
  * --api-key list is reordered or grows, and the key itself never reaches a log line,
@@ -778,6 +800,13 @@ static void release_simple(struct srv_server *s) {
     pthread_mutex_unlock(&s->qmu);
 }
 
+static char *key_in_lane(const char *key, const char *lane) {
+    size_t n = strlen(key) + strlen(lane) + 2;
+    char *s = tern_malloc(n);
+    if (s) snprintf(s, n, "%s#%s", key, lane);
+    return s;
+}
+
 /* A prepare thread: parse, validate, prepare, queue. Leaves cn in C_REPLY, C_STREAM
  * or C_WAIT; returns false when the connection must stay suspended (C_WAIT: the job
  * resumes it). */
@@ -793,12 +822,21 @@ static bool prep_generate(struct srv_server *s, struct conn *cn, const struct sr
     j->fd = cn->fd;
     j->conn = cn->c;
     j->big_body = cn->body.len >= BIG_BODY || srv_json_value_bound(cn->body.data, cn->body.len) >= BIG_VALUES;
-    j->ep = cn->route == R_CHAT ? SRV_EP_CHAT : SRV_EP_COMPLETION;
+    j->ep = cn->route == R_COMPLETIONS ? SRV_EP_COMPLETION : SRV_EP_CHAT;
+    j->route = cn->route;
     j->path = route_names[cn->route];
-    snprintf(j->id, sizeof j->id, "%s-%llu%08x", j->ep == SRV_EP_CHAT ? "chatcmpl" : "cmpl",
+    const enum srv_proto proto = route_proto(cn->route);
+    static const char *const id_prefix[] = {[SRV_PROTO_CHAT] = "chatcmpl-", [SRV_PROTO_MESSAGES] = "msg_",
+                                            [SRV_PROTO_RESPONSES] = "resp_"};
+    snprintf(j->id, sizeof j->id, "%s%llu%08x", j->ep == SRV_EP_CHAT ? id_prefix[proto] : "cmpl-",
              (unsigned long long)j->seq, (unsigned)(tern_now_ns() & 0xffffffffu));
     struct srv_parse_opts po = {.max_body = s->p.max_body, .allow_forced_output = s->p.allow_forced_output};
-    if (!srv_request_parse(j->ep, cn->body.data ? cn->body.data : "", cn->body.len, &po, &j->req, &err)) goto reject;
+    const char *body = cn->body.data ? cn->body.data : "";
+    bool parsed = proto == SRV_PROTO_CHAT
+                      ? srv_request_parse(j->ep, body, cn->body.len, &po, &j->req, &err)
+                      : srv_request_parse_proto(proto, cn->route == R_COUNT_TOKENS, body, cn->body.len, &po, &j->req,
+                                                &err);
+    if (!parsed) goto reject;
     tern_buf_free(&cn->body); /* parsed: the bytes are not needed any more */
 
     /* identity: tenant = API key and/or cache_salt; key: body beats the header */
@@ -809,7 +847,10 @@ static bool prep_generate(struct srv_server *s, struct conn *cn, const struct sr
         j->tenant = tern_buf_detach(&t, NULL);
         if (!j->tenant) j->tenant = tern_strdup("");
         const char *hk = cn->session_hdr;
+        /* a client's session header names an agent session, and the adapter's lane
+         * the conversation inside it (api.h) */
         if (j->req.session_key) j->key = tern_strdup(j->req.session_key);
+        else if (hk && *hk && strlen(hk) <= SRV_MAX_KEY_LEN && j->req.lane[0]) j->key = key_in_lane(hk, j->req.lane);
         else if (hk && *hk && strlen(hk) <= SRV_MAX_KEY_LEN) j->key = tern_strdup(hk);
         if (!j->tenant || ((j->req.session_key || (hk && *hk && strlen(hk) <= SRV_MAX_KEY_LEN)) && !j->key)) {
             srv_error_set(&err, 500, "server_error", NULL, NULL, "out of memory");
@@ -817,6 +858,12 @@ static bool prep_generate(struct srv_server *s, struct conn *cn, const struct sr
         }
     }
     if (!b->prepare(b->self, j, &err)) goto reject;
+    if (j->req.count_only) {
+        /* /v1/messages/count_tokens: rendered and tokenized as /v1/messages would be, never run */
+        conn_reply_json(s, cn, 200, json_pack("{s:I}", "input_tokens", (json_int_t)j->n_prompt));
+        job_unref(s, j);
+        return true;
+    }
 
     j->t_out = tern_now_s();
     if (!enqueue(s, j)) {
@@ -904,12 +951,12 @@ static void *prep_main(void *arg) {
         /* a large body of a route without a job left its parse's memory in the
          * allocator's arenas: give it back (a job does so when it is freed). Decided
          * now: once the connection is parked or resumed, cn may be gone. */
-        bool big = cn->body_len >= BIG_BODY && cn->route != R_CHAT && cn->route != R_COMPLETIONS;
+        bool big = cn->body_len >= BIG_BODY && !route_generates(cn->route);
         if (atomic_load(&s->stopping)) {
             struct srv_error err = {0};
             srv_error_set(&err, 503, "unavailable_error", "shutting_down", NULL, "the server is shutting down");
             conn_reply_error(s, cn, &err, NULL, NULL);
-        } else if (cn->route == R_CHAT || cn->route == R_COMPLETIONS) {
+        } else if (route_generates(cn->route)) {
             resume = prep_generate(s, cn, b);
         } else {
             prep_simple(s, cn, b);
@@ -1107,7 +1154,12 @@ static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, 
                 return refuse_before_body(s, c, cn, &err, NULL, NULL);
             }
         }
-        const char *hk = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-session-id");
+        /* the session headers of the clients, in order: ours, Claude Code's, Codex's */
+        static const char *const session_headers[] = {"x-session-id", "x-claude-code-session-id", "session_id",
+                                                      "session-id", "thread-id", "thread_id", "conversation_id"};
+        const char *hk = NULL;
+        for (size_t i = 0; !hk && i < TERN_ARRAY_LEN(session_headers); i++)
+            hk = MHD_lookup_connection_value(c, MHD_HEADER_KIND, session_headers[i]);
         if (hk && !(cn->session_hdr = tern_strdup(hk))) return MHD_NO;
         return MHD_YES;
     }
@@ -1159,7 +1211,11 @@ static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, 
         json_t *data = json_array();
         json_t *e = b->model_entry ? b->model_entry(b->self) : NULL;
         if (e) json_array_append_new(data, e);
-        return send_json(s, c, cn->route, 200, json_pack("{s:s,s:o}", "object", "list", "data", data));
+        /* one list that OpenAI clients, Claude Code (has_more, first_id, last_id) and Codex accept */
+        const char *id = json_string_value(json_object_get(e, "id"));
+        return send_json(s, c, cn->route, 200,
+                         json_pack("{s:s,s:o,s:b,s:s?,s:s?}", "object", "list", "data", data, "has_more", 0, "first_id",
+                                   id, "last_id", id));
     }
     /* POST routes: the work goes to a prepare thread while the connection waits,
      * suspended (suspend first: the prepare thread may resume it at once) */

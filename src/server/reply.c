@@ -42,7 +42,10 @@ enum tern_status stop_matcher_feed(struct stop_matcher *m, const char *text, siz
     const char *first = NULL;
     for (size_t i = 0; i < m->n_stops; i++) {
         const char *at = find_bytes(h, len, m->stops[i]);
-        if (at && (!first || at < first)) first = at;
+        if (at && (!first || at < first)) {
+            first = at;
+            m->which = (int)i;
+        }
     }
     if (first) {
         m->stopped = true;
@@ -98,6 +101,8 @@ bool reply_prompt_opens_think(const struct reply_format *fmt, const char *prompt
 /* ---- parser ------------------------------------------------------------------------ */
 
 enum { ST_CONTENT = 0, ST_THINK = 1, ST_TOOL = 2 };
+
+bool reply_parser_in_think(const struct reply_parser *p) { return p->state == ST_THINK; }
 
 /* JSON scanner modes (where we are at depth 1 of the tool-call object). */
 enum { M_START = 0, M_KEY_EXPECT, M_IN_KEY, M_COLON, M_VALUE_EXPECT, M_IN_VALUE, M_AFTER_VALUE, M_DONE,

@@ -31,6 +31,7 @@ struct stop_matcher {
     size_t n_stops;
     struct tern_buf held;       /* a suffix that may still become a stop string */
     bool stopped;
+    int which;                  /* stopped: the index of the stop string found */
 };
 
 void stop_matcher_init(struct stop_matcher *m, const char *const *stops, size_t n_stops);
@@ -120,6 +121,9 @@ struct reply_delta *reply_parser_delta(struct reply_parser *p);
 bool reply_delta_empty(const struct reply_delta *d);
 void reply_delta_reset(struct reply_delta *d);
 void reply_parser_free(struct reply_parser *p);
+
+/* True while the parser is inside a reasoning block (the last text fed was reasoning). */
+bool reply_parser_in_think(const struct reply_parser *p);
 
 /* True when the text ends inside an opened reasoning block: the last think_open is
  * after the last think_close (ignoring trailing whitespace). */

@@ -2,6 +2,8 @@
 #include "util/json-kind.h"
 #include "server/request.h"
 
+#include "server/api/api.h"
+
 #include "server/constrain.h"
 
 #include "util/mem.h"
@@ -523,6 +525,8 @@ void srv_request_free(struct srv_request *req) {
     free(req->cache_salt);
     free(req->forced_output);
     free(req->forced_prefix);
+    json_decref(req->api_tools);
+    json_decref(req->api_echo);
     srv_constraint_free(req);
     memset(req, 0, sizeof *req);
 }
@@ -700,9 +704,22 @@ size_t srv_json_value_bound(const char *p, size_t n) {
     return count;
 }
 
+static bool parse_doc(enum srv_endpoint ep, enum srv_proto proto, bool count_only, const char *body, size_t len,
+                      const struct srv_parse_opts *opts, struct srv_request *req, struct srv_error *err);
+
 bool srv_request_parse(enum srv_endpoint ep, const char *body, size_t len,
                        const struct srv_parse_opts *opts, struct srv_request *req,
                        struct srv_error *err) {
+    return parse_doc(ep, SRV_PROTO_CHAT, false, body, len, opts, req, err);
+}
+
+bool srv_request_parse_proto(enum srv_proto proto, bool count_only, const char *body, size_t len,
+                             const struct srv_parse_opts *opts, struct srv_request *req, struct srv_error *err) {
+    return parse_doc(SRV_EP_CHAT, proto, count_only, body, len, opts, req, err);
+}
+
+static bool parse_doc(enum srv_endpoint ep, enum srv_proto proto, bool count_only, const char *body, size_t len,
+                      const struct srv_parse_opts *opts, struct srv_request *req, struct srv_error *err) {
     memset(req, 0, sizeof *req);
     req->ep = ep;
     if (opts && opts->max_body && len > opts->max_body) {
@@ -745,7 +762,15 @@ bool srv_request_parse(enum srv_endpoint ep, const char *body, size_t len,
         json_decref(o);
         return false;
     }
-    bool ok = parse_body(ep, o, opts, req, err);
+    /* another protocol: its adapter makes the chat request this parser validates */
+    json_t *chat = NULL;
+    bool ok = true;
+    req->proto = proto;
+    req->count_only = count_only;
+    if (proto == SRV_PROTO_MESSAGES) ok = (chat = api_messages_request(o, count_only, req, err)) != NULL;
+    else if (proto == SRV_PROTO_RESPONSES) ok = (chat = api_responses_request(o, req, err)) != NULL;
+    if (ok) ok = parse_body(ep, chat ? chat : o, opts, req, err);
+    json_decref(chat);
     json_decref(o);
     /* A failed allocation makes any verdict after it unreliable (a grammar that could
      * not be built reads as one too large): the request failed for want of memory. */
@@ -753,6 +778,7 @@ bool srv_request_parse(enum srv_endpoint ep, const char *body, size_t len,
         srv_error_set(err, 500, "server_error", NULL, NULL, "out of memory parsing a request body of %zu bytes", len);
     if (!ok) srv_request_free(req);
     req->ep = ep;
+    req->proto = proto;
     return ok;
 }
 

@@ -33,6 +33,10 @@ struct tern_grammar;
 
 enum srv_endpoint { SRV_EP_CHAT = 0, SRV_EP_COMPLETION = 1 };
 
+/* The protocol a request came in by (server/api/api.h). Every protocol but completions
+ * becomes a chat request (SRV_EP_CHAT); the protocol only says how it is answered. */
+enum srv_proto { SRV_PROTO_CHAT = 0, SRV_PROTO_MESSAGES, SRV_PROTO_RESPONSES };
+
 /* An error in OpenAI's shape {"error":{"message","type","param","code"}}. */
 struct srv_error {
     int status;          /* HTTP status */
@@ -93,6 +97,13 @@ struct srv_request {
     char *session_key;           /* session_id > prompt_cache_key > user; NULL = none */
     char *cache_salt;            /* NULL = none */
 
+    /* the front door (server/api/api.h) */
+    enum srv_proto proto;
+    bool count_only;             /* /v1/messages/count_tokens: render and count, never run */
+    char lane[17];               /* the conversation's lane under a client's session id ("" = none) */
+    json_t *api_tools;           /* responses: model-facing tool name -> {kind, name, namespace} (owned) */
+    json_t *api_echo;            /* responses: the request's fields the response object repeats (owned) */
+
     /* test-only (accepted only when the server allows it): text the engine emits
      * instead of sampling, streamed through the real detokenizer, parser and SSE. */
     char *forced_output;
@@ -113,6 +124,11 @@ bool srv_request_parse(enum srv_endpoint ep, const char *body, size_t len,
                        const struct srv_parse_opts *opts, struct srv_request *req,
                        struct srv_error *err);
 void srv_request_free(struct srv_request *req);
+
+/* The same for a body of another protocol (server/api/api.h): the adapter turns it into
+ * a chat request first. count_only: /v1/messages/count_tokens. */
+bool srv_request_parse_proto(enum srv_proto proto, bool count_only, const char *body, size_t len,
+                             const struct srv_parse_opts *opts, struct srv_request *req, struct srv_error *err);
 
 /* Template variables for a chat request: {messages, tools?, add_generation_prompt,
  * bos_token, eos_token, <chat_template_kwargs...>}. kwargs never override messages or

@@ -26,6 +26,7 @@ struct srv_usage {
     uint32_t prompt_tokens;
     uint32_t completion_tokens;
     uint32_t cached_tokens;
+    uint32_t reasoning_tokens;   /* of completion_tokens, those generated inside a reasoning block */
 };
 
 /* The reuse report ({"reuse":{tier,cached,read,key,reason}}); a new reference or NULL

@@ -54,6 +54,7 @@ struct srv_job {
     char id[48];                 /* "chatcmpl-<seq>-<random>" / "cmpl-..." */
     enum srv_endpoint ep;
     const char *path;
+    int route;                   /* the route it came in by (for /metrics) */
     struct srv_request req;
     char *tenant;                /* hash of the API key used and/or cache_salt; "" = default */
     char *key;                   /* session key (body beats header x-session-id); NULL = none */
