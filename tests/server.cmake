@@ -42,6 +42,10 @@ if(TERN_NODE)
                    TIMEOUT 1200 LABELS e2e tsan)
   tern_script_test(server-openai-sdk ${TERN_NODE} --test-reporter=spec
                    ${CMAKE_SOURCE_DIR}/tests/clients/openai-sdk.test.mjs TIMEOUT 600 LABELS e2e)
+  # the Anthropic Messages API by @anthropic-ai/sdk and the Responses API by openai's
+  # responses: every event type, forced tool calls, round trips, lanes, resumed == cold
+  tern_script_test(server-protocols ${TERN_NODE} --test-reporter=spec
+                   ${CMAKE_SOURCE_DIR}/tests/clients/protocols.test.mjs TIMEOUT 600 LABELS e2e quick)
   # Priming the bodies that fit is slow under ASan; the two tests above exercise the
   # same request path (and LeakSanitizer checks the server's exit) under ASan.
   tern_script_test(server-bench-bodies ${TERN_NODE} --test-reporter=spec

@@ -697,11 +697,16 @@ static bool ct_equal(const char *a, size_t na, const char *b, size_t nb) {
  * compared, in constant time, so that timing tells nothing about a key's bytes. */
 static bool authorised(struct srv_server *s, struct MHD_Connection *c, struct conn *cn) {
     if (s->p.n_api_keys == 0) return true;
+    /* "Authorization: Bearer KEY" (OpenAI's clients, Claude Code's ANTHROPIC_AUTH_TOKEN) or
+     * "x-api-key: KEY" (Anthropic's clients, Claude Code's ANTHROPIC_API_KEY) */
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h) return false;
-    while (*h == ' ') h++;
-    if (strncasecmp(h, "Bearer ", 7) != 0) return false;
-    h += 7;
+    if (h) {
+        while (*h == ' ') h++;
+        if (strncasecmp(h, "Bearer ", 7) != 0) return false;
+        h += 7;
+    } else if (!(h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key"))) {
+        return false;
+    }
     while (*h == ' ') h++;
     size_t nh = strlen(h);
     size_t found = SIZE_MAX;
