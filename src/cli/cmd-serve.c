@@ -323,6 +323,7 @@ static int cmd_serve(int argc, char **argv) {
     cp.pool = env_flag("TERN_REUSE_POOL", true);
     cp.ckpt_reread = env_flag("TERN_CKPT_REREAD", false);
     sp.allow_forced_output = env_flag("TERN_TEST_FORCED_OUTPUT", false);
+    sp.forced_reply = sp.allow_forced_output ? getenv("TERN_TEST_FORCED_REPLY") : NULL;
     if (!env_flag("TERN_PREDICT", true)) predict = PREDICT_OFF;
     uint32_t predict_delay = 0;
     const char *pd = getenv("TERN_TEST_PREDICT_DELAY_MS");

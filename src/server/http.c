@@ -835,7 +835,8 @@ static bool prep_generate(struct srv_server *s, struct conn *cn, const struct sr
                                             [SRV_PROTO_RESPONSES] = "resp_"};
     snprintf(j->id, sizeof j->id, "%s%llu%08x", j->ep == SRV_EP_CHAT ? id_prefix[proto] : "cmpl-",
              (unsigned long long)j->seq, (unsigned)(tern_now_ns() & 0xffffffffu));
-    struct srv_parse_opts po = {.max_body = s->p.max_body, .allow_forced_output = s->p.allow_forced_output};
+    struct srv_parse_opts po = {.max_body = s->p.max_body, .allow_forced_output = s->p.allow_forced_output,
+                                .forced_reply = s->p.forced_reply};
     const char *body = cn->body.data ? cn->body.data : "";
     bool parsed = proto == SRV_PROTO_CHAT
                       ? srv_request_parse(j->ep, body, cn->body.len, &po, &j->req, &err)

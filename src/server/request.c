@@ -672,6 +672,8 @@ static bool parse_body(enum srv_endpoint ep, const json_t *o, const struct srv_p
             return false;
         }
         if (!get_string(o, "tern_forced_output", 1 << 20, &req->forced_output, err)) return false;
+    } else if (opts && opts->allow_forced_output && opts->forced_reply && ep == SRV_EP_CHAT) {
+        if (!(req->forced_output = tern_strdup(opts->forced_reply))) return oom(err);
     }
     if (opt_field(o, "tern_forced_prefix")) {
         if (!opts || !opts->allow_forced_output) {

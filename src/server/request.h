@@ -115,6 +115,8 @@ struct srv_request {
 struct srv_parse_opts {
     size_t max_body;             /* 0 = no limit here (the HTTP layer enforces it) */
     bool allow_forced_output;    /* accept the test-only body field "tern_forced_output" */
+    const char *forced_reply;    /* with allow_forced_output: the forced output of a request that names none
+                                  * (TERN_TEST_FORCED_REPLY: real agent clients, which send no test fields) */
 };
 
 /* Parses and validates body[0..len) for endpoint ep. On success fills *req (free with

@@ -30,6 +30,7 @@ struct srv_params {
     const char *const *api_keys; /* when n_api_keys > 0 every route but /health needs one */
     size_t n_api_keys;
     bool allow_forced_output;    /* test-only request field tern_forced_output */
+    const char *forced_reply;    /* test-only: srv_parse_opts.forced_reply */
     uint32_t max_connections;    /* open connections in all; 0 = 4096 (lowered to what RLIMIT_NOFILE allows) */
     uint32_t max_conn_per_ip;    /* open connections per client address; 0 = no cap */
     uint32_t header_timeout_s;   /* a connection must send a complete request header within this (408) */
