@@ -25,6 +25,37 @@ static bool fail_status(struct srv_error *err, enum tern_status st, const char *
     return false;
 }
 
+/* The messages with every system (or developer) message that follows a non-system one
+ * turned into a user message; NULL when there is none (or no memory). Clients put
+ * system messages mid-conversation (Claude Code's reminders, Codex's developer
+ * messages), and some templates refuse them there (Qwen3.5: "System message must be at
+ * the beginning"). The message stays where it stands, as a user turn: a template's
+ * refusal is a property of the template, so a conversation always takes the same path
+ * and renders to the same prefix every turn. */
+static json_t *late_system_as_user(const json_t *messages) {
+    bool begun = false, any = false;
+    for (size_t i = 0; i < json_array_size(messages); i++) {
+        const char *role = json_string_value(json_object_get(json_array_get(messages, i), "role"));
+        bool sys = role && (!strcmp(role, "system") || !strcmp(role, "developer"));
+        any |= sys && begun;
+        begun |= !sys;
+    }
+    if (!any) return NULL;
+    json_t *out = json_deep_copy(messages);
+    begun = false;
+    for (size_t i = 0; out && i < json_array_size(out); i++) {
+        json_t *m = json_array_get(out, i);
+        const char *role = json_string_value(json_object_get(m, "role"));
+        bool sys = role && (!strcmp(role, "system") || !strcmp(role, "developer"));
+        if (sys && begun && json_object_set_new(m, "role", json_string("user"))) {
+            json_decref(out);
+            return NULL;
+        }
+        begun |= !sys;
+    }
+    return out;
+}
+
 bool engine_prepare(void *self, struct srv_job *j, struct srv_error *err) {
     struct srv_engine *e = self;
     struct eng_job *ej = tern_calloc(1, sizeof *ej);
@@ -39,6 +70,17 @@ bool engine_prepare(void *self, struct srv_job *j, struct srv_error *err) {
         struct tern_template_spans marks = {0}; /* the request's bytes: never control tokens */
         st = chat_fmt_render(&e->chat, vars, &text, &marks);
         json_decref(vars);
+        json_t *moved = st == TERN_ERR_TEMPLATE ? late_system_as_user(j->req.messages) : NULL;
+        if (moved) {
+            TERN_LOG_INFO("template: %s refused a system message after the first turn (%s); rendered as a user turn",
+                          j->id, tern_last_error());
+            json_decref(j->req.messages);
+            j->req.messages = moved;
+            tern_buf_clear(&text);
+            vars = srv_template_vars(&j->req, e->chat.bos_text, e->chat.eos_text);
+            st = vars ? chat_fmt_render(&e->chat, vars, &text, &marks) : TERN_ERR_NOMEM;
+            json_decref(vars);
+        }
         if (st) {
             tern_buf_free(&text);
             tern_template_spans_free(&marks);

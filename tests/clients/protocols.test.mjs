@@ -15,6 +15,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { createRequire } from 'node:module';
 import { join } from 'node:path';
+import { existsSync } from 'node:fs';
 import { makeModel, startServer, tmp, requireOpenAI, sourceDir, sseFrames, stateHash, logged } from './harness.mjs';
 
 const require = createRequire(join(sourceDir, 'third_party', 'package.json'));
@@ -231,6 +232,34 @@ test('messages: a system message inside messages stays where it stands', async (
   // the chat door renders the same messages to the same number of tokens
   const tok = await (await post(srv.base, '/v1/chat/completions', { ...base, max_tokens: 1, tern_forced_output: 'x' })).json();
   assert.equal(a.input_tokens, tok.usage.prompt_tokens);
+});
+
+// Qwen3.5's template refuses a system message after the first turn; clients send them
+// there (Claude Code, Codex's developer messages): it is rendered where it stands, as a
+// user turn, the same way every time.
+test('messages and responses: a late system message under a template that refuses it', async (t) => {
+  const shared = process.env.TERN_SHARED_DIR || process.env.TERN_SHARED_DIR_DEFAULT;
+  const tpl = shared && join(shared, 'conformance', 'templates', 'templates', 'qwen3.5-4b.jinja');
+  if (!tpl || !existsSync(tpl)) {
+    if ((process.env.TERN_REQUIRE_SHARED || '0') !== '0') throw new Error(`no ${tpl}`);
+    return t.skip('no ../shared (TERN_SHARED_DIR)');
+  }
+  const s35 = await startServer(['--model', model, '--ctx-size', '2048', '--chat-template', tpl, '--predict', 'off']);
+  try {
+    const msgs = [{ role: 'user', content: 'one' }, { role: 'assistant', content: 'two' },
+      { role: 'system', content: 'Reminder: be brief.' }, { role: 'user', content: 'three' }];
+    const a = await (await fetch(s35.base + '/v1/messages/count_tokens', { method: 'POST', body: JSON.stringify({ model: 'tern', system: 'S', messages: msgs }) })).json();
+    const asUser = msgs.map((m) => (m.role === 'system' ? { ...m, role: 'user' } : m));
+    const b = await (await fetch(s35.base + '/v1/messages/count_tokens', { method: 'POST', body: JSON.stringify({ model: 'tern', system: 'S', messages: asUser }) })).json();
+    assert.ok(a.input_tokens > 0);
+    assert.equal(a.input_tokens, b.input_tokens);
+    const r = await fetch(s35.base + '/v1/responses', { method: 'POST', body: JSON.stringify({ model: 'tern', max_output_tokens: 1,
+      input: [{ role: 'user', content: 'one' }, { role: 'developer', content: 'Permissions: none.' }, { role: 'user', content: 'two' }] }) });
+    assert.equal(r.status, 200, await r.clone().text());
+    assert.match(s35.log(), /refused a system message after the first turn/);
+  } finally {
+    assert.equal(await s35.stop(), 0);
+  }
 });
 
 // ---- Responses -----------------------------------------------------------------------
