@@ -42,6 +42,12 @@ static void usage(FILE *f) {
             "  --url URL              an already running server (arm A)\n"
             "  --url-b URL            a second one (arm B), compared with A\n"
             "  --labels A,B           names of the URL arms in the report (default A,B)\n"
+            "doors:\n"
+            "  --protocol P           chat (default), messages (the Anthropic Messages API) or responses\n"
+            "                         (the OpenAI Responses API): each turn converted as that API's client\n"
+            "                         would send it, to /v1/messages or /v1/responses of both arms\n"
+            "  --shape FILE           a request body a real client of --protocol sent (bench/agent-shape.mjs):\n"
+            "                         its system prompt (instructions) and tools replace the transcript's\n"
             "protocol:\n"
             "  --reps N               repetitions, each replaying the whole conversation (default 3)\n"
             "  --isolate MODE         keep repetitions independent: restart (fresh servers per rep; the\n"
@@ -213,7 +219,8 @@ static int make_transcript(const char *kind, const char *out, long turns, long s
 enum {
     OPT_TRANSCRIPT = 256, OPT_URL, OPT_URL_B, OPT_MODEL, OPT_ARMS, OPT_REPS, OPT_OUT, OPT_GAP, OPT_USER_GAP,
     OPT_TURNS, OPT_MAX_TOKENS, OPT_SERVER_ARGS, OPT_SERVER_BIN, OPT_ISOLATE, OPT_NO_WARMUP, OPT_NO_PAUSE, OPT_TRUST_KINDS,
-    OPT_TIMEOUT, OPT_START_TIMEOUT, OPT_LABELS, OPT_MAKE, OPT_SEED, OPT_STRIP, OPT_QUIET, OPT_HELP, OPT_DEMO
+    OPT_TIMEOUT, OPT_START_TIMEOUT, OPT_LABELS, OPT_MAKE, OPT_SEED, OPT_STRIP, OPT_QUIET, OPT_HELP, OPT_DEMO,
+    OPT_PROTOCOL, OPT_SHAPE
 };
 
 static int replay_main(int argc, char **argv) {
@@ -230,7 +237,8 @@ static int replay_main(int argc, char **argv) {
         {"labels", required_argument, 0, OPT_LABELS}, {"make-transcript", required_argument, 0, OPT_MAKE},
         {"seed", required_argument, 0, OPT_SEED}, {"strip", no_argument, 0, OPT_STRIP},
         {"quiet", no_argument, 0, OPT_QUIET}, {"help", no_argument, 0, OPT_HELP},
-        {"demo", no_argument, 0, OPT_DEMO}, {0, 0, 0, 0}};
+        {"demo", no_argument, 0, OPT_DEMO}, {"protocol", required_argument, 0, OPT_PROTOCOL},
+        {"shape", required_argument, 0, OPT_SHAPE}, {0, 0, 0, 0}};
     struct tern_replay_config cfg;
     tern_replay_config_default(&cfg);
     const char *transcript = NULL, *url = NULL, *url_b = NULL, *model = NULL, *arms = NULL, *out = NULL;
@@ -242,6 +250,8 @@ static int replay_main(int argc, char **argv) {
     opterr = 0;
     optind = 1;
     int c;
+    enum tern_replay_protocol protocol = TERN_REPLAY_CHAT;
+    const char *shape_path = NULL;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case OPT_TRANSCRIPT: transcript = optarg; break;
@@ -261,6 +271,11 @@ static int replay_main(int argc, char **argv) {
         case OPT_STRIP: strip = true; break;
         case OPT_QUIET: quiet = true; break;
         case OPT_DEMO: demo = true; break;
+        case OPT_PROTOCOL:
+            if (!tern_replay_protocol_parse(optarg, &protocol))
+                return cli_fail("replay", "--protocol is '%s'; it must be chat, messages or responses", optarg);
+            break;
+        case OPT_SHAPE: shape_path = optarg; break;
         case OPT_HELP: usage(stdout); return 0;
         case OPT_REPS:
             if (!cli_parse_int(optarg, 1, TERN_REPLAY_MAX_REPS, &reps))
@@ -418,8 +433,22 @@ static int replay_main(int argc, char **argv) {
         free(sargs);
         return cli_fail("replay", "%s", tern_last_error());
     }
+    json_t *shape = NULL;
+    if (shape_path) {
+        json_error_t jerr;
+        shape = json_load_file(shape_path, 0, &jerr);
+        if (!json_is_object(shape)) {
+            json_decref(shape);
+            tern_transcript_free(tr);
+            for (int i = 0; i < n_sargs; i++) free(sargs[i]);
+            free(sargs);
+            return cli_fail("replay", "--shape %s: not a JSON object (%s, line %d)", shape_path, jerr.text, jerr.line);
+        }
+    }
     char *cmdline = join_argv(argc, argv);
     cfg.tr = tr;
+    cfg.protocol = protocol;
+    cfg.shape = shape;
     cfg.n_turns = turns > 0 ? (size_t)turns : 0;
     cfg.n_reps = (int)reps;
     cfg.gap_s = gap;
@@ -476,6 +505,7 @@ static int replay_main(int argc, char **argv) {
     sigaction(SIGHUP, &old_hup, NULL);
     tern_replay_run_free(run);
     tern_transcript_free(tr);
+    json_decref(shape);
     free(cmdline);
     for (int i = 0; i < n_sargs; i++) free(sargs[i]);
     free(sargs);

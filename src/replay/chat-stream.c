@@ -52,6 +52,109 @@ static enum tern_status on_delta_text(struct tern_chat_stream *cs, json_t *v, st
     return tern_buf_append(into, json_string_value(v), json_string_length(v));
 }
 
+static void finish_with(struct tern_chat_stream *cs, const char *reason) {
+    if (!cs->finished) cs->t_finish_ns = tern_now_ns();
+    cs->finished = true;
+    snprintf(cs->m->finish_reason, sizeof cs->m->finish_reason, "%s", reason);
+}
+
+static struct tool_acc *tool_at(struct tern_chat_stream *cs, size_t idx) {
+    if (idx >= MAX_TOOL_CALLS) return NULL;
+    if (idx >= cs->n_tools) cs->n_tools = idx + 1;
+    return &cs->tools[idx];
+}
+
+/* The Anthropic Messages events (server/api/messages.c): usage at message_start and
+ * message_delta (input_tokens there excludes cache reads), one content block at a time. */
+static enum tern_status on_messages_event(struct tern_chat_stream *cs, const char *type, json_t *j) {
+    json_t *usage = NULL;
+    if (!strcmp(type, "message_start")) {
+        usage = json_object_get(json_object_get(j, "message"), "usage");
+    } else if (!strcmp(type, "content_block_start")) {
+        json_t *b = json_object_get(j, "content_block");
+        const char *bt = json_string_value(json_object_get(b, "type"));
+        if (bt && !strcmp(bt, "tool_use")) {
+            struct tool_acc *t = tool_at(cs, cs->n_tools);
+            json_t *name = json_object_get(b, "name");
+            mark_output(cs, "tool_call");
+            if (t && json_is_string(name)) return tern_buf_append(&t->name, json_string_value(name), json_string_length(name));
+        }
+    } else if (!strcmp(type, "content_block_delta")) {
+        json_t *d = json_object_get(j, "delta");
+        const char *dt = json_string_value(json_object_get(d, "type"));
+        if (!dt) return TERN_OK;
+        if (!strcmp(dt, "text_delta")) return on_delta_text(cs, json_object_get(d, "text"), &cs->content);
+        if (!strcmp(dt, "thinking_delta")) return on_delta_text(cs, json_object_get(d, "thinking"), &cs->reasoning);
+        if (!strcmp(dt, "input_json_delta") && cs->n_tools) {
+            json_t *pj = json_object_get(d, "partial_json");
+            if (json_is_string(pj))
+                return tern_buf_append(&cs->tools[cs->n_tools - 1].args, json_string_value(pj), json_string_length(pj));
+        }
+    } else if (!strcmp(type, "message_delta")) {
+        const char *sr = json_string_value(json_object_get(json_object_get(j, "delta"), "stop_reason"));
+        if (sr) finish_with(cs, sr);
+        usage = json_object_get(j, "usage");
+    } else if (!strcmp(type, "message_stop")) {
+        cs->done = true;
+    }
+    if (json_is_object(usage)) {
+        long in = usage_int(usage, "input_tokens"), rd = usage_int(usage, "cache_read_input_tokens"),
+             cr = usage_int(usage, "cache_creation_input_tokens"), out = usage_int(usage, "output_tokens");
+        if (in >= 0) {
+            cs->m->usage_seen = true;
+            cs->m->prompt_tokens = in + (rd > 0 ? rd : 0) + (cr > 0 ? cr : 0);
+            cs->m->cached_tokens = rd >= 0 ? rd : 0;
+        }
+        if (out >= 0) cs->m->completion_tokens = out;
+    }
+    return TERN_OK;
+}
+
+/* The OpenAI Responses events (server/api/responses.c): output items one at a time, the
+ * usage in response.completed / response.incomplete. */
+static enum tern_status on_responses_event(struct tern_chat_stream *cs, const char *type, json_t *j) {
+    if (!strcmp(type, "response.output_text.delta")) return on_delta_text(cs, json_object_get(j, "delta"), &cs->content);
+    if (!strcmp(type, "response.reasoning_text.delta") || !strcmp(type, "response.reasoning_summary_text.delta"))
+        return on_delta_text(cs, json_object_get(j, "delta"), &cs->reasoning);
+    if (!strcmp(type, "response.output_item.added")) {
+        json_t *item = json_object_get(j, "item");
+        const char *it = json_string_value(json_object_get(item, "type"));
+        if (it && (!strcmp(it, "function_call") || !strcmp(it, "custom_tool_call"))) {
+            struct tool_acc *t = tool_at(cs, cs->n_tools);
+            json_t *name = json_object_get(item, "name");
+            mark_output(cs, "tool_call");
+            if (t && json_is_string(name)) return tern_buf_append(&t->name, json_string_value(name), json_string_length(name));
+        }
+        return TERN_OK;
+    }
+    if (!strcmp(type, "response.function_call_arguments.delta") && cs->n_tools) {
+        json_t *d = json_object_get(j, "delta");
+        if (json_is_string(d)) return tern_buf_append(&cs->tools[cs->n_tools - 1].args, json_string_value(d), json_string_length(d));
+        return TERN_OK;
+    }
+    if (!strcmp(type, "response.completed") || !strcmp(type, "response.incomplete")) {
+        json_t *r = json_object_get(j, "response");
+        finish_with(cs, !strcmp(type, "response.completed") ? "stop" : "length");
+        cs->done = true;
+        json_t *usage = json_object_get(r, "usage");
+        if (json_is_object(usage)) {
+            cs->m->usage_seen = true;
+            cs->m->prompt_tokens = usage_int(usage, "input_tokens");
+            cs->m->completion_tokens = usage_int(usage, "output_tokens");
+            long c = usage_int(json_object_get(usage, "input_tokens_details"), "cached_tokens");
+            cs->m->cached_tokens = c >= 0 ? c : 0;
+        }
+        return TERN_OK;
+    }
+    if (!strcmp(type, "response.failed")) {
+        json_t *msg = json_object_get(json_object_get(json_object_get(j, "response"), "error"), "message");
+        snprintf(cs->error, sizeof cs->error, "the server sent response.failed: %s",
+                 json_is_string(msg) ? json_string_value(msg) : "?");
+        return TERN_ERR_FORMAT;
+    }
+    return TERN_OK;
+}
+
 static int on_event(void *user, const struct tern_sse_event *ev) {
     struct tern_chat_stream *cs = user;
     cs->n_events++;
@@ -76,7 +179,16 @@ static int on_event(void *user, const struct tern_sse_event *ev) {
         json_decref(j);
         return 1;
     }
-    json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
+    /* the Messages and Responses doors: events named by their "type" */
+    const char *type = json_string_value(json_object_get(j, "type"));
+    json_t *choice = type ? NULL : json_array_get(json_object_get(j, "choices"), 0);
+    if (type) {
+        st = !strncmp(type, "response.", 9) ? on_responses_event(cs, type, j) : on_messages_event(cs, type, j);
+        if (st != TERN_OK && cs->error[0]) {
+            json_decref(j);
+            return 1;
+        }
+    }
     if (choice) {
         json_t *delta = json_object_get(choice, "delta");
         if (!delta) delta = json_object_get(choice, "message"); /* a non-conforming server; accept */
@@ -113,7 +225,7 @@ static int on_event(void *user, const struct tern_sse_event *ev) {
             snprintf(cs->m->finish_reason, sizeof cs->m->finish_reason, "%s", json_string_value(fr));
         }
     }
-    json_t *usage = json_object_get(j, "usage");
+    json_t *usage = type ? NULL : json_object_get(j, "usage");
     if (json_is_object(usage)) {
         cs->m->usage_seen = true;
         cs->m->prompt_tokens = usage_int(usage, "prompt_tokens");

@@ -108,8 +108,20 @@ typedef void (*tern_replay_progress_fn)(void *user, const struct tern_replay_pro
 /* Status lines ("starting servers", "rep 2: restarting servers") for the user. */
 typedef void (*tern_replay_note_fn)(void *user, const char *line);
 
+/* The door a replay goes through (proto.c): each turn's chat-completions body is sent
+ * as is, or converted into what a client of the Messages or Responses API would send. */
+enum tern_replay_protocol { TERN_REPLAY_CHAT = 0, TERN_REPLAY_MESSAGES, TERN_REPLAY_RESPONSES };
+bool tern_replay_protocol_parse(const char *s, enum tern_replay_protocol *out);
+const char *tern_replay_protocol_path(enum tern_replay_protocol p);
+/* Rewrites body (a chat-completions request) for protocol p; shape: a request body a
+ * real client of p sent (NULL: none), whose system prompt / instructions and tools
+ * replace the transcript's. Deterministic. */
+enum tern_status tern_replay_to_protocol(enum tern_replay_protocol p, const json_t *shape, struct tern_buf *body);
+
 struct tern_replay_config {
     const struct tern_replay_transcript *tr;
+    enum tern_replay_protocol protocol;
+    const json_t *shape;         /* borrowed; NULL: the transcript's system prompt and tools */
     size_t n_turns;              /* turns replayed: the first n_turns (0 = all) */
     int n_reps;                  /* >= 1 */
     double gap_s;                /* quiet time after a turn whose reply made tool calls */

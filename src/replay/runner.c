@@ -159,13 +159,22 @@ static int sink_body(void *user, const char *data, size_t n) {
     return 0;
 }
 
-/* POSTs body to arm's /v1/chat/completions and streams the answer into m. */
+/* POSTs body to arm's /v1/chat/completions (or the protocol's route) and streams the
+ * answer into m. */
+static enum tern_status post_to(struct ctx *c, int arm, const char *path, const char *body, size_t len,
+                                struct tern_replay_meas *m, const char *what);
+
 static enum tern_status post_chat(struct ctx *c, int arm, const char *body, size_t len, struct tern_replay_meas *m,
                                   const char *what) {
+    return post_to(c, arm, "/v1/chat/completions", body, len, m, what);
+}
+
+static enum tern_status post_to(struct ctx *c, int arm, const char *path, const char *body, size_t len,
+                                struct tern_replay_meas *m, const char *what) {
     static const struct tern_http_header hdr[] = {{"Content-Type", "application/json"},
                                                   {"Accept", "text/event-stream"}};
     struct tern_http_response rs = TERN_HTTP_RESPONSE_INIT;
-    struct tern_http_request rq = {.method = "POST", .url = &c->urls[arm], .path = "/v1/chat/completions",
+    struct tern_http_request rq = {.method = "POST", .url = &c->urls[arm], .path = path,
                                    .headers = hdr, .n_headers = 2, .body = body, .body_len = len,
                                    .connect_timeout_s = 10.0, .idle_timeout_s = c->cfg->timeout_s,
                                    .cancel = c->cfg->cancel};
@@ -435,6 +444,7 @@ enum tern_status tern_replay_run(const struct tern_replay_config *cfg, struct te
                 /* Each arm's body is built on its own and hashed as sent: the check below
                  * compares what really went out, not an assumption. */
                 st = tern_replay_body_build(turn, &bo, &c.body, &m->edits);
+                if (st == TERN_OK) st = tern_replay_to_protocol(cfg->protocol, cfg->shape, &c.body);
                 if (st != TERN_OK) goto fail;
                 m->body_hash = tern_hash64(c.body.data, c.body.len);
                 m->body_len = c.body.len;
@@ -443,7 +453,7 @@ enum tern_status tern_replay_run(const struct tern_replay_config *cfg, struct te
                 m->t_start_s = (double)(t0 - c.t_run0) * 1e-9;
                 char what[96];
                 snprintf(what, sizeof what, "turn %zu (line %zu), rep %d", t, turn->line_no, rep + 1);
-                st = post_chat(&c, a, c.body.data, c.body.len, m, what);
+                st = post_to(&c, a, tern_replay_protocol_path(cfg->protocol), c.body.data, c.body.len, m, what);
                 t_last = tern_now_ns();
                 if (st != TERN_OK) goto fail;
                 m->done = true;

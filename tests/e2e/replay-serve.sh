@@ -35,4 +35,19 @@ for port in $(sed -n "s/.*starting server '[a-z]*' on port \([0-9]*\).*/\1/p" "$
   if pgrep -f -- "--port $port( |\$)" >/dev/null; then fail "the server on port $port is still running"; fi
 done
 grep -q "starting server 'off' on port" "$dir/stderr" || fail "no progress notes on stderr"
+
+# The same session through the other two doors (--protocol), reuse on: every check
+# passes, the stream parses, and each turn's prompt is the chat door's, token for token
+# (the adapters render one conversation to one prompt however it is spelled); resumed
+# == cold through the doors is server-protocols' (state hashes).
+prompts() { sed -n 's/.*"arm":"on".*"prompt_tokens":\([0-9]*\).*/\1/p' "$1"; }
+for p in messages responses; do
+  "$bin" replay --transcript "$dir/t.jsonl" --model "$model" --arms on --reps 1 --protocol $p \
+    --out "$dir/$p" --start-timeout 120 --timeout 120 >"$dir/stdout-$p" 2>"$dir/stderr-$p" ||
+    { cat "$dir/stderr-$p"; fail "tern replay --protocol $p"; }
+  [ "$(grep -c '"ttft_at":"text"' "$dir/$p/turns.jsonl")" -eq 7 ] || fail "$p: a turn without streamed text"
+  [ "$(prompts "$dir/$p/turns.jsonl")" = "$(prompts "$dir/out/turns.jsonl")" ] ||
+    fail "$p: prompt tokens $(prompts "$dir/$p/turns.jsonl" | tr '\n' ' ') differ from the chat door's"
+done
+"$bin" replay --transcript "$dir/t.jsonl" --url http://127.0.0.1:1 --protocol smtp 2>/dev/null && fail "--protocol smtp accepted"
 echo "ok"

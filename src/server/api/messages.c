@@ -369,6 +369,7 @@ json_t *api_messages_request(const json_t *body, bool count_only, struct srv_req
         {"top_p", "top_p"},           {"top_k", "top_k"},           {"stream", "stream"},
         {"stop_sequences", "stop"},   {"tern_forced_output", "tern_forced_output"},
         {"tern_forced_prefix", "tern_forced_prefix"}, {"spec", "spec"}, {"seed", "seed"},
+        {"cache_salt", "cache_salt"},
     };
     for (size_t i = 0; i < TERN_ARRAY_LEN(same); i++)
         if (!copy_field(body, same[i][0], chat, same[i][1], err)) goto fail;

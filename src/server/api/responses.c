@@ -366,7 +366,7 @@ json_t *api_responses_request(const json_t *body, struct srv_request *req, struc
         {"model", "model"},     {"max_output_tokens", "max_tokens"},       {"temperature", "temperature"},
         {"top_p", "top_p"},     {"stream", "stream"},                      {"parallel_tool_calls", "parallel_tool_calls"},
         {"tern_forced_output", "tern_forced_output"}, {"tern_forced_prefix", "tern_forced_prefix"},
-        {"spec", "spec"},       {"seed", "seed"},
+        {"spec", "spec"},       {"seed", "seed"},           {"cache_salt", "cache_salt"},
     };
     for (size_t i = 0; i < TERN_ARRAY_LEN(same); i++) {
         const json_t *v = json_object_get(body, same[i][0]);
