@@ -42,6 +42,8 @@ static void usage(FILE *f) {
             "  --url URL              an already running server (arm A)\n"
             "  --url-b URL            a second one (arm B), compared with A\n"
             "  --labels A,B           names of the URL arms in the report (default A,B)\n"
+            "  --pause-pids PA,PB     the URL arms' server processes: each is paused (SIGSTOP) while the\n"
+            "                         other arm is measured, as managed arms are\n"
             "doors:\n"
             "  --protocol P           chat (default), messages (the Anthropic Messages API) or responses\n"
             "                         (the OpenAI Responses API): each turn converted as that API's client\n"
@@ -220,7 +222,7 @@ enum {
     OPT_TRANSCRIPT = 256, OPT_URL, OPT_URL_B, OPT_MODEL, OPT_ARMS, OPT_REPS, OPT_OUT, OPT_GAP, OPT_USER_GAP,
     OPT_TURNS, OPT_MAX_TOKENS, OPT_SERVER_ARGS, OPT_SERVER_BIN, OPT_ISOLATE, OPT_NO_WARMUP, OPT_NO_PAUSE, OPT_TRUST_KINDS,
     OPT_TIMEOUT, OPT_START_TIMEOUT, OPT_LABELS, OPT_MAKE, OPT_SEED, OPT_STRIP, OPT_QUIET, OPT_HELP, OPT_DEMO,
-    OPT_PROTOCOL, OPT_SHAPE
+    OPT_PROTOCOL, OPT_SHAPE, OPT_PAUSE_PIDS
 };
 
 static int replay_main(int argc, char **argv) {
@@ -238,7 +240,8 @@ static int replay_main(int argc, char **argv) {
         {"seed", required_argument, 0, OPT_SEED}, {"strip", no_argument, 0, OPT_STRIP},
         {"quiet", no_argument, 0, OPT_QUIET}, {"help", no_argument, 0, OPT_HELP},
         {"demo", no_argument, 0, OPT_DEMO}, {"protocol", required_argument, 0, OPT_PROTOCOL},
-        {"shape", required_argument, 0, OPT_SHAPE}, {0, 0, 0, 0}};
+        {"shape", required_argument, 0, OPT_SHAPE}, {"pause-pids", required_argument, 0, OPT_PAUSE_PIDS},
+        {0, 0, 0, 0}};
     struct tern_replay_config cfg;
     tern_replay_config_default(&cfg);
     const char *transcript = NULL, *url = NULL, *url_b = NULL, *model = NULL, *arms = NULL, *out = NULL;
@@ -252,6 +255,7 @@ static int replay_main(int argc, char **argv) {
     int c;
     enum tern_replay_protocol protocol = TERN_REPLAY_CHAT;
     const char *shape_path = NULL;
+    int pause_pids[2] = {0, 0};
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case OPT_TRANSCRIPT: transcript = optarg; break;
@@ -276,6 +280,10 @@ static int replay_main(int argc, char **argv) {
                 return cli_fail("replay", "--protocol is '%s'; it must be chat, messages or responses", optarg);
             break;
         case OPT_SHAPE: shape_path = optarg; break;
+        case OPT_PAUSE_PIDS:
+            if (sscanf(optarg, "%d,%d", &pause_pids[0], &pause_pids[1]) != 2 || pause_pids[0] <= 0 || pause_pids[1] <= 0)
+                return cli_fail("replay", "--pause-pids is '%s'; expected two process ids, PA,PB", optarg);
+            break;
         case OPT_HELP: usage(stdout); return 0;
         case OPT_REPS:
             if (!cli_parse_int(optarg, 1, TERN_REPLAY_MAX_REPS, &reps))
@@ -448,6 +456,8 @@ static int replay_main(int argc, char **argv) {
     char *cmdline = join_argv(argc, argv);
     cfg.tr = tr;
     cfg.protocol = protocol;
+    cfg.pause_pid[0] = pause_pids[0];
+    cfg.pause_pid[1] = pause_pids[1];
     cfg.shape = shape;
     cfg.n_turns = turns > 0 ? (size_t)turns : 0;
     cfg.n_reps = (int)reps;

@@ -7,8 +7,10 @@
  * text and tool_use blocks / reasoning, message and function_call items; tool results
  * become tool_result blocks in one user turn / function_call_output items. A shape (the
  * first request body a real client sent, captured by bench/agent-shape.mjs) replaces
- * the system prompt and the tool list with the client's own, so the replay carries the
- * prompt that client really sends. Deterministic: the same body always converts to the
+ * the system prompt and the tool list with the client's own — Claude Code's `system`
+ * blocks, tools, thinking, output_config and metadata (its session identity); Codex's
+ * leading developer messages, tools (namespaces included), reasoning, tool_choice and
+ * prompt_cache_key — so the replay carries the prompt that client really sends. Deterministic: the same body always converts to the
  * same bytes, so both arms of a run see identical requests. */
 #include "replay/replay.h"
 
@@ -162,6 +164,8 @@ static json_t *to_messages(const json_t *chat, const json_t *shape) {
     copy_if(out, "temperature", chat, "temperature");
     json_object_set_new(out, "stream", json_true());
     copy_if(out, "cache_salt", chat, "cache_salt");
+    static const char *const from_shape[] = {"thinking", "output_config", "metadata"};
+    for (size_t i = 0; shape && i < sizeof from_shape / sizeof *from_shape; i++) copy_if(out, from_shape[i], shape, from_shape[i]);
     return out;
 }
 
@@ -173,7 +177,8 @@ static json_t *to_responses(const json_t *chat, const json_t *shape) {
     const json_t *msgs = json_object_get(chat, "messages");
     size_t first;
     json_t *sys = system_prompt(msgs, &first);
-    if (shape && json_object_get(shape, "instructions")) {
+    if (shape && json_is_string(json_object_get(shape, "instructions")) &&
+        json_string_length(json_object_get(shape, "instructions"))) {
         copy_if(out, "instructions", shape, "instructions");
     } else if (sys) {
         json_t *t = json_array_get(sys, 0); /* one system message in every transcript */
@@ -181,6 +186,15 @@ static json_t *to_responses(const json_t *chat, const json_t *shape) {
     }
     json_decref(sys);
     json_t *input = json_array();
+    /* the client's own system prompt: its leading developer / system messages */
+    const json_t *sin = shape ? json_object_get(shape, "input") : NULL;
+    for (size_t i = 0; i < json_array_size(sin); i++) {
+        const json_t *it = json_array_get(sin, i);
+        const char *r = role_of(it);
+        if (strcmp(r, "developer") && strcmp(r, "system")) break;
+        json_array_append(input, (json_t *)it);
+    }
+    if (json_array_size(input)) json_object_del(out, "instructions");
     for (size_t i = first; i < json_array_size(msgs); i++) {
         const json_t *m = json_array_get(msgs, i);
         const char *role = role_of(m);
@@ -237,6 +251,9 @@ static json_t *to_responses(const json_t *chat, const json_t *shape) {
     json_object_set_new(out, "stream", json_true());
     json_object_set_new(out, "store", json_false());
     copy_if(out, "cache_salt", chat, "cache_salt");
+    static const char *const from_shape[] = {"reasoning", "tool_choice", "parallel_tool_calls", "include",
+                                             "prompt_cache_key"};
+    for (size_t i = 0; shape && i < sizeof from_shape / sizeof *from_shape; i++) copy_if(out, from_shape[i], shape, from_shape[i]);
     return out;
 }
 

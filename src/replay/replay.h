@@ -121,6 +121,8 @@ enum tern_status tern_replay_to_protocol(enum tern_replay_protocol p, const json
 struct tern_replay_config {
     const struct tern_replay_transcript *tr;
     enum tern_replay_protocol protocol;
+    int pause_pid[TERN_REPLAY_MAX_ARMS]; /* URL arms: the servers' processes, paused (SIGSTOP) while
+                                            the other arm is measured, as managed arms are (0: none) */
     const json_t *shape;         /* borrowed; NULL: the transcript's system prompt and tools */
     size_t n_turns;              /* turns replayed: the first n_turns (0 = all) */
     int n_reps;                  /* >= 1 */

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,7 +89,34 @@ static void stop_servers(struct ctx *c) {
  * this, work a server does when idle (predictive priming) would run during the other
  * arm's request: it would slow that arm down, and it would get idle time that the
  * protocol (--gap) does not give it. */
+/* A URL arm's server process stopped (SIGSTOP) or continued; waits until it really is
+ * stopped (its /proc state 'T'), bounded: it is not our child, so waitpid cannot. */
+static void pause_pid(int pid, bool pause) {
+    if (pid <= 0) return;
+    kill((pid_t)pid, pause ? SIGSTOP : SIGCONT);
+    if (!pause) return;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    for (int i = 0; i < 1000; i++) {
+        FILE *f = fopen(path, "r");
+        if (!f) return;
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[n] = 0;
+        const char *rp = strrchr(buf, ')'); /* "pid (comm) S ..." */
+        if (!rp || rp[1] != ' ' || rp[2] == 'T' || rp[2] == 't') return;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 static void take_turn(struct ctx *c, int a) {
+    if (!c->cfg->arms[0].managed && !c->cfg->no_pause) {
+        for (int b = 0; b < c->cfg->n_arms; b++)
+            if (b != a) pause_pid(c->cfg->pause_pid[b], true);
+        pause_pid(c->cfg->pause_pid[a], false);
+        return;
+    }
     if (!c->cfg->arms[0].managed || c->cfg->no_pause) return;
     for (int b = 0; b < c->cfg->n_arms; b++)
         if (b != a) tern_server_pause(&c->procs[b], true);
@@ -96,7 +124,10 @@ static void take_turn(struct ctx *c, int a) {
 }
 
 static void resume_all(struct ctx *c) {
-    for (int a = 0; a < c->cfg->n_arms; a++) tern_server_pause(&c->procs[a], false);
+    for (int a = 0; a < c->cfg->n_arms; a++) {
+        tern_server_pause(&c->procs[a], false);
+        pause_pid(c->cfg->pause_pid[a], false);
+    }
 }
 
 static enum tern_status mkdir_p(const char *dir) {
@@ -497,6 +528,7 @@ fail:
     {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", tern_last_error());
+        resume_all(&c); /* a URL arm's server paused by --pause-pids runs again */
         stop_servers(&c);
         if (c.jsonl) fclose(c.jsonl);
         tern_buf_free(&c.body);
