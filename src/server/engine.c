@@ -93,7 +93,10 @@ bool engine_prepare(void *self, struct srv_job *j, struct srv_error *err) {
             srv_error_bad(err, "tool_choice", "'tool_choice' asks for a tool call, but the request has no 'tools'");
             return false;
         }
-        if (srv_tools_enforced(&j->req)) {
+        if (j->req.count_only) {
+            /* /v1/messages/count_tokens: the prompt is all it needs (clients fire bursts of
+             * them: no grammar is built) */
+        } else if (srv_tools_enforced(&j->req)) {
             if (j->req.grammar) {
                 tern_buf_free(&text);
             tern_template_spans_free(&marks);
@@ -152,7 +155,7 @@ bool engine_prepare(void *self, struct srv_job *j, struct srv_error *err) {
         srv_error_bad(err, j->ep == SRV_EP_CHAT ? "messages" : "prompt", "the prompt is empty (0 tokens)");
         return false;
     }
-    if (j->n_prompt >= e->n_ctx) {
+    if (j->n_prompt >= e->n_ctx && !j->req.count_only) {
         srv_error_set(err, 400, "invalid_request_error", "context_length_exceeded",
                       j->ep == SRV_EP_CHAT ? "messages" : "prompt",
                       "the prompt is %zu tokens; the context holds %u (--ctx-size), and at least one token must be "

@@ -157,6 +157,9 @@ test('messages: errors in Anthropic\'s shape; max_tokens beyond the context is a
   const long = 'word '.repeat(3000);
   await assert.rejects(anthropic.messages.create({ model: 'tern', max_tokens: 8, messages: [{ role: 'user', content: long }] }),
     (e) => e.status === 400 && /prompt is too long/.test(e.error.error.message));
+  // count_tokens still counts a prompt the context cannot hold (that is what it is for)
+  const big = await anthropic.messages.countTokens({ model: 'tern', messages: [{ role: 'user', content: long }] });
+  assert.ok(big.input_tokens > 2048, JSON.stringify(big));
   const bad = await post(srv.base, '/v1/messages', { model: 'tern', max_tokens: 4, messages: 'hi' });
   assert.equal(bad.status, 400);
   const body = await bad.json();
