@@ -14,7 +14,12 @@
  *   of parked jobs every ~100 ms: a client that hangs up cancels its request even while
  *   the engine is still priming and nothing is being written. It also resumes a parked
  *   stream every 10 s for a keep-alive comment, and closes connections that have not
- *   sent a complete request header in time (408: slowloris, idle sockets).
+ *   sent a complete request header in time (408: slowloris, idle sockets), or a whole
+ *   body (--body-timeout, then SRV_MIN_BODY_RATE: a body trickled a byte every few
+ *   seconds never trips MHD's inactivity timeout).
+ * - The connection table keeps room for new clients: near max_connections each new
+ *   connection sheds the one that has waited longest for its header or body (or idled
+ *   in keep-alive), so thousands of slow sockets cannot lock out /health and chat.
  *
  * Lock order: jmu -> job mu -> MHD's internal mutex (resume/suspend are called with the
  * job's mu held, which is what makes "park, then resume" free of lost wake-ups). */
@@ -77,6 +82,7 @@ typedef enum MHD_Result MHD_Result;
 #define DEFAULT_MAX_BODY ((size_t)16 << 20)
 #define DEFAULT_HEADER_TIMEOUT_S 10
 #define DEFAULT_IDLE_TIMEOUT_S 30
+#define DEFAULT_BODY_TIMEOUT_S 30
 #define DEFAULT_HTTP_THREADS 2
 #define DEFAULT_PREP_THREADS 2
 
@@ -146,7 +152,7 @@ struct srv_server {
     atomic_uint_fast64_t prompt_tokens, cached_tokens, read_tokens, generated_tokens, cancelled;
     atomic_uint_fast64_t ttft_us_sum, ttft_count, overhead_us_sum;
     atomic_uint_fast64_t preempt_us_sum, preempt_count;
-    atomic_uint_fast64_t conns_total, header_timeouts, client_gone;
+    atomic_uint_fast64_t conns_total, header_timeouts, body_timeouts, conns_shed, client_gone;
     atomic_int conns_open;
     double t_start;
 };
@@ -341,9 +347,17 @@ static void render_metrics(struct srv_server *s, struct tern_buf *b) {
                     "# TYPE tern_http_connections_total counter\ntern_http_connections_total %llu\n"
                     "# HELP tern_http_header_timeouts_total Connections closed (408) for not sending a complete "
                     "request header in time (--header-timeout, --idle-timeout).\n"
-                    "# TYPE tern_http_header_timeouts_total counter\ntern_http_header_timeouts_total %llu\n",
+                    "# TYPE tern_http_header_timeouts_total counter\ntern_http_header_timeouts_total %llu\n"
+                    "# HELP tern_http_body_timeouts_total Connections closed (408) for not sending their request "
+                    "body in time (--body-timeout, then 4096 bytes a second).\n"
+                    "# TYPE tern_http_body_timeouts_total counter\ntern_http_body_timeouts_total %llu\n"
+                    "# HELP tern_http_connections_shed_total Waiting connections closed to make room for new ones "
+                    "when the connection table was nearly full.\n"
+                    "# TYPE tern_http_connections_shed_total counter\ntern_http_connections_shed_total %llu\n",
                     atomic_load(&s->conns_open), (unsigned long long)atomic_load(&s->conns_total),
-                    (unsigned long long)atomic_load(&s->header_timeouts));
+                    (unsigned long long)atomic_load(&s->header_timeouts),
+                    (unsigned long long)atomic_load(&s->body_timeouts),
+                    (unsigned long long)atomic_load(&s->conns_shed));
     const struct srv_backend *be = atomic_load(&s->backend);
     if (be && be->metrics) be->metrics(be->self, b);
 }
@@ -517,9 +531,12 @@ static bool enqueue(struct srv_server *s, struct srv_job *j) {
 /* ---- connections ------------------------------------------------------------------- */
 
 /* One per TCP connection (MHD's socket context). */
+enum sock_wait { W_HEADER = 0, W_BODY };
+
 struct sock {
     int fd;
-    double deadline;             /* (smu) a complete request header is due by then; 0 = not waiting */
+    double deadline;             /* (smu) a complete request header (or body: wait) is due by then; 0 = not waiting */
+    enum sock_wait wait;         /* (smu) what the deadline is for */
     struct sock *prev, *next;
 };
 
@@ -543,6 +560,7 @@ struct conn {
     struct srv_error derr;
     const char *dhdr, *dval;
     uint64_t n_discarded;
+    uint64_t n_received;         /* body bytes read so far, kept or discarded (for the body deadline) */
     size_t body_len;             /* of the body handed to a prepare thread */
     double t_start;
     int fd;
@@ -940,12 +958,27 @@ static struct sock *conn_sock(struct MHD_Connection *c) {
     return ci ? ci->socket_context : NULL;
 }
 
-static void sock_set_deadline(struct srv_server *s, struct MHD_Connection *c, double deadline) {
+static void sock_set_deadline_for(struct srv_server *s, struct MHD_Connection *c, double deadline,
+                                  enum sock_wait wait) {
     struct sock *sk = conn_sock(c);
     if (!sk) return;
     pthread_mutex_lock(&s->smu);
     sk->deadline = deadline;
+    sk->wait = wait;
     pthread_mutex_unlock(&s->smu);
+}
+
+static void sock_set_deadline(struct srv_server *s, struct MHD_Connection *c, double deadline) {
+    sock_set_deadline_for(s, c, deadline, W_HEADER);
+}
+
+/* A body is due body_timeout_s after its header, plus a second per SRV_MIN_BODY_RATE
+ * bytes received: a client that keeps up the rate is never cut off, one that trickles
+ * (a byte every few seconds never trips MHD's inactivity timeout) is, after the grace.
+ * Called as each piece arrives; the watcher enforces it. */
+static void body_deadline_update(struct srv_server *s, struct conn *cn) {
+    double d = cn->t_start + (double)s->p.body_timeout_s + (double)cn->n_received / SRV_MIN_BODY_RATE;
+    sock_set_deadline_for(s, cn->c, d, W_BODY);
 }
 
 /* The answer after a suspended connection resumed. */
@@ -1069,12 +1102,12 @@ static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, 
     struct srv_error err = {0};
     (void)version;
     if (!cn) {
-        sock_set_deadline(s, c, 0); /* the header is complete */
         cn = tern_calloc(1, sizeof *cn);
         if (!cn) return MHD_NO;
         *con_cls = cn;
         cn->c = c;
         cn->t_start = tern_now_s();
+        body_deadline_update(s, cn); /* the header is complete; the body is due next */
         cn->route = find_route(url);
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         cn->fd = ci ? ci->connect_fd : -1;
@@ -1113,6 +1146,8 @@ static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, 
     }
     if (cn->state != C_BODY) return conn_resumed(s, c, cn);
     if (*upload_size) {
+        cn->n_received += *upload_size;
+        body_deadline_update(s, cn);
         if (cn->drain || cn->too_large) {
             /* discarded; a client that keeps sending past the bounds is cut off */
             cn->n_discarded += *upload_size;
@@ -1131,6 +1166,7 @@ static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, 
         *upload_size = 0;
         return MHD_YES;
     }
+    sock_set_deadline(s, c, 0); /* the body is whole */
     if (cn->drain) return send_error(s, c, cn->route, &cn->derr, cn->dhdr, cn->dval);
     if (cn->too_large) {
         srv_error_set(&err, 413, "invalid_request_error", "request_too_large", NULL,
@@ -1195,6 +1231,10 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
 }
 
 /* ---- the first bytes of a connection ----------------------------------------------- */
+
+/* The 408s the watcher (and shed_waiting) send, written once at start. */
+static char timeout_reply[512], body_timeout_reply[512];
+static size_t timeout_reply_len, body_timeout_reply_len;
 
 static bool is_tchar(unsigned char ch) {
     return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
@@ -1309,6 +1349,35 @@ static bool first_bytes_refused(struct srv_server *s, int fd) {
     return true;
 }
 
+/* How many places of the connection table are kept free for new clients: past
+ * max_connections minus this, each new connection closes a waiting one (below). */
+static uint32_t shed_headroom(uint32_t max_connections) {
+    uint32_t h = max_connections / 16;
+    return h < 2 ? 2 : h > 64 ? 64 : h;
+}
+
+/* The connection table is nearly full: close the connection that has waited longest for
+ * its header or body (or sat idle in keep-alive), with a 408, so that a new client (a
+ * health check, a chat) finds a place however many slow ones hold the rest. Connections
+ * whose request is being prepared or run are never shed (their deadline is 0). The list
+ * is newest first, so the last waiting one is the oldest. */
+static void shed_waiting(struct srv_server *s, const struct sock *self) {
+    pthread_mutex_lock(&s->smu);
+    struct sock *victim = NULL;
+    for (struct sock *sk = s->socks; sk; sk = sk->next)
+        if (sk != self && sk->deadline > 0 && sk->fd >= 0) victim = sk;
+    if (victim) {
+        bool body = victim->wait == W_BODY;
+        victim->deadline = 0;
+        ssize_t w = send(victim->fd, body ? body_timeout_reply : timeout_reply,
+                         body ? body_timeout_reply_len : timeout_reply_len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        (void)w;
+        shutdown(victim->fd, SHUT_RDWR);
+        atomic_fetch_add(&s->conns_shed, 1);
+    }
+    pthread_mutex_unlock(&s->smu);
+}
+
 static void notify_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                               enum MHD_ConnectionNotificationCode code) {
     struct srv_server *s = cls;
@@ -1325,8 +1394,9 @@ static void notify_connection(void *cls, struct MHD_Connection *c, void **socket
         s->socks = sk;
         pthread_mutex_unlock(&s->smu);
         *socket_context = sk;
-        atomic_fetch_add(&s->conns_open, 1);
+        int open = atomic_fetch_add(&s->conns_open, 1) + 1;
         atomic_fetch_add(&s->conns_total, 1);
+        if ((uint32_t)open > s->p.max_connections - shed_headroom(s->p.max_connections)) shed_waiting(s, sk);
     } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
         struct sock *sk = *socket_context;
         atomic_fetch_sub(&s->conns_open, 1);
@@ -1344,8 +1414,6 @@ static void notify_connection(void *cls, struct MHD_Connection *c, void **socket
 
 /* ---- the watcher ------------------------------------------------------------------- */
 
-static char timeout_reply[512];
-static size_t timeout_reply_len;
 
 /* Closes connections past their header deadline: a 408, then shutdown() — MHD sees the
  * end of the stream and closes the connection itself (the descriptor stays MHD's). */
@@ -1354,10 +1422,12 @@ static void watch_headers(struct srv_server *s, double now) {
     for (struct sock *sk = s->socks; sk; sk = sk->next) {
         if (sk->deadline <= 0 || now < sk->deadline || sk->fd < 0) continue;
         sk->deadline = 0;
-        ssize_t w = send(sk->fd, timeout_reply, timeout_reply_len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        bool body = sk->wait == W_BODY;
+        ssize_t w = send(sk->fd, body ? body_timeout_reply : timeout_reply,
+                         body ? body_timeout_reply_len : timeout_reply_len, MSG_DONTWAIT | MSG_NOSIGNAL);
         (void)w; /* best effort: the client may not read, the close is what matters */
         shutdown(sk->fd, SHUT_RDWR);
-        atomic_fetch_add(&s->header_timeouts, 1);
+        atomic_fetch_add(body ? &s->body_timeouts : &s->header_timeouts, 1);
     }
     pthread_mutex_unlock(&s->smu);
 }
@@ -1448,6 +1518,7 @@ void srv_params_default(struct srv_params *p) {
     p->max_conn_per_ip = 128;
     p->header_timeout_s = DEFAULT_HEADER_TIMEOUT_S;
     p->idle_timeout_s = DEFAULT_IDLE_TIMEOUT_S;
+    p->body_timeout_s = DEFAULT_BODY_TIMEOUT_S;
     p->n_http_threads = DEFAULT_HTTP_THREADS;
     p->n_prep_threads = DEFAULT_PREP_THREADS;
 }
@@ -1482,6 +1553,7 @@ enum tern_status srv_start(const struct srv_params *params, struct srv_server **
     if (s->p.max_body == 0) s->p.max_body = DEFAULT_MAX_BODY;
     if (s->p.header_timeout_s == 0) s->p.header_timeout_s = DEFAULT_HEADER_TIMEOUT_S;
     if (s->p.idle_timeout_s == 0) s->p.idle_timeout_s = DEFAULT_IDLE_TIMEOUT_S;
+    if (s->p.body_timeout_s == 0) s->p.body_timeout_s = DEFAULT_BODY_TIMEOUT_S;
     if (s->p.n_http_threads == 0) s->p.n_http_threads = DEFAULT_HTTP_THREADS;
     if (s->p.n_prep_threads == 0) s->p.n_prep_threads = DEFAULT_PREP_THREADS;
     s->p.max_connections = fit_fd_limit(s->p.max_connections);
@@ -1503,6 +1575,14 @@ enum tern_status srv_start(const struct srv_params *params, struct srv_server **
                          "Content-Length: %zu\r\n\r\n%s",
                          sizeof body - 1, body);
         timeout_reply_len = n > 0 && (size_t)n < sizeof timeout_reply ? (size_t)n : 0;
+        static const char bbody[] = "{\"error\":{\"message\":\"the request body did not arrive in time "
+                                    "(--body-timeout, then at least 4096 bytes a second)\",\"type\":"
+                                    "\"invalid_request_error\",\"param\":null,\"code\":\"request_timeout\"}}";
+        n = snprintf(body_timeout_reply, sizeof body_timeout_reply,
+                     "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n\r\n%s",
+                     sizeof bbody - 1, bbody);
+        body_timeout_reply_len = n > 0 && (size_t)n < sizeof body_timeout_reply ? (size_t)n : 0;
     }
     s->queue = tern_calloc(s->p.n_queue, sizeof *s->queue);
     s->api_keys = s->p.n_api_keys ? tern_calloc(s->p.n_api_keys, sizeof *s->api_keys) : NULL;
