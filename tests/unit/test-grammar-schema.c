@@ -272,13 +272,55 @@ static void test_qwen_code_tools(void **state) {
     json_decref(d);
 }
 
+/* 1,000 tools each with a `^[a-z]{1,100}$` pattern (152 KB of schemas) cost 22-70 s to
+ * compile, before any limit refused them: now they compile, or are refused, within a
+ * number of steps linear in the grammar's text (a count, not a time). */
+static void test_many_pattern_tools(void **state) {
+    (void)state;
+    struct tern_schema_gbnf *c = NULL;
+    assert_int_equal(tern_schema_gbnf_new(&c), TERN_OK);
+    json_t *schema = json_loads("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\","
+                                "\"pattern\":\"^[a-z]{1,100}$\"}},\"required\":[\"a\"]}",
+                                0, NULL);
+    assert_non_null(schema);
+    struct tern_buf alts = TERN_BUF_INIT;
+    for (int t = 0; t < 1000; t++) {
+        char name[32], ptr[256];
+        snprintf(name, sizeof name, "tool-%d", t);
+        assert_int_equal(tern_schema_gbnf_add(c, name, schema, ptr, sizeof ptr), TERN_OK);
+        tern_buf_printf(&alts, "%s%s", t ? " | " : "root ::= ", name);
+    }
+    tern_buf_puts(&alts, "\n");
+    assert_int_equal(tern_schema_gbnf_raw(c, alts.data), TERN_OK);
+    size_t len = 0;
+    const char *txt = tern_schema_gbnf_text(c, &len);
+    struct tern_grammar *g = NULL;
+    enum tern_status st = tern_grammar_compile(txt, len, NULL, &g);
+    if (st == TERN_OK) {
+        uint64_t w = tern_grammar_work(g);
+        fprintf(stderr, "%zu bytes, %zu rules, %zu elements: %llu steps\n", len, tern_grammar_n_rules(g),
+                tern_grammar_n_elements(g), (unsigned long long)w);
+        assert_true(w <= TERN_GRAMMAR_MAX_WORK);
+        assert_true(w <= 8 * (uint64_t)(len + tern_grammar_n_elements(g)));
+        assert_true(matches(g, "{\"a\":\"abc\"}"));
+        assert_false(matches(g, "{\"a\":\"\"}"));
+        tern_grammar_free(g);
+    } else {
+        fprintf(stderr, "refused: %s\n", tern_last_error());
+        assert_int_equal(st, TERN_ERR_LIMIT);
+    }
+    tern_buf_free(&alts);
+    json_decref(schema);
+    tern_schema_gbnf_free(c);
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     (void)argv;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_types),        cmocka_unit_test(test_objects),   cmocka_unit_test(test_arrays_strings),
         cmocka_unit_test(test_combinators),  cmocka_unit_test(test_integer_ranges), cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_qwen_code_tools),
+        cmocka_unit_test(test_qwen_code_tools), cmocka_unit_test(test_many_pattern_tools),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
