@@ -876,7 +876,7 @@ static void run_simple(struct srv_server *s, struct conn *cn, const struct srv_b
         return;
     }
     json_error_t jerr;
-    json_t *body = json_loadb(cn->body.data, cn->body.len, 0, &jerr);
+    json_t *body = json_loadb(cn->body.data, cn->body.len, JSON_REJECT_DUPLICATES, &jerr);
     tern_buf_free(&cn->body);
     if (!json_is_object(body)) {
         if (body) srv_error_bad(&err, NULL, "the request body must be a JSON object");
@@ -1075,6 +1075,18 @@ static bool framing_refused(struct srv_server *s, struct MHD_Connection *c, enum
     return true;
 }
 
+/* An HTTP/1.1 request must name its Host (RFC 9112 3.2): 400 + close without one
+ * (libmicrohttpd accepted it). */
+static bool host_missing(struct srv_server *s, struct MHD_Connection *c, const char *version, enum route route,
+                         MHD_Result *ret) {
+    if (!version || strcmp(version, MHD_HTTP_VERSION_1_1)) return false;
+    if (MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST)) return false;
+    struct srv_error err = {0};
+    srv_error_bad(&err, NULL, "an HTTP/1.1 request must have a Host header");
+    *ret = send_error(s, c, route, &err, "Connection", "close");
+    return true;
+}
+
 /* Refuses a request before its body is read. A client waiting for "100 Continue" is
  * answered at once (it sends nothing more); one that sends its body anyway would see a
  * reset if the connection closed with the body unread, so the body is read and
@@ -1100,7 +1112,6 @@ static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, 
     struct srv_server *s = cls;
     struct conn *cn = *con_cls;
     struct srv_error err = {0};
-    (void)version;
     if (!cn) {
         cn = tern_calloc(1, sizeof *cn);
         if (!cn) return MHD_NO;
@@ -1115,6 +1126,7 @@ static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, 
         /* Decide everything that does not need the body before reading it. */
         MHD_Result fr;
         if (framing_refused(s, c, cn->route, &fr)) return fr;
+        if (host_missing(s, c, version, cn->route, &fr)) return fr;
         if (cn->route == R_NONE) {
             srv_error_set(&err, 404, "not_found_error", "not_found", NULL, "no route for %.10s %.200s", method, url);
             return send_error(s, c, R_NONE, &err, NULL, NULL);
@@ -1291,6 +1303,69 @@ static bool header_has_bad_length(const unsigned char *p, size_t n) {
     return false;
 }
 
+/* What else a complete header block p[0..n) (the first request of a connection) may
+ * hold that libmicrohttpd gets wrong, with the status to answer (0: nothing): a NUL
+ * byte in a header (libmicrohttpd cut the value there and accepted it), a Content-Length
+ * too large for 64 bits (its 413 came with the status line and headers twice), a first
+ * chunk size of 16 or more hex digits or at least 2^63 (it closed the connection
+ * without a word) or larger than max_body (413 at once instead of after the reads). */
+static int header_edge_refusal(const unsigned char *p, size_t n, size_t max_body, char *msg, size_t cap) {
+    const unsigned char *end = NULL;
+    for (size_t i = 0; i + 1 < n && !end; i++)
+        if (p[i] == '\n' && (p[i + 1] == '\n' || (p[i + 1] == '\r' && i + 2 < n && p[i + 2] == '\n'))) end = p + i + 1;
+    if (!end) return 0; /* not all there: libmicrohttpd decides (and the header timeout) */
+    if (memchr(p, 0, (size_t)(end - p))) {
+        snprintf(msg, cap, "a header holds a NUL byte");
+        return 400;
+    }
+    bool chunked = false;
+    const unsigned char *line = memchr(p, '\n', (size_t)(end - p));
+    while (line && line + 1 < end) {
+        line++;
+        const unsigned char *eol = memchr(line, '\n', (size_t)(end - line));
+        if (!eol) break;
+        size_t len = (size_t)(eol - line);
+        if (len >= 15 && !strncasecmp((const char *)line, "Content-Length:", 15)) {
+            const unsigned char *v = line + 15, *ve = eol;
+            while (v < ve && (*v == ' ' || *v == '\t' || *v == '0')) v++;
+            while (ve > v && (ve[-1] == '\r' || ve[-1] == ' ' || ve[-1] == '\t')) ve--;
+            uint64_t val = 0;
+            bool over = false;
+            for (const unsigned char *d = v; d < ve && !over; d++) {
+                if (*d < '0' || *d > '9') break; /* header_has_bad_length's case */
+                if (val > (UINT64_MAX - (uint64_t)(*d - '0')) / 10) over = true;
+                else val = val * 10 + (uint64_t)(*d - '0');
+            }
+            if (over) {
+                snprintf(msg, cap, "the Content-Length does not fit in 64 bits; the limit is %zu bytes (--max-body)",
+                         max_body);
+                return 413;
+            }
+        } else if (len >= 18 && !strncasecmp((const char *)line, "Transfer-Encoding:", 18)) {
+            chunked = true; /* (only "chunked" passes the framing check) */
+        }
+        line = eol;
+    }
+    if (!chunked) return 0;
+    const unsigned char *c = end + (end[0] == '\r' ? 2 : 1), *e = p + n;
+    while (c < e && *c == '0' && c + 1 < e && isxdigit(c[1])) c++;
+    size_t digits = 0;
+    uint64_t size = 0;
+    for (; c < e && isxdigit(*c); c++, digits++)
+        if (digits < 16) size = size * 16 + (uint64_t)(isdigit(*c) ? *c - '0' : (tolower(*c) - 'a' + 10));
+    if (c == e) return 0; /* the size line is not all there: libmicrohttpd decides */
+    if (digits >= 16 || size >= ((uint64_t)1 << 63)) {
+        snprintf(msg, cap, "a chunk size of %zu hex digits is not a size this server can read", digits);
+        return 400;
+    }
+    if (size > max_body) {
+        snprintf(msg, cap, "a chunk of %llu bytes exceeds the limit of %zu bytes (--max-body)", (unsigned long long)size,
+                 max_body);
+        return 413;
+    }
+    return 0;
+}
+
 /* The route of a request line's target (for /metrics), R_NONE when there is none. */
 static enum route first_line_route(const unsigned char *p, size_t n) {
     const unsigned char *sp = memchr(p, ' ', n);
@@ -1318,11 +1393,14 @@ static bool first_bytes_refused(struct srv_server *s, int fd) {
     const char *why = request_line_garbage(buf, (size_t)n);
     enum route route = R_NONE;
     char msg[160];
+    int status = 400;
     if (why) {
         snprintf(msg, sizeof msg, "the connection began with %s; expected a request line (METHOD /path HTTP/1.1)", why);
     } else if (header_has_bad_length(buf, (size_t)n)) {
         route = first_line_route(buf, (size_t)n);
         snprintf(msg, sizeof msg, "the Content-Length header is not a decimal number of bytes");
+    } else if ((status = header_edge_refusal(buf, (size_t)n, s->p.max_body, msg, sizeof msg))) {
+        route = first_line_route(buf, (size_t)n);
     } else {
         return false;
     }
@@ -1331,12 +1409,14 @@ static bool first_bytes_refused(struct srv_server *s, int fd) {
     ssize_t r = recv(fd, buf, (size_t)n, MSG_DONTWAIT);
     (void)r;
     struct srv_error err = {0};
-    srv_error_bad(&err, NULL, "%s", msg);
+    if (status == 413) srv_error_set(&err, 413, "invalid_request_error", "request_too_large", NULL, "%s", msg);
+    else srv_error_bad(&err, NULL, "%s", msg);
     char *body = srv_error_json(&err);
     char head[256];
     int hn = snprintf(head, sizeof head,
-                      "HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Type: application/json\r\n"
-                      "Content-Length: %zu\r\n\r\n", body ? strlen(body) : 0);
+                      "HTTP/1.1 %s\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                      "Content-Length: %zu\r\n\r\n",
+                      status == 413 ? "413 Content Too Large" : "400 Bad Request", body ? strlen(body) : 0);
     if (hn > 0 && (size_t)hn < sizeof head) {
         ssize_t w = send(fd, head, (size_t)hn, MSG_DONTWAIT | MSG_NOSIGNAL | (body ? MSG_MORE : 0));
         if (w == hn && body) w = send(fd, body, strlen(body), MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -1344,8 +1424,8 @@ static bool first_bytes_refused(struct srv_server *s, int fd) {
     }
     free(body);
     shutdown(fd, SHUT_RDWR); /* libmicrohttpd reads the end of the stream and closes */
-    count_request(s, route, 400);
-    TERN_LOG_INFO("request - %s 400 : %s", route_names[route], msg);
+    count_request(s, route, status);
+    TERN_LOG_INFO("request - %s %d : %s", route_names[route], status, msg);
     return true;
 }
 
