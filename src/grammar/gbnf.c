@@ -130,7 +130,7 @@ static size_t htab_slot(struct gp *p, const char *name, size_t len) {
         uint32_t v = p->htab[h];
         if (!v) return h;
         const char *rn = p->rules[v - 1].name;
-        if (!memcmp(rn, name, len) && rn[len] == 0) return h;
+        if (!strncmp(rn, name, len) && rn[len] == 0) return h; /* (rn may be shorter: strncmp stops at its end) */
     }
 }
 
