@@ -363,6 +363,12 @@ enum tern_status tern_sampler_params_check(const struct tern_sampler_params *p);
 enum tern_status tern_sampler_new(const struct tern_sampler_params *p, uint32_t n_vocab,
                                   struct tern_sampler **out);
 void tern_sampler_free(struct tern_sampler *s);
+/* Biases added to the logits of the given tokens before penalties, filters and any
+ * mask (a masked token stays masked), in every sample function below: OpenAI's
+ * logit_bias. ids < n_vocab, biases finite, n <= TERN_SAMPLER_MAX_BIAS, else
+ * TERN_ERR_INVALID and the sampler is unchanged. The arrays are copied; n = 0 clears. */
+#define TERN_SAMPLER_MAX_BIAS 1024
+enum tern_status tern_sampler_set_bias(struct tern_sampler *s, const int32_t *ids, const float *bias, size_t n);
 /* Picks the next token from logits [n_vocab]; history is the generated (and, for the
  * repetition penalty, prompt) tokens the penalties look at. */
 int32_t tern_sampler_sample(struct tern_sampler *s, const float *logits, const int32_t *history,

@@ -33,6 +33,10 @@ if(TERN_NODE)
   # per-request limits: --max-tokens, the context budget, sampler-refused parameters
   tern_script_test(server-limits ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/limits.test.mjs
                    TIMEOUT 300 LABELS e2e tsan)
+  # issue 37's edges: raw framing (leading zeros, 64-bit overflow, huge chunk sizes, NUL,
+  # no Host), duplicate keys, logit_bias, more messages than the context, SIGHUP
+  tern_script_test(server-edges ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/edges.test.mjs
+                   TIMEOUT 300 LABELS e2e)
   # speculative decoding: the same answers and states as without it
   tern_script_test(server-spec ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/spec.test.mjs
                    TIMEOUT 600 LABELS e2e)

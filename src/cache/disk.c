@@ -587,6 +587,25 @@ static void maybe_remove_tmp(struct disk *d, const char *fn, const struct stat *
     unlinkat(d->dir_fd, fn, 0);
 }
 
+/* openat() for the directory's files: non-blocking, so that a FIFO (or a device) put
+ * where a file should be cannot block the engine in open() (a FIFO nobody writes
+ * stalled every request for as long as it stayed there), and regular files only: any
+ * other kind is closed and refused with errno EINVAL. The descriptor is then made
+ * blocking again (reads of a regular file never wait on a peer anyway). */
+static int open_regular(int dir_fd, const char *fn, int flags, mode_t mode) {
+    int fd = openat(dir_fd, fn, flags | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (fd < 0) return -1;
+    struct stat st;
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+        close(fd);
+        errno = EINVAL;
+        return -1;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    return fd;
+}
+
 #define SCAN_BATCH 64
 
 static void index_batch(struct disk *d, int *fds, char (*names)[DISK_NAME_LEN + 1], size_t *n) {
@@ -659,7 +678,7 @@ static void scan(struct disk *d, bool at_open) {
                 continue;
             }
         }
-        int ffd = openat(d->dir_fd, fn, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        int ffd = open_regular(d->dir_fd, fn, O_RDONLY, 0);
         if (ffd < 0) continue;
         /* Files are read in batches whose first pages were all asked for at once: from a
          * cold cache the device then serves them in parallel, not one seek at a time. */
@@ -723,12 +742,12 @@ void disk_get_stats(struct disk *d, struct disk_stats *out) {
 /* ---- open ---------------------------------------------------------------------------- */
 
 static enum tern_status load_secret(struct disk *d) {
-    int fd = openat(d->dir_fd, ".secret", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = open_regular(d->dir_fd, ".secret", O_RDONLY, 0);
     if (fd < 0 && errno == ENOENT) {
         /* First use: create it under the lock, so that two replicas starting together
          * agree on one secret (the second finds the first's). */
         if (flock(d->io.lock_fd, LOCK_EX)) return tern_errorf(TERN_ERR_IO, "disk tier: locking %s/.lock: %s", d->dir, strerror(errno));
-        fd = openat(d->dir_fd, ".secret", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        fd = open_regular(d->dir_fd, ".secret", O_RDONLY, 0);
         if (fd < 0 && errno == ENOENT) {
             uint8_t s[SECRET_BYTES];
             size_t got = 0;
@@ -741,7 +760,7 @@ static enum tern_status load_secret(struct disk *d) {
                 }
                 got += (size_t)r;
             }
-            int w = openat(d->dir_fd, ".secret.tmp", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+            int w = open_regular(d->dir_fd, ".secret.tmp", O_WRONLY | O_CREAT | O_TRUNC, 0600);
             enum tern_status st = w < 0 ? tern_errorf(TERN_ERR_IO, "creating %s/.secret: %s", d->dir, strerror(errno))
                                         : write_all(w, s, sizeof s, ".secret");
             if (!st && fsync(w)) st = tern_errorf(TERN_ERR_IO, "fsync %s/.secret: %s", d->dir, strerror(errno));
@@ -757,7 +776,9 @@ static enum tern_status load_secret(struct disk *d) {
         }
         flock(d->io.lock_fd, LOCK_UN);
     }
-    if (fd < 0) return tern_errorf(TERN_ERR_IO, "disk tier: opening %s/.secret: %s", d->dir, strerror(errno));
+    if (fd < 0)
+        return tern_errorf(TERN_ERR_IO, "disk tier: opening %s/.secret: %s", d->dir,
+                           errno == EINVAL ? "not a regular file" : strerror(errno));
     struct stat st;
     if (fstat(fd, &st) || st.st_size != SECRET_BYTES) {
         close(fd);
@@ -804,10 +825,19 @@ enum tern_status disk_open(const struct disk_params *p, struct disk **out) {
         st = tern_errorf(TERN_ERR_IO, "disk tier: opening %s: %s", d->dir, strerror(errno));
         goto fail;
     }
-    d->io.lock_fd = openat(d->dir_fd, ".lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-    d->gen_fd = openat(d->dir_fd, ".gen", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    {
+        /* whoever may write the directory may put a FIFO or a forged file in it */
+        struct stat dst;
+        if (!fstat(d->dir_fd, &dst) && (dst.st_mode & (S_IWGRP | S_IWOTH)))
+            TERN_LOG_WARN("disk tier: %s is writable by %s (mode %03o): other users can replace its files; "
+                          "chmod 700 it", d->dir, dst.st_mode & S_IWOTH ? "everyone" : "its group",
+                          (unsigned)(dst.st_mode & 0777));
+    }
+    d->io.lock_fd = open_regular(d->dir_fd, ".lock", O_RDWR | O_CREAT, 0600);
+    d->gen_fd = open_regular(d->dir_fd, ".gen", O_RDWR | O_CREAT, 0600);
     if (d->io.lock_fd < 0 || d->gen_fd < 0) {
-        st = tern_errorf(TERN_ERR_IO, "disk tier: opening %s/.lock and .gen: %s", d->dir, strerror(errno));
+        st = tern_errorf(TERN_ERR_IO, "disk tier: opening %s/.lock and .gen: %s", d->dir,
+                         errno == EINVAL ? "not a regular file" : strerror(errno));
         goto fail;
     }
     if ((st = load_secret(d))) goto fail;
@@ -852,7 +882,7 @@ enum tern_status disk_io_new(struct disk *d, struct disk_io **out) {
     *out = NULL;
     struct disk_io *io = tern_calloc(1, sizeof *io);
     if (!io) return tern_errorf(TERN_ERR_NOMEM, "disk tier: out of memory");
-    io->lock_fd = openat(d->dir_fd, ".lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    io->lock_fd = open_regular(d->dir_fd, ".lock", O_RDWR | O_CREAT, 0600);
     if (io->lock_fd < 0) {
         enum tern_status st = tern_errorf(TERN_ERR_IO, "disk tier: opening %s/.lock: %s", d->dir, strerror(errno));
         free(io);
@@ -1163,10 +1193,11 @@ static enum tern_status load(struct disk *d, size_t idx, uint32_t r, const char 
     file_of(name, fn);
     tenant = tenant ? tenant : "";
     if (strcmp(e->tenant, tenant)) return tern_errorf(TERN_ERR_STATE, "disk tier: %s belongs to another tenant", fn);
-    int fd = openat(d->dir_fd, fn, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = open_regular(d->dir_fd, fn, O_RDONLY, 0);
     if (fd < 0) {
-        index_drop(d, idx); /* a peer removed it */
-        return tern_errorf(TERN_ERR_STATE, "disk tier: %s is gone (%s)", fn, strerror(errno));
+        index_drop(d, idx); /* a peer removed it (or put something other than a file there) */
+        return tern_errorf(TERN_ERR_STATE, "disk tier: %s is gone (%s)", fn,
+                           errno == EINVAL ? "not a regular file" : strerror(errno));
     }
     char why[192] = "";
     struct head hd = {0};
@@ -1285,7 +1316,7 @@ enum tern_status disk_scan_dir(const char *path, void (*fn)(void *user, const st
         if (!is_entry_name(de->d_name)) continue;
         struct disk_file_info fi = {0};
         memcpy(fi.name, de->d_name, DISK_NAME_LEN);
-        int fd = openat(dfd, de->d_name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        int fd = open_regular(dfd, de->d_name, O_RDONLY, 0);
         struct stat st;
         if (fd < 0 || fstat(fd, &st)) {
             if (fd >= 0) close(fd);
@@ -1320,8 +1351,8 @@ enum tern_status disk_unlink(const char *path, const char *name) {
         return tern_errorf(TERN_ERR_INVALID, "'%s' is not an entry name (32 hex digits)", name);
     int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0) return tern_errorf(TERN_ERR_IO, "opening %s: %s", path, strerror(errno));
-    int lfd = openat(dfd, ".lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-    int gfd = openat(dfd, ".gen", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    int lfd = open_regular(dfd, ".lock", O_RDWR | O_CREAT, 0600);
+    int gfd = open_regular(dfd, ".gen", O_RDWR | O_CREAT, 0600);
     enum tern_status st = TERN_OK;
     if (lfd < 0 || gfd < 0 || flock(lfd, LOCK_EX)) {
         st = tern_errorf(TERN_ERR_IO, "locking %s/.lock: %s", path, strerror(errno));

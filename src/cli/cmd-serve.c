@@ -51,6 +51,8 @@ static void usage(FILE *out) {
             "                          opens (default 10; then 408 and close)\n"
             "  --idle-timeout S        close a keep-alive connection idle for S seconds, and a stalled\n"
             "                          upload (default 30)\n"
+            "  --body-timeout S        a request body must be whole S seconds after its header, plus a\n"
+            "                          second per 4096 bytes received (default 30; then 408 and close)\n"
             "  --chat-template FILE    Jinja chat template to use instead of the model's\n"
             "  --parse-special-in-content  let control-token text in messages (<|im_start|> ...) become\n"
             "                          control tokens, as other engines do (default: only the template's\n"
@@ -119,7 +121,7 @@ static char *read_text_file(const char *path, size_t *len) {
 static int cmd_serve(int argc, char **argv) {
     enum { O_HOST = 256, O_PORT, O_THREADS, O_CTX, O_KEY, O_QUEUE, O_BODY, O_TMPL, O_CHUNK, O_KV, O_RAM, O_PC,
            O_PCE, O_TURN, O_NOMMAP, O_MMAP, O_MLOCK, O_MODEL, O_PREDICT, O_PCHUNK, O_CDIR, O_CDISK, O_MAXTOK, O_MAXCONN,
-           O_PERIP, O_HDRTO, O_IDLETO, O_RAMKEY, O_SPEC, O_SPECMAX, O_PARALLEL, O_BATCHTOK, O_PSPECIAL,
+           O_PERIP, O_HDRTO, O_IDLETO, O_BODYTO, O_RAMKEY, O_SPEC, O_SPECMAX, O_PARALLEL, O_BATCHTOK, O_PSPECIAL,
            O_DEVICE, O_VRAM };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"host", required_argument, 0, O_HOST},
@@ -135,7 +137,8 @@ static int cmd_serve(int argc, char **argv) {
         {"cache-dir", required_argument, 0, O_CDIR},  {"cache-disk", required_argument, 0, O_CDISK},
         {"max-tokens", required_argument, 0, O_MAXTOK}, {"max-connections", required_argument, 0, O_MAXCONN},
         {"max-conn-per-ip", required_argument, 0, O_PERIP}, {"header-timeout", required_argument, 0, O_HDRTO},
-        {"idle-timeout", required_argument, 0, O_IDLETO}, {"cache-ram-per-key", required_argument, 0, O_RAMKEY},
+        {"idle-timeout", required_argument, 0, O_IDLETO},
+        {"body-timeout", required_argument, 0, O_BODYTO}, {"cache-ram-per-key", required_argument, 0, O_RAMKEY},
         {"spec", required_argument, 0, O_SPEC},       {"spec-max", required_argument, 0, O_SPECMAX},
         {"parallel", required_argument, 0, O_PARALLEL}, {"batch-tokens", required_argument, 0, O_BATCHTOK},
         {"parse-special-in-content", no_argument, 0, O_PSPECIAL},
@@ -285,6 +288,11 @@ static int cmd_serve(int argc, char **argv) {
                 return cli_usage_error("serve", "--idle-timeout '%s' is not 1-3600 seconds", optarg);
             sp.idle_timeout_s = (uint32_t)v;
             break;
+        case O_BODYTO:
+            if (!cli_parse_int(optarg, 1, 3600, &v))
+                return cli_usage_error("serve", "--body-timeout '%s' is not 1-3600 seconds", optarg);
+            sp.body_timeout_s = (uint32_t)v;
+            break;
         case O_RAMKEY:
             if (!cli_parse_int(optarg, 0, 1L << 24, &v))
                 return cli_usage_error("serve", "--cache-ram-per-key '%s' is not 0-16777216 MiB", optarg);
@@ -347,6 +355,7 @@ static int cmd_serve(int argc, char **argv) {
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGHUP); /* stops gracefully too (it used to kill the process outright) */
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 

@@ -44,6 +44,9 @@ struct gp {
     size_t n, i;
     struct prule *rules;
     size_t n_rules, cap_rules;
+    uint32_t *htab;      /* (cap_htab) open addressing over rules by name: index + 1, 0 = empty */
+    size_t cap_htab;
+    uint64_t work;       /* steps taken so far (see TERN_GRAMMAR_MAX_WORK) */
     uint32_t *ranges;    /* pairs */
     size_t n_ranges, cap_ranges;
     size_t n_total;      /* elements so far, all rules */
@@ -84,7 +87,10 @@ static bool oom(struct gp *p) {
     return false;
 }
 
+static bool work(struct gp *p, uint64_t n);
+
 static bool el_push(struct gp *p, struct elvec *v, struct gel e) {
+    if (!work(p, 1)) return false;
     if (p->n_total >= TERN_GRAMMAR_MAX_ELEMENTS)
         return fail(p, p->i, TERN_ERR_LIMIT, "the grammar expands to more than %u elements (repetitions count "
                     "once per copy)", TERN_GRAMMAR_MAX_ELEMENTS);
@@ -100,10 +106,53 @@ static bool el_push(struct gp *p, struct elvec *v, struct gel e) {
     return true;
 }
 
+/* One step of work; false (and the error) past TERN_GRAMMAR_MAX_WORK. Every loop of
+ * the compiler that grows with the input counts here, so that whatever its shape a
+ * grammar costs at most that many steps before it is compiled or refused. */
+static bool work(struct gp *p, uint64_t n) {
+    p->work += n;
+    if (p->work <= TERN_GRAMMAR_MAX_WORK) return true;
+    return fail(p, p->i, TERN_ERR_LIMIT, "compiling the grammar takes more than %u steps", TERN_GRAMMAR_MAX_WORK);
+}
+
+static uint64_t name_hash(const char *name, size_t len) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t k = 0; k < len; k++) h = (h ^ (unsigned char)name[k]) * 1099511628211ull;
+    return h;
+}
+
+/* The slot of name[0..len) in htab: its rule's, or the empty one it would take. Rule
+ * lookups were a scan of every rule (a 320 KB grammar took 35 s): now a probe or two. */
+static size_t htab_slot(struct gp *p, const char *name, size_t len) {
+    size_t mask = p->cap_htab - 1;
+    for (size_t h = (size_t)name_hash(name, len) & mask;; h = (h + 1) & mask) {
+        p->work++;
+        uint32_t v = p->htab[h];
+        if (!v) return h;
+        const char *rn = p->rules[v - 1].name;
+        if (!strncmp(rn, name, len) && rn[len] == 0) return h; /* (rn may be shorter: strncmp stops at its end) */
+    }
+}
+
+/* Keeps the table at most half full. */
+static bool htab_grow(struct gp *p) {
+    if (p->cap_htab && (p->n_rules + 1) * 2 <= p->cap_htab) return true;
+    size_t nc = p->cap_htab ? p->cap_htab * 2 : 64;
+    uint32_t *nt = tern_calloc(nc, sizeof *nt);
+    if (!nt) return oom(p);
+    free(p->htab);
+    p->htab = nt;
+    p->cap_htab = nc;
+    for (size_t r = 0; r < p->n_rules; r++)
+        p->htab[htab_slot(p, p->rules[r].name, strlen(p->rules[r].name))] = (uint32_t)r + 1;
+    return work(p, p->n_rules);
+}
+
 /* The rule named name[0..len) (created undefined when new); UINT32_MAX on error. */
 static uint32_t rule_get(struct gp *p, const char *name, size_t len, size_t at) {
-    for (size_t r = 0; r < p->n_rules; r++)
-        if (strlen(p->rules[r].name) == len && !memcmp(p->rules[r].name, name, len)) return (uint32_t)r;
+    if (!htab_grow(p) || !work(p, 1)) return UINT32_MAX;
+    size_t slot = htab_slot(p, name, len);
+    if (p->htab[slot]) return p->htab[slot] - 1;
     if (p->n_rules >= MAX_RULES) {
         fail(p, at, TERN_ERR_LIMIT, "more than %u rules", MAX_RULES);
         return UINT32_MAX;
@@ -126,6 +175,7 @@ static uint32_t rule_get(struct gp *p, const char *name, size_t len, size_t at) 
         return UINT32_MAX;
     }
     r->ref_at = at;
+    p->htab[slot] = (uint32_t)p->n_rules + 1;
     return (uint32_t)p->n_rules++;
 }
 
@@ -134,8 +184,8 @@ static uint32_t rule_synth(struct gp *p, uint32_t parent, size_t at, bool repeti
     char name[MAX_NAME + 24];
     for (unsigned k = (unsigned)p->n_rules;; k++) {
         int n = snprintf(name, sizeof name, "%.*s-%u", MAX_NAME, p->rules[parent].name, k);
-        bool taken = false;
-        for (size_t r = 0; r < p->n_rules && !taken; r++) taken = !strcmp(p->rules[r].name, name);
+        if (!htab_grow(p) || !work(p, 1)) return UINT32_MAX;
+        bool taken = n > 0 && p->htab[htab_slot(p, name, (size_t)n)] != 0;
         if (!taken) {
             uint32_t id = rule_get(p, name, (size_t)n, at);
             if (id != UINT32_MAX) {
@@ -519,7 +569,101 @@ static bool parse_rule(struct gp *p) {
 
 /* ---- checks ------------------------------------------------------------------------ */
 
-static enum tern_status check(struct tern_grammar *g, const struct gp *p) {
+/* An alternative is productive when every rule it calls is, nullable when it has no
+ * character and every rule it calls is nullable; a rule is either when one of its
+ * alternatives is. Each alternative counts the calls still unknown; a rule found
+ * productive (nullable) decrements the alternatives that call it (an index of the
+ * calls by rule), so each call is looked at once per property. */
+static enum tern_status nullable_productive(const struct tern_grammar *g, bool *nullable, bool *productive,
+                                           uint64_t *n_work) {
+    size_t R = g->n_rules, A = g->alt_first[R];
+    uint32_t *alt_rule = tern_malloc((A ? A : 1) * sizeof *alt_rule);
+    uint32_t *need_p = tern_malloc((A ? A : 1) * sizeof *need_p), *need_n = tern_malloc((A ? A : 1) * sizeof *need_n);
+    uint32_t *call_first = tern_calloc(R + 1, sizeof *call_first);
+    uint32_t *queue = tern_malloc((2 * R + 1) * sizeof *queue);
+    uint32_t *calls = NULL;
+    enum tern_status st = TERN_OK;
+    if (!alt_rule || !need_p || !need_n || !call_first || !queue) goto nomem;
+    size_t n_calls = 0;
+    for (size_t r = 0; r < R; r++) {
+        for (uint32_t a = g->alt_first[r]; a < g->alt_first[r + 1]; a++) {
+            alt_rule[a] = (uint32_t)r;
+            need_p[a] = need_n[a] = 0;
+            bool has_char = false;
+            for (const struct gel *e = g->el + g->alts[a]; !gel_is_end(e); e++) {
+                if (e->type == GE_CHAR) {
+                    has_char = true;
+                } else {
+                    need_p[a]++;
+                    need_n[a]++;
+                    call_first[e->a]++;
+                    n_calls++;
+                }
+            }
+            if (has_char) need_n[a] = UINT32_MAX; /* never nullable */
+        }
+    }
+    *n_work += n_calls + A;
+    for (size_t r = 0, sum = 0; r <= R; r++) {
+        size_t c = r < R ? call_first[r] : 0;
+        call_first[r] = (uint32_t)sum;
+        sum += c;
+    }
+    calls = tern_malloc((n_calls ? n_calls : 1) * sizeof *calls);
+    if (!calls) goto nomem;
+    {
+        uint32_t *fill = tern_malloc((R + 1) * sizeof *fill);
+        if (!fill) goto nomem;
+        memcpy(fill, call_first, (R + 1) * sizeof *fill);
+        for (size_t a = 0; a < A; a++)
+            for (const struct gel *e = g->el + g->alts[a]; !gel_is_end(e); e++)
+                if (e->type == GE_RULE) calls[fill[e->a]++] = (uint32_t)a;
+        free(fill);
+    }
+    /* queue entries: rule * 2 + (0 productive, 1 nullable) */
+    size_t qh = 0, qt = 0;
+    for (size_t a = 0; a < A; a++) {
+        uint32_t r = alt_rule[a];
+        if (need_p[a] == 0 && !productive[r]) {
+            productive[r] = true;
+            queue[qt++] = r * 2;
+        }
+        if (need_n[a] == 0 && !nullable[r]) {
+            nullable[r] = true;
+            queue[qt++] = r * 2 + 1;
+        }
+    }
+    while (qh < qt) {
+        uint32_t q = queue[qh++], x = q / 2;
+        bool nul = q & 1;
+        *n_work += call_first[x + 1] - call_first[x];
+        for (uint32_t k = call_first[x]; k < call_first[x + 1]; k++) {
+            uint32_t a = calls[k], r = alt_rule[a];
+            if (nul) {
+                if (need_n[a] != UINT32_MAX && --need_n[a] == 0 && !nullable[r]) {
+                    nullable[r] = true;
+                    queue[qt++] = r * 2 + 1;
+                }
+            } else if (--need_p[a] == 0 && !productive[r]) {
+                productive[r] = true;
+                queue[qt++] = r * 2;
+            }
+        }
+    }
+    goto out;
+nomem:
+    st = tern_errorf(TERN_ERR_NOMEM, "grammar: out of memory");
+out:
+    free(alt_rule);
+    free(need_p);
+    free(need_n);
+    free(call_first);
+    free(queue);
+    free(calls);
+    return st;
+}
+
+static enum tern_status check(struct tern_grammar *g, const struct gp *p, uint64_t *n_work) {
     size_t R = g->n_rules;
     bool *nullable = tern_calloc(R, 1), *productive = tern_calloc(R, 1), *reach = tern_calloc(R, 1);
     uint32_t *stack = tern_malloc((R + 1) * sizeof *stack), *it = tern_malloc((R + 1) * sizeof *it);
@@ -528,24 +672,11 @@ static enum tern_status check(struct tern_grammar *g, const struct gp *p) {
         st = tern_errorf(TERN_ERR_NOMEM, "grammar: out of memory");
         goto out;
     }
-    /* nullable and productive: fixpoints over alternatives */
-    for (bool changed = true; changed;) {
-        changed = false;
-        for (size_t r = 0; r < R; r++) {
-            for (uint32_t a = g->alt_first[r]; a < g->alt_first[r + 1]; a++) {
-                bool nul = true, prod = true;
-                for (const struct gel *e = g->el + g->alts[a]; !gel_is_end(e); e++) {
-                    if (e->type == GE_CHAR) nul = false;
-                    else {
-                        nul = nul && nullable[e->a];
-                        prod = prod && productive[e->a];
-                    }
-                }
-                if (nul && !nullable[r]) nullable[r] = changed = true;
-                if (prod && !productive[r]) productive[r] = changed = true;
-            }
-        }
-    }
+    /* nullable and productive: least fixpoints over alternatives, by work lists (a pass
+     * over every rule until nothing changed was quadratic in a chain of rules) */
+    st = nullable_productive(g, nullable, productive, n_work);
+    if (st) goto out;
+    *n_work += 2 * g->n_el; /* reachability and the search for left recursion: linear */
     /* reachability from the root */
     size_t sp = 0;
     stack[sp++] = g->root;
@@ -703,6 +834,7 @@ void tern_grammar_free(struct tern_grammar *g) {
 }
 
 size_t tern_grammar_n_rules(const struct tern_grammar *g) { return g->n_rules; }
+uint64_t tern_grammar_work(const struct tern_grammar *g) { return g->work; }
 
 bool tern_grammar_same(const struct tern_grammar *a, const struct tern_grammar *b) {
     return a == b || (a->src_len == b->src_len && !memcmp(a->src, b->src, a->src_len) &&
@@ -736,8 +868,10 @@ enum tern_status tern_grammar_compile(const char *src, size_t len, const char *r
         }
     }
     uint32_t root_id = UINT32_MAX;
-    for (size_t r = 0; r < p.n_rules; r++)
-        if (!strcmp(p.rules[r].name, root)) root_id = (uint32_t)r;
+    if (p.cap_htab) {
+        size_t slot = htab_slot(&p, root, strlen(root));
+        if (p.htab[slot]) root_id = p.htab[slot] - 1;
+    }
     if (root_id == UINT32_MAX) {
         st = tern_errorf(TERN_ERR_FORMAT, "grammar: there is no rule '%s' (the start rule)", root);
         goto out;
@@ -780,8 +914,9 @@ enum tern_status tern_grammar_compile(const char *src, size_t len, const char *r
             if (g->el[k].type == GE_ALT) g->alts[a++] = k + 1;
     }
     g->alt_first[g->n_rules] = (uint32_t)a;
-    st = check(g, &p);
+    st = check(g, &p, &p.work);
     if (st) goto out;
+    g->work = p.work;
     *out = g;
     g = NULL;
     goto out;
@@ -793,6 +928,7 @@ out:
         free(p.rules[r].body.v);
     }
     free(p.rules);
+    free(p.htab);
     free(p.ranges);
     tern_grammar_free(g);
     return st;

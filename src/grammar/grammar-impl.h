@@ -32,6 +32,7 @@ struct tern_grammar {
     char *src;              /* the source and the start rule, for tern_grammar_same */
     size_t src_len;
     char *root_name;
+    uint64_t work;          /* steps the compile took (tern_grammar_work) */
 };
 
 static inline bool gel_is_end(const struct gel *e) { return e->type == GE_END || e->type == GE_ALT; }

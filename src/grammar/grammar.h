@@ -34,6 +34,10 @@
 #define TERN_GRAMMAR_MAX_STACK 4096          /* nesting depth of a configuration's stack */
 #define TERN_GRAMMAR_MAX_TOKEN_BYTES 512     /* longer token pieces are never allowed */
 #define TERN_GRAMMAR_MAX_EXPANSION (1u << 18) /* configurations visited expanding one state */
+/* Steps of one compile (each element made, rule name probed, call looked at by the
+ * checks): the compile is linear in the grammar, and this bounds it whatever the shape
+ * (a 1 MiB grammar takes a few million); past it, TERN_ERR_LIMIT. */
+#define TERN_GRAMMAR_MAX_WORK (1u << 24)
 
 struct tern_grammar;
 struct tern_gvocab;
@@ -45,6 +49,8 @@ struct tern_tokenizer;
 enum tern_status tern_grammar_compile(const char *src, size_t len, const char *root, struct tern_grammar **out);
 void tern_grammar_free(struct tern_grammar *g);
 size_t tern_grammar_n_rules(const struct tern_grammar *g);
+/* The steps its compile took (at most TERN_GRAMMAR_MAX_WORK): for tests and logs. */
+uint64_t tern_grammar_work(const struct tern_grammar *g);
 /* Same source and start rule (so a matcher's tables and mask cache built for one serve
  * the other). */
 bool tern_grammar_same(const struct tern_grammar *a, const struct tern_grammar *b);

@@ -17,7 +17,11 @@
 #define TERN_GRAMMAR_MAX_REPEAT_SCHEMA 1000 /* minLength, minItems; larger maxima are lowered to it */
 #define INT_MAX_ABS 9999999999999999LL /* 16 digits */
 
-/* Shared rules, emitted once at the end. */
+/* Shared rules, emitted once at the end. The formats make a subset of what their RFCs
+ * allow, each string of which every validator accepts: hostnames of at most 8 labels of
+ * at most 30 characters (under 253 in all), e-mail as dot-atoms of at most 4 x 15 before
+ * '@' and a hostname of 2-7 labels after it, IPv6 in RFC 3986's nine forms, URIs as
+ * scheme://host[:port][/path][?query]. */
 #define SHARED_RULES\
     "ws ::= ( \" \" | \"\\n\" [ \\t]{0,16} )?\n"\
     "jhex ::= [0-9a-fA-F]\n"\
@@ -39,7 +43,23 @@
     "jhour ::= [01] [0-9] | \"2\" [0-3]\n"\
     "jtime ::= jhour \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]{1,6} )? ( \"Z\" | [+-] jhour \":\" [0-5] [0-9] )\n"\
     "jdatetime ::= jdate \"T\" jtime\n"\
-    "juuid ::= [0-9a-f]{8} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{12}\n"
+    "juuid ::= [0-9a-f]{8} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{12}\n"\
+    "jipv4 ::= jipv4-o \".\" jipv4-o \".\" jipv4-o \".\" jipv4-o\n"\
+    "jipv4-o ::= \"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9]\n"\
+    "jh16 ::= jhex{1,4}\n"\
+    "jh16c ::= jh16 \":\"\n"\
+    "jls32 ::= jh16 \":\" jh16 | jipv4\n"\
+    "jipv6 ::= jh16c{6} jls32 | \"::\" jh16c{5} jls32 | jh16? \"::\" jh16c{4} jls32 | "\
+    "( jh16c{0,1} jh16 )? \"::\" jh16c{3} jls32 | ( jh16c{0,2} jh16 )? \"::\" jh16c{2} jls32 | "\
+    "( jh16c{0,3} jh16 )? \"::\" jh16c jls32 | ( jh16c{0,4} jh16 )? \"::\" jls32 | "\
+    "( jh16c{0,5} jh16 )? \"::\" jh16 | ( jh16c{0,6} jh16 )? \"::\"\n"\
+    "jlabel ::= [a-zA-Z0-9] ( [a-zA-Z0-9-]{0,28} [a-zA-Z0-9] )?\n"\
+    "jhostname ::= jlabel ( \".\" jlabel ){0,7}\n"\
+    "jemail ::= jatom ( \".\" jatom ){0,3} \"@\" jlabel ( \".\" jlabel ){1,6}\n"\
+    "jatom ::= [a-zA-Z0-9!#$%&'*+=?^_`{|}~-]{1,15}\n"\
+    "juric ::= [a-zA-Z0-9._~!$&'()*+,;=:@-] | \"%\" jhex jhex\n"\
+    "juri ::= [a-zA-Z] [a-zA-Z0-9+.-]{0,31} \"://\" jhostname ( \":\" [0-9]{1,5} )? ( \"/\" juric* )* "\
+    "( \"?\" ( juric | [/?] )* )?\n"
 static const char shared_rules[] = SHARED_RULES;
 
 struct refmap {
@@ -709,7 +729,13 @@ static enum tern_status gen_string(struct tern_schema_gbnf *c, const json_t *s, 
         else if (!strcmp(f, "time")) rule = "jtime";
         else if (!strcmp(f, "date-time")) rule = "jdatetime";
         else if (!strcmp(f, "uuid")) rule = "juuid";
-        else return fail(c, p, TERN_ERR_UNSUPPORTED, "format '%.40s' is not supported (date, time, date-time, uuid are)", f);
+        else if (!strcmp(f, "email")) rule = "jemail";
+        else if (!strcmp(f, "ipv4")) rule = "jipv4";
+        else if (!strcmp(f, "ipv6")) rule = "jipv6";
+        else if (!strcmp(f, "hostname")) rule = "jhostname";
+        else if (!strcmp(f, "uri")) rule = "juri";
+        else return fail(c, p, TERN_ERR_UNSUPPORTED, "format '%.40s' is not supported (date, time, date-time, uuid, "
+                         "email, ipv4, ipv6, hostname, uri are)", f);
         if (lens) return fail(c, p, TERN_ERR_UNSUPPORTED, "'format' together with minLength/maxLength is not supported");
         return tern_buf_printf(b, "\"\\\"\" %s \"\\\"\"", rule) ? nomem(c) : TERN_OK;
     }
@@ -737,6 +763,65 @@ static bool get_bound(struct tern_schema_gbnf *c, const json_t *s, const char *k
     return true;
 }
 
+/* A bounded 'number': the values lo <= x <= hi, xlo < x < xhi as the union of
+ *   - the integers in the range (int_range),
+ *   - k.ddd for whole k >= 0 with [k, k+1) inside the range,
+ *   - -k.ddd for whole k >= 0 with (-(k+1), -k] inside it,
+ * where a fraction that touches an exclusive bound must have a nonzero digit. No
+ * exponents. Every string it makes is in the range (what matters for generation);
+ * a value between a fractional bound and the next whole number (0.7 for minimum 0.5)
+ * is never produced. A range that holds none of these (minimum 0.1, maximum 0.2) is
+ * refused with the pointer. */
+static enum tern_status number_range(struct tern_schema_gbnf *c, double lo, double hi, double xlo, double xhi,
+                                     const char *ptr, struct tern_buf *b) {
+    const double M = (double)INT_MAX_ABS;
+    /* the effective bounds: v > xlo and v >= lo, v < xhi and v <= hi */
+    double L = lo > xlo ? lo : xlo, H = hi < xhi ? hi : xhi;
+    bool lx = xlo >= lo, hx = xhi <= hi; /* is the bound that binds exclusive? */
+    if (L < -M) L = -M, lx = false;
+    if (H > M) H = M, hx = false;
+    /* integers */
+    double ilo = lx ? floor(L) + 1 : ceil(L), ihi = hx ? ceil(H) - 1 : floor(H);
+    /* k.ddd, k >= 0: k >= L (k == L exclusive: nonzero fraction), k + 1 <= H */
+    double plo = ceil(L) < 0 ? 0 : ceil(L), phi = floor(H) - 1;
+    bool p_nz = lx && plo == L; /* the first k needs a nonzero fraction */
+    /* -k.ddd, k >= 0: -(k+1) >= L, -k <= H (-k == H exclusive: nonzero fraction) */
+    double nlo = ceil(-H) < 0 ? 0 : ceil(-H), nhi = floor(-L) - 1;
+    bool n_nz = hx && -nlo == H;
+    bool has_i = ilo <= ihi, has_p = plo <= phi, has_n = nlo <= nhi;
+    if (!has_i && !has_p && !has_n) {
+        return fail(c, ptr, TERN_ERR_UNSUPPORTED,
+                    "the bounds of this 'number' hold no whole number and no whole unit interval (%g to %g); "
+                    "only such ranges can be expressed", L, H);
+    }
+    enum tern_status st = tern_buf_puts(b, "( ");
+    const char *sep = "";
+    if (has_i) {
+        st = st ? st : int_range(b, (long long)ilo, (long long)ihi);
+        sep = " | ";
+    }
+    /* one side: the first k alone when it needs a nonzero fraction, then the rest */
+    for (int side = 0; side < 2; side++) {
+        bool has = side ? has_n : has_p, nz = side ? n_nz : p_nz;
+        long long a = (long long)(side ? nlo : plo), z = (long long)(side ? nhi : phi);
+        if (!has) continue;
+        const char *sign = side ? "\"-\" " : "";
+        if (nz) {
+            st = st ? st : tern_buf_printf(b, "%s%s\"%lld.\" \"0\"{0,15} [1-9] [0-9]{0,15}", sep, sign, a);
+            sep = " | ";
+            a++;
+        }
+        if (a <= z) {
+            st = st ? st : tern_buf_printf(b, "%s%s", sep, sign);
+            st = st ? st : nonneg_range(b, a, z);
+            st = st ? st : tern_buf_puts(b, " \".\" [0-9]{1,16}");
+            sep = " | ";
+        }
+    }
+    st = st ? st : tern_buf_puts(b, " )");
+    return st ? nomem(c) : TERN_OK;
+}
+
 static enum tern_status gen_number(struct tern_schema_gbnf *c, const json_t *s, const char *ptr, struct tern_buf *b,
                                    bool integer) {
     double lo = -INFINITY, hi = INFINITY, v;
@@ -757,13 +842,10 @@ static enum tern_status gen_number(struct tern_schema_gbnf *c, const json_t *s, 
         return fail(c, p, TERN_ERR_UNSUPPORTED, "'exclusiveMaximum' must be a number (the draft-4 boolean form is not supported)");
     }
     if (!integer) {
-        if (xl || xh || (any && !(lo == 0 && hi == INFINITY))) {
-            ptr_join(p, sizeof p, ptr, json_object_get(s, "minimum") && lo != 0 ? "minimum" : json_object_get(s, "maximum") ? "maximum"
-                                                                           : xl ? "exclusiveMinimum" : "exclusiveMaximum");
-            return fail(c, p, TERN_ERR_UNSUPPORTED,
-                        "bounds on a 'number' are not supported (only on integers, and minimum 0 on numbers)");
-        }
-        return tern_buf_puts(b, any ? "jnumber-nonneg" : "jnumber") ? nomem(c) : TERN_OK;
+        if (!xl && !xh && (!any || (lo == 0 && hi == INFINITY)))
+            return tern_buf_puts(b, any ? "jnumber-nonneg" : "jnumber") ? nomem(c) : TERN_OK;
+        return number_range(c, lo, hi, xl ? json_number_value(xl) : -INFINITY, xh ? json_number_value(xh) : INFINITY,
+                            ptr, b);
     }
     if (xl) {
         double x = json_number_value(xl);

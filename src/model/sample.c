@@ -1,6 +1,7 @@
 /* Sampling: penalties, then (as llama.cpp orders them) top-k, top-p, min-p, temperature,
  * and a draw from a seeded xoshiro256** generator. Greedy (temperature <= 0) is argmax
- * with ties going to the lowest id. The input logits are never modified. */
+ * with ties going to the lowest id. logit_bias is added first (before penalties). The
+ * input logits are never modified. */
 #include "tern.h"
 
 #include "util/mem.h"
@@ -24,6 +25,9 @@ struct tern_sampler {
     struct cand *cand; /* (n_vocab) sorted candidates */
     int32_t *hist;     /* penalty window, sorted (grown as needed) */
     size_t hist_cap;
+    int32_t *bias_id;  /* (n_bias) logit_bias: tokens and what is added to their logits */
+    float *bias;
+    size_t n_bias;
 };
 
 void tern_sampler_params_default(struct tern_sampler_params *p) {
@@ -76,7 +80,38 @@ void tern_sampler_free(struct tern_sampler *s) {
     free(s->work);
     free(s->cand);
     free(s->hist);
+    free(s->bias_id);
+    free(s->bias);
     free(s);
+}
+
+enum tern_status tern_sampler_set_bias(struct tern_sampler *s, const int32_t *ids, const float *bias, size_t n) {
+    if (n > TERN_SAMPLER_MAX_BIAS)
+        return tern_errorf(TERN_ERR_INVALID, "sampler: %zu biased tokens; the limit is %d", n, TERN_SAMPLER_MAX_BIAS);
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || (uint32_t)ids[i] >= s->n_vocab)
+            return tern_errorf(TERN_ERR_INVALID, "sampler: bias for token %d; the vocabulary has %u tokens", ids[i],
+                               s->n_vocab);
+        if (!isfinite(bias[i]))
+            return tern_errorf(TERN_ERR_INVALID, "sampler: the bias of token %d is not finite", ids[i]);
+    }
+    int32_t *ni = n ? tern_malloc(n * sizeof *ni) : NULL;
+    float *nb = n ? tern_malloc(n * sizeof *nb) : NULL;
+    if (n && (!ni || !nb)) {
+        free(ni);
+        free(nb);
+        return tern_errorf(TERN_ERR_NOMEM, "sampler: out of memory");
+    }
+    if (n) {
+        memcpy(ni, ids, n * sizeof *ni);
+        memcpy(nb, bias, n * sizeof *nb);
+    }
+    free(s->bias_id);
+    free(s->bias);
+    s->bias_id = ni;
+    s->bias = nb;
+    s->n_bias = n;
+    return TERN_OK;
 }
 
 static int cmp_i32(const void *a, const void *b) {
@@ -227,6 +262,7 @@ static bool dist_build(struct tern_sampler *s, const int32_t *history, size_t n_
     const struct tern_sampler_params *p = &s->p;
     const uint32_t V = s->n_vocab;
     float *l = s->work;
+    for (size_t i = 0; i < s->n_bias; i++) l[s->bias_id[i]] += s->bias[i]; /* -inf (masked) stays -inf */
     apply_penalties(s, l, history, n_history);
     if (!(p->temperature > 0.0f)) {
         *greedy = argmax(l, V);

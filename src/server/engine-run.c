@@ -527,6 +527,7 @@ static bool decode_begin(struct srv_engine *e, struct eng_req *r) {
     struct tern_sampler_params sp = j->req.sampling;
     if (!j->req.seed_set) sp.seed = tern_now_ns() ^ (j->seq << 32);
     enum tern_status st = tern_sampler_new(&sp, e->info->n_vocab, &r->sampler);
+    if (!st && j->req.n_bias) st = tern_sampler_set_bias(r->sampler, j->req.bias_ids, j->req.bias_vals, j->req.n_bias);
     if (!st) st = tern_detok_new(e->tok, TERN_TOK_PARSE_SPECIAL, &r->o.detok);
     struct tern_grammar **grammar = ej->tool_grammar ? &ej->tool_grammar : j->req.grammar ? &j->req.grammar : NULL;
     if (!st && grammar) {

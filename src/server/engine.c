@@ -56,14 +56,43 @@ static json_t *late_system_as_user(const json_t *messages) {
     return out;
 }
 
+/* Bounds the work by the context before rendering: every message renders to at least
+ * one token (a role marker at least, in every template we know), so a chat with as
+ * many messages as the context holds positions cannot fit. 340K one-character messages
+ * (11 MB) were rendered and tokenized whole before the context check (a 501 MB peak). */
+static bool chat_may_fit(const struct srv_engine *e, const struct srv_job *j, struct srv_error *err) {
+    size_t n = json_array_size(j->req.messages);
+    if (n < e->n_ctx) return true;
+    srv_error_set(err, 400, "invalid_request_error", "context_length_exceeded", "messages",
+                  "the request has %zu messages; each takes at least one token and the context holds %u "
+                  "(--ctx-size), with at least one left to generate",
+                  n, e->n_ctx);
+    return false;
+}
+
+/* logit_bias ids must be tokens of this vocabulary. */
+static bool bias_in_vocab(const struct srv_engine *e, const struct srv_job *j, struct srv_error *err) {
+    uint32_t nv = e->info->n_vocab; /* the sampler's */
+    for (size_t i = 0; i < j->req.n_bias; i++) {
+        if ((uint32_t)j->req.bias_ids[i] >= nv) {
+            srv_error_bad(err, "logit_bias", "'logit_bias' names token %d; the vocabulary has %u tokens",
+                          j->req.bias_ids[i], nv);
+            return false;
+        }
+    }
+    return true;
+}
+
 bool engine_prepare(void *self, struct srv_job *j, struct srv_error *err) {
     struct srv_engine *e = self;
+    if (!bias_in_vocab(e, j, err)) return false;
     struct eng_job *ej = tern_calloc(1, sizeof *ej);
     if (!ej) return fail_status(err, TERN_ERR_NOMEM, "job");
     j->priv = ej;
     size_t cap = 0;
     enum tern_status st;
     if (j->ep == SRV_EP_CHAT) {
+        if (!chat_may_fit(e, j, err)) return false;
         json_t *vars = srv_template_vars(&j->req, e->chat.bos_text, e->chat.eos_text);
         if (!vars) return fail_status(err, TERN_ERR_NOMEM, "template variables");
         struct tern_buf text = TERN_BUF_INIT;

@@ -14,7 +14,12 @@
  *   of parked jobs every ~100 ms: a client that hangs up cancels its request even while
  *   the engine is still priming and nothing is being written. It also resumes a parked
  *   stream every 10 s for a keep-alive comment, and closes connections that have not
- *   sent a complete request header in time (408: slowloris, idle sockets).
+ *   sent a complete request header in time (408: slowloris, idle sockets), or a whole
+ *   body (--body-timeout, then SRV_MIN_BODY_RATE: a body trickled a byte every few
+ *   seconds never trips MHD's inactivity timeout).
+ * - The connection table keeps room for new clients: near max_connections each new
+ *   connection sheds the one that has waited longest for its header or body (or idled
+ *   in keep-alive), so thousands of slow sockets cannot lock out /health and chat.
  *
  * Lock order: jmu -> job mu -> MHD's internal mutex (resume/suspend are called with the
  * job's mu held, which is what makes "park, then resume" free of lost wake-ups). */
@@ -79,6 +84,7 @@ typedef enum MHD_Result MHD_Result;
 #define DEFAULT_MAX_BODY ((size_t)16 << 20)
 #define DEFAULT_HEADER_TIMEOUT_S 10
 #define DEFAULT_IDLE_TIMEOUT_S 30
+#define DEFAULT_BODY_TIMEOUT_S 30
 #define DEFAULT_HTTP_THREADS 2
 #define DEFAULT_PREP_THREADS 2
 
@@ -165,7 +171,7 @@ struct srv_server {
     atomic_uint_fast64_t prompt_tokens, cached_tokens, read_tokens, generated_tokens, cancelled;
     atomic_uint_fast64_t ttft_us_sum, ttft_count, overhead_us_sum;
     atomic_uint_fast64_t preempt_us_sum, preempt_count;
-    atomic_uint_fast64_t conns_total, header_timeouts, client_gone;
+    atomic_uint_fast64_t conns_total, header_timeouts, body_timeouts, conns_shed, client_gone;
     atomic_int conns_open;
     double t_start;
 };
@@ -360,9 +366,17 @@ static void render_metrics(struct srv_server *s, struct tern_buf *b) {
                     "# TYPE tern_http_connections_total counter\ntern_http_connections_total %llu\n"
                     "# HELP tern_http_header_timeouts_total Connections closed (408) for not sending a complete "
                     "request header in time (--header-timeout, --idle-timeout).\n"
-                    "# TYPE tern_http_header_timeouts_total counter\ntern_http_header_timeouts_total %llu\n",
+                    "# TYPE tern_http_header_timeouts_total counter\ntern_http_header_timeouts_total %llu\n"
+                    "# HELP tern_http_body_timeouts_total Connections closed (408) for not sending their request "
+                    "body in time (--body-timeout, then 4096 bytes a second).\n"
+                    "# TYPE tern_http_body_timeouts_total counter\ntern_http_body_timeouts_total %llu\n"
+                    "# HELP tern_http_connections_shed_total Waiting connections closed to make room for new ones "
+                    "when the connection table was nearly full.\n"
+                    "# TYPE tern_http_connections_shed_total counter\ntern_http_connections_shed_total %llu\n",
                     atomic_load(&s->conns_open), (unsigned long long)atomic_load(&s->conns_total),
-                    (unsigned long long)atomic_load(&s->header_timeouts));
+                    (unsigned long long)atomic_load(&s->header_timeouts),
+                    (unsigned long long)atomic_load(&s->body_timeouts),
+                    (unsigned long long)atomic_load(&s->conns_shed));
     const struct srv_backend *be = atomic_load(&s->backend);
     if (be && be->metrics) be->metrics(be->self, b);
 }
@@ -536,9 +550,12 @@ static bool enqueue(struct srv_server *s, struct srv_job *j) {
 /* ---- connections ------------------------------------------------------------------- */
 
 /* One per TCP connection (MHD's socket context). */
+enum sock_wait { W_HEADER = 0, W_BODY };
+
 struct sock {
     int fd;
-    double deadline;             /* (smu) a complete request header is due by then; 0 = not waiting */
+    double deadline;             /* (smu) a complete request header (or body: wait) is due by then; 0 = not waiting */
+    enum sock_wait wait;         /* (smu) what the deadline is for */
     struct sock *prev, *next;
 };
 
@@ -562,6 +579,7 @@ struct conn {
     struct srv_error derr;
     const char *dhdr, *dval;
     uint64_t n_discarded;
+    uint64_t n_received;         /* body bytes read so far, kept or discarded (for the body deadline) */
     size_t body_len;             /* of the body handed to a prepare thread */
     double t_start;
     int fd;
@@ -911,7 +929,7 @@ static void run_simple(struct srv_server *s, struct conn *cn, const struct srv_b
         return;
     }
     json_error_t jerr;
-    json_t *body = json_loadb(cn->body.data, cn->body.len, 0, &jerr);
+    json_t *body = json_loadb(cn->body.data, cn->body.len, JSON_REJECT_DUPLICATES, &jerr);
     tern_buf_free(&cn->body);
     if (!json_is_object(body)) {
         if (body) srv_error_bad(&err, NULL, "the request body must be a JSON object");
@@ -993,12 +1011,27 @@ static struct sock *conn_sock(struct MHD_Connection *c) {
     return ci ? ci->socket_context : NULL;
 }
 
-static void sock_set_deadline(struct srv_server *s, struct MHD_Connection *c, double deadline) {
+static void sock_set_deadline_for(struct srv_server *s, struct MHD_Connection *c, double deadline,
+                                  enum sock_wait wait) {
     struct sock *sk = conn_sock(c);
     if (!sk) return;
     pthread_mutex_lock(&s->smu);
     sk->deadline = deadline;
+    sk->wait = wait;
     pthread_mutex_unlock(&s->smu);
+}
+
+static void sock_set_deadline(struct srv_server *s, struct MHD_Connection *c, double deadline) {
+    sock_set_deadline_for(s, c, deadline, W_HEADER);
+}
+
+/* A body is due body_timeout_s after its header, plus a second per SRV_MIN_BODY_RATE
+ * bytes received: a client that keeps up the rate is never cut off, one that trickles
+ * (a byte every few seconds never trips MHD's inactivity timeout) is, after the grace.
+ * Called as each piece arrives; the watcher enforces it. */
+static void body_deadline_update(struct srv_server *s, struct conn *cn) {
+    double d = cn->t_start + (double)s->p.body_timeout_s + (double)cn->n_received / SRV_MIN_BODY_RATE;
+    sock_set_deadline_for(s, cn->c, d, W_BODY);
 }
 
 /* The answer after a suspended connection resumed. */
@@ -1095,6 +1128,18 @@ static bool framing_refused(struct srv_server *s, struct MHD_Connection *c, enum
     return true;
 }
 
+/* An HTTP/1.1 request must name its Host (RFC 9112 3.2): 400 + close without one
+ * (libmicrohttpd accepted it). */
+static bool host_missing(struct srv_server *s, struct MHD_Connection *c, const char *version, enum route route,
+                         MHD_Result *ret) {
+    if (!version || strcmp(version, MHD_HTTP_VERSION_1_1)) return false;
+    if (MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST)) return false;
+    struct srv_error err = {0};
+    srv_error_bad(&err, NULL, "an HTTP/1.1 request must have a Host header");
+    *ret = send_error(s, c, route, &err, "Connection", "close");
+    return true;
+}
+
 /* Refuses a request before its body is read. A client waiting for "100 Continue" is
  * answered at once (it sends nothing more); one that sends its body anyway would see a
  * reset if the connection closed with the body unread, so the body is read and
@@ -1120,14 +1165,13 @@ static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, 
     struct srv_server *s = cls;
     struct conn *cn = *con_cls;
     struct srv_error err = {0};
-    (void)version;
     if (!cn) {
-        sock_set_deadline(s, c, 0); /* the header is complete */
         cn = tern_calloc(1, sizeof *cn);
         if (!cn) return MHD_NO;
         *con_cls = cn;
         cn->c = c;
         cn->t_start = tern_now_s();
+        body_deadline_update(s, cn); /* the header is complete; the body is due next */
         cn->route = find_route(url);
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         cn->fd = ci ? ci->connect_fd : -1;
@@ -1135,6 +1179,7 @@ static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, 
         /* Decide everything that does not need the body before reading it. */
         MHD_Result fr;
         if (framing_refused(s, c, cn->route, &fr)) return fr;
+        if (host_missing(s, c, version, cn->route, &fr)) return fr;
         if (cn->route == R_NONE) {
             srv_error_set(&err, 404, "not_found_error", "not_found", NULL, "no route for %.10s %.200s", method, url);
             return send_error(s, c, R_NONE, &err, NULL, NULL);
@@ -1171,6 +1216,8 @@ static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, 
     }
     if (cn->state != C_BODY) return conn_resumed(s, c, cn);
     if (*upload_size) {
+        cn->n_received += *upload_size;
+        body_deadline_update(s, cn);
         if (cn->drain || cn->too_large) {
             /* discarded; a client that keeps sending past the bounds is cut off */
             cn->n_discarded += *upload_size;
@@ -1189,6 +1236,7 @@ static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, 
         *upload_size = 0;
         return MHD_YES;
     }
+    sock_set_deadline(s, c, 0); /* the body is whole */
     if (cn->drain) return send_error(s, c, cn->route, &cn->derr, cn->dhdr, cn->dval);
     if (cn->too_large) {
         srv_error_set(&err, 413, "invalid_request_error", "request_too_large", NULL,
@@ -1258,6 +1306,10 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
 
 /* ---- the first bytes of a connection ----------------------------------------------- */
 
+/* The 408s the watcher (and shed_waiting) send, written once at start. */
+static char timeout_reply[512], body_timeout_reply[512];
+static size_t timeout_reply_len, body_timeout_reply_len;
+
 static bool is_tchar(unsigned char ch) {
     return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
            (ch && strchr("!#$%&'*+-.^_`|~", ch));
@@ -1313,6 +1365,69 @@ static bool header_has_bad_length(const unsigned char *p, size_t n) {
     return false;
 }
 
+/* What else a complete header block p[0..n) (the first request of a connection) may
+ * hold that libmicrohttpd gets wrong, with the status to answer (0: nothing): a NUL
+ * byte in a header (libmicrohttpd cut the value there and accepted it), a Content-Length
+ * too large for 64 bits (its 413 came with the status line and headers twice), a first
+ * chunk size of 16 or more hex digits or at least 2^63 (it closed the connection
+ * without a word) or larger than max_body (413 at once instead of after the reads). */
+static int header_edge_refusal(const unsigned char *p, size_t n, size_t max_body, char *msg, size_t cap) {
+    const unsigned char *end = NULL;
+    for (size_t i = 0; i + 1 < n && !end; i++)
+        if (p[i] == '\n' && (p[i + 1] == '\n' || (p[i + 1] == '\r' && i + 2 < n && p[i + 2] == '\n'))) end = p + i + 1;
+    if (!end) return 0; /* not all there: libmicrohttpd decides (and the header timeout) */
+    if (memchr(p, 0, (size_t)(end - p))) {
+        snprintf(msg, cap, "a header holds a NUL byte");
+        return 400;
+    }
+    bool chunked = false;
+    const unsigned char *line = memchr(p, '\n', (size_t)(end - p));
+    while (line && line + 1 < end) {
+        line++;
+        const unsigned char *eol = memchr(line, '\n', (size_t)(end - line));
+        if (!eol) break;
+        size_t len = (size_t)(eol - line);
+        if (len >= 15 && !strncasecmp((const char *)line, "Content-Length:", 15)) {
+            const unsigned char *v = line + 15, *ve = eol;
+            while (v < ve && (*v == ' ' || *v == '\t' || *v == '0')) v++;
+            while (ve > v && (ve[-1] == '\r' || ve[-1] == ' ' || ve[-1] == '\t')) ve--;
+            uint64_t val = 0;
+            bool over = false;
+            for (const unsigned char *d = v; d < ve && !over; d++) {
+                if (*d < '0' || *d > '9') break; /* header_has_bad_length's case */
+                if (val > (UINT64_MAX - (uint64_t)(*d - '0')) / 10) over = true;
+                else val = val * 10 + (uint64_t)(*d - '0');
+            }
+            if (over) {
+                snprintf(msg, cap, "the Content-Length does not fit in 64 bits; the limit is %zu bytes (--max-body)",
+                         max_body);
+                return 413;
+            }
+        } else if (len >= 18 && !strncasecmp((const char *)line, "Transfer-Encoding:", 18)) {
+            chunked = true; /* (only "chunked" passes the framing check) */
+        }
+        line = eol;
+    }
+    if (!chunked) return 0;
+    const unsigned char *c = end + (end[0] == '\r' ? 2 : 1), *e = p + n;
+    while (c < e && *c == '0' && c + 1 < e && isxdigit(c[1])) c++;
+    size_t digits = 0;
+    uint64_t size = 0;
+    for (; c < e && isxdigit(*c); c++, digits++)
+        if (digits < 16) size = size * 16 + (uint64_t)(isdigit(*c) ? *c - '0' : (tolower(*c) - 'a' + 10));
+    if (c == e) return 0; /* the size line is not all there: libmicrohttpd decides */
+    if (digits >= 16 || size >= ((uint64_t)1 << 63)) {
+        snprintf(msg, cap, "a chunk size of %zu hex digits is not a size this server can read", digits);
+        return 400;
+    }
+    if (size > max_body) {
+        snprintf(msg, cap, "a chunk of %llu bytes exceeds the limit of %zu bytes (--max-body)", (unsigned long long)size,
+                 max_body);
+        return 413;
+    }
+    return 0;
+}
+
 /* The route of a request line's target (for /metrics), R_NONE when there is none. */
 static enum route first_line_route(const unsigned char *p, size_t n) {
     const unsigned char *sp = memchr(p, ' ', n);
@@ -1340,11 +1455,14 @@ static bool first_bytes_refused(struct srv_server *s, int fd) {
     const char *why = request_line_garbage(buf, (size_t)n);
     enum route route = R_NONE;
     char msg[160];
+    int status = 400;
     if (why) {
         snprintf(msg, sizeof msg, "the connection began with %s; expected a request line (METHOD /path HTTP/1.1)", why);
     } else if (header_has_bad_length(buf, (size_t)n)) {
         route = first_line_route(buf, (size_t)n);
         snprintf(msg, sizeof msg, "the Content-Length header is not a decimal number of bytes");
+    } else if ((status = header_edge_refusal(buf, (size_t)n, s->p.max_body, msg, sizeof msg))) {
+        route = first_line_route(buf, (size_t)n);
     } else {
         return false;
     }
@@ -1353,12 +1471,14 @@ static bool first_bytes_refused(struct srv_server *s, int fd) {
     ssize_t r = recv(fd, buf, (size_t)n, MSG_DONTWAIT);
     (void)r;
     struct srv_error err = {0};
-    srv_error_bad(&err, NULL, "%s", msg);
+    if (status == 413) srv_error_set(&err, 413, "invalid_request_error", "request_too_large", NULL, "%s", msg);
+    else srv_error_bad(&err, NULL, "%s", msg);
     char *body = srv_error_json(&err);
     char head[256];
     int hn = snprintf(head, sizeof head,
-                      "HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Type: application/json\r\n"
-                      "Content-Length: %zu\r\n\r\n", body ? strlen(body) : 0);
+                      "HTTP/1.1 %s\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                      "Content-Length: %zu\r\n\r\n",
+                      status == 413 ? "413 Content Too Large" : "400 Bad Request", body ? strlen(body) : 0);
     if (hn > 0 && (size_t)hn < sizeof head) {
         ssize_t w = send(fd, head, (size_t)hn, MSG_DONTWAIT | MSG_NOSIGNAL | (body ? MSG_MORE : 0));
         if (w == hn && body) w = send(fd, body, strlen(body), MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -1366,9 +1486,38 @@ static bool first_bytes_refused(struct srv_server *s, int fd) {
     }
     free(body);
     shutdown(fd, SHUT_RDWR); /* libmicrohttpd reads the end of the stream and closes */
-    count_request(s, route, 400);
-    TERN_LOG_INFO("request - %s 400 : %s", route_names[route], msg);
+    count_request(s, route, status);
+    TERN_LOG_INFO("request - %s %d : %s", route_names[route], status, msg);
     return true;
+}
+
+/* How many places of the connection table are kept free for new clients: past
+ * max_connections minus this, each new connection closes a waiting one (below). */
+static uint32_t shed_headroom(uint32_t max_connections) {
+    uint32_t h = max_connections / 16;
+    return h < 2 ? 2 : h > 64 ? 64 : h;
+}
+
+/* The connection table is nearly full: close the connection that has waited longest for
+ * its header or body (or sat idle in keep-alive), with a 408, so that a new client (a
+ * health check, a chat) finds a place however many slow ones hold the rest. Connections
+ * whose request is being prepared or run are never shed (their deadline is 0). The list
+ * is newest first, so the last waiting one is the oldest. */
+static void shed_waiting(struct srv_server *s, const struct sock *self) {
+    pthread_mutex_lock(&s->smu);
+    struct sock *victim = NULL;
+    for (struct sock *sk = s->socks; sk; sk = sk->next)
+        if (sk != self && sk->deadline > 0 && sk->fd >= 0) victim = sk;
+    if (victim) {
+        bool body = victim->wait == W_BODY;
+        victim->deadline = 0;
+        ssize_t w = send(victim->fd, body ? body_timeout_reply : timeout_reply,
+                         body ? body_timeout_reply_len : timeout_reply_len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        (void)w;
+        shutdown(victim->fd, SHUT_RDWR);
+        atomic_fetch_add(&s->conns_shed, 1);
+    }
+    pthread_mutex_unlock(&s->smu);
 }
 
 static void notify_connection(void *cls, struct MHD_Connection *c, void **socket_context,
@@ -1387,8 +1536,9 @@ static void notify_connection(void *cls, struct MHD_Connection *c, void **socket
         s->socks = sk;
         pthread_mutex_unlock(&s->smu);
         *socket_context = sk;
-        atomic_fetch_add(&s->conns_open, 1);
+        int open = atomic_fetch_add(&s->conns_open, 1) + 1;
         atomic_fetch_add(&s->conns_total, 1);
+        if ((uint32_t)open > s->p.max_connections - shed_headroom(s->p.max_connections)) shed_waiting(s, sk);
     } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
         struct sock *sk = *socket_context;
         atomic_fetch_sub(&s->conns_open, 1);
@@ -1406,8 +1556,6 @@ static void notify_connection(void *cls, struct MHD_Connection *c, void **socket
 
 /* ---- the watcher ------------------------------------------------------------------- */
 
-static char timeout_reply[512];
-static size_t timeout_reply_len;
 
 /* Closes connections past their header deadline: a 408, then shutdown() — MHD sees the
  * end of the stream and closes the connection itself (the descriptor stays MHD's). */
@@ -1416,10 +1564,12 @@ static void watch_headers(struct srv_server *s, double now) {
     for (struct sock *sk = s->socks; sk; sk = sk->next) {
         if (sk->deadline <= 0 || now < sk->deadline || sk->fd < 0) continue;
         sk->deadline = 0;
-        ssize_t w = send(sk->fd, timeout_reply, timeout_reply_len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        bool body = sk->wait == W_BODY;
+        ssize_t w = send(sk->fd, body ? body_timeout_reply : timeout_reply,
+                         body ? body_timeout_reply_len : timeout_reply_len, MSG_DONTWAIT | MSG_NOSIGNAL);
         (void)w; /* best effort: the client may not read, the close is what matters */
         shutdown(sk->fd, SHUT_RDWR);
-        atomic_fetch_add(&s->header_timeouts, 1);
+        atomic_fetch_add(body ? &s->body_timeouts : &s->header_timeouts, 1);
     }
     pthread_mutex_unlock(&s->smu);
 }
@@ -1510,6 +1660,7 @@ void srv_params_default(struct srv_params *p) {
     p->max_conn_per_ip = 128;
     p->header_timeout_s = DEFAULT_HEADER_TIMEOUT_S;
     p->idle_timeout_s = DEFAULT_IDLE_TIMEOUT_S;
+    p->body_timeout_s = DEFAULT_BODY_TIMEOUT_S;
     p->n_http_threads = DEFAULT_HTTP_THREADS;
     p->n_prep_threads = DEFAULT_PREP_THREADS;
 }
@@ -1544,6 +1695,7 @@ enum tern_status srv_start(const struct srv_params *params, struct srv_server **
     if (s->p.max_body == 0) s->p.max_body = DEFAULT_MAX_BODY;
     if (s->p.header_timeout_s == 0) s->p.header_timeout_s = DEFAULT_HEADER_TIMEOUT_S;
     if (s->p.idle_timeout_s == 0) s->p.idle_timeout_s = DEFAULT_IDLE_TIMEOUT_S;
+    if (s->p.body_timeout_s == 0) s->p.body_timeout_s = DEFAULT_BODY_TIMEOUT_S;
     if (s->p.n_http_threads == 0) s->p.n_http_threads = DEFAULT_HTTP_THREADS;
     if (s->p.n_prep_threads == 0) s->p.n_prep_threads = DEFAULT_PREP_THREADS;
     s->p.max_connections = fit_fd_limit(s->p.max_connections);
@@ -1565,6 +1717,14 @@ enum tern_status srv_start(const struct srv_params *params, struct srv_server **
                          "Content-Length: %zu\r\n\r\n%s",
                          sizeof body - 1, body);
         timeout_reply_len = n > 0 && (size_t)n < sizeof timeout_reply ? (size_t)n : 0;
+        static const char bbody[] = "{\"error\":{\"message\":\"the request body did not arrive in time "
+                                    "(--body-timeout, then at least 4096 bytes a second)\",\"type\":"
+                                    "\"invalid_request_error\",\"param\":null,\"code\":\"request_timeout\"}}";
+        n = snprintf(body_timeout_reply, sizeof body_timeout_reply,
+                     "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n\r\n%s",
+                     sizeof bbody - 1, bbody);
+        body_timeout_reply_len = n > 0 && (size_t)n < sizeof body_timeout_reply ? (size_t)n : 0;
     }
     s->queue = tern_calloc(s->p.n_queue, sizeof *s->queue);
     s->api_keys = s->p.n_api_keys ? tern_calloc(s->p.n_api_keys, sizeof *s->api_keys) : NULL;

@@ -9,9 +9,11 @@
 #include "util/mem.h"
 #include "util/utf8.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- errors ------------------------------------------------------------------------ */
@@ -527,8 +529,53 @@ void srv_request_free(struct srv_request *req) {
     free(req->forced_prefix);
     json_decref(req->api_tools);
     json_decref(req->api_echo);
+    free(req->bias_ids);
+    free(req->bias_vals);
     srv_constraint_free(req);
     memset(req, 0, sizeof *req);
+}
+
+/* logit_bias: {"<token id>": bias}, ids in canonical decimal, biases finite numbers in
+ * -100..100 (OpenAI's range: -100 bans a token, 100 all but forces it), at most
+ * TERN_SAMPLER_MAX_BIAS of them; null and {} are no bias. Whether each id is in the
+ * vocabulary is checked where the vocabulary is known (the backend's prepare). */
+static bool parse_logit_bias(const json_t *o, struct srv_request *req, struct srv_error *err) {
+    const json_t *lb = opt_field(o, "logit_bias");
+    if (!lb) return true;
+    if (!json_is_object(lb)) {
+        srv_error_bad(err, "logit_bias", "'logit_bias' must be an object of token id -> bias, got %s",
+                      tern_json_kind(lb));
+        return false;
+    }
+    size_t n = json_object_size(lb);
+    if (n == 0) return true;
+    if (n > TERN_SAMPLER_MAX_BIAS) {
+        srv_error_bad(err, "logit_bias", "'logit_bias' has %zu entries; the limit is %d", n, TERN_SAMPLER_MAX_BIAS);
+        return false;
+    }
+    req->bias_ids = tern_malloc(n * sizeof *req->bias_ids);
+    req->bias_vals = tern_malloc(n * sizeof *req->bias_vals);
+    if (!req->bias_ids || !req->bias_vals) return oom(err);
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *)lb, k, v) {
+        char *end;
+        errno = 0;
+        long id = strtol(k, &end, 10);
+        bool canonical = *k && !*end && errno == 0 && id >= 0 && id <= INT32_MAX && (k[0] != '0' || !k[1]);
+        if (!canonical) {
+            srv_error_bad(err, "logit_bias", "'logit_bias' key '%.40s' is not a token id (a decimal number)", k);
+            return false;
+        }
+        double b = json_is_number(v) ? json_number_value(v) : NAN;
+        if (!isfinite(b) || b < -100 || b > 100) {
+            srv_error_bad(err, "logit_bias", "'logit_bias' of token %ld must be a number from -100 to 100", id);
+            return false;
+        }
+        req->bias_ids[req->n_bias] = (int32_t)id;
+        req->bias_vals[req->n_bias++] = (float)b;
+    }
+    return true;
 }
 
 static bool parse_body(enum srv_endpoint ep, const json_t *o, const struct srv_parse_opts *opts,
@@ -635,6 +682,7 @@ static bool parse_body(enum srv_endpoint ep, const json_t *o, const struct srv_p
         return false;
     }
 
+    if (!parse_logit_bias(o, req, err)) return false;
     if (!parse_stop(opt_field(o, "stop"), req, err)) return false;
     if (!srv_constraint_parse(o, req, err)) return false;
 
@@ -743,7 +791,7 @@ static bool parse_doc(enum srv_endpoint ep, enum srv_proto proto, bool count_onl
     }
     json_error_t jerr;
     const unsigned long failed0 = tern_alloc_failures();
-    json_t *o = json_loadb(body, len, 0, &jerr);
+    json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!o) {
         /* jansson allocates through tern_malloc (tern_json_alloc_init): a failed
          * allocation during the parse is out of memory, whatever jansson calls it (its
@@ -751,6 +799,9 @@ static bool parse_doc(enum srv_endpoint ep, enum srv_proto proto, bool count_onl
         if (tern_alloc_failures() != failed0 || json_error_code(&jerr) == json_error_out_of_memory)
             srv_error_set(err, 500, "server_error", NULL, NULL, "out of memory parsing a request body of %zu bytes",
                           len);
+        else if (json_error_code(&jerr) == json_error_duplicate_key)
+            srv_error_bad(err, NULL, "a key appears twice in one object at line %d, column %d (byte %d): %s; "
+                          "send each key once", jerr.line, jerr.column, jerr.position, jerr.text);
         else if (json_error_code(&jerr) == json_error_invalid_utf8)
             srv_error_bad(err, NULL, "invalid UTF-8 in the request body at line %d, column %d (byte %d)",
                           jerr.line, jerr.column, jerr.position);

@@ -86,6 +86,9 @@ struct srv_request {
     int64_t max_tokens;          /* -1 = until the context is full */
     struct tern_sampler_params sampling;
     bool seed_set;
+    int32_t *bias_ids;           /* (n_bias) logit_bias: token ids (checked against the vocabulary in prepare) */
+    float *bias_vals;            /* (n_bias) their biases, -100..100 */
+    size_t n_bias;
     char *stop[SRV_MAX_STOP];
     size_t n_stop;
     /* speculative decoding (docs/spec.md): "spec": "off" | "ngram", "spec_max": 1..32 */

@@ -22,6 +22,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The slowest average rate a request body may arrive at once its grace (body_timeout_s)
+ * is spent: a body sent a byte every few seconds holds a connection for the grace, not
+ * for ever. */
+#define SRV_MIN_BODY_RATE 4096 /* bytes per second */
+
 struct srv_params {
     const char *host;            /* "127.0.0.1"; an IPv6 literal works too */
     int port;                    /* 0: pick a free port (see srv_port) */
@@ -35,6 +40,8 @@ struct srv_params {
     uint32_t max_conn_per_ip;    /* open connections per client address; 0 = no cap */
     uint32_t header_timeout_s;   /* a connection must send a complete request header within this (408) */
     uint32_t idle_timeout_s;     /* an idle keep-alive connection (or a stalled upload) is closed after this */
+    uint32_t body_timeout_s;     /* a request body must be whole this long after its header (0 = 30), plus
+                                    1 s per SRV_MIN_BODY_RATE bytes received: else 408 */
     uint32_t n_http_threads;     /* libmicrohttpd's polling threads (0 = 2) */
     uint32_t n_prep_threads;     /* threads that parse, render and tokenize request bodies (0 = 2) */
 };

@@ -156,10 +156,10 @@ test('bad grammars and schemas: 400 with the position or the JSON pointer', asyn
   assert.equal(r.status, 400);
   assert.match(r.body.error.message, /left-recursive/);
   r = await post(srv.base, '/v1/chat/completions', { messages: msgs, response_format: { type: 'json_schema',
-    json_schema: { name: 'x', schema: { type: 'object', properties: { a: { type: 'string', format: 'email' } } } } } });
+    json_schema: { name: 'x', schema: { type: 'object', properties: { a: { type: 'string', format: 'idn-email' } } } } } });
   assert.equal(r.status, 400);
   assert.equal(r.body.error.param, 'response_format.json_schema.schema#/properties/a/format');
-  assert.match(r.body.error.message, /format 'email' is not supported/);
+  assert.match(r.body.error.message, /format 'idn-email' is not supported/);
   r = await post(srv.base, '/v1/chat/completions', { messages: msgs, response_format: { type: 'json_schema',
     json_schema: { name: 'x', schema: { allOf: [{}] } } } });
   assert.equal(r.status, 400);

@@ -9,6 +9,8 @@
 #include "util/mem.h"
 
 #include <dirent.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -387,6 +389,72 @@ static void test_budget_and_peers(void **state) {
     tern_session_free(s);
 }
 
+/* An entry replaced by a FIFO blocked the engine in open() for as long as nobody wrote
+ * it (every request stalled): a load now refuses it at once and drops the entry. The
+ * load runs on a thread; if it is still blocked after a bounded wait the test opens the
+ * FIFO's other end (which frees it) and fails. */
+struct fifo_load {
+    struct fixture *f;
+    struct disk *d;
+    long idx;
+    atomic_int done;
+    enum tern_status st;
+    char msg[256]; /* the error message (it is the thread's own) */
+};
+
+static void *fifo_load_main(void *arg) {
+    struct fifo_load *fl = arg;
+    struct tern_session *s = NULL;
+    struct tern_checkpoint **cks = NULL;
+    uint32_t *kinds = NULL;
+    size_t n = 0;
+    fl->st = disk_load(fl->d, (size_t)fl->idx, N_TOK, "", &s, &cks, &kinds, &n);
+    if (fl->st) snprintf(fl->msg, sizeof fl->msg, "%s", tern_last_error());
+    for (size_t k = 0; k < n; k++) tern_checkpoint_free(cks[k]);
+    free(cks);
+    free(kinds);
+    tern_session_free(s);
+    atomic_store(&fl->done, 1);
+    return NULL;
+}
+
+static void test_fifo_entry(void **state) {
+    struct fixture *f = *state;
+    char dir[600], file[700];
+    snprintf(dir, sizeof dir, "%s/fifo-%s", th_tmpdir(), f->arch);
+    struct ck_sink sink = {0};
+    struct tern_session *s = primed(f, &sink);
+    struct disk *d = open_dir(f, dir, 1ull << 30, TERN_KV_F16);
+    put(d, "", "conv", s, &sink);
+    entry_file(dir, file, sizeof file);
+    assert_int_equal(unlink(file), 0);
+    assert_int_equal(mkfifo(file, 0600), 0);
+    struct fifo_load fl = {.f = f, .d = d, .idx = find(d, "conv")};
+    assert_true(fl.idx >= 0);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, fifo_load_main, &fl), 0);
+    for (int i = 0; i < 2000 && !atomic_load(&fl.done); i++) usleep(10000);
+    bool blocked = !atomic_load(&fl.done);
+    if (blocked) {
+        int w = open(file, O_WRONLY | O_NONBLOCK); /* frees the blocked open() */
+        pthread_join(t, NULL);
+        if (w >= 0) close(w);
+        fail_msg("disk_load blocked opening a FIFO");
+    }
+    pthread_join(t, NULL);
+    assert_int_not_equal(fl.st, TERN_OK);
+    if (!strstr(fl.msg, "not a regular file")) fail_msg("unexpected error: %s", fl.msg);
+    assert_true(find(d, "conv") < 0); /* the entry is dropped */
+    disk_free(d);
+    /* reopening the directory with the FIFO in it does not block either, and skips it */
+    d = open_dir(f, dir, 1ull << 30, TERN_KV_F16);
+    assert_int_equal(disk_count(d), 0);
+    disk_free(d);
+    unlink(file);
+    free_sink(&sink);
+    tern_session_free(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_roundtrip, setup_q35),
@@ -395,6 +463,7 @@ int main(void) {
         cmocka_unit_test_setup(test_corruption, setup_q3),
         cmocka_unit_test_setup(test_renamed, setup_q35),
         cmocka_unit_test_setup(test_budget_and_peers, setup_q3),
+        cmocka_unit_test_setup(test_fifo_entry, setup_q3),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tern_model_free(fx_q3.m);

@@ -210,11 +210,11 @@ static void test_refusals(void **state) {
     expect_refusal("{\"allOf\":[{}]}", "'allOf' is not supported", "/allOf");
     expect_refusal("{\"type\":\"object\",\"properties\":{\"a~b/c\":{\"not\":{}}}}", "'not'", "/properties/a~0b~1c/not");
     expect_refusal("{\"type\":\"array\",\"items\":{\"uniqueItems\":true}}", "uniqueItems", "/items/uniqueItems");
-    expect_refusal("{\"type\":\"string\",\"format\":\"email\"}", "format 'email'", "/format");
+    expect_refusal("{\"type\":\"string\",\"format\":\"iri\"}", "format 'iri'", "/format");
     expect_refusal("{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "unsupported escape", "/pattern");
     expect_refusal("{\"type\":\"string\",\"pattern\":\"(?=a)\"}", "lookarounds", "/pattern");
     expect_refusal("{\"type\":\"string\",\"pattern\":\"^a|b$\"}", "top level", "/pattern");
-    expect_refusal("{\"type\":\"number\",\"maximum\":1.5}", "bounds on a 'number'", "/maximum");
+    expect_refusal("{\"type\":\"number\",\"minimum\":1.25,\"maximum\":1.5}", "no whole number", "");
     expect_refusal("{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "no integer", "");
     expect_refusal("{\"$ref\":\"#/$defs/missing\"}", "does not resolve", "/$ref");
     expect_refusal("{\"$ref\":\"http://example.com/s.json\"}", "does not resolve", "/$ref");
@@ -272,13 +272,118 @@ static void test_qwen_code_tools(void **state) {
     json_decref(d);
 }
 
+/* 1,000 tools each with a `^[a-z]{1,100}$` pattern (152 KB of schemas) cost 22-70 s to
+ * compile, before any limit refused them: now they compile, or are refused, within a
+ * number of steps linear in the grammar's text (a count, not a time). */
+static void test_many_pattern_tools(void **state) {
+    (void)state;
+    struct tern_schema_gbnf *c = NULL;
+    assert_int_equal(tern_schema_gbnf_new(&c), TERN_OK);
+    json_t *schema = json_loads("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\","
+                                "\"pattern\":\"^[a-z]{1,100}$\"}},\"required\":[\"a\"]}",
+                                0, NULL);
+    assert_non_null(schema);
+    struct tern_buf alts = TERN_BUF_INIT;
+    for (int t = 0; t < 1000; t++) {
+        char name[32], ptr[256];
+        snprintf(name, sizeof name, "tool-%d", t);
+        assert_int_equal(tern_schema_gbnf_add(c, name, schema, ptr, sizeof ptr), TERN_OK);
+        tern_buf_printf(&alts, "%s%s", t ? " | " : "root ::= ", name);
+    }
+    tern_buf_puts(&alts, "\n");
+    assert_int_equal(tern_schema_gbnf_raw(c, alts.data), TERN_OK);
+    size_t len = 0;
+    const char *txt = tern_schema_gbnf_text(c, &len);
+    struct tern_grammar *g = NULL;
+    enum tern_status st = tern_grammar_compile(txt, len, NULL, &g);
+    if (st == TERN_OK) {
+        uint64_t w = tern_grammar_work(g);
+        fprintf(stderr, "%zu bytes, %zu rules, %zu elements: %llu steps\n", len, tern_grammar_n_rules(g),
+                tern_grammar_n_elements(g), (unsigned long long)w);
+        assert_true(w <= TERN_GRAMMAR_MAX_WORK);
+        assert_true(w <= 8 * (uint64_t)(len + tern_grammar_n_elements(g)));
+        assert_true(matches(g, "{\"a\":\"abc\"}"));
+        assert_false(matches(g, "{\"a\":\"\"}"));
+        tern_grammar_free(g);
+    } else {
+        fprintf(stderr, "refused: %s\n", tern_last_error());
+        assert_int_equal(st, TERN_ERR_LIMIT);
+    }
+    tern_buf_free(&alts);
+    json_decref(schema);
+    tern_schema_gbnf_free(c);
+}
+
+/* Bounds on 'number' (all four keywords, inclusive and exclusive, open ends) and the
+ * formats email, ipv4, ipv6, hostname, uri: each grammar accepts valid strings and
+ * rejects invalid ones. Every bounded number the grammar makes lies in the range: a
+ * sweep of decimal strings checks it (in range where accepted). */
+static void test_number_bounds_and_formats(void **state) {
+    (void)state;
+    static const struct scase cs[] = {
+        {"{\"type\":\"number\",\"minimum\":0,\"maximum\":1}", {"0", "1", "0.5", "0.999"}, {"-0.5", "1.5", "2", "1e0"}},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":10}", {"1", "0.01", "9.99", "10"},
+         {"0", "0.0", "0.000", "-1", "10.5", "11"}},
+        {"{\"type\":\"number\",\"minimum\":-2.5,\"exclusiveMaximum\":-1}", {"-2", "-1.5", "-1.001"},
+         {"-1", "-1.0", "-3", "0", "-0.5"}},
+        {"{\"type\":\"number\",\"maximum\":100}", {"100", "-7", "99.5", "-1000000.25"}, {"101", "100.5"}},
+        {"{\"type\":\"number\",\"minimum\":1.5}", {"2", "3.25", "1000"}, {"1", "1.4", "-2"}},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":-1,\"exclusiveMaximum\":1}", {"0", "-0.5", "0.5"},
+         {"-1", "1", "1.0", "-1.0"}},
+        {"{\"type\":\"string\",\"format\":\"ipv4\"}", {"\"1.2.3.4\"", "\"255.255.255.0\"", "\"0.0.0.0\""},
+         {"\"256.1.1.1\"", "\"1.2.3\"", "\"01.2.3.4\"", "\"1.2.3.4.5\""}},
+        {"{\"type\":\"string\",\"format\":\"ipv6\"}",
+         {"\"2001:db8:0:0:0:0:0:1\"", "\"::1\"", "\"::\"", "\"fe80::1:2\"", "\"::ffff:1.2.3.4\"", "\"1:2:3:4:5:6:7::\""},
+         {"\"1:2:3:4:5:6:7:8:9\"", "\"1::2::3\"", "\"12345::\"", "\"g::1\"", "\"1.2.3.4\""}},
+        {"{\"type\":\"string\",\"format\":\"hostname\"}", {"\"example.com\"", "\"a\"", "\"my-host.local\""},
+         {"\"-a.com\"", "\"a-.com\"", "\"a..b\"", "\"a b\"", "\"\""}},
+        {"{\"type\":\"string\",\"format\":\"email\"}", {"\"a.b@example.com\"", "\"x+y@mail.example.org\""},
+         {"\"a@b\"", "\"@example.com\"", "\"a..b@example.com\"", "\"a@-x.com\"", "\"ab.example.com\""}},
+        {"{\"type\":\"string\",\"format\":\"uri\"}",
+         {"\"https://example.com\"", "\"http://a.b:8080/x/y?q=1&r=%20\"", "\"ftp://h/p;x\""},
+         {"\"example.com\"", "\"http://\"", "\"http://a b\"", "\"http://x/%zz\"", "\"1http://x\""}},
+    };
+    run(cs, sizeof cs / sizeof cs[0]);
+    /* a sweep: whatever a bounded grammar accepts is in its range */
+    static const struct {
+        const char *schema;
+        double lo, hi;
+        bool xlo, xhi;
+    } rs[] = {{"{\"type\":\"number\",\"exclusiveMinimum\":-3,\"maximum\":2.5}", -3, 2.5, true, false},
+              {"{\"type\":\"number\",\"minimum\":-0.5,\"exclusiveMaximum\":4}", -0.5, 4, false, true}};
+    for (size_t r = 0; r < sizeof rs / sizeof rs[0]; r++) {
+        struct tern_grammar *g = from_schema(rs[r].schema);
+        int n_in = 0;
+        for (int i = -600; i <= 600; i++) {
+            char doc[32];
+            for (int form = 0; form < 3; form++) {
+                if (form == 0) snprintf(doc, sizeof doc, "%d", i / 100);
+                else if (form == 1) snprintf(doc, sizeof doc, "%s%d.%02d", i < 0 ? "-" : "", abs(i) / 100, abs(i) % 100);
+                else snprintf(doc, sizeof doc, "%s%d.0", i < 0 ? "-" : "", abs(i) / 100);
+                if (!matches(g, doc)) continue;
+                double v = strtod(doc, NULL);
+                bool in = (rs[r].xlo ? v > rs[r].lo : v >= rs[r].lo) && (rs[r].xhi ? v < rs[r].hi : v <= rs[r].hi);
+                if (!in) fail_msg("%s accepts %s", rs[r].schema, doc);
+                n_in++;
+            }
+        }
+        assert_true(n_in > 300);
+        tern_grammar_free(g);
+    }
+    /* what cannot be expressed is still refused, with the pointer */
+    expect_refusal("{\"type\":\"number\",\"minimum\":0.1,\"maximum\":0.2}", "no whole number", "");
+    expect_refusal("{\"properties\":{\"a\":{\"type\":\"string\",\"format\":\"idn-email\"}}}", "format 'idn-email'",
+                   "/properties/a/format");
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     (void)argv;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_types),        cmocka_unit_test(test_objects),   cmocka_unit_test(test_arrays_strings),
         cmocka_unit_test(test_combinators),  cmocka_unit_test(test_integer_ranges), cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_qwen_code_tools),
+        cmocka_unit_test(test_qwen_code_tools), cmocka_unit_test(test_many_pattern_tools),
+        cmocka_unit_test(test_number_bounds_and_formats),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

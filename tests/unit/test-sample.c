@@ -296,12 +296,58 @@ static void test_bad_params(void **state) {
     assert_int_equal(tern_sampler_new(&p, 10, &s), TERN_ERR_INVALID);
 }
 
+/* logit_bias: added before everything else, in every sample function; a masked token
+ * stays masked whatever its bias; bad ids and values are refused, the sampler unchanged. */
+static void test_logit_bias(void **state) {
+    (void)state;
+    const float l[6] = {0.5f, 2.0f, -1.0f, 1.0f, 1.9f, 0.0f};
+    struct tern_sampler *s = mk(0.0f, 0, 1.0f, 0.0f, 1, 6);
+    assert_int_equal(tern_sampler_sample(s, l, NULL, 0), 1);
+    const int32_t ban[] = {1};
+    const float ban_b[] = {-100.0f};
+    assert_int_equal(tern_sampler_set_bias(s, ban, ban_b, 1), TERN_OK);
+    assert_int_equal(tern_sampler_sample(s, l, NULL, 0), 4); /* the next best */
+    const int32_t up[] = {2, 5};
+    const float up_b[] = {3.5f, 1.5f};
+    assert_int_equal(tern_sampler_set_bias(s, up, up_b, 2), TERN_OK);
+    assert_int_equal(tern_sampler_sample(s, l, NULL, 0), 2); /* -1 + 3.5 beats 2 */
+    bool acc = false;
+    assert_int_equal(tern_sampler_sample_draft(s, l, NULL, 0, 2, &acc), 2);
+    assert_true(acc);
+    /* under a mask (a grammar): the biased token 2 is not allowed, so it stays out */
+    uint32_t allow = (1u << 0) | (1u << 3) | (1u << 5);
+    assert_int_equal(tern_sampler_sample_masked(s, l, &allow, NULL, 0), 5); /* 0 + 1.5 beats 1 and 0.5 */
+    assert_int_equal(tern_sampler_sample_draft_masked(s, l, &allow, NULL, 0, 2, &acc), 5);
+    assert_false(acc);
+    /* a sampled draw follows the bias too: token 0 at +100 takes all the mass */
+    struct tern_sampler *t = mk(1.0f, 0, 1.0f, 0.0f, 7, 6);
+    const int32_t force[] = {0};
+    const float force_b[] = {100.0f};
+    assert_int_equal(tern_sampler_set_bias(t, force, force_b, 1), TERN_OK);
+    for (int i = 0; i < 50; i++) assert_int_equal(tern_sampler_sample(t, l, NULL, 0), 0);
+    tern_sampler_free(t);
+    /* refused: out of range, not finite, too many; the bias set before still applies */
+    const int32_t bad_id[] = {6};
+    const float one[] = {1.0f};
+    assert_int_equal(tern_sampler_set_bias(s, bad_id, one, 1), TERN_ERR_INVALID);
+    const int32_t neg[] = {-1};
+    assert_int_equal(tern_sampler_set_bias(s, neg, one, 1), TERN_ERR_INVALID);
+    const float inf[] = {INFINITY};
+    assert_int_equal(tern_sampler_set_bias(s, up, inf, 1), TERN_ERR_INVALID);
+    assert_int_equal(tern_sampler_set_bias(s, up, up_b, TERN_SAMPLER_MAX_BIAS + 1), TERN_ERR_INVALID);
+    assert_int_equal(tern_sampler_sample(s, l, NULL, 0), 2);
+    /* cleared */
+    assert_int_equal(tern_sampler_set_bias(s, NULL, NULL, 0), TERN_OK);
+    assert_int_equal(tern_sampler_sample(s, l, NULL, 0), 1);
+    tern_sampler_free(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy),       cmocka_unit_test(test_seeded_determinism),
         cmocka_unit_test(test_distribution), cmocka_unit_test(test_filters_match_reference),
         cmocka_unit_test(test_penalties),    cmocka_unit_test(test_bad_params), cmocka_unit_test(test_masked),
-        cmocka_unit_test(test_draft_masked),
+        cmocka_unit_test(test_draft_masked), cmocka_unit_test(test_logit_bias),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

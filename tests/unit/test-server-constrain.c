@@ -100,8 +100,8 @@ static void test_errors(void **state) {
                  "response_format.json_schema", "must be an object");
     expect_error(SRV_EP_COMPLETION,
                  "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{\"type\":"
-                 "\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"format\":\"email\"}}}}}}",
-                 "response_format.json_schema.schema#/properties/a/format", "format 'email'");
+                 "\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"format\":\"idn-email\"}}}}}}",
+                 "response_format.json_schema.schema#/properties/a/format", "format 'idn-email'");
     expect_error(SRV_EP_COMPLETION, "{\"prompt\":\"x\",\"json_schema\":{\"if\":{}}}", "json_schema#/if", "'if'");
     expect_error(SRV_EP_COMPLETION, "{\"prompt\":\"x\",\"grammar\":\"root ::= \\\"a\\\"\",\"json_schema\":{}}",
                  "json_schema", "cannot be combined");

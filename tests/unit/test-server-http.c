@@ -1095,6 +1095,95 @@ static void test_tokenize_admission(void **state) {
     srv_stop(s);
 }
 
+/* A body trickled a byte at a time never tripped the inactivity timeout (a byte every
+ * 2-4 s held a connection for ever): past --body-timeout (and then SRV_MIN_BODY_RATE)
+ * the server answers 408 and closes. Bounded: 100 bytes, one per 100 ms. */
+static void test_slow_body_cut_off(void **state) {
+    (void)state;
+    struct srv_params p;
+    test_params(&p, 4);
+    p.body_timeout_s = 1;
+    struct srv_server *s = start_with(&p);
+    srv_set_backend(s, &fake);
+    int fd = connect_port();
+    const char *head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n";
+    assert_int_equal(write(fd, head, strlen(head)), (ssize_t)strlen(head));
+    bool cut = false;
+    for (int i = 0; i < 100 && !cut; i++) {
+        if (send(fd, " ", 1, MSG_NOSIGNAL) != 1) cut = true;
+        sleep_ms(100);
+        char c;
+        if (recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) >= 0) cut = true;
+    }
+    if (!cut) fail_msg("the whole body was trickled in without the server closing the connection");
+    char *got;
+    assert_true(closed_by_server(fd, &got));
+    /* (a byte that arrives after the close may turn it into a reset that drops the 408) */
+    if (got[0] && !strstr(got, "HTTP/1.1 408 ")) fail_msg("not a 408: %.200s", got);
+    if (got[0]) assert_non_null(strstr(got, "request body"));
+    free(got);
+    close(fd);
+    struct reply r = http("GET", "/metrics", NULL, NULL);
+    unsigned n = 0;
+    const char *m = strstr(r.body, "\ntern_http_body_timeouts_total ");
+    assert_non_null(m);
+    assert_int_equal(sscanf(m, "\ntern_http_body_timeouts_total %u", &n), 1);
+    assert_int_equal(n, 1);
+    reply_free(&r);
+    srv_stop(s);
+}
+
+/* Slow bodies filling the whole connection table used to lock everyone out (4,200 of
+ * them held all 4,096 places): near the limit the longest-waiting connection is shed,
+ * so /health and a chat are still served. */
+static void test_slow_bodies_lock_nobody_out(void **state) {
+    (void)state;
+    struct srv_params p;
+    test_params(&p, 4);
+    p.max_conn_per_ip = 0;
+    p.max_connections = 32;
+    p.body_timeout_s = 3600; /* shedding, not the deadline, is what is tested */
+    struct srv_server *s = start_with(&p);
+    srv_set_backend(s, &fake);
+    enum { N_SLOW = 48 };
+    int fds[N_SLOW];
+    const char *head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{";
+    for (int i = 0; i < N_SLOW; i++) {
+        fds[i] = connect_port();
+        assert_int_equal(send(fds[i], head, strlen(head), MSG_NOSIGNAL), (ssize_t)strlen(head));
+    }
+    /* bounded retries: a place is made as the new connection arrives, and the shed one
+     * is closed by its polling thread a moment later */
+    bool served = false;
+    for (int tries = 0; tries < 50 && !served; tries++) {
+        int fd = connect_port();
+        send_request(fd, "GET", "/health", NULL, NULL);
+        char *got = read_all(fd);
+        served = strstr(got, "HTTP/1.1 200 ") != NULL;
+        free(got);
+        close(fd);
+        if (!served) sleep_ms(20);
+    }
+    if (!served) fail_msg("/health was not served with %d slow bodies open", N_SLOW);
+    struct reply r = http("POST", "/v1/chat/completions", NULL, CHAT("hi") "}");
+    assert_int_equal(r.status, 200);
+    reply_free(&r);
+    /* the oldest slow body was the one shed, with a 408 */
+    char *got;
+    assert_true(closed_by_server(fds[0], &got));
+    if (got[0] && !strstr(got, "HTTP/1.1 408 ")) fail_msg("not a 408: %.200s", got);
+    free(got);
+    r = http("GET", "/metrics", NULL, NULL);
+    unsigned n = 0;
+    const char *m = strstr(r.body, "\ntern_http_connections_shed_total ");
+    assert_non_null(m);
+    assert_int_equal(sscanf(m, "\ntern_http_connections_shed_total %u", &n), 1);
+    assert_true(n >= 1);
+    reply_free(&r);
+    for (int i = 0; i < N_SLOW; i++) close(fds[i]);
+    srv_stop(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_routes_and_errors),
@@ -1112,6 +1201,8 @@ int main(void) {
         cmocka_unit_test(test_bad_content_length),
         cmocka_unit_test(test_garbage_request_line),
         cmocka_unit_test(test_tokenize_admission),
+        cmocka_unit_test(test_slow_body_cut_off),
+        cmocka_unit_test(test_slow_bodies_lock_nobody_out),
     };
     /* TERN_TEST_FILTER=test_auth (a cmocka glob) runs only the matching tests */
     if (getenv("TERN_TEST_FILTER")) cmocka_set_test_filter(getenv("TERN_TEST_FILTER"));
