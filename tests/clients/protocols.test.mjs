@@ -48,8 +48,8 @@ const post = (base, path, body, headers = {}) => fetch(base + path, {
 });
 
 const TOOLS_A = [
-  { name: 'Read', description: 'Read a file', input_schema: { type: 'object', properties: { file_path: { type: 'string' } }, required: ['file_path'] } },
-  { name: 'Bash', description: 'Run a command', input_schema: { type: 'object', properties: { command: { type: 'string' }, timeout: { type: 'integer' } }, required: ['command'] } },
+  { name: 'Read', description: 'Read a file', input_schema: { type: 'object', properties: { file_path: { type: 'string', maxLength: 40 } }, required: ['file_path'] } },
+  { name: 'Bash', description: 'Run a command', input_schema: { type: 'object', properties: { command: { type: 'string', maxLength: 40 }, timeout: { type: 'integer' } }, required: ['command'] } },
 ];
 const FORCED = '<think>\nThe user wants a file.\n</think>\n\nLet me look.<tool_call>\n'
   + '{"name": "Read", "arguments": {"file_path": "README.md"}}\n</tool_call>';
@@ -122,7 +122,7 @@ test('messages: streaming — thinking, text and tool_use blocks, one at a time'
 test('messages: tool_choice any and tool are enforced by the grammar on a random model', async () => {
   for (const tc of [{ type: 'any' }, { type: 'tool', name: 'Bash' }]) {
     const r = await anthropic.messages.create({
-      model: 'tern', max_tokens: 300, temperature: 0.7, seed: 7, tools: TOOLS_A, tool_choice: tc,
+      model: 'tern', max_tokens: 2000, temperature: 0.7, seed: 7, tools: TOOLS_A, tool_choice: tc,
       thinking: { type: 'disabled' },
       messages: [{ role: 'user', content: 'Do something.' }],
     });
@@ -268,7 +268,7 @@ test('messages and responses: a late system message under a template that refuse
 // ---- Responses -----------------------------------------------------------------------
 
 const TOOLS_R = [
-  { type: 'function', name: 'shell', description: 'Run a command', parameters: { type: 'object', properties: { command: { type: 'array', items: { type: 'string' } } }, required: ['command'] }, strict: false },
+  { type: 'function', name: 'shell', description: 'Run a command', parameters: { type: 'object', properties: { command: { type: 'array', items: { type: 'string', maxLength: 24 }, maxItems: 4 } }, required: ['command'] }, strict: false },
   { type: 'custom', name: 'apply_patch', description: 'Apply a patch', format: { type: 'grammar', syntax: 'lark', definition: 'start: /.+/' } },
   { type: 'web_search' }, { type: 'local_shell' }, { type: 'image_generation' }, // skipped, never a 400
 ];
@@ -333,7 +333,8 @@ test('responses: streaming lifecycle — reasoning, message, function_call, cust
 
 test('responses: tool_choice required and text.format json_schema, enforced on a random model', async () => {
   const r = await openai.responses.create({ model: 'tern', tools: TOOLS_R.slice(0, 1), tool_choice: 'required',
-    input: 'Run something.', max_output_tokens: 300, temperature: 0.7, reasoning: { effort: 'none' } });
+    input: 'Run something.', max_output_tokens: 2000, temperature: 0.7, seed: 11, reasoning: { effort: 'none' } });
+  assert.equal(r.status, 'completed', JSON.stringify(r.output));
   const call = r.output.find((o) => o.type === 'function_call');
   assert.ok(call, JSON.stringify(r.output));
   assert.ok(Array.isArray(JSON.parse(call.arguments).command));
