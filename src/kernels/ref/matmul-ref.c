@@ -296,6 +296,26 @@ static float dot_iq4_xs(const void *wv, const void *av, size_t k) {
     return sum8(acc);
 }
 
+/* MXFP4 x Q8_0: as IQ4_NL with the MXFP4 levels and the E8M0 half scale (the AVX2
+ * kernel's bits, the same construction). */
+static float dot_mxfp4(const void *wv, const void *av, size_t k) {
+    const struct tern_block_mxfp4 *w = wv;
+    const struct tern_block_q8_0 *a = av;
+    float acc[8] = {0};
+    int8_t q[32];
+    for (size_t b = 0; b < k / TERN_QK; b++) {
+        const float dd = tern_e8m0_half(w[b].e) * tern_fp16_to_f32(a[b].d);
+        int lane[8] = {0};
+        for (int j = 0; j < 16; j++) {
+            q[j] = tern_mxfp4_values[w[b].qs[j] & 0xF];
+            q[j + 16] = tern_mxfp4_values[w[b].qs[j] >> 4];
+        }
+        iq4_lanes(q, a[b].qs, 1, lane);
+        for (int i = 0; i < 8; i++) acc[i] = acc[i] + (float)lane[i] * dd;
+    }
+    return sum8(acc);
+}
+
 /* ---- the matmul driver -------------------------------------------------------------- */
 
 typedef float (*dot_fn)(const void *w, const void *act, size_t k);
@@ -336,6 +356,7 @@ MATMUL_REF(mm_q5_k, dot_q5_k)
 MATMUL_REF(mm_q6_k, dot_q6_k)
 MATMUL_REF(mm_iq4_nl, dot_iq4_nl)
 MATMUL_REF(mm_iq4_xs, dot_iq4_xs)
+MATMUL_REF(mm_mxfp4, dot_mxfp4)
 
 const struct tern_kernel_table tern_kernels_portable = {
     .matmul =
@@ -353,6 +374,7 @@ const struct tern_kernel_table tern_kernels_portable = {
             [TERN_DTYPE_Q6_K] = mm_q6_k,
             [TERN_DTYPE_IQ4_NL] = mm_iq4_nl,
             [TERN_DTYPE_IQ4_XS] = mm_iq4_xs,
+            [TERN_DTYPE_MXFP4] = mm_mxfp4,
         },
     .act =
         {
