@@ -664,7 +664,11 @@ static void up_rope(const struct model_step *f, const struct model_rope *r, stru
 }
 static void up_attention(const struct model_step *f, uint32_t il, const struct model_act *q, const struct model_act *k,
                          const struct model_act *v, struct model_act *out, uint32_t n_head, float scale) {
-    (void)f, (void)il, (void)q, (void)k, (void)v, (void)out, (void)n_head, (void)scale;
+    (void)q, (void)k, (void)v, (void)out, (void)n_head, (void)scale;
+    const struct model_layer *L = &f->m->layers[il];
+    if (L->window || L->sinks)
+        up_keep(f, tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: layer %u's attention has a sliding window or sinks "
+                                                     "(gpt-oss), which the Vulkan attention does not compute yet", il));
 }
 
 /* the operations with weights */
