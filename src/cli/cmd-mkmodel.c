@@ -18,12 +18,13 @@ static void usage(FILE *out) {
             "Writes a random-weight GGUF model with the metadata keys and tensor names and shapes\n"
             "that real models of the architecture carry. Same options and seed, same bytes.\n"
             "\n"
-            "  --arch ARCH            llama, qwen2, qwen3, qwen35, qwen3moe or qwen35moe\n"
+            "  --arch ARCH            llama, qwen2, qwen3, qwen35, qwen3moe, qwen35moe or gpt-oss\n"
             "  --preset NAME          %s\n"
             "                         (options given with a preset override it)\n"
             "  --out FILE, -o FILE    output path (written atomically)\n"
             "  --type TYPE            f32 (default), f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1,\n"
-            "                         q4_k, q5_k, q6_k, q4_k_m, iq4_xs, iq4_nl. Quantized types give\n"
+            "                         q4_k, q5_k, q6_k, q4_k_m, iq4_xs, iq4_nl, mxfp4_moe (MoE: experts\n"
+            "                         MXFP4, other matrices Q8_0, as gpt-oss files). Quantized types give\n"
             "                         output.weight Q6_K as llama-quantize does (--pure: no such\n"
             "                         exception; IQ4_XS rows not a multiple of 256 take IQ4_NL);\n"
             "                         1-D tensors, norms and ssm_a/ssm_dt/ssm_conv1d stay F32\n"
@@ -53,7 +54,8 @@ static void usage(FILE *out) {
             "                           guesses then often match a repeating random model)\n"
             "  --mtp-echo-attn          likewise, but its attention stays random (a perturbation\n"
             "                           that depends on its KV rows)\n"
-            "qwen3moe / qwen35moe (mixture of experts):\n"
+            "qwen3moe / qwen35moe / gpt-oss (mixture of experts; gpt-oss: window 128 on even\n"
+            "  layers, YaRN factor 32 over 4096, sinks and biases; tiny-gptoss: window 16):\n"
             "  --experts N  --experts-used N  --expert-ff N  --shared-expert-ff N (qwen35moe)\n"
             "  Large models are written tensor by tensor: memory stays small whatever the size\n"
             "  (qwen3-30b-a3b --type q4_k_m: about 17 GB of file, a few MB of RAM)\n"
@@ -238,7 +240,7 @@ static int mkmodel_main(int argc, char **argv) {
     } else {
         enum tern_mk_arch a;
         if (!tern_mk_arch_from_name(arch, &a))
-            return cli_usage_error("mkmodel", "unknown architecture '%s' (llama, qwen2, qwen3, qwen35, qwen3moe, qwen35moe)", arch);
+            return cli_usage_error("mkmodel", "unknown architecture '%s' (llama, qwen2, qwen3, qwen35, qwen3moe, qwen35moe, gpt-oss)", arch);
         tern_mkmodel_defaults(a, &p);
     }
     for (int i = 0; i < n_ov; i++) {

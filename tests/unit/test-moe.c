@@ -166,6 +166,25 @@ static void test_exact_generated(void **unused) {
     if (st) print_error("mkmodel: %s\n", tern_last_error());
     assert_int_equal(st, TERN_OK);
     tx_check_exact("generated qwen35moe q4_k_m (16 experts, 4 used)", path, TERN_KV_F16, g_light ? 24 : 70);
+
+    /* gpt-oss in the real files' mix (MXFP4 experts, Q8_0 elsewhere), a window of 5 that
+     * chunks of 7 and 64 straddle, 6 experts with 3 used, 3 layers (a last window layer) */
+    tern_mkmodel_defaults(TERN_MK_GPTOSS, &p);
+    p.n_layer = 3;
+    p.n_embd = 128;
+    p.n_head = 4;
+    p.n_head_kv = 1;
+    p.n_vocab = 300;
+    p.n_expert = 6;
+    p.n_expert_used = 3;
+    p.n_ff_exp = 96;
+    p.sliding_window = 5;
+    assert_true(tern_mkmodel_parse_type("mxfp4_moe", &p.wtype, &p.mix));
+    snprintf(path, sizeof path, "%s/gptoss-mxfp4.gguf", th_tmpdir());
+    st = tern_mkmodel_write(&p, path, NULL);
+    if (st) print_error("mkmodel: %s\n", tern_last_error());
+    assert_int_equal(st, TERN_OK);
+    tx_check_exact("generated gpt-oss mxfp4_moe (window 5, 6 experts, 3 used)", path, TERN_KV_F32, g_light ? 24 : 70);
 }
 
 /* ---- resumed equals cold ----------------------------------------------------------------- */
