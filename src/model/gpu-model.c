@@ -698,6 +698,9 @@ static void up_add_bias(const struct model_step *f, struct model_act *x, const f
 static void up_moe(const struct model_step *f, const struct moe_hparams *hp, const struct moe_layer *L,
                    struct model_moe_ws *ws, const struct model_act *h, struct model_act *out) {
     (void)ws, (void)h, (void)out;
+    if (hp->swiglu_oai || hp->softmax_weight || L->router_b)
+        up_keep(f, tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: gpt-oss's experts (biases, softmax over the chosen, the "
+                                                     "clamped swiglu) are not on the Vulkan device yet"));
     const uint32_t n_chunk = UP(f)->g->n_chunk;
     if ((uint64_t)n_chunk * hp->n_used > 65535) {
         up_keep(f, tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: chunks of %u tokens with %u experts each exceed the Vulkan "
