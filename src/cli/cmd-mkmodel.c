@@ -57,6 +57,7 @@ static void usage(FILE *out) {
             "qwen3moe / qwen35moe / gpt-oss (mixture of experts; gpt-oss: window 128 on even\n"
             "  layers, YaRN factor 32 over 4096, sinks and biases; tiny-gptoss: window 16):\n"
             "  --experts N  --experts-used N  --expert-ff N  --shared-expert-ff N (qwen35moe)\n"
+            "  --sliding-window N (gpt-oss)\n"
             "  Large models are written tensor by tensor: memory stays small whatever the size\n"
             "  (qwen3-30b-a3b --type q4_k_m: about 17 GB of file, a few MB of RAM)\n"
             "\n"
@@ -69,7 +70,7 @@ enum {
     OPT_N_LAYER, OPT_N_EMBD, OPT_N_HEAD, OPT_N_HEAD_KV, OPT_HEAD_DIM, OPT_N_FF, OPT_N_CTX, OPT_N_VOCAB,
     OPT_TIED, OPT_UNTIED, OPT_ROPE_THETA, OPT_RMS_EPS, OPT_ROPE_DIM,
     OPT_SSM_K, OPT_SSM_V, OPT_SSM_STATE, OPT_SSM_CONV, OPT_FULL_ATTN, OPT_ROPE_SECTIONS,
-    OPT_EXPERTS, OPT_EXPERTS_USED, OPT_EXPERT_FF, OPT_SHEXP_FF, OPT_MTP, OPT_MTP_ECHO, OPT_MTP_ECHO_ATTN,
+    OPT_EXPERTS, OPT_EXPERTS_USED, OPT_EXPERT_FF, OPT_SHEXP_FF, OPT_MTP, OPT_MTP_ECHO, OPT_MTP_ECHO_ATTN, OPT_WINDOW,
 };
 
 /* A shape option given on the command line; applied after the arch/preset defaults. */
@@ -102,6 +103,7 @@ static int apply(const struct override *o, struct tern_mkmodel_params *p) {
     case OPT_EXPERTS_USED: field = &p->n_expert_used; hi = 64; break;
     case OPT_EXPERT_FF: field = &p->n_ff_exp; break;
     case OPT_SHEXP_FF: field = &p->n_ff_shexp; break;
+    case OPT_WINDOW: field = &p->sliding_window; break;
     case OPT_MTP: field = &p->n_mtp; lo = 0; hi = 1; break;
     case OPT_TIED: p->tied = true; return 0;
     case OPT_MTP_ECHO: p->mtp_echo = 1; return 0;
@@ -191,6 +193,7 @@ static int mkmodel_main(int argc, char **argv) {
         {"experts-used", required_argument, NULL, OPT_EXPERTS_USED},
         {"expert-ff", required_argument, NULL, OPT_EXPERT_FF},
         {"shared-expert-ff", required_argument, NULL, OPT_SHEXP_FF},
+        {"sliding-window", required_argument, NULL, OPT_WINDOW},
         {"full-attn-interval", required_argument, NULL, OPT_FULL_ATTN},
         {"rope-sections", required_argument, NULL, OPT_ROPE_SECTIONS},
         {"mtp", required_argument, NULL, OPT_MTP},
