@@ -1,4 +1,4 @@
-/* Mixture-of-experts models (qwen3moe, qwen35moe; parity with llama.cpp's logits is in
+/* Mixture-of-experts models (qwen3moe, qwen35moe, gpt-oss; parity with llama.cpp's logits is in
  * test-model-parity):
  * - routing: softmax, top-k in descending order with ties to the lowest id, the
  *   renormalisation and scale, NaN never chosen;
