@@ -168,6 +168,10 @@ static void fill_weights(enum tern_dtype t, uint8_t *w, size_t bytes) {
         }
         return;
     }
+    if (t == TERN_DTYPE_MXFP4) { /* E8M0 exponent bytes of 2^-8 (no subnormal products) */
+        for (size_t b = 0; b + info->type_size <= bytes; b += info->type_size) w[b] = 120;
+        return;
+    }
     const tern_fp16 s = tern_f32_to_fp16(0.01f);
     const size_t off = t == TERN_DTYPE_Q6_K ? 208 : 0;
     for (size_t b = 0; b + info->type_size <= bytes; b += info->type_size) {

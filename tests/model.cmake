@@ -11,7 +11,7 @@ tern_unit_test(test-model-lite ${CMAKE_SOURCE_DIR}/tests/unit/test-model.c
 tern_unit_test(test-model-parity ${CMAKE_SOURCE_DIR}/tests/unit/test-model-parity.c LABELS no-asan TIMEOUT 600)
 tern_unit_test(test-model-parity-lite ${CMAKE_SOURCE_DIR}/tests/unit/test-model-parity.c ARGS lite TIMEOUT 600)
 tern_script_test(model-cli ${CMAKE_SOURCE_DIR}/tests/e2e/model-cli.sh TIMEOUT 300)
-# Mixture-of-experts models (qwen3moe, qwen35moe): routing, exactness, resume, load errors.
+# Mixture-of-experts models (qwen3moe, qwen35moe, gpt-oss): routing, exactness, resume, load errors.
 tern_unit_test(test-moe ${CMAKE_SOURCE_DIR}/tests/unit/test-moe.c ${CMAKE_SOURCE_DIR}/tests/unit/exact.c
   LABELS no-asan TIMEOUT 900)
 tern_unit_test(test-moe-light ${CMAKE_SOURCE_DIR}/tests/unit/test-moe.c ${CMAKE_SOURCE_DIR}/tests/unit/exact.c

@@ -81,7 +81,7 @@ enum tern_status tern_vk_copy_rows(struct tern_vk *vk, const struct tern_vk_buf 
                                    size_t row_bytes, size_t n_rows);
 
 /* Whether tern_vk_matmul handles weights of this type (F32, F16, BF16, Q4_0, Q4_1, Q5_0,
- * Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS). */
+ * Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4). */
 bool tern_vk_matmul_supported(enum tern_dtype wtype);
 
 /* y[t * n + r] = dot(w row r, x row t) for r < n, t < n_tok: w holds n rows of k

@@ -18,12 +18,13 @@ static void usage(FILE *out) {
             "Writes a random-weight GGUF model with the metadata keys and tensor names and shapes\n"
             "that real models of the architecture carry. Same options and seed, same bytes.\n"
             "\n"
-            "  --arch ARCH            llama, qwen2, qwen3, qwen35, qwen3moe or qwen35moe\n"
+            "  --arch ARCH            llama, qwen2, qwen3, qwen35, qwen3moe, qwen35moe or gpt-oss\n"
             "  --preset NAME          %s\n"
             "                         (options given with a preset override it)\n"
             "  --out FILE, -o FILE    output path (written atomically)\n"
             "  --type TYPE            f32 (default), f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1,\n"
-            "                         q4_k, q5_k, q6_k, q4_k_m, iq4_xs, iq4_nl. Quantized types give\n"
+            "                         q4_k, q5_k, q6_k, q4_k_m, iq4_xs, iq4_nl, mxfp4_moe (MoE: experts\n"
+            "                         MXFP4, other matrices Q8_0, as gpt-oss files). Quantized types give\n"
             "                         output.weight Q6_K as llama-quantize does (--pure: no such\n"
             "                         exception; IQ4_XS rows not a multiple of 256 take IQ4_NL);\n"
             "                         1-D tensors, norms and ssm_a/ssm_dt/ssm_conv1d stay F32\n"
@@ -53,8 +54,10 @@ static void usage(FILE *out) {
             "                           guesses then often match a repeating random model)\n"
             "  --mtp-echo-attn          likewise, but its attention stays random (a perturbation\n"
             "                           that depends on its KV rows)\n"
-            "qwen3moe / qwen35moe (mixture of experts):\n"
+            "qwen3moe / qwen35moe / gpt-oss (mixture of experts; gpt-oss: window 128 on even\n"
+            "  layers, YaRN factor 32 over 4096, sinks and biases; tiny-gptoss: window 16):\n"
             "  --experts N  --experts-used N  --expert-ff N  --shared-expert-ff N (qwen35moe)\n"
+            "  --sliding-window N (gpt-oss)\n"
             "  Large models are written tensor by tensor: memory stays small whatever the size\n"
             "  (qwen3-30b-a3b --type q4_k_m: about 17 GB of file, a few MB of RAM)\n"
             "\n"
@@ -67,7 +70,7 @@ enum {
     OPT_N_LAYER, OPT_N_EMBD, OPT_N_HEAD, OPT_N_HEAD_KV, OPT_HEAD_DIM, OPT_N_FF, OPT_N_CTX, OPT_N_VOCAB,
     OPT_TIED, OPT_UNTIED, OPT_ROPE_THETA, OPT_RMS_EPS, OPT_ROPE_DIM,
     OPT_SSM_K, OPT_SSM_V, OPT_SSM_STATE, OPT_SSM_CONV, OPT_FULL_ATTN, OPT_ROPE_SECTIONS,
-    OPT_EXPERTS, OPT_EXPERTS_USED, OPT_EXPERT_FF, OPT_SHEXP_FF, OPT_MTP, OPT_MTP_ECHO, OPT_MTP_ECHO_ATTN,
+    OPT_EXPERTS, OPT_EXPERTS_USED, OPT_EXPERT_FF, OPT_SHEXP_FF, OPT_MTP, OPT_MTP_ECHO, OPT_MTP_ECHO_ATTN, OPT_WINDOW,
 };
 
 /* A shape option given on the command line; applied after the arch/preset defaults. */
@@ -100,6 +103,7 @@ static int apply(const struct override *o, struct tern_mkmodel_params *p) {
     case OPT_EXPERTS_USED: field = &p->n_expert_used; hi = 64; break;
     case OPT_EXPERT_FF: field = &p->n_ff_exp; break;
     case OPT_SHEXP_FF: field = &p->n_ff_shexp; break;
+    case OPT_WINDOW: field = &p->sliding_window; break;
     case OPT_MTP: field = &p->n_mtp; lo = 0; hi = 1; break;
     case OPT_TIED: p->tied = true; return 0;
     case OPT_MTP_ECHO: p->mtp_echo = 1; return 0;
@@ -189,6 +193,7 @@ static int mkmodel_main(int argc, char **argv) {
         {"experts-used", required_argument, NULL, OPT_EXPERTS_USED},
         {"expert-ff", required_argument, NULL, OPT_EXPERT_FF},
         {"shared-expert-ff", required_argument, NULL, OPT_SHEXP_FF},
+        {"sliding-window", required_argument, NULL, OPT_WINDOW},
         {"full-attn-interval", required_argument, NULL, OPT_FULL_ATTN},
         {"rope-sections", required_argument, NULL, OPT_ROPE_SECTIONS},
         {"mtp", required_argument, NULL, OPT_MTP},
@@ -238,7 +243,7 @@ static int mkmodel_main(int argc, char **argv) {
     } else {
         enum tern_mk_arch a;
         if (!tern_mk_arch_from_name(arch, &a))
-            return cli_usage_error("mkmodel", "unknown architecture '%s' (llama, qwen2, qwen3, qwen35, qwen3moe, qwen35moe)", arch);
+            return cli_usage_error("mkmodel", "unknown architecture '%s' (llama, qwen2, qwen3, qwen35, qwen3moe, qwen35moe, gpt-oss)", arch);
         tern_mkmodel_defaults(a, &p);
     }
     for (int i = 0; i < n_ov; i++) {

@@ -132,7 +132,8 @@ enum tern_dtype tern_act_type(enum tern_dtype wtype) {
     case TERN_DTYPE_Q5_0:
     case TERN_DTYPE_Q5_1:
     case TERN_DTYPE_Q8_0:
-    case TERN_DTYPE_IQ4_NL: return TERN_DTYPE_Q8_0;
+    case TERN_DTYPE_IQ4_NL:
+    case TERN_DTYPE_MXFP4: return TERN_DTYPE_Q8_0;
     case TERN_DTYPE_Q4_K:
     case TERN_DTYPE_Q5_K:
     case TERN_DTYPE_Q6_K:

@@ -172,6 +172,19 @@ static void dequant_iq4_nl(const struct tern_block_iq4_nl *x, float *y, size_t n
     }
 }
 
+/* Twice the E2M1 values (ggml's kvalues_mxfp4), a fact of the MXFP4 format. */
+const int8_t tern_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+static void dequant_mxfp4(const struct tern_block_mxfp4 *x, float *y, size_t nb) {
+    for (size_t i = 0; i < nb; i++) {
+        const float d = tern_e8m0_half(x[i].e);
+        for (int j = 0; j < TERN_QK / 2; j++) {
+            y[i * TERN_QK + j] = (float)tern_mxfp4_values[x[i].qs[j] & 0xF] * d;
+            y[i * TERN_QK + j + TERN_QK / 2] = (float)tern_mxfp4_values[x[i].qs[j] >> 4] * d;
+        }
+    }
+}
+
 /* ggml: dl = d * (ls - 32) first, then dl * value. */
 static void dequant_iq4_xs(const struct tern_block_iq4_xs *x, float *y, size_t nb) {
     for (size_t i = 0; i < nb; i++) {
@@ -242,6 +255,7 @@ bool tern_dequantize_row(enum tern_dtype type, const void *src, float *dst, size
     case TERN_DTYPE_Q8_K: dequant_q8_k(src, dst, k / TERN_QK_K); return true;
     case TERN_DTYPE_IQ4_NL: dequant_iq4_nl(src, dst, k / TERN_QK); return true;
     case TERN_DTYPE_IQ4_XS: dequant_iq4_xs(src, dst, k / TERN_QK_K); return true;
+    case TERN_DTYPE_MXFP4: dequant_mxfp4(src, dst, k / TERN_QK); return true;
     default:
         tern_errorf(TERN_ERR_UNSUPPORTED, "dequantize: tensor type %s is not supported",
                     tern_dtype_name((uint32_t)type));
@@ -255,6 +269,7 @@ bool tern_dequantize_supported(enum tern_dtype type) {
     case TERN_DTYPE_Q4_0: case TERN_DTYPE_Q4_1: case TERN_DTYPE_Q5_0: case TERN_DTYPE_Q5_1:
     case TERN_DTYPE_Q8_0: case TERN_DTYPE_Q8_1: case TERN_DTYPE_Q4_K: case TERN_DTYPE_Q5_K:
     case TERN_DTYPE_Q6_K: case TERN_DTYPE_Q8_K: case TERN_DTYPE_IQ4_NL: case TERN_DTYPE_IQ4_XS:
+    case TERN_DTYPE_MXFP4:
         return true;
     default:
         return false;
@@ -709,12 +724,48 @@ static void quantize_iq4_xs(const float *x, struct tern_block_iq4_xs *y, size_t 
     }
 }
 
+/* MXFP4: the smallest exponent whose largest level (12 * 2^(e - 128)) reaches the block's
+ * largest magnitude, so nothing clips; then the nearest level per element (ties to the
+ * lower code). A block whose amax is 0 or not finite is stored as zeros with e = 0. */
+static void quantize_mxfp4(const float *x, struct tern_block_mxfp4 *y, size_t nb) {
+    for (size_t i = 0; i < nb; i++, x += TERN_QK) {
+        float amax = 0.0f;
+        for (int j = 0; j < TERN_QK; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+        memset(y[i].qs, 0, sizeof y[i].qs);
+        y[i].e = 0;
+        if (!(amax > 0.0f) || !isfinite(amax)) continue;
+        int ex;
+        frexpf(amax / 12.0f, &ex); /* amax / 12 in [2^(ex-1), 2^ex) */
+        int e = ex + 127 - 1;
+        if (e < 0) e = 0;
+        while (e < 254 && 12.0f * tern_e8m0_half((uint8_t)e) < amax) e++;
+        while (e > 0 && 12.0f * tern_e8m0_half((uint8_t)(e - 1)) >= amax) e--;
+        y[i].e = (uint8_t)e;
+        const float d = tern_e8m0_half((uint8_t)e); /* a division: 1 / 2^-128 overflows */
+        uint8_t q[TERN_QK];
+        for (int j = 0; j < TERN_QK; j++) {
+            const float v = x[j] / d;
+            int best = 0;
+            float berr = fabsf(v - (float)tern_mxfp4_values[0]);
+            for (int c = 1; c < 16; c++) {
+                const float err = fabsf(v - (float)tern_mxfp4_values[c]);
+                if (err < berr) {
+                    berr = err;
+                    best = c;
+                }
+            }
+            q[j] = (uint8_t)best;
+        }
+        pack_nibbles(q, y[i].qs);
+    }
+}
+
 bool tern_quantize_supported(enum tern_dtype type) {
     switch (type) {
     case TERN_DTYPE_F32: case TERN_DTYPE_F16: case TERN_DTYPE_BF16:
     case TERN_DTYPE_Q4_0: case TERN_DTYPE_Q4_1: case TERN_DTYPE_Q5_0: case TERN_DTYPE_Q5_1:
     case TERN_DTYPE_Q8_0: case TERN_DTYPE_Q4_K: case TERN_DTYPE_Q5_K: case TERN_DTYPE_Q6_K:
-    case TERN_DTYPE_Q8_K: case TERN_DTYPE_IQ4_NL: case TERN_DTYPE_IQ4_XS:
+    case TERN_DTYPE_Q8_K: case TERN_DTYPE_IQ4_NL: case TERN_DTYPE_IQ4_XS: case TERN_DTYPE_MXFP4:
         return true;
     default:
         return false;
@@ -757,6 +808,7 @@ bool tern_quantize_row(enum tern_dtype type, const float *src, void *dst, size_t
     case TERN_DTYPE_Q8_K: tern_quantize_q8_k_ref(src, dst, k); break;
     case TERN_DTYPE_IQ4_NL: quantize_iq4_nl(src, dst, k / TERN_QK); break;
     case TERN_DTYPE_IQ4_XS: quantize_iq4_xs(src, dst, k / TERN_QK_K); break;
+    case TERN_DTYPE_MXFP4: quantize_mxfp4(src, dst, k / TERN_QK); break;
     default: return false;
     }
     return true;

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TERN_QK 32   /* elements per block of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL */
+#define TERN_QK 32   /* elements per block of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4 */
 #define TERN_QK_K 256 /* elements per super-block of the K-quants, IQ4_XS and Q8_K */
 
 #define TERN_PACKED __attribute__((packed))
@@ -132,6 +132,27 @@ _Static_assert(sizeof(struct tern_block_iq4_xs) == 136, "block_iq4_xs size");
 static inline int tern_iq4xs_scale(const struct tern_block_iq4_xs *b, int j) {
     const int ls = ((b->scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | (((b->scales_h >> (2 * j)) & 3) << 4);
     return ls - 32;
+}
+
+/* MXFP4 (OCP microscaling FP4): x = tern_mxfp4_values[q] * 2^(e - 128), q in [0, 15] an
+ * E2M1 code (sign, two exponent bits, one mantissa bit), e an E8M0 exponent byte. The
+ * table holds twice each E2M1 value (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives) as
+ * integers, so the scale is half of E8M0's 2^(e - 127): ggml's layout and arithmetic.
+ * Nibbles laid out as Q4_0's (qs[j]: element j low, j + 16 high). */
+extern const int8_t tern_mxfp4_values[16]; /* defined in quant.c */
+
+struct TERN_PACKED tern_block_mxfp4 {
+    uint8_t e;
+    uint8_t qs[TERN_QK / 2];
+};
+_Static_assert(sizeof(struct tern_block_mxfp4) == 17, "block_mxfp4 size");
+
+/* 2^(e - 128) as a float, exactly (e = 0 and 1 are the subnormals 2^-128, 2^-127). */
+static inline float tern_e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    __builtin_memcpy(&f, &bits, 4);
+    return f;
 }
 
 /* Activation format for the K-quants: x = d * q, q in [-127, 127] as tern writes it;

@@ -664,7 +664,11 @@ static void up_rope(const struct model_step *f, const struct model_rope *r, stru
 }
 static void up_attention(const struct model_step *f, uint32_t il, const struct model_act *q, const struct model_act *k,
                          const struct model_act *v, struct model_act *out, uint32_t n_head, float scale) {
-    (void)f, (void)il, (void)q, (void)k, (void)v, (void)out, (void)n_head, (void)scale;
+    (void)q, (void)k, (void)v, (void)out, (void)n_head, (void)scale;
+    const struct model_layer *L = &f->m->layers[il];
+    if (L->window || L->sinks)
+        up_keep(f, tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: layer %u's attention has a sliding window or sinks "
+                                                     "(gpt-oss), which the Vulkan attention does not compute yet", il));
 }
 
 /* the operations with weights */
@@ -694,6 +698,9 @@ static void up_add_bias(const struct model_step *f, struct model_act *x, const f
 static void up_moe(const struct model_step *f, const struct moe_hparams *hp, const struct moe_layer *L,
                    struct model_moe_ws *ws, const struct model_act *h, struct model_act *out) {
     (void)ws, (void)h, (void)out;
+    if (hp->swiglu_oai || hp->softmax_weight || L->router_b)
+        up_keep(f, tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: gpt-oss's experts (biases, softmax over the chosen, the "
+                                                     "clamped swiglu) are not on the Vulkan device yet"));
     const uint32_t n_chunk = UP(f)->g->n_chunk;
     if ((uint64_t)n_chunk * hp->n_used > 65535) {
         up_keep(f, tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: chunks of %u tokens with %u experts each exceed the Vulkan "

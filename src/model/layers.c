@@ -252,6 +252,8 @@ struct attn_task {
     uint32_t n_head, n_kv_head, group, head_dim;
     const uint32_t *item0; /* (n_seq + 1) the first work item of each sequence */
     float scale;
+    uint32_t window;     /* the layer's (model_layer) */
+    const float *sinks;
 };
 
 /* Scratch of one thread: attn_page_multi's, then the item's per-query states. */
@@ -284,6 +286,8 @@ static void attn_item(const struct attn_task *p, const struct model_seq *sq_, ui
     const struct kv_layer *kv = &s->kv[p->il];
     const bool f16 = s->kv_type == TERN_KV_F16;
     const size_t es = f16 ? 2 : 4, hd = p->head_dim;
+    /* kv head g's rows of a page, from row r on */
+#define KV_ROWS(page, r) ((const char *)(page) + ((size_t)g * TERN_KV_PAGE + (r)) * hd * es)
     float *state = scores + attn_multi_floats(p->group, p->head_dim); /* per query: m, l, acc[hd] */
     const size_t sq = hd + 2;
     const uint32_t nq = (t1 - t0) * p->group;
@@ -294,37 +298,59 @@ static void attn_item(const struct attn_task *p, const struct model_seq *sq_, ui
         memset(st + 2, 0, hd * sizeof(float));
     }
     const uint32_t pos0 = sq_->pos0, last = pos0 + t1 - 1;
+    const uint32_t W = p->window;
+    /* the first key a query at pos sees (a window layer's start; pages before the block's
+     * first query's are not read) */
+#define KEY0(pos) (W && (pos) + 1 > W ? (pos) + 1 - W : 0)
     const float *qrows = p->q + (size_t)sq_->row0 * p->q_stride;
-    for (uint32_t pg = 0; pg * TERN_KV_PAGE <= last; pg++) {
-        const char *kp = (const char *)kv->k_pages[pg] + (size_t)g * TERN_KV_PAGE * hd * es;
-        const char *vp = (const char *)kv->v_pages[pg] + (size_t)g * TERN_KV_PAGE * hd * es;
+    for (uint32_t pg = KEY0(pos0 + t0) / TERN_KV_PAGE; pg * TERN_KV_PAGE <= last; pg++) {
+        const uint32_t pg0 = pg * TERN_KV_PAGE;
         /* Runs of queries with the same rows of this page: all of them on a page below the
-         * block's first position, each token's GQA group on the diagonal page. */
+         * block's first position, each token's GQA group on the diagonal page (and, in a
+         * window layer, on the page where the window starts). A query's rows of a page are
+         * [off, off + n): its pages and their rows depend on its position only. */
         struct tern_attn_query run[TERN_ATTN_MAX_Q];
-        size_t n_run = 0, run_n = 0;
+        size_t n_run = 0, run_n = 0, run_off = 0;
         for (uint32_t t = t0; t < t1; t++) {
-            const uint32_t pos = pos0 + t;
-            if (pos < pg * TERN_KV_PAGE) continue;
-            const size_t n = pos - pg * TERN_KV_PAGE + 1 < TERN_KV_PAGE ? pos - pg * TERN_KV_PAGE + 1 : TERN_KV_PAGE;
+            const uint32_t pos = pos0 + t, key0 = KEY0(pos);
+            if (pos < pg0 || key0 >= pg0 + TERN_KV_PAGE) continue;
+            const size_t off = key0 > pg0 ? key0 - pg0 : 0;
+            const size_t n = (pos - pg0 + 1 < TERN_KV_PAGE ? pos - pg0 + 1 : TERN_KV_PAGE) - off;
             for (uint32_t h = 0; h < p->group; h++) {
-                if (n_run == TERN_ATTN_MAX_Q || (n_run && n != run_n)) {
-                    attn_run(p, run, n_run, kp, vp, run_n, f16, scores);
+                if (n_run == TERN_ATTN_MAX_Q || (n_run && (n != run_n || off != run_off))) {
+                    attn_run(p, run, n_run, KV_ROWS(kv->k_pages[pg], run_off), KV_ROWS(kv->v_pages[pg], run_off),
+                             run_n, f16, scores);
                     n_run = 0;
                 }
                 float *st = state + ((t - t0) * p->group + h) * sq;
                 run[n_run++] = (struct tern_attn_query){
                     .q = qrows + t * p->q_stride + (size_t)(g * p->group + h) * hd, .acc = st + 2, .m = &st[0], .l = &st[1]};
                 run_n = n;
+                run_off = off;
             }
         }
-        if (n_run) attn_run(p, run, n_run, kp, vp, run_n, f16, scores);
+        if (n_run)
+            attn_run(p, run, n_run, KV_ROWS(kv->k_pages[pg], run_off), KV_ROWS(kv->v_pages[pg], run_off), run_n, f16,
+                     scores);
     }
+#undef KEY0
+#undef KV_ROWS
     float *orows = p->out + (size_t)sq_->row0 * p->out_stride;
     for (uint32_t t = t0; t < t1; t++)
         for (uint32_t h = 0; h < p->group; h++) {
             const float *st = state + ((t - t0) * p->group + h) * sq;
             float *o = orows + t * p->out_stride + (size_t)(g * p->group + h) * hd;
-            const float inv = 1.0f / st[1];
+            float l = st[1], a = 1.0f;
+            if (p->sinks) { /* one more logit in the max and the denominator, no value */
+                const float sk = p->sinks[g * p->group + h];
+                if (sk > st[0]) {
+                    a = expf(st[0] - sk);
+                    l = l * a + 1.0f;
+                } else {
+                    l += expf(sk - st[0]);
+                }
+            }
+            const float inv = a / l;
             for (size_t e = 0; e < hd; e++) o[e] = st[2 + e] * inv;
         }
 }
@@ -387,6 +413,8 @@ void model_attention(struct tern_session *s, uint32_t il, const struct model_bat
         .head_dim = L->head_dim_k,
         .item0 = item0,
         .scale = scale,
+        .window = L->window,
+        .sinks = L->sinks,
     };
     tern_work_init(&at.work, item0[b->n_seq], 1);
     if (tern_threadpool_n_threads(s->m->pool) == 1) attn_run_task(&at, 0, 1);

@@ -49,7 +49,7 @@ static double rng_normal(struct rng *r) {
 
 /* ---- architectures, presets, types --------------------------------------------------- */
 
-static const char *const arch_names[] = {"llama", "qwen2", "qwen3", "qwen35", "qwen3moe", "qwen35moe"};
+static const char *const arch_names[] = {"llama", "qwen2", "qwen3", "qwen35", "qwen3moe", "qwen35moe", "gpt-oss"};
 
 const char *tern_mk_arch_name(enum tern_mk_arch a) {
     return (unsigned)a < TERN_ARRAY_LEN(arch_names) ? arch_names[a] : "unknown";
@@ -90,6 +90,19 @@ void tern_mkmodel_defaults(enum tern_mk_arch arch, struct tern_mkmodel_params *p
     case TERN_MK_QWEN35: p->n_ctx = 262144; p->rope_theta = 1e7f; break;
     case TERN_MK_QWEN3MOE: p->n_ctx = 40960; p->rope_theta = 1e6f; break;
     case TERN_MK_QWEN35MOE: p->n_ctx = 262144; p->rope_theta = 1e7f; break;
+    case TERN_MK_GPTOSS: /* gpt-oss-20b's config.json, at the tiny kit model's width */
+        p->n_ctx = 131072;
+        p->rope_theta = 150000.0f;
+        p->rms_eps = 1e-5f;
+        p->n_embd = 192;
+        p->n_ff = 160;
+        p->n_expert = 8;
+        p->n_expert_used = 4;
+        p->n_ff_exp = 160;
+        p->sliding_window = 128;
+        p->yarn_factor = 32.0f;
+        p->yarn_orig_ctx = 4096;
+        break;
     }
     if (arch == TERN_MK_QWEN3MOE || arch == TERN_MK_QWEN35MOE) {
         p->n_expert = 8;
@@ -99,7 +112,9 @@ void tern_mkmodel_defaults(enum tern_mk_arch arch, struct tern_mkmodel_params *p
     }
 }
 
-static bool is_moe(enum tern_mk_arch a) { return a == TERN_MK_QWEN3MOE || a == TERN_MK_QWEN35MOE; }
+static bool is_moe(enum tern_mk_arch a) {
+    return a == TERN_MK_QWEN3MOE || a == TERN_MK_QWEN35MOE || a == TERN_MK_GPTOSS;
+}
 /* The hybrid layout (Gated DeltaNet + gated attention every full_attn_interval-th layer). */
 static bool is_hybrid(enum tern_mk_arch a) { return a == TERN_MK_QWEN35 || a == TERN_MK_QWEN35MOE; }
 
@@ -134,11 +149,16 @@ static const struct preset presets[] = {
      * shared expert of 512, partial rotary 0.25 of head 256). */
     {"qwen3.5-35b-a3b", TERN_MK_QWEN35MOE, 40, 2048, 16, 2, 256, 0, 248320, false, 16, 32, 128, 4, 4, 64, 256, 8,
      512, 512},
+    /* The kit's tiny-gptoss (window 16, below) and gpt-oss-20b (its config.json: 24 layers,
+     * 64 q / 8 kv heads of 64, 32 experts of 2880, 4 per token, window 128, o200k_harmony's
+     * 201088 ids). */
+    {"tiny-gptoss", TERN_MK_GPTOSS, 4, 192, 4, 2, 64, 160, 4122, false, 0, 0, 0, 0, 0, 0, 8, 4, 160, 0},
+    {"gpt-oss-20b", TERN_MK_GPTOSS, 24, 2880, 64, 8, 64, 2880, 201088, false, 0, 0, 0, 0, 0, 0, 32, 4, 2880, 0},
 };
 
 const char *tern_mkmodel_preset_names(void) {
     return "tiny-qwen3, tiny-qwen35, tiny-qwen3moe, tiny-qwen35moe, tiny-llama, tiny-qwen2, qwen3-0.6b, qwen3.5-0.8b, "
-           "qwen3-8b, qwen3-30b-a3b, qwen3.5-35b-a3b";
+           "qwen3-8b, qwen3-30b-a3b, qwen3.5-35b-a3b, tiny-gptoss, gpt-oss-20b";
 }
 
 enum tern_status tern_mkmodel_preset(const char *name, struct tern_mkmodel_params *p) {
@@ -160,6 +180,7 @@ enum tern_status tern_mkmodel_preset(const char *name, struct tern_mkmodel_param
             p->n_ff_exp = s->n_ff_exp;
             p->n_ff_shexp = s->n_ff_shexp;
         }
+        if (!strcmp(s->name, "tiny-gptoss")) p->sliding_window = 16; /* the kit's, shorter than its prompts */
         if (is_hybrid(s->arch)) {
             p->ssm_k_heads = s->ssm_k_heads;
             p->ssm_v_heads = s->ssm_v_heads;
@@ -186,6 +207,7 @@ bool tern_mkmodel_parse_type(const char *s, enum tern_dtype *wtype, enum tern_mk
         {"q4_k", TERN_DTYPE_Q4_K, TERN_MK_LIKE_QUANTIZE}, {"q5_k", TERN_DTYPE_Q5_K, TERN_MK_LIKE_QUANTIZE},
         {"q6_k", TERN_DTYPE_Q6_K, TERN_MK_LIKE_QUANTIZE}, {"q4_k_m", TERN_DTYPE_Q4_K, TERN_MK_Q4_K_M},
         {"iq4_xs", TERN_DTYPE_IQ4_XS, TERN_MK_LIKE_QUANTIZE}, {"iq4_nl", TERN_DTYPE_IQ4_NL, TERN_MK_LIKE_QUANTIZE},
+        {"mxfp4_moe", TERN_DTYPE_Q8_0, TERN_MK_MXFP4_MOE},
     };
     for (size_t i = 0; i < TERN_ARRAY_LEN(types); i++) {
         if (!strcasecmp(s, types[i].name)) {
@@ -200,6 +222,7 @@ bool tern_mkmodel_parse_type(const char *s, enum tern_dtype *wtype, enum tern_mk
 /* llama.cpp's LLAMA_FTYPE numbering for general.file_type. */
 static uint32_t file_type(enum tern_dtype t, enum tern_mk_mix mix) {
     if (mix == TERN_MK_Q4_K_M) return 15;
+    if (mix == TERN_MK_MXFP4_MOE) return 38;
     switch (t) {
     case TERN_DTYPE_F32: return 0;
     case TERN_DTYPE_F16: return 1;
@@ -249,6 +272,15 @@ enum tern_status tern_mkmodel_check(const struct tern_mkmodel_params *p) {
         if (p->arch == TERN_MK_QWEN35MOE && (st = check_range("shared expert ffn", p->n_ff_shexp, 1, LIMIT_DIM)))
             return st;
     }
+    if (p->arch == TERN_MK_GPTOSS) {
+        if ((st = check_range("sliding window", p->sliding_window, 1, UINT32_MAX))) return st;
+        if (!(p->yarn_factor >= 1.0f) || p->yarn_orig_ctx == 0)
+            return tern_errorf(TERN_ERR_INVALID, "YaRN factor %g must be at least 1 and the original context %u positive",
+                               (double)p->yarn_factor, p->yarn_orig_ctx);
+    }
+    if (p->mix == TERN_MK_MXFP4_MOE && !is_moe(p->arch))
+        return tern_errorf(TERN_ERR_INVALID, "the mxfp4_moe type mix needs a mixture-of-experts architecture, not %s",
+                           arch_names[p->arch]);
     if ((st = check_range("n_ctx", p->n_ctx, 1, UINT32_MAX))) return st;
     if (p->n_vocab && (st = check_range("n_vocab", p->n_vocab, 1, LIMIT_VOCAB))) return st;
     if (p->n_head % p->n_head_kv)
@@ -300,8 +332,22 @@ enum tern_status tern_mkmodel_check(const struct tern_mkmodel_params *p) {
 
 /* INIT_ZERO and INIT_PASS (tern_mkmodel_params.mtp_echo) draw like INIT_WEIGHT and then
  * write 0, resp. the matrix that passes the second half of its input through; INIT_SIGN
- * is +-1 by the sign of a normal, INIT_LOUD N(0, 0.1). */
-enum init { INIT_WEIGHT, INIT_NORM, INIT_SSM_A, INIT_DT_BIAS, INIT_CONV, INIT_ZERO, INIT_PASS, INIT_SIGN, INIT_LOUD };
+ * is +-1 by the sign of a normal, INIT_LOUD N(0, 0.1). gpt-oss (as the kit's generator):
+ * attention sinks INIT_SINK N(0, 1), expert gate/up biases INIT_GU_BIAS N(0, 4), so that
+ * the swiglu clamp fires; its other biases and expert matrices INIT_LOUD. */
+enum init {
+    INIT_WEIGHT,
+    INIT_NORM,
+    INIT_SSM_A,
+    INIT_DT_BIAS,
+    INIT_CONV,
+    INIT_ZERO,
+    INIT_PASS,
+    INIT_SIGN,
+    INIT_LOUD,
+    INIT_SINK,
+    INIT_GU_BIAS
+};
 
 struct mk_tensor {
     char name[96];
@@ -358,6 +404,8 @@ static float init_value(struct mk_tensor *t, struct rng *r) {
     case INIT_CONV: return (float)(0.3 * rng_normal(r));
     case INIT_SIGN: return rng_normal(r) < 0 ? -1.0f : 1.0f;
     case INIT_LOUD: return (float)(0.1 * rng_normal(r));
+    case INIT_SINK: return (float)rng_normal(r);
+    case INIT_GU_BIAS: return (float)(4.0 * rng_normal(r));
     default: return (float)(0.02 * rng_normal(r));
     }
 }
@@ -426,10 +474,12 @@ static enum tern_dtype pick_type(struct mk_ctx *c, const struct mk_tensor *t, ui
     if (t->n_dims < 2 ||
         (t->init != INIT_WEIGHT && t->init != INIT_ZERO && t->init != INIT_PASS && t->init != INIT_LOUD))
         return TERN_DTYPE_F32;
-    /* llama-quantize keeps the MoE routers in F32 */
-    if (name_ends(t->name, ".ffn_gate_inp.weight") || name_ends(t->name, ".ffn_gate_inp_shexp.weight"))
+    /* llama-quantize keeps the MoE routers and every bias (gpt-oss's 2-D expert ones) in F32 */
+    if (name_ends(t->name, ".ffn_gate_inp.weight") || name_ends(t->name, ".ffn_gate_inp_shexp.weight") ||
+        name_ends(t->name, ".bias"))
         return TERN_DTYPE_F32;
     enum tern_dtype type = p->wtype;
+    if (p->mix == TERN_MK_MXFP4_MOE && t->n_dims == 3) type = TERN_DTYPE_MXFP4; /* the stacked experts */
     bool is_output = !strcmp(t->name, "output.weight") || (p->tied && !strcmp(t->name, "token_embd.weight"));
     if (p->mix != TERN_MK_UNIFORM && is_output && type != TERN_DTYPE_Q8_0 && type != TERN_DTYPE_Q6_K &&
         !is_float_type(type))
@@ -572,27 +622,45 @@ static enum tern_status build_tensors(struct mk_ctx *c, uint32_t n_vocab) {
                 ADD(INIT_WEIGHT, il, ssm_inner, e, "blk.%u.ssm_out.weight", il);
             }
         } else {
-            bool bias = p->arch == TERN_MK_QWEN2;
+            bool bias = p->arch == TERN_MK_QWEN2 || p->arch == TERN_MK_GPTOSS;
+            const enum init binit = p->arch == TERN_MK_GPTOSS ? INIT_LOUD : INIT_WEIGHT;
             ADD(INIT_WEIGHT, il, e, q, "blk.%u.attn_q.weight", il);
-            if (bias) ADD(INIT_WEIGHT, il, q, 0, "blk.%u.attn_q.bias", il);
+            if (bias) ADD(binit, il, q, 0, "blk.%u.attn_q.bias", il);
             ADD(INIT_WEIGHT, il, e, kv, "blk.%u.attn_k.weight", il);
-            if (bias) ADD(INIT_WEIGHT, il, kv, 0, "blk.%u.attn_k.bias", il);
+            if (bias) ADD(binit, il, kv, 0, "blk.%u.attn_k.bias", il);
             ADD(INIT_WEIGHT, il, e, kv, "blk.%u.attn_v.weight", il);
-            if (bias) ADD(INIT_WEIGHT, il, kv, 0, "blk.%u.attn_v.bias", il);
+            if (bias) ADD(binit, il, kv, 0, "blk.%u.attn_v.bias", il);
             ADD(INIT_WEIGHT, il, q, e, "blk.%u.attn_output.weight", il);
             if (p->arch == TERN_MK_QWEN3 || p->arch == TERN_MK_QWEN3MOE) {
                 ADD(INIT_NORM, il, hd, 0, "blk.%u.attn_k_norm.weight", il);
                 ADD(INIT_NORM, il, hd, 0, "blk.%u.attn_q_norm.weight", il);
             }
-            ADD(INIT_NORM, il, e, 0, "blk.%u.ffn_norm.weight", il);
+            if (p->arch == TERN_MK_GPTOSS) {
+                ADD(INIT_LOUD, il, e, 0, "blk.%u.attn_output.bias", il);
+                ADD(INIT_SINK, il, p->n_head, 0, "blk.%u.attn_sinks.weight", il);
+                ADD(INIT_NORM, il, e, 0, "blk.%u.post_attention_norm.weight", il);
+            } else {
+                ADD(INIT_NORM, il, e, 0, "blk.%u.ffn_norm.weight", il);
+            }
         }
         if (is_moe(p->arch)) {
             const uint64_t x = p->n_expert, f = p->n_ff_exp, sf = p->n_ff_shexp;
             ADD(INIT_WEIGHT, il, e, x, "blk.%u.ffn_gate_inp.weight", il);
-            if ((st = add3(c, INIT_WEIGHT, il, e, f, x, "blk.%u.ffn_gate_exps.weight", il)) ||
-                (st = add3(c, INIT_WEIGHT, il, e, f, x, "blk.%u.ffn_up_exps.weight", il)) ||
-                (st = add3(c, out_init, il, f, e, x, "blk.%u.ffn_down_exps.weight", il)))
+            if (p->arch == TERN_MK_GPTOSS) {
+                /* each matrix followed by its bias ([n, n_expert] for the experts), in the
+                 * converter's order */
+                ADD(INIT_LOUD, il, x, 0, "blk.%u.ffn_gate_inp.bias", il);
+                if ((st = add3(c, INIT_LOUD, il, e, f, x, "blk.%u.ffn_gate_exps.weight", il))) return st;
+                ADD(INIT_GU_BIAS, il, f, x, "blk.%u.ffn_gate_exps.bias", il);
+                if ((st = add3(c, INIT_LOUD, il, e, f, x, "blk.%u.ffn_up_exps.weight", il))) return st;
+                ADD(INIT_GU_BIAS, il, f, x, "blk.%u.ffn_up_exps.bias", il);
+                if ((st = add3(c, out_init, il, f, e, x, "blk.%u.ffn_down_exps.weight", il))) return st;
+                ADD(INIT_LOUD, il, e, x, "blk.%u.ffn_down_exps.bias", il);
+            } else if ((st = add3(c, INIT_WEIGHT, il, e, f, x, "blk.%u.ffn_gate_exps.weight", il)) ||
+                       (st = add3(c, INIT_WEIGHT, il, e, f, x, "blk.%u.ffn_up_exps.weight", il)) ||
+                       (st = add3(c, out_init, il, f, e, x, "blk.%u.ffn_down_exps.weight", il))) {
                 return st;
+            }
             if (sf) {
                 /* [n_embd, 1] as the HF converter writes it; 1-D once llama-quantize has
                  * rewritten it, so a quantized file carries the 1-D form. */
@@ -823,11 +891,20 @@ static enum tern_status write_metadata(struct gguf_writer *w, const struct tern_
     /* Qwen3 and Qwen3.5 converters always write the head size; llama and qwen2 ones
      * only where it differs from n_embd / n_head (the loader's default). */
     bool head_keys = p->arch == TERN_MK_QWEN3 || is_hybrid(p->arch) || p->arch == TERN_MK_QWEN3MOE ||
+                     p->arch == TERN_MK_GPTOSS ||
                      (uint64_t)p->head_dim * p->n_head != p->n_embd;
     if (!st && head_keys) st = set_arch_u32(w, a, "attention.key_length", p->head_dim);
     if (!st && head_keys) st = set_arch_u32(w, a, "attention.value_length", p->head_dim);
     if (!st) st = gguf_writer_set_u32(w, "general.file_type", file_type(p->wtype, p->mix));
     if (!st && !is_float_type(p->wtype)) st = gguf_writer_set_u32(w, "general.quantization_version", 2);
+    if (!st && p->arch == TERN_MK_GPTOSS) {
+        char k[128];
+        st = set_arch_u32(w, a, "attention.sliding_window", p->sliding_window);
+        snprintf(k, sizeof k, "%s.rope.scaling.type", a);
+        if (!st) st = gguf_writer_set_str(w, k, "yarn");
+        if (!st) st = set_arch_f32(w, a, "rope.scaling.factor", p->yarn_factor);
+        if (!st) st = set_arch_u32(w, a, "rope.scaling.original_context_length", p->yarn_orig_ctx);
+    }
     if (!st && p->arch == TERN_MK_LLAMA) st = set_arch_u32(w, a, "rope.dimension_count", p->rope_dim ? p->rope_dim : p->head_dim);
     if (!st && is_hybrid(p->arch)) {
         uint32_t rd = p->rope_dim ? p->rope_dim : p->head_dim / 4;

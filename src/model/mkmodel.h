@@ -18,13 +18,22 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-enum tern_mk_arch { TERN_MK_LLAMA, TERN_MK_QWEN2, TERN_MK_QWEN3, TERN_MK_QWEN35, TERN_MK_QWEN3MOE, TERN_MK_QWEN35MOE };
+enum tern_mk_arch {
+    TERN_MK_LLAMA,
+    TERN_MK_QWEN2,
+    TERN_MK_QWEN3,
+    TERN_MK_QWEN35,
+    TERN_MK_QWEN3MOE,
+    TERN_MK_QWEN35MOE,
+    TERN_MK_GPTOSS
+};
 
 /* How tensors are typed. */
 enum tern_mk_mix {
     TERN_MK_UNIFORM = 0, /* every matmul weight and embedding in wtype */
     TERN_MK_LIKE_QUANTIZE, /* as llama-quantize: output (or tied token_embd) Q6_K below Q6_K */
     TERN_MK_Q4_K_M,      /* llama-quantize's Q4_K_M: Q4_K, output and some attn_v/attn_qkv/ffn_down Q6_K */
+    TERN_MK_MXFP4_MOE,   /* llama-quantize's MXFP4_MOE: expert matrices MXFP4, the other matrices wtype (Q8_0) */
 };
 
 struct tern_mkmodel_params {
@@ -61,6 +70,11 @@ struct tern_mkmodel_params {
     uint32_t n_expert_used;      /* expert_used_count */
     uint32_t n_ff_exp;           /* expert_feed_forward_length */
     uint32_t n_ff_shexp;         /* expert_shared_feed_forward_length (qwen35moe) */
+    /* gpt-oss: attention.sliding_window (even layers), YaRN rope.scaling.factor and
+     * original_context_length; the sinks and biases are drawn as the kit's generator does. */
+    uint32_t sliding_window;
+    float yarn_factor;
+    uint32_t yarn_orig_ctx;
 
     enum tern_dtype wtype;  /* F32, F16, BF16 or a quantized type */
     enum tern_mk_mix mix;
@@ -75,14 +89,15 @@ struct tern_mkmodel_params {
 void tern_mkmodel_defaults(enum tern_mk_arch arch, struct tern_mkmodel_params *p);
 /* Presets: "tiny-qwen3", "tiny-qwen35", "tiny-qwen3moe", "tiny-qwen35moe" (the shapes of
  * the shared tiny models), "qwen3-0.6b", "qwen3.5-0.8b", "qwen3-30b-a3b",
- * "qwen3.5-35b-a3b", "tiny-llama", "tiny-qwen2". TERN_ERR_INVALID if unknown. */
+ * "qwen3.5-35b-a3b", "tiny-llama", "tiny-qwen2", "tiny-gptoss", "gpt-oss-20b". TERN_ERR_INVALID
+ * if unknown. */
 enum tern_status tern_mkmodel_preset(const char *name, struct tern_mkmodel_params *p);
 /* Comma-separated preset names, for usage texts. */
 const char *tern_mkmodel_preset_names(void);
 bool tern_mk_arch_from_name(const char *s, enum tern_mk_arch *out);
 const char *tern_mk_arch_name(enum tern_mk_arch a);
 /* Parses a --type value: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m
- * iq4_xs iq4_nl. */
+ * iq4_xs iq4_nl mxfp4_moe. */
 bool tern_mkmodel_parse_type(const char *s, enum tern_dtype *wtype, enum tern_mk_mix *mix);
 
 /* Checks the shape (divisibility, ranges); TERN_ERR_INVALID naming the value. */

@@ -131,6 +131,13 @@ struct model_layer {
     /* ATTENTION: one K row and one V row per position, holding every kv head. */
     uint32_t n_kv_head;
     uint32_t head_dim_k, head_dim_v;
+    /* ATTENTION, gpt-oss: a query at position p sees only the keys at (p - window, p]
+     * (0: every key up to p), and sinks[h] (NULL: none) is head h's learned logit, which
+     * joins the softmax's max and denominator and receives no value. Set by the
+     * architecture after model_layers_init. The cache keeps every position's row of a
+     * window layer all the same (docs/engine.md: a rewind or a resume needs them). */
+    uint32_t window;
+    const float *sinks;
     /* RECURRENT: named buffers, zero at position 0. */
     uint32_t n_bufs;
     struct model_rec_buf bufs[MODEL_MAX_REC_BUFS];
@@ -419,5 +426,6 @@ extern const struct tern_arch tern_arch_qwen3;
 extern const struct tern_arch tern_arch_qwen3moe;  /* arch-llama.c */
 extern const struct tern_arch tern_arch_qwen35;    /* arch-qwen35.c */
 extern const struct tern_arch tern_arch_qwen35moe; /* arch-qwen35.c */
+extern const struct tern_arch tern_arch_gptoss;    /* arch-gptoss.c */
 
 #endif

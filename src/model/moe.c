@@ -38,6 +38,7 @@ enum tern_status moe_hparams_load(struct tern_model *m, bool norm_topk, bool sha
     enum tern_status st;
     memset(hp, 0, sizeof *hp);
     hp->norm_topk = norm_topk;
+    hp->softmax_weight = hp->swiglu_oai = !strcmp(m->arch->name, "gpt-oss");
     if ((st = arch_u32(m, "expert_count", true, 0, &hp->n_expert)) ||
         (st = arch_u32(m, "expert_used_count", true, 0, &hp->n_used)) ||
         (st = arch_u32(m, "expert_feed_forward_length", true, 0, &hp->n_ff_exp)) ||
@@ -63,8 +64,10 @@ enum tern_status moe_hparams_load(struct tern_model *m, bool norm_topk, bool sha
     if (gguf_find_kv(m->f, key)) {
         uint32_t fn;
         if ((st = gguf_get_u32(m->f, key, &fn))) return st;
-        if (fn != 1) /* llama.cpp numbers softmax 1, sigmoid 2 */
-            return tern_errorf(TERN_ERR_UNSUPPORTED, "model: %s = %u: only the softmax gate (1) is supported", key, fn);
+        /* llama.cpp numbers softmax 1, sigmoid 2, softmax_weight 3 (gpt-oss's, its default) */
+        if (fn != (hp->softmax_weight ? 3u : 1u))
+            return tern_errorf(TERN_ERR_UNSUPPORTED, "model: %s = %u: only the %s gate (%u) is supported", key, fn,
+                               hp->softmax_weight ? "softmax_weight" : "softmax", hp->softmax_weight ? 3u : 1u);
     }
     snprintf(key, sizeof key, "%s.expert_weights_norm", a);
     if (gguf_find_kv(m->f, key) && (st = gguf_get_bool(m->f, key, &hp->norm_topk))) return st;
@@ -72,6 +75,25 @@ enum tern_status moe_hparams_load(struct tern_model *m, bool norm_topk, bool sha
     if ((st = gguf_get_f32_or(m->f, key, 1.0f, &hp->scale))) return st;
     if (!(hp->scale > 0.0f) || !isfinite(hp->scale))
         return tern_errorf(TERN_ERR_FORMAT, "model: %s = %g must be positive", key, (double)hp->scale);
+    return TERN_OK;
+}
+
+/* gpt-oss's stacked expert biases: an F32 tensor [n, n_mat] (one row of n per expert). */
+static enum tern_status bias_rows(struct tern_model *m, const float **out, uint32_t n, uint32_t n_mat, const char *fmt,
+                                  uint32_t il) {
+    char name[128];
+    snprintf(name, sizeof name, fmt, il);
+    *out = NULL;
+    const struct gguf_tensor *t = gguf_find_tensor(m->f, name);
+    if (!t) return tern_errorf(TERN_ERR_FORMAT, "model: tensor '%s' is missing (expected shape [%u, %u])", name, n, n_mat);
+    if (t->n_dims != 2 || t->ne[0] != n || t->ne[1] != n_mat)
+        return tern_errorf(TERN_ERR_FORMAT, "model: tensor '%s' has %u dims [%llu, %llu], expected [%u, %u]", name,
+                           t->n_dims, (unsigned long long)t->ne[0], (unsigned long long)(t->n_dims > 1 ? t->ne[1] : 1),
+                           n, n_mat);
+    if (t->type != TERN_DTYPE_F32)
+        return tern_errorf(TERN_ERR_UNSUPPORTED, "model: tensor '%s' has type %s, expected F32", name,
+                           tern_dtype_name(t->type));
+    *out = t->data;
     return TERN_OK;
 }
 
@@ -93,6 +115,12 @@ enum tern_status moe_layer_load(struct tern_model *m, const struct moe_hparams *
             (st = model_get_mat(m, &L->sh_down, S, E, "blk.%u.ffn_down_shexp.weight", il)))
             return st;
     }
+    if (hp->swiglu_oai &&
+        ((st = model_get_vec(m, &L->router_b, X, true, "blk.%u.ffn_gate_inp.bias", il)) ||
+         (st = bias_rows(m, &L->gate_b, F, X, "blk.%u.ffn_gate_exps.bias", il)) ||
+         (st = bias_rows(m, &L->up_b, F, X, "blk.%u.ffn_up_exps.bias", il)) ||
+         (st = bias_rows(m, &L->down_b, E, X, "blk.%u.ffn_down_exps.bias", il))))
+        return st;
     return TERN_OK;
 }
 
@@ -166,7 +194,7 @@ enum tern_status moe_state_new(const struct tern_model *m, const struct moe_hpar
 
 void moe_route(const struct moe_hparams *hp, float *p, int32_t *sel, float *wts) {
     const uint32_t X = hp->n_expert, K = hp->n_used;
-    tern_ops()->softmax(p, X);
+    if (!hp->softmax_weight) tern_ops()->softmax(p, X);
     uint64_t taken[MOE_MAX_EXPERTS / 64] = {0};
     float sum = 0.0f;
     for (uint32_t j = 0; j < K; j++) {
@@ -181,6 +209,7 @@ void moe_route(const struct moe_hparams *hp, float *p, int32_t *sel, float *wts)
         wts[j] = p[best];
         sum += p[best];
     }
+    if (hp->softmax_weight) tern_ops()->softmax(wts, K);
     if (hp->norm_topk) {
         /* llama.cpp clamps the sum from below so that a vanishing sum cannot blow up. */
         if (!(sum >= 6.103515625e-5f)) sum = 6.103515625e-5f;
@@ -208,6 +237,10 @@ struct moe_ctx {
 static void route_item(void *ctx, uint32_t t) {
     struct moe_ctx *c = ctx;
     const struct moe_hparams *hp = c->hp;
+    if (c->L->router_b) {
+        float *l = c->st->probs + (size_t)t * hp->n_expert;
+        for (uint32_t e = 0; e < hp->n_expert; e++) l[e] += c->L->router_b[e];
+    }
     moe_route(hp, c->st->probs + (size_t)t * hp->n_expert, c->st->sel + (size_t)t * hp->n_used,
               c->st->wts + (size_t)t * hp->n_used);
 }
@@ -293,12 +326,40 @@ static void run_proj(struct tern_session *s, struct moe_ctx *c, enum proj which)
     else tern_threadpool_run_shared(s->m->pool, proj_task_run, &p);
 }
 
+/* The expert whose group holds slot: cnt[e] <= slot < cnt[e + 1]. */
+static uint32_t slot_expert(const struct moe_state *st, uint32_t n_expert, uint32_t slot) {
+    uint32_t lo = 0, hi = n_expert; /* cnt[lo] <= slot < cnt[hi] */
+    while (hi - lo > 1) {
+        const uint32_t mid = (lo + hi) / 2;
+        if (st->cnt[mid] <= slot) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* gpt-oss's swiglu_oai (ggml's operations, in its order) on the biased gate and up. */
+static void swiglu_oai(float *g, const float *u, const float *bg, const float *bu, size_t n) {
+    const float alpha = 1.702f, limit = 7.0f;
+    for (size_t i = 0; i < n; i++) {
+        float x = g[i] + bg[i], y = u[i] + bu[i];
+        x = x < limit ? x : limit;
+        y = y < limit ? (y > -limit ? y : -limit) : limit;
+        const float glu = x / (1.0f + expf(alpha * (-x)));
+        g[i] = glu * (y + 1.0f);
+    }
+}
+
 static void act_item(void *ctx, uint32_t slot) {
     struct moe_ctx *c = ctx;
     struct moe_state *st = c->st;
     const size_t F = c->L->gate.n;
     float *g = st->g + (size_t)slot * F;
-    tern_ops()->swiglu(g, g, st->u + (size_t)slot * F, F);
+    if (c->hp->swiglu_oai) {
+        const size_t e = slot_expert(st, c->hp->n_expert, slot);
+        swiglu_oai(g, st->u + (size_t)slot * F, c->L->gate_b + e * F, c->L->up_b + e * F, F);
+    } else {
+        tern_ops()->swiglu(g, g, st->u + (size_t)slot * F, F);
+    }
     tern_act_prepare(c->L->down.type, g, st->act_d + (size_t)slot * st->act_d_rb, F);
 }
 
@@ -309,6 +370,18 @@ static void combine_item(void *ctx, uint32_t t) {
     float *y = c->out + (size_t)t * E;
     const int32_t *slot = st->slot_of + (size_t)t * K;
     const float *w = st->wts + (size_t)t * K;
+    if (c->L->down_b) { /* (down + its expert's bias) * weight, summed in rank order */
+        const int32_t *sel = st->sel + (size_t)t * K;
+        for (size_t j = 0; j < K; j++) {
+            const float *dj = st->d + (size_t)slot[j] * E, *bj = c->L->down_b + (size_t)sel[j] * E;
+            const float wj = w[j];
+            if (j == 0)
+                for (size_t i = 0; i < E; i++) y[i] = (dj[i] + bj[i]) * wj;
+            else
+                for (size_t i = 0; i < E; i++) y[i] += (dj[i] + bj[i]) * wj;
+        }
+        return;
+    }
     const float *d0 = st->d + (size_t)slot[0] * E;
     for (size_t i = 0; i < E; i++) y[i] = d0[i] * w[0];
     for (size_t j = 1; j < K; j++) {

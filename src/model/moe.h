@@ -7,6 +7,12 @@
  *   y      = sum_j w_j Wdown_e (silu(Wgate_e h) * Wup_e h)       j in rank order
  *   y     += sigmoid(Ws h) Wdown_s (silu(Wgate_s h) * Wup_s h)    (qwen35moe: shared expert)
  *
+ * gpt-oss (llama.cpp's softmax_weight gate and swiglu_oai) differs in three places:
+ *   l      = Wr h + br                           router logits with a bias
+ *   e_j    = the n_used largest l; w = softmax(l[e_0..e_k-1])   (softmax over the k chosen)
+ *   y      = sum_j w_j (Wdown_e f(Wgate_e h + bg_e, Wup_e h + bu_e) + bd_e)
+ *            f(g, u) = x sigmoid(1.702 x) (y + 1), x = min(g, 7), y = clamp(u, -7, 7)
+ *
  * A chunk's tokens are grouped by expert, so each expert's weights are read once per
  * chunk (prefill) and a decode step reads only the chosen experts.
  *
@@ -29,6 +35,8 @@ struct moe_hparams {
     uint32_t n_ff_shexp; /* {arch}.expert_shared_feed_forward_length; 0 = no shared expert */
     bool norm_topk;      /* renormalise the chosen weights to sum 1 */
     float scale;         /* {arch}.expert_weights_scale (1 when absent) */
+    bool softmax_weight; /* gpt-oss: top-k on the raw (biased) logits, softmax over the k */
+    bool swiglu_oai;     /* gpt-oss: the clamped swiglu above, expert biases */
 };
 
 struct moe_layer {
@@ -40,13 +48,18 @@ struct moe_layer {
     struct mat sh_gate_inp;   /* [n_embd, 1] ffn_gate_inp_shexp (1-D [n_embd] in quantized files) */
     struct mat sh_gate, sh_up; /* [n_embd, n_ff_shexp] */
     struct mat sh_down;       /* [n_ff_shexp, n_embd] */
+    /* gpt-oss's biases (NULL for the others). */
+    const float *router_b;    /* (n_expert) ffn_gate_inp.bias */
+    const float *gate_b, *up_b; /* (n_expert, n_ff_exp) ffn_{gate,up}_exps.bias */
+    const float *down_b;      /* (n_expert, n_embd) ffn_down_exps.bias */
 };
 
 /* Reads the expert keys of m's architecture. norm_topk is the architecture's default
  * (an {arch}.expert_weights_norm key overrides it); a gating function other than
  * softmax is refused. Errors name the key and the value. */
 enum tern_status moe_hparams_load(struct tern_model *m, bool norm_topk, bool shared, struct moe_hparams *out);
-/* Binds layer il's router, stacked experts and (when hp has one) shared expert. */
+/* Binds layer il's router, stacked experts and (when hp has one) shared expert; with
+ * hp->swiglu_oai also the router's and the experts' biases (all required). */
 enum tern_status moe_layer_load(struct tern_model *m, const struct moe_hparams *hp, uint32_t il,
                                 struct moe_layer *out);
 
@@ -88,7 +101,8 @@ void moe_forward(struct tern_session *s, const struct moe_hparams *hp, const str
 
 /* The routing of one token: softmax over logits[n_expert] in place (probabilities), the
  * n_used largest in descending order (ties to the lowest id) into sel, their weights
- * (renormalised, scaled) into wts. Exposed for tests. */
+ * (renormalised, scaled) into wts; with hp->softmax_weight the n_used largest logits
+ * (left as they are) and the softmax of those into wts. Exposed for tests. */
 void moe_route(const struct moe_hparams *hp, float *logits, int32_t *sel, float *wts);
 
 #endif

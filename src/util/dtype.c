@@ -34,7 +34,7 @@ static const struct tern_dtype_info infos[TERN_DTYPE_COUNT] = {
     [TERN_DTYPE_BF16] = {"BF16", 1, 2, true},
     [TERN_DTYPE_TQ1_0] = {"TQ1_0", 256, 54, false},
     [TERN_DTYPE_TQ2_0] = {"TQ2_0", 256, 66, false},
-    [TERN_DTYPE_MXFP4] = {"MXFP4", 32, 17, false},
+    [TERN_DTYPE_MXFP4] = {"MXFP4", 32, 17, true},
 };
 
 const struct tern_dtype_info *tern_dtype_info(uint32_t id) {

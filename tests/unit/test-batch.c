@@ -3,7 +3,7 @@
  * bit-identical whether it ran alone or in steps shared with up to 7 others of other
  * lengths, joining mid-way through their decodes, with prefill chunks and decode rows
  * mixed in one step under a token budget — for every architecture of the kit (llama,
- * qwen3, qwen35 hybrid, both MoE), F16 and F32 KV, 1 and 2 threads. Also: a session
+ * qwen3, qwen35 hybrid, both MoE, gpt-oss), F16 and F32 KV, 1 and 2 threads. Also: a session
  * forked from a batched one resumes equal to cold, and a refused batch leaves every
  * session unchanged. */
 #include "harness.h"
@@ -206,6 +206,11 @@ static void test_qwen3moe(void **u) {
     (void)u;
     check_model("models/tiny-qwen3moe-q8_0.gguf");
 }
+/* gpt-oss: sinks, a window of 16 on even layers (prompts of up to 90 reach past it) */
+static void test_gptoss(void **u) {
+    (void)u;
+    check_model("models/tiny-gptoss-mxfp4.gguf");
+}
 static void test_qwen35moe(void **u) {
     (void)u;
     check_model("models/tiny-qwen35moe-q4_k_m.gguf");
@@ -326,6 +331,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest full[] = {
         cmocka_unit_test(test_llama),     cmocka_unit_test(test_qwen3),    cmocka_unit_test(test_qwen3_q4km),
         cmocka_unit_test(test_qwen35),    cmocka_unit_test(test_qwen3moe), cmocka_unit_test(test_qwen35moe),
+        cmocka_unit_test(test_gptoss),
         cmocka_unit_test(test_fork_resumes_in_batch), cmocka_unit_test(test_verify_rows),
         cmocka_unit_test(test_refusals),
     };

@@ -34,7 +34,7 @@ static float rng_gauss(void) {
 static const enum tern_dtype mm_types[] = {
     TERN_DTYPE_F32,  TERN_DTYPE_F16,  TERN_DTYPE_BF16, TERN_DTYPE_Q8_0, TERN_DTYPE_Q4_0, TERN_DTYPE_Q4_1,
     TERN_DTYPE_Q5_0, TERN_DTYPE_Q5_1, TERN_DTYPE_Q4_K, TERN_DTYPE_Q5_K, TERN_DTYPE_Q6_K,
-    TERN_DTYPE_IQ4_NL, TERN_DTYPE_IQ4_XS,
+    TERN_DTYPE_IQ4_NL, TERN_DTYPE_IQ4_XS, TERN_DTYPE_MXFP4,
 };
 #define N_TYPES (sizeof mm_types / sizeof mm_types[0])
 
@@ -134,6 +134,18 @@ static void make_weights(enum tern_dtype t, enum wmode m, size_t rows, size_t k,
         uint8_t *blk = w + b * info->type_size;
         for (uint32_t i = 0; i < info->type_size; i++)
             blk[i] = m == W_ALL_FF ? 0xFF : m == W_ALL_80 ? 0x80 : (uint8_t)rng_u32();
+        if (t == TERN_DTYPE_MXFP4) {
+            /* the E8M0 byte: normal scales of many sizes, small ones (whose products with the
+             * activation scales stay normal floats, as the double reference needs), the
+             * smallest (2^-128, subnormal) with zero levels (codes 0 and 8, +0 and -0), 1 */
+            if (m == W_RAW) blk[0] = (uint8_t)(100 + rng_u32() % 50);
+            else if (m == W_RAW_SUB) blk[0] = (uint8_t)(40 + rng_u32() % 20);
+            else if (m == W_RAW_ZERO) {
+                blk[0] = (uint8_t)(rng_u32() & 1);
+                for (uint32_t i = 1; i < info->type_size; i++) blk[i] &= 0x88;
+            } else blk[0] = 128;
+            continue;
+        }
         int off[2], n;
         scale_fields(t, off, &n);
         for (int f = 0; f < n; f++) {
@@ -261,7 +273,7 @@ static void run_mm(enum tern_isa isa, enum tern_dtype t, const uint8_t *w, size_
 }
 
 static bool same_bits_on_every_isa(enum tern_dtype t) {
-    return t == TERN_DTYPE_IQ4_NL || t == TERN_DTYPE_IQ4_XS;
+    return t == TERN_DTYPE_IQ4_NL || t == TERN_DTYPE_IQ4_XS || t == TERN_DTYPE_MXFP4;
 }
 
 static void check_case(enum tern_dtype t, enum wmode wm, enum amode am, size_t rows, size_t k, size_t n) {
@@ -345,9 +357,9 @@ static void test_iq4_twins_same_bits(void **state) {
     }
     static const size_t rows_list[] = {1, 2, 3, 5, 67};
     static const size_t n_list[] = {1, 2, 3, 4, 5, 19};
-    static const enum tern_dtype types[] = {TERN_DTYPE_IQ4_NL, TERN_DTYPE_IQ4_XS};
+    static const enum tern_dtype types[] = {TERN_DTYPE_IQ4_NL, TERN_DTYPE_IQ4_XS, TERN_DTYPE_MXFP4};
     int n_compared = 0;
-    for (size_t ti = 0; ti < 2; ti++) {
+    for (size_t ti = 0; ti < TERN_ARRAY_LEN(types); ti++) {
         const enum tern_dtype t = types[ti];
         const size_t m = k_multiple(t);
         const size_t ks[3] = {m, 3 * m, 17 * m};

@@ -297,6 +297,19 @@ static void test_check_errors(void **state) {
     assert_int_equal(tern_mkmodel_write(&p, tmp_path("x.gguf"), NULL), TERN_ERR_INVALID);
     assert_non_null(strstr(tern_last_error(), "n_vocab 10 is smaller than the built-in vocabulary"));
     assert_int_equal(tern_mkmodel_preset("qwen9", &p), TERN_ERR_INVALID);
+    tern_mkmodel_defaults(TERN_MK_GPTOSS, &p);
+    p.sliding_window = 0;
+    assert_int_equal(tern_mkmodel_check(&p), TERN_ERR_INVALID);
+    assert_non_null(strstr(tern_last_error(), "sliding window 0"));
+    tern_mkmodel_defaults(TERN_MK_QWEN3, &p);
+    assert_true(tern_mkmodel_parse_type("mxfp4_moe", &p.wtype, &p.mix));
+    assert_int_equal(tern_mkmodel_check(&p), TERN_ERR_INVALID);
+    assert_non_null(strstr(tern_last_error(), "mixture-of-experts"));
+    /* gpt-oss-20b (its published config): the real files' mix, about 12 GB */
+    CHECK_OK(tern_mkmodel_preset("gpt-oss-20b", &p));
+    assert_true(p.n_layer == 24 && p.n_embd == 2880 && p.n_head == 64 && p.n_head_kv == 8 && p.head_dim == 64);
+    assert_true(p.n_expert == 32 && p.n_expert_used == 4 && p.n_ff_exp == 2880 && p.sliding_window == 128);
+    assert_int_equal(p.n_vocab, 201088);
     enum tern_dtype t;
     enum tern_mk_mix mix;
     assert_true(tern_mkmodel_parse_type("Q4_K_M", &t, &mix));
@@ -645,6 +658,9 @@ static void test_shared_tiny_models(void **state) {
     compare_plan_with_shared("tiny-qwen3", "iq4_xs", "models/tiny-qwen3-iq4_xs.gguf");
     compare_plan_with_shared("tiny-qwen35", "q8_0", "models/tiny-qwen35-q8_0.gguf");
     compare_plan_with_shared("tiny-qwen35", "q4_k_m", "models/tiny-qwen35-q4_k_m.gguf");
+    /* gpt-oss: biases, sinks, the window and YaRN keys; MXFP4 experts, Q8_0 elsewhere */
+    compare_with_shared("tiny-gptoss", "f32", "models/tiny-gptoss-f32.gguf", true);
+    compare_plan_with_shared("tiny-gptoss", "mxfp4_moe", "models/tiny-gptoss-mxfp4.gguf");
 }
 
 /* --vocab copies every tokenizer.* key verbatim; n_vocab comes from it. */

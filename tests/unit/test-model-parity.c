@@ -23,6 +23,7 @@ static const char *const stems[] = {
     "stories260K",      "tiny-qwen3-f32",  "tiny-qwen3-q8_0",   "tiny-qwen3-q4_0", "tiny-qwen3-q4_k_m",
     "tiny-qwen3-q6_k",  "tiny-qwen35-f32", "tiny-qwen35-q8_0", "tiny-qwen35-q4_k_m", "tiny-qwen3-iq4_xs",
     "tiny-qwen3moe-f32", "tiny-qwen3moe-q8_0", "tiny-qwen35moe-f32", "tiny-qwen35moe-q4_k_m",
+    "tiny-gptoss-f32",  "tiny-gptoss-mxfp4",
 };
 
 /* "lite" (the variant run under sanitizers): stories260K, two quantized qwen3 (Q4_K_M,
@@ -186,6 +187,10 @@ static void test_parity(void **state) {
         if (lite && strcmp(stems[i], "stories260K") && strcmp(stems[i], "tiny-qwen3-q4_k_m") &&
             strcmp(stems[i], "tiny-qwen35-f32") && strcmp(stems[i], "tiny-qwen3-iq4_xs"))
             continue;
+        if (vulkan && !strncmp(stems[i], "tiny-gptoss", 11)) { /* no window, sinks or MXFP4 on the device yet */
+            printf("%s: not on the Vulkan device (gpt-oss attention and MXFP4 are CPU-only)\n", stems[i]);
+            continue;
+        }
         char rel[256];
         snprintf(rel, sizeof rel, "models/%s.gguf", stems[i]);
         struct tern_model_params mp;

@@ -1,4 +1,4 @@
-/* Mixture-of-experts models (qwen3moe, qwen35moe; parity with llama.cpp's logits is in
+/* Mixture-of-experts models (qwen3moe, qwen35moe, gpt-oss; parity with llama.cpp's logits is in
  * test-model-parity):
  * - routing: softmax, top-k in descending order with ties to the lowest id, the
  *   renormalisation and scale, NaN never chosen;
@@ -28,6 +28,8 @@
 #define Q3MOE_Q8_0 "models/tiny-qwen3moe-q8_0.gguf"
 #define Q35MOE_F32 "models/tiny-qwen35moe-f32.gguf"
 #define Q35MOE_Q4KM "models/tiny-qwen35moe-q4_k_m.gguf"
+#define GPTOSS_F32 "models/tiny-gptoss-f32.gguf"
+#define GPTOSS_MXFP4 "models/tiny-gptoss-mxfp4.gguf"
 
 /* --light (the variant that also runs under ASan): shorter prompts. */
 static bool g_light;
@@ -86,6 +88,30 @@ static void test_route(void **unused) {
     assert_memory_equal(sel, want, sizeof want);
 }
 
+/* gpt-oss's softmax_weight gate: the k largest raw logits (ties to the lowest id), their
+ * weights the softmax over those k alone; the logits stay as they were. */
+static void test_route_softmax_weight(void **unused) {
+    (void)unused;
+    struct moe_hparams hp = {.n_expert = 6, .n_used = 3, .scale = 1.0f, .softmax_weight = true};
+    int32_t sel[3];
+    float w[3];
+    float l[6] = {0.1f, 2.0f, -1.0f, 0.5f, 2.0f, 3.0f};
+    const float l0[6] = {0.1f, 2.0f, -1.0f, 0.5f, 2.0f, 3.0f};
+    moe_route(&hp, l, sel, w);
+    const int32_t want[3] = {5, 1, 4};
+    assert_memory_equal(sel, want, sizeof want);
+    assert_memory_equal(l, l0, sizeof l0);
+    const double z = exp(3.0) + 2 * exp(2.0);
+    assert_true(fabs(w[0] - exp(3.0) / z) < 1e-6 && fabs(w[1] - exp(2.0) / z) < 1e-6 && w[1] == w[2]);
+    /* negative logits: the largest still win (a softmax over all six would agree; a sigmoid
+     * gate's weights would not sum to 1) */
+    float n[6] = {-9.0f, -1.0f, -3.0f, -2.0f, -8.0f, -7.0f};
+    moe_route(&hp, n, sel, w);
+    const int32_t want2[3] = {1, 3, 2};
+    assert_memory_equal(sel, want2, sizeof want2);
+    assert_true(fabsf(w[0] + w[1] + w[2] - 1.0f) < 1e-6f);
+}
+
 /* ---- exactness ---------------------------------------------------------------------- */
 
 static void test_exact_kit(void **unused) {
@@ -97,6 +123,11 @@ static void test_exact_kit(void **unused) {
     /* Q4_K experts, Q5_0 / Q8_0 down projections, Q8_0 attention: mixed formats */
     tx_check_exact("tiny-qwen35moe-q4_k_m", th_shared_path(Q35MOE_Q4KM), TERN_KV_F16, n);
     if (!g_light) tx_check_exact("tiny-qwen3moe-f32", th_shared_path(Q3MOE_F32), TERN_KV_F32, n);
+    /* gpt-oss: window 16 on even layers, sinks; 300 tokens cross a KV page (256) with
+     * windows that straddle it */
+    th_require_shared(GPTOSS_MXFP4);
+    tx_check_exact("tiny-gptoss-mxfp4", th_shared_path(GPTOSS_MXFP4), TERN_KV_F16, g_light ? 40 : 300);
+    if (!g_light) tx_check_exact("tiny-gptoss-f32", th_shared_path(GPTOSS_F32), TERN_KV_F32, 300);
 }
 
 /* Shapes the kit has not: more experts than a chunk of 7 touches, an odd number used,
@@ -135,6 +166,25 @@ static void test_exact_generated(void **unused) {
     if (st) print_error("mkmodel: %s\n", tern_last_error());
     assert_int_equal(st, TERN_OK);
     tx_check_exact("generated qwen35moe q4_k_m (16 experts, 4 used)", path, TERN_KV_F16, g_light ? 24 : 70);
+
+    /* gpt-oss in the real files' mix (MXFP4 experts, Q8_0 elsewhere), a window of 5 that
+     * chunks of 7 and 64 straddle, 6 experts with 3 used, 3 layers (a last window layer) */
+    tern_mkmodel_defaults(TERN_MK_GPTOSS, &p);
+    p.n_layer = 3;
+    p.n_embd = 128;
+    p.n_head = 4;
+    p.n_head_kv = 1;
+    p.n_vocab = 300;
+    p.n_expert = 6;
+    p.n_expert_used = 3;
+    p.n_ff_exp = 96;
+    p.sliding_window = 5;
+    assert_true(tern_mkmodel_parse_type("mxfp4_moe", &p.wtype, &p.mix));
+    snprintf(path, sizeof path, "%s/gptoss-mxfp4.gguf", th_tmpdir());
+    st = tern_mkmodel_write(&p, path, NULL);
+    if (st) print_error("mkmodel: %s\n", tern_last_error());
+    assert_int_equal(st, TERN_OK);
+    tx_check_exact("generated gpt-oss mxfp4_moe (window 5, 6 experts, 3 used)", path, TERN_KV_F32, g_light ? 24 : 70);
 }
 
 /* ---- resumed equals cold ----------------------------------------------------------------- */
@@ -164,6 +214,44 @@ static void keep_ckpt(void *user, struct tern_checkpoint *c) {
     struct tern_checkpoint **slot = user;
     if (*slot) tern_checkpoint_free(*slot);
     *slot = c;
+}
+
+/* gpt-oss (window 16 on even layers): rewinds and forks whose boundary leaves the rest
+ * of the prompt inside the window of the kept positions (n - at < 16) and beyond it, one
+ * across a KV page; every resumed session equals the cold one, logits and state. The
+ * window layers keep every position, so a rewind finds the keys its window needs. */
+static void resume_gptoss(void) {
+    const size_t n = g_light ? 60 : 300;
+    int32_t *toks = tx_prompt(n);
+    int32_t more[4] = {7, 70, 700, 3000};
+    struct tern_model *m = load_kit(GPTOSS_MXFP4, 2);
+    const size_t nv = tern_model_info(m)->n_vocab;
+    struct tern_session *cold = session(m);
+    assert_int_equal(tern_session_eval(cold, toks, n, NULL), TERN_OK);
+    const size_t ats[] = {n - 5, n - 40, 9, g_light ? 30 : 250};
+    for (size_t i = 0; i < TERN_ARRAY_LEN(ats); i++) {
+        const size_t at = ats[i];
+        struct tern_session *s = session(m);
+        assert_int_equal(tern_session_eval(s, toks, at + 3 < n ? at + 3 : n, NULL), TERN_OK);
+        assert_int_equal(tern_session_eval(s, more, 4, NULL), TERN_OK);
+        assert_int_equal(tern_session_rewind(s, (uint32_t)at), TERN_OK);
+        struct tern_session *f = NULL;
+        assert_int_equal(tern_session_fork(s, (uint32_t)at, NULL, &f), TERN_OK);
+        assert_int_equal(tern_session_eval(s, toks + at, n - at, NULL), TERN_OK);
+        assert_int_equal(tern_session_hash(s), tern_session_hash(cold));
+        assert_memory_equal(tern_session_logits(s), tern_session_logits(cold), nv * sizeof(float));
+        const struct tern_eval_opts o = {.n_chunk = 7};
+        assert_int_equal(tern_session_eval(f, toks + at, n - at, &o), TERN_OK);
+        assert_int_equal(tern_session_hash(f), tern_session_hash(cold));
+        assert_memory_equal(tern_session_logits(f), tern_session_logits(cold), nv * sizeof(float));
+        tern_session_free(f);
+        tern_session_free(s);
+    }
+    print_message("resumed equals cold: gpt-oss rewinds + forks to %zu, %zu, %zu, %zu of %zu (window 16)\n", ats[0],
+                  ats[1], ats[2], ats[3], n);
+    tern_session_free(cold);
+    tern_model_free(m);
+    free(toks);
 }
 
 /* The hybrid MoE model: a checkpoint taken while priming, restored after other tokens,
@@ -218,6 +306,7 @@ static void test_resume(void **unused) {
     tern_session_free(cold);
     tern_model_free(m);
     free(toks);
+    resume_gptoss();
 }
 
 /* ---- memory: experts nobody is routed to stay on disk ----------------------------------- */
@@ -325,12 +414,24 @@ static void test_load_errors(void **unused) {
                          TERN_ERR_FORMAT, (const char *const[]){"expert_shared_feed_forward_length 0", NULL});
     tx_expect_load_error(Q35MOE_F32, &(struct tx_mutation){.reshape = "blk.0.ffn_up_exps.weight", .new_ne0 = 128},
                          TERN_ERR_FORMAT, (const char *const[]){"blk.0.ffn_up_exps.weight", "expected [256, 64, 8]", NULL});
+    /* gpt-oss: the window key, the sinks and the expert biases */
+    tx_expect_load_error(GPTOSS_MXFP4, &(struct tx_mutation){.key = "gpt-oss.attention.sliding_window", .key_val = 0},
+                         TERN_ERR_FORMAT, (const char *const[]){"gpt-oss.attention.sliding_window", "0", NULL});
+    tx_expect_load_error(GPTOSS_MXFP4, &(struct tx_mutation){.drop = "blk.1.attn_sinks.weight"}, TERN_ERR_FORMAT,
+                         (const char *const[]){"blk.1.attn_sinks.weight", "missing", "[4]", NULL});
+    tx_expect_load_error(GPTOSS_MXFP4, &(struct tx_mutation){.drop = "blk.2.ffn_down_exps.bias"}, TERN_ERR_FORMAT,
+                         (const char *const[]){"blk.2.ffn_down_exps.bias", "missing", "[192, 8]", NULL});
+    tx_expect_load_error(GPTOSS_MXFP4, &(struct tx_mutation){.reshape = "blk.0.ffn_gate_exps.bias", .new_ne0 = 32},
+                         TERN_ERR_FORMAT, (const char *const[]){"blk.0.ffn_gate_exps.bias", "expected [160, 8]", NULL});
+    tx_expect_load_error(GPTOSS_MXFP4, &(struct tx_mutation){.key = "gpt-oss.expert_gating_func", .key_val = 1},
+                         TERN_ERR_UNSUPPORTED, (const char *const[]){"expert_gating_func = 1", "softmax_weight", NULL});
 }
 
 int main(int argc, char **argv) {
     g_light = argc > 1 && !strcmp(argv[1], "--light");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_route),         cmocka_unit_test(test_exact_kit), cmocka_unit_test(test_exact_generated),
+        cmocka_unit_test(test_route),         cmocka_unit_test(test_route_softmax_weight),
+        cmocka_unit_test(test_exact_kit), cmocka_unit_test(test_exact_generated),
         cmocka_unit_test(test_resume),        cmocka_unit_test(test_load_reads_no_weights),
         cmocka_unit_test(test_load_errors),
     };

@@ -12,6 +12,7 @@
 #include "util/dtype.h"
 #include "util/fp16.h"
 
+#include <float.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdbool.h>
@@ -36,7 +37,7 @@ static float rng_gauss(void) {
 static const enum tern_dtype quant_types[] = {
     TERN_DTYPE_F32,  TERN_DTYPE_F16,  TERN_DTYPE_BF16, TERN_DTYPE_Q4_0, TERN_DTYPE_Q4_1,
     TERN_DTYPE_Q5_0, TERN_DTYPE_Q5_1, TERN_DTYPE_Q8_0, TERN_DTYPE_Q4_K, TERN_DTYPE_Q5_K,
-    TERN_DTYPE_Q6_K, TERN_DTYPE_Q8_K, TERN_DTYPE_IQ4_NL, TERN_DTYPE_IQ4_XS,
+    TERN_DTYPE_Q6_K, TERN_DTYPE_Q8_K, TERN_DTYPE_IQ4_NL, TERN_DTYPE_IQ4_XS, TERN_DTYPE_MXFP4,
 };
 
 /* TERN_ISA=portable forces the portable kernels, ops and DeltaNet path (one choice,
@@ -81,6 +82,7 @@ static void test_block_sizes_match_dtype_table(void **state) {
         {TERN_DTYPE_Q8_K, sizeof(struct tern_block_q8_k), TERN_QK_K},
         {TERN_DTYPE_IQ4_NL, sizeof(struct tern_block_iq4_nl), TERN_QK},
         {TERN_DTYPE_IQ4_XS, sizeof(struct tern_block_iq4_xs), TERN_QK_K},
+        {TERN_DTYPE_MXFP4, sizeof(struct tern_block_mxfp4), TERN_QK},
     };
     for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
         const struct tern_dtype_info *info = tern_dtype_info(s[i].t);
@@ -257,6 +259,35 @@ static void test_dequant_iq4_layout(void **state) {
     }
 }
 
+/* MXFP4: the 16 E2M1 codes (sign, 2 exponent bits, 1 mantissa bit: 0, 0.5, 1, 1.5, 2, 3,
+ * 4, 6 and their negatives) written out here from the format, doubled as ggml stores them;
+ * the scale is 2^(e - 128) (E8M0's 2^(e - 127) halved), subnormal for e = 0 and 1. */
+static void test_dequant_mxfp4_layout(void **state) {
+    (void)state;
+    static const double e2m1[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+    for (int c = 0; c < 16; c++) assert_true((double)tern_mxfp4_values[c] == 2.0 * (c & 8 ? -1 : 1) * e2m1[c & 7]);
+    static const uint8_t es[] = {0, 1, 2, 100, 127, 128, 129, 200, 254, 255};
+    struct tern_block_mxfp4 blk[10];
+    for (int b = 0; b < 10; b++) {
+        blk[b].e = es[b];
+        for (int j = 0; j < 16; j++) blk[b].qs[j] = (uint8_t)(((j + b) & 15) | ((15 - j) << 4));
+    }
+    float y[320];
+    assert_true(tern_dequantize_row(TERN_DTYPE_MXFP4, blk, y, 320));
+    for (int b = 0; b < 10; b++) {
+        const double scale = ldexp(1.0, (int)es[b] - 128);
+        for (int j = 0; j < 16; j++) {
+            const int lo = (j + b) & 15, hi = 15 - j;
+            const double want_lo = 2.0 * (lo & 8 ? -1 : 1) * e2m1[lo & 7] * scale;
+            const double want_hi = 2.0 * (hi & 8 ? -1 : 1) * e2m1[hi & 7] * scale;
+            /* beyond float's range (e = 255 with a level of 8 or 12) it is an infinity */
+            assert_true((double)y[32 * b + j] == (fabs(want_lo) > FLT_MAX ? copysign(INFINITY, want_lo) : want_lo));
+            assert_true((double)y[32 * b + j + 16] == (fabs(want_hi) > FLT_MAX ? copysign(INFINITY, want_hi) : want_hi));
+        }
+    }
+    assert_false(tern_dequantize_row(TERN_DTYPE_MXFP4, blk, y, 48)); /* not a whole block */
+}
+
 static void test_dequant_q8_and_floats(void **state) {
     (void)state;
     struct tern_block_q8_0 b;
@@ -284,6 +315,7 @@ static void test_dequant_q8_and_floats(void **state) {
  * k = 4096): see docs/kernels.md; budgets leave about 1.3x headroom. */
 #define IQ4_NL_BUDGET 9.5e-2
 #define IQ4_XS_BUDGET 9.5e-2
+#define MXFP4_BUDGET 1.5e-1
 
 static double budget(enum tern_dtype t) {
     switch (t) {
@@ -301,6 +333,7 @@ static double budget(enum tern_dtype t) {
     case TERN_DTYPE_Q4_K: return 9.5e-2;
     case TERN_DTYPE_IQ4_NL: return IQ4_NL_BUDGET;
     case TERN_DTYPE_IQ4_XS: return IQ4_XS_BUDGET;
+    case TERN_DTYPE_MXFP4: return MXFP4_BUDGET;
     default: return 0.0;
     }
 }
@@ -416,6 +449,16 @@ static void test_round_trip_exact_grids(void **state) {
     round_trip(TERN_DTYPE_IQ4_XS, x, y, 256);
     for (int i = 0; i < 256; i++)
         if (x[i] != y[i]) fail_msg("IQ4_XS exact grid: element %d is %g, came back %g", i, x[i], y[i]);
+    /* MXFP4: E2M1 values times a power of two per block (2^-127, the smallest scale, .. 2^48), each block reaching
+     * 6 (its largest magnitude) */
+    static const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+    for (int i = 0; i < 256; i++) {
+        const int blk = i / 32;
+        x[i] = ldexpf(i % 32 == 5 ? -6.0f : e2m1[(i * 11 + 3) % 16], blk * 25 - 127);
+    }
+    round_trip(TERN_DTYPE_MXFP4, x, y, 256);
+    for (int i = 0; i < 256; i++)
+        if (x[i] != y[i]) fail_msg("MXFP4 exact grid: element %d is %g, came back %g", i, x[i], y[i]);
 }
 
 static void test_odd_lengths_refused(void **state) {
@@ -479,7 +522,8 @@ static void test_conformance_dequant_bit_exact(void **state) {
     th_require_shared("conformance/dequant");
     static const char *stems[] = {"tiny-qwen3-q8_0",    "tiny-qwen3-q4_0",      "tiny-qwen3-q4_k_m",
                                   "tiny-qwen3-q6_k",    "tiny-qwen35-q8_0",     "tiny-qwen35-q4_k_m",
-                                  "tiny-qwen3-iq4_xs",  "tiny-qwen3moe-q8_0",   "tiny-qwen35moe-q4_k_m"};
+                                  "tiny-qwen3-iq4_xs",  "tiny-qwen3moe-q8_0",   "tiny-qwen35moe-q4_k_m",
+                                  "tiny-gptoss-mxfp4"};
     int n_checked = 0, n_expert_rows = 0;
     bool type_seen[TERN_DTYPE_COUNT] = {false};
     for (size_t si = 0; si < sizeof stems / sizeof stems[0]; si++) {
@@ -543,7 +587,7 @@ static void test_conformance_dequant_bit_exact(void **state) {
     assert_true(n_checked >= 80);
     /* the kit's types, expert tensors among them */
     static const enum tern_dtype kit_types[] = {TERN_DTYPE_Q8_0, TERN_DTYPE_Q4_0, TERN_DTYPE_Q5_0, TERN_DTYPE_Q4_K,
-                                                TERN_DTYPE_Q5_K, TERN_DTYPE_Q6_K, TERN_DTYPE_IQ4_XS};
+                                                TERN_DTYPE_Q5_K, TERN_DTYPE_Q6_K, TERN_DTYPE_IQ4_XS, TERN_DTYPE_MXFP4};
     for (size_t i = 0; i < sizeof kit_types / sizeof kit_types[0]; i++)
         if (!type_seen[kit_types[i]]) fail_msg("no %s rows were checked", tern_dtype_name(kit_types[i]));
     assert_true(n_expert_rows >= 8);
@@ -742,6 +786,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_dequant_q6_k_layout),
         cmocka_unit_test(test_dequant_q8_and_floats),
         cmocka_unit_test(test_dequant_iq4_layout),
+        cmocka_unit_test(test_dequant_mxfp4_layout),
         cmocka_unit_test(test_round_trip_random),
         cmocka_unit_test(test_round_trip_edges),
         cmocka_unit_test(test_round_trip_exact_grids),

@@ -231,7 +231,7 @@ static void test_matmul(void **state) {
     (void)state;
     const enum tern_dtype types[] = {TERN_DTYPE_F32,  TERN_DTYPE_F16,  TERN_DTYPE_BF16,   TERN_DTYPE_Q4_0,  TERN_DTYPE_Q4_1,
                                      TERN_DTYPE_Q5_0, TERN_DTYPE_Q5_1, TERN_DTYPE_Q8_0,   TERN_DTYPE_Q4_K,  TERN_DTYPE_Q5_K,
-                                     TERN_DTYPE_Q6_K, TERN_DTYPE_IQ4_NL, TERN_DTYPE_IQ4_XS};
+                                     TERN_DTYPE_Q6_K, TERN_DTYPE_IQ4_NL, TERN_DTYPE_IQ4_XS, TERN_DTYPE_MXFP4};
     /* rows of 1 block, of 3, of many; the K-quants' blocks are 256 wide */
     const size_t shapes[][2] = {{32, 1}, {96, 37}, {1024, 130}}, kshapes[][2] = {{256, 1}, {768, 37}, {2048, 70}};
     for (size_t i = 0; i < TERN_ARRAY_LEN(types); i++) {

@@ -191,7 +191,8 @@ struct vk_fns {
 /* One matmul pipeline per weight type (the shader's WTYPE specialization constant). */
 static const enum tern_dtype matmul_types[] = {
     TERN_DTYPE_F32,  TERN_DTYPE_F16,  TERN_DTYPE_BF16, TERN_DTYPE_Q4_0,   TERN_DTYPE_Q4_1,   TERN_DTYPE_Q5_0, TERN_DTYPE_Q5_1,
-    TERN_DTYPE_Q8_0, TERN_DTYPE_Q4_K, TERN_DTYPE_Q5_K, TERN_DTYPE_Q6_K, TERN_DTYPE_IQ4_NL, TERN_DTYPE_IQ4_XS};
+    TERN_DTYPE_Q8_0, TERN_DTYPE_Q4_K, TERN_DTYPE_Q5_K, TERN_DTYPE_Q6_K, TERN_DTYPE_IQ4_NL, TERN_DTYPE_IQ4_XS,
+    TERN_DTYPE_MXFP4};
 #define N_MATMUL ((int)(sizeof matmul_types / sizeof matmul_types[0]))
 
 /* Every pipeline: a shader, its specialization constants. Matmuls come first (plain, then
@@ -725,7 +726,7 @@ static enum tern_status matmul_check(enum tern_dtype wtype, size_t k, size_t n, 
     if (matmul_pipe(wtype) < 0)
         return tern_errorf(TERN_ERR_INVALID,
                            "vulkan: matmul of %s weights is not implemented (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
-                           "Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)",
+                           "Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4)",
                            tern_dtype_name((uint32_t)wtype));
     if (!tern_dtype_row_size(wtype, k, rb))
         return tern_errorf(TERN_ERR_INVALID, "vulkan: rows of %zu do not fit %s blocks", k, tern_dtype_name((uint32_t)wtype));

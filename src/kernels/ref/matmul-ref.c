@@ -247,11 +247,12 @@ static float dot_q6_k(const void *wv, const void *av, size_t k) {
  * would need fmaf here, a slow library call on CPUs without FMA); at the end sum8, the
  * same tree as the AVX2 horizontal sum. */
 
-/* The 32 levels of 16 bytes of nibbles (element j low nibble of qs[j], j + 16 high). */
-static void iq4_unpack(const uint8_t *qs, int8_t *q) {
+/* The 32 levels of 16 bytes of nibbles (element j low nibble of qs[j], j + 16 high), each
+ * nibble an index into table (IQ4's or MXFP4's). */
+static void iq4_unpack(const uint8_t *qs, const int8_t *table, int8_t *q) {
     for (int j = 0; j < 16; j++) {
-        q[j] = tern_iq4nl_values[qs[j] & 0xF];
-        q[j + 16] = tern_iq4nl_values[qs[j] >> 4];
+        q[j] = table[qs[j] & 0xF];
+        q[j + 16] = table[qs[j] >> 4];
     }
 }
 
@@ -272,7 +273,7 @@ static float dot_iq4_nl(const void *wv, const void *av, size_t k) {
     for (size_t b = 0; b < k / TERN_QK; b++) {
         const float dd = tern_fp16_to_f32(w[b].d) * tern_fp16_to_f32(a[b].d);
         int lane[8] = {0};
-        iq4_unpack(w[b].qs, q);
+        iq4_unpack(w[b].qs, tern_iq4nl_values, q);
         iq4_lanes(q, a[b].qs, 1, lane);
         for (int i = 0; i < 8; i++) acc[i] = acc[i] + (float)lane[i] * dd;
     }
@@ -287,10 +288,27 @@ static float dot_iq4_xs(const void *wv, const void *av, size_t k) {
     for (size_t b = 0; b < k / TERN_QK_K; b++) {
         int lane[8] = {0};
         for (int j = 0; j < TERN_QK_K / 32; j++) {
-            iq4_unpack(w[b].qs + 16 * j, q);
+            iq4_unpack(w[b].qs + 16 * j, tern_iq4nl_values, q);
             iq4_lanes(q, a[b].qs + 32 * j, tern_iq4xs_scale(&w[b], j), lane);
         }
         const float dd = tern_fp16_to_f32(w[b].d) * a[b].d;
+        for (int i = 0; i < 8; i++) acc[i] = acc[i] + (float)lane[i] * dd;
+    }
+    return sum8(acc);
+}
+
+/* MXFP4 x Q8_0: as IQ4_NL with the MXFP4 levels and the E8M0 half scale (the AVX2
+ * kernel's bits, the same construction). */
+static float dot_mxfp4(const void *wv, const void *av, size_t k) {
+    const struct tern_block_mxfp4 *w = wv;
+    const struct tern_block_q8_0 *a = av;
+    float acc[8] = {0};
+    int8_t q[32];
+    for (size_t b = 0; b < k / TERN_QK; b++) {
+        const float dd = tern_e8m0_half(w[b].e) * tern_fp16_to_f32(a[b].d);
+        int lane[8] = {0};
+        iq4_unpack(w[b].qs, tern_mxfp4_values, q);
+        iq4_lanes(q, a[b].qs, 1, lane);
         for (int i = 0; i < 8; i++) acc[i] = acc[i] + (float)lane[i] * dd;
     }
     return sum8(acc);
@@ -336,6 +354,7 @@ MATMUL_REF(mm_q5_k, dot_q5_k)
 MATMUL_REF(mm_q6_k, dot_q6_k)
 MATMUL_REF(mm_iq4_nl, dot_iq4_nl)
 MATMUL_REF(mm_iq4_xs, dot_iq4_xs)
+MATMUL_REF(mm_mxfp4, dot_mxfp4)
 
 const struct tern_kernel_table tern_kernels_portable = {
     .matmul =
@@ -353,6 +372,7 @@ const struct tern_kernel_table tern_kernels_portable = {
             [TERN_DTYPE_Q6_K] = mm_q6_k,
             [TERN_DTYPE_IQ4_NL] = mm_iq4_nl,
             [TERN_DTYPE_IQ4_XS] = mm_iq4_xs,
+            [TERN_DTYPE_MXFP4] = mm_mxfp4,
         },
     .act =
         {

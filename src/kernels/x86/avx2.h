@@ -62,6 +62,8 @@ AVX2_INLINE __m256i nibbles32(const uint8_t *p) {
 
 /* The 16 IQ4 table values in both 128-bit lanes, for _mm256_shuffle_epi8 by nibble. */
 AVX2_INLINE __m256i iq4nl_table(void) { return _mm256_broadcastsi128_si256(loadu128(tern_iq4nl_values)); }
+/* The 16 MXFP4 levels (twice the E2M1 values) likewise. */
+AVX2_INLINE __m256i mxfp4_table(void) { return _mm256_broadcastsi128_si256(loadu128(tern_mxfp4_values)); }
 
 /* The 8 scales (words 0-7) and 8 mins (words 8-15) of a Q4_K/Q5_K block (the same head) as
  * int16, unpacked from the 12 bytes (dwords u0 u1 u2) in one xmm, per byte:
@@ -188,6 +190,7 @@ void tern_avx2_matmul_q5_k(const void *, size_t, size_t, const void *, size_t, s
 void tern_avx2_matmul_q6_k(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
 void tern_avx2_matmul_iq4_nl(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
 void tern_avx2_matmul_iq4_xs(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
+void tern_avx2_matmul_mxfp4(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t, size_t, size_t);
 void tern_avx2_act_q8_0(const float *x, void *out, size_t k);
 void tern_avx2_act_q8_k(const float *x, void *out, size_t k);
 

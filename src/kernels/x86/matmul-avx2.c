@@ -18,6 +18,7 @@ const struct tern_kernel_table tern_kernels_avx2 = {
             [TERN_DTYPE_Q6_K] = tern_avx2_matmul_q6_k,
             [TERN_DTYPE_IQ4_NL] = tern_avx2_matmul_iq4_nl,
             [TERN_DTYPE_IQ4_XS] = tern_avx2_matmul_iq4_xs,
+            [TERN_DTYPE_MXFP4] = tern_avx2_matmul_mxfp4,
         },
     .act =
         {

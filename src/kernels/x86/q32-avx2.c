@@ -1,4 +1,4 @@
-/* AVX2 kernels for the 32-element quants (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL) times Q8_0
+/* AVX2 kernels for the 32-element quants (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL, MXFP4) times Q8_0
  * activations.
  *
  * Per (row, token) pair and block, 8 int32 lanes each hold the exact sum of 4 products
@@ -10,13 +10,14 @@
  *   Q4_1/Q5_1:  unsigned levels directly;
  *   IQ4_NL:     each nibble replaced by its table value (one byte shuffle), then as Q8_0,
  *               but accumulated as acc + lanes * (dw*da), unfused, as its portable twin
- *               does (the two give the same bits).
+ *               does (the two give the same bits);
+ *   MXFP4:      as IQ4_NL with the MXFP4 table, the scale the E8M0 byte's 2^(e - 128).
  * The lanes are converted exactly to float and accumulated as acc = fma(lanes, dw*da, acc)
  * (dw*da, a product of two halves, is exact); Q4_1/Q5_1 then add their offset as
  * acc = fma(lanes of a, m*da, acc). hsum8 at the end. */
 #include "kernels/x86/avx2.h"
 
-enum q32_kind { K_Q8_0, K_Q4_0, K_Q5_0, K_Q4_1, K_Q5_1, K_IQ4_NL };
+enum q32_kind { K_Q8_0, K_Q4_0, K_Q5_0, K_Q4_1, K_Q5_1, K_IQ4_NL, K_MXFP4 };
 
 AVX2_INLINE size_t q32_block_bytes(int kind) {
     switch (kind) {
@@ -25,12 +26,13 @@ AVX2_INLINE size_t q32_block_bytes(int kind) {
     case K_Q5_0: return sizeof(struct tern_block_q5_0);
     case K_Q4_1: return sizeof(struct tern_block_q4_1);
     case K_IQ4_NL: return sizeof(struct tern_block_iq4_nl);
+    case K_MXFP4: return sizeof(struct tern_block_mxfp4);
     default: return sizeof(struct tern_block_q5_1);
     }
 }
 
 /* Levels that are signed bytes (multiplied by the sign trick); the others are unsigned. */
-AVX2_INLINE bool q32_signed(int kind) { return kind == K_Q8_0 || kind == K_IQ4_NL; }
+AVX2_INLINE bool q32_signed(int kind) { return kind == K_Q8_0 || kind == K_IQ4_NL || kind == K_MXFP4; }
 
 /* The block's levels as 32 bytes: signed for Q8_0 and IQ4_NL (the table value of each
  * nibble, by one byte shuffle), unsigned otherwise. */
@@ -38,6 +40,7 @@ AVX2_INLINE __m256i q32_levels(int kind, const uint8_t *blk) {
     switch (kind) {
     case K_Q8_0: return loadu256(blk + 2);
     case K_IQ4_NL: return _mm256_shuffle_epi8(iq4nl_table(), nibbles32(blk + 2));
+    case K_MXFP4: return _mm256_shuffle_epi8(mxfp4_table(), nibbles32(blk + 1));
     case K_Q4_0: return nibbles32(blk + 2);
     case K_Q4_1: return nibbles32(blk + 4);
     default: {
@@ -68,7 +71,7 @@ AVX2_INLINE void q32_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, 
         UNROLL for (int r = 0; r < R; r++) {
             const uint8_t *blk = w + (size_t)r * wrb + b * bb;
             if (T == 1) avx2_prefetch(blk + (size_t)(R > AVX2_PF_ROWS ? R : AVX2_PF_ROWS) * wrb);
-            dw[r] = lut_bcast(blk);
+            dw[r] = kind == K_MXFP4 ? _mm256_set1_ps(tern_e8m0_half(blk[0])) : lut_bcast(blk);
             if (q32_has_min(kind)) mw[r] = lut_bcast(blk + 2);
             wq[r] = q32_levels(kind, blk);
             wu[r] = q32_signed(kind) ? _mm256_sign_epi8(wq[r], wq[r]) : wq[r];
@@ -86,7 +89,7 @@ AVX2_INLINE void q32_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, 
                 const __m256i s = q32_signed(kind) ? _mm256_sign_epi8(aq, wq[r]) : aq;
                 __m256i l = _mm256_madd_epi16(_mm256_maddubs_epi16(wu[r], s), ones);
                 if (q32_offset(kind)) l = _mm256_sub_epi32(l, corr);
-                if (kind == K_IQ4_NL) /* multiply, then add: the portable twin's operations */
+                if (kind == K_IQ4_NL || kind == K_MXFP4) /* multiply, then add: the portable twin's */
                     acc[r][t] = _mm256_add_ps(acc[r][t], _mm256_mul_ps(_mm256_cvtepi32_ps(l), _mm256_mul_ps(dw[r], da)));
                 else
                     acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), _mm256_mul_ps(dw[r], da), acc[r][t]);
@@ -103,6 +106,7 @@ AVX2_INLINE void q32_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, 
 #define Q4_1_TILE(R, T, ...) q32_tile(K_Q4_1, R, T, __VA_ARGS__)
 #define Q5_1_TILE(R, T, ...) q32_tile(K_Q5_1, R, T, __VA_ARGS__)
 #define IQ4_NL_TILE(R, T, ...) q32_tile(K_IQ4_NL, R, T, __VA_ARGS__)
+#define MXFP4_TILE(R, T, ...) q32_tile(K_MXFP4, R, T, __VA_ARGS__)
 
 /* GEMV: 4 rows per tile. GEMM: Q8_0 3 rows x 2 tokens, the others (which unpack their
  * levels per row) 2 rows x 4 tokens. */
@@ -122,6 +126,7 @@ Q32_TILES(Q5_0_TILE)
 Q32_TILES(Q4_1_TILE)
 Q32_TILES(Q5_1_TILE)
 Q32_TILES(IQ4_NL_TILE)
+Q32_TILES(MXFP4_TILE)
 
 AVX2_MATMUL(tern_avx2_matmul_q8_0, q8_0_tiles)
 AVX2_MATMUL(tern_avx2_matmul_q4_0, Q4_0_TILE_set)
@@ -129,3 +134,4 @@ AVX2_MATMUL(tern_avx2_matmul_q5_0, Q5_0_TILE_set)
 AVX2_MATMUL(tern_avx2_matmul_q4_1, Q4_1_TILE_set)
 AVX2_MATMUL(tern_avx2_matmul_q5_1, Q5_1_TILE_set)
 AVX2_MATMUL(tern_avx2_matmul_iq4_nl, IQ4_NL_TILE_set)
+AVX2_MATMUL(tern_avx2_matmul_mxfp4, MXFP4_TILE_set)

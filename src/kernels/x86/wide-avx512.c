@@ -13,6 +13,7 @@
  *               from -128 * (the weight lane sums), instead of sign / maddubs / madd: the
  *               same exact lane sums in one instruction per two pairs;
  *   Q4_K/Q5_K/Q6_K: maddubs, then vpdpwssd (the scale multiply and the add in one);
+ *   MXFP4:      Q8_0's vpdpbusd over the table levels (one byte shuffle per row);
  *   F16:        the AVX2 tile's fmas, two pairs per instruction.
  * A single token (GEMV, decode) of Q4_K, Q5_K or Q6_K goes to the one-row GEMV below (the
  * same construction, one row at a time); of other types, a last odd row and a k the tiles
@@ -89,6 +90,44 @@ AVX2_INLINE void q8_0_wtile(int RP, int T, const uint8_t *w, size_t wrb, const u
             UNROLL for (int p = 0; p < RP; p++) {
                 const __m512i l = _mm512_dpbusd_epi32(nc[p], au, wq[p]);
                 acc[p][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), _mm512_mul_ps(dw[p], da), acc[p][t]);
+            }
+        }
+    }
+    W_STORE(RP, T);
+}
+
+/* ---- MXFP4 ------------------------------------------------------------------------------ */
+
+/* Q8_0's vpdpbusd lanes over the table levels (exact), then the AVX2 tile's unfused
+ * acc + lanes * (dw * da). */
+AVX2_INLINE void mxfp4_wtile(int RP, int T, const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb, size_t k,
+                             float *y, size_t ldy, size_t pf) {
+    const size_t bb = sizeof(struct tern_block_mxfp4), ab = sizeof(struct tern_block_q8_0);
+    const __m512i x80 = _mm512_set1_epi8((char)0x80);
+    __m512 acc[W_RPMAX][W_TMAX];
+    UNROLL for (int p = 0; p < RP; p++) UNROLL for (int t = 0; t < T; t++) acc[p][t] = _mm512_setzero_ps();
+    for (size_t b = 0; b < k / TERN_QK; b++) {
+        __m512i wq[W_RPMAX], nc[W_RPMAX];
+        __m512 dw[W_RPMAX];
+        UNROLL for (int p = 0; p < RP; p++) {
+            const uint8_t *b0 = w + (size_t)(2 * p) * wrb + b * bb, *b1 = b0 + wrb;
+            if (pf) {
+                avx2_prefetch(b0 + pf);
+                avx2_prefetch(b1 + pf);
+            }
+            const __m256i l0 = _mm256_shuffle_epi8(mxfp4_table(), nibbles32(b0 + 1));
+            const __m256i l1 = _mm256_shuffle_epi8(mxfp4_table(), nibbles32(b1 + 1));
+            wq[p] = _mm512_inserti64x4(_mm512_castsi256_si512(l0), l1, 1);
+            nc[p] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), x80, wq[p]));
+            dw[p] = pair_ps(_mm256_set1_ps(tern_e8m0_half(b0[0])), _mm256_set1_ps(tern_e8m0_half(b1[0])));
+        }
+        UNROLL for (int t = 0; t < T; t++) {
+            const uint8_t *ablk = a + (size_t)t * arb + b * ab;
+            const __m512i au = _mm512_xor_si512(bcast_i(ablk + 2), x80);
+            const __m512 da = lut16(ablk);
+            UNROLL for (int p = 0; p < RP; p++) {
+                const __m512i l = _mm512_dpbusd_epi32(nc[p], au, wq[p]);
+                acc[p][t] = _mm512_add_ps(acc[p][t], _mm512_mul_ps(_mm512_cvtepi32_ps(l), _mm512_mul_ps(dw[p], da)));
             }
         }
     }
@@ -478,8 +517,10 @@ static void w_drive(const struct w_tiles *tl, const void *wv, size_t wrb, size_t
 #define Q4_K_W(RP, T, ...) k4_wtile(0, RP, T, __VA_ARGS__)
 #define Q5_K_W(RP, T, ...) k4_wtile(1, RP, T, __VA_ARGS__)
 #define Q6_K_W(RP, T, ...) q6k_wtile(RP, T, __VA_ARGS__)
+#define MXFP4_W(RP, T, ...) mxfp4_wtile(RP, T, __VA_ARGS__)
 
 W_TILES3(tern_avx512_matmul_q8_0, Q8_0_W, 4, TERN_QK, tern_avx2_matmul_q8_0)
+W_TILES3(tern_avx512_matmul_mxfp4, MXFP4_W, 4, TERN_QK, tern_avx2_matmul_mxfp4)
 W_TILES3(tern_avx512_matmul_f16, F16_W, 6, 8, tern_avx2_matmul_f16)
 W_TILES2(tern_avx512_matmul_q4_k, Q4_K_W, 4, TERN_QK_K, tern_avx2_matmul_q4_k, q4_k_gemv)
 W_TILES2(tern_avx512_matmul_q5_k, Q5_K_W, 4, TERN_QK_K, tern_avx2_matmul_q5_k, q5_k_gemv)
@@ -496,5 +537,6 @@ const struct tern_kernel_table tern_kernels_avx512_tiles = {
             [TERN_DTYPE_Q4_K] = tern_avx512_matmul_q4_k,
             [TERN_DTYPE_Q5_K] = tern_avx512_matmul_q5_k,
             [TERN_DTYPE_Q6_K] = tern_avx512_matmul_q6_k,
+            [TERN_DTYPE_MXFP4] = tern_avx512_matmul_mxfp4,
         },
 };

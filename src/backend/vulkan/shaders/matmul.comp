@@ -4,8 +4,9 @@
 // element's bits do not depend on how many rows or tokens the dispatch covers.
 //
 // WTYPE (ggml's type numbers): 0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1, 8 Q8_0,
-// 12 Q4_K, 13 Q5_K, 14 Q6_K, 20 IQ4_NL, 23 IQ4_XS, 30 BF16, with ggml's block layouts. Weights are read as 32-bit words (any byte offset); block
-// sizes are even, so the F16 scales sit at even offsets. Within a block the products
+// 12 Q4_K, 13 Q5_K, 14 Q6_K, 20 IQ4_NL, 23 IQ4_XS, 30 BF16, 39 MXFP4, with ggml's block layouts. Weights are read as 32-bit words (any byte offset); block
+// sizes with an F16 scale are even, so those scales sit at even offsets (MXFP4's 17-byte
+// blocks have a byte exponent, read bytewise). Within a block the products
 // are summed in element order, then added to the row's sum block by block.
 // The sums are `precise` (no fused multiply-add the driver may choose per pipeline), so
 // every pipeline built from this shader rounds the same way.
@@ -49,6 +50,8 @@ uint wword(uint o) { return wbyte(o) | (wbyte(o + 1u) << 8) | (wbyte(o + 2u) << 
 
 // IQ4_NL / IQ4_XS: a 4-bit index stands for one of these levels (a fact of the format).
 const int IQ4_LEVELS[16] = int[16](-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+// MXFP4: twice the E2M1 values, as ggml stores them (the scale is then 2^(e - 128)).
+const int MXFP4_LEVELS[16] = int[16](0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
 
 // The 6-bit scale and min of sub-block sb (0..7) of a Q4_K / Q5_K block whose 12 scale
 // bytes start at so.
@@ -192,6 +195,21 @@ void main() {
             for (uint i = 0; i < 32u; i++) {
                 const uint q = (wbyte(bo + 2u + (i & 15u)) >> ((i >> 4) * 4u)) & 15u;
                 s += float(IQ4_LEVELS[q]) * x[xo + b * 32u + i];
+            }
+            acc += d * s;
+        }
+    } else if (WTYPE == 39) { // MXFP4: an E8M0 byte e, 16 bytes of nibbles (as Q4_0's) indexing the levels
+        const uint nb = p.k / 32u;
+        for (uint b = 0; b < nb; b++) {
+            const uint bo = ro + b * 17u;
+            const uint e = wbyte(bo);
+            // 2^(e - 128), exactly (e < 2: the subnormals 2^-128 and 2^-127, which a device
+            // that flushes subnormals reads as 0)
+            const float d = uintBitsToFloat(e < 2u ? 0x00200000u << e : (e - 1u) << 23);
+            precise float s = 0.0;
+            for (uint i = 0; i < 32u; i++) {
+                const uint q = (wbyte(bo + 1u + (i & 15u)) >> ((i >> 4) * 4u)) & 15u;
+                s += float(MXFP4_LEVELS[q]) * x[xo + b * 32u + i];
             }
             acc += d * s;
         }
