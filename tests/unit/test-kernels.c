@@ -500,8 +500,8 @@ static void test_act_prepare_same_bytes_on_every_isa(void **state) {
 static void test_dispatch(void **state) {
     (void)state;
     for (size_t ti = 0; ti < N_TYPES; ti++) assert_true(tern_matmul_supported(mm_types[ti]));
-    assert_false(tern_matmul_supported(TERN_DTYPE_Q2_K));
-    assert_false(tern_matmul_supported(TERN_DTYPE_IQ2_XXS));
+    assert_false(tern_matmul_supported(TERN_DTYPE_TQ1_0));
+    assert_false(tern_matmul_supported(TERN_DTYPE_TQ2_0));
     assert_true(tern_matmul_supported(TERN_DTYPE_IQ4_NL));
     assert_true(tern_matmul_supported(TERN_DTYPE_IQ4_XS));
     assert_int_equal(tern_act_type(TERN_DTYPE_IQ4_NL), TERN_DTYPE_Q8_0);

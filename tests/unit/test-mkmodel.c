@@ -290,7 +290,7 @@ static void test_check_errors(void **state) {
     assert_int_equal(tern_mkmodel_check(&p), TERN_ERR_INVALID);
     assert_non_null(strstr(tern_last_error(), "rope sections sum to 5 pairs"));
     tern_mkmodel_defaults(TERN_MK_LLAMA, &p);
-    p.wtype = TERN_DTYPE_IQ2_XXS;
+    p.wtype = TERN_DTYPE_TQ1_0;
     assert_int_equal(tern_mkmodel_check(&p), TERN_ERR_UNSUPPORTED);
     tern_mkmodel_defaults(TERN_MK_LLAMA, &p);
     p.n_vocab = 10;

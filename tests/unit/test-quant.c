@@ -81,6 +81,15 @@ static void test_block_sizes_match_dtype_table(void **state) {
         {TERN_DTYPE_Q8_K, sizeof(struct tern_block_q8_k), TERN_QK_K},
         {TERN_DTYPE_IQ4_NL, sizeof(struct tern_block_iq4_nl), TERN_QK},
         {TERN_DTYPE_IQ4_XS, sizeof(struct tern_block_iq4_xs), TERN_QK_K},
+        {TERN_DTYPE_Q2_K, sizeof(struct tern_block_q2_k), TERN_QK_K},
+        {TERN_DTYPE_Q3_K, sizeof(struct tern_block_q3_k), TERN_QK_K},
+        {TERN_DTYPE_IQ2_XXS, sizeof(struct tern_block_iq2_xxs), TERN_QK_K},
+        {TERN_DTYPE_IQ2_XS, sizeof(struct tern_block_iq2_xs), TERN_QK_K},
+        {TERN_DTYPE_IQ2_S, sizeof(struct tern_block_iq2_s), TERN_QK_K},
+        {TERN_DTYPE_IQ3_XXS, sizeof(struct tern_block_iq3_xxs), TERN_QK_K},
+        {TERN_DTYPE_IQ3_S, sizeof(struct tern_block_iq3_s), TERN_QK_K},
+        {TERN_DTYPE_IQ1_S, sizeof(struct tern_block_iq1_s), TERN_QK_K},
+        {TERN_DTYPE_IQ1_M, sizeof(struct tern_block_iq1_m), TERN_QK_K},
     };
     for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
         const struct tern_dtype_info *info = tern_dtype_info(s[i].t);
@@ -92,8 +101,10 @@ static void test_block_sizes_match_dtype_table(void **state) {
         assert_true(tern_quantize_supported(quant_types[i]));
         assert_true(tern_dequantize_supported(quant_types[i]));
     }
-    assert_false(tern_quantize_supported(TERN_DTYPE_IQ2_XS));
-    assert_false(tern_dequantize_supported(TERN_DTYPE_Q2_K));
+    assert_false(tern_quantize_supported(TERN_DTYPE_TQ1_0));
+    assert_false(tern_dequantize_supported(TERN_DTYPE_TQ2_0));
+    assert_true(tern_dequantize_supported(TERN_DTYPE_Q2_K));
+    assert_true(tern_dequantize_supported(TERN_DTYPE_IQ1_M));
 }
 
 /* ---- dequantization of hand-built blocks: each expected value is computed here from
@@ -439,9 +450,9 @@ static void test_odd_lengths_refused(void **state) {
         assert_false(tern_dequantize_row(bad[i].t, q, y, bad[i].k));
         for (size_t j = 0; j < 512; j++) assert_true(y[j] == 1.0f);
     }
-    assert_false(tern_quantize_row(TERN_DTYPE_IQ2_XXS, x, q, 256));
-    assert_non_null(strstr(tern_last_error(), "IQ2_XXS"));
-    assert_false(tern_dequantize_row(TERN_DTYPE_Q3_K, q, y, 256));
+    assert_false(tern_quantize_row(TERN_DTYPE_TQ1_0, x, q, 256));
+    assert_non_null(strstr(tern_last_error(), "TQ1_0"));
+    assert_false(tern_dequantize_row(TERN_DTYPE_TQ2_0, q, y, 256));
     assert_true(tern_quantize_row(TERN_DTYPE_F16, x, q, 7)); /* float types take any k */
 }
 
@@ -479,7 +490,8 @@ static void test_conformance_dequant_bit_exact(void **state) {
     th_require_shared("conformance/dequant");
     static const char *stems[] = {"tiny-qwen3-q8_0",    "tiny-qwen3-q4_0",      "tiny-qwen3-q4_k_m",
                                   "tiny-qwen3-q6_k",    "tiny-qwen35-q8_0",     "tiny-qwen35-q4_k_m",
-                                  "tiny-qwen3-iq4_xs",  "tiny-qwen3moe-q8_0",   "tiny-qwen35moe-q4_k_m"};
+                                  "tiny-qwen3-iq4_xs",  "tiny-qwen3moe-q8_0",   "tiny-qwen35moe-q4_k_m",
+                                  "tiny-qwen3-q2_k",    "tiny-qwen3-iq2_xs",    "tiny-qwen3-lowbit-mix"};
     int n_checked = 0, n_expert_rows = 0;
     bool type_seen[TERN_DTYPE_COUNT] = {false};
     for (size_t si = 0; si < sizeof stems / sizeof stems[0]; si++) {
@@ -543,7 +555,10 @@ static void test_conformance_dequant_bit_exact(void **state) {
     assert_true(n_checked >= 80);
     /* the kit's types, expert tensors among them */
     static const enum tern_dtype kit_types[] = {TERN_DTYPE_Q8_0, TERN_DTYPE_Q4_0, TERN_DTYPE_Q5_0, TERN_DTYPE_Q4_K,
-                                                TERN_DTYPE_Q5_K, TERN_DTYPE_Q6_K, TERN_DTYPE_IQ4_XS};
+                                                TERN_DTYPE_Q5_K, TERN_DTYPE_Q6_K, TERN_DTYPE_IQ4_XS,
+                                                TERN_DTYPE_Q2_K, TERN_DTYPE_Q3_K, TERN_DTYPE_IQ2_XXS,
+                                                TERN_DTYPE_IQ2_XS, TERN_DTYPE_IQ2_S, TERN_DTYPE_IQ3_XXS,
+                                                TERN_DTYPE_IQ3_S, TERN_DTYPE_IQ1_S, TERN_DTYPE_IQ1_M};
     for (size_t i = 0; i < sizeof kit_types / sizeof kit_types[0]; i++)
         if (!type_seen[kit_types[i]]) fail_msg("no %s rows were checked", tern_dtype_name(kit_types[i]));
     assert_true(n_expert_rows >= 8);
