@@ -719,7 +719,7 @@ bool tern_quantize_supported(enum tern_dtype type) {
     case TERN_DTYPE_Q8_K: case TERN_DTYPE_IQ4_NL: case TERN_DTYPE_IQ4_XS:
         return true;
     default:
-        return false;
+        return tern_lowbit_type(type);
     }
 }
 
@@ -759,7 +759,7 @@ bool tern_quantize_row(enum tern_dtype type, const float *src, void *dst, size_t
     case TERN_DTYPE_Q8_K: tern_quantize_q8_k_ref(src, dst, k); break;
     case TERN_DTYPE_IQ4_NL: quantize_iq4_nl(src, dst, k / TERN_QK); break;
     case TERN_DTYPE_IQ4_XS: quantize_iq4_xs(src, dst, k / TERN_QK_K); break;
-    default: return false;
+    default: return tern_lowbit_quantize(type, src, dst, k / TERN_QK_K);
     }
     return true;
 }
