@@ -23,7 +23,11 @@ static const char *const stems[] = {
     "stories260K",      "tiny-qwen3-f32",  "tiny-qwen3-q8_0",   "tiny-qwen3-q4_0", "tiny-qwen3-q4_k_m",
     "tiny-qwen3-q6_k",  "tiny-qwen35-f32", "tiny-qwen35-q8_0", "tiny-qwen35-q4_k_m", "tiny-qwen3-iq4_xs",
     "tiny-qwen3moe-f32", "tiny-qwen3moe-q8_0", "tiny-qwen35moe-f32", "tiny-qwen35moe-q4_k_m",
+    "tiny-qwen3-q2_k",  "tiny-qwen3-iq2_xs", "tiny-qwen3-lowbit-mix",
 };
+
+/* The low-bit files (Q2_K ... IQ1_M), which the Vulkan matmul does not take yet. */
+#define LOWBIT_STEMS "tiny-qwen3-q2_k tiny-qwen3-iq2_xs tiny-qwen3-lowbit-mix"
 
 /* "lite" (the variant run under sanitizers): stories260K, two quantized qwen3 (Q4_K_M,
  * IQ4_XS) and the F32 qwen35, short prompts only. */
@@ -186,6 +190,7 @@ static void test_parity(void **state) {
         if (lite && strcmp(stems[i], "stories260K") && strcmp(stems[i], "tiny-qwen3-q4_k_m") &&
             strcmp(stems[i], "tiny-qwen35-f32") && strcmp(stems[i], "tiny-qwen3-iq4_xs"))
             continue;
+        if (vulkan && strstr(LOWBIT_STEMS, stems[i])) continue; /* no Vulkan matmul for the low-bit types yet */
         char rel[256];
         snprintf(rel, sizeof rel, "models/%s.gguf", stems[i]);
         struct tern_model_params mp;
