@@ -13,7 +13,7 @@
 
 #include <pthread.h>
 
-static const uint16_t tern_iq2xxs_codes[256] = {
+const uint16_t tern_iq2xxs_codes[256] = {
     0, 2, 5, 8, 10, 17, 20, 32, 34, 40, 42, 65,
     68, 80, 88, 97, 100, 128, 130, 138, 162, 257, 260, 272,
     277, 320, 388, 408, 512, 514, 546, 642, 1025, 1028, 1040, 1057,
@@ -37,7 +37,7 @@ static const uint16_t tern_iq2xxs_codes[256] = {
     37248, 37445, 37888, 37922, 37956, 38225, 39041, 39200, 40962, 41040, 41093, 41225,
     41472, 42008, 43088, 43268,
 };
-static const uint16_t tern_iq2xs_codes[512] = {
+const uint16_t tern_iq2xs_codes[512] = {
     0, 2, 5, 8, 10, 17, 20, 22, 25, 32, 34, 37,
     40, 65, 68, 70, 73, 80, 82, 85, 88, 97, 100, 128,
     130, 133, 136, 145, 148, 153, 160, 257, 260, 262, 265, 272,
@@ -82,7 +82,7 @@ static const uint16_t tern_iq2xs_codes[512] = {
     41514, 41600, 41632, 42048, 42133, 42597, 42648, 43018, 43040, 43042, 43048, 43168,
     43176, 43268, 43396, 43398, 43560, 43562, 43665, 43690,
 };
-static const uint16_t tern_iq2s_codes[1024] = {
+const uint16_t tern_iq2s_codes[1024] = {
     0, 2, 5, 8, 10, 17, 20, 22, 25, 32, 34, 37,
     40, 65, 68, 70, 73, 80, 82, 85, 88, 97, 100, 102,
     105, 128, 130, 133, 136, 145, 148, 160, 165, 170, 257, 260,
@@ -170,7 +170,7 @@ static const uint16_t tern_iq2s_codes[1024] = {
     42148, 42240, 42265, 42577, 43018, 43048, 43170, 43348, 43398, 43528, 43530, 43552,
     43554, 43560, 43656, 43690,
 };
-static const uint16_t tern_iq3xxs_codes[256] = {
+const uint16_t tern_iq3xxs_codes[256] = {
     0, 2, 4, 9, 11, 15, 16, 18, 25, 34, 59, 61,
     65, 67, 72, 74, 81, 85, 88, 90, 97, 108, 120, 128,
     130, 132, 137, 144, 146, 153, 155, 159, 169, 175, 189, 193,
@@ -194,7 +194,7 @@ static const uint16_t tern_iq3xxs_codes[256] = {
     3626, 3670, 3680, 3722, 3749, 3754, 3776, 3789, 3803, 3824, 3857, 3873,
     3904, 3906, 3924, 3992,
 };
-static const uint16_t tern_iq3s_codes[512] = {
+const uint16_t tern_iq3s_codes[512] = {
     0, 1, 2, 5, 7, 8, 9, 10, 12, 14, 16, 17,
     21, 27, 32, 34, 37, 39, 41, 43, 48, 50, 57, 60,
     63, 64, 65, 66, 68, 72, 73, 77, 80, 83, 87, 89,
@@ -239,7 +239,7 @@ static const uint16_t tern_iq3s_codes[512] = {
     3716, 3720, 3726, 3729, 3736, 3753, 3778, 3802, 3805, 3819, 3841, 3845,
     3851, 3856, 3880, 3922, 3938, 3970, 3993, 4032,
 };
-static const uint16_t tern_iq1s_codes[2048] = {
+const uint16_t tern_iq1s_codes[2048] = {
     0, 2, 5, 8, 10, 17, 21, 32, 34, 40, 42, 69,
     81, 84, 86, 101, 128, 130, 136, 138, 149, 160, 162, 168,
     170, 260, 261, 273, 276, 278, 281, 282, 293, 321, 326, 329,
@@ -416,6 +416,7 @@ static const uint16_t tern_iq1s_codes[2048] = {
 uint64_t tern_iq2xxs_grid[256], tern_iq2xs_grid[512], tern_iq2s_grid[1024];
 uint32_t tern_iq3xxs_grid[256], tern_iq3s_grid[512];
 uint64_t tern_iq1s_grid[2048];
+uint64_t tern_iq_signmask[256];
 
 static uint64_t point(uint16_t code, int bits, int n, const int8_t *levels) {
     uint64_t p = 0;
@@ -437,6 +438,12 @@ static void derive(void) {
     for (int i = 0; i < 256; i++) tern_iq3xxs_grid[i] = (uint32_t)point(tern_iq3xxs_codes[i], 3, 4, l3xxs);
     for (int i = 0; i < 512; i++) tern_iq3s_grid[i] = (uint32_t)point(tern_iq3s_codes[i], 3, 4, l3s);
     for (int i = 0; i < 2048; i++) tern_iq1s_grid[i] = point(tern_iq1s_codes[i], 2, 8, l1);
+    for (int s = 0; s < 256; s++) {
+        uint64_t m = 0;
+        for (int j = 0; j < 8; j++)
+            if (s >> j & 1) m |= (uint64_t)0xFF << (8 * j);
+        tern_iq_signmask[s] = m;
+    }
 }
 
 static pthread_once_t grids_once = PTHREAD_ONCE_INIT;

@@ -56,8 +56,7 @@ static inline uint32_t lowbit_u32(const uint8_t *p) {
  * negative) as int8: two's complement per byte without carries between bytes (no byte of
  * g is 0, so none of ~g is 0xFF). */
 static inline void lowbit_signed8(int8_t *out, uint64_t g, uint8_t s) {
-    uint64_t m = 0;
-    for (int j = 0; j < 8; j++) m |= (uint64_t)((s >> j) & 1) * ((uint64_t)0xFF << (8 * j));
+    const uint64_t m = tern_iq_signmask[s];
     const uint64_t v = (g ^ m) + (m & 0x0101010101010101ull);
     memcpy(out, &v, 8);
 }

@@ -229,6 +229,12 @@ _Static_assert(sizeof(struct tern_block_iq1_m) == 56, "block_iq1_m size");
 extern uint64_t tern_iq2xxs_grid[256], tern_iq2xs_grid[512], tern_iq2s_grid[1024];
 extern uint32_t tern_iq3xxs_grid[256], tern_iq3s_grid[512];
 extern uint64_t tern_iq1s_grid[2048]; /* bytes are int8 -1, 0, +1 */
+extern uint64_t tern_iq_signmask[256]; /* byte j 0xFF where bit j of the index is set */
+/* The compact codes the grids are derived from (iq-grids.c): element j of point i in
+ * bits 2j, 2j + 1 (IQ3: 3j .. 3j + 2) of codes[i] as a level index. The Vulkan matmul
+ * reads these (a device buffer of them) instead of the derived tables. */
+extern const uint16_t tern_iq2xxs_codes[256], tern_iq2xs_codes[512], tern_iq2s_codes[1024];
+extern const uint16_t tern_iq3xxs_codes[256], tern_iq3s_codes[512], tern_iq1s_codes[2048];
 /* Sign byte of a 7-bit sign index: the eighth sign makes the count of negatives even. */
 static inline uint8_t tern_iq_signs7(unsigned s7) {
     return (uint8_t)(s7 | ((unsigned)__builtin_parity(s7) << 7));
