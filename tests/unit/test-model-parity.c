@@ -26,11 +26,8 @@ static const char *const stems[] = {
     "tiny-qwen3-q2_k",  "tiny-qwen3-iq2_xs", "tiny-qwen3-lowbit-mix",
 };
 
-/* The low-bit files (Q2_K ... IQ1_M), which the Vulkan matmul does not take yet. */
-#define LOWBIT_STEMS "tiny-qwen3-q2_k tiny-qwen3-iq2_xs tiny-qwen3-lowbit-mix"
-
-/* "lite" (the variant run under sanitizers): stories260K, two quantized qwen3 (Q4_K_M,
- * IQ4_XS) and the F32 qwen35, short prompts only. */
+/* "lite" (the variant run under sanitizers): stories260K, three quantized qwen3 (Q4_K_M,
+ * IQ4_XS, the low-bit mix) and the F32 qwen35, short prompts only. */
 static bool lite;
 static bool vulkan; /* "vulkan": the sessions on a Vulkan device */
 static int dev = -1; /* its index */
@@ -188,9 +185,9 @@ static void test_parity(void **state) {
     bool all = true;
     for (size_t i = 0; i < sizeof stems / sizeof stems[0]; i++) {
         if (lite && strcmp(stems[i], "stories260K") && strcmp(stems[i], "tiny-qwen3-q4_k_m") &&
-            strcmp(stems[i], "tiny-qwen35-f32") && strcmp(stems[i], "tiny-qwen3-iq4_xs"))
+            strcmp(stems[i], "tiny-qwen35-f32") && strcmp(stems[i], "tiny-qwen3-iq4_xs") &&
+            strcmp(stems[i], "tiny-qwen3-lowbit-mix"))
             continue;
-        if (vulkan && strstr(LOWBIT_STEMS, stems[i])) continue; /* no Vulkan matmul for the low-bit types yet */
         char rel[256];
         snprintf(rel, sizeof rel, "models/%s.gguf", stems[i]);
         struct tern_model_params mp;
