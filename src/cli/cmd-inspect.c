@@ -141,12 +141,12 @@ static int print_text(const struct gguf_file *f, bool all) {
     }
     (void)tern_buf_printf(&b, "\ntensors (%" PRIu64 "):\n", gguf_n_tensors(f));
     if (gguf_n_tensors(f))
-        (void)tern_buf_printf(&b, "  %-40s %-6s %-24s %12s %12s\n", "name", "type", "shape", "offset", "bytes");
+        (void)tern_buf_printf(&b, "  %-40s %-7s %-24s %12s %12s\n", "name", "type", "shape", "offset", "bytes");
     for (uint64_t i = 0; i < gguf_n_tensors(f); i++) {
         const struct gguf_tensor *t = gguf_tensor_at(f, i);
         struct tern_buf shape = TERN_BUF_INIT;
         put_shape(&shape, t);
-        (void)tern_buf_printf(&b, "  %-40s %-6s %-24s %12" PRIu64 " %12" PRIu64 "\n", t->name.ptr,
+        (void)tern_buf_printf(&b, "  %-40s %-7s %-24s %12" PRIu64 " %12" PRIu64 "\n", t->name.ptr,
                               tern_dtype_name(t->type), shape.data, t->offset, t->size);
         tern_buf_free(&shape);
     }
@@ -163,7 +163,7 @@ static int print_text(const struct gguf_file *f, bool all) {
     for (uint32_t t = 0; t < TERN_DTYPE_COUNT; t++) {
         if (!by_type[t].n_tensors) continue;
         human(hb, sizeof hb, (double)by_type[t].bytes, bu);
-        (void)tern_buf_printf(&b, "  %-6s %5" PRIu64 " tensors %14" PRIu64 " params %14" PRIu64 " bytes (%s)\n",
+        (void)tern_buf_printf(&b, "  %-7s %5" PRIu64 " tensors %14" PRIu64 " params %14" PRIu64 " bytes (%s)\n",
                               tern_dtype_name(t), by_type[t].n_tensors, by_type[t].n_params, by_type[t].bytes, hb);
     }
     if (!b.data) return cli_fail("inspect", "out of memory");

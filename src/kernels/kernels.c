@@ -137,7 +137,16 @@ enum tern_dtype tern_act_type(enum tern_dtype wtype) {
     case TERN_DTYPE_Q4_K:
     case TERN_DTYPE_Q5_K:
     case TERN_DTYPE_Q6_K:
-    case TERN_DTYPE_IQ4_XS: return TERN_DTYPE_Q8_K;
+    case TERN_DTYPE_IQ4_XS:
+    case TERN_DTYPE_Q2_K:
+    case TERN_DTYPE_Q3_K:
+    case TERN_DTYPE_IQ2_XXS:
+    case TERN_DTYPE_IQ2_XS:
+    case TERN_DTYPE_IQ2_S:
+    case TERN_DTYPE_IQ3_XXS:
+    case TERN_DTYPE_IQ3_S:
+    case TERN_DTYPE_IQ1_S:
+    case TERN_DTYPE_IQ1_M: return TERN_DTYPE_Q8_K;
     default: return TERN_DTYPE_F32;
     }
 }

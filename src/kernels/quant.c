@@ -11,6 +11,7 @@
  * 6- or 8-bit sub-block scales), so the stored scale is the one the levels were
  * rounded against. */
 #include "kernels/kernels.h"
+#include "kernels/lowbit.h"
 #include "kernels/quant.h"
 #include "util/status.h"
 
@@ -257,6 +258,7 @@ bool tern_dequantize_row(enum tern_dtype type, const void *src, float *dst, size
     case TERN_DTYPE_IQ4_XS: dequant_iq4_xs(src, dst, k / TERN_QK_K); return true;
     case TERN_DTYPE_MXFP4: dequant_mxfp4(src, dst, k / TERN_QK); return true;
     default:
+        if (tern_lowbit_dequantize(type, src, dst, k / TERN_QK_K)) return true;
         tern_errorf(TERN_ERR_UNSUPPORTED, "dequantize: tensor type %s is not supported",
                     tern_dtype_name((uint32_t)type));
         return false;
@@ -272,7 +274,7 @@ bool tern_dequantize_supported(enum tern_dtype type) {
     case TERN_DTYPE_MXFP4:
         return true;
     default:
-        return false;
+        return tern_lowbit_type(type);
     }
 }
 
@@ -768,7 +770,7 @@ bool tern_quantize_supported(enum tern_dtype type) {
     case TERN_DTYPE_Q8_K: case TERN_DTYPE_IQ4_NL: case TERN_DTYPE_IQ4_XS: case TERN_DTYPE_MXFP4:
         return true;
     default:
-        return false;
+        return tern_lowbit_type(type);
     }
 }
 
@@ -809,7 +811,7 @@ bool tern_quantize_row(enum tern_dtype type, const float *src, void *dst, size_t
     case TERN_DTYPE_IQ4_NL: quantize_iq4_nl(src, dst, k / TERN_QK); break;
     case TERN_DTYPE_IQ4_XS: quantize_iq4_xs(src, dst, k / TERN_QK_K); break;
     case TERN_DTYPE_MXFP4: quantize_mxfp4(src, dst, k / TERN_QK); break;
-    default: return false;
+    default: return tern_lowbit_quantize(type, src, dst, k / TERN_QK_K);
     }
     return true;
 }

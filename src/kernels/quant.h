@@ -154,6 +154,113 @@ static inline float tern_e8m0_half(uint8_t e) {
     __builtin_memcpy(&f, &bits, 4);
     return f;
 }
+/* ---- the low-bit types (docs/kernels.md, "Low-bit types") ---------------------------------
+ * Q2_K and Q3_K are K-quants with 16 sub-blocks of 16; the I-quants store indices into
+ * fixed grids of 8 (IQ2_*, IQ1_*) or 4 (IQ3_*) magnitudes plus sign bits. Element order in
+ * every one of them: for the K-quants, half h (128 elements) uses qs[32 h ..]: element
+ * 128 h + 32 j + l (l < 32) takes bits 2j, 2j + 1 of qs[32 h + l]; for the I-quants,
+ * groups of 8 consecutive elements, 4 groups per sub-block of 32. */
+
+/* x = d * (sc & 15) * q - dmin * (sc >> 4), q in [0, 3], scales[i] for elements 16 i ... */
+struct TERN_PACKED tern_block_q2_k {
+    uint8_t scales[TERN_QK_K / 16];
+    uint8_t qs[TERN_QK_K / 4];
+    tern_fp16 d;
+    tern_fp16 dmin;
+};
+_Static_assert(sizeof(struct tern_block_q2_k) == 84, "block_q2_K size");
+
+/* x = d * (s - 32) * (q - 4 * !hbit), q in [0, 3], s 6-bit (16 of them packed in
+ * scales[12]: low nibbles in bytes 0-7, top two bits in bytes 8-11); bit h * 4 + j of
+ * hmask[l] is the high bit of element 128 h + 32 j + l. */
+struct TERN_PACKED tern_block_q3_k {
+    uint8_t hmask[TERN_QK_K / 8];
+    uint8_t qs[TERN_QK_K / 4];
+    uint8_t scales[12];
+    tern_fp16 d;
+};
+_Static_assert(sizeof(struct tern_block_q3_k) == 110, "block_q3_K size");
+
+/* Per sub-block of 32, two uint32: 4 grid indices (bytes of the first), 4 x 7 sign bits
+ * and a 4-bit scale ls (top bits of the second); x = d * (0.5 + ls) / 4 * grid * sign. */
+struct TERN_PACKED tern_block_iq2_xxs {
+    tern_fp16 d;
+    uint16_t qs[TERN_QK_K / 8];
+};
+_Static_assert(sizeof(struct tern_block_iq2_xxs) == 66, "block_iq2_xxs size");
+
+/* qs[i]: 9-bit grid index, 7 sign bits; scales[j]: two 4-bit scales for sub-block j. */
+struct TERN_PACKED tern_block_iq2_xs {
+    tern_fp16 d;
+    uint16_t qs[TERN_QK_K / 8];
+    uint8_t scales[TERN_QK_K / 32];
+};
+_Static_assert(sizeof(struct tern_block_iq2_xs) == 74, "block_iq2_xs size");
+
+/* qs[0..31]: low 8 bits of 10-bit grid indices, qs[32..63]: 8 sign bits per group,
+ * qh[j]: the top 2 bits of sub-block j's 4 indices. */
+struct TERN_PACKED tern_block_iq2_s {
+    tern_fp16 d;
+    uint8_t qs[TERN_QK_K / 4];
+    uint8_t qh[TERN_QK_K / 32];
+    uint8_t scales[TERN_QK_K / 32];
+};
+_Static_assert(sizeof(struct tern_block_iq2_s) == 82, "block_iq2_s size");
+
+/* qs[0..63]: grid indices (4 magnitudes each), qs[64..95]: per sub-block a uint32 of
+ * 4 x 7 sign bits and a 4-bit scale; x = d * (0.5 + ls) / 2 * grid * sign. */
+struct TERN_PACKED tern_block_iq3_xxs {
+    tern_fp16 d;
+    uint8_t qs[3 * TERN_QK_K / 8];
+};
+_Static_assert(sizeof(struct tern_block_iq3_xxs) == 98, "block_iq3_xxs size");
+
+/* 9-bit grid indices (low bits in qs, ninth in qh), 8 sign bits per group, 4-bit scales
+ * per sub-block of 32: x = d * (1 + 2 ls) * grid * sign. */
+struct TERN_PACKED tern_block_iq3_s {
+    tern_fp16 d;
+    uint8_t qs[TERN_QK_K / 4];
+    uint8_t qh[TERN_QK_K / 32];
+    uint8_t signs[TERN_QK_K / 8];
+    uint8_t scales[TERN_QK_K / 64];
+};
+_Static_assert(sizeof(struct tern_block_iq3_s) == 110, "block_iq3_s size");
+
+/* 11-bit indices into a grid of -1/0/+1 (low 8 bits in qs, top 3 in qh[j] bits 3l..3l+2),
+ * qh[j] bits 12-14: scale s, bit 15: sign of the shift; x = d * (2 s + 1) * (grid +- 1/8). */
+struct TERN_PACKED tern_block_iq1_s {
+    tern_fp16 d;
+    uint8_t qs[TERN_QK_K / 8];
+    uint16_t qh[TERN_QK_K / 32];
+};
+_Static_assert(sizeof(struct tern_block_iq1_s) == 50, "block_iq1_s size");
+
+/* As IQ1_S with a shift sign per group of 8 (qh bits 3 and 7) and 3-bit scales per 16;
+ * the block's half d is spread over the top nibbles of the four uint16 of scales. */
+struct TERN_PACKED tern_block_iq1_m {
+    uint8_t qs[TERN_QK_K / 8];
+    uint8_t qh[TERN_QK_K / 16];
+    uint8_t scales[TERN_QK_K / 32];
+};
+_Static_assert(sizeof(struct tern_block_iq1_m) == 56, "block_iq1_m size");
+
+/* The grids, derived once (tern_iq_grids_init) from their compact code lists in
+ * iq-grids.c: entry i holds 8 (IQ3: 4) bytes, byte j the magnitude of element j. */
+extern uint64_t tern_iq2xxs_grid[256], tern_iq2xs_grid[512], tern_iq2s_grid[1024];
+extern uint32_t tern_iq3xxs_grid[256], tern_iq3s_grid[512];
+extern uint64_t tern_iq1s_grid[2048]; /* bytes are int8 -1, 0, +1 */
+extern uint64_t tern_iq_signmask[256]; /* byte j 0xFF where bit j of the index is set */
+/* The compact codes the grids are derived from (iq-grids.c): element j of point i in
+ * bits 2j, 2j + 1 (IQ3: 3j .. 3j + 2) of codes[i] as a level index. The Vulkan matmul
+ * reads these (a device buffer of them) instead of the derived tables. */
+extern const uint16_t tern_iq2xxs_codes[256], tern_iq2xs_codes[512], tern_iq2s_codes[1024];
+extern const uint16_t tern_iq3xxs_codes[256], tern_iq3s_codes[512], tern_iq1s_codes[2048];
+/* Sign byte of a 7-bit sign index: the eighth sign makes the count of negatives even. */
+static inline uint8_t tern_iq_signs7(unsigned s7) {
+    return (uint8_t)(s7 | ((unsigned)__builtin_parity(s7) << 7));
+}
+/* Thread-safe, idempotent; every user of the grids calls it first (cheap after the first). */
+void tern_iq_grids_init(void);
 
 /* Activation format for the K-quants: x = d * q, q in [-127, 127] as tern writes it;
  * bsums[g] = sum of qs[16 g .. 16 g + 15]. */

@@ -208,6 +208,11 @@ bool tern_mkmodel_parse_type(const char *s, enum tern_dtype *wtype, enum tern_mk
         {"q6_k", TERN_DTYPE_Q6_K, TERN_MK_LIKE_QUANTIZE}, {"q4_k_m", TERN_DTYPE_Q4_K, TERN_MK_Q4_K_M},
         {"iq4_xs", TERN_DTYPE_IQ4_XS, TERN_MK_LIKE_QUANTIZE}, {"iq4_nl", TERN_DTYPE_IQ4_NL, TERN_MK_LIKE_QUANTIZE},
         {"mxfp4_moe", TERN_DTYPE_Q8_0, TERN_MK_MXFP4_MOE},
+        {"q2_k", TERN_DTYPE_Q2_K, TERN_MK_LIKE_QUANTIZE}, {"q3_k", TERN_DTYPE_Q3_K, TERN_MK_LIKE_QUANTIZE},
+        {"iq2_xxs", TERN_DTYPE_IQ2_XXS, TERN_MK_LIKE_QUANTIZE}, {"iq2_xs", TERN_DTYPE_IQ2_XS, TERN_MK_LIKE_QUANTIZE},
+        {"iq2_s", TERN_DTYPE_IQ2_S, TERN_MK_LIKE_QUANTIZE}, {"iq3_xxs", TERN_DTYPE_IQ3_XXS, TERN_MK_LIKE_QUANTIZE},
+        {"iq3_s", TERN_DTYPE_IQ3_S, TERN_MK_LIKE_QUANTIZE}, {"iq1_s", TERN_DTYPE_IQ1_S, TERN_MK_LIKE_QUANTIZE},
+        {"iq1_m", TERN_DTYPE_IQ1_M, TERN_MK_LIKE_QUANTIZE},
     };
     for (size_t i = 0; i < TERN_ARRAY_LEN(types); i++) {
         if (!strcasecmp(s, types[i].name)) {
@@ -237,6 +242,15 @@ static uint32_t file_type(enum tern_dtype t, enum tern_mk_mix mix) {
     case TERN_DTYPE_BF16: return 32;
     case TERN_DTYPE_IQ4_NL: return 25;
     case TERN_DTYPE_IQ4_XS: return 30;
+    case TERN_DTYPE_Q2_K: return 10;
+    case TERN_DTYPE_Q3_K: return 11; /* Q3_K_S */
+    case TERN_DTYPE_IQ2_XXS: return 19;
+    case TERN_DTYPE_IQ2_XS: return 20;
+    case TERN_DTYPE_IQ3_XXS: return 23;
+    case TERN_DTYPE_IQ1_S: return 24;
+    case TERN_DTYPE_IQ3_S: return 26;
+    case TERN_DTYPE_IQ2_S: return 28;
+    case TERN_DTYPE_IQ1_M: return 31;
     default: return 0;
     }
 }
@@ -506,6 +520,9 @@ static enum tern_dtype pick_type(struct mk_ctx *c, const struct mk_tensor *t, ui
         case TERN_DTYPE_Q4_K: fb = TERN_DTYPE_Q5_0; break;
         case TERN_DTYPE_Q5_K: fb = TERN_DTYPE_Q5_1; break;
         case TERN_DTYPE_Q6_K: fb = TERN_DTYPE_Q8_0; break;
+        case TERN_DTYPE_Q2_K: case TERN_DTYPE_Q3_K: case TERN_DTYPE_IQ2_XXS: case TERN_DTYPE_IQ2_XS:
+        case TERN_DTYPE_IQ2_S: case TERN_DTYPE_IQ3_XXS: case TERN_DTYPE_IQ3_S: case TERN_DTYPE_IQ1_S:
+        case TERN_DTYPE_IQ1_M: fb = TERN_DTYPE_IQ4_NL; break;
         default: break;
         }
         const struct tern_dtype_info *fi = tern_dtype_info((uint32_t)fb);

@@ -53,6 +53,22 @@ for ty in iq4_xs iq4_nl; do
   b=$("$bin" run -m "$q" --ids "1 2 3 4 5 6 7 8 9 10" --temp 0 -n 8 --print-ids -t 2 --chunk 3 2>/dev/null) || fail "run $ty exit $?"
   [ "$(echo "$a" | wc -w)" -eq 8 ] && [ "$a" = "$b" ] || fail "$ty: '$a' vs '$b'"
 done
+# two of the low-bit types (the cheapest to write): the same checks
+for ty in q2_k iq2_xs; do
+  q=$tmp/tiny-$ty.gguf
+  "$bin" mkmodel --preset tiny-qwen3 --type $ty --out "$q" >/dev/null 2>&1 || fail "mkmodel --type $ty exit $?"
+  T=$(echo $ty | tr a-z A-Z)
+  "$bin" inspect "$q" | grep -q "^  $T  *29 tensors" || fail "inspect does not count 29 $T tensors: $("$bin" inspect "$q" | tail -4)"
+  a=$("$bin" run -m "$q" --ids "1 2 3 4 5 6 7 8 9 10" --temp 0 -n 8 --print-ids -t 1 2>/dev/null) || fail "run $ty exit $?"
+  b=$("$bin" run -m "$q" --ids "1 2 3 4 5 6 7 8 9 10" --temp 0 -n 8 --print-ids -t 2 --chunk 3 2>/dev/null) || fail "run $ty exit $?"
+  [ "$(echo "$a" | wc -w)" -eq 8 ] && [ "$a" = "$b" ] || fail "$ty: '$a' vs '$b'"
+done
+if [ -f "$shared/models/tiny-qwen3-lowbit-mix.gguf" ]; then
+  for T in Q2_K Q3_K IQ2_XXS IQ2_XS IQ2_S IQ3_XXS IQ3_S IQ1_S IQ1_M; do
+    "$bin" inspect "$shared/models/tiny-qwen3-lowbit-mix.gguf" | grep -q "^  $T  *[0-9]* tensors" ||
+      fail "inspect of the kit's low-bit mix does not count its $T tensors"
+  done
+fi
 # IQ4 expert tensors (IQ4_XS, and IQ4_NL where 256 does not divide an expert's rows)
 for pre in tiny-qwen3moe tiny-qwen35moe; do
   q=$tmp/$pre-iq4_xs.gguf

@@ -198,6 +198,11 @@ static void test_qwen3_q4km(void **u) {
     (void)u;
     check_model("models/tiny-qwen3-q4_k_m.gguf");
 }
+/* All nine low-bit types in one file (the kit's mix). */
+static void test_qwen3_lowbit(void **u) {
+    (void)u;
+    check_model("models/tiny-qwen3-lowbit-mix.gguf");
+}
 static void test_qwen35(void **u) {
     (void)u;
     check_model("models/tiny-qwen35-q8_0.gguf");
@@ -330,6 +335,7 @@ int main(int argc, char **argv) {
     g_light = argc > 1 && !strcmp(argv[1], "--light");
     const struct CMUnitTest full[] = {
         cmocka_unit_test(test_llama),     cmocka_unit_test(test_qwen3),    cmocka_unit_test(test_qwen3_q4km),
+        cmocka_unit_test(test_qwen3_lowbit),
         cmocka_unit_test(test_qwen35),    cmocka_unit_test(test_qwen3moe), cmocka_unit_test(test_qwen35moe),
         cmocka_unit_test(test_gptoss),
         cmocka_unit_test(test_fork_resumes_in_batch), cmocka_unit_test(test_verify_rows),

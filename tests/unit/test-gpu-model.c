@@ -192,6 +192,7 @@ static void test_qwen3(void **state) {
     check_model("tiny-qwen3-q4_k_m", true);
     check_model("tiny-qwen3-q6_k", true);
     check_model("tiny-qwen3-iq4_xs", true);
+    check_model("tiny-qwen3-lowbit-mix", true); /* all nine low-bit types */
 }
 
 static void test_qwen35(void **state) {

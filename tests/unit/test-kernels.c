@@ -34,7 +34,8 @@ static float rng_gauss(void) {
 static const enum tern_dtype mm_types[] = {
     TERN_DTYPE_F32,  TERN_DTYPE_F16,  TERN_DTYPE_BF16, TERN_DTYPE_Q8_0, TERN_DTYPE_Q4_0, TERN_DTYPE_Q4_1,
     TERN_DTYPE_Q5_0, TERN_DTYPE_Q5_1, TERN_DTYPE_Q4_K, TERN_DTYPE_Q5_K, TERN_DTYPE_Q6_K,
-    TERN_DTYPE_IQ4_NL, TERN_DTYPE_IQ4_XS, TERN_DTYPE_MXFP4,
+    TERN_DTYPE_IQ4_NL, TERN_DTYPE_IQ4_XS, TERN_DTYPE_MXFP4, TERN_DTYPE_Q2_K, TERN_DTYPE_Q3_K, TERN_DTYPE_IQ2_XXS,
+    TERN_DTYPE_IQ2_XS, TERN_DTYPE_IQ2_S, TERN_DTYPE_IQ3_XXS, TERN_DTYPE_IQ3_S, TERN_DTYPE_IQ1_S, TERN_DTYPE_IQ1_M,
 };
 #define N_TYPES (sizeof mm_types / sizeof mm_types[0])
 
@@ -88,6 +89,13 @@ static void scale_fields(enum tern_dtype t, int off[2], int *n) {
         off[1] = 2;
         break;
     case TERN_DTYPE_Q6_K: off[0] = 208; break;
+    case TERN_DTYPE_Q2_K:
+        *n = 2;
+        off[0] = 80;
+        off[1] = 82;
+        break;
+    case TERN_DTYPE_Q3_K: off[0] = 108; break;
+    case TERN_DTYPE_IQ1_M: *n = 0; break; /* its half is spread over the scale words */
     default: break;
     }
 }
@@ -151,6 +159,11 @@ static void make_weights(enum tern_dtype t, enum wmode m, size_t rows, size_t k,
         for (int f = 0; f < n; f++) {
             const tern_fp16 h = scale_for(m);
             memcpy(blk + off[f], &h, 2);
+        }
+        if (t == TERN_DTYPE_IQ1_M) { /* the half's nibbles: tops of the four scale words */
+            const tern_fp16 h = scale_for(m);
+            for (int wi = 0; wi < 4; wi++)
+                blk[48 + 2 * wi + 1] = (uint8_t)((blk[48 + 2 * wi + 1] & 0x0F) | (((h >> (4 * wi)) & 0xF) << 4));
         }
     }
 }
@@ -273,6 +286,12 @@ static void run_mm(enum tern_isa isa, enum tern_dtype t, const uint8_t *w, size_
 }
 
 static bool same_bits_on_every_isa(enum tern_dtype t) {
+    switch (t) {
+    case TERN_DTYPE_Q2_K: case TERN_DTYPE_Q3_K: case TERN_DTYPE_IQ2_XXS: case TERN_DTYPE_IQ2_XS:
+    case TERN_DTYPE_IQ2_S: case TERN_DTYPE_IQ3_XXS: case TERN_DTYPE_IQ3_S: case TERN_DTYPE_IQ1_S:
+    case TERN_DTYPE_IQ1_M: return true;
+    default: break;
+    }
     return t == TERN_DTYPE_IQ4_NL || t == TERN_DTYPE_IQ4_XS || t == TERN_DTYPE_MXFP4;
 }
 
@@ -357,7 +376,10 @@ static void test_iq4_twins_same_bits(void **state) {
     }
     static const size_t rows_list[] = {1, 2, 3, 5, 67};
     static const size_t n_list[] = {1, 2, 3, 4, 5, 19};
-    static const enum tern_dtype types[] = {TERN_DTYPE_IQ4_NL, TERN_DTYPE_IQ4_XS, TERN_DTYPE_MXFP4};
+    static const enum tern_dtype types[] = {TERN_DTYPE_IQ4_NL, TERN_DTYPE_IQ4_XS, TERN_DTYPE_MXFP4, TERN_DTYPE_Q2_K,
+                                            TERN_DTYPE_Q3_K,   TERN_DTYPE_IQ2_XXS, TERN_DTYPE_IQ2_XS,
+                                            TERN_DTYPE_IQ2_S,  TERN_DTYPE_IQ3_XXS, TERN_DTYPE_IQ3_S,
+                                            TERN_DTYPE_IQ1_S,  TERN_DTYPE_IQ1_M};
     int n_compared = 0;
     for (size_t ti = 0; ti < TERN_ARRAY_LEN(types); ti++) {
         const enum tern_dtype t = types[ti];
@@ -512,8 +534,8 @@ static void test_act_prepare_same_bytes_on_every_isa(void **state) {
 static void test_dispatch(void **state) {
     (void)state;
     for (size_t ti = 0; ti < N_TYPES; ti++) assert_true(tern_matmul_supported(mm_types[ti]));
-    assert_false(tern_matmul_supported(TERN_DTYPE_Q2_K));
-    assert_false(tern_matmul_supported(TERN_DTYPE_IQ2_XXS));
+    assert_false(tern_matmul_supported(TERN_DTYPE_TQ1_0));
+    assert_false(tern_matmul_supported(TERN_DTYPE_TQ2_0));
     assert_true(tern_matmul_supported(TERN_DTYPE_IQ4_NL));
     assert_true(tern_matmul_supported(TERN_DTYPE_IQ4_XS));
     assert_int_equal(tern_act_type(TERN_DTYPE_IQ4_NL), TERN_DTYPE_Q8_0);

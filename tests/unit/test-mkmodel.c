@@ -290,7 +290,7 @@ static void test_check_errors(void **state) {
     assert_int_equal(tern_mkmodel_check(&p), TERN_ERR_INVALID);
     assert_non_null(strstr(tern_last_error(), "rope sections sum to 5 pairs"));
     tern_mkmodel_defaults(TERN_MK_LLAMA, &p);
-    p.wtype = TERN_DTYPE_IQ2_XXS;
+    p.wtype = TERN_DTYPE_TQ1_0;
     assert_int_equal(tern_mkmodel_check(&p), TERN_ERR_UNSUPPORTED);
     tern_mkmodel_defaults(TERN_MK_LLAMA, &p);
     p.n_vocab = 10;
@@ -315,7 +315,11 @@ static void test_check_errors(void **state) {
     assert_true(tern_mkmodel_parse_type("Q4_K_M", &t, &mix));
     assert_int_equal(t, TERN_DTYPE_Q4_K);
     assert_int_equal(mix, TERN_MK_Q4_K_M);
-    assert_false(tern_mkmodel_parse_type("q3_k", &t, &mix));
+    assert_false(tern_mkmodel_parse_type("tq1_0", &t, &mix));
+    assert_true(tern_mkmodel_parse_type("IQ2_XS", &t, &mix)); /* the low-bit types */
+    assert_int_equal(t, TERN_DTYPE_IQ2_XS);
+    assert_true(tern_mkmodel_parse_type("q3_k", &t, &mix));
+    assert_int_equal(t, TERN_DTYPE_Q3_K);
 }
 
 /* ---- weights ------------------------------------------------------------------------------ */
@@ -513,7 +517,7 @@ static void test_cli(void **state) {
     assert_int_equal(run("mkmodel --help", NULL), 0);
     assert_int_equal(run("mkmodel --arch qwen9 -o x.gguf", NULL), 2);
     assert_int_equal(run("mkmodel --arch qwen3", NULL), 2);              /* no --out */
-    assert_int_equal(run("mkmodel --preset tiny-qwen3 --type q3_k -o x.gguf", NULL), 2);
+    assert_int_equal(run("mkmodel --preset tiny-qwen3 --type tq1_0 -o x.gguf", NULL), 2);
     assert_int_equal(run("mkmodel --arch qwen3 --n-head 5 --n-head-kv 2 -o x.gguf", NULL), 2);
     assert_int_equal(run("mkmodel --arch qwen3 --n-layer 0 -o x.gguf", NULL), 2);
     assert_int_equal(run("mkmodel --arch qwen3 --n-layer", NULL), 2);

@@ -24,10 +24,11 @@ static const char *const stems[] = {
     "tiny-qwen3-q6_k",  "tiny-qwen35-f32", "tiny-qwen35-q8_0", "tiny-qwen35-q4_k_m", "tiny-qwen3-iq4_xs",
     "tiny-qwen3moe-f32", "tiny-qwen3moe-q8_0", "tiny-qwen35moe-f32", "tiny-qwen35moe-q4_k_m",
     "tiny-gptoss-f32",  "tiny-gptoss-mxfp4",
+    "tiny-qwen3-q2_k",  "tiny-qwen3-iq2_xs", "tiny-qwen3-lowbit-mix",
 };
 
-/* "lite" (the variant run under sanitizers): stories260K, two quantized qwen3 (Q4_K_M,
- * IQ4_XS) and the F32 qwen35, short prompts only. */
+/* "lite" (the variant run under sanitizers): stories260K, three quantized qwen3 (Q4_K_M,
+ * IQ4_XS, the low-bit mix) and the F32 qwen35, short prompts only. */
 static bool lite;
 static bool vulkan; /* "vulkan": the sessions on a Vulkan device */
 static int dev = -1; /* its index */
@@ -185,7 +186,8 @@ static void test_parity(void **state) {
     bool all = true;
     for (size_t i = 0; i < sizeof stems / sizeof stems[0]; i++) {
         if (lite && strcmp(stems[i], "stories260K") && strcmp(stems[i], "tiny-qwen3-q4_k_m") &&
-            strcmp(stems[i], "tiny-qwen35-f32") && strcmp(stems[i], "tiny-qwen3-iq4_xs"))
+            strcmp(stems[i], "tiny-qwen35-f32") && strcmp(stems[i], "tiny-qwen3-iq4_xs") &&
+            strcmp(stems[i], "tiny-qwen3-lowbit-mix"))
             continue;
         if (vulkan && !strncmp(stems[i], "tiny-gptoss", 11)) { /* no window, sinks or MXFP4 on the device yet */
             printf("%s: not on the Vulkan device (gpt-oss attention and MXFP4 are CPU-only)\n", stems[i]);

@@ -217,6 +217,27 @@ static void test_exact_shared_iq4_xs(void **state) {
     else check_exact_file("tiny-qwen3-iq4_xs", path, 7, 600, TERN_KV_F16, ways_chunks, TERN_ARRAY_LEN(ways_chunks));
 }
 
+/* The kit's low-bit files (llama-quantize's blocks): the mix holds all nine types
+ * (Q2_K ... IQ1_M) and is read in every way over 300 tokens (past a KV page); the two
+ * stock mixes in the lighter set. */
+static void test_exact_shared_lowbit(void **state) {
+    (void)state;
+    static const char *const stems[] = {"tiny-qwen3-lowbit-mix", "tiny-qwen3-q2_k", "tiny-qwen3-iq2_xs"};
+    for (size_t i = 0; i < TERN_ARRAY_LEN(stems); i++) {
+        if (lite && i > 0) break;
+        char rel[128];
+        snprintf(rel, sizeof rel, "models/%s.gguf", stems[i]);
+        if (!th_have_shared(rel)) {
+            printf("the shared kit's %s is absent; not checked\n", rel);
+            continue;
+        }
+        const char *path = th_shared_path(rel);
+        if (lite) check_exact_file(stems[i], path, 11, 60, TERN_KV_F16, ways_chunks_lite, TERN_ARRAY_LEN(ways_chunks_lite));
+        else if (i == 0) check_exact_file(stems[i], path, 11, 300, TERN_KV_F16, ways_chunks, TERN_ARRAY_LEN(ways_chunks));
+        else check_exact_file(stems[i], path, 11 + i, 100, TERN_KV_F16, ways_chunks_lite, TERN_ARRAY_LEN(ways_chunks_lite));
+    }
+}
+
 /* Crosses KV page boundaries (256 positions) in every way. */
 static void test_exact_long(void **state) {
     (void)state;
@@ -645,6 +666,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_exact_qwen2_q8_0),    cmocka_unit_test(test_exact_qwen3_quants),
         cmocka_unit_test(test_exact_long),          cmocka_unit_test(test_exact_portable),
         cmocka_unit_test(test_exact_shared_iq4_xs),
+        cmocka_unit_test(test_exact_shared_lowbit),
         cmocka_unit_test(test_checkpoint_restore),  cmocka_unit_test(test_rewind_and_fork),
         cmocka_unit_test(test_cancel_and_refusals), cmocka_unit_test(test_session_memory_grows),
         cmocka_unit_test(test_callbacks_reenter),   cmocka_unit_test(test_alloc_failures),

@@ -231,7 +231,9 @@ static void test_matmul(void **state) {
     (void)state;
     const enum tern_dtype types[] = {TERN_DTYPE_F32,  TERN_DTYPE_F16,  TERN_DTYPE_BF16,   TERN_DTYPE_Q4_0,  TERN_DTYPE_Q4_1,
                                      TERN_DTYPE_Q5_0, TERN_DTYPE_Q5_1, TERN_DTYPE_Q8_0,   TERN_DTYPE_Q4_K,  TERN_DTYPE_Q5_K,
-                                     TERN_DTYPE_Q6_K, TERN_DTYPE_IQ4_NL, TERN_DTYPE_IQ4_XS, TERN_DTYPE_MXFP4};
+                                     TERN_DTYPE_Q6_K, TERN_DTYPE_IQ4_NL, TERN_DTYPE_IQ4_XS, TERN_DTYPE_MXFP4, TERN_DTYPE_Q2_K,  TERN_DTYPE_Q3_K,
+                                     TERN_DTYPE_IQ2_XXS, TERN_DTYPE_IQ2_XS, TERN_DTYPE_IQ2_S, TERN_DTYPE_IQ3_XXS,
+                                     TERN_DTYPE_IQ3_S, TERN_DTYPE_IQ1_S, TERN_DTYPE_IQ1_M};
     /* rows of 1 block, of 3, of many; the K-quants' blocks are 256 wide */
     const size_t shapes[][2] = {{32, 1}, {96, 37}, {1024, 130}}, kshapes[][2] = {{256, 1}, {768, 37}, {2048, 70}};
     for (size_t i = 0; i < TERN_ARRAY_LEN(types); i++) {
@@ -774,9 +776,9 @@ static void test_refusals(void **state) {
     assert_int_equal(tern_vk_buf_new(vk, 4096, &a), TERN_OK);
     assert_int_equal(tern_vk_buf_new(vk, 4096, &b), TERN_OK);
     assert_int_equal(tern_vk_buf_new(vk, 16, &c), TERN_OK);
-    assert_false(tern_vk_matmul_supported(TERN_DTYPE_Q3_K));
-    assert_int_equal(tern_vk_matmul(vk, TERN_DTYPE_Q3_K, a, 256, 4, b, 1, c), TERN_ERR_INVALID);
-    assert_non_null(strstr(tern_last_error(), "Q3_K"));
+    assert_false(tern_vk_matmul_supported(TERN_DTYPE_TQ1_0));
+    assert_int_equal(tern_vk_matmul(vk, TERN_DTYPE_TQ1_0, a, 256, 4, b, 1, c), TERN_ERR_INVALID);
+    assert_non_null(strstr(tern_last_error(), "TQ1_0"));
     assert_int_equal(tern_vk_matmul(vk, TERN_DTYPE_Q8_0, a, 33, 4, b, 1, c), TERN_ERR_INVALID); /* k % 32 */
     assert_int_equal(tern_vk_matmul(vk, TERN_DTYPE_F32, a, 64, 8, b, 1, c), TERN_ERR_RANGE);   /* y: 32 > 16 bytes */
     assert_non_null(strstr(tern_last_error(), "too small"));

@@ -6,6 +6,7 @@
 
 #include "backend/vulkan.h"
 #include "backend/vulkan/spv.h"
+#include "kernels/quant.h"
 
 #include "util/log.h"
 #include "util/mem.h"
@@ -192,7 +193,9 @@ struct vk_fns {
 static const enum tern_dtype matmul_types[] = {
     TERN_DTYPE_F32,  TERN_DTYPE_F16,  TERN_DTYPE_BF16, TERN_DTYPE_Q4_0,   TERN_DTYPE_Q4_1,   TERN_DTYPE_Q5_0, TERN_DTYPE_Q5_1,
     TERN_DTYPE_Q8_0, TERN_DTYPE_Q4_K, TERN_DTYPE_Q5_K, TERN_DTYPE_Q6_K, TERN_DTYPE_IQ4_NL, TERN_DTYPE_IQ4_XS,
-    TERN_DTYPE_MXFP4};
+    TERN_DTYPE_MXFP4,
+    TERN_DTYPE_Q2_K, TERN_DTYPE_Q3_K, TERN_DTYPE_IQ2_XXS, TERN_DTYPE_IQ2_XS, TERN_DTYPE_IQ2_S, TERN_DTYPE_IQ3_XXS,
+    TERN_DTYPE_IQ3_S, TERN_DTYPE_IQ1_S, TERN_DTYPE_IQ1_M};
 #define N_MATMUL ((int)(sizeof matmul_types / sizeof matmul_types[0]))
 
 /* Every pipeline: a shader, its specialization constants. Matmuls come first (plain, then
@@ -232,6 +235,9 @@ struct tern_vk {
      * that the engine's and the server's handling of a lost device can be exercised */
     long lose_after, n_submits;
     uint64_t submits; /* every submit (tern_vk_submits) */
+    /* the I-quant grid codes (matmul.comp binding 5): IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
+     * IQ3_S, IQ1_S, two 16-bit codes per word, at the word offsets matmul.comp names */
+    struct tern_vk_buf *iq_codes;
 };
 
 struct tern_vk_buf {
@@ -334,6 +340,23 @@ static enum tern_status make_pipelines(struct tern_vk *vk) {
     return TERN_OK;
 }
 
+/* The grid codes of the I-quants, packed as matmul.comp reads them (binding 5). */
+static enum tern_status upload_iq_codes(struct tern_vk *vk) {
+    static const struct {
+        const uint16_t *codes;
+        size_t n;
+    } lists[] = {{tern_iq2xxs_codes, 256}, {tern_iq2xs_codes, 512}, {tern_iq2s_codes, 1024},
+                 {tern_iq3xxs_codes, 256}, {tern_iq3s_codes, 512}, {tern_iq1s_codes, 2048}};
+    uint32_t words[2304];
+    size_t o = 0;
+    for (size_t l = 0; l < TERN_ARRAY_LEN(lists); l++)
+        for (size_t i = 0; i < lists[l].n; i += 2) words[o++] = lists[l].codes[i] | ((uint32_t)lists[l].codes[i + 1] << 16);
+    TERN_ASSERT(o == TERN_ARRAY_LEN(words));
+    enum tern_status st = tern_vk_buf_new(vk, sizeof words, &vk->iq_codes);
+    if (!st) st = tern_vk_upload(vk->iq_codes, 0, words, sizeof words);
+    return st;
+}
+
 enum tern_status tern_vk_open(int index, struct tern_vk **out) {
     *out = NULL;
     VkPhysicalDevice pds[MAX_DEVICES];
@@ -407,7 +430,7 @@ enum tern_status tern_vk_open(int index, struct tern_vk **out) {
         tern_vk_close(vk);
         return st;
     }
-    if ((st = make_pipelines(vk))) {
+    if ((st = make_pipelines(vk)) || (st = upload_iq_codes(vk))) {
         tern_vk_close(vk);
         return st;
     }
@@ -418,6 +441,8 @@ enum tern_status tern_vk_open(int index, struct tern_vk **out) {
 
 void tern_vk_close(struct tern_vk *vk) {
     if (!vk) return;
+    tern_vk_buf_free(vk->iq_codes);
+    vk->iq_codes = NULL;
     if (vk->dev) {
         for (int i = 0; i < N_PIPES; i++)
             if (vk->pipes[i]) vk->f.vkDestroyPipeline(vk->dev, vk->pipes[i], NULL);
@@ -726,7 +751,7 @@ static enum tern_status matmul_check(enum tern_dtype wtype, size_t k, size_t n, 
     if (matmul_pipe(wtype) < 0)
         return tern_errorf(TERN_ERR_INVALID,
                            "vulkan: matmul of %s weights is not implemented (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
-                           "Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4)",
+                           "Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, Q2_K, Q3_K, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M)",
                            tern_dtype_name((uint32_t)wtype));
     if (!tern_dtype_row_size(wtype, k, rb))
         return tern_errorf(TERN_ERR_INVALID, "vulkan: rows of %zu do not fit %s blocks", k, tern_dtype_name((uint32_t)wtype));
@@ -756,8 +781,8 @@ enum tern_status tern_vk_matmul_id(struct tern_vk *vk, enum tern_dtype wtype, co
     if (n == 0 || n_slots == 0) return TERN_OK;
     const uint32_t pc[7] = {(uint32_t)k,     (uint32_t)n,             (uint32_t)n_slots, (uint32_t)rb,
                             (uint32_t)x_div, (uint32_t)expert_stride, (uint32_t)n_expert};
-    const struct tern_vk_buf *bufs[5] = {w, x, y, ids, order};
-    return record(vk, N_MATMUL + matmul_pipe(wtype), bufs, 5, pc, sizeof pc, (uint32_t)((n + 63) / 64),
+    const struct tern_vk_buf *bufs[6] = {w, x, y, ids, order, vk->iq_codes};
+    return record(vk, N_MATMUL + matmul_pipe(wtype), bufs, 6, pc, sizeof pc, (uint32_t)((n + 63) / 64),
                   (uint32_t)n_slots, 1);
 }
 
@@ -829,8 +854,8 @@ enum tern_status tern_vk_matmul(struct tern_vk *vk, enum tern_dtype wtype, const
         return tern_errorf(TERN_ERR_RANGE, "vulkan: matmul buffers too small for k %zu, n %zu, %zu tokens", k, n, n_tok);
     if (n == 0 || n_tok == 0) return TERN_OK;
     const uint32_t pc[4] = {(uint32_t)k, (uint32_t)n, (uint32_t)n_tok, (uint32_t)rb};
-    const struct tern_vk_buf *bufs[3] = {w, x, y};
-    return record(vk, pipe, bufs, 3, pc, sizeof pc, (uint32_t)((n + 63) / 64), (uint32_t)n_tok, 1);
+    const struct tern_vk_buf *bufs[6] = {w, x, y, w, w, vk->iq_codes}; /* 3, 4: unused here */
+    return record(vk, pipe, bufs, 6, pc, sizeof pc, (uint32_t)((n + 63) / 64), (uint32_t)n_tok, 1);
 }
 
 static enum tern_status check_rows(const char *op, const struct tern_vk_buf *b, size_t n_tok, size_t n) {

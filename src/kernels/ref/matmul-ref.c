@@ -6,6 +6,7 @@
  * exactness contract (kernels.h) holds trivially here. Integer block sums are exact;
  * the float accumulation runs over blocks in order. */
 #include "kernels/kernels-impl.h"
+#include "kernels/lowbit.h"
 #include "kernels/quant.h"
 
 #include <string.h>
@@ -356,6 +357,19 @@ MATMUL_REF(mm_iq4_nl, dot_iq4_nl)
 MATMUL_REF(mm_iq4_xs, dot_iq4_xs)
 MATMUL_REF(mm_mxfp4, dot_mxfp4)
 
+/* The low-bit types: unpacked super-blocks (lowbit.h), the integer sum in scalar code. */
+static int32_t lowbit_isum_ref(const struct tern_lowbit_sb *u, const struct tern_block_q8_k *a) {
+    int32_t s = 0;
+    for (int j = 0; j < 16; j++) {
+        int32_t p = 0;
+        for (int l = 0; l < 16; l++) p += (int32_t)u->q[16 * j + l] * a->qs[16 * j + l];
+        s += (int32_t)u->sc[j] * p;
+    }
+    return s;
+}
+
+LOWBIT_MATMUL(tern_lowbit_ref, lowbit_isum_ref)
+
 const struct tern_kernel_table tern_kernels_portable = {
     .matmul =
         {
@@ -373,6 +387,7 @@ const struct tern_kernel_table tern_kernels_portable = {
             [TERN_DTYPE_IQ4_NL] = mm_iq4_nl,
             [TERN_DTYPE_IQ4_XS] = mm_iq4_xs,
             [TERN_DTYPE_MXFP4] = mm_mxfp4,
+            LOWBIT_TABLE(tern_lowbit_ref),
         },
     .act =
         {

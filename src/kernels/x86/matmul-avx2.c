@@ -1,5 +1,6 @@
 /* The AVX2 + FMA + F16C kernel table (these files are compiled with -mavx2 -mfma
  * -mf16c and only called when CPUID has all three). */
+#include "kernels/lowbit.h"
 #include "kernels/x86/avx2.h"
 
 const struct tern_kernel_table tern_kernels_avx2 = {
@@ -19,6 +20,7 @@ const struct tern_kernel_table tern_kernels_avx2 = {
             [TERN_DTYPE_IQ4_NL] = tern_avx2_matmul_iq4_nl,
             [TERN_DTYPE_IQ4_XS] = tern_avx2_matmul_iq4_xs,
             [TERN_DTYPE_MXFP4] = tern_avx2_matmul_mxfp4,
+            LOWBIT_TABLE(tern_lowbit_avx2),
         },
     .act =
         {

@@ -20,6 +20,7 @@
  * do not handle go to the AVX2 entry points: the mix is free, as every pair's bits are the
  * same either way (the kernel test compares the two tile sets bit for bit on odd shapes,
  * single tokens included). */
+#include "kernels/lowbit.h"
 #include "kernels/x86/avx2.h"
 
 #pragma GCC push_options
@@ -538,5 +539,6 @@ const struct tern_kernel_table tern_kernels_avx512_tiles = {
             [TERN_DTYPE_Q5_K] = tern_avx512_matmul_q5_k,
             [TERN_DTYPE_Q6_K] = tern_avx512_matmul_q6_k,
             [TERN_DTYPE_MXFP4] = tern_avx512_matmul_mxfp4,
+            LOWBIT_TABLE(tern_lowbit_avx512),
         },
 };

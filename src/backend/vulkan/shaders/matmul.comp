@@ -4,7 +4,9 @@
 // element's bits do not depend on how many rows or tokens the dispatch covers.
 //
 // WTYPE (ggml's type numbers): 0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1, 8 Q8_0,
-// 12 Q4_K, 13 Q5_K, 14 Q6_K, 20 IQ4_NL, 23 IQ4_XS, 30 BF16, 39 MXFP4, with ggml's block layouts. Weights are read as 32-bit words (any byte offset); block
+// 12 Q4_K, 13 Q5_K, 14 Q6_K, 20 IQ4_NL, 23 IQ4_XS, 30 BF16, 39 MXFP4, and the low-bit types 10 Q2_K,
+// 11 Q3_K, 16 IQ2_XXS, 17 IQ2_XS, 22 IQ2_S, 18 IQ3_XXS, 21 IQ3_S, 19 IQ1_S, 29 IQ1_M (each
+// weight formed as ggml dequantizes it, lowbit_weight), with ggml's block layouts. Weights are read as 32-bit words (any byte offset); block
 // sizes with an F16 scale are even, so those scales sit at even offsets (MXFP4's 17-byte
 // blocks have a byte exponent, read bytewise). Within a block the products
 // are summed in element order, then added to the row's sum block by block.
@@ -28,6 +30,9 @@ layout(std430, binding = 1) readonly buffer X { float x[]; };
 layout(std430, binding = 2) writeonly buffer Y { float y[]; };
 layout(std430, binding = 3) readonly buffer I { uint ids[]; };
 layout(std430, binding = 4) readonly buffer O { uint order[]; };
+// The I-quant grids as compact codes (kernels/quant.h), two 16-bit codes per word:
+// IQ2_XXS at word 0, IQ2_XS at 128, IQ2_S at 384, IQ3_XXS at 896, IQ3_S at 1024, IQ1_S at 1280.
+layout(std430, binding = 5) readonly buffer C { uint codes[]; };
 
 layout(push_constant) uniform P {
     uint k;
@@ -63,6 +68,90 @@ void k_scale_min(uint so, uint sb, out uint sc, out uint mn) {
         sc = (wbyte(so + sb + 4u) & 15u) | ((wbyte(so + sb - 4u) >> 6) << 4);
         mn = (wbyte(so + sb + 4u) >> 4) | ((wbyte(so + sb) >> 6) << 4);
     }
+}
+
+// Code i of the list at word offset L.
+const uint IQ2XXS_CODES = 0u, IQ2XS_CODES = 128u, IQ2S_CODES = 384u, IQ3XXS_CODES = 896u, IQ3S_CODES = 1024u,
+           IQ1S_CODES = 1280u;
+#define IQ_CODE(L, i) ((codes[(L) + ((i) >> 1)] >> (16u * ((i) & 1u))) & 0xffffu)
+
+// The 2-bit grids' levels, IQ3_XXS's 3-bit ones (IQ3_S's are 2 l + 1; IQ1's l - 1).
+const uint IQ2_LEVELS[3] = uint[3](8u, 25u, 43u);
+const uint IQ3XXS_LEVELS[8] = uint[8](4u, 12u, 20u, 28u, 36u, 44u, 52u, 62u);
+
+// Sign bit e (0..7) of a 7-bit sign index: the eighth makes the count of negatives even.
+bool sign7(uint s7, uint e) { return e < 7u ? ((s7 >> e) & 1u) != 0u : (bitCount(s7) & 1) != 0; }
+
+// Weight i (0..255) of the low-bit super-block at bo, as ggml's dequantize_row_* forms it.
+float lowbit_weight(uint bo, uint i) {
+    const uint j = i >> 4, ib = i >> 5, g = (i >> 3) & 3u, e = i & 7u;
+    if (WTYPE == 10) { // Q2_K: 16 scales, 64 bytes of 2-bit levels, d, dmin
+        const uint sc = wbyte(bo + j), h = i >> 7, jj = (i & 127u) >> 5, l = i & 31u;
+        const uint q = (wbyte(bo + 16u + 32u * h + l) >> (2u * jj)) & 3u;
+        const float d = unpackHalf2x16(whalf(bo + 80u)).x, dmin = unpackHalf2x16(whalf(bo + 82u)).x;
+        return (d * float(sc & 15u)) * float(q) - dmin * float(sc >> 4);
+    } else if (WTYPE == 11) { // Q3_K: hmask, 2-bit levels, 12 bytes of 6-bit scales, d
+        const uint h = i >> 7, jj = (i & 127u) >> 5, l = i & 31u;
+        const uint lo = (wbyte(bo + 96u + (j & 7u)) >> (4u * (j >> 3))) & 15u;
+        const uint hi = (wbyte(bo + 104u + (j & 3u)) >> (2u * (j >> 2))) & 3u;
+        const int q = int((wbyte(bo + 32u + 32u * h + l) >> (2u * jj)) & 3u) -
+                      (((wbyte(bo + l) >> (4u * h + jj)) & 1u) != 0u ? 0 : 4);
+        return (unpackHalf2x16(whalf(bo + 108u)).x * float(int(lo | (hi << 4)) - 32)) * float(q);
+    } else if (WTYPE == 16 || WTYPE == 17 || WTYPE == 22) { // IQ2_XXS, IQ2_XS, IQ2_S
+        uint idx, signs, ls;
+        if (WTYPE == 16) {
+            const uint aux = wword(bo + 6u + 8u * ib);
+            idx = IQ_CODE(IQ2XXS_CODES, wbyte(bo + 2u + 8u * ib + g));
+            signs = (aux >> (7u * g)) & 127u;
+            ls = aux >> 28;
+        } else if (WTYPE == 17) {
+            const uint v = whalf(bo + 2u + 2u * (4u * ib + g));
+            idx = IQ_CODE(IQ2XS_CODES, v & 511u);
+            signs = v >> 9;
+            ls = (wbyte(bo + 66u + ib) >> (4u * (g >> 1))) & 15u;
+        } else {
+            const uint ix = wbyte(bo + 2u + 4u * ib + g) | ((wbyte(bo + 66u + ib) << (8u - 2u * g)) & 0x300u);
+            idx = IQ_CODE(IQ2S_CODES, ix);
+            signs = wbyte(bo + 34u + 4u * ib + g);
+            ls = (wbyte(bo + 74u + ib) >> (4u * (g >> 1))) & 15u;
+        }
+        const bool neg = WTYPE == 22 ? ((signs >> e) & 1u) != 0u : sign7(signs, e);
+        const float db = unpackHalf2x16(whalf(bo)).x * (0.5 + float(ls)) * 0.25;
+        return db * float(IQ2_LEVELS[(idx >> (2u * e)) & 3u]) * (neg ? -1.0 : 1.0);
+    } else if (WTYPE == 18) { // IQ3_XXS: 64 grid indices, per sub-block 4 x 7 sign bits and a scale
+        const uint aux = wword(bo + 66u + 4u * ib);
+        const uint idx = IQ_CODE(IQ3XXS_CODES, wbyte(bo + 2u + 8u * ib + 2u * g + (e >> 2)));
+        const float db = unpackHalf2x16(whalf(bo)).x * (0.5 + float(aux >> 28)) * 0.5;
+        return db * float(IQ3XXS_LEVELS[(idx >> (3u * (e & 3u))) & 7u]) * (sign7((aux >> (7u * g)) & 127u, e) ? -1.0 : 1.0);
+    } else if (WTYPE == 21) { // IQ3_S: 9-bit indices (qs, qh), 8 sign bits per group, 4-bit scales
+        const uint qh = wbyte(bo + 66u + ib);
+        const uint ix = wbyte(bo + 2u + 8u * ib + 2u * g + (e >> 2)) | ((qh << (8u - 2u * g - (e >> 2))) & 256u);
+        const uint ls = (wbyte(bo + 106u + (ib >> 1)) >> (4u * (ib & 1u))) & 15u;
+        const float db = unpackHalf2x16(whalf(bo)).x * float(1u + 2u * ls);
+        const bool neg = ((wbyte(bo + 74u + 4u * ib + g) >> e) & 1u) != 0u;
+        return db * float(2u * ((IQ_CODE(IQ3S_CODES, ix) >> (3u * (e & 3u))) & 7u) + 1u) * (neg ? -1.0 : 1.0);
+    } else if (WTYPE == 19) { // IQ1_S: 11-bit indices into the -1/0/+1 grid, per sub-block scale and shift
+        const uint qh = whalf(bo + 34u + 2u * ib);
+        const uint ix = wbyte(bo + 2u + 4u * ib + g) | (((qh >> (3u * g)) & 7u) << 8);
+        const float dl = unpackHalf2x16(whalf(bo)).x * float(2u * ((qh >> 12) & 7u) + 1u);
+        const float delta = (qh & 0x8000u) != 0u ? -0.125 : 0.125;
+        return dl * (float(int((IQ_CODE(IQ1S_CODES, ix) >> (2u * e)) & 3u) - 1) + delta);
+    } else { // IQ1_M: as IQ1_S with a shift per group and 3-bit scales per 16; d spread over the scales
+        const uint s0 = whalf(bo + 48u), s1 = whalf(bo + 50u), s2 = whalf(bo + 52u), s3 = whalf(bo + 54u);
+        const float d = unpackHalf2x16((s0 >> 12) | ((s1 >> 8) & 0xf0u) | ((s2 >> 4) & 0xf00u) | (s3 & 0xf000u)).x;
+        const uint sw = whalf(bo + 48u + 2u * (ib >> 1));
+        const float dl = d * float(2u * ((sw >> (6u * (ib & 1u) + 3u * (g >> 1))) & 7u) + 1u);
+        const uint qh = wbyte(bo + 32u + 2u * ib + (g >> 1));
+        const uint ix = wbyte(bo + 4u * ib + g) | (((g & 1u) == 0u ? qh << 8 : qh << 4) & 0x700u);
+        const float delta = (qh & ((g & 1u) == 0u ? 0x08u : 0x80u)) != 0u ? -0.125 : 0.125;
+        return dl * (float(int((IQ_CODE(IQ1S_CODES, ix) >> (2u * e)) & 3u) - 1) + delta);
+    }
+}
+
+// Bytes of a low-bit super-block.
+uint lowbit_bytes() {
+    return WTYPE == 10 ? 84u : WTYPE == 11 ? 110u : WTYPE == 16 ? 66u : WTYPE == 17 ? 74u : WTYPE == 22 ? 82u
+         : WTYPE == 18 ? 98u : WTYPE == 21 ? 110u : WTYPE == 19 ? 50u : 56u;
 }
 
 void main() {
@@ -246,6 +335,15 @@ void main() {
                 const float v = (d * float(sc)) * float(q) - dmin * float(mn);
                 s += v * x[xo + b * 256u + i];
             }
+            acc += s;
+        }
+    } else if (WTYPE == 10 || WTYPE == 11 || WTYPE == 16 || WTYPE == 17 || WTYPE == 22 || WTYPE == 18 ||
+               WTYPE == 21 || WTYPE == 19 || WTYPE == 29) { // the low-bit types: weight by weight
+        const uint nb = p.k / 256u, bb = lowbit_bytes();
+        for (uint b = 0; b < nb; b++) {
+            const uint bo = ro + b * bb;
+            precise float s = 0.0;
+            for (uint i = 0; i < 256u; i++) s += lowbit_weight(bo, i) * x[xo + b * 256u + i];
             acc += s;
         }
     }

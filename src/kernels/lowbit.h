@@ -1,0 +1,328 @@
+/* Internal to the kernels module: the one arithmetic of the nine low-bit weight types
+ * (Q2_K, Q3_K, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) times Q8_K
+ * activations, shared by the portable and the SIMD kernels so that every ISA gives the
+ * same bits.
+ *
+ * A super-block of 256 weights is first unpacked (scalar code, here) into 256 signed
+ * integer levels and 16 integer scales, one per 16 elements, such that
+ *     weight[i] = d * post * sc[i / 16] * q[i]   (Q2_K: minus dmin * m[i / 16])
+ * holds exactly, post being a power of two of the type (IQ2: 1/8, IQ3_XXS: 1/4, IQ1:
+ * 1/8, where the IQ1 shift of +-1/8 is folded in as q = 8 grid +- 1). The integer sum
+ *     s = sum_j sc[j] * sum_{i in sub-block j} q[i] a[i]
+ * is exact (int32: |s| < 2^26 for every type), so how a kernel forms it (scalar, AVX2,
+ * AVX-512) does not matter. What follows is fixed, the same C in every kernel
+ * (lowbit_acc): per super-block in order, acc = acc + float(s) * (d * da), Q2_K then
+ * acc = acc - float(sum_j m[j] bsum[j]) * (dmin * da); at the end acc * post. */
+#ifndef TERN_KERNELS_LOWBIT_H
+#define TERN_KERNELS_LOWBIT_H
+
+#include "kernels/quant.h"
+#include "util/dtype.h"
+
+#include <stdbool.h>
+#include <string.h>
+
+struct tern_lowbit_sb {
+    int8_t q[TERN_QK_K];
+    int16_t sc[TERN_QK_K / 16];
+    int16_t m[TERN_QK_K / 16]; /* Q2_K only */
+    float d, dmin;
+};
+
+static inline bool tern_lowbit_type(enum tern_dtype t) {
+    switch (t) {
+    case TERN_DTYPE_Q2_K: case TERN_DTYPE_Q3_K: case TERN_DTYPE_IQ2_XXS: case TERN_DTYPE_IQ2_XS:
+    case TERN_DTYPE_IQ2_S: case TERN_DTYPE_IQ3_XXS: case TERN_DTYPE_IQ3_S: case TERN_DTYPE_IQ1_S:
+    case TERN_DTYPE_IQ1_M: return true;
+    default: return false;
+    }
+}
+
+static inline float tern_lowbit_post(enum tern_dtype t) {
+    switch (t) {
+    case TERN_DTYPE_IQ2_XXS: case TERN_DTYPE_IQ2_XS: case TERN_DTYPE_IQ2_S:
+    case TERN_DTYPE_IQ1_S: case TERN_DTYPE_IQ1_M: return 0.125f;
+    case TERN_DTYPE_IQ3_XXS: return 0.25f;
+    default: return 1.0f;
+    }
+}
+
+static inline uint16_t lowbit_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t lowbit_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+/* 8 magnitudes (bytes of g, each in 1..127) with the signs of byte s (bit j: element j
+ * negative) as int8: two's complement per byte without carries between bytes (no byte of
+ * g is 0, so none of ~g is 0xFF). */
+static inline void lowbit_signed8(int8_t *out, uint64_t g, uint8_t s) {
+    const uint64_t m = tern_iq_signmask[s];
+    const uint64_t v = (g ^ m) + (m & 0x0101010101010101ull);
+    memcpy(out, &v, 8);
+}
+
+static inline void lowbit_unpack_q2_k(const struct tern_block_q2_k *b, struct tern_lowbit_sb *u) {
+    u->d = tern_fp16_to_f32(b->d);
+    u->dmin = tern_fp16_to_f32(b->dmin);
+    for (int j = 0; j < 16; j++) {
+        u->sc[j] = b->scales[j] & 0xF;
+        u->m[j] = b->scales[j] >> 4;
+    }
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 32; l++) u->q[128 * h + 32 * j + l] = (int8_t)((b->qs[32 * h + l] >> (2 * j)) & 3);
+}
+
+/* The 16 6-bit scales of Q3_K (s - 32, in [-32, 31]). */
+static inline void lowbit_q3_k_scales(const uint8_t *s, int16_t *sc) {
+    for (int j = 0; j < 16; j++) {
+        const int lo = (s[j % 8] >> (4 * (j / 8))) & 0xF;
+        const int hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+        sc[j] = (int16_t)((lo | (hi << 4)) - 32);
+    }
+}
+
+static inline void lowbit_unpack_q3_k(const struct tern_block_q3_k *b, struct tern_lowbit_sb *u) {
+    u->d = tern_fp16_to_f32(b->d);
+    u->dmin = 0;
+    lowbit_q3_k_scales(b->scales, u->sc);
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 4; j++) {
+            const uint8_t m = (uint8_t)(1u << (4 * h + j));
+            for (int l = 0; l < 32; l++)
+                u->q[128 * h + 32 * j + l] =
+                    (int8_t)(((b->qs[32 * h + l] >> (2 * j)) & 3) - ((b->hmask[l] & m) ? 0 : 4));
+        }
+}
+
+static inline void lowbit_unpack_iq2_xxs(const struct tern_block_iq2_xxs *b, struct tern_lowbit_sb *u) {
+    const uint8_t *p = (const uint8_t *)b->qs;
+    u->d = tern_fp16_to_f32(b->d);
+    u->dmin = 0;
+    for (int ib = 0; ib < 8; ib++) {
+        const uint32_t s = lowbit_u32(p + 8 * ib + 4);
+        u->sc[2 * ib] = u->sc[2 * ib + 1] = (int16_t)(2 * (s >> 28) + 1);
+        for (int l = 0; l < 4; l++)
+            lowbit_signed8(u->q + 32 * ib + 8 * l, tern_iq2xxs_grid[p[8 * ib + l]], tern_iq_signs7((s >> (7 * l)) & 127));
+    }
+}
+
+static inline void lowbit_unpack_iq2_xs(const struct tern_block_iq2_xs *b, struct tern_lowbit_sb *u) {
+    const uint8_t *p = (const uint8_t *)b->qs;
+    u->d = tern_fp16_to_f32(b->d);
+    u->dmin = 0;
+    for (int ib = 0; ib < 8; ib++) {
+        u->sc[2 * ib] = (int16_t)(2 * (b->scales[ib] & 0xF) + 1);
+        u->sc[2 * ib + 1] = (int16_t)(2 * (b->scales[ib] >> 4) + 1);
+        for (int l = 0; l < 4; l++) {
+            const uint16_t v = lowbit_u16(p + 2 * (4 * ib + l));
+            lowbit_signed8(u->q + 32 * ib + 8 * l, tern_iq2xs_grid[v & 511], tern_iq_signs7(v >> 9));
+        }
+    }
+}
+
+static inline void lowbit_unpack_iq2_s(const struct tern_block_iq2_s *b, struct tern_lowbit_sb *u) {
+    u->d = tern_fp16_to_f32(b->d);
+    u->dmin = 0;
+    for (int ib = 0; ib < 8; ib++) {
+        u->sc[2 * ib] = (int16_t)(2 * (b->scales[ib] & 0xF) + 1);
+        u->sc[2 * ib + 1] = (int16_t)(2 * (b->scales[ib] >> 4) + 1);
+        for (int l = 0; l < 4; l++) {
+            const unsigned idx = b->qs[4 * ib + l] | ((b->qh[ib] << (8 - 2 * l)) & 0x300);
+            lowbit_signed8(u->q + 32 * ib + 8 * l, tern_iq2s_grid[idx], b->qs[32 + 4 * ib + l]);
+        }
+    }
+}
+
+static inline void lowbit_unpack_iq3_xxs(const struct tern_block_iq3_xxs *b, struct tern_lowbit_sb *u) {
+    u->d = tern_fp16_to_f32(b->d);
+    u->dmin = 0;
+    for (int ib = 0; ib < 8; ib++) {
+        const uint32_t s = lowbit_u32(b->qs + 64 + 4 * ib);
+        u->sc[2 * ib] = u->sc[2 * ib + 1] = (int16_t)(2 * (s >> 28) + 1);
+        for (int l = 0; l < 4; l++) {
+            const uint64_t g = (uint64_t)tern_iq3xxs_grid[b->qs[8 * ib + 2 * l]] |
+                               ((uint64_t)tern_iq3xxs_grid[b->qs[8 * ib + 2 * l + 1]] << 32);
+            lowbit_signed8(u->q + 32 * ib + 8 * l, g, tern_iq_signs7((s >> (7 * l)) & 127));
+        }
+    }
+}
+
+static inline void lowbit_unpack_iq3_s(const struct tern_block_iq3_s *b, struct tern_lowbit_sb *u) {
+    u->d = tern_fp16_to_f32(b->d);
+    u->dmin = 0;
+    for (int ib = 0; ib < 8; ib++) {
+        const int ls = (b->scales[ib / 2] >> (4 * (ib % 2))) & 0xF;
+        u->sc[2 * ib] = u->sc[2 * ib + 1] = (int16_t)(1 + 2 * ls);
+        const unsigned qh = b->qh[ib];
+        for (int l = 0; l < 4; l++) {
+            const unsigned i1 = b->qs[8 * ib + 2 * l] | ((qh << (8 - 2 * l)) & 256);
+            const unsigned i2 = b->qs[8 * ib + 2 * l + 1] | ((qh << (7 - 2 * l)) & 256);
+            const uint64_t g = (uint64_t)tern_iq3s_grid[i1] | ((uint64_t)tern_iq3s_grid[i2] << 32);
+            lowbit_signed8(u->q + 32 * ib + 8 * l, g, b->signs[4 * ib + l]);
+        }
+    }
+}
+
+/* 8 grid values (-1, 0, +1 bytes) as 8 g + delta, delta = +-1 (no byte overflows). */
+static inline void lowbit_iq1_8(int8_t *out, uint64_t g, int delta) {
+    int8_t v[8];
+    memcpy(v, &g, 8);
+    for (int j = 0; j < 8; j++) out[j] = (int8_t)(8 * v[j] + delta);
+}
+
+static inline void lowbit_unpack_iq1_s(const struct tern_block_iq1_s *b, struct tern_lowbit_sb *u) {
+    const uint8_t *qh8 = (const uint8_t *)b->qh;
+    u->d = tern_fp16_to_f32(b->d);
+    u->dmin = 0;
+    for (int ib = 0; ib < 8; ib++) {
+        const unsigned qh = lowbit_u16(qh8 + 2 * ib);
+        u->sc[2 * ib] = u->sc[2 * ib + 1] = (int16_t)(2 * ((qh >> 12) & 7) + 1);
+        const int delta = (qh & 0x8000) ? -1 : 1;
+        for (int l = 0; l < 4; l++)
+            lowbit_iq1_8(u->q + 32 * ib + 8 * l, tern_iq1s_grid[b->qs[4 * ib + l] | (((qh >> (3 * l)) & 7) << 8)], delta);
+    }
+}
+
+/* The half d of an IQ1_M block, spread over the top nibbles of its four scale words. */
+static inline tern_fp16 lowbit_iq1_m_d(const uint8_t *scales) {
+    const unsigned s0 = lowbit_u16(scales), s1 = lowbit_u16(scales + 2), s2 = lowbit_u16(scales + 4),
+                   s3 = lowbit_u16(scales + 6);
+    return (tern_fp16)((s0 >> 12) | ((s1 >> 8) & 0x00F0) | ((s2 >> 4) & 0x0F00) | (s3 & 0xF000));
+}
+
+static inline void lowbit_unpack_iq1_m(const struct tern_block_iq1_m *b, struct tern_lowbit_sb *u) {
+    u->d = tern_fp16_to_f32(lowbit_iq1_m_d(b->scales));
+    u->dmin = 0;
+    for (int ib = 0; ib < 8; ib++) {
+        const unsigned sw = lowbit_u16(b->scales + 2 * (ib / 2));
+        u->sc[2 * ib] = (int16_t)(2 * ((sw >> (6 * (ib % 2))) & 7) + 1);
+        u->sc[2 * ib + 1] = (int16_t)(2 * ((sw >> (6 * (ib % 2) + 3)) & 7) + 1);
+        const unsigned h0 = b->qh[2 * ib], h1 = b->qh[2 * ib + 1];
+        const unsigned idx[4] = {b->qs[4 * ib] | ((h0 << 8) & 0x700), b->qs[4 * ib + 1] | ((h0 << 4) & 0x700),
+                                 b->qs[4 * ib + 2] | ((h1 << 8) & 0x700), b->qs[4 * ib + 3] | ((h1 << 4) & 0x700)};
+        const int delta[4] = {(h0 & 0x08) ? -1 : 1, (h0 & 0x80) ? -1 : 1, (h1 & 0x08) ? -1 : 1, (h1 & 0x80) ? -1 : 1};
+        for (int l = 0; l < 4; l++) lowbit_iq1_8(u->q + 32 * ib + 8 * l, tern_iq1s_grid[idx[l]], delta[l]);
+    }
+}
+
+/* Block b of a row of type t. */
+static inline void tern_lowbit_unpack(enum tern_dtype t, const void *row, size_t b, struct tern_lowbit_sb *u) {
+    const uint8_t *p = row;
+    switch (t) {
+    case TERN_DTYPE_Q2_K: lowbit_unpack_q2_k((const void *)(p + b * sizeof(struct tern_block_q2_k)), u); break;
+    case TERN_DTYPE_Q3_K: lowbit_unpack_q3_k((const void *)(p + b * sizeof(struct tern_block_q3_k)), u); break;
+    case TERN_DTYPE_IQ2_XXS: lowbit_unpack_iq2_xxs((const void *)(p + b * sizeof(struct tern_block_iq2_xxs)), u); break;
+    case TERN_DTYPE_IQ2_XS: lowbit_unpack_iq2_xs((const void *)(p + b * sizeof(struct tern_block_iq2_xs)), u); break;
+    case TERN_DTYPE_IQ2_S: lowbit_unpack_iq2_s((const void *)(p + b * sizeof(struct tern_block_iq2_s)), u); break;
+    case TERN_DTYPE_IQ3_XXS: lowbit_unpack_iq3_xxs((const void *)(p + b * sizeof(struct tern_block_iq3_xxs)), u); break;
+    case TERN_DTYPE_IQ3_S: lowbit_unpack_iq3_s((const void *)(p + b * sizeof(struct tern_block_iq3_s)), u); break;
+    case TERN_DTYPE_IQ1_S: lowbit_unpack_iq1_s((const void *)(p + b * sizeof(struct tern_block_iq1_s)), u); break;
+    case TERN_DTYPE_IQ1_M: lowbit_unpack_iq1_m((const void *)(p + b * sizeof(struct tern_block_iq1_m)), u); break;
+    default: memset(u, 0, sizeof *u); break;
+    }
+}
+
+/* The float steps after a super-block's exact integer sums s (and, Q2_K, msum). */
+static inline float lowbit_acc(float acc, const struct tern_lowbit_sb *u, const struct tern_block_q8_k *a,
+                               int32_t s, int32_t msum, bool has_min) {
+    acc = acc + (float)s * (u->d * a->d);
+    if (has_min) acc = acc - (float)msum * (u->dmin * a->d);
+    return acc;
+}
+
+static inline int32_t lowbit_msum(const struct tern_lowbit_sb *u, const struct tern_block_q8_k *a) {
+    int32_t m = 0;
+    for (int j = 0; j < 16; j++) m += (int32_t)u->m[j] * a->bsums[j];
+    return m;
+}
+
+/* The driver every ISA instantiates with its integer sum isum(u, a): rows [r0, r1) by all
+ * tokens; a row's super-block is unpacked once per block of LOWBIT_TB tokens, whose
+ * accumulators stay in acc[]. The order of the float steps per (row, token) is fixed. */
+#define LOWBIT_TB 32
+#define LOWBIT_MATMUL(name, isum)                                                                   \
+    static void name##_drive(enum tern_dtype t, const void *w, size_t w_row_bytes, size_t k,        \
+                             const void *act, size_t act_row_bytes, size_t n_tok, float *y,         \
+                             size_t ldy, size_t r0, size_t r1) {                                    \
+        const size_t nb = k / TERN_QK_K;                                                            \
+        const bool has_min = t == TERN_DTYPE_Q2_K;                                                  \
+        const float post = tern_lowbit_post(t);                                                     \
+        struct tern_lowbit_sb u;                                                                    \
+        float acc[LOWBIT_TB];                                                                       \
+        tern_iq_grids_init();                                                                       \
+        for (size_t r = r0; r < r1; r++) {                                                          \
+            const uint8_t *wr = (const uint8_t *)w + r * w_row_bytes;                               \
+            for (size_t t0 = 0; t0 < n_tok; t0 += LOWBIT_TB) {                                      \
+                const size_t nt = n_tok - t0 < LOWBIT_TB ? n_tok - t0 : LOWBIT_TB;                  \
+                for (size_t i = 0; i < nt; i++) acc[i] = 0.0f;                                      \
+                for (size_t b = 0; b < nb; b++) {                                                   \
+                    tern_lowbit_unpack(t, wr, b, &u);                                               \
+                    for (size_t i = 0; i < nt; i++) {                                               \
+                        const struct tern_block_q8_k *a =                                           \
+                            (const struct tern_block_q8_k *)((const uint8_t *)act +                 \
+                                                             (t0 + i) * act_row_bytes) + b;         \
+                        const int32_t s = isum(&u, a);                                              \
+                        acc[i] = lowbit_acc(acc[i], &u, a, s, has_min ? lowbit_msum(&u, a) : 0,     \
+                                            has_min);                                               \
+                    }                                                                               \
+                }                                                                                   \
+                for (size_t i = 0; i < nt; i++) y[(t0 + i) * ldy + r] = acc[i] * post;              \
+            }                                                                                       \
+        }                                                                                           \
+    }                                                                                               \
+    LOWBIT_ENTRY(name, q2_k, TERN_DTYPE_Q2_K)                                                       \
+    LOWBIT_ENTRY(name, q3_k, TERN_DTYPE_Q3_K)                                                       \
+    LOWBIT_ENTRY(name, iq2_xxs, TERN_DTYPE_IQ2_XXS)                                                 \
+    LOWBIT_ENTRY(name, iq2_xs, TERN_DTYPE_IQ2_XS)                                                   \
+    LOWBIT_ENTRY(name, iq2_s, TERN_DTYPE_IQ2_S)                                                     \
+    LOWBIT_ENTRY(name, iq3_xxs, TERN_DTYPE_IQ3_XXS)                                                 \
+    LOWBIT_ENTRY(name, iq3_s, TERN_DTYPE_IQ3_S)                                                     \
+    LOWBIT_ENTRY(name, iq1_s, TERN_DTYPE_IQ1_S)                                                     \
+    LOWBIT_ENTRY(name, iq1_m, TERN_DTYPE_IQ1_M)
+
+#define LOWBIT_ENTRY(name, sfx, type)                                                               \
+    void name##_##sfx(const void *w, size_t w_row_bytes, size_t k, const void *act,                 \
+                      size_t act_row_bytes, size_t n_tok, float *y, size_t ldy, size_t r0,          \
+                      size_t r1) {                                                                  \
+        name##_drive(type, w, w_row_bytes, k, act, act_row_bytes, n_tok, y, ldy, r0, r1);           \
+    }
+
+#define LOWBIT_DECLARE(name)                                                                        \
+    void name##_q2_k(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t,   \
+                     size_t, size_t);                                                               \
+    void name##_q3_k(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t,   \
+                     size_t, size_t);                                                               \
+    void name##_iq2_xxs(const void *, size_t, size_t, const void *, size_t, size_t, float *,        \
+                        size_t, size_t, size_t);                                                    \
+    void name##_iq2_xs(const void *, size_t, size_t, const void *, size_t, size_t, float *,         \
+                       size_t, size_t, size_t);                                                     \
+    void name##_iq2_s(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t,  \
+                      size_t, size_t);                                                              \
+    void name##_iq3_xxs(const void *, size_t, size_t, const void *, size_t, size_t, float *,        \
+                        size_t, size_t, size_t);                                                    \
+    void name##_iq3_s(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t,  \
+                      size_t, size_t);                                                              \
+    void name##_iq1_s(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t,  \
+                      size_t, size_t);                                                              \
+    void name##_iq1_m(const void *, size_t, size_t, const void *, size_t, size_t, float *, size_t,  \
+                      size_t, size_t);
+
+#define LOWBIT_TABLE(name)                                                                          \
+    [TERN_DTYPE_Q2_K] = name##_q2_k, [TERN_DTYPE_Q3_K] = name##_q3_k,                               \
+    [TERN_DTYPE_IQ2_XXS] = name##_iq2_xxs, [TERN_DTYPE_IQ2_XS] = name##_iq2_xs,                     \
+    [TERN_DTYPE_IQ2_S] = name##_iq2_s, [TERN_DTYPE_IQ3_XXS] = name##_iq3_xxs,                       \
+    [TERN_DTYPE_IQ3_S] = name##_iq3_s, [TERN_DTYPE_IQ1_S] = name##_iq1_s,                           \
+    [TERN_DTYPE_IQ1_M] = name##_iq1_m
+
+/* Portable (ref/matmul-ref.c), AVX2 (x86/lowbit-avx2.c), AVX-512 (x86/lowbit-avx512.c). */
+LOWBIT_DECLARE(tern_lowbit_ref)
+LOWBIT_DECLARE(tern_lowbit_avx2)
+LOWBIT_DECLARE(tern_lowbit_avx512)
+
+/* Dequantization of nb super-blocks (ggml's formulas in ggml's order) and tern's
+ * quantizers (quant-lowbit.c); false for a type that is not one of the nine. */
+bool tern_lowbit_dequantize(enum tern_dtype t, const void *src, float *dst, size_t nb);
+bool tern_lowbit_quantize(enum tern_dtype t, const float *src, void *dst, size_t nb);
+
+#endif
