@@ -50,6 +50,8 @@ static void usage(FILE *f) {
             "                         would send it, to /v1/messages or /v1/responses of both arms\n"
             "  --shape FILE           a request body a real client of --protocol sent (bench/agent-shape.mjs):\n"
             "                         its system prompt (instructions) and tools replace the transcript's\n"
+            "  --prompt-slack N       the arms' prompt token counts may differ by up to N (servers whose\n"
+            "                         adapters render the same request differently; default 0)\n"
             "protocol:\n"
             "  --reps N               repetitions, each replaying the whole conversation (default 3)\n"
             "  --isolate MODE         keep repetitions independent: restart (fresh servers per rep; the\n"
@@ -222,7 +224,7 @@ enum {
     OPT_TRANSCRIPT = 256, OPT_URL, OPT_URL_B, OPT_MODEL, OPT_ARMS, OPT_REPS, OPT_OUT, OPT_GAP, OPT_USER_GAP,
     OPT_TURNS, OPT_MAX_TOKENS, OPT_SERVER_ARGS, OPT_SERVER_BIN, OPT_ISOLATE, OPT_NO_WARMUP, OPT_NO_PAUSE, OPT_TRUST_KINDS,
     OPT_TIMEOUT, OPT_START_TIMEOUT, OPT_LABELS, OPT_MAKE, OPT_SEED, OPT_STRIP, OPT_QUIET, OPT_HELP, OPT_DEMO,
-    OPT_PROTOCOL, OPT_SHAPE, OPT_PAUSE_PIDS
+    OPT_PROTOCOL, OPT_SHAPE, OPT_PAUSE_PIDS, OPT_PROMPT_SLACK
 };
 
 static int replay_main(int argc, char **argv) {
@@ -241,6 +243,7 @@ static int replay_main(int argc, char **argv) {
         {"quiet", no_argument, 0, OPT_QUIET}, {"help", no_argument, 0, OPT_HELP},
         {"demo", no_argument, 0, OPT_DEMO}, {"protocol", required_argument, 0, OPT_PROTOCOL},
         {"shape", required_argument, 0, OPT_SHAPE}, {"pause-pids", required_argument, 0, OPT_PAUSE_PIDS},
+        {"prompt-slack", required_argument, 0, OPT_PROMPT_SLACK},
         {0, 0, 0, 0}};
     struct tern_replay_config cfg;
     tern_replay_config_default(&cfg);
@@ -256,6 +259,7 @@ static int replay_main(int argc, char **argv) {
     enum tern_replay_protocol protocol = TERN_REPLAY_CHAT;
     const char *shape_path = NULL;
     int pause_pids[2] = {0, 0};
+    long prompt_slack = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case OPT_TRANSCRIPT: transcript = optarg; break;
@@ -280,6 +284,13 @@ static int replay_main(int argc, char **argv) {
                 return cli_fail("replay", "--protocol is '%s'; it must be chat, messages or responses", optarg);
             break;
         case OPT_SHAPE: shape_path = optarg; break;
+        case OPT_PROMPT_SLACK: {
+            char *end;
+            prompt_slack = strtol(optarg, &end, 10);
+            if (*end || prompt_slack < 0 || prompt_slack > 1000000)
+                return cli_fail("replay", "--prompt-slack is '%s'; expected a token count from 0", optarg);
+            break;
+        }
         case OPT_PAUSE_PIDS:
             if (sscanf(optarg, "%d,%d", &pause_pids[0], &pause_pids[1]) != 2 || pause_pids[0] <= 0 || pause_pids[1] <= 0)
                 return cli_fail("replay", "--pause-pids is '%s'; expected two process ids, PA,PB", optarg);
@@ -456,6 +467,7 @@ static int replay_main(int argc, char **argv) {
     char *cmdline = join_argv(argc, argv);
     cfg.tr = tr;
     cfg.protocol = protocol;
+    cfg.prompt_slack = prompt_slack;
     cfg.pause_pid[0] = pause_pids[0];
     cfg.pause_pid[1] = pause_pids[1];
     cfg.shape = shape;

@@ -377,6 +377,11 @@ enum tern_status tern_replay_check_usage(const struct tern_replay_meas *m, const
 
 enum tern_status tern_replay_check_turn(const struct tern_replay_meas *const *ms, size_t n,
                                         const char *const *arm_labels) {
+    return tern_replay_check_turn_slack(ms, n, arm_labels, 0);
+}
+
+enum tern_status tern_replay_check_turn_slack(const struct tern_replay_meas *const *ms, size_t n,
+                                              const char *const *arm_labels, long slack) {
     for (size_t i = 0; i < n; i++) {
         for (size_t j = 0; j < i; j++) {
             const struct tern_replay_meas *a = ms[j], *b = ms[i];
@@ -387,7 +392,8 @@ enum tern_status tern_replay_check_turn(const struct tern_replay_meas *const *ms
                                    "arms must receive the same bytes", b->turn, b->rep + 1, arm_labels[a->arm],
                                    a->body_len, (unsigned long long)a->body_hash, arm_labels[b->arm], b->body_len,
                                    (unsigned long long)b->body_hash);
-            if (a->prompt_tokens >= 0 && b->prompt_tokens >= 0 && a->prompt_tokens != b->prompt_tokens)
+            if (a->prompt_tokens >= 0 && b->prompt_tokens >= 0 &&
+                (a->prompt_tokens > b->prompt_tokens + slack || b->prompt_tokens > a->prompt_tokens + slack))
                 return tern_errorf(TERN_ERR_FORMAT, "turn %zu: arm %s rep %d counts %ld prompt tokens, arm %s rep %d "
                                    "counts %ld; the same prompt must tokenize the same (different models or "
                                    "templates cannot be compared)", b->turn, arm_labels[a->arm], a->rep + 1,

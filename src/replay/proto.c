@@ -14,6 +14,7 @@
  * same bytes, so both arms of a run see identical requests. */
 #include "replay/replay.h"
 
+#include "util/hash.h"
 #include "util/mem.h"
 
 #include <string.h>
@@ -90,6 +91,23 @@ static void copy_if(json_t *to, const char *as, const json_t *from, const char *
 
 /* ---- Anthropic Messages ---------------------------------------------------------------- */
 
+/* Claude Code's first system block, "x-anthropic-billing-header: ...; cch=XXXXX;", changes
+ * with every request. A replayed shape varies it the same way (cch from a hash of the
+ * turn's body: the same for both arms, different every turn), so that a server which
+ * keeps the block pays for it as it would with the real client. */
+static void billing_vary(json_t *blocks, const json_t *chat) {
+    json_t *b = json_array_get(blocks, 0);
+    const char *t = json_string_value(json_object_get(b, "text"));
+    const char *cch = t && !strncmp(t, "x-anthropic-billing-header:", 27) ? strstr(t, "cch=") : NULL;
+    if (!cch) return;
+    char *s = json_dumps(json_object_get(chat, "messages"), JSON_COMPACT);
+    unsigned h = s ? (unsigned)(tern_hash64(s, strlen(s)) & 0xfffffu) : 0;
+    free(s);
+    const char *end = strchr(cch, ';');
+    json_t *v = json_sprintf("%.*scch=%05x%s", (int)(cch - t), t, h, end ? end : ";");
+    if (v) json_object_set_new(b, "text", v);
+}
+
 static json_t *to_messages(const json_t *chat, const json_t *shape) {
     json_t *out = json_object();
     copy_if(out, "model", chat, "model");
@@ -99,7 +117,9 @@ static json_t *to_messages(const json_t *chat, const json_t *shape) {
     size_t first;
     json_t *sys = system_prompt(msgs, &first);
     if (shape && json_object_get(shape, "system")) {
-        copy_if(out, "system", shape, "system");
+        json_t *blocks = json_deep_copy(json_object_get(shape, "system"));
+        billing_vary(blocks, chat);
+        json_object_set_new(out, "system", blocks);
     } else if (sys) {
         json_t *blocks = json_array();
         size_t i;

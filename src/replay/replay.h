@@ -83,6 +83,11 @@ void tern_chat_stream_free(struct tern_chat_stream *cs);
 enum tern_status tern_replay_check_usage(const struct tern_replay_meas *m, const char *arm_label);
 /* Across the measurements of one turn (all arms, all reps so far): the bytes POSTed
  * to every arm within a rep are identical, and prompt_tokens agree everywhere. */
+/* The same with prompt_tokens allowed to differ by up to slack between arms (two servers
+ * whose adapters render a protocol's request differently: tern drops Claude Code's
+ * billing block, llama-server keeps it). */
+enum tern_status tern_replay_check_turn_slack(const struct tern_replay_meas *const *ms, size_t n,
+                                              const char *const *arm_labels, long slack);
 enum tern_status tern_replay_check_turn(const struct tern_replay_meas *const *ms, size_t n,
                                         const char *const *arm_labels);
 
@@ -121,6 +126,7 @@ enum tern_status tern_replay_to_protocol(enum tern_replay_protocol p, const json
 struct tern_replay_config {
     const struct tern_replay_transcript *tr;
     enum tern_replay_protocol protocol;
+    long prompt_slack;           /* prompt tokens the arms may differ by (0: none) */
     int pause_pid[TERN_REPLAY_MAX_ARMS]; /* URL arms: the servers' processes, paused (SIGSTOP) while
                                             the other arm is measured, as managed arms are (0: none) */
     const json_t *shape;         /* borrowed; NULL: the transcript's system prompt and tools */

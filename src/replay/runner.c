@@ -333,7 +333,7 @@ static enum tern_status check_turn(struct ctx *c, int rep, size_t t) {
     for (int a = 0; a < cfg->n_arms; a++) labels[a] = cfg->arms[a].label;
     for (int r = 0; r <= rep; r++)
         for (int a = 0; a < cfg->n_arms; a++) ms[n++] = tern_replay_meas_at(run, r, t, a);
-    enum tern_status st = tern_replay_check_turn(ms, n, labels);
+    enum tern_status st = tern_replay_check_turn_slack(ms, n, labels, cfg->prompt_slack);
     if (st != TERN_OK) return st;
     if (t == 0 && rep > 0 && !run->isolation_leak) {
         for (int a = 0; a < cfg->n_arms; a++) {
