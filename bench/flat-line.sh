@@ -60,6 +60,6 @@ for door in ${doors//,/ }; do
   echo "== $door ($client's system prompt and tools) =="
   "$tern" replay --transcript "$transcript" --url "http://127.0.0.1:$pt" --url-b "http://127.0.0.1:$pl" \
     --labels tern,llama.cpp --protocol "$door" --shape "$out/shape-$client.json" --turns "$turns" --reps "$reps" \
-    --isolate salt --prompt-slack 64 --pause-pids "$tpid,$lpid" --out "$out/$door" --quiet | sed -n '/^class/,/^rewrite turns/p'
+    --max-tokens 1 --isolate salt --prompt-slack 64 --pause-pids "$tpid,$lpid" --out "$out/$door" --quiet | sed -n '/^class/,/^rewrite turns/p'
 done
 echo "results: $out/*/RESULTS.md"
