@@ -56,10 +56,15 @@ wait_health "http://127.0.0.1:$pl" || { echo "llama-server did not start (see $o
 
 for door in ${doors//,/ }; do
   client=$([ "$door" = messages ] && echo claude || echo codex)
+  # The two servers' adapters render the same request to different prompts: tern drops
+  # Claude Code's per-request billing block (~40 tokens) where llama-server keeps it, and
+  # llama-server leaves out Codex's namespace tools (its sub-agent tools, ~3.7K tokens)
+  # where tern flattens them in. RESULTS.md lists both prompt sizes per turn.
+  slack=$([ "$door" = messages ] && echo 64 || echo 8000)
   node "$here/bench/agent-shape.mjs" "$client" "$out/shape-$client.json"
   echo "== $door ($client's system prompt and tools) =="
   "$tern" replay --transcript "$transcript" --url "http://127.0.0.1:$pt" --url-b "http://127.0.0.1:$pl" \
     --labels tern,llama.cpp --protocol "$door" --shape "$out/shape-$client.json" --turns "$turns" --reps "$reps" \
-    --max-tokens 1 --isolate salt --prompt-slack 64 --pause-pids "$tpid,$lpid" --out "$out/$door" --quiet | sed -n '/^class/,/^rewrite turns/p'
+    --max-tokens 1 --isolate salt --prompt-slack "$slack" --pause-pids "$tpid,$lpid" --out "$out/$door" --quiet | sed -n '/^class/,/^rewrite turns/p'
 done
 echo "results: $out/*/RESULTS.md"
