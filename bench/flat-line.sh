@@ -9,17 +9,20 @@
 #
 #   bench/flat-line.sh -m MODEL.gguf [-t TRANSCRIPT.jsonl] [--turns 20] [--reps 1]
 #                      [--threads 2] [--ctx 65536] [--out DIR] [--doors messages,responses]
+#                      [--user-gap S]
 #
+# --user-gap S: seconds of quiet after a turn that ended with an answer (a person reads it
+# and types the next message; default 0), tern replay's --user-gap.
 # Writes DIR/<door>/RESULTS.md, ttft.svg and turns.jsonl per door, and prints each run's
 # summary: TTFT per turn class for both arms, the sum over turns and its ratio. Timings
 # are for reading: the script exits 0 whatever they are (2 on a usage or tool error).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 model="" transcript=$here/../shared/bench/agent-long.jsonl turns=20 reps=1 threads=$(nproc) ctx=65536
-out=flat-line-out doors=messages,responses
+out=flat-line-out doors=messages,responses user_gap=0
 tern=$here/build/tern
 llama_run=$here/../shared/reference/llama.cpp/run
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 while [ $# -gt 0 ]; do
   case $1 in
     -m|--model) model=$2; shift ;;
@@ -30,6 +33,7 @@ while [ $# -gt 0 ]; do
     --ctx) ctx=$2; shift ;;
     --out) out=$2; shift ;;
     --doors) doors=$2; shift ;;
+    --user-gap) user_gap=$2; shift ;;
     -h|--help) usage ;;
     *) echo "flat-line.sh: unknown argument $1" >&2; usage ;;
   esac
@@ -65,6 +69,6 @@ for door in ${doors//,/ }; do
   echo "== $door ($client's system prompt and tools) =="
   "$tern" replay --transcript "$transcript" --url "http://127.0.0.1:$pt" --url-b "http://127.0.0.1:$pl" \
     --labels tern,llama.cpp --protocol "$door" --shape "$out/shape-$client.json" --turns "$turns" --reps "$reps" \
-    --max-tokens 1 --isolate salt --prompt-slack "$slack" --pause-pids "$tpid,$lpid" --out "$out/$door" --quiet | sed -n '/^class/,/^rewrite turns/p'
+    --max-tokens 1 --user-gap "$user_gap" --isolate salt --prompt-slack "$slack" --pause-pids "$tpid,$lpid" --out "$out/$door" --quiet | sed -n '/^class/,/^rewrite turns/p'
 done
 echo "results: $out/*/RESULTS.md"
