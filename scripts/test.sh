@@ -2,10 +2,22 @@
 # The test command: installs dependencies, builds, and runs the whole suite twice —
 # a normal build (build/) and an ASan+UBSan build (build-asan/) — then the server's
 # threaded tests (label tsan) in a ThreadSanitizer build (build-tsan/).
+#
+# --quick: the 5-minute loop for developers — one build (build/), no dependency step, the
+# tests labelled quick (tests/quick.cmake: a smoke of every layer). CI runs the full command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/deps.sh --agents
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+[ $quick = 1 ] || ./scripts/deps.sh --agents
 jobs=$(nproc)
+
+# The ten slowest tests of a ctest log (where the suite's time goes).
+slowest() {
+  echo "ten slowest tests ($1):"
+  grep -E 'Test +#[0-9]+: ' "$1" | sed -E 's/.*Test +#[0-9]+: ([^ ]+) .* ([0-9.]+) sec$/\2 s  \1/' |
+    sort -rn | head -10 | sed 's/^/  /' || true
+}
 # the agent clients are installed: their e2e test must run, not skip
 export TERN_REQUIRE_AGENTS=1
 # deps.sh installs the Vulkan headers, glslc and lavapipe: the Vulkan tests must run, not skip.
@@ -30,17 +42,26 @@ fi
 
 echo "== build (RelWithDebInfo) =="
 ./scripts/build.sh build "${cfg[@]}"
+if [ $quick = 1 ]; then
+  echo "== quick tests (label quick) =="
+  (cd build && ctest --output-on-failure -j"$jobs" -L quick | tee ctest-quick.log)
+  slowest build/ctest-quick.log
+  exit 0
+fi
 echo "== tests =="
-(cd build && ctest --output-on-failure -j"$jobs" | tee ctest.log)
+# the lite twins (label twin) run in the sanitizer build only: here their full tests run
+(cd build && ctest --output-on-failure -j"$jobs" -LE twin | tee ctest.log)
 # Skips are listed by name; with the kit present none of them may be a conformance test
 # (those fail instead, above).
 echo "skipped tests: $(grep -c '(Skipped)' build/ctest.log || true)"
+slowest build/ctest.log
 
 echo "== build (ASan+UBSan) =="
 ./scripts/build.sh build-asan -DTERN_SANITIZE=ON "${cfg[@]}"
 echo "== tests under ASan+UBSan =="
 (cd build-asan && ctest --output-on-failure -j"$jobs" -LE no-asan | tee ctest.log)
 echo "skipped tests: $(grep -c '(Skipped)' build-asan/ctest.log || true)"
+slowest build-asan/ctest.log
 
 echo "== build (ThreadSanitizer: tern and the server's threaded tests) =="
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTERN_TSAN=ON "${cfg[@]}" >/dev/null

@@ -53,7 +53,7 @@ if(TERN_NODE)
   tern_script_test(agents-e2e ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/agents.test.mjs
                    TIMEOUT 900 LABELS e2e no-asan)
   tern_script_test(server-protocols ${TERN_NODE} --test-reporter=spec
-                   ${CMAKE_SOURCE_DIR}/tests/clients/protocols.test.mjs TIMEOUT 600 LABELS e2e quick)
+                   ${CMAKE_SOURCE_DIR}/tests/clients/protocols.test.mjs TIMEOUT 600 LABELS e2e)
   # Priming the bodies that fit is slow under ASan; the two tests above exercise the
   # same request path (and LeakSanitizer checks the server's exit) under ASan.
   tern_script_test(server-bench-bodies ${TERN_NODE} --test-reporter=spec
