@@ -54,6 +54,9 @@ if(TERN_NODE)
                    TIMEOUT 900 LABELS e2e no-asan)
   tern_script_test(server-protocols ${TERN_NODE} --test-reporter=spec
                    ${CMAKE_SOURCE_DIR}/tests/clients/protocols.test.mjs TIMEOUT 600 LABELS e2e)
+  # harmony (gpt-oss): the kit's tiny gpt-oss under its real template, three doors
+  tern_script_test(server-harmony ${TERN_NODE} --test-reporter=spec
+                   ${CMAKE_SOURCE_DIR}/tests/clients/harmony.test.mjs TIMEOUT 300 LABELS e2e)
   # Priming the bodies that fit is slow under ASan; the two tests above exercise the
   # same request path (and LeakSanitizer checks the server's exit) under ASan.
   tern_script_test(server-bench-bodies ${TERN_NODE} --test-reporter=spec

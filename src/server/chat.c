@@ -54,8 +54,10 @@ enum tern_status chat_fmt_init(struct chat_fmt *cf, const struct tern_model *m, 
     /* The Qwen family's markers: in the vocabulary or in the template. */
     bool qwen = tern_token_find(cf->tok, "<think>", 7) >= 0 || tern_token_find(cf->tok, "<tool_call>", 11) >= 0 ||
                 memmem(src, len, "<tool_call>", 11) || memmem(src, len, "<think>", 7);
-    cf->fmt = qwen ? &reply_format_qwen : &reply_format_plain;
-    cf->tool_syntax = (int)srv_tool_syntax_detect(src, len, qwen);
+    /* harmony (gpt-oss): its channel marker in the template or the vocabulary */
+    bool harmony = memmem(src, len, "<|channel|>", 11) || tern_token_find(cf->tok, "<|channel|>", 11) >= 0;
+    cf->fmt = harmony ? &reply_format_harmony : qwen ? &reply_format_qwen : &reply_format_plain;
+    cf->tool_syntax = harmony ? (int)SRV_TOOL_SYNTAX_HARMONY : (int)srv_tool_syntax_detect(src, len, qwen);
     return TERN_OK;
 }
 
@@ -120,7 +122,112 @@ enum tern_status chat_fmt_tokenize(const struct chat_fmt *cf, const char *text, 
 
 static int32_t default_turn_token(const struct tern_tokenizer *tok) { return tern_token_find(tok, "<|im_start|>", 12); }
 
-int32_t chat_turn_token(const struct chat_fmt *cf) { return default_turn_token(cf->tok); }
+int32_t chat_turn_token(const struct chat_fmt *cf) {
+    int32_t id = default_turn_token(cf->tok);
+    if (id < 0 && cf->fmt && cf->fmt->harmony) id = tern_token_find(cf->tok, "<|start|>", 9);
+    return id;
+}
+
+/* ---- harmony's messages --------------------------------------------------------------- */
+
+static json_t *harmony_assistant(const json_t *m, const json_t *call, bool first) {
+    json_t *a = json_deep_copy(m);
+    if (!a) return NULL;
+    const char *rc = json_string_value(json_object_get(a, "reasoning_content"));
+    const char *th = json_string_value(json_object_get(a, "thinking"));
+    const char *content = json_string_value(json_object_get(a, "content"));
+    int bad = 0;
+    if (!first) {
+        /* the next calls of one turn: the thinking and text went with the first */
+        json_object_del(a, "reasoning_content");
+        json_object_del(a, "thinking");
+        bad |= json_object_set_new(a, "content", json_string(""));
+    } else if (!th && rc && *rc) {
+        bad |= json_object_set_new(a, "thinking", json_string(rc));
+        th = rc;
+    }
+    if (call) {
+        json_t *one = json_array();
+        bad |= !one || json_array_append(one, (json_t *)call) || json_object_set_new(a, "tool_calls", one);
+        /* the template takes thinking or text before a call, not both: both were the
+         * model's words before the call, so they join as its analysis */
+        if (first && th && *th && content && *content) {
+            struct tern_buf b = TERN_BUF_INIT;
+            bad |= tern_buf_printf(&b, "%s\n\n%s", th, content) != TERN_OK;
+            bad |= json_object_set_new(a, "thinking", json_stringn(b.data ? b.data : "", b.len));
+            bad |= json_object_set_new(a, "content", json_string(""));
+            tern_buf_free(&b);
+        }
+    }
+    if (bad) {
+        json_decref(a);
+        return NULL;
+    }
+    return a;
+}
+
+static bool role_is(const json_t *m, const char *role) {
+    const char *r = json_string_value(json_object_get(m, "role"));
+    return r && !strcmp(r, role);
+}
+
+static bool same_id(const json_t *tool_msg, const json_t *call) {
+    const char *a = json_string_value(json_object_get(tool_msg, "tool_call_id"));
+    const char *b = json_string_value(json_object_get(call, "id"));
+    return a && b && !strcmp(a, b);
+}
+
+json_t *chat_harmony_messages(const json_t *messages) {
+    json_t *out = json_array();
+    size_t n = json_array_size(messages);
+    for (size_t i = 0; out && i < n; i++) {
+        const json_t *m = json_array_get(messages, i);
+        const json_t *calls = json_object_get(m, "tool_calls");
+        bool assistant = role_is(m, "assistant");
+        size_t nc = json_array_size(calls);
+        if (!assistant || nc <= 1) {
+            json_t *a = assistant ? harmony_assistant(m, nc ? json_array_get(calls, 0) : NULL, true) : json_incref((json_t *)m);
+            if (!a || json_array_append_new(out, a)) goto fail;
+            continue;
+        }
+        /* harmony makes one call per message: each call, then its result */
+        size_t t0 = i + 1, t1 = t0;
+        while (t1 < n && role_is(json_array_get(messages, t1), "tool")) t1++;
+        bool *used = tern_calloc(t1 - t0 + 1, sizeof *used);
+        if (!used) goto fail;
+        for (size_t c = 0; c < nc; c++) {
+            const json_t *call = json_array_get(calls, c);
+            json_t *a = harmony_assistant(m, call, c == 0);
+            if (!a || json_array_append_new(out, a)) {
+                free(used);
+                goto fail;
+            }
+            size_t pick = t1;
+            for (size_t t = t0; t < t1 && pick == t1; t++)
+                if (!used[t - t0] && same_id(json_array_get(messages, t), call)) pick = t;
+            for (size_t t = t0; t < t1 && pick == t1; t++) /* no ids: in order */
+                if (!used[t - t0] && !json_object_get(json_array_get(messages, t), "tool_call_id")) pick = t;
+            if (pick < t1) {
+                used[pick - t0] = true;
+                if (json_array_append(out, json_array_get(messages, pick))) {
+                    free(used);
+                    goto fail;
+                }
+            }
+        }
+        for (size_t t = t0; t < t1; t++) /* results no call claimed keep their place at the end */
+            if (!used[t - t0] && json_array_append(out, json_array_get(messages, t))) {
+                free(used);
+                goto fail;
+            }
+        free(used);
+        i = t1 - 1;
+    }
+    return out;
+fail:
+    json_decref(out);
+    return NULL;
+}
 
 enum tern_status chat_role_map(const struct tern_tokenizer *tok, struct cache_params *p) {
     static const struct {

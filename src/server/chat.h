@@ -52,8 +52,15 @@ enum tern_status chat_fmt_tokenize(const struct chat_fmt *cf, const char *text, 
                                    const struct tern_template_spans *marks, int32_t **ids, size_t *n_ids, size_t *cap);
 
 /* The turn-start token (DESIGN.md §4 checkpoint plan): <|im_start|> when the
- * vocabulary has it, else -1. */
+ * vocabulary has it, harmony's <|start|>, else -1. */
 int32_t chat_turn_token(const struct chat_fmt *cf);
+
+/* The messages as harmony's template (gpt-oss) takes them: an assistant message's
+ * reasoning_content becomes its `thinking`; an assistant message with several tool
+ * calls becomes one message per call, each followed by its result (matched by
+ * tool_call_id, else in order), as the model wrote them; thinking and text before a
+ * call join as its analysis (the template refuses both). A new array (NULL: no memory). */
+json_t *chat_harmony_messages(const json_t *messages);
 
 /* Fills p->roles / p->n_roles, the cache's role map (cache.h), for the turn-start token
  * p->turn_token (-1: chat_turn_token's default; none: an empty map): the role headers chat templates write after it —

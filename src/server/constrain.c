@@ -15,7 +15,10 @@ enum srv_tool_syntax srv_tool_syntax_detect(const char *src, size_t len, bool qw
 }
 
 const char *srv_tool_syntax_name(enum srv_tool_syntax s) {
-    return s == SRV_TOOL_SYNTAX_JSON ? "json" : s == SRV_TOOL_SYNTAX_XML ? "xml" : "none";
+    return s == SRV_TOOL_SYNTAX_JSON      ? "json"
+           : s == SRV_TOOL_SYNTAX_XML     ? "xml"
+           : s == SRV_TOOL_SYNTAX_HARMONY ? "harmony"
+                                          : "none";
 }
 
 bool srv_grammar_compile(const char *text, size_t len, const char *param, struct tern_grammar **out,
@@ -275,11 +278,22 @@ static bool xml_params(struct tern_schema_gbnf *c, size_t ti, const char *prefix
     return true;
 }
 
+/* The arguments of one call as a JSON object that matches the tool's parameters. */
+static bool json_args(struct tern_schema_gbnf *c, size_t ti, const char *rule, const json_t *params,
+                      struct tern_buf *body, struct srv_error *err) {
+    if (!params || json_is_null(params)) return tern_buf_puts(body, " \"{\" ws \"}\"") ? oom(err) : true;
+    char arule[64], ptr[256];
+    snprintf(arule, sizeof arule, "%s-args", rule);
+    enum tern_status st = tern_schema_gbnf_add(c, arule, params, ptr, sizeof ptr);
+    if (st) return schema_fail(err, st, ti, ptr);
+    return tern_buf_printf(body, " %s", arule) ? oom(err) : true;
+}
+
 bool srv_tool_gbnf(const struct srv_request *req, enum srv_tool_syntax syn, bool in_think, struct tern_buf *out,
                    struct srv_error *err) {
     if (syn == SRV_TOOL_SYNTAX_NONE) {
         srv_error_bad(err, "tool_choice", "'tool_choice': this model's chat template has no tool-call syntax tern can "
-                      "enforce (supported: Qwen's <tool_call> JSON and <function=...> XML forms)");
+                      "enforce (supported: Qwen's <tool_call> JSON and <function=...> XML forms, harmony)");
         return false;
     }
     struct tern_schema_gbnf *c = NULL;
@@ -292,10 +306,19 @@ bool srv_tool_gbnf(const struct srv_request *req, enum srv_tool_syntax syn, bool
         const char *name = json_string_value(json_object_get(fn, "name"));
         if (req->tool_choice == SRV_TOOLS_NAMED && strcmp(name, req->tool_name)) continue;
         const json_t *params = json_object_get(fn, "parameters");
-        char rule[48], ptr[256];
+        char rule[48];
         snprintf(rule, sizeof rule, "tc%zu", ti);
         tern_buf_clear(&body);
-        if (syn == SRV_TOOL_SYNTAX_JSON) {
+        if (syn == SRV_TOOL_SYNTAX_HARMONY) {
+            if (strpbrk(name, " \t\n<")) {
+                srv_error_bad(err, "tools", "tool name '%.60s' cannot be written in a harmony recipient", name);
+                goto out;
+            }
+            char open[200];
+            snprintf(open, sizeof open, "<|channel|>commentary to=functions.%s <|constrain|>json<|message|>", name);
+            if (tern_gbnf_literal(&body, open, strlen(open))) goto nomem;
+            if (!json_args(c, ti, rule, params, &body, err)) goto out;
+        } else if (syn == SRV_TOOL_SYNTAX_JSON) {
             json_t *ns = json_string(name);
             char *nj = ns ? json_dumps(ns, JSON_ENCODE_ANY) : NULL;
             json_decref(ns);
@@ -308,18 +331,7 @@ bool srv_tool_gbnf(const struct srv_request *req, enum srv_tool_syntax syn, bool
                 goto out;
             }
             tern_buf_free(&head);
-            if (params && !json_is_null(params)) {
-                char arule[64];
-                snprintf(arule, sizeof arule, "%s-args", rule);
-                enum tern_status st = tern_schema_gbnf_add(c, arule, params, ptr, sizeof ptr);
-                if (st) {
-                    schema_fail(err, st, ti, ptr);
-                    goto out;
-                }
-                if (tern_buf_printf(&body, " %s", arule)) goto nomem;
-            } else if (tern_buf_puts(&body, " \"{\" ws \"}\"")) {
-                goto nomem;
-            }
+            if (!json_args(c, ti, rule, params, &body, err)) goto out;
             if (tern_buf_puts(&body, " \"}\\n</tool_call>\"")) goto nomem;
         } else {
             if (strchr(name, '>') || strchr(name, '\n')) {
@@ -348,9 +360,16 @@ bool srv_tool_gbnf(const struct srv_request *req, enum srv_tool_syntax syn, bool
     }
     struct tern_buf top = TERN_BUF_INIT;
     bool tok = !tern_buf_printf(&top, "tc-call ::= %s\n", alts.data);
-    if (tok && in_think) tok = !until_rules(&top, "tc-think", "</think>");
-    tok = tok && !tern_buf_printf(&top, "root ::= %s%s\n", in_think ? "tc-think-0 \"\\n\"{0,2} " : "",
-                                  req->parallel_tool_calls ? "tc-call ( \"\\n\" tc-call )*" : "tc-call");
+    if (syn == SRV_TOOL_SYNTAX_HARMONY) {
+        /* the model may think first (an analysis message), then calls */
+        tok = tok && !until_rules(&top, "tc-an", "<|end|>") &&
+              !tern_buf_puts(&top, "root ::= ( \"<|channel|>analysis<|message|>\" tc-an-0 \"<|start|>assistant\" )? "
+                                   "tc-call\n");
+    } else {
+        if (tok && in_think) tok = !until_rules(&top, "tc-think", "</think>");
+        tok = tok && !tern_buf_printf(&top, "root ::= %s%s\n", in_think ? "tc-think-0 \"\\n\"{0,2} " : "",
+                                      req->parallel_tool_calls ? "tc-call ( \"\\n\" tc-call )*" : "tc-call");
+    }
     if (!tok || tern_schema_gbnf_raw(c, top.data)) {
         tern_buf_free(&top);
         goto nomem;

@@ -29,6 +29,7 @@ enum srv_tool_syntax {
     SRV_TOOL_SYNTAX_NONE = 0, /* no tool-call markers tern knows */
     SRV_TOOL_SYNTAX_JSON,     /* <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call> (Qwen2.5, Qwen3) */
     SRV_TOOL_SYNTAX_XML,      /* <tool_call>\n<function=NAME>\n<parameter=P>\nV\n</parameter>\n... (Qwen3-Coder, Qwen3.5) */
+    SRV_TOOL_SYNTAX_HARMONY,  /* <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...} (gpt-oss) */
 };
 
 /* From the template's source (and whether the output format has tool-call markers). */
@@ -45,6 +46,8 @@ bool srv_tools_enforced(const struct srv_request *req);
 
 /* The GBNF of an enforced tool call (tool_choice required or named) in syntax syn.
  * in_think: the prompt opened a reasoning block, which the output must close first.
+ * Harmony: an optional analysis message, then one call (a call ends the turn: <|call|>
+ * is an end-of-generation token, so parallel_tool_calls cannot ask for more).
  * Appends to out; false with *err (400 naming tools[i].function.parameters and the
  * schema's pointer) when a schema cannot be enforced. */
 bool srv_tool_gbnf(const struct srv_request *req, enum srv_tool_syntax syn, bool in_think, struct tern_buf *out,

@@ -93,6 +93,12 @@ bool engine_prepare(void *self, struct srv_job *j, struct srv_error *err) {
     enum tern_status st;
     if (j->ep == SRV_EP_CHAT) {
         if (!chat_may_fit(e, j, err)) return false;
+        if (e->chat.fmt->harmony) {
+            json_t *hm = chat_harmony_messages(j->req.messages);
+            if (!hm) return fail_status(err, TERN_ERR_NOMEM, "harmony messages");
+            json_decref(j->req.messages);
+            j->req.messages = hm;
+        }
         json_t *vars = srv_template_vars(&j->req, e->chat.bos_text, e->chat.eos_text);
         if (!vars) return fail_status(err, TERN_ERR_NOMEM, "template variables");
         struct tern_buf text = TERN_BUF_INIT;
@@ -145,7 +151,7 @@ bool engine_prepare(void *self, struct srv_job *j, struct srv_error *err) {
                 return false;
             }
         } else if (j->req.tools && j->req.tool_choice == SRV_TOOLS_AUTO && !j->req.grammar && !j->req.forced_output &&
-                   e->chat.tool_syntax != SRV_TOOL_SYNTAX_NONE) {
+                   e->chat.tool_syntax != SRV_TOOL_SYNTAX_NONE && e->chat.tool_syntax != SRV_TOOL_SYNTAX_HARMONY) {
             /* lazy: free text until the model opens a call, then the call is held to the
              * tools' schemas. A schema the converter refuses leaves auto unconstrained, as
              * it always was (no 400 for a request that worked before). */

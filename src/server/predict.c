@@ -138,6 +138,11 @@ static enum tern_status variant(const struct chat_fmt *cf, int32_t turn_token, j
                                 const json_t *kwargs, const char *ph, const char *name, int32_t **toks, size_t *n) {
     *toks = NULL;
     *n = 0;
+    if (msgs && cf->fmt && cf->fmt->harmony) {
+        json_t *hm = chat_harmony_messages(msgs);
+        json_decref(msgs);
+        msgs = hm;
+    }
     if (!msgs) return tern_errorf(TERN_ERR_NOMEM, "predict: out of memory");
     enum tern_status st = predict_render_cut(cf, turn_token, msgs, tools, kwargs, ph, toks, n);
     json_decref(msgs);

@@ -90,6 +90,8 @@ const struct reply_format reply_format_qwen = {
 
 const struct reply_format reply_format_plain = {.name = "plain"};
 
+const struct reply_format reply_format_harmony = {.name = "harmony", .harmony = true};
+
 bool reply_prompt_opens_think(const struct reply_format *fmt, const char *prompt, size_t n) {
     if (!fmt->think_open || !prompt) return false;
     size_t ol = strlen(fmt->think_open);
@@ -100,9 +102,12 @@ bool reply_prompt_opens_think(const struct reply_format *fmt, const char *prompt
 
 /* ---- parser ------------------------------------------------------------------------ */
 
-enum { ST_CONTENT = 0, ST_THINK = 1, ST_TOOL = 2 };
+enum { ST_CONTENT = 0, ST_THINK = 1, ST_TOOL = 2, ST_H_HEAD = 3, ST_H_BODY = 4 };
+enum { TO_CONTENT = 0, TO_REASONING, TO_CALL };
 
-bool reply_parser_in_think(const struct reply_parser *p) { return p->state == ST_THINK; }
+bool reply_parser_in_think(const struct reply_parser *p) {
+    return p->state == ST_THINK || (p->state == ST_H_BODY && p->h_to == TO_REASONING);
+}
 
 /* JSON scanner modes (where we are at depth 1 of the tool-call object). */
 enum { M_START = 0, M_KEY_EXPECT, M_IN_KEY, M_COLON, M_VALUE_EXPECT, M_IN_VALUE, M_AFTER_VALUE, M_DONE,
@@ -114,7 +119,7 @@ void reply_parser_init(struct reply_parser *p, const struct reply_format *fmt, b
                        uint64_t id_seed) {
     memset(p, 0, sizeof *p);
     p->fmt = fmt ? fmt : &reply_format_plain;
-    p->tools = tools && p->fmt->tool_open;
+    p->tools = tools && (p->fmt->tool_open || p->fmt->harmony);
     p->id_seed = id_seed;
     if (in_think && p->fmt->think_open) {
         p->state = ST_THINK;
@@ -511,9 +516,16 @@ static void consume(struct tern_buf *b, size_t n) {
     b->data[b->len] = 0;
 }
 
+static void harmony_feed(struct reply_parser *p);
+static void harmony_finish(struct reply_parser *p);
+
 enum tern_status reply_parser_feed(struct reply_parser *p, const char *text, size_t n) {
     if (p->err) return p->err;
     note(p, tern_buf_append(&p->pending, text, n));
+    if (p->fmt->harmony) {
+        harmony_feed(p);
+        return p->err;
+    }
     const struct reply_format *f = p->fmt;
     while (!p->err && p->pending.len) {
         const char *h = p->pending.data;
@@ -563,6 +575,10 @@ enum tern_status reply_parser_feed(struct reply_parser *p, const char *text, siz
 
 enum tern_status reply_parser_finish(struct reply_parser *p) {
     if (p->err) return p->err;
+    if (p->fmt->harmony) {
+        harmony_finish(p);
+        return p->err;
+    }
     if (p->pending.len) {
         /* a partial marker that never completed is ordinary text */
         if (p->state == ST_TOOL) tool_feed(p, p->pending.data, p->pending.len);
@@ -573,6 +589,166 @@ enum tern_status reply_parser_finish(struct reply_parser *p) {
     end_section(p);
     p->state = ST_CONTENT;
     return p->err;
+}
+
+/* ---- harmony ----------------------------------------------------------------------- */
+
+static const char H_START[] = "<|start|>", H_CHANNEL[] = "<|channel|>", H_MESSAGE[] = "<|message|>";
+/* A header longer than this is not harmony: it goes out as text. */
+#define H_HEAD_MAX 1024
+
+/* The earliest of the markers in h[0..n) (*which: its text), or NULL. */
+static const char *first_marker(const char *h, size_t n, const char *const *m, size_t k, const char **which) {
+    const char *best = NULL;
+    for (size_t i = 0; i < k; i++) {
+        const char *at = find_bytes(h, n, m[i]);
+        if (at && (!best || at < best)) best = at, *which = m[i];
+    }
+    return best;
+}
+
+static size_t marker_holdback(const char *h, size_t n, const char *const *m, size_t k) {
+    size_t keep = 0;
+    for (size_t i = 0; i < k; i++) {
+        size_t x = partial_suffix(h, n, m[i]);
+        if (x > keep) keep = x;
+    }
+    return keep;
+}
+
+/* The word after key in the header ("<|channel|>" -> "analysis", "to=" -> a recipient):
+ * up to white space, '<' or the end. */
+static const char *head_word(const char *h, size_t n, const char *key, size_t *len) {
+    const char *at = NULL;
+    for (const char *q = h; (q = find_bytes(q, (size_t)(h + n - q), key)) != NULL; q++) {
+        /* "to=" counts only as a word of its own */
+        if (key[0] != 't' || q == h || is_ws(q[-1]) || q[-1] == '>') {
+            at = q;
+            break;
+        }
+    }
+    if (!at) return NULL;
+    at += strlen(key);
+    const char *e = at;
+    while (e < h + n && !is_ws(*e) && *e != '<') e++;
+    *len = (size_t)(e - at);
+    return at;
+}
+
+/* <|message|> arrived: the header decides where the body goes. */
+static void harmony_body_begin(struct reply_parser *p) {
+    const char *h = p->head.data ? p->head.data : "";
+    size_t n = p->head.len, cl = 0, rl = 0;
+    const char *chan = head_word(h, n, H_CHANNEL, &cl);
+    const char *to = head_word(h, n, "to=", &rl);
+    p->state = ST_H_BODY;
+    p->strip_leading = true;
+    tern_buf_clear(&p->ws_held);
+    if (to && rl > 0 && p->tools) {
+        if (rl > 10 && !memcmp(to, "functions.", 10)) to += 10, rl -= 10;
+        p->h_to = TO_CALL;
+        p->args_seen = false;
+        call_begin(p, to, rl);
+        return;
+    }
+    p->h_to = chan && cl == 8 && !memcmp(chan, "analysis", 8) ? TO_REASONING : TO_CONTENT;
+    /* a second message of the same kind is a new paragraph (sent only if it has text) */
+    const struct tern_buf *total = p->h_to == TO_REASONING ? &p->reasoning : &p->content;
+    if (total->len) note(p, tern_buf_append(&p->ws_held, "\n\n", 2));
+}
+
+static void harmony_body_text(struct reply_parser *p, const char *s, size_t n) {
+    if (p->h_to != TO_CALL) {
+        emit_text(p, p->h_to == TO_REASONING, s, n);
+        return;
+    }
+    if (!p->args_seen) {
+        while (n > 0 && is_ws(*s)) s++, n--;
+        if (n == 0) return;
+        p->args_seen = true;
+    }
+    call_args(p, s, n);
+}
+
+static void harmony_body_end(struct reply_parser *p) {
+    if (p->h_to == TO_CALL) {
+        if (!p->args_seen) call_args(p, "{}", 2);
+        p->call_begun = false;
+    }
+    end_section(p);
+    p->h_to = TO_CONTENT;
+}
+
+/* The header was not harmony after all: it is text. */
+static void harmony_head_as_text(struct reply_parser *p) {
+    p->state = ST_CONTENT;
+    p->strip_leading = false;
+    if (p->head.len) emit_text(p, false, p->head.data, p->head.len);
+    tern_buf_clear(&p->head);
+}
+
+static void harmony_feed(struct reply_parser *p) {
+    static const char *const opens[] = {H_START, H_CHANNEL};
+    static const char *const heads[] = {H_MESSAGE};
+    static const char *const ends[] = {"<|end|>", "<|call|>", "<|return|>", H_START, H_CHANNEL};
+    while (!p->err && p->pending.len) {
+        const char *h = p->pending.data;
+        size_t len = p->pending.len;
+        const char *const *m = p->state == ST_H_HEAD ? heads : p->state == ST_H_BODY ? ends : opens;
+        size_t k = p->state == ST_H_HEAD ? 1 : p->state == ST_H_BODY ? 5 : 2;
+        const char *which = NULL;
+        const char *at = first_marker(h, len, m, k, &which);
+        size_t upto = at ? (size_t)(at - h) : len - marker_holdback(h, len, m, k);
+        if (p->state == ST_H_HEAD) {
+            note(p, tern_buf_append(&p->head, h, upto));
+            if (p->head.len > H_HEAD_MAX) {
+                consume(&p->pending, upto);
+                harmony_head_as_text(p);
+                continue;
+            }
+        } else if (p->state == ST_H_BODY) {
+            harmony_body_text(p, h, upto);
+        } else {
+            emit_text(p, false, h, upto);
+        }
+        if (!at) {
+            consume(&p->pending, upto);
+            break;
+        }
+        size_t ml = strlen(which);
+        if (p->state == ST_H_HEAD) {
+            consume(&p->pending, upto + ml);
+            harmony_body_begin(p);
+            tern_buf_clear(&p->head);
+            continue;
+        }
+        if (p->state == ST_H_BODY) harmony_body_end(p);
+        else end_section(p);
+        if (which == H_START || which == H_CHANNEL) {
+            p->state = ST_H_HEAD;
+            tern_buf_clear(&p->head);
+            note(p, tern_buf_append(&p->head, which, ml));
+        } else {
+            p->state = ST_CONTENT;
+            p->strip_leading = true;
+        }
+        consume(&p->pending, upto + ml);
+    }
+}
+
+static void harmony_finish(struct reply_parser *p) {
+    if (p->state == ST_H_HEAD) {
+        note(p, tern_buf_append(&p->head, p->pending.data, p->pending.len));
+        harmony_head_as_text(p);
+    } else if (p->state == ST_H_BODY) {
+        harmony_body_text(p, p->pending.data, p->pending.len);
+        harmony_body_end(p);
+    } else if (p->pending.len) {
+        emit_text(p, false, p->pending.data, p->pending.len);
+    }
+    tern_buf_clear(&p->pending);
+    end_section(p);
+    p->state = ST_CONTENT;
 }
 
 struct reply_delta *reply_parser_delta(struct reply_parser *p) { return &p->delta; }
@@ -596,6 +772,7 @@ void reply_parser_free(struct reply_parser *p) {
     tern_buf_free(&p->sc_key);
     tern_buf_free(&p->sc_name);
     tern_buf_free(&p->sc_args);
+    tern_buf_free(&p->head);
     tern_buf_free(&p->content);
     tern_buf_free(&p->reasoning);
     for (size_t i = 0; i < p->n_calls; i++) {

@@ -48,12 +48,22 @@ struct reply_format {
     const char *name;
     const char *think_open, *think_close;  /* NULL: no reasoning markers */
     const char *tool_open, *tool_close;    /* NULL: no tool-call markers */
+    bool harmony;                          /* OpenAI's harmony messages (below) */
 };
 
 /* "qwen": <think> and <tool_call> (JSON or XML-function bodies). */
 extern const struct reply_format reply_format_qwen;
 /* Plain text: everything is content. */
 extern const struct reply_format reply_format_plain;
+/* "harmony" (gpt-oss): a reply is a run of messages, each
+ *     [<|start|>assistant]<|channel|>CHANNEL[ to=RECIPIENT][ <|constrain|>TYPE]<|message|>BODY<|end|>
+ * (the last one ends at <|call|> or <|return|>, end-of-generation tokens the text never
+ * shows). The analysis channel is reasoning, final is content, commentary is content
+ * unless it has a recipient: `to=functions.NAME` makes the body a tool call's JSON
+ * arguments. The recipient may stand in the role part of the header instead
+ * (`<|start|>assistant to=functions.NAME<|channel|>commentary json`), as the template
+ * renders past calls. Anything that is not well-formed harmony goes out as content. */
+extern const struct reply_format reply_format_harmony;
 
 /* ---- the parser -------------------------------------------------------------------- */
 
@@ -82,7 +92,7 @@ struct reply_parser {
     bool tools;                 /* parse tool calls (tool_choice != none, tools given) */
     uint64_t id_seed;           /* tool-call ids: "call_" + 24 chars drawn from it */
 
-    int state;                  /* content, think, tool */
+    int state;                  /* content, think, tool; harmony: text, header, body */
     struct tern_buf pending;    /* text not yet decided */
     bool strip_leading;         /* drop whitespace at the start of the current section */
     bool seen_content;          /* non-whitespace content emitted: <think> no longer opens */
@@ -98,6 +108,10 @@ struct reply_parser {
     bool sc_args_string;        /* arguments given as a JSON string */
     struct tern_buf sc_args;    /* args text before the header went out */
     bool call_begun, name_done, args_seen, args_done;
+
+    /* harmony: the header being read, and where the current body goes */
+    struct tern_buf head;
+    int h_to;                   /* body: content, reasoning or a call's arguments */
 
     /* totals */
     struct tern_buf content;

@@ -409,6 +409,33 @@ static bool check_tools(const json_t *tools, struct srv_error *err) {
     return true;
 }
 
+/* OpenAI's reasoning_effort ("none", "minimal", "low", "medium", "high", ...): the
+ * template's reasoning_effort (gpt-oss reads it) and, unless the request sets it in
+ * chat_template_kwargs, enable_thinking (false for none and minimal; Qwen reads it). */
+static bool parse_reasoning_effort(const json_t *o, struct srv_request *req, struct srv_error *err) {
+    const json_t *v = opt_field(o, "reasoning_effort");
+    if (!v) return true;
+    if (!json_is_string(v) || json_string_length(v) == 0 || json_string_length(v) > 32 ||
+        strlen(json_string_value(v)) != json_string_length(v)) {
+        srv_error_bad(err, "reasoning_effort", "'reasoning_effort' must be a short string (low, medium, high, ...)");
+        return false;
+    }
+    json_t *kw = req->template_kwargs ? json_deep_copy(req->template_kwargs) : json_object();
+    if (!kw) return oom(err);
+    const char *e = json_string_value(v);
+    int rc = 0;
+    if (!json_object_get(kw, "reasoning_effort")) rc |= json_object_set(kw, "reasoning_effort", (json_t *)v);
+    if (!json_object_get(kw, "enable_thinking"))
+        rc |= json_object_set_new(kw, "enable_thinking", json_boolean(strcmp(e, "none") && strcmp(e, "minimal")));
+    if (rc) {
+        json_decref(kw);
+        return oom(err);
+    }
+    json_decref(req->template_kwargs);
+    req->template_kwargs = kw;
+    return true;
+}
+
 static bool parse_tool_choice(const json_t *v, enum srv_tool_choice *out, char **name, struct srv_error *err) {
     if (!v) return true;
     if (json_is_string(v)) {
@@ -605,6 +632,7 @@ static bool parse_body(enum srv_endpoint ep, const json_t *o, const struct srv_p
             }
             req->template_kwargs = json_incref((json_t *)kw);
         }
+        if (!parse_reasoning_effort(o, req, err)) return false;
     } else {
         if (!parse_prompt(opt_field(o, "prompt"), req, err)) return false;
         bool echo = false;

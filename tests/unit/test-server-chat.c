@@ -5,6 +5,7 @@
 
 #include "model/mkmodel.h"
 #include "server/chat.h"
+#include "server/constrain.h"
 #include "server/request.h"
 #include "template/template.h"
 #include "tokenizer/tokenizer.h"
@@ -91,6 +92,66 @@ static void test_override_and_errors(void **state) {
     assert_int_equal(chat_fmt_init(&cf, m, bad, strlen(bad)), TERN_ERR_TEMPLATE);
     assert_non_null(strstr(tern_last_error(), "chat template (file)"));
     tern_model_free(m);
+}
+
+/* gpt-oss's own template (the kit's): the harmony format is chosen, and a Claude
+ * Code-shaped turn (thinking, text and two parallel calls, results out of order) renders
+ * as harmony writes it: one call per message, each followed by its own result. */
+static void test_harmony_messages(void **state) {
+    (void)state;
+    if (!th_shared_dir()) skip(); /* needs ../shared/conformance/templates */
+    size_t n = 0;
+    char *src = th_read_file(th_shared_path("conformance/templates/templates/gpt-oss-120b.jinja"), &n);
+    assert_non_null(src);
+    struct tern_model *m = load(tiny_model());
+    struct chat_fmt cf;
+    assert_int_equal(chat_fmt_init(&cf, m, src, n), TERN_OK);
+    assert_ptr_equal(cf.fmt, &reply_format_harmony);
+    assert_int_equal(cf.tool_syntax, SRV_TOOL_SYNTAX_HARMONY);
+    const char *body =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"go\"},"
+        "{\"role\":\"assistant\",\"content\":\"Looking.\",\"reasoning_content\":\"two files\",\"tool_calls\":["
+        "{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"read\",\"arguments\":\"{\\\"p\\\":\\\"a\\\"}\"}},"
+        "{\"id\":\"c2\",\"type\":\"function\",\"function\":{\"name\":\"ls\",\"arguments\":\"{}\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"c2\",\"content\":\"LS\"},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"READ\"}],"
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"read\",\"description\":\"R\"}},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"ls\",\"description\":\"L\"}}]}";
+    struct srv_request req;
+    struct srv_error err;
+    if (!srv_request_parse(SRV_EP_CHAT, body, strlen(body), NULL, &req, &err)) fail_msg("%s", err.message);
+    struct tern_buf out = TERN_BUF_INIT;
+    json_t *vars = srv_template_vars(&req, cf.bos_text, cf.eos_text);
+    /* as the client sent it, the template drops the second call and its thinking, and
+     * gives both results to the first call */
+    if (chat_fmt_render(&cf, vars, &out, NULL)) fail_msg("render: %s", tern_last_error());
+    assert_non_null(strstr(out.data, "<|start|>functions.read to=assistant<|channel|>commentary<|message|>\"LS\""));
+    assert_null(strstr(out.data, "to=functions.ls"));
+    assert_null(strstr(out.data, "two files"));
+    json_decref(vars);
+    json_t *hm = chat_harmony_messages(req.messages);
+    assert_non_null(hm);
+    assert_int_equal(json_array_size(hm), 5);
+    json_decref(req.messages);
+    req.messages = hm;
+    vars = srv_template_vars(&req, cf.bos_text, cf.eos_text);
+    tern_buf_clear(&out);
+    if (chat_fmt_render(&cf, vars, &out, NULL)) fail_msg("render: %s", tern_last_error());
+    json_decref(vars);
+    const char *want =
+        "<|start|>user<|message|>go<|end|>"
+        "<|start|>assistant<|channel|>analysis<|message|>two files\n\nLooking.<|end|>"
+        "<|start|>assistant to=functions.read<|channel|>commentary json<|message|>{\"p\": \"a\"}<|call|>"
+        "<|start|>functions.read to=assistant<|channel|>commentary<|message|>\"READ\"<|end|>"
+        "<|start|>assistant to=functions.ls<|channel|>commentary json<|message|>{}<|call|>"
+        "<|start|>functions.ls to=assistant<|channel|>commentary<|message|>\"LS\"<|end|><|start|>assistant";
+    if (!strstr(out.data, want)) fail_msg("render:\n%s\nlacks\n%s", out.data, want);
+    /* the request's own messages are untouched */
+    tern_buf_free(&out);
+    srv_request_free(&req);
+    chat_fmt_free(&cf);
+    tern_model_free(m);
+    free(src);
 }
 
 /* A model without a template (stories260K: SPM, add_bos): ChatML, and exactly one BOS
@@ -206,6 +267,7 @@ int main(void) {
         cmocka_unit_test(test_override_and_errors),
         cmocka_unit_test(test_fallback_and_bos),
         cmocka_unit_test(test_forged_control_tokens),
+        cmocka_unit_test(test_harmony_messages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,6 +5,7 @@
 
 #include "grammar/grammar.h"
 #include "server/constrain.h"
+#include "server/reply.h"
 #include "server/request.h"
 
 #include <jansson.h>
@@ -205,6 +206,46 @@ static void test_tool_xml(void **state) {
     assert_int_equal(srv_tool_syntax_detect("plain", 5, false), SRV_TOOL_SYNTAX_NONE);
 }
 
+/* harmony (gpt-oss): an optional analysis message, then exactly one call in the form
+ * the reply parser reads; the parser turns each accepted text into that call. */
+static void test_tool_harmony(void **state) {
+    (void)state;
+    struct tern_grammar *g = tool_grammar(tools, SRV_TOOLS_REQUIRED, NULL, true, SRV_TOOL_SYNTAX_HARMONY, false);
+    const char *a = "<|channel|>commentary to=functions.read <|constrain|>json<|message|>{\"path\": \"a.c\"}";
+    const char *b = "<|channel|>analysis<|message|>I should list <|en it.<|end|><|start|>assistant"
+                    "<|channel|>commentary to=functions.ls <|constrain|>json<|message|>{}";
+    assert_true(matches(g, a));
+    assert_true(matches(g, b));
+    assert_false(matches(g, "<|channel|>commentary to=functions.rm <|constrain|>json<|message|>{}"));
+    assert_false(matches(g, "<|channel|>commentary to=functions.read <|constrain|>json<|message|>{\"n\": 2}"));
+    assert_false(matches(g, "<|channel|>final<|message|>hello"));
+    assert_false(matches(g, "<|channel|>analysis<|message|>x<|end|> y<|end|><|start|>assistant<|channel|>commentary "
+                            "to=functions.ls <|constrain|>json<|message|>{}"));
+    char two[600];
+    snprintf(two, sizeof two, "%s%s", a, a);
+    assert_false(matches(g, two)); /* a call ends the turn */
+    tern_grammar_free(g);
+    g = tool_grammar(tools, SRV_TOOLS_NAMED, "ls", true, SRV_TOOL_SYNTAX_HARMONY, false);
+    assert_true(matches(g, b));
+    assert_false(matches(g, a));
+    tern_grammar_free(g);
+    const char *texts[] = {a, b};
+    const char *names[] = {"read", "ls"};
+    for (size_t i = 0; i < 2; i++) {
+        struct reply_parser p;
+        reply_parser_init(&p, &reply_format_harmony, true, false, 7);
+        assert_int_equal(reply_parser_feed(&p, texts[i], strlen(texts[i])), TERN_OK);
+        assert_int_equal(reply_parser_finish(&p), TERN_OK);
+        assert_int_equal(p.n_calls, 1);
+        assert_string_equal(p.calls[0].name, names[i]);
+        json_t *args = json_loadb(p.calls[0].args.data, p.calls[0].args.len, 0, NULL);
+        assert_true(json_is_object(args));
+        json_decref(args);
+        reply_parser_free(&p);
+    }
+    assert_string_equal(srv_tool_syntax_name(SRV_TOOL_SYNTAX_HARMONY), "harmony");
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     (void)argv;
@@ -213,6 +254,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_tool_json),
         cmocka_unit_test(test_tool_xml),
+        cmocka_unit_test(test_tool_harmony),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -49,10 +49,12 @@ static void collect(struct reply_parser *p, struct collected *c) {
 
 static const char *s_or_empty(const struct tern_buf *b) { return b->data ? b->data : ""; }
 
+static const struct reply_format *g_fmt = &reply_format_qwen;
+
 static void check_one(const char *text, const size_t *cuts, size_t n_cuts, bool tools, bool in_think,
                       const struct expect *e) {
     struct reply_parser p;
-    reply_parser_init(&p, &reply_format_qwen, tools, in_think, 42);
+    reply_parser_init(&p, g_fmt, tools, in_think, 42);
     struct collected c;
     memset(&c, 0, sizeof c);
     size_t prev = 0, n = strlen(text);
@@ -180,6 +182,53 @@ static void test_not_a_tool_call(void **state) {
     check_all_splits("<tool_call>{\"name\":\"f\"}</tool_call>", false, false, &e2);
 }
 
+/* harmony (gpt-oss): channels, recipients in either place of the header, and text that
+ * is not harmony, all fed at every split. */
+static void test_harmony(void **state) {
+    (void)state;
+    g_fmt = &reply_format_harmony;
+    struct expect e = {.content = "It is 4.", .reasoning = "2 + 2 is 4"};
+    check_all_splits("<|channel|>analysis<|message|>2 + 2 is 4<|end|><|start|>assistant<|channel|>final<|message|>"
+                     "It is 4.",
+                     true, false, &e);
+    /* a tool call as the model writes it, after a preamble on commentary */
+    struct expect e2 = {.content = "Checking.",
+                        .reasoning = "need weather",
+                        .n_calls = 1,
+                        .names = {"get_weather"},
+                        .args = {"{\"city\":\"Paris <|x\"}"}};
+    check_all_splits("<|channel|>analysis<|message|>need weather<|end|><|start|>assistant<|channel|>commentary"
+                     "<|message|>Checking.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather "
+                     "<|constrain|>json<|message|>{\"city\":\"Paris <|x\"}",
+                     true, false, &e2);
+    /* the recipient in the role part of the header, as the template renders it; <|call|> shown */
+    struct expect e3 = {.content = "", .reasoning = "", .n_calls = 1, .names = {"ls"}, .args = {"{}"}};
+    check_all_splits("<|start|>assistant to=functions.ls<|channel|>commentary json<|message|><|call|>", true, false,
+                     &e3);
+    /* without tools a recipient's message is content */
+    struct expect e4 = {.content = "{\"a\":1}", .reasoning = ""};
+    check_all_splits("<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"a\":1}", false, false, &e4);
+    /* two analysis messages are two paragraphs; a cut-off header is text */
+    struct expect e5 = {.content = "<|channel|>fin", .reasoning = "a\n\nb"};
+    check_all_splits("<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>analysis<|message|>b<|end|>"
+                     "<|channel|>fin",
+                     true, false, &e5);
+    /* plain text, and text around messages, is content */
+    struct expect e6 = {.content = "Hello <|chan and bye", .reasoning = ""};
+    check_all_splits("Hello <|chan and bye", true, false, &e6);
+    struct expect e7 = {.content = "hi\n\nthere", .reasoning = ""};
+    check_all_splits("hi<|channel|>final<|message|>there<|return|>", true, false, &e7);
+    /* a header that never ends is text, however long */
+    char big[1400] = "<|channel|>";
+    memset(big + 11, 'x', 1300);
+    big[1311] = 0;
+    struct expect e8 = {.content = big, .reasoning = ""};
+    check_one(big, NULL, 0, true, false, &e8);
+    size_t cuts[3] = {5, 700, 1200};
+    check_one(big, cuts, 3, true, false, &e8);
+    g_fmt = &reply_format_qwen;
+}
+
 static void check_stop(const char *text, const char *const *stops, size_t n_stops, const char *want, bool stopped) {
     size_t n = strlen(text);
     for (size_t cut = 0; cut <= n; cut++) {
@@ -231,6 +280,7 @@ int main(void) {
         cmocka_unit_test(test_tool_call_json),
         cmocka_unit_test(test_tool_call_xml),
         cmocka_unit_test(test_not_a_tool_call),
+        cmocka_unit_test(test_harmony),
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_prompt_opens_think),
     };
