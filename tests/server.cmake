@@ -57,6 +57,10 @@ if(TERN_NODE)
   # harmony (gpt-oss): the kit's tiny gpt-oss under its real template, three doors
   tern_script_test(server-harmony ${TERN_NODE} --test-reporter=spec
                    ${CMAKE_SOURCE_DIR}/tests/clients/harmony.test.mjs TIMEOUT 300 LABELS e2e)
+  # gpt-oss's real vocabulary (o200k_harmony from gpt-tokenizer): ids equal the package's,
+  # and the special tokens end messages and turns as harmony says
+  tern_script_test(server-harmony-vocab ${TERN_NODE} --test-reporter=spec
+                   ${CMAKE_SOURCE_DIR}/tests/clients/harmony-vocab.test.mjs TIMEOUT 300 LABELS e2e)
   # Priming the bodies that fit is slow under ASan; the two tests above exercise the
   # same request path (and LeakSanitizer checks the server's exit) under ASan.
   tern_script_test(server-bench-bodies ${TERN_NODE} --test-reporter=spec

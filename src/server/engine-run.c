@@ -618,6 +618,8 @@ static int32_t next_token(struct srv_engine *e, struct eng_req *r, bool *eog) {
             *eog = true;
             return 0;
         }
+        /* an end-of-generation token ends it, as it would a model's output */
+        *eog = tern_token_is_eog(e->tok, ej->forced[i]);
         return forced_token(e, r, ej->forced[i], "output");
     }
     if ((size_t)i < ej->n_prefix) return forced_token(e, r, ej->prefix[i], "prefix");
