@@ -3,6 +3,8 @@ tern_unit_test(test-server-reply ${CMAKE_SOURCE_DIR}/tests/unit/test-server-repl
 tern_unit_test(test-server-respond ${CMAKE_SOURCE_DIR}/tests/unit/test-server-respond.c)
 tern_unit_test(test-server-chat ${CMAKE_SOURCE_DIR}/tests/unit/test-server-chat.c)
 tern_unit_test(test-server-predict ${CMAKE_SOURCE_DIR}/tests/unit/test-server-predict.c)
+# tern serve under a service manager: sd_notify READY/STOPPING, exit 0, a second signal
+tern_unit_test(test-serve-signals ${CMAKE_SOURCE_DIR}/tests/unit/test-serve-signals.c TIMEOUT 300)
 # the step scheduler driven directly: fairness, batched equals solo, cancellation
 tern_unit_test(test-engine ${CMAKE_SOURCE_DIR}/tests/unit/test-engine.c TIMEOUT 300)
 # Label tsan: the tests scripts/test.sh also runs in a ThreadSanitizer build (build-tsan/,

@@ -10,6 +10,7 @@
 #include "server/server.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/notify.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -18,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_API_KEYS 64
 
@@ -116,6 +118,19 @@ static char *read_text_file(const char *path, size_t *len) {
     fclose(f);
     if (!b.data && tern_buf_puts(&b, "")) return NULL;
     return tern_buf_detach(&b, len);
+}
+
+/* After the first signal: a second one exits at once, whatever the stop is waiting for
+ * (a flush, a request that will not end). Only async-signal-safe calls. */
+static void *second_signal(void *arg) {
+    int sig = 0;
+    if (sigwait((const sigset_t *)arg, &sig) == 0) {
+        static const char msg[] = "tern serve: a second signal: exiting now\n";
+        ssize_t w = write(2, msg, sizeof msg - 1);
+        (void)w;
+        _exit(128 + sig);
+    }
+    return NULL;
 }
 
 static int cmd_serve(int argc, char **argv) {
@@ -340,6 +355,13 @@ static int cmd_serve(int argc, char **argv) {
             return cli_usage_error("serve", "TERN_TEST_PREDICT_DELAY_MS '%s' is not 0-60000", pd);
         predict_delay = (uint32_t)v;
     }
+    uint32_t stop_delay_ms = 0; /* tests: wait this long after the first signal before stopping */
+    const char *sd = getenv("TERN_TEST_STOP_DELAY_MS");
+    if (sd && *sd) {
+        if (!cli_parse_int(sd, 0, 60000, &v))
+            return cli_usage_error("serve", "TERN_TEST_STOP_DELAY_MS '%s' is not 0-60000", sd);
+        stop_delay_ms = (uint32_t)v;
+    }
     sp.api_keys = keys;
     sp.n_api_keys = n_keys;
     cp.ram_per_tenant = ram_per_key >= 0 ? (size_t)ram_per_key : n_keys > 1 ? cp.ram_bytes / n_keys : 0;
@@ -444,10 +466,20 @@ static int cmd_serve(int argc, char **argv) {
                   mi->name, mi->arch, mi->n_layer, (double)mi->n_params / 1e6, mi->hybrid ? ", hybrid" : "",
                   tern_model_device(model), sp.host, srv_port(srv));
     srv_set_backend(srv, srv_engine_backend(eng));
+    char status[512];
+    snprintf(status, sizeof status, "READY=1\nSTATUS=serving %s on http://%s:%d/v1", mi->name, sp.host,
+             srv_port(srv));
+    tern_sd_notify(status);
 
     int sig = 0;
     sigwait(&sigs, &sig);
-    TERN_LOG_INFO("signal %d: stopping (in-flight requests are cancelled)", sig);
+    TERN_LOG_INFO("signal %d: stopping (in-flight requests are cancelled; a second signal exits at once)", sig);
+    tern_sd_notify("STOPPING=1");
+    static sigset_t again;
+    again = sigs;
+    pthread_t t2;
+    if (!pthread_create(&t2, NULL, second_signal, &again)) pthread_detach(t2);
+    if (stop_delay_ms) usleep(stop_delay_ms * 1000u); /* tests: a stop that takes its time */
     srv_stop(srv);
     srv_engine_free(eng);
     tern_model_free(model);
