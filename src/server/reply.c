@@ -426,6 +426,24 @@ static const char *trim_nl(const char *s, size_t *n) {
     return s;
 }
 
+/* Where a parameter's value ends: at the </parameter> that the next parameter, the
+ * </function> or the end of the body follows (white space between), so a value that
+ * itself contains "</parameter>" (code that writes this syntax) is kept whole. Else
+ * the first </parameter>; NULL when there is none. */
+static const char *param_end(const char *v, const char *end) {
+    static const char close[] = "</parameter>";
+    const size_t cl = sizeof close - 1;
+    const char *first = find_bytes(v, (size_t)(end - v), close);
+    for (const char *c = first; c; c = find_bytes(c + 1, (size_t)(end - c - 1), close)) {
+        const char *q = c + cl;
+        while (q < end && is_ws(*q)) q++;
+        size_t left = (size_t)(end - q);
+        if (q == end || (left >= 11 && !memcmp(q, "<parameter=", 11)) || (left >= 11 && !memcmp(q, "</function>", 11)))
+            return c;
+    }
+    return first;
+}
+
 /* <function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n...</function> (Qwen3-Coder,
  * Qwen3.5). Values that parse as JSON are kept as JSON, others become strings. */
 static bool tool_end_xml(struct reply_parser *p) {
@@ -445,7 +463,7 @@ static bool tool_end_xml(struct reply_parser *p) {
         pa += 11;
         const char *pgt = memchr(pa, '>', (size_t)(end - pa));
         if (!pgt) break;
-        const char *vend = find_bytes(pgt + 1, (size_t)(end - pgt - 1), "</parameter>");
+        const char *vend = param_end(pgt + 1, end);
         const char *next = find_bytes(pgt + 1, (size_t)(end - pgt - 1), "<parameter=");
         const char *fend = find_bytes(pgt + 1, (size_t)(end - pgt - 1), "</function>");
         if (!vend || (next && next < vend)) vend = next ? next : fend ? fend : end;

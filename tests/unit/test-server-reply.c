@@ -173,6 +173,20 @@ static void test_tool_call_xml(void **state) {
                      true, false, &e);
 }
 
+/* A value that itself holds "</parameter>" (code that writes this syntax) is kept whole:
+ * a value ends at the </parameter> the next parameter or </function> follows. */
+static void test_tool_call_xml_nested_close(void **state) {
+    (void)state;
+    struct expect e = {.content = "",
+                       .reasoning = "",
+                       .n_calls = 1,
+                       .names = {"write"},
+                       .args = {"{\"text\":\"a</parameter>b\\n</parameter> c\",\"n\":2}"}};
+    check_all_splits("<tool_call>\n<function=write>\n<parameter=text>\na</parameter>b\n</parameter> c\n</parameter>\n"
+                     "<parameter=n>\n2\n</parameter>\n</function>\n</tool_call>",
+                     true, false, &e);
+}
+
 static void test_not_a_tool_call(void **state) {
     (void)state;
     struct expect e = {.content = "<tool_call>oops</tool_call>", .reasoning = ""};
@@ -279,6 +293,7 @@ int main(void) {
         cmocka_unit_test(test_reasoning),
         cmocka_unit_test(test_tool_call_json),
         cmocka_unit_test(test_tool_call_xml),
+        cmocka_unit_test(test_tool_call_xml_nested_close),
         cmocka_unit_test(test_not_a_tool_call),
         cmocka_unit_test(test_harmony),
         cmocka_unit_test(test_stop_strings),
