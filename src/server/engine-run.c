@@ -646,11 +646,14 @@ static int32_t next_token(struct srv_engine *e, struct eng_req *r, bool *eog) {
 /* The lazy tool-call trigger: a call opened outside reasoning puts the rest of the
  * output under the tools' grammar. */
 static enum tern_status lazy_trigger(struct srv_engine *e, struct eng_req *r) {
-    static const char trig[] = "<tool_call>";
+    /* harmony: the call as the model writes it (a recipient in the role part of the
+     * header is parsed, not constrained) */
+    const char *trig = e->chat.tool_syntax == SRV_TOOL_SYNTAX_HARMONY ? "<|channel|>commentary to=functions."
+                                                                      : "<tool_call>";
+    const size_t tl = strlen(trig);
     struct tern_buf *g = &r->gtail;
-    const char *f = g->len > r->lazy_scan ? memmem(g->data + r->lazy_scan, g->len - r->lazy_scan, trig, sizeof trig - 1)
-                                          : NULL;
-    r->lazy_scan = g->len >= sizeof trig - 1 ? g->len - (sizeof trig - 2) : 0;
+    const char *f = g->len > r->lazy_scan ? memmem(g->data + r->lazy_scan, g->len - r->lazy_scan, trig, tl) : NULL;
+    r->lazy_scan = g->len >= tl ? g->len - (tl - 1) : 0;
     if (!f || in_reasoning(g->data, (size_t)(f - g->data), r->ej->in_think)) return TERN_OK;
     enum tern_status st = grammar_runtime(e, &r->gmask);
     if (!st) st = grammar_matcher(e, &r->ej->lazy_grammar, r);

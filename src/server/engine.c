@@ -151,7 +151,7 @@ bool engine_prepare(void *self, struct srv_job *j, struct srv_error *err) {
                 return false;
             }
         } else if (j->req.tools && j->req.tool_choice == SRV_TOOLS_AUTO && !j->req.grammar && !j->req.forced_output &&
-                   e->chat.tool_syntax != SRV_TOOL_SYNTAX_NONE && e->chat.tool_syntax != SRV_TOOL_SYNTAX_HARMONY) {
+                   e->chat.tool_syntax != SRV_TOOL_SYNTAX_NONE) {
             /* lazy: free text until the model opens a call, then the call is held to the
              * tools' schemas. A schema the converter refuses leaves auto unconstrained, as
              * it always was (no 400 for a request that worked before). */

@@ -3,8 +3,8 @@
 // parser maps the analysis channel to reasoning, final to content and a commentary
 // message to `functions.NAME` to a tool call, streamed and whole; tool_choice required is
 // enforced in harmony's syntax by the grammar (the model writes the call itself, after a
-// forced analysis message); reasoning_effort reaches the template; a reply that is not
-// harmony reaches the client as text.
+// forced analysis message), and with auto once the model opens a call; reasoning_effort
+// reaches the template; a reply that is not harmony reaches the client as text.
 //
 // Replies with channels use the test-only tern_forced_output (a random model emits no
 // harmony by itself): the engine emits exactly those tokens, through the real
@@ -42,9 +42,9 @@ after(async () => {
 
 const TOOLS = [
   { type: 'function', function: { name: 'read_file', description: 'Read a file',
-    parameters: { type: 'object', properties: { path: { type: 'string', maxLength: 12 } }, required: ['path'] } } },
+    parameters: { type: 'object', properties: { path: { type: 'string', maxLength: 12 } }, required: ['path'], additionalProperties: false } } },
   { type: 'function', function: { name: 'ls', description: 'List a folder',
-    parameters: { type: 'object', properties: {} } } },
+    parameters: { type: 'object', properties: {}, additionalProperties: false } } },
 ];
 const ANSWER = '<|channel|>analysis<|message|>The user greets me.<|end|><|start|>assistant<|channel|>final<|message|>Hello there!';
 const CALL = '<|channel|>analysis<|message|>Need the file.<|end|><|start|>assistant<|channel|>commentary '
@@ -99,6 +99,22 @@ test('tool_choice required: the model writes the call in harmony syntax, valid b
     assert.ok(['read_file', 'ls'].includes(call.function.name));
     const args = JSON.parse(call.function.arguments);
     if (call.function.name === 'read_file') assert.ok(typeof args.path === 'string' && args.path.length <= 12);
+  }
+});
+
+test('tool_choice auto: a call the model opens is held to the tools\' schemas from there (lazy)', async () => {
+  // sampled at temperature 1 with three seeds: a random model writes valid calls only
+  // because the grammar takes over once it has opened one
+  for (const seed of [1, 2, 3]) {
+    const r = await openai.chat.completions.create({ model: 'tern', messages: msgs, tools: TOOLS, max_tokens: 120,
+      temperature: 1, seed, tern_forced_prefix: '<|channel|>commentary to=functions.' });
+    const c = r.choices[0];
+    assert.equal(c.finish_reason, 'tool_calls', JSON.stringify(c));
+    const call = c.message.tool_calls[0];
+    assert.ok(['read_file', 'ls'].includes(call.function.name));
+    const args = JSON.parse(call.function.arguments);
+    if (call.function.name === 'read_file') assert.ok(typeof args.path === 'string' && args.path.length <= 12);
+    else assert.deepEqual(args, {});
   }
 });
 
