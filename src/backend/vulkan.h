@@ -191,7 +191,7 @@ enum tern_status tern_vk_deltanet_conv(struct tern_vk *vk, struct tern_vk_buf *w
 enum tern_status tern_vk_deltanet_heads(struct tern_vk *vk, struct tern_vk_buf *state, const struct tern_vk_buf *qkv,
                                         const struct tern_vk_buf *z, const struct tern_vk_buf *beta,
                                         const struct tern_vk_buf *alpha, struct tern_vk_buf *out,
-                                        const struct tern_vk_buf *params, size_t n_k, size_t n_v, size_t d_k,
+                                        const struct tern_vk_buf *params, size_t n_k, bool k_grouped, size_t n_v, size_t d_k,
                                         size_t d_v, float eps, size_t row0, size_t n_tok, struct tern_vk_buf *trail,
                                         size_t slot0);
 

@@ -50,6 +50,7 @@ struct q35_state {
     struct model_act *z;       /* (n_chunk, n_v * d_v) attn_gate projection */
     struct model_act *beta;    /* (n_chunk, n_v) */
     struct model_act *alpha;   /* (n_chunk, n_v) */
+    struct model_act *ba;      /* (n_chunk, 2 n_v) qwen3next: the fused ssm_ba projection */
     struct model_act *o;       /* (n_chunk, n_v * d_v) DeltaNet output, gated-normed */
     struct model_act *dn_scratch; /* (n_v, tern_deltanet_scratch_floats) one per v-head */
     struct model_act *qg;      /* (n_chunk, n_head * 2 * head_dim) */
@@ -248,7 +249,8 @@ static enum tern_status q35_load(struct tern_model *m) {
     struct q35_weights *w = tern_calloc(1, sizeof *w);
     if (!w) return tern_errorf(TERN_ERR_NOMEM, "qwen35: out of memory");
     m->w = w;
-    w->moe = !strcmp(m->arch->name, "qwen35moe");
+    w->next = !strcmp(m->arch->name, "qwen3next");
+    w->moe = w->next || !strcmp(m->arch->name, "qwen35moe");
     /* qwen35moe: softmax gate, renormalised top-k, a shared expert (llama.cpp's qwen35moe) */
     if (w->moe) st = moe_hparams_load(m, true, true, &w->moe_hp);
     else st = model_require_ff(m);
@@ -266,6 +268,7 @@ static enum tern_status q35_load(struct tern_model *m) {
     if (w->full_attn_interval == 0)
         return tern_errorf(TERN_ERR_FORMAT, "qwen35: full_attention_interval is 0");
     if ((st = load_deltanet_shape(m, w)) || (st = load_rope_sections(m, w))) return st;
+    w->dn.k_grouped = w->next;
     w->layers = tern_calloc(w->n_layer, sizeof *w->layers);
     if (!w->layers) return tern_errorf(TERN_ERR_NOMEM, "qwen35: out of memory");
 
@@ -295,8 +298,9 @@ static enum tern_status q35_load(struct tern_model *m) {
         if (L->recurrent) {
             if ((st = model_get_mat(m, &L->wqkv, E, C, "blk.%u.attn_qkv.weight", il)) ||
                 (st = model_get_mat(m, &L->wgate, E, nvd, "blk.%u.attn_gate.weight", il)) ||
-                (st = model_get_mat(m, &L->wbeta, E, nv, "blk.%u.ssm_beta.weight", il)) ||
-                (st = model_get_mat(m, &L->walpha, E, nv, "blk.%u.ssm_alpha.weight", il)) ||
+                (w->next ? (st = model_get_mat(m, &L->wba, E, 2 * nv, "blk.%u.ssm_ba.weight", il))
+                         : ((st = model_get_mat(m, &L->wbeta, E, nv, "blk.%u.ssm_beta.weight", il)) ||
+                            (st = model_get_mat(m, &L->walpha, E, nv, "blk.%u.ssm_alpha.weight", il)))) ||
                 (st = model_get_vec(m, &L->ssm_a, nv, true, "blk.%u.ssm_a", il)) ||
                 (st = model_get_vec(m, &L->dt_bias, nv, true, "blk.%u.ssm_dt.bias", il)) ||
                 (st = model_get_vec(m, &L->ssm_norm, w->dn.d_v, true, "blk.%u.ssm_norm.weight", il)) ||
@@ -329,7 +333,7 @@ static enum tern_status q35_load(struct tern_model *m) {
 static void q35_state_free(void *p) {
     struct q35_state *rs = p;
     if (!rs) return;
-    struct model_act *const acts[] = {rs->x,  rs->xb, rs->qkv_raw, rs->qkv, rs->z,  rs->beta, rs->alpha,
+    struct model_act *const acts[] = {rs->x,  rs->xb, rs->qkv_raw, rs->qkv, rs->z,  rs->beta, rs->alpha, rs->ba,
                                       rs->o,  rs->dn_scratch, rs->qg, rs->q, rs->gate, rs->k, rs->v,
                                       rs->att, rs->cs, rs->hb, rs->hb2, rs->xm, rs->h, rs->cat};
     model_acts_free(&rs->be, acts, TERN_ARRAY_LEN(acts));
@@ -351,7 +355,7 @@ static enum tern_status q35_state_new(const struct tern_model *m, const struct m
     const struct model_act_buf bufs[] = {
         {&rs->x, hp->n_embd, false},    {&rs->xb, hp->n_embd, false}, {&rs->qkv_raw, C, false},
         {&rs->qkv, C, false},           {&rs->z, nvd, false},         {&rs->beta, nv, false},
-        {&rs->alpha, nv, false},        {&rs->o, nvd, false},
+        {&rs->alpha, nv, false},        {&rs->o, nvd, false},         {&rs->ba, w->next ? 2 * nv : 0, false},
         {&rs->dn_scratch, nv * tern_deltanet_scratch_floats(&w->dn), true},
         {&rs->qg, 2 * nq, false},       {&rs->q, nq, false},          {&rs->gate, nq, false},
         {&rs->k, nkv, false},           {&rs->v, nkv, false},         {&rs->att, nq, false},
@@ -392,9 +396,16 @@ static struct model_rope q35_rope(const struct model_hparams *hp, const struct q
 static void deltanet_layer(const struct model_step *f, const struct q35_weights *w, const struct q35_layer *L,
                            struct q35_state *rs, uint32_t il) {
     const struct model_ops *o = f->ops;
-    const struct model_mm proj[] = {
-        {&L->wqkv, rs->qkv_raw}, {&L->wgate, rs->z}, {&L->wbeta, rs->beta}, {&L->walpha, rs->alpha}};
-    o->matmul(f, rs->xb, proj, TERN_ARRAY_LEN(proj));
+    if (w->next) {
+        /* ssm_ba: per k-head g, [beta | alpha] of its n_v / n_k v-heads */
+        const struct model_mm proj[] = {{&L->wqkv, rs->qkv_raw}, {&L->wgate, rs->z}, {&L->wba, rs->ba}};
+        o->matmul(f, rs->xb, proj, TERN_ARRAY_LEN(proj));
+        o->split_heads(f, rs->ba, rs->beta, rs->alpha, w->dn.n_k_heads, w->dn.n_v_heads / w->dn.n_k_heads);
+    } else {
+        const struct model_mm proj[] = {
+            {&L->wqkv, rs->qkv_raw}, {&L->wgate, rs->z}, {&L->wbeta, rs->beta}, {&L->walpha, rs->alpha}};
+        o->matmul(f, rs->xb, proj, TERN_ARRAY_LEN(proj));
+    }
     const struct tern_deltanet_params p = {.ssm_a = L->ssm_a, .dt_bias = L->dt_bias, .norm_w = L->ssm_norm};
     const struct model_deltanet d = {.dn = &w->dn, .conv_wt = L->conv_wt, .p = &p};
     o->deltanet(f, il, &d, rs->qkv_raw, rs->qkv, rs->z, rs->beta, rs->alpha, rs->o, rs->dn_scratch);
@@ -507,3 +518,4 @@ const struct tern_arch tern_arch_qwen35_mtp = {
     .state_free = q35_state_free, .state_bytes = q35_state_bytes, .forward = q35_mtp_forward,
 };
 const struct tern_arch tern_arch_qwen35moe = Q35_ARCH("qwen35moe");
+const struct tern_arch tern_arch_qwen3next = Q35_ARCH("qwen3next");

@@ -17,6 +17,7 @@ struct q35_layer {
     struct mat wgate;       /* [n_embd, n_v * d_v] attn_gate (z) */
     struct mat wbeta;       /* [n_embd, n_v] ssm_beta */
     struct mat walpha;      /* [n_embd, n_v] ssm_alpha */
+    struct mat wba;         /* qwen3next: [n_embd, 2 n_v] ssm_ba, per k-head [beta | alpha] (else wbeta, walpha) */
     float *conv_wt;         /* (n_conv, C) ssm_conv1d, tap-major copy */
     const float *ssm_a;     /* (n_v) -exp(A_log) */
     const float *dt_bias;   /* (n_v) ssm_dt.bias */
@@ -37,7 +38,8 @@ struct q35_layer {
 };
 
 struct q35_weights {
-    bool moe;                  /* qwen35moe */
+    bool moe;                  /* qwen35moe, qwen3next */
+    bool next;                 /* qwen3next: fused ssm_ba, k-heads grouped (not tiled) over the v-heads */
     struct moe_hparams moe_hp; /* qwen35moe */
     struct tern_deltanet_shape dn;
     uint32_t n_layer;          /* layers run (block_count minus MTP layers) */

@@ -13,6 +13,7 @@ static const struct tern_arch *const archs[] = {
     &tern_arch_qwen3moe,
     &tern_arch_qwen35,
     &tern_arch_qwen35moe,
+    &tern_arch_qwen3next,
     &tern_arch_gptoss,
 };
 

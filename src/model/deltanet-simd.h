@@ -274,7 +274,8 @@ static DN_ATTR void DN_FN(heads)(const struct tern_deltanet_shape *s,
     struct sub_chunk c;
     for (uint32_t h = h0; h < h1; h++) {
         float *S = state + (size_t)h * d_k * d_v;
-        const size_t hk = h % n_k; /* ggml_repeat tiles the k-heads over the v-heads */
+        /* qwen35: ggml_repeat tiles the k-heads over the v-heads; qwen3next groups them */
+        const size_t hk = s->k_grouped ? h / (s->n_v_heads / n_k) : h % n_k;
         for (size_t t0 = 0; t0 < io->n_tok; t0 += DN_SUB) {
             c.n = io->n_tok - t0 < DN_SUB ? io->n_tok - t0 : DN_SUB;
             for (size_t u = 0; u < c.n; u++) {

@@ -54,6 +54,7 @@ struct tern_deltanet_shape {
     uint32_t d_k;       /* ssm.state_size: q/k head dimension */
     uint32_t d_v;       /* ssm.inner_size / n_v_heads: v head dimension */
     uint32_t n_conv;    /* ssm.conv_kernel: taps of the causal convolution (>= 1) */
+    bool k_grouped;     /* v-head h reads k-head h / (n_v / n_k) (qwen3next), else h % n_k (qwen35) */
     float eps;          /* floor of the q/k L2 norms and eps of the gated RMSNorm */
 };
 

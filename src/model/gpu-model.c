@@ -501,7 +501,7 @@ static void gpu_deltanet(const struct model_step *f, uint32_t il, const struct m
         DO(f, tern_vk_deltanet_conv(vk, S->win[il], conv_wt, BUF(qkv_raw), C, BUF(qkv), C, C, dn->n_conv, q->row0,
                                     q->n, tr ? S->tw[il] : NULL, slot));
         DO(f, tern_vk_deltanet_heads(vk, S->S[il], BUF(qkv), BUF(z), BUF(beta), BUF(alpha), BUF(out), params,
-                                     dn->n_k_heads, dn->n_v_heads, dn->d_k, dn->d_v, dn->eps, q->row0, q->n,
+                                     dn->n_k_heads, dn->k_grouped, dn->n_v_heads, dn->d_k, dn->d_v, dn->eps, q->row0, q->n,
                                      tr ? S->tS[il] : NULL, slot));
     }
 }

@@ -426,6 +426,7 @@ extern const struct tern_arch tern_arch_qwen3;
 extern const struct tern_arch tern_arch_qwen3moe;  /* arch-llama.c */
 extern const struct tern_arch tern_arch_qwen35;    /* arch-qwen35.c */
 extern const struct tern_arch tern_arch_qwen35moe; /* arch-qwen35.c */
+extern const struct tern_arch tern_arch_qwen3next; /* arch-qwen35.c: Qwen3-Next, Qwen3-Coder-Next */
 extern const struct tern_arch tern_arch_gptoss;    /* arch-gptoss.c */
 
 #endif

@@ -220,6 +220,10 @@ static void test_qwen35moe(void **u) {
     (void)u;
     check_model("models/tiny-qwen35moe-q4_k_m.gguf");
 }
+static void test_qwen3next(void **u) {
+    (void)u;
+    check_model("models/tiny-qwen3next-q8_0.gguf");
+}
 
 /* A hybrid session forked (from a checkpoint) off one that was batched, continued in a
  * batch beside another, equals the same tokens read cold and alone. */
@@ -336,7 +340,8 @@ int main(int argc, char **argv) {
     const struct CMUnitTest full[] = {
         cmocka_unit_test(test_llama),     cmocka_unit_test(test_qwen3),    cmocka_unit_test(test_qwen3_q4km),
         cmocka_unit_test(test_qwen3_lowbit),
-        cmocka_unit_test(test_qwen35),    cmocka_unit_test(test_qwen3moe), cmocka_unit_test(test_qwen35moe),
+        cmocka_unit_test(test_qwen35),    cmocka_unit_test(test_qwen3moe), cmocka_unit_test(test_qwen3next),
+        cmocka_unit_test(test_qwen35moe),
         cmocka_unit_test(test_gptoss),
         cmocka_unit_test(test_fork_resumes_in_batch), cmocka_unit_test(test_verify_rows),
         cmocka_unit_test(test_refusals),

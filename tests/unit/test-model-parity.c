@@ -24,7 +24,7 @@ static const char *const stems[] = {
     "tiny-qwen3-q6_k",  "tiny-qwen35-f32", "tiny-qwen35-q8_0", "tiny-qwen35-q4_k_m", "tiny-qwen3-iq4_xs",
     "tiny-qwen3moe-f32", "tiny-qwen3moe-q8_0", "tiny-qwen35moe-f32", "tiny-qwen35moe-q4_k_m",
     "tiny-gptoss-f32",  "tiny-gptoss-mxfp4",
-    "tiny-qwen3-q2_k",  "tiny-qwen3-iq2_xs", "tiny-qwen3-lowbit-mix",
+    "tiny-qwen3-q2_k",  "tiny-qwen3-iq2_xs", "tiny-qwen3-lowbit-mix", "tiny-qwen3next-q8_0",
 };
 
 /* "lite" (the variant run under sanitizers): stories260K, three quantized qwen3 (Q4_K_M,

@@ -30,6 +30,7 @@
 #define Q35MOE_Q4KM "models/tiny-qwen35moe-q4_k_m.gguf"
 #define GPTOSS_F32 "models/tiny-gptoss-f32.gguf"
 #define GPTOSS_MXFP4 "models/tiny-gptoss-mxfp4.gguf"
+#define Q3NEXT_Q8_0 "models/tiny-qwen3next-q8_0.gguf"
 
 /* --light (the variant that also runs under ASan): shorter prompts. */
 static bool g_light;
@@ -128,6 +129,9 @@ static void test_exact_kit(void **unused) {
     th_require_shared(GPTOSS_MXFP4);
     tx_check_exact("tiny-gptoss-mxfp4", th_shared_path(GPTOSS_MXFP4), TERN_KV_F16, g_light ? 40 : 300);
     if (!g_light) tx_check_exact("tiny-gptoss-f32", th_shared_path(GPTOSS_F32), TERN_KV_F32, 300);
+    /* qwen3next: grouped k-heads, the fused ssm_ba, plain partial NeoX RoPE */
+    th_require_shared(Q3NEXT_Q8_0);
+    tx_check_exact("tiny-qwen3next-q8_0", th_shared_path(Q3NEXT_Q8_0), TERN_KV_F16, n);
 }
 
 /* Shapes the kit has not: more experts than a chunk of 7 touches, an odd number used,

@@ -523,7 +523,7 @@ static void check_deltanet(uint32_t n_k, uint32_t n_v, uint32_t d, size_t T) {
     assert_int_equal(tern_vk_buf_new(vk, T * nvd * sizeof(float), &bo), TERN_OK);
     assert_int_equal(tern_vk_begin(vk), TERN_OK);
     assert_int_equal(tern_vk_deltanet_conv(vk, bwin, bcw, bx, C, by, C, C, 4, 0, T, NULL, 0), TERN_OK);
-    assert_int_equal(tern_vk_deltanet_heads(vk, bS, by, bz, bb, ba, bo, bp, n_k, n_v, d, d, 1e-6f,
+    assert_int_equal(tern_vk_deltanet_heads(vk, bS, by, bz, bb, ba, bo, bp, n_k, false, n_v, d, d, 1e-6f,
                                             0, T, NULL, 0), TERN_OK);
     assert_int_equal(tern_vk_end(vk), TERN_OK);
     float *gy = malloc(T * C * sizeof(float)), *go = malloc(T * nvd * sizeof(float)), *gS = malloc(nvd * d * sizeof(float));
@@ -548,7 +548,7 @@ static void check_deltanet(uint32_t n_k, uint32_t n_v, uint32_t d, size_t T) {
         struct tern_vk_buf *b1 = dev_floats(beta + t * n_v, n_v), *a1 = dev_floats(alpha + t * n_v, n_v);
         assert_int_equal(tern_vk_begin(vk), TERN_OK);
         assert_int_equal(tern_vk_deltanet_conv(vk, bwin, bcw, x1, C, by, C, C, 4, 0, 1, NULL, 0), TERN_OK);
-        assert_int_equal(tern_vk_deltanet_heads(vk, bS, by, z1, b1, a1, bo, bp, n_k, n_v, d, d, 1e-6f,
+        assert_int_equal(tern_vk_deltanet_heads(vk, bS, by, z1, b1, a1, bo, bp, n_k, false, n_v, d, d, 1e-6f,
                                                 0, 1, NULL, 0), TERN_OK);
         assert_int_equal(tern_vk_end(vk), TERN_OK);
         host_floats(by, ty, C);
@@ -568,10 +568,10 @@ static void check_deltanet(uint32_t n_k, uint32_t n_v, uint32_t d, size_t T) {
     assert_int_equal(tern_vk_upload(bS, 0, zeros, nvd * d * sizeof(float)), TERN_OK);
     assert_int_equal(tern_vk_begin(vk), TERN_OK);
     assert_int_equal(tern_vk_deltanet_conv(vk, bwin, bcw, bx, C, by, C, C, 4, 0, cut, NULL, 0), TERN_OK);
-    assert_int_equal(tern_vk_deltanet_heads(vk, bS, by, bz, bb, ba, bo, bp, n_k, n_v, d, d, 1e-6f,
+    assert_int_equal(tern_vk_deltanet_heads(vk, bS, by, bz, bb, ba, bo, bp, n_k, false, n_v, d, d, 1e-6f,
                                             0, cut, NULL, 0), TERN_OK);
     assert_int_equal(tern_vk_deltanet_conv(vk, bwin, bcw, bx, C, by, C, C, 4, cut, T - cut, NULL, 0), TERN_OK);
-    assert_int_equal(tern_vk_deltanet_heads(vk, bS, by, bz, bb, ba, bo, bp, n_k, n_v, d, d, 1e-6f,
+    assert_int_equal(tern_vk_deltanet_heads(vk, bS, by, bz, bb, ba, bo, bp, n_k, false, n_v, d, d, 1e-6f,
                                             cut, T - cut, NULL, 0),
                      TERN_OK);
     assert_int_equal(tern_vk_end(vk), TERN_OK);
@@ -581,7 +581,7 @@ static void check_deltanet(uint32_t n_k, uint32_t n_v, uint32_t d, size_t T) {
     assert_device_floats(bS, tS, gS, nvd * d);
     assert_int_equal(tern_vk_deltanet_conv(vk, bwin, bcw, bx, C, by, C, C, 4,
                                            cut + 1, T - cut, NULL, 0), TERN_ERR_RANGE);
-    assert_int_equal(tern_vk_deltanet_heads(vk, bS, by, bz, bb, ba, bo, bp, n_k, n_v, d, d, 1e-6f,
+    assert_int_equal(tern_vk_deltanet_heads(vk, bS, by, bz, bb, ba, bo, bp, n_k, false, n_v, d, d, 1e-6f,
                                             cut + 1, T - cut, NULL, 0),
                      TERN_ERR_RANGE);
     /* with a trail, from slot 1: the chunk's bits, and slot 1 + t holds the window and
@@ -593,7 +593,7 @@ static void check_deltanet(uint32_t n_k, uint32_t n_v, uint32_t d, size_t T) {
     assert_int_equal(tern_vk_upload(bS, 0, zeros, nvd * d * sizeof(float)), TERN_OK);
     assert_int_equal(tern_vk_begin(vk), TERN_OK);
     assert_int_equal(tern_vk_deltanet_conv(vk, bwin, bcw, bx, C, by, C, C, 4, 0, T, trw, 1), TERN_OK);
-    assert_int_equal(tern_vk_deltanet_heads(vk, bS, by, bz, bb, ba, bo, bp, n_k, n_v, d, d, 1e-6f, 0, T, trs, 1),
+    assert_int_equal(tern_vk_deltanet_heads(vk, bS, by, bz, bb, ba, bo, bp, n_k, false, n_v, d, d, 1e-6f, 0, T, trs, 1),
                      TERN_OK);
     assert_int_equal(tern_vk_end(vk), TERN_OK);
     assert_device_floats(by, sy, gy, T * C);
@@ -605,7 +605,7 @@ static void check_deltanet(uint32_t n_k, uint32_t n_v, uint32_t d, size_t T) {
     assert_memory_equal(gw, twin, T * W * C * sizeof(float));
     assert_memory_equal(gs, tst, T * nvd * d * sizeof(float));
     assert_int_equal(tern_vk_deltanet_conv(vk, bwin, bcw, bx, C, by, C, C, 4, 0, T, trw, 2), TERN_ERR_RANGE);
-    assert_int_equal(tern_vk_deltanet_heads(vk, bS, by, bz, bb, ba, bo, bp, n_k, n_v, d, d, 1e-6f, 0, T, trs, 2),
+    assert_int_equal(tern_vk_deltanet_heads(vk, bS, by, bz, bb, ba, bo, bp, n_k, false, n_v, d, d, 1e-6f, 0, T, trs, 2),
                      TERN_ERR_RANGE);
     tern_vk_buf_free(trw), tern_vk_buf_free(trs);
     free(gw), free(gs), free(twin), free(tst);

@@ -1011,7 +1011,7 @@ enum tern_status tern_vk_deltanet_conv(struct tern_vk *vk, struct tern_vk_buf *w
 enum tern_status tern_vk_deltanet_heads(struct tern_vk *vk, struct tern_vk_buf *state, const struct tern_vk_buf *qkv,
                                               const struct tern_vk_buf *z, const struct tern_vk_buf *beta,
                                               const struct tern_vk_buf *alpha, struct tern_vk_buf *out,
-                                              const struct tern_vk_buf *params, size_t n_k, size_t n_v, size_t d_k,
+                                              const struct tern_vk_buf *params, size_t n_k, bool k_grouped, size_t n_v, size_t d_k,
                                               size_t d_v, float eps, size_t row0, size_t n_tok, struct tern_vk_buf *trail,
                                               size_t slot0) {
     enum tern_status st;
@@ -1030,9 +1030,9 @@ enum tern_status tern_vk_deltanet_heads(struct tern_vk *vk, struct tern_vk_buf *
     struct {
         uint32_t n_k, n_v, d_k, d_v;
         float eps;
-        uint32_t n_tok, row0, tr, tr_slot;
+        uint32_t n_tok, row0, tr, tr_slot, k_grouped;
     } pc = {(uint32_t)n_k, (uint32_t)n_v, (uint32_t)d_k, (uint32_t)d_v, eps, (uint32_t)n_tok, (uint32_t)row0,
-            trail != NULL, (uint32_t)slot0};
+            trail != NULL, (uint32_t)slot0, k_grouped};
     const struct tern_vk_buf *bufs[8] = {state, qkv, z, beta, alpha, out, params, trail ? trail : state};
     return record(vk, PIPE_DNHEADS, bufs, 8, &pc, sizeof pc, (uint32_t)n_v, 1, 1);
 }

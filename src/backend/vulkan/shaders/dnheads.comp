@@ -27,6 +27,7 @@ layout(push_constant) uniform P {
     uint row0;
     uint tr;
     uint tr_slot;
+    uint k_grouped; // v-head h reads k-head h / (n_v / n_k) (qwen3next), else h % n_k
 } p;
 
 shared float qn[256], kn[256], red[128], ov[256];
@@ -48,7 +49,7 @@ float tree_sum() {
 
 void main() {
     const uint h = gl_WorkGroupID.x, lid = gl_LocalInvocationID.x;
-    const uint dk = p.d_k, dv = p.d_v, hk = h % p.n_k;
+    const uint dk = p.d_k, dv = p.d_v, hk = p.k_grouped != 0u ? h / (p.n_v / p.n_k) : h % p.n_k;
     const uint C = 2u * p.n_k * dk + p.n_v * dv;
     const uint sb = h * dk * dv;
     const float q_scale = 1.0 / sqrt(float(dk));
