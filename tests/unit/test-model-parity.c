@@ -32,6 +32,7 @@ static const char *const stems[] = {
 static bool lite;
 static bool vulkan; /* "vulkan": the sessions on a Vulkan device */
 static int dev = -1; /* its index */
+static const char *only; /* "only=STEM": that model alone (for working on one) */
 
 static int32_t argmax(const float *l, uint32_t n) {
     uint32_t b = 0;
@@ -189,6 +190,7 @@ static void test_parity(void **state) {
             strcmp(stems[i], "tiny-qwen35-f32") && strcmp(stems[i], "tiny-qwen3-iq4_xs") &&
             strcmp(stems[i], "tiny-qwen3-lowbit-mix"))
             continue;
+        if (only && strcmp(stems[i], only)) continue;
         if (vulkan && !strncmp(stems[i], "tiny-gptoss", 11)) { /* no window, sinks or MXFP4 on the device yet */
             printf("%s: not on the Vulkan device (gpt-oss attention and MXFP4 are CPU-only)\n", stems[i]);
             continue;
@@ -232,8 +234,9 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "lite")) lite = true;
         else if (!strcmp(argv[i], "vulkan")) vulkan = true;
+        else if (!strncmp(argv[i], "only=", 5)) only = argv[i] + 5;
         else {
-            fprintf(stderr, "usage: %s [lite] [vulkan]\n", argv[0]);
+            fprintf(stderr, "usage: %s [lite] [vulkan] [only=STEM]\n", argv[0]);
             return 2;
         }
     }

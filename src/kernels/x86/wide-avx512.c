@@ -452,6 +452,7 @@ struct w_tiles {
     size_t k_multiple;                      /* k the tiles handle; others go to AVX2 */
     tern_matmul_fn avx2;                    /* single tokens, the last odd row, other k */
     w_gemv_fn gemv;                         /* single tokens where not NULL (k a multiple of k_multiple) */
+    bool wide_gemv;                         /* single tokens (gemv NULL) on the tiles' one-token column */
 };
 
 static void w_drive(const struct w_tiles *tl, const void *wv, size_t wrb, size_t k, const void *av, size_t arb,
@@ -460,7 +461,7 @@ static void w_drive(const struct w_tiles *tl, const void *wv, size_t wrb, size_t
         tl->gemv((const uint8_t *)wv + r0 * wrb, wrb, av, k, y + r0, r1 - r0);
         return;
     }
-    if (n_tok == 1 || k % tl->k_multiple || r1 - r0 < 2) {
+    if ((n_tok == 1 && !tl->wide_gemv) || k % tl->k_multiple || r1 - r0 < 2) {
         tl->avx2(wv, wrb, k, av, arb, n_tok, y, ldy, r0, r1);
         return;
     }
@@ -505,12 +506,12 @@ static void w_drive(const struct w_tiles *tl, const void *wv, size_t wrb, size_t
 #define W_TILES2(name, body, T, kmul, avx2fn, gemvfn)                                                        \
     W_ROW##T(body, 1) W_ROW##T(body, 2)                                                                      \
     static const struct w_tiles name##_tiles = {                                                             \
-        {W_SLOTS##T(body, 1), W_SLOTS##T(body, 2)}, 2, T, kmul, avx2fn, gemvfn};                             \
+        {W_SLOTS##T(body, 1), W_SLOTS##T(body, 2)}, 2, T, kmul, avx2fn, gemvfn, false};                      \
     W_ENTRY(name)
-#define W_TILES3(name, body, T, kmul, avx2fn)                                                                \
+#define W_TILES3(name, body, T, kmul, avx2fn, wide)                                                          \
     W_ROW##T(body, 1) W_ROW##T(body, 2) W_ROW##T(body, 3)                                                    \
     static const struct w_tiles name##_tiles = {                                                             \
-        {W_SLOTS##T(body, 1), W_SLOTS##T(body, 2), W_SLOTS##T(body, 3)}, 3, T, kmul, avx2fn, NULL};          \
+        {W_SLOTS##T(body, 1), W_SLOTS##T(body, 2), W_SLOTS##T(body, 3)}, 3, T, kmul, avx2fn, NULL, wide};    \
     W_ENTRY(name)
 
 #define Q8_0_W(RP, T, ...) q8_0_wtile(RP, T, __VA_ARGS__)
@@ -520,9 +521,9 @@ static void w_drive(const struct w_tiles *tl, const void *wv, size_t wrb, size_t
 #define Q6_K_W(RP, T, ...) q6k_wtile(RP, T, __VA_ARGS__)
 #define MXFP4_W(RP, T, ...) mxfp4_wtile(RP, T, __VA_ARGS__)
 
-W_TILES3(tern_avx512_matmul_q8_0, Q8_0_W, 4, TERN_QK, tern_avx2_matmul_q8_0)
-W_TILES3(tern_avx512_matmul_mxfp4, MXFP4_W, 4, TERN_QK, tern_avx2_matmul_mxfp4)
-W_TILES3(tern_avx512_matmul_f16, F16_W, 6, 8, tern_avx2_matmul_f16)
+W_TILES3(tern_avx512_matmul_q8_0, Q8_0_W, 4, TERN_QK, tern_avx2_matmul_q8_0, true)
+W_TILES3(tern_avx512_matmul_mxfp4, MXFP4_W, 4, TERN_QK, tern_avx2_matmul_mxfp4, true)
+W_TILES3(tern_avx512_matmul_f16, F16_W, 6, 8, tern_avx2_matmul_f16, true)
 W_TILES2(tern_avx512_matmul_q4_k, Q4_K_W, 4, TERN_QK_K, tern_avx2_matmul_q4_k, q4_k_gemv)
 W_TILES2(tern_avx512_matmul_q5_k, Q5_K_W, 4, TERN_QK_K, tern_avx2_matmul_q5_k, q5_k_gemv)
 W_TILES2(tern_avx512_matmul_q6_k, Q6_K_W, 4, TERN_QK_K, tern_avx2_matmul_q6_k, q6_k_gemv)
