@@ -18,7 +18,7 @@ static void usage(FILE *out) {
             "Writes a random-weight GGUF model with the metadata keys and tensor names and shapes\n"
             "that real models of the architecture carry. Same options and seed, same bytes.\n"
             "\n"
-            "  --arch ARCH            llama, qwen2, qwen3, qwen35, qwen3moe, qwen35moe or gpt-oss\n"
+            "  --arch ARCH            llama, qwen2, qwen3, qwen35, qwen3moe, qwen35moe, qwen3next or gpt-oss\n"
             "  --preset NAME          %s\n"
             "                         (options given with a preset override it)\n"
             "  --out FILE, -o FILE    output path (written atomically)\n"
@@ -58,7 +58,7 @@ static void usage(FILE *out) {
             "                           that depends on its KV rows)\n"
             "qwen3moe / qwen35moe / gpt-oss (mixture of experts; gpt-oss: window 128 on even\n"
             "  layers, YaRN factor 32 over 4096, sinks and biases; tiny-gptoss: window 16):\n"
-            "  --experts N  --experts-used N  --expert-ff N  --shared-expert-ff N (qwen35moe)\n"
+            "  --experts N  --experts-used N  --expert-ff N  --shared-expert-ff N (qwen35moe, qwen3next)\n"
             "  --sliding-window N (gpt-oss)\n"
             "  Large models are written tensor by tensor: memory stays small whatever the size\n"
             "  (qwen3-30b-a3b --type q4_k_m: about 17 GB of file, a few MB of RAM)\n"
@@ -245,7 +245,7 @@ static int mkmodel_main(int argc, char **argv) {
     } else {
         enum tern_mk_arch a;
         if (!tern_mk_arch_from_name(arch, &a))
-            return cli_usage_error("mkmodel", "unknown architecture '%s' (llama, qwen2, qwen3, qwen35, qwen3moe, qwen35moe, gpt-oss)", arch);
+            return cli_usage_error("mkmodel", "unknown architecture '%s' (llama, qwen2, qwen3, qwen35, qwen3moe, qwen35moe, qwen3next, gpt-oss)", arch);
         tern_mkmodel_defaults(a, &p);
     }
     for (int i = 0; i < n_ov; i++) {

@@ -49,7 +49,8 @@ static double rng_normal(struct rng *r) {
 
 /* ---- architectures, presets, types --------------------------------------------------- */
 
-static const char *const arch_names[] = {"llama", "qwen2", "qwen3", "qwen35", "qwen3moe", "qwen35moe", "gpt-oss"};
+static const char *const arch_names[] = {"llama",     "qwen2",   "qwen3",    "qwen35",
+                                         "qwen3moe",  "qwen35moe", "gpt-oss", "qwen3next"};
 
 const char *tern_mk_arch_name(enum tern_mk_arch a) {
     return (unsigned)a < TERN_ARRAY_LEN(arch_names) ? arch_names[a] : "unknown";
@@ -90,6 +91,7 @@ void tern_mkmodel_defaults(enum tern_mk_arch arch, struct tern_mkmodel_params *p
     case TERN_MK_QWEN35: p->n_ctx = 262144; p->rope_theta = 1e7f; break;
     case TERN_MK_QWEN3MOE: p->n_ctx = 40960; p->rope_theta = 1e6f; break;
     case TERN_MK_QWEN35MOE: p->n_ctx = 262144; p->rope_theta = 1e7f; break;
+    case TERN_MK_QWEN3NEXT: p->n_ctx = 262144; p->rope_theta = 1e7f; break;
     case TERN_MK_GPTOSS: /* gpt-oss-20b's config.json, at the tiny kit model's width */
         p->n_ctx = 131072;
         p->rope_theta = 150000.0f;
@@ -104,19 +106,23 @@ void tern_mkmodel_defaults(enum tern_mk_arch arch, struct tern_mkmodel_params *p
         p->yarn_orig_ctx = 4096;
         break;
     }
-    if (arch == TERN_MK_QWEN3MOE || arch == TERN_MK_QWEN35MOE) {
+    if (arch == TERN_MK_QWEN3MOE || arch == TERN_MK_QWEN35MOE || arch == TERN_MK_QWEN3NEXT) {
         p->n_expert = 8;
         p->n_expert_used = 2;
         p->n_ff_exp = arch == TERN_MK_QWEN3MOE ? 128 : 64;
-        p->n_ff_shexp = arch == TERN_MK_QWEN35MOE ? 128 : 0;
+        p->n_ff_shexp = arch == TERN_MK_QWEN3MOE ? 0 : 128;
     }
 }
 
 static bool is_moe(enum tern_mk_arch a) {
-    return a == TERN_MK_QWEN3MOE || a == TERN_MK_QWEN35MOE || a == TERN_MK_GPTOSS;
+    return a == TERN_MK_QWEN3MOE || a == TERN_MK_QWEN35MOE || a == TERN_MK_GPTOSS || a == TERN_MK_QWEN3NEXT;
 }
 /* The hybrid layout (Gated DeltaNet + gated attention every full_attn_interval-th layer). */
-static bool is_hybrid(enum tern_mk_arch a) { return a == TERN_MK_QWEN35 || a == TERN_MK_QWEN35MOE; }
+static bool is_hybrid(enum tern_mk_arch a) {
+    return a == TERN_MK_QWEN35 || a == TERN_MK_QWEN35MOE || a == TERN_MK_QWEN3NEXT;
+}
+/* A shared expert with its sigmoid gate in every MoE layer. */
+static bool has_shexp(enum tern_mk_arch a) { return a == TERN_MK_QWEN35MOE || a == TERN_MK_QWEN3NEXT; }
 
 struct preset {
     const char *name;
@@ -154,11 +160,18 @@ static const struct preset presets[] = {
      * 201088 ids). */
     {"tiny-gptoss", TERN_MK_GPTOSS, 4, 192, 4, 2, 64, 160, 4122, false, 0, 0, 0, 0, 0, 0, 8, 4, 160, 0},
     {"gpt-oss-20b", TERN_MK_GPTOSS, 24, 2880, 64, 8, 64, 2880, 201088, false, 0, 0, 0, 0, 0, 0, 32, 4, 2880, 0},
+    /* The kit's tiny-qwen3next and Qwen3-Coder-Next / Qwen3-Next-80B-A3B (their config.json:
+     * 48 layers, 3 DeltaNet : 1 gated attention, 16 q / 2 kv heads of 256 with a quarter
+     * rotary, 16 k / 32 v linear heads of 128, 512 experts of 512, 10 per token, a shared
+     * expert of 512, Qwen3's 151936 ids; intermediate_size 5120 is written and unused). */
+    {"tiny-qwen3next", TERN_MK_QWEN3NEXT, 4, 256, 4, 2, 64, 512, 4122, false, 2, 4, 64, 4, 4, 16, 8, 2, 64, 128},
+    {"qwen3-coder-next", TERN_MK_QWEN3NEXT, 48, 2048, 16, 2, 256, 5120, 151936, false, 16, 32, 128, 4, 4, 64, 512, 10,
+     512, 512},
 };
 
 const char *tern_mkmodel_preset_names(void) {
     return "tiny-qwen3, tiny-qwen35, tiny-qwen3moe, tiny-qwen35moe, tiny-llama, tiny-qwen2, qwen3-0.6b, qwen3.5-0.8b, "
-           "qwen3-8b, qwen3-30b-a3b, qwen3.5-35b-a3b, tiny-gptoss, gpt-oss-20b";
+           "qwen3-8b, qwen3-30b-a3b, qwen3.5-35b-a3b, tiny-gptoss, gpt-oss-20b, tiny-qwen3next, qwen3-coder-next";
 }
 
 enum tern_status tern_mkmodel_preset(const char *name, struct tern_mkmodel_params *p) {
@@ -278,12 +291,12 @@ enum tern_status tern_mkmodel_check(const struct tern_mkmodel_params *p) {
     if ((st = check_range("n_head", p->n_head, 1, LIMIT_HEADS))) return st;
     if ((st = check_range("n_head_kv", p->n_head_kv, 1, p->n_head))) return st;
     if ((st = check_range("head_dim", p->head_dim, 1, 65536))) return st;
-    if ((st = check_range("n_ff", p->n_ff, p->arch == TERN_MK_QWEN35MOE ? 0 : 1, LIMIT_DIM))) return st;
+    if ((st = check_range("n_ff", p->n_ff, has_shexp(p->arch) ? 0 : 1, LIMIT_DIM))) return st;
     if (is_moe(p->arch)) {
         if ((st = check_range("experts", p->n_expert, 1, 1024))) return st;
         if ((st = check_range("experts used", p->n_expert_used, 1, TERN_MIN(p->n_expert, 64u)))) return st;
         if ((st = check_range("expert ffn", p->n_ff_exp, 1, LIMIT_DIM))) return st;
-        if (p->arch == TERN_MK_QWEN35MOE && (st = check_range("shared expert ffn", p->n_ff_shexp, 1, LIMIT_DIM)))
+        if (has_shexp(p->arch) && (st = check_range("shared expert ffn", p->n_ff_shexp, 1, LIMIT_DIM)))
             return st;
     }
     if (p->arch == TERN_MK_GPTOSS) {
@@ -311,7 +324,7 @@ enum tern_status tern_mkmodel_check(const struct tern_mkmodel_params *p) {
                            p->rms_eps);
     if (p->mtp_echo > 2) return tern_errorf(TERN_ERR_INVALID, "mtp_echo %u is not 0, 1 or 2", p->mtp_echo);
     if (p->n_mtp > 1 || (p->n_mtp && !is_hybrid(p->arch)))
-        return tern_errorf(TERN_ERR_INVALID, "%u MTP blocks: only qwen35 and qwen35moe take one (--mtp 0 or 1)",
+        return tern_errorf(TERN_ERR_INVALID, "%u MTP blocks: only qwen35, qwen35moe and qwen3next take one (--mtp 0 or 1)",
                            p->n_mtp);
     if (is_hybrid(p->arch)) {
         if ((st = check_range("ssm k-heads", p->ssm_k_heads, 1, LIMIT_HEADS))) return st;
@@ -633,8 +646,12 @@ static enum tern_status build_tensors(struct mk_ctx *c, uint32_t n_vocab) {
                 ADD(INIT_CONV, il, p->ssm_conv, ssm_conv_ch, "blk.%u.ssm_conv1d.weight", il);
                 ADD(INIT_DT_BIAS, il, p->ssm_v_heads, 0, "blk.%u.ssm_dt.bias", il);
                 ADD(INIT_SSM_A, il, p->ssm_v_heads, 0, "blk.%u.ssm_a", il);
-                ADD(INIT_WEIGHT, il, e, p->ssm_v_heads, "blk.%u.ssm_beta.weight", il);
-                ADD(INIT_WEIGHT, il, e, p->ssm_v_heads, "blk.%u.ssm_alpha.weight", il);
+                if (p->arch == TERN_MK_QWEN3NEXT) { /* per k-head [beta | alpha] */
+                    ADD(INIT_WEIGHT, il, e, 2 * p->ssm_v_heads, "blk.%u.ssm_ba.weight", il);
+                } else {
+                    ADD(INIT_WEIGHT, il, e, p->ssm_v_heads, "blk.%u.ssm_beta.weight", il);
+                    ADD(INIT_WEIGHT, il, e, p->ssm_v_heads, "blk.%u.ssm_alpha.weight", il);
+                }
                 ADD(INIT_NORM, il, p->ssm_state, 0, "blk.%u.ssm_norm.weight", il);
                 ADD(INIT_WEIGHT, il, ssm_inner, e, "blk.%u.ssm_out.weight", il);
             }
@@ -947,7 +964,8 @@ static enum tern_status write_metadata(struct gguf_writer *w, const struct tern_
         if (!st) st = set_arch_u32(w, a, "rope.dimension_count", rd);
         char k[128];
         snprintf(k, sizeof k, "%s.rope.dimension_sections", a);
-        if (!st) st = gguf_writer_set_arr(w, k, GGUF_TYPE_INT32, sec, 4);
+        /* qwen3next: plain partial NeoX, no sections */
+        if (!st && p->arch != TERN_MK_QWEN3NEXT) st = gguf_writer_set_arr(w, k, GGUF_TYPE_INT32, sec, 4);
     }
     if (!st) st = vf ? copy_vocab(w, vf, n_have, n_vocab, p->pad_normal) : write_builtin_vocab(w, n_vocab, p->pad_normal);
     if (!st) st = set_arch_u32(w, a, "vocab_size", n_vocab);

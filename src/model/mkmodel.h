@@ -25,7 +25,8 @@ enum tern_mk_arch {
     TERN_MK_QWEN35,
     TERN_MK_QWEN3MOE,
     TERN_MK_QWEN35MOE,
-    TERN_MK_GPTOSS
+    TERN_MK_GPTOSS,
+    TERN_MK_QWEN3NEXT /* qwen35moe's layout with a fused ssm_ba, grouped k-heads, plain partial RoPE */
 };
 
 /* How tensors are typed. */

@@ -78,6 +78,17 @@ for pre in tiny-qwen3moe tiny-qwen35moe; do
   b=$("$bin" run -m "$q" --ids "1 2 3 4 5 6 7 8 9 10 11 12" --temp 0 -n 8 --print-ids -t 2 --chunk 5 2>/dev/null) || fail "run $pre exit $?"
   [ "$(echo "$a" | wc -w)" -eq 8 ] && [ "$a" = "$b" ] || fail "$pre iq4_xs: '$a' vs '$b'"
 done
+# qwen3next written directly in an IQ2/IQ3 mix (the files Qwen3-Coder-Next users run), with
+# the MTP block: it runs, the same over threads and chunks
+q=$tmp/qwen3next-iq2.gguf
+"$bin" mkmodel --preset tiny-qwen3next --type iq2_xs --mtp 1 --out "$q" >/dev/null 2>&1 || fail "mkmodel tiny-qwen3next iq2_xs exit $?"
+"$bin" inspect "$q" | grep -q "ssm_ba" || fail "tiny-qwen3next: no fused ssm_ba"
+a=$("$bin" run -m "$q" --ids "1 2 3 4 5 6 7 8 9 10 11 12" --temp 0 -n 8 --print-ids -t 1 2>/dev/null) || fail "run qwen3next exit $?"
+b=$("$bin" run -m "$q" --ids "1 2 3 4 5 6 7 8 9 10 11 12" --temp 0 -n 8 --print-ids -t 2 --chunk 5 2>/dev/null) || fail "run qwen3next exit $?"
+c=$("$bin" run -m "$q" --ids "1 2 3 4 5 6 7 8 9 10 11 12" --temp 0 -n 8 --print-ids -t 2 --spec mtp 2>/dev/null) || fail "run qwen3next --spec mtp exit $?"
+[ "$(echo "$a" | wc -w)" -eq 8 ] && [ "$a" = "$b" ] && [ "$a" = "$c" ] || fail "qwen3next iq2_xs: '$a' vs '$b' vs '$c'"
+"$bin" mkmodel --preset qwen3-coder-next --type iq2_xs --dry-run --out "$tmp/x.gguf" 2>&1 |
+  grep -q "843 tensors, n_vocab 151936, 79674391296 parameters" || fail "qwen3-coder-next preset: not the 80B-A3B shape"
 [ ! -f "$shared/models/tiny-qwen3-iq4_xs.gguf" ] || "$bin" inspect "$shared/models/tiny-qwen3-iq4_xs.gguf" |
   grep -q "^  IQ4_XS  *29 tensors" || fail "inspect of the kit's IQ4_XS file"
 

@@ -665,6 +665,8 @@ static void test_shared_tiny_models(void **state) {
     /* gpt-oss: biases, sinks, the window and YaRN keys; MXFP4 experts, Q8_0 elsewhere */
     compare_with_shared("tiny-gptoss", "f32", "models/tiny-gptoss-f32.gguf", true);
     compare_plan_with_shared("tiny-gptoss", "mxfp4_moe", "models/tiny-gptoss-mxfp4.gguf");
+    /* qwen3next: the fused ssm_ba, no rope sections, the unused feed_forward_length */
+    compare_with_shared("tiny-qwen3next", "q8_0", "models/tiny-qwen3next-q8_0.gguf", false);
 }
 
 /* --vocab copies every tokenizer.* key verbatim; n_vocab comes from it. */
