@@ -1,6 +1,7 @@
 #include "harness.h"
 
 #include "backend/vulkan.h"
+#include "model/mkmodel.h"
 #include "tern.h"
 
 #include <stdbool.h>
@@ -141,6 +142,22 @@ char *th_read_file(const char *path, size_t *len) {
 const char *th_tern_bin(void) {
     const char *e = getenv("TERN_BIN");
     return e && *e ? e : "./tern";
+}
+
+const char *th_tiny_model(void) {
+    static char path[512];
+    if (path[0]) return path;
+    char p[512];
+    snprintf(p, sizeof p, "%s/tiny.gguf", th_tmpdir());
+    struct tern_mkmodel_params mp;
+    if (tern_mkmodel_preset("tiny-qwen3", &mp)) abort();
+    mp.n_layer = 1;
+    if (tern_mkmodel_write(&mp, p, NULL)) {
+        fprintf(stderr, "th_tiny_model: %s\n", tern_last_error());
+        abort();
+    }
+    memcpy(path, p, sizeof path);
+    return path;
 }
 
 int th_vulkan_find(void) {

@@ -31,6 +31,9 @@ const char *th_tmpdir(void);
 char *th_read_file(const char *path, size_t *len);
 /* The built tern executable (TERN_BIN), for tests that drive the CLI. */
 const char *th_tern_bin(void);
+/* A one-layer random tiny-qwen3 (tern mkmodel's preset, its built-in vocabulary and
+ * ChatML-style template) in th_tmpdir, written once per test binary; aborts on error. */
+const char *th_tiny_model(void);
 
 /* The Vulkan device a test runs on: $TERN_VK_DEVICE, else the one `--device auto` would
  * take, else device 0. Where this build has no Vulkan backend or the machine no device,

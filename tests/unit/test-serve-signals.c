@@ -4,8 +4,6 @@
  * is still under way (TERN_TEST_STOP_DELAY_MS holds the stop back). */
 #include "harness.h"
 
-#include "model/mkmodel.h"
-
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -17,17 +15,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-static const char *model_path(void) {
-    static char path[512];
-    if (path[0]) return path;
-    snprintf(path, sizeof path, "%s/tiny.gguf", th_tmpdir());
-    struct tern_mkmodel_params p;
-    assert_int_equal(tern_mkmodel_preset("tiny-qwen3", &p), TERN_OK);
-    p.n_layer = 1;
-    if (tern_mkmodel_write(&p, path, NULL)) fail_msg("mkmodel: %s", tern_last_error());
-    return path;
-}
 
 /* A datagram socket at name: a path, or "@..." for the abstract namespace. */
 static int notify_socket(const char *name) {
@@ -57,6 +44,7 @@ static bool next_msg(int fd, int timeout_ms, char *buf, size_t cap) {
 }
 
 static pid_t serve(const char *notify, const char *stop_delay_ms, const char *log) {
+    const char *model = th_tiny_model(); /* made here, not in each child */
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
@@ -64,7 +52,7 @@ static pid_t serve(const char *notify, const char *stop_delay_ms, const char *lo
         if (stop_delay_ms) setenv("TERN_TEST_STOP_DELAY_MS", stop_delay_ms, 1);
         FILE *f = freopen(log, "w", stdout);
         if (f) dup2(fileno(stdout), 2);
-        execl(th_tern_bin(), th_tern_bin(), "serve", "--model", model_path(), "--port", "0", "--threads", "1",
+        execl(th_tern_bin(), th_tern_bin(), "serve", "--model", model, "--port", "0", "--threads", "1",
               "--ctx-size", "256", "--predict", "off", (char *)NULL);
         _exit(127);
     }

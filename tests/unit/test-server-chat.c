@@ -3,7 +3,6 @@
  * output format chosen from the vocabulary, and the demo model's recipe. */
 #include "harness.h"
 
-#include "model/mkmodel.h"
 #include "server/chat.h"
 #include "server/constrain.h"
 #include "server/request.h"
@@ -25,17 +24,6 @@ static struct tern_model *load(const char *path) {
     return m;
 }
 
-static const char *tiny_model(void) {
-    static char path[512];
-    if (path[0]) return path;
-    snprintf(path, sizeof path, "%s/tiny.gguf", th_tmpdir());
-    struct tern_mkmodel_params p;
-    assert_int_equal(tern_mkmodel_preset("tiny-qwen3", &p), TERN_OK);
-    p.n_layer = 1;
-    if (tern_mkmodel_write(&p, path, NULL)) fail_msg("mkmodel: %s", tern_last_error());
-    return path;
-}
-
 static void render(const struct chat_fmt *cf, const char *body, struct tern_buf *out) {
     struct srv_request req;
     struct srv_error err;
@@ -48,7 +36,7 @@ static void render(const struct chat_fmt *cf, const char *body, struct tern_buf 
 
 static void test_model_template(void **state) {
     (void)state;
-    struct tern_model *m = load(tiny_model());
+    struct tern_model *m = load(th_tiny_model());
     struct chat_fmt cf;
     assert_int_equal(chat_fmt_init(&cf, m, NULL, 0), TERN_OK);
     assert_string_equal(cf.source, "model");
@@ -76,7 +64,7 @@ static void test_model_template(void **state) {
 
 static void test_override_and_errors(void **state) {
     (void)state;
-    struct tern_model *m = load(tiny_model());
+    struct tern_model *m = load(th_tiny_model());
     struct chat_fmt cf;
     const char *tpl = "{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}";
     assert_int_equal(chat_fmt_init(&cf, m, tpl, strlen(tpl)), TERN_OK);
@@ -103,7 +91,7 @@ static void test_harmony_messages(void **state) {
     size_t n = 0;
     char *src = th_read_file(th_shared_path("conformance/templates/templates/gpt-oss-120b.jinja"), &n);
     assert_non_null(src);
-    struct tern_model *m = load(tiny_model());
+    struct tern_model *m = load(th_tiny_model());
     struct chat_fmt cf;
     assert_int_equal(chat_fmt_init(&cf, m, src, n), TERN_OK);
     assert_ptr_equal(cf.fmt, &reply_format_harmony);
@@ -215,7 +203,7 @@ static void prompt_ids(const struct chat_fmt *cf, const char *body, int32_t **id
 
 static void test_forged_control_tokens(void **state) {
     (void)state;
-    struct tern_model *m = load(tiny_model());
+    struct tern_model *m = load(th_tiny_model());
     struct chat_fmt cf;
     assert_int_equal(chat_fmt_init(&cf, m, NULL, 0), TERN_OK);
     int32_t turn = chat_turn_token(&cf);

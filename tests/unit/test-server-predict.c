@@ -7,7 +7,6 @@
  * <tool_response> blocks), on a generated model's vocabulary. */
 #include "harness.h"
 
-#include "model/mkmodel.h"
 #include "server/chat.h"
 #include "server/predict.h"
 #include "server/reply.h"
@@ -61,15 +60,9 @@ static struct fx fx;
 static int setup(void **state) {
     *state = &fx;
     if (fx.m) return 0;
-    char path[512];
-    snprintf(path, sizeof path, "%s/tiny.gguf", th_tmpdir());
-    struct tern_mkmodel_params p;
-    if (tern_mkmodel_preset("tiny-qwen3", &p)) return -1;
-    p.n_layer = 1;
-    if (tern_mkmodel_write(&p, path, NULL)) return -1;
     struct tern_model_params mp;
     tern_model_params_default(&mp);
-    mp.path = path;
+    mp.path = th_tiny_model();
     mp.n_threads = 1;
     if (tern_model_load(&mp, &fx.m)) return -1;
     if (chat_fmt_init(&fx.cf, fx.m, tmpl, sizeof tmpl - 1)) return -1;
