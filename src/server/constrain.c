@@ -217,6 +217,16 @@ static bool schema_fail(struct srv_error *err, enum tern_status st, size_t ti, c
     return false;
 }
 
+/* Appends the GBNF literal pre + name + post (whole, however long the name: a truncated
+ * literal would hold the model to a name the tools do not have). */
+static enum tern_status name_literal(struct tern_buf *body, const char *pre, const char *name, const char *post) {
+    struct tern_buf t = TERN_BUF_INIT;
+    enum tern_status st = tern_buf_printf(&t, "%s%s%s", pre, name, post);
+    if (!st) st = tern_gbnf_literal(body, t.data, t.len);
+    tern_buf_free(&t);
+    return st;
+}
+
 /* The XML body of one call: <parameter=P>\nVALUE\n</parameter>\n for the properties in
  * order (required ones always, optional ones maybe); values in their JSON form. */
 static bool xml_params(struct tern_schema_gbnf *c, size_t ti, const char *prefix, const json_t *params,
@@ -260,18 +270,14 @@ static bool xml_params(struct tern_schema_gbnf *c, size_t ti, const char *prefix
         snprintf(base, sizeof base, "/properties/%s", key);
         enum tern_status st = tern_schema_gbnf_add_in(c, rule, params, sub, base, ptr, sizeof ptr);
         if (st) return schema_fail(err, st, ti, ptr);
-        char open[200];
-        snprintf(open, sizeof open, "<parameter=%s>\n", key);
-        if (tern_buf_puts(body, r ? " " : " ( ") || tern_gbnf_literal(body, open, strlen(open)) ||
+        if (tern_buf_puts(body, r ? " " : " ( ") || name_literal(body, "<parameter=", key, ">\n") ||
             tern_buf_printf(body, " %s \"\\n</parameter>\\n\"%s", rule, r ? "" : " )?"))
             return oom(err);
     }
     for (size_t k = 0; k < json_array_size(req); k++) {
         const json_t *rk = json_array_get(req, k);
         if (!json_is_string(rk) || (props && json_object_get(props, json_string_value(rk)))) continue;
-        char open[200];
-        snprintf(open, sizeof open, "<parameter=%s>\n", json_string_value(rk));
-        if (tern_buf_puts(body, " ") || tern_gbnf_literal(body, open, strlen(open)) ||
+        if (tern_buf_puts(body, " ") || name_literal(body, "<parameter=", json_string_value(rk), ">\n") ||
             tern_buf_puts(body, " jvalue \"\\n</parameter>\\n\""))
             return oom(err);
     }
@@ -314,9 +320,8 @@ bool srv_tool_gbnf(const struct srv_request *req, enum srv_tool_syntax syn, bool
                 srv_error_bad(err, "tools", "tool name '%.60s' cannot be written in a harmony recipient", name);
                 goto out;
             }
-            char open[200];
-            snprintf(open, sizeof open, "<|channel|>commentary to=functions.%s <|constrain|>json<|message|>", name);
-            if (tern_gbnf_literal(&body, open, strlen(open))) goto nomem;
+            if (name_literal(&body, "<|channel|>commentary to=functions.", name, " <|constrain|>json<|message|>"))
+                goto nomem;
             if (!json_args(c, ti, rule, params, &body, err)) goto out;
         } else if (syn == SRV_TOOL_SYNTAX_JSON) {
             json_t *ns = json_string(name);
@@ -338,9 +343,7 @@ bool srv_tool_gbnf(const struct srv_request *req, enum srv_tool_syntax syn, bool
                 srv_error_bad(err, "tools", "tool name '%.60s' cannot be written in the XML tool-call syntax", name);
                 goto out;
             }
-            char open[200];
-            snprintf(open, sizeof open, "<tool_call>\n<function=%s>\n", name);
-            if (tern_gbnf_literal(&body, open, strlen(open))) goto nomem;
+            if (name_literal(&body, "<tool_call>\n<function=", name, ">\n")) goto nomem;
             if (!xml_params(c, ti, rule, params, &body, err)) goto out;
             if (tern_buf_puts(&body, " \"</function>\\n</tool_call>\"")) goto nomem;
         }

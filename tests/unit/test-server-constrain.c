@@ -244,6 +244,19 @@ static void test_tool_harmony(void **state) {
         reply_parser_free(&p);
     }
     assert_string_equal(srv_tool_syntax_name(SRV_TOOL_SYNTAX_HARMONY), "harmony");
+    /* a long name is held whole in both syntaxes that write it into a literal */
+    char name[301], lt[700], text[1000];
+    memset(name, 'n', 300);
+    name[300] = 0;
+    snprintf(lt, sizeof lt, "[{\"type\":\"function\",\"function\":{\"name\":\"%s\"}}]", name);
+    g = tool_grammar(lt, SRV_TOOLS_REQUIRED, NULL, false, SRV_TOOL_SYNTAX_HARMONY, false);
+    snprintf(text, sizeof text, "<|channel|>commentary to=functions.%s <|constrain|>json<|message|>{}", name);
+    assert_true(matches(g, text));
+    tern_grammar_free(g);
+    g = tool_grammar(lt, SRV_TOOLS_REQUIRED, NULL, false, SRV_TOOL_SYNTAX_XML, false);
+    snprintf(text, sizeof text, "<tool_call>\n<function=%s>\n</function>\n</tool_call>", name);
+    assert_true(matches(g, text));
+    tern_grammar_free(g);
 }
 
 int main(int argc, char **argv) {
