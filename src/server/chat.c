@@ -131,7 +131,7 @@ int32_t chat_turn_token(const struct chat_fmt *cf) {
 /* ---- harmony's messages --------------------------------------------------------------- */
 
 static json_t *harmony_assistant(const json_t *m, const json_t *call, bool first) {
-    json_t *a = json_deep_copy(m);
+    json_t *a = json_copy((json_t *)m); /* shallow: only top-level keys are set or removed */
     if (!a) return NULL;
     const char *rc = json_string_value(json_object_get(a, "reasoning_content"));
     const char *th = json_string_value(json_object_get(a, "thinking"));
