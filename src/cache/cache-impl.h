@@ -53,6 +53,9 @@ struct entry {
      * session and the checkpoints it was handed, so that nothing changes or frees them
      * until it is done (the pinning rule, cache.c). */
     bool pinned;
+    /* The marker of the write this entry's park will make (cache_announce): handed to
+     * the write, ended by whoever ends the write, or at the release when none is made. */
+    struct disk_mark *mark;
     bool doomed;                /* (wmu) removed from the pool while pinned: the writer frees it */
     struct entry *prev, *next;  /* LRU list, head = most recent */
 };
@@ -137,5 +140,8 @@ struct disk_choice {
     bool by_fp;
 };
 struct disk_choice cache_disk_best(struct cache *c, const struct cache_ident *id, const int32_t *toks, size_t n);
+/* The best resume point among peers' writes in flight (disk_wip_at; no refresh, no
+ * stats): idx indexes disk_wip_at. The caller holds disk_lock. */
+struct disk_choice cache_disk_wip_best(struct cache *c, const struct cache_ident *id, const int32_t *toks, size_t n);
 
 #endif

@@ -252,6 +252,7 @@ struct write_job {
     uint32_t kinds[MAX_PLAN * 4];
     size_t n_cks;
     uint8_t nonce[DISK_NONCE_BYTES];
+    struct disk_mark *mark;     /* the write's announcement, ended when it is done */
 };
 
 bool cache_entry_pinned(struct cache *c, struct entry *e) {
@@ -284,6 +285,7 @@ static void job_fill(struct write_job *j, struct entry *e) {
         j->cks[j->n_cks++] = e->ck[i].ck;
     }
     memcpy(j->nonce, e->disk_nonce, sizeof j->nonce);
+    j->mark = NULL;
 }
 
 static void *writer_main(void *arg) {
@@ -300,6 +302,7 @@ static void *writer_main(void *arg) {
         struct entry *e = j->e;
         enum tern_status st =
             disk_put_io(c->disk, c->wio, e->tenant, e->key, j->nonce, e->s, j->cks, j->kinds, j->n_cks);
+        disk_mark_end(c->disk, j->mark); /* (after the file has its name: a peer never waits for nothing) */
         disk_stats_update(c);
         pthread_mutex_lock(&c->wmu);
         write_outcome(c, e, st, st ? tern_last_error() : NULL);
@@ -368,6 +371,8 @@ static void disk_park(struct cache *c, struct entry *e) {
         job_fill(j, e);
         pthread_mutex_lock(&c->wmu);
         if (c->wq_len < WRITE_QUEUE) {
+            j->mark = e->mark;
+            e->mark = NULL;
             c->wq[(c->wq_head + c->wq_len) % WRITE_QUEUE] = j;
             c->wq_len++;
             e->pinned = true;
@@ -385,6 +390,8 @@ static void disk_park(struct cache *c, struct entry *e) {
         st = disk_put(c->disk, e->tenant, e->key, e->disk_nonce, &e->has_nonce, e->s, sync->cks, sync->kinds,
                       sync->n_cks);
         free(sync);
+        disk_mark_end(c->disk, e->mark);
+        e->mark = NULL;
     } else {
         st = tern_errorf(TERN_ERR_NOMEM, "disk tier: out of memory for a write");
     }
@@ -443,14 +450,12 @@ void cache_flush(struct cache *c) {
 
 void cache_wait_write(struct cache *c, unsigned ms) {
     pthread_mutex_lock(&c->wmu);
-    if (c->wq_len || c->w_busy) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t t = (uint64_t)ts.tv_nsec + (uint64_t)ms * 1000000ull;
-        ts.tv_sec += (time_t)(t / 1000000000ull);
-        ts.tv_nsec = (long)(t % 1000000000ull);
-        pthread_cond_timedwait(&c->done_cv, &c->wmu, &ts);
-    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t t = (uint64_t)ts.tv_nsec + (uint64_t)ms * 1000000ull;
+    ts.tv_sec += (time_t)(t / 1000000000ull);
+    ts.tv_nsec = (long)(t % 1000000000ull);
+    pthread_cond_timedwait(&c->done_cv, &c->wmu, &ts);
     pthread_mutex_unlock(&c->wmu);
 }
 
@@ -800,13 +805,15 @@ static enum tern_status disk_resume(struct cache *c, const struct cache_ident *i
 }
 
 static void log_decision(const struct cache_decision *d) {
+    char waited[32] = "";
+    if (d->waited_ms) snprintf(waited, sizeof waited, " waited=%ums", d->waited_ms);
     if (d->tier == CACHE_TIER_COLD && d->reason[0])
-        TERN_LOG_INFO("reuse: declined (%s) tier=cold cached=0 read=%u key=%s", d->reason, d->read,
+        TERN_LOG_INFO("reuse: declined (%s) tier=cold cached=0 read=%u%s key=%s", d->reason, d->read, waited,
                       d->key_explicit ? "explicit" : "none");
     else
-        TERN_LOG_INFO("reuse: tier=%s cached=%u read=%u key=%s%s%s%s", cache_tier_name(d->tier), d->cached, d->read,
-                      d->key_explicit ? "explicit" : d->key_implicit ? "implicit" : "none", d->reason[0] ? " (" : "",
-                      d->reason, d->reason[0] ? ")" : "");
+        TERN_LOG_INFO("reuse: tier=%s cached=%u read=%u%s key=%s%s%s%s", cache_tier_name(d->tier), d->cached,
+                      d->read, waited, d->key_explicit ? "explicit" : d->key_implicit ? "implicit" : "none",
+                      d->reason[0] ? " (" : "", d->reason, d->reason[0] ? ")" : "");
 }
 
 /* ---- acquire: candidates, decision, plan, lease ----------------------------------------- */
@@ -1052,15 +1059,77 @@ enum tern_status cache_acquire(struct cache *c, const struct cache_ident *id, co
     return cache_acquire_flags(c, id, prompt, m, 0, out);
 }
 
-bool cache_write_pending(struct cache *c, const struct cache_ident *id, const int32_t *prompt, size_t m) {
+/* A peer's write in flight that would give the request more than have (the best resume
+ * point RAM and the disk offer now), its writer alive: *gain is the difference. */
+static bool peer_pending(struct cache *c, const struct cache_ident *id, const int32_t *prompt, size_t m,
+                         uint32_t have, uint32_t *gain) {
+    disk_lock(c->disk);
+    struct disk_choice dc = cache_disk_best(c, id, prompt, m);
+    if (dc.idx >= 0 && dc.res.r > have) have = dc.res.r;
+    bool pending = false;
+    for (;;) {
+        struct disk_choice wc = cache_disk_wip_best(c, id, prompt, m);
+        if (wc.idx < 0 || wc.res.r <= have) break;
+        if (disk_wip_check(c->disk, (size_t)wc.idx)) {
+            pending = true;
+            *gain = wc.res.r - have;
+            break;
+        } /* its writer is gone (and the marker with it): the next best */
+    }
+    disk_unlock(c->disk);
+    return pending;
+}
+
+bool cache_write_pending(struct cache *c, const struct cache_ident *id, const int32_t *prompt, size_t m,
+                         struct cache_wait *w) {
+    struct cache_wait none = {0};
+    if (!w) w = &none;
+    *w = none;
     if (!c->disk || m == 0) return false;
     pthread_mutex_lock(&c->wmu);
     const bool any = c->wq_len || c->w_busy;
     pthread_mutex_unlock(&c->wmu);
-    if (!any || fp_compute(&c->sep, prompt, m, &c->req_fp) != TERN_OK) return false;
+    disk_refresh(c->disk);
+    const bool peers = c->p.pool && disk_wip_count(c->disk) > 0;
+    if ((!any && !peers) || fp_compute(&c->sep, prompt, m, &c->req_fp) != TERN_OK) return false;
     struct request_choice ch = {0};
     cache_candidates(c, id, prompt, m, choose_for_request, &ch);
-    return pinned_choice(c, &ch.best) != NULL;
+    if (any && pinned_choice(c, &ch.best)) return true;
+    if (peers && peer_pending(c, id, prompt, m, ch.best.e ? ch.best.res.r : 0, &w->gain)) {
+        w->peer = true;
+        return true;
+    }
+    return false;
+}
+
+enum tern_status cache_announce(struct cache *c, struct cache_lease *lease) {
+    struct lease_priv *lp = lease->priv;
+    if (!c->disk || !lp) return TERN_OK;
+    struct entry *e = lp->e;
+    const uint32_t n = tern_session_n_past(e->s);
+    if (e->predicted || e->mark || n == 0) return TERN_OK;
+    if (!e->key && !e->has_nonce) {
+        enum tern_status st = disk_nonce_new(e->disk_nonce);
+        if (st) return st;
+        e->has_nonce = true;
+    }
+    /* the checkpoints the write will carry: the entry's and the request's (a hybrid
+     * resumes a version at these or at its end) */
+    uint32_t pos[MAX_PLAN * 5], kinds[MAX_PLAN * 5];
+    uint32_t n_ck = 0;
+    for (size_t i = 0, k = 0; c->hybrid && (i < e->n_ck || k < lp->n_pending) && n_ck < TERN_ARRAY_LEN(pos);) {
+        const bool from_e = k >= lp->n_pending || (i < e->n_ck && e->ck[i].pos <= lp->pending[k].pos);
+        const struct ckpt_entry *ce = from_e ? &e->ck[i++] : &lp->pending[k++];
+        if (!ce->ck || ce->pos > n) continue;
+        if (n_ck && pos[n_ck - 1] == ce->pos) {
+            kinds[n_ck - 1] |= ce->kinds;
+            continue;
+        }
+        pos[n_ck] = ce->pos;
+        kinds[n_ck++] = ce->kinds;
+    }
+    return disk_announce(c->disk, e->tenant, e->key, e->disk_nonce, tern_session_tokens(e->s), n, pos, kinds, n_ck,
+                         &e->mark);
 }
 
 enum tern_status cache_acquire_flags(struct cache *c, const struct cache_ident *id, const int32_t *prompt, size_t m,
@@ -1072,6 +1141,7 @@ enum tern_status cache_acquire_flags(struct cache *c, const struct cache_ident *
     lp->c = c;
     struct cache_decision *d = &out->decision;
     d->key_explicit = id->key && *id->key;
+    d->waited_ms = id->waited_ms;
     /* The fingerprint is computed even without affinity: it also decides whether a
      * resume replaces a lineage or forks it. */
     enum tern_status st = fp_compute(&c->sep, prompt, m, &c->req_fp);
@@ -1179,6 +1249,8 @@ void cache_release(struct cache *c, struct cache_lease *lease, bool ok) {
     struct entry *e = lp->e;
     if (!ok) {
         for (size_t i = 0; i < lp->n_pending; i++) tern_checkpoint_free(lp->pending[i].ck);
+        disk_mark_end(c->disk, e->mark);
+        e->mark = NULL;
         entry_remove(c, e);
     } else {
         e->leased = false;
@@ -1190,6 +1262,8 @@ void cache_release(struct cache *c, struct cache_lease *lease, bool ok) {
         /* Written ahead as it is parked, so that a crash loses at most the turn in flight. */
         set_dirty(c, e);
         disk_park(c, e);
+        disk_mark_end(c->disk, e->mark); /* announced, but not written (nothing to write) */
+        e->mark = NULL;
         if (!c->p.pool) {
             for (struct entry *o = c->head, *nx; o; o = nx) {
                 nx = o->next;

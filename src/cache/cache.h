@@ -59,6 +59,8 @@ struct cache_params {
     bool ckpt_reread;        /* TERN_CKPT_REREAD: re-read instead of restoring */
     const char *disk_dir;    /* --cache-dir: the disk tier (disk.h); NULL = off */
     uint64_t disk_bytes;     /* --cache-disk: its byte budget */
+    uint32_t peer_wait_ms;   /* --cache-peer-wait: the longest wait for a peer's write in flight
+                              * (0 = auto: while waiting costs less than reading what it saves) */
 };
 
 enum cache_key_kind { CACHE_KEY_NONE = 0, CACHE_KEY_EXPLICIT = 1 };
@@ -68,6 +70,7 @@ enum cache_key_kind { CACHE_KEY_NONE = 0, CACHE_KEY_EXPLICIT = 1 };
 struct cache_ident {
     const char *tenant;
     const char *key;        /* NULL or "" = unnamed */
+    uint32_t waited_ms;     /* the request waited this long for a write in flight (logged) */
 };
 
 enum cache_tier {
@@ -89,6 +92,7 @@ struct cache_decision {
     uint32_t read;          /* tokens to prime: m - r */
     bool key_explicit;      /* the request named a session key */
     bool key_implicit;      /* the winner was nominated by the fingerprint */
+    uint32_t waited_ms;     /* cache_ident.waited_ms */
     char reason[160];       /* why (e.g. "history diverged at 12233 of checkpoint 12234") */
 };
 
@@ -122,10 +126,25 @@ enum tern_status cache_acquire(struct cache *c, const struct cache_ident *id, co
 enum { CACHE_ACQUIRE_NOWAIT = 1u << 0 };
 enum tern_status cache_acquire_flags(struct cache *c, const struct cache_ident *id, const int32_t *prompt,
                                      size_t m, unsigned flags, struct cache_lease *out);
-bool cache_write_pending(struct cache *c, const struct cache_ident *id, const int32_t *prompt, size_t m);
+/* Replicas sharing the directory: a request whose best resume point would be a peer's
+ * write in flight (disk.h: markers) is pending too (w->peer, w->gain: the tokens the
+ * write would save it over what it can resume from now); how long to wait for it is the
+ * caller's choice (the engine: while waiting costs less than reading the gain). A
+ * writer that died is never waited for. w may be NULL. */
+struct cache_wait {
+    bool peer;
+    uint32_t gain;
+};
+bool cache_write_pending(struct cache *c, const struct cache_ident *id, const int32_t *prompt, size_t m,
+                         struct cache_wait *w);
+/* Announces the write that releasing this lease will make (replicas: disk.h markers),
+ * with the session's tokens as they are now; call it before the response's last byte,
+ * after the last change to the session. Without a disk tier it does nothing. */
+enum tern_status cache_announce(struct cache *c, struct cache_lease *lease);
 /* Waits for every queued disk write (tests, benchmarks). */
 void cache_flush(struct cache *c);
-/* Waits until a disk write finishes, at most ms (returns at once when none is queued). */
+/* Waits until a disk write of this cache finishes, at most ms (a peer's write is not
+ * signalled: the caller polls cache_write_pending after it). */
 void cache_wait_write(struct cache *c, unsigned ms);
 /* Tests only: while held, queued disk writes wait (a write "in flight" for as long as a
  * test needs); cache_free writes them anyway. */

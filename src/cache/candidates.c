@@ -56,13 +56,14 @@ size_t cache_candidates(struct cache *c, const struct cache_ident *id, const int
     return n_compared;
 }
 
-struct disk_choice cache_disk_best(struct cache *c, const struct cache_ident *id, const int32_t *toks, size_t n) {
+/* The best of a list of disk entries (the index, or peers' writes in flight). */
+static struct disk_choice disk_best_of(struct cache *c, const struct cache_ident *id, const int32_t *toks, size_t n,
+                                       size_t count, const struct disk_entry *(*at)(struct disk *, size_t),
+                                       size_t *n_compared) {
     struct disk_choice best = {.idx = -1};
-    if (!c->disk) return best;
-    disk_refresh(c->disk);
-    size_t n_probe = 0, n_compared = 0;
-    for (size_t i = 0; i < disk_count(c->disk); i++) {
-        const struct disk_entry *de = disk_at(c->disk, i);
+    size_t n_probe = 0;
+    for (size_t i = 0; i < count; i++) {
+        const struct disk_entry *de = at(c->disk, i);
         struct nomination nom;
         if (!nominate(c, de->tenant, de->key, &de->fp, id, &n_probe, &nom)) continue;
         struct plan_candidate cand = {
@@ -73,13 +74,27 @@ struct disk_choice cache_disk_best(struct cache *c, const struct cache_ident *id
             .n_ckpt = de->n_ckpt,
         };
         struct plan_resume r = plan_resume_point(&cand, toks, n);
-        n_compared++;
+        (*n_compared)++;
         if (r.r > best.res.r) {
             best.idx = (long)i;
             best.res = r;
             best.by_fp = nom.by_fp;
         }
     }
+    return best;
+}
+
+struct disk_choice cache_disk_best(struct cache *c, const struct cache_ident *id, const int32_t *toks, size_t n) {
+    if (!c->disk) return (struct disk_choice){.idx = -1};
+    disk_refresh(c->disk);
+    size_t n_compared = 0;
+    struct disk_choice best = disk_best_of(c, id, toks, n, disk_count(c->disk), disk_at, &n_compared);
     STAT_ADD(c, candidates, n_compared);
     return best;
+}
+
+struct disk_choice cache_disk_wip_best(struct cache *c, const struct cache_ident *id, const int32_t *toks, size_t n) {
+    if (!c->disk) return (struct disk_choice){.idx = -1};
+    size_t n_compared = 0;
+    return disk_best_of(c, id, toks, n, disk_wip_count(c->disk), disk_wip_at, &n_compared);
 }

@@ -13,7 +13,10 @@
  * and the block's number, so that a block copied from another file or another place
  * in this one does not verify either. The size of the file follows from the header;
  * a file of another size is truncated or padded, hence invalid. A resume at r reads
- * the header, the token block, one recurrent block and the KV pages below r only. */
+ * the header, the token block, one recurrent block and the KV pages below r only.
+ *
+ * A write in flight is announced by a marker, NAME.wip: the header (reserved = 1) and
+ * the token block of the version being written, nothing else (disk.h). */
 #define XXH_STATIC_LINKING_ONLY
 #include "cache/disk.h"
 
@@ -49,6 +52,8 @@
 /* A temporary file of a process that is not running (or of another host, older than
  * this) is a write that died: removed at open. */
 #define STALE_TMP_NS (24ull * 3600 * 1000000000ull)
+#define WIP_SUFFIX ".wip"
+#define HDR_WIP 1u /* file_hdr.reserved of a marker */
 
 struct file_hdr {
     char magic[8];
@@ -97,6 +102,15 @@ struct disk {
     bool hybrid;
     uint8_t secret[SECRET_BYTES];
     uint64_t gen;              /* the generation counter at the last scan */
+    /* Writes in flight (disk.h): peers' markers (and ours), rebuilt when the marker
+     * counter (.gen's second word, bumped under DIR/.wiplock and wmu) moves. */
+    int wlock_fd;
+    pthread_mutex_t wmu;
+    uint64_t wgen;
+    bool wscanned;
+    struct disk_entry **w;
+    size_t n_w, cap_w;
+    struct disk_mark *own;     /* this process's markers (wmu) */
     bool scanned;
     bool scanning;             /* the index is being rebuilt: entries are dropped at its end */
     bool gen_dirty;            /* a change (an invalid file deleted) not counted in .gen yet */
@@ -107,6 +121,10 @@ struct disk {
     char host[64];
     struct disk_stats st;
 };
+
+static void scan_wip(struct disk *d);
+static void wip_clear(struct disk *d);
+static uint64_t read_wgen(const struct disk *d);
 
 /* ---- small helpers --------------------------------------------------------------------- */
 
@@ -394,7 +412,7 @@ static void head_free(struct head *hd) {
     memset(hd, 0, sizeof *hd);
 }
 
-static bool read_head(int fd, uint64_t file_size, struct head *hd, char *why, size_t why_len) {
+static bool read_head(int fd, uint64_t file_size, bool marker, struct head *hd, char *why, size_t why_len) {
     memset(hd, 0, sizeof *hd);
     /* room for the largest header; the first read takes HEAD_READ bytes */
     uint8_t first[HEAD_READ + sizeof(struct file_hdr) + 2 * MAX_STR + 8];
@@ -441,6 +459,11 @@ static bool read_head(int fd, uint64_t file_size, struct head *hd, char *why, si
     hd->hdr_sum = sum;
     if (!layout_of(h, &hd->l)) {
         snprintf(why, why_len, "counts out of range (%u tokens, %u checkpoints)", h->n_tokens, h->n_ckpt);
+        return false;
+    }
+    if (marker) hd->l.total = hd->l.tok_off + hd->l.tok_len + 8; /* the header and token list only */
+    if ((h->reserved == HDR_WIP) != marker) {
+        snprintf(why, why_len, "%s", marker ? "not a marker" : "a marker where a file should be");
         return false;
     }
     if (hd->l.total != file_size) {
@@ -533,20 +556,15 @@ static bool head_matches(const struct disk *d, const char *name, const struct he
     return true;
 }
 
-/* Indexes the file `name` (open as fd, stat st). Returns false when it was invalid
- * (and deleted). */
-static bool index_file(struct disk *d, const char *name, int fd, const struct stat *st) {
-    struct head hd;
-    char why[192];
-    if (!read_head(fd, (uint64_t)st->st_size, &hd, why, sizeof why) || !head_matches(d, name, &hd, why, sizeof why)) {
-        head_free(&hd);
-        invalidate(d, name, why);
-        return false;
-    }
+/* An index entry of the verified head hd (taken over) of the file `name` (stat st). */
+static struct disk_entry *entry_from_head(const struct disk *d, const char *name, struct head *hd0,
+                                          const struct stat *st) {
+    struct head hd = *hd0;
+    memset(hd0, 0, sizeof *hd0);
     struct disk_entry *e = tern_calloc(1, sizeof *e);
     if (!e) {
         head_free(&hd);
-        return true; /* not invalid: retried at the next scan */
+        return NULL;
     }
     memcpy(e->name, name, DISK_NAME_LEN + 1);
     e->tenant = hd.tenant;
@@ -569,8 +587,22 @@ static bool index_file(struct disk *d, const char *name, int fd, const struct st
     if (d->sep && fp_compute(d->sep, e->tokens, e->n, &e->fp) != TERN_OK) e->fp.n = 0;
     e->seen = true;
     head_free(&hd);
-    index_put(d, e, false);
-    return true;
+    return e;
+}
+
+/* Indexes the file `name` (open as fd, stat st). Returns false when it was invalid
+ * (and deleted). */
+static bool index_file(struct disk *d, const char *name, int fd, const struct stat *st) {
+    struct head hd;
+    char why[192];
+    if (!read_head(fd, (uint64_t)st->st_size, false, &hd, why, sizeof why) || !head_matches(d, name, &hd, why, sizeof why)) {
+        head_free(&hd);
+        invalidate(d, name, why);
+        return false;
+    }
+    struct disk_entry *e = entry_from_head(d, name, &hd, st);
+    if (e) index_put(d, e, false);
+    return true; /* (without memory: not invalid, retried at the next scan) */
 }
 
 /* Temporary files: ".tmp-<host>-<pid>-<seq>". */
@@ -713,6 +745,7 @@ void disk_unlock(struct disk *d) { pthread_mutex_unlock(&d->mu); }
 void disk_refresh(struct disk *d) {
     pthread_mutex_lock(&d->mu);
     if (!d->scanned || read_gen(d) != d->gen) scan(d, false);
+    if (!d->wscanned || read_wgen(d) != d->wgen) scan_wip(d);
     pthread_mutex_unlock(&d->mu);
     gen_flush(d);
 }
@@ -799,7 +832,8 @@ enum tern_status disk_open(const struct disk_params *p, struct disk **out) {
     if (!p->dir || !*p->dir) return tern_errorf(TERN_ERR_INVALID, "disk tier: no directory given");
     struct disk *d = tern_calloc(1, sizeof *d);
     if (!d) return tern_errorf(TERN_ERR_NOMEM, "disk tier: out of memory");
-    d->dir_fd = d->io.lock_fd = d->gen_fd = -1;
+    d->dir_fd = d->io.lock_fd = d->gen_fd = d->wlock_fd = -1;
+    pthread_mutex_init(&d->wmu, NULL);
     pthread_mutexattr_t ma;
     pthread_mutexattr_init(&ma);
     pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
@@ -835,8 +869,9 @@ enum tern_status disk_open(const struct disk_params *p, struct disk **out) {
     }
     d->io.lock_fd = open_regular(d->dir_fd, ".lock", O_RDWR | O_CREAT, 0600);
     d->gen_fd = open_regular(d->dir_fd, ".gen", O_RDWR | O_CREAT, 0600);
-    if (d->io.lock_fd < 0 || d->gen_fd < 0) {
-        st = tern_errorf(TERN_ERR_IO, "disk tier: opening %s/.lock and .gen: %s", d->dir,
+    d->wlock_fd = open_regular(d->dir_fd, ".wiplock", O_RDWR | O_CREAT, 0600);
+    if (d->io.lock_fd < 0 || d->gen_fd < 0 || d->wlock_fd < 0) {
+        st = tern_errorf(TERN_ERR_IO, "disk tier: opening %s/.lock, .gen and .wiplock: %s", d->dir,
                          errno == EINVAL ? "not a regular file" : strerror(errno));
         goto fail;
     }
@@ -853,6 +888,7 @@ enum tern_status disk_open(const struct disk_params *p, struct disk **out) {
     uint64_t t0 = tern_now_ns();
     pthread_mutex_lock(&d->mu);
     scan(d, true);
+    scan_wip(d);
     pthread_mutex_unlock(&d->mu);
     gen_flush(d);
     TERN_LOG_INFO("disk tier: %s: %zu conversations, %.1f MiB of %.1f MiB, indexed in %.1f ms", d->dir, d->n,
@@ -869,11 +905,16 @@ void disk_free(struct disk *d) {
     if (!d) return;
     for (size_t i = 0; i < d->n; i++) entry_free(d->e[i]);
     free(d->e);
+    while (d->own) disk_mark_end(d, d->own); /* (the cache ends its own first) */
+    wip_clear(d);
+    free(d->w);
+    if (d->wlock_fd >= 0) close(d->wlock_fd);
     if (d->dir_fd >= 0) close(d->dir_fd);
     if (d->io.lock_fd >= 0) close(d->io.lock_fd);
     if (d->gen_fd >= 0) close(d->gen_fd);
     tern_aligned_free(d->io.buf);
     pthread_mutex_destroy(&d->mu);
+    pthread_mutex_destroy(&d->wmu);
     free(d->dir);
     free(d);
 }
@@ -934,6 +975,38 @@ void disk_remove(struct disk *d, const char *name) {
     dir_unlock(&d->io);
 }
 
+/* The header of a version of (tenant, key) or (tenant, nonce) with n tokens and n_ck
+ * checkpoints. */
+static void header_of(const struct disk *d, const char *tenant, const char *key, const uint8_t *nonce, uint32_t n,
+                      uint32_t n_ck, struct file_hdr *h) {
+    memset(h, 0, sizeof *h);
+    memcpy(h->magic, FILE_MAGIC, 8);
+    h->version = FILE_VERSION;
+    h->tenant_len = (uint32_t)strlen(tenant);
+    h->key_len = key ? (uint32_t)strlen(key) : 0;
+    h->hdr_bytes = (uint32_t)sizeof *h + h->tenant_len + h->key_len;
+    h->model_id = d->model_id;
+    h->layout = d->layout;
+    h->created_ns = now_ns();
+    h->n_tokens = n;
+    h->n_ckpt = n_ck;
+    h->rec_bytes = d->rec_bytes;
+    h->kv_row_bytes = d->kv_row_bytes;
+    h->named = key != NULL;
+    if (!key) memcpy(h->nonce, nonce, DISK_NONCE_BYTES);
+}
+
+/* The header as written (hdr_bytes + 8 bytes into out: the header, tenant, key, its
+ * checksum); returns the checksum. */
+static uint64_t header_bytes(const struct file_hdr *h, const char *tenant, const char *key, uint8_t *out) {
+    memcpy(out, h, sizeof *h);
+    memcpy(out + sizeof *h, tenant, h->tenant_len);
+    if (key) memcpy(out + sizeof *h + h->tenant_len, key, h->key_len);
+    const uint64_t sum = XXH3_64bits(out, h->hdr_bytes);
+    memcpy(out + h->hdr_bytes, &sum, 8);
+    return sum;
+}
+
 /* Writes one block: payload then its checksum. */
 static enum tern_status put_block(const struct disk *d, int fd, const void *p, size_t n, uint64_t hdr_sum,
                                   uint64_t no) {
@@ -988,21 +1061,8 @@ enum tern_status disk_put_io(struct disk *d, struct disk_io *io, const char *ten
             recs[n_ck++] = rec;
         }
     }
-    struct file_hdr h = {0};
-    memcpy(h.magic, FILE_MAGIC, 8);
-    h.version = FILE_VERSION;
-    h.tenant_len = (uint32_t)strlen(tenant);
-    h.key_len = key ? (uint32_t)strlen(key) : 0;
-    h.hdr_bytes = (uint32_t)sizeof h + h.tenant_len + h.key_len;
-    h.model_id = d->model_id;
-    h.layout = d->layout;
-    h.created_ns = now_ns();
-    h.n_tokens = n;
-    h.n_ckpt = n_ck;
-    h.rec_bytes = d->rec_bytes;
-    h.kv_row_bytes = d->kv_row_bytes;
-    h.named = key != NULL;
-    if (!key) memcpy(h.nonce, nonce, DISK_NONCE_BYTES);
+    struct file_hdr h;
+    header_of(d, tenant, key, nonce, n, n_ck, &h);
     struct layout l;
     if (!layout_of(&h, &l)) return tern_errorf(TERN_ERR_LIMIT, "disk tier: %u tokens exceed the file format's limit", n);
     if (l.total > d->max_bytes)
@@ -1022,11 +1082,7 @@ enum tern_status disk_put_io(struct disk *d, struct disk_io *io, const char *ten
         free(tblk);
         return st;
     }
-    memcpy(hbuf, &h, sizeof h);
-    memcpy(hbuf + sizeof h, tenant, h.tenant_len);
-    if (key) memcpy(hbuf + sizeof h + h.tenant_len, key, h.key_len);
-    const uint64_t hdr_sum = XXH3_64bits(hbuf, h.hdr_bytes);
-    memcpy(hbuf + h.hdr_bytes, &hdr_sum, 8);
+    const uint64_t hdr_sum = header_bytes(&h, tenant, key, hbuf);
     memcpy(tblk, toks, (size_t)n * 4);
     memcpy(tblk + (size_t)n * 4, pos, (size_t)n_ck * 4);
     memcpy(tblk + ((size_t)n + n_ck) * 4, knd, (size_t)n_ck * 4);
@@ -1140,6 +1196,272 @@ out_nolock:
     return st;
 }
 
+/* ---- writes in flight ------------------------------------------------------------------
+ *
+ * A marker NAME.wip announces that NAME.tern is being written: its header (reserved =
+ * HDR_WIP) and the new version's token list. The writer makes it under a temporary name,
+ * takes an exclusive flock on it, renames it into place and holds the lock until the
+ * file is written and the marker removed (disk_mark_end). A peer that finds a marker
+ * tries a shared lock: refused, the writer lives; granted, it died (kill -9, a crash, a
+ * reboot: the kernel or the NFS lock manager dropped its lock) and the marker is stale,
+ * removed and never waited for. Markers are counted in .gen's second word, so that a
+ * peer re-reads them (and only them) when one appears or goes. */
+
+struct disk_mark {
+    int fd;                     /* holds the flock that says the writer lives */
+    char name[DISK_NAME_LEN + 1];
+    uint64_t ino;
+    struct disk_mark *next;     /* this process's markers (wmu) */
+};
+
+static void wip_file(const char *name, char out[DISK_NAME_LEN + sizeof WIP_SUFFIX]) {
+    snprintf(out, DISK_NAME_LEN + sizeof WIP_SUFFIX, "%s%s", name, WIP_SUFFIX);
+}
+
+static bool is_wip_name(const char *s) {
+    for (int i = 0; i < DISK_NAME_LEN; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return false;
+    return !strcmp(s + DISK_NAME_LEN, WIP_SUFFIX);
+}
+
+static uint64_t read_wgen(const struct disk *d) {
+    uint64_t g = 0;
+    if (pread(d->gen_fd, &g, sizeof g, 8) != (ssize_t)sizeof g) return 0;
+    return g;
+}
+
+/* One more marker made or removed: under DIR/.wiplock (peers; held for a read and a
+ * write, never longer) and wmu (this process's threads share the descriptor, and a
+ * descriptor's flock does not exclude itself). */
+static void bump_wgen(struct disk *d) {
+    pthread_mutex_lock(&d->wmu);
+    while (flock(d->wlock_fd, LOCK_EX) && errno == EINTR) {
+    }
+    uint64_t g = read_wgen(d) + 1;
+    if (pwrite(d->gen_fd, &g, sizeof g, 8) != (ssize_t)sizeof g)
+        TERN_LOG_WARN("disk tier: updating %s/.gen: %s (peers may not see a write in flight)", d->dir, strerror(errno));
+    flock(d->wlock_fd, LOCK_UN);
+    pthread_mutex_unlock(&d->wmu);
+}
+
+/* Does the writer of the marker open as fd still live? */
+static bool wip_alive(int fd) {
+    if (flock(fd, LOCK_SH | LOCK_NB) == 0) {
+        flock(fd, LOCK_UN);
+        return false;
+    }
+    return errno != EBADF;
+}
+
+static bool own_mark(struct disk *d, const char *name, uint64_t ino) {
+    pthread_mutex_lock(&d->wmu);
+    const struct disk_mark *m = d->own;
+    while (m && (m->ino != ino || strcmp(m->name, name))) m = m->next;
+    pthread_mutex_unlock(&d->wmu);
+    return m != NULL;
+}
+
+/* A marker whose writer is gone: removed, unless its name now holds another one. */
+static void wip_remove_stale(struct disk *d, const char *fn, uint64_t ino) {
+    struct stat st;
+    if (fstatat(d->dir_fd, fn, &st, AT_SYMLINK_NOFOLLOW) || (uint64_t)st.st_ino != ino) return;
+    TERN_LOG_INFO("disk tier: removing %s/%s (a write announced by a process that is gone)", d->dir, fn);
+    unlinkat(d->dir_fd, fn, 0);
+}
+
+/* Opens the marker of `name` and checks that it is the version ino and that its writer
+ * lives. Returns the descriptor (the caller closes it) or -1. */
+static int wip_open_alive(struct disk *d, const char *name, uint64_t ino, struct stat *st) {
+    char fn[DISK_NAME_LEN + sizeof WIP_SUFFIX];
+    wip_file(name, fn);
+    int fd = open_regular(d->dir_fd, fn, O_RDONLY, 0);
+    if (fd < 0) return -1;
+    if (fstat(fd, st) || (ino && (uint64_t)st->st_ino != ino)) {
+        close(fd);
+        return -1;
+    }
+    if (!wip_alive(fd)) {
+        wip_remove_stale(d, fn, (uint64_t)st->st_ino);
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void wip_clear(struct disk *d) {
+    for (size_t i = 0; i < d->n_w; i++) entry_free(d->w[i]);
+    d->n_w = 0;
+}
+
+/* Re-reads the markers of peers' writes in flight (under mu). */
+static void scan_wip(struct disk *d) {
+    const uint64_t g = read_wgen(d);
+    wip_clear(d);
+    int fd = dup(d->dir_fd);
+    DIR *dir = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!dir) {
+        if (fd >= 0) close(fd);
+        return;
+    }
+    rewinddir(dir);
+    struct dirent *de;
+    while ((de = readdir(dir))) {
+        if (!is_wip_name(de->d_name)) continue;
+        char name[DISK_NAME_LEN + 1];
+        memcpy(name, de->d_name, DISK_NAME_LEN);
+        name[DISK_NAME_LEN] = 0;
+        struct stat st;
+        int wfd = wip_open_alive(d, name, 0, &st);
+        if (wfd < 0) continue;
+        struct head hd;
+        char why[192];
+        /* another model's or layout's marker is not this server's to judge: its writer
+         * removes it */
+        bool ok = !own_mark(d, name, (uint64_t)st.st_ino) && read_head(wfd, (uint64_t)st.st_size, true, &hd, why, sizeof why);
+        if (ok && !head_matches(d, name, &hd, why, sizeof why)) {
+            head_free(&hd);
+            ok = false;
+        }
+        close(wfd);
+        if (!ok) continue;
+        struct disk_entry *e = entry_from_head(d, name, &hd, &st);
+        if (!e) continue;
+        if (d->n_w == d->cap_w) {
+            size_t cap = d->cap_w ? d->cap_w * 2 : 8;
+            struct disk_entry **p = tern_reallocarray(d->w, cap, sizeof *p);
+            if (!p) {
+                entry_free(e);
+                continue;
+            }
+            d->w = p;
+            d->cap_w = cap;
+        }
+        d->w[d->n_w++] = e;
+    }
+    closedir(dir);
+    d->wgen = g;
+    d->wscanned = true;
+}
+
+size_t disk_wip_count(struct disk *d) {
+    pthread_mutex_lock(&d->mu);
+    size_t n = d->n_w;
+    pthread_mutex_unlock(&d->mu);
+    return n;
+}
+
+const struct disk_entry *disk_wip_at(struct disk *d, size_t i) {
+    pthread_mutex_lock(&d->mu);
+    const struct disk_entry *e = i < d->n_w ? d->w[i] : NULL;
+    pthread_mutex_unlock(&d->mu);
+    return e;
+}
+
+bool disk_wip_check(struct disk *d, size_t i) {
+    pthread_mutex_lock(&d->mu);
+    bool alive = false;
+    if (i < d->n_w) {
+        struct stat st;
+        int fd = wip_open_alive(d, d->w[i]->name, d->w[i]->ino, &st);
+        alive = fd >= 0;
+        if (alive) close(fd);
+        else {
+            entry_free(d->w[i]);
+            memmove(d->w + i, d->w + i + 1, (d->n_w - i - 1) * sizeof *d->w);
+            d->n_w--;
+        }
+    }
+    pthread_mutex_unlock(&d->mu);
+    return alive;
+}
+
+enum tern_status disk_announce(struct disk *d, const char *tenant, const char *key,
+                               const uint8_t nonce[DISK_NONCE_BYTES], const int32_t *toks, uint32_t n,
+                               const uint32_t *ck_pos, const uint32_t *ck_kinds, uint32_t n_ck,
+                               struct disk_mark **out) {
+    *out = NULL;
+    tenant = tenant ? tenant : "";
+    if (key && !*key) key = NULL;
+    if (!d->hybrid) n_ck = 0;
+    if (strlen(tenant) > MAX_STR || (key && strlen(key) > MAX_STR) || n > MAX_TOKENS || n_ck > MAX_CKPT)
+        return tern_errorf(TERN_ERR_LIMIT, "disk tier: a marker of %u tokens is beyond the format's limits", n);
+    for (uint32_t i = 0; i < n_ck; i++)
+        if (ck_pos[i] > n || (i && ck_pos[i] <= ck_pos[i - 1]))
+            return tern_errorf(TERN_ERR_INVALID, "disk tier: checkpoint positions of a marker not ascending within %u", n);
+    struct file_hdr h;
+    header_of(d, tenant, key, nonce, n, n_ck, &h);
+    h.reserved = HDR_WIP;
+    struct layout l;
+    layout_of(&h, &l);
+    const size_t len = (size_t)(l.tok_off + l.tok_len + 8);
+    uint8_t *buf = tern_malloc(len);
+    struct disk_mark *m = tern_calloc(1, sizeof *m);
+    if (!buf || !m) {
+        free(buf);
+        free(m);
+        return tern_errorf(TERN_ERR_NOMEM, "disk tier: out of memory for a marker");
+    }
+    const uint64_t hs = header_bytes(&h, tenant, key, buf);
+    memcpy(buf + l.tok_off, toks, (size_t)n * 4);
+    if (n_ck) {
+        memcpy(buf + l.tok_off + (size_t)n * 4, ck_pos, (size_t)n_ck * 4);
+        memcpy(buf + l.tok_off + ((size_t)n + n_ck) * 4, ck_kinds, (size_t)n_ck * 4);
+    }
+    const uint64_t ts = block_sum(buf + l.tok_off, (size_t)l.tok_len, hs, 0);
+    memcpy(buf + l.tok_off + l.tok_len, &ts, 8);
+    entry_name(d->secret, tenant, key, h.nonce, m->name);
+    char tmp[128], fn[DISK_NAME_LEN + sizeof WIP_SUFFIX];
+    wip_file(m->name, fn);
+    pthread_mutex_lock(&d->mu);
+    snprintf(tmp, sizeof tmp, ".tmp-%s-%d-%u", d->host, (int)getpid(), ++d->tmp_seq);
+    pthread_mutex_unlock(&d->mu);
+    enum tern_status st = TERN_OK;
+    struct stat fst;
+    m->fd = openat(d->dir_fd, tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (m->fd < 0) st = tern_errorf(TERN_ERR_IO, "disk tier: creating %s/%s: %s", d->dir, tmp, strerror(errno));
+    /* locked before it has its name: no one sees it unlocked while the writer lives */
+    if (!st && flock(m->fd, LOCK_EX | LOCK_NB))
+        st = tern_errorf(TERN_ERR_IO, "disk tier: locking %s/%s: %s", d->dir, tmp, strerror(errno));
+    if (!st) st = write_all(m->fd, buf, len, "a marker");
+    if (!st && fstat(m->fd, &fst)) st = tern_errorf(TERN_ERR_IO, "disk tier: fstat: %s", strerror(errno));
+    if (!st && renameat(d->dir_fd, tmp, d->dir_fd, fn))
+        st = tern_errorf(TERN_ERR_IO, "disk tier: renaming to %s/%s: %s", d->dir, fn, strerror(errno));
+    free(buf);
+    if (st) {
+        if (m->fd >= 0) {
+            unlinkat(d->dir_fd, tmp, 0);
+            close(m->fd);
+        }
+        free(m);
+        return st;
+    }
+    m->ino = (uint64_t)fst.st_ino;
+    pthread_mutex_lock(&d->wmu);
+    m->next = d->own;
+    d->own = m;
+    pthread_mutex_unlock(&d->wmu);
+    bump_wgen(d);
+    *out = m;
+    return TERN_OK;
+}
+
+void disk_mark_end(struct disk *d, struct disk_mark *m) {
+    if (!m) return;
+    char fn[DISK_NAME_LEN + sizeof WIP_SUFFIX];
+    wip_file(m->name, fn);
+    struct stat st;
+    /* (its name may hold a newer marker of the same conversation by now: left alone) */
+    if (!fstatat(d->dir_fd, fn, &st, AT_SYMLINK_NOFOLLOW) && (uint64_t)st.st_ino == m->ino) unlinkat(d->dir_fd, fn, 0);
+    pthread_mutex_lock(&d->wmu);
+    struct disk_mark **pp = &d->own;
+    while (*pp && *pp != m) pp = &(*pp)->next;
+    if (*pp) *pp = m->next;
+    pthread_mutex_unlock(&d->wmu);
+    close(m->fd); /* the lock goes with it */
+    free(m);
+    bump_wgen(d);
+}
+
 /* ---- read --------------------------------------------------------------------------------- */
 
 /* Reads block no at off (payload n bytes) into d->io.buf and verifies it. */
@@ -1211,7 +1533,7 @@ static enum tern_status load(struct disk *d, size_t idx, uint32_t r, const char 
         close(fd);
         return tern_errorf(TERN_ERR_IO, "disk tier: fstat %s: %s", fn, strerror(errno));
     }
-    if (!read_head(fd, (uint64_t)fst.st_size, &hd, why, sizeof why) || !head_matches(d, name, &hd, why, sizeof why))
+    if (!read_head(fd, (uint64_t)fst.st_size, false, &hd, why, sizeof why) || !head_matches(d, name, &hd, why, sizeof why))
         goto invalid;
     /* The decision was made on the index's token list: the file must still hold it (a
      * peer may have replaced it since). The tenant inside the checksummed header must be
@@ -1326,7 +1648,7 @@ enum tern_status disk_scan_dir(const char *path, void (*fn)(void *user, const st
         uint64_t at = ts_ns(&st.st_atim), mt = ts_ns(&st.st_mtim);
         fi.last_used = at > mt ? at : mt;
         struct head hd;
-        if (read_head(fd, (uint64_t)st.st_size, &hd, fi.why, sizeof fi.why)) {
+        if (read_head(fd, (uint64_t)st.st_size, false, &hd, fi.why, sizeof fi.why)) {
             fi.valid = true;
             snprintf(fi.tenant, sizeof fi.tenant, "%s", hd.tenant);
             fi.named = hd.key != NULL;

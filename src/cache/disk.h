@@ -132,6 +132,30 @@ enum tern_status disk_put_io(struct disk *d, struct disk_io *io, const char *ten
 enum tern_status disk_load(struct disk *d, size_t i, uint32_t r, const char *tenant, struct tern_session **out,
                            struct tern_checkpoint ***cks, uint32_t **kinds, size_t *n_cks);
 
+/* ---- writes in flight (replicas) -------------------------------------------------------
+ * An agent's next turn may reach a peer while this replica is still writing the turn
+ * before. So a write is announced before the response's last byte: a marker DIR/NAME.wip
+ * with the new version's token list, locked by the writer for as long as it lives
+ * (flock: a writer that dies, kill -9 included, leaves a marker no one waits for). A
+ * peer whose best resume point would be that version waits for the file (the caller
+ * decides how long) instead of resuming from less. */
+struct disk_mark;
+/* Announces the write of (tenant, key | nonce) at tokens[0..n) with checkpoints at
+ * ck_pos (ascending, <= n; hybrid models only). The marker lives until disk_mark_end
+ * (from any thread), which the caller calls once the write is done or given up. */
+enum tern_status disk_announce(struct disk *d, const char *tenant, const char *key,
+                               const uint8_t nonce[DISK_NONCE_BYTES], const int32_t *toks, uint32_t n,
+                               const uint32_t *ck_pos, const uint32_t *ck_kinds, uint32_t n_ck,
+                               struct disk_mark **out);
+void disk_mark_end(struct disk *d, struct disk_mark *m);
+/* Peers' writes in flight, as index entries (the token list of the version being
+ * written; bytes is the marker's size), as of the last disk_refresh. Entries are valid
+ * as disk_at's are. disk_wip_check re-checks entry i (the marker is still there and its
+ * writer lives); one that fails is dropped from the list (stale markers are removed). */
+size_t disk_wip_count(struct disk *d);
+const struct disk_entry *disk_wip_at(struct disk *d, size_t i);
+bool disk_wip_check(struct disk *d, size_t i);
+
 /* Deletes a file by name (its index entry goes too). */
 void disk_remove(struct disk *d, const char *name);
 

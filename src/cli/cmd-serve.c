@@ -67,6 +67,9 @@ static void usage(FILE *out) {
             "  --cache-dir DIR         disk tier: parked conversations survive restarts and are shared by\n"
             "                          replicas pointing at the same directory (default: off)\n"
             "  --cache-disk GiB        byte budget of --cache-dir, LRU (default 16; fractions allowed)\n"
+            "  --cache-peer-wait MS|auto  how long a request waits for a replica's write in flight of\n"
+            "                          the turn it continues (default auto: while that costs less than\n"
+            "                          reading the tokens it saves, at least 100 ms, at most 30 s)\n"
             "  --cache-ram-per-key MiB an API key's fair share of --cache-ram: when the budget is full, a\n"
             "                          key over its share is evicted first (default: --cache-ram / the\n"
             "                          number of --api-key; 0 = none)\n"
@@ -137,7 +140,7 @@ static int cmd_serve(int argc, char **argv) {
     enum { O_HOST = 256, O_PORT, O_THREADS, O_CTX, O_KEY, O_QUEUE, O_BODY, O_TMPL, O_CHUNK, O_KV, O_RAM, O_PC,
            O_PCE, O_TURN, O_NOMMAP, O_MMAP, O_MLOCK, O_MODEL, O_PREDICT, O_PCHUNK, O_CDIR, O_CDISK, O_MAXTOK, O_MAXCONN,
            O_PERIP, O_HDRTO, O_IDLETO, O_BODYTO, O_RAMKEY, O_SPEC, O_SPECMAX, O_PARALLEL, O_BATCHTOK, O_PSPECIAL,
-           O_DEVICE, O_VRAM };
+           O_DEVICE, O_VRAM, O_PEERWAIT };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},       {"threads", required_argument, 0, O_THREADS},
@@ -159,6 +162,7 @@ static int cmd_serve(int argc, char **argv) {
         {"parse-special-in-content", no_argument, 0, O_PSPECIAL},
         {"device", required_argument, 0, O_DEVICE},
         {"cache-vram", required_argument, 0, O_VRAM},
+        {"cache-peer-wait", required_argument, 0, O_PEERWAIT},
         {0, 0, 0, 0},
     };
     const char *model_path = NULL, *tmpl_path = NULL;
@@ -240,6 +244,15 @@ static int cmd_serve(int argc, char **argv) {
             if (!cli_parse_int(optarg, 0, 1L << 24, &v))
                 return cli_usage_error("serve", "--cache-vram '%s' is not 0-16777216 MiB", optarg);
             vram_bytes = (size_t)v << 20;
+            break;
+        case O_PEERWAIT:
+            if (!strcmp(optarg, "auto")) {
+                cp.peer_wait_ms = 0;
+                break;
+            }
+            if (!cli_parse_int(optarg, 1, 30000, &v))
+                return cli_usage_error("serve", "--cache-peer-wait '%s' is not auto or 1-30000 ms", optarg);
+            cp.peer_wait_ms = (uint32_t)v;
             break;
         case O_CDIR:
             if (!*optarg) return cli_usage_error("serve", "--cache-dir needs a directory");

@@ -38,6 +38,8 @@ struct eng_predict {
 };
 
 struct srv_engine {
+    double prime_s_per_tok;      /* the prompt reading speed, averaged (0: none measured yet) */
+    uint32_t peer_wait_ms;       /* --cache-peer-wait (0: auto) */
     struct tern_model *model;
     const struct tern_model_info *info;
     const struct tern_tokenizer *tok;

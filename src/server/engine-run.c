@@ -56,6 +56,18 @@ enum rq_phase { RQ_WAIT, RQ_PRIME, RQ_DECODE };
 /* How long a request waits for its conversation's disk write before it reads from
  * elsewhere (cache.h: CACHE_ACQUIRE_NOWAIT leaves the conversation alone). */
 #define DISK_WAIT_S 30.0
+/* A peer's write (--cache-peer-wait auto): waited for while waiting costs less than
+ * reading the tokens it saves, at the measured reading speed, but at least this long:
+ * below it the estimate is noise, and a small conversation's write lands sooner. */
+#define PEER_WAIT_MIN_S 0.1
+
+/* How long a request may wait for a peer's write that saves it gain tokens. */
+static double peer_wait_limit(const struct srv_engine *e, uint32_t gain) {
+    if (e->peer_wait_ms) return e->peer_wait_ms / 1000.0;
+    if (e->prime_s_per_tok <= 0) return DISK_WAIT_S; /* nothing read yet: the writer's life bounds it */
+    const double t = gain * e->prime_s_per_tok;
+    return t < PEER_WAIT_MIN_S ? PEER_WAIT_MIN_S : t > DISK_WAIT_S ? DISK_WAIT_S : t;
+}
 
 /* One running request: what engine_run's locals were when a request ran alone. */
 /* --spec mtp: the prompt rows whose hidden states the MTP head reads (the last ones of
@@ -70,7 +82,9 @@ struct eng_req {
     struct tern_session *s;
     enum rq_phase phase;
     size_t ick;                  /* the next position of the lease's checkpoint plan */
-    double t_prime0, t_comment, t_wait0;
+    double t_prime0, t_comment, t_wait0, t_begin;
+    bool waited;                 /* it waited in RQ_WAIT before it began */
+    bool spec_settled;           /* spec_finish ran (before the response's last byte) */
     struct srv_reuse reuse;
     struct out_state o;
     struct tern_sampler *sampler;
@@ -271,7 +285,7 @@ static void req_end(struct srv_engine *e, struct eng_req *r) {
         r->mtp_hid = NULL;
     }
     /* The session holds exactly the accepted tokens before it is hashed or parked. */
-    if (r->sd.s && spec_finish(&r->sd)) {
+    if (r->sd.s && !r->spec_settled && spec_finish(&r->sd)) {
         TERN_LOG_WARN("spec: %s: %s", j->id, tern_last_error());
         r->release_ok = false;
     }
@@ -337,6 +351,23 @@ static void req_cancelled(struct srv_engine *e, struct eng_req *r) {
     req_end(e, r);
 }
 
+/* Before the response's last byte: the session holds exactly the accepted tokens, and
+ * the disk write its release will make is announced, so that a replica that gets the
+ * next turn at once (an agent's tool call takes milliseconds) waits for that write
+ * instead of resuming from the turn before (cache.h: cache_announce). */
+static void req_settle(struct srv_engine *e, struct eng_req *r) {
+    if (r->sd.s && !r->spec_settled) {
+        r->spec_settled = true;
+        if (spec_finish(&r->sd)) {
+            TERN_LOG_WARN("spec: %s: %s", r->j->id, tern_last_error());
+            r->release_ok = false;
+        }
+    }
+    if (r->s && r->release_ok && cache_announce(e->cache, &r->lease))
+        TERN_LOG_WARN("reuse: %s: announcing its disk write: %s (a peer may resume the turn before)", r->j->id,
+                      tern_last_error());
+}
+
 /* The reply is complete: the detokenizer's and the stop matcher's tails, then the
  * response (or the stream's last events). */
 static void req_complete(struct srv_engine *e, struct eng_req *r) {
@@ -386,6 +417,7 @@ static void req_complete(struct srv_engine *e, struct eng_req *r) {
         tern_buf_puts(&o->frame, txt);
         free(txt);
     }
+    req_settle(e, r);
     srv_job_write(j, o->frame.data, o->frame.len);
     srv_job_finish(j, 200);
     r->completed = true;
@@ -405,6 +437,8 @@ static void run_append(struct srv_engine *e, struct eng_req *r) {
 static bool req_begin(struct srv_engine *e, struct eng_req *r) {
     struct srv_job *j = r->j;
     struct cache_ident ident = {.tenant = j->tenant ? j->tenant : "", .key = j->key};
+    r->t_begin = tern_now_s();
+    if (r->waited) ident.waited_ms = (uint32_t)((r->t_begin - r->t_wait0) * 1000.0 + 0.5);
     enum tern_status st =
         cache_acquire_flags(e->cache, &ident, j->prompt, j->n_prompt, CACHE_ACQUIRE_NOWAIT, &r->lease);
     if (st) {
@@ -422,6 +456,7 @@ static bool req_begin(struct srv_engine *e, struct eng_req *r) {
         .read = dec->read,
         .key = dec->key_explicit ? "explicit" : dec->key_implicit ? "implicit" : "none",
         .reason = dec->reason,
+        .waited_ms = dec->waited_ms,
     };
     r->o.job = j;
     r->o.ctx = (struct srv_resp_ctx){.id = j->id, .model = e->model_id, .created = j->created, .ep = j->ep};
@@ -477,9 +512,15 @@ bool engine_start(void *self, struct srv_job *j) {
      * comes within the write): only this request waits, in the running set, while the
      * others step (engine_step starts it when the write is done). */
     struct cache_ident ident = {.tenant = j->tenant ? j->tenant : "", .key = j->key};
-    if (cache_write_pending(e->cache, &ident, j->prompt, j->n_prompt)) {
-        TERN_LOG_INFO("engine: %s waits for its conversation's disk write", j->id);
+    struct cache_wait w;
+    if (cache_write_pending(e->cache, &ident, j->prompt, j->n_prompt, &w)) {
+        if (w.peer)
+            TERN_LOG_INFO("engine: %s waits for a peer's disk write in flight (it saves reading %u tokens)", j->id,
+                          w.gain);
+        else
+            TERN_LOG_INFO("engine: %s waits for its conversation's disk write", j->id);
         r->phase = RQ_WAIT;
+        r->waited = true;
         run_append(e, r);
         return true;
     }
@@ -505,7 +546,10 @@ static bool start_waiting(struct srv_engine *e) {
             continue;
         }
         struct cache_ident ident = {.tenant = j->tenant ? j->tenant : "", .key = j->key};
-        if (tern_now_s() - r->t_wait0 < DISK_WAIT_S && cache_write_pending(e->cache, &ident, j->prompt, j->n_prompt)) {
+        struct cache_wait w;
+        const double waited = tern_now_s() - r->t_wait0;
+        if (waited < DISK_WAIT_S && cache_write_pending(e->cache, &ident, j->prompt, j->n_prompt, &w) &&
+            (!w.peer || waited < peer_wait_limit(e, w.gain))) {
             waiting = true;
             continue;
         }
@@ -524,6 +568,12 @@ static bool decode_begin(struct srv_engine *e, struct eng_req *r) {
     r->phase = RQ_DECODE;
     atomic_fetch_sub(&e->n_priming, 1);
     j->t_prime = tern_now_s() - r->t_prime0;
+    /* the reading speed (seconds per prompt token, beside whatever else ran), which
+     * bounds how long a request waits for a peer's write */
+    if (j->n_read >= 32) {
+        const double spt = (tern_now_s() - r->t_begin) / j->n_read;
+        e->prime_s_per_tok = e->prime_s_per_tok > 0 ? 0.75 * e->prime_s_per_tok + 0.25 * spt : spt;
+    }
     struct tern_sampler_params sp = j->req.sampling;
     if (!j->req.seed_set) sp.seed = tern_now_ns() ^ (j->seq << 32);
     enum tern_status st = tern_sampler_new(&sp, e->info->n_vocab, &r->sampler);
@@ -862,7 +912,7 @@ size_t engine_step(void *self, struct srv_job **ended, size_t cap) {
             }
         }
     } else if (waiting) {
-        cache_wait_write(e->cache, 20); /* only waiting requests: no step to run */
+        cache_wait_write(e->cache, 5); /* only waiting requests: no step to run (a peer's write: polled) */
     }
     /* (the cache resumes at r < m: every request reads at least its last prompt token) */
     for (struct eng_req *r = e->run_head; r; r = r->next)

@@ -268,6 +268,7 @@ enum tern_status srv_engine_new(const struct srv_engine_params *p, struct srv_en
     e->n_ctx = n_ctx;
     if (cp.turn_token < 0) cp.turn_token = chat_turn_token(&e->chat);
     e->turn_token = cp.turn_token;
+    e->peer_wait_ms = cp.peer_wait_ms;
     e->predict = p->predict;
     e->predict_chunk = p->predict_chunk ? p->predict_chunk : PREDICT_CHUNK_DEFAULT;
     if (cp.session.n_chunk && e->predict_chunk > cp.session.n_chunk) e->predict_chunk = cp.session.n_chunk;

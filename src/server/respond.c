@@ -22,9 +22,11 @@ static json_t *buf_str(const struct tern_buf *b) { return str_n(b->data, b->len)
 
 json_t *srv_reuse_json(const struct srv_reuse *r) {
     if (!r || !r->tier) return NULL;
-    return json_pack("{s:{s:s,s:I,s:I,s:s,s:s}}", "reuse", "tier", r->tier, "cached", (json_int_t)r->cached,
-                     "read", (json_int_t)r->read, "key", r->key ? r->key : "none", "reason",
-                     r->reason ? r->reason : "");
+    json_t *o = json_pack("{s:{s:s,s:I,s:I,s:s,s:s}}", "reuse", "tier", r->tier, "cached", (json_int_t)r->cached,
+                          "read", (json_int_t)r->read, "key", r->key ? r->key : "none", "reason",
+                          r->reason ? r->reason : "");
+    if (o && r->waited_ms) json_object_set_new(json_object_get(o, "reuse"), "waited_ms", json_integer(r->waited_ms));
+    return o;
 }
 
 enum tern_status srv_sse_data(struct tern_buf *out, json_t *o) {

@@ -36,6 +36,7 @@ struct srv_reuse {
     uint32_t cached, read;
     const char *key;         /* "explicit" | "implicit" | "none" */
     const char *reason;
+    uint32_t waited_ms;      /* it waited for a write in flight (0: did not) */
 };
 json_t *srv_reuse_json(const struct srv_reuse *r);
 

@@ -2,7 +2,9 @@
 // deploy/nginx.conf (its ports replaced by free loopback ones): round-robin, so a
 // conversation's turns alternate between the replicas and resume from the shared tier;
 // named sessions (x-session-id) stay on one replica and resume from its RAM. Every
-// turn's output and state equal a cold run's.
+// turn's output and state equal a cold run's. At agent speed (the next turn sent the
+// moment the answer ends, before the write of the turn has landed) the peer waits for
+// the write announced in flight and resumes at the previous turn's end.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
@@ -50,8 +52,10 @@ let front;
 let nginxLog = '';
 
 before(async () => {
-  replicas = [await startServer([...common, '--cache-dir', cacheDir], env),
-    await startServer([...common, '--cache-dir', cacheDir], env)];
+  // (a fixed bound on the wait for a peer's write: auto weighs it against this tiny
+  // model's reading speed, which on a loaded machine may decline to wait)
+  const rep = [...common, '--cache-dir', cacheDir, '--cache-peer-wait', '20000'];
+  replicas = [await startServer(rep, env), await startServer(rep, env)];
   cold = await startServer([...common, '--prompt-cache', '0'], { ...env, TERN_REUSE_POOL: '0', TERN_AFFINITY: '0' });
   const port = await freePort();
   const conf = readFileSync(join(sourceDir, 'deploy/nginx.conf'), 'utf8')
@@ -140,6 +144,8 @@ async function conversation(label, body, headers, turns) {
   let msgs = [SYS];
   const served = [];
   const tiers = [];
+  let before = 0; // tokens of the turn before the previous one (prompt + reply)
+  let prev = 0;   // of the previous turn
   for (let turn = 1; turn <= turns; turn++) {
     msgs = [...msgs, { role: 'user', content: `${label}: step ${turn} of the fix.` }];
     const writes = await Promise.all(replicas.map(diskWrites));
@@ -150,7 +156,12 @@ async function conversation(label, body, headers, turns) {
     const c = await chat(cold.base, { messages: msgs, cache_salt: `cold-${label}-${turn}` });
     assert.deepEqual(a.choices[0].message, c.choices[0].message, `${label} turn ${turn}: output equals a cold run's`);
     assert.equal(await stateHash(replicas[k], a.id), await stateHash(cold, c.id), `${label} turn ${turn}: state`);
-    if (turn > 1) assert.ok(a.usage.prompt_tokens_details.cached_tokens > 0, `${label} turn ${turn} resumed`);
+    const cached = a.usage.prompt_tokens_details.cached_tokens;
+    if (turn > 1) assert.ok(cached > 0, `${label} turn ${turn} resumed`);
+    // resumed from the previous turn's state, not from the one before
+    if (turn > 2) assert.ok(cached > before, `${label} turn ${turn}: cached ${cached} > ${before}`);
+    before = prev;
+    prev = a.usage.prompt_tokens + a.usage.completion_tokens;
     await landed(k, writes[k]);
     msgs = [...msgs, { role: 'assistant', content: a.choices[0].message.content }];
   }
@@ -173,4 +184,38 @@ test('hash $http_x_session_id consistent: a named session stays on one replica a
   const { served, tiers } = await conversation('sticky', {}, { 'x-session-id': 'sticky-session' }, 4);
   assert.ok(served.every((k) => k === served[0]), `one replica: ${served}`);
   assert.ok(tiers.slice(1).every((t) => t === 'checkpoint'), `from RAM: ${tiers}`);
+});
+
+// An agent's loop: each turn is sent the moment the previous answer has ended (a tool
+// that runs in milliseconds), so it reaches the other replica while that answer's
+// conversation is still being written. The write was announced before the answer's
+// last byte: the peer waits for it and resumes at the previous turn's end (cached
+// covers more than the turn before it), never one turn behind. Outputs and states are
+// compared with a cold run afterwards, so that the comparison costs no time between turns.
+test('round-robin at agent speed: the next turn at once resumes from the write in flight', async () => {
+  let msgs = [SYS];
+  const turns = [];
+  for (let turn = 1; turn <= 6; turn++) {
+    msgs = [...msgs, { role: 'user', content: `agent: step ${turn}, at once.` }];
+    const a = await chat(front, { session_id: 'agent-speed', messages: msgs });
+    turns.push({ msgs, a });
+    msgs = [...msgs, { role: 'assistant', content: a.choices[0].message.content }];
+  }
+  const served = [];
+  for (const [i, { msgs: m, a }] of turns.entries()) {
+    const k = await servedBy(a.id);
+    served.push(k);
+    const c = await chat(cold.base, { messages: m, cache_salt: `cold-agent-${i}` });
+    assert.deepEqual(a.choices[0].message, c.choices[0].message, `turn ${i + 1}: output equals a cold run's`);
+    assert.equal(await stateHash(replicas[k], a.id), await stateHash(cold, c.id), `turn ${i + 1}: state`);
+    if (i === 0) continue;
+    assert.equal(a.tern.reuse.tier, 'disk', `turn ${i + 1}: ${JSON.stringify(a.tern.reuse)}`);
+    const p = turns[i - 1].a.usage;
+    const before = i >= 2 ? turns[i - 2].a.usage : { prompt_tokens: 0, completion_tokens: 0 };
+    assert.ok(a.usage.prompt_tokens_details.cached_tokens > before.prompt_tokens + before.completion_tokens,
+      `turn ${i + 1} resumed past the turn before the previous one: ${JSON.stringify(a.tern.reuse)} ${JSON.stringify(p)}`);
+  }
+  for (let i = 1; i < served.length; i++) assert.notEqual(served[i], served[i - 1], `turns alternate: ${served}`);
+  const waits = replicas.map((s) => (s.log().match(/waits for a peer's disk write in flight/g) || []).length);
+  console.log(`# agent speed: waits for a peer's write ${waits}; reuse ${turns.map((t) => JSON.stringify(t.a.tern.reuse)).join(' ')}`);
 });

@@ -9,6 +9,7 @@
 #include "harness.h"
 
 #include "cache/cache.h"
+#include "cache/disk.h"
 #include "util/mem.h"
 
 #include <dirent.h>
@@ -19,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -128,6 +130,7 @@ static uint64_t finish(struct cache *c, const int32_t *toks, uint32_t n, struct 
                                .on_ckpt = cache_on_checkpoint};
     assert_int_equal(tern_session_eval(l->session, toks + l->decision.cached, n - l->decision.cached, &o), TERN_OK);
     uint64_t h = tern_session_hash(l->session);
+    assert_int_equal(cache_announce(c, l), TERN_OK); /* as the engine does before the last byte */
     cache_release(c, l, true);
     return h;
 }
@@ -145,15 +148,22 @@ static struct cache_stats stats(struct cache *c) {
     return st;
 }
 
-static size_t tmp_files(const char *dir) {
+static size_t files_like(const char *dir, bool (*like)(const char *name)) {
     DIR *dd = opendir(dir);
     if (!dd) return 0;
     size_t n = 0;
     struct dirent *de;
-    while ((de = readdir(dd))) n += !strncmp(de->d_name, ".tmp-", 5);
+    while ((de = readdir(dd))) n += like(de->d_name);
     closedir(dd);
     return n;
 }
+
+static bool is_tmp(const char *name) { return !strncmp(name, ".tmp-", 5); }
+static bool is_marker(const char *name) {
+    size_t n = strlen(name);
+    return n > 4 && !strcmp(name + n - 4, ".wip");
+}
+static size_t tmp_files(const char *dir) { return files_like(dir, is_tmp); }
 
 struct release_later {
     struct cache *c;
@@ -203,8 +213,8 @@ static void test_resume_waits(void **state) {
     request(c, "k", f->toks, N_TOK, NULL);
     struct cache_ident id = {.tenant = "t", .key = "k"};
     const uint32_t n2 = N_TOK + N_EXT;
-    assert_true(cache_write_pending(c, &id, f->toks, n2));
-    assert_false(cache_write_pending(c, &(struct cache_ident){.tenant = "t", .key = "other"}, f->toks, n2));
+    assert_true(cache_write_pending(c, &id, f->toks, n2, NULL));
+    assert_false(cache_write_pending(c, &(struct cache_ident){.tenant = "t", .key = "other"}, f->toks, n2, NULL));
     assert_int_equal(stats(c).disk_writes, 0);
     pthread_t th;
     struct release_later rl = {c, 300};
@@ -225,7 +235,7 @@ static void test_resume_waits(void **state) {
     cache_test_hold_writes(c, true);
     const uint32_t n3 = n2 + N_EXT, n4 = n3 + N_EXT;
     request(c, "k", f->toks, n3, NULL); /* from RAM (live), parked and pinned */
-    assert_true(cache_write_pending(c, &id, f->toks, n4));
+    assert_true(cache_write_pending(c, &id, f->toks, n4, NULL));
     begin(c, "k", f->toks, n4, CACHE_ACQUIRE_NOWAIT, &l);
     assert_int_equal(l.decision.tier, CACHE_TIER_DISK);
     assert_int_equal(l.decision.cached, n2);
@@ -415,13 +425,99 @@ static void test_rollback_switch(void **state) {
     request(c, "k", f->toks, N_TOK, NULL);
     assert_int_equal(stats(c).disk_writes, 1);
     struct cache_ident id = {.tenant = "t", .key = "k"};
-    assert_false(cache_write_pending(c, &id, f->toks, N_TOK + N_EXT));
+    assert_false(cache_write_pending(c, &id, f->toks, N_TOK + N_EXT, NULL));
     cache_free(c);
     c = open_cache(f, dir, (size_t)1 << 30);
     struct cache_decision d;
     assert_true(request(c, "k", f->toks, N_TOK + N_EXT, &d) == cold_hash(f, f->toks, N_TOK + N_EXT));
     assert_int_equal(d.tier, CACHE_TIER_DISK);
     cache_free(c);
+}
+
+/* Two replicas on one directory, the next turn at once on the peer: A's write of turn 2
+ * is announced before its response's end and held in flight; B, whose best is turn 1's
+ * file, sees that waiting would save it turn 2's tokens, waits (polling, as the engine
+ * does) until the write lands, and resumes turn 2's end from the file: the cold state.
+ * A writer that dies mid-write (a child process announces, then SIGKILL) leaves a marker
+ * that no one waits for, and that the next look removes. */
+static void test_peer_write_in_flight(void **state) {
+    struct fixture *f = *state;
+    char dir[600];
+    fresh_dir(dir, sizeof dir, f, "peer");
+    struct cache *a = open_cache(f, dir, (size_t)1 << 30);
+    struct cache *b = open_cache(f, dir, (size_t)1 << 30);
+    const struct cache_ident id = {.tenant = "t", .key = "k"};
+    const uint32_t n2 = N_TOK + N_EXT, n3 = n2 + N_EXT, n4 = n3 + N_EXT;
+    struct cache_wait w;
+    request(a, "k", f->toks, N_TOK, NULL);
+    cache_flush(a);
+    assert_false(cache_write_pending(b, &id, f->toks, n2, &w)); /* nothing in flight: turn 1's file */
+    cache_test_hold_writes(a, true);
+    request(a, "k", f->toks, n2, NULL); /* announced and queued, not written */
+    assert_int_equal(files_like(dir, is_marker), 1);
+    assert_true(cache_write_pending(b, &id, f->toks, n3, &w));
+    assert_true(w.peer);
+    assert_int_equal(w.gain, n2 - N_TOK);
+    assert_false(cache_write_pending(b, &(struct cache_ident){.tenant = "t", .key = "other"}, f->toks, n3, &w));
+    assert_false(cache_write_pending(b, &(struct cache_ident){.tenant = "u", .key = "k"}, f->toks, n3, &w));
+    /* the prompt leaves turn 2 three tokens after turn 1's end: a hybrid resumes the
+     * version in flight only at its end (nothing to wait for); an attention-only model
+     * at any position (3 tokens to gain, which the caller weighs against the wait) */
+    int32_t other[N_TOK + N_EXT];
+    memcpy(other, f->toks, sizeof other);
+    other[N_TOK + 3] ^= 1;
+    if (tern_model_info(f->m)->hybrid) {
+        assert_false(cache_write_pending(b, &id, other, n2, &w));
+    } else {
+        assert_true(cache_write_pending(b, &id, other, n2, &w));
+        assert_int_equal(w.gain, 3);
+    }
+    pthread_t th;
+    struct release_later rl = {a, 300};
+    assert_int_equal(pthread_create(&th, NULL, unhold_after, &rl), 0);
+    int polls = 0;
+    while (cache_write_pending(b, &id, f->toks, n3, &w)) {
+        assert_true(++polls < 3000); /* 30 s */
+        nanosleep(&(struct timespec){0, 10000000L}, NULL);
+    }
+    pthread_join(th, NULL);
+    assert_true(polls > 0);
+    assert_int_equal(files_like(dir, is_marker), 0); /* removed once the file had its name */
+    struct cache_lease l;
+    begin(b, "k", f->toks, n3, CACHE_ACQUIRE_NOWAIT, &l);
+    assert_int_equal(l.decision.tier, CACHE_TIER_DISK);
+    assert_int_equal(l.decision.cached, n2);
+    assert_true(tern_session_hash(l.session) == cold_hash(f, f->toks, n2));
+    assert_true(finish(b, f->toks, n3, &l) == cold_hash(f, f->toks, n3));
+    cache_flush(b);
+
+    /* a writer killed mid-write: its marker is there, its lock is not */
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct disk_params dp = {.dir = dir, .max_bytes = 1ull << 30, .model = f->m};
+        tern_session_params_default(&dp.session);
+        dp.session.n_ctx = 2048;
+        struct disk *d = NULL;
+        struct disk_mark *mk = NULL;
+        if (disk_open(&dp, &d) || disk_announce(d, "t", "k", NULL, f->toks, n4, NULL, NULL, 0, &mk)) _exit(3);
+        raise(SIGKILL);
+        _exit(4);
+    }
+    int wst = 0;
+    assert_int_equal(waitpid(pid, &wst, 0), pid);
+    assert_true(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
+    assert_int_equal(files_like(dir, is_marker), 1);
+    assert_false(cache_write_pending(a, &id, f->toks, n4 + N_EXT, &w)); /* never waited for */
+    assert_int_equal(files_like(dir, is_marker), 0);                    /* and removed */
+    struct cache_decision d;
+    assert_true(request(a, "k", f->toks, n4 + N_EXT, &d) == cold_hash(f, f->toks, n4 + N_EXT));
+    assert_int_equal(d.tier, CACHE_TIER_DISK); /* turn 3's file, from b */
+    assert_int_equal(d.cached, n3);
+    cache_free(a);
+    cache_free(b);
+    assert_int_equal(files_like(dir, is_marker), 0);
+    assert_int_equal(tmp_files(dir), 0);
 }
 
 int main(void) {
@@ -435,6 +531,8 @@ int main(void) {
         cmocka_unit_test_setup(test_write_fails, setup_q35),
         cmocka_unit_test_setup(test_queue_full, setup_q3),
         cmocka_unit_test_setup(test_rollback_switch, setup_q35),
+        cmocka_unit_test_setup(test_peer_write_in_flight, setup_q35),
+        cmocka_unit_test_setup(test_peer_write_in_flight, setup_q3),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tern_model_free(fx_q3.m);
