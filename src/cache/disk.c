@@ -26,6 +26,7 @@
 #include "util/timeutil.h"
 
 #include <dirent.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -41,7 +42,7 @@
 #include <unistd.h>
 
 #define FILE_MAGIC "TERNDSK1"
-#define FILE_VERSION 1u
+#define FILE_VERSION 2u
 #define SECRET_BYTES 192 /* >= XXH3_SECRET_SIZE_MIN */
 #define MAX_STR 4096u
 #define MAX_TOKENS (1u << 24)
@@ -242,17 +243,68 @@ struct layout {
     uint32_t n_pages;
 };
 
-static uint64_t rec_block_off(const struct file_hdr *h, const struct layout *l, uint32_t i) {
-    return l->rec_off + (uint64_t)i * (h->rec_bytes + 8);
-}
-
-static uint64_t kv_block_off(const struct file_hdr *h, const struct layout *l, uint32_t pg) {
-    return l->kv_off + (uint64_t)pg * (KV_BLOCK * h->kv_row_bytes + 8);
-}
-
 static uint32_t page_rows(uint32_t n, uint32_t pg) {
     uint32_t left = n - pg * KV_BLOCK;
     return left < KV_BLOCK ? left : KV_BLOCK;
+}
+
+/* ---- versions (entry files) ------------------------------------------------------------
+ *
+ * An entry file is appended to, never rewritten in place: after the header come two
+ * version slots, then blocks. A version is a directory block (the token list, the
+ * checkpoint positions and kinds, and a reference — offset and checksum — to each of its
+ * blocks: the recurrent state at its end, each checkpoint's, each KV page) and the blocks
+ * it references, which earlier versions may have written: the next turn of a
+ * conversation appends only its new KV pages, its new recurrent states and a directory,
+ * fsyncs them, then writes its slot over the older of the two (seq + 1) and fsyncs
+ * again. A reader takes the valid slot with the highest seq whose blocks the file holds:
+ * a slot torn by a crash or read while it is written fails its checksum and the version
+ * before stands, whose blocks nothing overwrote. Blocks are checksummed with a seed of
+ * the header's checksum and what they are (the recurrent state at position p, KV page
+ * pg of r rows), so a block is valid for any version of this file whose reference names
+ * it that way, and for nothing else. When the superseded bytes would outweigh half the
+ * live ones, the file is written anew (temporary name, rename). */
+struct slot {
+    uint64_t seq;               /* 0: empty */
+    uint32_t n_tokens, n_ckpt;
+    uint64_t dir_off, dir_len;  /* the directory's payload (its checksum follows it) */
+    uint64_t dir_sum;
+    uint64_t total;             /* the file's bytes this version needs */
+    uint64_t reserved;
+    uint64_t sum;               /* of the above, seeded with the header's and the slot's index */
+};
+_Static_assert(sizeof(struct slot) == 64, "a version slot is 64 bytes on disk");
+
+struct ref {
+    uint64_t off, sum;
+};
+
+#define BLK_DIR 0ull
+static uint64_t blk_rec(uint32_t pos) { return (1ull << 40) | pos; }
+static uint64_t blk_kv(uint32_t pg, uint32_t rows) { return (2ull << 40) | ((uint64_t)pg << 12) | rows; }
+
+static uint64_t slots_off(const struct file_hdr *h) { return ((uint64_t)h->hdr_bytes + 8 + 7) & ~7ull; }
+static uint64_t blocks_off(const struct file_hdr *h) { return slots_off(h) + 2 * sizeof(struct slot); }
+
+static uint64_t slot_sum(const struct slot *v, uint64_t hdr_sum, int i) {
+    return XXH3_64bits_withSeed(v, offsetof(struct slot, sum), hdr_sum ^ (0xC2B2AE3D27D4EB4Full * (uint64_t)(i + 1)));
+}
+
+static size_t n_refs_of(uint32_t n, uint32_t n_ck, bool rec) {
+    return (rec ? 1u + n_ck : 0u) + (n + KV_BLOCK - 1) / KV_BLOCK;
+}
+
+static uint64_t dir_bytes(uint32_t n, uint32_t n_ck, bool rec) {
+    return ((uint64_t)n + 2ull * n_ck) * 4 + n_refs_of(n, n_ck, rec) * sizeof(struct ref);
+}
+
+/* Reference i of a version: 0 the state at its end, 1 + c checkpoint c's (models with a
+ * recurrent state), then the KV pages. */
+static size_t ref_kv(const struct file_hdr *h, uint32_t n_ck, uint32_t pg) { return (h->rec_bytes ? 1u + n_ck : 0u) + pg; }
+
+static uint64_t ref_len(const struct file_hdr *h, uint32_t n, uint32_t n_ck, size_t i) {
+    if (h->rec_bytes && i <= n_ck) return h->rec_bytes;
+    return (uint64_t)page_rows(n, (uint32_t)(i - ref_kv(h, n_ck, 0))) * h->kv_row_bytes;
 }
 
 /* The header's counts are bounded before anything is multiplied. */
@@ -396,12 +448,21 @@ static void invalidate(struct disk *d, const char *name, const char *why) {
 struct head {
     struct file_hdr h;
     uint64_t hdr_sum;
-    struct layout l;
+    struct layout l;            /* markers */
     char *tenant, *key;
+    uint32_t n, n_ck;           /* the version's counts (a marker's: the header's) */
     int32_t *tokens;
     uint32_t *ckpt_pos, *ckpt_kinds;
-    uint64_t tok_sum;
+    uint64_t tok_sum;           /* the version's identity: its directory's checksum */
+    struct ref *refs;           /* entry files: the version's blocks */
+    struct slot sl;             /* entry files: the version's slot */
+    int slot_i;
 };
+
+static bool read_marker_tokens(int fd, uint64_t file_size, const uint8_t *first, size_t got, struct head *hd,
+                               char *why, size_t why_len);
+static bool read_version(int fd, uint64_t file_size, const uint8_t *first, size_t got, struct head *hd, char *why,
+                         size_t why_len);
 
 static void head_free(struct head *hd) {
     free(hd->tenant);
@@ -409,6 +470,7 @@ static void head_free(struct head *hd) {
     free(hd->tokens);
     free(hd->ckpt_pos);
     free(hd->ckpt_kinds);
+    free(hd->refs);
     memset(hd, 0, sizeof *hd);
 }
 
@@ -457,28 +519,9 @@ static bool read_head(int fd, uint64_t file_size, bool marker, struct head *hd, 
         return false;
     }
     hd->hdr_sum = sum;
-    if (!layout_of(h, &hd->l)) {
-        snprintf(why, why_len, "counts out of range (%u tokens, %u checkpoints)", h->n_tokens, h->n_ckpt);
-        return false;
-    }
-    if (marker) hd->l.total = hd->l.tok_off + hd->l.tok_len + 8; /* the header and token list only */
-    if ((h->reserved == HDR_WIP) != marker) {
-        snprintf(why, why_len, "%s", marker ? "not a marker" : "a marker where a file should be");
-        return false;
-    }
-    if (hd->l.total != file_size) {
-        snprintf(why, why_len, "%llu bytes where the header says %llu (truncated or torn)",
-                 (unsigned long long)file_size, (unsigned long long)hd->l.total);
-        return false;
-    }
     hd->tenant = tern_malloc(h->tenant_len + 1);
     hd->key = h->named ? tern_malloc(h->key_len + 1) : NULL;
-    hd->tokens = tern_malloc((size_t)h->n_tokens * 4 + 4);
-    hd->ckpt_pos = tern_malloc((size_t)h->n_ckpt * 4 + 4);
-    hd->ckpt_kinds = tern_malloc((size_t)h->n_ckpt * 4 + 4);
-    uint8_t *blk = tern_malloc((size_t)hd->l.tok_len + 8);
-    if (!hd->tenant || (h->named && !hd->key) || !hd->tokens || !hd->ckpt_pos || !hd->ckpt_kinds || !blk) {
-        free(blk);
+    if (!hd->tenant || (h->named && !hd->key)) {
         head_free(hd);
         snprintf(why, why_len, "out of memory");
         return false;
@@ -490,40 +533,164 @@ static bool read_head(int fd, uint64_t file_size, bool marker, struct head *hd, 
         hd->key[h->key_len] = 0;
     }
     if (strlen(hd->tenant) != h->tenant_len || (hd->key && strlen(hd->key) != h->key_len)) {
-        free(blk);
         head_free(hd);
         snprintf(why, why_len, "tenant or key contains a NUL byte");
         return false;
     }
-    int rr;
-    if (hd->l.tok_off + hd->l.tok_len + 8 <= got) {
-        memcpy(blk, first + hd->l.tok_off, (size_t)hd->l.tok_len + 8);
-        rr = 1;
-    } else {
-        rr = read_at(fd, blk, (size_t)hd->l.tok_len + 8, hd->l.tok_off);
+    if ((h->reserved == HDR_WIP) != marker) {
+        head_free(hd);
+        snprintf(why, why_len, "%s", marker ? "not a marker" : "a marker where a file should be");
+        return false;
     }
+    if (h->rec_bytes > (1ull << 36) || h->kv_row_bytes > (1ull << 26)) {
+        head_free(hd);
+        snprintf(why, why_len, "state sizes out of range");
+        return false;
+    }
+    const bool ok = marker ? read_marker_tokens(fd, file_size, first, got, hd, why, why_len)
+                           : read_version(fd, file_size, first, got, hd, why, why_len);
+    if (!ok) {
+        head_free(hd);
+        return false;
+    }
+    for (uint32_t i = 0; i < hd->n_ck; i++) {
+        if (hd->ckpt_pos[i] > hd->n || (i && hd->ckpt_pos[i] <= hd->ckpt_pos[i - 1])) {
+            snprintf(why, why_len, "checkpoint position %u (index %u) is not ascending within %u tokens",
+                     hd->ckpt_pos[i], i, hd->n);
+            head_free(hd);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Reads n bytes at off into p, from the first read when it holds them. 1, 0 (short) or -1. */
+static int read_at_first(int fd, void *p, size_t n, uint64_t off, const uint8_t *first, size_t got) {
+    if (off + n <= got) {
+        memcpy(p, first + off, n);
+        return 1;
+    }
+    return read_at(fd, p, n, off);
+}
+
+/* A marker's token block (the header's counts, right after the header). */
+static bool read_marker_tokens(int fd, uint64_t file_size, const uint8_t *first, size_t got, struct head *hd,
+                               char *why, size_t why_len) {
+    const struct file_hdr *h = &hd->h;
+    if (!layout_of(h, &hd->l)) {
+        snprintf(why, why_len, "counts out of range (%u tokens, %u checkpoints)", h->n_tokens, h->n_ckpt);
+        return false;
+    }
+    if (hd->l.tok_off + hd->l.tok_len + 8 != file_size) {
+        snprintf(why, why_len, "%llu bytes where the header says %llu (truncated or torn)",
+                 (unsigned long long)file_size, (unsigned long long)(hd->l.tok_off + hd->l.tok_len + 8));
+        return false;
+    }
+    hd->n = h->n_tokens;
+    hd->n_ck = h->n_ckpt;
+    uint8_t *blk = tern_malloc((size_t)hd->l.tok_len + 8);
+    hd->tokens = tern_malloc((size_t)hd->n * 4 + 4);
+    hd->ckpt_pos = tern_malloc((size_t)hd->n_ck * 4 + 4);
+    hd->ckpt_kinds = tern_malloc((size_t)hd->n_ck * 4 + 4);
+    if (!blk || !hd->tokens || !hd->ckpt_pos || !hd->ckpt_kinds) {
+        free(blk);
+        snprintf(why, why_len, "out of memory");
+        return false;
+    }
+    int rr = read_at_first(fd, blk, (size_t)hd->l.tok_len + 8, hd->l.tok_off, first, got);
     if (rr != 1) {
         free(blk);
-        head_free(hd);
         snprintf(why, why_len, "reading the token list: %s", rr < 0 ? strerror(errno) : "short");
         return false;
     }
     memcpy(&hd->tok_sum, blk + hd->l.tok_len, 8);
-    if (block_sum(blk, (size_t)hd->l.tok_len, hd->hdr_sum, 0) != hd->tok_sum) {
+    if (block_sum(blk, (size_t)hd->l.tok_len, hd->hdr_sum, BLK_DIR) != hd->tok_sum) {
         free(blk);
-        head_free(hd);
         snprintf(why, why_len, "token list checksum mismatch");
         return false;
     }
-    memcpy(hd->tokens, blk, (size_t)h->n_tokens * 4);
-    memcpy(hd->ckpt_pos, blk + (size_t)h->n_tokens * 4, (size_t)h->n_ckpt * 4);
-    memcpy(hd->ckpt_kinds, blk + ((size_t)h->n_tokens + h->n_ckpt) * 4, (size_t)h->n_ckpt * 4);
+    memcpy(hd->tokens, blk, (size_t)hd->n * 4);
+    memcpy(hd->ckpt_pos, blk + (size_t)hd->n * 4, (size_t)hd->n_ck * 4);
+    memcpy(hd->ckpt_kinds, blk + ((size_t)hd->n + hd->n_ck) * 4, (size_t)hd->n_ck * 4);
     free(blk);
-    for (uint32_t i = 0; i < h->n_ckpt; i++) {
-        if (hd->ckpt_pos[i] > h->n_tokens || (i && hd->ckpt_pos[i] <= hd->ckpt_pos[i - 1])) {
-            head_free(hd);
-            snprintf(why, why_len, "checkpoint position %u (index %u) is not ascending within %u tokens",
-                     hd->ckpt_pos[i], i, h->n_tokens);
+    return true;
+}
+
+/* An entry file's newest complete version: the valid slot with the highest sequence
+ * number whose blocks the file holds, and its directory (tokens, checkpoints, refs). */
+static bool read_version(int fd, uint64_t file_size, const uint8_t *first, size_t got, struct head *hd, char *why,
+                         size_t why_len) {
+    const struct file_hdr *h = &hd->h;
+    const uint64_t so = slots_off(h), bo = blocks_off(h);
+    struct slot sl[2];
+    int rr = file_size >= bo ? read_at_first(fd, sl, sizeof sl, so, first, got) : 0;
+    if (rr != 1) {
+        snprintf(why, why_len, "%s", rr < 0 ? strerror(errno) : "too short for its version slots");
+        return false;
+    }
+    int best = -1;
+    bool torn = false;
+    for (int i = 0; i < 2; i++) {
+        const struct slot *v = &sl[i];
+        if (v->seq == 0 || v->sum != slot_sum(v, hd->hdr_sum, i)) continue;
+        if (v->n_tokens > MAX_TOKENS || v->n_ckpt > MAX_CKPT ||
+            v->dir_len != dir_bytes(v->n_tokens, v->n_ckpt, h->rec_bytes != 0) || v->dir_off < bo ||
+            v->dir_off + v->dir_len + 8 > v->total)
+            continue;
+        if (v->total > file_size) {
+            torn = true;
+            continue;
+        }
+        if (best < 0 || v->seq > sl[best].seq) best = i;
+    }
+    if (best < 0) {
+        snprintf(why, why_len, "%s", torn ? "its blocks are not all there (truncated or torn)" : "no valid version slot");
+        return false;
+    }
+    hd->sl = sl[best];
+    hd->slot_i = best;
+    const struct slot *v = &hd->sl;
+    hd->n = v->n_tokens;
+    hd->n_ck = v->n_ckpt;
+    uint8_t *dir = tern_malloc((size_t)v->dir_len + 8);
+    const size_t n_refs = n_refs_of(hd->n, hd->n_ck, h->rec_bytes != 0);
+    hd->tokens = tern_malloc((size_t)hd->n * 4 + 4);
+    hd->ckpt_pos = tern_malloc((size_t)hd->n_ck * 4 + 4);
+    hd->ckpt_kinds = tern_malloc((size_t)hd->n_ck * 4 + 4);
+    hd->refs = tern_malloc(n_refs * sizeof *hd->refs + sizeof *hd->refs);
+    if (!dir || !hd->tokens || !hd->ckpt_pos || !hd->ckpt_kinds || !hd->refs) {
+        free(dir);
+        snprintf(why, why_len, "out of memory");
+        return false;
+    }
+    rr = read_at_first(fd, dir, (size_t)v->dir_len + 8, v->dir_off, first, got);
+    if (rr != 1) {
+        free(dir);
+        snprintf(why, why_len, "reading the token list: %s", rr < 0 ? strerror(errno) : "short");
+        return false;
+    }
+    uint64_t sum;
+    memcpy(&sum, dir + v->dir_len, 8);
+    if (sum != v->dir_sum || block_sum(dir, (size_t)v->dir_len, hd->hdr_sum, BLK_DIR) != sum) {
+        free(dir);
+        snprintf(why, why_len, "token list checksum mismatch");
+        return false;
+    }
+    hd->tok_sum = sum;
+    size_t o = 0;
+    memcpy(hd->tokens, dir, (size_t)hd->n * 4);
+    o += (size_t)hd->n * 4;
+    memcpy(hd->ckpt_pos, dir + o, (size_t)hd->n_ck * 4);
+    o += (size_t)hd->n_ck * 4;
+    memcpy(hd->ckpt_kinds, dir + o, (size_t)hd->n_ck * 4);
+    o += (size_t)hd->n_ck * 4;
+    memcpy(hd->refs, dir + o, n_refs * sizeof *hd->refs);
+    free(dir);
+    /* every block inside the version's extent */
+    for (size_t i = 0; i < n_refs; i++) {
+        const uint64_t len = ref_len(h, hd->n, hd->n_ck, i) + 8;
+        if (hd->refs[i].off < bo || hd->refs[i].off > v->total || len > v->total - hd->refs[i].off) {
+            snprintf(why, why_len, "block %zu lies outside the file", i);
             return false;
         }
     }
@@ -543,7 +710,7 @@ static bool head_matches(const struct disk *d, const char *name, const struct he
                  (unsigned long long)h->layout, (unsigned long long)d->layout);
         return false;
     }
-    if (!d->hybrid && h->n_ckpt) {
+    if (!d->hybrid && hd->n_ck) {
         snprintf(why, why_len, "checkpoints in a file of an attention-only model");
         return false;
     }
@@ -576,8 +743,8 @@ static struct disk_entry *entry_from_head(const struct disk *d, const char *name
     hd.tokens = NULL;
     hd.ckpt_pos = hd.ckpt_kinds = NULL;
     memcpy(e->nonce, hd.h.nonce, DISK_NONCE_BYTES);
-    e->n = hd.h.n_tokens;
-    e->n_ckpt = hd.h.n_ckpt;
+    e->n = hd.n;
+    e->n_ckpt = hd.n_ck;
     e->bytes = (uint64_t)st->st_size;
     e->tok_sum = hd.tok_sum;
     e->ino = (uint64_t)st->st_ino;
@@ -1007,12 +1174,29 @@ static uint64_t header_bytes(const struct file_hdr *h, const char *tenant, const
     return sum;
 }
 
-/* Writes one block: payload then its checksum. */
-static enum tern_status put_block(const struct disk *d, int fd, const void *p, size_t n, uint64_t hdr_sum,
-                                  uint64_t no) {
-    enum tern_status st = write_all(fd, p, n, "a block");
-    uint64_t sum = block_sum(p, n, hdr_sum, no);
-    if (!st) st = write_all(fd, &sum, sizeof sum, "a checksum");
+static enum tern_status pwrite_all(int fd, const void *p, size_t n, uint64_t off, const char *what) {
+    const uint8_t *b = p;
+    while (n) {
+        ssize_t w = pwrite(fd, b, n > (1u << 30) ? (1u << 30) : n, (off_t)off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return tern_errorf(TERN_ERR_IO, "writing %s: %s", what, strerror(errno));
+        }
+        b += w;
+        n -= (size_t)w;
+        off += (uint64_t)w;
+    }
+    return TERN_OK;
+}
+
+/* Writes one block at *off (payload then its checksum), advancing *off; *ref names it. */
+static enum tern_status put_block(const struct disk *d, int fd, uint64_t *off, const void *p, size_t n,
+                                  uint64_t hdr_sum, uint64_t no, struct ref *ref) {
+    ref->off = *off;
+    ref->sum = block_sum(p, n, hdr_sum, no);
+    enum tern_status st = pwrite_all(fd, p, n, *off, "a block");
+    if (!st) st = pwrite_all(fd, &ref->sum, sizeof ref->sum, *off + n, "a checksum");
+    *off += n + 8;
     if (d->test_delay_ms) {
         struct timespec ts = {d->test_delay_ms / 1000, (long)(d->test_delay_ms % 1000) * 1000000L};
         nanosleep(&ts, NULL);
@@ -1031,10 +1215,69 @@ enum tern_status disk_put(struct disk *d, const char *tenant, const char *key, u
     return disk_put_io(d, &d->io, tenant, key, nonce, s, cks, kinds, n_cks);
 }
 
+/* The recurrent state a version holds at position p (its end or a checkpoint), or NULL. */
+static const struct ref *version_rec(const struct head *v, uint32_t p) {
+    if (!v->h.rec_bytes) return NULL;
+    if (p == v->n) return &v->refs[0];
+    for (uint32_t i = 0; i < v->n_ck; i++)
+        if (v->ckpt_pos[i] == p) return &v->refs[1 + i];
+    return NULL;
+}
+
+/* Which blocks of the new version (n tokens, checkpoints at pos) the file's current
+ * version (base, NULL: none) already holds: the KV pages and recurrent states below the
+ * two token lists' common prefix, which are the same bytes (tern's states are a function
+ * of the tokens alone). refs[i].off = 0: to be written. Returns the bytes to write. */
+static uint64_t plan_reuse(const struct disk *d, const struct head *base, const struct file_hdr *h,
+                           const int32_t *toks, uint32_t n, const uint32_t *pos, uint32_t n_ck, struct ref *refs) {
+    const size_t n_refs = n_refs_of(n, n_ck, d->rec_bytes != 0);
+    memset(refs, 0, n_refs * sizeof *refs);
+    uint32_t lcp = 0;
+    if (base) {
+        const uint32_t lim = n < base->n ? n : base->n;
+        while (lcp < lim && toks[lcp] == base->tokens[lcp]) lcp++;
+    }
+    uint64_t bytes = dir_bytes(n, n_ck, d->rec_bytes != 0) + 8 + sizeof(struct slot);
+    for (size_t i = 0; i < n_refs; i++) {
+        const struct ref *have = NULL;
+        if (base && d->rec_bytes && i <= n_ck) {
+            const uint32_t p = i == 0 ? n : pos[i - 1];
+            if (p <= lcp) have = version_rec(base, p);
+        } else if (base) {
+            const uint32_t pg = (uint32_t)(i - ref_kv(h, n_ck, 0)), rows = page_rows(n, pg);
+            if (pg * KV_BLOCK + rows <= lcp && pg * KV_BLOCK < base->n && page_rows(base->n, pg) == rows)
+                have = &base->refs[ref_kv(&base->h, base->n_ck, pg)];
+        }
+        if (have) refs[i] = *have;
+        else bytes += ref_len(h, n, n_ck, i) + 8;
+    }
+    return bytes;
+}
+
+/* The file's current version, when it is this conversation's and this model's: opened
+ * for appending (*fd), read into base. */
+static bool open_base(struct disk *d, const char *fn, const char *name, const char *tenant, struct head *base,
+                      int *fd, uint64_t *size) {
+    *fd = open_regular(d->dir_fd, fn, O_RDWR, 0);
+    if (*fd < 0) return false;
+    struct stat st;
+    char why[192];
+    if (!fstat(*fd, &st) && read_head(*fd, (uint64_t)st.st_size, false, base, why, sizeof why)) {
+        if (head_matches(d, name, base, why, sizeof why) && !strcmp(base->tenant, tenant)) {
+            *size = (uint64_t)st.st_size;
+            return true;
+        }
+        head_free(base);
+    }
+    close(*fd);
+    *fd = -1;
+    return false;
+}
+
 /* The write holds the directory's lock (through io's descriptor) from the budget to the
- * rename, as every writer does, so that peers' budgets see a consistent directory; it
- * holds d->mu only for the index work, so that the worker's decisions and loads go on
- * while it writes. */
+ * new version's slot (or the rename), as every writer does, so that peers' budgets see a
+ * consistent directory and no two writers append to one file; it holds d->mu only for
+ * the index work, so that the worker's decisions and loads go on while it writes. */
 enum tern_status disk_put_io(struct disk *d, struct disk_io *io, const char *tenant, const char *key,
                              const uint8_t nonce[DISK_NONCE_BYTES], const struct tern_session *s,
                              struct tern_checkpoint *const *cks, const uint32_t *kinds, size_t n_cks) {
@@ -1044,6 +1287,7 @@ enum tern_status disk_put_io(struct disk *d, struct disk_io *io, const char *ten
         return tern_errorf(TERN_ERR_LIMIT, "disk tier: tenant or key longer than %u bytes", MAX_STR);
     const uint32_t n = tern_session_n_past(s);
     const int32_t *toks = tern_session_tokens(s);
+    if (n > MAX_TOKENS) return tern_errorf(TERN_ERR_LIMIT, "disk tier: %u tokens exceed the file format's limit", n);
     uint32_t pos[MAX_CKPT], knd[MAX_CKPT];
     const void *recs[MAX_CKPT];
     uint32_t n_ck = 0;
@@ -1062,40 +1306,61 @@ enum tern_status disk_put_io(struct disk *d, struct disk_io *io, const char *ten
         }
     }
     struct file_hdr h;
-    header_of(d, tenant, key, nonce, n, n_ck, &h);
-    struct layout l;
-    if (!layout_of(&h, &l)) return tern_errorf(TERN_ERR_LIMIT, "disk tier: %u tokens exceed the file format's limit", n);
-    if (l.total > d->max_bytes)
+    header_of(d, tenant, key, nonce, 0, 0, &h);
+    const bool rec = d->rec_bytes != 0;
+    const size_t n_refs = n_refs_of(n, n_ck, rec);
+    const uint64_t dlen = dir_bytes(n, n_ck, rec);
+    /* the whole version, as a new file writes it */
+    const uint64_t live = blocks_off(&h) + dlen + 8 + (rec ? (1ull + n_ck) * (d->rec_bytes + 8) : 0) +
+                          (uint64_t)n * d->kv_row_bytes + (uint64_t)((n + KV_BLOCK - 1) / KV_BLOCK) * 8;
+    if (live > d->max_bytes)
         return tern_errorf(TERN_ERR_RANGE, "disk tier: the conversation's %llu bytes exceed the whole --cache-disk budget (%llu)",
-                           (unsigned long long)l.total, (unsigned long long)d->max_bytes);
+                           (unsigned long long)live, (unsigned long long)d->max_bytes);
     char name[DISK_NAME_LEN + 1];
     entry_name(d->secret, tenant, key, h.nonce, name);
 
-    uint8_t *hbuf = tern_malloc(h.hdr_bytes + 8);
+    uint8_t *hbuf = tern_malloc((size_t)blocks_off(&h));
     struct disk_entry *ne = tern_calloc(1, sizeof *ne);
-    uint8_t *tblk = tern_malloc((size_t)l.tok_len + 4);
+    uint8_t *dir = tern_malloc((size_t)dlen + 8);
+    struct ref *refs = tern_malloc(n_refs * sizeof *refs + sizeof *refs);
     enum tern_status st = buf_reserve(io, (size_t)KV_BLOCK * d->kv_row_bytes + 64);
-    if (!st && (!hbuf || !ne || !tblk)) st = tern_errorf(TERN_ERR_NOMEM, "disk tier: out of memory");
+    if (!st && (!hbuf || !ne || !dir || !refs)) st = tern_errorf(TERN_ERR_NOMEM, "disk tier: out of memory");
     if (st) {
         free(hbuf);
         free(ne);
-        free(tblk);
+        free(dir);
+        free(refs);
         return st;
     }
-    const uint64_t hdr_sum = header_bytes(&h, tenant, key, hbuf);
-    memcpy(tblk, toks, (size_t)n * 4);
-    memcpy(tblk + (size_t)n * 4, pos, (size_t)n_ck * 4);
-    memcpy(tblk + ((size_t)n + n_ck) * 4, knd, (size_t)n_ck * 4);
+    memcpy(dir, toks, (size_t)n * 4);
+    memcpy(dir + (size_t)n * 4, pos, (size_t)n_ck * 4);
+    memcpy(dir + ((size_t)n + n_ck) * 4, knd, (size_t)n_ck * 4);
 
     char tmp[128];
     char fn[DISK_NAME_LEN + sizeof DISK_FILE_SUFFIX];
     file_of(name, fn);
     const uint64_t t0 = tern_now_ns();
+    struct head base = {0};
+    int fd = -1;
+    uint64_t base_size = 0, add = 0, wrote = 0;
+    bool append = false;
     if (!dir_lock(io)) {
         st = tern_errorf(TERN_ERR_IO, "disk tier: locking %s/.lock: %s", d->dir, strerror(errno));
         pthread_mutex_lock(&d->mu);
         goto out_nolock;
     }
+    /* What the file holds already (under the directory's lock: no one else writes it
+     * meanwhile): appended to unless the superseded bytes would outweigh half the live. */
+    if (open_base(d, fn, name, tenant, &base, &fd, &base_size)) {
+        add = plan_reuse(d, &base, &h, toks, n, pos, n_ck, refs);
+        append = base_size + add <= live + live / 2;
+        if (!append) {
+            close(fd);
+            fd = -1;
+        }
+    }
+    if (!append) memset(refs, 0, n_refs * sizeof *refs);
+    const uint64_t hdr_sum = append ? base.hdr_sum : header_bytes(&h, tenant, key, hbuf);
     /* The budget holds over the directory, peers' files included: see what they did. */
     pthread_mutex_lock(&d->mu);
     snprintf(tmp, sizeof tmp, ".tmp-%s-%d-%u", d->host, (int)getpid(), ++d->tmp_seq);
@@ -1103,8 +1368,9 @@ enum tern_status disk_put_io(struct disk *d, struct disk_io *io, const char *ten
     {
         long same = find_entry(d, name);
         uint64_t have = d->total_bytes - (same >= 0 ? d->e[same]->bytes : 0);
+        const uint64_t need = append ? base_size + add : live;
         index_sort(d);
-        for (size_t i = d->n; have + l.total > d->max_bytes && i-- > 0;) {
+        for (size_t i = d->n; have + need > d->max_bytes && i-- > 0;) {
             if (!strcmp(d->e[i]->name, name)) continue;
             have -= d->e[i]->bytes;
             remove_file(d, i, "least recently used, for the --cache-disk budget");
@@ -1114,40 +1380,64 @@ enum tern_status disk_put_io(struct disk *d, struct disk_io *io, const char *ten
     }
     if (d->gen_dirty) bump_gen_locked(d);
     pthread_mutex_unlock(&d->mu);
-    /* the file: no index lock (the worker decides and loads meanwhile); s and the
+    /* the blocks: no index lock (the worker decides and loads meanwhile); s and the
      * checkpoints are the caller's to keep unchanged until this returns */
-    int fd = openat(d->dir_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        st = tern_errorf(TERN_ERR_IO, "disk tier: creating %s/%s: %s", d->dir, tmp, strerror(errno));
-        pthread_mutex_lock(&d->mu);
-        goto out;
+    uint64_t off;
+    if (append) {
+        off = base_size;
+    } else {
+        fd = openat(d->dir_fd, tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd < 0) {
+            st = tern_errorf(TERN_ERR_IO, "disk tier: creating %s/%s: %s", d->dir, tmp, strerror(errno));
+            pthread_mutex_lock(&d->mu);
+            goto out;
+        }
+        memset(hbuf + h.hdr_bytes + 8, 0, (size_t)(blocks_off(&h) - h.hdr_bytes - 8)); /* empty slots */
+        off = blocks_off(&h);
+        st = pwrite_all(fd, hbuf, (size_t)off, 0, "the header");
     }
-    st = write_all(fd, hbuf, h.hdr_bytes + 8, "the header");
-    uint64_t no = 0;
-    if (!st) st = put_block(d, fd, tblk, (size_t)l.tok_len, hdr_sum, no++);
-    if (!st && d->rec_bytes) {
-        const void *rec = tern_session_rec_data(s); /* NULL: a device's download failed */
-        st = rec ? put_block(d, fd, rec, d->rec_bytes, hdr_sum, no++) : TERN_ERR_IO;
-        for (uint32_t i = 0; !st && i < n_ck; i++) st = put_block(d, fd, recs[i], d->rec_bytes, hdr_sum, no++);
+    const uint64_t off0 = off;
+    for (size_t i = 0; !st && i < n_refs; i++) {
+        if (refs[i].off) continue; /* held by the file already */
+        if (rec && i <= n_ck) {
+            const void *rb = i == 0 ? tern_session_rec_data(s) : recs[i - 1]; /* NULL: a device's download failed */
+            st = rb ? put_block(d, fd, &off, rb, d->rec_bytes, hdr_sum, blk_rec(i == 0 ? n : pos[i - 1]), &refs[i])
+                    : TERN_ERR_IO;
+        } else {
+            const uint32_t pg = (uint32_t)(i - ref_kv(&h, n_ck, 0)), rows = page_rows(n, pg);
+            st = tern_session_kv_export(s, pg * KV_BLOCK, pg * KV_BLOCK + rows, io->buf);
+            if (!st) st = put_block(d, fd, &off, io->buf, (size_t)rows * d->kv_row_bytes, hdr_sum, blk_kv(pg, rows), &refs[i]);
+        }
     }
-    for (uint32_t pg = 0; !st && pg < l.n_pages; pg++) {
-        uint32_t rows = page_rows(n, pg);
-        st = tern_session_kv_export(s, pg * KV_BLOCK, pg * KV_BLOCK + rows, io->buf);
-        if (!st) st = put_block(d, fd, io->buf, (size_t)rows * d->kv_row_bytes, hdr_sum, 1000000 + pg);
-    }
+    struct ref dref = {0};
+    memcpy(dir + ((size_t)n + 2u * n_ck) * 4, refs, n_refs * sizeof *refs);
+    if (!st) st = put_block(d, fd, &off, dir, (size_t)dlen, hdr_sum, BLK_DIR, &dref);
+    /* the version's blocks are on disk before the slot that names them */
     if (!st && fsync(fd)) st = tern_errorf(TERN_ERR_IO, "fsync: %s", strerror(errno));
+    const int si = append ? 1 - base.slot_i : 0;
+    struct slot sl = {.seq = append ? base.sl.seq + 1 : 1, .n_tokens = n, .n_ckpt = n_ck, .dir_off = dref.off,
+                      .dir_len = dlen, .dir_sum = dref.sum, .total = off};
+    sl.sum = slot_sum(&sl, hdr_sum, si);
+    if (!st) st = pwrite_all(fd, &sl, sizeof sl, slots_off(append ? &base.h : &h) + (uint64_t)si * sizeof sl, "a version slot");
+    if (!st && fsync(fd)) st = tern_errorf(TERN_ERR_IO, "fsync: %s", strerror(errno));
+    wrote = append ? off - off0 + sizeof sl : off; /* (a new file: its header and slots included) */
     struct stat fst;
     if (!st && fstat(fd, &fst)) st = tern_errorf(TERN_ERR_IO, "fstat: %s", strerror(errno));
+    if (st && append) {
+        /* the version before stands; what was appended for this one goes */
+        int rc = ftruncate(fd, (off_t)base_size);
+        (void)rc;
+    }
     close(fd);
-    if (!st && renameat(d->dir_fd, tmp, d->dir_fd, fn))
+    if (!st && !append && renameat(d->dir_fd, tmp, d->dir_fd, fn))
         st = tern_errorf(TERN_ERR_IO, "renaming to %s: %s", fn, strerror(errno));
     if (st) {
-        unlinkat(d->dir_fd, tmp, 0);
-        st = tern_error_prefix(st, "disk tier: writing %s/%s (%llu bytes)", d->dir, fn, (unsigned long long)l.total);
+        if (!append) unlinkat(d->dir_fd, tmp, 0);
+        st = tern_error_prefix(st, "disk tier: writing %s/%s (%llu bytes)", d->dir, fn, (unsigned long long)(off - off0));
         pthread_mutex_lock(&d->mu);
         goto out;
     }
-    fsync(d->dir_fd);
+    if (!append) fsync(d->dir_fd);
     pthread_mutex_lock(&d->mu);
     bump_gen_locked(d);
     memcpy(ne->name, name, sizeof name);
@@ -1169,8 +1459,8 @@ enum tern_status disk_put_io(struct disk *d, struct disk_io *io, const char *ten
         memcpy(ne->nonce, h.nonce, DISK_NONCE_BYTES);
         ne->n = n;
         ne->n_ckpt = n_ck;
-        ne->bytes = l.total;
-        ne->tok_sum = block_sum(tblk, (size_t)l.tok_len, hdr_sum, 0);
+        ne->bytes = (uint64_t)fst.st_size;
+        ne->tok_sum = dref.sum;
         ne->ino = (uint64_t)fst.st_ino;
         ne->mtime_ns = ts_ns(&fst.st_mtim);
         ne->last_used = now_ns();
@@ -1181,18 +1471,21 @@ enum tern_status disk_put_io(struct disk *d, struct disk_io *io, const char *ten
         index_sort(d);
     }
     d->st.writes++;
-    d->st.write_bytes += l.total;
-    TERN_LOG_DEBUG("disk tier: wrote %s (%u tokens, %u checkpoints, %llu bytes) in %.1f ms", fn, n, n_ck,
-                   (unsigned long long)l.total, (double)(tern_now_ns() - t0) * 1e-6);
+    d->st.write_bytes += wrote;
+    TERN_LOG_DEBUG("disk tier: wrote %s (%u tokens, %u checkpoints, %llu of its %llu bytes%s) in %.1f ms", fn, n, n_ck,
+                   (unsigned long long)wrote, (unsigned long long)fst.st_size, append ? ", appended" : "",
+                   (double)(tern_now_ns() - t0) * 1e-6);
 out:
     /* (d->mu held from here) */
     dir_unlock(io);
 out_nolock:
     if (st) d->st.write_errors++;
     pthread_mutex_unlock(&d->mu);
+    head_free(&base);
     free(ne);
     free(hbuf);
-    free(tblk);
+    free(dir);
+    free(refs);
     return st;
 }
 
@@ -1465,8 +1758,11 @@ void disk_mark_end(struct disk *d, struct disk_mark *m) {
 /* ---- read --------------------------------------------------------------------------------- */
 
 /* Reads block no at off (payload n bytes) into d->io.buf and verifies it. */
-static bool get_block(struct disk *d, int fd, uint64_t off, size_t n, uint64_t hdr_sum, uint64_t no, char *why,
+/* Reads the block that ref names (what: no, n payload bytes) into d->io.buf and
+ * verifies it against its own checksum and the one the version's directory holds. */
+static bool get_block(struct disk *d, int fd, struct ref ref, size_t n, uint64_t hdr_sum, uint64_t no, char *why,
                       size_t why_len) {
+    const uint64_t off = ref.off;
     if (buf_reserve(&d->io, n + 8)) {
         snprintf(why, why_len, "out of memory");
         return false;
@@ -1478,8 +1774,8 @@ static bool get_block(struct disk *d, int fd, uint64_t off, size_t n, uint64_t h
     }
     uint64_t sum;
     memcpy(&sum, d->io.buf + n, 8);
-    if (block_sum(d->io.buf, n, hdr_sum, no) != sum) {
-        snprintf(why, why_len, "checksum mismatch in block %llu (offset %llu)", (unsigned long long)no,
+    if (sum != ref.sum || block_sum(d->io.buf, n, hdr_sum, no) != sum) {
+        snprintf(why, why_len, "checksum mismatch in block %llx (offset %llu)", (unsigned long long)no,
                  (unsigned long long)off);
         return false;
     }
@@ -1538,7 +1834,7 @@ static enum tern_status load(struct disk *d, size_t idx, uint32_t r, const char 
     /* The decision was made on the index's token list: the file must still hold it (a
      * peer may have replaced it since). The tenant inside the checksummed header must be
      * the request's. */
-    if (hd.tok_sum != e->tok_sum || hd.h.n_tokens != e->n) {
+    if (hd.tok_sum != e->tok_sum || hd.n != e->n) {
         head_free(&hd);
         close(fd);
         d->scanned = false; /* re-read at the next refresh */
@@ -1548,26 +1844,24 @@ static enum tern_status load(struct disk *d, size_t idx, uint32_t r, const char 
         snprintf(why, sizeof why, "the tenant inside it is not the one its index entry had");
         goto invalid;
     }
-    if (r > hd.h.n_tokens) {
-        st = tern_errorf(TERN_ERR_RANGE, "disk tier: resume point %u beyond the file's %u tokens", r, hd.h.n_tokens);
+    if (r > hd.n) {
+        st = tern_errorf(TERN_ERR_RANGE, "disk tier: resume point %u beyond the file's %u tokens", r, hd.n);
         goto fail;
     }
     /* The recurrent state at r: the live one at n, else checkpoint r. */
     const void *rec = NULL;
     if (d->rec_bytes) {
         uint32_t blk = 0;
-        if (r != hd.h.n_tokens) {
+        if (r != hd.n) {
             uint32_t i = 0;
-            while (i < hd.h.n_ckpt && hd.ckpt_pos[i] != r) i++;
-            if (i == hd.h.n_ckpt) {
+            while (i < hd.n_ck && hd.ckpt_pos[i] != r) i++;
+            if (i == hd.n_ck) {
                 st = tern_errorf(TERN_ERR_STATE, "disk tier: %s has no checkpoint at %u", fn, r);
                 goto fail;
             }
             blk = 1 + i;
         }
-        /* block numbers: 0 tokens, 1 the live state, 2 + i checkpoint i */
-        if (!get_block(d, fd, rec_block_off(&hd.h, &hd.l, blk), d->rec_bytes, hd.hdr_sum, 1 + blk, why, sizeof why))
-            goto invalid;
+        if (!get_block(d, fd, hd.refs[blk], d->rec_bytes, hd.hdr_sum, blk_rec(r), why, sizeof why)) goto invalid;
         rec = d->io.buf;
     }
     st = tern_session_import(d->model, &d->sp, hd.tokens, r, rec, &s);
@@ -1579,23 +1873,23 @@ static enum tern_status load(struct disk *d, size_t idx, uint32_t r, const char 
         goto fail;
     }
     for (uint32_t pg = 0; pg * KV_BLOCK < r; pg++) {
-        uint32_t rows = page_rows(hd.h.n_tokens, pg);
-        if (!get_block(d, fd, kv_block_off(&hd.h, &hd.l, pg), (size_t)rows * d->kv_row_bytes, hd.hdr_sum,
-                       1000000 + pg, why, sizeof why))
+        uint32_t rows = page_rows(hd.n, pg);
+        if (!get_block(d, fd, hd.refs[ref_kv(&hd.h, hd.n_ck, pg)], (size_t)rows * d->kv_row_bytes, hd.hdr_sum,
+                       blk_kv(pg, rows), why, sizeof why))
             goto invalid;
         uint32_t p1 = r < pg * KV_BLOCK + rows ? r : pg * KV_BLOCK + rows;
         if ((st = tern_session_kv_import(s, pg * KV_BLOCK, p1, d->io.buf, rows))) goto fail;
     }
     /* Checkpoints at or below r stay valid for the resumed conversation. */
-    if (d->rec_bytes && hd.h.n_ckpt) {
-        cks = tern_calloc(hd.h.n_ckpt, sizeof *cks);
-        kinds = tern_calloc(hd.h.n_ckpt, sizeof *kinds);
+    if (d->rec_bytes && hd.n_ck) {
+        cks = tern_calloc(hd.n_ck, sizeof *cks);
+        kinds = tern_calloc(hd.n_ck, sizeof *kinds);
         if (!cks || !kinds) {
             st = tern_errorf(TERN_ERR_NOMEM, "disk tier: out of memory");
             goto fail;
         }
-        for (uint32_t i = 0; i < hd.h.n_ckpt && hd.ckpt_pos[i] <= r; i++) {
-            if (!get_block(d, fd, rec_block_off(&hd.h, &hd.l, 1 + i), d->rec_bytes, hd.hdr_sum, 2 + i, why, sizeof why))
+        for (uint32_t i = 0; i < hd.n_ck && hd.ckpt_pos[i] <= r; i++) {
+            if (!get_block(d, fd, hd.refs[1 + i], d->rec_bytes, hd.hdr_sum, blk_rec(hd.ckpt_pos[i]), why, sizeof why))
                 goto invalid;
             if ((st = tern_checkpoint_import(s, hd.ckpt_pos[i], d->io.buf, d->rec_bytes, &cks[n_cks]))) goto fail;
             kinds[n_cks++] = hd.ckpt_kinds[i];
@@ -1653,8 +1947,8 @@ enum tern_status disk_scan_dir(const char *path, void (*fn)(void *user, const st
             snprintf(fi.tenant, sizeof fi.tenant, "%s", hd.tenant);
             fi.named = hd.key != NULL;
             snprintf(fi.key, sizeof fi.key, "%s", hd.key ? hd.key : "");
-            fi.n_tokens = hd.h.n_tokens;
-            fi.n_ckpt = hd.h.n_ckpt;
+            fi.n_tokens = hd.n;
+            fi.n_ckpt = hd.n_ck;
             fi.model_id = hd.h.model_id;
             fi.layout = hd.h.layout;
             head_free(&hd);

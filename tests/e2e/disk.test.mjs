@@ -196,14 +196,18 @@ test('qwen35: corrupted, truncated, foreign-model and foreign-tenant files are d
   await writes(srv, cases.length + 1);
   assert.equal(await srv.stop(), 0);
 
-  // a flipped byte in the last KV block (read by any resume of a short conversation)
+  // a flipped byte in KV page 0 (read by any resume), found through the file's version
+  // slot and directory (docs/SERVING.md, file format)
   const flipped = fileWith(cacheDir, 'key-flipped');
   const fd = openSync(flipped, 'r+');
-  const size = statSync(flipped).size;
-  const byte = Buffer.alloc(1);
-  readSync(fd, byte, 0, 1, size - 100);
-  byte[0] ^= 0x40;
-  writeSync(fd, byte, 0, 1, size - 100);
+  const buf = readFileSync(flipped);
+  const slot = (buf.readUInt32LE(12) + 8 + 7) & ~7; // the header's bytes, its checksum, aligned
+  const [nTok, nCk] = [buf.readUInt32LE(slot + 8), buf.readUInt32LE(slot + 12)];
+  const dirOff = Number(buf.readBigUInt64LE(slot + 16));
+  const page0 = dirOff + 4 * (nTok + 2 * nCk) + 16 * (1 + nCk); // refs: the end's state, the checkpoints', the pages
+  const at = Number(buf.readBigUInt64LE(page0)) + 10;
+  const byte = Buffer.from([buf[at] ^ 0x40]);
+  writeSync(fd, byte, 0, 1, at);
   closeSync(fd);
   // a torn file
   const truncated = fileWith(cacheDir, 'key-truncated');
@@ -239,7 +243,7 @@ test('qwen35: corrupted, truncated, foreign-model and foreign-tenant files are d
   }
   const log = srv.log();
   assert.match(log, /deleting .*: checksum mismatch in block/);
-  assert.match(log, /deleting .*: \d+ bytes where the header says \d+ \(truncated or torn\)/);
+  assert.match(log, /deleting .*: its blocks are not all there \(truncated or torn\)/);
   assert.match(log, /deleting .*: written for another model/);
   assert.match(log, /deleting .*: its name does not match the tenant and key inside it/);
   assert.equal(await metric(srv, 'tern_cache_disk_invalid_total'), 4);
@@ -261,14 +265,18 @@ test('qwen35: kill -9 during a write: the half-written file is never used, the c
   srv = await start(args, { ...env, TERN_TEST_DISK_DELAY_MS: '400' });
   const t2 = [...t1, { role: 'assistant', content: r1.choices[0].message.content }, { role: 'user', content: 'turn two' }];
   await chat(srv, { ...key, messages: t2 });
-  for (let i = 0; i < 200 && !readdirSync(cacheDir).some((f) => f.startsWith('.tmp-')); i++)
-    await new Promise((r) => setTimeout(r, 10));
-  assert.ok(readdirSync(cacheDir).some((f) => f.startsWith('.tmp-')), 'a write in flight');
+  // (turn 2 is appended to turn 1's file: its marker says the write is in flight)
+  const inFlight = () => readdirSync(cacheDir).some((f) => f.endsWith('.wip'));
+  for (let i = 0; i < 200 && !inFlight(); i++) await new Promise((r) => setTimeout(r, 10));
+  assert.ok(inFlight(), 'a write in flight');
+  await new Promise((r) => setTimeout(r, 500)); // a block or two of it on disk
   await srv.kill9();
-  assert.deepEqual(readFileSync(join(cacheDir, entries(cacheDir)[0])), complete, 'the complete file is untouched');
+  const after = readFileSync(join(cacheDir, entries(cacheDir)[0]));
+  assert.ok(after.length > complete.length, 'blocks of turn 2 were appended');
+  assert.deepEqual(after.subarray(0, complete.length), complete, 'turn 1\'s version is untouched');
   srv = await start(args);
-  await waitLog(srv, /removing .*\.tmp-.* \(a write that never completed\)/, 'the temp file removed');
-  assert.ok(!readdirSync(cacheDir).some((f) => f.startsWith('.tmp-')));
+  await waitLog(srv, /removing .*\.wip \(a write announced by a process that is gone\)/, 'the marker removed');
+  assert.ok(!inFlight());
   // turn 2 again: resumes from turn 1's complete file
   const r2 = await chat(srv, { ...key, messages: t2 });
   assert.equal(r2.tern.reuse.tier, 'disk');

@@ -455,6 +455,106 @@ static void test_fifo_entry(void **state) {
     tern_session_free(s);
 }
 
+static uint64_t write_bytes(struct disk *d) {
+    struct disk_stats ds;
+    disk_get_stats(d, &ds);
+    return ds.write_bytes;
+}
+
+/* The next turn of a conversation appends to its file only what the file does not hold:
+ * the KV pages and recurrent states past the part both turns share, and a directory. The
+ * newest version restores the cold state at every resume point; a torn newest slot or a
+ * file cut inside the newest version's blocks restores the version before, exactly; a
+ * turn that shares little with the file (a rewrite) writes the file anew. */
+static void test_append(void **state) {
+    struct fixture *f = *state;
+    char dir[600], file[700];
+    snprintf(dir, sizeof dir, "%s/app-%s", th_tmpdir(), f->arch);
+    const uint32_t n1 = 400;
+    struct tern_session_params sp = sparams();
+    struct tern_session *s;
+    assert_int_equal(tern_session_new(f->m, &sp, &s), TERN_OK);
+    struct ck_sink sink = {0};
+    struct tern_eval_opts o = {.ckpt_pos = CK_POS, .n_ckpt = f->hybrid ? 2 : 0, .on_ckpt = on_ck, .user = &sink};
+    assert_int_equal(tern_session_eval(s, f->toks, n1, &o), TERN_OK);
+    struct disk *d = open_dir(f, dir, 1ull << 30, TERN_KV_F16);
+    put(d, "t", "k", s, &sink);
+    const uint64_t w1 = write_bytes(d);
+    entry_file(dir, file, sizeof file);
+    struct stat st1;
+    assert_int_equal(stat(file, &st1), 0);
+    assert_int_equal(w1, (uint64_t)st1.st_size); /* the first version is the whole file */
+    /* turn 2: 300 more tokens and (hybrid) a checkpoint at 600 */
+    o = (struct tern_eval_opts){.ckpt_pos = CK_POS + 2, .n_ckpt = f->hybrid ? 1 : 0, .on_ckpt = on_ck, .user = &sink};
+    assert_int_equal(tern_session_eval(s, f->toks + n1, N_TOK - n1, &o), TERN_OK);
+    put(d, "t", "k", s, &sink);
+    const uint64_t w2 = write_bytes(d) - w1;
+    struct stat st2;
+    assert_int_equal(stat(file, &st2), 0);
+    assert_true(st2.st_ino == st1.st_ino); /* appended, not replaced */
+    /* a fresh file of the same state, for comparison */
+    char dir2[700];
+    snprintf(dir2, sizeof dir2, "%s/app-full-%s", th_tmpdir(), f->arch);
+    struct disk *d2 = open_dir(f, dir2, 1ull << 30, TERN_KV_F16);
+    put(d2, "t", "k", s, &sink);
+    const uint64_t full = write_bytes(d2);
+    disk_free(d2);
+    /* it reuses page 0 (256 rows) and the states at 100 and 300 (hybrid) */
+    const uint64_t reused = 256ull * tern_state_kv_row_bytes(f->m, TERN_KV_F16) +
+                            (f->hybrid ? 2ull * tern_model_info(f->m)->recurrent_bytes : 0);
+    fprintf(stderr, "%s: turn 2 wrote %llu bytes, a new file %llu (reused %llu)\n", f->arch, (unsigned long long)w2,
+            (unsigned long long)full, (unsigned long long)reused);
+    assert_true(w2 + reused <= full);
+    const uint32_t rs_h[] = {N_TOK, 600, 300, 100}, rs_a[] = {N_TOK, 450, 300, 1};
+    for (size_t k = 0; k < 4; k++) assert_true(load_check(f, d, "k", f->hybrid ? rs_h[k] : rs_a[k], "t"));
+    disk_free(d);
+
+    /* the newest slot torn (its seq is the larger: the second slot): the version before */
+    char saved[800];
+    snprintf(saved, sizeof saved, "%s.saved", file);
+    copy_file(file, saved);
+    size_t len;
+    char *orig = th_read_file(file, &len);
+    assert_non_null(orig);
+    uint32_t hdr_bytes;
+    memcpy(&hdr_bytes, orig + 12, 4);
+    const uint64_t slot1 = ((hdr_bytes + 8 + 7) & ~7ull) + 64;
+    int fd = open(file, O_RDWR);
+    unsigned char b = (unsigned char)orig[slot1 + 9] ^ 0x40;
+    assert_int_equal(pwrite(fd, &b, 1, (off_t)(slot1 + 9)), 1);
+    close(fd);
+    d = open_dir(f, dir, 1ull << 30, TERN_KV_F16);
+    assert_true(find(d, "k") >= 0);
+    assert_int_equal(disk_at(d, (size_t)find(d, "k"))->n, n1);
+    assert_true(load_check(f, d, "k", f->hybrid ? 300 : n1, "t"));
+    disk_free(d);
+    /* cut inside the newest version's blocks: the version before */
+    copy_file(saved, file);
+    assert_int_equal(truncate(file, (off_t)(len - 1)), 0);
+    d = open_dir(f, dir, 1ull << 30, TERN_KV_F16);
+    assert_int_equal(disk_at(d, (size_t)find(d, "k"))->n, n1);
+    assert_true(load_check(f, d, "k", f->hybrid ? 100 : 200, "t"));
+    /* a rewrite that shares 50 tokens with the file: written anew */
+    const uint64_t w_before = write_bytes(d);
+    struct tern_session *r;
+    assert_int_equal(tern_session_new(f->m, &sp, &r), TERN_OK);
+    int32_t other[N_TOK];
+    memcpy(other, f->toks, sizeof other);
+    for (uint32_t i = 50; i < N_TOK; i++) other[i] = f->toks[N_TOK - 1 - i];
+    assert_int_equal(tern_session_eval(r, other, N_TOK, NULL), TERN_OK);
+    put(d, "t", "k", r, &(struct ck_sink){0});
+    struct stat st3;
+    assert_int_equal(stat(file, &st3), 0);
+    assert_true(st3.st_ino != st2.st_ino);
+    assert_int_equal(write_bytes(d) - w_before, (uint64_t)st3.st_size);
+    disk_free(d);
+    tern_session_free(r);
+    unlink(saved);
+    free(orig);
+    free_sink(&sink);
+    tern_session_free(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_roundtrip, setup_q35),
@@ -464,6 +564,8 @@ int main(void) {
         cmocka_unit_test_setup(test_renamed, setup_q35),
         cmocka_unit_test_setup(test_budget_and_peers, setup_q3),
         cmocka_unit_test_setup(test_fifo_entry, setup_q3),
+        cmocka_unit_test_setup(test_append, setup_q35),
+        cmocka_unit_test_setup(test_append, setup_q3),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tern_model_free(fx_q3.m);
