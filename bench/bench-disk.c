@@ -6,6 +6,10 @@
  *       first min(N_TOK, 512) tokens, the rest imported: the bytes are what count),
  *       restored warm (page cache) and cold (the file's pages dropped first); with
  *       "reread", the time to prime the N_TOK tokens instead, for comparison.
+ *   bench-disk turn MODEL N_TOK N_ADD DIR
+ *       the write of a conversation's next turn: N_TOK tokens written, then the same
+ *       conversation with N_ADD more tokens (the next turn) written again, which appends
+ *       what the file does not hold; against a new file of the N_TOK + N_ADD tokens.
  *   bench-disk index MODEL N_ENTRIES N_TOK DIR
  *       index rebuild time of a directory of N_ENTRIES conversations of N_TOK tokens,
  *       warm and with every file's pages dropped.
@@ -119,7 +123,10 @@ static int bench_state(int argc, char **argv) {
     double best_w = 1e9;
     for (int rep = 0; rep < 3; rep++) {
         uint64_t t0 = tern_now_ns();
-        if (disk_put(d, "", "bench", nonce, &has, s, cks, NULL, n_ck)) {
+        /* (a key each: a write of a file that holds the state already appends nothing) */
+        char key[16];
+        snprintf(key, sizeof key, "bench-%d", rep);
+        if (disk_put(d, "", key, nonce, &has, s, cks, NULL, n_ck)) {
             fprintf(stderr, "%s\n", tern_last_error());
             return 1;
         }
@@ -176,6 +183,56 @@ static int bench_state(int argc, char **argv) {
     return 0;
 }
 
+static int bench_turn(int argc, char **argv) {
+    if (argc < 6) return 2;
+    struct tern_model *m = load(argv[2]);
+    const uint32_t n = (uint32_t)atol(argv[3]), add = (uint32_t)atol(argv[4]);
+    const char *dir = argv[5];
+    struct tern_session *s1 = make_session(m, n), *s2 = make_session(m, n + add);
+    struct disk_params dp = {.dir = dir, .max_bytes = 1ull << 40, .model = m, .session = sparams(n + add)};
+    struct disk *d;
+    if (disk_open(&dp, &d)) {
+        fprintf(stderr, "%s\n", tern_last_error());
+        return 1;
+    }
+    double best_turn = 1e9, best_new = 1e9;
+    uint64_t turn_bytes = 0, new_bytes = 0;
+    struct disk_stats st0, st1;
+    for (int rep = 0; rep < 3; rep++) {
+        char key[32];
+        uint8_t nonce[DISK_NONCE_BYTES];
+        bool has = false;
+        snprintf(key, sizeof key, "turn-%d", rep);
+        if (disk_put(d, "", key, nonce, &has, s1, NULL, NULL, 0)) goto fail;
+        disk_get_stats(d, &st0);
+        uint64_t t0 = tern_now_ns();
+        if (disk_put(d, "", key, nonce, &has, s2, NULL, NULL, 0)) goto fail;
+        double t = (double)(tern_now_ns() - t0) * 1e-9;
+        disk_get_stats(d, &st1);
+        if (t < best_turn) best_turn = t;
+        turn_bytes = st1.write_bytes - st0.write_bytes;
+        snprintf(key, sizeof key, "new-%d", rep);
+        t0 = tern_now_ns();
+        if (disk_put(d, "", key, nonce, &has, s2, NULL, NULL, 0)) goto fail;
+        t = (double)(tern_now_ns() - t0) * 1e-9;
+        disk_get_stats(d, &st0);
+        if (t < best_new) best_new = t;
+        new_bytes = st0.write_bytes - st1.write_bytes;
+    }
+    printf("model %s: a conversation of %u tokens, the next turn adds %u (KV %.1f KiB/token)\n", tern_model_info(m)->name,
+           n, add, (double)tern_state_kv_row_bytes(m, TERN_KV_F16) / 1024);
+    printf("  the turn's write (appended), best of 3: %.1f MiB in %.3f s\n", (double)turn_bytes / (1 << 20), best_turn);
+    printf("  a new file of the same state, best of 3: %.1f MiB in %.3f s\n", (double)new_bytes / (1 << 20), best_new);
+    disk_free(d);
+    tern_session_free(s1);
+    tern_session_free(s2);
+    tern_model_free(m);
+    return 0;
+fail:
+    fprintf(stderr, "%s\n", tern_last_error());
+    return 1;
+}
+
 static int bench_index(int argc, char **argv) {
     if (argc < 6) return 2;
     struct tern_model *m = load(argv[2]);
@@ -228,9 +285,11 @@ static int bench_index(int argc, char **argv) {
 int main(int argc, char **argv) {
     int rc = 2;
     if (argc > 1 && !strcmp(argv[1], "state")) rc = bench_state(argc, argv);
+    else if (argc > 1 && !strcmp(argv[1], "turn")) rc = bench_turn(argc, argv);
     else if (argc > 1 && !strcmp(argv[1], "index")) rc = bench_index(argc, argv);
     if (rc == 2)
         fprintf(stderr, "usage: bench-disk state MODEL N_TOK N_CKPT DIR [reread]\n"
+                        "       bench-disk turn MODEL N_TOK N_ADD DIR\n"
                         "       bench-disk index MODEL N_ENTRIES N_TOK DIR\n");
     return rc;
 }

@@ -2,21 +2,21 @@
  *
  * File layout (native byte order; the state layout hash covers the byte order):
  *
- *   struct file_hdr (96 bytes), tenant bytes, key bytes, u64 checksum
- *   block "tokens":  T[0..n) as int32, then the checkpoint positions and kinds as uint32
- *   block "rec":     the recurrent state at n                (hybrid models only)
- *   block "ckpt i":  checkpoint i's recurrent state          (hybrid models only)
- *   block "kv p":    for each KV page p (KV_BLOCK positions), its rows as
- *                    tern_session_kv_export writes them
+ *   struct file_hdr (96 bytes), tenant bytes, key bytes, u64 checksum   (never rewritten)
+ *   two version slots (struct slot, 64 bytes each)
+ *   blocks, appended: KV pages (KV_BLOCK positions each, as tern_session_kv_export
+ *   writes them), recurrent states (hybrid models), and per version a directory: the
+ *   token list, checkpoint positions and kinds, and a reference (offset, checksum) to
+ *   each block the version uses
  *
  * Each block is its payload followed by a u64 xxh3 seeded with the header checksum
- * and the block's number, so that a block copied from another file or another place
- * in this one does not verify either. The size of the file follows from the header;
- * a file of another size is truncated or padded, hence invalid. A resume at r reads
- * the header, the token block, one recurrent block and the KV pages below r only.
+ * and what the block is, so that a block copied from another file or named as another
+ * thing in this one does not verify. The versions section below says how a turn is
+ * appended and how readers pick a version. A resume at r reads the header, the slots,
+ * the directory, one recurrent block and the KV pages below r only.
  *
- * A write in flight is announced by a marker, NAME.wip: the header (reserved = 1) and
- * the token block of the version being written, nothing else (disk.h). */
+ * A write in flight is announced by a marker, NAME.wip: a header (reserved = 1, its
+ * counts those of the version) and the token block right after it, nothing else. */
 #define XXH_STATIC_LINKING_ONLY
 #include "cache/disk.h"
 

@@ -2,12 +2,14 @@
  * so that they survive a restart and replicas that share the directory resume each
  * other's conversations.
  *
- * One file per conversation: a versioned header bound to the model (identity hash) and
- * to tern's state layout, the tenant and session key, the exact token list and the
- * checkpoint positions, then the recurrent state at the end, each checkpoint's
- * recurrent state, and the KV rows page by page. Every block carries an xxh3 checksum;
- * a file is written to a temporary name, fsync'd and renamed, so a reader sees a
- * complete file or none. A file that does not verify (another model or layout, torn,
+ * One file per conversation: a header bound to the model (identity hash) and to tern's
+ * state layout, with the tenant and session key, then versions: the exact token list
+ * and checkpoint positions, the recurrent state at the end, each checkpoint's recurrent
+ * state, and the KV rows page by page. Every block carries an xxh3 checksum. The next
+ * turn of a conversation appends only the blocks its file does not hold and makes them
+ * a version through a checksummed slot after an fsync, so a reader sees a complete
+ * version or the one before; a new file is written to a temporary name, fsync'd and
+ * renamed. A file that does not verify (another model or layout, torn,
  * truncated, a flipped byte, a name that does not match its tenant and key) is logged,
  * deleted and never used: it costs a cold prime, never a wrong resume.
  *
