@@ -61,7 +61,8 @@ async function ttft(srv, id) {
 
 for (const think of thinks) {
   const dir = join(root, `think-${think}`);
-  const args = ['--model', model, '--ctx-size', String(context + 4096), '--cache-dir', dir, '--cache-peer-wait', peerWait];
+  const ctx = 4096 + 2 * (context + turns * (turnWords + 60)) * 4; // (a byte-level vocabulary: ~4 tokens a word)
+  const args = ['--model', model, '--ctx-size', String(ctx), '--cache-dir', dir, '--cache-peer-wait', peerWait];
   const reps = [await startServer(args, { TERN_PREDICT: '0' }), await startServer(args, { TERN_PREDICT: '0' })];
   let msgs = [SYS];
   const rows = [];
