@@ -83,6 +83,9 @@ static void usage(FILE *out) {
             "                          MTP head (mtp: Qwen3.5 nextn) and verify the draft in one forward;\n"
             "                          output unchanged (default off; docs/spec.md)\n"
             "  --spec-max N            tokens per draft, 1-32 (default 8)\n"
+            "  --spec-trail MiB        hybrid models: the most a request's speculative state trail may\n"
+            "                          take (one recurrent state per draft token); drafts shrink to fit,\n"
+            "                          and below two states a checkpoint + re-read is used (default 128)\n"
             "  --device D              where sessions run: cpu (default; or $TERN_DEVICE), vulkan (the\n"
             "                          first GPU, else device 0), vulkan:N (see tern devices), auto (a\n"
             "                          GPU when there is one and the model runs on it; says which and\n"
@@ -140,7 +143,7 @@ static int cmd_serve(int argc, char **argv) {
     enum { O_HOST = 256, O_PORT, O_THREADS, O_CTX, O_KEY, O_QUEUE, O_BODY, O_TMPL, O_CHUNK, O_KV, O_RAM, O_PC,
            O_PCE, O_TURN, O_NOMMAP, O_MMAP, O_MLOCK, O_MODEL, O_PREDICT, O_PCHUNK, O_CDIR, O_CDISK, O_MAXTOK, O_MAXCONN,
            O_PERIP, O_HDRTO, O_IDLETO, O_BODYTO, O_RAMKEY, O_SPEC, O_SPECMAX, O_PARALLEL, O_BATCHTOK, O_PSPECIAL,
-           O_DEVICE, O_VRAM, O_PEERWAIT };
+           O_DEVICE, O_VRAM, O_PEERWAIT, O_SPECTRAIL };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},     {"host", required_argument, 0, O_HOST},
         {"port", required_argument, 0, O_PORT},       {"threads", required_argument, 0, O_THREADS},
@@ -163,6 +166,7 @@ static int cmd_serve(int argc, char **argv) {
         {"device", required_argument, 0, O_DEVICE},
         {"cache-vram", required_argument, 0, O_VRAM},
         {"cache-peer-wait", required_argument, 0, O_PEERWAIT},
+        {"spec-trail", required_argument, 0, O_SPECTRAIL},
         {0, 0, 0, 0},
     };
     const char *model_path = NULL, *tmpl_path = NULL;
@@ -186,6 +190,7 @@ static int cmd_serve(int argc, char **argv) {
     long long ram_per_key = -1; /* -1: the default, a fair share */
     enum spec_mode spec = SPEC_OFF;
     uint32_t spec_max = 0;
+    size_t spec_trail = 0;
     uint32_t parallel = 0, batch_tokens = 0;
     bool parse_special_in_content = false;
     const char *device = getenv("TERN_DEVICE");
@@ -329,6 +334,11 @@ static int cmd_serve(int argc, char **argv) {
         case O_SPEC:
             if (!spec_mode_parse(optarg, &spec)) return cli_usage_error("serve", "--spec '%s' is not off, ngram or mtp", optarg);
             break;
+        case O_SPECTRAIL:
+            if (!cli_parse_int(optarg, 1, 1 << 20, &v))
+                return cli_usage_error("serve", "--spec-trail '%s' is not 1-1048576 MiB", optarg);
+            spec_trail = (size_t)v << 20;
+            break;
         case O_SPECMAX:
             if (!cli_parse_int(optarg, 1, SPEC_MAX_DRAFT, &v))
                 return cli_usage_error("serve", "--spec-max '%s' is not 1-%d", optarg, SPEC_MAX_DRAFT);
@@ -461,6 +471,7 @@ static int cmd_serve(int argc, char **argv) {
             .demo_note = demo_note,
             .spec = spec,
             .spec_max = spec_max,
+            .spec_trail_bytes = spec_trail,
             .parallel = parallel,
             .batch_tokens = batch_tokens,
             .parse_special_in_content = parse_special_in_content,

@@ -73,6 +73,7 @@ struct srv_engine {
 
     enum spec_mode spec;
     uint32_t spec_max;
+    size_t spec_trail_bytes;
     atomic_uint_fast64_t spec_drafted, spec_accepted, spec_rounds, spec_refed;
 
     /* the step scheduler (worker only, but the figures) */

@@ -606,6 +606,7 @@ static bool decode_begin(struct srv_engine *e, struct eng_req *r) {
     if (!ej->forced) {
         struct spec_params spp = {.mode = j->req.spec_set ? j->req.spec : e->spec,
                                   .max = j->req.spec_max ? j->req.spec_max : e->spec_max,
+                                  .trail_bytes = e->spec_trail_bytes,
                                   .prompt_hidden = r->mtp_hid, .prompt_hidden_pos0 = r->mtp_pos0};
         st = spp.mode != SPEC_OFF ? spec_dec_init(&r->sd, r->s, r->sampler, &spp, &j->cancel) : TERN_OK;
         free(r->mtp_hid); /* read by spec_dec_init only */

@@ -276,6 +276,7 @@ enum tern_status srv_engine_new(const struct srv_engine_params *p, struct srv_en
     e->max_tokens = p->max_tokens;
     e->spec = p->spec;
     e->spec_max = p->spec_max;
+    e->spec_trail_bytes = p->spec_trail_bytes ? p->spec_trail_bytes : (size_t)SPEC_TRAIL_DEFAULT_MIB << 20;
     /* --spec mtp on a model without the head is refused at startup, not per request */
     if (e->spec == SPEC_MTP && !e->info->has_mtp) {
         st = tern_errorf(TERN_ERR_UNSUPPORTED,
@@ -284,9 +285,18 @@ enum tern_status srv_engine_new(const struct srv_engine_params *p, struct srv_en
         srv_engine_free(e); /* the message first: it reads e */
         return st;
     }
-    if (e->spec != SPEC_OFF)
-        TERN_LOG_INFO("speculative decoding: %s, up to %u tokens per draft", spec_mode_name(e->spec),
-                      e->spec_max ? e->spec_max : SPEC_DEFAULT_MAX);
+    if (e->spec != SPEC_OFF) {
+        const uint32_t max = e->spec_max ? e->spec_max : SPEC_DEFAULT_MAX;
+        const size_t rb = e->info->hybrid ? e->info->recurrent_bytes : 0, slots = rb ? e->spec_trail_bytes / rb : 0;
+        if (rb && slots < 2)
+            TERN_LOG_INFO("speculative decoding: %s, up to %u tokens per draft; the state trail (--spec-trail %zu "
+                          "MiB) holds no draft's states (%.1f MiB each): a checkpoint and a re-read instead",
+                          spec_mode_name(e->spec), max, e->spec_trail_bytes >> 20, (double)rb / (1 << 20));
+        else
+            TERN_LOG_INFO("speculative decoding: %s, up to %u tokens per draft%s", spec_mode_name(e->spec),
+                          rb && slots - 1 < max ? (uint32_t)(slots - 1) : max,
+                          rb && slots - 1 < max ? " (what the --spec-trail bound holds)" : "");
+    }
     if (e->predict != PREDICT_OFF && e->turn_token < 0) {
         TERN_LOG_WARN("predictive priming is off: the vocabulary has no turn-start token (--turn-token)");
         e->predict = PREDICT_OFF;

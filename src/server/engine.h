@@ -40,6 +40,7 @@ struct srv_engine_params {
     const char *demo_note;           /* non-NULL: this is the demo model; say so */
     enum spec_mode spec;             /* --spec: speculative decoding's draft source */
     uint32_t spec_max;               /* --spec-max: tokens per draft (0 = SPEC_DEFAULT_MAX) */
+    size_t spec_trail_bytes;         /* --spec-trail: a hybrid request's state trail bound (0: default) */
     uint32_t parallel;               /* --parallel: requests running at once (0 = what the memory budget fits, 4..8) */
     uint32_t batch_tokens;           /* --batch-tokens: rows per engine step (0 = the session chunk) */
     bool parse_special_in_content;   /* --parse-special-in-content: the request's text may hold control tokens */

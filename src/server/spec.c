@@ -163,6 +163,13 @@ enum tern_status spec_dec_init(struct spec_dec *d, struct tern_session *s, struc
         return tern_errorf(TERN_ERR_INVALID, "spec: the oracle source needs its tokens");
     if (d->mode == SPEC_OFF) return TERN_OK;
     d->refeed = p->refeed;
+    /* the state trail: a recurrent state per token of a verify chunk, within its bound */
+    if (d->hybrid && !d->refeed && info->recurrent_bytes) {
+        const size_t cap = p->trail_bytes ? p->trail_bytes : (size_t)SPEC_TRAIL_DEFAULT_MIB << 20;
+        const size_t slots = cap / info->recurrent_bytes;
+        if (slots < 2) d->refeed = true; /* not room for one drafted token: a checkpoint and a re-read */
+        else if (slots - 1 < d->max) d->max = d->cur = (uint32_t)(slots - 1);
+    }
     if (d->mode == SPEC_MTP) {
         enum tern_status st = tern_mtp_new(s, &d->mtp);
         if (st == TERN_ERR_UNSUPPORTED) {

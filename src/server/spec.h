@@ -31,6 +31,9 @@ struct tern_gmatch;
 
 #define SPEC_MAX_DRAFT 32    /* the longest draft (--spec-max) */
 #define SPEC_DEFAULT_MAX 8   /* the default --spec-max */
+/* The default bound of a hybrid request's state trail (--spec-trail): max + 1 recurrent
+ * states would be 174 MiB for Qwen3.5-0.8B's 19.3 MiB at --spec-max 8. */
+#define SPEC_TRAIL_DEFAULT_MIB 128
 
 enum spec_mode {
     SPEC_OFF = 0,
@@ -62,6 +65,10 @@ struct spec_params {
      * chunk and a re-read of the accepted tokens, instead of the state trail (the
      * alternative docs/spec.md measures; tests and benchmarks). */
     bool refeed;
+    /* Hybrid models: the most bytes the state trail may take (0: SPEC_TRAIL_DEFAULT_MIB).
+     * A trail holds one recurrent state per token of a verify chunk, so max shrinks to
+     * what it holds; where it would not hold two, refeed is used (one state). */
+    size_t trail_bytes;
     /* SPEC_MTP: the main model's hidden states of the session's positions
      * [prompt_hidden_pos0, n_past) at init, as tern_session_capture_hidden wrote them
      * while the prompt was read (borrowed for spec_dec_init only). The head is fed those

@@ -640,6 +640,52 @@ static void test_grammar_midway(void **unused) {
     if (!n_models) skip();
 }
 
+/* The state trail's bound (--spec-trail): a hybrid's drafts shrink to what it holds (room
+ * for 3 states: drafts of at most 2), and where it holds fewer than 2 states the decoder
+ * restores a checkpoint and re-reads instead. Greedy output and the final state stay
+ * those of plain decoding. */
+static void test_trail_bound(void **unused) {
+    (void)unused;
+    size_t n_hybrid = 0;
+    for (size_t im = 0; im < TERN_ARRAY_LEN(g_models); im++) {
+        struct tern_model *m = load(g_models[im]);
+        if (!m) continue;
+        const size_t rb = tern_model_info(m)->recurrent_bytes;
+        if (!tern_model_info(m)->hybrid || !rb) {
+            tern_model_free(m);
+            continue;
+        }
+        n_hybrid++;
+        int32_t prompt[N_PROMPT];
+        mk_prompt(m, prompt);
+        struct run plain, r;
+        decode(m, prompt, &(struct spec_params){.mode = SPEC_OFF}, 0.0f, 1, 0, &plain, NULL);
+        const struct spec_oracle right = {.toks = plain.toks, .n = N_GEN, .reject_pct = 0, .seed = 5};
+        const struct spec_oracle wrong = {.toks = plain.toks, .n = N_GEN, .reject_pct = 100, .seed = 5};
+        char label[160];
+        /* three states: drafts of 2 (every one accepted: 3 tokens a round) */
+        snprintf(label, sizeof label, "%s trail of 3 states", g_models[im]);
+        decode(m, prompt, &(struct spec_params){.mode = SPEC_ORACLE, .max = 8, .oracle = &right, .trail_bytes = 3 * rb},
+               0.0f, 1, 0, &r, NULL);
+        check_same(label, &plain, &r);
+        assert_true(r.st.drafted > 0 && r.st.drafted <= 2 * r.st.rounds);
+        assert_int_equal(r.st.refed, 0);
+        /* the default bound holds --spec-max 8 for these tiny states: 8 a round */
+        decode(m, prompt, &(struct spec_params){.mode = SPEC_ORACLE, .max = 8, .oracle = &right}, 0.0f, 1, 0, &r, NULL);
+        check_same(label, &plain, &r);
+        assert_true(r.st.drafted > 2 * r.st.rounds);
+        /* one state: no trail, a checkpoint and a re-read after each rejection */
+        snprintf(label, sizeof label, "%s trail of 1 state", g_models[im]);
+        decode(m, prompt, &(struct spec_params){.mode = SPEC_ORACLE, .max = 8, .oracle = &wrong, .trail_bytes = rb},
+               0.0f, 1, 0, &r, NULL);
+        check_same(label, &plain, &r);
+        assert_true(r.st.rounds > 0);
+        assert_int_equal(r.st.refed, r.st.rounds);
+        tern_model_free(m);
+    }
+    if (!n_hybrid) skip();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ngram),
@@ -651,6 +697,7 @@ int main(void) {
         cmocka_unit_test(test_sampling_deterministic),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_grammar_midway),
+        cmocka_unit_test(test_trail_bound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
