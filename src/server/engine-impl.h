@@ -40,6 +40,12 @@ struct eng_predict {
 struct srv_engine {
     double prime_s_per_tok;      /* the prompt reading speed, averaged (0: none measured yet) */
     uint32_t peer_wait_ms;       /* --cache-peer-wait (0: auto) */
+    /* Admission by memory: a running request holds the bytes its session can grow to
+     * (its prompt and max_tokens within the context, the recurrent state, a hybrid's
+     * speculative trail); the sum stays within --cache-ram, except for one request
+     * alone. Engine thread only. */
+    size_t admit_budget, admitted_bytes;
+    size_t kv_per_token;
     struct tern_model *model;
     const struct tern_model_info *info;
     const struct tern_tokenizer *tok;

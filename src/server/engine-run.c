@@ -84,6 +84,8 @@ struct eng_req {
     size_t ick;                  /* the next position of the lease's checkpoint plan */
     double t_prime0, t_comment, t_wait0, t_begin;
     bool waited;                 /* it waited in RQ_WAIT before it began */
+    size_t admit_bytes;          /* what it holds of the memory budget (0: not admitted yet) */
+    bool mem_wait;               /* in RQ_WAIT for memory */
     bool spec_settled;           /* spec_finish ran (before the response's last byte) */
     struct srv_reuse reuse;
     struct out_state o;
@@ -498,6 +500,30 @@ static bool req_begin(struct srv_engine *e, struct eng_req *r) {
     return true;
 }
 
+/* The most memory a request's session can take: its prompt and what it may generate,
+ * within the context, the recurrent state, and a hybrid's speculative trail. */
+static size_t request_bytes(const struct srv_engine *e, const struct srv_job *j) {
+    const uint64_t n_ctx = e->n_ctx;
+    uint64_t tok = j->n_prompt + (j->req.max_tokens > 0 ? (uint64_t)j->req.max_tokens : n_ctx);
+    if (e->max_tokens > 0 && j->n_prompt + e->max_tokens < tok) tok = j->n_prompt + e->max_tokens;
+    if (tok > n_ctx) tok = n_ctx;
+    size_t b = (size_t)tok * e->kv_per_token + e->info->recurrent_bytes;
+    const enum spec_mode sm = j->req.spec_set ? j->req.spec : e->spec;
+    if (sm != SPEC_OFF && e->info->hybrid) b += e->spec_trail_bytes;
+    return b;
+}
+
+/* Admits r when what it can grow to fits beside the admitted requests (or nothing else
+ * is admitted: a request larger than the budget runs alone). */
+static bool admit(struct srv_engine *e, struct eng_req *r) {
+    if (r->admit_bytes) return true;
+    const size_t need = request_bytes(e, r->j);
+    if (e->admitted_bytes && e->admitted_bytes + need > e->admit_budget) return false;
+    e->admitted_bytes += need;
+    r->admit_bytes = need;
+    return true;
+}
+
 bool engine_start(void *self, struct srv_job *j) {
     struct srv_engine *e = self;
     struct eng_req *r = tern_calloc(1, sizeof *r);
@@ -524,6 +550,17 @@ bool engine_start(void *self, struct srv_job *j) {
         run_append(e, r);
         return true;
     }
+    /* memory: behind any request that already waits for it, and within the budget */
+    bool queued = false;
+    for (struct eng_req *q = e->run_head; q && !queued; q = q->next) queued = !q->ended && q->mem_wait;
+    if (queued || !admit(e, r)) {
+        r->mem_wait = true;
+        TERN_LOG_INFO("engine: %s waits for memory (%zu MiB it can grow to; %zu of %zu MiB held by running requests)",
+                      j->id, request_bytes(e, j) >> 20, e->admitted_bytes >> 20, e->admit_budget >> 20);
+        r->phase = RQ_WAIT;
+        run_append(e, r);
+        return true;
+    }
     if (!req_begin(e, r)) {
         free(r);
         return false;
@@ -532,10 +569,12 @@ bool engine_start(void *self, struct srv_job *j) {
     return true;
 }
 
-/* The requests waiting for a disk write: started once it is done (or after
- * DISK_WAIT_S, leaving that conversation alone). True when any still waits. */
+/* The requests waiting for a disk write or for memory: started once the write is done
+ * (or after DISK_WAIT_S, leaving that conversation alone) and they fit; memory is given
+ * in arrival order (a large request is not passed by small ones). True when any still
+ * waits. */
 static bool start_waiting(struct srv_engine *e) {
-    bool waiting = false;
+    bool waiting = false, mem_blocked = false;
     for (struct eng_req *r = e->run_head; r; r = r->next) {
         if (r->ended || r->phase != RQ_WAIT) continue;
         struct srv_job *j = r->j;
@@ -553,6 +592,11 @@ static bool start_waiting(struct srv_engine *e) {
             waiting = true;
             continue;
         }
+        if (mem_blocked || !admit(e, r)) {
+            r->mem_wait = mem_blocked = waiting = true;
+            continue;
+        }
+        r->mem_wait = false;
         if (!req_begin(e, r)) r->ended = true;
     }
     return waiting;
@@ -927,6 +971,7 @@ size_t engine_step(void *self, struct srv_job **ended, size_t cap) {
             *pp = r->next;
             if (r->phase == RQ_PRIME) atomic_fetch_sub(&e->n_priming, 1);
             atomic_fetch_sub(&e->n_running, 1);
+            e->admitted_bytes -= r->admit_bytes;
             ended[n_ended++] = r->j;
             free(r);
         } else {

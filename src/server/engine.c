@@ -269,6 +269,8 @@ enum tern_status srv_engine_new(const struct srv_engine_params *p, struct srv_en
     if (cp.turn_token < 0) cp.turn_token = chat_turn_token(&e->chat);
     e->turn_token = cp.turn_token;
     e->peer_wait_ms = cp.peer_wait_ms;
+    e->admit_budget = cp.ram_bytes;
+    e->kv_per_token = e->info->kv_bytes_per_token_f16 * (cp.session.kv_type == TERN_KV_F32 ? 2 : 1);
     e->predict = p->predict;
     e->predict_chunk = p->predict_chunk ? p->predict_chunk : PREDICT_CHUNK_DEFAULT;
     if (cp.session.n_chunk && e->predict_chunk > cp.session.n_chunk) e->predict_chunk = cp.session.n_chunk;
@@ -331,8 +333,11 @@ enum tern_status srv_engine_new(const struct srv_engine_params *p, struct srv_en
         srv_engine_free(e);
         return tern_errorf(TERN_ERR_NOMEM, "out of memory");
     }
-    TERN_LOG_INFO("scheduler: up to %u requests at once (--parallel), %u tokens per step (--batch-tokens)", e->parallel,
-                  e->batch_tokens);
+    TERN_LOG_INFO("scheduler: up to %u requests at once (--parallel), %u tokens per step (--batch-tokens); running "
+                  "requests admitted by the memory they can grow to, within --cache-ram %zu MiB (a full context: %zu "
+                  "MiB)",
+                  e->parallel, e->batch_tokens, e->admit_budget >> 20,
+                  (e->kv_per_token * n_ctx + e->info->recurrent_bytes) >> 20);
     e->model_id = tern_strdup(p->model_id ? p->model_id : e->info->name);
     e->demo_note = p->demo_note ? tern_strdup(p->demo_note) : NULL;
     if (!e->model_id || (p->demo_note && !e->demo_note)) {

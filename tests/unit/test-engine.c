@@ -31,7 +31,7 @@ static struct tern_model *load(const char *rel) {
     return m;
 }
 
-static struct srv_engine *engine(struct tern_model *m, uint32_t parallel, uint32_t batch_tokens) {
+static struct srv_engine *engine_ram(struct tern_model *m, uint32_t parallel, uint32_t batch_tokens, size_t ram) {
     struct srv_engine_params ep = {
         .model = m,
         .parallel = parallel,
@@ -40,7 +40,7 @@ static struct srv_engine *engine(struct tern_model *m, uint32_t parallel, uint32
     };
     tern_session_params_default(&ep.cache.session);
     ep.cache.session.n_ctx = 1024;
-    ep.cache.ram_bytes = (size_t)256 << 20;
+    ep.cache.ram_bytes = ram;
     ep.cache.max_ckpts = 4;
     ep.cache.ckpt_every = 64;
     ep.cache.turn_token = -1;
@@ -48,6 +48,10 @@ static struct srv_engine *engine(struct tern_model *m, uint32_t parallel, uint32
     struct srv_engine *e = NULL;
     if (srv_engine_new(&ep, &e)) fail_msg("engine: %s", tern_last_error());
     return e;
+}
+
+static struct srv_engine *engine(struct tern_model *m, uint32_t parallel, uint32_t batch_tokens) {
+    return engine_ram(m, parallel, batch_tokens, (size_t)256 << 20);
 }
 
 static struct srv_job *job(struct srv_engine *e, uint64_t seq, const char *body) {
@@ -229,11 +233,75 @@ static void test_cancel(void **u) {
     tern_model_free(m);
 }
 
+/* Admission by memory: each request holds what its session can grow to (prompt +
+ * max_tokens rows of KV, the recurrent state); with a budget of two and a half such
+ * requests, the third waits (it has not started reading) until one ends, the held bytes
+ * never pass the budget, and every output equals its solo run. A request larger than the
+ * whole budget runs when it is alone. */
+static void test_admission(void **u) {
+    (void)u;
+    struct tern_model *m = load("models/tiny-qwen35-q8_0.gguf");
+    enum { N = 3, LEN = 20, GEN = 30 };
+    static char bodies[N][4096];
+    char *want[N];
+    for (int k = 0; k < N; k++) {
+        body_for(bodies[k], sizeof bodies[k], k, LEN, GEN);
+        want[k] = solo(m, bodies[k]);
+    }
+    const struct tern_model_info *mi = tern_model_info(m);
+    const size_t need = (size_t)(LEN + GEN) * mi->kv_bytes_per_token_f16 + mi->recurrent_bytes;
+    const size_t budget = need * 5 / 2;
+    struct srv_engine *e = engine_ram(m, 4, 16, budget);
+    const struct srv_backend *b = srv_engine_backend(e);
+    struct srv_job *jobs[N], *ended[MAX_JOBS];
+    for (int k = 0; k < N; k++) {
+        jobs[k] = job(e, (uint64_t)k + 1, bodies[k]);
+        assert_true(b->start(b->self, jobs[k]));
+    }
+    assert_int_equal(e->admitted_bytes, 2 * need);
+    size_t running = N;
+    bool third_waited = false;
+    while (running > 0) {
+        const bool first_two_running = !jobs[0]->done && !jobs[1]->done;
+        running -= b->step(b->self, ended, MAX_JOBS);
+        assert_true(e->admitted_bytes <= budget);
+        if (first_two_running) {
+            assert_int_equal(jobs[2]->n_generated, 0);
+            third_waited = true;
+        }
+    }
+    assert_true(third_waited);
+    assert_int_equal(e->admitted_bytes, 0);
+    for (int k = 0; k < N; k++) {
+        assert_int_equal(jobs[k]->status, 200);
+        char *got = text_of(jobs[k]);
+        if (strcmp(got, want[k])) fail_msg("request %d under admission differs from solo:\n%s\nvs\n%s", k, got, want[k]);
+        free(got);
+        job_free(e, jobs[k]);
+    }
+    srv_engine_free(e);
+    /* larger than the whole budget: runs alone */
+    e = engine_ram(m, 4, 16, need / 2);
+    b = srv_engine_backend(e);
+    jobs[0] = job(e, 1, bodies[0]);
+    assert_true(b->start(b->self, jobs[0]));
+    assert_int_equal(e->admitted_bytes, need);
+    drain(e, 1);
+    char *got = text_of(jobs[0]);
+    assert_string_equal(got, want[0]);
+    free(got);
+    job_free(e, jobs[0]);
+    srv_engine_free(e);
+    for (int k = 0; k < N; k++) free(want[k]);
+    tern_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dense),
         cmocka_unit_test(test_hybrid),
         cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_admission),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
