@@ -33,6 +33,7 @@ struct lease_priv {
     struct ckpt_entry pending[MAX_PLAN];
     size_t n_pending;
     bool in_place;              /* a prediction that continues a kept one */
+    bool in_place_resume;       /* the request resumed its entry in place (from RAM) */
 };
 
 const char *cache_tier_name(enum cache_tier t) {
@@ -100,8 +101,16 @@ static bool ck_insert(struct entry *e, struct ckpt_entry ce) {
     return true;
 }
 
+static void aux_drop(struct entry *e) {
+    if (e->aux && e->aux_free) e->aux_free(e->aux);
+    e->aux = NULL;
+    e->aux_free = NULL;
+    e->aux_bytes = 0;
+}
+
 static void entry_free(struct entry *e) {
     if (!e) return;
+    aux_drop(e);
     for (size_t i = 0; i < e->n_ck; i++) tern_checkpoint_free(e->ck[i].ck);
     free(e->ck);
     fp_free(&e->fp);
@@ -112,7 +121,7 @@ static void entry_free(struct entry *e) {
 }
 
 static size_t entry_bytes(const struct entry *e) {
-    return tern_session_bytes(e->s) + e->ck_bytes + e->n_ck * sizeof *e->ck;
+    return tern_session_bytes(e->s) + e->ck_bytes + e->n_ck * sizeof *e->ck + e->aux_bytes;
 }
 
 static enum tern_status entry_new(struct cache *c, const struct cache_ident *id, struct tern_session *s,
@@ -938,6 +947,14 @@ static enum tern_status resume_in_place(struct cache *c, struct entry *e, const 
              * conversation's next prediction continues */
             if (o->keep && o->predicted) continue;
             inherit_checkpoints(c, e, o);
+            if (!e->aux && o->aux) { /* (the conversation's parked aux follows it onto a prediction) */
+                e->aux = o->aux;
+                e->aux_free = o->aux_free;
+                e->aux_bytes = o->aux_bytes;
+                o->aux = NULL;
+                o->aux_free = NULL;
+                o->aux_bytes = 0;
+            }
             entry_remove(c, o);
         }
     }
@@ -1102,6 +1119,28 @@ bool cache_write_pending(struct cache *c, const struct cache_ident *id, const in
     return false;
 }
 
+void cache_lease_park_aux(struct cache_lease *lease, void *aux, void (*free_fn)(void *), size_t bytes) {
+    struct lease_priv *lp = lease->priv;
+    if (!lp) {
+        if (aux && free_fn) free_fn(aux);
+        return;
+    }
+    aux_drop(lp->e);
+    lp->e->aux = aux;
+    lp->e->aux_free = free_fn;
+    lp->e->aux_bytes = aux ? bytes : 0;
+}
+
+void *cache_lease_take_aux(struct cache_lease *lease) {
+    struct lease_priv *lp = lease->priv;
+    if (!lp || !lp->in_place_resume) return NULL;
+    void *a = lp->e->aux;
+    lp->e->aux = NULL;
+    lp->e->aux_free = NULL;
+    lp->e->aux_bytes = 0;
+    return a;
+}
+
 enum tern_status cache_announce(struct cache *c, struct cache_lease *lease) {
     struct lease_priv *lp = lease->priv;
     if (!c->disk || !lp) return TERN_OK;
@@ -1176,6 +1215,7 @@ enum tern_status cache_acquire_flags(struct cache *c, const struct cache_ident *
             free(lp);
             return st;
         }
+        lp->in_place_resume = ch.best.e && e == ch.best.e;
         r = ch.best.e ? ch.best.res.r : 0;
     }
     /* plan and lease */

@@ -137,6 +137,12 @@ struct cache_wait {
 };
 bool cache_write_pending(struct cache *c, const struct cache_ident *id, const int32_t *prompt, size_t m,
                          struct cache_wait *w);
+/* Parks aux with the lease's conversation (replacing what it held), counted in the pool
+ * as bytes; freed with free_fn when the conversation goes. Call it before the release. */
+void cache_lease_park_aux(struct cache_lease *lease, void *aux, void (*free_fn)(void *), size_t bytes);
+/* What the conversation this lease resumed in place (RAM, its own lineage: not a fork,
+ * not the disk) had parked; the caller owns it. NULL: none. */
+void *cache_lease_take_aux(struct cache_lease *lease);
 /* Announces the write that releasing this lease will make (replicas: disk.h markers),
  * with the session's tokens as they are now; call it before the response's last byte,
  * after the last change to the session. Without a disk tier it does nothing. */

@@ -101,3 +101,4 @@ const float *tern_mtp_logits(const struct tern_mtp *h) { return tern_session_log
 uint32_t tern_mtp_n_past(const struct tern_mtp *h) { return tern_session_n_past(h->s); }
 enum tern_status tern_mtp_rewind(struct tern_mtp *h, uint32_t p) { return tern_session_rewind(h->s, p); }
 uint64_t tern_mtp_hash(const struct tern_mtp *h) { return tern_session_hash(h->s); }
+size_t tern_mtp_bytes(const struct tern_mtp *h) { return sizeof *h + tern_session_bytes(h->s) + h->m.ws.bytes; }

@@ -39,6 +39,8 @@ const float *tern_mtp_logits(const struct tern_mtp *h);
 uint32_t tern_mtp_n_past(const struct tern_mtp *h);
 /* Drops the rows at and above p (p <= n_past). */
 enum tern_status tern_mtp_rewind(struct tern_mtp *h, uint32_t p);
+/* The memory the head holds (its KV rows and its workspace). */
+size_t tern_mtp_bytes(const struct tern_mtp *h);
 /* The hash of the head's KV rows [0, n_past) and its tokens (tests). */
 uint64_t tern_mtp_hash(const struct tern_mtp *h);
 

@@ -112,7 +112,14 @@ static enum tern_status mtp_feed_prompt(struct spec_dec *d, const struct spec_pa
     const uint32_t n = d->n_commit, pos0 = p->prompt_hidden_pos0;
     if (!p->prompt_hidden || n == 0 || pos0 >= n) return TERN_OK;
     const int32_t *T = tern_session_tokens(d->s);
-    d->mtp_base = pos0;
+    /* a resumed head's rows go on where they end (a row or more between them is not
+     * there: the hidden state of the resume point's last position was not kept) */
+    const uint32_t have = tern_mtp_n_past(d->mtp);
+    if (have > pos0) {
+        enum tern_status st = tern_mtp_rewind(d->mtp, 0);
+        if (st) return st;
+    }
+    d->mtp_base = pos0 - tern_mtp_n_past(d->mtp);
     if (n - 1 > pos0) {
         const enum tern_status st = tern_mtp_eval(d->mtp, p->prompt_hidden, T + pos0 + 1, n - 1 - pos0, NULL, NULL);
         if (st) return st;
@@ -143,8 +150,19 @@ static size_t draft(struct spec_dec *d, int32_t tok, size_t max, int32_t *out) {
 
 /* ---- the decoder ---------------------------------------------------------------- */
 
+static enum tern_status dec_init(struct spec_dec *d, struct tern_session *s, struct tern_sampler *smp,
+                                 const struct spec_params *p, const atomic_int *cancel);
+
 enum tern_status spec_dec_init(struct spec_dec *d, struct tern_session *s, struct tern_sampler *smp,
                                const struct spec_params *p, const atomic_int *cancel) {
+    const enum tern_status st = dec_init(d, s, smp, p, cancel);
+    /* a resumed head is the decoder's from here: freed when it did not take it */
+    if (p && p->head && !d->took_head) tern_mtp_free(p->head);
+    return st;
+}
+
+static enum tern_status dec_init(struct spec_dec *d, struct tern_session *s, struct tern_sampler *smp,
+                                 const struct spec_params *p, const atomic_int *cancel) {
     memset(d, 0, sizeof *d);
     d->s = s;
     d->smp = smp;
@@ -161,6 +179,7 @@ enum tern_status spec_dec_init(struct spec_dec *d, struct tern_session *s, struc
         return tern_errorf(TERN_ERR_RANGE, "spec: a draft of %u tokens exceeds the limit %d", d->max, SPEC_MAX_DRAFT);
     if (d->mode == SPEC_ORACLE && !d->oracle)
         return tern_errorf(TERN_ERR_INVALID, "spec: the oracle source needs its tokens");
+    struct tern_mtp *head = p ? p->head : NULL;
     if (d->mode == SPEC_OFF) return TERN_OK;
     d->refeed = p->refeed;
     /* the state trail: a recurrent state per token of a verify chunk, within its bound */
@@ -171,7 +190,16 @@ enum tern_status spec_dec_init(struct spec_dec *d, struct tern_session *s, struc
         else if (slots - 1 < d->max) d->max = d->cur = (uint32_t)(slots - 1);
     }
     if (d->mode == SPEC_MTP) {
-        enum tern_status st = tern_mtp_new(s, &d->mtp);
+        enum tern_status st = TERN_OK;
+        if (head) {
+            /* the rows of the positions below the resume point stay */
+            const uint32_t keep = p->head_upto > p->head_base ? p->head_upto - p->head_base : 0;
+            d->mtp = head;
+            d->took_head = true;
+            if (tern_mtp_n_past(head) > keep && tern_mtp_rewind(head, keep)) tern_mtp_rewind(head, 0);
+        } else {
+            st = tern_mtp_new(s, &d->mtp);
+        }
         if (st == TERN_ERR_UNSUPPORTED) {
             char why[256];
             snprintf(why, sizeof why, "%s", tern_last_error());
@@ -201,6 +229,15 @@ enum tern_status spec_dec_init(struct spec_dec *d, struct tern_session *s, struc
                                info->recurrent_bytes);
     }
     return TERN_OK;
+}
+
+struct tern_mtp *spec_take_head(struct spec_dec *d, uint32_t *base) {
+    struct tern_mtp *h = d->mtp;
+    if (!h) return NULL;
+    tern_session_capture_hidden(d->s, NULL, 0);
+    *base = d->mtp_base;
+    d->mtp = NULL;
+    return h;
 }
 
 void spec_dec_free(struct spec_dec *d) {

@@ -76,6 +76,13 @@ struct spec_params {
      * first generated token (docs/spec.md). */
     const float *prompt_hidden;
     uint32_t prompt_hidden_pos0;
+    /* SPEC_MTP: a head the conversation's previous request left (spec_take_head; the
+     * decoder takes it over, and frees it when it is not used), with its rows for main
+     * positions [head_base, head_base + its n_past); rows at or above head_upto are
+     * dropped (the resume point r - 1: the row of p holds the token at p + 1). The head
+     * then attends over the conversation's earlier rows too, not only this prompt's. */
+    struct tern_mtp *head;
+    uint32_t head_base, head_upto;
 };
 
 struct spec_stats {
@@ -123,6 +130,7 @@ struct spec_dec {
     float *hid;                  /* (max + 1, n_embd) */
     uint32_t hid_pos0, hid_n;
     uint32_t mtp_base;
+    bool took_head;              /* the head came with spec_params.head */
     float *mtp_h;                /* (n_embd) the head's own hidden state: a chained guess's input */
     uint32_t n_embd;
     struct spec_stats st;
@@ -132,6 +140,9 @@ struct spec_dec {
  * both stay owned by the caller. cancel (may be NULL) is checked before each chunk. */
 enum tern_status spec_dec_init(struct spec_dec *d, struct tern_session *s, struct tern_sampler *smp,
                                const struct spec_params *p, const atomic_int *cancel);
+/* After spec_finish: the MTP head (NULL: none), for the conversation's next request
+ * (spec_params.head); *base is the main position of its row 0. The caller owns it. */
+struct tern_mtp *spec_take_head(struct spec_dec *d, uint32_t *base);
 void spec_dec_free(struct spec_dec *d);
 
 /* The next token the target model produces, as tern_sampler_sample would pick it after

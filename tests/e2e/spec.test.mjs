@@ -107,9 +107,14 @@ for (const name of ['qwen35', 'qwen3', 'qwen35mtp', 'qwen35moemtp', 'qwen35echo'
       assert.ok(m.usage.completion_tokens <= n);
     }
     // the next turn resumes the speculative session: same answer and state as resuming a plain one
-    await both(name, '/v1/chat/completions', { messages: [...echoMessages,
+    const next = await both(name, '/v1/chat/completions', { messages: [...echoMessages,
       { role: 'assistant', content: text }, { role: 'user', content: 'again: alpha beta gamma delta' }],
     temperature: 0, max_tokens: 24 });
+    // ... and with --spec mtp the MTP head the turn before left, with its rows
+    if (name.endsWith('mtp') || name.endsWith('echo')) {
+      const line = await logged(servers[name].spec, new RegExp(`spec: ${next.id} resumes the conversation's MTP head \\((\\d+) rows\\)`));
+      assert.ok(Number(line[1]) > 0, line[0]);
+    }
     // forced output (tests) decodes without drafts and parks every forced token (its end is
     // an end-of-generation, never evaluated)
     const forced = await both(name, '/v1/chat/completions', { messages: echoMessages, temperature: 0,
