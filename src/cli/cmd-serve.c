@@ -139,6 +139,9 @@ static void *second_signal(void *arg) {
     return NULL;
 }
 
+/* How long a stop waits for the step in progress before it leaves it (cmd_serve). */
+#define SERVE_STOP_GRACE_MS 500u
+
 static int cmd_serve(int argc, char **argv) {
     enum { O_HOST = 256, O_PORT, O_THREADS, O_CTX, O_KEY, O_QUEUE, O_BODY, O_TMPL, O_CHUNK, O_KV, O_RAM, O_PC,
            O_PCE, O_TURN, O_NOMMAP, O_MMAP, O_MLOCK, O_MODEL, O_PREDICT, O_PCHUNK, O_CDIR, O_CDISK, O_MAXTOK, O_MAXCONN,
@@ -504,7 +507,19 @@ static int cmd_serve(int argc, char **argv) {
     pthread_t t2;
     if (!pthread_create(&t2, NULL, second_signal, &again)) pthread_detach(t2);
     if (stop_delay_ms) usleep(stop_delay_ms * 1000u); /* tests: a stop that takes its time */
-    srv_stop(srv);
+    /* A step cannot stop midway (a recurrent state would be half updated): one that is
+     * still running a moment after everything was cancelled (a long prefill or priming
+     * chunk) is not waited for. Its sessions are leased, never parked or written; the
+     * disk tier's queued writes are (the write-ahead of finished turns), and a file is
+     * never corrupt for a write cut short (docs/SERVING.md, Disk tier). */
+    if (!srv_stop_within(srv, SERVE_STOP_GRACE_MS)) {
+        TERN_LOG_INFO("stopping: a step is still running after %u ms; finishing the disk writes and exiting "
+                      "without it", SERVE_STOP_GRACE_MS);
+        srv_engine_flush(eng);
+        TERN_LOG_INFO("stopped");
+        fflush(NULL);
+        _exit(0);
+    }
     srv_engine_free(eng);
     tern_model_free(model);
     return 0;

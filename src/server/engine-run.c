@@ -623,7 +623,7 @@ static bool start_waiting(struct srv_engine *e) {
         struct cache_ident ident = {.tenant = j->tenant ? j->tenant : "", .key = j->key};
         struct cache_wait w;
         const double waited = tern_now_s() - r->t_wait0;
-        if (waited < DISK_WAIT_S && cache_write_pending(e->cache, &ident, j->prompt, j->n_prompt, &w) &&
+        if (!r->mem_wait && waited < DISK_WAIT_S && cache_write_pending(e->cache, &ident, j->prompt, j->n_prompt, &w) &&
             (!w.peer || waited < peer_wait_limit(e, w.gain))) {
             waiting = true;
             continue;

@@ -363,6 +363,10 @@ enum tern_status srv_engine_new(const struct srv_engine_params *p, struct srv_en
 
 const struct srv_backend *srv_engine_backend(struct srv_engine *e) { return &e->backend; }
 
+void srv_engine_flush(struct srv_engine *e) {
+    if (e && e->cache) cache_flush(e->cache);
+}
+
 void srv_engine_free(struct srv_engine *e) {
     if (!e) return;
     engine_run_free(e);

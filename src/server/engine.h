@@ -49,5 +49,8 @@ struct srv_engine_params {
 enum tern_status srv_engine_new(const struct srv_engine_params *p, struct srv_engine **out);
 const struct srv_backend *srv_engine_backend(struct srv_engine *e);
 void srv_engine_free(struct srv_engine *e);
+/* Waits for the disk tier's queued writes (safe beside a worker still in a step: the
+ * writer's queue has its own lock). */
+void srv_engine_flush(struct srv_engine *e);
 
 #endif

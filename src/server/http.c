@@ -1819,8 +1819,10 @@ void srv_set_backend(struct srv_server *s, const struct srv_backend *b) {
 
 int srv_port(const struct srv_server *s) { return s->port; }
 
-void srv_stop(struct srv_server *s) {
-    if (!s) return;
+void srv_stop(struct srv_server *s) { srv_stop_within(s, 0); }
+
+bool srv_stop_within(struct srv_server *s, unsigned ms) {
+    if (!s) return true;
     atomic_store(&s->stopping, true);
     /* cancel everything in flight so that the worker and the connections finish */
     pthread_mutex_lock(&s->jmu);
@@ -1832,7 +1834,16 @@ void srv_stop(struct srv_server *s) {
     pthread_mutex_unlock(&s->qmu);
     /* the worker drains the queue (finishing each job as cancelled, which resumes its
      * connection); the prepare threads answer what they still hold with 503 */
-    if (s->worker_started) pthread_join(s->worker, NULL);
+    if (s->worker_started && ms) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        const uint64_t t = (uint64_t)ts.tv_nsec + (uint64_t)ms * 1000000ull;
+        ts.tv_sec += (time_t)(t / 1000000000ull);
+        ts.tv_nsec = (long)(t % 1000000000ull);
+        if (pthread_timedjoin_np(s->worker, NULL, &ts)) return false;
+    } else if (s->worker_started) {
+        pthread_join(s->worker, NULL);
+    }
     pthread_mutex_lock(&s->pmu);
     s->prep_stopping = true;
     pthread_cond_broadcast(&s->pcv);
@@ -1856,4 +1867,5 @@ void srv_stop(struct srv_server *s) {
     pthread_mutex_destroy(&s->pmu);
     pthread_cond_destroy(&s->pcv);
     free(s);
+    return true;
 }

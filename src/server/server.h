@@ -155,5 +155,9 @@ void srv_set_backend(struct srv_server *s, const struct srv_backend *b);
 int srv_port(const struct srv_server *s);
 /* Cancels what is running and queued, closes connections, joins threads, frees. */
 void srv_stop(struct srv_server *s);
+/* srv_stop, unless the worker is still inside a step (a long prefill or priming chunk
+ * that cannot stop midway) ms after everything was cancelled: then false, and nothing
+ * is freed or joined — the caller flushes what must be flushed and exits without it. */
+bool srv_stop_within(struct srv_server *s, unsigned ms);
 
 #endif

@@ -479,3 +479,36 @@ test('tern cache ls|rm: lists the parked conversations, removes them under the l
   assert.equal((await chat(again, { session_id: 'listed', messages: next, cache_salt: 'team' })).tern.reuse.tier, 'cold');
   assert.equal(await again.stop(), 0);
 });
+
+// SIGTERM while a step cannot stop: one prefill chunk of 16K tokens (seconds on the tiny
+// model) is cut by nothing, so the server waits half a second for it, finishes the disk
+// writes queued before, and exits 0 without it — within a second or two, not after the
+// chunk. The turn written before it resumes after a restart (nothing corrupt on disk).
+test('qwen3: SIGTERM during a long prefill exits at once, with the disk tier intact', async () => {
+  const cacheDir = join(dir, 'sigterm');
+  const args = ['--model', models.qwen3, '--chat-template', tplPath, '--ctx-size', '20000', '--chunk', '16384',
+    '--batch-tokens', '16384', '--cache-dir', cacheDir];
+  let srv = await start(args);
+  const t1 = [SYS, { role: 'user', content: 'Before the signal.' }];
+  const r1 = await chat(srv, { session_id: 'sig', messages: t1 });
+  await writes(srv, 1);
+  const big = { prompt: Array.from({ length: 16000 }, (_, i) => 10 + ((i * 7919) % 200)), max_tokens: 2 };
+  const pending = fetch(`${srv.base}/v1/completions`, {
+    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(big),
+  }).then((r) => r.status, () => 'closed');
+  await waitLog(srv, /reuse: tier=cold cached=0 read=16000/, 'the long prefill started');
+  await new Promise((r) => setTimeout(r, 300));
+  const t0 = Date.now();
+  const code = await srv.stop();
+  const took = Date.now() - t0;
+  assert.equal(code, 0);
+  assert.match(srv.log(), /a step is still running after 500 ms; finishing the disk writes and exiting/);
+  assert.ok(took < 3000, `exited ${took} ms after the signal`);
+  assert.ok([499, 503, 'closed'].includes(await pending), 'the long request did not complete');
+  srv = await start(args);
+  const t2 = [...t1, { role: 'assistant', content: r1.choices[0].message.content }, { role: 'user', content: 'After.' }];
+  const r2 = await chat(srv, { session_id: 'sig', messages: t2 });
+  assert.equal(r2.tern.reuse.tier, 'disk');
+  assert.equal(await metric(srv, 'tern_cache_disk_invalid_total'), 0);
+  assert.equal(await srv.stop(), 0);
+});
