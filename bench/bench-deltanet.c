@@ -1,7 +1,7 @@
 /* bench-deltanet: speed of the Gated DeltaNet core (conv + recurrence) for one layer
  * of Qwen3.5-0.8B's shape (16 k-heads, 16 v-heads, 128 x 128 state, conv 4), single
  * thread, per code path. Usage: bench-deltanet [n_tok] [reps] */
-#include "model/deltanet.h"
+#include "kernels/deltanet.h"
 #include "util/timeutil.h"
 
 #include <stdio.h>

@@ -1,8 +1,8 @@
 /* tern devices: what tern can compute on — the CPU, and every device the Vulkan loader
- * sees (backend/vulkan.h), with the one `--device auto` would pick. */
+ * sees (backend/vulkan/vulkan.h), with the one `--device auto` would pick. */
 #include "cli/cli.h"
 
-#include "backend/vulkan.h"
+#include "backend/vulkan/vulkan.h"
 #include "kernels/kernels.h"
 #include "util/threadpool.h"
 

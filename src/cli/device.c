@@ -2,7 +2,7 @@
  * resolver, so every command picks and explains a device the same way (docs/gpu.md). */
 #include "cli/cli.h"
 
-#include "backend/vulkan.h"
+#include "backend/vulkan/vulkan.h"
 
 #include <string.h>
 

@@ -1,6 +1,6 @@
 /* Kernel dispatch: picks the ISA once (CPUID, TERN_ISA) and routes every call through
  * that ISA's table, falling back to the portable entry where an ISA has none. The ops
- * (ops.c) and the Gated DeltaNet core (model/deltanet.c) follow the same choice: this is
+ * (ops.c) and the Gated DeltaNet core (kernels/deltanet.c) follow the same choice: this is
  * the only place that reads CPUID or TERN_ISA. */
 #include "kernels/kernels.h"
 #include "kernels/kernels-impl.h"

@@ -16,7 +16,7 @@
  * in the published files, so llama.cpp's gpt-oss default applies: layers 0, 2, 4, ... use
  * the window, the odd ones see every earlier key. The cache keeps every position of the
  * window layers too (docs/engine.md says why). */
-#include "model/backend.h"
+#include "backend/backend.h"
 #include "model/model.h"
 #include "model/moe.h"
 

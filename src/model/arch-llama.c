@@ -8,7 +8,7 @@
  *
  * Every layer is an attention layer (model.h). */
 #include "model/arch-llama.h"
-#include "model/backend.h"
+#include "backend/backend.h"
 #include "model/model.h"
 #include "model/moe.h"
 

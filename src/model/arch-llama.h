@@ -1,5 +1,5 @@
 /* The LLaMA family's weights (arch-llama.c), shared with the GPU backend's upload
- * (gpu-model.c). Internal to model/. */
+ * (backend/vulkan/forward.c). Internal to model/. */
 #ifndef TERN_MODEL_ARCH_LLAMA_H
 #define TERN_MODEL_ARCH_LLAMA_H
 

@@ -25,8 +25,8 @@
  *   "conv"  [n_conv - 1][C] F32, C = 2 * n_k_heads * d_k + n_v_heads * d_v
  *   "ssm"   [n_v_heads][d_k][d_v] F32 */
 #include "model/arch-qwen35.h"
-#include "model/backend.h"
-#include "model/deltanet.h"
+#include "backend/backend.h"
+#include "kernels/deltanet.h"
 #include "model/model.h"
 #include "model/moe.h"
 

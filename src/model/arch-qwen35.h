@@ -1,9 +1,9 @@
 /* Qwen3.5's weights (arch-qwen35.c), shared with the GPU backend's upload
- * (gpu-model.c). Internal to model/. */
+ * (backend/vulkan/forward.c). Internal to model/. */
 #ifndef TERN_MODEL_ARCH_QWEN35_H
 #define TERN_MODEL_ARCH_QWEN35_H
 
-#include "model/deltanet.h"
+#include "kernels/deltanet.h"
 #include "model/model.h"
 #include "model/moe.h"
 

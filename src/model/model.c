@@ -2,6 +2,8 @@
  * the public model API. */
 #include "model/model.h"
 
+#include "backend/cpu/cpu.h"
+
 #include "tokenizer/tokenizer.h"
 #include "util/log.h"
 #include "util/mem.h"

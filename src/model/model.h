@@ -30,7 +30,7 @@
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
 #include "kernels/ops.h"
-#include "model/deltanet.h"
+#include "kernels/deltanet.h"
 #include "util/status.h"
 #include "util/threadpool.h"
 
@@ -94,7 +94,7 @@ struct tern_arch {
     void (*unload)(struct tern_model *m); /* frees m->w; must accept a partial load */
     /* Scratch for chunks of up to n_chunk tokens (the arch's RunState), its buffers
      * allocated through the backend be (backend.h): the CPU's for the model's workspace,
-     * the GPU's for its device (gpu-model.c). */
+     * the GPU's for its device (backend/vulkan/forward.c). */
     enum tern_status (*state_new)(const struct tern_model *m, const struct model_backend *be, uint32_t n_chunk,
                                   void **out);
     void (*state_free)(void *rs);
@@ -253,10 +253,6 @@ void model_layer_attn(struct tern_model *m, uint32_t il, uint32_t n_kv_head, uin
 enum tern_status model_layer_recurrent(struct tern_model *m, uint32_t il, const char *const *names,
                                        const size_t *bytes, uint32_t n);
 
-/* Grows the model's workspace to chunks of n_chunk tokens (call with eval_mu held). On
- * error it is unchanged. */
-enum tern_status model_ws_reserve(struct tern_model *m, uint32_t n_chunk);
-void model_ws_free(struct tern_model *m);
 /* Frees what tern_model_use_vulkan set up (device.c); a no-op on the CPU. */
 void model_device_free(struct tern_model *m);
 /* Moves every checkpoint kept on the device to host memory (session.c), before the device
@@ -320,104 +316,6 @@ static inline void *session_rec_buf(struct tern_session *s, uint32_t il, uint32_
     const struct model_layer *L = &s->m->layers[il];
     return s->rec + L->rec_offset + L->bufs[ib].offset;
 }
-
-/* ---- building blocks for forward passes (layers.c) --------------------------------- */
-
-/* One input x[n_tok][k] multiplied by several matrices that share it (Q, K, V; gate,
- * up): activations are prepared once per format, and one dispatch computes every
- * output y_i[n_tok][w_i->n]. */
-struct mm_out {
-    const struct mat *w;
-    float *y;
-};
-
-void model_matmul(struct tern_session *s, const float *x, uint32_t n_tok, const struct mm_out *outs, size_t n_outs);
-static inline void model_matmul1(struct tern_session *s, const float *x, uint32_t n_tok, const struct mat *w, float *y) {
-    const struct mm_out o = {w, y};
-    model_matmul(s, x, n_tok, &o, 1);
-}
-
-/* y[t] = rmsnorm(x[t]) * w for n_tok rows of n (w may be NULL). y may be x. */
-void model_rmsnorm(struct tern_session *s, float *y, const float *x, const float *w, uint32_t n_tok,
-                   uint32_t n, float eps);
-/* Per-head RMSNorm (QK-norm): each of n_tok * n_head rows of head_dim. In place. */
-void model_rmsnorm_heads(struct tern_session *s, float *x, const float *w, uint32_t n_tok, uint32_t n_head,
-                         uint32_t head_dim, float eps);
-/* x[t][i] += b[i] */
-void model_add_bias(float *x, const float *b, uint32_t n_tok, uint32_t n);
-/* Token embeddings: x[t] = row toks[t] of the table. */
-void model_embed(struct tern_session *s, const struct mat *embd, const int32_t *toks, uint32_t n_tok, float *x);
-
-/* Attention of layer il for the batch: writes each row's k, v (n_kv_head *
- * head_dim_{k,v} each, stride given) as the cache row of its position in its sequence's
- * session (rounded to F16 for an F16 cache), then for each row t and head h computes
- * out[t][h] over that session's cache rows [0, pos] read back from the cache. q (b->n
- * rows of n_head * head_dim_k, stride q_stride) already has RoPE applied. */
-void model_attention(struct tern_session *s, uint32_t il, const struct model_batch *b, const float *q,
-                     size_t q_stride, const float *k, size_t k_stride, const float *v, size_t v_stride, float *out,
-                     size_t out_stride, uint32_t n_head, float scale);
-
-/* Floats of attention scratch one thread needs (a page of scores and the online
- * softmax state of a block of queries). */
-size_t model_attn_scratch_floats(uint32_t max_group, uint32_t max_head_dim);
-
-/* Runs fn(ctx, t) for t in [0, n) on the pool (tokens or heads split across threads). */
-typedef void (*model_item_fn)(void *ctx, uint32_t i);
-void model_parallel_for(struct tern_session *s, uint32_t n, model_item_fn fn, void *ctx);
-
-/* The output head: the rows whose logits the batch wants (model_batch.logits) are
- * gathered from x (b->n rows of out_w->k floats) into xb, normed with norm_w
- * and multiplied by the output matrix in one matmul. x is left as it is. */
-void model_output(struct tern_session *s, const struct model_batch *b, const struct mat *out_w, const float *norm_w,
-                  float eps, const float *x, float *xb);
-
-/* ---- the rest of the layer operations (layers.c) ----------------------------------- *
- * With the ones above (and moe_forward), these are everything the CPU's forward pass
- * computes: the CPU backend (backend-cpu.c) forwards the seam's operations (backend.h)
- * to them. Each is per token (rows split across threads) and in place where it says
- * so. */
-
-/* y[t] += x[t] for n_tok rows of n (the residual add). */
-void model_add(struct tern_session *s, float *y, const float *x, uint32_t n_tok, uint32_t n);
-/* y[t] = [a[t] | b[t]] for n_tok rows of n each (y has rows of 2n). */
-void model_concat_rows(struct tern_session *s, float *y, const float *a, const float *b, uint32_t n_tok, uint32_t n);
-/* g[t] = silu(g[t]) * u[t] for n_tok rows of n. */
-void model_swiglu(struct tern_session *s, float *g, const float *u, uint32_t n_tok, uint32_t n);
-/* x[t] *= sigmoid(gate[t]) for n_tok rows of n. */
-void model_sigmoid_mul(struct tern_session *s, float *x, const float *gate, uint32_t n_tok, uint32_t n);
-/* Splits rows of n_head heads laid out [a | b] per head (2 * head_dim each) into a and b,
- * n_head * head_dim each (Qwen3.5's gated query). */
-void model_split_heads(struct tern_session *s, const float *ab, float *a, float *b, uint32_t n_tok, uint32_t n_head,
-                       uint32_t head_dim);
-
-/* RoPE of the batch's rows at their positions: model_rope_angles writes each row's
- * angles into cs (b->n rows of n_rot), pairs marked in pos0_pairs (NULL: none) taking
- * position 0's angles cs0 (IMROPE's "e" section for text); model_rope rotates q (n_head
- * heads) and k (n_head_kv heads) rows of head_dim in place with them. */
-struct model_rope {
-    const struct tern_rope_params *p;
-    bool neox;
-    const bool *pos0_pairs; /* (n_rot / 2) or NULL */
-    const float *cs0;       /* (n_rot) the angles at position 0, when pos0_pairs */
-};
-void model_rope_angles(struct tern_session *s, const struct model_batch *b, const struct model_rope *r, float *cs);
-/* One row's angles (n_rot) at position pos, as model_rope_angles computes them. */
-void model_rope_row_angles(const struct model_rope *r, uint32_t pos, float *cs);
-void model_rope(struct tern_session *s, const struct model_batch *b, const struct model_rope *r, float *q,
-                uint32_t n_head, float *k, uint32_t n_head_kv, uint32_t head_dim, const float *cs);
-
-/* The Gated DeltaNet of recurrent layer il for the batch (deltanet.h has the math): for
- * each sequence, the causal conv of its rows of qkv_raw into qkv with its session's
- * "conv" window, then the recurrence per v-head into out with its "ssm" state, token by
- * token in order. */
-struct model_deltanet {
-    const struct tern_deltanet_shape *dn;
-    const float *conv_wt;               /* (n_conv, C) tap-major */
-    const struct tern_deltanet_params *p;
-};
-void model_deltanet(struct tern_session *s, uint32_t il, const struct model_batch *b, const struct model_deltanet *d,
-                    const float *qkv_raw, float *qkv, const float *z, const float *beta, const float *alpha, float *out,
-                    float *scratch);
 
 /* The registered architectures' objects (one per file). */
 extern const struct tern_arch tern_arch_llama;

@@ -63,46 +63,4 @@ enum tern_status moe_hparams_load(struct tern_model *m, bool norm_topk, bool sha
 enum tern_status moe_layer_load(struct tern_model *m, const struct moe_hparams *hp, uint32_t il,
                                 struct moe_layer *out);
 
-/* Per-chunk scratch of the MoE block (part of an architecture's RunState). */
-struct moe_state {
-    uint32_t n_chunk;
-    float *probs;      /* (n_chunk, n_expert) router logits, then probabilities */
-    int32_t *sel;      /* (n_chunk, n_used) chosen experts in rank order */
-    float *wts;        /* (n_chunk, n_used) their weights */
-    int32_t *slot_of;  /* (n_chunk, n_used) the slot of (token, rank) */
-    int32_t *slot_tok; /* (n_chunk * n_used) the token of each slot; slots are grouped by expert */
-    uint32_t *cnt;     /* (n_expert + 1) tokens per expert, then prefix offsets */
-    uint8_t *act_tok;  /* (n_chunk, act row) h prepared for the gate/up weights */
-    uint8_t *act_gu;   /* (n_chunk * n_used, act row) the same rows gathered by slot */
-    uint8_t *act_up;   /* likewise for up when its activation format differs from gate's; else NULL */
-    float *g;          /* (n_chunk * n_used, n_ff_exp) gate, then silu(gate) * up */
-    float *u;          /* (n_chunk * n_used, n_ff_exp) up */
-    uint8_t *act_d;    /* (n_chunk * n_used, act row) g prepared for the down weights */
-    float *d;          /* (n_chunk * n_used, n_embd) each slot's expert output */
-    float *sg, *su;    /* (n_chunk, n_ff_shexp) shared expert gate / up */
-    float *sw;         /* (n_chunk) shared expert gate logit */
-    float *sd;         /* (n_chunk, n_embd) shared expert output */
-    size_t act_gu_rb, act_up_rb, act_d_rb;
-    size_t bytes;
-};
-
-/* Sizes the scratch for chunks of n_chunk tokens and the largest activation rows of the
- * layers' expert types (layers without experts, gate.data NULL, are skipped). On error
- * *st holds what was allocated, for moe_state_free. */
-enum tern_status moe_state_new(const struct tern_model *m, const struct moe_hparams *hp,
-                               const struct moe_layer *layers, uint32_t n_layer, uint32_t n_chunk,
-                               struct moe_state *st);
-void moe_state_free(struct moe_state *st);
-
-/* out[t] = the MoE block of h[t] for n_tok rows of n_embd (h is the normed input;
- * out may not alias h). */
-void moe_forward(struct tern_session *s, const struct moe_hparams *hp, const struct moe_layer *L,
-                 struct moe_state *st, const float *h, uint32_t n_tok, float *out);
-
-/* The routing of one token: softmax over logits[n_expert] in place (probabilities), the
- * n_used largest in descending order (ties to the lowest id) into sel, their weights
- * (renormalised, scaled) into wts; with hp->softmax_weight the n_used largest logits
- * (left as they are) and the softmax of those into wts. Exposed for tests. */
-void moe_route(const struct moe_hparams *hp, float *logits, int32_t *sel, float *wts);
-
 #endif

@@ -2,8 +2,10 @@
 #include "model/mtp.h"
 
 #include "model/arch-qwen35.h"
-#include "model/gpu.h"
+#include "backend/vulkan/gpu.h"
 #include "model/model.h"
+
+#include "backend/cpu/cpu.h"
 
 #include "util/mem.h"
 #include "util/status.h"

@@ -1,6 +1,6 @@
 /* The session layer's two backends (DESIGN.md §7): where one session's state lives and how
  * it moves. The CPU (session.c: KV rows in host pages, the recurrent block in s->rec) and a
- * Vulkan device (session-gpu.c over model/gpu.h: KV pages and recurrent state in device
+ * Vulkan device (backend/vulkan/state.c over backend/vulkan/gpu.h: KV pages and recurrent state in device
  * memory, s->rec a host copy refreshed when something reads it) each implement this table;
  * session.c's operations — eval, batches, rewind, checkpoints, restore, fork, hashes, KV
  * export and import — are written once against it and never ask where the state is, and
@@ -85,7 +85,7 @@ static inline size_t session_head_row_bytes(const struct tern_session *s, const 
     return (size_t)(v ? L->head_dim_v : L->head_dim_k) * (s->kv_type == TERN_KV_F16 ? 2 : 4);
 }
 
-/* Checkpoints of a model on a device (session-gpu.c): their placement is under
+/* Checkpoints of a model on a device (backend/vulkan/state.c): their placement is under
  * m->ckpt_mu, which these take. */
 static inline bool session_ckpt_on_device_model(const struct tern_checkpoint *c) { return c->n_bytes && c->m->gpu; }
 /* Retakes c from s at s's end (on the device when c is there, its host copy too). */

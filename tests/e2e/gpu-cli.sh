@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tern run --device: generation through the GPU forward pass (model/gpu.h) gives the CPU's
+# tern run --device: generation through the GPU forward pass (backend/vulkan/gpu.h) gives the CPU's
 # greedy ids on F32 models (a generated qwen2 and qwen3, and the kit's stories260K,
 # tiny-qwen3moe and tiny-qwen35moe when present); TERN_DEVICE does what --device does;
 # auto says which device it took and why; --spec ngram, the oracle and --spec mtp on the

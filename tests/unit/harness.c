@@ -1,6 +1,6 @@
 #include "harness.h"
 
-#include "backend/vulkan.h"
+#include "backend/vulkan/vulkan.h"
 #include "model/mkmodel.h"
 #include "tern.h"
 

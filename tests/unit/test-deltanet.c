@@ -5,7 +5,7 @@
 #include "harness.h"
 
 #include "kernels/kernels.h"
-#include "model/deltanet.h"
+#include "kernels/deltanet.h"
 #include "util/mem.h"
 
 #include <math.h>

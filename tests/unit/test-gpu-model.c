@@ -1,4 +1,4 @@
-/* Models on the Vulkan backend (model/gpu.h) against tern's CPU path, on the kit's llama,
+/* Models on the Vulkan backend (backend/vulkan/gpu.h) against tern's CPU path, on the kit's llama,
  * qwen3, qwen35, qwen3moe and qwen35moe models in every weight type they come in, and on
  * generated qwen2 models (q/k/v biases; `tern mkmodel`'s generator, in F32, BF16 and Q5_K):
  * - the logits of every prompt position agree with the CPU's (F32 weights: to 1e-4 of
@@ -15,8 +15,8 @@
 #include "harness.h"
 #include "exact.h"
 
-#include "backend/vulkan.h"
-#include "model/gpu.h"
+#include "backend/vulkan/vulkan.h"
+#include "backend/vulkan/gpu.h"
 #include "model/mkmodel.h"
 #include "tern.h"
 

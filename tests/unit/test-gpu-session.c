@@ -1,4 +1,4 @@
-/* Sessions on the Vulkan backend (tern_model_use_vulkan, session.c over model/gpu.h), on the
+/* Sessions on the Vulkan backend (tern_model_use_vulkan, session.c over backend/vulkan/gpu.h), on the
  * kit's tiny-qwen3 (attention only) and tiny-qwen35 (hybrid), each in F32 and Q8_0:
  * resumed equals cold, bit for bit, within the device (DESIGN.md §5, §7):
  * - chunks of 1, 7, 64 and 512 (and, on F32, token by token in separate calls): every
@@ -47,9 +47,9 @@
 #include "harness.h"
 #include "exact.h"
 
-#include "backend/vulkan.h"
+#include "backend/vulkan/vulkan.h"
 #include "cache/cache.h"
-#include "model/gpu.h"
+#include "backend/vulkan/gpu.h"
 #include "model/model.h" /* m->gpu: the device's byte counts, for a device made to be full */
 #include "tern.h"
 

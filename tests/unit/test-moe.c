@@ -11,6 +11,7 @@
 #include "exact.h"
 
 #include "model/mkmodel.h"
+#include "backend/cpu/cpu.h"
 #include "model/moe.h"
 #include "util/mem.h"
 #include "tern.h"

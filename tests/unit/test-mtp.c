@@ -15,7 +15,7 @@
  *   model's hidden states of the accepted tokens (rejected drafts dropped). */
 #include "harness.h"
 
-#include "backend/vulkan.h"
+#include "backend/vulkan/vulkan.h"
 #include "model/mkmodel.h"
 #include "model/mtp.h"
 #include "server/spec.h"

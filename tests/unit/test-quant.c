@@ -6,7 +6,7 @@
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
 #include "kernels/ops.h"
-#include "model/deltanet.h"
+#include "kernels/deltanet.h"
 #include "kernels/quant.h"
 #include "tern.h"
 #include "util/dtype.h"

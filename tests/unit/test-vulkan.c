@@ -28,10 +28,11 @@
  * TERN_REQUIRE_VULKAN=1 (the README's test command sets it), which makes that a failure. */
 #include "harness.h"
 
-#include "backend/vulkan.h"
+#include "backend/vulkan/vulkan.h"
 #include "kernels/kernels.h"
 #include "kernels/ops.h"
-#include "model/deltanet.h"
+#include "kernels/deltanet.h"
+#include "backend/cpu/cpu.h"
 #include "model/moe.h"
 #include "util/mem.h"
 #include "util/rng.h"

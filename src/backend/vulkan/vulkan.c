@@ -1,10 +1,10 @@
-/* The Vulkan device layer (backend/vulkan.h): the loader opened at run time, device
+/* The Vulkan device layer (backend/vulkan/vulkan.h): the loader opened at run time, device
  * enumeration, buffers, and the compute pipelines built from the embedded SPIR-V
  * (the .comp files in shaders/, compiled by glslc at build time and embedded). */
 #define VK_NO_PROTOTYPES
 #include <vulkan/vulkan.h>
 
-#include "backend/vulkan.h"
+#include "backend/vulkan/vulkan.h"
 #include "backend/vulkan/spv.h"
 #include "kernels/quant.h"
 

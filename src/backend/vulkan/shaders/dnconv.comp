@@ -1,5 +1,5 @@
 #version 450
-// Gated DeltaNet's causal depthwise convolution + SiLU (model/deltanet.h, step 1), one
+// Gated DeltaNet's causal depthwise convolution + SiLU (kernels/deltanet.h, step 1), one
 // invocation per channel, tokens in order: tap j meets row t + j of (window ++ x), taps
 // summed in ascending order; then the window keeps the last n_conv - 1 inputs. The
 // tokens are rows row0.. of x and y (one sequence of a step over several). With a trail

@@ -1,5 +1,5 @@
 #version 450
-// Gated DeltaNet's recurrence (model/deltanet.h, step 2): one workgroup per v-head,
+// Gated DeltaNet's recurrence (kernels/deltanet.h, step 2): one workgroup per v-head,
 // tokens in order; invocation lid owns value columns lid and lid + 128 of the state
 // S[d_k][d_v], walking the key index in order (the CPU's lanes, no fused multiply-add).
 // The l2 and RMS norms reduce with a tree whose shape depends on the head sizes alone.

@@ -1,10 +1,10 @@
 /* Which device a model's sessions run on (tern.h, tern_model_use_vulkan): the CPU, or a
- * Vulkan device holding the weights once (model/gpu.h's tern_gpu) and a state per
+ * Vulkan device holding the weights once (backend/vulkan/gpu.h's tern_gpu) and a state per
  * session (session.c). */
 #include "model/model.h"
 
-#include "backend/vulkan.h"
-#include "model/gpu.h"
+#include "backend/vulkan/vulkan.h"
+#include "backend/vulkan/gpu.h"
 #include "util/log.h"
 
 #include <stdio.h>

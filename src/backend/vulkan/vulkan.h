@@ -172,7 +172,7 @@ enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf 
                                    size_t out_stride, size_t row0, size_t n_tok, size_t pos0, size_t n_head,
                                    size_t n_kv_head, size_t head_dim, float scale, bool f16);
 
-/* Gated DeltaNet (model/deltanet.h) on the device, tokens in order. conv: the causal
+/* Gated DeltaNet (kernels/deltanet.h) on the device, tokens in order. conv: the causal
  * depthwise convolution + SiLU over C channels with n_conv taps (conv_wt tap-major
  * [n_conv][C]), updating window [n_conv - 1][C]. heads: the recurrence per v-head over
  * state [n_v][d_k][d_v], reading rows of qkv (C), z (n_v d_v), beta and alpha (n_v),

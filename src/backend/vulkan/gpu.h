@@ -1,7 +1,7 @@
-/* Models on the GPU (the Vulkan backend, backend/vulkan.h): the llama, qwen2, qwen3,
- * qwen3moe, qwen35 and qwen35moe architectures (gpu-model.c). The forward pass is the
+/* Models on the GPU (the Vulkan backend, backend/vulkan/vulkan.h): the llama, qwen2, qwen3,
+ * qwen3moe, qwen35 and qwen35moe architectures (backend/vulkan/forward.c). The forward pass is the
  * architecture's own (arch-*.c), run through the layer seam (backend.h) with
- * gpu-model.c's device implementation of its operations.
+ * backend/vulkan/forward.c's device implementation of its operations.
  *
  * Two objects. A `tern_gpu` holds what one model needs once on a device: its weights,
  * uploaded in their own types, and the architecture's RunState for one chunk (the

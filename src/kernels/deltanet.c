@@ -6,7 +6,7 @@
  * d_v axis with the lane accumulators in registers while the key index i walks down
  * the rows, so every lane j reduces over i in the order 0, 1, ..., d_k-1 exactly as
  * the scalar tail does: no horizontal reduction, no dependence on the vector width. */
-#include "model/deltanet.h"
+#include "kernels/deltanet.h"
 
 #include "kernels/kernels.h"
 #include "util/mem.h"
@@ -185,7 +185,7 @@ typedef int32_t dn_vi4 __attribute__((vector_size(16)));
 #define DN_L 4
 #define DN_FN(x) x##_generic
 #define DN_ATTR
-#include "model/deltanet-simd.h"
+#include "kernels/deltanet-simd.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define DN_HAVE_AVX2 1
@@ -198,7 +198,7 @@ typedef int32_t dn_vi8 __attribute__((vector_size(32)));
 #define DN_L 8
 #define DN_FN(x) x##_avx2
 #define DN_ATTR __attribute__((target("avx2")))
-#include "model/deltanet-simd.h"
+#include "kernels/deltanet-simd.h"
 /* 16 lanes compiled for AVX-512, taken where the kernels take their AVX-512 tiles
  * (tern_kernels_avx512(): the CPU has them and TERN_AVX512 is not 0). Still no FMA
  * (-ffp-contract=off), one accumulator per lane and sumsq in the 8-lane order: the bits
@@ -211,7 +211,7 @@ typedef int32_t dn_vi16 __attribute__((vector_size(64)));
 #define DN_FN(x) x##_avx512
 #define DN_SUMSQ8 sumsq_avx2
 #define DN_ATTR __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
-#include "model/deltanet-simd.h"
+#include "kernels/deltanet-simd.h"
 #else
 #define DN_HAVE_AVX2 0
 #endif

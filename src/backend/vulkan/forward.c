@@ -1,4 +1,4 @@
-/* The Vulkan backend of the layer seam (model/backend.h, model/gpu.h): the
+/* The Vulkan backend of the layer seam (backend/backend.h, backend/vulkan/gpu.h): the
  * architectures' own forward passes (llama/qwen2/qwen3/qwen3moe's llama_forward, the
  * Qwen3.5 hybrids' q35_forward, the MTP head's q35_mtp_forward) run on device buffers,
  * each operation recorded into one command buffer per step (one submit, one wait, the
@@ -22,10 +22,10 @@
  * angles (model_rope_row_angles, the CPU's exact values), uploaded before the step's
  * recording starts (an upload may need the command buffer, vulkan.c), and the MTP head's
  * input rows (the main model's hidden states, read back after its steps). */
-#include "model/gpu.h"
+#include "backend/vulkan/gpu.h"
 
-#include "backend/vulkan.h"
-#include "model/backend.h"
+#include "backend/vulkan/vulkan.h"
+#include "backend/backend.h"
 #include "util/log.h"
 #include "util/mem.h"
 

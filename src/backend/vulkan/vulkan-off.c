@@ -1,6 +1,6 @@
 /* The Vulkan backend when this build has none (no Vulkan headers or no glslc at
  * configure time): every call says so. */
-#include "backend/vulkan.h"
+#include "backend/vulkan/vulkan.h"
 
 #define NOT_BUILT                                                                                                     \
     tern_errorf(TERN_ERR_UNSUPPORTED, "vulkan: this tern was built without the Vulkan backend (install libvulkan-dev " \

@@ -1,7 +1,7 @@
 /* The layer-level backend seam (DESIGN.md §7): the operations a forward pass is made of,
  * as a table of functions one backend implements. An architecture's forward
- * (arch-*.c) is written once against it; the CPU (backend-cpu.c, over layers.c and
- * moe.c) and the Vulkan device (gpu-model.c) are its two implementations.
+ * (arch-*.c) is written once against it; the CPU (backend/cpu/forward.c, over layers.c and
+ * moe.c) and the Vulkan device (backend/vulkan/forward.c) are its two implementations.
  *
  * Buffers:
  *   - activations (`struct model_act`): a backend's buffer of rows of floats, one row
@@ -10,7 +10,7 @@
  *     holds host rows on the CPU and device buffers on the GPU;
  *   - weights: the architecture's own `struct mat` and F32 vectors (views into the
  *     mapping); the CPU reads them where they are, the GPU finds the copy it uploaded by
- *     the host address (gpu-model.c), so an architecture never names a device buffer;
+ *     the host address (backend/vulkan/forward.c), so an architecture never names a device buffer;
  *   - KV cache and recurrent state: named by layer index (the step's sessions' pages and
  *     buffers on the CPU, the device state's on the GPU);
  *   - the MoE scratch (`struct model_moe_ws`): the backend's own, sized by state_new;
@@ -21,12 +21,44 @@
  * skip the rest, and its driver returns it. Exactness is each implementation's
  * (model.h's rules on the CPU, gpu.h's on the device): the seam only fixes the order of
  * the operations, which both backends therefore share. */
-#ifndef TERN_MODEL_BACKEND_H
-#define TERN_MODEL_BACKEND_H
+#ifndef TERN_BACKEND_H
+#define TERN_BACKEND_H
 
 #include "model/model.h"
 #include "model/moe.h"
 
+/* ---- the seam's parameter types ------------------------------------------------- */
+
+/* RoPE of the batch's rows at their positions: model_rope_angles writes each row's
+ * angles into cs (b->n rows of n_rot), pairs marked in pos0_pairs (NULL: none) taking
+ * position 0's angles cs0 (IMROPE's "e" section for text); model_rope rotates q (n_head
+ * heads) and k (n_head_kv heads) rows of head_dim in place with them. */
+struct model_rope {
+    const struct tern_rope_params *p;
+    bool neox;
+    const bool *pos0_pairs; /* (n_rot / 2) or NULL */
+    const float *cs0;       /* (n_rot) the angles at position 0, when pos0_pairs */
+};
+/* One row's angles (n_rot) at position pos, as every backend computes them. */
+static inline void model_rope_row_angles(const struct model_rope *r, uint32_t pos, float *cs) {
+    tern_rope_angles(r->p, pos, cs);
+    if (r->pos0_pairs)
+        for (size_t i = 0; i < r->p->n_rot / 2; i++)
+            if (r->pos0_pairs[i]) { /* position 0: no rotation, only the magnitude scale */
+                cs[2 * i] = r->cs0[2 * i];
+                cs[2 * i + 1] = r->cs0[2 * i + 1];
+            }
+}
+
+/* The Gated DeltaNet of recurrent layer il for the batch (deltanet.h has the math): for
+ * each sequence, the causal conv of its rows of qkv_raw into qkv with its session's
+ * "conv" window, then the recurrence per v-head into out with its "ssm" state, token by
+ * token in order. */
+struct model_deltanet {
+    const struct tern_deltanet_shape *dn;
+    const float *conv_wt;               /* (n_conv, C) tap-major */
+    const struct tern_deltanet_params *p;
+};
 struct model_act;    /* an activation buffer */
 struct model_moe_ws; /* a backend's MoE scratch */
 struct model_ops;
@@ -127,7 +159,7 @@ struct model_ops {
     void (*hidden_out)(const struct model_step *f, const float *norm_w, float eps, const struct model_act *x);
 };
 
-/* The CPU backend (backend-cpu.c). */
+/* The CPU backend (backend/cpu/forward.c). */
 extern const struct model_ops model_cpu_ops;
 
 /* Helpers for an architecture's RunState: its buffers made on backend be, and freed

@@ -2,7 +2,7 @@
  * activation preparation, norms, embeddings, attention over the paged KV cache, logits.
  * Each splits its work across the pool by output rows, tokens or heads, never inside a
  * reduction (DESIGN.md §5). */
-#include "model/model.h"
+#include "backend/cpu/cpu.h"
 
 #include "util/fp16.h"
 #include "util/mem.h"
@@ -498,16 +498,6 @@ struct rope_task {
     float *q, *k, *cs;
     uint32_t n_head, n_head_kv, head_dim;
 };
-
-void model_rope_row_angles(const struct model_rope *r, uint32_t pos, float *cs) {
-    tern_rope_angles(r->p, pos, cs);
-    if (r->pos0_pairs)
-        for (size_t i = 0; i < r->p->n_rot / 2; i++)
-            if (r->pos0_pairs[i]) { /* position 0: no rotation, only the magnitude scale */
-                cs[2 * i] = r->cs0[2 * i];
-                cs[2 * i + 1] = r->cs0[2 * i + 1];
-            }
-}
 
 static void angles_item(void *ctx, uint32_t t) {
     struct rope_task *p = ctx;

@@ -1,4 +1,4 @@
-/* Sessions on a Vulkan device (session-impl.h's backend table over model/gpu.h): a
+/* Sessions on a Vulkan device (session-impl.h's backend table over backend/vulkan/gpu.h): a
  * session's KV pages and recurrent state live in a tern_gpu_state, taken as it grows;
  * s->rec is a host copy of the recurrent state, refreshed only when something reads it
  * (rec_stale). Fork copies KV pages and recurrent state from state to state on the
@@ -11,7 +11,7 @@
 #define XXH_STATIC_LINKING_ONLY
 #include "model/session-impl.h"
 
-#include "model/gpu.h"
+#include "backend/vulkan/gpu.h"
 
 #include "util/hash.h"
 #include "util/log.h"

@@ -2,7 +2,7 @@
  * moe.c) function of the same name on host rows, so the CPU's bits and speed are those
  * functions'. An activation is its float rows; the step's backend state is its lead
  * session (the pool, the workspace, the sequences' KV pages and recurrent buffers). */
-#include "model/backend.h"
+#include "backend/cpu/cpu.h"
 
 #include "util/mem.h"
 
