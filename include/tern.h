@@ -95,14 +95,15 @@ const struct tern_tokenizer *tern_model_tokenizer(const struct tern_model *m);
 /* tokenizer.chat_template, or NULL when the file has none. Owned by the model. */
 const char *tern_model_chat_template(const struct tern_model *m);
 
-/* ---- devices (the Vulkan backend, docs/gpu.md) ------------------------------------ */
+/* ---- devices (docs/gpu.md) --------------------------------------------------------- */
 
-/* Runs the model's sessions on Vulkan device `index` (as `tern devices` lists them): the
- * weights are uploaded once and every session made afterwards keeps its KV cache and
- * recurrent state on the device (the KV cache in pages of 256 positions taken as the
- * session grows, as on the CPU; tern_session_reserve takes them ahead and says
- * TERN_ERR_NOMEM, with the sizes, when the device has no room); its
- * chunks are evaluated there, one step at a time (the device's activations are
+/* Runs the model's sessions on `device`: "cpu" (where a model starts; a model on a device
+ * comes back to the CPU), or "vulkan:N" ("vulkan" is vulkan:0), Vulkan device N as
+ * `tern devices` lists them. On a device the weights are uploaded once and every session
+ * made afterwards keeps its KV cache and recurrent state on the device (the KV cache in
+ * pages of 256 positions taken as the session grows, as on the CPU; tern_session_reserve
+ * takes them ahead and says TERN_ERR_NOMEM, with the sizes, when the device has no room);
+ * its chunks are evaluated there, one step at a time (the device's activations are
  * shared), in chunks of at most n_chunk tokens (0 = TERN_DEFAULT_CHUNK). Every session
  * call works on a device session, with these differences:
  * - exactness holds within the device (chunking, batches, resume: bit for bit), not
@@ -119,13 +120,12 @@ const char *tern_model_chat_template(const struct tern_model *m);
  *   made on the device too;
  * - a failure of the device (TERN_ERR_IO, "device lost") during an eval leaves the
  *   session unusable; later calls fail the same way.
- * index -1 brings the model back to the CPU. Call it before any session of m exists
- * (else TERN_ERR_STATE). Errors, m unchanged: no
- * Vulkan or no such device (TERN_ERR_UNSUPPORTED / TERN_ERR_IO, naming what is missing),
- * an architecture or weight type the backend lacks (TERN_ERR_UNSUPPORTED, naming the
- * tensor), device memory too small (TERN_ERR_NOMEM, with both sizes, checked before
- * allocating). */
-enum tern_status tern_model_use_vulkan(struct tern_model *m, int index, uint32_t n_chunk);
+ * Call it before any session of m exists (else TERN_ERR_STATE). Errors, m unchanged: an
+ * unknown device name (TERN_ERR_INVALID), no Vulkan or no such device
+ * (TERN_ERR_UNSUPPORTED / TERN_ERR_IO, naming what is missing), an architecture or weight
+ * type the backend lacks (TERN_ERR_UNSUPPORTED, naming the tensor), device memory too
+ * small (TERN_ERR_NOMEM, with both sizes, checked before allocating). */
+enum tern_status tern_model_use_device(struct tern_model *m, const char *device, uint32_t n_chunk);
 /* "cpu", or "vulkan:N 'device name'". Owned by the model. */
 const char *tern_model_device(const struct tern_model *m);
 

@@ -63,8 +63,8 @@ struct model_act;    /* an activation buffer */
 struct model_moe_ws; /* a backend's MoE scratch */
 struct model_ops;
 
-/* A backend, for making a RunState: its operations and its own context (the CPU's is
- * NULL, the GPU's its tern_gpu). */
+/* The operations and context an architecture's RunState allocates its buffers through
+ * (state_new): the CPU's (context NULL) or a device's (its tern_gpu). */
 struct model_backend {
     const struct model_ops *ops;
     void *ctx;
@@ -74,7 +74,7 @@ struct model_backend {
  * logits go) and the backend's state for it (the CPU's: the step's lead session). */
 struct model_step {
     const struct model_ops *ops;
-    void *be;
+    void *run; /* the backend's state for the step */
     const struct tern_model *m;
     const struct model_batch *b;
 };
@@ -158,6 +158,102 @@ struct model_ops {
      * hidden state of their rows. */
     void (*hidden_out)(const struct model_step *f, const float *norm_w, float eps, const struct model_act *x);
 };
+
+/* ---- the backend: one struct ------------------------------------------------------ */
+
+struct tern_checkpoint;
+struct tern_batch_item;
+
+/* A session's state where its backend keeps it (DESIGN.md §7): the CPU (cpu/state.c: KV
+ * rows in host pages, the recurrent block in s->rec) and a Vulkan device (vulkan/state.c:
+ * KV pages and recurrent state in device memory, s->rec a host copy refreshed when
+ * something reads it) each implement this table; model/session.c's operations — eval,
+ * batches, rewind, checkpoints, restore, fork, hashes, KV export and import — are written
+ * once against it and never ask where the state is. Both lay their bytes out as the
+ * CPU's (pages [n_kv_head][TERN_KV_PAGE][head_dim], the recurrent block layer by layer),
+ * so checkpoints, hashes and the disk tier read the same on both. */
+struct backend_state {
+    /* The backend's part of a new session (s's tokens, page arrays and s->rec exist); on
+     * error tern_session_free (release) frees what it made. */
+    enum tern_status (*make)(struct tern_session *s);
+    void (*release)(struct tern_session *s);
+    /* Bytes of the state the backend holds for s (its KV pages, device state). */
+    size_t (*bytes)(const struct tern_session *s);
+    /* KV pages [0, n) in every attention layer; on error the pages that were there stay. */
+    enum tern_status (*grow)(struct tern_session *s, uint32_t n);
+    /* Pages beyond those that hold positions [0, n_pos) may go. */
+    void (*shrink)(struct tern_session *s, uint32_t n_pos);
+    /* s->rec up to date with the backend's recurrent state / the backend's from s->rec. */
+    enum tern_status (*rec_sync)(struct tern_session *s);
+    enum tern_status (*rec_push)(struct tern_session *s);
+    /* Before an eval of n tokens in chunks of n_chunk (trail: tern_eval_opts.rec_trail),
+     * what its chunks need; nothing is computed yet. */
+    enum tern_status (*eval_prepare)(struct tern_session *s, uint32_t n_chunk, uint32_t n, bool trail);
+    /* One chunk of toks[0..n) at s's end: logits the last row's, or every row's when all
+     * (NULL: none); with rec_trail, the recurrent state after token i into trail slot
+     * slot0 + i (the CPU: rec_trail's row; a device: its own trail). The caller moves
+     * n_past and keeps the tokens. */
+    enum tern_status (*chunk)(struct tern_session *s, const int32_t *toks, uint32_t n, float *logits, bool all,
+                              void *rec_trail, uint32_t slot0);
+    /* tern_eval_batch's step over items already checked (rows in all, n_want wanted
+     * logits rows): each item's logits to it->logits_all or its session's logits. The
+     * caller keeps the tokens, positions and trails. */
+    enum tern_status (*batch)(const struct tern_batch_item *items, size_t n_items, size_t rows, uint32_t n_want);
+    /* The recurrent state after trail slot `slot` of the last eval, back into s. */
+    enum tern_status (*trail_load)(struct tern_session *s, uint32_t slot);
+    void (*trail_drop)(struct tern_session *s);
+    /* c (its position, hash and size set) made from s's state where the backend keeps
+     * checkpoints itself: true when it did (false: the host path makes it from s->rec). */
+    bool (*ckpt_take)(struct tern_session *s, struct tern_checkpoint *c);
+    /* s's recurrent state from checkpoint c (n_bytes > 0), wherever c's bytes are. */
+    enum tern_status (*ckpt_restore)(struct tern_session *s, const struct tern_checkpoint *c);
+    /* dst (made, its pages reserved for [0, p)) gets src's KV rows [0, p) and the
+     * recurrent state of src (ckpt NULL) or of ckpt. */
+    enum tern_status (*fork)(struct tern_session *dst, const struct tern_session *src, uint32_t p,
+                             const struct tern_checkpoint *ckpt);
+    /* xxh3 of layer il's K or V rows [0, n_past): each page's rows, head by head, as they
+     * lie in the CPU's page (0, logged, when they cannot be read). */
+    uint64_t (*kv_hash)(const struct tern_session *s, uint32_t il, bool v);
+    /* Layer il's K or V rows [p0, p1) between the state and buf (to_pages: into the
+     * state), KV head by KV head: head h's rows at buf + h * buf_rows * row bytes. */
+    enum tern_status (*kv_rows)(const struct tern_session *s, uint32_t il, bool v, uint32_t p0, uint32_t p1,
+                                uint8_t *buf, uint32_t buf_rows, bool to_pages);
+    /* Checkpoints the backend keeps itself (ckpt_take true; NULL where it never does):
+     * c retaken from s at s's end; c's own memory given back before c is freed; c's bytes
+     * in host memory (a copy made once, then kept; NULL on error). */
+    enum tern_status (*ckpt_update)(struct tern_session *s, struct tern_checkpoint *c);
+    void (*ckpt_release)(struct tern_checkpoint *c);
+    const void *(*ckpt_data)(struct tern_checkpoint *c);
+};
+
+/* A backend: where a model's forward pass runs and its sessions' state lives. A model
+ * holds one (m->backend, the CPU's until tern_model_use_device picks another, before any
+ * session exists) and that backend's context for it (m->backend_ctx: NULL on the CPU,
+ * whose context is the model's workspace m->ws; a device's weights and scratch); a
+ * session's state on it is s->dev. A new backend is a folder beside cpu/ and vulkan/
+ * implementing this struct, and a line in backend.c's list. */
+struct tern_backend {
+    const char *name;                   /* as --device names it: "cpu", "vulkan" */
+    const struct model_ops *ops;        /* the forward pass's operations */
+    const struct backend_state *state;  /* the sessions' state */
+    /* m's context on the backend's device `index` (m->backend_ctx, m->device); m is
+     * unchanged on error (a missing device, an architecture or weight type the backend
+     * lacks, memory: each named). */
+    enum tern_status (*open)(struct tern_model *m, int index, uint32_t n_chunk);
+    /* Frees m's context (no session of m is left). */
+    void (*close)(struct tern_model *m);
+    /* An MTP head's context beside its main model's (head: the head's model view, its
+     * backend and context set on success; made once and kept with main's). NULL: the head
+     * runs on the CPU. */
+    enum tern_status (*head)(const struct tern_model *main, struct tern_model *head, uint32_t n_chunk);
+};
+
+extern const struct tern_backend tern_backend_cpu, tern_backend_vulkan;
+
+/* Whether m runs on a device (a context of its own) rather than the CPU. */
+static inline bool model_on_device(const struct tern_model *m) { return m->backend_ctx != NULL; }
+/* Frees m's device context and brings m back to the CPU (backend.c). */
+void model_device_free(struct tern_model *m);
 
 /* The CPU backend (backend/cpu/forward.c). */
 extern const struct model_ops model_cpu_ops;

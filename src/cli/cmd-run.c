@@ -1,5 +1,5 @@
 /* tern run: primes a prompt and generates text (or ids) with a model, in a session on the
- * CPU or (--device vulkan[:N] | auto) on a Vulkan device (tern_model_use_vulkan). */
+ * CPU or (--device vulkan[:N] | auto) on a Vulkan device (tern_model_use_device). */
 #include "cli/cli.h"
 #include "cli/cmd-chat.h"
 
@@ -367,7 +367,7 @@ static int run_main(int argc, char **argv) {
         cli_fail("run", "the prompt has no tokens");
         goto done;
     }
-    /* --device: the model's sessions on the device (tern_model_use_vulkan), through the same
+    /* --device: the model's sessions on the device (tern_model_use_device), through the same
      * decoder as on the CPU; one session's whole context must fit there at start, as for
      * the server */
     struct tern_session_params sep;

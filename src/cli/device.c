@@ -4,6 +4,7 @@
 
 #include "backend/vulkan/vulkan.h"
 
+#include <stdio.h>
 #include <string.h>
 
 int cli_device_resolve(const char *cmd, const char *d, int *out, bool *is_auto) {
@@ -48,7 +49,9 @@ int cli_device_resolve(const char *cmd, const char *d, int *out, bool *is_auto) 
 int cli_device_use(const char *cmd, struct tern_model *m, int *dev, bool is_auto, uint32_t n_chunk,
                    const struct tern_session_params *sp) {
     if (*dev < 0) return 0;
-    enum tern_status st = tern_model_use_vulkan(m, *dev, n_chunk);
+    char name[32];
+    snprintf(name, sizeof name, "vulkan:%d", *dev);
+    enum tern_status st = tern_model_use_device(m, name, n_chunk);
     if (!st && sp) {
         /* one session's device state of the whole context, made and freed now: a context
          * too large for the device's memory is said at start (with the sizes), not at the
@@ -57,7 +60,7 @@ int cli_device_use(const char *cmd, struct tern_model *m, int *dev, bool is_auto
         st = tern_session_new(m, sp, &s);
         if (!st) st = tern_session_reserve(s, tern_session_n_ctx(s));
         tern_session_free(s);
-        if (st) (void)tern_model_use_vulkan(m, -1, 0);
+        if (st) (void)tern_model_use_device(m, "cpu", 0);
     }
     if (!st) {
         fprintf(stderr, "device: %s\n", tern_model_device(m));

@@ -20,7 +20,7 @@
 
 /* What changes per chunk (llama2.c's RunState), on the backend it was made for. */
 struct llama_state {
-    struct model_backend be;
+    struct model_backend backend;
     uint32_t n_chunk;
     struct model_act *x;   /* (n_chunk, n_embd) residual stream */
     struct model_act *xb;  /* (n_chunk, n_embd) normed input / projected output */
@@ -122,19 +122,19 @@ static void llama_state_free(void *p) {
     struct llama_state *rs = p;
     if (!rs) return;
     struct model_act *const acts[] = {rs->x, rs->xb, rs->q, rs->k, rs->v, rs->att, rs->hb, rs->hb2, rs->cs, rs->xm};
-    model_acts_free(&rs->be, acts, TERN_ARRAY_LEN(acts));
-    if (rs->moe) rs->be.ops->moe_ws_free(rs->be.ctx, rs->moe);
+    model_acts_free(&rs->backend, acts, TERN_ARRAY_LEN(acts));
+    if (rs->moe) rs->backend.ops->moe_ws_free(rs->backend.ctx, rs->moe);
     free(rs);
 }
 
-static enum tern_status llama_state_new(const struct tern_model *m, const struct model_backend *be, uint32_t n_chunk,
+static enum tern_status llama_state_new(const struct tern_model *m, const struct model_backend *on, uint32_t n_chunk,
                                         void **out) {
     *out = NULL;
     const struct model_hparams *hp = &m->hp;
     const struct llama_weights *w = m->w;
     struct llama_state *rs = tern_calloc(1, sizeof *rs);
     if (!rs) return tern_errorf(TERN_ERR_NOMEM, "model: out of memory");
-    rs->be = *be;
+    rs->backend = *on;
     rs->n_chunk = n_chunk;
     const size_t nq = (size_t)hp->n_head * hp->head_dim_k, nkv = (size_t)hp->n_head_kv * hp->head_dim_k;
     const struct model_act_buf bufs[] = {
@@ -143,12 +143,12 @@ static enum tern_status llama_state_new(const struct tern_model *m, const struct
         {&rs->hb, hp->n_ff, false},    {&rs->hb2, hp->n_ff, false},
         {&rs->cs, hp->rope.n_rot, false}, {&rs->xm, w->var.moe ? hp->n_embd : 0, false},
     };
-    enum tern_status st = model_acts_new(be, bufs, TERN_ARRAY_LEN(bufs), n_chunk, &rs->bytes);
+    enum tern_status st = model_acts_new(on, bufs, TERN_ARRAY_LEN(bufs), n_chunk, &rs->bytes);
     if (!st && w->var.moe) {
         struct moe_layer *ml = tern_calloc(hp->n_layer, sizeof *ml);
         if (!ml) st = tern_errorf(TERN_ERR_NOMEM, "model: out of memory");
         for (uint32_t il = 0; ml && il < hp->n_layer; il++) ml[il] = w->layers[il].moe;
-        if (ml) st = be->ops->moe_ws_new(be->ctx, m, &w->moe, ml, hp->n_layer, n_chunk, &rs->moe, &rs->bytes);
+        if (ml) st = on->ops->moe_ws_new(on->ctx, m, &w->moe, ml, hp->n_layer, n_chunk, &rs->moe, &rs->bytes);
         free(ml);
     }
     if (st) {

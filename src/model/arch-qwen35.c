@@ -41,7 +41,7 @@
 /* What changes per chunk (the RunState), on the backend it was made for. Rows of
  * n_chunk tokens. */
 struct q35_state {
-    struct model_backend be;
+    struct model_backend backend;
     uint32_t n_chunk;
     struct model_act *x;       /* (n_chunk, n_embd) residual stream */
     struct model_act *xb;      /* (n_chunk, n_embd) normed input / projected output */
@@ -336,19 +336,19 @@ static void q35_state_free(void *p) {
     struct model_act *const acts[] = {rs->x,  rs->xb, rs->qkv_raw, rs->qkv, rs->z,  rs->beta, rs->alpha, rs->ba,
                                       rs->o,  rs->dn_scratch, rs->qg, rs->q, rs->gate, rs->k, rs->v,
                                       rs->att, rs->cs, rs->hb, rs->hb2, rs->xm, rs->h, rs->cat};
-    model_acts_free(&rs->be, acts, TERN_ARRAY_LEN(acts));
-    if (rs->moe) rs->be.ops->moe_ws_free(rs->be.ctx, rs->moe);
+    model_acts_free(&rs->backend, acts, TERN_ARRAY_LEN(acts));
+    if (rs->moe) rs->backend.ops->moe_ws_free(rs->backend.ctx, rs->moe);
     free(rs);
 }
 
-static enum tern_status q35_state_new(const struct tern_model *m, const struct model_backend *be, uint32_t n_chunk,
+static enum tern_status q35_state_new(const struct tern_model *m, const struct model_backend *on, uint32_t n_chunk,
                                       void **out) {
     *out = NULL;
     const struct model_hparams *hp = &m->hp;
     const struct q35_weights *w = m->w;
     struct q35_state *rs = tern_calloc(1, sizeof *rs);
     if (!rs) return tern_errorf(TERN_ERR_NOMEM, "qwen35: out of memory");
-    rs->be = *be;
+    rs->backend = *on;
     rs->n_chunk = n_chunk;
     const size_t nq = (size_t)hp->n_head * hp->head_dim_k, nkv = (size_t)hp->n_head_kv * hp->head_dim_k;
     const size_t C = tern_deltanet_channels(&w->dn), nv = w->dn.n_v_heads, nvd = nv * w->dn.d_v;
@@ -364,14 +364,14 @@ static enum tern_status q35_state_new(const struct tern_model *m, const struct m
         {&rs->h, w->has_mtp ? hp->n_embd : 0, false},
         {&rs->cat, w->has_mtp ? 2 * (size_t)hp->n_embd : 0, false},
     };
-    enum tern_status st = model_acts_new(be, bufs, TERN_ARRAY_LEN(bufs), n_chunk, &rs->bytes);
+    enum tern_status st = model_acts_new(on, bufs, TERN_ARRAY_LEN(bufs), n_chunk, &rs->bytes);
     if (!st && w->moe) {
         const uint32_t n_ml = w->n_layer + w->has_mtp;
         struct moe_layer *ml = tern_calloc(n_ml, sizeof *ml);
         if (!ml) st = tern_errorf(TERN_ERR_NOMEM, "qwen35: out of memory");
         for (uint32_t il = 0; ml && il < w->n_layer; il++) ml[il] = w->layers[il].moe;
         if (ml && w->has_mtp) ml[w->n_layer] = w->mtp.moe;
-        if (ml) st = be->ops->moe_ws_new(be->ctx, m, &w->moe_hp, ml, n_ml, n_chunk, &rs->moe, &rs->bytes);
+        if (ml) st = on->ops->moe_ws_new(on->ctx, m, &w->moe_hp, ml, n_ml, n_chunk, &rs->moe, &rs->bytes);
         free(ml);
     }
     if (st) {

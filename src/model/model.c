@@ -2,7 +2,7 @@
  * the public model API. */
 #include "model/model.h"
 
-#include "backend/cpu/cpu.h"
+#include "backend/backend.h"
 
 #include "tokenizer/tokenizer.h"
 #include "util/log.h"
@@ -379,6 +379,7 @@ enum tern_status tern_model_load(const struct tern_model_params *p, struct tern_
     if (!m) return tern_errorf(TERN_ERR_NOMEM, "model: out of memory");
     pthread_mutex_init(&m->eval_mu, NULL);
     pthread_mutex_init(&m->ckpt_mu, NULL);
+    m->backend = &tern_backend_cpu;
     enum tern_status st;
     struct gguf_open_opts oo = {.no_mmap = p->no_mmap, .mlock = p->mlock};
     if ((st = gguf_open(p->path, &oo, &m->f))) goto fail;
@@ -453,8 +454,8 @@ fail:
 
 void tern_model_free(struct tern_model *m) {
     if (!m) return;
-    model_ws_free(m);
-    model_device_free(m);
+    model_device_free(m);      /* a device's context */
+    tern_backend_cpu.close(m); /* the CPU's workspace */
     if (m->arch && m->arch->unload) m->arch->unload(m);
     tern_threadpool_free(m->pool);
     tern_tokenizer_free(m->tok);

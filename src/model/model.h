@@ -50,9 +50,7 @@
 #define MODEL_MAX_ACT_KINDS 3
 
 struct tern_session;
-struct tern_vk;
-struct tern_gpu;
-struct tern_gpu_state;
+struct tern_backend;
 struct model_backend;
 struct model_step;
 
@@ -95,7 +93,7 @@ struct tern_arch {
     /* Scratch for chunks of up to n_chunk tokens (the arch's RunState), its buffers
      * allocated through the backend be (backend.h): the CPU's for the model's workspace,
      * the GPU's for its device (backend/vulkan/forward.c). */
-    enum tern_status (*state_new)(const struct tern_model *m, const struct model_backend *be, uint32_t n_chunk,
+    enum tern_status (*state_new)(const struct tern_model *m, const struct model_backend *on, uint32_t n_chunk,
                                   void **out);
     void (*state_free)(void *rs);
     size_t (*state_bytes)(const void *rs);
@@ -186,16 +184,18 @@ struct tern_model {
     uint32_t n_act_kinds;       /* distinct activation formats of the bound matrices */
     enum tern_dtype act_kinds[8];
     void *w;                    /* the architecture's weights struct */
-    /* tern_model_use_vulkan (device.c): the device and the weights on it; NULL on the CPU.
-     * Sessions made while gpu is set are device sessions. */
-    struct tern_vk *vk;
-    struct tern_gpu *gpu;
+    /* Where the forward pass runs and the sessions' state lives (backend/backend.h): the
+     * CPU's (backend_ctx NULL; its context is the workspace below) until
+     * tern_model_use_device picks another, before any session exists; backend_ctx is then
+     * the device's context (its weights and scratch). */
+    const struct tern_backend *backend;
+    void *backend_ctx;
     char device[300]; /* tern_model_device(): "" = "cpu" */
     atomic_uint n_sessions; /* live sessions, so that the device is chosen before there are any */
     /* Checkpoints kept in device memory (session.c, tern_model_set_ckpt_vram): the budget,
      * the list of those on the device (least recently taken or restored first) and the
      * counters, under ckpt_mu (taken before the tern_gpu's lock, never while holding it;
-     * used only when gpu is set and checkpoints have bytes). */
+     * used only on a device and when checkpoints have bytes). */
     pthread_mutex_t ckpt_mu;
     size_t ckpt_vram_budget, ckpt_vram_bytes;
     uint32_t ckpt_vram_n;
@@ -253,11 +253,6 @@ void model_layer_attn(struct tern_model *m, uint32_t il, uint32_t n_kv_head, uin
 enum tern_status model_layer_recurrent(struct tern_model *m, uint32_t il, const char *const *names,
                                        const size_t *bytes, uint32_t n);
 
-/* Frees what tern_model_use_vulkan set up (device.c); a no-op on the CPU. */
-void model_device_free(struct tern_model *m);
-/* Moves every checkpoint kept on the device to host memory (session.c), before the device
- * goes; those that cannot be read back lose their bytes (restoring them then fails). */
-void model_ckpt_vram_release(struct tern_model *m);
 
 /* ---- session ----------------------------------------------------------------------- */
 
@@ -266,11 +261,9 @@ struct kv_layer {
     void **v_pages; /* (n_pages_cap) likewise with head_dim_v */
 };
 
-struct session_be; /* where the state lives (model/session-impl.h) */
 
 struct tern_session {
     struct tern_model *m;
-    const struct session_be *be; /* the CPU's or the model's device's */
     uint32_t n_ctx;
     enum tern_kv_type kv_type;
     uint32_t n_chunk;
@@ -304,10 +297,11 @@ struct tern_session {
     float *hidden_out;
     const float *hidden_in;
     uint32_t hidden_pos0;
-    /* A device session (tern_model_use_vulkan): its KV cache and recurrent state on the
-     * device; kv pages stay empty. rec is then a host copy of the recurrent state, valid
-     * unless rec_stale (set by every eval, cleared by a download or an upload). */
-    struct tern_gpu_state *gpu;
+    /* A device session (tern_model_use_device): its state on the device (the backend's
+     * own type; NULL on the CPU); kv pages stay empty. rec is then a host copy of the
+     * recurrent state, valid unless rec_stale (set by every eval, cleared by a download or
+     * an upload). */
+    void *dev;
     bool rec_stale;
 };
 

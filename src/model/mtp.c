@@ -1,11 +1,9 @@
 /* The MTP head's session (mtp.h). */
 #include "model/mtp.h"
 
+#include "backend/backend.h"
 #include "model/arch-qwen35.h"
-#include "backend/vulkan/gpu.h"
 #include "model/model.h"
-
-#include "backend/cpu/cpu.h"
 
 #include "util/mem.h"
 #include "util/status.h"
@@ -55,11 +53,12 @@ enum tern_status tern_mtp_new(const struct tern_session *main, struct tern_mtp *
     h->m.ckpt_vram_budget = h->m.ckpt_vram_bytes = 0;
     h->m.ckpt_vram_n = 0;
     h->m.ckpt_oldest = h->m.ckpt_newest = NULL;
-    h->m.gpu = NULL;
-    if (mm->gpu) {
-        /* on the main model's device: the head's own weights, uploaded beside the main's
-         * once for the model (the tern_gpu is the main one's, kept with it) */
-        enum tern_status st = tern_gpu_head(mm->gpu, &h->m, 64, &h->m.gpu);
+    /* on the main model's backend: a device holds the head's own weights beside the
+     * main's, once for the model (kept with the main model's context) */
+    h->m.backend = &tern_backend_cpu;
+    h->m.backend_ctx = NULL;
+    if (mm->backend->head) {
+        enum tern_status st = mm->backend->head(mm, &h->m, 64);
         if (st) {
             tern_mtp_free(h);
             return tern_error_prefix(st, "mtp: the head on %s", mm->device);
@@ -78,9 +77,7 @@ enum tern_status tern_mtp_new(const struct tern_session *main, struct tern_mtp *
 void tern_mtp_free(struct tern_mtp *h) {
     if (!h) return;
     tern_session_free(h->s);
-    pthread_mutex_lock(&h->m.eval_mu);
-    model_ws_free(&h->m);
-    pthread_mutex_unlock(&h->m.eval_mu);
+    tern_backend_cpu.close(&h->m); /* its workspace on the CPU (a device's head is the main model's) */
     pthread_mutex_destroy(&h->m.eval_mu);
     pthread_mutex_destroy(&h->m.ckpt_mu);
     free(h);

@@ -3,10 +3,10 @@
  * chunks, rewind, checkpoint/restore, fork, hashes. Everything here is generic over the
  * layer kinds a model declares; the per-architecture math is in arch-*.c.
  *
- * Where the state lives is the session's backend (session-impl.h): the CPU's, below (KV
- * rows in host pages, the recurrent block in s->rec), or a Vulkan device's
- * (backend/vulkan/state.c). Every operation here is written once against that table: it never asks
- * which one a session has. tern_eval_batch is one step over the items' rows on either. */
+ * Where the state lives is the model's backend (backend/backend.h's state operations):
+ * the CPU's (backend/cpu/state.c: KV rows in host pages, the recurrent block in s->rec)
+ * or a Vulkan device's (backend/vulkan/state.c). Every operation here is written once
+ * against that table: it never asks which one a session has. tern_eval_batch is one step over the items' rows on either. */
 /* XXH3_state_t on the stack (streaming hashes over KV pages). */
 #define XXH_STATIC_LINKING_ONLY
 #include "model/model.h"
@@ -25,16 +25,25 @@
 
 #define MAX_N_CTX (1u << 24)
 
+/* The state operations of s's backend (backend/backend.h). */
+#define STATE(s) ((s)->m->backend->state)
+
+/* The state operations of the backend that keeps checkpoint c's bytes itself, or NULL
+ * when they are host memory (c->data). */
+static const struct backend_state *ckpt_keeper(const struct tern_checkpoint *c) {
+    return c->n_bytes && c->m->backend->state->ckpt_data ? c->m->backend->state : NULL;
+}
+
 
 /* ---- KV pages ------------------------------------------------------------------- */
 
 /* On the session's backend: its pages [0, n) / pages beyond positions [0, n_pos) may go. */
 static enum tern_status kv_grow(struct tern_session *s, uint32_t n) {
     TERN_ASSERT(n <= s->n_pages_cap);
-    return s->be->grow(s, n);
+    return STATE(s)->grow(s, n);
 }
 
-static void kv_shrink(struct tern_session *s, uint32_t n_pos) { s->be->shrink(s, n_pos); }
+static void kv_shrink(struct tern_session *s, uint32_t n_pos) { STATE(s)->shrink(s, n_pos); }
 
 /* ---- sessions ------------------------------------------------------------------- */
 
@@ -61,7 +70,6 @@ static enum tern_status session_alloc(struct tern_model *m, uint32_t n_ctx, enum
     struct tern_session *s = tern_calloc(1, sizeof *s);
     if (!s) return tern_errorf(TERN_ERR_NOMEM, "session: out of memory");
     s->m = m;
-    s->be = m->gpu ? &session_be_gpu : &session_be_cpu;
     atomic_fetch_add(&m->n_sessions, 1); /* tern_session_free takes it back */
     s->n_ctx = n_ctx;
     s->kv_type = kv_type;
@@ -74,7 +82,7 @@ static enum tern_status session_alloc(struct tern_model *m, uint32_t n_ctx, enum
         return tern_errorf(TERN_ERR_NOMEM, "session: out of memory");
     }
     if (s->rec) memset(s->rec, 0, m->rec_bytes);
-    enum tern_status st = s->be->make(s);
+    enum tern_status st = STATE(s)->make(s);
     if (st) {
         tern_session_free(s);
         return st;
@@ -109,7 +117,7 @@ void tern_session_free(struct tern_session *s) {
     free(s->tokens);
     free(s->logits);
     tern_aligned_free(s->rec);
-    s->be->release(s);
+    STATE(s)->release(s);
     atomic_fetch_sub(&s->m->n_sessions, 1);
     free(s);
 }
@@ -123,26 +131,26 @@ const float *tern_session_logits(const struct tern_session *s) { return s->logit
 size_t tern_session_bytes(const struct tern_session *s) {
     const size_t b = sizeof *s + (size_t)s->tokens_cap * sizeof(int32_t) + (size_t)s->m->hp.n_vocab * sizeof(float) +
                      s->m->rec_bytes;
-    return b + s->be->bytes(s);
+    return b + STATE(s)->bytes(s);
 }
 
 /* The recurrent block: s->rec up to date with the backend's state (a cache of it, so a
  * const session may refresh it); and the backend's set from rec (NULL: zero). */
 static enum tern_status rec_sync(const struct tern_session *cs) {
     struct tern_session *s = (struct tern_session *)(uintptr_t)cs;
-    return s->be->rec_sync(s);
+    return STATE(s)->rec_sync(s);
 }
 
 static enum tern_status rec_put(struct tern_session *s, const void *rec) {
     if (!s->m->rec_bytes) return TERN_OK;
     if (rec) memcpy(s->rec, rec, s->m->rec_bytes);
     else memset(s->rec, 0, s->m->rec_bytes);
-    return s->be->rec_push(s);
+    return STATE(s)->rec_push(s);
 }
 
 /* Sets s's recurrent state from checkpoint c, wherever c's bytes are. */
 static enum tern_status rec_from_ckpt(struct tern_session *s, const struct tern_checkpoint *c) {
-    return c->n_bytes ? s->be->ckpt_restore(s, c) : TERN_OK;
+    return c->n_bytes ? STATE(s)->ckpt_restore(s, c) : TERN_OK;
 }
 
 /* ---- eval ----------------------------------------------------------------------- */
@@ -191,7 +199,7 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
     s->trail = NULL;
     const uint32_t pos0 = s->n_past;
 
-    enum tern_status st = s->be->eval_prepare(s, n_chunk, (uint32_t)n, o->rec_trail != NULL);
+    enum tern_status st = STATE(s)->eval_prepare(s, n_chunk, (uint32_t)n, o->rec_trail != NULL);
     if (!st) st = tokens_reserve(s, (size_t)s->n_past + n);
     if (!st) st = kv_grow(s, (uint32_t)((s->n_past + n + TERN_KV_PAGE - 1) / TERN_KV_PAGE));
     if (st) return st;
@@ -215,7 +223,7 @@ enum tern_status tern_session_eval(struct tern_session *s, const int32_t *toks, 
         if (o->logits_all) logits = o->logits_all + done * n_vocab;
         else if (last) logits = s->logits;
         s->logits_valid = false;
-        if ((st = s->be->chunk(s, toks + done, (uint32_t)len, logits, o->logits_all != NULL, o->rec_trail,
+        if ((st = STATE(s)->chunk(s, toks + done, (uint32_t)len, logits, o->logits_all != NULL, o->rec_trail,
                                (uint32_t)done)))
             break;
         memcpy(s->tokens + s->n_past, toks + done, len * sizeof *toks);
@@ -286,7 +294,7 @@ enum tern_status tern_eval_batch(const struct tern_batch_item *items, size_t n_i
         n_want += it->logits_all ? it->n : it->logits;
     }
     if (rows > UINT32_MAX / 2) return tern_errorf(TERN_ERR_INVALID, "session: a batch of %zu rows", rows);
-    enum tern_status st = items[0].s->be->batch(items, n_items, rows, n_want);
+    enum tern_status st = STATE(items[0].s)->batch(items, n_items, rows, n_want);
     if (st) return st;
     /* each item's tokens, position, trail and logits: one bookkeeping for both backends */
     for (size_t i = 0; i < n_items; i++) {
@@ -314,7 +322,7 @@ enum tern_status tern_session_rewind(struct tern_session *s, uint32_t p) {
     if (p == s->n_past) return TERN_OK;
     if (s->m->info.hybrid && s->trail && p > s->trail_pos0 && p <= s->trail_end) {
         /* the state after token p - 1, as the trail recorded it (on a device: its slot) */
-        enum tern_status st = s->be->trail_load(s, p - s->trail_pos0 - 1);
+        enum tern_status st = STATE(s)->trail_load(s, p - s->trail_pos0 - 1);
         if (st) return tern_error_prefix(st, "session: rewinding to %u from the state trail", p);
         s->trail_end = p;
     } else if (s->m->info.hybrid) {
@@ -331,7 +339,7 @@ enum tern_status tern_session_rewind(struct tern_session *s, uint32_t p) {
 
 void tern_session_drop_trail(struct tern_session *s) {
     s->trail = NULL;
-    s->be->trail_drop(s);
+    STATE(s)->trail_drop(s);
 }
 
 static uint64_t tokens_hash(const int32_t *t, uint32_t n) { return tern_hash64(t, (size_t)n * sizeof *t); }
@@ -344,7 +352,7 @@ enum tern_status tern_session_checkpoint(struct tern_session *s, struct tern_che
     c->pos = s->n_past;
     c->tok_hash = tokens_hash(s->tokens, s->n_past);
     c->n_bytes = s->m->rec_bytes;
-    if (s->be->ckpt_take(s, c)) {
+    if (STATE(s)->ckpt_take(s, c)) {
         *out = c;
         return TERN_OK;
     }
@@ -393,7 +401,7 @@ enum tern_status tern_session_restore(struct tern_session *s, const struct tern_
 enum tern_status tern_session_checkpoint_update(struct tern_session *s, struct tern_checkpoint *c) {
     if (c->m != s->m || c->n_bytes != s->m->rec_bytes)
         return tern_errorf(TERN_ERR_INVALID, "session: the checkpoint was taken with another model");
-    if (session_ckpt_on_device_model(c)) return session_gpu_ckpt_update(s, c);
+    if (ckpt_keeper(c)) return ckpt_keeper(c)->ckpt_update(s, c);
     enum tern_status st = rec_sync(s);
     if (st) return st;
     c->pos = s->n_past;
@@ -407,7 +415,7 @@ size_t tern_checkpoint_bytes(const struct tern_checkpoint *c) { return sizeof *c
 
 void tern_checkpoint_free(struct tern_checkpoint *c) {
     if (!c) return;
-    if (session_ckpt_on_device_model(c)) session_gpu_ckpt_release(c);
+    if (ckpt_keeper(c)) ckpt_keeper(c)->ckpt_release(c);
     free(c->data);
     free(c);
 }
@@ -435,7 +443,7 @@ enum tern_status tern_session_fork(const struct tern_session *src, uint32_t p, c
         return st;
     }
     if (p) memcpy(s->tokens, src->tokens, (size_t)p * sizeof *s->tokens);
-    if ((st = s->be->fork(s, src, p, ckpt))) {
+    if ((st = STATE(s)->fork(s, src, p, ckpt))) {
         tern_session_free(s);
         return st;
     }
@@ -462,9 +470,9 @@ static void each_component(const struct tern_session *s, component_fn fn, void *
         const struct model_layer *L = &s->m->layers[il];
         if (L->kind == LAYER_ATTN) {
             snprintf(name, sizeof name, "blk.%u.k", il);
-            fn(ctx, name, s->be->kv_hash(s, il, false));
+            fn(ctx, name, STATE(s)->kv_hash(s, il, false));
             snprintf(name, sizeof name, "blk.%u.v", il);
-            fn(ctx, name, s->be->kv_hash(s, il, true));
+            fn(ctx, name, STATE(s)->kv_hash(s, il, true));
         } else {
             for (uint32_t b = 0; b < L->n_bufs; b++) {
                 snprintf(name, sizeof name, "blk.%u.%s", il, L->bufs[b].name);
@@ -529,7 +537,7 @@ static enum tern_status kv_walk(const struct tern_session *s, uint32_t p0, uint3
         const struct model_layer *L = &s->m->layers[il];
         if (L->kind != LAYER_ATTN) continue;
         for (int v = 0; v < 2; v++) {
-            enum tern_status st = s->be->kv_rows(s, il, v, p0, p1, buf, buf_rows, to_pages);
+            enum tern_status st = STATE(s)->kv_rows(s, il, v, p0, p1, buf, buf_rows, to_pages);
             if (st)
                 return tern_error_prefix(st, "session: %s KV rows [%u, %u) of layer %u",
                                          to_pages ? "writing" : "reading", p0, p1, il);
@@ -557,8 +565,8 @@ const void *tern_session_rec_data(const struct tern_session *s) {
 
 const void *tern_checkpoint_data(const struct tern_checkpoint *cc) {
     if (!cc->n_bytes) return NULL;
-    if (!session_ckpt_on_device_model(cc)) return cc->data;
-    return session_gpu_ckpt_data((struct tern_checkpoint *)(uintptr_t)cc);
+    if (!ckpt_keeper(cc)) return cc->data;
+    return ckpt_keeper(cc)->ckpt_data((struct tern_checkpoint *)(uintptr_t)cc);
 }
 
 enum tern_status tern_session_import(struct tern_model *m, const struct tern_session_params *p, const int32_t *toks,

@@ -187,3 +187,9 @@ int th_vulkan_device(void) {
     if (idx < 0) exit(77);
     return idx;
 }
+
+int th_use_vulkan(struct tern_model *m, int dev, uint32_t n_chunk) {
+    char name[32];
+    snprintf(name, sizeof name, "vulkan:%d", dev);
+    return tern_model_use_device(m, name, n_chunk);
+}

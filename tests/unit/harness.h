@@ -42,5 +42,8 @@ const char *th_tiny_model(void);
  * instead (exit 1, naming what is missing). */
 int th_vulkan_find(void);
 int th_vulkan_device(void);
+/* tern_model_use_device(m, "vulkan:<dev>", n_chunk). */
+struct tern_model;
+int th_use_vulkan(struct tern_model *m, int dev, uint32_t n_chunk);
 
 #endif

@@ -1,4 +1,4 @@
-/* Sessions on the Vulkan backend (tern_model_use_vulkan, session.c over backend/vulkan/gpu.h), on the
+/* Sessions on the Vulkan backend (tern_model_use_device, session.c over backend/vulkan/gpu.h), on the
  * kit's tiny-qwen3 (attention only) and tiny-qwen35 (hybrid), each in F32 and Q8_0:
  * resumed equals cold, bit for bit, within the device (DESIGN.md §5, §7):
  * - chunks of 1, 7, 64 and 512 (and, on F32, token by token in separate calls): every
@@ -50,7 +50,8 @@
 #include "backend/vulkan/vulkan.h"
 #include "cache/cache.h"
 #include "backend/vulkan/gpu.h"
-#include "model/model.h" /* m->gpu: the device's byte counts, for a device made to be full */
+#include "model/model.h" /* the device context: its byte counts, for a device made to be full */
+#define GPU_OF(m) ((struct tern_gpu *)(m)->backend_ctx)
 #include "tern.h"
 
 #include <math.h>
@@ -77,7 +78,7 @@ static struct tern_model *load(const char *rel, bool gpu) {
     mp.n_threads = 2;
     struct tern_model *m = NULL;
     if (tern_model_load(&mp, &m)) fail_msg("%s: %s", rel, tern_last_error());
-    if (gpu && tern_model_use_vulkan(m, dev, 64)) fail_msg("%s on vulkan:%d: %s", rel, dev, tern_last_error());
+    if (gpu && th_use_vulkan(m, dev, 64)) fail_msg("%s on vulkan:%d: %s", rel, dev, tern_last_error());
     return m;
 }
 
@@ -345,7 +346,7 @@ static void check_model(const char *rel, bool quantized) {
     /* refusals */
     {
         struct tern_session *s = new_session(m, TERN_KV_F16);
-        assert_int_equal(tern_model_use_vulkan(m, dev, 64), TERN_ERR_STATE);
+        assert_int_equal(th_use_vulkan(m, dev, 64), TERN_ERR_STATE);
         tern_session_free(s);
         struct tern_session_params sp;
         tern_session_params_default(&sp);
@@ -557,7 +558,7 @@ static void vram_full(const char *rel, float room) {
     const size_t rb = tern_model_info(m)->recurrent_bytes, nv = tern_model_info(m)->n_vocab;
     /* a session of 2048 positions: the device's room then passes the weights' size in the
      * file, which tern_gpu_new checks first (the token embedding stays on the host) */
-    const size_t used = tern_gpu_bytes(m->gpu) + tern_gpu_state_need(m->gpu, 2048, true);
+    const size_t used = tern_gpu_bytes(GPU_OF(m)) + tern_gpu_state_need(GPU_OF(m), 2048, true);
     tern_model_free(m);
     char cap[32];
     snprintf(cap, sizeof cap, "%zu", used + (size_t)(room * (float)rb));
@@ -604,7 +605,7 @@ static void vram_full(const char *rel, float room) {
 
 /* Device bytes of one KV page of 256 positions in every attention layer (K and V). */
 static size_t page_bytes_all(struct tern_model *m) {
-    return tern_gpu_state_need(m->gpu, TERN_VK_KV_PAGE, true) - tern_gpu_state_need(m->gpu, 0, true);
+    return tern_gpu_state_need(GPU_OF(m), TERN_VK_KV_PAGE, true) - tern_gpu_state_need(GPU_OF(m), 0, true);
 }
 
 static struct tern_session *long_session(struct tern_model *m) {
@@ -632,10 +633,10 @@ static void check_pages(const char *rel) {
     const size_t page = page_bytes_all(m), lbytes = N_LONG * nv * sizeof(float);
     assert_true(page > 0);
     struct tern_session *whole = long_session(m), *grown = long_session(m);
-    const size_t b0 = tern_gpu_state_need(m->gpu, 0, true); /* the recurrent parts; no pages yet */
-    assert_int_equal(tern_gpu_state_bytes(grown->gpu), b0);
+    const size_t b0 = tern_gpu_state_need(GPU_OF(m), 0, true); /* the recurrent parts; no pages yet */
+    assert_int_equal(tern_gpu_state_bytes((struct tern_gpu_state *)grown->dev), b0);
     assert_int_equal(tern_session_reserve(whole, 1024), TERN_OK);
-    assert_int_equal(tern_gpu_state_bytes(whole->gpu), b0 + 4 * page);
+    assert_int_equal(tern_gpu_state_bytes((struct tern_gpu_state *)whole->dev), b0 + 4 * page);
     assert_int_equal(tern_session_reserve(whole, 1025), TERN_ERR_RANGE);
     float *lw = malloc(lbytes), *lg = malloc(lbytes);
     struct tern_eval_opts o = {.n_chunk = 64, .logits_all = lw};
@@ -649,7 +650,7 @@ static void check_pages(const char *rel) {
         struct tern_eval_opts og = {.n_chunk = i == 1 ? 64 : 7, .logits_all = lg + (size_t)cut[i] * nv};
         if (i == 0) og.ckpt_pos = ck_pos, og.n_ckpt = 1, og.on_ckpt = keep_ckpt, og.ckpt_user = &ck;
         assert_int_equal(tern_session_eval(grown, toks + cut[i], cut[i + 1] - cut[i], &og), TERN_OK);
-        assert_int_equal(tern_gpu_state_bytes(grown->gpu), b0 + (i + 1) * page);
+        assert_int_equal(tern_gpu_state_bytes((struct tern_gpu_state *)grown->dev), b0 + (i + 1) * page);
     }
     assert_memory_equal(lg, lw, lbytes);
     assert_true(tern_session_hash(grown) == h);
@@ -676,30 +677,30 @@ static void check_pages(const char *rel) {
     struct tern_session *f = NULL;
     assert_int_equal(tern_session_fork(grown, N_LONG, NULL, &f), TERN_OK);
     assert_true(tern_session_hash(f) == h);
-    assert_int_equal(tern_gpu_state_bytes(f->gpu), b0 + 3 * page);
+    assert_int_equal(tern_gpu_state_bytes((struct tern_gpu_state *)f->dev), b0 + 3 * page);
     tern_session_free(f);
     /* restored far back, the session gives its pages beyond the checkpoint's back (the
      * page it keeps re-laid on the device), takes them again as it grows, and the rest
      * gives the same bits */
     assert_non_null(ck);
     assert_int_equal(tern_session_restore(grown, ck), TERN_OK);
-    assert_int_equal(tern_gpu_state_bytes(grown->gpu), b0 + page);
+    assert_int_equal(tern_gpu_state_bytes((struct tern_gpu_state *)grown->dev), b0 + page);
     struct tern_eval_opts og = {.n_chunk = 64, .logits_all = lg};
     assert_int_equal(tern_session_eval(grown, toks + 100, N_LONG - 100, &og), TERN_OK);
     assert_memory_equal(lg, lw + 100 * nv, (N_LONG - 100) * nv * sizeof(float));
     assert_true(tern_session_hash(grown) == h);
-    assert_int_equal(tern_gpu_state_bytes(grown->gpu), b0 + 3 * page);
+    assert_int_equal(tern_gpu_state_bytes((struct tern_gpu_state *)grown->dev), b0 + 3 * page);
     tern_checkpoint_free(ck);
     if (!info->hybrid) {
         /* back across a page boundary (a page of room kept: nothing re-laid), then the
          * rest again */
         assert_int_equal(tern_session_rewind(grown, 400), TERN_OK);
-        assert_int_equal(tern_gpu_state_bytes(grown->gpu), b0 + 3 * page);
+        assert_int_equal(tern_gpu_state_bytes((struct tern_gpu_state *)grown->dev), b0 + 3 * page);
         assert_int_equal(tern_session_eval(grown, toks + 400, N_LONG - 400, &og), TERN_OK);
         assert_memory_equal(lg, lw + 400 * nv, (N_LONG - 400) * nv * sizeof(float));
         /* far back: down to one page */
         assert_int_equal(tern_session_rewind(grown, 200), TERN_OK);
-        assert_int_equal(tern_gpu_state_bytes(grown->gpu), b0 + page);
+        assert_int_equal(tern_gpu_state_bytes((struct tern_gpu_state *)grown->dev), b0 + page);
         assert_int_equal(tern_session_eval(grown, toks + 200, N_LONG - 200, &og), TERN_OK);
         assert_memory_equal(lg, lw + 200 * nv, (N_LONG - 200) * nv * sizeof(float));
         assert_true(tern_session_hash(grown) == h);
@@ -728,8 +729,8 @@ static void test_pages_qwen35(void **state) {
  * session gives way for the leased one's pages (cache_reserve). */
 static void check_pages_full(const char *rel) {
     struct tern_model *m = load(rel, true);
-    const size_t used = tern_gpu_bytes(m->gpu) + tern_gpu_state_need(m->gpu, 2048, true) +
-                        tern_gpu_state_need(m->gpu, 0, true); /* and a second session's recurrent state */
+    const size_t used = tern_gpu_bytes(GPU_OF(m)) + tern_gpu_state_need(GPU_OF(m), 2048, true) +
+                        tern_gpu_state_need(GPU_OF(m), 0, true); /* and a second session's recurrent state */
     tern_model_free(m);
     char cap[32];
     snprintf(cap, sizeof cap, "%zu", used);
@@ -902,9 +903,9 @@ static void check_batch(const char *rel) {
     /* the device's entry refuses one state twice in a step before computing anything */
     {
         const uint64_t ha = tern_session_hash(A);
-        const struct tern_gpu_seq twice[] = {{.st = A->gpu, .pos0 = tern_session_n_past(A), .toks = toks, .n = 1},
-                                             {.st = A->gpu, .pos0 = tern_session_n_past(A) + 1, .toks = toks, .n = 1}};
-        assert_int_equal(tern_gpu_eval_batch(m->gpu, twice, 2, 0), TERN_ERR_INVALID);
+        const struct tern_gpu_seq twice[] = {{.st = (struct tern_gpu_state *)A->dev, .pos0 = tern_session_n_past(A), .toks = toks, .n = 1},
+                                             {.st = (struct tern_gpu_state *)A->dev, .pos0 = tern_session_n_past(A) + 1, .toks = toks, .n = 1}};
+        assert_int_equal(tern_gpu_eval_batch(GPU_OF(m), twice, 2, 0), TERN_ERR_INVALID);
         assert_non_null(strstr(tern_last_error(), "one state"));
         assert_true(tern_session_hash(A) == ha);
     }

@@ -2,7 +2,7 @@
  * conformance/README.md §4 (the numbers come from each JSON's "tolerance" object), for
  * every prompt of every model we run, plus stories260K's 40-token greedy story.
  * Arguments: "lite" (fewer models and prompts, for sanitizer builds), "vulkan" (the
- * models' sessions on a Vulkan device, tern_model_use_vulkan: the same rules against the
+ * models' sessions on a Vulkan device, tern_model_use_device: the same rules against the
  * same reference; the device's activations are F32, so a quantized model is held to the
  * default bounds, as an engine with F32 activations is).
  * Skips (exit 77) without the shared kit, or without a Vulkan device for "vulkan" unless
@@ -203,7 +203,7 @@ static void test_parity(void **state) {
         mp.n_threads = 2;
         struct tern_model *m;
         if (tern_model_load(&mp, &m)) fail_msg("%s: %s", rel, tern_last_error());
-        if (dev >= 0 && tern_model_use_vulkan(m, dev, 64))
+        if (dev >= 0 && th_use_vulkan(m, dev, 64))
             fail_msg("%s on vulkan:%d: %s", rel, dev, tern_last_error());
         char dir[4096];
         snprintf(dir, sizeof dir, "%s/conformance/logits/%s", th_shared_dir(), stems[i]);

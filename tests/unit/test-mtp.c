@@ -234,7 +234,7 @@ static void test_head_on_device(void **unused) {
     for (size_t i = 0; i < TERN_ARRAY_LEN(picks); i++) {
         const struct gen_model *g = &g_models[picks[i]];
         struct tern_model *m = load_path(write_model(g, 1, g->name));
-        if (tern_model_use_vulkan(m, dev, 64)) fail_msg("%s on vulkan:%d: %s", g->name, dev, tern_last_error());
+        if (th_use_vulkan(m, dev, 64)) fail_msg("%s on vulkan:%d: %s", g->name, dev, tern_last_error());
         head_invariance(g, m);
         tern_model_free(m);
     }

@@ -11,7 +11,7 @@
 
 #define ROWS(a) ((float *)(a))
 #define CROWS(a) ((const float *)(a))
-#define SESSION(f) ((struct tern_session *)(f)->be)
+#define SESSION(f) ((struct tern_session *)(f)->run)
 
 static enum tern_status acts_new(void *ctx, const struct model_act_buf *bufs, size_t n_bufs, uint32_t n_chunk,
                                  size_t *bytes) {

@@ -368,7 +368,7 @@ static enum tern_status cpu_kv_rows(const struct tern_session *s, uint32_t il, b
     return TERN_OK;
 }
 
-const struct session_be session_be_cpu = {
+static const struct backend_state cpu_state = {
     .make = cpu_make,
     .release = cpu_release,
     .bytes = cpu_bytes,
@@ -386,4 +386,19 @@ const struct session_be session_be_cpu = {
     .fork = cpu_fork,
     .kv_hash = cpu_kv_hash,
     .kv_rows = cpu_kv_rows,
+};
+
+/* The CPU's context for a model is its workspace (m->ws, borrowed by one forward at a
+ * time under eval_mu). */
+static void cpu_close(struct tern_model *m) {
+    pthread_mutex_lock(&m->eval_mu);
+    model_ws_free(m);
+    pthread_mutex_unlock(&m->eval_mu);
+}
+
+const struct tern_backend tern_backend_cpu = {
+    .name = "cpu",
+    .ops = &model_cpu_ops,
+    .state = &cpu_state,
+    .close = cpu_close,
 };

@@ -1,24 +1,14 @@
-/* Which device a model's sessions run on (tern.h, tern_model_use_vulkan): the CPU, or a
- * Vulkan device holding the weights once (backend/vulkan/gpu.h's tern_gpu) and a state per
- * session (session.c). */
-#include "model/model.h"
-
-#include "backend/vulkan/vulkan.h"
+/* The Vulkan backend (backend.h's struct tern_backend): a model's context on a device is
+ * its tern_gpu (gpu.h: the weights uploaded once, the scratch of one chunk), opened on
+ * device `index` as `tern devices` lists them; its sessions each own a tern_gpu_state
+ * (state.c); its forward pass is forward.c's. */
 #include "backend/vulkan/gpu.h"
+#include "backend/vulkan/vulkan.h"
 #include "util/log.h"
 
 #include <stdio.h>
 
-enum tern_status tern_model_use_vulkan(struct tern_model *m, int index, uint32_t n_chunk) {
-    if (atomic_load(&m->n_sessions))
-        return tern_errorf(TERN_ERR_STATE, "model: the device must be chosen before any session exists (%u do)",
-                           (unsigned)atomic_load(&m->n_sessions));
-    if (index < 0) {
-        model_device_free(m); /* back to the CPU */
-        return TERN_OK;
-    }
-    if (m->gpu) return tern_errorf(TERN_ERR_STATE, "model: already on %s", m->device);
-    if (!n_chunk) n_chunk = TERN_DEFAULT_CHUNK;
+static enum tern_status vk_open(struct tern_model *m, int index, uint32_t n_chunk) {
     struct tern_vk *vk;
     enum tern_status st = tern_vk_open(index, &vk);
     if (st) return tern_error_prefix(st, "vulkan:%d", index);
@@ -27,20 +17,39 @@ enum tern_status tern_model_use_vulkan(struct tern_model *m, int index, uint32_t
         tern_vk_close(vk);
         return st;
     }
-    m->vk = vk;
-    m->gpu = g;
+    m->backend_ctx = g;
     snprintf(m->device, sizeof m->device, "vulkan:%d '%s'", index, tern_vk_info(vk)->name);
     TERN_LOG_INFO("model: %s on %s: %.1f MiB of weights and scratch on the device, chunks of up to %u tokens", m->name,
                   m->device, (double)tern_gpu_bytes(g) / (1024.0 * 1024.0), n_chunk);
     return TERN_OK;
 }
 
-const char *tern_model_device(const struct tern_model *m) { return m->gpu ? m->device : "cpu"; }
-
-void model_device_free(struct tern_model *m) {
-    model_ckpt_vram_release(m);
-    tern_gpu_free(m->gpu);
-    tern_vk_close(m->vk);
-    m->gpu = NULL;
-    m->vk = NULL;
+static void vk_close(struct tern_model *m) {
+    struct tern_gpu *g = m->backend_ctx;
+    if (!g) return;
+    vulkan_ckpt_release_all(m);
+    struct tern_vk *vk = tern_gpu_vk(g);
+    tern_gpu_free(g);
+    tern_vk_close(vk);
+    m->backend_ctx = NULL;
 }
+
+/* The head's weights uploaded beside the main model's, once for the model (the head's
+ * tern_gpu is kept with main's and freed by it). */
+static enum tern_status vk_head(const struct tern_model *main, struct tern_model *head, uint32_t n_chunk) {
+    struct tern_gpu *g;
+    enum tern_status st = tern_gpu_head(main->backend_ctx, head, n_chunk, &g);
+    if (st) return st;
+    head->backend = &tern_backend_vulkan;
+    head->backend_ctx = g;
+    return TERN_OK;
+}
+
+const struct tern_backend tern_backend_vulkan = {
+    .name = "vulkan",
+    .ops = &gpu_ops,
+    .state = &vulkan_state,
+    .open = vk_open,
+    .close = vk_close,
+    .head = vk_head,
+};

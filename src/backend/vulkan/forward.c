@@ -220,7 +220,7 @@ struct gpu_step {
     enum tern_status st;
 };
 
-#define STEP(f) ((struct gpu_step *)(f)->be)
+#define STEP(f) ((struct gpu_step *)(f)->run)
 #define BUF(a) ((struct tern_vk_buf *)(a))
 
 static enum tern_status gpu_acts_new(void *ctx, const struct model_act_buf *bufs, size_t n_bufs, uint32_t n_chunk,
@@ -606,7 +606,7 @@ struct gpu_upload {
     size_t n_prm;
 };
 
-#define UP(f) ((struct gpu_upload *)(f)->be)
+#define UP(f) ((struct gpu_upload *)(f)->run)
 
 static void up_keep(const struct model_step *f, enum tern_status st) {
     if (!UP(f)->st) UP(f)->st = st;
@@ -889,6 +889,8 @@ enum tern_status tern_gpu_head(struct tern_gpu *main, const struct tern_model *v
     pthread_mutex_unlock(main->mu);
     return st;
 }
+
+struct tern_vk *tern_gpu_vk(const struct tern_gpu *g) { return g->vk; }
 
 uint32_t tern_gpu_n_chunk(const struct tern_gpu *g) { return g->n_chunk; }
 size_t tern_gpu_bytes(const struct tern_gpu *g) { return g->bytes; }

@@ -11,7 +11,7 @@
  * grows (tern_gpu_state_reserve), per Gated DeltaNet layer
  * its conv window [n_conv - 1][C] and state [n_v][d_k][d_v] (F32, the CPU's "conv" and
  * "ssm" layouts, so a checkpoint's bytes read the same on both backends). Sessions of a
- * model loaded for a device (tern_model_use_vulkan, session.c) each own a state; they
+ * model loaded for a device (tern_model_use_device, session.c) each own a state; they
  * share the tern_gpu, whose scratch makes evaluations run one at a time: every call
  * below that touches the device takes the tern_gpu's lock (the Vulkan context is used
  * by one thread at a time, vulkan.h), for one eval's steps (a step: one command buffer
@@ -24,6 +24,7 @@
 #ifndef TERN_MODEL_GPU_H
 #define TERN_MODEL_GPU_H
 
+#include "backend/backend.h"
 #include "model/model.h"
 
 struct tern_vk;
@@ -174,5 +175,16 @@ size_t tern_gpu_ckpt_bytes(struct tern_gpu *g);
 enum tern_status tern_gpu_rec_save(struct tern_gpu *g, const struct tern_gpu_state *st, struct tern_vk_buf *b);
 enum tern_status tern_gpu_rec_load(struct tern_gpu *g, struct tern_gpu_state *st, const struct tern_vk_buf *b);
 enum tern_status tern_gpu_rec_read(struct tern_gpu *g, const struct tern_vk_buf *b, void *rec);
+
+/* ---- the backend's pieces (backend.h's struct tern_backend, device.c) ---- */
+
+extern const struct model_ops gpu_ops;           /* forward.c */
+extern const struct backend_state vulkan_state;  /* state.c */
+/* The device g's weights are on. */
+struct tern_vk *tern_gpu_vk(const struct tern_gpu *g);
+/* Moves every checkpoint of m kept on the device to host memory (state.c), before the
+ * device goes; those that cannot be read back lose their bytes (restoring them then
+ * fails). */
+void vulkan_ckpt_release_all(struct tern_model *m);
 
 #endif

@@ -1,4 +1,4 @@
-/* Sessions on a Vulkan device (session-impl.h's backend table over backend/vulkan/gpu.h): a
+/* Sessions on a Vulkan device (backend.h's state operations over gpu.h): a
  * session's KV pages and recurrent state live in a tern_gpu_state, taken as it grows;
  * s->rec is a host copy of the recurrent state, refreshed only when something reads it
  * (rec_stale). Fork copies KV pages and recurrent state from state to state on the
@@ -20,6 +20,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The model's device context (NULL on another backend) and a session's state on it. */
+static struct tern_gpu *GPU(const struct tern_model *m) {
+    return m->backend == &tern_backend_vulkan ? m->backend_ctx : NULL;
+}
+static struct tern_gpu_state *GST(const struct tern_session *s) { return s->dev; }
+
 /* ---- the state ------------------------------------------------------------------- */
 
 static uint32_t vram_spill_all(struct tern_model *m);
@@ -27,31 +33,33 @@ static uint32_t vram_spill_all(struct tern_model *m);
 static enum tern_status gpu_make(struct tern_session *s) {
     struct tern_model *m = s->m;
     const bool f16 = s->kv_type == TERN_KV_F16;
-    enum tern_status st = tern_gpu_state_new(m->gpu, s->n_ctx, f16, &s->gpu);
+    struct tern_gpu_state *gs = NULL;
+    enum tern_status st = tern_gpu_state_new(GPU(m), s->n_ctx, f16, &gs);
     /* checkpoints kept on the device never keep a session from being made: they go to
      * host memory first */
     if (st == TERN_ERR_NOMEM && vram_spill_all(m)) {
         TERN_LOG_INFO("session: checkpoints moved from the device to host memory to make room for a session");
-        st = tern_gpu_state_new(m->gpu, s->n_ctx, f16, &s->gpu);
+        st = tern_gpu_state_new(GPU(m), s->n_ctx, f16, &gs);
     }
+    s->dev = gs;
     return st;
 }
 
 static void gpu_release(struct tern_session *s) {
-    tern_gpu_state_free(s->gpu);
-    s->gpu = NULL;
+    tern_gpu_state_free(GST(s));
+    s->dev = NULL;
 }
 
-static size_t gpu_bytes(const struct tern_session *s) { return s->gpu ? tern_gpu_state_bytes(s->gpu) : 0; }
+static size_t gpu_bytes(const struct tern_session *s) { return GST(s) ? tern_gpu_state_bytes(GST(s)) : 0; }
 
 /* The device's pages (tern_gpu_state_reserve); checkpoints kept on the device go to host
  * memory first when there is no room. */
 static enum tern_status gpu_grow(struct tern_session *s, uint32_t n) {
     const uint32_t n_pos = n * TERN_KV_PAGE < s->n_ctx ? n * TERN_KV_PAGE : s->n_ctx;
-    enum tern_status st = tern_gpu_state_reserve(s->m->gpu, s->gpu, n_pos);
+    enum tern_status st = tern_gpu_state_reserve(GPU(s->m), GST(s), n_pos);
     if (st == TERN_ERR_NOMEM && vram_spill_all(s->m)) {
         TERN_LOG_INFO("session: checkpoints moved from the device to host memory to make room for KV pages");
-        st = tern_gpu_state_reserve(s->m->gpu, s->gpu, n_pos);
+        st = tern_gpu_state_reserve(GPU(s->m), GST(s), n_pos);
     }
     return st;
 }
@@ -60,13 +68,13 @@ static enum tern_status gpu_grow(struct tern_session *s, uint32_t n) {
  * (a parked conversation holds the device memory of its tokens, not of its longest
  * extent); one rewound a little keeps them and grows into them again. */
 static void gpu_shrink(struct tern_session *s, uint32_t n_pos) {
-    if (s->gpu) tern_gpu_state_shrink(s->m->gpu, s->gpu, n_pos);
+    if (GST(s)) tern_gpu_state_shrink(GPU(s->m), GST(s), n_pos);
 }
 
 /* Brings s->rec up to date with the device's recurrent state. */
 static enum tern_status gpu_rec_sync(struct tern_session *s) {
     if (!s->rec_stale || !s->m->rec_bytes) return TERN_OK;
-    enum tern_status st = tern_gpu_rec_download(s->m->gpu, s->gpu, s->rec);
+    enum tern_status st = tern_gpu_rec_download(GPU(s->m), GST(s), s->rec);
     if (st) return tern_error_prefix(st, "session: downloading the recurrent state");
     s->rec_stale = false;
     return TERN_OK;
@@ -75,7 +83,7 @@ static enum tern_status gpu_rec_sync(struct tern_session *s) {
 /* Sets the device's recurrent state from s->rec. */
 static enum tern_status gpu_rec_push(struct tern_session *s) {
     if (!s->m->rec_bytes) return TERN_OK;
-    enum tern_status st = tern_gpu_rec_upload(s->m->gpu, s->gpu, s->rec);
+    enum tern_status st = tern_gpu_rec_upload(GPU(s->m), GST(s), s->rec);
     if (st) return tern_error_prefix(st, "session: uploading the recurrent state");
     s->rec_stale = false;
     return TERN_OK;
@@ -112,7 +120,7 @@ static void vram_link_newest(struct tern_model *m, struct tern_checkpoint *c) {
  * held). Its host copy, if any, stays. */
 static void vram_drop(struct tern_model *m, struct tern_checkpoint *c) {
     vram_unlink(m, c);
-    tern_gpu_rec_free(m->gpu, c->dev);
+    tern_gpu_rec_free(GPU(m), c->dev);
     c->dev = NULL;
     m->ckpt_vram_bytes -= c->n_bytes;
     m->ckpt_vram_n--;
@@ -123,7 +131,7 @@ static enum tern_status vram_host_copy(struct tern_model *m, struct tern_checkpo
     if (c->data) return TERN_OK;
     uint8_t *d = tern_malloc(c->n_bytes);
     if (!d) return tern_errorf(TERN_ERR_NOMEM, "session: out of memory for a checkpoint of %zu bytes", c->n_bytes);
-    enum tern_status st = tern_gpu_rec_read(m->gpu, c->dev, d);
+    enum tern_status st = tern_gpu_rec_read(GPU(m), c->dev, d);
     if (st) {
         free(d);
         return tern_error_prefix(st, "session: downloading a checkpoint at %u", c->pos);
@@ -155,7 +163,7 @@ static bool vram_make_room(struct tern_model *m, size_t need) {
 
 /* Every checkpoint on the device to host memory; how many moved. */
 static uint32_t vram_spill_all(struct tern_model *m) {
-    if (!m->gpu) return 0;
+    if (!GPU(m)) return 0;
     pthread_mutex_lock(&m->ckpt_mu);
     const uint32_t n = m->ckpt_vram_n;
     const size_t keep = m->ckpt_vram_budget;
@@ -177,17 +185,17 @@ static bool gpu_ckpt_take(struct tern_session *s, struct tern_checkpoint *c) {
     bool ok = c->n_bytes <= m->ckpt_vram_budget && vram_make_room(m, c->n_bytes);
     struct tern_vk_buf *b = NULL;
     if (ok) {
-        enum tern_status st = tern_gpu_rec_new(m->gpu, &b);
+        enum tern_status st = tern_gpu_rec_new(GPU(m), &b);
         /* the device's room, not the budget: the oldest on the device makes way, once */
         if (st == TERN_ERR_NOMEM && m->ckpt_oldest && !vram_spill(m, m->ckpt_oldest))
-            st = tern_gpu_rec_new(m->gpu, &b);
+            st = tern_gpu_rec_new(GPU(m), &b);
         if (st) {
             TERN_LOG_DEBUG("session: checkpoint at %u in host memory: %s", s->n_past, tern_last_error());
             m->ckpt_fallbacks++;
             ok = false;
-        } else if ((st = tern_gpu_rec_save(m->gpu, s->gpu, b))) {
+        } else if ((st = tern_gpu_rec_save(GPU(m), GST(s), b))) {
             TERN_LOG_ERROR("session: a checkpoint at %u on the device: %s", s->n_past, tern_last_error());
-            tern_gpu_rec_free(m->gpu, b);
+            tern_gpu_rec_free(GPU(m), b);
             ok = false;
         }
     }
@@ -210,7 +218,7 @@ static enum tern_status gpu_ckpt_restore(struct tern_session *s, const struct te
     pthread_mutex_lock(&m->ckpt_mu);
     enum tern_status st;
     if (c->dev) {
-        st = tern_gpu_rec_load(m->gpu, s->gpu, c->dev);
+        st = tern_gpu_rec_load(GPU(m), GST(s), c->dev);
         s->rec_stale = true; /* also on failure: the device's state is then undefined */
         if (st) tern_error_prefix(st, "session: restoring a checkpoint on the device");
         else {
@@ -232,7 +240,7 @@ static enum tern_status gpu_ckpt_restore(struct tern_session *s, const struct te
 void tern_model_set_ckpt_vram(struct tern_model *m, size_t bytes) {
     pthread_mutex_lock(&m->ckpt_mu);
     m->ckpt_vram_budget = bytes;
-    if (m->gpu) (void)vram_make_room(m, 0);
+    if (GPU(m)) (void)vram_make_room(m, 0);
     pthread_mutex_unlock(&m->ckpt_mu);
 }
 
@@ -246,8 +254,8 @@ void tern_model_ckpt_vram_stats(const struct tern_model *cm, struct tern_ckpt_vr
     pthread_mutex_unlock(&m->ckpt_mu);
 }
 
-void model_ckpt_vram_release(struct tern_model *m) {
-    if (!m->gpu || !m->ckpt_vram_n) return;
+void vulkan_ckpt_release_all(struct tern_model *m) {
+    if (!GPU(m) || !m->ckpt_vram_n) return;
     (void)vram_spill_all(m);
     /* those that could not be read back (a lost device) lose their bytes: restoring them
      * then fails, never gives a wrong state */
@@ -258,10 +266,10 @@ void model_ckpt_vram_release(struct tern_model *m) {
 }
 
 /* Retakes c at s's end: on the device when c is there, its host copy (if any) as well. */
-enum tern_status session_gpu_ckpt_update(struct tern_session *s, struct tern_checkpoint *c) {
+static enum tern_status gpu_ckpt_update(struct tern_session *s, struct tern_checkpoint *c) {
     struct tern_model *m = ck_model(c);
     pthread_mutex_lock(&m->ckpt_mu);
-    enum tern_status st = c->dev ? tern_gpu_rec_save(m->gpu, s->gpu, c->dev) : TERN_OK;
+    enum tern_status st = c->dev ? tern_gpu_rec_save(GPU(m), GST(s), c->dev) : TERN_OK;
     if (!st && c->data && !(st = gpu_rec_sync(s))) memcpy(c->data, s->rec, c->n_bytes);
     if (!st) {
         c->pos = s->n_past;
@@ -271,7 +279,7 @@ enum tern_status session_gpu_ckpt_update(struct tern_session *s, struct tern_che
     return st;
 }
 
-void session_gpu_ckpt_release(struct tern_checkpoint *c) {
+static void gpu_ckpt_release(struct tern_checkpoint *c) {
     struct tern_model *m = ck_model(c);
     pthread_mutex_lock(&m->ckpt_mu);
     if (c->dev) vram_drop(m, c);
@@ -280,7 +288,7 @@ void session_gpu_ckpt_release(struct tern_checkpoint *c) {
 
 /* A device checkpoint gets a host copy (kept until it is freed: the pointer stays valid)
  * and stays on the device. */
-const void *session_gpu_ckpt_data(struct tern_checkpoint *c) {
+static const void *gpu_ckpt_data(struct tern_checkpoint *c) {
     struct tern_model *m = ck_model(c);
     pthread_mutex_lock(&m->ckpt_mu);
     const enum tern_status st = c->dev ? vram_host_copy(m, c) : TERN_OK;
@@ -295,7 +303,7 @@ const void *session_gpu_ckpt_data(struct tern_checkpoint *c) {
 /* A trail of n states kept in device memory (tern_eval_opts.rec_trail is not written). */
 static enum tern_status gpu_eval_prepare(struct tern_session *s, uint32_t n_chunk, uint32_t n, bool trail) {
     (void)n_chunk; /* the device's chunk is its own (tern_gpu_eval splits) */
-    return trail && s->m->rec_bytes ? tern_gpu_trail_reserve(s->m->gpu, s->gpu, n) : TERN_OK;
+    return trail && s->m->rec_bytes ? tern_gpu_trail_reserve(GPU(s->m), GST(s), n) : TERN_OK;
 }
 
 /* One chunk on the device, under the tern_gpu's lock (as the CPU's takes eval_mu); with a
@@ -307,7 +315,7 @@ static enum tern_status gpu_chunk(struct tern_session *s, const int32_t *toks, u
     s->rec_stale = true; /* also on failure: the device's state is then undefined */
     const struct tern_gpu_io io = {.trail = rec_trail && s->m->rec_bytes, .slot0 = slot0, .hidden_in = s->hidden_in,
                                    .hidden_out = s->hidden_out, .hidden_pos0 = s->hidden_pos0};
-    enum tern_status st = tern_gpu_eval_io(s->m->gpu, s->gpu, s->n_past, toks, n, n, logits, all, &io);
+    enum tern_status st = tern_gpu_eval_io(GPU(s->m), GST(s), s->n_past, toks, n, n, logits, all, &io);
     if (st) TERN_LOG_ERROR("session: the device failed at position %u: %s", s->n_past, tern_last_error());
     return st;
 }
@@ -328,14 +336,14 @@ static enum tern_status gpu_batch(const struct tern_batch_item *items, size_t n_
     for (size_t i = 0; i < n_items && !st; i++) {
         st = tern_session_reserve(items[i].s, items[i].n);
         /* a trail is kept in device memory (the item's rec_trail is not written) */
-        if (!st && items[i].rec_trail && m->rec_bytes) st = tern_gpu_trail_reserve(m->gpu, items[i].s->gpu, items[i].n);
+        if (!st && items[i].rec_trail && m->rec_bytes) st = tern_gpu_trail_reserve(GPU(m), GST(items[i].s), items[i].n);
     }
     for (size_t i = 0; i < n_items && !st; i++) {
         const struct tern_batch_item *it = &items[i];
         struct tern_session *s = it->s;
         io[i] = (struct tern_gpu_io){.trail = it->rec_trail && m->rec_bytes, .hidden_in = s->hidden_in,
                                      .hidden_out = s->hidden_out, .hidden_pos0 = s->hidden_pos0};
-        gs[i] = (struct tern_gpu_seq){.st = s->gpu, .pos0 = s->n_past, .toks = it->toks, .n = it->n,
+        gs[i] = (struct tern_gpu_seq){.st = GST(s), .pos0 = s->n_past, .toks = it->toks, .n = it->n,
                                       .logits = it->logits_all ? it->logits_all : it->logits ? s->logits : NULL,
                                       .all = it->logits_all != NULL, .io = &io[i]};
         /* as gpu_chunk: the host copy of the recurrent state is stale from here on (also
@@ -345,7 +353,7 @@ static enum tern_status gpu_batch(const struct tern_batch_item *items, size_t n_
         s->rec_stale = true;
     }
     if (!st) {
-        st = tern_gpu_eval_batch(m->gpu, gs, (uint32_t)n_items, 0);
+        st = tern_gpu_eval_batch(GPU(m), gs, (uint32_t)n_items, 0);
         /* the position is the first item's (the log's pattern for a device failure) */
         if (st)
             TERN_LOG_ERROR("session: the device failed at position %u: %s (a step of %zu sessions, %zu rows)",
@@ -359,10 +367,10 @@ static enum tern_status gpu_batch(const struct tern_batch_item *items, size_t n_
 
 static enum tern_status gpu_trail_load(struct tern_session *s, uint32_t slot) {
     s->rec_stale = true;
-    return tern_gpu_trail_load(s->m->gpu, s->gpu, slot);
+    return tern_gpu_trail_load(GPU(s->m), GST(s), slot);
 }
 
-static void gpu_trail_drop(struct tern_session *s) { tern_gpu_trail_release(s->m->gpu, s->gpu); }
+static void gpu_trail_drop(struct tern_session *s) { tern_gpu_trail_release(GPU(s->m), GST(s)); }
 
 /* ---- fork, hashes, KV rows --------------------------------------------------------- */
 
@@ -370,7 +378,7 @@ static void gpu_trail_drop(struct tern_session *s) { tern_gpu_trail_release(s->m
  * checkpoint's (on the device, or uploaded from host memory). */
 static enum tern_status gpu_fork(struct tern_session *s, const struct tern_session *src, uint32_t p,
                                  const struct tern_checkpoint *ckpt) {
-    enum tern_status st = tern_gpu_state_copy(s->m->gpu, src->gpu, s->gpu, p, !ckpt);
+    enum tern_status st = tern_gpu_state_copy(GPU(s->m), GST(src), GST(s), p, !ckpt);
     if (st) return tern_error_prefix(st, "session: forking at %u on the device", p);
     if (!ckpt) s->rec_stale = true;
     else if (ckpt->n_bytes) st = gpu_ckpt_restore(s, ckpt);
@@ -384,7 +392,7 @@ static uint64_t gpu_kv_hash(const struct tern_session *s, uint32_t il, bool v) {
     const struct model_layer *L = &s->m->layers[il];
     const size_t hb = session_head_row_bytes(s, L, v), run = (size_t)s->n_past * hb;
     uint8_t *tmp = tern_malloc(run * L->n_kv_head + 1);
-    enum tern_status st = tmp ? tern_gpu_kv_download(s->m->gpu, s->gpu, il, v, 0, s->n_past, tmp, run)
+    enum tern_status st = tmp ? tern_gpu_kv_download(GPU(s->m), GST(s), il, v, 0, s->n_past, tmp, run)
                               : tern_errorf(TERN_ERR_NOMEM, "out of memory");
     uint64_t h = 0;
     if (!st) {
@@ -408,11 +416,11 @@ static uint64_t gpu_kv_hash(const struct tern_session *s, uint32_t il, bool v) {
 static enum tern_status gpu_kv_rows(const struct tern_session *s, uint32_t il, bool v, uint32_t p0, uint32_t p1,
                                     uint8_t *buf, uint32_t buf_rows, bool to_pages) {
     const size_t run = (size_t)buf_rows * session_head_row_bytes(s, &s->m->layers[il], v);
-    return to_pages ? tern_gpu_kv_upload(s->m->gpu, s->gpu, il, v, p0, p1, buf, run)
-                    : tern_gpu_kv_download(s->m->gpu, s->gpu, il, v, p0, p1, buf, run);
+    return to_pages ? tern_gpu_kv_upload(GPU(s->m), GST(s), il, v, p0, p1, buf, run)
+                    : tern_gpu_kv_download(GPU(s->m), GST(s), il, v, p0, p1, buf, run);
 }
 
-const struct session_be session_be_gpu = {
+const struct backend_state vulkan_state = {
     .make = gpu_make,
     .release = gpu_release,
     .bytes = gpu_bytes,
@@ -430,4 +438,7 @@ const struct session_be session_be_gpu = {
     .fork = gpu_fork,
     .kv_hash = gpu_kv_hash,
     .kv_rows = gpu_kv_rows,
+    .ckpt_update = gpu_ckpt_update,
+    .ckpt_release = gpu_ckpt_release,
+    .ckpt_data = gpu_ckpt_data,
 };
