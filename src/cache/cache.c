@@ -593,6 +593,18 @@ static size_t find_turns(struct cache *c, const int32_t *toks, size_t n) {
 
 /* ---- construction -------------------------------------------------------------------- */
 
+void cache_params_default(struct cache_params *p) {
+    memset(p, 0, sizeof *p);
+    tern_session_params_default(&p->session);
+    p->ram_bytes = (size_t)4096 << 20;
+    p->disk_bytes = (uint64_t)16 << 30;
+    p->max_ckpts = 8;
+    p->ckpt_every = 4096;
+    p->turn_token = -1;
+    p->affinity = true;
+    p->pool = true;
+}
+
 enum tern_status cache_new(struct tern_model *m, const struct cache_params *p, struct cache **out) {
     *out = NULL;
     if (p->n_roles > CACHE_MAX_ROLES)
@@ -702,7 +714,7 @@ static void inherit_checkpoints(struct cache *c, struct entry *e, struct entry *
     }
 }
 
-/* On a device (tern_model_use_vulkan) the sessions' states may fill the device's memory
+/* On a device (tern_model_use_device) the sessions' states may fill the device's memory
  * before the RAM budget: the least recently used parked session that is not leased gives
  * way (kept on disk when there is a disk tier). False when none is left, or on the CPU. */
 static bool evict_for_device(struct cache *c) {

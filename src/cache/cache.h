@@ -108,6 +108,10 @@ struct cache_lease {
  * the directory; an unusable directory is an error. A role map with more than
  * CACHE_MAX_ROLES rules or a rule of 0 or more than CACHE_ROLE_MAX_TOKENS ids is
  * TERN_ERR_INVALID. */
+/* The defaults every command starts from (tern serve's and tern chat's): a 4096 MiB RAM
+ * budget, 16 GiB on disk when a directory is given, 8 checkpoints per session every 4096
+ * tokens, no turn token, nomination and parking on. */
+void cache_params_default(struct cache_params *p);
 enum tern_status cache_new(struct tern_model *m, const struct cache_params *p, struct cache **out);
 void cache_free(struct cache *c);
 

@@ -220,16 +220,10 @@ int cli_chat_main(int argc, char **argv) {
     struct chat_state cs = {.max_tokens = 1024};
     struct tern_model_params mp;
     tern_model_params_default(&mp);
-    struct cache_params cp = {0};
-    tern_session_params_default(&cp.session);
-    cp.ram_bytes = (size_t)1024 << 20;
-    cp.max_ckpts = 8;
-    cp.ckpt_every = 4096;
-    cp.turn_token = -1;
-    cp.affinity = true;
-    cp.pool = true;
-    cs.sp = (struct tern_sampler_params){.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f,
-                                         .repeat_penalty = 1.0f, .repeat_last_n = 64, .seed = tern_now_ns()};
+    struct cache_params cp;
+    cache_params_default(&cp);
+    tern_sampler_params_default(&cs.sp);
+    cs.sp.seed = tern_now_ns();
     const char *model_path = NULL, *system = NULL, *tmpl = NULL;
     bool no_think = false;
     const char *device = getenv("TERN_DEVICE");

@@ -180,13 +180,8 @@ static int cmd_serve(int argc, char **argv) {
     struct tern_model_params mp;
     int mmap_mode = -1; /* -1: read when it fits (gguf_read_fits_memory), 0: read, 1: map */
     tern_model_params_default(&mp);
-    struct cache_params cp = {0};
-    tern_session_params_default(&cp.session);
-    cp.ram_bytes = (size_t)4096 << 20;
-    cp.disk_bytes = (uint64_t)16 << 30;
-    cp.max_ckpts = 8;
-    cp.ckpt_every = 4096;
-    cp.turn_token = -1;
+    struct cache_params cp;
+    cache_params_default(&cp);
     enum predict_mode predict = PREDICT_ALL;
     uint32_t predict_chunk = 0;
     uint32_t max_tokens = 4096;

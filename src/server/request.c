@@ -674,13 +674,7 @@ static bool parse_body(enum srv_endpoint ep, const json_t *o, const struct srv_p
     struct tern_sampler_params *sp = &req->sampling;
     /* Defaults of local OpenAI-compatible servers (llama.cpp's): they suit small
      * local models better than OpenAI's temperature 1 / no truncation. */
-    memset(sp, 0, sizeof *sp);
-    sp->temperature = 0.8f;
-    sp->top_k = 40;
-    sp->top_p = 0.95f;
-    sp->min_p = 0.05f;
-    sp->repeat_penalty = 1.0f;
-    sp->repeat_last_n = 64;
+    tern_sampler_params_default(sp);
     double d;
     long long ll;
     if (!get_number(o, "temperature", 0, 100, &d, &given, err)) return false;
