@@ -1,5 +1,6 @@
 /* The engine's other routes: /tokenize, /detokenize, and its lines of /metrics. */
 #include "server/engine-impl.h"
+#include "server/metrics.h"
 
 #include "server/respond.h"
 #include "tokenizer/tokenizer.h"
@@ -116,69 +117,66 @@ void engine_metrics(void *self, struct tern_buf *b) {
     struct srv_engine *e = self;
     struct cache_stats cs;
     cache_get_stats(e->cache, &cs);
-    tern_buf_puts(b, "# HELP tern_cache_requests_total Requests by reuse tier.\n"
-                     "# TYPE tern_cache_requests_total counter\n");
+    srv_metric_head(b, "tern_cache_requests_total", "counter", "Requests by reuse tier.");
     for (int t = CACHE_TIER_COLD; t < CACHE_TIER_COUNT; t++)
         tern_buf_printf(b, "tern_cache_requests_total{tier=\"%s\"} %llu\n", cache_tier_name((enum cache_tier)t),
                         (unsigned long long)cs.requests_by_tier[t]);
-    tern_buf_puts(b, "# HELP tern_cache_declines_total Candidates compared and refused, by reason.\n"
-                     "# TYPE tern_cache_declines_total counter\n");
+    srv_metric_head(b, "tern_cache_declines_total", "counter", "Candidates compared and refused, by reason.");
     for (int d = 0; d < CACHE_DECLINE_COUNT; d++)
         tern_buf_printf(b, "tern_cache_declines_total{reason=\"%s\"} %llu\n", cache_decline_name((enum cache_decline)d),
                         (unsigned long long)cs.declines_by_reason[d]);
-    tern_buf_printf(b,
-                    "# TYPE tern_cache_candidates_total counter\ntern_cache_candidates_total %llu\n"
-                    "# TYPE tern_cache_checkpoints_made_total counter\ntern_cache_checkpoints_made_total %llu\n"
-                    "# TYPE tern_cache_checkpoint_evictions_total counter\ntern_cache_checkpoint_evictions_total %llu\n"
-                    "# TYPE tern_cache_forks_total counter\ntern_cache_forks_total %llu\n"
-                    "# TYPE tern_cache_predictions_made_total counter\ntern_cache_predictions_made_total %llu\n"
-                    "# TYPE tern_cache_predictions_used_total counter\ntern_cache_predictions_used_total %llu\n"
-                    "# TYPE tern_cache_predictions_wasted_total counter\ntern_cache_predictions_wasted_total %llu\n"
-                    "# TYPE tern_cache_predict_tokens_total counter\ntern_cache_predict_tokens_total %llu\n",
-                    (unsigned long long)cs.candidates, (unsigned long long)cs.ckpts_made,
-                    (unsigned long long)cs.ckpt_evictions, (unsigned long long)cs.forks,
-                    (unsigned long long)cs.predictions_made, (unsigned long long)cs.predictions_used,
-                    (unsigned long long)cs.predictions_wasted, (unsigned long long)cs.predict_tokens);
-    tern_buf_printf(b,
-                    "# HELP tern_predict_seconds_total Idle time spent rendering and priming predictions.\n"
-                    "# TYPE tern_predict_seconds_total counter\ntern_predict_seconds_total %.6f\n"
-                    "# TYPE tern_predict_runs_total counter\ntern_predict_runs_total %llu\n"
-                    "# TYPE tern_predict_preempted_total counter\ntern_predict_preempted_total %llu\n"
-                    "# TYPE tern_predict_skipped_total counter\ntern_predict_skipped_total %llu\n"
-                    "# HELP tern_predict_active 1 while predictions of the last conversation are still to be primed.\n"
-                    "# TYPE tern_predict_active gauge\ntern_predict_active %d\n",
-                    (double)atomic_load(&e->pred_us) * 1e-6, (unsigned long long)atomic_load(&e->pred_runs),
-                    (unsigned long long)atomic_load(&e->pred_preempted),
-                    (unsigned long long)atomic_load(&e->pred_skipped), atomic_load(&e->pred_active));
-    tern_buf_printf(b,
-                    "# HELP tern_spec_drafted_tokens_total Tokens proposed by speculative decoding and verified.\n"
-                    "# TYPE tern_spec_drafted_tokens_total counter\ntern_spec_drafted_tokens_total %llu\n"
-                    "# HELP tern_spec_accepted_tokens_total Drafted tokens the model itself picked.\n"
-                    "# TYPE tern_spec_accepted_tokens_total counter\ntern_spec_accepted_tokens_total %llu\n"
-                    "# TYPE tern_spec_rounds_total counter\ntern_spec_rounds_total %llu\n"
-                    "# HELP tern_spec_refed_tokens_total Tokens read again to bring a hybrid state back after a rejection.\n"
-                    "# TYPE tern_spec_refed_tokens_total counter\ntern_spec_refed_tokens_total %llu\n",
-                    (unsigned long long)atomic_load(&e->spec_drafted), (unsigned long long)atomic_load(&e->spec_accepted),
-                    (unsigned long long)atomic_load(&e->spec_rounds), (unsigned long long)atomic_load(&e->spec_refed));
-    tern_buf_printf(b,
-                    "# HELP tern_engine_running Requests in the engine's running set (--parallel).\n"
-                    "# TYPE tern_engine_running gauge\ntern_engine_running %u\n"
-                    "# HELP tern_engine_priming Running requests still reading their prompts.\n"
-                    "# TYPE tern_engine_priming gauge\ntern_engine_priming %u\n"
-                    "# TYPE tern_engine_parallel gauge\ntern_engine_parallel %u\n"
-                    "# TYPE tern_engine_batch_tokens gauge\ntern_engine_batch_tokens %u\n"
-                    "# HELP tern_engine_steps_total Engine steps (one forward over a batch each).\n"
-                    "# TYPE tern_engine_steps_total counter\ntern_engine_steps_total %llu\n"
-                    "# HELP tern_engine_step_rows_total Rows (tokens) evaluated in steps, by kind.\n"
-                    "# TYPE tern_engine_step_rows_total counter\n"
-                    "tern_engine_step_rows_total{kind=\"decode\"} %llu\n"
-                    "tern_engine_step_rows_total{kind=\"prefill\"} %llu\n"
-                    "# TYPE tern_engine_step_seconds_total counter\ntern_engine_step_seconds_total %.6f\n"
-                    "# HELP tern_engine_step_sequences Steps by the number of requests in their batch.\n"
-                    "# TYPE tern_engine_step_sequences histogram\n",
-                    atomic_load(&e->n_running), atomic_load(&e->n_priming), e->parallel, e->batch_tokens,
-                    (unsigned long long)atomic_load(&e->steps), (unsigned long long)atomic_load(&e->step_decode_rows),
-                    (unsigned long long)atomic_load(&e->step_prefill_rows), (double)atomic_load(&e->step_us) * 1e-6);
+    const struct srv_metric cache_rows[] = {
+        {"tern_cache_candidates_total", "counter", "Cached states nominated and compared by their bytes.",
+         SRV_U(cs.candidates)},
+        {"tern_cache_checkpoints_made_total", "counter", "Recurrent-state checkpoints taken.", SRV_U(cs.ckpts_made)},
+        {"tern_cache_checkpoint_evictions_total", "counter", "Checkpoints dropped to stay within the budget.",
+         SRV_U(cs.ckpt_evictions)},
+        {"tern_cache_forks_total", "counter", "States copied from a parked session to serve a request.",
+         SRV_U(cs.forks)},
+        {"tern_cache_predictions_made_total", "counter", "Predicted next prompts primed while idle.",
+         SRV_U(cs.predictions_made)},
+        {"tern_cache_predictions_used_total", "counter", "Primed predictions a later request resumed from.",
+         SRV_U(cs.predictions_used)},
+        {"tern_cache_predictions_wasted_total", "counter", "Primed predictions dropped unused.",
+         SRV_U(cs.predictions_wasted)},
+        {"tern_cache_predict_tokens_total", "counter", "Tokens read while priming predictions.",
+         SRV_U(cs.predict_tokens)},
+        {"tern_predict_seconds_total", "counter", "Idle time spent rendering and priming predictions.",
+         SRV_F((double)atomic_load(&e->pred_us) * 1e-6)},
+        {"tern_predict_runs_total", "counter", "Predictive priming runs started.", SRV_U(atomic_load(&e->pred_runs))},
+        {"tern_predict_preempted_total", "counter", "Priming runs stopped early for an arriving request.",
+         SRV_U(atomic_load(&e->pred_preempted))},
+        {"tern_predict_skipped_total", "counter", "Predictions not primed (nothing to predict, or no room).",
+         SRV_U(atomic_load(&e->pred_skipped))},
+        {"tern_predict_active", "gauge", "1 while predictions of the last conversation are still to be primed.",
+         SRV_U(atomic_load(&e->pred_active))},
+        {"tern_spec_drafted_tokens_total", "counter", "Tokens proposed by speculative decoding and verified.",
+         SRV_U(atomic_load(&e->spec_drafted))},
+        {"tern_spec_accepted_tokens_total", "counter", "Drafted tokens the model itself picked.",
+         SRV_U(atomic_load(&e->spec_accepted))},
+        {"tern_spec_rounds_total", "counter", "Draft-and-verify rounds.", SRV_U(atomic_load(&e->spec_rounds))},
+        {"tern_spec_refed_tokens_total", "counter",
+         "Tokens read again to bring a hybrid state back after a rejection.", SRV_U(atomic_load(&e->spec_refed))},
+        {"tern_engine_running", "gauge", "Requests in the engine's running set (--parallel).",
+         SRV_U(atomic_load(&e->n_running))},
+        {"tern_engine_priming", "gauge", "Running requests still reading their prompts.",
+         SRV_U(atomic_load(&e->n_priming))},
+        {"tern_engine_parallel", "gauge", "Requests the engine runs at once at most (--parallel).",
+         SRV_U(e->parallel)},
+        {"tern_engine_batch_tokens", "gauge", "Rows one engine step holds at most (--batch-tokens).",
+         SRV_U(e->batch_tokens)},
+        {"tern_engine_steps_total", "counter", "Engine steps (one forward over a batch each).",
+         SRV_U(atomic_load(&e->steps))},
+    };
+    srv_metrics_put(b, cache_rows, TERN_ARRAY_LEN(cache_rows));
+    srv_metric_head(b, "tern_engine_step_rows_total", "counter", "Rows (tokens) evaluated in steps, by kind.");
+    tern_buf_printf(b, "tern_engine_step_rows_total{kind=\"decode\"} %llu\ntern_engine_step_rows_total{kind=\"prefill\"} %llu\n",
+                    (unsigned long long)atomic_load(&e->step_decode_rows),
+                    (unsigned long long)atomic_load(&e->step_prefill_rows));
+    const struct srv_metric step_s = {"tern_engine_step_seconds_total", "counter", "Time spent in engine steps.",
+                                      SRV_F((double)atomic_load(&e->step_us) * 1e-6)};
+    srv_metrics_put(b, &step_s, 1);
+    srv_metric_head(b, "tern_engine_step_sequences", "histogram", "Steps by the number of requests in their batch.");
     uint64_t cum = 0;
     for (int k = 0; k < ENG_STEP_HIST; k++) {
         cum += atomic_load(&e->step_hist[k]);
@@ -189,70 +187,73 @@ void engine_metrics(void *self, struct tern_buf *b) {
     }
     tern_buf_printf(b, "tern_engine_step_sequences_sum %llu\ntern_engine_step_sequences_count %llu\n",
                     (unsigned long long)atomic_load(&e->step_seqs), (unsigned long long)cum);
-    tern_buf_printf(b,
-                    "# TYPE tern_cache_tokens_cached_total counter\ntern_cache_tokens_cached_total %llu\n"
-                    "# TYPE tern_cache_tokens_read_total counter\ntern_cache_tokens_read_total %llu\n"
-                    "# TYPE tern_cache_evictions_total counter\ntern_cache_evictions_total %llu\n"
-                    "# HELP tern_cache_quota_evictions_total Evictions of a tenant over --cache-ram-per-key.\n"
-                    "# TYPE tern_cache_quota_evictions_total counter\ntern_cache_quota_evictions_total %llu\n"
-                    "# TYPE tern_cache_pool_bytes gauge\ntern_cache_pool_bytes %zu\n"
-                    "# TYPE tern_cache_sessions gauge\ntern_cache_sessions %u\n"
-                    "# TYPE tern_cache_checkpoints gauge\ntern_cache_checkpoints %u\n",
-                    (unsigned long long)cs.tokens_cached,
-                    (unsigned long long)cs.tokens_read, (unsigned long long)cs.evictions,
-                    (unsigned long long)cs.quota_evictions, cs.pool_bytes,
-                    cs.n_sessions, cs.n_checkpoints);
+    const struct srv_metric pool_rows[] = {
+        {"tern_cache_tokens_cached_total", "counter", "Prompt tokens served from a cached state.",
+         SRV_U(cs.tokens_cached)},
+        {"tern_cache_tokens_read_total", "counter", "Prompt tokens the model read.", SRV_U(cs.tokens_read)},
+        {"tern_cache_evictions_total", "counter", "Parked sessions evicted to stay within --cache-ram.",
+         SRV_U(cs.evictions)},
+        {"tern_cache_quota_evictions_total", "counter", "Evictions of a tenant over --cache-ram-per-key.",
+         SRV_U(cs.quota_evictions)},
+        {"tern_cache_pool_bytes", "gauge", "Bytes of parked sessions and checkpoints in RAM.", SRV_U(cs.pool_bytes)},
+        {"tern_cache_sessions", "gauge", "Parked sessions in RAM.", SRV_U(cs.n_sessions)},
+        {"tern_cache_checkpoints", "gauge", "Checkpoints held in RAM.", SRV_U(cs.n_checkpoints)},
+    };
+    srv_metrics_put(b, pool_rows, TERN_ARRAY_LEN(pool_rows));
     if (strcmp(tern_model_device(e->model), "cpu")) {
         struct tern_ckpt_vram_stats v;
         tern_model_ckpt_vram_stats(e->model, &v);
+        const struct srv_metric vram_rows[] = {
+            {"tern_cache_vram_budget_bytes", "gauge", "Device memory checkpoints may keep (--cache-vram).",
+             SRV_U(v.budget)},
+            {"tern_cache_vram_bytes", "gauge", "Device memory held by checkpoints now.", SRV_U(v.bytes)},
+            {"tern_cache_vram_checkpoints", "gauge", "Checkpoints held in device memory now.", SRV_U(v.n)},
+            {"tern_cache_vram_kept_total", "counter", "Checkpoints made in device memory.", SRV_U(v.kept)},
+            {"tern_cache_vram_spilled_total", "counter", "Checkpoints moved to host memory (over the budget).",
+             SRV_U(v.spilled)},
+            {"tern_cache_vram_fallbacks_total", "counter", "Checkpoints made in host memory: no room on the device.",
+             SRV_U(v.fallbacks)},
+        };
+        srv_metrics_put(b, vram_rows, TERN_ARRAY_LEN(vram_rows));
+        srv_metric_head(b, "tern_cache_vram_restores_total", "counter",
+                        "Restores and forks from a checkpoint, by where it was.");
         tern_buf_printf(b,
-                        "# HELP tern_cache_vram_budget_bytes Device memory checkpoints may keep (--cache-vram).\n"
-                        "# TYPE tern_cache_vram_budget_bytes gauge\ntern_cache_vram_budget_bytes %zu\n"
-                        "# HELP tern_cache_vram_bytes Device memory held by checkpoints now.\n"
-                        "# TYPE tern_cache_vram_bytes gauge\ntern_cache_vram_bytes %zu\n"
-                        "# TYPE tern_cache_vram_checkpoints gauge\ntern_cache_vram_checkpoints %u\n"
-                        "# HELP tern_cache_vram_kept_total Checkpoints made in device memory.\n"
-                        "# TYPE tern_cache_vram_kept_total counter\ntern_cache_vram_kept_total %llu\n"
-                        "# HELP tern_cache_vram_spilled_total Checkpoints moved to host memory (over the budget).\n"
-                        "# TYPE tern_cache_vram_spilled_total counter\ntern_cache_vram_spilled_total %llu\n"
-                        "# HELP tern_cache_vram_fallbacks_total Checkpoints made in host memory: no room on the device.\n"
-                        "# TYPE tern_cache_vram_fallbacks_total counter\ntern_cache_vram_fallbacks_total %llu\n"
-                        "# HELP tern_cache_vram_restores_total Restores and forks from a checkpoint, by where it was.\n"
-                        "# TYPE tern_cache_vram_restores_total counter\n"
                         "tern_cache_vram_restores_total{from=\"device\"} %llu\n"
                         "tern_cache_vram_restores_total{from=\"host\"} %llu\n",
-                        v.budget, v.bytes, v.n, (unsigned long long)v.kept, (unsigned long long)v.spilled,
-                        (unsigned long long)v.fallbacks, (unsigned long long)v.restores_device,
-                        (unsigned long long)v.restores_host);
+                        (unsigned long long)v.restores_device, (unsigned long long)v.restores_host);
     }
-    if (cs.disk_on)
-        tern_buf_printf(b,
-                        "# HELP tern_cache_disk_writes_total Conversations written to the disk tier (--cache-dir).\n"
-                        "# TYPE tern_cache_disk_writes_total counter\ntern_cache_disk_writes_total %llu\n"
-                        "# TYPE tern_cache_disk_write_bytes_total counter\ntern_cache_disk_write_bytes_total %llu\n"
-                        "# HELP tern_cache_disk_write_errors_total Writes that failed (disk full, over the budget): "
-                        "the conversation stayed in RAM only.\n"
-                        "# TYPE tern_cache_disk_write_errors_total counter\ntern_cache_disk_write_errors_total %llu\n"
-                        "# TYPE tern_cache_disk_loads_total counter\ntern_cache_disk_loads_total %llu\n"
-                        "# TYPE tern_cache_disk_load_bytes_total counter\ntern_cache_disk_load_bytes_total %llu\n"
-                        "# HELP tern_cache_disk_invalid_total Files that did not verify (model, layout, checksum, "
-                        "size, name) and were deleted.\n"
-                        "# TYPE tern_cache_disk_invalid_total counter\ntern_cache_disk_invalid_total %llu\n"
-                        "# TYPE tern_cache_disk_evictions_total counter\ntern_cache_disk_evictions_total %llu\n"
-                        "# TYPE tern_cache_disk_bytes gauge\ntern_cache_disk_bytes %llu\n"
-                        "# TYPE tern_cache_disk_entries gauge\ntern_cache_disk_entries %u\n",
-                        (unsigned long long)cs.disk_writes, (unsigned long long)cs.disk_write_bytes,
-                        (unsigned long long)cs.disk_write_errors, (unsigned long long)cs.disk_loads,
-                        (unsigned long long)cs.disk_load_bytes, (unsigned long long)cs.disk_invalid,
-                        (unsigned long long)cs.disk_evictions, (unsigned long long)cs.disk_bytes, cs.disk_entries);
-    if (cs.n_tenants)
-        tern_buf_puts(b, "# HELP tern_cache_tenant_bytes Parked state by tenant (API key; the label is a hash of "
-                         "which key, never the key).\n# TYPE tern_cache_tenant_bytes gauge\n"
-                         "# TYPE tern_cache_tenant_sessions gauge\n");
-    for (uint32_t i = 0; i < cs.n_tenants; i++)
-        tern_buf_printf(b,
-                        "tern_cache_tenant_bytes{tenant=\"%016llx\"} %zu\n"
-                        "tern_cache_tenant_sessions{tenant=\"%016llx\"} %u\n",
-                        (unsigned long long)cs.tenants[i].id, cs.tenants[i].bytes,
-                        (unsigned long long)cs.tenants[i].id, cs.tenants[i].sessions);
+    if (cs.disk_on) {
+        const struct srv_metric disk_rows[] = {
+            {"tern_cache_disk_writes_total", "counter", "Conversations written to the disk tier (--cache-dir).",
+             SRV_U(cs.disk_writes)},
+            {"tern_cache_disk_write_bytes_total", "counter", "Bytes written to the disk tier.",
+             SRV_U(cs.disk_write_bytes)},
+            {"tern_cache_disk_write_errors_total", "counter",
+             "Writes that failed (disk full, over the budget): the conversation stayed in RAM only.",
+             SRV_U(cs.disk_write_errors)},
+            {"tern_cache_disk_loads_total", "counter", "Conversations resumed from the disk tier.",
+             SRV_U(cs.disk_loads)},
+            {"tern_cache_disk_load_bytes_total", "counter", "Bytes read from the disk tier.",
+             SRV_U(cs.disk_load_bytes)},
+            {"tern_cache_disk_invalid_total", "counter",
+             "Files that did not verify (model, layout, checksum, size, name) and were deleted.",
+             SRV_U(cs.disk_invalid)},
+            {"tern_cache_disk_evictions_total", "counter", "Files deleted to stay within --cache-disk.",
+             SRV_U(cs.disk_evictions)},
+            {"tern_cache_disk_bytes", "gauge", "Bytes of the disk tier's files.", SRV_U(cs.disk_bytes)},
+            {"tern_cache_disk_entries", "gauge", "Conversations in the disk tier.", SRV_U(cs.disk_entries)},
+        };
+        srv_metrics_put(b, disk_rows, TERN_ARRAY_LEN(disk_rows));
+    }
+    if (cs.n_tenants) {
+        srv_metric_head(b, "tern_cache_tenant_bytes", "gauge",
+                        "Parked state by tenant (API key; the label is a hash of which key, never the key).");
+        for (uint32_t i = 0; i < cs.n_tenants; i++)
+            tern_buf_printf(b, "tern_cache_tenant_bytes{tenant=\"%016llx\"} %zu\n", (unsigned long long)cs.tenants[i].id,
+                            cs.tenants[i].bytes);
+        srv_metric_head(b, "tern_cache_tenant_sessions", "gauge", "Parked sessions by tenant.");
+        for (uint32_t i = 0; i < cs.n_tenants; i++)
+            tern_buf_printf(b, "tern_cache_tenant_sessions{tenant=\"%016llx\"} %u\n",
+                            (unsigned long long)cs.tenants[i].id, cs.tenants[i].sessions);
+    }
 }

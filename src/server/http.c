@@ -24,6 +24,7 @@
  * Lock order: jmu -> job mu -> MHD's internal mutex (resume/suspend are called with the
  * job's mu held, which is what makes "park, then resume" free of lost wake-ups). */
 #include "server/server.h"
+#include "server/metrics.h"
 
 #include "server/api/api.h"
 
@@ -307,9 +308,14 @@ static void log_job(struct srv_server *s, const struct srv_job *j, int status) {
     }
 }
 
+/* A summary's head, _sum (seconds from microseconds) and _count. */
+static void put_summary(struct tern_buf *b, const char *name, const char *help, uint64_t us_sum, uint64_t count) {
+    srv_metric_head(b, name, "summary", help);
+    tern_buf_printf(b, "%s_sum %.6f\n%s_count %llu\n", name, (double)us_sum * 1e-6, name, (unsigned long long)count);
+}
+
 static void render_metrics(struct srv_server *s, struct tern_buf *b) {
-    tern_buf_puts(b, "# HELP tern_requests_total HTTP requests by route and status.\n"
-                     "# TYPE tern_requests_total counter\n");
+    srv_metric_head(b, "tern_requests_total", "counter", "HTTP requests by route and status.");
     for (int r = 0; r < R_COUNT; r++) {
         for (size_t k = 0; k <= N_COUNTED; k++) {
             uint64_t v = atomic_load(&s->requests[r][k]);
@@ -327,56 +333,52 @@ static void render_metrics(struct srv_server *s, struct tern_buf *b) {
     uint32_t n_running = s->n_running;
     uint32_t n_simple = s->n_simple;
     pthread_mutex_unlock(&s->qmu);
-    tern_buf_printf(b,
-                    "# TYPE tern_queue_depth gauge\ntern_queue_depth %u\n"
-                    "# TYPE tern_queue_capacity gauge\ntern_queue_capacity %u\n"
-                    "# TYPE tern_engine_busy gauge\ntern_engine_busy %d\n"
-                    "# HELP tern_requests_running Requests the engine is running (priming or decoding).\n"
-                    "# TYPE tern_requests_running gauge\ntern_requests_running %u\n"
-                    "# HELP tern_requests_waiting Requests queued for a place among the running ones.\n"
-                    "# TYPE tern_requests_waiting gauge\ntern_requests_waiting %u\n"
-                    "# HELP tern_tokenize_running /tokenize and /detokenize requests admitted and not yet answered.\n"
-                    "# TYPE tern_tokenize_running gauge\ntern_tokenize_running %u\n"
-                    "# TYPE tern_prompt_tokens_total counter\ntern_prompt_tokens_total %llu\n"
-                    "# TYPE tern_prompt_tokens_cached_total counter\ntern_prompt_tokens_cached_total %llu\n"
-                    "# TYPE tern_prompt_tokens_read_total counter\ntern_prompt_tokens_read_total %llu\n"
-                    "# TYPE tern_generated_tokens_total counter\ntern_generated_tokens_total %llu\n"
-                    "# TYPE tern_requests_cancelled_total counter\ntern_requests_cancelled_total %llu\n"
-                    "# HELP tern_ttft_seconds Time from arrival to the first generated token.\n"
-                    "# TYPE tern_ttft_seconds summary\ntern_ttft_seconds_sum %.6f\ntern_ttft_seconds_count %llu\n"
-                    "# HELP tern_ttft_overhead_seconds The part of the time to first token not spent reading "
-                    "prompt tokens (queue wait, parse, render, tokenize, reuse decision, restore, first sample).\n"
-                    "# TYPE tern_ttft_overhead_seconds summary\ntern_ttft_overhead_seconds_sum %.6f\n"
-                    "tern_ttft_overhead_seconds_count %llu\n"
-                    "# HELP tern_preempt_wait_seconds How long requests that arrived during idle work waited for it.\n"
-                    "# TYPE tern_preempt_wait_seconds summary\ntern_preempt_wait_seconds_sum %.6f\n"
-                    "tern_preempt_wait_seconds_count %llu\n"
-                    "# TYPE tern_uptime_seconds gauge\ntern_uptime_seconds %.1f\n",
-                    q, s->p.n_queue, n_running ? 1 : 0, n_running, q, n_simple, (unsigned long long)atomic_load(&s->prompt_tokens),
-                    (unsigned long long)atomic_load(&s->cached_tokens),
-                    (unsigned long long)atomic_load(&s->read_tokens),
-                    (unsigned long long)atomic_load(&s->generated_tokens),
-                    (unsigned long long)atomic_load(&s->cancelled), (double)atomic_load(&s->ttft_us_sum) * 1e-6,
-                    (unsigned long long)atomic_load(&s->ttft_count), (double)atomic_load(&s->overhead_us_sum) * 1e-6,
-                    (unsigned long long)atomic_load(&s->ttft_count), (double)atomic_load(&s->preempt_us_sum) * 1e-6,
-                    (unsigned long long)atomic_load(&s->preempt_count), tern_now_s() - s->t_start);
-    tern_buf_printf(b,
-                    "# HELP tern_http_connections_open Open client connections (idle keep-alive ones included).\n"
-                    "# TYPE tern_http_connections_open gauge\ntern_http_connections_open %d\n"
-                    "# TYPE tern_http_connections_total counter\ntern_http_connections_total %llu\n"
-                    "# HELP tern_http_header_timeouts_total Connections closed (408) for not sending a complete "
-                    "request header in time (--header-timeout, --idle-timeout).\n"
-                    "# TYPE tern_http_header_timeouts_total counter\ntern_http_header_timeouts_total %llu\n"
-                    "# HELP tern_http_body_timeouts_total Connections closed (408) for not sending their request "
-                    "body in time (--body-timeout, then 4096 bytes a second).\n"
-                    "# TYPE tern_http_body_timeouts_total counter\ntern_http_body_timeouts_total %llu\n"
-                    "# HELP tern_http_connections_shed_total Waiting connections closed to make room for new ones "
-                    "when the connection table was nearly full.\n"
-                    "# TYPE tern_http_connections_shed_total counter\ntern_http_connections_shed_total %llu\n",
-                    atomic_load(&s->conns_open), (unsigned long long)atomic_load(&s->conns_total),
-                    (unsigned long long)atomic_load(&s->header_timeouts),
-                    (unsigned long long)atomic_load(&s->body_timeouts),
-                    (unsigned long long)atomic_load(&s->conns_shed));
+    const struct srv_metric rows[] = {
+        {"tern_queue_depth", "gauge", "Requests waiting in the queue for the engine.", SRV_U(q)},
+        {"tern_queue_capacity", "gauge", "Requests the queue holds before answering 503 (--queue).", SRV_U(s->p.n_queue)},
+        {"tern_engine_busy", "gauge", "1 while the engine runs at least one request.", SRV_U(n_running ? 1 : 0)},
+        {"tern_requests_running", "gauge", "Requests the engine is running (priming or decoding).", SRV_U(n_running)},
+        {"tern_requests_waiting", "gauge", "Requests queued for a place among the running ones.", SRV_U(q)},
+        {"tern_tokenize_running", "gauge", "/tokenize and /detokenize requests admitted and not yet answered.",
+         SRV_U(n_simple)},
+        {"tern_prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
+         SRV_U(atomic_load(&s->prompt_tokens))},
+        {"tern_prompt_tokens_cached_total", "counter", "Prompt tokens reused from a cached state, not read.",
+         SRV_U(atomic_load(&s->cached_tokens))},
+        {"tern_prompt_tokens_read_total", "counter", "Prompt tokens read (evaluated) by the model.",
+         SRV_U(atomic_load(&s->read_tokens))},
+        {"tern_generated_tokens_total", "counter", "Tokens generated.", SRV_U(atomic_load(&s->generated_tokens))},
+        {"tern_requests_cancelled_total", "counter", "Requests whose client went away or that a stop cancelled (499).",
+         SRV_U(atomic_load(&s->cancelled))},
+    };
+    srv_metrics_put(b, rows, TERN_ARRAY_LEN(rows));
+    const uint64_t ttft_count = atomic_load(&s->ttft_count);
+    put_summary(b, "tern_ttft_seconds", "Time from arrival to the first generated token.", atomic_load(&s->ttft_us_sum),
+                ttft_count);
+    put_summary(b, "tern_ttft_overhead_seconds",
+                "The part of the time to first token not spent reading prompt tokens (queue wait, parse, render, "
+                "tokenize, reuse decision, restore, first sample).",
+                atomic_load(&s->overhead_us_sum), ttft_count);
+    put_summary(b, "tern_preempt_wait_seconds", "How long requests that arrived during idle work waited for it.",
+                atomic_load(&s->preempt_us_sum), atomic_load(&s->preempt_count));
+    const struct srv_metric conns[] = {
+        {"tern_uptime_seconds", "gauge", "Seconds since the server started.", SRV_F(tern_now_s() - s->t_start)},
+        {"tern_http_connections_open", "gauge", "Open client connections (idle keep-alive ones included).",
+         SRV_U(atomic_load(&s->conns_open))},
+        {"tern_http_connections_total", "counter", "Client connections accepted.", SRV_U(atomic_load(&s->conns_total))},
+        {"tern_http_header_timeouts_total", "counter",
+         "Connections closed (408) for not sending a complete request header in time (--header-timeout, "
+         "--idle-timeout).",
+         SRV_U(atomic_load(&s->header_timeouts))},
+        {"tern_http_body_timeouts_total", "counter",
+         "Connections closed (408) for not sending their request body in time (--body-timeout, then 4096 bytes a "
+         "second).",
+         SRV_U(atomic_load(&s->body_timeouts))},
+        {"tern_http_connections_shed_total", "counter",
+         "Waiting connections closed to make room for new ones when the connection table was nearly full.",
+         SRV_U(atomic_load(&s->conns_shed))},
+    };
+    srv_metrics_put(b, conns, TERN_ARRAY_LEN(conns));
     const struct srv_backend *be = atomic_load(&s->backend);
     if (be && be->metrics) be->metrics(be->self, b);
 }

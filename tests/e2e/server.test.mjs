@@ -71,6 +71,32 @@ function assemble(text) {
   return out;
 }
 
+// Prometheus text as scrapers want it: every family has its # HELP and then its # TYPE,
+// and every sample belongs to the family whose head came last (families are not split).
+function checkExposition(met) {
+  const lines = met.split('\n').filter((l) => l);
+  let family = null;
+  const seen = new Set();
+  for (let i = 0; i < lines.length; i++) {
+    const l = lines[i];
+    if (l.startsWith('# HELP ')) {
+      const name = l.split(' ')[2];
+      assert.match(lines[i + 1] || '', new RegExp(`^# TYPE ${name} (counter|gauge|summary|histogram)$`), l);
+      assert.ok(!seen.has(name), `${name}: one head`);
+      assert.ok(l.length > `# HELP ${name} `.length + 3, `${name} has a help text`);
+      seen.add(name);
+      family = name;
+      i++;
+      continue;
+    }
+    assert.ok(!l.startsWith('#'), `a head without # HELP: ${l}`);
+    const name = l.split(/[{ ]/)[0];
+    assert.ok(family && (name === family || name.replace(/_(sum|count|bucket)$/, '') === family),
+      `${name} sampled under ${family}'s head`);
+  }
+  return seen;
+}
+
 test('health, models, metrics', async () => {
   const h = await fetch(srv.base + '/health');
   assert.equal(h.status, 200);
@@ -81,6 +107,8 @@ test('health, models, metrics', async () => {
   const met = await (await fetch(srv.base + '/metrics')).text();
   assert.match(met, /^tern_queue_capacity 4$/m);
   assert.match(met, /tern_cache_requests_total\{tier="cold"\}/);
+  const families = checkExposition(met);
+  assert.ok(families.has('tern_ttft_seconds') && families.has('tern_engine_step_sequences'), 'server and engine lines');
 });
 
 test('non-streamed chat: shape, usage, reuse report, greedy determinism', async () => {
@@ -257,6 +285,13 @@ test('api keys: 401 without, 200 with; /health open', async () => {
     assert.equal(bad.status, 401);
     const ok = await fetch(s2.base + '/v1/models', { headers: { authorization: 'Bearer other' } });
     assert.equal(ok.status, 200);
+    const chat = await fetch(s2.base + '/v1/chat/completions', {
+      method: 'POST', headers: { authorization: 'Bearer other', 'content-type': 'application/json' },
+      body: JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], max_tokens: 2, temperature: 0 }),
+    });
+    assert.equal(chat.status, 200);
+    const met = await (await fetch(s2.base + '/metrics', { headers: { authorization: 'Bearer other' } })).text();
+    assert.ok(checkExposition(met).has('tern_cache_tenant_sessions'), 'tenant lines, each family whole');
   } finally {
     assert.equal(await s2.stop(), 0);
   }
