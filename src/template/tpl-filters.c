@@ -21,17 +21,19 @@ enum filter {
     FL_N
 };
 
-static const char *const filter_names[FL_N] = {
-    "abs", "attr", "batch", "capitalize", "center", "count", "d", "default", "dictsort", "e", "escape",
-    "first", "float", "forceescape", "format", "indent", "int", "items", "join", "last", "length",
-    "list", "lower", "map", "max", "min", "reject", "rejectattr", "replace", "reverse", "round",
-    "safe", "select", "selectattr", "slice", "sort", "string", "striptags", "sum", "title", "tojson",
-    "trim", "truncate", "unique", "upper", "wordcount",
+/* A filter: its arguments bound and checked by itself; id is the one called (a function
+ * may serve a family: upper, lower, capitalize). */
+typedef enum tern_status (*filter_fn)(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                     struct val *out);
+struct filter_def {
+    const char *name;
+    filter_fn fn;
 };
+static const struct filter_def filters[FL_N]; /* below the functions */
 
 int tpl_filter_id(const char *name) {
     for (int i = 0; i < FL_N; i++)
-        if (!strcmp(filter_names[i], name)) return i;
+        if (!strcmp(filters[i].name, name)) return i;
     return -1;
 }
 
@@ -592,555 +594,764 @@ static enum tern_status no_args(const char *name, const struct argv *a) {
     return TERN_OK;
 }
 
-enum tern_status tpl_filter_eager(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+/* ---- the filters, one function each ------------------------------------------------- */
+
+static enum tern_status f_default(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
                                   struct val *out) {
+    (void)c, (void)id;
     enum tern_status st;
     struct val p[5];
     bool set[5];
-    if (v.kind == V_STR && (st = tpl_charge(c, v.u.s.n))) return st;
-    switch (id) {
-    case FL_DEFAULT:
-    case FL_D: {
-        static const char *const nm[] = {"default_value", "boolean"};
-        if ((st = tpl_bind_args(name, a, nm, 2, p, set))) return st;
-        bool boolean = set[1] && v_truthy(p[1]);
-        if (v.kind == V_UNDEF || (boolean && !v_truthy(v))) *out = set[0] ? p[0] : v_str("", 0);
-        else *out = v;
-        return TERN_OK;
-    }
-    case FL_LENGTH:
-    case FL_COUNT: {
-        int64_t n = 0;
-        if ((st = no_args(name, a)) || (st = py_len(v, &n))) return st;
-        *out = v_int(n);
-        return TERN_OK;
-    }
-    case FL_TRIM: {
-        static const char *const nm[] = {"chars"};
-        if ((st = tpl_bind_args(name, a, nm, 1, p, set))) return st;
-        struct val s;
-        if ((st = soft_str(c, v, &s))) return st;
-        return tpl_strip(c, s, set[0] ? &p[0] : NULL, 3, out);
-    }
-    case FL_UPPER:
-    case FL_LOWER:
-    case FL_CAPITALIZE: {
-        struct val s;
-        if ((st = no_args(name, a)) || (st = soft_str(c, v, &s))) return st;
-        return tpl_case(c, s, id == FL_UPPER ? CM_UPPER : id == FL_LOWER ? CM_LOWER : CM_CAPITALIZE, out);
-    }
-    case FL_TITLE: {
-        /* jinja2: split before runs of [-\s({[<], capitalise the first character of
-         * each piece and lowercase the rest */
-        struct val s;
-        if ((st = no_args(name, a)) || (st = soft_str(c, v, &s))) return st;
-        struct tern_buf b = TERN_BUF_INIT;
-        b.limit = c->max_output;
-        const char *q = s.u.s.p;
-        size_t n = s.u.s.n, i = 0;
-        bool word_start = true;
-        st = TERN_OK;
-        while (i < n && !st) {
-            size_t len;
-            uint32_t cp = utf8_decode(q + i, n - i, &len);
-            bool sep = uc_isspace(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<';
-            struct val piece = v_str(q + i, len), r;
-            if (sep) {
-                st = tern_buf_append(&b, q + i, len);
-                word_start = true;
-            } else {
-                st = tpl_case(c, piece, word_start ? CM_UPPER : CM_LOWER, &r);
-                if (!st) st = tern_buf_append(&b, r.u.s.p, r.u.s.n);
-                word_start = false;
-            }
-            i += len;
+    static const char *const nm[] = {"default_value", "boolean"};
+    if ((st = tpl_bind_args(name, a, nm, 2, p, set))) return st;
+    bool boolean = set[1] && v_truthy(p[1]);
+    if (v.kind == V_UNDEF || (boolean && !v_truthy(v))) *out = set[0] ? p[0] : v_str("", 0);
+    else *out = v;
+    return TERN_OK;
+}
+
+static enum tern_status f_length(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                 struct val *out) {
+    (void)c, (void)id;
+    enum tern_status st;
+    int64_t n = 0;
+    if ((st = no_args(name, a)) || (st = py_len(v, &n))) return st;
+    *out = v_int(n);
+    return TERN_OK;
+}
+
+static enum tern_status f_trim(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                               struct val *out) {
+    (void)id;
+    enum tern_status st;
+    struct val p[5];
+    bool set[5];
+    static const char *const nm[] = {"chars"};
+    if ((st = tpl_bind_args(name, a, nm, 1, p, set))) return st;
+    struct val s;
+    if ((st = soft_str(c, v, &s))) return st;
+    return tpl_strip(c, s, set[0] ? &p[0] : NULL, 3, out);
+}
+
+static enum tern_status f_upper(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                struct val *out) {
+    enum tern_status st;
+    struct val s;
+    if ((st = no_args(name, a)) || (st = soft_str(c, v, &s))) return st;
+    return tpl_case(c, s, id == FL_UPPER ? CM_UPPER : id == FL_LOWER ? CM_LOWER : CM_CAPITALIZE, out);
+}
+
+static enum tern_status f_title(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                struct val *out) {
+    (void)id;
+    enum tern_status st;
+    /* jinja2: split before runs of [-\s({[<], capitalise the first character of
+     * each piece and lowercase the rest */
+    struct val s;
+    if ((st = no_args(name, a)) || (st = soft_str(c, v, &s))) return st;
+    struct tern_buf b = TERN_BUF_INIT;
+    b.limit = c->max_output;
+    const char *q = s.u.s.p;
+    size_t n = s.u.s.n, i = 0;
+    bool word_start = true;
+    st = TERN_OK;
+    while (i < n && !st) {
+        size_t len;
+        uint32_t cp = utf8_decode(q + i, n - i, &len);
+        bool sep = uc_isspace(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<';
+        struct val piece = v_str(q + i, len), r;
+        if (sep) {
+            st = tern_buf_append(&b, q + i, len);
+            word_start = true;
+        } else {
+            st = tpl_case(c, piece, word_start ? CM_UPPER : CM_LOWER, &r);
+            if (!st) st = tern_buf_append(&b, r.u.s.p, r.u.s.n);
+            word_start = false;
         }
-        if (!st) st = tpl_new_str(c, b.data ? b.data : "", b.len, out);
-        tern_buf_free(&b);
+        i += len;
+    }
+    if (!st) st = tpl_new_str(c, b.data ? b.data : "", b.len, out);
+    tern_buf_free(&b);
+    return st;
+}
+
+static enum tern_status f_string(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                 struct val *out) {
+    (void)id;
+    enum tern_status st;
+    if ((st = no_args(name, a))) return st;
+    return soft_str(c, v, out);
+}
+
+static enum tern_status f_safe(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                               struct val *out) {
+    (void)id;
+    enum tern_status st;
+    if ((st = no_args(name, a)) || (st = soft_str(c, v, out))) return st;
+    out->flags |= VF_SAFE;
+    return TERN_OK;
+}
+
+static enum tern_status f_e(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                            struct val *out) {
+    enum tern_status st;
+    if ((st = no_args(name, a))) return st;
+    if (v.kind == V_STR && (v.flags & VF_SAFE) && id != FL_FORCEESCAPE) {
+        *out = v;
+        return TERN_OK;
+    }
+    struct val s;
+    if ((st = soft_str(c, v, &s))) return st;
+    return tpl_html_escape(c, s, out);
+}
+
+static enum tern_status f_tojson(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                 struct val *out) {
+    (void)id, (void)name;
+    return do_tojson(c, v, a, out);
+}
+
+static enum tern_status f_items(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                struct val *out) {
+    (void)id;
+    enum tern_status st;
+    if ((st = no_args(name, a))) return st;
+    if (v.kind == V_UNDEF) {
+        *out = empty_list(c);
+        return out->kind == V_LIST ? TERN_OK : tpl_oom(c);
+    }
+    if (v.kind != V_DICT) return tern_errorf(TERN_ERR_TEMPLATE, "Can only get item pairs from a mapping.");
+    return tpl_dict_items(c, v, 0, out);
+}
+
+static enum tern_status f_list(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                               struct val *out) {
+    (void)id;
+    enum tern_status st;
+    if ((st = no_args(name, a))) return st;
+    struct val seq;
+    if ((st = tpl_iterable(c, v, &seq))) return st;
+    size_t n = v_len_list(seq);
+    struct tpl_list *l = tpl_list_new(c, n);
+    if (!l) return tpl_oom(c);
+    for (size_t i = 0; i < n; i++) l->items[i] = v_list_at(seq, i);
+    *out = v_list(l, false);
+    return TERN_OK;
+}
+
+static enum tern_status f_join(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                               struct val *out) {
+    (void)id;
+    enum tern_status st;
+    struct val p[5];
+    bool set[5];
+    static const char *const nm[] = {"d", "attribute"};
+    if ((st = tpl_bind_args(name, a, nm, 2, p, set))) return st;
+    struct val sep = v_str("", 0), seq;
+    if (set[0] && (st = soft_str(c, p[0], &sep))) return st;
+    if ((st = tpl_iterable(c, v, &seq))) return st;
+    size_t n = v_len_list(seq);
+    if ((st = tpl_step(c, n))) return st;
+    struct tern_buf b = TERN_BUF_INIT;
+    b.limit = c->max_output;
+    st = TERN_OK;
+    for (size_t i = 0; i < n && !st; i++) {
+        struct val x = v_list_at(seq, i);
+        if (set[1] && p[1].kind != V_NONE && (st = get_path(c, x, p[1], &x))) break;
+        if (i) st = tern_buf_append(&b, sep.u.s.p, sep.u.s.n);
+        if (!st) st = tpl_fmt_str(c, &b, x, 0);
+    }
+    if (!st) st = tpl_new_str(c, b.data ? b.data : "", b.len, out);
+    tern_buf_free(&b);
+    return st;
+}
+
+static enum tern_status f_first(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                struct val *out) {
+    enum tern_status st;
+    if ((st = no_args(name, a))) return st;
+    if (v.kind == V_GEN) {
+        if (id == FL_LAST) return tern_errorf(TERN_ERR_TEMPLATE, "'%s' object is not reversible", v_type_name(v));
+        /* next(iter(gen)): takes one item */
+        struct tpl_gen *g = v.u.gen;
+        size_t pos = g->pos;
+        struct val rest;
+        if ((st = tpl_iterable(c, v, &rest))) return st;
+        g->pos = pos + (v_len_list(rest) ? 1 : 0);
+        *out = v_len_list(rest) ? v_list_at(rest, 0) : v_undef_hint("No first item, sequence was empty.");
+        return TERN_OK;
+    }
+    if (v.kind == V_UNDEF) {
+        *out = v_undef_hint(id == FL_FIRST ? "No first item, sequence was empty." : "No last item, sequence was empty.");
+        return TERN_OK;
+    }
+    struct val seq;
+    if ((st = tpl_iterable(c, v, &seq))) return st;
+    size_t n = v_len_list(seq);
+    if (n == 0) *out = v_undef_hint(id == FL_FIRST ? "No first item, sequence was empty." : "No last item, sequence was empty.");
+    else *out = v_list_at(seq, id == FL_FIRST ? 0 : n - 1);
+    return TERN_OK;
+}
+
+static enum tern_status f_reverse(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                  struct val *out) {
+    (void)id;
+    enum tern_status st;
+    if ((st = no_args(name, a))) return st;
+    if (v.kind == V_STR) return tpl_slice(c, v, v_none(), v_none(), v_int(-1), out);
+    struct val seq;
+    bool was_gen = v.kind == V_GEN;
+    if ((st = tpl_iterable(c, v, &seq))) return st;
+    if (seq.flags & VF_VIEW) {
+        struct val copy;
+        if ((st = tpl_slice(c, v_list(seq.u.l, false), v_none(), v_none(), v_int(-1), &copy))) return st;
+        seq = copy;
+    } else if ((st = tpl_slice(c, seq, v_none(), v_none(), v_int(-1), &seq))) {
         return st;
     }
-    case FL_STRING:
-        if ((st = no_args(name, a))) return st;
-        return soft_str(c, v, out);
-    case FL_SAFE:
-        if ((st = no_args(name, a)) || (st = soft_str(c, v, out))) return st;
-        out->flags |= VF_SAFE;
+    if (was_gen) {
+        /* reversed() refuses generators; jinja2 falls back to a reversed list */
+        *out = v_list(seq.u.l, false);
         return TERN_OK;
-    case FL_E:
-    case FL_ESCAPE:
-    case FL_FORCEESCAPE: {
-        if ((st = no_args(name, a))) return st;
-        if (v.kind == V_STR && (v.flags & VF_SAFE) && id != FL_FORCEESCAPE) {
-            *out = v;
+    }
+    /* reversed(list): an iterator over the items */
+    struct tpl_gen *g = tern_arena_calloc(&c->ar, 1, sizeof *g);
+    if (!g) return tpl_oom(c);
+    g->type_name = v.kind == V_DICT ? "dict_reversekeyiterator" : v.rep == REP_RANGE ? "range_iterator"
+                   : (v.flags & VF_TUPLE) ? "reversed" : "list_reverseiterator";
+    g->filter = -1;
+    g->items = v_list(seq.u.l, false);
+    *out = v_undef();
+    out->kind = V_GEN;
+    out->u.gen = g;
+    return TERN_OK;
+}
+
+static enum tern_status f_replace(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                  struct val *out) {
+    (void)id;
+    enum tern_status st;
+    struct val p[5];
+    bool set[5];
+    static const char *const nm[] = {"old", "new", "count"};
+    if ((st = tpl_bind_args(name, a, nm, 3, p, set))) return st;
+    if (!set[0] || !set[1]) return tern_errorf(TERN_ERR_TEMPLATE, "replace() needs old and new");
+    struct val s, o, w;
+    if ((st = soft_str(c, v, &s)) || (st = soft_str(c, p[0], &o)) || (st = soft_str(c, p[1], &w))) return st;
+    int64_t count = -1;
+    if (set[2] && p[2].kind != V_NONE) {
+        if (p[2].kind != V_INT) return tern_errorf(TERN_ERR_TEMPLATE, "replace(): count must be an integer");
+        count = p[2].u.i;
+    }
+    return tpl_replace(c, s, o, w, count, out);
+}
+
+static enum tern_status f_int(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                              struct val *out) {
+    (void)c, (void)id;
+    enum tern_status st;
+    struct val p[5];
+    bool set[5];
+    static const char *const nm[] = {"default", "base"};
+    if ((st = tpl_bind_args(name, a, nm, 2, p, set))) return st;
+    struct val def = set[0] ? p[0] : v_int(0);
+    int64_t base = 10;
+    if (set[1]) {
+        if (p[1].kind != V_INT) return tern_errorf(TERN_ERR_TEMPLATE, "int(): base must be an integer");
+        base = p[1].u.i;
+        if (base < 2 || base > 36) return tern_errorf(TERN_ERR_TEMPLATE, "int() base must be >= 2 and <= 36");
+    }
+    if (v.kind == V_UNDEF) return tpl_undef_error(v);
+    int64_t i;
+    double f;
+    if (v.kind == V_INT || v.kind == V_BOOL) *out = v_int(v.kind == V_BOOL ? v.u.b : v.u.i);
+    else if (v.kind == V_FLOAT && isfinite(v.u.f) && fabs(v.u.f) < 9.2e18) *out = v_int((int64_t)v.u.f);
+    else if (v.kind == V_STR && parse_int(v.u.s.p, v.u.s.n, (int)base, &i)) *out = v_int(i);
+    else if (v.kind == V_STR && parse_float(v.u.s.p, v.u.s.n, &f) && isfinite(f) && fabs(f) < 9.2e18)
+        *out = v_int((int64_t)f);
+    else *out = def;
+    return TERN_OK;
+}
+
+static enum tern_status f_float(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                struct val *out) {
+    (void)c, (void)id;
+    enum tern_status st;
+    struct val p[5];
+    bool set[5];
+    static const char *const nm[] = {"default"};
+    if ((st = tpl_bind_args(name, a, nm, 1, p, set))) return st;
+    if (v.kind == V_UNDEF) return tpl_undef_error(v);
+    double f;
+    if (v.kind == V_FLOAT) *out = v;
+    else if (v.kind == V_INT || v.kind == V_BOOL) *out = v_float(v.kind == V_BOOL ? v.u.b : (double)v.u.i);
+    else if (v.kind == V_STR && parse_float(v.u.s.p, v.u.s.n, &f)) *out = v_float(f);
+    else *out = set[0] ? p[0] : v_float(0.0);
+    return TERN_OK;
+}
+
+static enum tern_status f_abs(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                              struct val *out) {
+    (void)c, (void)id;
+    enum tern_status st;
+    if ((st = no_args(name, a))) return st;
+    if (v.kind == V_UNDEF) return tpl_undef_error(v);
+    if (v.kind == V_FLOAT) *out = v_float(fabs(v.u.f));
+    else if (v.kind == V_INT || v.kind == V_BOOL) {
+        int64_t x = v.kind == V_BOOL ? v.u.b : v.u.i;
+        if (x == INT64_MIN) return tern_errorf(TERN_ERR_TEMPLATE, "integer overflow");
+        *out = v_int(x < 0 ? -x : x);
+    } else {
+        return tern_errorf(TERN_ERR_TEMPLATE, "bad operand type for abs(): '%s'", v_type_name(v));
+    }
+    return TERN_OK;
+}
+
+static enum tern_status f_round(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                struct val *out) {
+    (void)id, (void)name;
+    return do_round(c, v, a, out);
+}
+
+static enum tern_status f_attr(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                               struct val *out) {
+    (void)id;
+    if (a->n_pos != 1 || a->n_kw) return tern_errorf(TERN_ERR_TEMPLATE, "attr() takes exactly one argument");
+    if (a->pos[0].kind != V_STR) return tern_errorf(TERN_ERR_TEMPLATE, "attribute name must be string");
+    /* attributes only: unlike x.name, no fallback to the item x['name'] */
+    struct val nm = a->pos[0];
+    if (v.kind == V_DICT) {
+        bool safe;
+        int m = tpl_method_id(nm.u.s.p, nm.u.s.n);
+        if (!tpl_has_method(v, m, &safe)) {
+            *out = v_undef_attr(v, nm.u.s.p, nm.u.s.n);
             return TERN_OK;
         }
-        struct val s;
-        if ((st = soft_str(c, v, &s))) return st;
-        return tpl_html_escape(c, s, out);
     }
-    case FL_TOJSON: return do_tojson(c, v, a, out);
-    case FL_ITEMS:
-        if ((st = no_args(name, a))) return st;
-        if (v.kind == V_UNDEF) {
-            *out = empty_list(c);
-            return out->kind == V_LIST ? TERN_OK : tpl_oom(c);
-        }
-        if (v.kind != V_DICT) return tern_errorf(TERN_ERR_TEMPLATE, "Can only get item pairs from a mapping.");
-        return tpl_dict_items(c, v, 0, out);
-    case FL_LIST: {
-        if ((st = no_args(name, a))) return st;
-        struct val seq;
-        if ((st = tpl_iterable(c, v, &seq))) return st;
-        size_t n = v_len_list(seq);
+    return tpl_getattr(c, v, nm.u.s.p, nm.u.s.n, tpl_method_id(nm.u.s.p, nm.u.s.n), out);
+}
+
+static enum tern_status f_map(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                              struct val *out) {
+    (void)id, (void)name;
+    return do_map(c, v, a, out);
+}
+
+static enum tern_status f_select(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                 struct val *out) {
+    (void)id;
+    return select_reject(c, v, a, true, false, name, out);
+}
+
+static enum tern_status f_reject(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                 struct val *out) {
+    (void)id;
+    return select_reject(c, v, a, false, false, name, out);
+}
+
+static enum tern_status f_selectattr(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                     struct val *out) {
+    (void)id;
+    return select_reject(c, v, a, true, true, name, out);
+}
+
+static enum tern_status f_rejectattr(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                     struct val *out) {
+    (void)id;
+    return select_reject(c, v, a, false, true, name, out);
+}
+
+static enum tern_status f_dictsort(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                   struct val *out) {
+    (void)id;
+    enum tern_status st;
+    struct val p[5];
+    bool set[5];
+    static const char *const nm[] = {"case_sensitive", "by", "reverse"};
+    if ((st = tpl_bind_args(name, a, nm, 3, p, set))) return st;
+    if (v.kind == V_UNDEF) return tpl_undef_error(v);
+    if (v.kind != V_DICT) return tern_errorf(TERN_ERR_TEMPLATE, "'%s' object has no attribute 'items'", v_type_name(v));
+    bool cs = set[0] && v_truthy(p[0]);
+    int pos = 0;
+    if (set[1]) {
+        if (p[1].kind == V_STR && p[1].u.s.n == 5 && !memcmp(p[1].u.s.p, "value", 5)) pos = 1;
+        else if (!(p[1].kind == V_STR && p[1].u.s.n == 3 && !memcmp(p[1].u.s.p, "key", 3)))
+            return tern_errorf(TERN_ERR_TEMPLATE, "You can only sort by either \"key\" or \"value\"");
+    }
+    struct val items;
+    if ((st = tpl_dict_items(c, v, 0, &items))) return st;
+    size_t n = v_len_list(items);
+    struct val *keys = tern_arena_alloc(&c->ar, (n ? n : 1) * sizeof *keys);
+    if (!keys) return tpl_oom(c);
+    for (size_t i = 0; i < n; i++)
+        if ((st = lower_if_str(c, items.u.l->items[i].u.l->items[pos], cs, &keys[i]))) return st;
+    struct tpl_list *l;
+    if ((st = sort_by_keys(c, items.u.l->items, keys, n, set[2] && v_truthy(p[2]), &l))) return st;
+    *out = v_list(l, false);
+    return TERN_OK;
+}
+
+static enum tern_status f_sort(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                               struct val *out) {
+    enum tern_status st;
+    struct val p[5];
+    bool set[5];
+    static const char *const sort_nm[] = {"reverse", "case_sensitive", "attribute"};
+    static const char *const other_nm[] = {"case_sensitive", "attribute"};
+    bool is_sort = id == FL_SORT;
+    if ((st = tpl_bind_args(name, a, is_sort ? sort_nm : other_nm, is_sort ? 3 : 2, p, set))) return st;
+    bool reverse = is_sort && set[0] && v_truthy(p[0]);
+    struct val cs_v = is_sort ? p[1] : p[0];
+    bool cs = (is_sort ? set[1] : set[0]) && v_truthy(cs_v);
+    const struct val *attr = (is_sort ? set[2] : set[1]) ? (is_sort ? &p[2] : &p[1]) : NULL;
+    struct val seq;
+    if ((st = tpl_iterable(c, v, &seq))) return st;
+    size_t n = v_len_list(seq);
+    if ((st = tpl_step(c, n))) return st;
+    struct val *items = tern_arena_alloc(&c->ar, (n ? n : 1) * sizeof *items);
+    struct val *keys = tern_arena_alloc(&c->ar, (n ? n : 1) * sizeof *keys);
+    if (!items || !keys) return tpl_oom(c);
+    for (size_t i = 0; i < n; i++) {
+        items[i] = v_list_at(seq, i);
+        if ((st = item_key(c, items[i], attr, cs, &keys[i]))) return st;
+    }
+    if (id == FL_SORT) {
+        struct tpl_list *l;
+        if ((st = sort_by_keys(c, items, keys, n, reverse, &l))) return st;
+        *out = v_list(l, false);
+        return TERN_OK;
+    }
+    if (id == FL_UNIQUE) {
         struct tpl_list *l = tpl_list_new(c, n);
         if (!l) return tpl_oom(c);
-        for (size_t i = 0; i < n; i++) l->items[i] = v_list_at(seq, i);
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++) {
+            bool seen = false;
+            if ((st = tpl_step(c, i / 8 + 1))) return st;
+            for (size_t j = 0; j < i && !seen; j++) {
+                if ((st = tpl_eq(c, keys[i], keys[j], &seen, 0))) return st;
+            }
+            if (!seen) l->items[k++] = items[i];
+        }
+        l->n = k;
         *out = v_list(l, false);
         return TERN_OK;
     }
-    case FL_JOIN: {
-        static const char *const nm[] = {"d", "attribute"};
-        if ((st = tpl_bind_args(name, a, nm, 2, p, set))) return st;
-        struct val sep = v_str("", 0), seq;
-        if (set[0] && (st = soft_str(c, p[0], &sep))) return st;
-        if ((st = tpl_iterable(c, v, &seq))) return st;
-        size_t n = v_len_list(seq);
-        if ((st = tpl_step(c, n))) return st;
-        struct tern_buf b = TERN_BUF_INIT;
-        b.limit = c->max_output;
-        st = TERN_OK;
-        for (size_t i = 0; i < n && !st; i++) {
-            struct val x = v_list_at(seq, i);
-            if (set[1] && p[1].kind != V_NONE && (st = get_path(c, x, p[1], &x))) break;
-            if (i) st = tern_buf_append(&b, sep.u.s.p, sep.u.s.n);
-            if (!st) st = tpl_fmt_str(c, &b, x, 0);
-        }
-        if (!st) st = tpl_new_str(c, b.data ? b.data : "", b.len, out);
-        tern_buf_free(&b);
-        return st;
-    }
-    case FL_FIRST:
-    case FL_LAST: {
-        if ((st = no_args(name, a))) return st;
-        if (v.kind == V_GEN) {
-            if (id == FL_LAST) return tern_errorf(TERN_ERR_TEMPLATE, "'%s' object is not reversible", v_type_name(v));
-            /* next(iter(gen)): takes one item */
-            struct tpl_gen *g = v.u.gen;
-            size_t pos = g->pos;
-            struct val rest;
-            if ((st = tpl_iterable(c, v, &rest))) return st;
-            g->pos = pos + (v_len_list(rest) ? 1 : 0);
-            *out = v_len_list(rest) ? v_list_at(rest, 0) : v_undef_hint("No first item, sequence was empty.");
-            return TERN_OK;
-        }
-        if (v.kind == V_UNDEF) {
-            *out = v_undef_hint(id == FL_FIRST ? "No first item, sequence was empty." : "No last item, sequence was empty.");
-            return TERN_OK;
-        }
-        struct val seq;
-        if ((st = tpl_iterable(c, v, &seq))) return st;
-        size_t n = v_len_list(seq);
-        if (n == 0) *out = v_undef_hint(id == FL_FIRST ? "No first item, sequence was empty." : "No last item, sequence was empty.");
-        else *out = v_list_at(seq, id == FL_FIRST ? 0 : n - 1);
+    if (n == 0) {
+        *out = v_undef_hint("No aggregated item, sequence was empty.");
         return TERN_OK;
     }
-    case FL_REVERSE: {
-        if ((st = no_args(name, a))) return st;
-        if (v.kind == V_STR) return tpl_slice(c, v, v_none(), v_none(), v_int(-1), out);
-        struct val seq;
-        bool was_gen = v.kind == V_GEN;
-        if ((st = tpl_iterable(c, v, &seq))) return st;
-        if (seq.flags & VF_VIEW) {
-            struct val copy;
-            if ((st = tpl_slice(c, v_list(seq.u.l, false), v_none(), v_none(), v_int(-1), &copy))) return st;
-            seq = copy;
-        } else if ((st = tpl_slice(c, seq, v_none(), v_none(), v_int(-1), &seq))) {
-            return st;
+    size_t best = 0;
+    for (size_t i = 1; i < n; i++) {
+        int r;
+        if ((st = tpl_cmp(c, keys[i], keys[best], &r, 0))) return st;
+        if ((id == FL_MIN && r == -1) || (id == FL_MAX && r == 1)) best = i;
+    }
+    *out = items[best];
+    return TERN_OK;
+}
+
+static enum tern_status f_sum(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                              struct val *out) {
+    (void)id;
+    enum tern_status st;
+    struct val p[5];
+    bool set[5];
+    static const char *const nm[] = {"attribute", "start"};
+    if ((st = tpl_bind_args(name, a, nm, 2, p, set))) return st;
+    struct val seq, acc = set[1] ? p[1] : v_int(0);
+    if ((st = tpl_iterable(c, v, &seq))) return st;
+    size_t n = v_len_list(seq);
+    for (size_t i = 0; i < n; i++) {
+        struct val x = v_list_at(seq, i);
+        if (set[0] && p[0].kind != V_NONE && (st = get_path(c, x, p[0], &x))) return st;
+        if ((st = tpl_binop(c, OP_ADD, acc, x, &acc)) || (st = tpl_step(c, 1))) return st;
+    }
+    *out = acc;
+    return TERN_OK;
+}
+
+static enum tern_status f_center(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                 struct val *out) {
+    (void)id;
+    enum tern_status st;
+    struct val p[5];
+    bool set[5];
+    static const char *const nm[] = {"width"};
+    if ((st = tpl_bind_args(name, a, nm, 1, p, set))) return st;
+    struct val s;
+    if ((st = soft_str(c, v, &s))) return st;
+    struct argv ca = {0};
+    struct val w = set[0] ? p[0] : v_int(80);
+    ca.pos = &w;
+    ca.n_pos = 1;
+    return tpl_call_method(c, s, tpl_method_id("center", 6), "center", &ca, out);
+}
+
+static enum tern_status f_indent(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                 struct val *out) {
+    (void)id;
+    enum tern_status st;
+    struct val p[5];
+    bool set[5];
+    static const char *const nm[] = {"width", "first", "blank"};
+    if ((st = tpl_bind_args(name, a, nm, 3, p, set))) return st;
+    struct val ind;
+    char spaces[256];
+    if (set[0] && p[0].kind == V_STR) {
+        ind = p[0];
+    } else {
+        int64_t w = 4;
+        if (set[0]) {
+            if (p[0].kind != V_INT) return tern_errorf(TERN_ERR_TEMPLATE, "indent(): width must be an int or a string");
+            w = p[0].u.i;
         }
-        if (was_gen) {
-            /* reversed() refuses generators; jinja2 falls back to a reversed list */
-            *out = v_list(seq.u.l, false);
-            return TERN_OK;
+        if (w < 0) w = 0;
+        if (w > (int64_t)sizeof spaces) return tern_errorf(TERN_ERR_TEMPLATE, "indent(): width %lld is too large", (long long)w);
+        memset(spaces, ' ', (size_t)w);
+        ind = v_str(spaces, (size_t)w);
+    }
+    bool first = set[1] && v_truthy(p[1]), blank = set[2] && v_truthy(p[2]);
+    struct val s = v, lines;
+    /* jinja2 appends "\n" to the value itself: only strings work */
+    if (v.kind == V_UNDEF) return tpl_undef_error(v);
+    if (v.kind != V_STR)
+        return tern_errorf(TERN_ERR_TEMPLATE, "unsupported operand type(s) for +=: '%s' and 'str'", v_type_name(v));
+    /* jinja2 appends a newline before splitting (so a trailing newline survives) */
+    struct val nl = v_str("\n", 1), s2;
+    if ((st = tpl_concat2(c, s, nl, &s2)) || (st = tpl_splitlines(c, s2, false, &lines))) return st;
+    struct tern_buf b = TERN_BUF_INIT;
+    b.limit = c->max_output;
+    size_t n = v_len_list(lines);
+    st = TERN_OK;
+    if (first) st = tern_buf_append(&b, ind.u.s.p, ind.u.s.n);
+    for (size_t i = 0; i < n && !st; i++) {
+        struct val line = v_list_at(lines, i);
+        if (i) {
+            st = tern_buf_putc(&b, '\n');
+            if (!st && (blank || line.u.s.n)) st = tern_buf_append(&b, ind.u.s.p, ind.u.s.n);
         }
-        /* reversed(list): an iterator over the items */
-        struct tpl_gen *g = tern_arena_calloc(&c->ar, 1, sizeof *g);
-        if (!g) return tpl_oom(c);
-        g->type_name = v.kind == V_DICT ? "dict_reversekeyiterator" : v.rep == REP_RANGE ? "range_iterator"
-                       : (v.flags & VF_TUPLE) ? "reversed" : "list_reverseiterator";
-        g->filter = -1;
-        g->items = v_list(seq.u.l, false);
-        *out = v_undef();
-        out->kind = V_GEN;
-        out->u.gen = g;
+        if (!st) st = tern_buf_append(&b, line.u.s.p, line.u.s.n);
+    }
+    if (!st) st = tpl_new_str(c, b.data ? b.data : "", b.len, out);
+    tern_buf_free(&b);
+    return st;
+}
+
+static enum tern_status f_truncate(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                   struct val *out) {
+    (void)id;
+    enum tern_status st;
+    struct val p[5];
+    bool set[5];
+    static const char *const nm[] = {"length", "killwords", "end", "leeway"};
+    if ((st = tpl_bind_args(name, a, nm, 4, p, set))) return st;
+    struct val s = v, end = v_str("...", 3);
+    int64_t length = 255, leeway = 5;
+    if (set[0] && p[0].kind == V_INT) length = p[0].u.i;
+    if (set[2] && (st = soft_str(c, p[2], &end))) return st;
+    if (set[3] && p[3].kind == V_INT) leeway = p[3].u.i;
+    int64_t end_len = (int64_t)utf8_count(end.u.s.p, end.u.s.n);
+    if (length < end_len) return tern_errorf(TERN_ERR_TEMPLATE, "expected length >= %lld, got %lld", (long long)end_len, (long long)length);
+    if (leeway < 0) return tern_errorf(TERN_ERR_TEMPLATE, "expected leeway >= 0, got %lld", (long long)leeway);
+    int64_t len;
+    if ((st = py_len(s, &len))) return st;
+    if (len <= length + leeway) {
+        *out = s;
         return TERN_OK;
     }
-    case FL_REPLACE: {
-        static const char *const nm[] = {"old", "new", "count"};
-        if ((st = tpl_bind_args(name, a, nm, 3, p, set))) return st;
-        if (!set[0] || !set[1]) return tern_errorf(TERN_ERR_TEMPLATE, "replace() needs old and new");
-        struct val s, o, w;
-        if ((st = soft_str(c, v, &s)) || (st = soft_str(c, p[0], &o)) || (st = soft_str(c, p[1], &w))) return st;
-        int64_t count = -1;
-        if (set[2] && p[2].kind != V_NONE) {
-            if (p[2].kind != V_INT) return tern_errorf(TERN_ERR_TEMPLATE, "replace(): count must be an integer");
-            count = p[2].u.i;
+    if (s.kind != V_STR)
+        return tern_errorf(TERN_ERR_TEMPLATE, "'%s' object has no attribute 'rsplit'", v_type_name(s));
+    struct val head;
+    if ((st = tpl_slice(c, s, v_none(), v_int(length - end_len), v_none(), &head))) return st;
+    if (!(set[1] && v_truthy(p[1]))) {
+        const char *sp = NULL;
+        for (size_t i = head.u.s.n; i-- > 0;)
+            if (head.u.s.p[i] == ' ') {
+                sp = head.u.s.p + i;
+                break;
+            }
+        if (sp) head.u.s.n = (size_t)(sp - head.u.s.p);
+    }
+    return tpl_concat2(c, head, end, out);
+}
+
+static enum tern_status f_wordcount(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                    struct val *out) {
+    (void)id;
+    enum tern_status st;
+    struct val s;
+    if ((st = no_args(name, a)) || (st = soft_str(c, v, &s))) return st;
+    int64_t words = 0;
+    bool in = false;
+    for (size_t i = 0; i < s.u.s.n;) {
+        size_t len;
+        uint32_t cp = utf8_decode(s.u.s.p + i, s.u.s.n - i, &len);
+        bool w = cp == '_' || uc_isalpha(cp) || uc_isnumeric(cp);
+        if (w && !in) words++;
+        in = w;
+        i += len;
+    }
+    *out = v_int(words);
+    return TERN_OK;
+}
+
+static enum tern_status f_striptags(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                    struct val *out) {
+    (void)id;
+    enum tern_status st;
+    struct val s;
+    if ((st = no_args(name, a)) || (st = soft_str(c, v, &s))) return st;
+    struct tern_buf b = TERN_BUF_INIT;
+    b.limit = c->max_output;
+    bool space = false, any = false;
+    st = TERN_OK;
+    for (size_t i = 0; i < s.u.s.n && !st;) {
+        if (s.u.s.p[i] == '<') {
+            const char *e = memchr(s.u.s.p + i, '>', s.u.s.n - i);
+            if (e) {
+                i = (size_t)(e - s.u.s.p) + 1;
+                continue;
+            }
         }
-        return tpl_replace(c, s, o, w, count, out);
-    }
-    case FL_INT: {
-        static const char *const nm[] = {"default", "base"};
-        if ((st = tpl_bind_args(name, a, nm, 2, p, set))) return st;
-        struct val def = set[0] ? p[0] : v_int(0);
-        int64_t base = 10;
-        if (set[1]) {
-            if (p[1].kind != V_INT) return tern_errorf(TERN_ERR_TEMPLATE, "int(): base must be an integer");
-            base = p[1].u.i;
-            if (base < 2 || base > 36) return tern_errorf(TERN_ERR_TEMPLATE, "int() base must be >= 2 and <= 36");
-        }
-        if (v.kind == V_UNDEF) return tpl_undef_error(v);
-        int64_t i;
-        double f;
-        if (v.kind == V_INT || v.kind == V_BOOL) *out = v_int(v.kind == V_BOOL ? v.u.b : v.u.i);
-        else if (v.kind == V_FLOAT && isfinite(v.u.f) && fabs(v.u.f) < 9.2e18) *out = v_int((int64_t)v.u.f);
-        else if (v.kind == V_STR && parse_int(v.u.s.p, v.u.s.n, (int)base, &i)) *out = v_int(i);
-        else if (v.kind == V_STR && parse_float(v.u.s.p, v.u.s.n, &f) && isfinite(f) && fabs(f) < 9.2e18)
-            *out = v_int((int64_t)f);
-        else *out = def;
-        return TERN_OK;
-    }
-    case FL_FLOAT: {
-        static const char *const nm[] = {"default"};
-        if ((st = tpl_bind_args(name, a, nm, 1, p, set))) return st;
-        if (v.kind == V_UNDEF) return tpl_undef_error(v);
-        double f;
-        if (v.kind == V_FLOAT) *out = v;
-        else if (v.kind == V_INT || v.kind == V_BOOL) *out = v_float(v.kind == V_BOOL ? v.u.b : (double)v.u.i);
-        else if (v.kind == V_STR && parse_float(v.u.s.p, v.u.s.n, &f)) *out = v_float(f);
-        else *out = set[0] ? p[0] : v_float(0.0);
-        return TERN_OK;
-    }
-    case FL_ABS:
-        if ((st = no_args(name, a))) return st;
-        if (v.kind == V_UNDEF) return tpl_undef_error(v);
-        if (v.kind == V_FLOAT) *out = v_float(fabs(v.u.f));
-        else if (v.kind == V_INT || v.kind == V_BOOL) {
-            int64_t x = v.kind == V_BOOL ? v.u.b : v.u.i;
-            if (x == INT64_MIN) return tern_errorf(TERN_ERR_TEMPLATE, "integer overflow");
-            *out = v_int(x < 0 ? -x : x);
+        size_t len;
+        uint32_t cp = utf8_decode(s.u.s.p + i, s.u.s.n - i, &len);
+        if (uc_isspace(cp)) {
+            space = any;
         } else {
-            return tern_errorf(TERN_ERR_TEMPLATE, "bad operand type for abs(): '%s'", v_type_name(v));
+            if (space) st = tern_buf_putc(&b, ' ');
+            if (!st) st = tern_buf_append(&b, s.u.s.p + i, len);
+            space = false;
+            any = true;
         }
-        return TERN_OK;
-    case FL_ROUND: return do_round(c, v, a, out);
-    case FL_ATTR: {
-        if (a->n_pos != 1 || a->n_kw) return tern_errorf(TERN_ERR_TEMPLATE, "attr() takes exactly one argument");
-        if (a->pos[0].kind != V_STR) return tern_errorf(TERN_ERR_TEMPLATE, "attribute name must be string");
-        /* attributes only: unlike x.name, no fallback to the item x['name'] */
-        struct val nm = a->pos[0];
-        if (v.kind == V_DICT) {
-            bool safe;
-            int m = tpl_method_id(nm.u.s.p, nm.u.s.n);
-            if (!tpl_has_method(v, m, &safe)) {
-                *out = v_undef_attr(v, nm.u.s.p, nm.u.s.n);
-                return TERN_OK;
-            }
-        }
-        return tpl_getattr(c, v, nm.u.s.p, nm.u.s.n, tpl_method_id(nm.u.s.p, nm.u.s.n), out);
+        i += len;
     }
-    case FL_MAP: return do_map(c, v, a, out);
-    case FL_SELECT: return select_reject(c, v, a, true, false, name, out);
-    case FL_REJECT: return select_reject(c, v, a, false, false, name, out);
-    case FL_SELECTATTR: return select_reject(c, v, a, true, true, name, out);
-    case FL_REJECTATTR: return select_reject(c, v, a, false, true, name, out);
-    case FL_DICTSORT: {
-        static const char *const nm[] = {"case_sensitive", "by", "reverse"};
-        if ((st = tpl_bind_args(name, a, nm, 3, p, set))) return st;
-        if (v.kind == V_UNDEF) return tpl_undef_error(v);
-        if (v.kind != V_DICT) return tern_errorf(TERN_ERR_TEMPLATE, "'%s' object has no attribute 'items'", v_type_name(v));
-        bool cs = set[0] && v_truthy(p[0]);
-        int pos = 0;
-        if (set[1]) {
-            if (p[1].kind == V_STR && p[1].u.s.n == 5 && !memcmp(p[1].u.s.p, "value", 5)) pos = 1;
-            else if (!(p[1].kind == V_STR && p[1].u.s.n == 3 && !memcmp(p[1].u.s.p, "key", 3)))
-                return tern_errorf(TERN_ERR_TEMPLATE, "You can only sort by either \"key\" or \"value\"");
-        }
-        struct val items;
-        if ((st = tpl_dict_items(c, v, 0, &items))) return st;
-        size_t n = v_len_list(items);
-        struct val *keys = tern_arena_alloc(&c->ar, (n ? n : 1) * sizeof *keys);
-        if (!keys) return tpl_oom(c);
-        for (size_t i = 0; i < n; i++)
-            if ((st = lower_if_str(c, items.u.l->items[i].u.l->items[pos], cs, &keys[i]))) return st;
-        struct tpl_list *l;
-        if ((st = sort_by_keys(c, items.u.l->items, keys, n, set[2] && v_truthy(p[2]), &l))) return st;
-        *out = v_list(l, false);
-        return TERN_OK;
+    if (!st) st = tpl_new_str(c, b.data ? b.data : "", b.len, out);
+    tern_buf_free(&b);
+    return st;
+}
+
+static enum tern_status f_format(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                 struct val *out) {
+    (void)id, (void)name;
+    enum tern_status st;
+    struct val s;
+    if ((st = soft_str(c, v, &s))) return st;
+    if (a->n_pos && a->n_kw) return tern_errorf(TERN_ERR_TEMPLATE, "can't handle positional and keyword arguments at the same time");
+    if (a->n_kw) {
+        struct tpl_dict *d = tpl_dict_new(c, a->n_kw);
+        if (!d) return tpl_oom(c);
+        for (uint32_t i = 0; i < a->n_kw; i++)
+            if ((st = tpl_dict_set(c, d, v_str(a->kw_names[i], a->kw_lens[i]), a->kw[i]))) return st;
+        return tpl_str_percent(c, s, dict_val(d), out);
     }
-    case FL_SORT:
-    case FL_UNIQUE:
-    case FL_MIN:
-    case FL_MAX: {
-        static const char *const sort_nm[] = {"reverse", "case_sensitive", "attribute"};
-        static const char *const other_nm[] = {"case_sensitive", "attribute"};
-        bool is_sort = id == FL_SORT;
-        if ((st = tpl_bind_args(name, a, is_sort ? sort_nm : other_nm, is_sort ? 3 : 2, p, set))) return st;
-        bool reverse = is_sort && set[0] && v_truthy(p[0]);
-        struct val cs_v = is_sort ? p[1] : p[0];
-        bool cs = (is_sort ? set[1] : set[0]) && v_truthy(cs_v);
-        const struct val *attr = (is_sort ? set[2] : set[1]) ? (is_sort ? &p[2] : &p[1]) : NULL;
-        struct val seq;
-        if ((st = tpl_iterable(c, v, &seq))) return st;
-        size_t n = v_len_list(seq);
-        if ((st = tpl_step(c, n))) return st;
-        struct val *items = tern_arena_alloc(&c->ar, (n ? n : 1) * sizeof *items);
-        struct val *keys = tern_arena_alloc(&c->ar, (n ? n : 1) * sizeof *keys);
-        if (!items || !keys) return tpl_oom(c);
-        for (size_t i = 0; i < n; i++) {
-            items[i] = v_list_at(seq, i);
-            if ((st = item_key(c, items[i], attr, cs, &keys[i]))) return st;
-        }
-        if (id == FL_SORT) {
-            struct tpl_list *l;
-            if ((st = sort_by_keys(c, items, keys, n, reverse, &l))) return st;
-            *out = v_list(l, false);
-            return TERN_OK;
-        }
-        if (id == FL_UNIQUE) {
-            struct tpl_list *l = tpl_list_new(c, n);
-            if (!l) return tpl_oom(c);
-            size_t k = 0;
-            for (size_t i = 0; i < n; i++) {
-                bool seen = false;
-                if ((st = tpl_step(c, i / 8 + 1))) return st;
-                for (size_t j = 0; j < i && !seen; j++) {
-                    if ((st = tpl_eq(c, keys[i], keys[j], &seen, 0))) return st;
-                }
-                if (!seen) l->items[k++] = items[i];
-            }
-            l->n = k;
-            *out = v_list(l, false);
-            return TERN_OK;
-        }
-        if (n == 0) {
-            *out = v_undef_hint("No aggregated item, sequence was empty.");
-            return TERN_OK;
-        }
-        size_t best = 0;
-        for (size_t i = 1; i < n; i++) {
-            int r;
-            if ((st = tpl_cmp(c, keys[i], keys[best], &r, 0))) return st;
-            if ((id == FL_MIN && r == -1) || (id == FL_MAX && r == 1)) best = i;
-        }
-        *out = items[best];
-        return TERN_OK;
+    struct tpl_list *l = tpl_list_new(c, a->n_pos);
+    if (!l) return tpl_oom(c);
+    for (uint32_t i = 0; i < a->n_pos; i++) l->items[i] = a->pos[i];
+    return tpl_str_percent(c, s, v_list(l, true), out);
+}
+
+static enum tern_status f_batch(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                struct val *out) {
+    enum tern_status st;
+    struct val p[5];
+    bool set[5];
+    static const char *const nm[] = {"n", "fill_with"};
+    if ((st = tpl_bind_args(name, a, nm, 2, p, set))) return st;
+    if (!set[0] || (p[0].kind != V_INT && p[0].kind != V_BOOL))
+        return tern_errorf(TERN_ERR_TEMPLATE, "%s(): the count must be an integer", name);
+    int64_t k = p[0].kind == V_BOOL ? p[0].u.b : p[0].u.i;
+    if (k <= 0) return tern_errorf(TERN_ERR_TEMPLATE, "%s(): the count must be positive", name);
+    struct val seq;
+    if ((st = tpl_iterable(c, v, &seq))) return st;
+    size_t n = v_len_list(seq);
+    if ((st = tpl_step(c, n))) return st;
+    bool fill = set[1] && p[1].kind != V_NONE;
+    size_t groups, per;
+    if (id == FL_BATCH) {
+        per = (size_t)k;
+        groups = (n + per - 1) / per;
+    } else {
+        groups = (size_t)k;
+        per = n / groups;
     }
-    case FL_SUM: {
-        static const char *const nm[] = {"attribute", "start"};
-        if ((st = tpl_bind_args(name, a, nm, 2, p, set))) return st;
-        struct val seq, acc = set[1] ? p[1] : v_int(0);
-        if ((st = tpl_iterable(c, v, &seq))) return st;
-        size_t n = v_len_list(seq);
-        for (size_t i = 0; i < n; i++) {
-            struct val x = v_list_at(seq, i);
-            if (set[0] && p[0].kind != V_NONE && (st = get_path(c, x, p[0], &x))) return st;
-            if ((st = tpl_binop(c, OP_ADD, acc, x, &acc)) || (st = tpl_step(c, 1))) return st;
-        }
-        *out = acc;
-        return TERN_OK;
+    if (groups > n + 1 && id == FL_SLICE && groups > 100000)
+        return tern_errorf(TERN_ERR_LIMIT, "slice(): too many slices");
+    struct tpl_list *outl = tpl_list_new(c, groups);
+    if (!outl) return tpl_oom(c);
+    size_t at = 0;
+    size_t extra = id == FL_SLICE ? n % groups : 0;
+    for (size_t g = 0; g < groups; g++) {
+        size_t cnt = id == FL_BATCH ? (n - at < per ? n - at : per) : per + (g < extra ? 1 : 0);
+        size_t total = cnt;
+        if (fill && ((id == FL_BATCH && cnt < per) || (id == FL_SLICE && extra && g >= extra))) total = id == FL_BATCH ? per : cnt + 1;
+        struct tpl_list *gl = tpl_list_new(c, total);
+        if (!gl) return tpl_oom(c);
+        for (size_t i = 0; i < cnt; i++) gl->items[i] = v_list_at(seq, at + i);
+        for (size_t i = cnt; i < total; i++) gl->items[i] = p[1];
+        at += cnt;
+        outl->items[g] = v_list(gl, false);
     }
-    case FL_CENTER: {
-        static const char *const nm[] = {"width"};
-        if ((st = tpl_bind_args(name, a, nm, 1, p, set))) return st;
-        struct val s;
-        if ((st = soft_str(c, v, &s))) return st;
-        struct argv ca = {0};
-        struct val w = set[0] ? p[0] : v_int(80);
-        ca.pos = &w;
-        ca.n_pos = 1;
-        return tpl_call_method(c, s, tpl_method_id("center", 6), "center", &ca, out);
-    }
-    case FL_INDENT: {
-        static const char *const nm[] = {"width", "first", "blank"};
-        if ((st = tpl_bind_args(name, a, nm, 3, p, set))) return st;
-        struct val ind;
-        char spaces[256];
-        if (set[0] && p[0].kind == V_STR) {
-            ind = p[0];
-        } else {
-            int64_t w = 4;
-            if (set[0]) {
-                if (p[0].kind != V_INT) return tern_errorf(TERN_ERR_TEMPLATE, "indent(): width must be an int or a string");
-                w = p[0].u.i;
-            }
-            if (w < 0) w = 0;
-            if (w > (int64_t)sizeof spaces) return tern_errorf(TERN_ERR_TEMPLATE, "indent(): width %lld is too large", (long long)w);
-            memset(spaces, ' ', (size_t)w);
-            ind = v_str(spaces, (size_t)w);
-        }
-        bool first = set[1] && v_truthy(p[1]), blank = set[2] && v_truthy(p[2]);
-        struct val s = v, lines;
-        /* jinja2 appends "\n" to the value itself: only strings work */
-        if (v.kind == V_UNDEF) return tpl_undef_error(v);
-        if (v.kind != V_STR)
-            return tern_errorf(TERN_ERR_TEMPLATE, "unsupported operand type(s) for +=: '%s' and 'str'", v_type_name(v));
-        /* jinja2 appends a newline before splitting (so a trailing newline survives) */
-        struct val nl = v_str("\n", 1), s2;
-        if ((st = tpl_concat2(c, s, nl, &s2)) || (st = tpl_splitlines(c, s2, false, &lines))) return st;
-        struct tern_buf b = TERN_BUF_INIT;
-        b.limit = c->max_output;
-        size_t n = v_len_list(lines);
-        st = TERN_OK;
-        if (first) st = tern_buf_append(&b, ind.u.s.p, ind.u.s.n);
-        for (size_t i = 0; i < n && !st; i++) {
-            struct val line = v_list_at(lines, i);
-            if (i) {
-                st = tern_buf_putc(&b, '\n');
-                if (!st && (blank || line.u.s.n)) st = tern_buf_append(&b, ind.u.s.p, ind.u.s.n);
-            }
-            if (!st) st = tern_buf_append(&b, line.u.s.p, line.u.s.n);
-        }
-        if (!st) st = tpl_new_str(c, b.data ? b.data : "", b.len, out);
-        tern_buf_free(&b);
-        return st;
-    }
-    case FL_TRUNCATE: {
-        static const char *const nm[] = {"length", "killwords", "end", "leeway"};
-        if ((st = tpl_bind_args(name, a, nm, 4, p, set))) return st;
-        struct val s = v, end = v_str("...", 3);
-        int64_t length = 255, leeway = 5;
-        if (set[0] && p[0].kind == V_INT) length = p[0].u.i;
-        if (set[2] && (st = soft_str(c, p[2], &end))) return st;
-        if (set[3] && p[3].kind == V_INT) leeway = p[3].u.i;
-        int64_t end_len = (int64_t)utf8_count(end.u.s.p, end.u.s.n);
-        if (length < end_len) return tern_errorf(TERN_ERR_TEMPLATE, "expected length >= %lld, got %lld", (long long)end_len, (long long)length);
-        if (leeway < 0) return tern_errorf(TERN_ERR_TEMPLATE, "expected leeway >= 0, got %lld", (long long)leeway);
-        int64_t len;
-        if ((st = py_len(s, &len))) return st;
-        if (len <= length + leeway) {
-            *out = s;
-            return TERN_OK;
-        }
-        if (s.kind != V_STR)
-            return tern_errorf(TERN_ERR_TEMPLATE, "'%s' object has no attribute 'rsplit'", v_type_name(s));
-        struct val head;
-        if ((st = tpl_slice(c, s, v_none(), v_int(length - end_len), v_none(), &head))) return st;
-        if (!(set[1] && v_truthy(p[1]))) {
-            const char *sp = NULL;
-            for (size_t i = head.u.s.n; i-- > 0;)
-                if (head.u.s.p[i] == ' ') {
-                    sp = head.u.s.p + i;
-                    break;
-                }
-            if (sp) head.u.s.n = (size_t)(sp - head.u.s.p);
-        }
-        return tpl_concat2(c, head, end, out);
-    }
-    case FL_WORDCOUNT: {
-        struct val s;
-        if ((st = no_args(name, a)) || (st = soft_str(c, v, &s))) return st;
-        int64_t words = 0;
-        bool in = false;
-        for (size_t i = 0; i < s.u.s.n;) {
-            size_t len;
-            uint32_t cp = utf8_decode(s.u.s.p + i, s.u.s.n - i, &len);
-            bool w = cp == '_' || uc_isalpha(cp) || uc_isnumeric(cp);
-            if (w && !in) words++;
-            in = w;
-            i += len;
-        }
-        *out = v_int(words);
-        return TERN_OK;
-    }
-    case FL_STRIPTAGS: {
-        struct val s;
-        if ((st = no_args(name, a)) || (st = soft_str(c, v, &s))) return st;
-        struct tern_buf b = TERN_BUF_INIT;
-        b.limit = c->max_output;
-        bool space = false, any = false;
-        st = TERN_OK;
-        for (size_t i = 0; i < s.u.s.n && !st;) {
-            if (s.u.s.p[i] == '<') {
-                const char *e = memchr(s.u.s.p + i, '>', s.u.s.n - i);
-                if (e) {
-                    i = (size_t)(e - s.u.s.p) + 1;
-                    continue;
-                }
-            }
-            size_t len;
-            uint32_t cp = utf8_decode(s.u.s.p + i, s.u.s.n - i, &len);
-            if (uc_isspace(cp)) {
-                space = any;
-            } else {
-                if (space) st = tern_buf_putc(&b, ' ');
-                if (!st) st = tern_buf_append(&b, s.u.s.p + i, len);
-                space = false;
-                any = true;
-            }
-            i += len;
-        }
-        if (!st) st = tpl_new_str(c, b.data ? b.data : "", b.len, out);
-        tern_buf_free(&b);
-        return st;
-    }
-    case FL_FORMAT: {
-        struct val s;
-        if ((st = soft_str(c, v, &s))) return st;
-        if (a->n_pos && a->n_kw) return tern_errorf(TERN_ERR_TEMPLATE, "can't handle positional and keyword arguments at the same time");
-        if (a->n_kw) {
-            struct tpl_dict *d = tpl_dict_new(c, a->n_kw);
-            if (!d) return tpl_oom(c);
-            for (uint32_t i = 0; i < a->n_kw; i++)
-                if ((st = tpl_dict_set(c, d, v_str(a->kw_names[i], a->kw_lens[i]), a->kw[i]))) return st;
-            return tpl_str_percent(c, s, dict_val(d), out);
-        }
-        struct tpl_list *l = tpl_list_new(c, a->n_pos);
-        if (!l) return tpl_oom(c);
-        for (uint32_t i = 0; i < a->n_pos; i++) l->items[i] = a->pos[i];
-        return tpl_str_percent(c, s, v_list(l, true), out);
-    }
-    case FL_BATCH:
-    case FL_SLICE: {
-        static const char *const nm[] = {"n", "fill_with"};
-        if ((st = tpl_bind_args(name, a, nm, 2, p, set))) return st;
-        if (!set[0] || (p[0].kind != V_INT && p[0].kind != V_BOOL))
-            return tern_errorf(TERN_ERR_TEMPLATE, "%s(): the count must be an integer", name);
-        int64_t k = p[0].kind == V_BOOL ? p[0].u.b : p[0].u.i;
-        if (k <= 0) return tern_errorf(TERN_ERR_TEMPLATE, "%s(): the count must be positive", name);
-        struct val seq;
-        if ((st = tpl_iterable(c, v, &seq))) return st;
-        size_t n = v_len_list(seq);
-        if ((st = tpl_step(c, n))) return st;
-        bool fill = set[1] && p[1].kind != V_NONE;
-        size_t groups, per;
-        if (id == FL_BATCH) {
-            per = (size_t)k;
-            groups = (n + per - 1) / per;
-        } else {
-            groups = (size_t)k;
-            per = n / groups;
-        }
-        if (groups > n + 1 && id == FL_SLICE && groups > 100000)
-            return tern_errorf(TERN_ERR_LIMIT, "slice(): too many slices");
-        struct tpl_list *outl = tpl_list_new(c, groups);
-        if (!outl) return tpl_oom(c);
-        size_t at = 0;
-        size_t extra = id == FL_SLICE ? n % groups : 0;
-        for (size_t g = 0; g < groups; g++) {
-            size_t cnt = id == FL_BATCH ? (n - at < per ? n - at : per) : per + (g < extra ? 1 : 0);
-            size_t total = cnt;
-            if (fill && ((id == FL_BATCH && cnt < per) || (id == FL_SLICE && extra && g >= extra))) total = id == FL_BATCH ? per : cnt + 1;
-            struct tpl_list *gl = tpl_list_new(c, total);
-            if (!gl) return tpl_oom(c);
-            for (size_t i = 0; i < cnt; i++) gl->items[i] = v_list_at(seq, at + i);
-            for (size_t i = cnt; i < total; i++) gl->items[i] = p[1];
-            at += cnt;
-            outl->items[g] = v_list(gl, false);
-        }
-        *out = v_list(outl, false);
-        return TERN_OK;
-    }
-    default: return tern_errorf(TERN_ERR_TEMPLATE, "no filter named '%s'", name);
-    }
+    *out = v_list(outl, false);
+    return TERN_OK;
+}
+
+/* jinja2's filters by id: name and function. */
+static const struct filter_def filters[FL_N] = {
+    [FL_ABS] = {"abs", f_abs},
+    [FL_ATTR] = {"attr", f_attr},
+    [FL_BATCH] = {"batch", f_batch},
+    [FL_CAPITALIZE] = {"capitalize", f_upper},
+    [FL_CENTER] = {"center", f_center},
+    [FL_COUNT] = {"count", f_length},
+    [FL_D] = {"d", f_default},
+    [FL_DEFAULT] = {"default", f_default},
+    [FL_DICTSORT] = {"dictsort", f_dictsort},
+    [FL_E] = {"e", f_e},
+    [FL_ESCAPE] = {"escape", f_e},
+    [FL_FIRST] = {"first", f_first},
+    [FL_FLOAT] = {"float", f_float},
+    [FL_FORCEESCAPE] = {"forceescape", f_e},
+    [FL_FORMAT] = {"format", f_format},
+    [FL_INDENT] = {"indent", f_indent},
+    [FL_INT] = {"int", f_int},
+    [FL_ITEMS] = {"items", f_items},
+    [FL_JOIN] = {"join", f_join},
+    [FL_LAST] = {"last", f_first},
+    [FL_LENGTH] = {"length", f_length},
+    [FL_LIST] = {"list", f_list},
+    [FL_LOWER] = {"lower", f_upper},
+    [FL_MAP] = {"map", f_map},
+    [FL_MAX] = {"max", f_sort},
+    [FL_MIN] = {"min", f_sort},
+    [FL_REJECT] = {"reject", f_reject},
+    [FL_REJECTATTR] = {"rejectattr", f_rejectattr},
+    [FL_REPLACE] = {"replace", f_replace},
+    [FL_REVERSE] = {"reverse", f_reverse},
+    [FL_ROUND] = {"round", f_round},
+    [FL_SAFE] = {"safe", f_safe},
+    [FL_SELECT] = {"select", f_select},
+    [FL_SELECTATTR] = {"selectattr", f_selectattr},
+    [FL_SLICE] = {"slice", f_batch},
+    [FL_SORT] = {"sort", f_sort},
+    [FL_STRING] = {"string", f_string},
+    [FL_STRIPTAGS] = {"striptags", f_striptags},
+    [FL_SUM] = {"sum", f_sum},
+    [FL_TITLE] = {"title", f_title},
+    [FL_TOJSON] = {"tojson", f_tojson},
+    [FL_TRIM] = {"trim", f_trim},
+    [FL_TRUNCATE] = {"truncate", f_truncate},
+    [FL_UNIQUE] = {"unique", f_sort},
+    [FL_UPPER] = {"upper", f_upper},
+    [FL_WORDCOUNT] = {"wordcount", f_wordcount},
+};
+
+enum tern_status tpl_filter_eager(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
+                                  struct val *out) {
+    if (id < 0 || id >= FL_N) return tern_errorf(TERN_ERR_TEMPLATE, "no filter named '%s'", name);
+    enum tern_status st;
+    if (v.kind == V_STR && (st = tpl_charge(c, v.u.s.n))) return st;
+    return filters[id].fn(c, id, name, v, a, out);
 }
 
 /* jinja2's map, select, reject, selectattr, rejectattr, unique, items, batch and slice
