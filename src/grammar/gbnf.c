@@ -663,6 +663,154 @@ out:
     return st;
 }
 
+/* The rules reachable from the root (reach[r]); stack: room for every rule. */
+static void reachable(const struct tern_grammar *g, bool *reach, uint32_t *stack) {
+    size_t sp = 0;
+    stack[sp++] = g->root;
+    reach[g->root] = true;
+    while (sp) {
+        uint32_t r = stack[--sp];
+        for (const struct gel *e = g->el + g->rule_start[r]; e->type != GE_END; e++)
+            if (e->type == GE_RULE && !reach[e->a]) {
+                reach[e->a] = true;
+                stack[sp++] = e->a;
+            }
+    }
+}
+
+/* A reachable rule that can never finish is an error, named with its line. */
+static enum tern_status check_productive(const struct tern_grammar *g, const struct gp *p, const bool *reach,
+                                         const bool *productive) {
+    for (size_t r = 0; r < g->n_rules; r++) {
+        if (reach[r] && !productive[r]) {
+            int line, col;
+            where(p, p->rules[r].def_at, &line, &col);
+            return tern_errorf(TERN_ERR_FORMAT,
+                               "grammar: line %d, column %d: rule '%s' can never finish (every alternative needs "
+                               "the rule itself, or another rule that never finishes)",
+                               line, col, g->names[r]);
+        }
+    }
+    return TERN_OK;
+}
+
+/* Left recursion: a rule that reaches itself through a prefix of nullable elements
+ * ("may start with" edges). A cycle of tail calls only (each reference the last
+ * element of its alternative) pushes nothing and the matcher's expansion stops on
+ * states already seen, so it is harmless (llama.cpp accepts `( [x]* )*`); an edge
+ * that pushes a return inside a cycle would grow the stack forever: refused. Edges
+ * inside one strongly connected component lie on a cycle (Tarjan, iterative). stack and
+ * it: room for every rule. */
+static enum tern_status check_left_recursion(const struct tern_grammar *g, const struct gp *p, const bool *reach,
+                                             const bool *nullable, uint32_t *stack, uint32_t *it) {
+    size_t R = g->n_rules, sp;
+    enum tern_status st = TERN_OK;
+    size_t n_e = 0, cap_e = 64;
+    uint32_t *ef = tern_malloc((R + 1) * sizeof *ef), *et = tern_malloc(cap_e * sizeof *et);
+    bool *etail = tern_malloc(cap_e * sizeof *etail);
+    uint32_t *idx = tern_malloc(R * sizeof *idx), *low = tern_malloc(R * sizeof *low);
+    uint32_t *comp = tern_malloc(R * sizeof *comp), *tstack = tern_malloc(R * sizeof *tstack);
+    bool *on = tern_calloc(R, 1);
+    if (!ef || !et || !etail || !idx || !low || !comp || !tstack || !on) goto scc_nomem;
+    for (size_t r = 0; r < R; r++) {
+        ef[r] = (uint32_t)n_e;
+        if (!reach[r]) continue;
+        for (uint32_t a = g->alt_first[r]; a < g->alt_first[r + 1]; a++) {
+            for (const struct gel *e = g->el + g->alts[a]; !gel_is_end(e); e++) {
+                if (e->type == GE_CHAR) break;
+                if (n_e == cap_e) {
+                    cap_e *= 2;
+                    uint32_t *n1 = tern_reallocarray(et, cap_e, sizeof *et);
+                    if (n1) et = n1;
+                    bool *n2 = tern_reallocarray(etail, cap_e, sizeof *etail);
+                    if (n2) etail = n2;
+                    if (!n1 || !n2) goto scc_nomem;
+                }
+                et[n_e] = e->a;
+                etail[n_e] = gel_is_end(e + 1);
+                n_e++;
+                if (!nullable[e->a]) break;
+            }
+        }
+    }
+    ef[R] = (uint32_t)n_e;
+    for (size_t r = 0; r < R; r++) idx[r] = UINT32_MAX;
+    uint32_t counter = 0, n_comp = 0;
+    size_t tsp = 0;
+    for (size_t r0 = 0; r0 < R; r0++) {
+        if (!reach[r0] || idx[r0] != UINT32_MAX) continue;
+        sp = 0;
+        stack[sp] = (uint32_t)r0;
+        it[sp++] = 0;
+        idx[r0] = low[r0] = counter++;
+        tstack[tsp++] = (uint32_t)r0;
+        on[r0] = true;
+        while (sp) {
+            uint32_t u = stack[sp - 1];
+            if (it[sp - 1] < ef[u + 1] - ef[u]) {
+                uint32_t w = et[ef[u] + it[sp - 1]++];
+                if (idx[w] == UINT32_MAX) {
+                    idx[w] = low[w] = counter++;
+                    tstack[tsp++] = w;
+                    on[w] = true;
+                    stack[sp] = w;
+                    it[sp++] = 0;
+                } else if (on[w] && idx[w] < low[u]) {
+                    low[u] = idx[w];
+                }
+                continue;
+            }
+            if (low[u] == idx[u]) {
+                uint32_t w;
+                do {
+                    w = tstack[--tsp];
+                    on[w] = false;
+                    comp[w] = n_comp;
+                } while (w != u);
+                n_comp++;
+            }
+            sp--;
+            if (sp && low[u] < low[stack[sp - 1]]) low[stack[sp - 1]] = low[u];
+        }
+    }
+    for (size_t u = 0; u < R && !st; u++) {
+        if (!reach[u]) continue;
+        for (uint32_t k = ef[u]; k < ef[u + 1]; k++) {
+            if (etail[k] || comp[et[k]] != comp[u]) continue;
+            uint32_t bad = et[k];
+            int line, col;
+            where(p, p->rules[bad].def_at, &line, &col);
+            if (p->rules[bad].repetition)
+                st = tern_errorf(TERN_ERR_FORMAT,
+                                 "grammar: line %d, column %d: a repetition of something that can match the "
+                                 "empty string, followed by more (it could nest forever without progress)",
+                                 line, col);
+            else
+                st = tern_errorf(TERN_ERR_FORMAT,
+                                 "grammar: line %d, column %d: rule '%s' is left-recursive (it can reach itself "
+                                 "without consuming input)",
+                                 line, col, g->names[bad]);
+            break;
+        }
+    }
+    if (0) {
+    scc_nomem:
+        st = tern_errorf(TERN_ERR_NOMEM, "grammar: out of memory");
+    }
+    free(ef);
+    free(et);
+    free(etail);
+    free(idx);
+    free(low);
+    free(comp);
+    free(tstack);
+    free(on);
+    return st;
+}
+
+/* The three analyses of a parsed grammar: which rules can match the empty string and
+ * which can finish at all (nullable_productive), which the root reaches, and left
+ * recursion among those. */
 static enum tern_status check(struct tern_grammar *g, const struct gp *p, uint64_t *n_work) {
     size_t R = g->n_rules;
     bool *nullable = tern_calloc(R, 1), *productive = tern_calloc(R, 1), *reach = tern_calloc(R, 1);
@@ -677,137 +825,9 @@ static enum tern_status check(struct tern_grammar *g, const struct gp *p, uint64
     st = nullable_productive(g, nullable, productive, n_work);
     if (st) goto out;
     *n_work += 2 * g->n_el; /* reachability and the search for left recursion: linear */
-    /* reachability from the root */
-    size_t sp = 0;
-    stack[sp++] = g->root;
-    reach[g->root] = true;
-    while (sp) {
-        uint32_t r = stack[--sp];
-        for (const struct gel *e = g->el + g->rule_start[r]; e->type != GE_END; e++)
-            if (e->type == GE_RULE && !reach[e->a]) {
-                reach[e->a] = true;
-                stack[sp++] = e->a;
-            }
-    }
-    for (size_t r = 0; r < R; r++) {
-        if (reach[r] && !productive[r]) {
-            int line, col;
-            where(p, p->rules[r].def_at, &line, &col);
-            st = tern_errorf(TERN_ERR_FORMAT,
-                             "grammar: line %d, column %d: rule '%s' can never finish (every alternative needs "
-                             "the rule itself, or another rule that never finishes)",
-                             line, col, g->names[r]);
-            goto out;
-        }
-    }
-    /* left recursion: a rule that reaches itself through a prefix of nullable elements
-     * ("may start with" edges). A cycle of tail calls only (each reference the last
-     * element of its alternative) pushes nothing and the matcher's expansion stops on
-     * states already seen, so it is harmless (llama.cpp accepts `( [x]* )*`); an edge
-     * that pushes a return inside a cycle would grow the stack forever: refused. Edges
-     * inside one strongly connected component lie on a cycle (Tarjan, iterative). */
-    {
-        size_t n_e = 0, cap_e = 64;
-        uint32_t *ef = tern_malloc((R + 1) * sizeof *ef), *et = tern_malloc(cap_e * sizeof *et);
-        bool *etail = tern_malloc(cap_e * sizeof *etail);
-        uint32_t *idx = tern_malloc(R * sizeof *idx), *low = tern_malloc(R * sizeof *low);
-        uint32_t *comp = tern_malloc(R * sizeof *comp), *tstack = tern_malloc(R * sizeof *tstack);
-        bool *on = tern_calloc(R, 1);
-        if (!ef || !et || !etail || !idx || !low || !comp || !tstack || !on) goto scc_nomem;
-        for (size_t r = 0; r < R; r++) {
-            ef[r] = (uint32_t)n_e;
-            if (!reach[r]) continue;
-            for (uint32_t a = g->alt_first[r]; a < g->alt_first[r + 1]; a++) {
-                for (const struct gel *e = g->el + g->alts[a]; !gel_is_end(e); e++) {
-                    if (e->type == GE_CHAR) break;
-                    if (n_e == cap_e) {
-                        cap_e *= 2;
-                        uint32_t *n1 = tern_reallocarray(et, cap_e, sizeof *et);
-                        if (n1) et = n1;
-                        bool *n2 = tern_reallocarray(etail, cap_e, sizeof *etail);
-                        if (n2) etail = n2;
-                        if (!n1 || !n2) goto scc_nomem;
-                    }
-                    et[n_e] = e->a;
-                    etail[n_e] = gel_is_end(e + 1);
-                    n_e++;
-                    if (!nullable[e->a]) break;
-                }
-            }
-        }
-        ef[R] = (uint32_t)n_e;
-        for (size_t r = 0; r < R; r++) idx[r] = UINT32_MAX;
-        uint32_t counter = 0, n_comp = 0;
-        size_t tsp = 0;
-        for (size_t r0 = 0; r0 < R; r0++) {
-            if (!reach[r0] || idx[r0] != UINT32_MAX) continue;
-            sp = 0;
-            stack[sp] = (uint32_t)r0;
-            it[sp++] = 0;
-            idx[r0] = low[r0] = counter++;
-            tstack[tsp++] = (uint32_t)r0;
-            on[r0] = true;
-            while (sp) {
-                uint32_t u = stack[sp - 1];
-                if (it[sp - 1] < ef[u + 1] - ef[u]) {
-                    uint32_t w = et[ef[u] + it[sp - 1]++];
-                    if (idx[w] == UINT32_MAX) {
-                        idx[w] = low[w] = counter++;
-                        tstack[tsp++] = w;
-                        on[w] = true;
-                        stack[sp] = w;
-                        it[sp++] = 0;
-                    } else if (on[w] && idx[w] < low[u]) {
-                        low[u] = idx[w];
-                    }
-                    continue;
-                }
-                if (low[u] == idx[u]) {
-                    uint32_t w;
-                    do {
-                        w = tstack[--tsp];
-                        on[w] = false;
-                        comp[w] = n_comp;
-                    } while (w != u);
-                    n_comp++;
-                }
-                sp--;
-                if (sp && low[u] < low[stack[sp - 1]]) low[stack[sp - 1]] = low[u];
-            }
-        }
-        for (size_t u = 0; u < R && !st; u++) {
-            if (!reach[u]) continue;
-            for (uint32_t k = ef[u]; k < ef[u + 1]; k++) {
-                if (etail[k] || comp[et[k]] != comp[u]) continue;
-                uint32_t bad = et[k];
-                int line, col;
-                where(p, p->rules[bad].def_at, &line, &col);
-                if (p->rules[bad].repetition)
-                    st = tern_errorf(TERN_ERR_FORMAT,
-                                     "grammar: line %d, column %d: a repetition of something that can match the "
-                                     "empty string, followed by more (it could nest forever without progress)",
-                                     line, col);
-                else
-                    st = tern_errorf(TERN_ERR_FORMAT,
-                                     "grammar: line %d, column %d: rule '%s' is left-recursive (it can reach itself "
-                                     "without consuming input)",
-                                     line, col, g->names[bad]);
-                break;
-            }
-        }
-        if (0) {
-        scc_nomem:
-            st = tern_errorf(TERN_ERR_NOMEM, "grammar: out of memory");
-        }
-        free(ef);
-        free(et);
-        free(etail);
-        free(idx);
-        free(low);
-        free(comp);
-        free(tstack);
-        free(on);
-    }
+    reachable(g, reach, stack);
+    if (!(st = check_productive(g, p, reach, productive)))
+        st = check_left_recursion(g, p, reach, nullable, stack, it);
 out:
     free(nullable);
     free(productive);
