@@ -5,26 +5,26 @@
 /* ---- the first bytes of a connection ----------------------------------------------- */
 
 /* The 408s the watcher (and shed_waiting) send, written once at start. */
-char timeout_reply[512], body_timeout_reply[512];
-size_t timeout_reply_len, body_timeout_reply_len;
+char http_timeout_reply[512], http_body_timeout_reply[512];
+size_t http_timeout_reply_len, http_body_timeout_reply_len;
 
 void http_timeouts_init(void) {
     static const char body[] = "{\"error\":{\"message\":\"the request header did not arrive in time "
                                "(--header-timeout, --idle-timeout)\",\"type\":\"invalid_request_error\","
                                "\"param\":null,\"code\":\"request_timeout\"}}";
-    int n = snprintf(timeout_reply, sizeof timeout_reply,
+    int n = snprintf(http_timeout_reply, sizeof http_timeout_reply,
                      "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: application/json\r\n"
                      "Content-Length: %zu\r\n\r\n%s",
                      sizeof body - 1, body);
-    timeout_reply_len = n > 0 && (size_t)n < sizeof timeout_reply ? (size_t)n : 0;
+    http_timeout_reply_len = n > 0 && (size_t)n < sizeof http_timeout_reply ? (size_t)n : 0;
     static const char bbody[] = "{\"error\":{\"message\":\"the request body did not arrive in time "
                                 "(--body-timeout, then at least 4096 bytes a second)\",\"type\":"
                                 "\"invalid_request_error\",\"param\":null,\"code\":\"request_timeout\"}}";
-    n = snprintf(body_timeout_reply, sizeof body_timeout_reply,
+    n = snprintf(http_body_timeout_reply, sizeof http_body_timeout_reply,
                  "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: application/json\r\n"
                  "Content-Length: %zu\r\n\r\n%s",
                  sizeof bbody - 1, bbody);
-    body_timeout_reply_len = n > 0 && (size_t)n < sizeof body_timeout_reply ? (size_t)n : 0;
+    http_body_timeout_reply_len = n > 0 && (size_t)n < sizeof http_body_timeout_reply ? (size_t)n : 0;
 }
 
 static bool is_tchar(unsigned char ch) {
@@ -156,7 +156,7 @@ static enum route first_line_route(const unsigned char *p, size_t n) {
     if (len >= sizeof url) return R_NONE;
     memcpy(url, t, len);
     url[len] = 0;
-    return find_route(url);
+    return http_find_route(url);
 }
 
 /* Looks at what a new connection sent first, before libmicrohttpd reads it (it has not
@@ -203,8 +203,8 @@ static bool first_bytes_refused(struct srv_server *s, int fd) {
     }
     free(body);
     shutdown(fd, SHUT_RDWR); /* libmicrohttpd reads the end of the stream and closes */
-    count_request(s, route, status);
-    TERN_LOG_INFO("request - %s %d : %s", route_names[route], status, msg);
+    http_count_request(s, route, status);
+    TERN_LOG_INFO("request - %s %d : %s", http_route_names[route], status, msg);
     return true;
 }
 
@@ -228,8 +228,8 @@ static void shed_waiting(struct srv_server *s, const struct sock *self) {
     if (victim) {
         bool body = victim->wait == W_BODY;
         victim->deadline = 0;
-        ssize_t w = send(victim->fd, body ? body_timeout_reply : timeout_reply,
-                         body ? body_timeout_reply_len : timeout_reply_len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        ssize_t w = send(victim->fd, body ? http_body_timeout_reply : http_timeout_reply,
+                         body ? http_body_timeout_reply_len : http_timeout_reply_len, MSG_DONTWAIT | MSG_NOSIGNAL);
         (void)w;
         shutdown(victim->fd, SHUT_RDWR);
         atomic_fetch_add(&s->conns_shed, 1);
@@ -237,7 +237,7 @@ static void shed_waiting(struct srv_server *s, const struct sock *self) {
     pthread_mutex_unlock(&s->smu);
 }
 
-void notify_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+void http_notify_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                               enum MHD_ConnectionNotificationCode code) {
     struct srv_server *s = cls;
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {

@@ -84,7 +84,7 @@ enum route {
     R_COUNT
 };
 
-extern const char *const route_names[R_COUNT]; /* http.c */
+extern const char *const http_route_names[R_COUNT]; /* http.c */
 
 static inline bool route_is_post(enum route r) { return r >= R_CHAT; }
 
@@ -102,7 +102,7 @@ static inline enum srv_proto route_proto(int r) {
 
 /* status classes counted per route for /metrics */
 #define N_COUNTED 11
-extern const int counted_status[N_COUNTED]; /* jobs.c */
+extern const int http_counted_status[N_COUNTED]; /* jobs.c */
 
 struct srv_server {
     struct srv_params p;
@@ -210,26 +210,26 @@ struct conn {
 /* ---- across the files ---- */
 
 /* guard.c: the 408s, written once at start */
-extern char timeout_reply[512], body_timeout_reply[512];
-extern size_t timeout_reply_len, body_timeout_reply_len;
+extern char http_timeout_reply[512], http_body_timeout_reply[512];
+extern size_t http_timeout_reply_len, http_body_timeout_reply_len;
 void http_timeouts_init(void);
 /* http.c: a parked job's connection back to MHD's polling (j->mu held); whether poll's
  * revents on fd mean the client has gone; the route of a URL */
-bool peer_gone_revents(int fd, short revents);
-void job_wake(struct srv_job *j);
-enum route find_route(const char *url);
+bool http_peer_gone_revents(int fd, short revents);
+void http_job_wake(struct srv_job *j);
+enum route http_find_route(const char *url);
 /* jobs.c: a request counted for /metrics; the worker thread; the server's /metrics lines;
  * jobs made, released and queued (false: the queue is full) */
-void count_request(struct srv_server *s, enum route r, int status);
-void *worker_main(void *arg);
-void render_metrics(struct srv_server *s, struct tern_buf *b);
-struct srv_job *job_new(struct srv_server *s);
-void job_unref(struct srv_server *s, struct srv_job *j);
-bool enqueue(struct srv_server *s, struct srv_job *j);
+void http_count_request(struct srv_server *s, enum route r, int status);
+void *http_worker_main(void *arg);
+void http_render_metrics(struct srv_server *s, struct tern_buf *b);
+struct srv_job *http_job_new(struct srv_server *s);
+void http_job_unref(struct srv_server *s, struct srv_job *j);
+bool http_enqueue(struct srv_server *s, struct srv_job *j);
 /* guard.c: MHD's connection notifier (first bytes, shedding, the socket list) */
-void notify_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+void http_notify_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                        enum MHD_ConnectionNotificationCode code);
 /* watcher.c: the watcher thread */
-void *watch_main(void *arg);
+void *http_watch_main(void *arg);
 
 #endif

@@ -29,7 +29,7 @@
 static const char oom_json[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,"
                                "\"code\":null}}";
 
-const char *const route_names[R_COUNT] = {
+const char *const http_route_names[R_COUNT] = {
     "other", "/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions", "/tokenize",
     "/detokenize", "/v1/messages", "/v1/messages/count_tokens", "/v1/responses"};
 
@@ -37,13 +37,13 @@ const char *const route_names[R_COUNT] = {
 /* ---- connections ------------------------------------------------------------------- */
 
 /* Called with j->mu held: a parked connection goes back to MHD's polling. */
-void job_wake(struct srv_job *j) {
+void http_job_wake(struct srv_job *j) {
     if (!j->parked) return;
     j->parked = false;
     MHD_resume_connection((struct MHD_Connection *)j->conn);
 }
 
-bool peer_gone_revents(int fd, short revents) {
+bool http_peer_gone_revents(int fd, short revents) {
     if (revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
     if (revents & POLLIN) {
         char c;
@@ -79,23 +79,23 @@ static void conn_reply(struct conn *cn, int status, char *txt, const char *ctype
 
 static void conn_reply_error(struct srv_server *s, struct conn *cn, const struct srv_error *e, const char *hdr,
                              const char *val) {
-    count_request(s, cn->route, e->status);
+    http_count_request(s, cn->route, e->status);
     if (route_is_post(cn->route))
-        TERN_LOG_INFO("request - %s %d : %s", route_names[cn->route], e->status, e->message);
+        TERN_LOG_INFO("request - %s %d : %s", http_route_names[cn->route], e->status, e->message);
     conn_reply(cn, e->status, api_error_json(route_proto(cn->route), e), "application/json", hdr, val);
 }
 
 static void conn_reply_json(struct srv_server *s, struct conn *cn, int status, json_t *o) {
     char *txt = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
-    count_request(s, cn->route, txt ? status : 500);
+    http_count_request(s, cn->route, txt ? status : 500);
     conn_reply(cn, status, txt, "application/json", NULL, NULL);
 }
 
 static MHD_Result send_json(struct srv_server *s, struct MHD_Connection *c, enum route route, int status, json_t *o) {
     char *txt = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
-    count_request(s, route, txt ? status : 500);
+    http_count_request(s, route, txt ? status : 500);
     if (!txt) return send_bytes(c, 500, "application/json", oom_json, sizeof oom_json - 1, NULL, NULL);
     MHD_Result r = send_bytes(c, status, "application/json", txt, strlen(txt), NULL, NULL);
     free(txt);
@@ -105,9 +105,9 @@ static MHD_Result send_json(struct srv_server *s, struct MHD_Connection *c, enum
 static MHD_Result send_error(struct srv_server *s, struct MHD_Connection *c, enum route route,
                              const struct srv_error *e, const char *hdr, const char *val) {
     char *txt = api_error_json(route_proto(route), e);
-    count_request(s, route, e->status);
+    http_count_request(s, route, e->status);
     if (route_is_post(route))
-        TERN_LOG_INFO("request - %s %d : %s", route_names[route], e->status, e->message);
+        TERN_LOG_INFO("request - %s %d : %s", http_route_names[route], e->status, e->message);
     if (!txt) return MHD_NO;
     MHD_Result r = send_bytes(c, e->status, "application/json", txt, strlen(txt), hdr, val);
     free(txt);
@@ -116,7 +116,7 @@ static MHD_Result send_error(struct srv_server *s, struct MHD_Connection *c, enu
 
 /* The route of a request target; a query string is no part of it (Claude Code sends
  * /v1/messages?beta=true). */
-enum route find_route(const char *url) {
+enum route http_find_route(const char *url) {
     static const struct {
         const char *path;
         enum route r;
@@ -229,7 +229,7 @@ static void stream_free(void *cls) {
     if (!j->done) atomic_store(&j->cancel, 1); /* the connection ended before the response did */
     j->parked = false;
     pthread_mutex_unlock(&j->mu);
-    job_unref(s, j);
+    http_job_unref(s, j);
 }
 
 /* The answer to a request that found no place: 429 (the queue is full), or 503 when the
@@ -277,7 +277,7 @@ static char *key_in_lane(const char *key, const char *lane) {
  * resumes it). */
 static bool prep_generate(struct srv_server *s, struct conn *cn, const struct srv_backend *b) {
     struct srv_error err = {0};
-    struct srv_job *j = job_new(s);
+    struct srv_job *j = http_job_new(s);
     if (!j) {
         srv_error_set(&err, 500, "server_error", NULL, NULL, "out of memory");
         conn_reply_error(s, cn, &err, NULL, NULL);
@@ -289,7 +289,7 @@ static bool prep_generate(struct srv_server *s, struct conn *cn, const struct sr
     j->big_body = cn->body.len >= BIG_BODY || srv_json_value_bound(cn->body.data, cn->body.len) >= BIG_VALUES;
     j->ep = cn->route == R_COMPLETIONS ? SRV_EP_COMPLETION : SRV_EP_CHAT;
     j->route = cn->route;
-    j->path = route_names[cn->route];
+    j->path = http_route_names[cn->route];
     const enum srv_proto proto = route_proto(cn->route);
     static const char *const id_prefix[] = {[SRV_PROTO_CHAT] = "chatcmpl-", [SRV_PROTO_MESSAGES] = "msg_",
                                             [SRV_PROTO_RESPONSES] = "resp_"};
@@ -327,14 +327,14 @@ static bool prep_generate(struct srv_server *s, struct conn *cn, const struct sr
     if (j->req.count_only) {
         /* /v1/messages/count_tokens: rendered and tokenized as /v1/messages would be, never run */
         conn_reply_json(s, cn, 200, json_pack("{s:I}", "input_tokens", (json_int_t)j->n_prompt));
-        job_unref(s, j);
+        http_job_unref(s, j);
         return true;
     }
 
     j->t_out = tern_now_s();
-    if (!enqueue(s, j)) {
+    if (!http_enqueue(s, j)) {
         reply_not_admitted(s, cn);
-        job_unref(s, j);
+        http_job_unref(s, j);
         return true;
     }
     cn->job = j;
@@ -351,7 +351,7 @@ static bool prep_generate(struct srv_server *s, struct conn *cn, const struct sr
 
 reject:
     conn_reply_error(s, cn, &err, NULL, NULL);
-    job_unref(s, j);
+    http_job_unref(s, j);
     return true;
 }
 
@@ -495,7 +495,7 @@ static MHD_Result conn_resumed(struct srv_server *s, struct MHD_Connection *c, s
                                                                    stream_free);
         if (!r) {
             atomic_store(&j->cancel, 1);
-            job_unref(s, j);
+            http_job_unref(s, j);
             return MHD_NO;
         }
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
@@ -515,11 +515,11 @@ static MHD_Result conn_resumed(struct srv_server *s, struct MHD_Connection *c, s
         if (!done) {
             /* the client went away (the watcher saw it) or the server stops */
             atomic_store(&j->cancel, 1);
-            job_unref(s, j);
+            http_job_unref(s, j);
             return MHD_NO; /* close the connection */
         }
         ret = send_bytes(c, j->status, "application/json", j->out.data ? j->out.data : "", j->out.len, NULL, NULL);
-        job_unref(s, j);
+        http_job_unref(s, j);
         return ret;
     }
     default:
@@ -556,7 +556,7 @@ static bool framing_refused(struct srv_server *s, struct MHD_Connection *c, enum
     if (f.cl_bad) {
         /* libmicrohttpd has queued its own 400 for this one: close after it, so that
          * no second status line follows */
-        count_request(s, route, 400);
+        http_count_request(s, route, 400);
         *ret = MHD_NO;
         return true;
     }
@@ -614,7 +614,7 @@ static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, 
         cn->c = c;
         cn->t_start = tern_now_s();
         body_deadline_update(s, cn); /* the header is complete; the body is due next */
-        cn->route = find_route(url);
+        cn->route = http_find_route(url);
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         cn->fd = ci ? ci->connect_fd : -1;
         bool is_post = !strcmp(method, "POST"), is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
@@ -628,7 +628,7 @@ static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, 
         }
         if (route_is_post(cn->route) ? !is_post : !is_get) {
             srv_error_set(&err, 405, "invalid_request_error", "method_not_allowed", NULL,
-                          "%s does not accept %.10s (use %s)", route_names[cn->route], method,
+                          "%s does not accept %.10s (use %s)", http_route_names[cn->route], method,
                           route_is_post(cn->route) ? "POST" : "GET");
             return send_error(s, c, cn->route, &err, "Allow", route_is_post(cn->route) ? "POST" : "GET");
         }
@@ -693,8 +693,8 @@ static MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, 
     }
     if (cn->route == R_METRICS) {
         struct tern_buf m = TERN_BUF_INIT;
-        render_metrics(s, &m);
-        count_request(s, cn->route, 200);
+        http_render_metrics(s, &m);
+        http_count_request(s, cn->route, 200);
         MHD_Result r = send_bytes(c, 200, "text/plain; version=0.0.4", m.data ? m.data : "", m.len, NULL, NULL);
         tern_buf_free(&m);
         return r;
@@ -737,7 +737,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
         pthread_mutex_lock(&cn->job->mu);
         cn->job->parked = false;
         pthread_mutex_unlock(&cn->job->mu);
-        job_unref(s, cn->job);
+        http_job_unref(s, cn->job);
     }
     tern_buf_free(&cn->body);
     free(cn->reply);
@@ -855,7 +855,7 @@ enum tern_status srv_start(const struct srv_params *params, struct srv_server **
                                host);
         }
     }
-    if (pthread_create(&s->worker, NULL, worker_main, s) != 0) {
+    if (pthread_create(&s->worker, NULL, http_worker_main, s) != 0) {
         srv_stop(s);
         return tern_errorf(TERN_ERR_NOMEM, "cannot start the engine worker thread");
     }
@@ -866,7 +866,7 @@ enum tern_status srv_start(const struct srv_params *params, struct srv_server **
             return tern_errorf(TERN_ERR_NOMEM, "cannot start the request preparation threads");
         }
     }
-    if (pthread_create(&s->watcher, NULL, watch_main, s) != 0) {
+    if (pthread_create(&s->watcher, NULL, http_watch_main, s) != 0) {
         srv_stop(s);
         return tern_errorf(TERN_ERR_NOMEM, "cannot start the connection watcher thread");
     }
@@ -878,7 +878,7 @@ enum tern_status srv_start(const struct srv_params *params, struct srv_server **
     s->mhd = MHD_start_daemon(flags, (uint16_t)s->p.port, NULL, NULL, handler, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
                               s, MHD_OPTION_SOCK_ADDR,
                               (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, completed, s,
-                              MHD_OPTION_NOTIFY_CONNECTION, notify_connection, s, MHD_OPTION_THREAD_POOL_SIZE,
+                              MHD_OPTION_NOTIFY_CONNECTION, http_notify_connection, s, MHD_OPTION_THREAD_POOL_SIZE,
                               (unsigned)s->p.n_http_threads, MHD_OPTION_CONNECTION_LIMIT,
                               (unsigned)s->p.max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
                               (unsigned)s->p.max_conn_per_ip, MHD_OPTION_CONNECTION_TIMEOUT, mhd_timeout,

@@ -3,7 +3,7 @@
 #include "server/http-impl.h"
 
 /* status classes counted per route for /metrics */
-const int counted_status[N_COUNTED] = {200, 400, 401, 404, 405, 408, 413, 429, 499, 500, 503};
+const int http_counted_status[N_COUNTED] = {200, 400, 401, 404, 405, 408, 413, 429, 499, 500, 503};
 
 /* ---- jobs -------------------------------------------------------------------------- */
 
@@ -16,7 +16,7 @@ void srv_job_write(struct srv_job *j, const char *data, size_t n) {
     } else if (tern_buf_append(&j->out, data, n) != TERN_OK) {
         atomic_store(&j->cancel, 1);
     }
-    if (j->req.stream) job_wake(j); /* a non-streamed body goes out whole, at the end */
+    if (j->req.stream) http_job_wake(j); /* a non-streamed body goes out whole, at the end */
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
 }
@@ -25,12 +25,12 @@ void srv_job_finish(struct srv_job *j, int status) {
     pthread_mutex_lock(&j->mu);
     j->done = true;
     j->status = status;
-    job_wake(j);
+    http_job_wake(j);
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
 }
 
-struct srv_job *job_new(struct srv_server *s) {
+struct srv_job *http_job_new(struct srv_server *s) {
     struct srv_job *j = tern_calloc(1, sizeof *j);
     if (!j) return NULL;
     pthread_mutex_init(&j->mu, NULL);
@@ -65,7 +65,7 @@ static void job_ref(struct srv_job *j) {
     pthread_mutex_unlock(&j->mu);
 }
 
-void job_unref(struct srv_server *s, struct srv_job *j) {
+void http_job_unref(struct srv_server *s, struct srv_job *j) {
     if (!j) return;
     pthread_mutex_lock(&j->mu);
     int left = --j->refs;
@@ -97,10 +97,10 @@ void job_unref(struct srv_server *s, struct srv_job *j) {
 
 /* ---- metrics and the log line ------------------------------------------------------ */
 
-void count_request(struct srv_server *s, enum route r, int status) {
+void http_count_request(struct srv_server *s, enum route r, int status) {
     size_t k = N_COUNTED;
     for (size_t i = 0; i < N_COUNTED; i++)
-        if (counted_status[i] == status) k = i;
+        if (http_counted_status[i] == status) k = i;
     atomic_fetch_add(&s->requests[r][k], 1);
 }
 
@@ -140,17 +140,17 @@ static void put_summary(struct tern_buf *b, const char *name, const char *help, 
     tern_buf_printf(b, "%s_sum %.6f\n%s_count %llu\n", name, (double)us_sum * 1e-6, name, (unsigned long long)count);
 }
 
-void render_metrics(struct srv_server *s, struct tern_buf *b) {
+void http_render_metrics(struct srv_server *s, struct tern_buf *b) {
     srv_metric_head(b, "tern_requests_total", "counter", "HTTP requests by route and status.");
     for (int r = 0; r < R_COUNT; r++) {
         for (size_t k = 0; k <= N_COUNTED; k++) {
             uint64_t v = atomic_load(&s->requests[r][k]);
             if (!v) continue;
             if (k < N_COUNTED)
-                tern_buf_printf(b, "tern_requests_total{route=\"%s\",status=\"%d\"} %llu\n", route_names[r],
-                                counted_status[k], (unsigned long long)v);
+                tern_buf_printf(b, "tern_requests_total{route=\"%s\",status=\"%d\"} %llu\n", http_route_names[r],
+                                http_counted_status[k], (unsigned long long)v);
             else
-                tern_buf_printf(b, "tern_requests_total{route=\"%s\",status=\"other\"} %llu\n", route_names[r],
+                tern_buf_printf(b, "tern_requests_total{route=\"%s\",status=\"other\"} %llu\n", http_route_names[r],
                                 (unsigned long long)v);
         }
     }
@@ -229,10 +229,10 @@ static void job_retire(struct srv_server *s, struct srv_job *j) {
     /* A stream's status line said 200 long ago; the log and /metrics say how it
      * ended (499: the client went away; 5xx: an error event ended it). */
     status = j->req.stream && status < 400 ? 200 : status;
-    count_request(s, j->route, status);
+    http_count_request(s, j->route, status);
     if (cancelled) atomic_fetch_add(&s->cancelled, 1);
     log_job(s, j, status);
-    job_unref(s, j);
+    http_job_unref(s, j);
 }
 
 /* Takes the next queued job (qmu held, q_len > 0). */
@@ -260,7 +260,7 @@ static bool cancelled_before_start(struct srv_server *s, struct srv_job *j) {
 }
 
 /* Nothing queued and nothing running: background work, which yields to the next
- * enqueue at its next chunk boundary; else sleep until a job comes. (qmu held) */
+ * an enqueue at its next chunk boundary; else sleep until a job comes. (qmu held) */
 static void worker_wait(struct srv_server *s) {
     const struct srv_backend *ib = atomic_load(&s->backend);
     if (s->idle_pending && ib && ib->idle) {
@@ -347,7 +347,7 @@ static void *worker_batched(struct srv_server *s, const struct srv_backend *b) {
     return NULL;
 }
 
-void *worker_main(void *arg) {
+void *http_worker_main(void *arg) {
     struct srv_server *s = arg;
     /* the backend is set before the first job is queued */
     pthread_mutex_lock(&s->qmu);
@@ -359,7 +359,7 @@ void *worker_main(void *arg) {
 }
 
 /* Queues a job (the queue takes a reference). false when the queue is full. */
-bool enqueue(struct srv_server *s, struct srv_job *j) {
+bool http_enqueue(struct srv_server *s, struct srv_job *j) {
     pthread_mutex_lock(&s->qmu);
     if (s->q_len + s->n_simple >= s->p.n_queue || atomic_load(&s->stopping)) {
         pthread_mutex_unlock(&s->qmu);

@@ -738,7 +738,7 @@ static bool parse_body(enum srv_endpoint ep, const json_t *o, const struct srv_p
         if (!opts || !opts->allow_forced_output) {
             srv_error_bad(err, "tern_forced_output",
                           "'tern_forced_output' is a test-only field; start the server with "
-                          "TERN_TEST_FORCED_OUTPUT=1 to use it");
+                          "TERN_TEST_FORCED_OUTPUT=1 (a build with -DTERN_TEST_HOOKS=ON) to use it");
             return false;
         }
         if (!get_string(o, "tern_forced_output", 1 << 20, &req->forced_output, err)) return false;
@@ -749,7 +749,7 @@ static bool parse_body(enum srv_endpoint ep, const json_t *o, const struct srv_p
         if (!opts || !opts->allow_forced_output) {
             srv_error_bad(err, "tern_forced_prefix",
                           "'tern_forced_prefix' is a test-only field; start the server with "
-                          "TERN_TEST_FORCED_OUTPUT=1 to use it");
+                          "TERN_TEST_FORCED_OUTPUT=1 (a build with -DTERN_TEST_HOOKS=ON) to use it");
             return false;
         }
         if (!get_string(o, "tern_forced_prefix", 1 << 20, &req->forced_prefix, err)) return false;

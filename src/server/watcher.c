@@ -13,8 +13,8 @@ static void watch_headers(struct srv_server *s, double now) {
         if (sk->deadline <= 0 || now < sk->deadline || sk->fd < 0) continue;
         sk->deadline = 0;
         bool body = sk->wait == W_BODY;
-        ssize_t w = send(sk->fd, body ? body_timeout_reply : timeout_reply,
-                         body ? body_timeout_reply_len : timeout_reply_len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        ssize_t w = send(sk->fd, body ? http_body_timeout_reply : http_timeout_reply,
+                         body ? http_body_timeout_reply_len : http_timeout_reply_len, MSG_DONTWAIT | MSG_NOSIGNAL);
         (void)w; /* best effort: the client may not read, the close is what matters */
         shutdown(sk->fd, SHUT_RDWR);
         atomic_fetch_add(body ? &s->body_timeouts : &s->header_timeouts, 1);
@@ -48,21 +48,21 @@ static void watch_jobs(struct srv_server *s, double now, struct pollfd **pfds, s
     if (n > 0 && poll(*pfds, n, 0) < 0) n = 0;
     for (size_t i = 0; i < n; i++) {
         struct srv_job *j = (*pjobs)[i];
-        bool gone = peer_gone_revents((*pfds)[i].fd, (*pfds)[i].revents);
+        bool gone = http_peer_gone_revents((*pfds)[i].fd, (*pfds)[i].revents);
         pthread_mutex_lock(&j->mu);
         if (gone && !j->done) {
             atomic_store(&j->cancel, 1);
             atomic_fetch_add(&s->client_gone, 1);
-            job_wake(j);
+            http_job_wake(j);
         } else if (j->parked && j->req.stream && now - j->t_out >= KEEPALIVE_S) {
-            job_wake(j);
+            http_job_wake(j);
         }
         pthread_mutex_unlock(&j->mu);
     }
     pthread_mutex_unlock(&s->jmu);
 }
 
-void *watch_main(void *arg) {
+void *http_watch_main(void *arg) {
     struct srv_server *s = arg;
     struct pollfd *pfds = NULL;
     struct srv_job **jobs = NULL;
