@@ -4,6 +4,9 @@
 //   node bench/disk-stall.mjs --model FILE [--bin build/tern] [--context N] [--threads 2]
 //                             [--stream-tokens 300] [--modes worker,writer]
 //
+// It dictates the outputs (TERN_TEST_FORCED_OUTPUT): the binary must be built with the test
+// hooks (scripts/test.sh's build/, or cmake -DTERN_TEST_HOOKS=ON).
+//
 // For each mode ("writer": the disk tier's writer thread; "worker": TERN_DISK_WRITER=0,
 // the write in the worker between steps, as before) a fresh server with --cache-dir:
 // conversation A reads a system prompt of about --context tokens (turn 1, written to

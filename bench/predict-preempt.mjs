@@ -4,6 +4,9 @@
 //   node bench/predict-preempt.mjs --tern build/tern --model M.gguf [--chunk 128] [--trials 12]
 //                                  [--tool-lines 60] [--threads 2]
 //
+// It dictates the outputs (TERN_TEST_FORCED_OUTPUT): the binary must be built with the test
+// hooks (scripts/test.sh's build/, or cmake -DTERN_TEST_HOOKS=ON).
+//
 // One server with predictive priming (--predict-chunk CHUNK) and forced output. Each
 // trial plays a conversation of a session of its own: a tool-calling turn with a long
 // tool result, then a final answer. That answer's prediction (the history re-rendered

@@ -31,10 +31,11 @@ if [ -n "${TERN_SHARED_DIR:-}" ] && [ ! -d "$TERN_SHARED_DIR" ]; then
   exit 1
 fi
 shared=${TERN_SHARED_DIR:-$(cd .. && pwd)/shared}
-cfg=()
+# the test hooks (src/util/testhook.h) exist only in the test suite's builds
+cfg=(-DTERN_TEST_HOOKS=ON)
 if [ -d "$shared" ]; then
   export TERN_SHARED_DIR=$(cd "$shared" && pwd) TERN_REQUIRE_SHARED=1
-  cfg=(-DTERN_SHARED_DIR="$TERN_SHARED_DIR")
+  cfg+=(-DTERN_SHARED_DIR="$TERN_SHARED_DIR")
   echo "== shared kit: $TERN_SHARED_DIR (required: a missing file fails its test) =="
 else
   echo "== no shared kit at $shared: its conformance tests are skipped =="

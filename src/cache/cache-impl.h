@@ -106,7 +106,7 @@ struct cache {
     } while (0)
 
 /* Frees an entry's session, checkpoints and aux state (cache.c). */
-void entry_free(struct entry *e);
+void cache_entry_free(struct entry *e);
 
 /* ---- the disk writer (writer.c) ---------------------------------------------------- */
 
@@ -114,18 +114,18 @@ void entry_free(struct entry *e);
 bool cache_entry_pinned(struct cache *c, struct entry *e);
 /* The writer thread, started with the disk tier and stopped (its queue written) at
  * cache_free. */
-void writer_start(struct cache *c);
-void writer_stop(struct cache *c);
+void cache_writer_start(struct cache *c);
+void cache_writer_stop(struct cache *c);
 /* e written to the disk tier: queued for the writer (pinned), or written here when the
  * queue is full. */
-void disk_park(struct cache *c, struct entry *e);
+void cache_disk_park(struct cache *c, struct entry *e);
 /* Whether e holds state the disk tier lacks / marks it so (under wmu). */
-bool entry_dirty(struct cache *c, struct entry *e);
-void set_dirty(struct cache *c, struct entry *e);
+bool cache_entry_dirty(struct cache *c, struct entry *e);
+void cache_set_dirty(struct cache *c, struct entry *e);
 /* Waits until e's write is done or deadline (ns) passes; false on the deadline. */
-bool wait_unpinned(struct cache *c, struct entry *e, uint64_t deadline);
+bool cache_wait_unpinned(struct cache *c, struct entry *e, uint64_t deadline);
 /* The disk tier's counters into the cache's stats. */
-void disk_stats_update(struct cache *c);
+void cache_disk_stats_update(struct cache *c);
 
 /* Tenants and keys: NULL and "" are the same (the default tenant, no key). */
 static inline bool cache_same_str(const char *a, const char *b) {

@@ -13,6 +13,7 @@
 #include "cache/cache-impl.h"
 
 #include "tokenizer/tokenizer.h"
+#include "util/testhook.h"
 #include "util/hash.h"
 #include "util/log.h"
 #include "util/mem.h"
@@ -108,7 +109,7 @@ static void aux_drop(struct entry *e) {
     e->aux_bytes = 0;
 }
 
-void entry_free(struct entry *e) {
+void cache_entry_free(struct entry *e) {
     if (!e) return;
     aux_drop(e);
     for (size_t i = 0; i < e->n_ck; i++) tern_checkpoint_free(e->ck[i].ck);
@@ -157,7 +158,7 @@ static void entry_remove(struct cache *c, struct entry *e) {
     const bool pinned = e->pinned;
     if (pinned) e->doomed = true;
     pthread_mutex_unlock(&c->wmu);
-    if (!pinned) entry_free(e);
+    if (!pinned) cache_entry_free(e);
 }
 
 /* ---- stats ------------------------------------------------------------------------ */
@@ -265,7 +266,7 @@ static void enforce_budget(struct cache *c, size_t extra) {
                           budget >> 20, c->disk && !victim->predicted ? " (kept on disk)" : "");
             /* written ahead when it was parked; again only if that write failed (queued:
              * out of the pool now, freed when written) */
-            if (entry_dirty(c, victim)) disk_park(c, victim);
+            if (cache_entry_dirty(c, victim)) cache_disk_park(c, victim);
             entry_remove(c, victim);
             STAT_ADD(c, evictions, 1);
             freed = true;
@@ -385,14 +386,14 @@ enum tern_status cache_new(struct tern_model *m, const struct cache_params *p, s
         } else {
             struct disk_params dp = {
                 .dir = p->disk_dir, .max_bytes = p->disk_bytes, .model = m, .session = p->session, .sep = &c->sep};
-            const char *delay = getenv("TERN_TEST_DISK_DELAY_MS");
+            const char *delay = tern_test_hook("TERN_TEST_DISK_DELAY_MS");
             if (delay && *delay) dp.test_block_delay_ms = (unsigned)strtoul(delay, NULL, 10);
             enum tern_status st = disk_open(&dp, &c->disk);
             if (st) {
                 cache_free(c);
                 return st;
             }
-            disk_stats_update(c);
+            cache_disk_stats_update(c);
             /* TERN_DISK_WRITER=0: the rollback, writes in the caller's thread as before */
             const char *w = getenv("TERN_DISK_WRITER");
             if (w && !strcmp(w, "0"))
@@ -402,7 +403,7 @@ enum tern_status cache_new(struct tern_model *m, const struct cache_params *p, s
                  * which the worker's evaluations use: from the worker only */
                 TERN_LOG_INFO("reuse: sessions on %s: the disk tier writes in the worker, between steps",
                               tern_model_device(m));
-            else writer_start(c);
+            else cache_writer_start(c);
         }
     }
     *out = c;
@@ -411,7 +412,7 @@ enum tern_status cache_new(struct tern_model *m, const struct cache_params *p, s
 
 void cache_free(struct cache *c) {
     if (!c) return;
-    writer_stop(c); /* the queued writes finish first: they read entries freed below */
+    cache_writer_stop(c); /* the queued writes finish first: they read entries freed below */
     while (c->head) entry_remove(c, c->head);
     disk_free(c->disk);
     fp_free(&c->req_fp);
@@ -464,7 +465,7 @@ static bool evict_for_device(struct cache *c) {
     TERN_LOG_INFO("reuse: evicted session (key=%s, %u tokens, %zu bytes) for device memory (%s)",
                   victim->key ? victim->key : "-", tern_session_n_past(victim->s), entry_bytes(victim),
                   tern_last_error());
-    if (victim->disk_dirty) disk_park(c, victim);
+    if (victim->disk_dirty) cache_disk_park(c, victim);
     entry_remove(c, victim);
     STAT_ADD(c, evictions, 1);
     return true;
@@ -517,7 +518,7 @@ static enum tern_status disk_resume(struct cache *c, const struct cache_ident *i
     const uint64_t t0 = tern_now_ns();
     enum tern_status st = disk_load(c->disk, (size_t)dc->idx, r, tenant, &s, &cks, &kinds, &n_cks);
     disk_unlock(c->disk);
-    disk_stats_update(c);
+    cache_disk_stats_update(c);
     if (st) return st;
     for (struct entry *o = c->head, *nx; o; o = nx) {
         nx = o->next;
@@ -948,7 +949,7 @@ enum tern_status cache_acquire_flags(struct cache *c, const struct cache_ident *
         struct entry *pe = pinned_choice(c, &ch.best);
         if (!pe || c->skip_pinned) break;
         if (!(flags & CACHE_ACQUIRE_NOWAIT) && pass < 4 &&
-            wait_unpinned(c, pe, tern_now_ns() + (uint64_t)CACHE_PIN_WAIT_MS * 1000000ull))
+            cache_wait_unpinned(c, pe, tern_now_ns() + (uint64_t)CACHE_PIN_WAIT_MS * 1000000ull))
             continue;
         TERN_LOG_INFO("reuse: the conversation's disk write is still running; not resuming it (key=%s)",
                       pe->key ? pe->key : "-");
@@ -1050,8 +1051,8 @@ void cache_release(struct cache *c, struct cache_lease *lease, bool ok) {
          * request was cancelled mid-prime. */
         if (fp_compute(&c->sep, tern_session_tokens(e->s), tern_session_n_past(e->s), &e->fp) != TERN_OK) e->fp.n = 0;
         /* Written ahead as it is parked, so that a crash loses at most the turn in flight. */
-        set_dirty(c, e);
-        disk_park(c, e);
+        cache_set_dirty(c, e);
+        cache_disk_park(c, e);
         disk_mark_end(c->disk, e->mark); /* announced, but not written (nothing to write) */
         e->mark = NULL;
         if (!c->p.pool) {

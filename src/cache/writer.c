@@ -13,7 +13,7 @@
 
 /* ---- the disk tier ------------------------------------------------------------------- */
 
-void disk_stats_update(struct cache *c) {
+void cache_disk_stats_update(struct cache *c) {
     if (!c->disk) return;
     struct disk_stats ds;
     disk_get_stats(c->disk, &ds);
@@ -117,7 +117,7 @@ static void *writer_main(void *arg) {
         enum tern_status st =
             disk_put_io(c->disk, c->wio, e->tenant, e->key, j->nonce, e->s, j->cks, j->kinds, j->n_cks);
         disk_mark_end(c->disk, j->mark); /* (after the file has its name: a peer never waits for nothing) */
-        disk_stats_update(c);
+        cache_disk_stats_update(c);
         pthread_mutex_lock(&c->wmu);
         write_outcome(c, e, st, st ? tern_last_error() : NULL);
         e->pinned = false;
@@ -126,7 +126,7 @@ static void *writer_main(void *arg) {
         pthread_cond_broadcast(&c->done_cv);
         pthread_mutex_unlock(&c->wmu);
         if (doomed) {
-            entry_free(e);
+            cache_entry_free(e);
             malloc_trim(0);
         }
         free(j);
@@ -137,7 +137,7 @@ static void *writer_main(void *arg) {
 }
 
 /* Starts the writer (cache_new). On failure the worker writes itself. */
-void writer_start(struct cache *c) {
+void cache_writer_start(struct cache *c) {
     if (disk_io_new(c->disk, &c->wio)) {
         TERN_LOG_WARN("reuse: %s; the disk tier writes in the worker", tern_last_error());
         return;
@@ -152,7 +152,7 @@ void writer_start(struct cache *c) {
 }
 
 /* Stops the writer after the queued writes (cache_free). */
-void writer_stop(struct cache *c) {
+void cache_writer_stop(struct cache *c) {
     if (!c->writer_on) return;
     pthread_mutex_lock(&c->wmu);
     c->w_stop = true;
@@ -168,7 +168,7 @@ void writer_stop(struct cache *c) {
  * for the writer (the entry pinned), or, when the queue is full, here. A failure (disk
  * full, a state larger than the budget) leaves the conversation in RAM only: the server
  * keeps serving and says why, once until a write succeeds again. */
-void disk_park(struct cache *c, struct entry *e) {
+void cache_disk_park(struct cache *c, struct entry *e) {
     if (!c->disk || e->predicted || e->leased || tern_session_n_past(e->s) == 0) return;
     if (cache_entry_pinned(c, e)) return; /* (its write is in flight) */
     if (!e->key && !e->has_nonce) {
@@ -212,25 +212,25 @@ void disk_park(struct cache *c, struct entry *e) {
     pthread_mutex_lock(&c->wmu);
     write_outcome(c, e, st, st ? tern_last_error() : NULL);
     pthread_mutex_unlock(&c->wmu);
-    disk_stats_update(c);
+    cache_disk_stats_update(c);
 }
 
 /* True when e's disk copy is stale (under wmu: the writer sets it). */
-bool entry_dirty(struct cache *c, struct entry *e) {
+bool cache_entry_dirty(struct cache *c, struct entry *e) {
     pthread_mutex_lock(&c->wmu);
     bool d = e->disk_dirty;
     pthread_mutex_unlock(&c->wmu);
     return d;
 }
 
-void set_dirty(struct cache *c, struct entry *e) {
+void cache_set_dirty(struct cache *c, struct entry *e) {
     pthread_mutex_lock(&c->wmu);
     e->disk_dirty = true;
     pthread_mutex_unlock(&c->wmu);
 }
 
 /* Waits until e's write is done or deadline (ns, tern_now_ns clock) passes. */
-bool wait_unpinned(struct cache *c, struct entry *e, uint64_t deadline) {
+bool cache_wait_unpinned(struct cache *c, struct entry *e, uint64_t deadline) {
     pthread_mutex_lock(&c->wmu);
     while (e->pinned) {
         uint64_t now = tern_now_ns();

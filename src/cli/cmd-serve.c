@@ -8,6 +8,7 @@
 #include "server/engine.h"
 #include "server/predict.h"
 #include "server/server.h"
+#include "util/testhook.h"
 #include "util/log.h"
 #include "util/mem.h"
 #include "util/notify.h"
@@ -106,6 +107,12 @@ static bool env_flag(const char *name, bool def) {
     const char *v = getenv(name);
     if (!v || !*v) return def;
     return strcmp(v, "0") != 0 && strcasecmp(v, "false") != 0 && strcasecmp(v, "off") != 0;
+}
+
+/* A test hook's on/off (util/testhook.h): off when unset or not built. */
+static bool test_hook_flag(const char *name) {
+    const char *v = tern_test_hook(name);
+    return v && *v && strcmp(v, "0") != 0 && strcasecmp(v, "false") != 0 && strcasecmp(v, "off") != 0;
 }
 
 static char *read_text_file(const char *path, size_t *len) {
@@ -366,18 +373,20 @@ static int cmd_serve(int argc, char **argv) {
     cp.affinity = env_flag("TERN_AFFINITY", true);
     cp.pool = env_flag("TERN_REUSE_POOL", true);
     cp.ckpt_reread = env_flag("TERN_CKPT_REREAD", false);
-    sp.allow_forced_output = env_flag("TERN_TEST_FORCED_OUTPUT", false);
-    sp.forced_reply = sp.allow_forced_output ? getenv("TERN_TEST_FORCED_REPLY") : NULL;
+    if (!tern_test_hooks_built() && getenv("TERN_TEST_FORCED_OUTPUT"))
+        TERN_LOG_WARN("TERN_TEST_* ignored: this build has no test hooks (configure with -DTERN_TEST_HOOKS=ON)");
+    sp.allow_forced_output = test_hook_flag("TERN_TEST_FORCED_OUTPUT");
+    sp.forced_reply = sp.allow_forced_output ? tern_test_hook("TERN_TEST_FORCED_REPLY") : NULL;
     if (!env_flag("TERN_PREDICT", true)) predict = PREDICT_OFF;
     uint32_t predict_delay = 0;
-    const char *pd = getenv("TERN_TEST_PREDICT_DELAY_MS");
+    const char *pd = tern_test_hook("TERN_TEST_PREDICT_DELAY_MS");
     if (pd && *pd) {
         if (!cli_parse_int(pd, 0, 60000, &v))
             return cli_usage_error("serve", "TERN_TEST_PREDICT_DELAY_MS '%s' is not 0-60000", pd);
         predict_delay = (uint32_t)v;
     }
     uint32_t stop_delay_ms = 0; /* tests: wait this long after the first signal before stopping */
-    const char *sd = getenv("TERN_TEST_STOP_DELAY_MS");
+    const char *sd = tern_test_hook("TERN_TEST_STOP_DELAY_MS");
     if (sd && *sd) {
         if (!cli_parse_int(sd, 0, 60000, &v))
             return cli_usage_error("serve", "TERN_TEST_STOP_DELAY_MS '%s' is not 0-60000", sd);

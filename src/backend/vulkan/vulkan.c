@@ -8,6 +8,7 @@
 #include "backend/vulkan/spv.h"
 #include "kernels/quant.h"
 
+#include "util/testhook.h"
 #include "util/log.h"
 #include "util/mem.h"
 
@@ -368,13 +369,13 @@ enum tern_status tern_vk_open(int index, struct tern_vk **out) {
     struct tern_vk *vk = tern_calloc(1, sizeof *vk);
     if (!vk) return tern_errorf(TERN_ERR_NOMEM, "vulkan: out of memory");
     vk->pd = pds[index];
-    const char *lose = getenv("TERN_TEST_VK_LOSE_AFTER");
+    const char *lose = tern_test_hook("TERN_TEST_VK_LOSE_AFTER");
     if (lose && *lose) vk->lose_after = strtol(lose, NULL, 10);
     describe(vk->pd, &vk->info);
     /* tests: $TERN_TEST_VK_DEVICE_BYTES=N makes the device report N bytes of device-local
      * memory, so that the engine's handling of a full device can be exercised on one with
      * plenty (what tern_gpu counts against it is refused before anything is allocated) */
-    const char *cap = getenv("TERN_TEST_VK_DEVICE_BYTES");
+    const char *cap = tern_test_hook("TERN_TEST_VK_DEVICE_BYTES");
     if (cap && *cap) vk->info.device_local_bytes = strtoull(cap, NULL, 10);
     p_vkGetPhysicalDeviceMemoryProperties(vk->pd, &vk->mem);
 
