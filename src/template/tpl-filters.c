@@ -937,28 +937,11 @@ static enum tern_status f_map(struct ctx *c, int id, const char *name, struct va
     return do_map(c, v, a, out);
 }
 
+/* select, reject, selectattr, rejectattr: one walk, which the id names. */
 static enum tern_status f_select(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
                                  struct val *out) {
-    (void)id;
-    return select_reject(c, v, a, true, false, name, out);
-}
-
-static enum tern_status f_reject(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
-                                 struct val *out) {
-    (void)id;
-    return select_reject(c, v, a, false, false, name, out);
-}
-
-static enum tern_status f_selectattr(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
-                                     struct val *out) {
-    (void)id;
-    return select_reject(c, v, a, true, true, name, out);
-}
-
-static enum tern_status f_rejectattr(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
-                                     struct val *out) {
-    (void)id;
-    return select_reject(c, v, a, false, true, name, out);
+    const bool keep = id == FL_SELECT || id == FL_SELECTATTR, attr = id == FL_SELECTATTR || id == FL_REJECTATTR;
+    return select_reject(c, v, a, keep, attr, name, out);
 }
 
 static enum tern_status f_dictsort(struct ctx *c, int id, const char *name, struct val v, const struct argv *a,
@@ -1324,14 +1307,14 @@ static const struct filter_def filters[FL_N] = {
     [FL_MAP] = {"map", f_map},
     [FL_MAX] = {"max", f_sort},
     [FL_MIN] = {"min", f_sort},
-    [FL_REJECT] = {"reject", f_reject},
-    [FL_REJECTATTR] = {"rejectattr", f_rejectattr},
+    [FL_REJECT] = {"reject", f_select},
+    [FL_REJECTATTR] = {"rejectattr", f_select},
     [FL_REPLACE] = {"replace", f_replace},
     [FL_REVERSE] = {"reverse", f_reverse},
     [FL_ROUND] = {"round", f_round},
     [FL_SAFE] = {"safe", f_safe},
     [FL_SELECT] = {"select", f_select},
-    [FL_SELECTATTR] = {"selectattr", f_selectattr},
+    [FL_SELECTATTR] = {"selectattr", f_select},
     [FL_SLICE] = {"slice", f_batch},
     [FL_SORT] = {"sort", f_sort},
     [FL_STRING] = {"string", f_string},
