@@ -263,6 +263,30 @@ for (const preset of ['tiny-qwen35', 'tiny-qwen3', 'tiny-qwen35moe']) describe(p
     await assertEqualsCold(srv, r4, cold, msgs, { session: s });
   });
 
+  test(`${preset}: SIGTERM while a prediction is being primed stops it at once and exits 0`, async () => {
+    // a 30 s pause after every chunk: a stop that waited for the priming would take that long
+    const srv = await serve(model, ['--predict-chunk', '8'], { TERN_TEST_PREDICT_DELAY_MS: '30000' });
+    const s = `sig-${preset}`;
+    const msgs = [{ role: 'system', content: 'You are a coding agent.' }, { role: 'user', content: 'What does sig.c do?' }];
+    const r1 = await chat(srv, msgs, { forced: toolCall('sig.c'), session: s });
+    msgs.push(r1.choices[0].message,
+      { role: 'tool', tool_call_id: r1.choices[0].message.tool_calls[0].id, content: 'int sig(void) { return 15; }' });
+    let active = false;
+    for (let i = 0; i < 400 && !active; i++) {
+      active = (await metrics(srv)).tern_predict_active === 1;
+      if (!active) await new Promise((r) => setTimeout(r, 10));
+    }
+    assert.ok(active, 'a prediction is being primed');
+    await new Promise((r) => setTimeout(r, 200)); // inside the pause after a chunk
+    const t0 = performance.now();
+    const code = await srv.stop();
+    const took = performance.now() - t0;
+    assert.equal(code, 0);
+    console.log(`# ${preset}: SIGTERM mid-priming: exited 0 in ${took.toFixed(0)} ms`);
+    assert.ok(took < 3000, `exited ${took.toFixed(0)} ms after the signal (the priming's pause is 30 s)`);
+    assert.doesNotMatch(srv.log(), /a step is still running after 500 ms/, 'the priming stopped between chunks');
+  });
+
   test(`${preset}: --predict off, --predict user and TERN_PREDICT=0`, async () => {
     for (const [args, env, made] of [[['--predict', 'off'], {}, false], [[], { TERN_PREDICT: '0' }, false],
       [['--predict', 'user'], {}, true]]) {
