@@ -629,240 +629,340 @@ static enum tern_status prefix_test(struct ctx *c, struct val s, const struct va
     return TERN_OK;
 }
 
+/* ---- str methods, one function each ---- */
+
+static enum tern_status sm_strip(struct ctx *c, struct val s, int m, const char *name, const struct argv *a,
+                                 struct val *out) {
+    enum tern_status st;
+    struct val v[4];
+    bool set[4];
+    static const char *const nm[] = {"chars"};
+    if ((st = tpl_bind_args(name, a, nm, 1, v, set))) return st;
+    return tpl_strip(c, s, set[0] ? &v[0] : NULL, m == M_STRIP ? 3 : m == M_LSTRIP ? 1 : 2, out);
+}
+
+static enum tern_status sm_split(struct ctx *c, struct val s, int m, const char *name, const struct argv *a,
+                                 struct val *out) {
+    enum tern_status st;
+    struct val v[4];
+    bool set[4];
+    static const char *const nm[] = {"sep", "maxsplit"};
+    if ((st = tpl_bind_args(name, a, nm, 2, v, set))) return st;
+    int64_t maxsplit = -1;
+    if (set[1] && (st = need_int(name, v[1], &maxsplit))) return st;
+    return str_split(c, s, set[0] ? &v[0] : NULL, maxsplit, m == M_RSPLIT, out);
+}
+
+static enum tern_status sm_splitlines(struct ctx *c, struct val s, int m, const char *name, const struct argv *a,
+                                      struct val *out) {
+    (void)m;
+    enum tern_status st;
+    struct val v[4];
+    bool set[4];
+    static const char *const nm[] = {"keepends"};
+    if ((st = tpl_bind_args(name, a, nm, 1, v, set))) return st;
+    return tpl_splitlines(c, s, set[0] && v_truthy(v[0]), out);
+}
+
+static enum tern_status sm_startswith(struct ctx *c, struct val s, int m, const char *name, const struct argv *a,
+                                      struct val *out) {
+    enum tern_status st;
+    struct val v[4];
+    bool set[4];
+    static const char *const nm[] = {"prefix", "start", "end"};
+    if ((st = tpl_bind_args(name, a, nm, 3, v, set))) return st;
+    if (!set[0]) return tern_errorf(TERN_ERR_TEMPLATE, "%s() takes at least 1 argument (0 given)", name);
+    return prefix_test(c, s, v, set, m == M_ENDSWITH, out);
+}
+
+static enum tern_status sm_upper(struct ctx *c, struct val s, int m, const char *name, const struct argv *a,
+                                 struct val *out) {
+    if (a->n_pos || a->n_kw) return tern_errorf(TERN_ERR_TEMPLATE, "%s() takes no arguments", name);
+    return tpl_case(c, s,
+                    m == M_UPPER ? CM_UPPER : m == M_TITLE ? CM_TITLE : m == M_CAPITALIZE ? CM_CAPITALIZE
+                                          : m == M_SWAPCASE ? CM_SWAPCASE : CM_LOWER,
+                    out);
+}
+
+static enum tern_status sm_replace(struct ctx *c, struct val s, int m, const char *name, const struct argv *a,
+                                   struct val *out) {
+    (void)m;
+    enum tern_status st;
+    struct val v[4];
+    bool set[4];
+    static const char *const nm[] = {"old", "new", "count"};
+    if ((st = tpl_bind_args(name, a, nm, 3, v, set))) return st;
+    if (!set[0] || !set[1]) return tern_errorf(TERN_ERR_TEMPLATE, "replace() takes at least 2 arguments");
+    if ((st = need_str("replace", v[0])) || (st = need_str("replace", v[1]))) return st;
+    int64_t count = -1;
+    if (set[2] && (st = need_int("replace", v[2], &count))) return st;
+    return tpl_replace(c, s, v[0], v[1], count, out);
+}
+
+static enum tern_status sm_find(struct ctx *c, struct val s, int m, const char *name, const struct argv *a,
+                                struct val *out) {
+    (void)c;
+    enum tern_status st;
+    struct val v[4];
+    bool set[4];
+    static const char *const nm[] = {"sub", "start", "end"};
+    if ((st = tpl_bind_args(name, a, nm, 3, v, set))) return st;
+    if (!set[0]) return tern_errorf(TERN_ERR_TEMPLATE, "%s() takes at least 1 argument (0 given)", name);
+    if ((st = need_str(name, v[0]))) return st;
+    size_t pa, pb, cpa;
+    bool empty;
+    if ((st = cp_range(s, set[1] ? &v[1] : NULL, set[2] ? &v[2] : NULL, &pa, &pb, &cpa, &empty))) return st;
+    const char *h = s.u.s.p + pa;
+    size_t hn = pb - pa;
+    if (m == M_COUNT) {
+        int64_t cnt = 0;
+        if (!empty) {
+            if (v[0].u.s.n == 0) {
+                cnt = (int64_t)utf8_count(h, hn) + 1;
+            } else {
+                size_t i = 0;
+                const char *f;
+                while (i <= hn && (f = memmem(h + i, hn - i, v[0].u.s.p, v[0].u.s.n))) {
+                    cnt++;
+                    i = (size_t)(f - h) + v[0].u.s.n;
+                }
+            }
+        }
+        *out = v_int(cnt);
+        return TERN_OK;
+    }
+    const char *f = NULL;
+    if (!empty) {
+        if (m == M_FIND || m == M_INDEX) f = v[0].u.s.n == 0 ? h : memmem(h, hn, v[0].u.s.p, v[0].u.s.n);
+        else f = v[0].u.s.n == 0 ? h + hn : rmemmem(h, hn, v[0].u.s.p, v[0].u.s.n);
+    }
+    if (!f) {
+        if (m == M_INDEX || m == M_RINDEX) return tern_errorf(TERN_ERR_TEMPLATE, "substring not found");
+        *out = v_int(-1);
+        return TERN_OK;
+    }
+    *out = v_int((int64_t)(cpa + utf8_count(h, (size_t)(f - h))));
+    return TERN_OK;
+}
+
+static enum tern_status sm_join(struct ctx *c, struct val s, int m, const char *name, const struct argv *a,
+                                struct val *out) {
+    (void)m, (void)name;
+    enum tern_status st;
+    if (a->n_pos != 1 || a->n_kw) return tern_errorf(TERN_ERR_TEMPLATE, "join() takes exactly one argument");
+    struct val seq;
+    if ((st = tpl_iterable(c, a->pos[0], &seq))) return st;
+    size_t n = v_len_list(seq);
+    if ((st = tpl_step(c, n))) return st;
+    struct tern_buf *b = &c->scratch;
+    tern_buf_clear(b);
+    for (size_t i = 0; i < n; i++) {
+        struct val x = v_list_at(seq, i);
+        if (x.kind != V_STR)
+            return tern_errorf(TERN_ERR_TEMPLATE, "sequence item %zu: expected str instance, %s found", i,
+                               v_type_name(x));
+        if (i && (st = tern_buf_append(b, s.u.s.p, s.u.s.n))) return st;
+        if ((st = tern_buf_append(b, x.u.s.p, x.u.s.n))) return st;
+    }
+    return tpl_new_str(c, b->data ? b->data : "", b->len, out);
+}
+
+static enum tern_status sm_format(struct ctx *c, struct val s, int m, const char *name, const struct argv *a,
+                                  struct val *out) {
+    (void)m, (void)name;
+    return tpl_str_format(c, s, a, out);
+}
+
+static enum tern_status sm_center(struct ctx *c, struct val s, int m, const char *name, const struct argv *a,
+                                  struct val *out) {
+    enum tern_status st;
+    struct val v[4];
+    bool set[4];
+    static const char *const nm[] = {"width", "fillchar"};
+    if ((st = tpl_bind_args(name, a, nm, 2, v, set))) return st;
+    int64_t w;
+    if (!set[0]) return tern_errorf(TERN_ERR_TEMPLATE, "%s() takes at least 1 argument (0 given)", name);
+    if ((st = need_int(name, v[0], &w))) return st;
+    uint32_t fill = ' ';
+    if (set[1]) {
+        if ((st = need_str(name, v[1]))) return st;
+        if (utf8_count(v[1].u.s.p, v[1].u.s.n) != 1)
+            return tern_errorf(TERN_ERR_TEMPLATE, "The fill character must be exactly one character long");
+        size_t len;
+        fill = utf8_decode(v[1].u.s.p, v[1].u.s.n, &len);
+    }
+    return pad_str(c, s, w, fill, m == M_LJUST ? -1 : m == M_RJUST ? 1 : 0, out);
+}
+
+static enum tern_status sm_zfill(struct ctx *c, struct val s, int m, const char *name, const struct argv *a,
+                                 struct val *out) {
+    (void)m;
+    enum tern_status st;
+    int64_t w;
+    if (a->n_pos != 1) return tern_errorf(TERN_ERR_TEMPLATE, "zfill() takes exactly one argument");
+    if ((st = need_int(name, a->pos[0], &w))) return st;
+    size_t len = utf8_count(s.u.s.p, s.u.s.n);
+    if (w <= (int64_t)len) {
+        *out = s;
+        return TERN_OK;
+    }
+    size_t fill = (size_t)w - len;
+    if (fill > c->max_output) return tern_errorf(TERN_ERR_LIMIT, "zfill width exceeds max_output");
+    char *q = tpl_alloc_str(c, fill + s.u.s.n);
+    if (!q) return tpl_oom(c);
+    size_t k = 0;
+    size_t body = 0;
+    if (s.u.s.n && (s.u.s.p[0] == '+' || s.u.s.p[0] == '-')) {
+        q[k++] = s.u.s.p[0];
+        body = 1;
+    }
+    memset(q + k, '0', fill);
+    k += fill;
+    memcpy(q + k, s.u.s.p + body, s.u.s.n - body);
+    *out = v_str(q, fill + s.u.s.n);
+    return TERN_OK;
+}
+
+static enum tern_status sm_partition(struct ctx *c, struct val s, int m, const char *name, const struct argv *a,
+                                     struct val *out) {
+    enum tern_status st;
+    if (a->n_pos != 1 || a->n_kw) return tern_errorf(TERN_ERR_TEMPLATE, "%s() takes exactly one argument", name);
+    if ((st = need_str(name, a->pos[0]))) return st;
+    struct val sep = a->pos[0];
+    if (!sep.u.s.n) return tern_errorf(TERN_ERR_TEMPLATE, "empty separator");
+    const char *f = m == M_PARTITION ? memmem(s.u.s.p, s.u.s.n, sep.u.s.p, sep.u.s.n)
+                                     : rmemmem(s.u.s.p, s.u.s.n, sep.u.s.p, sep.u.s.n);
+    struct tpl_list *l = tpl_list_new(c, 3);
+    if (!l) return tpl_oom(c);
+    if (!f) {
+        struct val e = v_str("", 0);
+        l->items[0] = m == M_PARTITION ? s : e;
+        l->items[1] = e;
+        l->items[2] = m == M_PARTITION ? e : s;
+    } else {
+        size_t at = (size_t)(f - s.u.s.p);
+        l->items[0] = sub(s, 0, at);
+        l->items[1] = sep;
+        l->items[2] = sub(s, at + sep.u.s.n, s.u.s.n);
+    }
+    *out = v_list(l, true);
+    return TERN_OK;
+}
+
+static enum tern_status sm_removeprefix(struct ctx *c, struct val s, int m, const char *name, const struct argv *a,
+                                        struct val *out) {
+    (void)c;
+    enum tern_status st;
+    if (a->n_pos != 1 || a->n_kw) return tern_errorf(TERN_ERR_TEMPLATE, "%s() takes exactly one argument", name);
+    if ((st = need_str(name, a->pos[0]))) return st;
+    struct val x = a->pos[0];
+    *out = s;
+    if (x.u.s.n <= s.u.s.n) {
+        if (m == M_REMOVEPREFIX && memcmp(s.u.s.p, x.u.s.p, x.u.s.n) == 0) *out = sub(s, x.u.s.n, s.u.s.n);
+        if (m == M_REMOVESUFFIX && x.u.s.n && memcmp(s.u.s.p + s.u.s.n - x.u.s.n, x.u.s.p, x.u.s.n) == 0)
+            *out = sub(s, 0, s.u.s.n - x.u.s.n);
+    }
+    return TERN_OK;
+}
+
+static enum tern_status sm_expandtabs(struct ctx *c, struct val s, int m, const char *name, const struct argv *a,
+                                      struct val *out) {
+    (void)m;
+    enum tern_status st;
+    struct val v[4];
+    bool set[4];
+    static const char *const nm[] = {"tabsize"};
+    if ((st = tpl_bind_args(name, a, nm, 1, v, set))) return st;
+    int64_t ts = 8;
+    if (set[0] && (st = need_int(name, v[0], &ts))) return st;
+    struct tern_buf *b = &c->scratch;
+    tern_buf_clear(b);
+    int64_t col = 0;
+    for (size_t i = 0; i < s.u.s.n;) {
+        size_t len = utf8_seqlen((unsigned char)s.u.s.p[i]);
+        char ch = s.u.s.p[i];
+        if (ch == '\t') {
+            if (ts > 0) {
+                int64_t sp = ts - col % ts;
+                if ((uint64_t)(b->len + (size_t)sp) > c->max_output)
+                    return tern_errorf(TERN_ERR_LIMIT, "expandtabs result exceeds max_output");
+                for (int64_t k = 0; k < sp; k++)
+                    if ((st = tern_buf_putc(b, ' '))) return st;
+                col += sp;
+            }
+        } else {
+            if ((st = tern_buf_append(b, s.u.s.p + i, len))) return st;
+            col = (ch == '\n' || ch == '\r') ? 0 : col + 1;
+        }
+        i += len;
+    }
+    return tpl_new_str(c, b->data ? b->data : "", b->len, out);
+}
+
+/* isalpha() ... isprintable(): no arguments, one predicate over the characters. */
+static enum tern_status sm_is(struct ctx *c, struct val s, int m, const char *name, const struct argv *a,
+                              struct val *out) {
+    (void)c;
+    if (a->n_pos || a->n_kw) return tern_errorf(TERN_ERR_TEMPLATE, "%s() takes no arguments", name);
+    return str_pred(s, m, out);
+}
+
+typedef enum tern_status (*str_method_fn)(struct ctx *c, struct val s, int m, const char *name, const struct argv *a,
+                                             struct val *out);
+
+/* The string methods by id (the ids up to M_ISPRINTABLE are str's). */
+static const str_method_fn str_methods[M_ISPRINTABLE + 1] = {
+    [M_STRIP] = sm_strip,
+    [M_LSTRIP] = sm_strip,
+    [M_RSTRIP] = sm_strip,
+    [M_SPLIT] = sm_split,
+    [M_RSPLIT] = sm_split,
+    [M_SPLITLINES] = sm_splitlines,
+    [M_STARTSWITH] = sm_startswith,
+    [M_ENDSWITH] = sm_startswith,
+    [M_UPPER] = sm_upper,
+    [M_LOWER] = sm_upper,
+    [M_TITLE] = sm_upper,
+    [M_CAPITALIZE] = sm_upper,
+    [M_SWAPCASE] = sm_upper,
+    [M_CASEFOLD] = sm_upper,
+    [M_REPLACE] = sm_replace,
+    [M_FIND] = sm_find,
+    [M_RFIND] = sm_find,
+    [M_INDEX] = sm_find,
+    [M_RINDEX] = sm_find,
+    [M_COUNT] = sm_find,
+    [M_JOIN] = sm_join,
+    [M_FORMAT] = sm_format,
+    [M_CENTER] = sm_center,
+    [M_LJUST] = sm_center,
+    [M_RJUST] = sm_center,
+    [M_ZFILL] = sm_zfill,
+    [M_PARTITION] = sm_partition,
+    [M_RPARTITION] = sm_partition,
+    [M_REMOVEPREFIX] = sm_removeprefix,
+    [M_REMOVESUFFIX] = sm_removeprefix,
+    [M_EXPANDTABS] = sm_expandtabs,
+    [M_ISALPHA] = sm_is,
+    [M_ISDIGIT] = sm_is,
+    [M_ISSPACE] = sm_is,
+    [M_ISUPPER] = sm_is,
+    [M_ISLOWER] = sm_is,
+    [M_ISALNUM] = sm_is,
+    [M_ISNUMERIC] = sm_is,
+    [M_ISDECIMAL] = sm_is,
+    [M_ISTITLE] = sm_is,
+    [M_ISIDENTIFIER] = sm_is,
+    [M_ISASCII] = sm_is,
+    [M_ISPRINTABLE] = sm_is,
+};
+
 static enum tern_status str_method(struct ctx *c, struct val s, int m, const char *name, const struct argv *a,
                                    struct val *out) {
     enum tern_status st;
     if ((st = tpl_charge(c, s.u.s.n))) return st;
-    struct val v[4];
-    bool set[4];
-    switch (m) {
-    case M_STRIP:
-    case M_LSTRIP:
-    case M_RSTRIP: {
-        static const char *const nm[] = {"chars"};
-        if ((st = tpl_bind_args(name, a, nm, 1, v, set))) return st;
-        return tpl_strip(c, s, set[0] ? &v[0] : NULL, m == M_STRIP ? 3 : m == M_LSTRIP ? 1 : 2, out);
-    }
-    case M_SPLIT:
-    case M_RSPLIT: {
-        static const char *const nm[] = {"sep", "maxsplit"};
-        if ((st = tpl_bind_args(name, a, nm, 2, v, set))) return st;
-        int64_t maxsplit = -1;
-        if (set[1] && (st = need_int(name, v[1], &maxsplit))) return st;
-        return str_split(c, s, set[0] ? &v[0] : NULL, maxsplit, m == M_RSPLIT, out);
-    }
-    case M_SPLITLINES: {
-        static const char *const nm[] = {"keepends"};
-        if ((st = tpl_bind_args(name, a, nm, 1, v, set))) return st;
-        return tpl_splitlines(c, s, set[0] && v_truthy(v[0]), out);
-    }
-    case M_STARTSWITH:
-    case M_ENDSWITH: {
-        static const char *const nm[] = {"prefix", "start", "end"};
-        if ((st = tpl_bind_args(name, a, nm, 3, v, set))) return st;
-        if (!set[0]) return tern_errorf(TERN_ERR_TEMPLATE, "%s() takes at least 1 argument (0 given)", name);
-        return prefix_test(c, s, v, set, m == M_ENDSWITH, out);
-    }
-    case M_UPPER:
-    case M_LOWER:
-    case M_CASEFOLD:
-    case M_TITLE:
-    case M_CAPITALIZE:
-    case M_SWAPCASE:
-        if (a->n_pos || a->n_kw) return tern_errorf(TERN_ERR_TEMPLATE, "%s() takes no arguments", name);
-        return tpl_case(c, s,
-                        m == M_UPPER ? CM_UPPER : m == M_TITLE ? CM_TITLE : m == M_CAPITALIZE ? CM_CAPITALIZE
-                                              : m == M_SWAPCASE ? CM_SWAPCASE : CM_LOWER,
-                        out);
-    case M_REPLACE: {
-        static const char *const nm[] = {"old", "new", "count"};
-        if ((st = tpl_bind_args(name, a, nm, 3, v, set))) return st;
-        if (!set[0] || !set[1]) return tern_errorf(TERN_ERR_TEMPLATE, "replace() takes at least 2 arguments");
-        if ((st = need_str("replace", v[0])) || (st = need_str("replace", v[1]))) return st;
-        int64_t count = -1;
-        if (set[2] && (st = need_int("replace", v[2], &count))) return st;
-        return tpl_replace(c, s, v[0], v[1], count, out);
-    }
-    case M_FIND:
-    case M_RFIND:
-    case M_INDEX:
-    case M_RINDEX:
-    case M_COUNT: {
-        static const char *const nm[] = {"sub", "start", "end"};
-        if ((st = tpl_bind_args(name, a, nm, 3, v, set))) return st;
-        if (!set[0]) return tern_errorf(TERN_ERR_TEMPLATE, "%s() takes at least 1 argument (0 given)", name);
-        if ((st = need_str(name, v[0]))) return st;
-        size_t pa, pb, cpa;
-        bool empty;
-        if ((st = cp_range(s, set[1] ? &v[1] : NULL, set[2] ? &v[2] : NULL, &pa, &pb, &cpa, &empty))) return st;
-        const char *h = s.u.s.p + pa;
-        size_t hn = pb - pa;
-        if (m == M_COUNT) {
-            int64_t cnt = 0;
-            if (!empty) {
-                if (v[0].u.s.n == 0) {
-                    cnt = (int64_t)utf8_count(h, hn) + 1;
-                } else {
-                    size_t i = 0;
-                    const char *f;
-                    while (i <= hn && (f = memmem(h + i, hn - i, v[0].u.s.p, v[0].u.s.n))) {
-                        cnt++;
-                        i = (size_t)(f - h) + v[0].u.s.n;
-                    }
-                }
-            }
-            *out = v_int(cnt);
-            return TERN_OK;
-        }
-        const char *f = NULL;
-        if (!empty) {
-            if (m == M_FIND || m == M_INDEX) f = v[0].u.s.n == 0 ? h : memmem(h, hn, v[0].u.s.p, v[0].u.s.n);
-            else f = v[0].u.s.n == 0 ? h + hn : rmemmem(h, hn, v[0].u.s.p, v[0].u.s.n);
-        }
-        if (!f) {
-            if (m == M_INDEX || m == M_RINDEX) return tern_errorf(TERN_ERR_TEMPLATE, "substring not found");
-            *out = v_int(-1);
-            return TERN_OK;
-        }
-        *out = v_int((int64_t)(cpa + utf8_count(h, (size_t)(f - h))));
-        return TERN_OK;
-    }
-    case M_JOIN: {
-        if (a->n_pos != 1 || a->n_kw) return tern_errorf(TERN_ERR_TEMPLATE, "join() takes exactly one argument");
-        struct val seq;
-        if ((st = tpl_iterable(c, a->pos[0], &seq))) return st;
-        size_t n = v_len_list(seq);
-        if ((st = tpl_step(c, n))) return st;
-        struct tern_buf *b = &c->scratch;
-        tern_buf_clear(b);
-        for (size_t i = 0; i < n; i++) {
-            struct val x = v_list_at(seq, i);
-            if (x.kind != V_STR)
-                return tern_errorf(TERN_ERR_TEMPLATE, "sequence item %zu: expected str instance, %s found", i,
-                                   v_type_name(x));
-            if (i && (st = tern_buf_append(b, s.u.s.p, s.u.s.n))) return st;
-            if ((st = tern_buf_append(b, x.u.s.p, x.u.s.n))) return st;
-        }
-        return tpl_new_str(c, b->data ? b->data : "", b->len, out);
-    }
-    case M_FORMAT: {
-        return tpl_str_format(c, s, a, out);
-    }
-    case M_CENTER:
-    case M_LJUST:
-    case M_RJUST: {
-        static const char *const nm[] = {"width", "fillchar"};
-        if ((st = tpl_bind_args(name, a, nm, 2, v, set))) return st;
-        int64_t w;
-        if (!set[0]) return tern_errorf(TERN_ERR_TEMPLATE, "%s() takes at least 1 argument (0 given)", name);
-        if ((st = need_int(name, v[0], &w))) return st;
-        uint32_t fill = ' ';
-        if (set[1]) {
-            if ((st = need_str(name, v[1]))) return st;
-            if (utf8_count(v[1].u.s.p, v[1].u.s.n) != 1)
-                return tern_errorf(TERN_ERR_TEMPLATE, "The fill character must be exactly one character long");
-            size_t len;
-            fill = utf8_decode(v[1].u.s.p, v[1].u.s.n, &len);
-        }
-        return pad_str(c, s, w, fill, m == M_LJUST ? -1 : m == M_RJUST ? 1 : 0, out);
-    }
-    case M_ZFILL: {
-        int64_t w;
-        if (a->n_pos != 1) return tern_errorf(TERN_ERR_TEMPLATE, "zfill() takes exactly one argument");
-        if ((st = need_int(name, a->pos[0], &w))) return st;
-        size_t len = utf8_count(s.u.s.p, s.u.s.n);
-        if (w <= (int64_t)len) {
-            *out = s;
-            return TERN_OK;
-        }
-        size_t fill = (size_t)w - len;
-        if (fill > c->max_output) return tern_errorf(TERN_ERR_LIMIT, "zfill width exceeds max_output");
-        char *q = tpl_alloc_str(c, fill + s.u.s.n);
-        if (!q) return tpl_oom(c);
-        size_t k = 0;
-        size_t body = 0;
-        if (s.u.s.n && (s.u.s.p[0] == '+' || s.u.s.p[0] == '-')) {
-            q[k++] = s.u.s.p[0];
-            body = 1;
-        }
-        memset(q + k, '0', fill);
-        k += fill;
-        memcpy(q + k, s.u.s.p + body, s.u.s.n - body);
-        *out = v_str(q, fill + s.u.s.n);
-        return TERN_OK;
-    }
-    case M_PARTITION:
-    case M_RPARTITION: {
-        if (a->n_pos != 1 || a->n_kw) return tern_errorf(TERN_ERR_TEMPLATE, "%s() takes exactly one argument", name);
-        if ((st = need_str(name, a->pos[0]))) return st;
-        struct val sep = a->pos[0];
-        if (!sep.u.s.n) return tern_errorf(TERN_ERR_TEMPLATE, "empty separator");
-        const char *f = m == M_PARTITION ? memmem(s.u.s.p, s.u.s.n, sep.u.s.p, sep.u.s.n)
-                                         : rmemmem(s.u.s.p, s.u.s.n, sep.u.s.p, sep.u.s.n);
-        struct tpl_list *l = tpl_list_new(c, 3);
-        if (!l) return tpl_oom(c);
-        if (!f) {
-            struct val e = v_str("", 0);
-            l->items[0] = m == M_PARTITION ? s : e;
-            l->items[1] = e;
-            l->items[2] = m == M_PARTITION ? e : s;
-        } else {
-            size_t at = (size_t)(f - s.u.s.p);
-            l->items[0] = sub(s, 0, at);
-            l->items[1] = sep;
-            l->items[2] = sub(s, at + sep.u.s.n, s.u.s.n);
-        }
-        *out = v_list(l, true);
-        return TERN_OK;
-    }
-    case M_REMOVEPREFIX:
-    case M_REMOVESUFFIX: {
-        if (a->n_pos != 1 || a->n_kw) return tern_errorf(TERN_ERR_TEMPLATE, "%s() takes exactly one argument", name);
-        if ((st = need_str(name, a->pos[0]))) return st;
-        struct val x = a->pos[0];
-        *out = s;
-        if (x.u.s.n <= s.u.s.n) {
-            if (m == M_REMOVEPREFIX && memcmp(s.u.s.p, x.u.s.p, x.u.s.n) == 0) *out = sub(s, x.u.s.n, s.u.s.n);
-            if (m == M_REMOVESUFFIX && x.u.s.n && memcmp(s.u.s.p + s.u.s.n - x.u.s.n, x.u.s.p, x.u.s.n) == 0)
-                *out = sub(s, 0, s.u.s.n - x.u.s.n);
-        }
-        return TERN_OK;
-    }
-    case M_EXPANDTABS: {
-        static const char *const nm[] = {"tabsize"};
-        if ((st = tpl_bind_args(name, a, nm, 1, v, set))) return st;
-        int64_t ts = 8;
-        if (set[0] && (st = need_int(name, v[0], &ts))) return st;
-        struct tern_buf *b = &c->scratch;
-        tern_buf_clear(b);
-        int64_t col = 0;
-        for (size_t i = 0; i < s.u.s.n;) {
-            size_t len = utf8_seqlen((unsigned char)s.u.s.p[i]);
-            char ch = s.u.s.p[i];
-            if (ch == '\t') {
-                if (ts > 0) {
-                    int64_t sp = ts - col % ts;
-                    if ((uint64_t)(b->len + (size_t)sp) > c->max_output)
-                        return tern_errorf(TERN_ERR_LIMIT, "expandtabs result exceeds max_output");
-                    for (int64_t k = 0; k < sp; k++)
-                        if ((st = tern_buf_putc(b, ' '))) return st;
-                    col += sp;
-                }
-            } else {
-                if ((st = tern_buf_append(b, s.u.s.p + i, len))) return st;
-                col = (ch == '\n' || ch == '\r') ? 0 : col + 1;
-            }
-            i += len;
-        }
-        return tpl_new_str(c, b->data ? b->data : "", b->len, out);
-    }
-    default:
-        if (m >= M_ISALPHA && m <= M_ISPRINTABLE) {
-            if (a->n_pos || a->n_kw) return tern_errorf(TERN_ERR_TEMPLATE, "%s() takes no arguments", name);
-            return str_pred(s, m, out);
-        }
-        return tern_errorf(TERN_ERR_TEMPLATE, "'str' object has no method '%s'", name);
-    }
+    if (m < 0 || m > M_ISPRINTABLE) return tern_errorf(TERN_ERR_TEMPLATE, "'str' object has no method '%s'", name);
+    return str_methods[m](c, s, m, name, a, out);
 }
 
 /* dict.items() / keys() / values(): lists (tuples for items). */
