@@ -35,6 +35,10 @@ if(TERN_NODE)
   # per-request limits: --max-tokens, the context budget, sampler-refused parameters
   tern_script_test(server-limits ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/limits.test.mjs
                    TIMEOUT 300 LABELS e2e tsan)
+  # memory admission measured as resident memory: 4 full-context requests within --cache-ram
+  # (no-asan: the sanitizer's shadow memory and quarantine are not the server's)
+  tern_script_test(server-memory ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/memory.test.mjs
+                   TIMEOUT 300 LABELS e2e no-asan)
   # issue 37's edges: raw framing (leading zeros, 64-bit overflow, huge chunk sizes, NUL,
   # no Host), duplicate keys, logit_bias, more messages than the context, SIGHUP
   tern_script_test(server-edges ${TERN_NODE} --test-reporter=spec ${CMAKE_SOURCE_DIR}/tests/e2e/edges.test.mjs
