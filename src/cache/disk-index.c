@@ -358,6 +358,21 @@ static enum tern_status load_secret(struct disk *d) {
     return TERN_OK;
 }
 
+/* The layout of this server's files: the state layout and the device that computes the
+ * states. Resumed equals cold within a backend, bit for bit (DESIGN.md §7), not across
+ * them (nor across two GPUs), so a file written on another device reads as another layout:
+ * a directory serves replicas of one model on one kind of device. "cpu" is one device
+ * (every CPU path gives the same bits); a Vulkan device is named by its name, not its
+ * index ("vulkan:N 'name'"). */
+static uint64_t device_layout(uint64_t layout, const char *device) {
+    if (!strncmp(device, "vulkan:", 7)) {
+        device += 7;
+        while (*device >= '0' && *device <= '9') device++;
+    }
+    if (!strcmp(device, "cpu")) return layout; /* the files CPU servers wrote before stay valid */
+    return XXH3_64bits_withSeed(device, strlen(device), layout);
+}
+
 enum tern_status disk_open(const struct disk_params *p, struct disk **out) {
     *out = NULL;
     if (!p->dir || !*p->dir) return tern_errorf(TERN_ERR_INVALID, "disk tier: no directory given");
@@ -412,7 +427,7 @@ enum tern_status disk_open(const struct disk_params *p, struct disk **out) {
     for (char *c = d->host; *c; c++)
         if (*c == '-' || *c == '/') *c = '_';
     d->model_id = tern_model_identity(p->model);
-    d->layout = tern_state_layout(p->model, p->session.kv_type);
+    d->layout = device_layout(tern_state_layout(p->model, p->session.kv_type), tern_model_device(p->model));
     d->rec_bytes = tern_model_info(p->model)->recurrent_bytes;
     d->hybrid = tern_model_info(p->model)->hybrid;
     d->kv_row_bytes = tern_state_kv_row_bytes(p->model, p->session.kv_type);

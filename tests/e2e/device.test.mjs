@@ -189,6 +189,30 @@ for (const arch of ['qwen3', 'qwen35']) {
   });
 }
 
+test('qwen3: a file the device wrote is another layout to a CPU server (resumed equals cold per backend)', async () => {
+  const cacheDir = join(dir, 'disk-cross');
+  const key = { session_id: 'cross' };
+  const u1 = { role: 'user', content: 'Count to three.' };
+  let srv = await startServer(['--model', models.qwen3, '--device', 'vulkan:0', ...common, '--cache-dir', cacheDir], env);
+  let r1;
+  try {
+    r1 = await chat(srv, { ...key, messages: [u1] });
+    for (let i = 0; i < 500 && (await metric(srv, 'tern_cache_disk_writes_total')) < 1; i++)
+      await new Promise((r) => setTimeout(r, 20));
+  } finally {
+    assert.equal(await srv.stop(), 0);
+  }
+  srv = await startServer(['--model', models.qwen3, '--device', 'cpu', ...common, '--cache-dir', cacheDir], env);
+  try {
+    await logged(srv, /another state layout/);
+    const a = await chat(srv, { ...key, messages: [u1, r1.choices[0].message, { role: 'user', content: 'Now to five.' }] });
+    assert.notEqual(a.tern.reuse.tier, 'disk', 'the device\'s state is not resumed on the CPU');
+    assert.equal(await metric(srv, 'tern_cache_disk_invalid_total'), 1);
+  } finally {
+    assert.equal(await srv.stop(), 0);
+  }
+});
+
 test('qwen35: --cache-vram keeps checkpoints on the device; resumed equals cold', async () => {
   const srv = await startServer(['--model', models.qwen35, '--device', 'vulkan:0', ...common, '--cache-vram', '64'], env);
   const off = servers.qwen35.off;
