@@ -410,6 +410,13 @@ static int cancel_after_first(void *user, size_t done, size_t total) {
 static void test_cancel_and_refusals(void **state) {
     (void)state;
     struct tern_model *m = load(small_model(), 2);
+    /* tern_model_use_device: names it cannot parse are refused, m unchanged; "cpu" is a no-op here */
+    for (const char *const *d = (const char *const[]){"npu", "vulkan:", "vulkan:x", "vulkan:-1", "cpu:", "", NULL}; *d;
+         d++)
+        assert_int_equal(tern_model_use_device(m, *d, 0), TERN_ERR_INVALID);
+    assert_int_equal(tern_model_use_device(m, NULL, 0), TERN_ERR_INVALID);
+    assert_int_equal(tern_model_use_device(m, "cpu", 0), TERN_OK);
+    assert_string_equal(tern_model_device(m), "cpu");
     const uint32_t nv = tern_model_info(m)->n_vocab;
     int32_t toks[100];
     random_tokens(toks, 100, nv, 11);
