@@ -6,7 +6,8 @@
  * Where the state lives is the model's backend (backend/backend.h's state operations):
  * the CPU's (backend/cpu/state.c: KV rows in host pages, the recurrent block in s->rec)
  * or a Vulkan device's (backend/vulkan/state.c). Every operation here is written once
- * against that table: it never asks which one a session has. tern_eval_batch is one step over the items' rows on either. */
+ * against that table: it never asks which one a session has. tern_eval_batch is one step
+ * over the items' rows on either. */
 /* XXH3_state_t on the stack (streaming hashes over KV pages). */
 #define XXH_STATIC_LINKING_ONLY
 #include "model/model.h"
