@@ -125,3 +125,19 @@ export async function logged(srv, re) {
 // "n_past hash" of the state a request left (TERN_STATE_HASH=1 logs it).
 export const stateHash = async (srv, id) =>
   (await logged(srv, new RegExp(`state-hash ${id} n_past=(\\d+) total=([0-9a-f]{16})`))).slice(1).join(' ');
+
+// A logit_bias that bans the model's end tokens (those of its ChatML end texts), for a
+// request that must still be running when the test acts on it: a random-weight model
+// samples an end token early now and then (a 200 after 3 tokens, 1 in ~60 under ASan).
+export async function banEnds(srv) {
+  const bias = {};
+  for (const text of ['<|im_end|>', '<|endoftext|>']) {
+    const r = await fetch(srv.base + '/tokenize', {
+      method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ content: text }),
+    });
+    const ids = (await r.json()).tokens;
+    if (ids.length === 1) bias[ids[0]] = -100;
+  }
+  if (!Object.keys(bias).length) throw new Error('the model has none of the ChatML end tokens');
+  return bias;
+}

@@ -22,7 +22,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
-import { bin, logged, skip, startServer, stateHash, tmp } from '../clients/harness.mjs';
+import { banEnds, bin, logged, skip, startServer, stateHash, tmp } from '../clients/harness.mjs';
 
 const devs = spawnSync(bin, ['devices', '--json'], { encoding: 'utf8' });
 let info = {};
@@ -329,7 +329,8 @@ test('a client that disconnects cancels its request; the engine stays consistent
   const ctl = new AbortController();
   const r = await fetch(srv.base + '/v1/chat/completions', {
     method: 'POST', signal: ctl.signal, headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ messages: [{ role: 'user', content: 'go on forever' }], max_tokens: 100000, stream: true }),
+    body: JSON.stringify({ messages: [{ role: 'user', content: 'go on forever' }], max_tokens: 100000, stream: true,
+      logit_bias: await banEnds(srv) }), // it must still run when the client goes
   });
   const reader = r.body.getReader();
   await reader.read(); // the stream has started

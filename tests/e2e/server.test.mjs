@@ -4,7 +4,7 @@
 // cancellation on disconnect leaving the engine consistent.
 import { test, after, before } from 'node:test';
 import assert from 'node:assert/strict';
-import { makeModel, startServer, tmp, sseFrames } from '../clients/harness.mjs';
+import { makeModel, startServer, tmp, sseFrames, banEnds } from '../clients/harness.mjs';
 
 let srv;
 const dir = tmp();
@@ -254,10 +254,14 @@ test('errors: shapes and codes', async () => {
 
 test('a client that disconnects cancels its request; the engine stays consistent', async () => {
   const before = (await post('/v1/chat/completions', greedy('Consistency check'))).json.choices[0].message;
+  // the request must still be running when the client goes (banEnds)
+  const bias = await banEnds(srv);
+  assert.equal(Object.keys(bias).length, 2);
   const ctl = new AbortController();
   const r = await fetch(srv.base + '/v1/chat/completions', {
     method: 'POST', signal: ctl.signal, headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ messages: [{ role: 'user', content: 'go on forever' }], max_tokens: 100000, stream: true }),
+    body: JSON.stringify({ messages: [{ role: 'user', content: 'go on forever' }], max_tokens: 100000, stream: true,
+      logit_bias: bias }),
   });
   const reader = r.body.getReader();
   await reader.read(); // the stream has started
