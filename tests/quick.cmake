@@ -11,7 +11,7 @@ set(TERN_QUICK_TESTS
   test-tokenizer test-template test-grammar test-grammar-schema
   test-planner test-cache test-disk test-disk-writer test-replay
   test-server-request test-server-reply test-server-respond test-server-chat test-server-constrain
-  test-serve-signals server-e2e server-protocols server-harmony server-edges cli-usage)
+  test-serve-signals server-e2e server-protocols server-harmony server-edges cli-usage test-cli-opts)
 foreach(t ${TERN_QUICK_TESTS})
   if(TEST ${t})
     set_property(TEST ${t} APPEND PROPERTY LABELS quick)

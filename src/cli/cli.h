@@ -1,7 +1,8 @@
 /* The `tern` command line: one file per command (cmd-NAME.c), each registering itself
  * with TERN_COMMAND so that commands can be added without touching a shared table.
  *
- * Conventions: GNU-style long options (getopt_long); `tern CMD --help` prints usage
+ * Conventions: GNU-style long options, each command's in one table (opts.h: the parser
+ * and --help come from it); `tern CMD --help` prints usage
  * to stdout and exits 0; a usage error prints one line "tern CMD: reason" (plus a hint
  * to use --help) to stderr and exits 2; other failures exit 1 with the error message. */
 #ifndef TERN_CLI_H
@@ -25,6 +26,26 @@ void cli_register(const struct cli_command *cmd);
 #define TERN_COMMAND(cname, summary_, fn)                                                   \
     static const struct cli_command cli_cmd_##fn = {cname, summary_, fn};                  \
     __attribute__((constructor)) static void cli_register_##fn(void) { cli_register(&cli_cmd_##fn); }
+
+/* The sampler's options as tern run and tern chat spell them: entries of an option table
+ * (opts.h) that fill *p; *seed_seen says whether --seed was given. */
+#define CLI_SAMPLER_OPTS(p, seed_seen)                                                                           \
+    CLI_NUM("temp", &(p)->temperature, 0, 100, "T", "temperature (default 0.8; 0 = greedy)"),                     \
+    CLI_INT("top-k", &(p)->top_k, 0, 1 << 24, "K", "sample from the K likeliest tokens (default 40; 0 = off)"),   \
+    CLI_NUM("top-p", &(p)->top_p, 0, 1, "P",                                                                      \
+            "sample from the likeliest tokens that make up P of the probability (default 0.95; 1 = off)"),        \
+    CLI_NUM("min-p", &(p)->min_p, 0, 1, "P",                                                                      \
+            "drop the tokens less likely than P times the likeliest (default 0.05; 0 = off)"),                     \
+    CLI_NUM("repeat-penalty", &(p)->repeat_penalty, 0.01, 100, "R",                                               \
+            "divide the logits of recent tokens by R (default 1 = off)"),                                          \
+    CLI_INT("repeat-last-n", &(p)->repeat_last_n, 0, 1 << 24, "N",                                                \
+            "the penalties' window (default 64; 0 = all tokens)"),                                                 \
+    CLI_NUM("presence-penalty", &(p)->presence_penalty, -100, 100, "P",                                           \
+            "subtract P from the logits of tokens seen in the window (default 0)"),                                \
+    CLI_NUM("frequency-penalty", &(p)->frequency_penalty, -100, 100, "P",                                         \
+            "subtract P per occurrence in the window (default 0)"),                                                \
+    {.name = "seed", .kind = CLI_K_U64, .dst = &(p)->seed, .seen = (seed_seen), .arg = "S",                       \
+     .help = "sampling seed (default: from the clock)"}
 
 /* Prints "tern <cmd>: <reason>" and a --help hint to stderr; returns 2 (exit status). */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -6,6 +6,7 @@
  * matcher per grammar, so the first document shows the cold cost and the later ones the
  * warm one. A document longer than --doc-tokens is abandoned (the matcher is reset). */
 #include "cli/cli.h"
+#include "cli/opts.h"
 
 #include "grammar/grammar.h"
 #include "grammar/schema.h"
@@ -15,7 +16,6 @@
 #include "util/rng.h"
 #include "util/timeutil.h"
 
-#include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -130,52 +130,39 @@ static int walk(const char *name, const char *gbnf, size_t len, const struct ter
     return rc;
 }
 
+static const struct cli_spec grammar_cli = {
+    "bench grammar",
+    "usage: tern bench grammar --vocab FILE.gguf [--tools REQUEST.json] [--masks N] [--doc-tokens N]\n"
+    "                          [--seed S]\n"
+    "\n"
+    "Per-token mask time of constrained decoding on the vocabulary of FILE (e.g. the\n"
+    "shared kit's conformance/tokenizer/ggml-vocab-qwen2-from-qwen3tok.gguf, 151,936\n"
+    "tokens). Grammars: json_object, and with --tools the tool-call grammar of the\n"
+    "request's tools as tool_choice \"required\" builds it (a JSON body with \"tools\",\n"
+    "or a line of a bench transcript with request.tools). A random walk over allowed\n"
+    "tokens times --masks masks per grammar; documents end where they may (half the\n"
+    "time) or after --doc-tokens tokens. Reports the median, p99 and max for all masks\n"
+    "(wall time, and the thread's CPU time, which a busy machine does not inflate), the\n"
+    "first document (cold) and the later ones (the server keeps a matcher per grammar,\n"
+    "so a grammar used again starts warm).\n"
+    "\n",
+    NULL,
+};
+
 static int bench_grammar_main(int argc, char **argv) {
-    static const struct option opts[] = {{"vocab", required_argument, 0, 'v'}, {"tools", required_argument, 0, 't'},
-                                         {"masks", required_argument, 0, 'n'}, {"doc-tokens", required_argument, 0, 'd'},
-                                         {"seed", required_argument, 0, 'S'}, {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
     const char *vocab = NULL, *tools_path = NULL;
     long n_masks = 2000, doc_tokens = 300, seed = 1;
-    int o;
-    opterr = 0;
-    optind = 1;
-    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (o) {
-        case 'v': vocab = optarg; break;
-        case 't': tools_path = optarg; break;
-        case 'n':
-            if (!cli_parse_int(optarg, 1, 10000000, &n_masks))
-                return cli_usage_error("bench grammar", "--masks must be 1..10000000, got '%s'", optarg);
-            break;
-        case 'd':
-            if (!cli_parse_int(optarg, 1, 1000000, &doc_tokens))
-                return cli_usage_error("bench grammar", "--doc-tokens must be 1..1000000, got '%s'", optarg);
-            break;
-        case 'S':
-            if (!cli_parse_int(optarg, 0, INT32_MAX, &seed))
-                return cli_usage_error("bench grammar", "--seed must be a non-negative integer, got '%s'", optarg);
-            break;
-        case 'h':
-            printf("usage: tern bench grammar --vocab FILE.gguf [--tools REQUEST.json] [--masks N] [--doc-tokens N]\n"
-                   "                          [--seed S]\n"
-                   "\n"
-                   "Per-token mask time of constrained decoding on the vocabulary of FILE (e.g. the\n"
-                   "shared kit's conformance/tokenizer/ggml-vocab-qwen2-from-qwen3tok.gguf, 151,936\n"
-                   "tokens). Grammars: json_object, and with --tools the tool-call grammar of the\n"
-                   "request's tools as tool_choice \"required\" builds it (a JSON body with \"tools\",\n"
-                   "or a line of a bench transcript with request.tools). A random walk over allowed\n"
-                   "tokens times --masks masks per grammar (default 2000); documents end where they\n"
-                   "may (half the time) or after --doc-tokens tokens (default 300). Reports the\n"
-                   "median, p99 and max for all masks (wall time, and the thread's CPU time, which a\n"
-                   "busy machine does not inflate), the first document (cold) and the later ones\n"
-                   "(the server keeps a matcher per grammar, so a grammar used again starts warm).\n");
-            return 0;
-        default: return cli_usage_error("bench grammar", "unknown option or missing value '%s'", argv[optind - 1]);
-        }
-    }
+    const struct cli_opt opts[] = {
+        CLI_STR1("vocab", &vocab, "FILE.gguf", "the vocabulary (a GGUF file; a vocab-only one works)"),
+        CLI_STR1("tools", &tools_path, "REQUEST.json", "a request body (or transcript line) with tools"),
+        CLI_INT("masks", &n_masks, 1, 10000000, "N", "masks per grammar (default 2000)"),
+        CLI_INT("doc-tokens", &doc_tokens, 1, 1000000, "N", "the longest document (default 300)"),
+        CLI_INT("seed", &seed, 0, INT32_MAX, "S", "the random walk's seed (default 1)"),
+        CLI_END,
+    };
+    int o = cli_parse(&grammar_cli, opts, argc, argv, NULL);
+    if (o >= 0) return o;
     if (!vocab) return cli_usage_error("bench grammar", "missing --vocab FILE");
-    if (optind != argc) return cli_usage_error("bench grammar", "unexpected argument '%s'", argv[optind]);
     struct tern_tokenizer *t;
     if (tern_tokenizer_load_file(vocab, &t)) return cli_fail("bench grammar", "%s", tern_last_error());
     double t0 = tern_now_s();

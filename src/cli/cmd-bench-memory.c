@@ -3,11 +3,11 @@
  * contiguous slice of a buffer much larger than the last-level cache; the best of
  * several passes is reported, for 1 thread and for N. */
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "util/mem.h"
 #include "util/timeutil.h"
 
 #include <emmintrin.h>
-#include <getopt.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -79,51 +79,28 @@ static double measure(const uint8_t *buf, size_t size, int n_threads, int passes
     return best;
 }
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: tern bench memory [options]\n"
-            "\n"
-            "Streaming read bandwidth (GB/s = 1e9 bytes/s) of a buffer much larger than the\n"
-            "caches, with 1 thread and with N threads; decode speed is bounded by it.\n"
-            "\n"
-            "  -t, --threads N    threads for the parallel figure (default: online CPUs)\n"
-            "  -s, --size-mib N   buffer size in MiB (default 1024)\n"
-            "  -p, --passes N     timed passes, best reported (default 5)\n"
-            "      --json         one JSON object instead of the table\n"
-            "  -h, --help         this text\n");
-}
+static const struct cli_spec memory_cli = {
+    "bench memory",
+    "usage: tern bench memory [options]\n"
+    "\n"
+    "Streaming read bandwidth (GB/s = 1e9 bytes/s) of a buffer much larger than the\n"
+    "caches, with 1 thread and with N threads; decode speed is bounded by it.\n"
+    "\n",
+    NULL,
+};
 
 static int bench_memory_main(int argc, char **argv) {
     long n_threads = sysconf(_SC_NPROCESSORS_ONLN), size_mib = 1024, passes = 5;
-    int json = 0;
-    static const struct option opts[] = {{"threads", required_argument, NULL, 't'},
-                                         {"size-mib", required_argument, NULL, 's'},
-                                         {"passes", required_argument, NULL, 'p'},
-                                         {"json", no_argument, NULL, 'j'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "t:s:p:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 't':
-            if (!cli_parse_int(optarg, 1, 64, &n_threads))
-                return cli_usage_error("bench memory", "--threads '%s' is not an integer in [1, 64]", optarg);
-            break;
-        case 's':
-            if (!cli_parse_int(optarg, 16, 1 << 20, &size_mib))
-                return cli_usage_error("bench memory", "--size-mib '%s' is not an integer in [16, 1048576]", optarg);
-            break;
-        case 'p':
-            if (!cli_parse_int(optarg, 1, 1000, &passes))
-                return cli_usage_error("bench memory", "--passes '%s' is not an integer in [1, 1000]", optarg);
-            break;
-        case 'j': json = 1; break;
-        case 'h': usage(stdout); return 0;
-        default: return cli_usage_error("bench memory", "unknown option");
-        }
-    }
-    if (optind < argc) return cli_usage_error("bench memory", "unexpected argument '%s'", argv[optind]);
+    bool json = false;
+    const struct cli_opt opts[] = {
+        CLI_INT("t|threads", &n_threads, 1, 64, "N", "threads for the parallel figure (default: online CPUs)"),
+        CLI_INT("s|size-mib", &size_mib, 16, 1 << 20, "N", "buffer size in MiB (default 1024)"),
+        CLI_INT("p|passes", &passes, 1, 1000, "N", "timed passes, best reported (default 5)"),
+        CLI_FLAG("json", &json, "one JSON object instead of the table"),
+        CLI_END,
+    };
+    int c = cli_parse(&memory_cli, opts, argc, argv, NULL);
+    if (c >= 0) return c;
     if (n_threads < 1) n_threads = 1;
     const size_t size = (size_t)size_mib << 20;
     uint8_t *buf = tern_aligned_alloc(size);

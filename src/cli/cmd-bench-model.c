@@ -3,11 +3,11 @@
  * context), with the decode's effective weight bandwidth and the prompt's GFLOP/s. For
  * hybrid models also the checkpoint: its size and save / restore speed after the prompt. */
 #include "cli/cli.h"
+#include "cli/opts.h"
 
 #include "gguf/gguf.h"
 #include "util/timeutil.h"
 
-#include <getopt.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -15,44 +15,18 @@
 #include <string.h>
 #include <sys/resource.h>
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: tern bench [model] --model FILE [-p N] [-n N] [-r N] [--threads N] [--ctx-fill N] [--no-mmap]\n"
-            "                         [--json]\n"
-            "\n"
-            "Measures prompt processing (pp: one prompt of N random tokens) and decoding (tg:\n"
-            "N tokens one by one from an empty context), mean +- sd over repetitions, after a\n"
-            "warm-up run. Also: the weight bytes read per decoded token times tg t/s (the\n"
-            "decode's effective bandwidth) and the prompt's GFLOP/s; for hybrid models the\n"
-            "size of a checkpoint and its save / restore speed (after the prompt).\n"
-            "\n"
-            "  -m, --model FILE      the GGUF model\n"
-            "  -p, --n-prompt N      prompt tokens (default 512; 0 = skip)\n"
-            "  -n, --n-gen N         generated tokens (default 128; 0 = skip)\n"
-            "  -r, --repetitions N   (default 3)\n"
-            "  -t, --threads N       compute threads (default: online cores)\n"
-            "      --chunk N         prompt chunk size (default: the whole prompt)\n"
-            "  -d, --ctx-fill N      run pp and tg on a context already holding N tokens (random,\n"
-            "                        read once, untimed, and restored from a checkpoint before each\n"
-            "                        run), as llama-bench -d N does (default 0)\n"
-            "      --kv-type f16|f32 KV cache type (default f16)\n"
-            "      --no-mmap         read the weights into memory instead of mapping them\n"
-            "      --mlock           pin the weights\n"
-            "      --json            print one JSON object instead of a table\n"
-            "      --device D        cpu (default; or $TERN_DEVICE), vulkan[:N] (the Vulkan backend,\n"
-            "                        every architecture: docs/gpu.md), auto (a GPU when there is one)\n"
-            "  -h, --help            this help\n");
-}
-
-static const struct option long_opts[] = {
-    {"model", required_argument, 0, 'm'},    {"n-prompt", required_argument, 0, 'p'},
-    {"n-gen", required_argument, 0, 'n'},    {"repetitions", required_argument, 0, 'r'},
-    {"threads", required_argument, 0, 't'},  {"chunk", required_argument, 0, 'C'},
-    {"kv-type", required_argument, 0, 'K'},  {"no-mmap", no_argument, 0, 'M'},
-    {"mlock", no_argument, 0, 'L'},          {"json", no_argument, 0, 'J'},
-    {"device", required_argument, 0, 'D'},   {"ctx-fill", required_argument, 0, 'd'},
-    {"help", no_argument, 0, 'h'},
-    {0, 0, 0, 0},
+static const struct cli_spec bench_cli = {
+    "bench",
+    "usage: tern bench [model] --model FILE [-p N] [-n N] [-r N] [--threads N] [--ctx-fill N] [--no-mmap]\n"
+    "                         [--json]\n"
+    "\n"
+    "Measures prompt processing (pp: one prompt of N random tokens) and decoding (tg:\n"
+    "N tokens one by one from an empty context), mean +- sd over repetitions, after a\n"
+    "warm-up run. Also: the weight bytes read per decoded token times tg t/s (the\n"
+    "decode's effective bandwidth) and the prompt's GFLOP/s; for hybrid models the\n"
+    "size of a checkpoint and its save / restore speed (after the prompt).\n"
+    "\n",
+    NULL,
 };
 
 /* Weight figures from the file: bytes read per decoded token (every matrix, one row of
@@ -137,46 +111,29 @@ static int bench_model_main(int argc, char **argv) {
     const char *model = NULL;
     long n_prompt = 512, n_gen = 128, reps = 3, threads = 0, chunk = 0, ctx_fill = 0;
     bool no_mmap = false, mlock = false, json = false;
-    enum tern_kv_type kv = TERN_KV_F16;
+    int kv = TERN_KV_F16;
     const char *device = getenv("TERN_DEVICE");
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "m:p:n:r:t:d:h", long_opts, NULL)) != -1) {
-        switch (c) {
-        case 'm': model = optarg; break;
-        case 'p':
-            if (!cli_parse_int(optarg, 0, 1 << 20, &n_prompt)) return cli_usage_error("bench", "bad -p '%s'", optarg);
-            break;
-        case 'n':
-            if (!cli_parse_int(optarg, 0, 1 << 20, &n_gen)) return cli_usage_error("bench", "bad -n '%s'", optarg);
-            break;
-        case 'r':
-            if (!cli_parse_int(optarg, 1, 1000, &reps)) return cli_usage_error("bench", "bad -r '%s' (1..1000)", optarg);
-            break;
-        case 't':
-            if (!cli_parse_int(optarg, 1, 1024, &threads)) return cli_usage_error("bench", "bad --threads '%s'", optarg);
-            break;
-        case 'C':
-            if (!cli_parse_int(optarg, 1, 1 << 20, &chunk)) return cli_usage_error("bench", "bad --chunk '%s'", optarg);
-            break;
-        case 'K':
-            if (!strcmp(optarg, "f16")) kv = TERN_KV_F16;
-            else if (!strcmp(optarg, "f32")) kv = TERN_KV_F32;
-            else return cli_usage_error("bench", "bad --kv-type '%s' (f16 or f32)", optarg);
-            break;
-        case 'd':
-            if (!cli_parse_int(optarg, 0, 1 << 22, &ctx_fill))
-                return cli_usage_error("bench", "bad --ctx-fill '%s' (0..%d)", optarg, 1 << 22);
-            break;
-        case 'M': no_mmap = true; break;
-        case 'L': mlock = true; break;
-        case 'J': json = true; break;
-        case 'D': device = optarg; break;
-        case 'h': usage(stdout); return 0;
-        default: return cli_usage_error("bench", "unknown option");
-        }
-    }
-    if (optind < argc) return cli_usage_error("bench", "unexpected argument '%s'", argv[optind]);
+    const struct cli_opt opts[] = {
+        CLI_STR1("m|model", &model, "FILE", "the GGUF model"),
+        CLI_INT("p|n-prompt", &n_prompt, 0, 1 << 20, "N", "prompt tokens (default 512; 0 = skip)"),
+        CLI_INT("n|n-gen", &n_gen, 0, 1 << 20, "N", "generated tokens (default 128; 0 = skip)"),
+        CLI_INT("r|repetitions", &reps, 1, 1000, "N", "(default 3)"),
+        CLI_INT("t|threads", &threads, 1, 1024, "N", "compute threads (default: online cores)"),
+        CLI_INT("chunk", &chunk, 1, 1 << 20, "N", "prompt chunk size (default: the whole prompt)"),
+        CLI_INT("d|ctx-fill", &ctx_fill, 0, 1 << 22, "N",
+                "run pp and tg on a context already holding N tokens (random, read once, untimed, and restored "
+                "from a checkpoint before each run), as llama-bench -d N does (default 0)"),
+        CLI_CHOICE("kv-type", &kv, cli_kv_types, "f16|f32", "KV cache type (default f16)"),
+        CLI_FLAG("no-mmap", &no_mmap, "read the weights into memory instead of mapping them"),
+        CLI_FLAG("mlock", &mlock, "pin the weights"),
+        CLI_FLAG("json", &json, "print one JSON object instead of a table"),
+        CLI_STR("device", &device, "D",
+                "cpu (default; or $TERN_DEVICE), vulkan[:N] (the Vulkan backend, every architecture: docs/gpu.md), "
+                "auto (a GPU when there is one)"),
+        CLI_END,
+    };
+    int c = cli_parse(&bench_cli, opts, argc, argv, NULL);
+    if (c >= 0) return c;
     if (!model) return cli_usage_error("bench", "--model is required");
     if (n_prompt == 0 && n_gen == 0) return cli_usage_error("bench", "nothing to measure (-p 0 and -n 0)");
     int dev = -1;
@@ -198,7 +155,7 @@ static int bench_model_main(int argc, char **argv) {
     const struct tern_model_info *info = tern_model_info(m);
     struct tern_session_params sp;
     tern_session_params_default(&sp);
-    sp.kv_type = kv;
+    sp.kv_type = (enum tern_kv_type)kv;
     sp.n_chunk = (uint32_t)(chunk ? chunk : (n_prompt ? n_prompt : 1));
     sp.n_ctx = (uint32_t)(ctx_fill + (n_prompt > n_gen ? n_prompt : n_gen) + 8);
     /* --device: the same runs in a session on the device (the weights uploaded once; each

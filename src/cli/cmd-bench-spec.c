@@ -8,6 +8,7 @@
  * (the state trail recorded during the verify chunk, and a checkpoint before the chunk +
  * re-reading the accepted tokens) and says what that cost (docs/spec.md). */
 #include "cli/cli.h"
+#include "cli/opts.h"
 
 #include "model/mtp.h"
 #include "server/spec.h"
@@ -15,7 +16,6 @@
 #include "util/mem.h"
 #include "util/timeutil.h"
 
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,26 +24,16 @@
 #define MAX_CFG 32
 #define MAX_REP 32
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: tern bench spec --model FILE [--prompt TEXT] [options]\n"
-            "\n"
-            "Greedy decode tokens/s, plain vs speculative, measured side by side (plain and each\n"
-            "configuration alternate in every repetition; medians), with a check that every run\n"
-            "produced the plain run's tokens.\n"
-            "\n"
-            "  -m, --model FILE      the GGUF model\n"
-            "      --prompt TEXT     the prompt (default: -p random token ids)\n"
-            "  -p, --n-prompt N      random prompt tokens when no --prompt (default 32)\n"
-            "  -n, --n-gen N         tokens generated per run (default 64)\n"
-            "  -r, --repetitions N   (default 3)\n"
-            "  -t, --threads N       compute threads (default: online cores)\n"
-            "      --source S        ngram, oracle, mtp (the model's MTP head, trail and refeed on a\n"
-            "                        hybrid) or both (ngram and oracle; default)\n"
-            "      --lens L,L,...    draft lengths (default 2,4,8)\n"
-            "      --reject P,P,...  oracle: percent of drafted tokens made wrong (default 0,50)\n"
-            "  -h, --help            this help\n");
-}
+static const struct cli_spec spec_cli = {
+    "bench spec",
+    "usage: tern bench spec --model FILE [--prompt TEXT] [options]\n"
+    "\n"
+    "Greedy decode tokens/s, plain vs speculative, measured side by side (plain and each\n"
+    "configuration alternate in every repetition; medians), with a check that every run\n"
+    "produced the plain run's tokens.\n"
+    "\n",
+    NULL,
+};
 
 static bool parse_list(const char *s, long lo, long hi, long *out, int *n, int cap) {
     *n = 0;
@@ -141,53 +131,47 @@ static void machine_line(void) {
     printf("machine: %s, %ld online cpus, load %.1f at start\n", model, sysconf(_SC_NPROCESSORS_ONLN), load);
 }
 
+/* --lens and --reject: up to 8 integers, comma separated */
+struct int_list {
+    long v[8];
+    int n;
+};
+static bool parse_lens(const char *v, void *dst) {
+    struct int_list *l = dst;
+    return parse_list(v, 1, SPEC_MAX_DRAFT, l->v, &l->n, 8);
+}
+static bool parse_rejects(const char *v, void *dst) {
+    struct int_list *l = dst;
+    return parse_list(v, 0, 100, l->v, &l->n, 8);
+}
+
+static const char *const sources[] = {"ngram", "oracle", "mtp", "both", NULL};
+
 static int bench_spec_main(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},   {"prompt", required_argument, 0, 'P'},
-        {"n-prompt", required_argument, 0, 'p'}, {"n-gen", required_argument, 0, 'n'},
-        {"repetitions", required_argument, 0, 'r'}, {"threads", required_argument, 0, 't'},
-        {"source", required_argument, 0, 'S'},  {"lens", required_argument, 0, 'L'},
-        {"reject", required_argument, 0, 'R'},  {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
-    const char *model = NULL, *prompt = NULL, *source = "both";
+    const char *model = NULL, *prompt = NULL;
     long n_prompt = 32, n_gen = 64, reps = 3, threads = 0;
-    long lens[8] = {2, 4, 8}, rejects[8] = {0, 50};
-    int n_lens = 3, n_rej = 2, c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "m:p:n:r:t:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'm': model = optarg; break;
-        case 'P': prompt = optarg; break;
-        case 'p':
-            if (!cli_parse_int(optarg, 1, 1 << 16, &n_prompt)) return cli_usage_error("bench spec", "bad -p '%s'", optarg);
-            break;
-        case 'n':
-            if (!cli_parse_int(optarg, 2, 1 << 16, &n_gen)) return cli_usage_error("bench spec", "bad -n '%s'", optarg);
-            break;
-        case 'r':
-            if (!cli_parse_int(optarg, 1, MAX_REP, &reps)) return cli_usage_error("bench spec", "bad -r '%s' (1..%d)", optarg, MAX_REP);
-            break;
-        case 't':
-            if (!cli_parse_int(optarg, 1, 1024, &threads)) return cli_usage_error("bench spec", "bad -t '%s'", optarg);
-            break;
-        case 'S':
-            if (strcmp(optarg, "ngram") && strcmp(optarg, "oracle") && strcmp(optarg, "both") && strcmp(optarg, "mtp"))
-                return cli_usage_error("bench spec", "bad --source '%s' (ngram, oracle, mtp or both)", optarg);
-            source = optarg;
-            break;
-        case 'L':
-            if (!parse_list(optarg, 1, SPEC_MAX_DRAFT, lens, &n_lens, 8))
-                return cli_usage_error("bench spec", "bad --lens '%s' (1..%d, comma separated)", optarg, SPEC_MAX_DRAFT);
-            break;
-        case 'R':
-            if (!parse_list(optarg, 0, 100, rejects, &n_rej, 8))
-                return cli_usage_error("bench spec", "bad --reject '%s' (0..100, comma separated)", optarg);
-            break;
-        case 'h': usage(stdout); return 0;
-        default: return cli_usage_error("bench spec", "unknown option");
-        }
-    }
+    struct int_list lens_l = {{2, 4, 8}, 3}, rej_l = {{0, 50}, 2};
+    int src = 3; /* both */
+    const struct cli_opt opts[] = {
+        CLI_STR1("m|model", &model, "FILE", "the GGUF model"),
+        CLI_STR1("prompt", &prompt, "TEXT", "the prompt (default: -p random token ids)"),
+        CLI_INT("p|n-prompt", &n_prompt, 1, 1 << 16, "N", "random prompt tokens when no --prompt (default 32)"),
+        CLI_INT("n|n-gen", &n_gen, 2, 1 << 16, "N", "tokens generated per run (default 64)"),
+        CLI_INT("r|repetitions", &reps, 1, MAX_REP, "N", "(default 3)"),
+        CLI_INT("t|threads", &threads, 1, 1024, "N", "compute threads (default: online cores)"),
+        CLI_CHOICE("source", &src, sources, "S",
+                   "ngram, oracle, mtp (the model's MTP head, trail and refeed on a hybrid) or both (ngram and "
+                   "oracle; default)"),
+        CLI_FN("lens", &lens_l, parse_lens, "1-32, comma separated", "L,L,...", "draft lengths (default 2,4,8)"),
+        CLI_FN("reject", &rej_l, parse_rejects, "0-100, comma separated", "P,P,...",
+               "oracle: percent of drafted tokens made wrong (default 0,50)"),
+        CLI_END,
+    };
+    int c = cli_parse(&spec_cli, opts, argc, argv, NULL);
+    if (c >= 0) return c;
+    const char *source = sources[src];
+    const long *lens = lens_l.v, *rejects = rej_l.v;
+    const int n_lens = lens_l.n, n_rej = rej_l.n;
     if (!model) return cli_usage_error("bench spec", "--model is required");
 
     struct tern_model_params mp;

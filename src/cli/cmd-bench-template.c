@@ -5,28 +5,26 @@
  * templating (content-part arrays joined with "\n", tool-call arguments strings parsed
  * into objects), compiles the template once and renders it many times. */
 #include "cli/cli.h"
+#include "cli/opts.h"
 
 #include "template/template.h"
 #include "util/buf.h"
 #include "util/timeutil.h"
 
-#include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char *USAGE =
+static const struct cli_spec template_cli = {
+    "bench template",
     "usage: tern bench template [--transcript FILE.jsonl] [--template FILE.jinja] [--turn N] [--iters N]\n"
     "\n"
     "Renders one request of an agent transcript through a chat template, compiled once,\n"
     "rendered --iters times, and prints the time per render.\n"
-    "\n"
-    "  --transcript FILE  JSON lines with a \"request\" each (default: ../shared/bench/agent-long.jsonl)\n"
-    "  --template FILE    the chat template (default: the kit's qwen3.jinja)\n"
-    "  --turn N           which line (default: the largest request)\n"
-    "  --iters N          renders to time (default 200)\n";
-
+    "\n",
+    NULL,
+};
 static char *slurp(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
@@ -81,32 +79,19 @@ static size_t count_chars(const char *s, size_t n) {
 }
 
 static int bench_template_main(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"transcript", required_argument, NULL, 'r'}, {"template", required_argument, NULL, 't'},
-        {"turn", required_argument, NULL, 'n'},       {"iters", required_argument, NULL, 'i'},
-        {"help", no_argument, NULL, 'h'},             {NULL, 0, NULL, 0},
-    };
     const char *transcript = "../shared/bench/agent-long.jsonl";
     const char *tpath = "../shared/conformance/templates/templates/qwen3.jinja";
     long turn = -1, iters = 200;
-    int c;
-    opterr = 0;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'r': transcript = optarg; break;
-        case 't': tpath = optarg; break;
-        case 'n':
-            if (!cli_parse_int(optarg, 0, 1000000, &turn)) return cli_usage_error("bench template", "bad --turn '%s'", optarg);
-            break;
-        case 'i':
-            if (!cli_parse_int(optarg, 1, 10000000, &iters)) return cli_usage_error("bench template", "bad --iters '%s'", optarg);
-            break;
-        case 'h': fputs(USAGE, stdout); return 0;
-        default: return cli_usage_error("bench template", "unknown option '%s'", argv[optind - 1]);
-        }
-    }
-    if (optind < argc) return cli_usage_error("bench template", "unexpected argument '%s'", argv[optind]);
+    const struct cli_opt opts[] = {
+        CLI_STR1("transcript", &transcript, "FILE",
+                 "JSON lines with a \"request\" each (default: ../shared/bench/agent-long.jsonl)"),
+        CLI_STR1("template", &tpath, "FILE", "the chat template (default: the kit's qwen3.jinja)"),
+        CLI_INT("turn", &turn, 0, 1000000, "N", "which line (default: the largest request)"),
+        CLI_INT("iters", &iters, 1, 10000000, "N", "renders to time (default 200)"),
+        CLI_END,
+    };
+    int c = cli_parse(&template_cli, opts, argc, argv, NULL);
+    if (c >= 0) return c;
 
     size_t tlen, slen;
     char *text = slurp(transcript, &tlen);

@@ -1,12 +1,12 @@
 /* tern bench tokenize: tokenizer throughput on a generated mix of prose and code. */
 #include "cli/cli.h"
+#include "cli/opts.h"
 
 #include "tokenizer/tokenizer.h"
 #include "util/buf.h"
 #include "util/rng.h"
 #include "util/timeutil.h"
 
-#include <getopt.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,50 +168,33 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+static const struct cli_spec tokenize_cli = {
+    "bench tokenize",
+    "usage: tern bench tokenize --model FILE [--size MB] [--repeat N] [--seed S]\n"
+    "                           [--save-text FILE]\n"
+    "\n"
+    "Measures the tokenizer of a GGUF file on a generated, deterministic mix of\n"
+    "prose and code (the same seed gives the same text), without special-token\n"
+    "parsing. Reports the load time, the median and best MB/s of the runs, tokens/s,\n"
+    "and detokenization speed.\n"
+    "\n",
+    NULL,
+};
+
 static int bench_tokenize_main(int argc, char **argv) {
-    static const struct option opts[] = {{"model", required_argument, NULL, 'm'},
-                                         {"size", required_argument, NULL, 's'},
-                                         {"repeat", required_argument, NULL, 'r'},
-                                         {"seed", required_argument, NULL, 'S'},
-                                         {"save-text", required_argument, NULL, 'T'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
     const char *model = NULL, *save = NULL;
     long size_mb = 10, repeat = 5, seed = 1;
-    int o;
-    opterr = 0;
-    optind = 1;
-    while ((o = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
-        switch (o) {
-        case 'm': model = optarg; break;
-        case 's':
-            if (!cli_parse_int(optarg, 1, 1024, &size_mb))
-                return cli_usage_error("bench tokenize", "--size must be 1..1024 (MB), got '%s'", optarg);
-            break;
-        case 'r':
-            if (!cli_parse_int(optarg, 1, 1000, &repeat))
-                return cli_usage_error("bench tokenize", "--repeat must be 1..1000, got '%s'", optarg);
-            break;
-        case 'S':
-            if (!cli_parse_int(optarg, 0, INT32_MAX, &seed))
-                return cli_usage_error("bench tokenize", "--seed must be a non-negative integer, got '%s'", optarg);
-            break;
-        case 'T': save = optarg; break;
-        case 'h':
-            printf("usage: tern bench tokenize --model FILE [--size MB] [--repeat N] [--seed S]\n"
-                   "                           [--save-text FILE]\n"
-                   "\n"
-                   "Measures the tokenizer of a GGUF file on a generated, deterministic mix of\n"
-                   "prose and code (default 10 MB; the same seed gives the same text), without\n"
-                   "special-token parsing. Reports the load time, the median and best MB/s of\n"
-                   "--repeat runs (default 5), tokens/s, and detokenization speed.\n"
-                   "--save-text writes the generated text to FILE.\n");
-            return 0;
-        default: return cli_usage_error("bench tokenize", "unknown option or missing value '%s'", argv[optind - 1]);
-        }
-    }
+    const struct cli_opt opts[] = {
+        CLI_STR1("m|model", &model, "FILE", "the GGUF file (a vocab-only one works)"),
+        CLI_INTU("size", &size_mb, 1, 1024, "MB", "MB", "text to generate (default 10)"),
+        CLI_INT("repeat", &repeat, 1, 1000, "N", "runs (default 5)"),
+        CLI_INT("seed", &seed, 0, INT32_MAX, "S", "the text generator's seed (default 1)"),
+        CLI_STR1("save-text", &save, "FILE", "write the generated text to FILE"),
+        CLI_END,
+    };
+    int o = cli_parse(&tokenize_cli, opts, argc, argv, NULL);
+    if (o >= 0) return o;
     if (!model) return cli_usage_error("bench tokenize", "missing --model FILE");
-    if (optind != argc) return cli_usage_error("bench tokenize", "unexpected argument '%s'", argv[optind]);
 
     struct tern_buf text = TERN_BUF_INIT;
     if (gen_text(&text, (size_t)size_mb << 20, (uint64_t)seed)) return cli_fail("bench tokenize", "out of memory");

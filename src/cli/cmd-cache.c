@@ -3,28 +3,29 @@
  * binding is checked by the server that uses the files. rm takes the directory's lock,
  * so that serving replicas pick the change up at their next request. */
 #include "cli/cli.h"
+#include "cli/opts.h"
 
 #include "cache/disk.h"
 
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: tern cache ls --cache-dir DIR [--json]\n"
-            "       tern cache rm --cache-dir DIR (NAME... | --all | --invalid | --key KEY [--tenant T])\n"
-            "\n"
-            "Inspects and clears the disk tier of `tern serve --cache-dir DIR`.\n"
-            "\n"
-            "  ls      one line per parked conversation: file name, bytes, tokens, checkpoints,\n"
-            "          last use, tenant and session key (\"-\" = unnamed); invalid files with why\n"
-            "  rm      deletes the named files, all of them, the invalid ones, or those of a key\n"
-            "          (in a tenant; default: the default tenant \"\")\n"
-            "  --json  ls as a JSON array\n");
-}
+static const struct cli_spec cache_cli = {
+    "cache",
+    "usage: tern cache ls --cache-dir DIR [--json]\n"
+    "       tern cache rm --cache-dir DIR (NAME... | --all | --invalid | --key KEY [--tenant T])\n"
+    "\n"
+    "Inspects and clears the disk tier of `tern serve --cache-dir DIR`.\n"
+    "\n"
+    "  ls      one line per parked conversation: file name, bytes, tokens, checkpoints,\n"
+    "          last use, tenant and session key (\"-\" = unnamed); invalid files with why\n"
+    "  rm      deletes the named files, all of them, the invalid ones, or those of a key\n"
+    "          (in a tenant; default: the default tenant \"\")\n"
+    "\n",
+    NULL,
+};
 
 struct ls_ctx {
     bool json;
@@ -108,40 +109,31 @@ static void rm_pick(void *user, const struct disk_file_info *fi) {
 }
 
 static int cache_main(int argc, char **argv) {
+    const char *dir = NULL;
+    struct rm_ctx rm = {.tenant = ""};
+    bool json = false;
+    const struct cli_opt opts[] = {
+        CLI_STR1("cache-dir", &dir, "DIR", "the disk tier's directory"),
+        CLI_FLAG("json", &json, "ls as a JSON array"),
+        CLI_FLAG("all", &rm.all, "rm: every file"),
+        CLI_FLAG("invalid", &rm.invalid, "rm: the files that do not read as the format says"),
+        CLI_STR1("key", &rm.key, "KEY", "rm: the conversations of this session key"),
+        CLI_STR("tenant", &rm.tenant, "T", "with --key: the tenant (default: the default tenant \"\")"),
+        CLI_END,
+    };
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-        usage(argc < 2 ? stderr : stdout);
+        cli_help(argc < 2 ? stderr : stdout, &cache_cli, opts);
         return argc < 2 ? 2 : 0;
     }
     const char *sub = argv[1];
     if (strcmp(sub, "ls") && strcmp(sub, "rm")) return cli_usage_error("cache", "unknown subcommand '%s' (ls or rm)", sub);
-    enum { O_DIR = 256, O_JSON, O_ALL, O_INVALID, O_KEY, O_TENANT };
-    static const struct option opts[] = {
-        {"cache-dir", required_argument, 0, O_DIR}, {"json", no_argument, 0, O_JSON},
-        {"all", no_argument, 0, O_ALL},             {"invalid", no_argument, 0, O_INVALID},
-        {"key", required_argument, 0, O_KEY},       {"tenant", required_argument, 0, O_TENANT},
-        {"help", no_argument, 0, 'h'},              {0, 0, 0, 0},
-    };
-    const char *dir = NULL;
-    struct rm_ctx rm = {.tenant = ""};
-    bool json = false;
-    int c;
-    optind = 2;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case O_DIR: dir = optarg; break;
-        case O_JSON: json = true; break;
-        case O_ALL: rm.all = true; break;
-        case O_INVALID: rm.invalid = true; break;
-        case O_KEY: rm.key = optarg; break;
-        case O_TENANT: rm.tenant = optarg; break;
-        case 'h': usage(stdout); return 0;
-        default: return cli_usage_error("cache", "unknown option '%s'", argv[optind - 1]);
-        }
-    }
+    int first; /* the options after the subcommand */
+    int c = cli_parse(&cache_cli, opts, argc - 1, argv + 1, &first);
+    if (c >= 0) return c;
+    const int names = first + 1; /* NAME... in argv */
     if (!dir) return cli_usage_error("cache", "%s needs --cache-dir DIR", sub);
     if (!strcmp(sub, "ls")) {
-        if (optind < argc) return cli_usage_error("cache", "unexpected argument '%s'", argv[optind]);
+        if (names < argc) return cli_usage_error("cache", "unexpected argument '%s'", argv[names]);
         if (rm.all || rm.invalid || rm.key) return cli_usage_error("cache", "--all, --invalid and --key are for rm");
         struct ls_ctx x = {.json = json};
         enum tern_status st = disk_scan_dir(dir, ls_one, &x);
@@ -150,13 +142,13 @@ static int cache_main(int argc, char **argv) {
         else printf("%zu conversations, %.1f MiB\n", x.n, (double)x.bytes / (1 << 20));
         return 0;
     }
-    int modes = rm.all + rm.invalid + (rm.key != NULL) + (optind < argc);
+    int modes = rm.all + rm.invalid + (rm.key != NULL) + (names < argc);
     if (modes != 1) return cli_usage_error("cache", "rm needs exactly one of NAME..., --all, --invalid, --key KEY");
     if (json) return cli_usage_error("cache", "--json is for ls");
     size_t removed = 0;
     int rc = 0;
-    if (optind < argc) {
-        for (int i = optind; i < argc; i++) {
+    if (names < argc) {
+        for (int i = names; i < argc; i++) {
             enum tern_status st = disk_unlink(dir, argv[i]);
             if (st) rc = cli_fail("cache", "%s", tern_last_error());
             else removed++;

@@ -3,6 +3,7 @@
  * server's normalisation, rendering and output parsing); the session is kept through
  * the reuse cache, so each turn reads only what the render added or changed. */
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "cli/cmd-chat.h"
 
 #include "cache/cache.h"
@@ -17,7 +18,6 @@
 #include "util/timeutil.h"
 #include "util/utf8.h"
 
-#include <getopt.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -31,32 +31,18 @@ static void on_sigint(int sig) {
     atomic_store(&interrupted, 1);
 }
 
-static void usage(FILE *out) {
-    fprintf(out,
-            "usage: tern chat --model FILE [options]      (also: tern run --chat --model FILE)\n"
-            "\n"
-            "An interactive chat in the terminal, rendered with the model's chat template.\n"
-            "Type a message and Enter; /reset starts over, /exit (or Ctrl-D) quits; Ctrl-C\n"
-            "stops the current answer.\n"
-            "\n"
-            "options:\n"
-            "  --model FILE           GGUF model\n"
-            "  --system TEXT          system prompt\n"
-            "  -n, --n-predict N      tokens per answer (default 1024; also --max-tokens)\n"
-            "  --temp T               temperature (default 0.8)\n"
-            "  --top-k N / --top-p P / --min-p P / --seed N   sampling\n"
-            "  --threads N            compute threads\n"
-            "  --ctx-size N           context length (default min(model, 32768))\n"
-            "  --chunk N / --kv-type f16|f32 / --no-mmap / --mlock   as for tern run\n"
-            "  --chat-template FILE   template to use instead of the model's\n"
-            "  --no-think             chat_template_kwargs.enable_thinking = false\n"
-            "  --spec off|ngram|mtp   speculative decoding by prompt lookup or the MTP head (default off;\n"
-            "                         same output)\n"
-            "  --spec-max N           tokens per draft, 1-32 (default 8)\n"
-            "  --device D             cpu (default; or $TERN_DEVICE), vulkan, vulkan:N or auto, as for\n"
-            "                         tern serve\n"
-            "  -h, --help             this help\n");
-}
+static const struct cli_spec chat_cli = {
+    "chat",
+    "usage: tern chat --model FILE [options]      (also: tern run --chat --model FILE)\n"
+    "\n"
+    "An interactive chat in the terminal, rendered with the model's chat template.\n"
+    "Type a message and Enter; /reset starts over, /exit (or Ctrl-D) quits; Ctrl-C\n"
+    "stops the current answer.\n"
+    "\n",
+    NULL,
+};
+
+static bool parse_spec(const char *v, void *dst) { return spec_mode_parse(v, dst); }
 
 static char *slurp(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
@@ -199,106 +185,43 @@ static enum tern_status chat_turn(struct chat_state *cs) {
 }
 
 int cli_chat_main(int argc, char **argv) {
-    enum { O_MODEL = 256, O_SYSTEM, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_SEED, O_THREADS, O_CTX, O_TMPL, O_NOTHINK, O_CHAT,
-           O_CHUNK, O_KV, O_NOMMAP, O_MLOCK, O_SPEC, O_SPECMAX, O_DEVICE };
-    /* The names of tern run's options where they mean the same (tern run --chat
-     * hands its arguments over unchanged). */
-    static const struct option opts[] = {
-        {"model", required_argument, 0, O_MODEL},  {"system", required_argument, 0, O_SYSTEM},
-        {"max-tokens", required_argument, 0, 'n'}, {"n-predict", required_argument, 0, 'n'},
-        {"temp", required_argument, 0, O_TEMP},    {"top-k", required_argument, 0, O_TOPK},
-        {"top-p", required_argument, 0, O_TOPP},   {"min-p", required_argument, 0, O_MINP},
-        {"seed", required_argument, 0, O_SEED},    {"threads", required_argument, 0, O_THREADS},
-        {"ctx-size", required_argument, 0, O_CTX}, {"chunk", required_argument, 0, O_CHUNK},
-        {"kv-type", required_argument, 0, O_KV},   {"no-mmap", no_argument, 0, O_NOMMAP},
-        {"mlock", no_argument, 0, O_MLOCK},        {"chat-template", required_argument, 0, O_TMPL},
-        {"no-think", no_argument, 0, O_NOTHINK},   {"chat", no_argument, 0, O_CHAT},
-        {"spec", required_argument, 0, O_SPEC},    {"spec-max", required_argument, 0, O_SPECMAX},
-        {"device", required_argument, 0, O_DEVICE}, {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
     struct chat_state cs = {.max_tokens = 1024};
     struct tern_model_params mp;
     tern_model_params_default(&mp);
     struct cache_params cp;
     cache_params_default(&cp);
     tern_sampler_params_default(&cs.sp);
-    cs.sp.seed = tern_now_ns();
     const char *model_path = NULL, *system = NULL, *tmpl = NULL;
-    bool no_think = false;
+    bool no_think = false, seed_set = false, chat = false;
     const char *device = getenv("TERN_DEVICE");
-    long v;
-    double d;
-    int c;
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "hm:n:t:c:", opts, NULL)) != -1) {
-        switch (c) {
-        case 'h': usage(stdout); return 0;
-        case 'm':
-        case O_MODEL: model_path = optarg; break;
-        case O_SYSTEM: system = optarg; break;
-        case 'n':
-            if (!cli_parse_int(optarg, 1, INT32_MAX, &v)) return cli_usage_error("chat", "-n '%s' is not a positive count", optarg);
-            cs.max_tokens = v;
-            break;
-        case O_TEMP:
-            if (!cli_parse_float(optarg, 0, 100, &d)) return cli_usage_error("chat", "--temp '%s' is not 0-100", optarg);
-            cs.sp.temperature = (float)d;
-            break;
-        case O_TOPK:
-            if (!cli_parse_int(optarg, 0, INT32_MAX, &v)) return cli_usage_error("chat", "--top-k '%s' is not >= 0", optarg);
-            cs.sp.top_k = (int32_t)v;
-            break;
-        case O_TOPP:
-            if (!cli_parse_float(optarg, 0, 1, &d)) return cli_usage_error("chat", "--top-p '%s' is not 0-1", optarg);
-            cs.sp.top_p = (float)d;
-            break;
-        case O_MINP:
-            if (!cli_parse_float(optarg, 0, 1, &d)) return cli_usage_error("chat", "--min-p '%s' is not 0-1", optarg);
-            cs.sp.min_p = (float)d;
-            break;
-        case O_SEED:
-            if (!cli_parse_int(optarg, 0, LONG_MAX, &v)) return cli_usage_error("chat", "--seed '%s' is not >= 0", optarg);
-            cs.sp.seed = (uint64_t)v;
-            break;
-        case 't':
-        case O_THREADS:
-            if (!cli_parse_int(optarg, 1, 1024, &v)) return cli_usage_error("chat", "--threads '%s' is not 1-1024", optarg);
-            mp.n_threads = (int)v;
-            break;
-        case 'c':
-        case O_CTX:
-            if (!cli_parse_int(optarg, 16, 1 << 24, &v)) return cli_usage_error("chat", "--ctx-size '%s' is out of range", optarg);
-            cp.session.n_ctx = (uint32_t)v;
-            break;
-        case O_CHUNK:
-            if (!cli_parse_int(optarg, 1, 1 << 16, &v)) return cli_usage_error("chat", "--chunk '%s' is not 1-65536", optarg);
-            cp.session.n_chunk = (uint32_t)v;
-            break;
-        case O_KV:
-            if (!strcmp(optarg, "f16")) cp.session.kv_type = TERN_KV_F16;
-            else if (!strcmp(optarg, "f32")) cp.session.kv_type = TERN_KV_F32;
-            else return cli_usage_error("chat", "--kv-type '%s' is not f16 or f32", optarg);
-            break;
-        case O_NOMMAP: mp.no_mmap = true; break;
-        case O_MLOCK: mp.mlock = true; break;
-        case O_TMPL: tmpl = optarg; break;
-        case O_NOTHINK: no_think = true; break;
-        case O_CHAT: break;
-        case O_SPEC:
-            if (!spec_mode_parse(optarg, &cs.spec.mode)) return cli_usage_error("chat", "--spec '%s' is not off, ngram or mtp", optarg);
-            break;
-        case O_SPECMAX:
-            if (!cli_parse_int(optarg, 1, SPEC_MAX_DRAFT, &v))
-                return cli_usage_error("chat", "--spec-max '%s' is not 1-%d", optarg, SPEC_MAX_DRAFT);
-            cs.spec.max = (uint32_t)v;
-            break;
-        case O_DEVICE: device = optarg; break;
-        default: return cli_usage_error("chat", "unknown option '%s'", argv[optind - 1]);
-        }
-    }
-    if (optind < argc) return cli_usage_error("chat", "unexpected argument '%s'", argv[optind]);
+    int kv = TERN_KV_F16;
+    /* tern run --chat hands its arguments over unchanged: run's names where they mean
+     * the same */
+    const struct cli_opt opts[] = {
+        CLI_STR1("m|model", &model_path, "FILE", "GGUF model"),
+        CLI_STR("system", &system, "TEXT", "system prompt"),
+        CLI_INT("n|n-predict", &cs.max_tokens, 1, INT32_MAX, "N", "tokens per answer (default 1024)"),
+        CLI_INT("max-tokens", &cs.max_tokens, 1, INT32_MAX, "N", "the same as --n-predict"),
+        CLI_SAMPLER_OPTS(&cs.sp, &seed_set),
+        CLI_INT("t|threads", &mp.n_threads, 1, 1024, "N", "compute threads (default: online cores)"),
+        CLI_INT("c|ctx-size", &cp.session.n_ctx, 16, 1 << 24, "N", "context length (default min(model, 32768))"),
+        CLI_INT("chunk", &cp.session.n_chunk, 1, 1 << 16, "N", "prompt tokens per chunk (default 512)"),
+        CLI_CHOICE("kv-type", &kv, cli_kv_types, "f16|f32", "KV cache type (default f16)"),
+        CLI_FLAG("no-mmap", &mp.no_mmap, "read the weights into memory instead of mapping them"),
+        CLI_FLAG("mlock", &mp.mlock, "pin the weights in memory"),
+        CLI_STR1("chat-template", &tmpl, "FILE", "template to use instead of the model's"),
+        CLI_FLAG("no-think", &no_think, "chat_template_kwargs.enable_thinking = false"),
+        CLI_FLAG("chat", &chat, NULL), /* tern run --chat */
+        CLI_FN("spec", &cs.spec.mode, parse_spec, "off, ngram or mtp", "off|ngram|mtp",
+               "speculative decoding by prompt lookup or the MTP head (default off; same output)"),
+        CLI_INT("spec-max", &cs.spec.max, 1, SPEC_MAX_DRAFT, "N", "tokens per draft, 1-32 (default 8)"),
+        CLI_STR("device", &device, "D", "cpu (default; or $TERN_DEVICE), vulkan, vulkan:N or auto, as for tern serve"),
+        CLI_END,
+    };
+    int c = cli_parse(&chat_cli, opts, argc, argv, NULL);
+    if (c >= 0) return c;
+    cp.session.kv_type = (enum tern_kv_type)kv;
+    if (!seed_set) cs.sp.seed = tern_now_ns();
     if (!model_path) return cli_usage_error("chat", "--model FILE is required");
     int dev = -1;
     bool dev_auto = false;

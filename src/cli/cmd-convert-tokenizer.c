@@ -1,75 +1,54 @@
 /* tern convert-tokenizer: Hugging Face tokenizer files -> a vocab-only GGUF. */
 #include "cli/cli.h"
+#include "cli/opts.h"
 
 #include "gguf/gguf.h"
 #include "tokenizer/hf-convert.h"
 #include "tokenizer/tokenizer.h"
 
-#include <getopt.h>
 #include <stdio.h>
 #include <string.h>
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: tern convert-tokenizer tokenizer.json [tokenizer_config.json] --out vocab.gguf\n"
-            "                              [--pre NAME] [--vocab-size N] [--arch NAME] [--name NAME]\n"
-            "\n"
-            "Converts a Hugging Face byte-level BPE tokenizer (Qwen2/Qwen3, Llama 3, GPT-2, ...)\n"
-            "into a GGUF file that holds only tokenizer metadata, as llama.cpp's converter\n"
-            "writes it: tokens, token types (special added tokens are CONTROL, other added\n"
-            "tokens USER_DEFINED), merges, the pre-tokenizer, and from tokenizer_config.json\n"
-            "the BOS/EOS/PAD/UNK tokens, add_bos_token/add_eos_token and the chat template.\n"
-            "The result is checked by loading it back.\n"
-            "\n"
-            "  -o, --out FILE      the GGUF file to write\n"
-            "      --pre NAME      tokenizer.ggml.pre (default: detected from the regex:\n"
-            "                      qwen2, llama-bpe or gpt-2)\n"
-            "      --vocab-size N  pad the vocabulary with UNUSED [PAD<id>] tokens to N\n"
-            "                      (the model's embedding size, e.g. 151936 for Qwen3)\n"
-            "      --arch NAME     general.architecture (default: qwen2 for qwen2, llama\n"
-            "                      for llama-bpe, gpt2 otherwise; a vocab file needs none,\n"
-            "                      llama.cpp's tools want one)\n"
-            "      --name NAME     general.name\n"
-            "  -h, --help          this help\n");
-}
+static const struct cli_spec convert_cli = {
+    "convert-tokenizer",
+    "usage: tern convert-tokenizer tokenizer.json [tokenizer_config.json] --out vocab.gguf\n"
+    "                              [--pre NAME] [--vocab-size N] [--arch NAME] [--name NAME]\n"
+    "\n"
+    "Converts a Hugging Face byte-level BPE tokenizer (Qwen2/Qwen3, Llama 3, GPT-2, ...)\n"
+    "into a GGUF file that holds only tokenizer metadata, as llama.cpp's converter\n"
+    "writes it: tokens, token types (special added tokens are CONTROL, other added\n"
+    "tokens USER_DEFINED), merges, the pre-tokenizer, and from tokenizer_config.json\n"
+    "the BOS/EOS/PAD/UNK tokens, add_bos_token/add_eos_token and the chat template.\n"
+    "The result is checked by loading it back.\n"
+    "\n",
+    NULL,
+};
 
 static int convert_main(int argc, char **argv) {
-    static const struct option opts[] = {{"out", required_argument, NULL, 'o'},
-                                         {"pre", required_argument, NULL, 'p'},
-                                         {"vocab-size", required_argument, NULL, 'v'},
-                                         {"arch", required_argument, NULL, 'a'},
-                                         {"name", required_argument, NULL, 'n'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
     const char *out = NULL, *arch = NULL, *name = NULL;
     struct tern_hf_convert_opts co = {0};
-    int o;
-    long v;
-    opterr = 0;
-    optind = 1;
-    while ((o = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
-        switch (o) {
-        case 'o': out = optarg; break;
-        case 'p': co.pre = optarg; break;
-        case 'v':
-            if (!cli_parse_int(optarg, 1, INT32_MAX - 1, &v))
-                return cli_usage_error("convert-tokenizer", "--vocab-size must be 1..%d, got '%s'", INT32_MAX - 1,
-                                       optarg);
-            co.vocab_size = (uint32_t)v;
-            break;
-        case 'a': arch = optarg; break;
-        case 'n': name = optarg; break;
-        case 'h': usage(stdout); return 0;
-        default: return cli_usage_error("convert-tokenizer", "unknown option or missing value '%s'", argv[optind - 1]);
-        }
-    }
+    const struct cli_opt opts[] = {
+        CLI_STR1("o|out", &out, "FILE", "the GGUF file to write"),
+        CLI_STR1("pre", &co.pre, "NAME", "tokenizer.ggml.pre (default: detected from the regex: qwen2, llama-bpe or gpt-2)"),
+        CLI_INT("vocab-size", &co.vocab_size, 1, INT32_MAX - 1, "N",
+                "pad the vocabulary with UNUSED [PAD<id>] tokens to N (the model's embedding size, e.g. 151936 for "
+                "Qwen3)"),
+        CLI_STR1("arch", &arch, "NAME",
+                 "general.architecture (default: qwen2 for qwen2, llama for llama-bpe, gpt2 otherwise; a vocab file "
+                 "needs none, llama.cpp's tools want one)"),
+        CLI_STR1("name", &name, "NAME", "general.name"),
+        CLI_END,
+    };
+    int files;
+    int o = cli_parse(&convert_cli, opts, argc, argv, &files);
+    if (o >= 0) return o;
     if (!out) return cli_usage_error("convert-tokenizer", "missing --out FILE");
-    int n_files = argc - optind;
+    int n_files = argc - files;
     if (n_files < 1 || n_files > 2)
         return cli_usage_error("convert-tokenizer", "expected tokenizer.json and optionally tokenizer_config.json, got %d "
                                                     "file(s)",
                                n_files);
-    const char *tok_json = argv[optind], *cfg_json = n_files == 2 ? argv[optind + 1] : NULL;
+    const char *tok_json = argv[files], *cfg_json = n_files == 2 ? argv[files + 1] : NULL;
 
     struct gguf_writer *w;
     if (gguf_writer_new(&w)) return cli_fail("convert-tokenizer", "%s", tern_last_error());

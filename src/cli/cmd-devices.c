@@ -1,43 +1,37 @@
 /* tern devices: what tern can compute on — the CPU, and every device the Vulkan loader
  * sees (backend/vulkan/vulkan.h), with the one `--device auto` would pick. */
 #include "cli/cli.h"
+#include "cli/opts.h"
 
 #include "backend/vulkan/vulkan.h"
 #include "kernels/kernels.h"
 #include "util/threadpool.h"
 
-#include <getopt.h>
 #include <stdio.h>
 #include <string.h>
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: tern devices [--json]\n"
-            "\n"
-            "Lists the CPU and the Vulkan devices: index (for --device vulkan:N), name, type,\n"
-            "device-local memory, subgroup size, cooperative-matrix and FP16 support, and\n"
-            "which one --device auto picks (a discrete GPU, else an integrated one, else the\n"
-            "CPU). Without a Vulkan loader or device it says what is missing.\n"
-            "\n"
-            "  --json      one JSON object\n"
-            "  -h, --help  this help\n");
-}
+static const struct cli_spec devices_cli = {
+    "devices",
+    "usage: tern devices [--json]\n"
+    "\n"
+    "Lists the CPU and the Vulkan devices: index (for --device vulkan:N), name, type,\n"
+    "device-local memory, subgroup size, cooperative-matrix and FP16 support, and\n"
+    "which one --device auto picks (a discrete GPU, else an integrated one, else the\n"
+    "CPU). Without a Vulkan loader or device it says what is missing.\n"
+    "\n",
+    NULL,
+};
 
 #define MAX_LISTED 16
 
 static int devices_main(int argc, char **argv) {
-    static const struct option opts[] = {{"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     bool json = false;
-    int c;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'j': json = true; break;
-        case 'h': usage(stdout); return 0;
-        default: return cli_usage_error("devices", "unknown option '%s'", argv[optind - 1]);
-        }
-    }
-    if (optind < argc) return cli_usage_error("devices", "unexpected argument '%s'", argv[optind]);
+    const struct cli_opt opts[] = {
+        CLI_FLAG("json", &json, "one JSON object"),
+        CLI_END,
+    };
+    int c = cli_parse(&devices_cli, opts, argc, argv, NULL);
+    if (c >= 0) return c;
     struct tern_vk_device_info d[MAX_LISTED];
     uint32_t n = 0;
     const enum tern_status st = tern_vk_enumerate(d, MAX_LISTED, &n);

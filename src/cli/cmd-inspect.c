@@ -1,12 +1,12 @@
 /* tern inspect FILE [--json] [--all]: what a GGUF file holds (metadata, tensors,
  * totals), as text or as one JSON document. */
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "gguf/gguf.h"
 #include "util/buf.h"
 #include "util/mem.h"
 #include "util/utf8.h"
 
-#include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -16,19 +16,18 @@
 #define ARR_SHOWN 8       /* array elements shown unless --all */
 #define STR_SHOWN 120     /* string bytes shown in text unless --all */
 
-static void usage(FILE *out) {
-    fprintf(out,
-            "usage: tern inspect FILE [--json] [--all]\n"
-            "\n"
-            "Shows what a GGUF file holds: metadata (long arrays abbreviated to their type,\n"
-            "count and first %d elements), tensors (name, type, shape, offset, bytes) and\n"
-            "totals (parameters, bytes by type). The file is validated as a model load would.\n"
-            "\n"
-            "  --json   one JSON document with the same content\n"
-            "  --all    do not abbreviate arrays or long strings\n"
-            "  --help   this text\n",
-            ARR_SHOWN);
-}
+#define STR_(x) #x
+#define STR(x) STR_(x)
+static const struct cli_spec inspect_cli = {
+    "inspect",
+    "usage: tern inspect FILE [--json] [--all]\n"
+    "\n"
+    "Shows what a GGUF file holds: metadata (long arrays abbreviated to their type,\n"
+    "count and first " STR(ARR_SHOWN) " elements), tensors (name, type, shape, offset, bytes) and\n"
+    "totals (parameters, bytes by type). The file is validated as a model load would.\n"
+    "\n",
+    NULL,
+};
 
 /* ---- text ------------------------------------------------------------------------- */
 
@@ -285,27 +284,19 @@ static int print_json(const struct gguf_file *f, bool all) {
 }
 
 static int inspect_main(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"json", no_argument, NULL, 'j'},
-        {"all", no_argument, NULL, 'a'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
     bool json = false, all = false;
-    int c;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'j': json = true; break;
-        case 'a': all = true; break;
-        case 'h': usage(stdout); return 0;
-        default: return cli_usage_error("inspect", "unknown option '%s'", argv[optind - 1]);
-        }
-    }
-    if (optind >= argc) return cli_usage_error("inspect", "missing FILE");
-    if (optind + 1 < argc) return cli_usage_error("inspect", "unexpected argument '%s'", argv[optind + 1]);
+    const struct cli_opt opts[] = {
+        CLI_FLAG("json", &json, "one JSON document with the same content"),
+        CLI_FLAG("all", &all, "do not abbreviate arrays or long strings"),
+        CLI_END,
+    };
+    int file;
+    int c = cli_parse(&inspect_cli, opts, argc, argv, &file);
+    if (c >= 0) return c;
+    if (file >= argc) return cli_usage_error("inspect", "missing FILE");
+    if (file + 1 < argc) return cli_usage_error("inspect", "unexpected argument '%s'", argv[file + 1]);
     struct gguf_file *f;
-    enum tern_status st = gguf_open(argv[optind], NULL, &f);
+    enum tern_status st = gguf_open(argv[file], NULL, &f);
     if (st) return cli_fail("inspect", "%s", tern_last_error());
     int rc = json ? print_json(f, all) : print_text(f, all);
     gguf_close(f);

@@ -1,144 +1,37 @@
 /* tern mkmodel: write a deterministic random-weight model of a given architecture and
  * shape (src/model/mkmodel.h). */
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "model/mkmodel.h"
 #include "util/dtype.h"
 
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-static void usage(FILE *out) {
-    fprintf(out,
-            "usage: tern mkmodel (--arch ARCH | --preset NAME) --out FILE [options]\n"
-            "\n"
-            "Writes a random-weight GGUF model with the metadata keys and tensor names and shapes\n"
-            "that real models of the architecture carry. Same options and seed, same bytes.\n"
-            "\n"
-            "  --arch ARCH            llama, qwen2, qwen3, qwen35, qwen3moe, qwen35moe, qwen3next or gpt-oss\n"
-            "  --preset NAME          %s\n"
-            "                         (options given with a preset override it)\n"
-            "  --out FILE, -o FILE    output path (written atomically)\n"
-            "  --type TYPE            f32 (default), f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1,\n"
-            "                         q4_k, q5_k, q6_k, q4_k_m, iq4_xs, iq4_nl, q2_k, q3_k, iq2_xxs,\n"
-            "                         iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m, mxfp4_moe (MoE: experts\n"
-            "                         MXFP4, other matrices Q8_0, as gpt-oss files). Quantized types give\n"
-            "                         output.weight Q6_K as llama-quantize does (--pure: no such\n"
-            "                         exception; IQ4_XS and low-bit rows not a multiple of 256 take\n"
-            "                         IQ4_NL);\n"
-            "                         1-D tensors, norms and ssm_a/ssm_dt/ssm_conv1d stay F32\n"
-            "  --pure                 every matrix in TYPE (no Q6_K output)\n"
-            "  --pad-normal           padding tokens are normal tokens whose text is rendered (for\n"
-            "                         benchmarks that count a random model's streamed tokens)\n"
-            "  --seed N               random seed (default 1234)\n"
-            "  --vocab FILE           copy the vocabulary and chat template (every tokenizer.* key)\n"
-            "                         from a GGUF; default: a small built-in byte-level vocabulary\n"
-            "  --name NAME            general.name\n"
-            "  --dry-run              list the tensors (name, type, shape) and totals; write nothing\n"
-            "\n"
-            "shape:\n"
-            "  --n-layer N  --n-embd N  --n-head N  --n-head-kv N  --head-dim N  --n-ff N\n"
-            "  --n-ctx N                context_length written to the file\n"
-            "  --n-vocab N              vocabulary size; the vocabulary is padded with [PAD<id>] tokens\n"
-            "                           up to it (never cut)\n"
-            "  --tied / --untied        tie the output projection to token_embd (no output.weight)\n"
-            "  --rope-theta X  --rms-eps X  --rope-dim N\n"
-            "qwen35 (Gated DeltaNet layers):\n"
-            "  --ssm-heads-k N (group_count)  --ssm-heads-v N (time_step_rank)\n"
-            "  --ssm-state N (head dim)  --ssm-conv N (kernel)  --full-attn-interval N\n"
-            "  --rope-sections A,B,C,D  (default: the rope pairs split as Qwen3.5 does)\n"
-            "  --mtp N                  N (0 or 1) multi-token-prediction blocks after the layers\n"
-            "                           (blk.<n_layer>.nextn.*, as real Qwen3.5 files carry: --spec mtp)\n"
-            "  --mtp-echo               tests: the MTP block passes the hidden state through (its\n"
-            "                           guesses then often match a repeating random model)\n"
-            "  --mtp-echo-attn          likewise, but its attention stays random (a perturbation\n"
-            "                           that depends on its KV rows)\n"
-            "qwen3moe / qwen35moe / gpt-oss (mixture of experts; gpt-oss: window 128 on even\n"
-            "  layers, YaRN factor 32 over 4096, sinks and biases; tiny-gptoss: window 16):\n"
-            "  --experts N  --experts-used N  --expert-ff N  --shared-expert-ff N (qwen35moe, qwen3next)\n"
-            "  --sliding-window N (gpt-oss)\n"
-            "  Large models are written tensor by tensor: memory stays small whatever the size\n"
-            "  (qwen3-30b-a3b --type q4_k_m: about 17 GB of file, a few MB of RAM)\n"
-            "\n"
-            "  --help                 this text\n",
-            tern_mkmodel_preset_names());
-}
-
-enum {
-    OPT_ARCH = 256, OPT_PRESET, OPT_TYPE, OPT_PURE, OPT_PADNORMAL, OPT_SEED, OPT_VOCAB, OPT_NAME, OPT_DRY_RUN,
-    OPT_N_LAYER, OPT_N_EMBD, OPT_N_HEAD, OPT_N_HEAD_KV, OPT_HEAD_DIM, OPT_N_FF, OPT_N_CTX, OPT_N_VOCAB,
-    OPT_TIED, OPT_UNTIED, OPT_ROPE_THETA, OPT_RMS_EPS, OPT_ROPE_DIM,
-    OPT_SSM_K, OPT_SSM_V, OPT_SSM_STATE, OPT_SSM_CONV, OPT_FULL_ATTN, OPT_ROPE_SECTIONS,
-    OPT_EXPERTS, OPT_EXPERTS_USED, OPT_EXPERT_FF, OPT_SHEXP_FF, OPT_MTP, OPT_MTP_ECHO, OPT_MTP_ECHO_ATTN, OPT_WINDOW,
+static const struct cli_spec mkmodel_cli = {
+    "mkmodel",
+    "usage: tern mkmodel (--arch ARCH | --preset NAME) --out FILE [options]\n"
+    "\n"
+    "Writes a random-weight GGUF model with the metadata keys and tensor names and shapes\n"
+    "that real models of the architecture carry. Same options and seed, same bytes.\n"
+    "\n",
+    "Large models are written tensor by tensor: memory stays small whatever the size\n"
+    "(qwen3-30b-a3b --type q4_k_m: about 17 GB of file, a few MB of RAM).\n",
 };
 
-/* A shape option given on the command line; applied after the arch/preset defaults. */
-struct override {
-    int opt;
-    const char *val;
-};
-
-static int apply(const struct override *o, struct tern_mkmodel_params *p) {
-    long v = 0;
-    double d = 0;
-    uint32_t *field = NULL;
-    long lo = 1, hi = 1L << 24;
-    switch (o->opt) {
-    case OPT_N_LAYER: field = &p->n_layer; hi = 1024; break;
-    case OPT_N_EMBD: field = &p->n_embd; break;
-    case OPT_N_HEAD: field = &p->n_head; hi = 4096; break;
-    case OPT_N_HEAD_KV: field = &p->n_head_kv; hi = 4096; break;
-    case OPT_HEAD_DIM: field = &p->head_dim; hi = 65536; break;
-    case OPT_N_FF: field = &p->n_ff; break;
-    case OPT_N_CTX: field = &p->n_ctx; hi = UINT32_MAX; break;
-    case OPT_N_VOCAB: field = &p->n_vocab; break;
-    case OPT_ROPE_DIM: field = &p->rope_dim; hi = 65536; break;
-    case OPT_SSM_K: field = &p->ssm_k_heads; hi = 4096; break;
-    case OPT_SSM_V: field = &p->ssm_v_heads; hi = 4096; break;
-    case OPT_SSM_STATE: field = &p->ssm_state; hi = 65536; break;
-    case OPT_SSM_CONV: field = &p->ssm_conv; hi = 64; break;
-    case OPT_FULL_ATTN: field = &p->full_attn_interval; hi = 1024; break;
-    case OPT_EXPERTS: field = &p->n_expert; hi = 1024; break;
-    case OPT_EXPERTS_USED: field = &p->n_expert_used; hi = 64; break;
-    case OPT_EXPERT_FF: field = &p->n_ff_exp; break;
-    case OPT_SHEXP_FF: field = &p->n_ff_shexp; break;
-    case OPT_WINDOW: field = &p->sliding_window; break;
-    case OPT_MTP: field = &p->n_mtp; lo = 0; hi = 1; break;
-    case OPT_TIED: p->tied = true; return 0;
-    case OPT_MTP_ECHO: p->mtp_echo = 1; return 0;
-    case OPT_MTP_ECHO_ATTN: p->mtp_echo = 2; return 0;
-    case OPT_UNTIED: p->tied = false; return 0;
-    case OPT_ROPE_THETA:
-        if (!cli_parse_float(o->val, 1e-3, 1e12, &d))
-            return cli_usage_error("mkmodel", "--rope-theta '%s' is not a number in [0.001, 1e12]", o->val);
-        p->rope_theta = (float)d;
-        return 0;
-    case OPT_RMS_EPS:
-        if (!cli_parse_float(o->val, 1e-12, 1, &d) || d <= 0)
-            return cli_usage_error("mkmodel", "--rms-eps '%s' is not a number in (0, 1]", o->val);
-        p->rms_eps = (float)d;
-        return 0;
-    case OPT_ROPE_SECTIONS: {
-        long s[4];
-        char extra;
-        if (sscanf(o->val, "%ld,%ld,%ld,%ld%c", &s[0], &s[1], &s[2], &s[3], &extra) != 4)
-            return cli_usage_error("mkmodel", "--rope-sections '%s' is not four comma-separated integers", o->val);
-        for (int i = 0; i < 4; i++) {
-            if (s[i] < 0 || s[i] > 65536)
-                return cli_usage_error("mkmodel", "--rope-sections value %ld is outside 0..65536", s[i]);
-            p->rope_sections[i] = (int32_t)s[i];
-        }
-        return 0;
-    }
-    default: return cli_usage_error("mkmodel", "internal: option %d", o->opt);
-    }
-    if (!cli_parse_int(o->val, lo, hi, &v))
-        return cli_usage_error("mkmodel", "value '%s' is not an integer in %ld..%ld", o->val, lo, hi);
-    *field = (uint32_t)v;
-    return 0;
+/* --rope-sections A,B,C,D */
+static bool parse_sections(const char *v, void *dst) {
+    int32_t *out = dst;
+    long s[4];
+    char extra;
+    if (sscanf(v, "%ld,%ld,%ld,%ld%c", &s[0], &s[1], &s[2], &s[3], &extra) != 4) return false;
+    for (int i = 0; i < 4; i++)
+        if (s[i] < 0 || s[i] > 65536) return false;
+    for (int i = 0; i < 4; i++) out[i] = (int32_t)s[i];
+    return true;
 }
 
 static int print_plan(const struct tern_mkmodel_params *p) {
@@ -163,79 +56,82 @@ static int print_plan(const struct tern_mkmodel_params *p) {
 }
 
 static int mkmodel_main(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"arch", required_argument, NULL, OPT_ARCH},
-        {"preset", required_argument, NULL, OPT_PRESET},
-        {"out", required_argument, NULL, 'o'},
-        {"type", required_argument, NULL, OPT_TYPE},
-        {"pure", no_argument, NULL, OPT_PURE},
-        {"pad-normal", no_argument, NULL, OPT_PADNORMAL},
-        {"seed", required_argument, NULL, OPT_SEED},
-        {"vocab", required_argument, NULL, OPT_VOCAB},
-        {"name", required_argument, NULL, OPT_NAME},
-        {"dry-run", no_argument, NULL, OPT_DRY_RUN},
-        {"n-layer", required_argument, NULL, OPT_N_LAYER},
-        {"n-embd", required_argument, NULL, OPT_N_EMBD},
-        {"n-head", required_argument, NULL, OPT_N_HEAD},
-        {"n-head-kv", required_argument, NULL, OPT_N_HEAD_KV},
-        {"head-dim", required_argument, NULL, OPT_HEAD_DIM},
-        {"n-ff", required_argument, NULL, OPT_N_FF},
-        {"n-ctx", required_argument, NULL, OPT_N_CTX},
-        {"n-vocab", required_argument, NULL, OPT_N_VOCAB},
-        {"tied", no_argument, NULL, OPT_TIED},
-        {"untied", no_argument, NULL, OPT_UNTIED},
-        {"rope-theta", required_argument, NULL, OPT_ROPE_THETA},
-        {"rms-eps", required_argument, NULL, OPT_RMS_EPS},
-        {"rope-dim", required_argument, NULL, OPT_ROPE_DIM},
-        {"ssm-heads-k", required_argument, NULL, OPT_SSM_K},
-        {"ssm-heads-v", required_argument, NULL, OPT_SSM_V},
-        {"ssm-state", required_argument, NULL, OPT_SSM_STATE},
-        {"ssm-conv", required_argument, NULL, OPT_SSM_CONV},
-        {"experts", required_argument, NULL, OPT_EXPERTS},
-        {"experts-used", required_argument, NULL, OPT_EXPERTS_USED},
-        {"expert-ff", required_argument, NULL, OPT_EXPERT_FF},
-        {"shared-expert-ff", required_argument, NULL, OPT_SHEXP_FF},
-        {"sliding-window", required_argument, NULL, OPT_WINDOW},
-        {"full-attn-interval", required_argument, NULL, OPT_FULL_ATTN},
-        {"rope-sections", required_argument, NULL, OPT_ROPE_SECTIONS},
-        {"mtp", required_argument, NULL, OPT_MTP},
-        {"mtp-echo", no_argument, NULL, OPT_MTP_ECHO},
-        {"mtp-echo-attn", no_argument, NULL, OPT_MTP_ECHO_ATTN},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
     const char *arch = NULL, *preset = NULL, *out = NULL, *type = NULL, *vocab = NULL, *name = NULL;
-    const char *seed_s = NULL;
-    bool pure = false, dry_run = false, pad_normal = false;
-    struct override ov[64];
-    int n_ov = 0, c;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":ho:", opts, NULL)) != -1) {
-        switch (c) {
-        case 'h': usage(stdout); return 0;
-        case 'o': out = optarg; break;
-        case OPT_ARCH: arch = optarg; break;
-        case OPT_PRESET: preset = optarg; break;
-        case OPT_TYPE: type = optarg; break;
-        case OPT_PURE: pure = true; break;
-        case OPT_PADNORMAL: pad_normal = true; break;
-        case OPT_SEED: seed_s = optarg; break;
-        case OPT_VOCAB: vocab = optarg; break;
-        case OPT_NAME: name = optarg; break;
-        case OPT_DRY_RUN: dry_run = true; break;
-        case ':': return cli_usage_error("mkmodel", "option '%s' needs a value", argv[optind - 1]);
-        case '?': return cli_usage_error("mkmodel", "unknown option '%s'", argv[optind - 1]);
-        default:
-            if (n_ov == (int)(sizeof ov / sizeof ov[0])) return cli_usage_error("mkmodel", "too many options");
-            ov[n_ov++] = (struct override){c, optarg};
-            break;
-        }
-    }
-    if (optind < argc) return cli_usage_error("mkmodel", "unexpected argument '%s'", argv[optind]);
+    bool pure = false, dry_run = false, pad_normal = false, seed_set = false;
+    /* The shape options write straight into p: parsed once to learn the preset or arch,
+     * then again over the defaults these give, so that what is given overrides them. */
+    struct tern_mkmodel_params p;
+    tern_mkmodel_defaults(TERN_MK_LLAMA, &p);
+    char preset_help[512];
+    snprintf(preset_help, sizeof preset_help, "%s (options given with a preset override it)",
+             tern_mkmodel_preset_names());
+    const struct cli_opt opts[] = {
+        CLI_STR1("arch", &arch, "ARCH", "llama, qwen2, qwen3, qwen35, qwen3moe, qwen35moe, qwen3next or gpt-oss"),
+        CLI_STR1("preset", &preset, "NAME", preset_help),
+        CLI_STR1("o|out", &out, "FILE", "output path (written atomically)"),
+        CLI_STR1("type", &type, "TYPE",
+                 "f32 (default), f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q4_k_m, iq4_xs, iq4_nl, "
+                 "q2_k, q3_k, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m, mxfp4_moe (MoE: experts MXFP4, "
+                 "other matrices Q8_0, as gpt-oss files). Quantized types give output.weight Q6_K as llama-quantize "
+                 "does (--pure: no such exception; IQ4_XS and low-bit rows not a multiple of 256 take IQ4_NL); 1-D "
+                 "tensors, norms and ssm_a/ssm_dt/ssm_conv1d stay F32"),
+        CLI_FLAG("pure", &pure, "every matrix in TYPE (no Q6_K output)"),
+        CLI_FLAG("pad-normal", &pad_normal,
+                 "padding tokens are normal tokens whose text is rendered (for benchmarks that count a random "
+                 "model's streamed tokens)"),
+        {.name = "seed", .kind = CLI_K_U64, .dst = &p.seed, .seen = &seed_set, .arg = "N",
+         .help = "random seed (default 1234)"},
+        CLI_STR1("vocab", &vocab, "FILE",
+                 "copy the vocabulary and chat template (every tokenizer.* key) from a GGUF; default: a small "
+                 "built-in byte-level vocabulary"),
+        CLI_STR1("name", &name, "NAME", "general.name"),
+        CLI_FLAG("dry-run", &dry_run, "list the tensors (name, type, shape) and totals; write nothing"),
+        CLI_SECTION("shape"),
+        CLI_INT("n-layer", &p.n_layer, 1, 1024, "N", "layers"),
+        CLI_INT("n-embd", &p.n_embd, 1, 1 << 24, "N", "embedding width"),
+        CLI_INT("n-head", &p.n_head, 1, 4096, "N", "attention heads"),
+        CLI_INT("n-head-kv", &p.n_head_kv, 1, 4096, "N", "key/value heads"),
+        CLI_INT("head-dim", &p.head_dim, 1, 65536, "N", "head width"),
+        CLI_INT("n-ff", &p.n_ff, 1, 1 << 24, "N", "feed-forward width"),
+        CLI_INT("n-ctx", &p.n_ctx, 1, UINT32_MAX, "N", "context_length written to the file"),
+        CLI_INT("n-vocab", &p.n_vocab, 1, 1 << 24, "N",
+                "vocabulary size; the vocabulary is padded with [PAD<id>] tokens up to it (never cut)"),
+        CLI_SET("tied", &p.tied, 1, "tie the output projection to token_embd (no output.weight)"),
+        CLI_SET("untied", &p.tied, 0, "a separate output.weight"),
+        CLI_NUM("rope-theta", &p.rope_theta, 1e-3, 1e12, "X", "rope base frequency"),
+        CLI_NUM("rms-eps", &p.rms_eps, 1e-12, 1, "X", "RMS norm epsilon"),
+        CLI_INT("rope-dim", &p.rope_dim, 1, 65536, "N", "rotated dimensions per head"),
+        CLI_SECTION("qwen35 (Gated DeltaNet layers)"),
+        CLI_INT("ssm-heads-k", &p.ssm_k_heads, 1, 4096, "N", "key heads (group_count)"),
+        CLI_INT("ssm-heads-v", &p.ssm_v_heads, 1, 4096, "N", "value heads (time_step_rank)"),
+        CLI_INT("ssm-state", &p.ssm_state, 1, 65536, "N", "head dim"),
+        CLI_INT("ssm-conv", &p.ssm_conv, 1, 64, "N", "convolution kernel"),
+        CLI_INT("full-attn-interval", &p.full_attn_interval, 1, 1024, "N", "every N-th layer is attention"),
+        CLI_FN("rope-sections", p.rope_sections, parse_sections, "four comma-separated integers in 0..65536",
+               "A,B,C,D", "(default: the rope pairs split as Qwen3.5 does)"),
+        CLI_INT("mtp", &p.n_mtp, 0, 1, "N",
+                "N (0 or 1) multi-token-prediction blocks after the layers (blk.<n_layer>.nextn.*, as real Qwen3.5 "
+                "files carry: --spec mtp)"),
+        CLI_SET("mtp-echo", &p.mtp_echo, 1,
+                "tests: the MTP block passes the hidden state through (its guesses then often match a repeating "
+                "random model)"),
+        CLI_SET("mtp-echo-attn", &p.mtp_echo, 2,
+                "likewise, but its attention stays random (a perturbation that depends on its KV rows)"),
+        CLI_SECTION("mixture of experts (qwen3moe, qwen35moe, qwen3next, gpt-oss)"),
+        CLI_INT("experts", &p.n_expert, 1, 1024, "N", "experts per layer"),
+        CLI_INT("experts-used", &p.n_expert_used, 1, 64, "N", "experts a token is routed to"),
+        CLI_INT("expert-ff", &p.n_ff_exp, 1, 1 << 24, "N", "an expert's feed-forward width"),
+        CLI_INT("shared-expert-ff", &p.n_ff_shexp, 1, 1 << 24, "N", "the shared expert's (qwen35moe, qwen3next)"),
+        CLI_INT("sliding-window", &p.sliding_window, 1, 1 << 24, "N",
+                "gpt-oss's window on even layers (default 128; tiny-gptoss 16; with YaRN factor 32 over 4096, "
+                "sinks and biases)"),
+        CLI_END,
+    };
+    int c = cli_parse(&mkmodel_cli, opts, argc, argv, NULL);
+    if (c >= 0) return c;
     if (!out && !dry_run) return cli_usage_error("mkmodel", "missing --out FILE");
     if (!arch && !preset) return cli_usage_error("mkmodel", "missing --arch or --preset");
 
-    struct tern_mkmodel_params p;
     if (preset) {
         if (tern_mkmodel_preset(preset, &p)) return cli_usage_error("mkmodel", "%s", tern_last_error());
         enum tern_mk_arch a;
@@ -248,23 +144,13 @@ static int mkmodel_main(int argc, char **argv) {
             return cli_usage_error("mkmodel", "unknown architecture '%s' (llama, qwen2, qwen3, qwen35, qwen3moe, qwen35moe, qwen3next, gpt-oss)", arch);
         tern_mkmodel_defaults(a, &p);
     }
-    for (int i = 0; i < n_ov; i++) {
-        int rc = apply(&ov[i], &p);
-        if (rc) return rc;
-    }
+    if ((c = cli_parse(&mkmodel_cli, opts, argc, argv, NULL)) >= 0) return c; /* the options over the defaults */
     if (type && !tern_mkmodel_parse_type(type, &p.wtype, &p.mix))
         return cli_usage_error("mkmodel", "unknown --type '%s'", type);
     p.pad_normal = pad_normal;
     if (pure && p.mix == TERN_MK_LIKE_QUANTIZE) p.mix = TERN_MK_UNIFORM;
     if (pure && p.mix == TERN_MK_Q4_K_M)
         return cli_usage_error("mkmodel", "--pure contradicts --type q4_k_m (a mix); use --type q4_k");
-    if (seed_s) {
-        char *end;
-        unsigned long long s = strtoull(seed_s, &end, 10);
-        if (!*seed_s || *end || seed_s[0] == '-')
-            return cli_usage_error("mkmodel", "--seed '%s' is not a non-negative integer", seed_s);
-        p.seed = s;
-    }
     p.vocab_path = vocab;
     char default_name[96];
     if (!name && preset) {

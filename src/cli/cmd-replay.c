@@ -1,11 +1,11 @@
 /* tern replay: the flat-line benchmark (docs/replay.md). */
 #include "cli/cli.h"
+#include "cli/opts.h"
 
 #include "replay/replay.h"
 #include "util/mem.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -21,59 +21,26 @@ static void on_signal(int sig) {
     stop_flag = 1;
 }
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: tern replay --transcript FILE.jsonl (--model FILE | --demo) [--arms on,off] [options]\n"
-            "       tern replay --transcript FILE.jsonl --url URL [--url-b URL2] [options]\n"
-            "       tern replay --make-transcript agent|compaction --out FILE [--turns N] [--seed S] [--strip]\n"
-            "\n"
-            "Replays a recorded agent session turn by turn against one or two OpenAI-compatible servers and\n"
-            "measures time to first token per turn (docs/replay.md). Each turn's request is sent as recorded;\n"
-            "what the server generates is never fed back. Writes DIR/turns.jsonl, DIR/RESULTS.md, DIR/ttft.svg.\n"
-            "\n"
-            "arms:\n"
-            "  --model FILE           start `tern serve` on FILE for each arm (loopback, free ports)\n"
-            "  --demo                 the same with `tern serve`'s built-in demo model\n"
-            "  --arms on,off          managed arms: 'on' = reuse on; 'off' = --prompt-cache 0 and\n"
-            "                         TERN_AFFINITY=0 TERN_REUSE_POOL=0 TERN_PREDICT=0 (default on,off);\n"
-            "                         'nopredict' = reuse on, predictive priming off (TERN_PREDICT=0)\n"
-            "  --server-args \"...\"    extra `tern serve` arguments for both arms (e.g. \"--threads 2\")\n"
-            "  --server-bin FILE      the server executable (default: this tern); run as FILE serve ...\n"
-            "  --url URL              an already running server (arm A)\n"
-            "  --url-b URL            a second one (arm B), compared with A\n"
-            "  --labels A,B           names of the URL arms in the report (default A,B)\n"
-            "  --pause-pids PA,PB     the URL arms' server processes: each is paused (SIGSTOP) while the\n"
-            "                         other arm is measured, as managed arms are\n"
-            "doors:\n"
-            "  --protocol P           chat (default), messages (the Anthropic Messages API) or responses\n"
-            "                         (the OpenAI Responses API): each turn converted as that API's client\n"
-            "                         would send it, to /v1/messages or /v1/responses of both arms\n"
-            "  --shape FILE           a request body a real client of --protocol sent (bench/agent-shape.mjs):\n"
-            "                         its system prompt (instructions) and tools replace the transcript's\n"
-            "  --prompt-slack N       the arms' prompt token counts may differ by up to N (servers whose\n"
-            "                         adapters render the same request differently; default 0)\n"
-            "protocol:\n"
-            "  --reps N               repetitions, each replaying the whole conversation (default 3)\n"
-            "  --isolate MODE         keep repetitions independent: restart (fresh servers per rep; the\n"
-            "                         default with --model), salt (a per-rep cache_salt; default with --url),\n"
-            "                         none\n"
-            "  --turns N              replay only the first N turns\n"
-            "  --gap S                seconds of quiet after a turn whose reply made tool calls (default 0)\n"
-            "  --user-gap S           seconds of quiet after a turn that ended with an answer (default: --gap)\n"
-            "  --max-tokens N         override the recorded max_tokens\n"
-            "  --no-warmup            skip the short warm-up request per server before each repetition\n"
-            "  --no-pause             managed arms: do not pause (SIGSTOP) the other arm's server while one\n"
-            "                         arm's request and quiet time run\n"
-            "  --trust-kinds          use the transcript's kind labels without checking them\n"
-            "  --timeout S            longest silence from a server during a request (default 600)\n"
-            "  --start-timeout S      how long a started server may take to become healthy (default 300)\n"
-            "  --out DIR              output directory (default replay-out)\n"
-            "  --quiet                no progress lines\n"
-            "synthetic transcripts:\n"
-            "  --make-transcript KIND agent or compaction; writes --out FILE and exits\n"
-            "  --turns N              turns (default 25)\n"
-            "  --seed S               generator seed (default 1)\n"
-            "  --strip                the client strips reasoning from earlier replies (every turn a rewrite)\n");
+static const struct cli_spec replay_cli = {
+    "replay",
+    "usage: tern replay --transcript FILE.jsonl (--model FILE | --demo) [--arms on,off] [options]\n"
+    "       tern replay --transcript FILE.jsonl --url URL [--url-b URL2] [options]\n"
+    "       tern replay --make-transcript agent|compaction --out FILE [--turns N] [--seed S] [--strip]\n"
+    "\n"
+    "Replays a recorded agent session turn by turn against one or two OpenAI-compatible servers and\n"
+    "measures time to first token per turn (docs/replay.md). Each turn's request is sent as recorded;\n"
+    "what the server generates is never fed back. Writes DIR/turns.jsonl, DIR/RESULTS.md, DIR/ttft.svg.\n"
+    "\n",
+    NULL,
+};
+
+static bool parse_protocol(const char *v, void *dst) { return tern_replay_protocol_parse(v, dst); }
+
+/* --pause-pids PA,PB: two process ids */
+static bool parse_pids(const char *v, void *dst) {
+    int *p = dst;
+    char tail;
+    return sscanf(v, "%d,%d%c", &p[0], &p[1], &tail) == 2 && p[0] > 0 && p[1] > 0;
 }
 
 /* Splits a command string into words: whitespace separates, '...' and "..." quote,
@@ -220,31 +187,7 @@ static int make_transcript(const char *kind, const char *out, long turns, long s
     return 0;
 }
 
-enum {
-    OPT_TRANSCRIPT = 256, OPT_URL, OPT_URL_B, OPT_MODEL, OPT_ARMS, OPT_REPS, OPT_OUT, OPT_GAP, OPT_USER_GAP,
-    OPT_TURNS, OPT_MAX_TOKENS, OPT_SERVER_ARGS, OPT_SERVER_BIN, OPT_ISOLATE, OPT_NO_WARMUP, OPT_NO_PAUSE, OPT_TRUST_KINDS,
-    OPT_TIMEOUT, OPT_START_TIMEOUT, OPT_LABELS, OPT_MAKE, OPT_SEED, OPT_STRIP, OPT_QUIET, OPT_HELP, OPT_DEMO,
-    OPT_PROTOCOL, OPT_SHAPE, OPT_PAUSE_PIDS, OPT_PROMPT_SLACK
-};
-
 static int replay_main(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"transcript", required_argument, 0, OPT_TRANSCRIPT}, {"url", required_argument, 0, OPT_URL},
-        {"url-b", required_argument, 0, OPT_URL_B}, {"model", required_argument, 0, OPT_MODEL},
-        {"arms", required_argument, 0, OPT_ARMS}, {"reps", required_argument, 0, OPT_REPS},
-        {"out", required_argument, 0, OPT_OUT}, {"gap", required_argument, 0, OPT_GAP},
-        {"user-gap", required_argument, 0, OPT_USER_GAP}, {"turns", required_argument, 0, OPT_TURNS},
-        {"max-tokens", required_argument, 0, OPT_MAX_TOKENS}, {"server-args", required_argument, 0, OPT_SERVER_ARGS},
-        {"server-bin", required_argument, 0, OPT_SERVER_BIN}, {"isolate", required_argument, 0, OPT_ISOLATE},
-        {"no-warmup", no_argument, 0, OPT_NO_WARMUP}, {"no-pause", no_argument, 0, OPT_NO_PAUSE}, {"trust-kinds", no_argument, 0, OPT_TRUST_KINDS},
-        {"timeout", required_argument, 0, OPT_TIMEOUT}, {"start-timeout", required_argument, 0, OPT_START_TIMEOUT},
-        {"labels", required_argument, 0, OPT_LABELS}, {"make-transcript", required_argument, 0, OPT_MAKE},
-        {"seed", required_argument, 0, OPT_SEED}, {"strip", no_argument, 0, OPT_STRIP},
-        {"quiet", no_argument, 0, OPT_QUIET}, {"help", no_argument, 0, OPT_HELP},
-        {"demo", no_argument, 0, OPT_DEMO}, {"protocol", required_argument, 0, OPT_PROTOCOL},
-        {"shape", required_argument, 0, OPT_SHAPE}, {"pause-pids", required_argument, 0, OPT_PAUSE_PIDS},
-        {"prompt-slack", required_argument, 0, OPT_PROMPT_SLACK},
-        {0, 0, 0, 0}};
     struct tern_replay_config cfg;
     tern_replay_config_default(&cfg);
     const char *transcript = NULL, *url = NULL, *url_b = NULL, *model = NULL, *arms = NULL, *out = NULL;
@@ -252,89 +195,68 @@ static int replay_main(int argc, char **argv) {
     long reps = 3, turns = -1, max_tokens = -1, seed = 1;
     double gap = 0, user_gap = -1, timeout = 600, start_timeout = 300;
     bool no_warmup = false, no_pause = false, trust = false, strip = false, quiet = false, demo = false;
-    long v;
-    opterr = 0;
-    optind = 1;
-    int c;
     enum tern_replay_protocol protocol = TERN_REPLAY_CHAT;
     const char *shape_path = NULL;
     int pause_pids[2] = {0, 0};
     long prompt_slack = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (c) {
-        case OPT_TRANSCRIPT: transcript = optarg; break;
-        case OPT_URL: url = optarg; break;
-        case OPT_URL_B: url_b = optarg; break;
-        case OPT_MODEL: model = optarg; break;
-        case OPT_ARMS: arms = optarg; break;
-        case OPT_OUT: out = optarg; break;
-        case OPT_SERVER_ARGS: server_args = optarg; break;
-        case OPT_SERVER_BIN: server_bin = optarg; break;
-        case OPT_ISOLATE: isolate = optarg; break;
-        case OPT_LABELS: labels = optarg; break;
-        case OPT_MAKE: make = optarg; break;
-        case OPT_NO_WARMUP: no_warmup = true; break;
-        case OPT_NO_PAUSE: no_pause = true; break;
-        case OPT_TRUST_KINDS: trust = true; break;
-        case OPT_STRIP: strip = true; break;
-        case OPT_QUIET: quiet = true; break;
-        case OPT_DEMO: demo = true; break;
-        case OPT_PROTOCOL:
-            if (!tern_replay_protocol_parse(optarg, &protocol))
-                return cli_fail("replay", "--protocol is '%s'; it must be chat, messages or responses", optarg);
-            break;
-        case OPT_SHAPE: shape_path = optarg; break;
-        case OPT_PROMPT_SLACK: {
-            char *end;
-            prompt_slack = strtol(optarg, &end, 10);
-            if (*end || prompt_slack < 0 || prompt_slack > 1000000)
-                return cli_fail("replay", "--prompt-slack is '%s'; expected a token count from 0", optarg);
-            break;
-        }
-        case OPT_PAUSE_PIDS:
-            if (sscanf(optarg, "%d,%d", &pause_pids[0], &pause_pids[1]) != 2 || pause_pids[0] <= 0 || pause_pids[1] <= 0)
-                return cli_fail("replay", "--pause-pids is '%s'; expected two process ids, PA,PB", optarg);
-            break;
-        case OPT_HELP: usage(stdout); return 0;
-        case OPT_REPS:
-            if (!cli_parse_int(optarg, 1, TERN_REPLAY_MAX_REPS, &reps))
-                return cli_usage_error("replay", "--reps '%s': need an integer in 1..%d", optarg, TERN_REPLAY_MAX_REPS);
-            break;
-        case OPT_TURNS:
-            if (!cli_parse_int(optarg, 1, 100000, &turns))
-                return cli_usage_error("replay", "--turns '%s': need an integer in 1..100000", optarg);
-            break;
-        case OPT_MAX_TOKENS:
-            if (!cli_parse_int(optarg, 1, 1000000, &max_tokens))
-                return cli_usage_error("replay", "--max-tokens '%s': need an integer in 1..1000000", optarg);
-            break;
-        case OPT_SEED:
-            if (!cli_parse_int(optarg, 0, 2147483647L, &seed))
-                return cli_usage_error("replay", "--seed '%s': need an integer in 0..2147483647", optarg);
-            break;
-        case OPT_GAP:
-            if (!cli_parse_float(optarg, 0, 3600, &gap))
-                return cli_usage_error("replay", "--gap '%s': need seconds in 0..3600", optarg);
-            break;
-        case OPT_USER_GAP:
-            if (!cli_parse_float(optarg, 0, 3600, &user_gap))
-                return cli_usage_error("replay", "--user-gap '%s': need seconds in 0..3600", optarg);
-            break;
-        case OPT_TIMEOUT:
-            if (!cli_parse_float(optarg, 1, 86400, &timeout))
-                return cli_usage_error("replay", "--timeout '%s': need seconds in 1..86400", optarg);
-            break;
-        case OPT_START_TIMEOUT:
-            if (!cli_parse_float(optarg, 1, 86400, &start_timeout))
-                return cli_usage_error("replay", "--start-timeout '%s': need seconds in 1..86400", optarg);
-            break;
-        default:
-            if (optopt && optopt < 256) return cli_usage_error("replay", "unknown option '-%c'", optopt);
-            return cli_usage_error("replay", "unknown or incomplete option '%s'", argv[optind - 1]);
-        }
-    }
-    if (optind < argc) return cli_usage_error("replay", "unexpected argument '%s'", argv[optind]);
-    (void)v;
+    const struct cli_opt opts[] = {
+        CLI_SECTION("input"),
+        CLI_STR1("transcript", &transcript, "FILE.jsonl", "the recorded session (docs/replay.md)"),
+        CLI_SECTION("arms"),
+        CLI_STR1("model", &model, "FILE", "start `tern serve` on FILE for each arm (loopback, free ports)"),
+        CLI_FLAG("demo", &demo, "the same with `tern serve`'s built-in demo model"),
+        CLI_STR1("arms", &arms, "on,off",
+                 "managed arms: 'on' = reuse on; 'off' = --prompt-cache 0 and TERN_AFFINITY=0 TERN_REUSE_POOL=0 "
+                 "TERN_PREDICT=0 (default on,off); 'nopredict' = reuse on, predictive priming off (TERN_PREDICT=0)"),
+        CLI_STR("server-args", &server_args, "\"...\"",
+                "extra `tern serve` arguments for both arms (e.g. \"--threads 2\")"),
+        CLI_STR1("server-bin", &server_bin, "FILE", "the server executable (default: this tern); run as FILE serve ..."),
+        CLI_STR1("url", &url, "URL", "an already running server (arm A)"),
+        CLI_STR1("url-b", &url_b, "URL", "a second one (arm B), compared with A"),
+        CLI_STR1("labels", &labels, "A,B", "names of the URL arms in the report (default A,B)"),
+        CLI_FN("pause-pids", pause_pids, parse_pids, "two process ids, PA,PB", "PA,PB",
+               "the URL arms' server processes: each is paused (SIGSTOP) while the other arm is measured, as "
+               "managed arms are"),
+        CLI_SECTION("doors"),
+        CLI_FN("protocol", &protocol, parse_protocol, "chat, messages or responses", "P",
+               "chat (default), messages (the Anthropic Messages API) or responses (the OpenAI Responses API): each "
+               "turn converted as that API's client would send it, to /v1/messages or /v1/responses of both arms"),
+        CLI_STR1("shape", &shape_path, "FILE",
+                 "a request body a real client of --protocol sent (bench/agent-shape.mjs): its system prompt "
+                 "(instructions) and tools replace the transcript's"),
+        CLI_INT("prompt-slack", &prompt_slack, 0, 1000000, "N",
+                "the arms' prompt token counts may differ by up to N (servers whose adapters render the same "
+                "request differently; default 0)"),
+        CLI_SECTION("protocol"),
+        CLI_INT("reps", &reps, 1, TERN_REPLAY_MAX_REPS, "N",
+                "repetitions, each replaying the whole conversation (default 3)"),
+        CLI_STR1("isolate", &isolate, "MODE",
+                 "keep repetitions independent: restart (fresh servers per rep; the default with --model), salt (a "
+                 "per-rep cache_salt; default with --url), none"),
+        CLI_INT("turns", &turns, 1, 100000, "N",
+                "replay only the first N turns (with --make-transcript: the turns to make, default 25)"),
+        CLI_NUM("gap", &gap, 0, 3600, "S", "seconds of quiet after a turn whose reply made tool calls (default 0)"),
+        CLI_NUM("user-gap", &user_gap, 0, 3600, "S",
+                "seconds of quiet after a turn that ended with an answer (default: --gap)"),
+        CLI_INT("max-tokens", &max_tokens, 1, 1000000, "N", "override the recorded max_tokens"),
+        CLI_FLAG("no-warmup", &no_warmup, "skip the short warm-up request per server before each repetition"),
+        CLI_FLAG("no-pause", &no_pause,
+                 "managed arms: do not pause (SIGSTOP) the other arm's server while one arm's request and quiet "
+                 "time run"),
+        CLI_FLAG("trust-kinds", &trust, "use the transcript's kind labels without checking them"),
+        CLI_NUM("timeout", &timeout, 1, 86400, "S", "longest silence from a server during a request (default 600)"),
+        CLI_NUM("start-timeout", &start_timeout, 1, 86400, "S",
+                "how long a started server may take to become healthy (default 300)"),
+        CLI_STR1("out", &out, "DIR", "output directory (default replay-out)"),
+        CLI_FLAG("quiet", &quiet, "no progress lines"),
+        CLI_SECTION("synthetic transcripts"),
+        CLI_STR1("make-transcript", &make, "KIND", "agent or compaction; writes --out FILE and exits"),
+        CLI_INT("seed", &seed, 0, 2147483647L, "S", "generator seed (default 1)"),
+        CLI_FLAG("strip", &strip, "the client strips reasoning from earlier replies (every turn a rewrite)"),
+        CLI_END,
+    };
+    int c = cli_parse(&replay_cli, opts, argc, argv, NULL);
+    if (c >= 0) return c;
 
     if (make) {
         if (transcript || url || model || demo)

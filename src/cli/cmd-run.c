@@ -1,6 +1,7 @@
 /* tern run: primes a prompt and generates text (or ids) with a model, in a session on the
  * CPU or (--device vulkan[:N] | auto) on a Vulkan device (tern_model_use_device). */
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "cli/cmd-chat.h"
 
 #include "model/mtp.h"
@@ -12,7 +13,6 @@
 #include "util/timeutil.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,84 +20,17 @@
 
 #define MAX_STOPS 16
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: tern run --model FILE (--prompt TEXT | --ids \"ID ID ...\") [options]\n"
-            "\n"
-            "Primes the prompt and generates up to -n tokens, streaming the text to stdout.\n"
-            "Prompt and decode speed go to stderr.\n"
-            "\n"
-            "  -m, --model FILE          the GGUF model\n"
-            "  -p, --prompt TEXT         the prompt text (BOS as the model says; special-token\n"
-            "                            text such as <|im_start|> is recognised)\n"
-            "      --ids \"ID ...\"        the prompt as token ids (space or comma separated)\n"
-            "  -n, --n-predict N         tokens to generate (default 128; 0 = prime only)\n"
-            "      --temp T              temperature (default 0.8; 0 = greedy)\n"
-            "      --top-k K             (default 40; 0 = off)\n"
-            "      --top-p P             (default 0.95; 1 = off)\n"
-            "      --min-p P             (default 0.05; 0 = off)\n"
-            "      --repeat-penalty R    (default 1 = off)\n"
-            "      --repeat-last-n N     penalty window (default 64; 0 = all tokens)\n"
-            "      --presence-penalty P  (default 0)\n"
-            "      --frequency-penalty P (default 0)\n"
-            "      --seed S              sampling seed (default: from the clock)\n"
-            "      --stop STR            stop when the text contains STR (repeatable)\n"
-            "      --spec off|ngram|mtp  speculative decoding by prompt lookup or the model's MTP head\n"
-            "                            (Qwen3.5 nextn; default off; the output is the same, docs/spec.md)\n"
-            "      --spec-max N          tokens per draft, 1-32 (default 8)\n"
-            "  -t, --threads N           compute threads (default: online cores)\n"
-            "      --chunk N             prompt tokens per chunk (default 512)\n"
-            "  -c, --ctx-size N          context size (default min(model context, 32768))\n"
-            "      --kv-type f16|f32     KV cache type (default f16)\n"
-            "      --no-mmap             read the weights into memory instead of mapping them\n"
-            "      --mlock               pin the weights in memory\n"
-            "      --print-ids           print the generated ids (one line) instead of text\n"
-            "      --dump-logits FILE    write the prompt's logits, float32 [n_prompt][n_vocab]\n"
-            "      --device D            cpu (default; or $TERN_DEVICE), vulkan (the first GPU, else\n"
-            "                            device 0), vulkan:N (Vulkan device N, see tern devices) or\n"
-            "                            auto (a discrete or integrated GPU when there is one and the\n"
-            "                            model runs on it, else the CPU; says which and why). On a\n"
-            "                            GPU the whole forward pass runs there (--spec too)\n"
-            "      --chat                an interactive chat instead (see tern chat --help)\n"
-            "  -h, --help                this help\n");
-}
-
-enum {
-    OPT_IDS = 256, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_REPN, OPT_PRES, OPT_FREQ, OPT_SEED,
-    OPT_STOP, OPT_CHUNK, OPT_KV, OPT_NOMMAP, OPT_MLOCK, OPT_PRINTIDS, OPT_DUMP, OPT_SPEC, OPT_SPECMAX,
-    OPT_ORACLE, OPT_DEVICE,
+static const struct cli_spec run_cli = {
+    "run",
+    "usage: tern run --model FILE (--prompt TEXT | --ids \"ID ID ...\") [options]\n"
+    "\n"
+    "Primes the prompt and generates up to -n tokens, streaming the text to stdout.\n"
+    "Prompt and decode speed go to stderr.\n"
+    "\n",
+    NULL,
 };
 
-static const struct option long_opts[] = {
-    {"model", required_argument, 0, 'm'},
-    {"prompt", required_argument, 0, 'p'},
-    {"ids", required_argument, 0, OPT_IDS},
-    {"n-predict", required_argument, 0, 'n'},
-    {"temp", required_argument, 0, OPT_TEMP},
-    {"top-k", required_argument, 0, OPT_TOPK},
-    {"top-p", required_argument, 0, OPT_TOPP},
-    {"min-p", required_argument, 0, OPT_MINP},
-    {"repeat-penalty", required_argument, 0, OPT_REP},
-    {"repeat-last-n", required_argument, 0, OPT_REPN},
-    {"presence-penalty", required_argument, 0, OPT_PRES},
-    {"frequency-penalty", required_argument, 0, OPT_FREQ},
-    {"seed", required_argument, 0, OPT_SEED},
-    {"stop", required_argument, 0, OPT_STOP},
-    {"threads", required_argument, 0, 't'},
-    {"chunk", required_argument, 0, OPT_CHUNK},
-    {"ctx-size", required_argument, 0, 'c'},
-    {"kv-type", required_argument, 0, OPT_KV},
-    {"no-mmap", no_argument, 0, OPT_NOMMAP},
-    {"mlock", no_argument, 0, OPT_MLOCK},
-    {"print-ids", no_argument, 0, OPT_PRINTIDS},
-    {"dump-logits", required_argument, 0, OPT_DUMP},
-    {"spec", required_argument, 0, OPT_SPEC},
-    {"spec-max", required_argument, 0, OPT_SPECMAX},
-    {"spec-oracle", required_argument, 0, OPT_ORACLE},
-    {"device", required_argument, 0, OPT_DEVICE}, /* tests: "PCT:ID ID ..." drafts from known tokens */
-    {"help", no_argument, 0, 'h'},
-    {0, 0, 0, 0},
-};
+static bool parse_spec(const char *v, void *dst) { return spec_mode_parse(v, dst); }
 
 /* Parses "1 2 3" or "1,2,3". */
 static bool parse_ids(const char *s, int32_t **ids, size_t *n) {
@@ -195,107 +128,46 @@ static int run_main(int argc, char **argv) {
     struct tern_sampler_params sp;
     tern_sampler_params_default(&sp);
     bool seed_set = false, no_mmap = false, mlock = false, print_ids = false;
-    enum tern_kv_type kv = TERN_KV_F16;
+    int kv = TERN_KV_F16;
     struct out_text out = {0};
+    struct cli_list stops = {out.stops, 0, MAX_STOPS};
     struct spec_params spp = {.mode = SPEC_OFF};
     struct spec_oracle oracle = {0};
     int32_t *oracle_ids = NULL;
     const char *oracle_str = NULL;
     const char *device = getenv("TERN_DEVICE");
-    long lv;
-    double dv;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "m:p:n:t:c:h", long_opts, NULL)) != -1) {
-        switch (c) {
-        case 'm': model = optarg; break;
-        case 'p': prompt = optarg; break;
-        case OPT_IDS: ids_str = optarg; break;
-        case 'n':
-            if (!cli_parse_int(optarg, 0, 1 << 24, &n_predict)) return cli_usage_error("run", "bad -n '%s'", optarg);
-            break;
-        case OPT_TEMP:
-            if (!cli_parse_float(optarg, 0, 100, &dv)) return cli_usage_error("run", "bad --temp '%s' (0..100)", optarg);
-            sp.temperature = (float)dv;
-            break;
-        case OPT_TOPK:
-            if (!cli_parse_int(optarg, 0, 1 << 24, &lv)) return cli_usage_error("run", "bad --top-k '%s'", optarg);
-            sp.top_k = (int32_t)lv;
-            break;
-        case OPT_TOPP:
-            if (!cli_parse_float(optarg, 0, 1, &dv)) return cli_usage_error("run", "bad --top-p '%s' (0..1)", optarg);
-            sp.top_p = (float)dv;
-            break;
-        case OPT_MINP:
-            if (!cli_parse_float(optarg, 0, 1, &dv)) return cli_usage_error("run", "bad --min-p '%s' (0..1)", optarg);
-            sp.min_p = (float)dv;
-            break;
-        case OPT_REP:
-            if (!cli_parse_float(optarg, 0.01, 100, &dv))
-                return cli_usage_error("run", "bad --repeat-penalty '%s' (0.01..100)", optarg);
-            sp.repeat_penalty = (float)dv;
-            break;
-        case OPT_REPN:
-            if (!cli_parse_int(optarg, 0, 1 << 24, &lv)) return cli_usage_error("run", "bad --repeat-last-n '%s'", optarg);
-            sp.repeat_last_n = (int32_t)lv;
-            break;
-        case OPT_PRES:
-            if (!cli_parse_float(optarg, -100, 100, &dv))
-                return cli_usage_error("run", "bad --presence-penalty '%s'", optarg);
-            sp.presence_penalty = (float)dv;
-            break;
-        case OPT_FREQ:
-            if (!cli_parse_float(optarg, -100, 100, &dv))
-                return cli_usage_error("run", "bad --frequency-penalty '%s'", optarg);
-            sp.frequency_penalty = (float)dv;
-            break;
-        case OPT_SEED: {
-            char *end;
-            errno = 0;
-            unsigned long long v = strtoull(optarg, &end, 10);
-            if (!*optarg || *end || errno || optarg[0] == '-') return cli_usage_error("run", "bad --seed '%s'", optarg);
-            sp.seed = v;
-            seed_set = true;
-            break;
-        }
-        case OPT_STOP:
-            if (!*optarg) return cli_usage_error("run", "--stop needs a non-empty string");
-            if (out.n_stops == MAX_STOPS) return cli_usage_error("run", "at most %d --stop strings", MAX_STOPS);
-            out.stops[out.n_stops++] = optarg;
-            break;
-        case 't':
-            if (!cli_parse_int(optarg, 1, 1024, &threads)) return cli_usage_error("run", "bad --threads '%s' (1..1024)", optarg);
-            break;
-        case OPT_CHUNK:
-            if (!cli_parse_int(optarg, 1, 1 << 16, &chunk)) return cli_usage_error("run", "bad --chunk '%s' (1..65536)", optarg);
-            break;
-        case 'c':
-            if (!cli_parse_int(optarg, 1, 1 << 24, &ctx)) return cli_usage_error("run", "bad --ctx-size '%s'", optarg);
-            break;
-        case OPT_KV:
-            if (!strcmp(optarg, "f16")) kv = TERN_KV_F16;
-            else if (!strcmp(optarg, "f32")) kv = TERN_KV_F32;
-            else return cli_usage_error("run", "bad --kv-type '%s' (f16 or f32)", optarg);
-            break;
-        case OPT_NOMMAP: no_mmap = true; break;
-        case OPT_MLOCK: mlock = true; break;
-        case OPT_PRINTIDS: print_ids = true; break;
-        case OPT_DUMP: dump = optarg; break;
-        case OPT_SPEC:
-            if (!spec_mode_parse(optarg, &spp.mode)) return cli_usage_error("run", "bad --spec '%s' (off, ngram or mtp)", optarg);
-            break;
-        case OPT_SPECMAX:
-            if (!cli_parse_int(optarg, 1, SPEC_MAX_DRAFT, &lv))
-                return cli_usage_error("run", "bad --spec-max '%s' (1..%d)", optarg, SPEC_MAX_DRAFT);
-            spp.max = (uint32_t)lv;
-            break;
-        case OPT_ORACLE: oracle_str = optarg; break;
-        case OPT_DEVICE: device = optarg; break;
-        case 'h': usage(stdout); return 0;
-        default: return cli_usage_error("run", "unknown option");
-        }
-    }
-    if (optind < argc) return cli_usage_error("run", "unexpected argument '%s'", argv[optind]);
+    bool chat = false;
+    const struct cli_opt opts[] = {
+        CLI_STR1("m|model", &model, "FILE", "the GGUF model"),
+        CLI_STR("p|prompt", &prompt, "TEXT",
+                "the prompt text (BOS as the model says; special-token text such as <|im_start|> is recognised)"),
+        CLI_STR1("ids", &ids_str, "\"ID ...\"", "the prompt as token ids (space or comma separated)"),
+        CLI_INT("n|n-predict", &n_predict, 0, 1 << 24, "N", "tokens to generate (default 128; 0 = prime only)"),
+        CLI_SAMPLER_OPTS(&sp, &seed_set),
+        CLI_LIST("stop", &stops, "STR", "stop when the text contains STR (repeatable)"),
+        CLI_FN("spec", &spp.mode, parse_spec, "off, ngram or mtp", "off|ngram|mtp",
+               "speculative decoding by prompt lookup or the model's MTP head (Qwen3.5 nextn; default off; the "
+               "output is the same, docs/spec.md)"),
+        CLI_INT("spec-max", &spp.max, 1, SPEC_MAX_DRAFT, "N", "tokens per draft, 1-32 (default 8)"),
+        CLI_STR1("spec-oracle", &oracle_str, "PCT:IDS", NULL), /* tests: drafts from known tokens */
+        CLI_INT("t|threads", &threads, 1, 1024, "N", "compute threads (default: online cores)"),
+        CLI_INT("chunk", &chunk, 1, 1 << 16, "N", "prompt tokens per chunk (default 512)"),
+        CLI_INT("c|ctx-size", &ctx, 1, 1 << 24, "N", "context size (default min(model context, 32768))"),
+        CLI_CHOICE("kv-type", &kv, cli_kv_types, "f16|f32", "KV cache type (default f16)"),
+        CLI_FLAG("no-mmap", &no_mmap, "read the weights into memory instead of mapping them"),
+        CLI_FLAG("mlock", &mlock, "pin the weights in memory"),
+        CLI_FLAG("print-ids", &print_ids, "print the generated ids (one line) instead of text"),
+        CLI_STR1("dump-logits", &dump, "FILE", "write the prompt's logits, float32 [n_prompt][n_vocab]"),
+        CLI_STR("device", &device, "D",
+                "cpu (default; or $TERN_DEVICE), vulkan (the first GPU, else device 0), vulkan:N (Vulkan device N, "
+                "see tern devices) or auto (a discrete or integrated GPU when there is one and the model runs on "
+                "it, else the CPU; says which and why). On a GPU the whole forward pass runs there (--spec too)"),
+        CLI_FLAG("chat", &chat, "an interactive chat instead (see tern chat --help)"),
+        CLI_END,
+    };
+    int c = cli_parse(&run_cli, opts, argc, argv, NULL);
+    if (c >= 0) return c;
+    out.n_stops = (int)stops.n;
     if (!model) return cli_usage_error("run", "--model is required");
     if (!prompt == !ids_str) return cli_usage_error("run", "give exactly one of --prompt and --ids");
     if (!seed_set) sp.seed = (uint64_t)time(NULL) ^ tern_now_ns();
@@ -373,7 +245,7 @@ static int run_main(int argc, char **argv) {
     struct tern_session_params sep;
     tern_session_params_default(&sep);
     sep.n_ctx = (uint32_t)ctx;
-    sep.kv_type = kv;
+    sep.kv_type = (enum tern_kv_type)kv;
     sep.n_chunk = (uint32_t)chunk;
     if (cli_device_use("run", m, &dev, dev_auto, (uint32_t)chunk, &sep)) goto done;
     if (tern_session_new(m, &sep, &s) || tern_sampler_new(&sp, info->n_vocab, &smp)) {

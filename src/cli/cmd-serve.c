@@ -1,5 +1,6 @@
 /* tern serve: the OpenAI-compatible HTTP server (docs/SERVING.md). */
 #include "cli/cli.h"
+#include "cli/opts.h"
 
 #include "cache/cache.h"
 #include "server/chat.h"
@@ -14,7 +15,6 @@
 #include "util/notify.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -24,83 +24,39 @@
 
 #define MAX_API_KEYS 64
 
-static void usage(FILE *out) {
-    fprintf(out,
-            "usage: tern serve [--model FILE] [options]\n"
-            "\n"
-            "Serves a GGUF model over HTTP with the OpenAI API (/v1/chat/completions,\n"
-            "/v1/completions, /v1/models) plus /health, /metrics, /tokenize, /detokenize.\n"
-            "Without --model it serves a small built-in demo model whose output is noise.\n"
-            "\n"
-            "options:\n"
-            "  --model FILE            GGUF model to serve\n"
-            "  --host ADDR             address to listen on (default 127.0.0.1)\n"
-            "  --port N                port (default 8080; 0 picks a free one)\n"
-            "  --threads N             compute threads (default: all cores)\n"
-            "  --ctx-size N            context length per session (default min(model, 32768))\n"
-            "  --api-key KEY           require 'Authorization: Bearer KEY' (repeatable)\n"
-            "  --parallel N            requests running at once, batched a step at a time (default: as many\n"
-            "                          full contexts as --cache-ram holds, 4 to 8)\n"
-            "  --batch-tokens N        rows per engine step: a token of every decoding request, then prompt\n"
-            "                          chunks of the others (default: --chunk)\n"
-            "  --queue N               requests that may wait for a place beyond --parallel (default 16;\n"
-            "                          more -> 429)\n"
-            "  --max-body BYTES        largest request body (default 16777216; more -> 413)\n"
-            "  --max-tokens N          most tokens generated per request, whatever max_tokens asks\n"
-            "                          (default 4096; finish_reason \"length\"; 0 = until the context is full)\n"
-            "  --max-connections N     open connections in all (default 4096)\n"
-            "  --max-conn-per-ip N     open connections per client address (default 128; 0 = no cap)\n"
-            "  --header-timeout S      a request header must be complete S seconds after the connection\n"
-            "                          opens (default 10; then 408 and close)\n"
-            "  --idle-timeout S        close a keep-alive connection idle for S seconds, and a stalled\n"
-            "                          upload (default 30)\n"
-            "  --body-timeout S        a request body must be whole S seconds after its header, plus a\n"
-            "                          second per 4096 bytes received (default 30; then 408 and close)\n"
-            "  --chat-template FILE    Jinja chat template to use instead of the model's\n"
-            "  --parse-special-in-content  let control-token text in messages (<|im_start|> ...) become\n"
-            "                          control tokens, as other engines do (default: only the template's\n"
-            "                          own text makes control tokens; the request's is plain text)\n"
-            "  --chunk N               tokens per priming chunk (default 512)\n"
-            "  --kv-type f16|f32       KV cache type (default f16)\n"
-            "  --cache-ram MiB         memory budget of parked sessions + checkpoints (default 4096)\n"
-            "  --cache-vram MiB        with --device: checkpoints kept in device memory, up to MiB of them;\n"
-            "                          the oldest spill to host memory (default 0: all in host memory)\n"
-            "  --cache-dir DIR         disk tier: parked conversations survive restarts and are shared by\n"
-            "                          replicas pointing at the same directory (default: off)\n"
-            "  --cache-disk GiB        byte budget of --cache-dir, LRU (default 16; fractions allowed)\n"
-            "  --cache-peer-wait MS|auto  how long a request waits for a replica's write in flight of\n"
-            "                          the turn it continues (default auto: while that costs less than\n"
-            "                          reading the tokens it saves, at least 100 ms, at most 30 s)\n"
-            "  --cache-ram-per-key MiB an API key's fair share of --cache-ram: when the budget is full, a\n"
-            "                          key over its share is evicted first (default: --cache-ram / the\n"
-            "                          number of --api-key; 0 = none)\n"
-            "  --prompt-cache N        checkpoints per session (default 8; 0 = none)\n"
-            "  --prompt-cache-every N  periodic checkpoint spacing in tokens (default 4096)\n"
-            "  --turn-token ID         turn-start token id (default: <|im_start|> if the vocabulary has it)\n"
-            "  --predict off|user|all  predictive priming in idle time: the next prompt's prefix after a\n"
-            "                          new user message (user), and after tool results too (all; default)\n"
-            "  --predict-chunk N       tokens per idle priming step; a request waits at most one (default 128)\n"
-            "  --spec off|ngram|mtp    speculative decoding: draft by prompt lookup (ngram) or the model's\n"
-            "                          MTP head (mtp: Qwen3.5 nextn) and verify the draft in one forward;\n"
-            "                          output unchanged (default off; docs/spec.md)\n"
-            "  --spec-max N            tokens per draft, 1-32 (default 8)\n"
-            "  --spec-trail MiB        hybrid models: the most a request's speculative state trail may\n"
-            "                          take (one recurrent state per draft token); drafts shrink to fit,\n"
-            "                          and below two states a checkpoint + re-read is used (default 128)\n"
-            "  --device D              where sessions run: cpu (default; or $TERN_DEVICE), vulkan (the\n"
-            "                          first GPU, else device 0), vulkan:N (see tern devices), auto (a\n"
-            "                          GPU when there is one and the model runs on it; says which and\n"
-            "                          why). On a device every session keeps its KV cache (pages of 256\n"
-            "                          positions, taken as it grows; a whole --ctx-size must fit at\n"
-            "                          start) and state there, --spec included\n"
-            "  --no-mmap / --mmap      read the weights into memory / map the file (default: read when\n"
-            "                          the file takes at most half of the available memory, else map)\n"
-            "  --mlock                 pin the weights in memory\n"
-            "  -h, --help              this help\n"
-            "\n"
-            "environment: TERN_AFFINITY=0 (no fingerprint nomination), TERN_REUSE_POOL=0 (live session only),\n"
-            "TERN_CKPT_REREAD=1 (re-read instead of restoring checkpoints), TERN_STATE_HASH=1 (log state\n"
-            "hashes after each request), TERN_PREDICT=0 (no predictive priming), TERN_LOG=debug|info|warn|error.\n");
+static const struct cli_spec serve_cli = {
+    "serve",
+    "usage: tern serve [--model FILE] [options]\n"
+    "\n"
+    "Serves a GGUF model over HTTP with the OpenAI API (/v1/chat/completions,\n"
+    "/v1/completions, /v1/models), Anthropic's /v1/messages and OpenAI's /v1/responses, plus\n"
+    "/health, /metrics, /tokenize, /detokenize. Without --model it serves a small built-in demo\n"
+    "model whose output is noise.\n"
+    "\n",
+    "environment: TERN_AFFINITY=0 (no fingerprint nomination), TERN_REUSE_POOL=0 (live session only),\n"
+    "TERN_CKPT_REREAD=1 (re-read instead of restoring checkpoints), TERN_STATE_HASH=1 (log state\n"
+    "hashes after each request), TERN_PREDICT=0 (no predictive priming), TERN_LOG=debug|info|warn|error.\n",
+};
+
+static bool parse_predict(const char *v, void *dst) { return predict_mode_parse(v, dst); }
+static bool parse_spec(const char *v, void *dst) { return spec_mode_parse(v, dst); }
+
+/* --cache-peer-wait: auto (0) or 1-30000 ms */
+static bool parse_peer_wait(const char *v, void *dst) {
+    long ms;
+    if (!strcmp(v, "auto")) ms = 0;
+    else if (!cli_parse_int(v, 1, 30000, &ms)) return false;
+    *(uint32_t *)dst = (uint32_t)ms;
+    return true;
+}
+
+/* --cache-disk: GiB, fractions allowed, into bytes (at least 4096) */
+static bool parse_gib(const char *v, void *dst) {
+    double g;
+    if (!cli_parse_float(v, 0, 1048576, &g) || !(g > 0)) return false;
+    uint64_t bytes = (uint64_t)(g * (double)(1ull << 30));
+    *(uint64_t *)dst = bytes < 4096 ? 4096 : bytes;
+    return true;
 }
 
 static bool env_flag(const char *name, bool def) {
@@ -150,38 +106,8 @@ static void *second_signal(void *arg) {
 #define SERVE_STOP_GRACE_MS 500u
 
 static int cmd_serve(int argc, char **argv) {
-    enum { O_HOST = 256, O_PORT, O_THREADS, O_CTX, O_KEY, O_QUEUE, O_BODY, O_TMPL, O_CHUNK, O_KV, O_RAM, O_PC,
-           O_PCE, O_TURN, O_NOMMAP, O_MMAP, O_MLOCK, O_MODEL, O_PREDICT, O_PCHUNK, O_CDIR, O_CDISK, O_MAXTOK, O_MAXCONN,
-           O_PERIP, O_HDRTO, O_IDLETO, O_BODYTO, O_RAMKEY, O_SPEC, O_SPECMAX, O_PARALLEL, O_BATCHTOK, O_PSPECIAL,
-           O_DEVICE, O_VRAM, O_PEERWAIT, O_SPECTRAIL };
-    static const struct option opts[] = {
-        {"model", required_argument, 0, O_MODEL},     {"host", required_argument, 0, O_HOST},
-        {"port", required_argument, 0, O_PORT},       {"threads", required_argument, 0, O_THREADS},
-        {"ctx-size", required_argument, 0, O_CTX},    {"api-key", required_argument, 0, O_KEY},
-        {"queue", required_argument, 0, O_QUEUE},     {"max-body", required_argument, 0, O_BODY},
-        {"chat-template", required_argument, 0, O_TMPL}, {"chunk", required_argument, 0, O_CHUNK},
-        {"kv-type", required_argument, 0, O_KV},      {"cache-ram", required_argument, 0, O_RAM},
-        {"prompt-cache", required_argument, 0, O_PC}, {"prompt-cache-every", required_argument, 0, O_PCE},
-        {"turn-token", required_argument, 0, O_TURN}, {"no-mmap", no_argument, 0, O_NOMMAP}, {"mmap", no_argument, 0, O_MMAP},
-        {"mlock", no_argument, 0, O_MLOCK},           {"help", no_argument, 0, 'h'},
-        {"predict", required_argument, 0, O_PREDICT}, {"predict-chunk", required_argument, 0, O_PCHUNK},
-        {"cache-dir", required_argument, 0, O_CDIR},  {"cache-disk", required_argument, 0, O_CDISK},
-        {"max-tokens", required_argument, 0, O_MAXTOK}, {"max-connections", required_argument, 0, O_MAXCONN},
-        {"max-conn-per-ip", required_argument, 0, O_PERIP}, {"header-timeout", required_argument, 0, O_HDRTO},
-        {"idle-timeout", required_argument, 0, O_IDLETO},
-        {"body-timeout", required_argument, 0, O_BODYTO}, {"cache-ram-per-key", required_argument, 0, O_RAMKEY},
-        {"spec", required_argument, 0, O_SPEC},       {"spec-max", required_argument, 0, O_SPECMAX},
-        {"parallel", required_argument, 0, O_PARALLEL}, {"batch-tokens", required_argument, 0, O_BATCHTOK},
-        {"parse-special-in-content", no_argument, 0, O_PSPECIAL},
-        {"device", required_argument, 0, O_DEVICE},
-        {"cache-vram", required_argument, 0, O_VRAM},
-        {"cache-peer-wait", required_argument, 0, O_PEERWAIT},
-        {"spec-trail", required_argument, 0, O_SPECTRAIL},
-        {0, 0, 0, 0},
-    };
     const char *model_path = NULL, *tmpl_path = NULL;
-    const char *keys[MAX_API_KEYS];
-    size_t n_keys = 0;
+    const char *key_v[MAX_API_KEYS];
     struct srv_params sp;
     srv_params_default(&sp);
     struct tern_model_params mp;
@@ -200,173 +126,96 @@ static int cmd_serve(int argc, char **argv) {
     bool parse_special_in_content = false;
     const char *device = getenv("TERN_DEVICE");
     size_t vram_bytes = 0; /* --cache-vram */
+    int kv = TERN_KV_F16;
+    struct cli_list keys = {key_v, 0, MAX_API_KEYS};
+    const struct cli_opt opts[] = {
+        CLI_STR("model", &model_path, "FILE", "GGUF model to serve"),
+        CLI_STR1("host", &sp.host, "ADDR", "address to listen on (default 127.0.0.1)"),
+        CLI_INT("port", &sp.port, 0, 65535, "N", "port (default 8080; 0 picks a free one)"),
+        CLI_INT("threads", &mp.n_threads, 1, 1024, "N", "compute threads (default: all cores)"),
+        CLI_INT("ctx-size", &cp.session.n_ctx, 16, 1 << 24, "N", "context length per session (default min(model, 32768))"),
+        CLI_LIST("api-key", &keys, "KEY", "require 'Authorization: Bearer KEY' (repeatable)"),
+        CLI_INT("parallel", &parallel, 1, 256, "N",
+                "requests running at once, batched a step at a time (default: as many full contexts as --cache-ram "
+                "holds, 4 to 8)"),
+        CLI_INT("batch-tokens", &batch_tokens, 1, 65536, "N",
+                "rows per engine step: a token of every decoding request, then prompt chunks of the others "
+                "(default: --chunk)"),
+        CLI_INT("queue", &sp.n_queue, 1, 100000, "N",
+                "requests that may wait for a place beyond --parallel (default 16; more -> 429)"),
+        CLI_INT("max-body", &sp.max_body, 1024, 1L << 32, "BYTES", "largest request body (default 16777216; more -> 413)"),
+        CLI_INT("max-tokens", &max_tokens, 0, 1 << 24, "N",
+                "most tokens generated per request, whatever max_tokens asks (default 4096; finish_reason \"length\"; "
+                "0 = until the context is full)"),
+        CLI_INT("max-connections", &sp.max_connections, 4, 1 << 20, "N", "open connections in all (default 4096)"),
+        CLI_INT("max-conn-per-ip", &sp.max_conn_per_ip, 0, 1 << 20, "N",
+                "open connections per client address (default 128; 0 = no cap)"),
+        CLI_INTU("header-timeout", &sp.header_timeout_s, 1, 3600, "seconds", "S",
+                 "a request header must be complete S seconds after the connection opens (default 10; then 408 and "
+                 "close)"),
+        CLI_INTU("idle-timeout", &sp.idle_timeout_s, 1, 3600, "seconds", "S",
+                 "close a keep-alive connection idle for S seconds, and a stalled upload (default 30)"),
+        CLI_INTU("body-timeout", &sp.body_timeout_s, 1, 3600, "seconds", "S",
+                 "a request body must be whole S seconds after its header, plus a second per 4096 bytes received "
+                 "(default 30; then 408 and close)"),
+        CLI_STR1("chat-template", &tmpl_path, "FILE", "Jinja chat template to use instead of the model's"),
+        CLI_FLAG("parse-special-in-content", &parse_special_in_content,
+                 "let control-token text in messages (<|im_start|> ...) become control tokens, as other engines do "
+                 "(default: only the template's own text makes control tokens; the request's is plain text)"),
+        CLI_INT("chunk", &cp.session.n_chunk, 1, 1 << 16, "N", "tokens per priming chunk (default 512)"),
+        CLI_CHOICE("kv-type", &kv, cli_kv_types, "f16|f32", "KV cache type (default f16)"),
+        CLI_MIB("cache-ram", &cp.ram_bytes, 0, 1 << 24, "MiB",
+                "memory budget of parked sessions + checkpoints (default 4096)"),
+        CLI_MIB("cache-vram", &vram_bytes, 0, 1 << 24, "MiB",
+                "with --device: checkpoints kept in device memory, up to MiB of them; the oldest spill to host memory "
+                "(default 0: all in host memory)"),
+        CLI_STR1("cache-dir", &cp.disk_dir, "DIR",
+                 "disk tier: parked conversations survive restarts and are shared by replicas pointing at the same "
+                 "directory (default: off)"),
+        CLI_FN("cache-disk", &cp.disk_bytes, parse_gib, "a size in GiB in (0, 1048576]", "GiB",
+               "byte budget of --cache-dir, LRU (default 16; fractions allowed)"),
+        CLI_FN("cache-peer-wait", &cp.peer_wait_ms, parse_peer_wait, "auto or 1-30000 ms", "MS|auto",
+               "how long a request waits for a replica's write in flight of the turn it continues (default auto: "
+               "while that costs less than reading the tokens it saves, at least 100 ms, at most 30 s)"),
+        CLI_MIB("cache-ram-per-key", &ram_per_key, 0, 1 << 24, "MiB",
+                "an API key's fair share of --cache-ram: when the budget is full, a key over its share is evicted "
+                "first (default: --cache-ram / the number of --api-key; 0 = none)"),
+        CLI_INT("prompt-cache", &cp.max_ckpts, 0, 1024, "N", "checkpoints per session (default 8; 0 = none)"),
+        CLI_INT("prompt-cache-every", &cp.ckpt_every, 1, 1 << 24, "N",
+                "periodic checkpoint spacing in tokens (default 4096)"),
+        {.name = "turn-token", .kind = CLI_K_INT, .store = CLI_S_INT, .dst = &cp.turn_token, .max = INT32_MAX,
+         .expect = "a token id", .arg = "ID",
+         .help = "turn-start token id (default: <|im_start|> if the vocabulary has it)"},
+        CLI_FN("predict", &predict, parse_predict, "off, user or all", "off|user|all",
+               "predictive priming in idle time: the next prompt's prefix after a new user message (user), and "
+               "after tool results too (all; default)"),
+        CLI_INT("predict-chunk", &predict_chunk, 1, 1 << 16, "N",
+                "tokens per idle priming step; a request waits at most one (default 128)"),
+        CLI_FN("spec", &spec, parse_spec, "off, ngram or mtp", "off|ngram|mtp",
+               "speculative decoding: draft by prompt lookup (ngram) or the model's MTP head (mtp: Qwen3.5 nextn) "
+               "and verify the draft in one forward; output unchanged (default off; docs/spec.md)"),
+        CLI_INT("spec-max", &spec_max, 1, SPEC_MAX_DRAFT, "N", "tokens per draft, 1-32 (default 8)"),
+        CLI_MIB("spec-trail", &spec_trail, 1, 1 << 20, "MiB",
+                "hybrid models: the most a request's speculative state trail may take (one recurrent state per "
+                "draft token); drafts shrink to fit, and below two states a checkpoint + re-read is used "
+                "(default 128)"),
+        CLI_STR("device", &device, "D",
+                 "where sessions run: cpu (default; or $TERN_DEVICE), vulkan (the first GPU, else device 0), "
+                 "vulkan:N (see tern devices), auto (a GPU when there is one and the model runs on it; says which "
+                 "and why). On a device every session keeps its KV cache (pages of 256 positions, taken as it "
+                 "grows; a whole --ctx-size must fit at start) and state there, --spec included"),
+        CLI_SET("no-mmap", &mmap_mode, 0,
+                "read the weights into memory (default: read when the file takes at most half of the available "
+                "memory, else map)"),
+        CLI_SET("mmap", &mmap_mode, 1, "map the weights file instead of reading it"),
+        CLI_FLAG("mlock", &mp.mlock, "pin the weights in memory"),
+        CLI_END,
+    };
+    int c = cli_parse(&serve_cli, opts, argc, argv, NULL);
+    if (c >= 0) return c;
+    cp.session.kv_type = (enum tern_kv_type)kv;
+    const size_t n_keys = keys.n;
     long v;
-    int c;
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'h': usage(stdout); return 0;
-        case O_MODEL: model_path = optarg; break;
-        case O_HOST: sp.host = optarg; break;
-        case O_PORT:
-            if (!cli_parse_int(optarg, 0, 65535, &v)) return cli_usage_error("serve", "--port '%s' is not 0-65535", optarg);
-            sp.port = (int)v;
-            break;
-        case O_THREADS:
-            if (!cli_parse_int(optarg, 1, 1024, &v)) return cli_usage_error("serve", "--threads '%s' is not 1-1024", optarg);
-            mp.n_threads = (int)v;
-            break;
-        case O_CTX:
-            if (!cli_parse_int(optarg, 16, 1 << 24, &v))
-                return cli_usage_error("serve", "--ctx-size '%s' is not %d-%d", optarg, 16, 1 << 24);
-            cp.session.n_ctx = (uint32_t)v;
-            break;
-        case O_KEY:
-            if (n_keys == MAX_API_KEYS) return cli_usage_error("serve", "at most %d --api-key", MAX_API_KEYS);
-            if (!*optarg) return cli_usage_error("serve", "--api-key must not be empty");
-            keys[n_keys++] = optarg;
-            break;
-        case O_QUEUE:
-            if (!cli_parse_int(optarg, 1, 100000, &v)) return cli_usage_error("serve", "--queue '%s' is not 1-100000", optarg);
-            sp.n_queue = (uint32_t)v;
-            break;
-        case O_BODY:
-            if (!cli_parse_int(optarg, 1024, 1L << 32, &v))
-                return cli_usage_error("serve", "--max-body '%s' is not 1024-4294967296", optarg);
-            sp.max_body = (size_t)v;
-            break;
-        case O_TMPL: tmpl_path = optarg; break;
-        case O_CHUNK:
-            if (!cli_parse_int(optarg, 1, 1 << 16, &v)) return cli_usage_error("serve", "--chunk '%s' is not 1-65536", optarg);
-            cp.session.n_chunk = (uint32_t)v;
-            break;
-        case O_KV:
-            if (!strcmp(optarg, "f16")) cp.session.kv_type = TERN_KV_F16;
-            else if (!strcmp(optarg, "f32")) cp.session.kv_type = TERN_KV_F32;
-            else return cli_usage_error("serve", "--kv-type '%s' is not f16 or f32", optarg);
-            break;
-        case O_RAM:
-            if (!cli_parse_int(optarg, 0, 1L << 24, &v)) return cli_usage_error("serve", "--cache-ram '%s' is not 0-16777216 MiB", optarg);
-            cp.ram_bytes = (size_t)v << 20;
-            break;
-        case O_VRAM:
-            if (!cli_parse_int(optarg, 0, 1L << 24, &v))
-                return cli_usage_error("serve", "--cache-vram '%s' is not 0-16777216 MiB", optarg);
-            vram_bytes = (size_t)v << 20;
-            break;
-        case O_PEERWAIT:
-            if (!strcmp(optarg, "auto")) {
-                cp.peer_wait_ms = 0;
-                break;
-            }
-            if (!cli_parse_int(optarg, 1, 30000, &v))
-                return cli_usage_error("serve", "--cache-peer-wait '%s' is not auto or 1-30000 ms", optarg);
-            cp.peer_wait_ms = (uint32_t)v;
-            break;
-        case O_CDIR:
-            if (!*optarg) return cli_usage_error("serve", "--cache-dir needs a directory");
-            cp.disk_dir = optarg;
-            break;
-        case O_CDISK: {
-            char *end = NULL;
-            errno = 0;
-            double g = strtod(optarg, &end);
-            if (errno || end == optarg || *end || !(g > 0) || g > 1048576)
-                return cli_usage_error("serve", "--cache-disk '%s' is not a size in GiB in (0, 1048576]", optarg);
-            cp.disk_bytes = (uint64_t)(g * (double)(1ull << 30));
-            if (cp.disk_bytes < 4096) cp.disk_bytes = 4096;
-            break;
-        }
-        case O_PC:
-            if (!cli_parse_int(optarg, 0, 1024, &v)) return cli_usage_error("serve", "--prompt-cache '%s' is not 0-1024", optarg);
-            cp.max_ckpts = (uint32_t)v;
-            break;
-        case O_PCE:
-            if (!cli_parse_int(optarg, 1, 1 << 24, &v))
-                return cli_usage_error("serve", "--prompt-cache-every '%s' is not 1-16777216", optarg);
-            cp.ckpt_every = (uint32_t)v;
-            break;
-        case O_TURN:
-            if (!cli_parse_int(optarg, 0, INT32_MAX, &v)) return cli_usage_error("serve", "--turn-token '%s' is not a token id", optarg);
-            cp.turn_token = (int32_t)v;
-            break;
-        case O_PREDICT:
-            if (!predict_mode_parse(optarg, &predict))
-                return cli_usage_error("serve", "--predict '%s' is not off, user or all", optarg);
-            break;
-        case O_PCHUNK:
-            if (!cli_parse_int(optarg, 1, 1 << 16, &v))
-                return cli_usage_error("serve", "--predict-chunk '%s' is not 1-65536", optarg);
-            predict_chunk = (uint32_t)v;
-            break;
-        case O_PSPECIAL: parse_special_in_content = true; break;
-        case O_MAXTOK:
-            if (!cli_parse_int(optarg, 0, 1 << 24, &v))
-                return cli_usage_error("serve", "--max-tokens '%s' is not 0-16777216", optarg);
-            max_tokens = (uint32_t)v;
-            break;
-        case O_MAXCONN:
-            if (!cli_parse_int(optarg, 4, 1 << 20, &v))
-                return cli_usage_error("serve", "--max-connections '%s' is not 4-1048576", optarg);
-            sp.max_connections = (uint32_t)v;
-            break;
-        case O_PERIP:
-            if (!cli_parse_int(optarg, 0, 1 << 20, &v))
-                return cli_usage_error("serve", "--max-conn-per-ip '%s' is not 0-1048576", optarg);
-            sp.max_conn_per_ip = (uint32_t)v;
-            break;
-        case O_HDRTO:
-            if (!cli_parse_int(optarg, 1, 3600, &v))
-                return cli_usage_error("serve", "--header-timeout '%s' is not 1-3600 seconds", optarg);
-            sp.header_timeout_s = (uint32_t)v;
-            break;
-        case O_IDLETO:
-            if (!cli_parse_int(optarg, 1, 3600, &v))
-                return cli_usage_error("serve", "--idle-timeout '%s' is not 1-3600 seconds", optarg);
-            sp.idle_timeout_s = (uint32_t)v;
-            break;
-        case O_BODYTO:
-            if (!cli_parse_int(optarg, 1, 3600, &v))
-                return cli_usage_error("serve", "--body-timeout '%s' is not 1-3600 seconds", optarg);
-            sp.body_timeout_s = (uint32_t)v;
-            break;
-        case O_RAMKEY:
-            if (!cli_parse_int(optarg, 0, 1L << 24, &v))
-                return cli_usage_error("serve", "--cache-ram-per-key '%s' is not 0-16777216 MiB", optarg);
-            ram_per_key = (long long)v << 20;
-            break;
-        case O_SPEC:
-            if (!spec_mode_parse(optarg, &spec)) return cli_usage_error("serve", "--spec '%s' is not off, ngram or mtp", optarg);
-            break;
-        case O_SPECTRAIL:
-            if (!cli_parse_int(optarg, 1, 1 << 20, &v))
-                return cli_usage_error("serve", "--spec-trail '%s' is not 1-1048576 MiB", optarg);
-            spec_trail = (size_t)v << 20;
-            break;
-        case O_SPECMAX:
-            if (!cli_parse_int(optarg, 1, SPEC_MAX_DRAFT, &v))
-                return cli_usage_error("serve", "--spec-max '%s' is not 1-%d", optarg, SPEC_MAX_DRAFT);
-            spec_max = (uint32_t)v;
-            break;
-        case O_PARALLEL:
-            if (!cli_parse_int(optarg, 1, 256, &v)) return cli_usage_error("serve", "--parallel '%s' is not 1-256", optarg);
-            parallel = (uint32_t)v;
-            break;
-        case O_BATCHTOK:
-            if (!cli_parse_int(optarg, 1, 65536, &v))
-                return cli_usage_error("serve", "--batch-tokens '%s' is not 1-65536", optarg);
-            batch_tokens = (uint32_t)v;
-            break;
-        case O_NOMMAP: mmap_mode = 0; break;
-        case O_MMAP: mmap_mode = 1; break;
-        case O_MLOCK: mp.mlock = true; break;
-        case O_DEVICE: device = optarg; break;
-        default:
-            return cli_usage_error("serve", "unknown option '%s'", argv[optind - 1]);
-        }
-    }
-    if (optind < argc) return cli_usage_error("serve", "unexpected argument '%s'", argv[optind]);
     int dev = -1;
     bool dev_auto = false;
     if ((c = cli_device_resolve("serve", device, &dev, &dev_auto))) return c;
@@ -392,7 +241,7 @@ static int cmd_serve(int argc, char **argv) {
             return cli_usage_error("serve", "TERN_TEST_STOP_DELAY_MS '%s' is not 0-60000", sd);
         stop_delay_ms = (uint32_t)v;
     }
-    sp.api_keys = keys;
+    sp.api_keys = key_v;
     sp.n_api_keys = n_keys;
     cp.ram_per_tenant = ram_per_key >= 0 ? (size_t)ram_per_key : n_keys > 1 ? cp.ram_bytes / n_keys : 0;
 

@@ -1,33 +1,28 @@
 /* tern template: render a chat template (from a GGUF model or a .jinja file) with
  * variables from a JSON file, and print exactly the render. */
 #include "cli/cli.h"
+#include "cli/opts.h"
 
 #include "gguf/gguf.h"
 #include "template/template.h"
 #include "util/buf.h"
 
-#include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-static const char *USAGE =
+static const struct cli_spec template_cli = {
+    "template",
     "usage: tern template (--model FILE.gguf | --template FILE.jinja) --vars VARS.json [--date YYYY-MM-DD]\n"
     "\n"
     "Renders a chat template with the variables of VARS.json (a JSON object: messages, tools,\n"
     "add_generation_prompt, extra keywords) and prints the result exactly, with nothing added.\n"
-    "\n"
-    "  --model FILE      read tokenizer.chat_template from a GGUF file; bos_token and eos_token\n"
-    "                    come from its vocabulary unless VARS.json sets them\n"
-    "  --template FILE   read the template from a file\n"
-    "  --vars FILE       the variables ('-' reads standard input)\n"
-    "  --date DATE       the date strftime_now() sees (00:00:00 UTC); default: now\n"
-    "  -h, --help        this help\n"
-    "\n"
+    "\n",
     "Exit status 1 with the error on standard error when the template fails (a syntax error,\n"
-    "raise_exception(), an undefined operation).\n";
+    "raise_exception(), an undefined operation).\n",
+};
 
 static time_t fixed_clock(void *user) { return *(const time_t *)user; }
 
@@ -84,26 +79,18 @@ static const struct gguf_str *token_text(const struct gguf_file *g, const char *
 }
 
 static int template_main(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"model", required_argument, NULL, 'm'}, {"template", required_argument, NULL, 't'},
-        {"vars", required_argument, NULL, 'v'},  {"date", required_argument, NULL, 'd'},
-        {"help", no_argument, NULL, 'h'},        {NULL, 0, NULL, 0},
-    };
     const char *model = NULL, *tpath = NULL, *vpath = NULL, *date = NULL;
-    int c;
-    opterr = 0;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'm': model = optarg; break;
-        case 't': tpath = optarg; break;
-        case 'v': vpath = optarg; break;
-        case 'd': date = optarg; break;
-        case 'h': fputs(USAGE, stdout); return 0;
-        default: return cli_usage_error("template", "unknown option '%s'", argv[optind - 1]);
-        }
-    }
-    if (optind < argc) return cli_usage_error("template", "unexpected argument '%s'", argv[optind]);
+    const struct cli_opt opts[] = {
+        CLI_STR1("model", &model, "FILE",
+                 "read tokenizer.chat_template from a GGUF file; bos_token and eos_token come from its vocabulary "
+                 "unless VARS.json sets them"),
+        CLI_STR1("template", &tpath, "FILE", "read the template from a file"),
+        CLI_STR1("vars", &vpath, "FILE", "the variables ('-' reads standard input)"),
+        CLI_STR1("date", &date, "DATE", "the date strftime_now() sees (00:00:00 UTC); default: now"),
+        CLI_END,
+    };
+    int c = cli_parse(&template_cli, opts, argc, argv, NULL);
+    if (c >= 0) return c;
     if (!model == !tpath) return cli_usage_error("template", "give exactly one of --model and --template");
     if (!vpath) return cli_usage_error("template", "missing --vars");
     time_t when = 0;

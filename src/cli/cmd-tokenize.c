@@ -1,29 +1,25 @@
 /* tern tokenize: shows how a model's tokenizer splits a text. */
 #include "cli/cli.h"
+#include "cli/opts.h"
 
 #include "tokenizer/tokenizer.h"
 #include "util/mem.h"
 #include "util/utf8.h"
 
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: tern tokenize --model FILE [--ids] [--raw] (TEXT | -)\n"
-            "\n"
-            "Tokenizes TEXT with the tokenizer of a GGUF file (a vocab-only GGUF works) and\n"
-            "prints one token per line: the id and the piece it stands for, escaped.\n"
-            "\n"
-            "  -m, --model FILE  the GGUF file\n"
-            "      --ids         print only the ids, space-separated, on one line\n"
-            "      --raw         add no BOS/EOS and do not parse special-token text such as\n"
-            "                    <|im_start|> (the setting of llama.cpp's tokenizer tests)\n"
-            "  TEXT              the text; '-' reads it verbatim from standard input\n"
-            "  -h, --help        this help\n");
-}
+static const struct cli_spec tokenize_cli = {
+    "tokenize",
+    "usage: tern tokenize --model FILE [--ids] [--raw] (TEXT | -)\n"
+    "\n"
+    "Tokenizes TEXT with the tokenizer of a GGUF file (a vocab-only GGUF works) and\n"
+    "prints one token per line: the id and the piece it stands for, escaped. TEXT '-'\n"
+    "reads it verbatim from standard input.\n"
+    "\n",
+    NULL,
+};
 
 static char *read_stdin(size_t *len) {
     size_t cap = 1 << 16, n = 0;
@@ -87,32 +83,24 @@ static void print_piece(const char *s, size_t n) {
 }
 
 static int tokenize_main(int argc, char **argv) {
-    static const struct option opts[] = {{"model", required_argument, NULL, 'm'},
-                                         {"ids", no_argument, NULL, 'i'},
-                                         {"raw", no_argument, NULL, 'r'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
     const char *model = NULL;
     bool ids_only = false, raw = false;
-    int o;
-    opterr = 0;
-    optind = 1;
-    while ((o = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
-        switch (o) {
-        case 'm': model = optarg; break;
-        case 'i': ids_only = true; break;
-        case 'r': raw = true; break;
-        case 'h': usage(stdout); return 0;
-        default:
-            if (optopt) return cli_usage_error("tokenize", "option -%c needs a value or is unknown", optopt);
-            return cli_usage_error("tokenize", "unknown option '%s'", argv[optind - 1]);
-        }
-    }
+    const struct cli_opt opts[] = {
+        CLI_STR1("m|model", &model, "FILE", "the GGUF file"),
+        CLI_FLAG("ids", &ids_only, "print only the ids, space-separated, on one line"),
+        CLI_FLAG("raw", &raw,
+                 "add no BOS/EOS and do not parse special-token text such as <|im_start|> (the setting of "
+                 "llama.cpp's tokenizer tests)"),
+        CLI_END,
+    };
+    int text_at;
+    int o = cli_parse(&tokenize_cli, opts, argc, argv, &text_at);
+    if (o >= 0) return o;
     if (!model) return cli_usage_error("tokenize", "missing --model FILE");
-    if (optind != argc - 1)
-        return cli_usage_error("tokenize", optind >= argc ? "missing TEXT (or '-' for standard input)"
-                                                          : "expected one TEXT argument, got %d", argc - optind);
-    const char *arg = argv[optind];
+    if (text_at != argc - 1)
+        return cli_usage_error("tokenize", text_at >= argc ? "missing TEXT (or '-' for standard input)"
+                                                          : "expected one TEXT argument, got %d", argc - text_at);
+    const char *arg = argv[text_at];
     char *text = NULL;
     size_t len;
     if (!strcmp(arg, "-")) {

@@ -3,10 +3,6 @@
 
 #include "util/mem.h"
 
-#include <errno.h>
-#include <float.h>
-#include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,46 +14,6 @@ static int n_commands;
 
 void cli_register(const struct cli_command *cmd) {
     if (n_commands < MAX_COMMANDS) commands[n_commands++] = cmd;
-}
-
-int cli_usage_error(const char *cmd, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "tern %s: ", cmd);
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, " (see 'tern %s --help')\n", cmd);
-    va_end(ap);
-    return 2;
-}
-
-int cli_fail(const char *cmd, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "tern %s: ", cmd);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return 1;
-}
-
-bool cli_parse_int(const char *s, long min, long max, long *out) {
-    if (!s || !*s) return false;
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || v < min || v > max) return false;
-    *out = v;
-    return true;
-}
-
-bool cli_parse_float(const char *s, double min, double max, double *out) {
-    if (!s || !*s) return false;
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || *end || isnan(v) || v < min || v > max) return false;
-    *out = v;
-    return true;
 }
 
 static int cmp_cmd(const void *a, const void *b) {
