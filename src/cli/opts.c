@@ -120,6 +120,8 @@ static int take(const struct cli_spec *spec, const struct cli_opt *o, const char
             return 0;
         }
         if (o->expect) return cli_usage_error(spec->cmd, "--%s '%s' is not %s", name, v, o->expect);
+        if (o->min < 0)
+            return cli_usage_error(spec->cmd, "--%s '%s' is not an integer from %.0f to %.0f", name, v, o->min, o->max);
         return cli_usage_error(spec->cmd, "--%s '%s' is not %.0f-%.0f%s%s", name, v, o->min, o->max,
                                o->unit ? " " : "", o->unit ? o->unit : "");
     }
@@ -186,7 +188,7 @@ int cli_parse(const struct cli_spec *spec, const struct cli_opt *opts, int argc,
     shorts[ns] = 0;
     lo[nl] = (struct option){"help", no_argument, NULL, 'h'};
     int rc = -1, c;
-    optind = 1;
+    optind = 0; /* glibc: start afresh (a command may parse twice) */
     opterr = 0;
     while (rc < 0 && (c = getopt_long(argc, argv, shorts, lo, NULL)) != -1) {
         for (size_t i = 0; c > 0 && c < 256 && c != 'h' && i < n; i++)

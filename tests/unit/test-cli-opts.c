@@ -116,8 +116,8 @@ static void test_bad_values_say_what_was_wanted(void **state) {
     static const struct {
         const char *a, *b, *msg;
     } cases[] = {
-        {"--count", "6", "tern t: --count '6' is not -5-5"},
-        {"-n", "x", "tern t: --count 'x' is not -5-5"},
+        {"--count", "6", "tern t: --count '6' is not an integer from -5 to 5"},
+        {"-n", "x", "tern t: --count 'x' is not an integer from -5 to 5"},
         {"--wait", "0", "tern t: --wait '0' is not 1-60 seconds"},
         {"--ram", "1025", "tern t: --ram '1025' is not 0-1024 MiB"},
         {"--temp", "nan", "tern t: --temp 'nan' is not a number from 0 to 2"},
