@@ -857,7 +857,9 @@ static void send_body_then_read(const char *headers, size_t n_body, int want_sta
     struct timeval tv = {20, 0};
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     char head[512];
-    int n = snprintf(head, sizeof head, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n%sContent-Length: %zu\r\n\r\n",
+    /* Connection: close, so that read_all ends with the response, not the idle timeout */
+    int n = snprintf(head, sizeof head,
+                     "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%sContent-Length: %zu\r\n\r\n",
                      headers, n_body);
     assert_int_equal(send(fd, head, (size_t)n, MSG_NOSIGNAL), n);
     static char chunk[65536];
