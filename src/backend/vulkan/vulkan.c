@@ -737,6 +737,9 @@ static enum tern_status record(struct tern_vk *vk, int pipe, const struct tern_v
 
 /* ---- kernels ---------------------------------------------------------------------- */
 
+/* Tokens per invocation of the plain matmul (matmul.comp's TT). */
+#define MATMUL_TILE 8u
+
 static int matmul_pipe(enum tern_dtype wtype) {
     for (int i = 0; i < N_MATMUL; i++)
         if (matmul_types[i] == wtype) return i;
@@ -856,7 +859,9 @@ enum tern_status tern_vk_matmul(struct tern_vk *vk, enum tern_dtype wtype, const
     if (n == 0 || n_tok == 0) return TERN_OK;
     const uint32_t pc[4] = {(uint32_t)k, (uint32_t)n, (uint32_t)n_tok, (uint32_t)rb};
     const struct tern_vk_buf *bufs[6] = {w, x, y, w, w, vk->iq_codes}; /* 3, 4: unused here */
-    return record(vk, pipe, bufs, 6, pc, sizeof pc, (uint32_t)((n + 63) / 64), (uint32_t)n_tok, 1);
+    /* matmul.comp: an invocation per row and tile of MATMUL_TILE tokens */
+    return record(vk, pipe, bufs, 6, pc, sizeof pc, (uint32_t)((n + 63) / 64),
+                  (uint32_t)((n_tok + MATMUL_TILE - 1) / MATMUL_TILE), 1);
 }
 
 static enum tern_status check_rows(const char *op, const struct tern_vk_buf *b, size_t n_tok, size_t n) {

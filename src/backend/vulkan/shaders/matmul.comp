@@ -1,7 +1,8 @@
 #version 450
-// y[t][r] = dot(w row r, x row t): one invocation per output element, reducing over k
-// in one fixed order (blocks in order, elements in order inside a block), so an
-// element's bits do not depend on how many rows or tokens the dispatch covers.
+// y[t][r] = dot(w row r, x row t): one invocation per weight row and tile of up to TT
+// tokens (each weight decoded once for the tile), each output reducing over k in one
+// fixed order (blocks in order, elements in order inside a block), so an element's bits
+// do not depend on how many rows or tokens the dispatch covers or where its tile starts.
 //
 // WTYPE (ggml's type numbers): 0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1, 8 Q8_0,
 // 12 Q4_K, 13 Q5_K, 14 Q6_K, 20 IQ4_NL, 23 IQ4_XS, 30 BF16, 39 MXFP4, and the low-bit types 10 Q2_K,
@@ -154,49 +155,71 @@ uint lowbit_bytes() {
          : WTYPE == 18 ? 98u : WTYPE == 21 ? 110u : WTYPE == 19 ? 50u : 56u;
 }
 
+// A tile: one invocation computes row r for up to TT tokens (the INDEXED matmul: one
+// slot), decoding each weight once for all of them. What an output computes does not
+// change with the tile: the same products and sums in the same order as alone.
+const uint TT = 8u;
+uint nt;       // tokens in this tile (1..TT)
+uint xo[TT];   // their x rows' offsets
+// The block sums s[u] of the tile's tokens: s[u] += w x for one weight, w formed once.
+#define BLOCK_BEGIN precise float s[TT]; for (uint u = 0u; u < TT; u++) s[u] = 0.0;
+#define ADD(WV, OFF) { precise float wv_ = (WV); for (uint u = 0u; u < TT; u++) if (u < nt) s[u] += wv_ * x[xo[u] + (OFF)]; }
+#define BLOCK_END(D) for (uint u = 0u; u < TT; u++) acc[u] += (D) * s[u];
+#define BLOCK_END1 for (uint u = 0u; u < TT; u++) acc[u] += s[u];
+// Whole rows summed straight into acc (the float types).
+#define ADD_ACC(WV, OFF) { precise float wv_ = (WV); for (uint u = 0u; u < TT; u++) if (u < nt) acc[u] += wv_ * x[xo[u] + (OFF)]; }
+
 void main() {
     const uint r = gl_GlobalInvocationID.x;
-    uint t = gl_GlobalInvocationID.y;
-    if (r >= p.n || t >= p.n_tok) return;
-    if (INDEXED != 0) t = order[t];
-    if (t >= p.n_tok) return; // a bad order entry: nothing to write
-    uint xo = t * p.k;
+    if (r >= p.n) return;
     uint ro = r * p.row_bytes;
+    uint t0;
     if (INDEXED != 0) {
-        const uint e = ids[t];
+        const uint slot = gl_GlobalInvocationID.y;
+        if (slot >= p.n_tok) return;
+        t0 = order[slot];
+        if (t0 >= p.n_tok) return; // a bad order entry: nothing to write
+        const uint e = ids[t0];
         if (e >= p.n_expert) { // a routing bug must not read out of the weights: NaN marks it
-            y[t * p.n + r] = uintBitsToFloat(0x7fc00000u);
+            y[t0 * p.n + r] = uintBitsToFloat(0x7fc00000u);
             return;
         }
-        xo = (t / p.x_div) * p.k;
+        nt = 1u;
+        xo[0] = (t0 / p.x_div) * p.k;
         ro += e * p.expert_stride;
+    } else {
+        t0 = gl_GlobalInvocationID.y * TT;
+        if (t0 >= p.n_tok) return;
+        nt = min(TT, p.n_tok - t0);
+        for (uint u = 0u; u < TT; u++) xo[u] = (t0 + min(u, nt - 1u)) * p.k;
     }
-    precise float acc = 0.0;
+    precise float acc[TT];
+    for (uint u = 0u; u < TT; u++) acc[u] = 0.0;
     if (WTYPE == 0) {
         const uint wo = ro >> 2;
-        for (uint i = 0; i < p.k; i++) acc += uintBitsToFloat(w[wo + i]) * x[xo + i];
+        for (uint i = 0; i < p.k; i++) ADD_ACC(uintBitsToFloat(w[wo + i]), i)
     } else if (WTYPE == 1) {
-        for (uint i = 0; i < p.k; i++) acc += unpackHalf2x16(whalf(ro + 2u * i)).x * x[xo + i];
+        for (uint i = 0; i < p.k; i++) ADD_ACC(unpackHalf2x16(whalf(ro + 2u * i)).x, i)
     } else if (WTYPE == 8) { // Q8_0: d, 32 x int8
         const uint nb = p.k / 32u;
         for (uint b = 0; b < nb; b++) {
             const uint bo = ro + b * 34u;
             const float d = unpackHalf2x16(whalf(bo)).x;
-            precise float s = 0.0;
-            for (uint i = 0; i < 32u; i++) s += float(sbyte(bo + 2u + i)) * x[xo + b * 32u + i];
-            acc += d * s;
+            BLOCK_BEGIN
+            for (uint i = 0; i < 32u; i++) ADD(float(sbyte(bo + 2u + i)), b * 32u + i)
+            BLOCK_END(d)
         }
     } else if (WTYPE == 2) { // Q4_0: d, 16 bytes of nibbles (low: 0..15, high: 16..31), minus 8
         const uint nb = p.k / 32u;
         for (uint b = 0; b < nb; b++) {
             const uint bo = ro + b * 18u;
             const float d = unpackHalf2x16(whalf(bo)).x;
-            precise float s = 0.0;
+            BLOCK_BEGIN
             for (uint i = 0; i < 32u; i++) {
                 const uint q = (wbyte(bo + 2u + (i & 15u)) >> ((i >> 4) * 4u)) & 15u;
-                s += float(int(q) - 8) * x[xo + b * 32u + i];
+                ADD(float(int(q) - 8), b * 32u + i)
             }
-            acc += d * s;
+            BLOCK_END(d)
         }
     } else if (WTYPE == 6) { // Q5_0: d, 32 high bits, 16 bytes of nibbles, minus 16
         const uint nb = p.k / 32u;
@@ -204,13 +227,13 @@ void main() {
             const uint bo = ro + b * 22u;
             const float d = unpackHalf2x16(whalf(bo)).x;
             const uint qh = wbyte(bo + 2u) | (wbyte(bo + 3u) << 8) | (wbyte(bo + 4u) << 16) | (wbyte(bo + 5u) << 24);
-            precise float s = 0.0;
+            BLOCK_BEGIN
             for (uint i = 0; i < 32u; i++) {
                 const uint lo = (wbyte(bo + 6u + (i & 15u)) >> ((i >> 4) * 4u)) & 15u;
                 const uint q = lo | (((qh >> i) & 1u) << 4);
-                s += float(int(q) - 16) * x[xo + b * 32u + i];
+                ADD(float(int(q) - 16), b * 32u + i)
             }
-            acc += d * s;
+            BLOCK_END(d)
         }
     } else if (WTYPE == 12) { // Q4_K: d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles
         const uint nb = p.k / 256u;
@@ -218,47 +241,46 @@ void main() {
             const uint bo = ro + b * 144u;
             const float d = unpackHalf2x16(whalf(bo)).x;
             const float dmin = unpackHalf2x16(whalf(bo + 2u)).x;
-            precise float s = 0.0;
+            BLOCK_BEGIN
             for (uint i = 0; i < 256u; i++) {
                 const uint j = i >> 6, hi = (i >> 5) & 1u, l = i & 31u, sb = 2u * j + hi;
                 uint sc, mn;
                 k_scale_min(bo + 4u, sb, sc, mn);
                 const uint q = (wbyte(bo + 16u + 32u * j + l) >> (hi * 4u)) & 15u;
-                const float v = (d * float(sc)) * float(q) - dmin * float(mn);
-                s += v * x[xo + b * 256u + i];
+                ADD((d * float(sc)) * float(q) - dmin * float(mn), b * 256u + i)
             }
-            acc += s;
+            BLOCK_END1
         }
     } else if (WTYPE == 14) { // Q6_K: 128 bytes low nibbles, 64 bytes high 2-bits, 16 int8 scales, d
         const uint nb = p.k / 256u;
         for (uint b = 0; b < nb; b++) {
             const uint bo = ro + b * 210u;
             const float d = unpackHalf2x16(whalf(bo + 208u)).x;
-            precise float s = 0.0;
+            BLOCK_BEGIN
             for (uint i = 0; i < 256u; i++) {
                 const uint n = i >> 7, rr = i & 127u, qt = rr >> 5, l = rr & 31u;
                 const uint lo = (wbyte(bo + 64u * n + l + (qt & 1u) * 32u) >> ((qt >> 1) * 4u)) & 15u;
                 const uint hb = (wbyte(bo + 128u + 32u * n + l) >> (2u * qt)) & 3u;
                 const int q = int(lo | (hb << 4)) - 32;
                 const float sc = float(sbyte(bo + 192u + 8u * n + (l >> 4) + 2u * qt));
-                s += (d * sc) * float(q) * x[xo + b * 256u + i];
+                ADD((d * sc) * float(q), b * 256u + i)
             }
-            acc += s;
+            BLOCK_END1
         }
     } else if (WTYPE == 30) { // BF16: the top half of an F32
-        for (uint i = 0; i < p.k; i++) acc += uintBitsToFloat(whalf(ro + 2u * i) << 16) * x[xo + i];
+        for (uint i = 0; i < p.k; i++) ADD_ACC(uintBitsToFloat(whalf(ro + 2u * i) << 16), i)
     } else if (WTYPE == 3) { // Q4_1: d, m, 16 bytes of nibbles (as Q4_0's); w = d q + m, element by element
         const uint nb = p.k / 32u;
         for (uint b = 0; b < nb; b++) {
             const uint bo = ro + b * 20u;
             const float d = unpackHalf2x16(whalf(bo)).x;
             const float m = unpackHalf2x16(whalf(bo + 2u)).x;
-            precise float s = 0.0;
+            BLOCK_BEGIN
             for (uint i = 0; i < 32u; i++) {
                 const uint q = (wbyte(bo + 4u + (i & 15u)) >> ((i >> 4) * 4u)) & 15u;
-                s += (d * float(q) + m) * x[xo + b * 32u + i];
+                ADD(d * float(q) + m, b * 32u + i)
             }
-            acc += s;
+            BLOCK_END1
         }
     } else if (WTYPE == 7) { // Q5_1: d, m, 32 high bits, 16 bytes of nibbles; w = d q + m
         const uint nb = p.k / 32u;
@@ -267,25 +289,25 @@ void main() {
             const float d = unpackHalf2x16(whalf(bo)).x;
             const float m = unpackHalf2x16(whalf(bo + 2u)).x;
             const uint qh = wword(bo + 4u);
-            precise float s = 0.0;
+            BLOCK_BEGIN
             for (uint i = 0; i < 32u; i++) {
                 const uint lo = (wbyte(bo + 8u + (i & 15u)) >> ((i >> 4) * 4u)) & 15u;
                 const uint q = lo | (((qh >> i) & 1u) << 4);
-                s += (d * float(q) + m) * x[xo + b * 32u + i];
+                ADD(d * float(q) + m, b * 32u + i)
             }
-            acc += s;
+            BLOCK_END1
         }
     } else if (WTYPE == 20) { // IQ4_NL: d, 16 bytes of nibbles (as Q4_0's) indexing the levels
         const uint nb = p.k / 32u;
         for (uint b = 0; b < nb; b++) {
             const uint bo = ro + b * 18u;
             const float d = unpackHalf2x16(whalf(bo)).x;
-            precise float s = 0.0;
+            BLOCK_BEGIN
             for (uint i = 0; i < 32u; i++) {
                 const uint q = (wbyte(bo + 2u + (i & 15u)) >> ((i >> 4) * 4u)) & 15u;
-                s += float(IQ4_LEVELS[q]) * x[xo + b * 32u + i];
+                ADD(float(IQ4_LEVELS[q]), b * 32u + i)
             }
-            acc += d * s;
+            BLOCK_END(d)
         }
     } else if (WTYPE == 39) { // MXFP4: an E8M0 byte e, 16 bytes of nibbles (as Q4_0's) indexing the levels
         const uint nb = p.k / 32u;
@@ -295,12 +317,12 @@ void main() {
             // 2^(e - 128), exactly (e < 2: the subnormals 2^-128 and 2^-127, which a device
             // that flushes subnormals reads as 0)
             const float d = uintBitsToFloat(e < 2u ? 0x00200000u << e : (e - 1u) << 23);
-            precise float s = 0.0;
+            BLOCK_BEGIN
             for (uint i = 0; i < 32u; i++) {
                 const uint q = (wbyte(bo + 1u + (i & 15u)) >> ((i >> 4) * 4u)) & 15u;
-                s += float(MXFP4_LEVELS[q]) * x[xo + b * 32u + i];
+                ADD(float(MXFP4_LEVELS[q]), b * 32u + i)
             }
-            acc += d * s;
+            BLOCK_END(d)
         }
     } else if (WTYPE == 23) { // IQ4_XS: d, 2 + 4 bytes of 6-bit sub-block scales, 128 bytes of nibbles
         const uint nb = p.k / 256u;
@@ -311,12 +333,12 @@ void main() {
             for (uint j = 0; j < 8u; j++) {
                 const uint ls = ((wbyte(bo + 4u + j / 2u) >> (4u * (j & 1u))) & 15u) | (((sh >> (2u * j)) & 3u) << 4);
                 const float dl = d * float(int(ls) - 32);
-                precise float s = 0.0;
+                BLOCK_BEGIN
                 for (uint l = 0; l < 32u; l++) {
                     const uint q = (wbyte(bo + 8u + 16u * j + (l & 15u)) >> ((l >> 4) * 4u)) & 15u;
-                    s += float(IQ4_LEVELS[q]) * x[xo + b * 256u + 32u * j + l];
+                    ADD(float(IQ4_LEVELS[q]), b * 256u + 32u * j + l)
                 }
-                acc += dl * s;
+                BLOCK_END(dl)
             }
         }
     } else if (WTYPE == 13) { // Q5_K: d, dmin, 12 bytes of scales/mins, 32 bytes of fifth bits, 128 of nibbles
@@ -325,27 +347,27 @@ void main() {
             const uint bo = ro + b * 176u;
             const float d = unpackHalf2x16(whalf(bo)).x;
             const float dmin = unpackHalf2x16(whalf(bo + 2u)).x;
-            precise float s = 0.0;
+            BLOCK_BEGIN
             for (uint i = 0; i < 256u; i++) {
                 const uint j = i >> 6, hi = (i >> 5) & 1u, l = i & 31u, sb = 2u * j + hi;
                 uint sc, mn;
                 k_scale_min(bo + 4u, sb, sc, mn);
                 const uint lo = (wbyte(bo + 48u + 32u * j + l) >> (hi * 4u)) & 15u;
                 const uint q = lo | (((wbyte(bo + 16u + l) >> sb) & 1u) << 4);
-                const float v = (d * float(sc)) * float(q) - dmin * float(mn);
-                s += v * x[xo + b * 256u + i];
+                ADD((d * float(sc)) * float(q) - dmin * float(mn), b * 256u + i)
             }
-            acc += s;
+            BLOCK_END1
         }
     } else if (WTYPE == 10 || WTYPE == 11 || WTYPE == 16 || WTYPE == 17 || WTYPE == 22 || WTYPE == 18 ||
                WTYPE == 21 || WTYPE == 19 || WTYPE == 29) { // the low-bit types: weight by weight
         const uint nb = p.k / 256u, bb = lowbit_bytes();
         for (uint b = 0; b < nb; b++) {
             const uint bo = ro + b * bb;
-            precise float s = 0.0;
-            for (uint i = 0; i < 256u; i++) s += lowbit_weight(bo, i) * x[xo + b * 256u + i];
-            acc += s;
+            BLOCK_BEGIN
+            for (uint i = 0; i < 256u; i++) ADD(lowbit_weight(bo, i), b * 256u + i)
+            BLOCK_END1
         }
     }
-    y[t * p.n + r] = acc;
+    for (uint u = 0u; u < TT; u++)
+        if (u < nt) y[(t0 + u) * p.n + r] = acc[u];
 }
