@@ -11,10 +11,11 @@
 // the write in the worker between steps, as before) a fresh server with --cache-dir:
 // conversation A reads a system prompt of about --context tokens (turn 1, written to
 // disk); then stream B decodes --stream-tokens forced tokens while A's turn 2 (a few
-// tokens more) runs and parks, so that A's whole conversation is written again while B
-// streams. Reports A's write (bytes, time from the server's debug log) and B's
-// inter-token gaps: the median over the stream and the largest from A's response to
-// the moment its write was counted. Figures only: nothing here is a pass/fail condition.
+// tokens more) runs and parks, so that A's conversation is written again while B streams
+// (file format 2: what the file lacks is appended, from the KV page turn 2 changed on).
+// Reports A's write (bytes, time from the server's debug log) and B's inter-token gaps:
+// the median over the stream and the largest from A's response to the moment its write
+// was counted. Figures only: nothing here is a pass/fail condition.
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -102,9 +103,14 @@ async function run(mode) {
     let worst = 0;
     for (let i = 1; i < arrivals.length; i++)
       if (arrivals[i] >= tA && arrivals[i - 1] <= tW) worst = Math.max(worst, arrivals[i] - arrivals[i - 1]);
-    const wrote = [...srv.log().matchAll(/disk tier: wrote \S+ \((\d+) tokens, (\d+) checkpoints, (\d+) bytes\) in ([0-9.]+) ms/g)];
+    // "wrote NAME (T tokens, C checkpoints, A of its F bytes[, appended]) in MS ms": A written
+    // by this turn (appended, or the whole file when it was written anew), F the file's size
+    const wrote = [...srv.log().matchAll(
+      /disk tier: wrote \S+ \((\d+) tokens, (\d+) checkpoints, (\d+) of its (\d+) bytes[^)]*\) in ([0-9.]+) ms/g)];
     const last = wrote[wrote.length - 1];
-    return { mode, tokens: Number(last[1]), ckpts: Number(last[2]), mib: Number(last[3]) / 2 ** 20, write_ms: Number(last[4]),
+    if (!last) throw new Error(`no disk write in the log: ${srv.log().slice(-2000)}`);
+    return { mode, tokens: Number(last[1]), ckpts: Number(last[2]), mib: Number(last[3]) / 2 ** 20,
+      file_mib: Number(last[4]) / 2 ** 20, write_ms: Number(last[5]),
       median_gap_ms: median(gaps), worst_gap_during_write_ms: worst, stream_tokens: arrivals.length };
   } finally {
     await srv.stop();
@@ -113,8 +119,9 @@ async function run(mode) {
 
 const rows = [];
 for (const mode of arg('modes', 'worker,writer').split(',')) rows.push(await run(mode));
-console.log('| mode | conversation | file | write | B median gap | B largest gap from A\'s response to its write counted |');
+console.log('| mode | conversation | written (of the file) | write | B median gap | B largest gap from A\'s response to its write counted |');
 console.log('|---|---|---|---|---|---|');
 for (const r of rows)
-  console.log(`| ${r.mode} | ${r.tokens} tokens, ${r.ckpts} checkpoints | ${r.mib.toFixed(1)} MiB | ${(r.write_ms / 1000).toFixed(2)} s `
+  console.log(`| ${r.mode} | ${r.tokens} tokens, ${r.ckpts} checkpoints | ${r.mib.toFixed(1)} of ${r.file_mib.toFixed(1)} MiB `
+    + `| ${(r.write_ms / 1000).toFixed(2)} s `
     + `| ${r.median_gap_ms.toFixed(0)} ms | ${r.worst_gap_during_write_ms.toFixed(0)} ms |`);
