@@ -38,13 +38,16 @@ enum cli_kind {
     CLI_K_SECTION /* not an option: a heading in --help ("arms:") */
 };
 
-enum cli_store { CLI_S_NONE, CLI_S_BOOL, CLI_S_INT, CLI_S_UINT, CLI_S_LONG, CLI_S_ULONG, CLI_S_LLONG, CLI_S_ULLONG, CLI_S_FLOAT,
-                 CLI_S_DOUBLE };
+/* The type of an integer or number destination (so that one table entry fits them all). */
+enum cli_store {
+    CLI_S_NONE, CLI_S_BOOL, CLI_S_INT, CLI_S_UINT, CLI_S_LONG, CLI_S_ULONG, CLI_S_LLONG, CLI_S_ULLONG,
+    CLI_S_FLOAT, CLI_S_DOUBLE
+};
 
-#define CLI_STORE(p)                                                                                               \
-    _Generic((p), bool *: CLI_S_BOOL, int *: CLI_S_INT, unsigned *: CLI_S_UINT, long *: CLI_S_LONG, unsigned long *: CLI_S_ULONG,      \
-             long long *: CLI_S_LLONG, unsigned long long *: CLI_S_ULLONG, float *: CLI_S_FLOAT,                    \
-             double *: CLI_S_DOUBLE)
+#define CLI_STORE(p)                                                                                    \
+    _Generic((p), bool *: CLI_S_BOOL, int *: CLI_S_INT, unsigned *: CLI_S_UINT, long *: CLI_S_LONG,     \
+             unsigned long *: CLI_S_ULONG, long long *: CLI_S_LLONG, unsigned long long *: CLI_S_ULLONG, \
+             float *: CLI_S_FLOAT, double *: CLI_S_DOUBLE)
 
 /* The values of a repeatable option: v has room for cap of them. */
 struct cli_list {
@@ -78,7 +81,8 @@ struct cli_opt {
     {.name = (n), .kind = CLI_K_STR, .dst = (const char **){p}, .min = 1, .arg = (a), .help = (h)}
 #define CLI_LIST(n, p, a, h) {.name = (n), .kind = CLI_K_LIST, .dst = (struct cli_list *){p}, .arg = (a), .help = (h)}
 #define CLI_INT(n, p, lo, hi, a, h) \
-    {.name = (n), .kind = CLI_K_INT, .store = CLI_STORE(p), .dst = (p), .min = (lo), .max = (hi), .arg = (a), .help = (h)}
+    {.name = (n), .kind = CLI_K_INT, .store = CLI_STORE(p), .dst = (p), .min = (lo), .max = (hi), .arg = (a), \
+     .help = (h)}
 /* MiB on the command line, bytes in *p */
 #define CLI_MIB(n, p, lo, hi, a, h)                                                                             \
     {.name = (n), .kind = CLI_K_INT, .store = CLI_STORE(p), .dst = (p), .min = (lo), .max = (hi), .scale = 1u << 20, \
@@ -88,7 +92,8 @@ struct cli_opt {
     {.name = (n), .kind = CLI_K_INT, .store = CLI_STORE(p), .dst = (p), .min = (lo), .max = (hi), .unit = (u), \
      .arg = (a), .help = (h)}
 #define CLI_NUM(n, p, lo, hi, a, h) \
-    {.name = (n), .kind = CLI_K_NUM, .store = CLI_STORE(p), .dst = (p), .min = (lo), .max = (hi), .arg = (a), .help = (h)}
+    {.name = (n), .kind = CLI_K_NUM, .store = CLI_STORE(p), .dst = (p), .min = (lo), .max = (hi), .arg = (a), \
+     .help = (h)}
 #define CLI_U64(n, p, a, h) {.name = (n), .kind = CLI_K_U64, .dst = (uint64_t *){p}, .arg = (a), .help = (h)}
 #define CLI_CHOICE(n, p, words, a, h) \
     {.name = (n), .kind = CLI_K_CHOICE, .dst = (int *){p}, .choices = (words), .arg = (a), .help = (h)}
