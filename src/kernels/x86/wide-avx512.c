@@ -14,7 +14,7 @@
  *               same exact lane sums in one instruction per two pairs;
  *   Q4_K/Q5_K/Q6_K: maddubs, then vpdpwssd (the scale multiply and the add in one);
  *   MXFP4:      Q8_0's vpdpbusd over the table levels (one byte shuffle per row);
- *   F16:        the AVX2 tile's fmas, two pairs per instruction.
+ *   F16, BF16:  the AVX2 tile's conversions and fmas, two pairs per instruction.
  * A single token (GEMV, decode) of Q4_K, Q5_K or Q6_K goes to the one-row GEMV below (the
  * same construction, one row at a time); of other types, a last odd row and a k the tiles
  * do not handle go to the AVX2 entry points: the mix is free, as every pair's bits are the
@@ -135,11 +135,19 @@ AVX2_INLINE void mxfp4_wtile(int RP, int T, const uint8_t *w, size_t wrb, const 
     W_STORE(RP, T);
 }
 
-/* ---- F16 -------------------------------------------------------------------------------- */
+/* ---- F16 and BF16 ----------------------------------------------------------------------- */
+
+/* Eight weights of rows 2p and 2p + 1 as floats, [row 2p | row 2p + 1]: F16 by F16C,
+ * BF16 by a shift into the top half (exact, as the AVX2 tile converts them). */
+AVX2_INLINE __m512 half_pair(int bf16, const uint8_t *w0, size_t wrb) {
+    const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(loadu128(w0)), loadu128(w0 + wrb), 1);
+    if (!bf16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
 
 /* k a multiple of 8 (the driver sends other k to the AVX2 tiles, which pad the tail). */
-AVX2_INLINE void f16_wtile(int RP, int T, const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb, size_t k,
-                           float *y, size_t ldy, size_t pf) {
+AVX2_INLINE void half_wtile(int bf16, int RP, int T, const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb,
+                            size_t k, float *y, size_t ldy, size_t pf) {
     __m512 acc[W_RPMAX][W_TMAX];
     UNROLL for (int p = 0; p < RP; p++) UNROLL for (int t = 0; t < T; t++) acc[p][t] = _mm512_setzero_ps();
     for (size_t i = 0; i < k; i += 8) {
@@ -150,7 +158,7 @@ AVX2_INLINE void f16_wtile(int RP, int T, const uint8_t *w, size_t wrb, const ui
                 avx2_prefetch(w0 + pf);
                 avx2_prefetch(w0 + wrb + pf);
             }
-            wv[p] = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(loadu128(w0)), loadu128(w0 + wrb), 1));
+            wv[p] = half_pair(bf16, w0, wrb);
         }
         UNROLL for (int t = 0; t < T; t++) {
             const __m512 x = _mm512_broadcast_f32x8(_mm256_loadu_ps((const float *)(a + (size_t)t * arb) + i));
@@ -515,7 +523,8 @@ static void w_drive(const struct w_tiles *tl, const void *wv, size_t wrb, size_t
     W_ENTRY(name)
 
 #define Q8_0_W(RP, T, ...) q8_0_wtile(RP, T, __VA_ARGS__)
-#define F16_W(RP, T, ...) f16_wtile(RP, T, __VA_ARGS__)
+#define F16_W(RP, T, ...) half_wtile(0, RP, T, __VA_ARGS__)
+#define BF16_W(RP, T, ...) half_wtile(1, RP, T, __VA_ARGS__)
 #define Q4_K_W(RP, T, ...) k4_wtile(0, RP, T, __VA_ARGS__)
 #define Q5_K_W(RP, T, ...) k4_wtile(1, RP, T, __VA_ARGS__)
 #define Q6_K_W(RP, T, ...) q6k_wtile(RP, T, __VA_ARGS__)
@@ -524,6 +533,7 @@ static void w_drive(const struct w_tiles *tl, const void *wv, size_t wrb, size_t
 W_TILES3(tern_avx512_matmul_q8_0, Q8_0_W, 4, TERN_QK, tern_avx2_matmul_q8_0, true)
 W_TILES3(tern_avx512_matmul_mxfp4, MXFP4_W, 4, TERN_QK, tern_avx2_matmul_mxfp4, true)
 W_TILES3(tern_avx512_matmul_f16, F16_W, 6, 8, tern_avx2_matmul_f16, true)
+W_TILES3(tern_avx512_matmul_bf16, BF16_W, 6, 8, tern_avx2_matmul_bf16, true)
 W_TILES2(tern_avx512_matmul_q4_k, Q4_K_W, 4, TERN_QK_K, tern_avx2_matmul_q4_k, q4_k_gemv)
 W_TILES2(tern_avx512_matmul_q5_k, Q5_K_W, 4, TERN_QK_K, tern_avx2_matmul_q5_k, q5_k_gemv)
 W_TILES2(tern_avx512_matmul_q6_k, Q6_K_W, 4, TERN_QK_K, tern_avx2_matmul_q6_k, q6_k_gemv)
@@ -535,6 +545,7 @@ const struct tern_kernel_table tern_kernels_avx512_tiles = {
     .matmul =
         {
             [TERN_DTYPE_F16] = tern_avx512_matmul_f16,
+            [TERN_DTYPE_BF16] = tern_avx512_matmul_bf16,
             [TERN_DTYPE_Q8_0] = tern_avx512_matmul_q8_0,
             [TERN_DTYPE_Q4_K] = tern_avx512_matmul_q4_k,
             [TERN_DTYPE_Q5_K] = tern_avx512_matmul_q5_k,
