@@ -47,6 +47,10 @@ void cli_register(const struct cli_command *cmd);
     {.name = "seed", .kind = CLI_K_U64, .dst = &(p)->seed, .seen = (seed_seen), .arg = "S",                       \
      .help = "sampling seed (default: from the clock)"}
 
+/* --spec off|ngram|mtp into an enum spec_mode (spec.c), and its option-table entry. */
+bool cli_parse_spec_mode(const char *v, void *dst);
+#define CLI_SPEC(p, h) CLI_FN("spec", (p), cli_parse_spec_mode, "off, ngram or mtp", "off|ngram|mtp", (h))
+
 /* Prints "tern <cmd>: <reason>" and a --help hint to stderr; returns 2 (exit status). */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prints "tern <cmd>: <message>" to stderr; returns 1. */

@@ -42,8 +42,6 @@ static const struct cli_spec chat_cli = {
     NULL,
 };
 
-static bool parse_spec(const char *v, void *dst) { return spec_mode_parse(v, dst); }
-
 static char *slurp(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
@@ -212,8 +210,8 @@ int cli_chat_main(int argc, char **argv) {
         CLI_STR1("chat-template", &tmpl, "FILE", "template to use instead of the model's"),
         CLI_FLAG("no-think", &no_think, "chat_template_kwargs.enable_thinking = false"),
         CLI_FLAG("chat", &chat, NULL), /* tern run --chat */
-        CLI_FN("spec", &cs.spec.mode, parse_spec, "off, ngram or mtp", "off|ngram|mtp",
-               "speculative decoding by prompt lookup or the MTP head (default off; same output)"),
+        CLI_SPEC(&cs.spec.mode,
+                 "speculative decoding by prompt lookup or the MTP head (default off; same output)"),
         CLI_INT("spec-max", &cs.spec.max, 1, SPEC_MAX_DRAFT, "N", "tokens per draft, 1-32 (default 8)"),
         CLI_STR("device", &device, "D", "cpu (default; or $TERN_DEVICE), vulkan, vulkan:N or auto, as for tern serve"),
         CLI_END,

@@ -57,7 +57,7 @@ static int print_plan(const struct tern_mkmodel_params *p) {
 
 static int mkmodel_main(int argc, char **argv) {
     const char *arch = NULL, *preset = NULL, *out = NULL, *type = NULL, *vocab = NULL, *name = NULL;
-    bool pure = false, dry_run = false, pad_normal = false, seed_set = false;
+    bool pure = false, dry_run = false, pad_normal = false;
     /* The shape options write straight into p: parsed once to learn the preset or arch,
      * then again over the defaults these give, so that what is given overrides them. */
     struct tern_mkmodel_params p;
@@ -79,8 +79,7 @@ static int mkmodel_main(int argc, char **argv) {
         CLI_FLAG("pad-normal", &pad_normal,
                  "padding tokens are normal tokens whose text is rendered (for benchmarks that count a random "
                  "model's streamed tokens)"),
-        {.name = "seed", .kind = CLI_K_U64, .dst = &p.seed, .seen = &seed_set, .arg = "N",
-         .help = "random seed (default 1234)"},
+        CLI_U64("seed", &p.seed, "N", "random seed (default 1234)"),
         CLI_STR1("vocab", &vocab, "FILE",
                  "copy the vocabulary and chat template (every tokenizer.* key) from a GGUF; default: a small "
                  "built-in byte-level vocabulary"),

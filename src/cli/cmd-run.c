@@ -30,8 +30,6 @@ static const struct cli_spec run_cli = {
     NULL,
 };
 
-static bool parse_spec(const char *v, void *dst) { return spec_mode_parse(v, dst); }
-
 /* Parses "1 2 3" or "1,2,3". */
 static bool parse_ids(const char *s, int32_t **ids, size_t *n) {
     size_t cap = 16;
@@ -145,9 +143,8 @@ static int run_main(int argc, char **argv) {
         CLI_INT("n|n-predict", &n_predict, 0, 1 << 24, "N", "tokens to generate (default 128; 0 = prime only)"),
         CLI_SAMPLER_OPTS(&sp, &seed_set),
         CLI_LIST("stop", &stops, "STR", "stop when the text contains STR (repeatable)"),
-        CLI_FN("spec", &spp.mode, parse_spec, "off, ngram or mtp", "off|ngram|mtp",
-               "speculative decoding by prompt lookup or the model's MTP head (Qwen3.5 nextn; default off; the "
-               "output is the same, docs/spec.md)"),
+        CLI_SPEC(&spp.mode, "speculative decoding by prompt lookup or the model's MTP head (Qwen3.5 nextn; "
+                            "default off; the output is the same, docs/spec.md)"),
         CLI_INT("spec-max", &spp.max, 1, SPEC_MAX_DRAFT, "N", "tokens per draft, 1-32 (default 8)"),
         CLI_STR1("spec-oracle", &oracle_str, "PCT:IDS", NULL), /* tests: drafts from known tokens */
         CLI_INT("t|threads", &threads, 1, 1024, "N", "compute threads (default: online cores)"),

@@ -39,8 +39,6 @@ static const struct cli_spec serve_cli = {
 };
 
 static bool parse_predict(const char *v, void *dst) { return predict_mode_parse(v, dst); }
-static bool parse_spec(const char *v, void *dst) { return spec_mode_parse(v, dst); }
-
 /* --cache-peer-wait: auto (0) or 1-30000 ms */
 static bool parse_peer_wait(const char *v, void *dst) {
     long ms;
@@ -191,9 +189,9 @@ static int cmd_serve(int argc, char **argv) {
                "after tool results too (all; default)"),
         CLI_INT("predict-chunk", &predict_chunk, 1, 1 << 16, "N",
                 "tokens per idle priming step; a request waits at most one (default 128)"),
-        CLI_FN("spec", &spec, parse_spec, "off, ngram or mtp", "off|ngram|mtp",
-               "speculative decoding: draft by prompt lookup (ngram) or the model's MTP head (mtp: Qwen3.5 nextn) "
-               "and verify the draft in one forward; output unchanged (default off; docs/spec.md)"),
+        CLI_SPEC(&spec, "speculative decoding: draft by prompt lookup (ngram) or the model's MTP head (mtp: "
+                        "Qwen3.5 nextn) and verify the draft in one forward; output unchanged (default off; "
+                        "docs/spec.md)"),
         CLI_INT("spec-max", &spec_max, 1, SPEC_MAX_DRAFT, "N", "tokens per draft, 1-32 (default 8)"),
         CLI_MIB("spec-trail", &spec_trail, 1, 1 << 20, "MiB",
                 "hybrid models: the most a request's speculative state trail may take (one recurrent state per "

@@ -83,8 +83,8 @@ static bool parse_even(const char *v, void *dst) {
 
 static void test_every_kind_stores(void **state) {
     (void)state;
-    struct vals v = {.n = 9, .keys = {v.keys_v, 0, 2}};
-    v.keys.v = v.keys_v;
+    struct vals v = {.n = 9};
+    v.keys = (struct cli_list){v.keys_v, 0, 2};
     TABLE(v);
     assert_int_equal(parse(opts, NULL, "-m", "a.gguf", "--count=-3", "--wait", "7", "--ram", "3", "--temp", "0.5",
                            "--ratio", "-0.25", "--seed", "18446744073709551615", "--flag", "--kv-type", "f32",
