@@ -126,7 +126,7 @@ static int bench_state(int argc, char **argv) {
         /* (a key each: a write of a file that holds the state already appends nothing) */
         char key[16];
         snprintf(key, sizeof key, "bench-%d", rep);
-        if (disk_put(d, "", key, nonce, &has, s, cks, NULL, n_ck)) {
+        if (disk_put(d, "", key, nonce, &has, s, cks, NULL, n_ck, NULL)) {
             fprintf(stderr, "%s\n", tern_last_error());
             return 1;
         }
@@ -149,7 +149,7 @@ static int bench_state(int argc, char **argv) {
             size_t nl;
             disk_refresh(d);
             uint64_t t0 = tern_now_ns();
-            if (disk_load(d, 0, r, "", &x, &lc, &kinds, &nl)) {
+            if (disk_load(d, 0, r, "", &x, &lc, &kinds, &nl, NULL)) {
                 fprintf(stderr, "%s\n", tern_last_error());
                 return 1;
             }
@@ -203,17 +203,17 @@ static int bench_turn(int argc, char **argv) {
         uint8_t nonce[DISK_NONCE_BYTES];
         bool has = false;
         snprintf(key, sizeof key, "turn-%d", rep);
-        if (disk_put(d, "", key, nonce, &has, s1, NULL, NULL, 0)) goto fail;
+        if (disk_put(d, "", key, nonce, &has, s1, NULL, NULL, 0, NULL)) goto fail;
         disk_get_stats(d, &st0);
         uint64_t t0 = tern_now_ns();
-        if (disk_put(d, "", key, nonce, &has, s2, NULL, NULL, 0)) goto fail;
+        if (disk_put(d, "", key, nonce, &has, s2, NULL, NULL, 0, NULL)) goto fail;
         double t = (double)(tern_now_ns() - t0) * 1e-9;
         disk_get_stats(d, &st1);
         if (t < best_turn) best_turn = t;
         turn_bytes = st1.write_bytes - st0.write_bytes;
         snprintf(key, sizeof key, "new-%d", rep);
         t0 = tern_now_ns();
-        if (disk_put(d, "", key, nonce, &has, s2, NULL, NULL, 0)) goto fail;
+        if (disk_put(d, "", key, nonce, &has, s2, NULL, NULL, 0, NULL)) goto fail;
         t = (double)(tern_now_ns() - t0) * 1e-9;
         disk_get_stats(d, &st0);
         if (t < best_new) best_new = t;
@@ -251,7 +251,7 @@ static int bench_index(int argc, char **argv) {
         snprintf(key, sizeof key, "conversation-%u", i);
         uint8_t nonce[DISK_NONCE_BYTES];
         bool has = false;
-        if (disk_put(d, "", key, nonce, &has, s, NULL, NULL, 0)) {
+        if (disk_put(d, "", key, nonce, &has, s, NULL, NULL, 0, NULL)) {
             fprintf(stderr, "%s\n", tern_last_error());
             return 1;
         }

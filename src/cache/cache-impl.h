@@ -56,12 +56,12 @@ struct entry {
     /* The marker of the write this entry's park will make (cache_announce): handed to
      * the write, ended by whoever ends the write, or at the release when none is made. */
     struct disk_mark *mark;
-    /* What the caller parks with the conversation (cache_lease_park_aux; the engine: the
-     * MTP head's rows), RAM only: freed with the entry, moved along the lineage when the
-     * conversation moves on to a prediction of it, never forked or written. */
-    void *aux;
-    void (*aux_free)(void *);
-    size_t aux_bytes;
+    /* The MTP head parked with the conversation (cache_lease_park_head), its row 0 at
+     * main position head_base: freed with the entry, moved along the lineage when the
+     * conversation moves on to a prediction of it, written with it to the disk tier and
+     * read back with it; never forked. Read-only while pinned, like the session. */
+    struct tern_mtp *head;
+    uint32_t head_base;
     bool doomed;                /* (wmu) removed from the pool while pinned: the writer frees it */
     struct entry *prev, *next;  /* LRU list, head = most recent */
 };

@@ -11,6 +11,7 @@
  * merely shares a prefix with another conversation gets a copy (a fork), so the other
  * conversation keeps its state. */
 #include "cache/cache-impl.h"
+#include "model/mtp.h"
 
 #include "tokenizer/tokenizer.h"
 #include "util/testhook.h"
@@ -34,7 +35,7 @@ struct lease_priv {
     struct ckpt_entry pending[MAX_PLAN];
     size_t n_pending;
     bool in_place;              /* a prediction that continues a kept one */
-    bool in_place_resume;       /* the request resumed its entry in place (from RAM) */
+    bool own_state;             /* the request resumed its entry in place (RAM) or from its file */
 };
 
 const char *cache_tier_name(enum cache_tier t) {
@@ -102,16 +103,15 @@ static bool ck_insert(struct entry *e, struct ckpt_entry ce) {
     return true;
 }
 
-static void aux_drop(struct entry *e) {
-    if (e->aux && e->aux_free) e->aux_free(e->aux);
-    e->aux = NULL;
-    e->aux_free = NULL;
-    e->aux_bytes = 0;
+static void head_drop(struct entry *e) {
+    tern_mtp_free(e->head);
+    e->head = NULL;
+    e->head_base = 0;
 }
 
 void cache_entry_free(struct entry *e) {
     if (!e) return;
-    aux_drop(e);
+    head_drop(e);
     for (size_t i = 0; i < e->n_ck; i++) tern_checkpoint_free(e->ck[i].ck);
     free(e->ck);
     fp_free(&e->fp);
@@ -122,7 +122,7 @@ void cache_entry_free(struct entry *e) {
 }
 
 static size_t entry_bytes(const struct entry *e) {
-    return tern_session_bytes(e->s) + e->ck_bytes + e->n_ck * sizeof *e->ck + e->aux_bytes;
+    return tern_session_bytes(e->s) + e->ck_bytes + e->n_ck * sizeof *e->ck + (e->head ? tern_mtp_bytes(e->head) : 0);
 }
 
 static enum tern_status entry_new(struct cache *c, const struct cache_ident *id, struct tern_session *s,
@@ -516,7 +516,8 @@ static enum tern_status disk_resume(struct cache *c, const struct cache_ident *i
     uint32_t *kinds = NULL;
     size_t n_cks = 0;
     const uint64_t t0 = tern_now_ns();
-    enum tern_status st = disk_load(c->disk, (size_t)dc->idx, r, tenant, &s, &cks, &kinds, &n_cks);
+    struct disk_mtp head = {0};
+    enum tern_status st = disk_load(c->disk, (size_t)dc->idx, r, tenant, &s, &cks, &kinds, &n_cks, &head);
     disk_unlock(c->disk);
     cache_disk_stats_update(c);
     if (st) return st;
@@ -534,8 +535,11 @@ static enum tern_status disk_resume(struct cache *c, const struct cache_ident *i
         free(cks);
         free(kinds);
         tern_session_free(s);
+        tern_mtp_free(head.h);
         return st;
     }
+    e->head = head.h;
+    e->head_base = head.base;
     if (!named) {
         memcpy(e->disk_nonce, nonce, sizeof nonce);
         e->has_nonce = true;
@@ -698,13 +702,12 @@ static enum tern_status resume_in_place(struct cache *c, struct entry *e, const 
              * conversation's next prediction continues */
             if (o->keep && o->predicted) continue;
             inherit_checkpoints(c, e, o);
-            if (!e->aux && o->aux) { /* (the conversation's parked aux follows it onto a prediction) */
-                e->aux = o->aux;
-                e->aux_free = o->aux_free;
-                e->aux_bytes = o->aux_bytes;
-                o->aux = NULL;
-                o->aux_free = NULL;
-                o->aux_bytes = 0;
+            /* (the conversation's parked head follows it onto a prediction; one a write is
+             * reading stays and goes with its entry) */
+            if (!e->head && o->head && !cache_entry_pinned(c, o)) {
+                e->head = o->head;
+                e->head_base = o->head_base;
+                o->head = NULL;
             }
             entry_remove(c, o);
         }
@@ -870,26 +873,26 @@ bool cache_write_pending(struct cache *c, const struct cache_ident *id, const in
     return false;
 }
 
-void cache_lease_park_aux(struct cache_lease *lease, void *aux, void (*free_fn)(void *), size_t bytes) {
+void cache_lease_park_head(struct cache_lease *lease, struct tern_mtp *h, uint32_t base) {
     struct lease_priv *lp = lease->priv;
     if (!lp) {
-        if (aux && free_fn) free_fn(aux);
+        tern_mtp_free(h);
         return;
     }
-    aux_drop(lp->e);
-    lp->e->aux = aux;
-    lp->e->aux_free = free_fn;
-    lp->e->aux_bytes = aux ? bytes : 0;
+    head_drop(lp->e);
+    lp->e->head = h;
+    lp->e->head_base = h ? base : 0;
 }
 
-void *cache_lease_take_aux(struct cache_lease *lease) {
+struct tern_mtp *cache_lease_take_head(struct cache_lease *lease, uint32_t *base) {
     struct lease_priv *lp = lease->priv;
-    if (!lp || !lp->in_place_resume) return NULL;
-    void *a = lp->e->aux;
-    lp->e->aux = NULL;
-    lp->e->aux_free = NULL;
-    lp->e->aux_bytes = 0;
-    return a;
+    *base = 0;
+    if (!lp || !lp->own_state) return NULL;
+    struct tern_mtp *h = lp->e->head;
+    *base = lp->e->head_base;
+    lp->e->head = NULL;
+    lp->e->head_base = 0;
+    return h;
 }
 
 enum tern_status cache_announce(struct cache *c, struct cache_lease *lease) {
@@ -960,13 +963,15 @@ enum tern_status cache_acquire_flags(struct cache *c, const struct cache_ident *
     explain_decline(c, &ch, d);
     struct entry *e = NULL;
     uint32_t r = 0;
-    if (!resume_from_disk(c, id, prompt, m, ch.best.e ? ch.best.res.r : 0, d, &e, &r)) {
+    if (resume_from_disk(c, id, prompt, m, ch.best.e ? ch.best.res.r : 0, d, &e, &r)) {
+        lp->own_state = true;
+    } else {
         st = ch.best.e ? resume_from_ram(c, id, &ch.best, prompt, d, &e) : start_cold(c, id, d, &e);
         if (st) {
             free(lp);
             return st;
         }
-        lp->in_place_resume = ch.best.e && e == ch.best.e;
+        lp->own_state = ch.best.e && e == ch.best.e;
         r = ch.best.e ? ch.best.res.r : 0;
     }
     /* plan and lease */

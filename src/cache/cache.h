@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 struct cache;
+struct tern_mtp;
 
 #define CACHE_MAX_TENANT_STATS 16
 #define CACHE_MAX_ROLES 16
@@ -141,12 +142,15 @@ struct cache_wait {
 };
 bool cache_write_pending(struct cache *c, const struct cache_ident *id, const int32_t *prompt, size_t m,
                          struct cache_wait *w);
-/* Parks aux with the lease's conversation (replacing what it held), counted in the pool
- * as bytes; freed with free_fn when the conversation goes. Call it before the release. */
-void cache_lease_park_aux(struct cache_lease *lease, void *aux, void (*free_fn)(void *), size_t bytes);
-/* What the conversation this lease resumed in place (RAM, its own lineage: not a fork,
- * not the disk) had parked; the caller owns it. NULL: none. */
-void *cache_lease_take_aux(struct cache_lease *lease);
+/* Parks the MTP head (model/mtp.h; its row 0 at main position base) with the lease's
+ * conversation, replacing what it held; taken over (freed when the conversation goes),
+ * counted in the pool, written with the conversation by the disk tier. Call it before
+ * the release. */
+void cache_lease_park_head(struct cache_lease *lease, struct tern_mtp *h, uint32_t base);
+/* The head parked with the conversation this lease resumed — in place in RAM (its own
+ * lineage, not a fork) or from the disk tier (its rows below the resume point); the
+ * caller owns it. NULL: none. */
+struct tern_mtp *cache_lease_take_head(struct cache_lease *lease, uint32_t *base);
 /* Announces the write that releasing this lease will make (replicas: disk.h markers),
  * with the session's tokens as they are now; call it before the response's last byte,
  * after the last change to the session. Without a disk tier it does nothing. */

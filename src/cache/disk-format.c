@@ -160,6 +160,8 @@ void dk_head_free(struct head *hd) {
     free(hd->ckpt_pos);
     free(hd->ckpt_kinds);
     free(hd->refs);
+    free(hd->mtp.tokens);
+    free(hd->mtp.refs);
     memset(hd, 0, sizeof *hd);
 }
 
@@ -186,8 +188,8 @@ bool dk_read_head(int fd, uint64_t file_size, bool marker, struct head *hd, char
         snprintf(why, why_len, "not a tern disk-tier file (bad magic)");
         return false;
     }
-    if (h->version != FILE_VERSION) {
-        snprintf(why, why_len, "file format version %u, this tern writes %u", h->version, FILE_VERSION);
+    if (h->version != FILE_VERSION && h->version != 2) { /* (2: the same, without MTP heads) */
+        snprintf(why, why_len, "file format version %u, this tern reads 2 and %u", h->version, FILE_VERSION);
         return false;
     }
     if (h->tenant_len <= MAX_STR && h->key_len <= MAX_STR && h->hdr_bytes == sizeof *h + h->tenant_len + h->key_len &&
@@ -326,9 +328,10 @@ static bool read_version(int fd, uint64_t file_size, const uint8_t *first, size_
     for (int i = 0; i < 2; i++) {
         const struct slot *v = &sl[i];
         if (v->seq == 0 || v->sum != dk_slot_sum(v, hd->hdr_sum, i)) continue;
-        if (v->n_tokens > MAX_TOKENS || v->n_ckpt > MAX_CKPT ||
-            v->dir_len != dk_dir_bytes(v->n_tokens, v->n_ckpt, h->rec_bytes != 0) || v->dir_off < bo ||
-            v->dir_off + v->dir_len + 8 > v->total)
+        const uint32_t hn = (uint32_t)v->head;
+        if (v->n_tokens > MAX_TOKENS || v->n_ckpt > MAX_CKPT || hn > MAX_TOKENS || (hn && h->version < 3) ||
+            v->dir_len != dk_dir_bytes(v->n_tokens, v->n_ckpt, h->rec_bytes != 0) + head_dir_bytes(hn) ||
+            v->dir_off < bo || v->dir_off + v->dir_len + 8 > v->total)
             continue;
         if (v->total > file_size) {
             torn = true;
@@ -378,7 +381,35 @@ static bool read_version(int fd, uint64_t file_size, const uint8_t *first, size_
     memcpy(hd->ckpt_kinds, dir + o, (size_t)hd->n_ck * 4);
     o += (size_t)hd->n_ck * 4;
     memcpy(hd->refs, dir + o, n_refs * sizeof *hd->refs);
+    o += n_refs * sizeof *hd->refs;
+    hd->mtp = (struct head_part){.n = (uint32_t)v->head, .base = (uint32_t)(v->head >> 32)};
+    struct head_part *mh = &hd->mtp;
+    const size_t mh_pages = (mh->n + KV_BLOCK - 1) / KV_BLOCK;
+    if (mh->n) {
+        memcpy(&mh->row_bytes, dir + o, 8);
+        mh->tokens = tern_malloc((size_t)mh->n * 4);
+        mh->refs = tern_malloc(mh_pages * sizeof *mh->refs);
+        if (!mh->tokens || !mh->refs) {
+            free(dir);
+            snprintf(why, why_len, "out of memory");
+            return false;
+        }
+        memcpy(mh->tokens, dir + o + 8, (size_t)mh->n * 4);
+        memcpy(mh->refs, dir + o + 8 + (size_t)mh->n * 4, mh_pages * sizeof *mh->refs);
+        if (mh->row_bytes == 0 || mh->row_bytes > (1ull << 26) || (uint64_t)mh->base + mh->n > MAX_TOKENS) {
+            free(dir);
+            snprintf(why, why_len, "its MTP head's geometry is out of range");
+            return false;
+        }
+    }
     free(dir);
+    for (size_t pg = 0; pg < mh_pages; pg++) {
+        const uint64_t len = (uint64_t)page_rows(mh->n, (uint32_t)pg) * mh->row_bytes + 8;
+        if (mh->refs[pg].off < bo || mh->refs[pg].off > v->total || len > v->total - mh->refs[pg].off) {
+            snprintf(why, why_len, "MTP head block %zu lies outside the file", pg);
+            return false;
+        }
+    }
     /* every block inside the version's extent */
     for (size_t i = 0; i < n_refs; i++) {
         const uint64_t len = dk_ref_len(h, hd->n, hd->n_ck, i) + 8;
@@ -401,6 +432,11 @@ bool dk_head_matches(const struct disk *d, const char *name, const struct head *
     if (h->layout != d->layout || h->rec_bytes != d->rec_bytes || h->kv_row_bytes != d->kv_row_bytes) {
         snprintf(why, why_len, "another state layout (%016llx, this server's %016llx: KV type or tern version)",
                  (unsigned long long)h->layout, (unsigned long long)d->layout);
+        return false;
+    }
+    if (hd->mtp.n && hd->mtp.row_bytes != d->mtp_row_bytes) {
+        snprintf(why, why_len, "its MTP head's rows are of %llu bytes, this model's %zu",
+                 (unsigned long long)hd->mtp.row_bytes, d->mtp_row_bytes);
         return false;
     }
     if (!d->hybrid && hd->n_ck) {

@@ -47,7 +47,7 @@
 #include <unistd.h>
 
 #define FILE_MAGIC "TERNDSK1"
-#define FILE_VERSION 2u
+#define FILE_VERSION 3u /* 3: a version may hold the MTP head (2 is read, never appended to) */
 #define SECRET_BYTES 192 /* >= XXH3_SECRET_SIZE_MIN */
 #define MAX_STR 4096u
 #define MAX_TOKENS (1u << 24)
@@ -105,6 +105,7 @@ struct disk {
     unsigned test_delay_ms;
     uint64_t model_id, layout;
     size_t rec_bytes, kv_row_bytes;
+    size_t mtp_row_bytes;      /* a row of the model's MTP head (0: the model has none) */
     bool hybrid;
     uint8_t secret[SECRET_BYTES];
     uint64_t gen;              /* the generation counter at the last scan */
@@ -166,7 +167,7 @@ struct slot {
     uint64_t dir_off, dir_len;  /* the directory's payload (its checksum follows it) */
     uint64_t dir_sum;
     uint64_t total;             /* the file's bytes this version needs */
-    uint64_t reserved;
+    uint64_t head;              /* the MTP head's rows (low 32 bits) and base (high 32); 0: none */
     uint64_t sum;               /* of the above, seeded with the header's and the slot's index */
 };
 _Static_assert(sizeof(struct slot) == 64, "a version slot is 64 bytes on disk");
@@ -178,6 +179,10 @@ struct ref {
 #define BLK_DIR 0ull
 static inline uint64_t blk_rec(uint32_t pos) { return (1ull << 40) | pos; }
 static inline uint64_t blk_kv(uint32_t pg, uint32_t rows) { return (2ull << 40) | ((uint64_t)pg << 12) | rows; }
+/* the MTP head's KV page pg of rows rows, its row 0 at main position base */
+static inline uint64_t blk_head(uint32_t base, uint32_t pg, uint32_t rows) {
+    return (3ull << 60) | ((uint64_t)base << 28) | ((uint64_t)pg << 12) | rows;
+}
 
 static inline uint64_t slots_off(const struct file_hdr *h) { return ((uint64_t)h->hdr_bytes + 8 + 7) & ~7ull; }
 static inline uint64_t blocks_off(const struct file_hdr *h) { return slots_off(h) + 2 * sizeof(struct slot); }
@@ -186,6 +191,20 @@ static inline uint64_t blocks_off(const struct file_hdr *h) { return slots_off(h
  * recurrent state), then the KV pages. */
 static inline size_t ref_kv(const struct file_hdr *h, uint32_t n_ck, uint32_t pg) {
     return (h->rec_bytes ? 1u + n_ck : 0u) + pg;
+}
+
+/* The MTP head a version holds (DESIGN.md §9; model/mtp.h): at the end of the
+ * directory, when the slot's head field is not 0, its row bytes (u64), its tokens
+ * ([n] i32) and a reference to each of its KV pages (KV_BLOCK rows each). Row i is the
+ * main position base + i (the speculative decoder's numbering). */
+struct head_part {
+    uint32_t n, base;
+    uint64_t row_bytes;
+    int32_t *tokens;
+    struct ref *refs;
+};
+static inline uint64_t head_dir_bytes(uint32_t n) {
+    return n ? 8 + (uint64_t)n * 4 + (uint64_t)((n + KV_BLOCK - 1) / KV_BLOCK) * sizeof(struct ref) : 0;
 }
 
 /* A file's head, read and verified (dk_read_head). */
@@ -201,6 +220,7 @@ struct head {
     struct ref *refs;           /* entry files: the version's blocks */
     struct slot sl;             /* entry files: the version's slot */
     int slot_i;
+    struct head_part mtp;       /* entry files: the version's MTP head (mtp.n 0: none) */
 };
 
 /* ---- across the files: each function where it lives ---- */

@@ -1,6 +1,7 @@
 /* The disk tier's index of a directory (disk-impl.h): entries, scans, the directory's
  * lock and generation counter, open and close. */
 #include "cache/disk-impl.h"
+#include "model/mtp.h"
 
 /* ---- the index ---------------------------------------------------------------------- */
 
@@ -431,6 +432,7 @@ enum tern_status disk_open(const struct disk_params *p, struct disk **out) {
     d->rec_bytes = tern_model_info(p->model)->recurrent_bytes;
     d->hybrid = tern_model_info(p->model)->hybrid;
     d->kv_row_bytes = tern_state_kv_row_bytes(p->model, p->session.kv_type);
+    d->mtp_row_bytes = tern_mtp_kv_row_bytes(p->model, p->session.kv_type);
     uint64_t t0 = tern_now_ns();
     pthread_mutex_lock(&d->mu);
     dk_scan(d, true);

@@ -1,6 +1,7 @@
 /* The disk tier's I/O (disk-impl.h): a conversation written (appended as a version)
  * and read back, writes in flight announced to peers, inspection. */
 #include "cache/disk-impl.h"
+#include "model/mtp.h"
 
 /* ---- write ------------------------------------------------------------------------------ */
 
@@ -68,13 +69,13 @@ static enum tern_status put_block(const struct disk *d, int fd, uint64_t *off, c
 
 enum tern_status disk_put(struct disk *d, const char *tenant, const char *key, uint8_t nonce[DISK_NONCE_BYTES],
                           bool *has_nonce, const struct tern_session *s, struct tern_checkpoint *const *cks,
-                          const uint32_t *kinds, size_t n_cks) {
+                          const uint32_t *kinds, size_t n_cks, const struct disk_mtp *mtp) {
     if (!(key && *key) && !*has_nonce) {
         enum tern_status st = disk_nonce_new(nonce);
         if (st) return st;
         *has_nonce = true;
     }
-    return disk_put_io(d, &d->io, tenant, key, nonce, s, cks, kinds, n_cks);
+    return disk_put_io(d, &d->io, tenant, key, nonce, s, cks, kinds, n_cks, mtp);
 }
 
 /* The recurrent state a version holds at position p (its end or a checkpoint), or NULL. */
@@ -112,6 +113,30 @@ static uint64_t plan_reuse(const struct disk *d, const struct head *base, const 
         }
         if (have) refs[i] = *have;
         else bytes += dk_ref_len(h, n, n_ck, i) + 8;
+    }
+    return bytes;
+}
+
+/* Which of the MTP head's pages (hn rows, row 0 at main position hbase) the file's
+ * current version holds: a page of the same place whose bytes are these (the head's
+ * rows depend on where its rows were fed as well as on the tokens, so the bytes decide:
+ * each candidate page is exported into io's buffer and its checksum compared with the
+ * one the file holds). hrefs[pg].off = 0: to be written. Returns the bytes to write. */
+static uint64_t plan_head_reuse(const struct disk *d, struct disk_io *io, const struct head *base,
+                                const struct tern_mtp *h, uint32_t hbase, uint32_t hn, struct ref *hrefs) {
+    const uint32_t pages = (hn + KV_BLOCK - 1) / KV_BLOCK;
+    memset(hrefs, 0, pages * sizeof *hrefs);
+    uint64_t bytes = head_dir_bytes(hn);
+    for (uint32_t pg = 0; pg < pages; pg++) {
+        const uint32_t rows = page_rows(hn, pg);
+        const size_t len = (size_t)rows * d->mtp_row_bytes;
+        if (base && base->mtp.n && base->mtp.base == hbase && pg * KV_BLOCK < base->mtp.n &&
+            page_rows(base->mtp.n, pg) == rows &&
+            !tern_mtp_kv_export(h, pg * KV_BLOCK, pg * KV_BLOCK + rows, io->buf) &&
+            dk_block_sum(io->buf, len, base->hdr_sum, blk_head(hbase, pg, rows)) == base->mtp.refs[pg].sum)
+            hrefs[pg] = base->mtp.refs[pg];
+        else
+            bytes += len + 8;
     }
     return bytes;
 }
@@ -199,6 +224,21 @@ static enum tern_status put_blocks(struct disk *d, struct disk_io *io, int fd, u
     return st;
 }
 
+/* The MTP head's pages the file lacks (hrefs[pg].off 0), as put_blocks. */
+static enum tern_status put_head_blocks(struct disk *d, struct disk_io *io, int fd, uint64_t *off, uint64_t hdr_sum,
+                                        const struct tern_mtp *h, uint32_t hbase, uint32_t hn, struct ref *hrefs) {
+    enum tern_status st = TERN_OK;
+    for (uint32_t pg = 0; !st && pg * KV_BLOCK < hn; pg++) {
+        if (hrefs[pg].off) continue;
+        const uint32_t rows = page_rows(hn, pg);
+        st = tern_mtp_kv_export(h, pg * KV_BLOCK, pg * KV_BLOCK + rows, io->buf);
+        if (!st)
+            st = put_block(d, fd, off, io->buf, (size_t)rows * d->mtp_row_bytes, hdr_sum, blk_head(hbase, pg, rows),
+                           &hrefs[pg]);
+    }
+    return st;
+}
+
 /* The written version into the index as ne (taken: indexed or freed); without memory for
  * it the file is left for the next scan to index (d->mu held). */
 static void put_index(struct disk *d, struct disk_entry *ne, const char *name, const char *tenant, const char *key,
@@ -240,7 +280,8 @@ static void put_index(struct disk *d, struct disk_entry *ne, const char *name, c
  * the index work, so that the worker's decisions and loads go on while it writes. */
 enum tern_status disk_put_io(struct disk *d, struct disk_io *io, const char *tenant, const char *key,
                              const uint8_t nonce[DISK_NONCE_BYTES], const struct tern_session *s,
-                             struct tern_checkpoint *const *cks, const uint32_t *kinds, size_t n_cks) {
+                             struct tern_checkpoint *const *cks, const uint32_t *kinds, size_t n_cks,
+                             const struct disk_mtp *mtp) {
     tenant = tenant ? tenant : "";
     if (key && !*key) key = NULL;
     if (strlen(tenant) > MAX_STR || (key && strlen(key) > MAX_STR))
@@ -255,10 +296,17 @@ enum tern_status disk_put_io(struct disk *d, struct disk_io *io, const char *ten
     header_of(d, tenant, key, nonce, 0, 0, &h);
     const bool rec = d->rec_bytes != 0;
     const size_t n_refs = dk_n_refs_of(n, n_ck, rec);
-    const uint64_t dlen = dk_dir_bytes(n, n_ck, rec);
+    /* the MTP head: its rows as far as the format and its tokens reach */
+    const struct tern_mtp *hm = mtp && mtp->h && d->mtp_row_bytes ? mtp->h : NULL;
+    const uint32_t hbase = hm ? mtp->base : 0;
+    uint32_t hn = hm ? tern_mtp_n_past(hm) : 0;
+    if ((uint64_t)hbase + hn > MAX_TOKENS) hn = 0;
+    const uint32_t h_pages = (hn + KV_BLOCK - 1) / KV_BLOCK;
+    const uint64_t dlen = dk_dir_bytes(n, n_ck, rec) + head_dir_bytes(hn);
     /* the whole version, as a new file writes it */
     const uint64_t live = blocks_off(&h) + dlen + 8 + (rec ? (1ull + n_ck) * (d->rec_bytes + 8) : 0) +
-                          (uint64_t)n * d->kv_row_bytes + (uint64_t)((n + KV_BLOCK - 1) / KV_BLOCK) * 8;
+                          (uint64_t)n * d->kv_row_bytes + (uint64_t)((n + KV_BLOCK - 1) / KV_BLOCK) * 8 +
+                          (uint64_t)hn * d->mtp_row_bytes + (uint64_t)h_pages * 8;
     if (live > d->max_bytes)
         return tern_errorf(TERN_ERR_RANGE, "disk tier: the conversation's %llu bytes exceed the whole --cache-disk budget (%llu)",
                            (unsigned long long)live, (unsigned long long)d->max_bytes);
@@ -269,18 +317,28 @@ enum tern_status disk_put_io(struct disk *d, struct disk_io *io, const char *ten
     struct disk_entry *ne = tern_calloc(1, sizeof *ne);
     uint8_t *dir = tern_malloc((size_t)dlen + 8);
     struct ref *refs = tern_malloc(n_refs * sizeof *refs + sizeof *refs);
-    enum tern_status st = dk_buf_reserve(io, (size_t)KV_BLOCK * d->kv_row_bytes + 64);
-    if (!st && (!hbuf || !ne || !dir || !refs)) st = tern_errorf(TERN_ERR_NOMEM, "disk tier: out of memory");
+    struct ref *hrefs = tern_malloc(h_pages * sizeof *hrefs + sizeof *hrefs);
+    const size_t row_max = d->kv_row_bytes > d->mtp_row_bytes ? d->kv_row_bytes : d->mtp_row_bytes;
+    enum tern_status st = dk_buf_reserve(io, (size_t)KV_BLOCK * row_max + 64);
+    if (!st && (!hbuf || !ne || !dir || !refs || !hrefs)) st = tern_errorf(TERN_ERR_NOMEM, "disk tier: out of memory");
     if (st) {
         free(hbuf);
         free(ne);
         free(dir);
         free(refs);
+        free(hrefs);
         return st;
     }
     memcpy(dir, toks, (size_t)n * 4);
     memcpy(dir + (size_t)n * 4, pos, (size_t)n_ck * 4);
     memcpy(dir + ((size_t)n + n_ck) * 4, knd, (size_t)n_ck * 4);
+    /* (the head's part of the directory: its row bytes and tokens now, its refs below) */
+    uint8_t *hdir = dir + dk_dir_bytes(n, n_ck, rec);
+    if (hn) {
+        const uint64_t rb = d->mtp_row_bytes;
+        memcpy(hdir, &rb, 8);
+        memcpy(hdir + 8, tern_mtp_tokens(hm), (size_t)hn * 4);
+    }
 
     char tmp[128];
     char fn[DISK_NAME_LEN + sizeof DISK_FILE_SUFFIX];
@@ -298,14 +356,18 @@ enum tern_status disk_put_io(struct disk *d, struct disk_io *io, const char *ten
     /* What the file holds already (under the directory's lock: no one else writes it
      * meanwhile): appended to unless the superseded bytes would outweigh half the live. */
     if (open_base(d, fn, name, tenant, &base, &fd, &base_size)) {
-        add = plan_reuse(d, &base, &h, toks, n, pos, n_ck, refs);
-        append = base_size + add <= live + live / 2;
+        add = plan_reuse(d, &base, &h, toks, n, pos, n_ck, refs) + plan_head_reuse(d, io, &base, hm, hbase, hn, hrefs);
+        /* (a version 2 file is not appended to: its header says it holds no heads) */
+        append = base_size + add <= live + live / 2 && base.h.version == FILE_VERSION;
         if (!append) {
             close(fd);
             fd = -1;
         }
     }
-    if (!append) memset(refs, 0, n_refs * sizeof *refs);
+    if (!append) {
+        memset(refs, 0, n_refs * sizeof *refs);
+        memset(hrefs, 0, h_pages * sizeof *hrefs);
+    }
     const uint64_t hdr_sum = append ? base.hdr_sum : header_bytes(&h, tenant, key, hbuf);
     pthread_mutex_lock(&d->mu);
     snprintf(tmp, sizeof tmp, ".tmp-%s-%d-%u", d->host, (int)getpid(), ++d->tmp_seq);
@@ -329,14 +391,17 @@ enum tern_status disk_put_io(struct disk *d, struct disk_io *io, const char *ten
     }
     const uint64_t off0 = off;
     if (!st) st = put_blocks(d, io, fd, &off, &h, hdr_sum, s, n, pos, recs, n_ck, refs);
+    if (!st && hn) st = put_head_blocks(d, io, fd, &off, hdr_sum, hm, hbase, hn, hrefs);
     struct ref dref = {0};
     memcpy(dir + ((size_t)n + 2u * n_ck) * 4, refs, n_refs * sizeof *refs);
+    if (hn) memcpy(hdir + 8 + (size_t)hn * 4, hrefs, h_pages * sizeof *hrefs);
     if (!st) st = put_block(d, fd, &off, dir, (size_t)dlen, hdr_sum, BLK_DIR, &dref);
     /* the version's blocks are on disk before the slot that names them */
     if (!st && fsync(fd)) st = tern_errorf(TERN_ERR_IO, "fsync: %s", strerror(errno));
     const int si = append ? 1 - base.slot_i : 0;
     struct slot sl = {.seq = append ? base.sl.seq + 1 : 1, .n_tokens = n, .n_ckpt = n_ck, .dir_off = dref.off,
-                      .dir_len = dlen, .dir_sum = dref.sum, .total = off};
+                      .dir_len = dlen, .dir_sum = dref.sum, .total = off,
+                      .head = hn ? (uint64_t)hbase << 32 | hn : 0};
     sl.sum = dk_slot_sum(&sl, hdr_sum, si);
     if (!st) st = pwrite_all(fd, &sl, sizeof sl, slots_off(append ? &base.h : &h) + (uint64_t)si * sizeof sl, "a version slot");
     if (!st && fsync(fd)) st = tern_errorf(TERN_ERR_IO, "fsync: %s", strerror(errno));
@@ -364,8 +429,8 @@ enum tern_status disk_put_io(struct disk *d, struct disk_io *io, const char *ten
     ne = NULL;
     d->st.writes++;
     d->st.write_bytes += wrote;
-    TERN_LOG_DEBUG("disk tier: wrote %s (%u tokens, %u checkpoints, %llu of its %llu bytes%s) in %.1f ms", fn, n, n_ck,
-                   (unsigned long long)wrote, (unsigned long long)fst.st_size, append ? ", appended" : "",
+    TERN_LOG_DEBUG("disk tier: wrote %s (%u tokens, %u checkpoints, %u MTP head rows, %llu of its %llu bytes%s) in %.1f ms",
+                   fn, n, n_ck, hn, (unsigned long long)wrote, (unsigned long long)fst.st_size, append ? ", appended" : "",
                    (double)(tern_now_ns() - t0) * 1e-6);
 out:
     /* (d->mu held from here) */
@@ -378,6 +443,7 @@ out_nolock:
     free(hbuf);
     free(dir);
     free(refs);
+    free(hrefs);
     return st;
 }
 
@@ -676,21 +742,54 @@ static bool get_block(struct disk *d, int fd, struct ref ref, size_t n, uint64_t
 }
 
 static enum tern_status load(struct disk *d, size_t idx, uint32_t r, const char *tenant, struct tern_session **out,
-                             struct tern_checkpoint ***cks_out, uint32_t **kinds_out, size_t *n_cks_out);
+                             struct tern_checkpoint ***cks_out, uint32_t **kinds_out, size_t *n_cks_out,
+                             struct disk_mtp *mtp);
 
 /* The index lock is held throughout (the worker's buffer; the entry stays where it is):
  * the writer thread waits for it only at the start and the end of a write. */
 enum tern_status disk_load(struct disk *d, size_t idx, uint32_t r, const char *tenant, struct tern_session **out,
-                           struct tern_checkpoint ***cks_out, uint32_t **kinds_out, size_t *n_cks_out) {
+                           struct tern_checkpoint ***cks_out, uint32_t **kinds_out, size_t *n_cks_out,
+                           struct disk_mtp *mtp) {
     pthread_mutex_lock(&d->mu);
-    enum tern_status st = load(d, idx, r, tenant, out, cks_out, kinds_out, n_cks_out);
+    enum tern_status st = load(d, idx, r, tenant, out, cks_out, kinds_out, n_cks_out, mtp);
     pthread_mutex_unlock(&d->mu);
     dk_gen_flush(d);
     return st;
 }
 
+/* The head's rows of main positions below r - 1 from hd into a new head for s (*out
+ * NULL when there are none). false: a block did not verify (why says which). */
+static bool load_head(struct disk *d, int fd, const struct head *hd, uint32_t r, struct tern_session *s,
+                      struct tern_mtp **out, char *why, size_t why_len) {
+    *out = NULL;
+    const struct head_part *mh = &hd->mtp;
+    const uint32_t keep = r > mh->base + 1 ? (r - 1 - mh->base < mh->n ? r - 1 - mh->base : mh->n) : 0;
+    if (!keep || !d->mtp_row_bytes) return true;
+    struct tern_mtp *h = NULL;
+    enum tern_status st = tern_mtp_import(s, mh->tokens, keep, &h);
+    for (uint32_t pg = 0; !st && pg * KV_BLOCK < keep; pg++) {
+        const uint32_t rows = page_rows(mh->n, pg);
+        if (!get_block(d, fd, mh->refs[pg], (size_t)rows * d->mtp_row_bytes, hd->hdr_sum, blk_head(mh->base, pg, rows),
+                       why, why_len)) {
+            tern_mtp_free(h);
+            return false;
+        }
+        const uint32_t p1 = keep < pg * KV_BLOCK + rows ? keep : pg * KV_BLOCK + rows;
+        st = tern_mtp_kv_import(h, pg * KV_BLOCK, p1, d->io.buf, rows);
+    }
+    if (st) {
+        TERN_LOG_WARN("disk tier: the MTP head left out (it starts afresh): %s", tern_last_error());
+        tern_mtp_free(h);
+        return true;
+    }
+    *out = h;
+    return true;
+}
+
 static enum tern_status load(struct disk *d, size_t idx, uint32_t r, const char *tenant, struct tern_session **out,
-                             struct tern_checkpoint ***cks_out, uint32_t **kinds_out, size_t *n_cks_out) {
+                             struct tern_checkpoint ***cks_out, uint32_t **kinds_out, size_t *n_cks_out,
+                             struct disk_mtp *mtp) {
+    if (mtp) *mtp = (struct disk_mtp){0};
     *out = NULL;
     *cks_out = NULL;
     *kinds_out = NULL;
@@ -786,6 +885,11 @@ static enum tern_status load(struct disk *d, size_t idx, uint32_t r, const char 
             if ((st = tern_checkpoint_import(s, hd.ckpt_pos[i], d->io.buf, d->rec_bytes, &cks[n_cks]))) goto fail;
             kinds[n_cks++] = hd.ckpt_kinds[i];
         }
+    }
+    /* The MTP head's rows below the resume point */
+    if (mtp && hd.mtp.n) {
+        if (!load_head(d, fd, &hd, r, s, &mtp->h, why, sizeof why)) goto invalid;
+        mtp->base = hd.mtp.base;
     }
     /* Recency for the budget (shared with peers through atime). */
     struct timespec ts[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};

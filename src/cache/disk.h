@@ -49,6 +49,7 @@
 #define DISK_FILE_SUFFIX ".tern"
 
 struct disk;
+struct tern_mtp;
 
 struct disk_params {
     const char *dir;                       /* created (0700) when missing */
@@ -99,16 +100,23 @@ size_t disk_count(struct disk *d);
 /* Entries in recency order, most recently used first. */
 const struct disk_entry *disk_at(struct disk *d, size_t i);
 
+/* The MTP head kept with a conversation (model/mtp.h; the speculative decoder's): its
+ * row 0 is at main position base. */
+struct disk_mtp {
+    struct tern_mtp *h;
+    uint32_t base;
+};
+
 /* Writes a conversation's state: its tokens, KV rows and recurrent state at n_past and
  * the given checkpoints (hybrid models; cks[i] at ascending positions <= n_past, NULL
- * entries skipped). The file name comes from tenant + key, or for an unnamed entry
+ * entries skipped), and its MTP head when mtp is not NULL (its rows [0, n_past)). The file name comes from tenant + key, or for an unnamed entry
  * from tenant + *nonce (generated when *has_nonce is false). Replaces the file of the
  * same name. Evicts least recently used files to stay within the budget; a state
  * larger than the whole budget is not written (TERN_ERR_RANGE). On error nothing under
  * the final name changed and the message says why (e.g. no space left on device). */
 enum tern_status disk_put(struct disk *d, const char *tenant, const char *key, uint8_t nonce[DISK_NONCE_BYTES],
                           bool *has_nonce, const struct tern_session *s, struct tern_checkpoint *const *cks,
-                          const uint32_t *kinds, size_t n_cks);
+                          const uint32_t *kinds, size_t n_cks, const struct disk_mtp *mtp);
 
 /* What a thread other than the worker needs to write: a descriptor of the directory's
  * lock of its own (the worker's and the writer's exclude each other like peers do) and
@@ -119,20 +127,25 @@ void disk_io_free(struct disk_io *io);
 /* A fresh random nonce (an unnamed conversation's file name). */
 enum tern_status disk_nonce_new(uint8_t nonce[DISK_NONCE_BYTES]);
 /* disk_put through io, from any thread, with the nonce already chosen (unnamed entries).
- * It reads s (tokens, KV rows [0, n_past), recurrent state) and the checkpoints while it
- * writes, without a copy: the caller keeps them unchanged and alive until it returns. */
+ * It reads s (tokens, KV rows [0, n_past), recurrent state), the checkpoints and the head
+ * while it writes, without a copy: the caller keeps them unchanged and alive until it
+ * returns. */
 enum tern_status disk_put_io(struct disk *d, struct disk_io *io, const char *tenant, const char *key,
                              const uint8_t nonce[DISK_NONCE_BYTES], const struct tern_session *s,
-                             struct tern_checkpoint *const *cks, const uint32_t *kinds, size_t n_cks);
+                             struct tern_checkpoint *const *cks, const uint32_t *kinds, size_t n_cks,
+                             const struct disk_mtp *mtp);
 
 /* Loads entry i's state at resume point r (r == its n, a checkpoint position, or for
  * attention-only models any r <= n) as a new session positioned at r, with the
  * checkpoints at positions <= r (caller frees: *cks and each element). tenant must be
  * the entry's (checked against the file's header again). The file must still hold the
  * token list the index had (else TERN_ERR_STATE: it changed under us, nothing is
- * deleted). A file that does not verify is deleted (TERN_ERR_FORMAT). */
+ * deleted). A file that does not verify is deleted (TERN_ERR_FORMAT). With mtp set (NULL:
+ * not wanted), the MTP head the file holds comes back in it (mtp->h NULL: none) with its
+ * rows of main positions below r - 1 (the row of p was fed the token at p + 1); a head
+ * that cannot be rebuilt (memory) is left out, logged, not an error. */
 enum tern_status disk_load(struct disk *d, size_t i, uint32_t r, const char *tenant, struct tern_session **out,
-                           struct tern_checkpoint ***cks, uint32_t **kinds, size_t *n_cks);
+                           struct tern_checkpoint ***cks, uint32_t **kinds, size_t *n_cks, struct disk_mtp *mtp);
 
 /* ---- writes in flight (replicas) -------------------------------------------------------
  * An agent's next turn may reach a peer while this replica is still writing the turn

@@ -114,8 +114,9 @@ static void *writer_main(void *arg) {
         c->w_busy = true;
         pthread_mutex_unlock(&c->wmu);
         struct entry *e = j->e;
+        const struct disk_mtp head = {e->head, e->head_base};
         enum tern_status st =
-            disk_put_io(c->disk, c->wio, e->tenant, e->key, j->nonce, e->s, j->cks, j->kinds, j->n_cks);
+            disk_put_io(c->disk, c->wio, e->tenant, e->key, j->nonce, e->s, j->cks, j->kinds, j->n_cks, &head);
         disk_mark_end(c->disk, j->mark); /* (after the file has its name: a peer never waits for nothing) */
         cache_disk_stats_update(c);
         pthread_mutex_lock(&c->wmu);
@@ -201,8 +202,9 @@ void cache_disk_park(struct cache *c, struct entry *e) {
     enum tern_status st;
     if (sync) {
         job_fill(sync, e);
+        const struct disk_mtp head = {e->head, e->head_base};
         st = disk_put(c->disk, e->tenant, e->key, e->disk_nonce, &e->has_nonce, e->s, sync->cks, sync->kinds,
-                      sync->n_cks);
+                      sync->n_cks, &head);
         free(sync);
         disk_mark_end(c->disk, e->mark);
         e->mark = NULL;

@@ -26,7 +26,22 @@ void tern_session_capture_hidden(struct tern_session *s, float *buf, uint32_t po
     s->hidden_pos0 = pos0;
 }
 
+/* A head over an empty session (toks == NULL) or one imported at toks[0..n). */
+static enum tern_status mtp_make(const struct tern_session *main, const int32_t *toks, uint32_t n,
+                                 struct tern_mtp **out);
+
 enum tern_status tern_mtp_new(const struct tern_session *main, struct tern_mtp **out) {
+    return mtp_make(main, NULL, 0, out);
+}
+
+enum tern_status tern_mtp_import(const struct tern_session *main, const int32_t *toks, uint32_t n,
+                                 struct tern_mtp **out) {
+    static const int32_t none[1] = {0};
+    return mtp_make(main, toks ? toks : none, n, out);
+}
+
+static enum tern_status mtp_make(const struct tern_session *main, const int32_t *toks, uint32_t n,
+                                 struct tern_mtp **out) {
     *out = NULL;
     const struct tern_model *mm = main->m;
     if (!mm->info.has_mtp)
@@ -65,7 +80,7 @@ enum tern_status tern_mtp_new(const struct tern_session *main, struct tern_mtp *
         }
     }
     const struct tern_session_params p = {.n_ctx = main->n_ctx, .kv_type = main->kv_type, .n_chunk = 64};
-    enum tern_status st = tern_session_new(&h->m, &p, &h->s);
+    enum tern_status st = toks ? tern_session_import(&h->m, &p, toks, n, NULL, &h->s) : tern_session_new(&h->m, &p, &h->s);
     if (st) {
         tern_mtp_free(h);
         return st;
@@ -101,3 +116,19 @@ uint32_t tern_mtp_n_past(const struct tern_mtp *h) { return tern_session_n_past(
 enum tern_status tern_mtp_rewind(struct tern_mtp *h, uint32_t p) { return tern_session_rewind(h->s, p); }
 uint64_t tern_mtp_hash(const struct tern_mtp *h) { return tern_session_hash(h->s); }
 size_t tern_mtp_bytes(const struct tern_mtp *h) { return sizeof *h + tern_session_bytes(h->s) + h->m.ws.bytes; }
+
+size_t tern_mtp_kv_row_bytes(const struct tern_model *m, enum tern_kv_type kv) {
+    if (!m->info.has_mtp) return 0;
+    const size_t es = kv == TERN_KV_F16 ? 2 : 4;
+    return (size_t)m->hp.n_head_kv * (m->hp.head_dim_k + m->hp.head_dim_v) * es;
+}
+
+const int32_t *tern_mtp_tokens(const struct tern_mtp *h) { return tern_session_tokens(h->s); }
+
+enum tern_status tern_mtp_kv_export(const struct tern_mtp *h, uint32_t p0, uint32_t p1, void *buf) {
+    return tern_session_kv_export(h->s, p0, p1, buf);
+}
+
+enum tern_status tern_mtp_kv_import(struct tern_mtp *h, uint32_t p0, uint32_t p1, const void *buf, uint32_t buf_rows) {
+    return tern_session_kv_import(h->s, p0, p1, buf, buf_rows);
+}

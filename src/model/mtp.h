@@ -44,4 +44,18 @@ size_t tern_mtp_bytes(const struct tern_mtp *h);
 /* The hash of the head's KV rows [0, n_past) and its tokens (tests). */
 uint64_t tern_mtp_hash(const struct tern_mtp *h);
 
+/* ---- storing a head (the disk tier keeps it with its conversation) ----
+ * A head is its tokens (what each row was fed) and its KV rows, one attention layer's
+ * worth per row, exported and imported like a session's (tern_session_kv_export). */
+/* Bytes of one row of the heads of m's sessions with KV type kv; 0 without a head. */
+size_t tern_mtp_kv_row_bytes(const struct tern_model *m, enum tern_kv_type kv);
+const int32_t *tern_mtp_tokens(const struct tern_mtp *h);
+enum tern_status tern_mtp_kv_export(const struct tern_mtp *h, uint32_t p0, uint32_t p1, void *buf);
+/* A head for main's sessions that has consumed toks[0..n), its KV rows [0, n)
+ * allocated for tern_mtp_kv_import to fill (as tern_session_import); no logits until
+ * the next eval. On error *out is NULL. */
+enum tern_status tern_mtp_import(const struct tern_session *main, const int32_t *toks, uint32_t n,
+                                 struct tern_mtp **out);
+enum tern_status tern_mtp_kv_import(struct tern_mtp *h, uint32_t p0, uint32_t p1, const void *buf, uint32_t buf_rows);
+
 #endif

@@ -86,7 +86,8 @@ struct eng_req {
     bool waited;                 /* it waited in RQ_WAIT before it began */
     size_t admit_bytes;          /* what it holds of the memory budget (0: not admitted yet) */
     bool mem_wait;               /* in RQ_WAIT for memory */
-    struct eng_head *head;       /* --spec mtp: the head the conversation's previous request parked */
+    struct tern_mtp *head;       /* --spec mtp: the head the conversation's previous request parked */
+    uint32_t head_base;          /* (the main position of its row 0) */
     bool spec_settled;           /* spec_finish ran (before the response's last byte) */
     struct srv_reuse reuse;
     struct out_state o;
@@ -279,33 +280,15 @@ static bool in_reasoning(const char *text, size_t at, bool prompt_opened) {
 
 /* ---- the MTP head between requests ------------------------------------------------------
  * A conversation's MTP head (its KV rows over the hidden states it was fed) is parked with
- * the conversation in the cache's RAM pool (cache_lease_park_aux) and taken back by the
- * next request that resumes it in place, so that the head's drafts attend over the
- * earlier turns too, as they would without the pause (docs/spec.md). It changes which
- * tokens are drafted, never which are accepted. */
-struct eng_head {
-    struct tern_mtp *h;
-    uint32_t base;
-};
-
-static void eng_head_free(void *p) {
-    struct eng_head *eh = p;
-    if (!eh) return;
-    tern_mtp_free(eh->h);
-    free(eh);
-}
-
+ * the conversation (cache_lease_park_head: in the RAM pool and with it in the disk tier's
+ * file) and taken back by the next request that resumes it — in place, or from its file
+ * after a restart or on a replica — so that the head's drafts attend over the earlier
+ * turns too, as they would without the pause (docs/spec.md). It changes which tokens
+ * are drafted, never which are accepted. */
 static void park_head(struct eng_req *r) {
     uint32_t base = 0;
     struct tern_mtp *h = spec_take_head(&r->sd, &base);
-    if (!h) return;
-    struct eng_head *eh = tern_malloc(sizeof *eh);
-    if (!eh) {
-        tern_mtp_free(h);
-        return;
-    }
-    *eh = (struct eng_head){h, base};
-    cache_lease_park_aux(&r->lease, eh, eng_head_free, sizeof *eh + tern_mtp_bytes(h));
+    if (h) cache_lease_park_head(&r->lease, h, base);
 }
 
 /* ---- the end of a request ------------------------------------------------------------ */
@@ -337,7 +320,7 @@ static void req_end(struct srv_engine *e, struct eng_req *r) {
     }
     if (r->s && r->release_ok && r->completed) park_head(r);
     spec_dec_free(sd);
-    eng_head_free(r->head); /* (taken back, never used: the request ended before decoding) */
+    tern_mtp_free(r->head); /* (taken back, never used: the request ended before decoding) */
     r->head = NULL;
     if (r->s) {
         if (e->state_hash) log_state_hashes(r->s, j->id);
@@ -484,7 +467,7 @@ static bool req_begin(struct srv_engine *e, struct eng_req *r) {
         return false;
     }
     r->s = r->lease.session;
-    r->head = cache_lease_take_aux(&r->lease);
+    r->head = cache_lease_take_head(&r->lease, &r->head_base);
     const struct cache_decision *dec = &r->lease.decision;
     j->n_cached = dec->cached;
     j->n_read = dec->read;
@@ -687,16 +670,15 @@ static bool decode_begin(struct srv_engine *e, struct eng_req *r) {
         struct spec_params spp = {.mode = j->req.spec_set ? j->req.spec : e->spec,
                                   .max = j->req.spec_max ? j->req.spec_max : e->spec_max,
                                   .trail_bytes = e->spec_trail_bytes,
-                                  .head = r->head ? r->head->h : NULL,
-                                  .head_base = r->head ? r->head->base : 0,
+                                  .head = r->head,
+                                  .head_base = r->head_base,
                                   .head_upto = r->lease.decision.cached ? r->lease.decision.cached - 1 : 0,
                                   .prompt_hidden = r->mtp_hid, .prompt_hidden_pos0 = r->mtp_pos0};
         if (spp.head && spp.mode == SPEC_MTP)
-            TERN_LOG_INFO("spec: %s resumes the conversation's MTP head (%u rows)", j->id,
-                          tern_mtp_n_past(spp.head));
+            TERN_LOG_INFO("spec: %s resumes the conversation's MTP head (%u rows, tier=%s)", j->id,
+                          tern_mtp_n_past(spp.head), cache_tier_name(r->lease.decision.tier));
         if (r->head) { /* the decoder takes the head over (or frees it) */
-            if (spp.mode == SPEC_OFF) tern_mtp_free(r->head->h);
-            free(r->head);
+            if (spp.mode == SPEC_OFF) tern_mtp_free(r->head);
             r->head = NULL;
         }
         st = spp.mode != SPEC_OFF ? spec_dec_init(&r->sd, r->s, r->sampler, &spp, &j->cancel) : TERN_OK;

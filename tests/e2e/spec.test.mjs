@@ -112,7 +112,7 @@ for (const name of ['qwen35', 'qwen3', 'qwen35mtp', 'qwen35moemtp', 'qwen35echo'
     temperature: 0, max_tokens: 24 });
     // ... and with --spec mtp the MTP head the turn before left, with its rows
     if (name.endsWith('mtp') || name.endsWith('echo')) {
-      const line = await logged(servers[name].spec, new RegExp(`spec: ${next.id} resumes the conversation's MTP head \\((\\d+) rows\\)`));
+      const line = await logged(servers[name].spec, new RegExp(`spec: ${next.id} resumes the conversation's MTP head \\((\\d+) rows, tier=\\w+\\)`));
       assert.ok(Number(line[1]) > 0, line[0]);
     }
     // forced output (tests) decodes without drafts and parks every forced token (its end is
@@ -208,6 +208,37 @@ for (const name of ['qwen3', 'qwen35']) {
     assert.deepEqual(noIds(x.choices), noIds(y.choices));
   });
 }
+
+// The head is kept with its conversation in the disk tier's file: after a restart the
+// next turn drafts from the head it left (its rows below the resume point), exactly as
+// the server that kept it in RAM drafts (the same drafted and accepted counts), and the
+// answer is the plain server's.
+test('--spec mtp: the MTP head comes back from the disk tier after a restart', async () => {
+  const cacheDir = join(dir, 'mtp-disk');
+  const args = ['--model', models.qwen35echo, ...common, ...specArgs('qwen35echo'), '--cache-dir', cacheDir];
+  let srv = await startServer(args, env);
+  const ram = servers.qwen35echo.spec, off = servers.qwen35echo.off;
+  const turn1 = { session_id: 'mtp-disk', messages: echoMessages, temperature: 0, max_tokens: 24 };
+  const a1 = await post(srv, '/v1/chat/completions', turn1);
+  const r1 = await post(ram, '/v1/chat/completions', { ...turn1, session_id: 'mtp-ram' });
+  assert.deepEqual(a1.choices, r1.choices);
+  for (let i = 0; i < 500 && !/^tern_cache_disk_writes_total [1-9]/m.test(await (await fetch(`${srv.base}/metrics`)).text()); i++)
+    await new Promise((r) => setTimeout(r, 20));
+  assert.equal(await srv.stop(), 0);
+  srv = await startServer(args, env);
+  const turn2 = { ...turn1, messages: [...echoMessages, { role: 'assistant', content: a1.choices[0].message.content },
+    { role: 'user', content: 'again: alpha beta gamma delta alpha beta gamma delta' }] };
+  const a2 = await post(srv, '/v1/chat/completions', turn2);
+  const r2 = await post(ram, '/v1/chat/completions', { ...turn2, session_id: 'mtp-ram' });
+  const o2 = await post(off, '/v1/chat/completions', turn2);
+  assert.equal(a2.tern.reuse.tier, 'disk', JSON.stringify(a2.tern.reuse));
+  assert.deepEqual(a2.choices, o2.choices, 'the answer is the plain server\'s');
+  const rows = await logged(srv, new RegExp(`spec: ${a2.id} resumes the conversation's MTP head \\((\\d+) rows, tier=disk\\)`));
+  assert.ok(Number(rows[1]) > 0, rows[0]);
+  const stats = async (s, id) => (await logged(s, new RegExp(`request ${id} .* drafted=(\\d+) accepted=(\\d+)`))).slice(1);
+  assert.deepEqual(await stats(srv, a2.id), await stats(ram, r2.id), 'drafts as from the head kept in RAM');
+  assert.equal(await srv.stop(), 0);
+});
 
 test('--spec mtp: drafts are verified like any others; a model without the head is refused', async () => {
   for (const name of ['qwen35mtp', 'qwen35echo']) {

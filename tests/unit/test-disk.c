@@ -6,6 +6,7 @@
 #include "harness.h"
 
 #include "cache/disk.h"
+#include "model/mtp.h"
 #include "util/mem.h"
 
 #include <dirent.h>
@@ -19,9 +20,11 @@
 #include <unistd.h>
 
 #define N_TOK 700u
+#define KV_PAGE_ROWS 256u /* the disk format's KV_BLOCK */
 
 struct fixture {
     const char *arch;
+    const char *flags; /* more mkmodel options */
     char path[512];
     struct tern_model *m;
     bool hybrid;
@@ -30,12 +33,13 @@ struct fixture {
 
 static struct fixture fx_q3 = {.arch = "tiny-qwen3"};
 static struct fixture fx_q35 = {.arch = "tiny-qwen35"};
+static struct fixture fx_mtp = {.arch = "tiny-qwen35", .flags = "--mtp 1"};
 
 static int fixture_setup(struct fixture *f) {
-    snprintf(f->path, sizeof f->path, "%s/%s.gguf", th_tmpdir(), f->arch);
+    snprintf(f->path, sizeof f->path, "%s/%s%s.gguf", th_tmpdir(), f->arch, f->flags ? "-mtp" : "");
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "'%s' mkmodel --preset %s --n-layer 4 --out '%s' >/dev/null", th_tern_bin(), f->arch,
-             f->path);
+    snprintf(cmd, sizeof cmd, "'%s' mkmodel --preset %s --n-layer 4 %s --out '%s' >/dev/null", th_tern_bin(), f->arch,
+             f->flags ? f->flags : "", f->path);
     if (system(cmd) != 0) return -1;
     struct tern_model_params mp;
     tern_model_params_default(&mp);
@@ -55,6 +59,10 @@ static int setup_q3(void **state) {
 static int setup_q35(void **state) {
     *state = &fx_q35;
     return fx_q35.m ? 0 : fixture_setup(&fx_q35);
+}
+static int setup_mtp(void **state) {
+    *state = &fx_mtp;
+    return fx_mtp.m ? 0 : fixture_setup(&fx_mtp);
 }
 
 static struct tern_session_params sparams(void) {
@@ -109,7 +117,7 @@ static void put(struct disk *d, const char *tenant, const char *key, struct tern
     uint8_t nonce[DISK_NONCE_BYTES];
     bool has = false;
     uint32_t kinds[8] = {1, 2, 4};
-    enum tern_status st = disk_put(d, tenant, key, nonce, &has, s, sink->ck, kinds, sink->n);
+    enum tern_status st = disk_put(d, tenant, key, nonce, &has, s, sink->ck, kinds, sink->n, NULL);
     if (st) fail_msg("disk_put: %s", tern_last_error());
 }
 
@@ -130,7 +138,7 @@ static bool load_check(struct fixture *f, struct disk *d, const char *key, uint3
     struct tern_checkpoint **cks;
     uint32_t *kinds;
     size_t n;
-    if (disk_load(d, (size_t)i, r, tenant, &s, &cks, &kinds, &n) != TERN_OK) return false;
+    if (disk_load(d, (size_t)i, r, tenant, &s, &cks, &kinds, &n, NULL) != TERN_OK) return false;
     assert_int_equal(tern_session_n_past(s), r);
     assert_memory_equal(tern_session_tokens(s), f->toks, r * sizeof(int32_t));
     assert_true(tern_session_hash(s) == cold_hash(f, r));
@@ -223,7 +231,7 @@ static void test_roundtrip(void **state) {
         struct tern_checkpoint **c;
         uint32_t *kd;
         size_t n;
-        assert_int_equal(disk_load(d, (size_t)i, 333, "tenant-a", &x, &c, &kd, &n), TERN_ERR_STATE);
+        assert_int_equal(disk_load(d, (size_t)i, 333, "tenant-a", &x, &c, &kd, &n, NULL), TERN_ERR_STATE);
     }
     /* another tenant never loads it */
     {
@@ -232,7 +240,7 @@ static void test_roundtrip(void **state) {
         struct tern_checkpoint **c;
         uint32_t *kd;
         size_t n;
-        assert_int_equal(disk_load(d, (size_t)i, N_TOK, "tenant-b", &x, &c, &kd, &n), TERN_ERR_STATE);
+        assert_int_equal(disk_load(d, (size_t)i, N_TOK, "tenant-b", &x, &c, &kd, &n, NULL), TERN_ERR_STATE);
         assert_null(x);
     }
     /* replacing: the same tenant + key is one file */
@@ -382,7 +390,7 @@ static void test_budget_and_peers(void **state) {
     a = open_dir(f, dir, one / 2, TERN_KV_F16);
     uint8_t nonce[DISK_NONCE_BYTES];
     bool has = false;
-    assert_int_equal(disk_put(a, "", "big", nonce, &has, s, sink.ck, NULL, sink.n), TERN_ERR_RANGE);
+    assert_int_equal(disk_put(a, "", "big", nonce, &has, s, sink.ck, NULL, sink.n, NULL), TERN_ERR_RANGE);
     disk_free(a);
     disk_free(b);
     free_sink(&sink);
@@ -408,7 +416,7 @@ static void *fifo_load_main(void *arg) {
     struct tern_checkpoint **cks = NULL;
     uint32_t *kinds = NULL;
     size_t n = 0;
-    fl->st = disk_load(fl->d, (size_t)fl->idx, N_TOK, "", &s, &cks, &kinds, &n);
+    fl->st = disk_load(fl->d, (size_t)fl->idx, N_TOK, "", &s, &cks, &kinds, &n, NULL);
     if (fl->st) snprintf(fl->msg, sizeof fl->msg, "%s", tern_last_error());
     for (size_t k = 0; k < n; k++) tern_checkpoint_free(cks[k]);
     free(cks);
@@ -555,6 +563,132 @@ static void test_append(void **state) {
     tern_session_free(s);
 }
 
+/* The MTP head kept with its conversation: written with it, read back at a resume point
+ * with exactly the rows below it (the hash of the head it was written from, rewound
+ * there), its pages appended only where their bytes changed. */
+static struct tern_mtp *head_over(struct fixture *f, const float *hid, uint32_t base, uint32_t rows, uint32_t shift) {
+    struct tern_session_params sp = sparams();
+    struct tern_session *ms;
+    assert_int_equal(tern_session_new(f->m, &sp, &ms), TERN_OK);
+    struct tern_mtp *h = NULL;
+    assert_int_equal(tern_mtp_new(ms, &h), TERN_OK);
+    const uint32_t n_embd = tern_model_info(f->m)->n_embd;
+    /* (shift: fed the hidden states of the positions shift before, as after a resume's gap) */
+    assert_int_equal(tern_mtp_eval(h, hid + (size_t)(base - shift) * n_embd, f->toks + base + 1, rows, NULL, NULL),
+                     TERN_OK);
+    tern_session_free(ms);
+    return h;
+}
+
+static struct tern_mtp *load_head(struct fixture *f, struct disk *d, uint32_t r, uint32_t *base) {
+    struct tern_session *s;
+    struct tern_checkpoint **cks;
+    uint32_t *kinds;
+    size_t n;
+    struct disk_mtp hm = {0};
+    assert_int_equal(disk_load(d, (size_t)find(d, "k"), r, "t", &s, &cks, &kinds, &n, &hm), TERN_OK);
+    assert_true(tern_session_hash(s) == cold_hash(f, r));
+    for (size_t k = 0; k < n; k++) tern_checkpoint_free(cks[k]);
+    free(cks);
+    free(kinds);
+    tern_session_free(s);
+    *base = hm.base;
+    return hm.h;
+}
+
+static void test_mtp_head(void **state) {
+    struct fixture *f = *state;
+    const uint32_t n_embd = tern_model_info(f->m)->n_embd;
+    const size_t row = tern_mtp_kv_row_bytes(f->m, TERN_KV_F16);
+    assert_true(row > 0);
+    /* the main model's hidden states over the whole token list */
+    float *hid = tern_malloc((size_t)N_TOK * n_embd * sizeof(float));
+    assert_non_null(hid);
+    struct tern_session_params sp = sparams();
+    struct ck_sink sink = {0};
+    struct tern_session *s;
+    assert_int_equal(tern_session_new(f->m, &sp, &s), TERN_OK);
+    tern_session_capture_hidden(s, hid, 0);
+    struct tern_eval_opts o = {.ckpt_pos = CK_POS, .n_ckpt = 3, .on_ckpt = on_ck, .user = &sink};
+    assert_int_equal(tern_session_eval(s, f->toks, N_TOK, &o), TERN_OK);
+    tern_session_capture_hidden(s, NULL, 0);
+
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/mtp-%s", th_tmpdir(), f->arch);
+    struct disk *d = open_dir(f, dir, 1ull << 30, TERN_KV_F16);
+    const uint32_t base = 5, rows1 = 400, rows2 = N_TOK - 1 - base; /* 694: pages of 256, 256, 182 */
+    struct tern_mtp *h1 = head_over(f, hid, base, rows1, 0);
+    uint8_t nonce[DISK_NONCE_BYTES];
+    bool has = false;
+    uint32_t kinds[8] = {1, 2, 4};
+    assert_int_equal(disk_put(d, "t", "k", nonce, &has, s, sink.ck, kinds, sink.n, &(struct disk_mtp){h1, base}),
+                     TERN_OK);
+    uint32_t b = 0;
+    struct tern_mtp *got = load_head(f, d, N_TOK, &b);
+    assert_non_null(got);
+    assert_int_equal(b, base);
+    assert_int_equal(tern_mtp_n_past(got), rows1);
+    assert_true(tern_mtp_hash(got) == tern_mtp_hash(h1));
+    tern_mtp_free(got);
+
+    /* the next version: the head's first page is the file's already, the rest is appended */
+    struct tern_mtp *h2 = head_over(f, hid, base, rows2, 0);
+    const uint64_t w0 = write_bytes(d);
+    assert_int_equal(disk_put(d, "t", "k", nonce, &has, s, sink.ck, kinds, sink.n, &(struct disk_mtp){h2, base}),
+                     TERN_OK);
+    const uint64_t wrote = write_bytes(d) - w0;
+    assert_true(wrote >= (uint64_t)(rows2 - KV_PAGE_ROWS) * row);
+    assert_true(wrote < (uint64_t)rows2 * row);
+    got = load_head(f, d, N_TOK, &b);
+    assert_non_null(got);
+    assert_int_equal(tern_mtp_n_past(got), rows2);
+    assert_true(tern_mtp_hash(got) == tern_mtp_hash(h2));
+    /* ... and it goes on like the head it was written from */
+    int32_t t1[2] = {f->toks[3], f->toks[9]};
+    assert_int_equal(tern_mtp_eval(got, hid, t1, 2, NULL, NULL), TERN_OK);
+    assert_int_equal(tern_mtp_eval(h2, hid, t1, 2, NULL, NULL), TERN_OK);
+    assert_true(tern_mtp_hash(got) == tern_mtp_hash(h2));
+    assert_memory_equal(tern_mtp_logits(got), tern_mtp_logits(h2), tern_model_info(f->m)->n_vocab * sizeof(float));
+    tern_mtp_free(got);
+
+    /* at a checkpoint: the rows of main positions below r - 1 */
+    got = load_head(f, d, 300, &b);
+    assert_non_null(got);
+    assert_int_equal(tern_mtp_n_past(got), 300 - 1 - base);
+    assert_int_equal(tern_mtp_rewind(h2, 300 - 1 - base), TERN_OK);
+    assert_true(tern_mtp_hash(got) == tern_mtp_hash(h2));
+    tern_mtp_free(got);
+
+    /* a version without a head, then one whose head starts elsewhere: nothing stale comes back */
+    assert_int_equal(disk_put(d, "t", "k", nonce, &has, s, sink.ck, kinds, sink.n, NULL), TERN_OK);
+    assert_null(load_head(f, d, N_TOK, &b));
+    struct tern_mtp *h3 = head_over(f, hid, base + 1, rows2 - 1, 0);
+    assert_int_equal(disk_put(d, "t", "k", nonce, &has, s, sink.ck, kinds, sink.n, &(struct disk_mtp){h3, base + 1}),
+                     TERN_OK);
+    got = load_head(f, d, N_TOK, &b);
+    assert_int_equal(b, base + 1);
+    assert_true(tern_mtp_hash(got) == tern_mtp_hash(h3));
+    tern_mtp_free(got);
+    /* the same place and tokens, other rows (fed other hidden states): its bytes decide */
+    struct tern_mtp *h4 = head_over(f, hid, base + 1, rows2 - 1, 1);
+    assert_true(tern_mtp_hash(h4) != tern_mtp_hash(h3));
+    assert_int_equal(disk_put(d, "t", "k", nonce, &has, s, sink.ck, kinds, sink.n, &(struct disk_mtp){h4, base + 1}),
+                     TERN_OK);
+    got = load_head(f, d, N_TOK, &b);
+    assert_true(tern_mtp_hash(got) == tern_mtp_hash(h4));
+    tern_mtp_free(got);
+    tern_mtp_free(h4);
+    /* a reader that does not ask for the head is served as before */
+    assert_true(load_check(f, d, "k", 600, "t"));
+    disk_free(d);
+    tern_mtp_free(h1);
+    tern_mtp_free(h2);
+    tern_mtp_free(h3);
+    free_sink(&sink);
+    tern_session_free(s);
+    free(hid);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_roundtrip, setup_q35),
@@ -566,9 +700,11 @@ int main(void) {
         cmocka_unit_test_setup(test_fifo_entry, setup_q3),
         cmocka_unit_test_setup(test_append, setup_q35),
         cmocka_unit_test_setup(test_append, setup_q3),
+        cmocka_unit_test_setup(test_mtp_head, setup_mtp),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tern_model_free(fx_q3.m);
     tern_model_free(fx_q35.m);
+    tern_model_free(fx_mtp.m);
     return rc;
 }
