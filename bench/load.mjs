@@ -33,7 +33,7 @@
 // and TTFT p50/p99. With --long-prompt P, while the N streams decode, one more request
 // with a P-token prompt arrives: the streams' largest gap between two tokens is
 // reported beside their median gap (the stall a long prompt causes).
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { spawn } from 'node:child_process';
 
@@ -47,6 +47,15 @@ const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) =>
 if (args.help) {
   console.log('usage: node bench/load.mjs [--model FILE] [--clients N] [--seconds S] [--max-tokens N] [--queue N] [--bin PATH]');
   process.exit(0);
+}
+// The binary: --bin, else $TERN_BIN, else ./tern, else the source tree's build/tern
+if (!args.bin && !process.env.TERN_BIN && !existsSync('./tern')) {
+  const built = new URL('../build/tern', import.meta.url).pathname;
+  if (!existsSync(built)) {
+    console.error('load.mjs: no tern binary: give --bin PATH (or TERN_BIN), or build it (./scripts/build.sh build)');
+    process.exit(2);
+  }
+  args.bin = built;
 }
 if (args.streams) {
   await streamsBench();
