@@ -143,6 +143,12 @@ struct model_layer {
     size_t rec_offset; /* offset of this layer's block in a checkpoint */
 };
 
+/* Bytes of one position's K and V rows in an attention layer (0 for other kinds). */
+static inline size_t model_layer_kv_row_bytes(const struct model_layer *L, enum tern_kv_type kv) {
+    if (L->kind != LAYER_ATTN) return 0;
+    return (size_t)L->n_kv_head * (L->head_dim_k + L->head_dim_v) * (kv == TERN_KV_F16 ? 2 : 4);
+}
+
 /* Hyperparameters every transformer in GGUF shares ({arch}.* keys). */
 struct model_hparams {
     uint32_t n_vocab;     /* rows of token_embd */

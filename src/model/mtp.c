@@ -26,21 +26,26 @@ void tern_session_capture_hidden(struct tern_session *s, float *buf, uint32_t po
     s->hidden_pos0 = pos0;
 }
 
-/* A head over an empty session (toks == NULL) or one imported at toks[0..n). */
-static enum tern_status mtp_make(const struct tern_session *main, const int32_t *toks, uint32_t n,
+/* The head's one attention layer: the main model's attention geometry. */
+static struct model_layer mtp_layer(const struct tern_model *mm) {
+    return (struct model_layer){.kind = LAYER_ATTN, .n_kv_head = mm->hp.n_head_kv,
+                                .head_dim_k = mm->hp.head_dim_k, .head_dim_v = mm->hp.head_dim_v};
+}
+
+/* A head over an empty session, or (import) one that has consumed toks[0..n). */
+static enum tern_status mtp_make(const struct tern_session *main, bool import, const int32_t *toks, uint32_t n,
                                  struct tern_mtp **out);
 
 enum tern_status tern_mtp_new(const struct tern_session *main, struct tern_mtp **out) {
-    return mtp_make(main, NULL, 0, out);
+    return mtp_make(main, false, NULL, 0, out);
 }
 
 enum tern_status tern_mtp_import(const struct tern_session *main, const int32_t *toks, uint32_t n,
                                  struct tern_mtp **out) {
-    static const int32_t none[1] = {0};
-    return mtp_make(main, toks ? toks : none, n, out);
+    return mtp_make(main, true, toks, n, out);
 }
 
-static enum tern_status mtp_make(const struct tern_session *main, const int32_t *toks, uint32_t n,
+static enum tern_status mtp_make(const struct tern_session *main, bool import, const int32_t *toks, uint32_t n,
                                  struct tern_mtp **out) {
     *out = NULL;
     const struct tern_model *mm = main->m;
@@ -53,8 +58,7 @@ static enum tern_status mtp_make(const struct tern_session *main, const int32_t 
     memset(&h->m.ws, 0, sizeof h->m.ws);
     pthread_mutex_init(&h->m.eval_mu, NULL);
     h->m.arch = &tern_arch_qwen35_mtp;
-    h->layer = (struct model_layer){.kind = LAYER_ATTN, .n_kv_head = mm->hp.n_head_kv,
-                                    .head_dim_k = mm->hp.head_dim_k, .head_dim_v = mm->hp.head_dim_v};
+    h->layer = mtp_layer(mm);
     h->m.n_layer = 1;
     h->m.layers = &h->layer;
     h->m.rec_bytes = 0;
@@ -80,7 +84,8 @@ static enum tern_status mtp_make(const struct tern_session *main, const int32_t 
         }
     }
     const struct tern_session_params p = {.n_ctx = main->n_ctx, .kv_type = main->kv_type, .n_chunk = 64};
-    enum tern_status st = toks ? tern_session_import(&h->m, &p, toks, n, NULL, &h->s) : tern_session_new(&h->m, &p, &h->s);
+    enum tern_status st =
+        import ? tern_session_import(&h->m, &p, toks, n, NULL, &h->s) : tern_session_new(&h->m, &p, &h->s);
     if (st) {
         tern_mtp_free(h);
         return st;
@@ -119,8 +124,8 @@ size_t tern_mtp_bytes(const struct tern_mtp *h) { return sizeof *h + tern_sessio
 
 size_t tern_mtp_kv_row_bytes(const struct tern_model *m, enum tern_kv_type kv) {
     if (!m->info.has_mtp) return 0;
-    const size_t es = kv == TERN_KV_F16 ? 2 : 4;
-    return (size_t)m->hp.n_head_kv * (m->hp.head_dim_k + m->hp.head_dim_v) * es;
+    const struct model_layer L = mtp_layer(m);
+    return model_layer_kv_row_bytes(&L, kv);
 }
 
 const int32_t *tern_mtp_tokens(const struct tern_mtp *h) { return tern_session_tokens(h->s); }

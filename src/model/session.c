@@ -519,12 +519,8 @@ uint64_t tern_session_hash(const struct tern_session *s) {
 /* ---- export / import (the disk tier, DESIGN.md §9) -------------------------------- */
 
 size_t tern_state_kv_row_bytes(const struct tern_model *m, enum tern_kv_type kv) {
-    const size_t es = kv == TERN_KV_F16 ? 2 : 4;
     size_t b = 0;
-    for (uint32_t il = 0; il < m->n_layer; il++) {
-        const struct model_layer *L = &m->layers[il];
-        if (L->kind == LAYER_ATTN) b += (size_t)L->n_kv_head * (L->head_dim_k + L->head_dim_v) * es;
-    }
+    for (uint32_t il = 0; il < m->n_layer; il++) b += model_layer_kv_row_bytes(&m->layers[il], kv);
     return b;
 }
 
