@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tern run --device: generation through the GPU forward pass (backend/vulkan/gpu.h) gives the CPU's
 # greedy ids on F32 models (a generated qwen2 and qwen3, and the kit's stories260K,
-# tiny-qwen3moe and tiny-qwen35moe when present); TERN_DEVICE does what --device does;
+# tiny-qwen3moe, tiny-qwen35moe and tiny-gptoss when present); TERN_DEVICE does what --device does;
 # auto says which device it took and why; --spec ngram, the oracle and --spec mtp on the
 # device print the ids of --spec off there; a machine without Vulkan gets a message naming
 # what is missing (vulkan) or the CPU (auto); a context larger than the device is refused at
@@ -39,6 +39,7 @@ if [ -f "$shared/models/stories260K.gguf" ]; then
   same "$shared/models/stories260K.gguf" "1 403 407 261 378" 40
   same "$shared/models/tiny-qwen3moe-f32.gguf" "785 264 1000 300 12" 16
   same "$shared/models/tiny-qwen35moe-f32.gguf" "785 264 1000 300 12" 16
+  same "$shared/models/tiny-gptoss-f32.gguf" "785 264 1000 300 12" 24 # past its window of 16
 elif [ "${TERN_REQUIRE_SHARED:-0}" = 1 ]; then
   fail "TERN_REQUIRE_SHARED=1 but $shared/models/stories260K.gguf is missing"
 fi

@@ -1,5 +1,5 @@
 /* Models on the Vulkan backend (backend/vulkan/gpu.h) against tern's CPU path, on the kit's llama,
- * qwen3, qwen35, qwen3moe and qwen35moe models in every weight type they come in, and on
+ * qwen3, qwen35, qwen3moe, qwen35moe and gpt-oss models in every weight type they come in, and on
  * generated qwen2 models (q/k/v biases; `tern mkmodel`'s generator, in F32, BF16 and Q5_K):
  * - the logits of every prompt position agree with the CPU's (F32 weights: to 1e-4 of
  *   the row's largest logit; quantized ones, whose CPU path quantizes the activations to
@@ -225,6 +225,15 @@ static void test_qwen35moe(void **state) {
     if (!lite) check_model("tiny-qwen35moe-f32", false);
 }
 
+/* gpt-oss: windowed and sink attention (the kit's window is 16, the prompt 40: the resume
+ * at 23 falls beyond it), biased router with the softmax over the chosen, expert biases
+ * and the clamped swiglu; MXFP4 experts with Q8_0 elsewhere */
+static void test_gptoss(void **state) {
+    (void)state;
+    check_model("tiny-gptoss-f32", false);
+    if (!lite) check_model("tiny-gptoss-mxfp4", true);
+}
+
 static void test_refused(void **state) {
     (void)state;
     struct tern_model *m = load("models/tiny-qwen3moe-q8_0.gguf");
@@ -246,6 +255,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_qwen2),
         cmocka_unit_test(test_qwen3moe),
         cmocka_unit_test(test_qwen35moe),
+        cmocka_unit_test(test_gptoss),
         cmocka_unit_test(test_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

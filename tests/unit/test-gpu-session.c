@@ -1,5 +1,6 @@
 /* Sessions on the Vulkan backend (tern_model_use_device, session.c over backend/vulkan/gpu.h), on the
- * kit's tiny-qwen3 (attention only) and tiny-qwen35 (hybrid), each in F32 and Q8_0:
+ * kit's tiny-qwen3 (attention only) and tiny-qwen35 (hybrid), each in F32 and Q8_0, and
+ * tiny-gptoss (window and sink attention, its MoE; MXFP4 here, F32 for the pages):
  * resumed equals cold, bit for bit, within the device (DESIGN.md §5, §7):
  * - chunks of 1, 7, 64 and 512 (and, on F32, token by token in separate calls): every
  *   position's logits and the state hash identical;
@@ -724,6 +725,13 @@ static void test_pages_qwen35(void **state) {
     check_pages("models/tiny-qwen35-f32.gguf");
 }
 
+/* gpt-oss: window layers (16 keys) whose windows straddle the pages, sinks; the rewinds
+ * and forks land inside the window of the end and beyond it */
+static void test_pages_gptoss(void **state) {
+    (void)state;
+    check_pages("models/tiny-gptoss-f32.gguf");
+}
+
 /* A device with room for one session's whole context: a session that cannot have its
  * pages is refused with the sizes (and keeps what it had); through the cache, the parked
  * session gives way for the leased one's pages (cache_reserve). */
@@ -952,6 +960,11 @@ static void test_qwen35_f32(void **state) {
     check_layout("models/tiny-qwen35-f32.gguf");
 }
 
+static void test_gptoss_mxfp4(void **state) {
+    (void)state;
+    check_model("models/tiny-gptoss-mxfp4.gguf", true);
+}
+
 static void test_qwen35_q8_0(void **state) {
     (void)state;
     check_model("models/tiny-qwen35-q8_0.gguf", true);
@@ -968,6 +981,8 @@ int main(void) {
         cmocka_unit_test(test_qwen35_vram_full),
         cmocka_unit_test(test_pages_qwen3),
         cmocka_unit_test(test_pages_qwen35),
+        cmocka_unit_test(test_pages_gptoss),
+        cmocka_unit_test(test_gptoss_mxfp4),
         cmocka_unit_test(test_pages_full),
         cmocka_unit_test(test_batch_qwen3),
         cmocka_unit_test(test_batch_qwen35),

@@ -375,7 +375,8 @@ static void test_row_ops(void **state) {
     free(x), free(u), free(w), free(ref), free(got), free(one), free(cs), free(rec);
 }
 
-static void check_attention(bool f16, size_t hd) {
+/* window (0: none) and sinks: gpt-oss's attention (the CPU's attn_item) */
+static void check_attention(bool f16, size_t hd, size_t window, bool with_sinks) {
     const size_t nkv = 2, nh = 6, pos0 = 300, T = 7, P = pos0 + T, n_pages = (P + 255) / 256;
     const float scale = 1.0f / sqrtf((float)hd);
     struct tern_rng r;
@@ -384,6 +385,9 @@ static void check_attention(bool f16, size_t hd) {
     float *q = malloc(T * nh * hd * sizeof(float)), *out = malloc(T * nh * hd * sizeof(float));
     for (size_t i = 0; i < P * nkv * hd; i++) k[i] = (float)(tern_rng_uniform(&r) * 2 - 1), v[i] = (float)(tern_rng_uniform(&r) * 2 - 1);
     for (size_t i = 0; i < T * nh * hd; i++) q[i] = (float)(tern_rng_uniform(&r) * 4 - 2);
+    float sinks[6];
+    for (size_t h = 0; h < nh; h++) sinks[h] = (float)(tern_rng_uniform(&r) * 6 - 3);
+    struct tern_vk_buf *bs = with_sinks ? dev_floats(sinks, nh) : NULL;
     const size_t es = f16 ? 2 : 4;
     struct tern_vk_buf *bk = dev_floats(k, P * nkv * hd), *bv = dev_floats(v, P * nkv * hd), *bq = dev_floats(q, T * nh * hd);
     struct tern_vk_buf *kc, *vc, *bo;
@@ -395,8 +399,9 @@ static void check_attention(bool f16, size_t hd) {
     assert_int_equal(tern_vk_begin(vk), TERN_OK);
     assert_int_equal(tern_vk_kv_store(vk, bk, nkv * hd, kc, nkv, hd, 0, 0, P, f16), TERN_OK);
     assert_int_equal(tern_vk_kv_store(vk, bv, nkv * hd, vc, nkv, hd, 0, 0, P, f16), TERN_OK);
-    assert_int_equal(tern_vk_attention(vk, bq, nh * hd, kc, vc, bo, nh * hd, 0, T, pos0, nh, nkv, hd, scale, f16),
-                     TERN_OK);
+    assert_int_equal(
+        tern_vk_attention(vk, bq, nh * hd, kc, vc, bo, nh * hd, 0, T, pos0, nh, nkv, hd, scale, f16, window, bs),
+        TERN_OK);
     assert_int_equal(tern_vk_end(vk), TERN_OK);
     host_floats(bo, out, T * nh * hd);
     /* the CPU: per head, rows of that head contiguous (as in its pages), in pages of 256 */
@@ -417,13 +422,22 @@ static void check_attention(bool f16, size_t hd) {
             const size_t pos = pos0 + t;
             float m = -INFINITY, l = 0;
             memset(acc, 0, hd * sizeof(float));
-            for (size_t pg = 0; pg * 256 <= pos; pg++) {
-                const size_t n = pos + 1 - pg * 256 < 256 ? pos + 1 - pg * 256 : 256;
-                const void *kp = f16 ? (const void *)(kh16 + pg * 256 * hd) : (const void *)(kh + pg * 256 * hd);
-                const void *vp = f16 ? (const void *)(vh16 + pg * 256 * hd) : (const void *)(vh + pg * 256 * hd);
+            const size_t key0 = window && pos + 1 > window ? pos + 1 - window : 0;
+            for (size_t pg = key0 / 256; pg * 256 <= pos; pg++) {
+                const size_t off = key0 > pg * 256 ? key0 - pg * 256 : 0;
+                const size_t n = (pos + 1 - pg * 256 < 256 ? pos + 1 - pg * 256 : 256) - off;
+                const size_t r0 = pg * 256 + off;
+                const void *kp = f16 ? (const void *)(kh16 + r0 * hd) : (const void *)(kh + r0 * hd);
+                const void *vp = f16 ? (const void *)(vh16 + r0 * hd) : (const void *)(vh + r0 * hd);
                 ops->attn_page(acc, &m, &l, q + (t * nh + h) * hd, hd, kp, vp, hd, n, scale, f16, scores);
             }
-            for (size_t e = 0; e < hd; e++) ref[e] = acc[e] / l;
+            double den = l, a = 1;
+            if (with_sinks) { /* one more logit in the max and the denominator */
+                const double mm = fmax(m, sinks[h]);
+                a = exp(m - mm);
+                den = l * a + exp(sinks[h] - mm);
+            }
+            for (size_t e = 0; e < hd; e++) ref[e] = (float)(acc[e] * a / den);
             const float *got = out + (t * nh + h) * hd;
             for (size_t e = 0; e < hd; e++) {
                 const double d = fabs((double)got[e] - ref[e]) / (fabs((double)ref[e]) + 1e-3);
@@ -431,8 +445,8 @@ static void check_attention(bool f16, size_t hd) {
             }
         }
     }
-    printf("attention %s, heads of %zu, %zu positions: max difference to the CPU %.2e\n", f16 ? "F16" : "F32", hd, P,
-           worst);
+    printf("attention %s, heads of %zu, %zu positions, window %zu%s: max difference to the CPU %.2e\n",
+           f16 ? "F16" : "F32", hd, P, window, with_sinks ? ", sinks" : "", worst);
     assert_true(worst < 1e-4);
     /* the cache holds the CPU's pages byte for byte: row p of head g at page p / 256,
      * [g][p % 256], F16 rows as the CPU rounds them */
@@ -450,14 +464,15 @@ static void check_attention(bool f16, size_t hd) {
     /* a position beyond the cache's pages: refused, nothing recorded */
     assert_int_equal(tern_vk_kv_store(vk, bk, nkv * hd, kc, nkv, hd, n_pages * 256 - 1, 0, 2, f16), TERN_ERR_RANGE);
     assert_int_equal(tern_vk_attention(vk, bq, nh * hd, kc, vc, bo, nh * hd, 0, 2, n_pages * 256 - 1, nh, nkv, hd,
-                                       scale, f16),
+                                       scale, f16, window, bs),
                      TERN_ERR_RANGE);
     /* a token alone: the bits it got among T */
     float *one = malloc(nh * hd * sizeof(float));
     struct tern_vk_buf *bq1 = dev_floats(q + 3 * nh * hd, nh * hd), *bo1;
     assert_int_equal(tern_vk_buf_new(vk, nh * hd * sizeof(float), &bo1), TERN_OK);
-    assert_int_equal(tern_vk_attention(vk, bq1, nh * hd, kc, vc, bo1, nh * hd, 0, 1, pos0 + 3, nh, nkv, hd, scale, f16),
-                     TERN_OK);
+    assert_int_equal(
+        tern_vk_attention(vk, bq1, nh * hd, kc, vc, bo1, nh * hd, 0, 1, pos0 + 3, nh, nkv, hd, scale, f16, window, bs),
+        TERN_OK);
     host_floats(bo1, one, nh * hd);
     assert_memory_equal(one, out + 3 * nh * hd, nh * hd * sizeof(float));
     /* tokens 3.. as rows 3.. of the whole buffers (row0: one sequence of a step over
@@ -467,30 +482,37 @@ static void check_attention(bool f16, size_t hd) {
         for (size_t i = 0; i < T * nh * hd; i++) rest[i] = -7.0f;
         struct tern_vk_buf *bo2 = dev_floats(rest, T * nh * hd);
         assert_int_equal(tern_vk_attention(vk, bq, nh * hd, kc, vc, bo2, nh * hd, 3, T - 3, pos0 + 3, nh, nkv, hd,
-                                           scale, f16),
+                                           scale, f16, window, bs),
                          TERN_OK);
         host_floats(bo2, rest, T * nh * hd);
         assert_memory_equal(rest + 3 * nh * hd, out + 3 * nh * hd, (T - 3) * nh * hd * sizeof(float));
         for (size_t i = 0; i < 3 * nh * hd; i++) assert_true(rest[i] == -7.0f);
         /* past the buffer's rows: refused */
         assert_int_equal(tern_vk_attention(vk, bq, nh * hd, kc, vc, bo2, nh * hd, 4, T - 3, pos0 + 3, nh, nkv, hd,
-                                           scale, f16),
+                                           scale, f16, window, bs),
                          TERN_ERR_RANGE);
         tern_vk_buf_free(bo2);
         free(rest);
     }
     tern_vk_buf_free(bk), tern_vk_buf_free(bv), tern_vk_buf_free(bq), tern_vk_buf_free(kc), tern_vk_buf_free(vc);
-    tern_vk_buf_free(bo), tern_vk_buf_free(bq1), tern_vk_buf_free(bo1);
+    tern_vk_buf_free(bo), tern_vk_buf_free(bq1), tern_vk_buf_free(bo1), tern_vk_buf_free(bs);
     free(k), free(v), free(q), free(out), free(kh), free(vh), free(kh16), free(vh16), free(acc), free(scores), free(ref);
     free(one);
 }
 
 static void test_attention(void **state) {
     (void)state;
-    check_attention(false, 64);
-    check_attention(true, 64);
-    check_attention(false, 40);
-    check_attention(true, 256);
+    check_attention(false, 64, 0, false);
+    check_attention(true, 64, 0, false);
+    check_attention(false, 40, 0, false);
+    check_attention(true, 256, 0, false);
+    /* gpt-oss: windows that start on the first page (300), across the page boundary (60:
+     * keys from 241..247) and inside the last page (20), with and without sinks */
+    check_attention(false, 64, 60, true);
+    check_attention(true, 64, 60, false);
+    check_attention(false, 64, 300, false);
+    check_attention(true, 64, 20, true);
+    check_attention(false, 64, 0, true);
 }
 
 static void check_deltanet(uint32_t n_k, uint32_t n_v, uint32_t d, size_t T) {
@@ -641,7 +663,7 @@ static void test_moe(void **state) {
     struct tern_vk_buf *blg = dev_floats(lg, T * X), *bids, *bw;
     assert_int_equal(tern_vk_buf_new(vk, T * K * sizeof(uint32_t), &bids), TERN_OK);
     assert_int_equal(tern_vk_buf_new(vk, T * K * sizeof(float), &bw), TERN_OK);
-    assert_int_equal(tern_vk_moe_route(vk, blg, bids, bw, T, X, K, true, 1.0f), TERN_OK);
+    assert_int_equal(tern_vk_moe_route(vk, blg, bids, bw, T, X, K, true, 1.0f, false), TERN_OK);
     uint32_t ids[13 * 2];
     float wts[13 * 2], probs[13 * 8];
     assert_int_equal(tern_vk_download(bids, 0, ids, sizeof ids), TERN_OK);
@@ -656,12 +678,40 @@ static void test_moe(void **state) {
     assert_true(max_rel(probs, lg_cpu, T * X) < 1e-5);
     /* a scale and no renormalisation */
     assert_int_equal(tern_vk_upload(blg, 0, lg, T * X * sizeof(float)), TERN_OK);
-    assert_int_equal(tern_vk_moe_route(vk, blg, bids, bw, T, X, K, false, 2.5f), TERN_OK);
+    assert_int_equal(tern_vk_moe_route(vk, blg, bids, bw, T, X, K, false, 2.5f, false), TERN_OK);
     memcpy(lg_cpu, lg, T * X * sizeof(float));
     hp.norm_topk = false, hp.scale = 2.5f;
     for (size_t t = 0; t < T; t++) moe_route(&hp, lg_cpu + t * X, sel_cpu + t * K, wts_cpu + t * K);
     host_floats(bw, wts, T * K);
     assert_true(max_rel(wts, wts_cpu, T * K) < 1e-5);
+    /* gpt-oss's gate: top-k on the raw logits, the softmax over the k (logits untouched) */
+    {
+        const size_t K4 = 4;
+        struct tern_vk_buf *bids4, *bw4;
+        assert_int_equal(tern_vk_buf_new(vk, T * K4 * sizeof(uint32_t), &bids4), TERN_OK);
+        assert_int_equal(tern_vk_buf_new(vk, T * K4 * sizeof(float), &bw4), TERN_OK);
+        assert_int_equal(tern_vk_upload(blg, 0, lg, T * X * sizeof(float)), TERN_OK);
+        assert_int_equal(tern_vk_moe_route(vk, blg, bids4, bw4, T, X, K4, false, 1.0f, true), TERN_OK);
+        struct moe_hparams oai = {.n_expert = (uint32_t)X, .n_used = (uint32_t)K4, .scale = 1.0f, .softmax_weight = true};
+        int32_t sel4[13 * 4];
+        float w4_cpu[13 * 4], w4[13 * 4], after[13 * 8];
+        uint32_t ids4[13 * 4];
+        memcpy(lg_cpu, lg, T * X * sizeof(float));
+        for (size_t t = 0; t < T; t++) moe_route(&oai, lg_cpu + t * X, sel4 + t * K4, w4_cpu + t * K4);
+        assert_int_equal(tern_vk_download(bids4, 0, ids4, sizeof ids4), TERN_OK);
+        host_floats(bw4, w4, T * K4);
+        host_floats(blg, after, T * X);
+        for (size_t i = 0; i < T * K4; i++) assert_int_equal(ids4[i], (uint32_t)sel4[i]);
+        assert_memory_equal(after, lg, T * X * sizeof(float));
+        for (size_t t = 0; t < T; t++) { /* a softmax: positive, summing to 1, descending */
+            float sum = 0;
+            for (size_t j = 0; j < K4; j++) sum += w4[t * K4 + j];
+            assert_true(fabsf(sum - 1.0f) < 1e-5f && w4[t * K4] >= w4[t * K4 + K4 - 1] && w4[t * K4 + K4 - 1] > 0);
+        }
+        printf("moe route (softmax over the chosen): weights within %.2e of the CPU's\n", max_rel(w4, w4_cpu, T * K4));
+        assert_true(max_rel(w4, w4_cpu, T * K4) < 1e-5);
+        tern_vk_buf_free(bids4), tern_vk_buf_free(bw4);
+    }
 
     /* the experts' matmul (Q4_K stacked experts, gate/up style: slots share their token's row) */
     uint64_t rb;
@@ -765,6 +815,46 @@ static void test_moe(void **state) {
     for (size_t t = 0; t < T; t++)
         for (size_t i = 0; i < n; i++) ref[t * n + i] = sd[t * n + i] + bias[i];
     assert_memory_equal(got, ref, T * n * sizeof(float));
+
+    /* gpt-oss: each slot's expert's bias row (an id past the experts: a NaN row), then the
+     * clamped swiglu (the CPU's swiglu_oai: bias, clamp, x sigmoid(1.702 x) (y + 1)) */
+    {
+        const size_t S = T * K;
+        float *eb = malloc(X * n * sizeof(float)), *g0 = malloc(S * n * sizeof(float)), *u0 = malloc(S * n * sizeof(float));
+        float *gg = malloc(S * n * sizeof(float)), *gr = malloc(S * n * sizeof(float));
+        for (size_t i = 0; i < X * n; i++) eb[i] = (float)(tern_rng_uniform(&r) * 4 - 2);
+        for (size_t i = 0; i < S * n; i++) /* beyond the clamp on both sides, often */
+            g0[i] = (float)(tern_rng_uniform(&r) * 24 - 12), u0[i] = (float)(tern_rng_uniform(&r) * 24 - 12);
+        uint32_t ids_bad[13 * 2];
+        memcpy(ids_bad, ids, sizeof ids_bad);
+        ids_bad[5] = (uint32_t)X; /* past the experts */
+        struct tern_vk_buf *beb = dev_floats(eb, X * n), *bg = dev_floats(g0, S * n), *bu = dev_floats(u0, S * n), *bidb;
+        assert_int_equal(tern_vk_buf_new(vk, sizeof ids_bad, &bidb), TERN_OK);
+        assert_int_equal(tern_vk_upload(bidb, 0, ids_bad, sizeof ids_bad), TERN_OK);
+        assert_int_equal(tern_vk_moe_expert_bias(vk, bg, bidb, beb, S, n, X), TERN_OK);
+        host_floats(bg, gg, S * n);
+        for (size_t sl = 0; sl < S; sl++)
+            for (size_t i = 0; i < n; i++)
+                if (sl == 5) assert_true(isnan(gg[sl * n + i]));
+                else assert_true(gg[sl * n + i] == g0[sl * n + i] + eb[ids[sl] * n + i]);
+        assert_int_equal(tern_vk_upload(bg, 0, g0, S * n * sizeof(float)), TERN_OK);
+        assert_int_equal(tern_vk_swiglu_oai(vk, bg, bu, S, n), TERN_OK);
+        host_floats(bg, gg, S * n);
+        size_t clamped = 0;
+        double worst = 0;
+        for (size_t i = 0; i < S * n; i++) {
+            const float xc = g0[i] < 7.0f ? g0[i] : 7.0f, yc = u0[i] < 7.0f ? (u0[i] > -7.0f ? u0[i] : -7.0f) : 7.0f;
+            gr[i] = xc / (1.0f + expf(1.702f * -xc)) * (yc + 1.0f);
+            clamped += g0[i] > 7.0f || fabsf(u0[i]) > 7.0f;
+            worst = fmax(worst, fabs((double)gg[i] - gr[i]) / (fabs((double)gr[i]) + 1e-3));
+        }
+        printf("swiglu_oai: %zu of %zu values clamped, max difference to the CPU formula %.2e\n", clamped, S * n, worst);
+        assert_true(clamped > S * n / 4 && worst < 1e-4);
+        assert_int_equal(tern_vk_moe_expert_bias(vk, bg, bidb, beb, S, n, 0), TERN_ERR_INVALID);
+        assert_int_equal(tern_vk_moe_expert_bias(vk, bg, bidb, bb, S, n, X), TERN_ERR_RANGE); /* too few bias rows */
+        tern_vk_buf_free(beb), tern_vk_buf_free(bg), tern_vk_buf_free(bu), tern_vk_buf_free(bidb);
+        free(eb), free(g0), free(u0), free(gg), free(gr);
+    }
 
     struct tern_vk_buf *bufs[] = {blg, bids, bw, bwt, bx, by, bx1, bid1, by1, bsd, bsw, bout, bb, bord, bident};
     for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) tern_vk_buf_free(bufs[i]);

@@ -183,12 +183,17 @@ void tern_gpu_free(struct tern_gpu *g) {
     free(g);
 }
 
-/* A layer's MoE block: router, experts, shared expert. */
+/* A layer's MoE block: router, experts, shared expert, biases. */
 static enum tern_status upload_moe(struct tern_gpu *g, const struct moe_hparams *hp, const struct moe_layer *ml) {
     enum tern_status st;
+    const size_t X = hp->n_expert;
     if ((st = put_mat(g, &ml->router)) || (st = put_mats(g, &ml->gate, ml->gate_stride, hp->n_expert)) ||
         (st = put_mats(g, &ml->up, ml->up_stride, hp->n_expert)) ||
         (st = put_mats(g, &ml->down, ml->down_stride, hp->n_expert)))
+        return st;
+    /* gpt-oss's biases (NULL for the others: nothing) */
+    if ((st = put_vec(g, ml->router_b, X)) || (st = put_vec(g, ml->gate_b, X * ml->gate.n)) ||
+        (st = put_vec(g, ml->up_b, X * ml->up.n)) || (st = put_vec(g, ml->down_b, X * ml->down.n)))
         return st;
     if (!hp->n_ff_shexp) return TERN_OK;
     if ((st = put_mat(g, &ml->sh_gate_inp)) || (st = put_mat(g, &ml->sh_gate)) || (st = put_mat(g, &ml->sh_up)) ||
@@ -437,14 +442,23 @@ static void gpu_moe(const struct model_step *f, const struct moe_hparams *mh, co
     struct tern_vk_buf *r = wbuf(f, ml->router.data, ml->router.name), *eg = wbuf(f, ml->gate.data, ml->gate.name);
     struct tern_vk_buf *eu = wbuf(f, ml->up.data, ml->up.name), *ed = wbuf(f, ml->down.data, ml->down.name);
     DO(f, tern_vk_matmul(vk, ml->router.type, r, E, X, BUF(h), n, ws->probs));
-    DO(f, tern_vk_moe_route(vk, ws->probs, ws->ids, ws->wts, n, X, K, mh->norm_topk, mh->scale));
+    if (ml->router_b) DO(f, tern_vk_add_bias(vk, ws->probs, vbuf(f, ml->router_b), n, X));
+    DO(f, tern_vk_moe_route(vk, ws->probs, ws->ids, ws->wts, n, X, K, mh->norm_topk, mh->scale, mh->softmax_weight));
     DO(f, tern_vk_moe_group(vk, ws->ids, ws->order, slots, X));
     DO(f, tern_vk_matmul_id(vk, ml->gate.type, eg, ml->gate_stride, X, E, F, ws->ids, ws->order, BUF(h), K, slots,
                             ws->g));
     DO(f, tern_vk_matmul_id(vk, ml->up.type, eu, ml->up_stride, X, E, F, ws->ids, ws->order, BUF(h), K, slots, ws->u));
-    DO(f, tern_vk_swiglu(vk, ws->g, ws->u, slots, F));
+    if (mh->swiglu_oai) { /* gpt-oss: each slot's expert's biases, the clamped swiglu */
+        DO(f, tern_vk_moe_expert_bias(vk, ws->g, ws->ids, vbuf(f, ml->gate_b), slots, F, X));
+        DO(f, tern_vk_moe_expert_bias(vk, ws->u, ws->ids, vbuf(f, ml->up_b), slots, F, X));
+        DO(f, tern_vk_swiglu_oai(vk, ws->g, ws->u, slots, F));
+    } else {
+        DO(f, tern_vk_swiglu(vk, ws->g, ws->u, slots, F));
+    }
     DO(f, tern_vk_matmul_id(vk, ml->down.type, ed, ml->down_stride, X, F, E, ws->ids, ws->order, ws->g, 1, slots,
                             ws->d));
+    /* (down + its expert's bias), then times the weight in the combine: the CPU's order */
+    if (ml->down_b) DO(f, tern_vk_moe_expert_bias(vk, ws->d, ws->ids, vbuf(f, ml->down_b), slots, E, X));
     if (S) {
         const struct mat *sm[] = {&ml->sh_gate, &ml->sh_up, &ml->sh_gate_inp, &ml->sh_down};
         struct tern_vk_buf *sb[4];
@@ -467,13 +481,14 @@ static void gpu_attention(const struct model_step *f, uint32_t il, const struct 
     const struct model_layer *L = &f->m->layers[il];
     struct tern_vk *vk = p->g->vk;
     const size_t hd = L->head_dim_k, nq = (size_t)n_head * hd, nkv = (size_t)L->n_kv_head * hd;
+    struct tern_vk_buf *sinks = vbuf(f, L->sinks);
     for (uint32_t j = 0; j < f->b->n_seq; j++) {
         const struct model_seq *sq = &f->b->seq[j];
         const struct tern_gpu_state *S = p->S[j];
         DO(f, tern_vk_kv_store(vk, BUF(k), nkv, S->kc[il], L->n_kv_head, hd, sq->pos0, sq->row0, sq->n, S->f16_kv));
         DO(f, tern_vk_kv_store(vk, BUF(v), nkv, S->vc[il], L->n_kv_head, hd, sq->pos0, sq->row0, sq->n, S->f16_kv));
         DO(f, tern_vk_attention(vk, BUF(q), nq, S->kc[il], S->vc[il], BUF(out), nq, sq->row0, sq->n, sq->pos0, n_head,
-                                L->n_kv_head, hd, scale, S->f16_kv));
+                                L->n_kv_head, hd, scale, S->f16_kv, L->window, sinks));
     }
 }
 
@@ -664,11 +679,8 @@ static void up_rope(const struct model_step *f, const struct model_rope *r, stru
 }
 static void up_attention(const struct model_step *f, uint32_t il, const struct model_act *q, const struct model_act *k,
                          const struct model_act *v, struct model_act *out, uint32_t n_head, float scale) {
-    (void)q, (void)k, (void)v, (void)out, (void)n_head, (void)scale;
-    const struct model_layer *L = &f->m->layers[il];
-    if (L->window || L->sinks)
-        up_keep(f, tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: layer %u's attention has a sliding window or sinks "
-                                                     "(gpt-oss), which the Vulkan attention does not compute yet", il));
+    (void)q, (void)k, (void)v, (void)out, (void)scale;
+    up_keep(f, put_vec(UP(f)->g, f->m->layers[il].sinks, n_head)); /* gpt-oss's; NULL: none */
 }
 
 /* the operations with weights */
@@ -698,9 +710,6 @@ static void up_add_bias(const struct model_step *f, struct model_act *x, const f
 static void up_moe(const struct model_step *f, const struct moe_hparams *hp, const struct moe_layer *L,
                    struct model_moe_ws *ws, const struct model_act *h, struct model_act *out) {
     (void)ws, (void)h, (void)out;
-    if (hp->swiglu_oai || hp->softmax_weight || L->router_b)
-        up_keep(f, tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: gpt-oss's experts (biases, softmax over the chosen, the "
-                                                     "clamped swiglu) are not on the Vulkan device yet"));
     const uint32_t n_chunk = UP(f)->g->n_chunk;
     if ((uint64_t)n_chunk * hp->n_used > 65535) {
         up_keep(f, tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: chunks of %u tokens with %u experts each exceed the Vulkan "

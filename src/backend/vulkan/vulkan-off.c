@@ -92,6 +92,11 @@ enum tern_status tern_vk_swiglu(struct tern_vk *vk, struct tern_vk_buf *g, const
     (void)vk, (void)g, (void)u, (void)n_tok, (void)n;
     return NOT_BUILT;
 }
+enum tern_status tern_vk_swiglu_oai(struct tern_vk *vk, struct tern_vk_buf *g, const struct tern_vk_buf *u,
+                                    size_t n_tok, size_t n) {
+    (void)vk, (void)g, (void)u, (void)n_tok, (void)n;
+    return NOT_BUILT;
+}
 enum tern_status tern_vk_sigmoid_mul(struct tern_vk *vk, struct tern_vk_buf *x, const struct tern_vk_buf *gate,
                                      size_t n_tok, size_t n) {
     (void)vk, (void)x, (void)gate, (void)n_tok, (void)n;
@@ -112,9 +117,10 @@ enum tern_status tern_vk_kv_store(struct tern_vk *vk, const struct tern_vk_buf *
 enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf *q, size_t q_stride,
                                    const struct tern_vk_buf *kc, const struct tern_vk_buf *vc, struct tern_vk_buf *out,
                                    size_t out_stride, size_t row0, size_t n_tok, size_t pos0, size_t n_head,
-                                   size_t n_kv_head, size_t head_dim, float scale, bool f16) {
+                                   size_t n_kv_head, size_t head_dim, float scale, bool f16, size_t window,
+                                   const struct tern_vk_buf *sinks) {
     (void)vk, (void)q, (void)q_stride, (void)kc, (void)vc, (void)out, (void)out_stride, (void)row0, (void)n_tok,
-        (void)pos0, (void)n_head, (void)n_kv_head, (void)head_dim, (void)scale, (void)f16;
+        (void)pos0, (void)n_head, (void)n_kv_head, (void)head_dim, (void)scale, (void)f16, (void)window, (void)sinks;
     return NOT_BUILT;
 }
 enum tern_status tern_vk_deltanet_conv(struct tern_vk *vk, struct tern_vk_buf *window,
@@ -160,9 +166,14 @@ enum tern_status tern_vk_moe_group(struct tern_vk *vk, const struct tern_vk_buf 
 }
 enum tern_status tern_vk_moe_route(struct tern_vk *vk, struct tern_vk_buf *logits, struct tern_vk_buf *ids,
                                    struct tern_vk_buf *wts, size_t n_tok, size_t n_expert, size_t n_used,
-                                   bool norm_topk, float scale) {
+                                   bool norm_topk, float scale, bool softmax_weight) {
     (void)vk, (void)logits, (void)ids, (void)wts, (void)n_tok, (void)n_expert, (void)n_used, (void)norm_topk;
-    (void)scale;
+    (void)scale, (void)softmax_weight;
+    return NOT_BUILT;
+}
+enum tern_status tern_vk_moe_expert_bias(struct tern_vk *vk, struct tern_vk_buf *y, const struct tern_vk_buf *ids,
+                                         const struct tern_vk_buf *bias, size_t n_slots, size_t n, size_t n_expert) {
+    (void)vk, (void)y, (void)ids, (void)bias, (void)n_slots, (void)n, (void)n_expert;
     return NOT_BUILT;
 }
 enum tern_status tern_vk_moe_combine(struct tern_vk *vk, struct tern_vk_buf *y, const struct tern_vk_buf *d,

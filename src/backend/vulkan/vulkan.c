@@ -202,9 +202,9 @@ static const enum tern_dtype matmul_types[] = {
 /* Every pipeline: a shader, its specialization constants. Matmuls come first (plain, then
  * the experts' indexed ones); the rows operations are contiguous in rows.comp's OP order. */
 enum {
-    PIPE_RMSNORM = 2 * N_MATMUL, PIPE_ADD, PIPE_SWIGLU, PIPE_SIGMOID_MUL, PIPE_ADD_BIAS, PIPE_ROPE,
+    PIPE_RMSNORM = 2 * N_MATMUL, PIPE_ADD, PIPE_SWIGLU, PIPE_SIGMOID_MUL, PIPE_ADD_BIAS, PIPE_SWIGLU_OAI, PIPE_ROPE,
     PIPE_ATTN_F32, PIPE_ATTN_F16, PIPE_KVSTORE_F32, PIPE_KVSTORE_F16, PIPE_DNCONV, PIPE_DNHEADS, PIPE_SPLIT,
-    PIPE_MOE_ROUTE, PIPE_MOE_COMBINE, PIPE_MOE_GROUP, N_PIPES
+    PIPE_MOE_ROUTE, PIPE_MOE_COMBINE, PIPE_MOE_GROUP, PIPE_MOE_BIAS, N_PIPES
 };
 #define N_MODULES 10 /* matmul, rmsnorm, rows, rope, attention, kvstore, dnconv, dnheads, split, moe */
 #define N_BINDINGS 8
@@ -321,8 +321,8 @@ static enum tern_status make_pipelines(struct tern_vk *vk) {
         else if (i == PIPE_DNCONV) mod = 6;
         else if (i == PIPE_DNHEADS) mod = 7;
         else if (i == PIPE_SPLIT) mod = 8;
-        else if (i >= PIPE_MOE_ROUTE && i <= PIPE_MOE_GROUP) mod = 9, spec_val[0] = (uint32_t)(i - PIPE_MOE_ROUTE);
-        else mod = 2, spec_val[0] = (uint32_t)(i - PIPE_ADD); /* rows.comp: 0 add, 1 swiglu, 2 sigmoid-mul, 3 bias */
+        else if (i >= PIPE_MOE_ROUTE && i <= PIPE_MOE_BIAS) mod = 9, spec_val[0] = (uint32_t)(i - PIPE_MOE_ROUTE);
+        else mod = 2, spec_val[0] = (uint32_t)(i - PIPE_ADD); /* rows.comp: add, swiglu, sigmoid-mul, bias, swiglu-oai */
         const VkSpecializationMapEntry me[2] = {{0, 0, sizeof(uint32_t)}, {1, sizeof(uint32_t), sizeof(uint32_t)}};
         const VkSpecializationInfo spec = {i < 2 * N_MATMUL ? 2 : 1, me, (i < 2 * N_MATMUL ? 2 : 1) * sizeof(uint32_t),
                                            spec_val};
@@ -790,9 +790,16 @@ enum tern_status tern_vk_matmul_id(struct tern_vk *vk, enum tern_dtype wtype, co
                   (uint32_t)n_slots, 1);
 }
 
+/* moe.comp's push constants */
+struct moe_pc {
+    uint32_t n_tok, n_expert, n_used, norm_topk;
+    float scale;
+    uint32_t n, shared_, softmax_weight;
+};
+
 enum tern_status tern_vk_moe_route(struct tern_vk *vk, struct tern_vk_buf *logits, struct tern_vk_buf *ids,
                                    struct tern_vk_buf *wts, size_t n_tok, size_t n_expert, size_t n_used,
-                                   bool norm_topk, float scale) {
+                                   bool norm_topk, float scale, bool softmax_weight) {
     enum tern_status st;
     if (n_expert == 0 || n_expert > 1024 || n_used == 0 || n_used > n_expert)
         return tern_errorf(TERN_ERR_INVALID, "vulkan: routing to %zu of %zu experts (at most 1024)", n_used, n_expert);
@@ -800,11 +807,8 @@ enum tern_status tern_vk_moe_route(struct tern_vk *vk, struct tern_vk_buf *logit
         (st = check_rows("moe expert ids", ids, n_tok, n_used)) || (st = check_rows("moe weights", wts, n_tok, n_used)))
         return st;
     if (!n_tok) return TERN_OK;
-    struct {
-        uint32_t n_tok, n_expert, n_used, norm_topk;
-        float scale;
-        uint32_t n, shared_;
-    } pc = {(uint32_t)n_tok, (uint32_t)n_expert, (uint32_t)n_used, norm_topk, scale, 0, 0};
+    const struct moe_pc pc = {(uint32_t)n_tok, (uint32_t)n_expert, (uint32_t)n_used, norm_topk, scale, 0, 0,
+                              softmax_weight};
     const struct tern_vk_buf *bufs[3] = {logits, ids, wts};
     return record(vk, PIPE_MOE_ROUTE, bufs, 3, &pc, sizeof pc, (uint32_t)((n_tok + 63) / 64), 1, 1);
 }
@@ -817,11 +821,7 @@ enum tern_status tern_vk_moe_group(struct tern_vk *vk, const struct tern_vk_buf 
     if ((st = check_rows("moe expert ids", ids, n_slots, 1)) || (st = check_rows("moe slot order", order, n_slots, 1)))
         return st;
     if (!n_slots) return TERN_OK;
-    struct {
-        uint32_t n_tok, n_expert, n_used, norm_topk;
-        float scale;
-        uint32_t n, shared_;
-    } pc = {(uint32_t)n_slots, (uint32_t)n_expert, 1, 0, 1.0f, 0, 0};
+    const struct moe_pc pc = {(uint32_t)n_slots, (uint32_t)n_expert, 1, 0, 1.0f, 0, 0, 0};
     const struct tern_vk_buf *bufs[7] = {order, ids, order, order, order, order, order};
     return record(vk, PIPE_MOE_GROUP, bufs, 7, &pc, sizeof pc, 1, 1, 1);
 }
@@ -838,13 +838,24 @@ enum tern_status tern_vk_moe_combine(struct tern_vk *vk, struct tern_vk_buf *y, 
         (sw && (st = check_rows("moe shared gate", sw, n_tok, 1))))
         return st;
     if (!n_tok || !n) return TERN_OK;
-    struct {
-        uint32_t n_tok, n_expert, n_used, norm_topk;
-        float scale;
-        uint32_t n, shared_;
-    } pc = {(uint32_t)n_tok, 0, (uint32_t)n_used, 0, 1.0f, (uint32_t)n, sd != NULL};
+    const struct moe_pc pc = {(uint32_t)n_tok, 0, (uint32_t)n_used, 0, 1.0f, (uint32_t)n, sd != NULL, 0};
     const struct tern_vk_buf *bufs[6] = {y, wts, wts, sd ? sd : y, sw ? sw : y, d};
     return record(vk, PIPE_MOE_COMBINE, bufs, 6, &pc, sizeof pc, (uint32_t)((n + 63) / 64), (uint32_t)n_tok, 1);
+}
+
+enum tern_status tern_vk_moe_expert_bias(struct tern_vk *vk, struct tern_vk_buf *y, const struct tern_vk_buf *ids,
+                                         const struct tern_vk_buf *bias, size_t n_slots, size_t n, size_t n_expert) {
+    enum tern_status st;
+    if (n_expert == 0 || n_slots > 65535)
+        return tern_errorf(TERN_ERR_INVALID, "vulkan: expert biases of %zu slots over %zu experts (at most 65535 slots)",
+                           n_slots, n_expert);
+    if ((st = check_rows("moe expert bias rows", y, n_slots, n)) || (st = check_rows("moe expert ids", ids, n_slots, 1)) ||
+        (st = check_rows("moe expert biases", bias, n_expert, n)))
+        return st;
+    if (!n_slots || !n) return TERN_OK;
+    const struct moe_pc pc = {(uint32_t)n_slots, (uint32_t)n_expert, 1, 0, 1.0f, (uint32_t)n, 0, 0};
+    const struct tern_vk_buf *bufs[8] = {y, ids, y, y, y, y, y, bias};
+    return record(vk, PIPE_MOE_BIAS, bufs, 8, &pc, sizeof pc, (uint32_t)((n + 63) / 64), (uint32_t)n_slots, 1);
 }
 
 enum tern_status tern_vk_matmul(struct tern_vk *vk, enum tern_dtype wtype, const struct tern_vk_buf *w,
@@ -908,6 +919,10 @@ enum tern_status tern_vk_swiglu(struct tern_vk *vk, struct tern_vk_buf *g, const
                                 size_t n) {
     return rows_op(vk, PIPE_SWIGLU, "swiglu", g, u, n_tok, n);
 }
+enum tern_status tern_vk_swiglu_oai(struct tern_vk *vk, struct tern_vk_buf *g, const struct tern_vk_buf *u,
+                                    size_t n_tok, size_t n) {
+    return rows_op(vk, PIPE_SWIGLU_OAI, "swiglu-oai", g, u, n_tok, n);
+}
 enum tern_status tern_vk_sigmoid_mul(struct tern_vk *vk, struct tern_vk_buf *x, const struct tern_vk_buf *gate,
                                      size_t n_tok, size_t n) {
     return rows_op(vk, PIPE_SIGMOID_MUL, "sigmoid-mul", x, gate, n_tok, n);
@@ -969,15 +984,18 @@ enum tern_status tern_vk_kv_store(struct tern_vk *vk, const struct tern_vk_buf *
 enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf *q, size_t q_stride,
                                    const struct tern_vk_buf *kc, const struct tern_vk_buf *vc, struct tern_vk_buf *out,
                                    size_t out_stride, size_t row0, size_t n_tok, size_t pos0, size_t n_head,
-                                   size_t n_kv_head, size_t head_dim, float scale, bool f16) {
+                                   size_t n_kv_head, size_t head_dim, float scale, bool f16, size_t window,
+                                   const struct tern_vk_buf *sinks) {
     enum tern_status st;
     if (head_dim == 0 || head_dim > 256 || (f16 && head_dim % 2) || n_kv_head == 0 || n_head % n_kv_head ||
-        q_stride < n_head * head_dim || out_stride < n_head * head_dim || pos0 + n_tok > UINT32_MAX)
+        q_stride < n_head * head_dim || out_stride < n_head * head_dim || pos0 + n_tok > UINT32_MAX ||
+        window > UINT32_MAX)
         return tern_errorf(TERN_ERR_INVALID,
                            "vulkan: attention of %zu heads (%zu kv heads of %zu, at most 256) at %zu+%zu", n_head,
                            n_kv_head, head_dim, pos0, n_tok);
     if ((st = check_rows("attention queries", q, row0 + n_tok, q_stride)) ||
-        (st = check_rows("attention output", out, row0 + n_tok, out_stride)))
+        (st = check_rows("attention output", out, row0 + n_tok, out_stride)) ||
+        (sinks && (st = check_rows("attention sinks", sinks, 1, n_head))))
         return st;
     const size_t need = kv_pages_bytes(pos0 + n_tok, n_kv_head, head_dim, f16 ? 2 : 4);
     if (kc->bytes < need || vc->bytes < need)
@@ -986,11 +1004,11 @@ enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf 
     struct {
         uint32_t head_dim, n_kv, q_stride, out_stride, pos0, group;
         float scale;
-        uint32_t n_tok, row0;
+        uint32_t n_tok, row0, window, sinks;
     } pc = {(uint32_t)head_dim, (uint32_t)n_kv_head, (uint32_t)q_stride, (uint32_t)out_stride, (uint32_t)pos0,
-            (uint32_t)(n_head / n_kv_head), scale, (uint32_t)n_tok, (uint32_t)row0};
-    const struct tern_vk_buf *bufs[4] = {q, kc, vc, out};
-    return record(vk, f16 ? PIPE_ATTN_F16 : PIPE_ATTN_F32, bufs, 4, &pc, sizeof pc, (uint32_t)n_tok, (uint32_t)n_head, 1);
+            (uint32_t)(n_head / n_kv_head), scale, (uint32_t)n_tok, (uint32_t)row0, (uint32_t)window, sinks != NULL};
+    const struct tern_vk_buf *bufs[5] = {q, kc, vc, out, sinks ? sinks : q};
+    return record(vk, f16 ? PIPE_ATTN_F16 : PIPE_ATTN_F32, bufs, 5, &pc, sizeof pc, (uint32_t)n_tok, (uint32_t)n_head, 1);
 }
 
 enum tern_status tern_vk_deltanet_conv(struct tern_vk *vk, struct tern_vk_buf *window,

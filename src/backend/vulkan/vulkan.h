@@ -117,10 +117,16 @@ enum tern_status tern_vk_moe_group(struct tern_vk *vk, const struct tern_vk_buf 
 /* MoE routing (model/moe.h's moe_route, per token): logits (n_tok, n_expert) become the
  * softmax probabilities in place; ids and wts (n_tok, n_used) get the n_used largest in
  * descending order (ties to the lowest id) and their weights (renormalised to sum 1 when
- * norm_topk, then times scale). At most 1024 experts. */
+ * norm_topk, then times scale). softmax_weight (gpt-oss): the n_used largest logits as
+ * they are, their weights the softmax over those n_used alone (logits left unchanged).
+ * At most 1024 experts. */
 enum tern_status tern_vk_moe_route(struct tern_vk *vk, struct tern_vk_buf *logits, struct tern_vk_buf *ids,
                                    struct tern_vk_buf *wts, size_t n_tok, size_t n_expert, size_t n_used,
-                                   bool norm_topk, float scale);
+                                   bool norm_topk, float scale, bool softmax_weight);
+/* y[s] += bias[ids[s]] for n_slots rows of n: each slot's own expert's bias row (bias:
+ * (n_expert, n); gpt-oss's expert biases). An id past n_expert gives a NaN row. */
+enum tern_status tern_vk_moe_expert_bias(struct tern_vk *vk, struct tern_vk_buf *y, const struct tern_vk_buf *ids,
+                                         const struct tern_vk_buf *bias, size_t n_slots, size_t n, size_t n_expert);
 /* y[t] = sum_j wts[t][j] d[t * n_used + j] (rank order), plus sigmoid(sw[t]) sd[t] when sd
  * and sw (the shared expert's output (n_tok, n) and gate logit (n_tok)) are given. */
 enum tern_status tern_vk_moe_combine(struct tern_vk *vk, struct tern_vk_buf *y, const struct tern_vk_buf *d,
@@ -148,6 +154,10 @@ enum tern_status tern_vk_add_bias(struct tern_vk *vk, struct tern_vk_buf *y, con
                                   size_t n_tok, size_t n); /* y[t] += bias, every row */
 enum tern_status tern_vk_sigmoid_mul(struct tern_vk *vk, struct tern_vk_buf *x, const struct tern_vk_buf *gate,
                                      size_t n_tok, size_t n); /* x *= sigmoid(gate) */
+/* gpt-oss's clamped SwiGLU (model/moe.h): x = min(g, 7), y = clamp(u, -7, 7),
+ * g = x sigmoid(1.702 x) (y + 1) */
+enum tern_status tern_vk_swiglu_oai(struct tern_vk *vk, struct tern_vk_buf *g, const struct tern_vk_buf *u,
+                                    size_t n_tok, size_t n);
 /* RoPE in place on n_tok rows (row_stride floats apart) of n_head heads of head_dim;
  * cs: (n_tok, n_rot) cos/sin pairs as tern_rope_angles computes them. */
 enum tern_status tern_vk_rope(struct tern_vk *vk, struct tern_vk_buf *x, size_t row_stride, size_t n_head,
@@ -162,7 +172,11 @@ enum tern_status tern_vk_rope(struct tern_vk *vk, struct tern_vk_buf *x, size_t 
  * the cache, page by page with an online softmax (as the CPU), so a token's result
  * depends on its own positions alone. Heads of at most 256. The tokens are rows row0.. of
  * x, q and out (one sequence of a step over several sessions' rows: each against its own
- * cache). A cache without the pages of the positions: TERN_ERR_RANGE. */
+ * cache). window (0: none): a query at pos sees the keys [pos + 1 - window, pos] only, as
+ * the CPU's window layers (from the page where the window starts; the cache keeps every
+ * position). sinks (NULL: none): (n_head) learned logits, one per query head, that join
+ * the softmax's max and denominator and take no value (gpt-oss). A cache without the
+ * pages of the positions: TERN_ERR_RANGE. */
 #define TERN_VK_KV_PAGE 256
 enum tern_status tern_vk_kv_store(struct tern_vk *vk, const struct tern_vk_buf *x, size_t row_stride,
                                   struct tern_vk_buf *cache, size_t n_kv_head, size_t head_dim, size_t pos0,
@@ -170,7 +184,8 @@ enum tern_status tern_vk_kv_store(struct tern_vk *vk, const struct tern_vk_buf *
 enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf *q, size_t q_stride,
                                    const struct tern_vk_buf *kc, const struct tern_vk_buf *vc, struct tern_vk_buf *out,
                                    size_t out_stride, size_t row0, size_t n_tok, size_t pos0, size_t n_head,
-                                   size_t n_kv_head, size_t head_dim, float scale, bool f16);
+                                   size_t n_kv_head, size_t head_dim, float scale, bool f16, size_t window,
+                                   const struct tern_vk_buf *sinks);
 
 /* Gated DeltaNet (kernels/deltanet.h) on the device, tokens in order. conv: the causal
  * depthwise convolution + SiLU over C channels with n_conv taps (conv_wt tap-major

@@ -1,11 +1,15 @@
 #version 450
-// Attention of one query head of one token per workgroup, over the cache rows [0, pos]:
-// in blocks of 256 positions from 0 (the CPU's pages), an online softmax per block:
+// Attention of one query head of one token per workgroup, over the cache rows [key0, pos]
+// (key0 = 0, or with a sliding window of W keys pos + 1 - W once pos + 1 > W): in the
+// CPU's pages of 256 positions, from the page of key0, an online softmax per page:
 //   s_j = scale * q . k_j           (each by one invocation, sequential over the head)
 //   m' = max(m, max_j s_j); c = exp(m - m'); l = l c + sum_j exp(s_j - m')
 //   acc = acc c + sum_j exp(s_j - m') v_j   (each output dim by one invocation, j in order)
-// The sums over a block use a tree whose shape depends on the block alone. A token's
-// result therefore depends only on its own positions, never on the other queries.
+// With sinks (gpt-oss), head h's learned logit sk[h] joins the max and the denominator
+// at the end and takes no value: m* = max(m, sk); out = acc e^(m - m*) / (l e^(m - m*) +
+// e^(sk - m*)), as the CPU's attn_item. The sums over a block use a tree whose shape
+// depends on the block and the query's position alone. A token's result therefore depends
+// only on its own positions, never on the other queries.
 //
 // Cache layout: pages of 256 positions, [page][n_kv][256][head_dim] (the CPU's pages end
 // to end), F32 or (F16 = 1) halves packed in uints.
@@ -18,6 +22,7 @@ layout(std430, binding = 0) readonly buffer Q { float q[]; };
 layout(std430, binding = 1) readonly buffer K { uint kc[]; };
 layout(std430, binding = 2) readonly buffer V { uint vc[]; };
 layout(std430, binding = 3) writeonly buffer O { float o[]; };
+layout(std430, binding = 4) readonly buffer S { float sk[]; }; // (n_head), when p.sinks
 
 layout(push_constant) uniform P {
     uint head_dim;
@@ -29,6 +34,8 @@ layout(push_constant) uniform P {
     float scale;
     uint n_tok;
     uint row0;      // the dispatch's first row of q and o
+    uint window;    // keys a query sees, its own included (0: every earlier key)
+    uint sinks;     // 1: add sk[h] to head h's softmax
 } p;
 
 shared float s[256];
@@ -50,10 +57,12 @@ void main() {
     const uint qo = (p.row0 + t) * p.q_stride + h * hd;
     float m = -1.0 / 0.0, l = 0.0;
     float acc[4] = float[4](0.0, 0.0, 0.0, 0.0); // dims lid, lid + 64, lid + 128, lid + 192
-    for (uint b0 = 0u; b0 <= pos; b0 += 256u) {
+    const uint key0 = p.window != 0u && pos + 1u > p.window ? pos + 1u - p.window : 0u;
+    for (uint b0 = key0 & ~255u; b0 <= pos; b0 += 256u) {
+        const uint j0 = key0 > b0 ? key0 - b0 : 0u; // the page's rows [j0, nb)
         const uint nb = min(256u, pos + 1u - b0);
         const uint base = ((b0 >> 8) * p.n_kv + g) * 256u * hd; // head g's rows of this page
-        for (uint j = lid; j < nb; j += 64u) {
+        for (uint j = j0 + lid; j < nb; j += 64u) {
             precise float d = 0.0;
             const uint ko = base + j * hd;
             for (uint e = 0u; e < hd; e++) d += q[qo + e] * cache_at(0u, ko + e);
@@ -61,7 +70,7 @@ void main() {
         }
         barrier();
         float mx = -1.0 / 0.0;
-        for (uint j = lid; j < nb; j += 64u) mx = max(mx, s[j]);
+        for (uint j = j0 + lid; j < nb; j += 64u) mx = max(mx, s[j]);
         red[lid] = mx;
         barrier();
         for (uint w = 32u; w > 0u; w >>= 1) {
@@ -72,7 +81,7 @@ void main() {
         const float c = exp(m - mn);
         barrier();
         precise float ps = 0.0;
-        for (uint j = lid; j < nb; j += 64u) {
+        for (uint j = j0 + lid; j < nb; j += 64u) {
             const float e = exp(s[j] - mn);
             s[j] = e;
             ps += e;
@@ -92,13 +101,24 @@ void main() {
             const uint e = lid + 64u * r;
             if (e >= hd) break;
             precise float a = acc[r] * c;
-            for (uint j = 0u; j < nb; j++) a += s[j] * cache_at(1u, base + j * hd + e);
+            for (uint j = j0; j < nb; j++) a += s[j] * cache_at(1u, base + j * hd + e);
             acc[r] = a;
         }
         m = mn;
         barrier();
     }
-    const float inv = 1.0 / l;
+    float a = 1.0;
+    precise float lt = l;
+    if (p.sinks != 0u) { // one more logit in the max and the denominator, no value
+        const float sv = sk[h];
+        if (sv > m) {
+            a = exp(m - sv);
+            lt = l * a + 1.0;
+        } else {
+            lt = l + exp(sv - m);
+        }
+    }
+    const float inv = a / lt;
     for (uint r = 0u; r < 4u; r++) {
         const uint e = lid + 64u * r;
         if (e < hd) o[(p.row0 + t) * p.out_stride + h * hd + e] = acc[r] * inv;

@@ -12,17 +12,21 @@
 //              of one expert in slot order (the CPU's grouping), into order[]: a stable
 //              counting sort, so the order is a function of the ids alone. Ids past
 //              n_expert go last.
+//   3 bias:    one invocation per element of n_tok slot rows of n: y[s][i] += eb[ids[s]][i],
+//              the expert's own bias row (gpt-oss's gate, up and down biases); an id past
+//              n_expert gives NaN, never a read outside eb.
 // A token's results depend on its own rows alone.
 layout(local_size_x = 64) in;
 layout(constant_id = 0) const uint OP = 0;
 
-layout(std430, binding = 0) buffer B0 { float logits[]; };  // route: (n_tok, n_expert); combine: y (n_tok, n)
+layout(std430, binding = 0) buffer B0 { float logits[]; };  // route: (n_tok, n_expert); combine, bias: y (n_tok, n)
 layout(std430, binding = 1) buffer B1 { uint ids[]; };      // route: out (n_tok, n_used)
 layout(std430, binding = 2) buffer B2 { float wts[]; };     // (n_tok, n_used)
 layout(std430, binding = 3) readonly buffer B3 { float sd[]; }; // combine, shared: (n_tok, n)
 layout(std430, binding = 4) readonly buffer B4 { float sw[]; }; // combine, shared: (n_tok)
 layout(std430, binding = 5) readonly buffer B5 { float d[]; };  // combine: (n_tok n_used, n) the experts' outputs
 layout(std430, binding = 6) buffer B6 { uint order[]; };        // group: out (n_tok)
+layout(std430, binding = 7) readonly buffer B7 { float eb[]; }; // bias: (n_expert, n)
 
 layout(push_constant) uniform P {
     uint n_tok;
@@ -32,10 +36,11 @@ layout(push_constant) uniform P {
     float scale;    // route
     uint n;         // combine: the row length
     uint shared_;   // combine: add the shared expert
+    uint softmax_weight; // route: gpt-oss's gate
 } p;
 
-void route(uint t) {
-    const uint X = p.n_expert, K = p.n_used, lo = t * X;
+// The softmax over the X logits from lo, in place (the CPU's order).
+void softmax_all(uint lo, uint X) {
     float mx = logits[lo];
     for (uint e = 1; e < X; e++)
         if (logits[lo + e] > mx) mx = logits[lo + e];
@@ -50,6 +55,11 @@ void route(uint t) {
         precise float v = logits[lo + e] * inv;
         logits[lo + e] = v;
     }
+}
+
+void route(uint t) {
+    const uint X = p.n_expert, K = p.n_used, lo = t * X;
+    if (p.softmax_weight == 0u) softmax_all(lo, X);
     // top-K (at most 1024 experts: moe.h's limit, checked by the host)
     uint taken[32];
     for (uint i = 0; i < 32u; i++) taken[i] = 0u;
@@ -64,6 +74,22 @@ void route(uint t) {
         ids[t * K + j] = best;
         wts[t * K + j] = pb;
         tsum += pb;
+    }
+    if (p.softmax_weight != 0u) {
+        float wm = wts[t * K];
+        for (uint j = 1; j < K; j++)
+            if (wts[t * K + j] > wm) wm = wts[t * K + j];
+        precise float ws = 0.0;
+        for (uint j = 0; j < K; j++) {
+            const float v = exp(wts[t * K + j] - wm);
+            wts[t * K + j] = v;
+            ws += v;
+        }
+        const float winv = 1.0 / ws;
+        for (uint j = 0; j < K; j++) {
+            precise float v = wts[t * K + j] * winv;
+            wts[t * K + j] = v;
+        }
     }
     if (p.norm_topk != 0) {
         if (!(tsum >= 6.103515625e-5)) tsum = 6.103515625e-5;
@@ -96,6 +122,14 @@ void group() {
 }
 
 void main() {
+    if (OP == 3) {
+        const uint i = gl_GlobalInvocationID.x, sl = gl_GlobalInvocationID.y;
+        if (i >= p.n || sl >= p.n_tok) return;
+        const uint e = ids[sl];
+        precise float v = logits[sl * p.n + i] + (e < p.n_expert ? eb[e * p.n + i] : uintBitsToFloat(0x7fc00000u));
+        logits[sl * p.n + i] = v;
+        return;
+    }
     if (OP == 2) {
         if (gl_GlobalInvocationID.x == 0) group();
         return;

@@ -4,6 +4,8 @@
 //   1: a = silu(a) * b (SwiGLU)
 //   2: a *= sigmoid(b) (Qwen3.5's attention output gate)
 //   3: a += b[i % n]   (a bias row added to every row: qwen2's q/k/v biases)
+//   4: gpt-oss's clamped SwiGLU on the (biased) gate a and up b, as the CPU's swiglu_oai:
+//      x = min(a, 7), y = clamp(b, -7, 7), a = x / (1 + exp(1.702 * -x)) * (y + 1)
 layout(local_size_x = 256) in;
 layout(constant_id = 0) const uint OP = 0;
 
@@ -30,8 +32,13 @@ void main() {
     } else if (OP == 2) {
         precise float v = a[i] * (1.0 / (1.0 + exp(-b[i])));
         a[i] = v;
-    } else {
+    } else if (OP == 3) {
         precise float v = a[i] + b[i % p.n];
+        a[i] = v;
+    } else {
+        const float x = a[i] < 7.0 ? a[i] : 7.0, u = b[i], y = u < 7.0 ? (u > -7.0 ? u : -7.0) : 7.0;
+        precise float glu = x / (1.0 + exp(1.702 * -x));
+        precise float v = glu * (y + 1.0);
         a[i] = v;
     }
 }
