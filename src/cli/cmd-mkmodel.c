@@ -71,10 +71,13 @@ static int mkmodel_main(int argc, char **argv) {
         CLI_STR1("o|out", &out, "FILE", "output path (written atomically)"),
         CLI_STR1("type", &type, "TYPE",
                  "f32 (default), f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q4_k_m, iq4_xs, iq4_nl, "
-                 "q2_k, q3_k, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m, mxfp4_moe (MoE: experts MXFP4, "
-                 "other matrices Q8_0, as gpt-oss files). Quantized types give output.weight Q6_K as llama-quantize "
-                 "does (--pure: no such exception; IQ4_XS and low-bit rows not a multiple of 256 take IQ4_NL); 1-D "
-                 "tensors, norms and ssm_a/ssm_dt/ssm_conv1d stay F32"),
+                 "q2_k, q3_k, q3_k_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m, mxfp4_moe (MoE: experts "
+                 "MXFP4, other matrices Q8_0, as gpt-oss files), ud_q2 (a low-bit MoE mix in the manner of unsloth's "
+                 "UD-Q2_K_XL: routed experts IQ2_XXS/IQ2_S gate and up, IQ3_XXS/IQ3_S down; projections IQ3_S; "
+                 "shared experts Q4_K). Quantized types give output.weight Q6_K as llama-quantize does (--pure: no "
+                 "such exception; IQ4_XS and low-bit rows not a multiple of 256 take IQ4_NL); q2_k, q3_k_m and "
+                 "q4_k_m are llama-quantize's mixes (more bits on attn_v, attn_output, ffn_down); 1-D tensors, "
+                 "norms and ssm_a/ssm_dt/ssm_conv1d stay F32"),
         CLI_FLAG("pure", &pure, "every matrix in TYPE (no Q6_K output)"),
         CLI_FLAG("pad-normal", &pad_normal,
                  "padding tokens are normal tokens whose text is rendered (for benchmarks that count a random "
@@ -147,9 +150,9 @@ static int mkmodel_main(int argc, char **argv) {
     if (type && !tern_mkmodel_parse_type(type, &p.wtype, &p.mix))
         return cli_usage_error("mkmodel", "unknown --type '%s'", type);
     p.pad_normal = pad_normal;
-    if (pure && p.mix == TERN_MK_LIKE_QUANTIZE) p.mix = TERN_MK_UNIFORM;
-    if (pure && p.mix == TERN_MK_Q4_K_M)
-        return cli_usage_error("mkmodel", "--pure contradicts --type q4_k_m (a mix); use --type q4_k");
+    if (pure && (p.mix == TERN_MK_LIKE_QUANTIZE || p.mix == TERN_MK_Q2_K)) p.mix = TERN_MK_UNIFORM;
+    if (pure && (p.mix == TERN_MK_Q4_K_M || p.mix == TERN_MK_Q3_K_M || p.mix == TERN_MK_UD_Q2))
+        return cli_usage_error("mkmodel", "--pure contradicts --type %s (a mix)", type);
     p.vocab_path = vocab;
     char default_name[96];
     if (!name && preset) {

@@ -221,7 +221,8 @@ bool tern_mkmodel_parse_type(const char *s, enum tern_dtype *wtype, enum tern_mk
         {"q6_k", TERN_DTYPE_Q6_K, TERN_MK_LIKE_QUANTIZE}, {"q4_k_m", TERN_DTYPE_Q4_K, TERN_MK_Q4_K_M},
         {"iq4_xs", TERN_DTYPE_IQ4_XS, TERN_MK_LIKE_QUANTIZE}, {"iq4_nl", TERN_DTYPE_IQ4_NL, TERN_MK_LIKE_QUANTIZE},
         {"mxfp4_moe", TERN_DTYPE_Q8_0, TERN_MK_MXFP4_MOE},
-        {"q2_k", TERN_DTYPE_Q2_K, TERN_MK_LIKE_QUANTIZE}, {"q3_k", TERN_DTYPE_Q3_K, TERN_MK_LIKE_QUANTIZE},
+        {"q2_k", TERN_DTYPE_Q2_K, TERN_MK_Q2_K},          {"q3_k", TERN_DTYPE_Q3_K, TERN_MK_LIKE_QUANTIZE},
+        {"q3_k_m", TERN_DTYPE_Q3_K, TERN_MK_Q3_K_M},      {"ud_q2", TERN_DTYPE_IQ2_XXS, TERN_MK_UD_Q2},
         {"iq2_xxs", TERN_DTYPE_IQ2_XXS, TERN_MK_LIKE_QUANTIZE}, {"iq2_xs", TERN_DTYPE_IQ2_XS, TERN_MK_LIKE_QUANTIZE},
         {"iq2_s", TERN_DTYPE_IQ2_S, TERN_MK_LIKE_QUANTIZE}, {"iq3_xxs", TERN_DTYPE_IQ3_XXS, TERN_MK_LIKE_QUANTIZE},
         {"iq3_s", TERN_DTYPE_IQ3_S, TERN_MK_LIKE_QUANTIZE}, {"iq1_s", TERN_DTYPE_IQ1_S, TERN_MK_LIKE_QUANTIZE},
@@ -241,6 +242,9 @@ bool tern_mkmodel_parse_type(const char *s, enum tern_dtype *wtype, enum tern_mk
 static uint32_t file_type(enum tern_dtype t, enum tern_mk_mix mix) {
     if (mix == TERN_MK_Q4_K_M) return 15;
     if (mix == TERN_MK_MXFP4_MOE) return 38;
+    if (mix == TERN_MK_Q2_K) return 10;
+    if (mix == TERN_MK_Q3_K_M) return 12;
+    if (mix == TERN_MK_UD_Q2) return 19; /* its most common expert type, IQ2_XXS, as such files say */
     switch (t) {
     case TERN_DTYPE_F32: return 0;
     case TERN_DTYPE_F16: return 1;
@@ -511,6 +515,33 @@ static enum tern_dtype pick_type(struct mk_ctx *c, const struct mk_tensor *t, ui
     if (p->mix != TERN_MK_UNIFORM && is_output && type != TERN_DTYPE_Q8_0 && type != TERN_DTYPE_Q6_K &&
         !is_float_type(type))
         type = TERN_DTYPE_Q6_K;
+    const bool is_wv = name_ends(t->name, ".attn_v.weight") || name_ends(t->name, ".attn_qkv.weight");
+    const bool is_down = name_ends(t->name, ".ffn_down.weight") || name_ends(t->name, ".ffn_down_exps.weight") ||
+                         name_ends(t->name, ".ffn_down_shexp.weight");
+    /* The low-bit mixes' rules, as llama-quantize's read-back shows them (docs/moe.md). */
+    if (p->mix == TERN_MK_Q2_K) {
+        if (is_wv) type = p->n_head >= 4 * p->n_head_kv ? TERN_DTYPE_Q4_K : TERN_DTYPE_Q3_K;
+        else if (is_down || name_ends(t->name, ".attn_output.weight")) type = TERN_DTYPE_Q3_K;
+    } else if (p->mix == TERN_MK_Q3_K_M) {
+        if (is_wv) type = c->i_wv++ < 2 ? TERN_DTYPE_Q5_K : TERN_DTYPE_Q4_K;
+        else if (name_ends(t->name, ".attn_output.weight")) type = TERN_DTYPE_Q4_K;
+        else if (is_down) type = layer < p->n_layer / 16 ? TERN_DTYPE_Q5_K : TERN_DTYPE_Q4_K;
+    } else if (p->mix == TERN_MK_UD_Q2 && !is_output) {
+        const bool more = more_bits(layer, p->n_layer);
+        if (name_ends(t->name, "_exps.weight"))
+            type = name_ends(t->name, ".ffn_down_exps.weight") ? (more ? TERN_DTYPE_IQ3_S : TERN_DTYPE_IQ3_XXS)
+                                                               : (more ? TERN_DTYPE_IQ2_S : TERN_DTYPE_IQ2_XXS);
+        else if (name_ends(t->name, ".attn_k.weight") || name_ends(t->name, ".attn_v.weight") ||
+                 name_ends(t->name, ".ssm_alpha.weight") || name_ends(t->name, ".ssm_beta.weight") ||
+                 name_ends(t->name, ".ssm_ba.weight"))
+            type = TERN_DTYPE_Q8_0;
+        else if (name_ends(t->name, "_shexp.weight") || !strcmp(t->name, "token_embd.weight") || t->n_dims == 3)
+            type = TERN_DTYPE_Q4_K;
+        else if (!strncmp(t->name, "blk.", 4))
+            type = TERN_DTYPE_IQ3_S; /* attention, DeltaNet and dense FFN projections */
+        else
+            type = TERN_DTYPE_Q4_K;
+    }
     if (p->mix == TERN_MK_Q4_K_M) {
         if (name_ends(t->name, ".attn_v.weight") || name_ends(t->name, ".attn_qkv.weight")) {
             if (more_bits(c->i_wv, c->n_wv)) type = TERN_DTYPE_Q6_K;

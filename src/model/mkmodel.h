@@ -35,6 +35,16 @@ enum tern_mk_mix {
     TERN_MK_LIKE_QUANTIZE, /* as llama-quantize: output (or tied token_embd) Q6_K below Q6_K */
     TERN_MK_Q4_K_M,      /* llama-quantize's Q4_K_M: Q4_K, output and some attn_v/attn_qkv/ffn_down Q6_K */
     TERN_MK_MXFP4_MOE,   /* llama-quantize's MXFP4_MOE: expert matrices MXFP4, the other matrices wtype (Q8_0) */
+    TERN_MK_Q2_K,        /* llama-quantize's Q2_K: Q2_K; attn_v/attn_qkv Q4_K (GQA >= 4) or Q3_K,
+                            attn_output and ffn_down Q3_K, output Q6_K */
+    TERN_MK_Q3_K_M,      /* llama-quantize's Q3_K_M: Q3_K; the first two attn_v/attn_qkv Q5_K, the
+                            rest Q4_K; attn_output Q4_K; ffn_down Q5_K in the first sixteenth of the
+                            layers, else Q4_K; output Q6_K */
+    TERN_MK_UD_Q2,       /* a low-bit MoE mix in the manner of unsloth's UD-Q2_K_XL (not its exact
+                            choices): routed experts' gate/up IQ2_XXS, down IQ3_XXS (IQ2_S / IQ3_S in
+                            the use_more_bits layers); attention and DeltaNet projections IQ3_S,
+                            their small k/v/alpha/beta Q8_0; shared experts and token_embd Q4_K;
+                            output Q6_K */
 };
 
 struct tern_mkmodel_params {
@@ -98,7 +108,7 @@ const char *tern_mkmodel_preset_names(void);
 bool tern_mk_arch_from_name(const char *s, enum tern_mk_arch *out);
 const char *tern_mk_arch_name(enum tern_mk_arch a);
 /* Parses a --type value: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m
- * iq4_xs iq4_nl mxfp4_moe. */
+ * iq4_xs iq4_nl mxfp4_moe, the low-bit types, the q2_k and q3_k_m mixes and ud_q2. */
 bool tern_mkmodel_parse_type(const char *s, enum tern_dtype *wtype, enum tern_mk_mix *mix);
 
 /* Checks the shape (divisibility, ranges); TERN_ERR_INVALID naming the value. */

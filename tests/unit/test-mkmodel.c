@@ -320,6 +320,9 @@ static void test_check_errors(void **state) {
     assert_int_equal(t, TERN_DTYPE_IQ2_XS);
     assert_true(tern_mkmodel_parse_type("q3_k", &t, &mix));
     assert_int_equal(t, TERN_DTYPE_Q3_K);
+    assert_true(tern_mkmodel_parse_type("q3_k_m", &t, &mix) && t == TERN_DTYPE_Q3_K && mix == TERN_MK_Q3_K_M);
+    assert_true(tern_mkmodel_parse_type("q2_k", &t, &mix) && t == TERN_DTYPE_Q2_K && mix == TERN_MK_Q2_K);
+    assert_true(tern_mkmodel_parse_type("ud_q2", &t, &mix) && mix == TERN_MK_UD_Q2);
 }
 
 /* ---- weights ------------------------------------------------------------------------------ */
@@ -449,6 +452,140 @@ static void test_q4_k_m_mix(void **state) {
     assert_int_equal(n_q4, 55);
     assert_int_equal(n_q6, 9);
     assert_int_equal(planned(plan, n, "blk.1.ssm_alpha.weight")->type, TERN_DTYPE_Q4_K);
+    free(plan);
+}
+
+/* The type of every planned matrix of a qwen35moe cut of the 35B-A3B shape (16 layers, 16
+ * experts: not 8, which llama-quantize treats apart) against the rule table read back from
+ * llama-quantize's Q2_K and Q3_K_M files of the same shape (2026-12-06, the reference's
+ * llama-quantize on an F16 file of `--preset qwen3.5-35b-a3b --n-layer 16 --experts 16
+ * --experts-used 4 --n-vocab 4096`: all 271 *.weight tensors equal by name). want(role, layer)
+ * gives the type; every role the plan holds must be in the table. */
+struct mix_rule {
+    const char *role;       /* the name after "blk.N." (or the whole name) */
+    enum tern_dtype lo, hi; /* hi for the layers below `until` (or the first `until` of the role) */
+    uint32_t until;
+};
+
+static void check_mix(const char *type, const struct mix_rule *rules, size_t n_rules) {
+    struct tern_mkmodel_params p;
+    CHECK_OK(tern_mkmodel_preset("qwen3.5-35b-a3b", &p));
+    p.n_layer = 16, p.n_expert = 16, p.n_expert_used = 4, p.n_vocab = 4096;
+    assert_true(tern_mkmodel_parse_type(type, &p.wtype, &p.mix));
+    struct tern_mkmodel_tensor *plan;
+    uint32_t n;
+    CHECK_OK(tern_mkmodel_plan(&p, &plan, &n, NULL));
+    uint32_t seen[16] = {0}, n_mat = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const struct tern_mkmodel_tensor *t = &plan[i];
+        if (t->type == TERN_DTYPE_F32) continue;
+        unsigned layer = 0;
+        const char *role = t->name;
+        if (sscanf(t->name, "blk.%u.", &layer) == 1) role = strchr(t->name + 4, '.') + 1;
+        size_t r = 0;
+        while (r < n_rules && strcmp(rules[r].role, role)) r++;
+        if (r == n_rules) fail_msg("%s: no rule for %s (%s)", type, t->name, tern_dtype_name(t->type));
+        /* attn_v and attn_qkv share llama-quantize's counter: `until` counts those tensors */
+        const bool hi = !strcmp(rules[r].role, "attn_qkv.weight") || !strcmp(rules[r].role, "attn_v.weight")
+                            ? seen[0]++ < rules[r].until
+                            : layer < rules[r].until;
+        const enum tern_dtype want = hi ? rules[r].hi : rules[r].lo;
+        if (t->type != want)
+            fail_msg("%s: %s is %s, llama-quantize makes it %s", type, t->name, tern_dtype_name(t->type),
+                     tern_dtype_name(want));
+        n_mat++;
+    }
+    assert_int_equal(n_mat, 174); /* the quantized matrices of the 271 *.weight tensors */
+    free(plan);
+}
+
+static void test_low_bit_mixes(void **state) {
+    (void)state;
+    const struct mix_rule q3_k_m[] = {
+        {"output.weight", TERN_DTYPE_Q6_K, TERN_DTYPE_Q6_K, 0},
+        {"token_embd.weight", TERN_DTYPE_Q3_K, TERN_DTYPE_Q3_K, 0},
+        {"attn_qkv.weight", TERN_DTYPE_Q4_K, TERN_DTYPE_Q5_K, 2}, /* the first two of attn_v/attn_qkv */
+        {"attn_v.weight", TERN_DTYPE_Q4_K, TERN_DTYPE_Q5_K, 2},
+        {"attn_output.weight", TERN_DTYPE_Q4_K, TERN_DTYPE_Q4_K, 0},
+        {"ffn_down_exps.weight", TERN_DTYPE_Q4_K, TERN_DTYPE_Q5_K, 1}, /* n_layer / 16 */
+        {"ffn_down_shexp.weight", TERN_DTYPE_Q4_K, TERN_DTYPE_Q5_K, 1},
+        {"attn_gate.weight", TERN_DTYPE_Q3_K, TERN_DTYPE_Q3_K, 0},
+        {"attn_q.weight", TERN_DTYPE_Q3_K, TERN_DTYPE_Q3_K, 0},
+        {"attn_k.weight", TERN_DTYPE_Q3_K, TERN_DTYPE_Q3_K, 0},
+        {"ffn_gate_exps.weight", TERN_DTYPE_Q3_K, TERN_DTYPE_Q3_K, 0},
+        {"ffn_up_exps.weight", TERN_DTYPE_Q3_K, TERN_DTYPE_Q3_K, 0},
+        {"ffn_gate_shexp.weight", TERN_DTYPE_Q3_K, TERN_DTYPE_Q3_K, 0},
+        {"ffn_up_shexp.weight", TERN_DTYPE_Q3_K, TERN_DTYPE_Q3_K, 0},
+        {"ssm_alpha.weight", TERN_DTYPE_Q3_K, TERN_DTYPE_Q3_K, 0},
+        {"ssm_beta.weight", TERN_DTYPE_Q3_K, TERN_DTYPE_Q3_K, 0},
+        {"ssm_out.weight", TERN_DTYPE_Q3_K, TERN_DTYPE_Q3_K, 0},
+    };
+    check_mix("q3_k_m", q3_k_m, TERN_ARRAY_LEN(q3_k_m));
+    /* Q2_K: the attn_v/attn_qkv rule sees 8 query heads per KV head (>= 4: Q4_K) */
+    const struct mix_rule q2_k[] = {
+        {"output.weight", TERN_DTYPE_Q6_K, TERN_DTYPE_Q6_K, 0},
+        {"token_embd.weight", TERN_DTYPE_Q2_K, TERN_DTYPE_Q2_K, 0},
+        {"attn_qkv.weight", TERN_DTYPE_Q4_K, TERN_DTYPE_Q4_K, 0},
+        {"attn_v.weight", TERN_DTYPE_Q4_K, TERN_DTYPE_Q4_K, 0},
+        {"attn_output.weight", TERN_DTYPE_Q3_K, TERN_DTYPE_Q3_K, 0},
+        {"ffn_down_exps.weight", TERN_DTYPE_Q3_K, TERN_DTYPE_Q3_K, 0},
+        {"ffn_down_shexp.weight", TERN_DTYPE_Q3_K, TERN_DTYPE_Q3_K, 0},
+        {"attn_gate.weight", TERN_DTYPE_Q2_K, TERN_DTYPE_Q2_K, 0},
+        {"attn_q.weight", TERN_DTYPE_Q2_K, TERN_DTYPE_Q2_K, 0},
+        {"attn_k.weight", TERN_DTYPE_Q2_K, TERN_DTYPE_Q2_K, 0},
+        {"ffn_gate_exps.weight", TERN_DTYPE_Q2_K, TERN_DTYPE_Q2_K, 0},
+        {"ffn_up_exps.weight", TERN_DTYPE_Q2_K, TERN_DTYPE_Q2_K, 0},
+        {"ffn_gate_shexp.weight", TERN_DTYPE_Q2_K, TERN_DTYPE_Q2_K, 0},
+        {"ffn_up_shexp.weight", TERN_DTYPE_Q2_K, TERN_DTYPE_Q2_K, 0},
+        {"ssm_alpha.weight", TERN_DTYPE_Q2_K, TERN_DTYPE_Q2_K, 0},
+        {"ssm_beta.weight", TERN_DTYPE_Q2_K, TERN_DTYPE_Q2_K, 0},
+        {"ssm_out.weight", TERN_DTYPE_Q2_K, TERN_DTYPE_Q2_K, 0},
+    };
+    check_mix("q2_k", q2_k, TERN_ARRAY_LEN(q2_k));
+    /* ud_q2: routed experts 2/3-bit I-quants, more bits in use_more_bits layers (0, 1, 4,
+     * 7, 10, 13, 14, 15 of 16) */
+    const struct mix_rule ud[] = {
+        {"output.weight", TERN_DTYPE_Q6_K, TERN_DTYPE_Q6_K, 0},
+        {"token_embd.weight", TERN_DTYPE_Q4_K, TERN_DTYPE_Q4_K, 0},
+        {"attn_qkv.weight", TERN_DTYPE_IQ3_S, TERN_DTYPE_IQ3_S, 0},
+        {"attn_v.weight", TERN_DTYPE_Q8_0, TERN_DTYPE_Q8_0, 0},
+        {"attn_k.weight", TERN_DTYPE_Q8_0, TERN_DTYPE_Q8_0, 0},
+        {"ssm_alpha.weight", TERN_DTYPE_Q8_0, TERN_DTYPE_Q8_0, 0},
+        {"ssm_beta.weight", TERN_DTYPE_Q8_0, TERN_DTYPE_Q8_0, 0},
+        {"attn_output.weight", TERN_DTYPE_IQ3_S, TERN_DTYPE_IQ3_S, 0},
+        {"attn_gate.weight", TERN_DTYPE_IQ3_S, TERN_DTYPE_IQ3_S, 0},
+        {"attn_q.weight", TERN_DTYPE_IQ3_S, TERN_DTYPE_IQ3_S, 0},
+        {"ssm_out.weight", TERN_DTYPE_IQ3_S, TERN_DTYPE_IQ3_S, 0},
+        {"ffn_gate_shexp.weight", TERN_DTYPE_Q4_K, TERN_DTYPE_Q4_K, 0},
+        {"ffn_up_shexp.weight", TERN_DTYPE_Q4_K, TERN_DTYPE_Q4_K, 0},
+        {"ffn_down_shexp.weight", TERN_DTYPE_Q4_K, TERN_DTYPE_Q4_K, 0},
+        {"ffn_gate_exps.weight", TERN_DTYPE_IQ2_XXS, TERN_DTYPE_IQ2_S, 2},
+        {"ffn_up_exps.weight", TERN_DTYPE_IQ2_XXS, TERN_DTYPE_IQ2_S, 2},
+        {"ffn_down_exps.weight", TERN_DTYPE_IQ3_XXS, TERN_DTYPE_IQ3_S, 2},
+    };
+    struct tern_mkmodel_params p;
+    CHECK_OK(tern_mkmodel_preset("qwen3.5-35b-a3b", &p));
+    p.n_layer = 16, p.n_expert = 16, p.n_expert_used = 4, p.n_vocab = 4096;
+    assert_true(tern_mkmodel_parse_type("ud_q2", &p.wtype, &p.mix));
+    struct tern_mkmodel_tensor *plan;
+    uint32_t n;
+    CHECK_OK(tern_mkmodel_plan(&p, &plan, &n, NULL));
+    static const bool more[16] = {1, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1, 1, 1};
+    bool used[TERN_ARRAY_LEN(ud)] = {false};
+    for (uint32_t i = 0; i < n; i++) {
+        const struct tern_mkmodel_tensor *t = &plan[i];
+        if (t->type == TERN_DTYPE_F32) continue;
+        unsigned layer = 0;
+        const char *role = t->name;
+        if (sscanf(t->name, "blk.%u.", &layer) == 1) role = strchr(t->name + 4, '.') + 1;
+        size_t r = 0;
+        while (r < TERN_ARRAY_LEN(ud) && strcmp(ud[r].role, role)) r++;
+        if (r == TERN_ARRAY_LEN(ud)) fail_msg("ud_q2: no rule for %s (%s)", t->name, tern_dtype_name(t->type));
+        used[r] = true;
+        const enum tern_dtype want = ud[r].until && more[layer] ? ud[r].hi : ud[r].lo;
+        if (t->type != want) fail_msg("ud_q2: %s is %s, not %s", t->name, tern_dtype_name(t->type), tern_dtype_name(want));
+    }
+    for (size_t r = 0; r < TERN_ARRAY_LEN(ud); r++) assert_true(used[r]);
     free(plan);
 }
 
@@ -660,6 +797,7 @@ static void test_shared_tiny_models(void **state) {
     compare_plan_with_shared("tiny-qwen3", "q6_k", "models/tiny-qwen3-q6_k.gguf");
     compare_plan_with_shared("tiny-qwen3", "q4_k_m", "models/tiny-qwen3-q4_k_m.gguf");
     compare_plan_with_shared("tiny-qwen3", "iq4_xs", "models/tiny-qwen3-iq4_xs.gguf");
+    compare_plan_with_shared("tiny-qwen3", "q2_k", "models/tiny-qwen3-q2_k.gguf"); /* llama-quantize's Q2_K mix */
     compare_plan_with_shared("tiny-qwen35", "q8_0", "models/tiny-qwen35-q8_0.gguf");
     compare_plan_with_shared("tiny-qwen35", "q4_k_m", "models/tiny-qwen35-q4_k_m.gguf");
     /* gpt-oss: biases, sinks, the window and YaRN keys; MXFP4 experts, Q8_0 elsewhere */
@@ -746,6 +884,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_weight_distributions),
         cmocka_unit_test(test_quantized_types),
         cmocka_unit_test(test_q4_k_m_mix),
+        cmocka_unit_test(test_low_bit_mixes),
         cmocka_unit_test(test_builtin_vocab),
         cmocka_unit_test(test_cli),
     };
