@@ -223,6 +223,52 @@ static inline void tern_lowbit_unpack(enum tern_dtype t, const void *row, size_t
     }
 }
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+/* Q2_K and Q3_K unpacked 32 levels at a time with vector shifts and masks (the same
+ * levels as lowbit_unpack_q2_k / _q3_k: test-kernels compares the kernels' bits); the
+ * other types through tern_lowbit_unpack. For the files that build with AVX2. */
+static inline void tern_lowbit_unpack_x86(enum tern_dtype t, const void *row, size_t b, struct tern_lowbit_sb *u) {
+    const uint8_t *p = row;
+    const __m256i three = _mm256_set1_epi8(3);
+    if (t == TERN_DTYPE_Q2_K) {
+        const struct tern_block_q2_k *blk = (const void *)(p + b * sizeof(struct tern_block_q2_k));
+        u->d = tern_fp16_to_f32(blk->d);
+        u->dmin = tern_fp16_to_f32(blk->dmin);
+        for (int j = 0; j < 16; j++) {
+            u->sc[j] = blk->scales[j] & 0xF;
+            u->m[j] = blk->scales[j] >> 4;
+        }
+        for (int h = 0; h < 2; h++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(blk->qs + 32 * h));
+            for (int j = 0; j < 4; j++)
+                _mm256_storeu_si256((__m256i *)(u->q + 128 * h + 32 * j),
+                                    _mm256_and_si256(_mm256_srli_epi16(v, 2 * j), three));
+        }
+        return;
+    }
+    if (t == TERN_DTYPE_Q3_K) {
+        const struct tern_block_q3_k *blk = (const void *)(p + b * sizeof(struct tern_block_q3_k));
+        u->d = tern_fp16_to_f32(blk->d);
+        u->dmin = 0;
+        lowbit_q3_k_scales(blk->scales, u->sc);
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)blk->hmask), four = _mm256_set1_epi8(4);
+        for (int h = 0; h < 2; h++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(blk->qs + 32 * h));
+            for (int j = 0; j < 4; j++) {
+                const __m256i bit = _mm256_set1_epi8((char)(1u << (4 * h + j)));
+                const __m256i clear = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), _mm256_setzero_si256());
+                const __m256i lv = _mm256_and_si256(_mm256_srli_epi16(v, 2 * j), three);
+                _mm256_storeu_si256((__m256i *)(u->q + 128 * h + 32 * j),
+                                    _mm256_sub_epi8(lv, _mm256_and_si256(clear, four)));
+            }
+        }
+        return;
+    }
+    tern_lowbit_unpack(t, row, b, u);
+}
+#endif
+
 /* The float steps after a super-block's exact integer sums s (and, Q2_K, msum). */
 static inline float lowbit_acc(float acc, const struct tern_lowbit_sb *u, const struct tern_block_q8_k *a,
                                int32_t s, int32_t msum, bool has_min) {
@@ -241,7 +287,10 @@ static inline int32_t lowbit_msum(const struct tern_lowbit_sb *u, const struct t
  * tokens; a row's super-block is unpacked once per block of LOWBIT_TB tokens, whose
  * accumulators stay in acc[]. The order of the float steps per (row, token) is fixed. */
 #define LOWBIT_TB 32
-#define LOWBIT_MATMUL(name, isum)                                                                   \
+#define LOWBIT_MATMUL(name, isum) LOWBIT_MATMUL_UNPACK(name, isum, tern_lowbit_unpack)
+/* The same with the ISA's own unpack(t, row, b, u): it must give tern_lowbit_unpack's
+ * levels and scales exactly (the x86 kernels unpack Q2_K and Q3_K with vector shifts). */
+#define LOWBIT_MATMUL_UNPACK(name, isum, unpack)                                                    \
     static void name##_drive(enum tern_dtype t, const void *w, size_t w_row_bytes, size_t k,        \
                              const void *act, size_t act_row_bytes, size_t n_tok, float *y,         \
                              size_t ldy, size_t r0, size_t r1) {                                    \
@@ -251,13 +300,28 @@ static inline int32_t lowbit_msum(const struct tern_lowbit_sb *u, const struct t
         struct tern_lowbit_sb u;                                                                    \
         float acc[LOWBIT_TB];                                                                       \
         tern_iq_grids_init();                                                                       \
+        if (n_tok == 1) { /* decode: four rows side by side, four independent chains */             \
+            const struct tern_block_q8_k *a1 = act;                                                 \
+            struct tern_lowbit_sb u4[4];                                                            \
+            for (; r0 + 4 <= r1; r0 += 4) {                                                         \
+                float a4[4] = {0.0f, 0.0f, 0.0f, 0.0f};                                             \
+                for (size_t b = 0; b < nb; b++)                                                     \
+                    for (int j = 0; j < 4; j++) {                                                   \
+                        unpack(t, (const uint8_t *)w + (r0 + j) * w_row_bytes, b, &u4[j]);          \
+                        const int32_t s = isum(&u4[j], a1 + b);                                     \
+                        a4[j] = lowbit_acc(a4[j], &u4[j], a1 + b, s,                                \
+                                           has_min ? lowbit_msum(&u4[j], a1 + b) : 0, has_min);     \
+                    }                                                                               \
+                for (int j = 0; j < 4; j++) y[r0 + j] = a4[j] * post;                               \
+            }                                                                                       \
+        }                                                                                           \
         for (size_t r = r0; r < r1; r++) {                                                          \
             const uint8_t *wr = (const uint8_t *)w + r * w_row_bytes;                               \
             for (size_t t0 = 0; t0 < n_tok; t0 += LOWBIT_TB) {                                      \
                 const size_t nt = n_tok - t0 < LOWBIT_TB ? n_tok - t0 : LOWBIT_TB;                  \
                 for (size_t i = 0; i < nt; i++) acc[i] = 0.0f;                                      \
                 for (size_t b = 0; b < nb; b++) {                                                   \
-                    tern_lowbit_unpack(t, wr, b, &u);                                               \
+                    unpack(t, wr, b, &u);                                                           \
                     for (size_t i = 0; i < nt; i++) {                                               \
                         const struct tern_block_q8_k *a =                                           \
                             (const struct tern_block_q8_k *)((const uint8_t *)act +                 \
