@@ -235,10 +235,9 @@ static inline void tern_lowbit_unpack_x86(enum tern_dtype t, const void *row, si
         const struct tern_block_q2_k *blk = (const void *)(p + b * sizeof(struct tern_block_q2_k));
         u->d = tern_fp16_to_f32(blk->d);
         u->dmin = tern_fp16_to_f32(blk->dmin);
-        for (int j = 0; j < 16; j++) {
-            u->sc[j] = blk->scales[j] & 0xF;
-            u->m[j] = blk->scales[j] >> 4;
-        }
+        const __m256i sm = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)blk->scales));
+        _mm256_storeu_si256((__m256i *)u->sc, _mm256_and_si256(sm, _mm256_set1_epi16(0xF)));
+        _mm256_storeu_si256((__m256i *)u->m, _mm256_srli_epi16(sm, 4));
         for (int h = 0; h < 2; h++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(blk->qs + 32 * h));
             for (int j = 0; j < 4; j++)
@@ -267,6 +266,16 @@ static inline void tern_lowbit_unpack_x86(enum tern_dtype t, const void *row, si
     }
     tern_lowbit_unpack(t, row, b, u);
 }
+
+/* lowbit_msum with one madd: 16 products of int16 in exact int32 pairs, then summed. */
+static inline int32_t tern_lowbit_msum_x86(const struct tern_lowbit_sb *u, const struct tern_block_q8_k *a) {
+    const __m256i p = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)u->m),
+                                        _mm256_loadu_si256((const __m256i *)a->bsums));
+    __m128i v = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0x4E));
+    v = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0xB1));
+    return _mm_cvtsi128_si32(v);
+}
 #endif
 
 /* The float steps after a super-block's exact integer sums s (and, Q2_K, msum). */
@@ -287,10 +296,16 @@ static inline int32_t lowbit_msum(const struct tern_lowbit_sb *u, const struct t
  * tokens; a row's super-block is unpacked once per block of LOWBIT_TB tokens, whose
  * accumulators stay in acc[]. The order of the float steps per (row, token) is fixed. */
 #define LOWBIT_TB 32
-#define LOWBIT_MATMUL(name, isum) LOWBIT_MATMUL_UNPACK(name, isum, tern_lowbit_unpack)
-/* The same with the ISA's own unpack(t, row, b, u): it must give tern_lowbit_unpack's
- * levels and scales exactly (the x86 kernels unpack Q2_K and Q3_K with vector shifts). */
-#define LOWBIT_MATMUL_UNPACK(name, isum, unpack)                                                    \
+#if defined(__GNUC__)
+#define LOWBIT_PREFETCH(p) __builtin_prefetch((p), 0, 3)
+#else
+#define LOWBIT_PREFETCH(p) ((void)(p))
+#endif
+#define LOWBIT_MATMUL(name, isum) LOWBIT_MATMUL_UNPACK(name, isum, tern_lowbit_unpack, lowbit_msum)
+/* The same with the ISA's own unpack(t, row, b, u) and msum(u, a): they must give
+ * tern_lowbit_unpack's levels and scales and lowbit_msum's sum exactly (the x86 kernels
+ * unpack Q2_K and Q3_K with vector shifts and sum the mins with one madd). */
+#define LOWBIT_MATMUL_UNPACK(name, isum, unpack, msum)                                              \
     static void name##_drive(enum tern_dtype t, const void *w, size_t w_row_bytes, size_t k,        \
                              const void *act, size_t act_row_bytes, size_t n_tok, float *y,         \
                              size_t ldy, size_t r0, size_t r1) {                                    \
@@ -303,14 +318,17 @@ static inline int32_t lowbit_msum(const struct tern_lowbit_sb *u, const struct t
         if (n_tok == 1) { /* decode: four rows side by side, four independent chains */             \
             const struct tern_block_q8_k *a1 = act;                                                 \
             struct tern_lowbit_sb u4[4];                                                            \
+            const size_t bb = w_row_bytes / nb; /* a block's bytes (rows are whole blocks) */     \
             for (; r0 + 4 <= r1; r0 += 4) {                                                         \
                 float a4[4] = {0.0f, 0.0f, 0.0f, 0.0f};                                             \
                 for (size_t b = 0; b < nb; b++)                                                     \
                     for (int j = 0; j < 4; j++) {                                                   \
+                        /* the rows are contiguous: a few blocks on may be the next group's */    \
+                        LOWBIT_PREFETCH((const uint8_t *)w + (r0 + j) * w_row_bytes + (b + 4) * bb); \
                         unpack(t, (const uint8_t *)w + (r0 + j) * w_row_bytes, b, &u4[j]);          \
                         const int32_t s = isum(&u4[j], a1 + b);                                     \
                         a4[j] = lowbit_acc(a4[j], &u4[j], a1 + b, s,                                \
-                                           has_min ? lowbit_msum(&u4[j], a1 + b) : 0, has_min);     \
+                                           has_min ? msum(&u4[j], a1 + b) : 0, has_min);            \
                     }                                                                               \
                 for (int j = 0; j < 4; j++) y[r0 + j] = a4[j] * post;                               \
             }                                                                                       \
@@ -327,7 +345,7 @@ static inline int32_t lowbit_msum(const struct tern_lowbit_sb *u, const struct t
                             (const struct tern_block_q8_k *)((const uint8_t *)act +                 \
                                                              (t0 + i) * act_row_bytes) + b;         \
                         const int32_t s = isum(&u, a);                                              \
-                        acc[i] = lowbit_acc(acc[i], &u, a, s, has_min ? lowbit_msum(&u, a) : 0,     \
+                        acc[i] = lowbit_acc(acc[i], &u, a, s, has_min ? msum(&u, a) : 0,            \
                                             has_min);                                               \
                     }                                                                               \
                 }                                                                                   \

@@ -30,6 +30,6 @@ static inline int32_t lowbit_isum_avx512(const struct tern_lowbit_sb *u, const s
     return _mm512_reduce_add_epi32(acc);
 }
 
-LOWBIT_MATMUL_UNPACK(tern_lowbit_avx512, lowbit_isum_avx512, tern_lowbit_unpack_x86)
+LOWBIT_MATMUL_UNPACK(tern_lowbit_avx512, lowbit_isum_avx512, tern_lowbit_unpack_x86, tern_lowbit_msum_x86)
 
 #pragma GCC pop_options
