@@ -53,12 +53,15 @@ for ty in iq4_xs iq4_nl; do
   b=$("$bin" run -m "$q" --ids "1 2 3 4 5 6 7 8 9 10" --temp 0 -n 8 --print-ids -t 2 --chunk 3 2>/dev/null) || fail "run $ty exit $?"
   [ "$(echo "$a" | wc -w)" -eq 8 ] && [ "$a" = "$b" ] || fail "$ty: '$a' vs '$b'"
 done
-# two of the low-bit types (the cheapest to write): the same checks
+# two of the low-bit types (the cheapest to write): the same checks; q2_k is llama-quantize's
+# Q2_K mix (as the kit's tiny-qwen3-q2_k: 17 Q2_K, attn_v / attn_output / ffn_down Q3_K)
 for ty in q2_k iq2_xs; do
   q=$tmp/tiny-$ty.gguf
   "$bin" mkmodel --preset tiny-qwen3 --type $ty --out "$q" >/dev/null 2>&1 || fail "mkmodel --type $ty exit $?"
-  T=$(echo $ty | tr a-z A-Z)
-  "$bin" inspect "$q" | grep -q "^  $T  *29 tensors" || fail "inspect does not count 29 $T tensors: $("$bin" inspect "$q" | tail -4)"
+  T=$(echo $ty | tr a-z A-Z) n=29
+  [ $ty = q2_k ] && n=17
+  "$bin" inspect "$q" | grep -q "^  $T  *$n tensors" || fail "inspect does not count $n $T tensors: $("$bin" inspect "$q" | tail -4)"
+  [ $ty = q2_k ] && { "$bin" inspect "$q" | grep -q "^  Q3_K  *12 tensors" || fail "q2_k: not 12 Q3_K tensors: $("$bin" inspect "$q" | tail -4)"; }
   a=$("$bin" run -m "$q" --ids "1 2 3 4 5 6 7 8 9 10" --temp 0 -n 8 --print-ids -t 1 2>/dev/null) || fail "run $ty exit $?"
   b=$("$bin" run -m "$q" --ids "1 2 3 4 5 6 7 8 9 10" --temp 0 -n 8 --print-ids -t 2 --chunk 3 2>/dev/null) || fail "run $ty exit $?"
   [ "$(echo "$a" | wc -w)" -eq 8 ] && [ "$a" = "$b" ] || fail "$ty: '$a' vs '$b'"
