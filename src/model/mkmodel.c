@@ -535,7 +535,7 @@ static enum tern_dtype pick_type(struct mk_ctx *c, const struct mk_tensor *t, ui
                  name_ends(t->name, ".ssm_alpha.weight") || name_ends(t->name, ".ssm_beta.weight") ||
                  name_ends(t->name, ".ssm_ba.weight"))
             type = TERN_DTYPE_Q8_0;
-        else if (name_ends(t->name, "_shexp.weight") || !strcmp(t->name, "token_embd.weight") || t->n_dims == 3)
+        else if (name_ends(t->name, "_shexp.weight") || !strcmp(t->name, "token_embd.weight"))
             type = TERN_DTYPE_Q4_K;
         else if (!strncmp(t->name, "blk.", 4))
             type = TERN_DTYPE_IQ3_S; /* attention, DeltaNet and dense FFN projections */

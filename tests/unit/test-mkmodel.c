@@ -461,11 +461,15 @@ static void test_q4_k_m_mix(void **state) {
  * llama-quantize on an F16 file of `--preset qwen3.5-35b-a3b --n-layer 16 --experts 16
  * --experts-used 4 --n-vocab 4096`: all 271 *.weight tensors equal by name). want(role, layer)
  * gives the type; every role the plan holds must be in the table. */
+#define MIX_MORE_BITS UINT32_MAX /* until: hi in the layers use_more_bits picks */
 struct mix_rule {
     const char *role;       /* the name after "blk.N." (or the whole name) */
     enum tern_dtype lo, hi; /* hi for the layers below `until` (or the first `until` of the role) */
     uint32_t until;
 };
+
+/* use_more_bits over 16 layers: the first and last eighth, every third between */
+static const bool more_bits16[16] = {1, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1, 1, 1};
 
 static void check_mix(const char *type, const struct mix_rule *rules, size_t n_rules) {
     struct tern_mkmodel_params p;
@@ -476,6 +480,8 @@ static void check_mix(const char *type, const struct mix_rule *rules, size_t n_r
     uint32_t n;
     CHECK_OK(tern_mkmodel_plan(&p, &plan, &n, NULL));
     uint32_t seen[16] = {0}, n_mat = 0;
+    bool used[32] = {false};
+    assert_true(n_rules <= 32);
     for (uint32_t i = 0; i < n; i++) {
         const struct tern_mkmodel_tensor *t = &plan[i];
         if (t->type == TERN_DTYPE_F32) continue;
@@ -485,17 +491,21 @@ static void check_mix(const char *type, const struct mix_rule *rules, size_t n_r
         size_t r = 0;
         while (r < n_rules && strcmp(rules[r].role, role)) r++;
         if (r == n_rules) fail_msg("%s: no rule for %s (%s)", type, t->name, tern_dtype_name(t->type));
+        used[r] = true;
         /* attn_v and attn_qkv share llama-quantize's counter: `until` counts those tensors */
-        const bool hi = !strcmp(rules[r].role, "attn_qkv.weight") || !strcmp(rules[r].role, "attn_v.weight")
-                            ? seen[0]++ < rules[r].until
-                            : layer < rules[r].until;
+        const bool wv = !strcmp(rules[r].role, "attn_qkv.weight") || !strcmp(rules[r].role, "attn_v.weight");
+        const bool hi = rules[r].until == MIX_MORE_BITS ? more_bits16[layer % 16]
+                        : wv                            ? seen[0]++ < rules[r].until
+                                                        : layer < rules[r].until;
         const enum tern_dtype want = hi ? rules[r].hi : rules[r].lo;
         if (t->type != want)
-            fail_msg("%s: %s is %s, llama-quantize makes it %s", type, t->name, tern_dtype_name(t->type),
+            fail_msg("%s: %s is %s, the mix's rule says %s", type, t->name, tern_dtype_name(t->type),
                      tern_dtype_name(want));
         n_mat++;
     }
     assert_int_equal(n_mat, 174); /* the quantized matrices of the 271 *.weight tensors */
+    for (size_t r = 0; r < n_rules; r++)
+        if (!used[r]) fail_msg("%s: no tensor has the role %s", type, rules[r].role);
     free(plan);
 }
 
@@ -559,34 +569,11 @@ static void test_low_bit_mixes(void **state) {
         {"ffn_gate_shexp.weight", TERN_DTYPE_Q4_K, TERN_DTYPE_Q4_K, 0},
         {"ffn_up_shexp.weight", TERN_DTYPE_Q4_K, TERN_DTYPE_Q4_K, 0},
         {"ffn_down_shexp.weight", TERN_DTYPE_Q4_K, TERN_DTYPE_Q4_K, 0},
-        {"ffn_gate_exps.weight", TERN_DTYPE_IQ2_XXS, TERN_DTYPE_IQ2_S, 2},
-        {"ffn_up_exps.weight", TERN_DTYPE_IQ2_XXS, TERN_DTYPE_IQ2_S, 2},
-        {"ffn_down_exps.weight", TERN_DTYPE_IQ3_XXS, TERN_DTYPE_IQ3_S, 2},
+        {"ffn_gate_exps.weight", TERN_DTYPE_IQ2_XXS, TERN_DTYPE_IQ2_S, MIX_MORE_BITS},
+        {"ffn_up_exps.weight", TERN_DTYPE_IQ2_XXS, TERN_DTYPE_IQ2_S, MIX_MORE_BITS},
+        {"ffn_down_exps.weight", TERN_DTYPE_IQ3_XXS, TERN_DTYPE_IQ3_S, MIX_MORE_BITS},
     };
-    struct tern_mkmodel_params p;
-    CHECK_OK(tern_mkmodel_preset("qwen3.5-35b-a3b", &p));
-    p.n_layer = 16, p.n_expert = 16, p.n_expert_used = 4, p.n_vocab = 4096;
-    assert_true(tern_mkmodel_parse_type("ud_q2", &p.wtype, &p.mix));
-    struct tern_mkmodel_tensor *plan;
-    uint32_t n;
-    CHECK_OK(tern_mkmodel_plan(&p, &plan, &n, NULL));
-    static const bool more[16] = {1, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1, 1, 1};
-    bool used[TERN_ARRAY_LEN(ud)] = {false};
-    for (uint32_t i = 0; i < n; i++) {
-        const struct tern_mkmodel_tensor *t = &plan[i];
-        if (t->type == TERN_DTYPE_F32) continue;
-        unsigned layer = 0;
-        const char *role = t->name;
-        if (sscanf(t->name, "blk.%u.", &layer) == 1) role = strchr(t->name + 4, '.') + 1;
-        size_t r = 0;
-        while (r < TERN_ARRAY_LEN(ud) && strcmp(ud[r].role, role)) r++;
-        if (r == TERN_ARRAY_LEN(ud)) fail_msg("ud_q2: no rule for %s (%s)", t->name, tern_dtype_name(t->type));
-        used[r] = true;
-        const enum tern_dtype want = ud[r].until && more[layer] ? ud[r].hi : ud[r].lo;
-        if (t->type != want) fail_msg("ud_q2: %s is %s, not %s", t->name, tern_dtype_name(t->type), tern_dtype_name(want));
-    }
-    for (size_t r = 0; r < TERN_ARRAY_LEN(ud); r++) assert_true(used[r]);
-    free(plan);
+    check_mix("ud_q2", ud, TERN_ARRAY_LEN(ud));
 }
 
 /* ---- vocabulary ------------------------------------------------------------------------------ */
