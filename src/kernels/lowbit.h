@@ -324,7 +324,8 @@ static inline int32_t lowbit_msum(const struct tern_lowbit_sb *u, const struct t
                 for (size_t b = 0; b < nb; b++)                                                     \
                     for (int j = 0; j < 4; j++) {                                                   \
                         /* the rows are contiguous: a few blocks on may be the next group's */    \
-                        LOWBIT_PREFETCH((const uint8_t *)w + (r0 + j) * w_row_bytes + (b + 4) * bb); \
+                        const size_t pf = (r0 + j) * w_row_bytes + (b + 4) * bb;                    \
+                        if (pf < r1 * w_row_bytes) LOWBIT_PREFETCH((const uint8_t *)w + pf);        \
                         unpack(t, (const uint8_t *)w + (r0 + j) * w_row_bytes, b, &u4[j]);          \
                         const int32_t s = isum(&u4[j], a1 + b);                                     \
                         a4[j] = lowbit_acc(a4[j], &u4[j], a1 + b, s,                                \
