@@ -301,11 +301,19 @@ static inline int32_t lowbit_msum(const struct tern_lowbit_sb *u, const struct t
 #else
 #define LOWBIT_PREFETCH(p) ((void)(p))
 #endif
-#define LOWBIT_MATMUL(name, isum) LOWBIT_MATMUL_UNPACK(name, isum, tern_lowbit_unpack, lowbit_msum)
+/* A kernel's own path for some calls, run first: it computes rows [r0, r') and returns
+ * r' (r0 when it takes none). The portable kernels have none. */
+static inline size_t lowbit_pre_none(enum tern_dtype t, const void *w, size_t w_row_bytes, size_t k,
+                                     const void *act, size_t n_tok, float *y, size_t r0, size_t r1) {
+    (void)t, (void)w, (void)w_row_bytes, (void)k, (void)act, (void)n_tok, (void)y, (void)r1;
+    return r0;
+}
+#define LOWBIT_MATMUL(name, isum) LOWBIT_MATMUL_UNPACK(name, isum, tern_lowbit_unpack, lowbit_msum, lowbit_pre_none)
 /* The same with the ISA's own unpack(t, row, b, u) and msum(u, a): they must give
  * tern_lowbit_unpack's levels and scales and lowbit_msum's sum exactly (the x86 kernels
- * unpack Q2_K and Q3_K with vector shifts and sum the mins with one madd). */
-#define LOWBIT_MATMUL_UNPACK(name, isum, unpack, msum)                                              \
+ * unpack Q2_K and Q3_K with vector shifts and sum the mins with one madd); and its own
+ * pre (lowbit_pre_none's arguments), whose rows must have the bits the driver's would. */
+#define LOWBIT_MATMUL_UNPACK(name, isum, unpack, msum, pre)                                         \
     static void name##_drive(enum tern_dtype t, const void *w, size_t w_row_bytes, size_t k,        \
                              const void *act, size_t act_row_bytes, size_t n_tok, float *y,         \
                              size_t ldy, size_t r0, size_t r1) {                                    \
@@ -315,6 +323,7 @@ static inline int32_t lowbit_msum(const struct tern_lowbit_sb *u, const struct t
         struct tern_lowbit_sb u;                                                                    \
         float acc[LOWBIT_TB];                                                                       \
         tern_iq_grids_init();                                                                       \
+        r0 = pre(t, w, w_row_bytes, k, act, n_tok, y, r0, r1);                                      \
         if (n_tok == 1) { /* decode: four rows side by side, four independent chains */             \
             const struct tern_block_q8_k *a1 = act;                                                 \
             struct tern_lowbit_sb u4[4];                                                            \

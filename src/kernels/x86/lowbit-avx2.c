@@ -21,4 +21,5 @@ static inline int32_t lowbit_isum_avx2(const struct tern_lowbit_sb *u, const str
     return _mm_cvtsi128_si32(s);
 }
 
-LOWBIT_MATMUL_UNPACK(tern_lowbit_avx2, lowbit_isum_avx2, tern_lowbit_unpack_x86, tern_lowbit_msum_x86)
+LOWBIT_MATMUL_UNPACK(tern_lowbit_avx2, lowbit_isum_avx2, tern_lowbit_unpack_x86, tern_lowbit_msum_x86,
+                     lowbit_pre_none)

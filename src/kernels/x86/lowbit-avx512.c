@@ -6,9 +6,10 @@
 #include "kernels/lowbit.h"
 
 #include <immintrin.h>
+#include <stdint.h>
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,f16c,avx2")
 
 static inline int32_t lowbit_isum_avx512(const struct tern_lowbit_sb *u, const struct tern_block_q8_k *a) {
     /* word i (of 32: a pair of products) takes scale i / 8 of the four loaded */
@@ -30,6 +31,158 @@ static inline int32_t lowbit_isum_avx512(const struct tern_lowbit_sb *u, const s
     return _mm512_reduce_add_epi32(acc);
 }
 
-LOWBIT_MATMUL_UNPACK(tern_lowbit_avx512, lowbit_isum_avx512, tern_lowbit_unpack_x86, tern_lowbit_msum_x86)
+/* Decode (one token) of Q2_K and Q3_K without the unpacked block: eight rows at a time,
+ * each row's block read once into one register, its levels shifted out two bits at a
+ * time and multiplied with the activations where they lie. Half h, step j of a block
+ * holds elements 128 h + 32 j + l (l < 32) in byte l of half h of the register, so the
+ * activations are gathered to match once per block and shared by the eight rows; the
+ * 16-bit products of step j take the scales of sub-blocks 2 j, 2 j + 1 (low half) and
+ * 8 + 2 j, 9 + 2 j (high half). Q3_K's levels q in [-4, 3] go in as u = q + 4 >= 0 and
+ * 4 * sum_j sc[j] bsum[j] comes off after: the same exact s. The eight rows' sums are
+ * folded into one vector, and the float steps of lowbit_acc run on the eight rows in
+ * lanes, each lane in the scalar order: the driver's bits (test-kernels compares). */
+#define SP8(x) x, x, x, x, x, x, x, x
+static const uint16_t lowbit_spread_j[4][32] = {
+    {SP8(0), SP8(1), SP8(8), SP8(9)},
+    {SP8(2), SP8(3), SP8(10), SP8(11)},
+    {SP8(4), SP8(5), SP8(12), SP8(13)},
+    {SP8(6), SP8(7), SP8(14), SP8(15)},
+};
+#undef SP8
+
+/* The 16 scales s - 32 of a Q3_K block as int16 (lowbit_q3_k_scales, vectorized): low
+ * nibbles of bytes 0-7 then their high nibbles; two bits of bytes 8-11 shifted by 0, 2,
+ * 4, 6 for j / 4. Reads the 12 bytes only. */
+static inline __m256i lowbit_q3_k_scales16(const uint8_t *s) {
+    const __m128i lo8 = _mm_loadl_epi64((const __m128i *)s), m4 = _mm_set1_epi8(0xF);
+    const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(lo8, m4), _mm_and_si128(_mm_srli_epi16(lo8, 4), m4));
+    uint32_t h32;
+    memcpy(&h32, s + 8, 4);
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)h32), _mm_setr_epi32(0, 2, 4, 6)),
+                                     _mm_set1_epi8(3));
+    const __m128i v = _mm_or_si128(lo, _mm_slli_epi16(hi, 4));
+    return _mm256_sub_epi16(_mm256_cvtepu8_epi16(v), _mm256_set1_epi16(32));
+}
+
+static inline int lowbit_ld32(const uint8_t *p) {
+    int v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* Eight rows' [s parts | m parts] (8 + 8 int32 lanes each) to S (low 256: row i's s in
+ * lane i) and M (high 256). */
+static inline __m512i lowbit_fold8(const __m512i *rv) {
+    __m512i u[2];
+    for (int g = 0; g < 2; g++) {
+        const __m512i *v = rv + 4 * g;
+        const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]), _mm512_unpackhi_epi32(v[0], v[1]));
+        const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2], v[3]), _mm512_unpackhi_epi32(v[2], v[3]));
+        u[g] = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
+    }
+    const __m512i x = _mm512_add_epi32(_mm512_shuffle_i32x4(u[0], u[1], 0x88), _mm512_shuffle_i32x4(u[0], u[1], 0xDD));
+    return _mm512_shuffle_i32x4(x, x, 0xD8);
+}
+
+#ifndef LOWBIT_PF
+#define LOWBIT_PF 6
+#endif
+static size_t lowbit_decode8_avx512(enum tern_dtype t, const void *w, size_t wrb, size_t k, const void *act,
+                                    size_t n_tok, float *y, size_t r0, size_t r1) {
+    const bool q2 = t == TERN_DTYPE_Q2_K;
+    if (n_tok != 1 || (!q2 && t != TERN_DTYPE_Q3_K)) return r0;
+    const size_t nb = k / TERN_QK_K;
+    const size_t bb = q2 ? sizeof(struct tern_block_q2_k) : sizeof(struct tern_block_q3_k);
+    /* the dword holding d (Q2_K: d | dmin << 16 at 80; Q3_K: d in the high half at 106,
+     * which stays inside the block) */
+    const size_t doff = q2 ? 80 : 106;
+    const float post = tern_lowbit_post(t);
+    const struct tern_block_q8_k *a = act;
+    __m512i idx[4], hsel[4];
+    for (int j = 0; j < 4; j++) {
+        idx[j] = _mm512_loadu_si512((const void *)lowbit_spread_j[j]);
+        hsel[j] = _mm512_inserti64x4(_mm512_set1_epi8((char)(1u << j)), _mm256_set1_epi8((char)(1u << (4 + j))), 1);
+    }
+    const __m512i three = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+    const __m256i m4w = _mm256_set1_epi16(0xF), lo16 = _mm256_set1_epi32(0xFFFF);
+    for (; r0 + 8 <= r1; r0 += 8) {
+        const uint8_t *w0 = (const uint8_t *)w + r0 * wrb;
+        __m256 acc = _mm256_setzero_ps();
+        for (size_t b = 0; b < nb; b++) {
+            const struct tern_block_q8_k *ab = a + b;
+            __m512i x[4];
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++)
+                x[j] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ab->qs + 32 * j))),
+                                          _mm256_loadu_si256((const __m256i *)(ab->qs + 128 + 32 * j)), 1);
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)ab->bsums);
+            __m512i rv[8];
+            for (int i = 0; i < 8; i++) {
+                const uint8_t *blk = w0 + i * wrb + b * bb;
+                /* LOWBIT_PF blocks on in this row, or in the next group's row; two
+                 * lines, as a block straddles up to three and blocks are under two
+                 * lines apart */
+                const size_t pb = b + LOWBIT_PF;
+                const size_t pf = pb < nb ? (r0 + i) * wrb + pb * bb : (r0 + i + 8) * wrb + (pb - nb) * bb;
+                if (pf + 64 < r1 * wrb) {
+                    LOWBIT_PREFETCH((const uint8_t *)w + pf);
+                    LOWBIT_PREFETCH((const uint8_t *)w + pf + 64);
+                }
+                __m512i s = _mm512_setzero_si512();
+                __m256i sc, m;
+                if (q2) {
+                    const __m256i sm = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)blk));
+                    sc = _mm256_and_si256(sm, m4w);
+                    m = _mm256_madd_epi16(_mm256_srli_epi16(sm, 4), bs);
+                    const __m512i qs = _mm512_loadu_si512((const void *)(blk + 16)), scz = _mm512_zextsi256_si512(sc);
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; j++) {
+                        const __m512i l = _mm512_and_si512(_mm512_srli_epi16(qs, 2 * j), three);
+                        s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(l, x[j]), _mm512_permutexvar_epi16(idx[j], scz));
+                    }
+                } else {
+                    sc = lowbit_q3_k_scales16(blk + 96);
+                    m = _mm256_madd_epi16(sc, bs);
+                    const __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)blk));
+                    const __m512i qs = _mm512_loadu_si512((const void *)(blk + 32)), scz = _mm512_zextsi256_si512(sc);
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; j++) {
+                        __m512i l = _mm512_and_si512(_mm512_srli_epi16(qs, 2 * j), three);
+                        l = _mm512_mask_add_epi8(l, _mm512_test_epi8_mask(hm, hsel[j]), l, four);
+                        s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(l, x[j]), _mm512_permutexvar_epi16(idx[j], scz));
+                    }
+                }
+                const __m256i f = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+                rv[i] = _mm512_inserti64x4(_mm512_castsi256_si512(f), m, 1);
+            }
+            const __m512i sm8 = lowbit_fold8(rv);
+            __m256i s8 = _mm512_castsi512_si256(sm8);
+            const __m256i m8 = _mm512_extracti64x4_epi64(sm8, 1);
+            /* eight scalar loads: a gather costs several times more on the CPUs with
+             * the gather-data-sampling microcode */
+            const uint8_t *dp = w0 + b * bb + doff;
+            const __m256i g = _mm256_setr_epi32(lowbit_ld32(dp), lowbit_ld32(dp + wrb), lowbit_ld32(dp + 2 * wrb),
+                                                lowbit_ld32(dp + 3 * wrb), lowbit_ld32(dp + 4 * wrb),
+                                                lowbit_ld32(dp + 5 * wrb), lowbit_ld32(dp + 6 * wrb),
+                                                lowbit_ld32(dp + 7 * wrb));
+            const __m256 da = _mm256_set1_ps(ab->d);
+            if (q2) {
+                const __m256 d = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_and_si256(g, lo16)));
+                const __m256 dmin = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(g, 16)));
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(d, da)));
+                acc = _mm256_sub_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(m8), _mm256_mul_ps(dmin, da)));
+            } else {
+                s8 = _mm256_sub_epi32(s8, _mm256_slli_epi32(m8, 2));
+                const __m256 d = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(g, 16)));
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(d, da)));
+            }
+        }
+        _mm256_storeu_ps(y + r0, _mm256_mul_ps(acc, _mm256_set1_ps(post)));
+    }
+    return r0;
+}
+
+LOWBIT_MATMUL_UNPACK(tern_lowbit_avx512, lowbit_isum_avx512, tern_lowbit_unpack_x86, tern_lowbit_msum_x86,
+                     lowbit_decode8_avx512)
 
 #pragma GCC pop_options
