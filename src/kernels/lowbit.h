@@ -267,6 +267,19 @@ static inline void tern_lowbit_unpack_x86(enum tern_dtype t, const void *row, si
     tern_lowbit_unpack(t, row, b, u);
 }
 
+/* The 16 scales s - 32 of a Q3_K block as int8 (lowbit_q3_k_scales, vectorized): low
+ * nibbles of bytes 0-7 then their high nibbles; two bits of bytes 8-11 shifted by 0, 2,
+ * 4, 6 for j / 4. Reads the 12 bytes only. */
+static inline __m128i tern_lowbit_q3_k_scales8(const uint8_t *s) {
+    const __m128i lo8 = _mm_loadl_epi64((const __m128i *)s), m4 = _mm_set1_epi8(0xF);
+    const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(lo8, m4), _mm_and_si128(_mm_srli_epi16(lo8, 4), m4));
+    uint32_t h32;
+    memcpy(&h32, s + 8, 4);
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)h32), _mm_setr_epi32(0, 2, 4, 6)),
+                                     _mm_set1_epi8(3));
+    return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+}
+
 /* lowbit_msum with one madd: 16 products of int16 in exact int32 pairs, then summed. */
 static inline int32_t tern_lowbit_msum_x86(const struct tern_lowbit_sb *u, const struct tern_block_q8_k *a) {
     const __m256i p = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)u->m),

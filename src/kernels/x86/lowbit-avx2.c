@@ -5,6 +5,7 @@
 #include "kernels/lowbit.h"
 
 #include <immintrin.h>
+#include <stddef.h>
 
 static inline int32_t lowbit_isum_avx2(const struct tern_lowbit_sb *u, const struct tern_block_q8_k *a) {
     __m256i acc = _mm256_setzero_si256();
@@ -21,5 +22,119 @@ static inline int32_t lowbit_isum_avx2(const struct tern_lowbit_sb *u, const str
     return _mm_cvtsi128_si32(s);
 }
 
+/* Decode (one token) of Q2_K and Q3_K straight from the packed bits, eight rows at a time
+ * (the AVX-512 kernel's method in 256-bit registers): step (h, j) of a row's block holds
+ * elements 128 h + 32 j + l in byte l, whose activations lie together; its 16-bit products
+ * take sub-block 8 h + 2 j's scale in the low lane and 8 h + 2 j + 1's in the high lane
+ * (one pshufb of the 16 scale bytes). Q3_K as u = q + 4, less 4 * sum_j sc[j] bsum[j].
+ * The same exact sums and the same float steps per lane: the driver's bits. */
+static const uint8_t lowbit_avx2_spread[8][32] = {
+#define LB_W(x) x, 0x80, x, 0x80, x, 0x80, x, 0x80, x, 0x80, x, 0x80, x, 0x80, x, 0x80
+    {LB_W(0), LB_W(1)},   {LB_W(2), LB_W(3)},   {LB_W(4), LB_W(5)},   {LB_W(6), LB_W(7)},
+    {LB_W(8), LB_W(9)},   {LB_W(10), LB_W(11)}, {LB_W(12), LB_W(13)}, {LB_W(14), LB_W(15)},
+#undef LB_W
+};
+
+static inline int lowbit_avx2_ld16(const uint8_t *p) { return p[0] | (p[1] << 8); }
+
+/* Eight rows' 8-lane vectors to one vector of their sums (row i in lane i). */
+static inline __m256i lowbit_avx2_fold8(const __m256i *v) {
+    const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+}
+
+#ifndef LOWBIT_PF
+#define LOWBIT_PF 6
+#endif
+static size_t lowbit_decode8_avx2(enum tern_dtype t, const void *w, size_t wrb, size_t k, const void *act,
+                                  size_t n_tok, float *y, size_t r0, size_t r1) {
+    const bool q2 = t == TERN_DTYPE_Q2_K;
+    if (n_tok != 1 || (!q2 && t != TERN_DTYPE_Q3_K)) return r0;
+    const size_t nb = k / TERN_QK_K;
+    const size_t bb = q2 ? sizeof(struct tern_block_q2_k) : sizeof(struct tern_block_q3_k);
+    const size_t doff = q2 ? offsetof(struct tern_block_q2_k, d) : offsetof(struct tern_block_q3_k, d);
+    const float post = tern_lowbit_post(t);
+    const struct tern_block_q8_k *a = act;
+    const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4), m4 = _mm256_set1_epi8(0xF);
+    for (; r0 + 8 <= r1; r0 += 8) {
+        const uint8_t *w0 = (const uint8_t *)w + r0 * wrb;
+        __m256 acc = _mm256_setzero_ps();
+        for (size_t b = 0; b < nb; b++) {
+            const struct tern_block_q8_k *ab = a + b;
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)ab->bsums);
+            __m256i sv[8], mv[8];
+            for (int i = 0; i < 8; i++) {
+                const uint8_t *blk = w0 + i * wrb + b * bb;
+                const size_t pb = b + LOWBIT_PF;
+                const size_t pf = pb < nb ? (r0 + i) * wrb + pb * bb : (r0 + i + 8) * wrb + (pb - nb) * bb;
+                if (pf + 64 < r1 * wrb) {
+                    LOWBIT_PREFETCH((const uint8_t *)w + pf);
+                    LOWBIT_PREFETCH((const uint8_t *)w + pf + 64);
+                }
+                __m256i s = _mm256_setzero_si256(), scb, hm = _mm256_setzero_si256();
+                const uint8_t *qs;
+                if (q2) {
+                    const __m128i raw = _mm_loadu_si128((const __m128i *)blk);
+                    scb = _mm256_and_si256(_mm256_broadcastsi128_si256(raw), m4);
+                    mv[i] = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4),
+                                                                                 _mm256_castsi256_si128(m4))),
+                                              bs);
+                    qs = blk + offsetof(struct tern_block_q2_k, qs);
+                } else {
+                    /* the scales as bytes for the pshufb, the words sign-extended below */
+                    const __m128i sc8 = tern_lowbit_q3_k_scales8(blk + offsetof(struct tern_block_q3_k, scales));
+                    mv[i] = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), bs);
+                    scb = _mm256_broadcastsi128_si256(sc8);
+                    hm = _mm256_loadu_si256((const __m256i *)blk);
+                    qs = blk + offsetof(struct tern_block_q3_k, qs);
+                }
+                for (int h = 0; h < 2; h++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; j++) {
+                        __m256i l = _mm256_and_si256(_mm256_srli_epi16(v, 2 * j), three);
+                        const int hb = 4 * h + j; /* Q3_K: that bit of hmask to bit 2 */
+                        if (!q2)
+                            l = _mm256_or_si256(l, _mm256_and_si256(hb >= 2 ? _mm256_srli_epi16(hm, hb - 2)
+                                                                            : _mm256_slli_epi16(hm, 2 - hb),
+                                                                    four));
+                        const __m256i x = _mm256_loadu_si256((const __m256i *)(ab->qs + 128 * h + 32 * j));
+                        __m256i sc = _mm256_shuffle_epi8(
+                            scb, _mm256_loadu_si256((const __m256i *)lowbit_avx2_spread[4 * h + j]));
+                        if (!q2) sc = _mm256_srai_epi16(_mm256_slli_epi16(sc, 8), 8);
+                        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(l, x), sc));
+                    }
+                }
+                sv[i] = s;
+            }
+            __m256i s8 = lowbit_avx2_fold8(sv);
+            const __m256i m8 = lowbit_avx2_fold8(mv);
+            const uint8_t *dp = w0 + b * bb + doff;
+            const __m256 da = _mm256_set1_ps(ab->d);
+            const __m256 d = _mm256_cvtph_ps(_mm_setr_epi16(
+                (short)lowbit_avx2_ld16(dp), (short)lowbit_avx2_ld16(dp + wrb), (short)lowbit_avx2_ld16(dp + 2 * wrb),
+                (short)lowbit_avx2_ld16(dp + 3 * wrb), (short)lowbit_avx2_ld16(dp + 4 * wrb),
+                (short)lowbit_avx2_ld16(dp + 5 * wrb), (short)lowbit_avx2_ld16(dp + 6 * wrb),
+                (short)lowbit_avx2_ld16(dp + 7 * wrb)));
+            if (q2) {
+                const uint8_t *mp = dp + 2;
+                const __m256 dmin = _mm256_cvtph_ps(_mm_setr_epi16(
+                    (short)lowbit_avx2_ld16(mp), (short)lowbit_avx2_ld16(mp + wrb),
+                    (short)lowbit_avx2_ld16(mp + 2 * wrb), (short)lowbit_avx2_ld16(mp + 3 * wrb),
+                    (short)lowbit_avx2_ld16(mp + 4 * wrb), (short)lowbit_avx2_ld16(mp + 5 * wrb),
+                    (short)lowbit_avx2_ld16(mp + 6 * wrb), (short)lowbit_avx2_ld16(mp + 7 * wrb)));
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(d, da)));
+                acc = _mm256_sub_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(m8), _mm256_mul_ps(dmin, da)));
+            } else {
+                s8 = _mm256_sub_epi32(s8, _mm256_slli_epi32(m8, 2));
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(d, da)));
+            }
+        }
+        _mm256_storeu_ps(y + r0, _mm256_mul_ps(acc, _mm256_set1_ps(post)));
+    }
+    return r0;
+}
+
 LOWBIT_MATMUL_UNPACK(tern_lowbit_avx2, lowbit_isum_avx2, tern_lowbit_unpack_x86, tern_lowbit_msum_x86,
-                     lowbit_pre_none)
+                     lowbit_decode8_avx2)

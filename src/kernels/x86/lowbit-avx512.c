@@ -50,20 +50,6 @@ static const uint16_t lowbit_spread_j[4][32] = {
 };
 #undef SP8
 
-/* The 16 scales s - 32 of a Q3_K block as int16 (lowbit_q3_k_scales, vectorized): low
- * nibbles of bytes 0-7 then their high nibbles; two bits of bytes 8-11 shifted by 0, 2,
- * 4, 6 for j / 4. Reads the 12 bytes only. */
-static inline __m256i lowbit_q3_k_scales16(const uint8_t *s) {
-    const __m128i lo8 = _mm_loadl_epi64((const __m128i *)s), m4 = _mm_set1_epi8(0xF);
-    const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(lo8, m4), _mm_and_si128(_mm_srli_epi16(lo8, 4), m4));
-    uint32_t h32;
-    memcpy(&h32, s + 8, 4);
-    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)h32), _mm_setr_epi32(0, 2, 4, 6)),
-                                     _mm_set1_epi8(3));
-    const __m128i v = _mm_or_si128(lo, _mm_slli_epi16(hi, 4));
-    return _mm256_sub_epi16(_mm256_cvtepu8_epi16(v), _mm256_set1_epi16(32));
-}
-
 static inline int lowbit_ld32(const uint8_t *p) {
     int v;
     memcpy(&v, p, 4);
@@ -141,7 +127,7 @@ static size_t lowbit_decode8_avx512(enum tern_dtype t, const void *w, size_t wrb
                         s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(l, x[j]), _mm512_permutexvar_epi16(idx[j], scz));
                     }
                 } else {
-                    sc = lowbit_q3_k_scales16(blk + 96);
+                    sc = _mm256_cvtepi8_epi16(tern_lowbit_q3_k_scales8(blk + 96));
                     m = _mm256_madd_epi16(sc, bs);
                     const __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)blk));
                     const __m512i qs = _mm512_loadu_si512((const void *)(blk + 32)), scz = _mm512_zextsi256_si512(sc);
