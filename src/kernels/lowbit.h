@@ -317,8 +317,10 @@ static inline int32_t lowbit_msum(const struct tern_lowbit_sb *u, const struct t
 /* A kernel's own path for some calls, run first: it computes rows [r0, r') and returns
  * r' (r0 when it takes none). The portable kernels have none. */
 static inline size_t lowbit_pre_none(enum tern_dtype t, const void *w, size_t w_row_bytes, size_t k,
-                                     const void *act, size_t n_tok, float *y, size_t r0, size_t r1) {
-    (void)t, (void)w, (void)w_row_bytes, (void)k, (void)act, (void)n_tok, (void)y, (void)r1;
+                                     const void *act, size_t act_row_bytes, size_t n_tok, float *y, size_t ldy,
+                                     size_t r0, size_t r1) {
+    (void)t, (void)w, (void)w_row_bytes, (void)k, (void)act, (void)act_row_bytes, (void)n_tok, (void)y, (void)ldy,
+        (void)r1;
     return r0;
 }
 #define LOWBIT_MATMUL(name, isum) LOWBIT_MATMUL_UNPACK(name, isum, tern_lowbit_unpack, lowbit_msum, lowbit_pre_none)
@@ -336,7 +338,7 @@ static inline size_t lowbit_pre_none(enum tern_dtype t, const void *w, size_t w_
         struct tern_lowbit_sb u;                                                                    \
         float acc[LOWBIT_TB];                                                                       \
         tern_iq_grids_init();                                                                       \
-        r0 = pre(t, w, w_row_bytes, k, act, n_tok, y, r0, r1);                                      \
+        r0 = pre(t, w, w_row_bytes, k, act, act_row_bytes, n_tok, y, ldy, r0, r1);                  \
         if (n_tok == 1) { /* decode: four rows side by side, four independent chains */             \
             const struct tern_block_q8_k *a1 = act;                                                 \
             struct tern_lowbit_sb u4[4];                                                            \

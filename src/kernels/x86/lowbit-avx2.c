@@ -30,8 +30,8 @@ static inline int32_t lowbit_isum_avx2(const struct tern_lowbit_sb *u, const str
  * The same exact sums and the same float steps per lane: the driver's bits. */
 static const uint8_t lowbit_avx2_spread[8][32] = {
 #define LB_W(x) x, 0x80, x, 0x80, x, 0x80, x, 0x80, x, 0x80, x, 0x80, x, 0x80, x, 0x80
-    {LB_W(0), LB_W(1)},   {LB_W(2), LB_W(3)},   {LB_W(4), LB_W(5)},   {LB_W(6), LB_W(7)},
-    {LB_W(8), LB_W(9)},   {LB_W(10), LB_W(11)}, {LB_W(12), LB_W(13)}, {LB_W(14), LB_W(15)},
+    {LB_W(0), LB_W(1)}, {LB_W(2), LB_W(3)},   {LB_W(4), LB_W(5)},   {LB_W(6), LB_W(7)},
+    {LB_W(8), LB_W(9)}, {LB_W(10), LB_W(11)}, {LB_W(12), LB_W(13)}, {LB_W(14), LB_W(15)},
 #undef LB_W
 };
 
@@ -48,7 +48,8 @@ static inline __m256i lowbit_avx2_fold8(const __m256i *v) {
 #define LOWBIT_PF 6
 #endif
 static size_t lowbit_decode8_avx2(enum tern_dtype t, const void *w, size_t wrb, size_t k, const void *act,
-                                  size_t n_tok, float *y, size_t r0, size_t r1) {
+                                  size_t act_row_bytes, size_t n_tok, float *y, size_t ldy, size_t r0, size_t r1) {
+    (void)act_row_bytes, (void)ldy;
     const bool q2 = t == TERN_DTYPE_Q2_K;
     if (n_tok != 1 || (!q2 && t != TERN_DTYPE_Q3_K)) return r0;
     const size_t nb = k / TERN_QK_K;
@@ -77,9 +78,8 @@ static size_t lowbit_decode8_avx2(enum tern_dtype t, const void *w, size_t wrb, 
                 if (q2) {
                     const __m128i raw = _mm_loadu_si128((const __m128i *)blk);
                     scb = _mm256_and_si256(_mm256_broadcastsi128_si256(raw), m4);
-                    mv[i] = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4),
-                                                                                 _mm256_castsi256_si128(m4))),
-                                              bs);
+                    mv[i] = _mm256_madd_epi16(
+                        _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm256_castsi256_si128(m4))), bs);
                     qs = blk + offsetof(struct tern_block_q2_k, qs);
                 } else {
                     /* the scales as bytes for the pshufb, the words sign-extended below */
@@ -112,18 +112,18 @@ static size_t lowbit_decode8_avx2(enum tern_dtype t, const void *w, size_t wrb, 
             const __m256i m8 = lowbit_avx2_fold8(mv);
             const uint8_t *dp = w0 + b * bb + doff;
             const __m256 da = _mm256_set1_ps(ab->d);
-            const __m256 d = _mm256_cvtph_ps(_mm_setr_epi16(
-                (short)lowbit_avx2_ld16(dp), (short)lowbit_avx2_ld16(dp + wrb), (short)lowbit_avx2_ld16(dp + 2 * wrb),
-                (short)lowbit_avx2_ld16(dp + 3 * wrb), (short)lowbit_avx2_ld16(dp + 4 * wrb),
-                (short)lowbit_avx2_ld16(dp + 5 * wrb), (short)lowbit_avx2_ld16(dp + 6 * wrb),
-                (short)lowbit_avx2_ld16(dp + 7 * wrb)));
+            const __m256 d = _mm256_cvtph_ps(
+                _mm_setr_epi16((short)lowbit_avx2_ld16(dp), (short)lowbit_avx2_ld16(dp + wrb),
+                               (short)lowbit_avx2_ld16(dp + 2 * wrb), (short)lowbit_avx2_ld16(dp + 3 * wrb),
+                               (short)lowbit_avx2_ld16(dp + 4 * wrb), (short)lowbit_avx2_ld16(dp + 5 * wrb),
+                               (short)lowbit_avx2_ld16(dp + 6 * wrb), (short)lowbit_avx2_ld16(dp + 7 * wrb)));
             if (q2) {
                 const uint8_t *mp = dp + 2;
-                const __m256 dmin = _mm256_cvtph_ps(_mm_setr_epi16(
-                    (short)lowbit_avx2_ld16(mp), (short)lowbit_avx2_ld16(mp + wrb),
-                    (short)lowbit_avx2_ld16(mp + 2 * wrb), (short)lowbit_avx2_ld16(mp + 3 * wrb),
-                    (short)lowbit_avx2_ld16(mp + 4 * wrb), (short)lowbit_avx2_ld16(mp + 5 * wrb),
-                    (short)lowbit_avx2_ld16(mp + 6 * wrb), (short)lowbit_avx2_ld16(mp + 7 * wrb)));
+                const __m256 dmin = _mm256_cvtph_ps(
+                    _mm_setr_epi16((short)lowbit_avx2_ld16(mp), (short)lowbit_avx2_ld16(mp + wrb),
+                                   (short)lowbit_avx2_ld16(mp + 2 * wrb), (short)lowbit_avx2_ld16(mp + 3 * wrb),
+                                   (short)lowbit_avx2_ld16(mp + 4 * wrb), (short)lowbit_avx2_ld16(mp + 5 * wrb),
+                                   (short)lowbit_avx2_ld16(mp + 6 * wrb), (short)lowbit_avx2_ld16(mp + 7 * wrb)));
                 acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(d, da)));
                 acc = _mm256_sub_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(m8), _mm256_mul_ps(dmin, da)));
             } else {
@@ -136,5 +136,105 @@ static size_t lowbit_decode8_avx2(enum tern_dtype t, const void *w, size_t wrb, 
     return r0;
 }
 
-LOWBIT_MATMUL_UNPACK(tern_lowbit_avx2, lowbit_isum_avx2, tern_lowbit_unpack_x86, tern_lowbit_msum_x86,
-                     lowbit_decode8_avx2)
+/* Prompts (two tokens or more) of Q2_K and Q3_K: one row at a time, eight tokens at a
+ * time, a row's block unpacked in registers once per eight tokens (step (h, j) is the
+ * activations' own order here: elements 32 (4 h + j) ..), then per token and 32 levels
+ * one maddubs and one madd with the spread scales. The fold, the float steps per lane
+ * and the last group's repeated token as in the AVX-512 kernel. */
+static size_t lowbit_prompt_avx2(enum tern_dtype t, const void *w, size_t wrb, size_t k, const void *act,
+                                 size_t act_row_bytes, size_t n_tok, float *y, size_t ldy, size_t r0, size_t r1) {
+    const bool q2 = t == TERN_DTYPE_Q2_K;
+    if (n_tok < 2 || (!q2 && t != TERN_DTYPE_Q3_K)) return r0;
+    const size_t nb = k / TERN_QK_K;
+    const size_t bb = q2 ? sizeof(struct tern_block_q2_k) : sizeof(struct tern_block_q3_k);
+    const float post = tern_lowbit_post(t);
+    const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4), m4 = _mm256_set1_epi8(0xF);
+    for (size_t r = r0; r < r1; r++) {
+        const uint8_t *wr = (const uint8_t *)w + r * wrb;
+        for (size_t t0 = 0; t0 < n_tok; t0 += 8) {
+            const struct tern_block_q8_k *at[8];
+            for (size_t i = 0; i < 8; i++)
+                at[i] = (const void *)((const uint8_t *)act + (t0 + i < n_tok ? t0 + i : n_tok - 1) * act_row_bytes);
+            __m256 acc = _mm256_setzero_ps();
+            for (size_t b = 0; b < nb; b++) {
+                const uint8_t *blk = wr + b * bb;
+                __m256i lv[8], scv[8], msc, scb, hm = _mm256_setzero_si256();
+                const uint8_t *qs;
+                float d, dmin = 0.0f;
+                if (q2) {
+                    const struct tern_block_q2_k *q = (const void *)blk;
+                    const __m128i raw = _mm_loadu_si128((const __m128i *)q->scales);
+                    scb = _mm256_and_si256(_mm256_broadcastsi128_si256(raw), m4);
+                    msc = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm256_castsi256_si128(m4)));
+                    qs = q->qs;
+                    d = _cvtsh_ss(q->d);
+                    dmin = _cvtsh_ss(q->dmin);
+                } else {
+                    const struct tern_block_q3_k *q = (const void *)blk;
+                    const __m128i sc8 = tern_lowbit_q3_k_scales8(q->scales);
+                    msc = _mm256_cvtepi8_epi16(sc8);
+                    scb = _mm256_broadcastsi128_si256(sc8);
+                    hm = _mm256_loadu_si256((const __m256i *)q->hmask);
+                    qs = q->qs;
+                    d = _cvtsh_ss(q->d);
+                }
+                for (int h = 0; h < 2; h++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+                    for (int j = 0; j < 4; j++) {
+                        __m256i l = _mm256_and_si256(_mm256_srli_epi16(v, 2 * j), three);
+                        const int hb = 4 * h + j;
+                        if (!q2)
+                            l = _mm256_or_si256(l, _mm256_and_si256(hb >= 2 ? _mm256_srli_epi16(hm, hb - 2)
+                                                                            : _mm256_slli_epi16(hm, 2 - hb),
+                                                                    four));
+                        __m256i sc =
+                            _mm256_shuffle_epi8(scb, _mm256_loadu_si256((const __m256i *)lowbit_avx2_spread[hb]));
+                        if (!q2) sc = _mm256_srai_epi16(_mm256_slli_epi16(sc, 8), 8);
+                        lv[hb] = l;
+                        scv[hb] = sc;
+                    }
+                }
+                __m256i sv[8], mv[8];
+                float da[8];
+                for (int i = 0; i < 8; i++) {
+                    const struct tern_block_q8_k *a = at[i] + b;
+                    __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                    for (int p = 0; p < 8; p++)
+                        s = _mm256_add_epi32(
+                            s, _mm256_madd_epi16(
+                                   _mm256_maddubs_epi16(lv[p], _mm256_loadu_si256((const __m256i *)(a->qs + 32 * p))),
+                                   scv[p]));
+                    sv[i] = s;
+                    mv[i] = _mm256_madd_epi16(msc, _mm256_loadu_si256((const __m256i *)a->bsums));
+                    da[i] = a->d;
+                }
+                __m256i s8 = lowbit_avx2_fold8(sv);
+                const __m256i m8 = lowbit_avx2_fold8(mv);
+                const __m256 dav = _mm256_loadu_ps(da);
+                if (q2) {
+                    acc = _mm256_add_ps(acc,
+                                        _mm256_mul_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(_mm256_set1_ps(d), dav)));
+                    acc = _mm256_sub_ps(
+                        acc, _mm256_mul_ps(_mm256_cvtepi32_ps(m8), _mm256_mul_ps(_mm256_set1_ps(dmin), dav)));
+                } else {
+                    s8 = _mm256_sub_epi32(s8, _mm256_slli_epi32(m8, 2));
+                    acc = _mm256_add_ps(acc,
+                                        _mm256_mul_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(_mm256_set1_ps(d), dav)));
+                }
+            }
+            float out[8];
+            _mm256_storeu_ps(out, _mm256_mul_ps(acc, _mm256_set1_ps(post)));
+            for (size_t i = 0; i < 8 && t0 + i < n_tok; i++) y[(t0 + i) * ldy + r] = out[i];
+        }
+    }
+    return r1;
+}
+
+static size_t lowbit_pre_avx2(enum tern_dtype t, const void *w, size_t wrb, size_t k, const void *act,
+                              size_t act_row_bytes, size_t n_tok, float *y, size_t ldy, size_t r0, size_t r1) {
+    if (n_tok == 1) return lowbit_decode8_avx2(t, w, wrb, k, act, act_row_bytes, n_tok, y, ldy, r0, r1);
+    return lowbit_prompt_avx2(t, w, wrb, k, act, act_row_bytes, n_tok, y, ldy, r0, r1);
+}
+
+LOWBIT_MATMUL_UNPACK(tern_lowbit_avx2, lowbit_isum_avx2, tern_lowbit_unpack_x86, tern_lowbit_msum_x86, lowbit_pre_avx2)

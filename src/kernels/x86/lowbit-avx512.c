@@ -99,8 +99,9 @@ static size_t lowbit_decode8_avx512(enum tern_dtype t, const void *w, size_t wrb
             __m512i x[4];
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++)
-                x[j] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ab->qs + 32 * j))),
-                                          _mm256_loadu_si256((const __m256i *)(ab->qs + 128 + 32 * j)), 1);
+                x[j] =
+                    _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ab->qs + 32 * j))),
+                                       _mm256_loadu_si256((const __m256i *)(ab->qs + 128 + 32 * j)), 1);
             const __m256i bs = _mm256_loadu_si256((const __m256i *)ab->bsums);
             __m512i rv[8];
             for (int i = 0; i < 8; i++) {
@@ -124,7 +125,8 @@ static size_t lowbit_decode8_avx512(enum tern_dtype t, const void *w, size_t wrb
 #pragma GCC unroll 4
                     for (int j = 0; j < 4; j++) {
                         const __m512i l = _mm512_and_si512(_mm512_srli_epi16(qs, 2 * j), three);
-                        s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(l, x[j]), _mm512_permutexvar_epi16(idx[j], scz));
+                        s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(l, x[j]),
+                                                _mm512_permutexvar_epi16(idx[j], scz));
                     }
                 } else {
                     sc = _mm256_cvtepi8_epi16(tern_lowbit_q3_k_scales8(blk + 96));
@@ -135,7 +137,8 @@ static size_t lowbit_decode8_avx512(enum tern_dtype t, const void *w, size_t wrb
                     for (int j = 0; j < 4; j++) {
                         __m512i l = _mm512_and_si512(_mm512_srli_epi16(qs, 2 * j), three);
                         l = _mm512_mask_add_epi8(l, _mm512_test_epi8_mask(hm, hsel[j]), l, four);
-                        s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(l, x[j]), _mm512_permutexvar_epi16(idx[j], scz));
+                        s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(l, x[j]),
+                                                _mm512_permutexvar_epi16(idx[j], scz));
                     }
                 }
                 const __m256i f = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
@@ -147,10 +150,10 @@ static size_t lowbit_decode8_avx512(enum tern_dtype t, const void *w, size_t wrb
             /* eight scalar loads: a gather costs several times more on the CPUs with
              * the gather-data-sampling microcode */
             const uint8_t *dp = w0 + b * bb + doff;
-            const __m256i g = _mm256_setr_epi32(lowbit_ld32(dp), lowbit_ld32(dp + wrb), lowbit_ld32(dp + 2 * wrb),
-                                                lowbit_ld32(dp + 3 * wrb), lowbit_ld32(dp + 4 * wrb),
-                                                lowbit_ld32(dp + 5 * wrb), lowbit_ld32(dp + 6 * wrb),
-                                                lowbit_ld32(dp + 7 * wrb));
+            const __m256i g =
+                _mm256_setr_epi32(lowbit_ld32(dp), lowbit_ld32(dp + wrb), lowbit_ld32(dp + 2 * wrb),
+                                  lowbit_ld32(dp + 3 * wrb), lowbit_ld32(dp + 4 * wrb), lowbit_ld32(dp + 5 * wrb),
+                                  lowbit_ld32(dp + 6 * wrb), lowbit_ld32(dp + 7 * wrb));
             const __m256 da = _mm256_set1_ps(ab->d);
             if (q2) {
                 const __m256 d = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_and_si256(g, lo16)));
@@ -168,7 +171,124 @@ static size_t lowbit_decode8_avx512(enum tern_dtype t, const void *w, size_t wrb
     return r0;
 }
 
+/* Prompts (two tokens or more) of Q2_K and Q3_K: one row at a time, eight tokens at a
+ * time. A row's block is unpacked in registers once per eight tokens: the four 64-level
+ * steps of the decode path rearranged to the activations' own order (register p holds
+ * elements 64 p .. 64 p + 63: half p / 2, steps 2 (p % 2) and 2 (p % 2) + 1), each 16-bit
+ * product taking scale 4 p + w / 8, so each token costs per 64 levels one maddubs (with
+ * its load) and one vpdpwssd. Levels are unsigned (Q3_K as q + 4, less 4 sum sc bsum).
+ * The eight tokens' sums fold into one vector; a lane is a token, its float steps in the
+ * scalar order. A token group past the last token repeats the last token and stores
+ * only the real ones. */
+#define SP8(x) x, x, x, x, x, x, x, x
+static const uint16_t lowbit_spread_nat[4][32] = {
+    {SP8(0), SP8(1), SP8(2), SP8(3)},
+    {SP8(4), SP8(5), SP8(6), SP8(7)},
+    {SP8(8), SP8(9), SP8(10), SP8(11)},
+    {SP8(12), SP8(13), SP8(14), SP8(15)},
+};
+#undef SP8
+
+static size_t lowbit_prompt_avx512(enum tern_dtype t, const void *w, size_t wrb, size_t k, const void *act,
+                                   size_t act_row_bytes, size_t n_tok, float *y, size_t ldy, size_t r0, size_t r1) {
+    const bool q2 = t == TERN_DTYPE_Q2_K;
+    if (n_tok < 2 || (!q2 && t != TERN_DTYPE_Q3_K)) return r0;
+    const size_t nb = k / TERN_QK_K;
+    const size_t bb = q2 ? sizeof(struct tern_block_q2_k) : sizeof(struct tern_block_q3_k);
+    const float post = tern_lowbit_post(t);
+    __m512i idx[4], hsel[4];
+    for (int j = 0; j < 4; j++) {
+        idx[j] = _mm512_loadu_si512((const void *)lowbit_spread_nat[j]);
+        hsel[j] = _mm512_inserti64x4(_mm512_set1_epi8((char)(1u << j)), _mm256_set1_epi8((char)(1u << (4 + j))), 1);
+    }
+    const __m512i three = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+    const __m256i m4w = _mm256_set1_epi16(0xF);
+    for (size_t r = r0; r < r1; r++) {
+        const uint8_t *wr = (const uint8_t *)w + r * wrb;
+        for (size_t t0 = 0; t0 < n_tok; t0 += 8) {
+            const struct tern_block_q8_k *at[8];
+            for (size_t i = 0; i < 8; i++)
+                at[i] = (const void *)((const uint8_t *)act + (t0 + i < n_tok ? t0 + i : n_tok - 1) * act_row_bytes);
+            __m256 acc = _mm256_setzero_ps();
+            for (size_t b = 0; b < nb; b++) {
+                const uint8_t *blk = wr + b * bb;
+                __m512i lv[4], nat[4], scv[4];
+                __m256i sc;
+                float d, dmin = 0.0f;
+                if (q2) {
+                    const struct tern_block_q2_k *q = (const void *)blk;
+                    const __m256i sm = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)q->scales));
+                    sc = _mm256_srli_epi16(sm, 4); /* the mins, for the m part */
+                    const __m512i scz = _mm512_zextsi256_si512(_mm256_and_si256(sm, m4w));
+                    const __m512i qs = _mm512_loadu_si512((const void *)q->qs);
+                    for (int j = 0; j < 4; j++) {
+                        lv[j] = _mm512_and_si512(_mm512_srli_epi16(qs, 2 * j), three);
+                        scv[j] = _mm512_permutexvar_epi16(idx[j], scz);
+                    }
+                    d = _cvtsh_ss(q->d);
+                    dmin = _cvtsh_ss(q->dmin);
+                } else {
+                    const struct tern_block_q3_k *q = (const void *)blk;
+                    sc = _mm256_cvtepi8_epi16(tern_lowbit_q3_k_scales8(q->scales));
+                    const __m512i scz = _mm512_zextsi256_si512(sc);
+                    const __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q->hmask));
+                    const __m512i qs = _mm512_loadu_si512((const void *)q->qs);
+                    for (int j = 0; j < 4; j++) {
+                        lv[j] = _mm512_and_si512(_mm512_srli_epi16(qs, 2 * j), three);
+                        lv[j] = _mm512_mask_add_epi8(lv[j], _mm512_test_epi8_mask(hm, hsel[j]), lv[j], four);
+                        scv[j] = _mm512_permutexvar_epi16(idx[j], scz);
+                    }
+                    d = _cvtsh_ss(q->d);
+                }
+                nat[0] = _mm512_shuffle_i64x2(lv[0], lv[1], 0x44);
+                nat[1] = _mm512_shuffle_i64x2(lv[2], lv[3], 0x44);
+                nat[2] = _mm512_shuffle_i64x2(lv[0], lv[1], 0xEE);
+                nat[3] = _mm512_shuffle_i64x2(lv[2], lv[3], 0xEE);
+                __m512i rv[8];
+                float da[8];
+                for (int i = 0; i < 8; i++) {
+                    const struct tern_block_q8_k *a = at[i] + b;
+                    __m512i s = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                    for (int p = 0; p < 4; p++)
+                        s = _mm512_dpwssd_epi32(
+                            s, _mm512_maddubs_epi16(nat[p], _mm512_loadu_si512((const void *)(a->qs + 64 * p))),
+                            scv[p]);
+                    const __m256i m = _mm256_madd_epi16(sc, _mm256_loadu_si256((const __m256i *)a->bsums));
+                    const __m256i f = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+                    rv[i] = _mm512_inserti64x4(_mm512_castsi256_si512(f), m, 1);
+                    da[i] = a->d;
+                }
+                const __m512i sm8 = lowbit_fold8(rv);
+                __m256i s8 = _mm512_castsi512_si256(sm8);
+                const __m256i m8 = _mm512_extracti64x4_epi64(sm8, 1);
+                const __m256 dav = _mm256_loadu_ps(da);
+                if (q2) {
+                    acc = _mm256_add_ps(acc,
+                                        _mm256_mul_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(_mm256_set1_ps(d), dav)));
+                    acc = _mm256_sub_ps(
+                        acc, _mm256_mul_ps(_mm256_cvtepi32_ps(m8), _mm256_mul_ps(_mm256_set1_ps(dmin), dav)));
+                } else {
+                    s8 = _mm256_sub_epi32(s8, _mm256_slli_epi32(m8, 2));
+                    acc = _mm256_add_ps(acc,
+                                        _mm256_mul_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(_mm256_set1_ps(d), dav)));
+                }
+            }
+            float out[8];
+            _mm256_storeu_ps(out, _mm256_mul_ps(acc, _mm256_set1_ps(post)));
+            for (size_t i = 0; i < 8 && t0 + i < n_tok; i++) y[(t0 + i) * ldy + r] = out[i];
+        }
+    }
+    return r1;
+}
+
+static size_t lowbit_pre_avx512(enum tern_dtype t, const void *w, size_t wrb, size_t k, const void *act,
+                                size_t act_row_bytes, size_t n_tok, float *y, size_t ldy, size_t r0, size_t r1) {
+    if (n_tok == 1) return lowbit_decode8_avx512(t, w, wrb, k, act, n_tok, y, r0, r1);
+    return lowbit_prompt_avx512(t, w, wrb, k, act, act_row_bytes, n_tok, y, ldy, r0, r1);
+}
+
 LOWBIT_MATMUL_UNPACK(tern_lowbit_avx512, lowbit_isum_avx512, tern_lowbit_unpack_x86, tern_lowbit_msum_x86,
-                     lowbit_decode8_avx512)
+                     lowbit_pre_avx512)
 
 #pragma GCC pop_options
