@@ -282,9 +282,228 @@ static size_t lowbit_prompt_avx512(enum tern_dtype t, const void *w, size_t wrb,
     return r1;
 }
 
+/* Decode of the I-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S without the unpacked
+ * block, eight rows at a time: per row's block the magnitudes (unsigned grid bytes, 64
+ * elements per register in the activations' order) are gathered from the grid tables by
+ * scalar loads, the signs become one 64-bit mask per register (the sign bytes of eight
+ * groups of eight are that mask: bit e is element e's sign), and the scales one int16 per
+ * product pair. The activations, loaded once per block for the eight rows, take the signs
+ * (a masked negate), then maddubs with the magnitudes and vpdpwssd with the scales: the
+ * driver's exact integer sum, folded and finished in lanes as the Q2_K path is. */
+struct lowbit_iq_rb {
+    __m512i g[4];
+    __mmask64 k[4];
+    __m256i sc16; /* the 16 scales, one per 16 elements */
+};
+
+static inline __m512i lowbit_g8(const uint64_t *grid, unsigned i0, unsigned i1, unsigned i2, unsigned i3, unsigned i4,
+                                unsigned i5, unsigned i6, unsigned i7) {
+    return _mm512_set_epi64((long long)grid[i7], (long long)grid[i6], (long long)grid[i5], (long long)grid[i4],
+                            (long long)grid[i3], (long long)grid[i2], (long long)grid[i1], (long long)grid[i0]);
+}
+
+static inline long long lowbit_g2(const uint32_t *grid, unsigned i0, unsigned i1) {
+    return (long long)((uint64_t)grid[i0] | ((uint64_t)grid[i1] << 32));
+}
+
+/* Eight uint32 of 4 x 7 sign bits (the IQ2_XXS / IQ3_XXS words) to their four sign bytes
+ * each: seven bits and the parity bit (tern_iq_signs7), in lanes. */
+static inline __m256i lowbit_signs7x4(__m256i w) {
+    const __m256i m7 = _mm256_set1_epi32(0x7F);
+    __m256i x = _mm256_and_si256(w, m7);
+    x = _mm256_or_si256(x, _mm256_and_si256(_mm256_slli_epi32(w, 1), _mm256_slli_epi32(m7, 8)));
+    x = _mm256_or_si256(x, _mm256_and_si256(_mm256_slli_epi32(w, 2), _mm256_slli_epi32(m7, 16)));
+    x = _mm256_or_si256(x, _mm256_and_si256(_mm256_slli_epi32(w, 3), _mm256_slli_epi32(m7, 24)));
+    __m256i y = _mm256_xor_si256(x, _mm256_srli_epi32(x, 4));
+    y = _mm256_xor_si256(y, _mm256_srli_epi32(y, 2));
+    y = _mm256_xor_si256(y, _mm256_srli_epi32(y, 1));
+    return _mm256_or_si256(x, _mm256_slli_epi32(_mm256_and_si256(y, _mm256_set1_epi8(1)), 7));
+}
+
+/* The 2 ls + 1 scales of eight sub-blocks (8 nibbles, or 16 for two per sub-block) */
+static inline __m256i lowbit_sc_pairs(__m256i ls32) { /* one ls per sub-block, in dwords */
+    const __m256i s = _mm256_add_epi32(_mm256_slli_epi32(ls32, 1), _mm256_set1_epi32(1));
+    return _mm256_or_si256(s, _mm256_slli_epi32(s, 16));
+}
+static inline __m256i lowbit_sc_nibbles(const uint8_t *p) { /* two per sub-block: lo, hi */
+    const __m128i b = _mm_loadl_epi64((const __m128i *)p), m4 = _mm_set1_epi8(0xF);
+    const __m128i n = _mm_unpacklo_epi8(_mm_and_si128(b, m4), _mm_and_si128(_mm_srli_epi16(b, 4), m4));
+    return _mm256_add_epi16(_mm256_slli_epi16(_mm256_cvtepu8_epi16(n), 1), _mm256_set1_epi16(1));
+}
+
+static inline void lowbit_iq_prep(enum tern_dtype t, const uint8_t *blk, struct lowbit_iq_rb *o) {
+    switch (t) {
+    case TERN_DTYPE_IQ2_XXS: {
+        const uint8_t *q = blk + 2;
+        const __m256i w = _mm512_castsi512_si256(_mm512_permutexvar_epi32(
+            _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 0, 0, 0, 0, 0, 0, 0, 0), _mm512_loadu_si512((const void *)q)));
+        const __m256i sg = lowbit_signs7x4(w);
+        o->sc16 = lowbit_sc_pairs(_mm256_srli_epi32(w, 28));
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            const uint8_t *i = q + 16 * p;
+            o->g[p] = lowbit_g8(tern_iq2xxs_grid, i[0], i[1], i[2], i[3], i[8], i[9], i[10], i[11]);
+        }
+        o->k[0] = _cvtu64_mask64((uint64_t)_mm256_extract_epi64(sg, 0));
+        o->k[1] = _cvtu64_mask64((uint64_t)_mm256_extract_epi64(sg, 1));
+        o->k[2] = _cvtu64_mask64((uint64_t)_mm256_extract_epi64(sg, 2));
+        o->k[3] = _cvtu64_mask64((uint64_t)_mm256_extract_epi64(sg, 3));
+        break;
+    }
+    case TERN_DTYPE_IQ3_XXS: {
+        const uint8_t *q = blk + 2;
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(q + 64));
+        const __m256i sg = lowbit_signs7x4(w);
+        o->sc16 = lowbit_sc_pairs(_mm256_srli_epi32(w, 28));
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            const uint8_t *i = q + 16 * p;
+            const uint32_t *G = tern_iq3xxs_grid;
+            o->g[p] = _mm512_set_epi64(lowbit_g2(G, i[14], i[15]), lowbit_g2(G, i[12], i[13]),
+                                       lowbit_g2(G, i[10], i[11]), lowbit_g2(G, i[8], i[9]), lowbit_g2(G, i[6], i[7]),
+                                       lowbit_g2(G, i[4], i[5]), lowbit_g2(G, i[2], i[3]), lowbit_g2(G, i[0], i[1]));
+        }
+        o->k[0] = _cvtu64_mask64((uint64_t)_mm256_extract_epi64(sg, 0));
+        o->k[1] = _cvtu64_mask64((uint64_t)_mm256_extract_epi64(sg, 1));
+        o->k[2] = _cvtu64_mask64((uint64_t)_mm256_extract_epi64(sg, 2));
+        o->k[3] = _cvtu64_mask64((uint64_t)_mm256_extract_epi64(sg, 3));
+        break;
+    }
+    case TERN_DTYPE_IQ2_XS: {
+        const uint8_t *q = blk + 2;
+        const __m512i w = _mm512_loadu_si512((const void *)q);
+        const __m512i s7 = _mm512_srli_epi16(w, 9);
+        __m512i y = _mm512_xor_si512(s7, _mm512_srli_epi16(s7, 4));
+        y = _mm512_xor_si512(y, _mm512_srli_epi16(y, 2));
+        y = _mm512_xor_si512(y, _mm512_srli_epi16(y, 1));
+        const __m256i sg =
+            _mm512_cvtepi16_epi8(_mm512_or_si512(s7, _mm512_slli_epi16(_mm512_and_si512(y, _mm512_set1_epi16(1)), 7)));
+        o->sc16 = lowbit_sc_nibbles(q + 64);
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            uint16_t v[8];
+            memcpy(v, q + 16 * p, 16);
+            o->g[p] = lowbit_g8(tern_iq2xs_grid, v[0] & 511u, v[1] & 511u, v[2] & 511u, v[3] & 511u, v[4] & 511u,
+                                v[5] & 511u, v[6] & 511u, v[7] & 511u);
+        }
+        o->k[0] = _cvtu64_mask64((uint64_t)_mm256_extract_epi64(sg, 0));
+        o->k[1] = _cvtu64_mask64((uint64_t)_mm256_extract_epi64(sg, 1));
+        o->k[2] = _cvtu64_mask64((uint64_t)_mm256_extract_epi64(sg, 2));
+        o->k[3] = _cvtu64_mask64((uint64_t)_mm256_extract_epi64(sg, 3));
+        break;
+    }
+    case TERN_DTYPE_IQ2_S: {
+        const struct tern_block_iq2_s *b = (const void *)blk;
+        o->sc16 = lowbit_sc_nibbles(b->scales);
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            const uint8_t *i = b->qs + 8 * p;
+            const unsigned h0 = b->qh[2 * p], h1 = b->qh[2 * p + 1];
+            o->g[p] = lowbit_g8(tern_iq2s_grid, i[0] | ((h0 << 8) & 0x300), i[1] | ((h0 << 6) & 0x300),
+                                i[2] | ((h0 << 4) & 0x300), i[3] | ((h0 << 2) & 0x300), i[4] | ((h1 << 8) & 0x300),
+                                i[5] | ((h1 << 6) & 0x300), i[6] | ((h1 << 4) & 0x300), i[7] | ((h1 << 2) & 0x300));
+            uint64_t m;
+            memcpy(&m, b->qs + 32 + 8 * p, 8);
+            o->k[p] = _cvtu64_mask64(m);
+        }
+        break;
+    }
+    default: { /* IQ3_S */
+        const struct tern_block_iq3_s *b = (const void *)blk;
+        uint32_t sc4;
+        memcpy(&sc4, b->scales, 4);
+        const __m256i ls = _mm256_and_si256(
+            _mm256_srlv_epi32(_mm256_set1_epi32((int)sc4), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+            _mm256_set1_epi32(0xF));
+        o->sc16 = lowbit_sc_pairs(ls);
+        const uint32_t *G = tern_iq3s_grid;
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            long long e[8];
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const int ib = 2 * p + h;
+                const unsigned qh = b->qh[ib];
+                const uint8_t *i = b->qs + 8 * ib;
+#pragma GCC unroll 4
+                for (int l = 0; l < 4; l++)
+                    e[4 * h + l] = lowbit_g2(G, i[2 * l] | ((qh << (8 - 2 * l)) & 256),
+                                             i[2 * l + 1] | ((qh << (7 - 2 * l)) & 256));
+            }
+            o->g[p] = _mm512_set_epi64(e[7], e[6], e[5], e[4], e[3], e[2], e[1], e[0]);
+            uint64_t m;
+            memcpy(&m, b->signs + 8 * p, 8);
+            o->k[p] = _cvtu64_mask64(m);
+        }
+        break;
+    }
+    }
+}
+
+static size_t lowbit_decode8_iq_avx512(enum tern_dtype t, const void *w, size_t wrb, size_t k, const void *act,
+                                       size_t n_tok, float *y, size_t r0, size_t r1) {
+    if (n_tok != 1 || !(t == TERN_DTYPE_IQ2_XXS || t == TERN_DTYPE_IQ2_XS || t == TERN_DTYPE_IQ2_S ||
+                        t == TERN_DTYPE_IQ3_XXS || t == TERN_DTYPE_IQ3_S))
+        return r0;
+    const size_t nb = k / TERN_QK_K;
+    const size_t bb = t == TERN_DTYPE_IQ2_XXS   ? sizeof(struct tern_block_iq2_xxs)
+                      : t == TERN_DTYPE_IQ2_XS  ? sizeof(struct tern_block_iq2_xs)
+                      : t == TERN_DTYPE_IQ2_S   ? sizeof(struct tern_block_iq2_s)
+                      : t == TERN_DTYPE_IQ3_XXS ? sizeof(struct tern_block_iq3_xxs)
+                                                : sizeof(struct tern_block_iq3_s);
+    const float post = tern_lowbit_post(t);
+    const struct tern_block_q8_k *a = act;
+    __m512i idx[4];
+    for (int p = 0; p < 4; p++) idx[p] = _mm512_loadu_si512((const void *)lowbit_spread_nat[p]);
+    for (; r0 + 8 <= r1; r0 += 8) {
+        const uint8_t *w0 = (const uint8_t *)w + r0 * wrb;
+        __m256 acc = _mm256_setzero_ps();
+        for (size_t b = 0; b < nb; b++) {
+            const struct tern_block_q8_k *ab = a + b;
+            __m512i x[4];
+            for (int p = 0; p < 4; p++) x[p] = _mm512_loadu_si512((const void *)(ab->qs + 64 * p));
+            __m512i rv[8];
+            for (int i = 0; i < 8; i++) {
+                const uint8_t *blk = w0 + i * wrb + b * bb;
+                const size_t pb = b + LOWBIT_PF;
+                const size_t pf = pb < nb ? (r0 + i) * wrb + pb * bb : (r0 + i + 8) * wrb + (pb - nb) * bb;
+                if (pf + 64 < r1 * wrb) {
+                    LOWBIT_PREFETCH((const uint8_t *)w + pf);
+                    LOWBIT_PREFETCH((const uint8_t *)w + pf + 64);
+                }
+                struct lowbit_iq_rb rb;
+                lowbit_iq_prep(t, blk, &rb);
+                const __m512i scz = _mm512_zextsi256_si512(rb.sc16);
+                __m512i s = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int p = 0; p < 4; p++) {
+                    const __m512i xs = _mm512_mask_sub_epi8(x[p], rb.k[p], _mm512_setzero_si512(), x[p]);
+                    s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(rb.g[p], xs),
+                                            _mm512_permutexvar_epi16(idx[p], scz));
+                }
+                const __m256i f = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+                rv[i] = _mm512_castsi256_si512(f);
+            }
+            const __m256i s8 = _mm512_castsi512_si256(lowbit_fold8(rv));
+            const uint8_t *dp = w0 + b * bb; /* d leads these blocks */
+            const __m256i g =
+                _mm256_setr_epi32(lowbit_ld32(dp), lowbit_ld32(dp + wrb), lowbit_ld32(dp + 2 * wrb),
+                                  lowbit_ld32(dp + 3 * wrb), lowbit_ld32(dp + 4 * wrb), lowbit_ld32(dp + 5 * wrb),
+                                  lowbit_ld32(dp + 6 * wrb), lowbit_ld32(dp + 7 * wrb));
+            const __m256 d = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_and_si256(g, _mm256_set1_epi32(0xFFFF))));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(d, _mm256_set1_ps(ab->d))));
+        }
+        _mm256_storeu_ps(y + r0, _mm256_mul_ps(acc, _mm256_set1_ps(post)));
+    }
+    return r0;
+}
+
 static size_t lowbit_pre_avx512(enum tern_dtype t, const void *w, size_t wrb, size_t k, const void *act,
                                 size_t act_row_bytes, size_t n_tok, float *y, size_t ldy, size_t r0, size_t r1) {
-    if (n_tok == 1) return lowbit_decode8_avx512(t, w, wrb, k, act, n_tok, y, r0, r1);
+    if (n_tok == 1) {
+        r0 = lowbit_decode8_avx512(t, w, wrb, k, act, n_tok, y, r0, r1);
+        return lowbit_decode8_iq_avx512(t, w, wrb, k, act, n_tok, y, r0, r1);
+    }
     return lowbit_prompt_avx512(t, w, wrb, k, act, act_row_bytes, n_tok, y, ldy, r0, r1);
 }
 
