@@ -231,9 +231,209 @@ static size_t lowbit_prompt_avx2(enum tern_dtype t, const void *w, size_t wrb, s
     return r1;
 }
 
+/* Decode of IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S without the unpacked block, eight
+ * rows at a time (the AVX-512 kernel's method, 32 elements per register): per sub-block
+ * the grid magnitudes by scalar table loads, its 32 sign bits spread to byte masks
+ * (pshufb, and, cmpeq) and put on the activations with psignb, maddubs, and madd with
+ * the two scales spread by one pshufb. The exact integer sum, folded and finished per
+ * lane as the Q2_K path. */
+struct lowbit_iq_rb2 {
+    __m256i g[8];
+    __m256i sg;  /* dword ib: the 32 sign bits of sub-block ib */
+    __m256i scb; /* the 16 scales as bytes, in both lanes */
+};
+
+static inline __m256i lowbit_avx2_signs7x4(__m256i w) {
+    const __m256i m7 = _mm256_set1_epi32(0x7F);
+    __m256i x = _mm256_and_si256(w, m7);
+    x = _mm256_or_si256(x, _mm256_and_si256(_mm256_slli_epi32(w, 1), _mm256_slli_epi32(m7, 8)));
+    x = _mm256_or_si256(x, _mm256_and_si256(_mm256_slli_epi32(w, 2), _mm256_slli_epi32(m7, 16)));
+    x = _mm256_or_si256(x, _mm256_and_si256(_mm256_slli_epi32(w, 3), _mm256_slli_epi32(m7, 24)));
+    __m256i y = _mm256_xor_si256(x, _mm256_srli_epi32(x, 4));
+    y = _mm256_xor_si256(y, _mm256_srli_epi32(y, 2));
+    y = _mm256_xor_si256(y, _mm256_srli_epi32(y, 1));
+    return _mm256_or_si256(x, _mm256_slli_epi32(_mm256_and_si256(y, _mm256_set1_epi8(1)), 7));
+}
+
+/* 16 scale bytes 2 ls + 1 from 16 ls bytes */
+static inline __m256i lowbit_avx2_sc(__m128i ls) {
+    return _mm256_broadcastsi128_si256(_mm_add_epi8(_mm_add_epi8(ls, ls), _mm_set1_epi8(1)));
+}
+
+/* the ls of 8 sub-blocks in the top nibble of eight dwords, each twice, as 16 bytes */
+static inline __m128i lowbit_avx2_ls_top(__m256i w) {
+    const __m256i v = _mm256_shuffle_epi8(_mm256_srli_epi32(w, 28),
+                                          _mm256_setr_epi8(0, 0, 4, 4, 8, 8, 12, 12, -1, -1, -1, -1, -1, -1, -1, -1, 0,
+                                                           0, 4, 4, 8, 8, 12, 12, -1, -1, -1, -1, -1, -1, -1, -1));
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(v, 0x08));
+}
+
+static inline __m128i lowbit_avx2_ls_nib(const uint8_t *p, bool twice) {
+    const __m128i b = _mm_loadl_epi64((const __m128i *)p), m4 = _mm_set1_epi8(0xF);
+    const __m128i n = _mm_unpacklo_epi8(_mm_and_si128(b, m4), _mm_and_si128(_mm_srli_epi16(b, 4), m4));
+    return twice ? _mm_unpacklo_epi8(n, n) : n;
+}
+
+static inline void lowbit_iq_prep_avx2(enum tern_dtype t, const uint8_t *blk, struct lowbit_iq_rb2 *o) {
+    switch (t) {
+    case TERN_DTYPE_IQ2_XXS: {
+        const uint8_t *q = blk + 2;
+        const __m256i lo = _mm256_loadu_si256((const __m256i *)q), hi = _mm256_loadu_si256((const __m256i *)(q + 32));
+        /* the odd dwords of the 64 bytes: the sign and scale words */
+        const __m256i pick = _mm256_setr_epi32(1, 3, 5, 7, 0, 0, 0, 0);
+        const __m256i w = _mm256_permute2x128_si256(_mm256_permutevar8x32_epi32(lo, pick),
+                                                    _mm256_permutevar8x32_epi32(hi, pick), 0x20);
+        o->sg = lowbit_avx2_signs7x4(w);
+        o->scb = lowbit_avx2_sc(lowbit_avx2_ls_top(w));
+#pragma GCC unroll 8
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8_t *i = q + 8 * ib;
+            o->g[ib] = _mm256_setr_epi64x((long long)tern_iq2xxs_grid[i[0]], (long long)tern_iq2xxs_grid[i[1]],
+                                          (long long)tern_iq2xxs_grid[i[2]], (long long)tern_iq2xxs_grid[i[3]]);
+        }
+        break;
+    }
+    case TERN_DTYPE_IQ3_XXS: {
+        const uint8_t *q = blk + 2;
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(q + 64));
+        o->sg = lowbit_avx2_signs7x4(w);
+        o->scb = lowbit_avx2_sc(lowbit_avx2_ls_top(w));
+        const uint32_t *G = tern_iq3xxs_grid;
+#pragma GCC unroll 8
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8_t *i = q + 8 * ib;
+            o->g[ib] = _mm256_setr_epi32((int)G[i[0]], (int)G[i[1]], (int)G[i[2]], (int)G[i[3]], (int)G[i[4]],
+                                         (int)G[i[5]], (int)G[i[6]], (int)G[i[7]]);
+        }
+        break;
+    }
+    case TERN_DTYPE_IQ2_XS: {
+        const uint8_t *q = blk + 2;
+        const __m256i lo = _mm256_loadu_si256((const __m256i *)q), hi = _mm256_loadu_si256((const __m256i *)(q + 32));
+        __m256i sb[2];
+        for (int h = 0; h < 2; h++) {
+            const __m256i s7 = _mm256_srli_epi16(h ? hi : lo, 9);
+            __m256i y = _mm256_xor_si256(s7, _mm256_srli_epi16(s7, 4));
+            y = _mm256_xor_si256(y, _mm256_srli_epi16(y, 2));
+            y = _mm256_xor_si256(y, _mm256_srli_epi16(y, 1));
+            sb[h] = _mm256_or_si256(s7, _mm256_slli_epi16(_mm256_and_si256(y, _mm256_set1_epi16(1)), 7));
+        }
+        /* words to bytes in order: packus works per lane, permute4x64 restores it */
+        o->sg = _mm256_permute4x64_epi64(_mm256_packus_epi16(sb[0], sb[1]), 0xD8);
+        o->scb = lowbit_avx2_sc(lowbit_avx2_ls_nib(q + 64, false));
+#pragma GCC unroll 8
+        for (int ib = 0; ib < 8; ib++) {
+            uint16_t v[4];
+            memcpy(v, q + 8 * ib, 8);
+            o->g[ib] =
+                _mm256_setr_epi64x((long long)tern_iq2xs_grid[v[0] & 511u], (long long)tern_iq2xs_grid[v[1] & 511u],
+                                   (long long)tern_iq2xs_grid[v[2] & 511u], (long long)tern_iq2xs_grid[v[3] & 511u]);
+        }
+        break;
+    }
+    case TERN_DTYPE_IQ2_S: {
+        const struct tern_block_iq2_s *b = (const void *)blk;
+        o->sg = _mm256_loadu_si256((const __m256i *)(b->qs + 32));
+        o->scb = lowbit_avx2_sc(lowbit_avx2_ls_nib(b->scales, false));
+#pragma GCC unroll 8
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8_t *i = b->qs + 4 * ib;
+            const unsigned h = b->qh[ib];
+            o->g[ib] = _mm256_setr_epi64x((long long)tern_iq2s_grid[i[0] | ((h << 8) & 0x300)],
+                                          (long long)tern_iq2s_grid[i[1] | ((h << 6) & 0x300)],
+                                          (long long)tern_iq2s_grid[i[2] | ((h << 4) & 0x300)],
+                                          (long long)tern_iq2s_grid[i[3] | ((h << 2) & 0x300)]);
+        }
+        break;
+    }
+    default: { /* IQ3_S */
+        const struct tern_block_iq3_s *b = (const void *)blk;
+        o->sg = _mm256_loadu_si256((const __m256i *)b->signs);
+        uint8_t sc8[8] = {0};
+        memcpy(sc8, b->scales, 4);
+        o->scb = lowbit_avx2_sc(lowbit_avx2_ls_nib(sc8, true));
+        const uint32_t *G = tern_iq3s_grid;
+#pragma GCC unroll 8
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8_t *i = b->qs + 8 * ib;
+            const unsigned h = b->qh[ib];
+            o->g[ib] = _mm256_setr_epi32((int)G[i[0] | ((h << 8) & 256)], (int)G[i[1] | ((h << 7) & 256)],
+                                         (int)G[i[2] | ((h << 6) & 256)], (int)G[i[3] | ((h << 5) & 256)],
+                                         (int)G[i[4] | ((h << 4) & 256)], (int)G[i[5] | ((h << 3) & 256)],
+                                         (int)G[i[6] | ((h << 2) & 256)], (int)G[i[7] | ((h << 1) & 256)]);
+        }
+        break;
+    }
+    }
+}
+
+static size_t lowbit_decode8_iq_avx2(enum tern_dtype t, const void *w, size_t wrb, size_t k, const void *act,
+                                     size_t n_tok, float *y, size_t r0, size_t r1) {
+    if (n_tok != 1 || !(t == TERN_DTYPE_IQ2_XXS || t == TERN_DTYPE_IQ2_XS || t == TERN_DTYPE_IQ2_S ||
+                        t == TERN_DTYPE_IQ3_XXS || t == TERN_DTYPE_IQ3_S))
+        return r0;
+    const size_t nb = k / TERN_QK_K;
+    const size_t bb = t == TERN_DTYPE_IQ2_XXS   ? sizeof(struct tern_block_iq2_xxs)
+                      : t == TERN_DTYPE_IQ2_XS  ? sizeof(struct tern_block_iq2_xs)
+                      : t == TERN_DTYPE_IQ2_S   ? sizeof(struct tern_block_iq2_s)
+                      : t == TERN_DTYPE_IQ3_XXS ? sizeof(struct tern_block_iq3_xxs)
+                                                : sizeof(struct tern_block_iq3_s);
+    const float post = tern_lowbit_post(t);
+    const struct tern_block_q8_k *a = act;
+    /* byte e of a sub-block's mask: the byte e / 8 of its sign dword, bit e % 8 */
+    const __m256i rep = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                         3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i one = _mm256_set1_epi8(1);
+    for (; r0 + 8 <= r1; r0 += 8) {
+        const uint8_t *w0 = (const uint8_t *)w + r0 * wrb;
+        __m256 acc = _mm256_setzero_ps();
+        for (size_t b = 0; b < nb; b++) {
+            const struct tern_block_q8_k *ab = a + b;
+            __m256i sv[8];
+            for (int i = 0; i < 8; i++) {
+                const uint8_t *blk = w0 + i * wrb + b * bb;
+                const size_t pb = b + LOWBIT_PF;
+                const size_t pf = pb < nb ? (r0 + i) * wrb + pb * bb : (r0 + i + 8) * wrb + (pb - nb) * bb;
+                if (pf + 64 < r1 * wrb) {
+                    LOWBIT_PREFETCH((const uint8_t *)w + pf);
+                    LOWBIT_PREFETCH((const uint8_t *)w + pf + 64);
+                }
+                struct lowbit_iq_rb2 rb;
+                lowbit_iq_prep_avx2(t, blk, &rb);
+                __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int ib = 0; ib < 8; ib++) {
+                    const __m256i sd = _mm256_permutevar8x32_epi32(rb.sg, _mm256_set1_epi32(ib));
+                    const __m256i neg = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(sd, rep), bit), bit);
+                    const __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(ab->qs + 32 * ib)),
+                                                       _mm256_or_si256(neg, one));
+                    const __m256i sc =
+                        _mm256_shuffle_epi8(rb.scb, _mm256_loadu_si256((const __m256i *)lowbit_avx2_spread[ib]));
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(rb.g[ib], x), sc));
+                }
+                sv[i] = s;
+            }
+            const __m256i s8 = lowbit_avx2_fold8(sv);
+            const uint8_t *dp = w0 + b * bb; /* d leads these blocks */
+            const __m256 d = _mm256_cvtph_ps(
+                _mm_setr_epi16((short)lowbit_avx2_ld16(dp), (short)lowbit_avx2_ld16(dp + wrb),
+                               (short)lowbit_avx2_ld16(dp + 2 * wrb), (short)lowbit_avx2_ld16(dp + 3 * wrb),
+                               (short)lowbit_avx2_ld16(dp + 4 * wrb), (short)lowbit_avx2_ld16(dp + 5 * wrb),
+                               (short)lowbit_avx2_ld16(dp + 6 * wrb), (short)lowbit_avx2_ld16(dp + 7 * wrb)));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(d, _mm256_set1_ps(ab->d))));
+        }
+        _mm256_storeu_ps(y + r0, _mm256_mul_ps(acc, _mm256_set1_ps(post)));
+    }
+    return r0;
+}
+
 static size_t lowbit_pre_avx2(enum tern_dtype t, const void *w, size_t wrb, size_t k, const void *act,
                               size_t act_row_bytes, size_t n_tok, float *y, size_t ldy, size_t r0, size_t r1) {
-    if (n_tok == 1) return lowbit_decode8_avx2(t, w, wrb, k, act, act_row_bytes, n_tok, y, ldy, r0, r1);
+    if (n_tok == 1) {
+        r0 = lowbit_decode8_avx2(t, w, wrb, k, act, act_row_bytes, n_tok, y, ldy, r0, r1);
+        return lowbit_decode8_iq_avx2(t, w, wrb, k, act, n_tok, y, r0, r1);
+    }
     return lowbit_prompt_avx2(t, w, wrb, k, act, act_row_bytes, n_tok, y, ldy, r0, r1);
 }
 
