@@ -427,6 +427,12 @@ LOWBIT_DECLARE(tern_lowbit_ref)
 LOWBIT_DECLARE(tern_lowbit_avx2)
 LOWBIT_DECLARE(tern_lowbit_avx512)
 
+/* The AVX2 kernel's I-quant decode of eight rows at a time (x86/lowbit-avx2.c), which the
+ * AVX-512 kernel uses for IQ3_XXS and IQ3_S, where it was faster on the Intel guest it
+ * was measured on; it returns the first row it did not compute, as a pre hook does. */
+size_t tern_lowbit_decode8_iq_avx2(enum tern_dtype t, const void *w, size_t wrb, size_t k, const void *act,
+                                   size_t n_tok, float *y, size_t r0, size_t r1);
+
 /* Dequantization of nb super-blocks (ggml's formulas in ggml's order) and tern's
  * quantizers (quant-lowbit.c); false for a type that is not one of the nine. */
 bool tern_lowbit_dequantize(enum tern_dtype t, const void *src, float *dst, size_t nb);

@@ -367,8 +367,8 @@ static inline void lowbit_iq_prep_avx2(enum tern_dtype t, const uint8_t *blk, st
     }
 }
 
-static size_t lowbit_decode8_iq_avx2(enum tern_dtype t, const void *w, size_t wrb, size_t k, const void *act,
-                                     size_t n_tok, float *y, size_t r0, size_t r1) {
+size_t tern_lowbit_decode8_iq_avx2(enum tern_dtype t, const void *w, size_t wrb, size_t k, const void *act,
+                                   size_t n_tok, float *y, size_t r0, size_t r1) {
     if (n_tok != 1 || !(t == TERN_DTYPE_IQ2_XXS || t == TERN_DTYPE_IQ2_XS || t == TERN_DTYPE_IQ2_S ||
                         t == TERN_DTYPE_IQ3_XXS || t == TERN_DTYPE_IQ3_S))
         return r0;
@@ -432,7 +432,7 @@ static size_t lowbit_pre_avx2(enum tern_dtype t, const void *w, size_t wrb, size
                               size_t act_row_bytes, size_t n_tok, float *y, size_t ldy, size_t r0, size_t r1) {
     if (n_tok == 1) {
         r0 = lowbit_decode8_avx2(t, w, wrb, k, act, act_row_bytes, n_tok, y, ldy, r0, r1);
-        return lowbit_decode8_iq_avx2(t, w, wrb, k, act, n_tok, y, r0, r1);
+        return tern_lowbit_decode8_iq_avx2(t, w, wrb, k, act, n_tok, y, r0, r1);
     }
     return lowbit_prompt_avx2(t, w, wrb, k, act, act_row_bytes, n_tok, y, ldy, r0, r1);
 }

@@ -282,14 +282,15 @@ static size_t lowbit_prompt_avx512(enum tern_dtype t, const void *w, size_t wrb,
     return r1;
 }
 
-/* Decode of the I-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S without the unpacked
- * block, eight rows at a time: per row's block the magnitudes (unsigned grid bytes, 64
- * elements per register in the activations' order) are gathered from the grid tables by
- * scalar loads, the signs become one 64-bit mask per register (the sign bytes of eight
- * groups of eight are that mask: bit e is element e's sign), and the scales one int16 per
- * product pair. The activations, loaded once per block for the eight rows, take the signs
- * (a masked negate), then maddubs with the magnitudes and vpdpwssd with the scales: the
- * driver's exact integer sum, folded and finished in lanes as the Q2_K path is. */
+/* Decode of the I-quants IQ2_XXS, IQ2_XS and IQ2_S without the unpacked block, eight rows
+ * at a time (IQ3_XXS and IQ3_S take the AVX2 kernel's, faster here): per row's block the
+ * magnitudes (unsigned grid bytes, 64 elements per register in the activations' order)
+ * are gathered from the grid tables by scalar loads, the signs become one 64-bit mask per
+ * register (the sign bytes of eight groups of eight are that mask: bit e is element e's
+ * sign), and the scales one int16 per product pair. The activations, loaded once per
+ * block for the eight rows, take the signs (a masked negate), then maddubs with the
+ * magnitudes and vpdpwssd with the scales: the driver's exact integer sum, folded and
+ * finished in lanes as the Q2_K path is. */
 struct lowbit_iq_rb {
     __m512i g[4];
     __mmask64 k[4];
@@ -302,11 +303,7 @@ static inline __m512i lowbit_g8(const uint64_t *grid, unsigned i0, unsigned i1, 
                             (long long)grid[i3], (long long)grid[i2], (long long)grid[i1], (long long)grid[i0]);
 }
 
-static inline long long lowbit_g2(const uint32_t *grid, unsigned i0, unsigned i1) {
-    return (long long)((uint64_t)grid[i0] | ((uint64_t)grid[i1] << 32));
-}
-
-/* Eight uint32 of 4 x 7 sign bits (the IQ2_XXS / IQ3_XXS words) to their four sign bytes
+/* Eight uint32 of 4 x 7 sign bits (the IQ2_XXS words) to their four sign bytes
  * each: seven bits and the parity bit (tern_iq_signs7), in lanes. */
 static inline __m256i lowbit_signs7x4(__m256i w) {
     const __m256i m7 = _mm256_set1_epi32(0x7F);
@@ -350,25 +347,6 @@ static inline void lowbit_iq_prep(enum tern_dtype t, const uint8_t *blk, struct 
         o->k[3] = _cvtu64_mask64((uint64_t)_mm256_extract_epi64(sg, 3));
         break;
     }
-    case TERN_DTYPE_IQ3_XXS: {
-        const uint8_t *q = blk + 2;
-        const __m256i w = _mm256_loadu_si256((const __m256i *)(q + 64));
-        const __m256i sg = lowbit_signs7x4(w);
-        o->sc16 = lowbit_sc_pairs(_mm256_srli_epi32(w, 28));
-#pragma GCC unroll 4
-        for (int p = 0; p < 4; p++) {
-            const uint8_t *i = q + 16 * p;
-            const uint32_t *G = tern_iq3xxs_grid;
-            o->g[p] = _mm512_set_epi64(lowbit_g2(G, i[14], i[15]), lowbit_g2(G, i[12], i[13]),
-                                       lowbit_g2(G, i[10], i[11]), lowbit_g2(G, i[8], i[9]), lowbit_g2(G, i[6], i[7]),
-                                       lowbit_g2(G, i[4], i[5]), lowbit_g2(G, i[2], i[3]), lowbit_g2(G, i[0], i[1]));
-        }
-        o->k[0] = _cvtu64_mask64((uint64_t)_mm256_extract_epi64(sg, 0));
-        o->k[1] = _cvtu64_mask64((uint64_t)_mm256_extract_epi64(sg, 1));
-        o->k[2] = _cvtu64_mask64((uint64_t)_mm256_extract_epi64(sg, 2));
-        o->k[3] = _cvtu64_mask64((uint64_t)_mm256_extract_epi64(sg, 3));
-        break;
-    }
     case TERN_DTYPE_IQ2_XS: {
         const uint8_t *q = blk + 2;
         const __m512i w = _mm512_loadu_si512((const void *)q);
@@ -392,9 +370,7 @@ static inline void lowbit_iq_prep(enum tern_dtype t, const uint8_t *blk, struct 
         o->k[3] = _cvtu64_mask64((uint64_t)_mm256_extract_epi64(sg, 3));
         break;
     }
-    case TERN_DTYPE_IQ2_S: {
-        const struct tern_block_iq2_s *b = (const void *)blk;
-        o->sc16 = lowbit_sc_nibbles(b->scales);
+    default: { /* IQ2_S */ const struct tern_block_iq2_s *b = (const void *)blk; o->sc16 = lowbit_sc_nibbles(b->scales);
 #pragma GCC unroll 4
         for (int p = 0; p < 4; p++) {
             const uint8_t *i = b->qs + 8 * p;
@@ -408,49 +384,16 @@ static inline void lowbit_iq_prep(enum tern_dtype t, const uint8_t *blk, struct 
         }
         break;
     }
-    default: { /* IQ3_S */
-        const struct tern_block_iq3_s *b = (const void *)blk;
-        uint32_t sc4;
-        memcpy(&sc4, b->scales, 4);
-        const __m256i ls = _mm256_and_si256(
-            _mm256_srlv_epi32(_mm256_set1_epi32((int)sc4), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
-            _mm256_set1_epi32(0xF));
-        o->sc16 = lowbit_sc_pairs(ls);
-        const uint32_t *G = tern_iq3s_grid;
-#pragma GCC unroll 4
-        for (int p = 0; p < 4; p++) {
-            long long e[8];
-#pragma GCC unroll 2
-            for (int h = 0; h < 2; h++) {
-                const int ib = 2 * p + h;
-                const unsigned qh = b->qh[ib];
-                const uint8_t *i = b->qs + 8 * ib;
-#pragma GCC unroll 4
-                for (int l = 0; l < 4; l++)
-                    e[4 * h + l] = lowbit_g2(G, i[2 * l] | ((qh << (8 - 2 * l)) & 256),
-                                             i[2 * l + 1] | ((qh << (7 - 2 * l)) & 256));
-            }
-            o->g[p] = _mm512_set_epi64(e[7], e[6], e[5], e[4], e[3], e[2], e[1], e[0]);
-            uint64_t m;
-            memcpy(&m, b->signs + 8 * p, 8);
-            o->k[p] = _cvtu64_mask64(m);
-        }
-        break;
-    }
     }
 }
 
 static size_t lowbit_decode8_iq_avx512(enum tern_dtype t, const void *w, size_t wrb, size_t k, const void *act,
                                        size_t n_tok, float *y, size_t r0, size_t r1) {
-    if (n_tok != 1 || !(t == TERN_DTYPE_IQ2_XXS || t == TERN_DTYPE_IQ2_XS || t == TERN_DTYPE_IQ2_S ||
-                        t == TERN_DTYPE_IQ3_XXS || t == TERN_DTYPE_IQ3_S))
-        return r0;
+    if (n_tok != 1 || !(t == TERN_DTYPE_IQ2_XXS || t == TERN_DTYPE_IQ2_XS || t == TERN_DTYPE_IQ2_S)) return r0;
     const size_t nb = k / TERN_QK_K;
-    const size_t bb = t == TERN_DTYPE_IQ2_XXS   ? sizeof(struct tern_block_iq2_xxs)
-                      : t == TERN_DTYPE_IQ2_XS  ? sizeof(struct tern_block_iq2_xs)
-                      : t == TERN_DTYPE_IQ2_S   ? sizeof(struct tern_block_iq2_s)
-                      : t == TERN_DTYPE_IQ3_XXS ? sizeof(struct tern_block_iq3_xxs)
-                                                : sizeof(struct tern_block_iq3_s);
+    const size_t bb = t == TERN_DTYPE_IQ2_XXS  ? sizeof(struct tern_block_iq2_xxs)
+                      : t == TERN_DTYPE_IQ2_XS ? sizeof(struct tern_block_iq2_xs)
+                                               : sizeof(struct tern_block_iq2_s);
     const float post = tern_lowbit_post(t);
     const struct tern_block_q8_k *a = act;
     __m512i idx[4];
@@ -502,6 +445,9 @@ static size_t lowbit_pre_avx512(enum tern_dtype t, const void *w, size_t wrb, si
                                 size_t act_row_bytes, size_t n_tok, float *y, size_t ldy, size_t r0, size_t r1) {
     if (n_tok == 1) {
         r0 = lowbit_decode8_avx512(t, w, wrb, k, act, n_tok, y, r0, r1);
+        /* the IQ3 grids (4-byte entries) assemble faster in 256-bit registers here */
+        if (t == TERN_DTYPE_IQ3_XXS || t == TERN_DTYPE_IQ3_S)
+            return tern_lowbit_decode8_iq_avx2(t, w, wrb, k, act, n_tok, y, r0, r1);
         return lowbit_decode8_iq_avx512(t, w, wrb, k, act, n_tok, y, r0, r1);
     }
     return lowbit_prompt_avx512(t, w, wrb, k, act, act_row_bytes, n_tok, y, ldy, r0, r1);
