@@ -202,13 +202,13 @@ static size_t lowbit_prompt_avx512(enum tern_dtype t, const void *w, size_t wrb,
         hsel[j] = _mm512_inserti64x4(_mm512_set1_epi8((char)(1u << j)), _mm256_set1_epi8((char)(1u << (4 + j))), 1);
     }
     const __m512i three = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
-    const __m256i m4w = _mm256_set1_epi16(0xF);
-    for (size_t r = r0; r < r1; r++) {
-        const uint8_t *wr = (const uint8_t *)w + r * wrb;
-        for (size_t t0 = 0; t0 < n_tok; t0 += 8) {
-            const struct tern_block_q8_k *at[8];
-            for (size_t i = 0; i < 8; i++)
-                at[i] = (const void *)((const uint8_t *)act + (t0 + i < n_tok ? t0 + i : n_tok - 1) * act_row_bytes);
+    /* tokens outer: the eight tokens' activations stay in the cache for all the rows */
+    for (size_t t0 = 0; t0 < n_tok; t0 += 8) {
+        const struct tern_block_q8_k *at[8];
+        for (size_t i = 0; i < 8; i++)
+            at[i] = (const void *)((const uint8_t *)act + (t0 + i < n_tok ? t0 + i : n_tok - 1) * act_row_bytes);
+        for (size_t r = r0; r < r1; r++) {
+            const uint8_t *wr = (const uint8_t *)w + r * wrb;
             __m256 acc = _mm256_setzero_ps();
             for (size_t b = 0; b < nb; b++) {
                 const uint8_t *blk = wr + b * bb;
@@ -219,12 +219,8 @@ static size_t lowbit_prompt_avx512(enum tern_dtype t, const void *w, size_t wrb,
                     const struct tern_block_q2_k *q = (const void *)blk;
                     const __m256i sm = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)q->scales));
                     sc = _mm256_srli_epi16(sm, 4); /* the mins, for the m part */
-                    const __m512i scz = _mm512_zextsi256_si512(_mm256_and_si256(sm, m4w));
                     const __m512i qs = _mm512_loadu_si512((const void *)q->qs);
-                    for (int j = 0; j < 4; j++) {
-                        lv[j] = _mm512_and_si512(_mm512_srli_epi16(qs, 2 * j), three);
-                        scv[j] = _mm512_permutexvar_epi16(idx[j], scz);
-                    }
+                    for (int j = 0; j < 4; j++) lv[j] = _mm512_and_si512(_mm512_srli_epi16(qs, 2 * j), three);
                     d = _cvtsh_ss(q->d);
                     dmin = _cvtsh_ss(q->dmin);
                 } else {
@@ -245,24 +241,60 @@ static size_t lowbit_prompt_avx512(enum tern_dtype t, const void *w, size_t wrb,
                 nat[2] = _mm512_shuffle_i64x2(lv[0], lv[1], 0xEE);
                 nat[3] = _mm512_shuffle_i64x2(lv[2], lv[3], 0xEE);
                 __m512i rv[8];
-                float da[8];
-                for (int i = 0; i < 8; i++) {
-                    const struct tern_block_q8_k *a = at[i] + b;
-                    __m512i s = _mm512_setzero_si512();
-#pragma GCC unroll 4
-                    for (int p = 0; p < 4; p++)
-                        s = _mm512_dpwssd_epi32(
-                            s, _mm512_maddubs_epi16(nat[p], _mm512_loadu_si512((const void *)(a->qs + 64 * p))),
-                            scv[p]);
-                    const __m256i m = _mm256_madd_epi16(sc, _mm256_loadu_si256((const __m256i *)a->bsums));
-                    const __m256i f = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
-                    rv[i] = _mm512_inserti64x4(_mm512_castsi256_si512(f), m, 1);
-                    da[i] = a->d;
+                if (q2) {
+                    /* Q2_K: the levels times their scale (at most 3 * 15) as bytes, one
+                     * pshufb per register from a table 0, sc, 2 sc, 3 sc per lane (a lane
+                     * is a sub-block), so one vpdpbusd per 64 levels and token */
+                    const __m512i sb = _mm512_broadcast_i32x4(
+                        _mm_and_si128(_mm_loadu_si128((const __m128i *)blk), _mm_set1_epi8(0xF)));
+                    for (int p = 0; p < 4; p++) {
+                        const int c0 = 0x01010101 * (4 * p), c1 = c0 + 0x01010101, c2 = c1 + 0x01010101,
+                                  c3 = c2 + 0x01010101;
+                        const __m512i sp = _mm512_shuffle_epi8(
+                            sb, _mm512_set_epi32(c3, c3, c3, c3, c2, c2, c2, c2, c1, c1, c1, c1, c0, c0, c0, c0));
+                        const __m512i tab = _mm512_add_epi8(
+                            _mm512_and_si512(sp, _mm512_set1_epi32(0xFF00FF00)),
+                            _mm512_and_si512(_mm512_add_epi8(sp, sp), _mm512_set1_epi32((int)0xFFFF0000)));
+                        nat[p] = _mm512_shuffle_epi8(tab, nat[p]);
+                    }
+                    for (int i = 0; i < 8; i++) {
+                        const struct tern_block_q8_k *a = at[i] + b;
+                        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+                        s0 = _mm512_dpbusd_epi32(s0, nat[0], _mm512_loadu_si512((const void *)a->qs));
+                        s1 = _mm512_dpbusd_epi32(s1, nat[1], _mm512_loadu_si512((const void *)(a->qs + 64)));
+                        s0 = _mm512_dpbusd_epi32(s0, nat[2], _mm512_loadu_si512((const void *)(a->qs + 128)));
+                        s1 = _mm512_dpbusd_epi32(s1, nat[3], _mm512_loadu_si512((const void *)(a->qs + 192)));
+                        const __m512i s = _mm512_add_epi32(s0, s1);
+                        const __m256i m = _mm256_madd_epi16(sc, _mm256_loadu_si256((const __m256i *)a->bsums));
+                        const __m256i f = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+                        rv[i] = _mm512_inserti64x4(_mm512_castsi256_si512(f), m, 1);
+                    }
+                } else {
+                    for (int i = 0; i < 8; i++) {
+                        const struct tern_block_q8_k *a = at[i] + b;
+                        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+#pragma GCC unroll 2
+                        for (int p = 0; p < 4; p += 2) {
+                            s0 = _mm512_dpwssd_epi32(
+                                s0, _mm512_maddubs_epi16(nat[p], _mm512_loadu_si512((const void *)(a->qs + 64 * p))),
+                                scv[p]);
+                            s1 = _mm512_dpwssd_epi32(
+                                s1,
+                                _mm512_maddubs_epi16(nat[p + 1],
+                                                     _mm512_loadu_si512((const void *)(a->qs + 64 * (p + 1)))),
+                                scv[p + 1]);
+                        }
+                        const __m512i s = _mm512_add_epi32(s0, s1);
+                        const __m256i m = _mm256_madd_epi16(sc, _mm256_loadu_si256((const __m256i *)a->bsums));
+                        const __m256i f = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+                        rv[i] = _mm512_inserti64x4(_mm512_castsi256_si512(f), m, 1);
+                    }
                 }
                 const __m512i sm8 = lowbit_fold8(rv);
                 __m256i s8 = _mm512_castsi512_si256(sm8);
                 const __m256i m8 = _mm512_extracti64x4_epi64(sm8, 1);
-                const __m256 dav = _mm256_loadu_ps(da);
+                const __m256 dav = _mm256_setr_ps(at[0][b].d, at[1][b].d, at[2][b].d, at[3][b].d, at[4][b].d,
+                                                  at[5][b].d, at[6][b].d, at[7][b].d);
                 if (q2) {
                     acc = _mm256_add_ps(acc,
                                         _mm256_mul_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(_mm256_set1_ps(d), dav)));
