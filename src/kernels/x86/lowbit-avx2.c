@@ -346,6 +346,57 @@ static inline void lowbit_iq_prep_avx2(enum tern_dtype t, const uint8_t *blk, st
         }
         break;
     }
+    case TERN_DTYPE_IQ1_S:
+    case TERN_DTYPE_IQ1_M: {
+        /* levels q = 8 g + delta (g in -1, 0, 1) go in as u = q + 9 in 1 .. 18 (one pshufb
+         * of g + 1 from 1, 9, 17, plus delta); 9 sum sc bsum comes off after. No signs. */
+        const __m256i tab = _mm256_setr_epi8(1, 9, 17, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 9, 17, 0, 0, 0, 0, 0,
+                                             0, 0, 0, 0, 0, 0, 0, 0);
+        const __m256i one = _mm256_set1_epi8(1);
+        o->sg = _mm256_setzero_si256();
+        if (t == TERN_DTYPE_IQ1_S) {
+            const struct tern_block_iq1_s *b = (const void *)blk;
+            uint16_t qh[8];
+            memcpy(qh, b->qh, 16);
+            uint8_t ls[16];
+#pragma GCC unroll 8
+            for (int ib = 0; ib < 8; ib++) {
+                const unsigned h = qh[ib];
+                ls[2 * ib] = ls[2 * ib + 1] = (uint8_t)((h >> 12) & 7);
+                const uint8_t *i = b->qs + 4 * ib;
+                const __m256i g = _mm256_setr_epi64x((long long)tern_iq1s_grid[i[0] | ((h << 8) & 0x700)],
+                                                     (long long)tern_iq1s_grid[i[1] | ((h << 5) & 0x700)],
+                                                     (long long)tern_iq1s_grid[i[2] | ((h << 2) & 0x700)],
+                                                     (long long)tern_iq1s_grid[i[3] | ((h >> 1) & 0x700)]);
+                o->g[ib] = _mm256_add_epi8(_mm256_shuffle_epi8(tab, _mm256_add_epi8(g, one)),
+                                           _mm256_set1_epi8((h & 0x8000) ? -1 : 1));
+            }
+            o->scb = lowbit_avx2_sc(_mm_loadu_si128((const __m128i *)ls));
+        } else {
+            const struct tern_block_iq1_m *b = (const void *)blk;
+            uint16_t sw[4];
+            memcpy(sw, b->scales, 8);
+            uint8_t ls[16];
+#pragma GCC unroll 8
+            for (int ib = 0; ib < 8; ib++) {
+                const unsigned w = sw[ib / 2], sh = 6 * (ib % 2);
+                ls[2 * ib] = (uint8_t)((w >> sh) & 7);
+                ls[2 * ib + 1] = (uint8_t)((w >> (sh + 3)) & 7);
+                const unsigned h0 = b->qh[2 * ib], h1 = b->qh[2 * ib + 1];
+                const uint8_t *i = b->qs + 4 * ib;
+                const __m256i g = _mm256_setr_epi64x((long long)tern_iq1s_grid[i[0] | ((h0 << 8) & 0x700)],
+                                                     (long long)tern_iq1s_grid[i[1] | ((h0 << 4) & 0x700)],
+                                                     (long long)tern_iq1s_grid[i[2] | ((h1 << 8) & 0x700)],
+                                                     (long long)tern_iq1s_grid[i[3] | ((h1 << 4) & 0x700)]);
+                const __m256i delta = _mm256_setr_epi64x(
+                    (h0 & 0x08) ? -1 : 0x0101010101010101ll, (h0 & 0x80) ? -1 : 0x0101010101010101ll,
+                    (h1 & 0x08) ? -1 : 0x0101010101010101ll, (h1 & 0x80) ? -1 : 0x0101010101010101ll);
+                o->g[ib] = _mm256_add_epi8(_mm256_shuffle_epi8(tab, _mm256_add_epi8(g, one)), delta);
+            }
+            o->scb = lowbit_avx2_sc(_mm_loadu_si128((const __m128i *)ls));
+        }
+        break;
+    }
     default: { /* IQ3_S */
         const struct tern_block_iq3_s *b = (const void *)blk;
         o->sg = _mm256_loadu_si256((const __m256i *)b->signs);
@@ -369,15 +420,16 @@ static inline void lowbit_iq_prep_avx2(enum tern_dtype t, const uint8_t *blk, st
 
 size_t tern_lowbit_decode8_iq_avx2(enum tern_dtype t, const void *w, size_t wrb, size_t k, const void *act,
                                    size_t n_tok, float *y, size_t r0, size_t r1) {
-    if (n_tok != 1 || !(t == TERN_DTYPE_IQ2_XXS || t == TERN_DTYPE_IQ2_XS || t == TERN_DTYPE_IQ2_S ||
-                        t == TERN_DTYPE_IQ3_XXS || t == TERN_DTYPE_IQ3_S))
-        return r0;
+    if (n_tok != 1 || !tern_lowbit_type(t) || t == TERN_DTYPE_Q2_K || t == TERN_DTYPE_Q3_K) return r0;
     const size_t nb = k / TERN_QK_K;
+    const bool iq1 = t == TERN_DTYPE_IQ1_S || t == TERN_DTYPE_IQ1_M;
     const size_t bb = t == TERN_DTYPE_IQ2_XXS   ? sizeof(struct tern_block_iq2_xxs)
                       : t == TERN_DTYPE_IQ2_XS  ? sizeof(struct tern_block_iq2_xs)
                       : t == TERN_DTYPE_IQ2_S   ? sizeof(struct tern_block_iq2_s)
                       : t == TERN_DTYPE_IQ3_XXS ? sizeof(struct tern_block_iq3_xxs)
-                                                : sizeof(struct tern_block_iq3_s);
+                      : t == TERN_DTYPE_IQ3_S   ? sizeof(struct tern_block_iq3_s)
+                      : t == TERN_DTYPE_IQ1_S   ? sizeof(struct tern_block_iq1_s)
+                                                : sizeof(struct tern_block_iq1_m);
     const float post = tern_lowbit_post(t);
     const struct tern_block_q8_k *a = act;
     /* byte e of a sub-block's mask: the byte e / 8 of its sign dword, bit e % 8 */
@@ -412,15 +464,30 @@ size_t tern_lowbit_decode8_iq_avx2(enum tern_dtype t, const void *w, size_t wrb,
                         _mm256_shuffle_epi8(rb.scb, _mm256_loadu_si256((const __m256i *)lowbit_avx2_spread[ib]));
                     s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(rb.g[ib], x), sc));
                 }
+                if (iq1) { /* u = q + 9: less 9 sum sc bsum */
+                    const __m256i m = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(rb.scb)),
+                                                        _mm256_loadu_si256((const __m256i *)ab->bsums));
+                    s = _mm256_sub_epi32(s, _mm256_add_epi32(_mm256_slli_epi32(m, 3), m));
+                }
                 sv[i] = s;
             }
             const __m256i s8 = lowbit_avx2_fold8(sv);
-            const uint8_t *dp = w0 + b * bb; /* d leads these blocks */
-            const __m256 d = _mm256_cvtph_ps(
-                _mm_setr_epi16((short)lowbit_avx2_ld16(dp), (short)lowbit_avx2_ld16(dp + wrb),
-                               (short)lowbit_avx2_ld16(dp + 2 * wrb), (short)lowbit_avx2_ld16(dp + 3 * wrb),
-                               (short)lowbit_avx2_ld16(dp + 4 * wrb), (short)lowbit_avx2_ld16(dp + 5 * wrb),
-                               (short)lowbit_avx2_ld16(dp + 6 * wrb), (short)lowbit_avx2_ld16(dp + 7 * wrb)));
+            __m256 d;
+            if (t == TERN_DTYPE_IQ1_M) { /* its d is spread over the scales' top nibbles */
+                const uint8_t *sp = w0 + b * bb + offsetof(struct tern_block_iq1_m, scales);
+                d = _mm256_cvtph_ps(
+                    _mm_setr_epi16((short)lowbit_iq1_m_d(sp), (short)lowbit_iq1_m_d(sp + wrb),
+                                   (short)lowbit_iq1_m_d(sp + 2 * wrb), (short)lowbit_iq1_m_d(sp + 3 * wrb),
+                                   (short)lowbit_iq1_m_d(sp + 4 * wrb), (short)lowbit_iq1_m_d(sp + 5 * wrb),
+                                   (short)lowbit_iq1_m_d(sp + 6 * wrb), (short)lowbit_iq1_m_d(sp + 7 * wrb)));
+            } else {
+                const uint8_t *dp = w0 + b * bb; /* d leads these blocks */
+                d = _mm256_cvtph_ps(
+                    _mm_setr_epi16((short)lowbit_avx2_ld16(dp), (short)lowbit_avx2_ld16(dp + wrb),
+                                   (short)lowbit_avx2_ld16(dp + 2 * wrb), (short)lowbit_avx2_ld16(dp + 3 * wrb),
+                                   (short)lowbit_avx2_ld16(dp + 4 * wrb), (short)lowbit_avx2_ld16(dp + 5 * wrb),
+                                   (short)lowbit_avx2_ld16(dp + 6 * wrb), (short)lowbit_avx2_ld16(dp + 7 * wrb)));
+            }
             acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(d, _mm256_set1_ps(ab->d))));
         }
         _mm256_storeu_ps(y + r0, _mm256_mul_ps(acc, _mm256_set1_ps(post)));

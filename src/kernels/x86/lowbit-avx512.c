@@ -477,8 +477,9 @@ static size_t lowbit_pre_avx512(enum tern_dtype t, const void *w, size_t wrb, si
                                 size_t act_row_bytes, size_t n_tok, float *y, size_t ldy, size_t r0, size_t r1) {
     if (n_tok == 1) {
         r0 = lowbit_decode8_avx512(t, w, wrb, k, act, n_tok, y, r0, r1);
-        /* the IQ3 grids (4-byte entries) assemble faster in 256-bit registers here */
-        if (t == TERN_DTYPE_IQ3_XXS || t == TERN_DTYPE_IQ3_S)
+        /* the IQ3 grids (4-byte entries) assemble faster in 256-bit registers here; IQ1 has
+         * only that kernel */
+        if (t == TERN_DTYPE_IQ3_XXS || t == TERN_DTYPE_IQ3_S || t == TERN_DTYPE_IQ1_S || t == TERN_DTYPE_IQ1_M)
             return tern_lowbit_decode8_iq_avx2(t, w, wrb, k, act, n_tok, y, r0, r1);
         return lowbit_decode8_iq_avx512(t, w, wrb, k, act, n_tok, y, r0, r1);
     }
