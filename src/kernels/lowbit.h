@@ -223,6 +223,12 @@ static inline void tern_lowbit_unpack(enum tern_dtype t, const void *row, size_t
     }
 }
 
+#if defined(__GNUC__)
+#define LOWBIT_PREFETCH(p) __builtin_prefetch((p), 0, 3)
+#else
+#define LOWBIT_PREFETCH(p) ((void)(p))
+#endif
+
 #if defined(__AVX2__)
 #include <immintrin.h>
 /* Q2_K and Q3_K unpacked 32 levels at a time with vector shifts and masks (the same
@@ -280,6 +286,43 @@ static inline __m128i tern_lowbit_q3_k_scales8(const uint8_t *s) {
     return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
 }
 
+/* What the fused x86 kernels (x86/lowbit-avx2.c, x86/lowbit-avx512.c) share. */
+#ifndef LOWBIT_PF
+#define LOWBIT_PF 6 /* prefetch distance in blocks */
+#endif
+/* Prefetch for row `row` at block b of an eight-row group: LOWBIT_PF blocks on in this row,
+ * or in the next group's row; two lines, as a block straddles up to three and blocks are
+ * under two lines apart. Nothing at or past row r1. (A macro: as an inline function it
+ * halved the Q2_K decode speed here, measured.) */
+#define TERN_LOWBIT_PREFETCH8(w, wrb, bb, nb, row, b, r1)                                                         \
+    do {                                                                                                           \
+        const size_t pb_ = (b) + LOWBIT_PF;                                                                        \
+        const size_t pf_ = pb_ < (nb) ? (row) * (wrb) + pb_ * (bb) : ((row) + 8) * (wrb) + (pb_ - (nb)) * (bb);   \
+        if (pf_ + 64 < (r1) * (wrb)) {                                                                             \
+            LOWBIT_PREFETCH((const uint8_t *)(w) + pf_);                                                           \
+            LOWBIT_PREFETCH((const uint8_t *)(w) + pf_ + 64);                                                      \
+        }                                                                                                          \
+    } while (0)
+
+/* Eight half floats at p, p + stride, ... (one per row of an eight-row group) as floats:
+ * scalar loads (a gather costs several times more on the CPUs with the
+ * gather-data-sampling microcode). */
+static inline __m256 tern_lowbit_f16x8(const uint8_t *p, size_t stride) {
+uint16_t v[8];
+    for (int i = 0; i < 8; i++) memcpy(&v[i], p + i * stride, 2);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)v));
+}
+
+/* lowbit_acc for eight lanes of a Q2_K / Q3_K super-block: s8 the sums, m8 the min sums
+ * (Q2_K) or sum sc bsum (Q3_K, whose levels went in as q + 4), d, dmin, da per lane. */
+static inline __m256 tern_lowbit_kacc8(__m256 acc, __m256i s8, __m256i m8, __m256 d, __m256 dmin, __m256 da,
+                                       bool q2) {
+    if (!q2) s8 = _mm256_sub_epi32(s8, _mm256_slli_epi32(m8, 2));
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(d, da)));
+    if (q2) acc = _mm256_sub_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(m8), _mm256_mul_ps(dmin, da)));
+    return acc;
+}
+
 /* lowbit_msum with one madd: 16 products of int16 in exact int32 pairs, then summed. */
 static inline int32_t tern_lowbit_msum_x86(const struct tern_lowbit_sb *u, const struct tern_block_q8_k *a) {
     const __m256i p = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)u->m),
@@ -309,11 +352,6 @@ static inline int32_t lowbit_msum(const struct tern_lowbit_sb *u, const struct t
  * tokens; a row's super-block is unpacked once per block of LOWBIT_TB tokens, whose
  * accumulators stay in acc[]. The order of the float steps per (row, token) is fixed. */
 #define LOWBIT_TB 32
-#if defined(__GNUC__)
-#define LOWBIT_PREFETCH(p) __builtin_prefetch((p), 0, 3)
-#else
-#define LOWBIT_PREFETCH(p) ((void)(p))
-#endif
 /* A kernel's own path for some calls, run first: it computes rows [r0, r') and returns
  * r' (r0 when it takes none). The portable kernels have none. */
 static inline size_t lowbit_pre_none(enum tern_dtype t, const void *w, size_t w_row_bytes, size_t k,

@@ -35,8 +35,6 @@ static const uint8_t lowbit_avx2_spread[8][32] = {
 #undef LB_W
 };
 
-static inline int lowbit_avx2_ld16(const uint8_t *p) { return p[0] | (p[1] << 8); }
-
 /* Eight rows' 8-lane vectors to one vector of their sums (row i in lane i). */
 static inline __m256i lowbit_avx2_fold8(const __m256i *v) {
     const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
@@ -44,9 +42,6 @@ static inline __m256i lowbit_avx2_fold8(const __m256i *v) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
 }
 
-#ifndef LOWBIT_PF
-#define LOWBIT_PF 6
-#endif
 static size_t lowbit_decode8_avx2(enum tern_dtype t, const void *w, size_t wrb, size_t k, const void *act,
                                   size_t act_row_bytes, size_t n_tok, float *y, size_t ldy, size_t r0, size_t r1) {
     (void)act_row_bytes, (void)ldy;
@@ -67,12 +62,7 @@ static size_t lowbit_decode8_avx2(enum tern_dtype t, const void *w, size_t wrb, 
             __m256i sv[8], mv[8];
             for (int i = 0; i < 8; i++) {
                 const uint8_t *blk = w0 + i * wrb + b * bb;
-                const size_t pb = b + LOWBIT_PF;
-                const size_t pf = pb < nb ? (r0 + i) * wrb + pb * bb : (r0 + i + 8) * wrb + (pb - nb) * bb;
-                if (pf + 64 < r1 * wrb) {
-                    LOWBIT_PREFETCH((const uint8_t *)w + pf);
-                    LOWBIT_PREFETCH((const uint8_t *)w + pf + 64);
-                }
+                TERN_LOWBIT_PREFETCH8(w, wrb, bb, nb, r0 + i, b, r1);
                 __m256i s = _mm256_setzero_si256(), scb, hm = _mm256_setzero_si256();
                 const uint8_t *qs;
                 if (q2) {
@@ -108,28 +98,12 @@ static size_t lowbit_decode8_avx2(enum tern_dtype t, const void *w, size_t wrb, 
                 }
                 sv[i] = s;
             }
-            __m256i s8 = lowbit_avx2_fold8(sv);
+            const __m256i s8 = lowbit_avx2_fold8(sv);
             const __m256i m8 = lowbit_avx2_fold8(mv);
             const uint8_t *dp = w0 + b * bb + doff;
-            const __m256 da = _mm256_set1_ps(ab->d);
-            const __m256 d = _mm256_cvtph_ps(
-                _mm_setr_epi16((short)lowbit_avx2_ld16(dp), (short)lowbit_avx2_ld16(dp + wrb),
-                               (short)lowbit_avx2_ld16(dp + 2 * wrb), (short)lowbit_avx2_ld16(dp + 3 * wrb),
-                               (short)lowbit_avx2_ld16(dp + 4 * wrb), (short)lowbit_avx2_ld16(dp + 5 * wrb),
-                               (short)lowbit_avx2_ld16(dp + 6 * wrb), (short)lowbit_avx2_ld16(dp + 7 * wrb)));
-            if (q2) {
-                const uint8_t *mp = dp + 2;
-                const __m256 dmin = _mm256_cvtph_ps(
-                    _mm_setr_epi16((short)lowbit_avx2_ld16(mp), (short)lowbit_avx2_ld16(mp + wrb),
-                                   (short)lowbit_avx2_ld16(mp + 2 * wrb), (short)lowbit_avx2_ld16(mp + 3 * wrb),
-                                   (short)lowbit_avx2_ld16(mp + 4 * wrb), (short)lowbit_avx2_ld16(mp + 5 * wrb),
-                                   (short)lowbit_avx2_ld16(mp + 6 * wrb), (short)lowbit_avx2_ld16(mp + 7 * wrb)));
-                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(d, da)));
-                acc = _mm256_sub_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(m8), _mm256_mul_ps(dmin, da)));
-            } else {
-                s8 = _mm256_sub_epi32(s8, _mm256_slli_epi32(m8, 2));
-                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(d, da)));
-            }
+            acc =
+                tern_lowbit_kacc8(acc, s8, m8, tern_lowbit_f16x8(dp, wrb),
+                                  q2 ? tern_lowbit_f16x8(dp + 2, wrb) : _mm256_setzero_ps(), _mm256_set1_ps(ab->d), q2);
         }
         _mm256_storeu_ps(y + r0, _mm256_mul_ps(acc, _mm256_set1_ps(post)));
     }
@@ -195,7 +169,6 @@ static size_t lowbit_prompt_avx2(enum tern_dtype t, const void *w, size_t wrb, s
                     }
                 }
                 __m256i sv[8], mv[8];
-                float da[8];
                 for (int i = 0; i < 8; i++) {
                     const struct tern_block_q8_k *a = at[i] + b;
                     __m256i s = _mm256_setzero_si256();
@@ -207,21 +180,12 @@ static size_t lowbit_prompt_avx2(enum tern_dtype t, const void *w, size_t wrb, s
                                    scv[p]));
                     sv[i] = s;
                     mv[i] = _mm256_madd_epi16(msc, _mm256_loadu_si256((const __m256i *)a->bsums));
-                    da[i] = a->d;
                 }
-                __m256i s8 = lowbit_avx2_fold8(sv);
+                const __m256i s8 = lowbit_avx2_fold8(sv);
                 const __m256i m8 = lowbit_avx2_fold8(mv);
-                const __m256 dav = _mm256_loadu_ps(da);
-                if (q2) {
-                    acc = _mm256_add_ps(acc,
-                                        _mm256_mul_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(_mm256_set1_ps(d), dav)));
-                    acc = _mm256_sub_ps(
-                        acc, _mm256_mul_ps(_mm256_cvtepi32_ps(m8), _mm256_mul_ps(_mm256_set1_ps(dmin), dav)));
-                } else {
-                    s8 = _mm256_sub_epi32(s8, _mm256_slli_epi32(m8, 2));
-                    acc = _mm256_add_ps(acc,
-                                        _mm256_mul_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(_mm256_set1_ps(d), dav)));
-                }
+                const __m256 dav = _mm256_setr_ps(at[0][b].d, at[1][b].d, at[2][b].d, at[3][b].d, at[4][b].d,
+                                                  at[5][b].d, at[6][b].d, at[7][b].d);
+                acc = tern_lowbit_kacc8(acc, s8, m8, _mm256_set1_ps(d), _mm256_set1_ps(dmin), dav, q2);
             }
             float out[8];
             _mm256_storeu_ps(out, _mm256_mul_ps(acc, _mm256_set1_ps(post)));
@@ -445,12 +409,7 @@ size_t tern_lowbit_decode8_iq_avx2(enum tern_dtype t, const void *w, size_t wrb,
             __m256i sv[8];
             for (int i = 0; i < 8; i++) {
                 const uint8_t *blk = w0 + i * wrb + b * bb;
-                const size_t pb = b + LOWBIT_PF;
-                const size_t pf = pb < nb ? (r0 + i) * wrb + pb * bb : (r0 + i + 8) * wrb + (pb - nb) * bb;
-                if (pf + 64 < r1 * wrb) {
-                    LOWBIT_PREFETCH((const uint8_t *)w + pf);
-                    LOWBIT_PREFETCH((const uint8_t *)w + pf + 64);
-                }
+                TERN_LOWBIT_PREFETCH8(w, wrb, bb, nb, r0 + i, b, r1);
                 struct lowbit_iq_rb2 rb;
                 lowbit_iq_prep_avx2(t, blk, &rb);
                 __m256i s = _mm256_setzero_si256();
@@ -481,12 +440,7 @@ size_t tern_lowbit_decode8_iq_avx2(enum tern_dtype t, const void *w, size_t wrb,
                                    (short)lowbit_iq1_m_d(sp + 4 * wrb), (short)lowbit_iq1_m_d(sp + 5 * wrb),
                                    (short)lowbit_iq1_m_d(sp + 6 * wrb), (short)lowbit_iq1_m_d(sp + 7 * wrb)));
             } else {
-                const uint8_t *dp = w0 + b * bb; /* d leads these blocks */
-                d = _mm256_cvtph_ps(
-                    _mm_setr_epi16((short)lowbit_avx2_ld16(dp), (short)lowbit_avx2_ld16(dp + wrb),
-                                   (short)lowbit_avx2_ld16(dp + 2 * wrb), (short)lowbit_avx2_ld16(dp + 3 * wrb),
-                                   (short)lowbit_avx2_ld16(dp + 4 * wrb), (short)lowbit_avx2_ld16(dp + 5 * wrb),
-                                   (short)lowbit_avx2_ld16(dp + 6 * wrb), (short)lowbit_avx2_ld16(dp + 7 * wrb)));
+                d = tern_lowbit_f16x8(w0 + b * bb, wrb); /* d leads these blocks */
             }
             acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(d, _mm256_set1_ps(ab->d))));
         }

@@ -50,12 +50,6 @@ static const uint16_t lowbit_spread_j[4][32] = {
 };
 #undef SP8
 
-static inline int lowbit_ld32(const uint8_t *p) {
-    int v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
 /* Eight rows' [s parts | m parts] (8 + 8 int32 lanes each) to S (low 256: row i's s in
  * lane i) and M (high 256). */
 static inline __m512i lowbit_fold8(const __m512i *rv) {
@@ -70,18 +64,13 @@ static inline __m512i lowbit_fold8(const __m512i *rv) {
     return _mm512_shuffle_i32x4(x, x, 0xD8);
 }
 
-#ifndef LOWBIT_PF
-#define LOWBIT_PF 6
-#endif
 static size_t lowbit_decode8_avx512(enum tern_dtype t, const void *w, size_t wrb, size_t k, const void *act,
                                     size_t n_tok, float *y, size_t r0, size_t r1) {
     const bool q2 = t == TERN_DTYPE_Q2_K;
     if (n_tok != 1 || (!q2 && t != TERN_DTYPE_Q3_K)) return r0;
     const size_t nb = k / TERN_QK_K;
     const size_t bb = q2 ? sizeof(struct tern_block_q2_k) : sizeof(struct tern_block_q3_k);
-    /* the dword holding d (Q2_K: d | dmin << 16 at 80; Q3_K: d in the high half at 106,
-     * which stays inside the block) */
-    const size_t doff = q2 ? 80 : 106;
+    const size_t doff = q2 ? offsetof(struct tern_block_q2_k, d) : offsetof(struct tern_block_q3_k, d);
     const float post = tern_lowbit_post(t);
     const struct tern_block_q8_k *a = act;
     __m512i idx[4], hsel[4];
@@ -90,7 +79,7 @@ static size_t lowbit_decode8_avx512(enum tern_dtype t, const void *w, size_t wrb
         hsel[j] = _mm512_inserti64x4(_mm512_set1_epi8((char)(1u << j)), _mm256_set1_epi8((char)(1u << (4 + j))), 1);
     }
     const __m512i three = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
-    const __m256i m4w = _mm256_set1_epi16(0xF), lo16 = _mm256_set1_epi32(0xFFFF);
+    const __m256i m4w = _mm256_set1_epi16(0xF);
     for (; r0 + 8 <= r1; r0 += 8) {
         const uint8_t *w0 = (const uint8_t *)w + r0 * wrb;
         __m256 acc = _mm256_setzero_ps();
@@ -106,15 +95,7 @@ static size_t lowbit_decode8_avx512(enum tern_dtype t, const void *w, size_t wrb
             __m512i rv[8];
             for (int i = 0; i < 8; i++) {
                 const uint8_t *blk = w0 + i * wrb + b * bb;
-                /* LOWBIT_PF blocks on in this row, or in the next group's row; two
-                 * lines, as a block straddles up to three and blocks are under two
-                 * lines apart */
-                const size_t pb = b + LOWBIT_PF;
-                const size_t pf = pb < nb ? (r0 + i) * wrb + pb * bb : (r0 + i + 8) * wrb + (pb - nb) * bb;
-                if (pf + 64 < r1 * wrb) {
-                    LOWBIT_PREFETCH((const uint8_t *)w + pf);
-                    LOWBIT_PREFETCH((const uint8_t *)w + pf + 64);
-                }
+                TERN_LOWBIT_PREFETCH8(w, wrb, bb, nb, r0 + i, b, r1);
                 __m512i s = _mm512_setzero_si512();
                 __m256i sc, m;
                 if (q2) {
@@ -145,26 +126,12 @@ static size_t lowbit_decode8_avx512(enum tern_dtype t, const void *w, size_t wrb
                 rv[i] = _mm512_inserti64x4(_mm512_castsi256_si512(f), m, 1);
             }
             const __m512i sm8 = lowbit_fold8(rv);
-            __m256i s8 = _mm512_castsi512_si256(sm8);
+            const __m256i s8 = _mm512_castsi512_si256(sm8);
             const __m256i m8 = _mm512_extracti64x4_epi64(sm8, 1);
-            /* eight scalar loads: a gather costs several times more on the CPUs with
-             * the gather-data-sampling microcode */
             const uint8_t *dp = w0 + b * bb + doff;
-            const __m256i g =
-                _mm256_setr_epi32(lowbit_ld32(dp), lowbit_ld32(dp + wrb), lowbit_ld32(dp + 2 * wrb),
-                                  lowbit_ld32(dp + 3 * wrb), lowbit_ld32(dp + 4 * wrb), lowbit_ld32(dp + 5 * wrb),
-                                  lowbit_ld32(dp + 6 * wrb), lowbit_ld32(dp + 7 * wrb));
-            const __m256 da = _mm256_set1_ps(ab->d);
-            if (q2) {
-                const __m256 d = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_and_si256(g, lo16)));
-                const __m256 dmin = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(g, 16)));
-                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(d, da)));
-                acc = _mm256_sub_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(m8), _mm256_mul_ps(dmin, da)));
-            } else {
-                s8 = _mm256_sub_epi32(s8, _mm256_slli_epi32(m8, 2));
-                const __m256 d = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(g, 16)));
-                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(d, da)));
-            }
+            acc =
+                tern_lowbit_kacc8(acc, s8, m8, tern_lowbit_f16x8(dp, wrb),
+                                  q2 ? tern_lowbit_f16x8(dp + 2, wrb) : _mm256_setzero_ps(), _mm256_set1_ps(ab->d), q2);
         }
         _mm256_storeu_ps(y + r0, _mm256_mul_ps(acc, _mm256_set1_ps(post)));
     }
@@ -291,20 +258,11 @@ static size_t lowbit_prompt_avx512(enum tern_dtype t, const void *w, size_t wrb,
                     }
                 }
                 const __m512i sm8 = lowbit_fold8(rv);
-                __m256i s8 = _mm512_castsi512_si256(sm8);
+                const __m256i s8 = _mm512_castsi512_si256(sm8);
                 const __m256i m8 = _mm512_extracti64x4_epi64(sm8, 1);
                 const __m256 dav = _mm256_setr_ps(at[0][b].d, at[1][b].d, at[2][b].d, at[3][b].d, at[4][b].d,
                                                   at[5][b].d, at[6][b].d, at[7][b].d);
-                if (q2) {
-                    acc = _mm256_add_ps(acc,
-                                        _mm256_mul_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(_mm256_set1_ps(d), dav)));
-                    acc = _mm256_sub_ps(
-                        acc, _mm256_mul_ps(_mm256_cvtepi32_ps(m8), _mm256_mul_ps(_mm256_set1_ps(dmin), dav)));
-                } else {
-                    s8 = _mm256_sub_epi32(s8, _mm256_slli_epi32(m8, 2));
-                    acc = _mm256_add_ps(acc,
-                                        _mm256_mul_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(_mm256_set1_ps(d), dav)));
-                }
+                acc = tern_lowbit_kacc8(acc, s8, m8, _mm256_set1_ps(d), _mm256_set1_ps(dmin), dav, q2);
             }
             float out[8];
             _mm256_storeu_ps(out, _mm256_mul_ps(acc, _mm256_set1_ps(post)));
@@ -440,12 +398,7 @@ static size_t lowbit_decode8_iq_avx512(enum tern_dtype t, const void *w, size_t 
             __m512i rv[8];
             for (int i = 0; i < 8; i++) {
                 const uint8_t *blk = w0 + i * wrb + b * bb;
-                const size_t pb = b + LOWBIT_PF;
-                const size_t pf = pb < nb ? (r0 + i) * wrb + pb * bb : (r0 + i + 8) * wrb + (pb - nb) * bb;
-                if (pf + 64 < r1 * wrb) {
-                    LOWBIT_PREFETCH((const uint8_t *)w + pf);
-                    LOWBIT_PREFETCH((const uint8_t *)w + pf + 64);
-                }
+                TERN_LOWBIT_PREFETCH8(w, wrb, bb, nb, r0 + i, b, r1);
                 struct lowbit_iq_rb rb;
                 lowbit_iq_prep(t, blk, &rb);
                 const __m512i scz = _mm512_zextsi256_si512(rb.sc16);
@@ -460,12 +413,7 @@ static size_t lowbit_decode8_iq_avx512(enum tern_dtype t, const void *w, size_t 
                 rv[i] = _mm512_castsi256_si512(f);
             }
             const __m256i s8 = _mm512_castsi512_si256(lowbit_fold8(rv));
-            const uint8_t *dp = w0 + b * bb; /* d leads these blocks */
-            const __m256i g =
-                _mm256_setr_epi32(lowbit_ld32(dp), lowbit_ld32(dp + wrb), lowbit_ld32(dp + 2 * wrb),
-                                  lowbit_ld32(dp + 3 * wrb), lowbit_ld32(dp + 4 * wrb), lowbit_ld32(dp + 5 * wrb),
-                                  lowbit_ld32(dp + 6 * wrb), lowbit_ld32(dp + 7 * wrb));
-            const __m256 d = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_and_si256(g, _mm256_set1_epi32(0xFFFF))));
+            const __m256 d = tern_lowbit_f16x8(w0 + b * bb, wrb); /* d leads these blocks */
             acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(d, _mm256_set1_ps(ab->d))));
         }
         _mm256_storeu_ps(y + r0, _mm256_mul_ps(acc, _mm256_set1_ps(post)));
