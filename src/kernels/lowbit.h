@@ -308,7 +308,7 @@ static inline __m128i tern_lowbit_q3_k_scales8(const uint8_t *s) {
  * scalar loads (a gather costs several times more on the CPUs with the
  * gather-data-sampling microcode). */
 static inline __m256 tern_lowbit_f16x8(const uint8_t *p, size_t stride) {
-uint16_t v[8];
+    uint16_t v[8];
     for (int i = 0; i < 8; i++) memcpy(&v[i], p + i * stride, 2);
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)v));
 }
