@@ -937,6 +937,36 @@ static void test_batch_qwen35(void **state) {
     check_batch("models/tiny-qwen35-f32.gguf");
 }
 
+/* The matmul as a GPU runs it (32 invocations per weight row, summed in a tree) on this
+ * device, whatever its own choice (a CPU device takes 1): a hybrid MoE's logits and state
+ * hash are the same bits token by token and in chunks of 7, 64 and 512 (the indexed
+ * experts' matmul, the DeltaNet's and attention's projections, the output). */
+static void test_lanes32_chunks(void **state) {
+    (void)state;
+    const char *rel = "models/tiny-qwen35moe-q4_k_m.gguf";
+    setenv("TERN_TEST_VK_MATMUL_LANES", "32", 1);
+    struct tern_model *m = load(rel, true);
+    unsetenv("TERN_TEST_VK_MATMUL_LANES");
+    const size_t nv = tern_model_info(m)->n_vocab, n = 40;
+    int32_t *toks = tx_prompt(n);
+    for (size_t i = 0; i < n; i++) toks[i] %= (int32_t)nv;
+    float *cold = malloc(n * nv * sizeof(float)), *l = malloc(n * nv * sizeof(float));
+    struct tern_session *ref = primed(m, toks, n, 512, cold);
+    static const uint32_t chunks[] = {0, 7, 64};
+    for (size_t i = 0; i < 3; i++) {
+        memset(l, 0, n * nv * sizeof(float));
+        struct tern_session *s = primed(m, toks, n, chunks[i], l);
+        assert_memory_equal(l, cold, n * nv * sizeof(float));
+        assert_true(tern_session_hash(s) == tern_session_hash(ref));
+        tern_session_free(s);
+    }
+    printf("%-28s matmul lanes 32: token by token and chunks 7/64/512 identical (hash %016llx)\n", rel,
+           (unsigned long long)tern_session_hash(ref));
+    tern_session_free(ref);
+    free(cold), free(l), free(toks);
+    tern_model_free(m);
+}
+
 static void test_qwen35_vram_full(void **state) {
     (void)state;
     vram_full("models/tiny-qwen35-f32.gguf", 1.5f);
@@ -986,6 +1016,7 @@ int main(void) {
         cmocka_unit_test(test_pages_full),
         cmocka_unit_test(test_batch_qwen3),
         cmocka_unit_test(test_batch_qwen35),
+        cmocka_unit_test(test_lanes32_chunks),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -236,12 +236,50 @@ static void test_matmul(void **state) {
                                      TERN_DTYPE_IQ2_XXS, TERN_DTYPE_IQ2_XS, TERN_DTYPE_IQ2_S, TERN_DTYPE_IQ3_XXS,
                                      TERN_DTYPE_IQ3_S, TERN_DTYPE_IQ1_S, TERN_DTYPE_IQ1_M};
     /* rows of 1 block, of 3, of many; the K-quants' blocks are 256 wide */
-    const size_t shapes[][2] = {{32, 1}, {96, 37}, {1024, 130}}, kshapes[][2] = {{256, 1}, {768, 37}, {2048, 70}};
+    /* rows of 1 block, of 3, of many (45 blocks or chunks of 32: lanes of a row with one and
+     * with two); the K-quants' blocks are 256 wide (8 chunks of 32) */
+    const size_t shapes[][2] = {{32, 1}, {96, 37}, {1440, 130}}, kshapes[][2] = {{256, 1}, {768, 37}, {2048, 70}};
     for (size_t i = 0; i < TERN_ARRAY_LEN(types); i++) {
         assert_true(tern_vk_matmul_supported(types[i]));
         const bool kq = tern_dtype_info((uint32_t)types[i])->blck_size == 256;
         for (size_t s = 0; s < 3; s++) check_type(types[i], kq ? kshapes[s][0] : shapes[s][0], kq ? kshapes[s][1] : shapes[s][1]);
     }
+    /* with 32 invocations per row (test_matmul_lanes) a workgroup takes 4 rows, and 4100 rows
+     * are more than 1024 workgroups along x hold: the last rows come from the z slice */
+    check_type(TERN_DTYPE_Q8_0, 32, 4100);
+}
+
+/* fn again with the matmul's rows split over `lanes` invocations, on a second context
+ * opened with TERN_TEST_VK_MATMUL_LANES (a build with -DTERN_TEST_HOOKS=ON). */
+static void with_lanes(uint32_t lanes, void (*fn)(void **)) {
+    char v[16];
+    snprintf(v, sizeof v, "%u", lanes);
+    setenv("TERN_TEST_VK_MATMUL_LANES", v, 1);
+    struct tern_vk *own = vk, *other = NULL;
+    const enum tern_status st = tern_vk_open(th_vulkan_device(), &other);
+    unsetenv("TERN_TEST_VK_MATMUL_LANES");
+    if (st) fail_msg("open vulkan:%d: %s", th_vulkan_device(), tern_last_error());
+    if (tern_vk_matmul_lanes(other) != lanes)
+        fail_msg("TERN_TEST_VK_MATMUL_LANES=%u was not taken (%u): build with -DTERN_TEST_HOOKS=ON", lanes,
+                 tern_vk_matmul_lanes(other));
+    printf("matmul with %u invocations per row:\n", lanes);
+    vk = other;
+    fn(NULL);
+    vk = own;
+    tern_vk_close(other);
+}
+
+static void test_moe(void **state);
+
+/* The other choice of the matmul's invocations per row than the device's own: a CPU device
+ * (lavapipe) takes 1, so the GPU's 32 (a tree over the lanes) is checked here too, and 4. */
+static void test_matmul_lanes(void **state) {
+    (void)state;
+    const uint32_t own = tern_vk_matmul_lanes(vk), other = own == 32 ? 1 : 32;
+    printf("the device's own matmul: %u invocations per row\n", own);
+    with_lanes(other, test_matmul);
+    with_lanes(other, test_moe);
+    with_lanes(4, test_matmul);
 }
 
 /* A device buffer holding n floats of src. */
@@ -885,6 +923,7 @@ int main(void) {
         cmocka_unit_test(test_deltanet),
         cmocka_unit_test(test_moe),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_matmul_lanes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

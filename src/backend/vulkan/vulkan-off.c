@@ -26,6 +26,10 @@ const struct tern_vk_device_info *tern_vk_info(const struct tern_vk *vk) {
     (void)vk;
     return NULL;
 }
+uint32_t tern_vk_matmul_lanes(const struct tern_vk *vk) {
+    (void)vk;
+    return 0;
+}
 enum tern_status tern_vk_buf_new(struct tern_vk *vk, size_t bytes, struct tern_vk_buf **out) {
     (void)vk, (void)bytes;
     *out = NULL;

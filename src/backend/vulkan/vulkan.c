@@ -235,6 +235,7 @@ struct tern_vk {
     /* tests: $TERN_TEST_VK_LOSE_AFTER=N makes the device "lost" at its (N+1)-th submit, so
      * that the engine's and the server's handling of a lost device can be exercised */
     long lose_after, n_submits;
+    uint32_t matmul_lanes; /* matmul.comp's LANES: invocations per weight row */
     uint64_t submits; /* every submit (tern_vk_submits) */
     /* the I-quant grid codes (matmul.comp binding 5): IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
      * IQ3_S, IQ1_S, two 16-bit codes per word, at the word offsets matmul.comp names */
@@ -312,8 +313,10 @@ static enum tern_status make_pipelines(struct tern_vk *vk) {
     }
     for (int i = 0; i < N_PIPES; i++) {
         int mod;
-        uint32_t spec_val[2] = {0, 0};
-        if (i < 2 * N_MATMUL) mod = 0, spec_val[0] = (uint32_t)matmul_types[i % N_MATMUL], spec_val[1] = i >= N_MATMUL;
+        uint32_t spec_val[3] = {0, 0, 0};
+        if (i < 2 * N_MATMUL)
+            mod = 0, spec_val[0] = (uint32_t)matmul_types[i % N_MATMUL], spec_val[1] = i >= N_MATMUL,
+            spec_val[2] = vk->matmul_lanes;
         else if (i == PIPE_RMSNORM) mod = 1;
         else if (i == PIPE_ROPE) mod = 3;
         else if (i == PIPE_ATTN_F32 || i == PIPE_ATTN_F16) mod = 4, spec_val[0] = i == PIPE_ATTN_F16;
@@ -323,9 +326,10 @@ static enum tern_status make_pipelines(struct tern_vk *vk) {
         else if (i == PIPE_SPLIT) mod = 8;
         else if (i >= PIPE_MOE_ROUTE && i <= PIPE_MOE_BIAS) mod = 9, spec_val[0] = (uint32_t)(i - PIPE_MOE_ROUTE);
         else mod = 2, spec_val[0] = (uint32_t)(i - PIPE_ADD); /* rows.comp: add, swiglu, sigmoid-mul, bias, swiglu-oai */
-        const VkSpecializationMapEntry me[2] = {{0, 0, sizeof(uint32_t)}, {1, sizeof(uint32_t), sizeof(uint32_t)}};
-        const VkSpecializationInfo spec = {i < 2 * N_MATMUL ? 2 : 1, me, (i < 2 * N_MATMUL ? 2 : 1) * sizeof(uint32_t),
-                                           spec_val};
+        const VkSpecializationMapEntry me[3] = {
+            {0, 0, sizeof(uint32_t)}, {1, sizeof(uint32_t), sizeof(uint32_t)}, {2, 2 * sizeof(uint32_t), sizeof(uint32_t)}};
+        const uint32_t n_spec = i < 2 * N_MATMUL ? 3 : 1;
+        const VkSpecializationInfo spec = {n_spec, me, n_spec * sizeof(uint32_t), spec_val};
         const VkComputePipelineCreateInfo ci = {
             .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
             .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
@@ -377,6 +381,17 @@ enum tern_status tern_vk_open(int index, struct tern_vk **out) {
      * plenty (what tern_gpu counts against it is refused before anything is allocated) */
     const char *cap = tern_test_hook("TERN_TEST_VK_DEVICE_BYTES");
     if (cap && *cap) vk->info.device_local_bytes = strtoull(cap, NULL, 10);
+    /* A GPU reads a weight row with 32 invocations side by side (coalesced) and sums them in
+     * a tree; a CPU device (lavapipe) runs a workgroup's invocations on one thread, where the
+     * tree's barriers cost more than the row, so there one invocation takes the whole row.
+     * Each is a fixed order of its own (the device's bits do not depend on the dispatch).
+     * Tests: $TERN_TEST_VK_MATMUL_LANES=1|2|4|...|128 picks it. */
+    vk->matmul_lanes = strcmp(vk->info.type, "cpu") ? 32 : 1;
+    const char *lanes = tern_test_hook("TERN_TEST_VK_MATMUL_LANES");
+    if (lanes && *lanes) {
+        const long l = strtol(lanes, NULL, 10);
+        if (l >= 1 && l <= 128 && !(l & (l - 1))) vk->matmul_lanes = (uint32_t)l;
+    }
     p_vkGetPhysicalDeviceMemoryProperties(vk->pd, &vk->mem);
 
     uint32_t nq = 0;
@@ -737,8 +752,21 @@ static enum tern_status record(struct tern_vk *vk, int pipe, const struct tern_v
 
 /* ---- kernels ---------------------------------------------------------------------- */
 
-/* Tokens per invocation of the plain matmul (matmul.comp's TT). */
+/* Tokens per workgroup of the plain matmul (matmul.comp's TT), invocations per workgroup
+ * and workgroups along x before the row index carries into z (GX). */
 #define MATMUL_TILE 8u
+#define MATMUL_INVOCATIONS 128u
+#define MATMUL_GX 1024u
+
+uint32_t tern_vk_matmul_lanes(const struct tern_vk *vk) { return vk->matmul_lanes; }
+
+/* The x and z sizes of a matmul dispatch over n rows (MATMUL_INVOCATIONS / lanes rows per
+ * workgroup). */
+static void matmul_groups(const struct tern_vk *vk, size_t n, uint32_t *gx, uint32_t *gz) {
+    const size_t rows = MATMUL_INVOCATIONS / vk->matmul_lanes, g = (n + rows - 1) / rows;
+    *gx = (uint32_t)(g < MATMUL_GX ? g : MATMUL_GX);
+    *gz = (uint32_t)((g + MATMUL_GX - 1) / MATMUL_GX);
+}
 
 static int matmul_pipe(enum tern_dtype wtype) {
     for (int i = 0; i < N_MATMUL; i++)
@@ -759,7 +787,7 @@ static enum tern_status matmul_check(enum tern_dtype wtype, size_t k, size_t n, 
                            tern_dtype_name((uint32_t)wtype));
     if (!tern_dtype_row_size(wtype, k, rb))
         return tern_errorf(TERN_ERR_INVALID, "vulkan: rows of %zu do not fit %s blocks", k, tern_dtype_name((uint32_t)wtype));
-    if (k > UINT32_MAX / 64 || n > UINT32_MAX || n_tok > 65535 || *rb > UINT32_MAX)
+    if (k > UINT32_MAX / 64 || n > (size_t)4 * MATMUL_GX * 65535 || n_tok > 65535 || *rb > UINT32_MAX)
         return tern_errorf(TERN_ERR_RANGE, "vulkan: matmul shape k %zu, n %zu, %zu tokens is too large", k, n, n_tok);
     return TERN_OK;
 }
@@ -786,8 +814,9 @@ enum tern_status tern_vk_matmul_id(struct tern_vk *vk, enum tern_dtype wtype, co
     const uint32_t pc[7] = {(uint32_t)k,     (uint32_t)n,             (uint32_t)n_slots, (uint32_t)rb,
                             (uint32_t)x_div, (uint32_t)expert_stride, (uint32_t)n_expert};
     const struct tern_vk_buf *bufs[6] = {w, x, y, ids, order, vk->iq_codes};
-    return record(vk, N_MATMUL + matmul_pipe(wtype), bufs, 6, pc, sizeof pc, (uint32_t)((n + 63) / 64),
-                  (uint32_t)n_slots, 1);
+    uint32_t gx, gz;
+    matmul_groups(vk, n, &gx, &gz);
+    return record(vk, N_MATMUL + matmul_pipe(wtype), bufs, 6, pc, sizeof pc, gx, (uint32_t)n_slots, gz);
 }
 
 /* moe.comp's push constants */
@@ -870,9 +899,10 @@ enum tern_status tern_vk_matmul(struct tern_vk *vk, enum tern_dtype wtype, const
     if (n == 0 || n_tok == 0) return TERN_OK;
     const uint32_t pc[4] = {(uint32_t)k, (uint32_t)n, (uint32_t)n_tok, (uint32_t)rb};
     const struct tern_vk_buf *bufs[6] = {w, x, y, w, w, vk->iq_codes}; /* 3, 4: unused here */
-    /* matmul.comp: an invocation per row and tile of MATMUL_TILE tokens */
-    return record(vk, pipe, bufs, 6, pc, sizeof pc, (uint32_t)((n + 63) / 64),
-                  (uint32_t)((n_tok + MATMUL_TILE - 1) / MATMUL_TILE), 1);
+    /* matmul.comp: a workgroup per MATMUL_ROWS rows and tile of MATMUL_TILE tokens */
+    uint32_t gx, gz;
+    matmul_groups(vk, n, &gx, &gz);
+    return record(vk, pipe, bufs, 6, pc, sizeof pc, gx, (uint32_t)((n_tok + MATMUL_TILE - 1) / MATMUL_TILE), gz);
 }
 
 static enum tern_status check_rows(const char *op, const struct tern_vk_buf *b, size_t n_tok, size_t n) {

@@ -53,6 +53,9 @@ struct tern_vk_buf; /* a buffer in device memory */
 enum tern_status tern_vk_open(int index, struct tern_vk **out);
 void tern_vk_close(struct tern_vk *vk);
 const struct tern_vk_device_info *tern_vk_info(const struct tern_vk *vk);
+/* Invocations per weight row in the matmul: 32 on a GPU (a coalesced read, a fixed tree),
+ * 1 on a CPU device such as lavapipe (docs/gpu.md, "Exactness on the GPU"). */
+uint32_t tern_vk_matmul_lanes(const struct tern_vk *vk);
 
 /* A buffer of bytes bytes (device-local, host-visible where the device offers both,
  * else uploads and downloads go through a staging copy). */

@@ -1,20 +1,32 @@
 #version 450
-// y[t][r] = dot(w row r, x row t): one invocation per weight row and tile of up to TT
-// tokens (each weight decoded once for the tile), each output reducing over k in one
-// fixed order (blocks in order, elements in order inside a block), so an element's bits
-// do not depend on how many rows or tokens the dispatch covers or where its tile starts.
+// y[t][r] = dot(w row r, x row t). A workgroup takes WG_ROWS rows and a tile of up to TT
+// tokens (each weight decoded once for the tile); a row's LANES invocations split its k
+// into chunks of 32 elements (a 32-wide block, a 32-element sub-block of a 256-wide one,
+// or 32 floats), lane l taking chunks l, l + LANES, ... in order, so that neighbouring
+// invocations read neighbouring bytes of the row (a coalesced read, where one invocation
+// per row read addresses a row apart). Each lane sums its chunks in order; the LANES
+// partial sums then meet in a fixed pairwise tree in shared memory (no subgroup
+// operations, whose shape would be the driver's). The shape of every output's reduction
+// depends on k alone, never on how many rows or tokens the dispatch covers, where its
+// tile starts, or the subgroup size: decode and prefill give the same bits (DESIGN.md §11).
 //
 // WTYPE (ggml's type numbers): 0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1, 8 Q8_0,
 // 12 Q4_K, 13 Q5_K, 14 Q6_K, 20 IQ4_NL, 23 IQ4_XS, 30 BF16, 39 MXFP4, and the low-bit types 10 Q2_K,
 // 11 Q3_K, 16 IQ2_XXS, 17 IQ2_XS, 22 IQ2_S, 18 IQ3_XXS, 21 IQ3_S, 19 IQ1_S, 29 IQ1_M (each
 // weight formed as ggml dequantizes it, lowbit_weight), with ggml's block layouts. Weights are read as 32-bit words (any byte offset); block
 // sizes with an F16 scale are even, so those scales sit at even offsets (MXFP4's 17-byte
-// blocks have a byte exponent, read bytewise). Within a block the products
-// are summed in element order, then added to the row's sum block by block.
+// blocks have a byte exponent, read bytewise). Within a chunk the products are summed in
+// element order, then scaled (a block's d) and added to the lane's sum chunk by chunk.
 // The sums are `precise` (no fused multiply-add the driver may choose per pipeline), so
 // every pipeline built from this shader rounds the same way.
 
-layout(local_size_x = 64, local_size_y = 1, local_size_z = 1) in;
+// A workgroup of 128 invocations computes WG_ROWS rows (of one tile of tokens), LANES
+// invocations each (a power of two: 32 on a GPU, 1 on a CPU device; vulkan.c).
+layout(constant_id = 2) const uint LANES = 32u;
+const uint WG_ROWS = 128u / LANES;
+// Workgroups along x before the row index carries into z (the dispatch's x is at most GX).
+const uint GX = 1024u;
+layout(local_size_x = 128, local_size_y = 1, local_size_z = 1) in;
 
 layout(constant_id = 0) const uint WTYPE = 0;
 // INDEXED (the MoE experts' matmul): W holds n_expert matrices expert_stride bytes apart;
@@ -161,6 +173,10 @@ uint lowbit_bytes() {
 const uint TT = 8u;
 uint nt;       // tokens in this tile (1..TT)
 uint xo[TT];   // their x rows' offsets
+// Each invocation's sums for the tile's tokens, for the reduction across the row's lanes.
+shared float part[128u * TT];
+// The float types' elements of this lane: chunks of 32, lane l taking chunks l, l + LANES, ...
+#define FLOAT_CHUNKS for (uint c = lane * 32u; c < p.k; c += LANES * 32u) for (uint i = c; i < min(c + 32u, p.k); i++)
 // The block sums s[u] of the tile's tokens: s[u] += w x for one weight, w formed once.
 #define BLOCK_BEGIN precise float s[TT]; for (uint u = 0u; u < TT; u++) s[u] = 0.0;
 #define ADD(WV, OFF) { precise float wv_ = (WV); for (uint u = 0u; u < TT; u++) if (u < nt) s[u] += wv_ * x[xo[u] + (OFF)]; }
@@ -170,39 +186,44 @@ uint xo[TT];   // their x rows' offsets
 #define ADD_ACC(WV, OFF) { precise float wv_ = (WV); for (uint u = 0u; u < TT; u++) if (u < nt) acc[u] += wv_ * x[xo[u] + (OFF)]; }
 
 void main() {
-    const uint r = gl_GlobalInvocationID.x;
-    if (r >= p.n) return;
+    const uint lid = gl_LocalInvocationID.x, lane = lid % LANES;
+    const uint r = (gl_WorkGroupID.x + gl_WorkGroupID.z * GX) * WG_ROWS + lid / LANES;
+    // An invocation with nothing to compute still takes part in the reduction's barriers.
+    bool live = r < p.n;
     uint ro = r * p.row_bytes;
-    uint t0;
+    uint t0 = 0u;
+    nt = 1u;
     if (INDEXED != 0) {
-        const uint slot = gl_GlobalInvocationID.y;
-        if (slot >= p.n_tok) return;
-        t0 = order[slot];
-        if (t0 >= p.n_tok) return; // a bad order entry: nothing to write
-        const uint e = ids[t0];
-        if (e >= p.n_expert) { // a routing bug must not read out of the weights: NaN marks it
-            y[t0 * p.n + r] = uintBitsToFloat(0x7fc00000u);
-            return;
+        const uint slot = gl_WorkGroupID.y;
+        live = live && slot < p.n_tok;
+        if (live) t0 = order[slot];
+        live = live && t0 < p.n_tok; // a bad order entry: nothing to write
+        if (live) {
+            const uint e = ids[t0];
+            if (e >= p.n_expert) { // a routing bug must not read out of the weights: NaN marks it
+                if (lane == 0u) y[t0 * p.n + r] = uintBitsToFloat(0x7fc00000u);
+                live = false;
+            }
+            xo[0] = (t0 / p.x_div) * p.k;
+            ro += e * p.expert_stride;
         }
-        nt = 1u;
-        xo[0] = (t0 / p.x_div) * p.k;
-        ro += e * p.expert_stride;
     } else {
-        t0 = gl_GlobalInvocationID.y * TT;
-        if (t0 >= p.n_tok) return;
-        nt = min(TT, p.n_tok - t0);
+        t0 = gl_WorkGroupID.y * TT;
+        live = live && t0 < p.n_tok;
+        if (live) nt = min(TT, p.n_tok - t0);
         for (uint u = 0u; u < TT; u++) xo[u] = (t0 + min(u, nt - 1u)) * p.k;
     }
     precise float acc[TT];
     for (uint u = 0u; u < TT; u++) acc[u] = 0.0;
-    if (WTYPE == 0) {
+    if (!live) {
+    } else if (WTYPE == 0) {
         const uint wo = ro >> 2;
-        for (uint i = 0; i < p.k; i++) ADD_ACC(uintBitsToFloat(w[wo + i]), i)
+        FLOAT_CHUNKS ADD_ACC(uintBitsToFloat(w[wo + i]), i)
     } else if (WTYPE == 1) {
-        for (uint i = 0; i < p.k; i++) ADD_ACC(unpackHalf2x16(whalf(ro + 2u * i)).x, i)
+        FLOAT_CHUNKS ADD_ACC(unpackHalf2x16(whalf(ro + 2u * i)).x, i)
     } else if (WTYPE == 8) { // Q8_0: d, 32 x int8
         const uint nb = p.k / 32u;
-        for (uint b = 0; b < nb; b++) {
+        for (uint b = lane; b < nb; b += LANES) {
             const uint bo = ro + b * 34u;
             const float d = unpackHalf2x16(whalf(bo)).x;
             BLOCK_BEGIN
@@ -211,7 +232,7 @@ void main() {
         }
     } else if (WTYPE == 2) { // Q4_0: d, 16 bytes of nibbles (low: 0..15, high: 16..31), minus 8
         const uint nb = p.k / 32u;
-        for (uint b = 0; b < nb; b++) {
+        for (uint b = lane; b < nb; b += LANES) {
             const uint bo = ro + b * 18u;
             const float d = unpackHalf2x16(whalf(bo)).x;
             BLOCK_BEGIN
@@ -223,7 +244,7 @@ void main() {
         }
     } else if (WTYPE == 6) { // Q5_0: d, 32 high bits, 16 bytes of nibbles, minus 16
         const uint nb = p.k / 32u;
-        for (uint b = 0; b < nb; b++) {
+        for (uint b = lane; b < nb; b += LANES) {
             const uint bo = ro + b * 22u;
             const float d = unpackHalf2x16(whalf(bo)).x;
             const uint qh = wbyte(bo + 2u) | (wbyte(bo + 3u) << 8) | (wbyte(bo + 4u) << 16) | (wbyte(bo + 5u) << 24);
@@ -237,12 +258,13 @@ void main() {
         }
     } else if (WTYPE == 12) { // Q4_K: d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles
         const uint nb = p.k / 256u;
-        for (uint b = 0; b < nb; b++) {
+        for (uint c = lane; c < nb * 8u; c += LANES) { // chunk c: block c / 8, its elements 32 (c % 8) ..
+            const uint b = c >> 3, i0 = (c & 7u) * 32u;
             const uint bo = ro + b * 144u;
             const float d = unpackHalf2x16(whalf(bo)).x;
             const float dmin = unpackHalf2x16(whalf(bo + 2u)).x;
             BLOCK_BEGIN
-            for (uint i = 0; i < 256u; i++) {
+            for (uint i = i0; i < i0 + 32u; i++) {
                 const uint j = i >> 6, hi = (i >> 5) & 1u, l = i & 31u, sb = 2u * j + hi;
                 uint sc, mn;
                 k_scale_min(bo + 4u, sb, sc, mn);
@@ -253,11 +275,12 @@ void main() {
         }
     } else if (WTYPE == 14) { // Q6_K: 128 bytes low nibbles, 64 bytes high 2-bits, 16 int8 scales, d
         const uint nb = p.k / 256u;
-        for (uint b = 0; b < nb; b++) {
+        for (uint c = lane; c < nb * 8u; c += LANES) { // chunk c: block c / 8, its elements 32 (c % 8) ..
+            const uint b = c >> 3, i0 = (c & 7u) * 32u;
             const uint bo = ro + b * 210u;
             const float d = unpackHalf2x16(whalf(bo + 208u)).x;
             BLOCK_BEGIN
-            for (uint i = 0; i < 256u; i++) {
+            for (uint i = i0; i < i0 + 32u; i++) {
                 const uint n = i >> 7, rr = i & 127u, qt = rr >> 5, l = rr & 31u;
                 const uint lo = (wbyte(bo + 64u * n + l + (qt & 1u) * 32u) >> ((qt >> 1) * 4u)) & 15u;
                 const uint hb = (wbyte(bo + 128u + 32u * n + l) >> (2u * qt)) & 3u;
@@ -268,10 +291,10 @@ void main() {
             BLOCK_END1
         }
     } else if (WTYPE == 30) { // BF16: the top half of an F32
-        for (uint i = 0; i < p.k; i++) ADD_ACC(uintBitsToFloat(whalf(ro + 2u * i) << 16), i)
+        FLOAT_CHUNKS ADD_ACC(uintBitsToFloat(whalf(ro + 2u * i) << 16), i)
     } else if (WTYPE == 3) { // Q4_1: d, m, 16 bytes of nibbles (as Q4_0's); w = d q + m, element by element
         const uint nb = p.k / 32u;
-        for (uint b = 0; b < nb; b++) {
+        for (uint b = lane; b < nb; b += LANES) {
             const uint bo = ro + b * 20u;
             const float d = unpackHalf2x16(whalf(bo)).x;
             const float m = unpackHalf2x16(whalf(bo + 2u)).x;
@@ -284,7 +307,7 @@ void main() {
         }
     } else if (WTYPE == 7) { // Q5_1: d, m, 32 high bits, 16 bytes of nibbles; w = d q + m
         const uint nb = p.k / 32u;
-        for (uint b = 0; b < nb; b++) {
+        for (uint b = lane; b < nb; b += LANES) {
             const uint bo = ro + b * 24u;
             const float d = unpackHalf2x16(whalf(bo)).x;
             const float m = unpackHalf2x16(whalf(bo + 2u)).x;
@@ -299,7 +322,7 @@ void main() {
         }
     } else if (WTYPE == 20) { // IQ4_NL: d, 16 bytes of nibbles (as Q4_0's) indexing the levels
         const uint nb = p.k / 32u;
-        for (uint b = 0; b < nb; b++) {
+        for (uint b = lane; b < nb; b += LANES) {
             const uint bo = ro + b * 18u;
             const float d = unpackHalf2x16(whalf(bo)).x;
             BLOCK_BEGIN
@@ -311,7 +334,7 @@ void main() {
         }
     } else if (WTYPE == 39) { // MXFP4: an E8M0 byte e, 16 bytes of nibbles (as Q4_0's) indexing the levels
         const uint nb = p.k / 32u;
-        for (uint b = 0; b < nb; b++) {
+        for (uint b = lane; b < nb; b += LANES) {
             const uint bo = ro + b * 17u;
             const uint e = wbyte(bo);
             // 2^(e - 128), exactly (e < 2: the subnormals 2^-128 and 2^-127, which a device
@@ -326,11 +349,12 @@ void main() {
         }
     } else if (WTYPE == 23) { // IQ4_XS: d, 2 + 4 bytes of 6-bit sub-block scales, 128 bytes of nibbles
         const uint nb = p.k / 256u;
-        for (uint b = 0; b < nb; b++) {
+        for (uint c = lane; c < nb * 8u; c += LANES) { // chunk c: block c / 8, its elements 32 (c % 8) ..
+            const uint b = c >> 3, j = c & 7u;
             const uint bo = ro + b * 136u;
             const float d = unpackHalf2x16(whalf(bo)).x;
             const uint sh = whalf(bo + 2u);
-            for (uint j = 0; j < 8u; j++) {
+            {
                 const uint ls = ((wbyte(bo + 4u + j / 2u) >> (4u * (j & 1u))) & 15u) | (((sh >> (2u * j)) & 3u) << 4);
                 const float dl = d * float(int(ls) - 32);
                 BLOCK_BEGIN
@@ -343,12 +367,13 @@ void main() {
         }
     } else if (WTYPE == 13) { // Q5_K: d, dmin, 12 bytes of scales/mins, 32 bytes of fifth bits, 128 of nibbles
         const uint nb = p.k / 256u;
-        for (uint b = 0; b < nb; b++) {
+        for (uint c = lane; c < nb * 8u; c += LANES) { // chunk c: block c / 8, its elements 32 (c % 8) ..
+            const uint b = c >> 3, i0 = (c & 7u) * 32u;
             const uint bo = ro + b * 176u;
             const float d = unpackHalf2x16(whalf(bo)).x;
             const float dmin = unpackHalf2x16(whalf(bo + 2u)).x;
             BLOCK_BEGIN
-            for (uint i = 0; i < 256u; i++) {
+            for (uint i = i0; i < i0 + 32u; i++) {
                 const uint j = i >> 6, hi = (i >> 5) & 1u, l = i & 31u, sb = 2u * j + hi;
                 uint sc, mn;
                 k_scale_min(bo + 4u, sb, sc, mn);
@@ -361,13 +386,27 @@ void main() {
     } else if (WTYPE == 10 || WTYPE == 11 || WTYPE == 16 || WTYPE == 17 || WTYPE == 22 || WTYPE == 18 ||
                WTYPE == 21 || WTYPE == 19 || WTYPE == 29) { // the low-bit types: weight by weight
         const uint nb = p.k / 256u, bb = lowbit_bytes();
-        for (uint b = 0; b < nb; b++) {
+        for (uint c = lane; c < nb * 8u; c += LANES) { // chunk c: block c / 8, its elements 32 (c % 8) ..
+            const uint b = c >> 3, i0 = (c & 7u) * 32u;
             const uint bo = ro + b * bb;
             BLOCK_BEGIN
-            for (uint i = 0; i < 256u; i++) ADD(lowbit_weight(bo, i), b * 256u + i)
+            for (uint i = i0; i < i0 + 32u; i++) ADD(lowbit_weight(bo, i), b * 256u + i)
             BLOCK_END1
         }
     }
-    for (uint u = 0u; u < TT; u++)
-        if (u < nt) y[(t0 + u) * p.n + r] = acc[u];
+    // The LANES partial sums of a row, pairwise in a fixed tree: lane l takes l + 16, then
+    // l + 8, ..., so the sum's shape depends on LANES alone.
+    for (uint u = 0u; u < TT; u++) part[lid * TT + u] = acc[u];
+    for (uint h = LANES / 2u; h > 0u; h >>= 1) {
+        memoryBarrierShared();
+        barrier();
+        if (lane < h)
+            for (uint u = 0u; u < TT; u++) {
+                precise float v = part[lid * TT + u] + part[(lid + h) * TT + u];
+                part[lid * TT + u] = v;
+            }
+    }
+    if (live && lane == 0u)
+        for (uint u = 0u; u < TT; u++)
+            if (u < nt) y[(t0 + u) * p.n + r] = part[lid * TT + u];
 }
