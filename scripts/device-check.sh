@@ -22,7 +22,7 @@ dev=.device
 case "$mode" in
 pack)
   ./scripts/deps.sh
-  ./scripts/build.sh build
+  ./scripts/build.sh build -DTERN_TEST_HOOKS=ON # test-vulkan checks the other matmul lane count by a hook
   rm -rf "$dev" && mkdir -p "$dev/bin" "$dev/lib" "$dev/deb"
   cp build/tern build/test-vulkan "$dev/bin/"
   # every shared library the binaries load, except the C library's own
