@@ -947,6 +947,8 @@ static void test_lanes32_chunks(void **state) {
     setenv("TERN_TEST_VK_MATMUL_LANES", "32", 1);
     struct tern_model *m = load(rel, true);
     unsetenv("TERN_TEST_VK_MATMUL_LANES");
+    if (tern_vk_matmul_lanes(tern_gpu_vk(GPU_OF(m))) != 32)
+        fail_msg("TERN_TEST_VK_MATMUL_LANES=32 was not taken: build with -DTERN_TEST_HOOKS=ON");
     const size_t nv = tern_model_info(m)->n_vocab, n = 40;
     int32_t *toks = tx_prompt(n);
     for (size_t i = 0; i < n; i++) toks[i] %= (int32_t)nv;

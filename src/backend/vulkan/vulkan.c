@@ -279,6 +279,10 @@ static enum tern_status add_pool(struct tern_vk *vk) {
     return TERN_OK;
 }
 
+/* matmul.comp's invocations per workgroup: 128 (4 rows of 32 lanes on a GPU), 64 rows of
+ * one lane on a CPU device (the first shader's workgroup, which lavapipe ran fastest). */
+static uint32_t matmul_wg(const struct tern_vk *vk) { return vk->matmul_lanes == 1 ? 64 : 128; }
+
 static enum tern_status make_pipelines(struct tern_vk *vk) {
     VkResult r;
     VkDescriptorSetLayoutBinding b[N_BINDINGS];
@@ -313,10 +317,10 @@ static enum tern_status make_pipelines(struct tern_vk *vk) {
     }
     for (int i = 0; i < N_PIPES; i++) {
         int mod;
-        uint32_t spec_val[3] = {0, 0, 0};
+        uint32_t spec_val[4] = {0, 0, 0, 0};
         if (i < 2 * N_MATMUL)
             mod = 0, spec_val[0] = (uint32_t)matmul_types[i % N_MATMUL], spec_val[1] = i >= N_MATMUL,
-            spec_val[2] = vk->matmul_lanes;
+            spec_val[2] = vk->matmul_lanes, spec_val[3] = matmul_wg(vk);
         else if (i == PIPE_RMSNORM) mod = 1;
         else if (i == PIPE_ROPE) mod = 3;
         else if (i == PIPE_ATTN_F32 || i == PIPE_ATTN_F16) mod = 4, spec_val[0] = i == PIPE_ATTN_F16;
@@ -326,9 +330,11 @@ static enum tern_status make_pipelines(struct tern_vk *vk) {
         else if (i == PIPE_SPLIT) mod = 8;
         else if (i >= PIPE_MOE_ROUTE && i <= PIPE_MOE_BIAS) mod = 9, spec_val[0] = (uint32_t)(i - PIPE_MOE_ROUTE);
         else mod = 2, spec_val[0] = (uint32_t)(i - PIPE_ADD); /* rows.comp: add, swiglu, sigmoid-mul, bias, swiglu-oai */
-        const VkSpecializationMapEntry me[3] = {
-            {0, 0, sizeof(uint32_t)}, {1, sizeof(uint32_t), sizeof(uint32_t)}, {2, 2 * sizeof(uint32_t), sizeof(uint32_t)}};
-        const uint32_t n_spec = i < 2 * N_MATMUL ? 3 : 1;
+        const VkSpecializationMapEntry me[4] = {{0, 0, sizeof(uint32_t)},
+                                                {1, sizeof(uint32_t), sizeof(uint32_t)},
+                                                {2, 2 * sizeof(uint32_t), sizeof(uint32_t)},
+                                                {3, 3 * sizeof(uint32_t), sizeof(uint32_t)}};
+        const uint32_t n_spec = i < 2 * N_MATMUL ? 4 : 1;
         const VkSpecializationInfo spec = {n_spec, me, n_spec * sizeof(uint32_t), spec_val};
         const VkComputePipelineCreateInfo ci = {
             .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
@@ -385,12 +391,13 @@ enum tern_status tern_vk_open(int index, struct tern_vk **out) {
      * a tree; a CPU device (lavapipe) runs a workgroup's invocations on one thread, where the
      * tree's barriers cost more than the row, so there one invocation takes the whole row.
      * Each is a fixed order of its own (the device's bits do not depend on the dispatch).
-     * Tests: $TERN_TEST_VK_MATMUL_LANES=1|2|4|...|128 picks it. */
+     * Tests: $TERN_TEST_VK_MATMUL_LANES=1|2|4|8|16|32 picks it (at least 4 rows a
+     * workgroup, as matmul_check's row limit counts). */
     vk->matmul_lanes = strcmp(vk->info.type, "cpu") ? 32 : 1;
     const char *lanes = tern_test_hook("TERN_TEST_VK_MATMUL_LANES");
     if (lanes && *lanes) {
         const long l = strtol(lanes, NULL, 10);
-        if (l >= 1 && l <= 128 && !(l & (l - 1))) vk->matmul_lanes = (uint32_t)l;
+        if (l >= 1 && l <= 32 && !(l & (l - 1))) vk->matmul_lanes = (uint32_t)l;
     }
     p_vkGetPhysicalDeviceMemoryProperties(vk->pd, &vk->mem);
 
@@ -752,18 +759,17 @@ static enum tern_status record(struct tern_vk *vk, int pipe, const struct tern_v
 
 /* ---- kernels ---------------------------------------------------------------------- */
 
-/* Tokens per workgroup of the plain matmul (matmul.comp's TT), invocations per workgroup
- * and workgroups along x before the row index carries into z (GX). */
+/* Tokens per workgroup of the plain matmul (matmul.comp's TT) and workgroups along x
+ * before the row index carries into z (GX). */
 #define MATMUL_TILE 8u
-#define MATMUL_INVOCATIONS 128u
 #define MATMUL_GX 1024u
 
 uint32_t tern_vk_matmul_lanes(const struct tern_vk *vk) { return vk->matmul_lanes; }
 
-/* The x and z sizes of a matmul dispatch over n rows (MATMUL_INVOCATIONS / lanes rows per
+/* The x and z sizes of a matmul dispatch over n rows (matmul_wg / lanes rows per
  * workgroup). */
 static void matmul_groups(const struct tern_vk *vk, size_t n, uint32_t *gx, uint32_t *gz) {
-    const size_t rows = MATMUL_INVOCATIONS / vk->matmul_lanes, g = (n + rows - 1) / rows;
+    const size_t rows = matmul_wg(vk) / vk->matmul_lanes, g = (n + rows - 1) / rows;
     *gx = (uint32_t)(g < MATMUL_GX ? g : MATMUL_GX);
     *gz = (uint32_t)((g + MATMUL_GX - 1) / MATMUL_GX);
 }
@@ -899,7 +905,7 @@ enum tern_status tern_vk_matmul(struct tern_vk *vk, enum tern_dtype wtype, const
     if (n == 0 || n_tok == 0) return TERN_OK;
     const uint32_t pc[4] = {(uint32_t)k, (uint32_t)n, (uint32_t)n_tok, (uint32_t)rb};
     const struct tern_vk_buf *bufs[6] = {w, x, y, w, w, vk->iq_codes}; /* 3, 4: unused here */
-    /* matmul.comp: a workgroup per MATMUL_ROWS rows and tile of MATMUL_TILE tokens */
+    /* matmul.comp: a workgroup per matmul_wg / lanes rows and tile of MATMUL_TILE tokens */
     uint32_t gx, gz;
     matmul_groups(vk, n, &gx, &gz);
     return record(vk, pipe, bufs, 6, pc, sizeof pc, gx, (uint32_t)((n_tok + MATMUL_TILE - 1) / MATMUL_TILE), gz);

@@ -21,12 +21,14 @@
 // every pipeline built from this shader rounds the same way.
 
 // A workgroup of 128 invocations computes WG_ROWS rows (of one tile of tokens), LANES
-// invocations each (a power of two: 32 on a GPU, 1 on a CPU device; vulkan.c).
+// invocations each (a power of two, at most 32: 32 on a GPU, 1 on a CPU device; vulkan.c).
 layout(constant_id = 2) const uint LANES = 32u;
-const uint WG_ROWS = 128u / LANES;
+// Invocations per workgroup (3: 128 with several lanes, 64 with one; vulkan.c).
+layout(constant_id = 3) const uint WG_SIZE = 128u;
+const uint WG_ROWS = WG_SIZE / LANES;
 // Workgroups along x before the row index carries into z (the dispatch's x is at most GX).
 const uint GX = 1024u;
-layout(local_size_x = 128, local_size_y = 1, local_size_z = 1) in;
+layout(local_size_x_id = 3, local_size_y = 1, local_size_z = 1) in;
 
 layout(constant_id = 0) const uint WTYPE = 0;
 // INDEXED (the MoE experts' matmul): W holds n_expert matrices expert_stride bytes apart;
@@ -396,17 +398,22 @@ void main() {
     }
     // The LANES partial sums of a row, pairwise in a fixed tree: lane l takes l + 16, then
     // l + 8, ..., so the sum's shape depends on LANES alone.
-    for (uint u = 0u; u < TT; u++) part[lid * TT + u] = acc[u];
-    for (uint h = LANES / 2u; h > 0u; h >>= 1) {
-        memoryBarrierShared();
-        barrier();
-        if (lane < h)
-            for (uint u = 0u; u < TT; u++) {
-                precise float v = part[lid * TT + u] + part[(lid + h) * TT + u];
-                part[lid * TT + u] = v;
-            }
+    // With one lane (a CPU device) the pipeline has no barrier and no shared memory: the
+    // specialization removes this branch, and lavapipe runs a barrier-free shader faster.
+    if (LANES > 1u) {
+        for (uint u = 0u; u < TT; u++) part[lid * TT + u] = acc[u];
+        for (uint h = LANES / 2u; h > 0u; h >>= 1) {
+            memoryBarrierShared();
+            barrier();
+            if (lane < h)
+                for (uint u = 0u; u < TT; u++) {
+                    precise float v = part[lid * TT + u] + part[(lid + h) * TT + u];
+                    part[lid * TT + u] = v;
+                }
+        }
+        for (uint u = 0u; u < TT; u++) acc[u] = part[lid * TT + u];
     }
     if (live && lane == 0u)
         for (uint u = 0u; u < TT; u++)
-            if (u < nt) y[(t0 + u) * p.n + r] = part[lid * TT + u];
+            if (u < nt) y[(t0 + u) * p.n + r] = acc[u];
 }
