@@ -126,6 +126,23 @@ const char *tern_model_chat_template(const struct tern_model *m);
  * type the backend lacks (TERN_ERR_UNSUPPORTED, naming the tensor), device memory too
  * small (TERN_ERR_NOMEM, with both sizes, checked before allocating). */
 enum tern_status tern_model_use_device(struct tern_model *m, const char *device, uint32_t n_chunk);
+/* Partial offload of a mixture-of-experts model (docs/gpu.md, "Partial offload"): on a
+ * device, the routed experts of the first n MoE layers stay in host memory and run on the
+ * CPU's kernels (the router and the experts' matmuls); everything else of those layers
+ * (attention or the DeltaNet, the norms, the shared expert) and every other layer runs on
+ * the device, the layer's normed rows crossing to the host and its output back, once per
+ * MoE layer per step. TERN_CPU_MOE_ALL: every MoE layer; TERN_CPU_MOE_AUTO: the fewest
+ * first layers that leave reserve_bytes of the device's memory (a session's state)
+ * free after the weights and the scratch; 0 (the default): none. Set it before
+ * tern_model_use_device; a model without experts, or on the CPU, ignores it. Within one
+ * setting a token's logits do not depend on its chunk or batch (the CPU's MoE block is
+ * batch-invariant too); across settings the parity rules apply. */
+#define TERN_CPU_MOE_ALL UINT32_MAX
+#define TERN_CPU_MOE_AUTO (UINT32_MAX - 1)
+void tern_model_set_cpu_moe(struct tern_model *m, uint32_t n_layers, uint64_t reserve_bytes);
+/* The MoE layers whose experts run on the CPU (after tern_model_use_device resolved
+ * auto), and the MoE layers in all. */
+void tern_model_cpu_moe(const struct tern_model *m, uint32_t *n_cpu, uint32_t *n_moe);
 /* "cpu", or "vulkan:N 'device name'". Owned by the model. */
 const char *tern_model_device(const struct tern_model *m);
 

@@ -13,11 +13,16 @@ tern_unit_test(test-model-parity-vulkan ${CMAKE_SOURCE_DIR}/tests/unit/test-mode
 tern_unit_test(test-model-parity-vulkan-lite ${CMAKE_SOURCE_DIR}/tests/unit/test-model-parity.c
   ARGS lite vulkan LABELS vulkan TIMEOUT 600)
 # tern run --device: the GPU's greedy ids equal the CPU's; auto, TERN_DEVICE, errors.
-tern_script_test(gpu-cli ${CMAKE_SOURCE_DIR}/tests/e2e/gpu-cli.sh LABELS vulkan TIMEOUT 600)
+tern_script_test(gpu-cli ${CMAKE_SOURCE_DIR}/tests/e2e/gpu-cli.sh LABELS vulkan no-asan TIMEOUT 600)
+# its twin under the sanitizers: one model of each kind
+tern_script_test(gpu-cli-lite ${CMAKE_SOURCE_DIR}/tests/e2e/gpu-cli.sh lite LABELS vulkan TIMEOUT 600)
 # Sessions on the Vulkan backend: resumed equals cold within the device (checkpoints, fork,
 # export/import, cancel, batches) on tiny-qwen3 and tiny-qwen35, F32 and Q8_0.
 tern_unit_test(test-gpu-session ${CMAKE_SOURCE_DIR}/tests/unit/test-gpu-session.c ${CMAKE_SOURCE_DIR}/tests/unit/exact.c
-  LABELS vulkan TIMEOUT 600)
+  LABELS vulkan no-asan TIMEOUT 600)
+# its twin under the sanitizers: the hybrids only (tiny-qwen35, tiny-qwen35moe)
+tern_unit_test(test-gpu-session-lite ${CMAKE_SOURCE_DIR}/tests/unit/test-gpu-session.c ${CMAKE_SOURCE_DIR}/tests/unit/exact.c
+  ARGS lite LABELS vulkan TIMEOUT 600)
 # The server with its sessions on the device (--device vulkan:0): multi-turn reuse, a hybrid
 # checkpoint, cancellation, resumed == cold state hashes against a cold server on the device.
 find_program(TERN_NODE node)

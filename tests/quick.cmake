@@ -25,7 +25,7 @@ endforeach()
 # tests in the normal build they add nothing, so scripts/test.sh runs them only under
 # ASan+UBSan (label twin; the quick loop still takes the two it names above).
 set(TERN_TWIN_TESTS test-model-lite test-model-parity-lite test-moe-light test-batch-light test-qwen35-light
-  test-gpu-model-lite test-model-parity-vulkan-lite)
+  test-gpu-model-lite test-model-parity-vulkan-lite test-gpu-session-lite gpu-cli-lite)
 foreach(t ${TERN_TWIN_TESTS})
   set_property(TEST ${t} APPEND PROPERTY LABELS twin)
 endforeach()

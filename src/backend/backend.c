@@ -32,6 +32,7 @@ void model_device_free(struct tern_model *m) {
     m->backend = &tern_backend_cpu;
     m->backend_ctx = NULL;
     m->device[0] = '\0';
+    m->cpu_moe_n = 0;
 }
 
 enum tern_status tern_model_use_device(struct tern_model *m, const char *device, uint32_t n_chunk) {
@@ -58,3 +59,13 @@ enum tern_status tern_model_use_device(struct tern_model *m, const char *device,
 }
 
 const char *tern_model_device(const struct tern_model *m) { return model_on_device(m) ? m->device : "cpu"; }
+
+void tern_model_set_cpu_moe(struct tern_model *m, uint32_t n_layers, uint64_t reserve_bytes) {
+    m->cpu_moe_req = n_layers;
+    m->cpu_moe_reserve = reserve_bytes;
+}
+
+void tern_model_cpu_moe(const struct tern_model *m, uint32_t *n_cpu, uint32_t *n_moe) {
+    *n_cpu = model_on_device(m) ? m->cpu_moe_n : 0;
+    *n_moe = m->cpu_moe_total;
+}

@@ -46,11 +46,38 @@ int cli_device_resolve(const char *cmd, const char *d, int *out, bool *is_auto) 
     return 0;
 }
 
+int cli_cpu_moe_parse(const char *cmd, bool all, const char *n, uint32_t *out) {
+    *out = 0;
+    if (all && n && *n) return cli_usage_error(cmd, "--cpu-moe and --n-cpu-moe: give one");
+    if (all) *out = TERN_CPU_MOE_ALL;
+    else if (n && !strcmp(n, "auto")) *out = TERN_CPU_MOE_AUTO;
+    else if (n && *n) {
+        long v;
+        if (!cli_parse_int(n, 0, 1 << 20, &v)) return cli_usage_error(cmd, "bad --n-cpu-moe '%s' (N or auto)", n);
+        *out = (uint32_t)v;
+    }
+    return 0;
+}
+
+/* Device bytes of one session of sp's whole context (its KV pages and recurrent state):
+ * what --n-cpu-moe auto leaves free. */
+static uint64_t session_reserve(const struct tern_model *m, const struct tern_session_params *sp) {
+    if (!sp) return 0;
+    const struct tern_model_info *in = tern_model_info(m);
+    uint64_t n_ctx = sp->n_ctx ? sp->n_ctx : (in->n_ctx_train && in->n_ctx_train < 32768 ? in->n_ctx_train : 32768);
+    n_ctx = (n_ctx + 255) / 256 * 256;
+    return n_ctx * in->kv_bytes_per_token_f16 * (sp->kv_type == TERN_KV_F32 ? 2 : 1) + in->recurrent_bytes;
+}
+
 int cli_device_use(const char *cmd, struct tern_model *m, int *dev, bool is_auto, uint32_t n_chunk,
-                   const struct tern_session_params *sp) {
-    if (*dev < 0) return 0;
+                   const struct tern_session_params *sp, uint32_t cpu_moe) {
+    if (*dev < 0) {
+        if (cpu_moe) fprintf(stderr, "tern %s: --cpu-moe / --n-cpu-moe ignored: the sessions run on the CPU\n", cmd);
+        return 0;
+    }
     char name[32];
     snprintf(name, sizeof name, "vulkan:%d", *dev);
+    tern_model_set_cpu_moe(m, cpu_moe, session_reserve(m, sp));
     enum tern_status st = tern_model_use_device(m, name, n_chunk);
     if (!st && sp) {
         /* one session's device state of the whole context, made and freed now: a context
@@ -63,7 +90,13 @@ int cli_device_use(const char *cmd, struct tern_model *m, int *dev, bool is_auto
         if (st) (void)tern_model_use_device(m, "cpu", 0);
     }
     if (!st) {
-        fprintf(stderr, "device: %s\n", tern_model_device(m));
+        uint32_t n_cpu, n_moe;
+        tern_model_cpu_moe(m, &n_cpu, &n_moe);
+        if (cpu_moe && n_moe)
+            fprintf(stderr, "device: %s; the routed experts of %u of %u MoE layers in host memory, on the CPU\n",
+                    tern_model_device(m), n_cpu, n_moe);
+        else
+            fprintf(stderr, "device: %s\n", tern_model_device(m));
         return 0;
     }
     if (!is_auto) return cli_fail(cmd, "--device vulkan:%d: %s", *dev, tern_last_error());

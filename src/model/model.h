@@ -198,6 +198,12 @@ struct tern_model {
     void *backend_ctx;
     char device[300]; /* tern_model_device(): "" = "cpu" */
     atomic_uint n_sessions; /* live sessions, so that the device is chosen before there are any */
+    /* Partial offload (tern_model_set_cpu_moe): the request, read when a device opens,
+     * and what it resolved to there (the MoE layers whose experts stay on the CPU, of
+     * cpu_moe_total). */
+    uint32_t cpu_moe_req;
+    uint64_t cpu_moe_reserve;
+    uint32_t cpu_moe_n, cpu_moe_total;
     /* Checkpoints kept in device memory (session.c, tern_model_set_ckpt_vram): the budget,
      * the list of those on the device (least recently taken or restored first) and the
      * counters, under ckpt_mu (taken before the tern_gpu's lock, never while holding it;

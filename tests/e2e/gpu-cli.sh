@@ -5,9 +5,14 @@
 # auto says which device it took and why; --spec ngram, the oracle and --spec mtp on the
 # device print the ids of --spec off there; a machine without Vulkan gets a message naming
 # what is missing (vulkan) or the CPU (auto); a context larger than the device is refused at
-# start by run (with and without --spec) and by the server. Skips (77) without a Vulkan
+# start by run (with and without --spec) and by the server; --cpu-moe / --n-cpu-moe say how
+# many layers' experts stayed on the CPU and keep the CPU's ids. `lite` (gpu-cli-lite, the
+# twin run under ASan+UBSan): every check on one model of each kind (the rest in the normal
+# build). Skips (77) without a Vulkan
 # device unless TERN_REQUIRE_VULKAN=1.
 set -u
+lite=${1:-}
+full() { [ "$lite" != lite ]; } # the checks the lite twin leaves out
 bin=${TERN_BIN:-./tern}
 shared=${TERN_SHARED_DIR:-${TERN_SHARED_DIR_DEFAULT:-../shared}}
 fail() { echo "FAIL: $*"; exit 1; }
@@ -32,14 +37,35 @@ same() { # model, prompt ids, n
 }
 
 for p in tiny-qwen2 tiny-qwen3; do
+  [ $p = tiny-qwen2 ] && ! full && continue
   "$bin" mkmodel --preset "$p" --n-layer 2 --type f32 --out "$tmp/$p.gguf" >/dev/null 2>&1 || fail "mkmodel $p exit $?"
   same "$tmp/$p.gguf" "1 2 3 4 5 6 7 8 9 10" 12
 done
 if [ -f "$shared/models/stories260K.gguf" ]; then
-  same "$shared/models/stories260K.gguf" "1 403 407 261 378" 40
-  same "$shared/models/tiny-qwen3moe-f32.gguf" "785 264 1000 300 12" 16
+  if full; then
+    same "$shared/models/stories260K.gguf" "1 403 407 261 378" 40
+    same "$shared/models/tiny-qwen3moe-f32.gguf" "785 264 1000 300 12" 16
+    same "$shared/models/tiny-gptoss-f32.gguf" "785 264 1000 300 12" 24 # past its window of 16
+  fi
   same "$shared/models/tiny-qwen35moe-f32.gguf" "785 264 1000 300 12" 16
-  same "$shared/models/tiny-gptoss-f32.gguf" "785 264 1000 300 12" 24 # past its window of 16
+  # partial offload: the experts of every layer / the first N on the CPU, said at start;
+  # the F32 MoE's greedy ids stay the CPU's; bad values are usage errors
+  mm=$shared/models/tiny-qwen35moe-f32.gguf
+  c=$("$bin" run -m "$mm" --ids "785 264 1000 300 12" -n 16 --temp 0 --print-ids -c 256 --device cpu 2>/dev/null)
+  offl=("--n-cpu-moe 1:1 of 4")
+  full && offl+=("--cpu-moe:4 of 4" "--n-cpu-moe auto:0 of 4")
+  for o in "${offl[@]}"; do
+    # shellcheck disable=SC2086
+    g=$("$bin" run -m "$mm" --ids "785 264 1000 300 12" -n 16 --temp 0 --print-ids -c 256 --device vulkan:0 ${o%%:*} \
+      2>"$tmp/err") || fail "${o%%:*}: $(cat "$tmp/err")"
+    grep -q "routed experts of ${o#*:} MoE layers in host memory" "$tmp/err" || fail "${o%%:*} does not say it: $(cat "$tmp/err")"
+    [ "$g" = "$c" ] || fail "${o%%:*}: greedy ids '$g' vs the cpu's '$c'"
+  done
+  echo "ok --cpu-moe, --n-cpu-moe 1 and auto: said at start, the cpu's greedy ids"
+  "$bin" run -m "$mm" --ids "1" -n 1 --device vulkan:0 --n-cpu-moe two 2>"$tmp/err" >/dev/null; rc=$?
+  [ $rc -eq 2 ] && grep -q "bad --n-cpu-moe" "$tmp/err" || fail "--n-cpu-moe two: exit $rc, $(cat "$tmp/err")"
+  "$bin" run -m "$mm" --ids "1" -n 1 --device vulkan:0 --cpu-moe --n-cpu-moe 2 2>"$tmp/err" >/dev/null; rc=$?
+  [ $rc -eq 2 ] && grep -q "give one" "$tmp/err" || fail "--cpu-moe with --n-cpu-moe: exit $rc, $(cat "$tmp/err")"
 elif [ "${TERN_REQUIRE_SHARED:-0}" = 1 ]; then
   fail "TERN_REQUIRE_SHARED=1 but $shared/models/stories260K.gguf is missing"
 fi
@@ -102,6 +128,7 @@ echo "ok tern bench --device vulkan:0 --ctx-fill 40"
 # and end in one state
 "$bin" mkmodel --preset tiny-qwen35 --n-layer 4 --out "$tmp/q35.gguf" >/dev/null 2>&1 || fail "mkmodel tiny-qwen35"
 for sm in "$tmp/q35.gguf" "$m"; do
+  [ "$sm" = "$m" ] && ! full && continue
   srun() { TERN_STATE_HASH=1 "$bin" run -m "$sm" -p "Once upon a time, there was a little girl. Once upon a time" \
     -n 40 --temp 0 -c 256 --print-ids --device vulkan:0 "$@"; }
   srun --spec off >"$tmp/off.ids" 2>"$tmp/off.err" || fail "$sm: --spec off on the GPU: $(cat "$tmp/off.err")"
@@ -131,6 +158,7 @@ done
 "$bin" mkmodel --preset tiny-qwen35 --n-layer 4 --mtp 1 --mtp-echo --tied --out "$tmp/echo.gguf" >/dev/null 2>&1 ||
   fail "mkmodel --mtp-echo"
 for sm in "$tmp/mtp.gguf" "$tmp/echo.gguf"; do
+  [ "$sm" = "$tmp/mtp.gguf" ] && ! full && continue
   srun() { TERN_STATE_HASH=1 "$bin" run -m "$sm" -p "Once upon a time, there was a little girl. Once upon a time" \
     -n 40 --temp 0 -c 256 --print-ids --device vulkan:0 "$@"; }
   srun --spec off >"$tmp/off.ids" 2>"$tmp/off.err" || fail "$sm: --spec off on the GPU: $(cat "$tmp/off.err")"

@@ -40,11 +40,20 @@
  *   context, a session without room for its pages is refused with the sizes and keeps
  *   its state, and through the cache the parked session is evicted for the leased one's
  *   pages (cache_reserve);
+ * - partial offload (tern_model_set_cpu_moe) on the three MoE models: every layer's, two
+ *   layers' and auto's routed experts on the CPU (auto on a device capped to leave two
+ *   there): fewer device bytes, token by token = chunks, auto = asking for its layers,
+ *   the full device's likeliest tokens and logits but for routing near-ties, and the
+ *   device batches above with two layers offloaded;
  * - what a device session cannot do is refused with a message: a device chosen after a
  *   session exists (TERN_ERR_STATE), the pages of a context larger than the device's
  *   memory (TERN_ERR_NOMEM with the sizes; the session goes on).
  * Skips (77) without a Vulkan device or the kit, unless TERN_REQUIRE_VULKAN=1 /
- * TERN_REQUIRE_SHARED=1 make that a failure. Short prompts: lavapipe is slow. */
+ * TERN_REQUIRE_SHARED=1 make that a failure. Short prompts: lavapipe is slow.
+ *
+ * `lite` (test-gpu-session-lite, the twin run under ASan+UBSan): the same assertions on the
+ * hybrid tiny-qwen35 and tiny-qwen35moe only (the code paths of the attention-only models
+ * are a subset of the hybrid's); the full test runs the rest in the normal build. */
 #include "harness.h"
 #include "exact.h"
 
@@ -64,6 +73,8 @@
 #define P_CUT 40u /* the checkpoint / fork / rewind position */
 
 static int dev = -1;
+static uint32_t load_cpu_moe; /* load()'s partial offload (tern_model_set_cpu_moe) */
+static bool lite;              /* the sanitizer build's twin (above) */
 
 static int setup(void **state) {
     (void)state;
@@ -79,6 +90,7 @@ static struct tern_model *load(const char *rel, bool gpu) {
     mp.n_threads = 2;
     struct tern_model *m = NULL;
     if (tern_model_load(&mp, &m)) fail_msg("%s: %s", rel, tern_last_error());
+    tern_model_set_cpu_moe(m, load_cpu_moe, 1u << 20);
     if (gpu && th_use_vulkan(m, dev, 64)) fail_msg("%s on vulkan:%d: %s", rel, dev, tern_last_error());
     return m;
 }
@@ -969,6 +981,127 @@ static void test_lanes32_chunks(void **state) {
     tern_model_free(m);
 }
 
+/* Partial offload (tern_model_set_cpu_moe): the first layers' routed experts in host memory,
+ * run by the CPU's MoE block between the device's halves of the step. */
+struct offload_run {
+    float *l;            /* [n][n_vocab] every position's logits, chunks of 64 */
+    uint64_t hash;
+    size_t bytes;        /* tern_gpu_bytes */
+    uint32_t n_cpu, n_moe;
+};
+
+static void offload_run(const char *rel, uint32_t req, const char *cap, const int32_t *toks, size_t n,
+                        struct offload_run *r, bool chunks) {
+    if (cap) setenv("TERN_TEST_VK_DEVICE_BYTES", cap, 1);
+    load_cpu_moe = req;
+    struct tern_model *m = load(rel, true);
+    load_cpu_moe = 0;
+    unsetenv("TERN_TEST_VK_DEVICE_BYTES");
+    const size_t nv = tern_model_info(m)->n_vocab;
+    r->bytes = tern_gpu_bytes(GPU_OF(m));
+    tern_model_cpu_moe(m, &r->n_cpu, &r->n_moe);
+    r->l = malloc(n * nv * sizeof(float));
+    struct tern_session *s = primed(m, toks, n, 64, r->l);
+    r->hash = tern_session_hash(s);
+    if (chunks) { /* token by token and in chunks of 7: the same bits */
+        float *l = malloc(n * nv * sizeof(float));
+        static const uint32_t ch[] = {0, 7};
+        for (size_t i = 0; i < 2; i++) {
+            memset(l, 0, n * nv * sizeof(float));
+            struct tern_session *t = primed(m, toks, n, ch[i], l);
+            assert_memory_equal(l, r->l, n * nv * sizeof(float));
+            assert_true(tern_session_hash(t) == r->hash);
+            tern_session_free(t);
+        }
+        free(l);
+    }
+    tern_session_free(s);
+    tern_model_free(m);
+}
+
+static void check_cpu_moe(const char *rel) {
+    struct tern_model *m0 = load(rel, false);
+    const size_t nv = tern_model_info(m0)->n_vocab, n = 32;
+    const uint32_t n_layer = tern_model_info(m0)->n_layer;
+    tern_model_free(m0);
+    int32_t *toks = tx_prompt(n);
+    for (size_t i = 0; i < n; i++) toks[i] %= (int32_t)nv;
+    struct offload_run full, all, two, au, au0;
+    offload_run(rel, 0, NULL, toks, n, &full, false);
+    offload_run(rel, TERN_CPU_MOE_ALL, NULL, toks, n, &all, false);
+    offload_run(rel, 2, NULL, toks, n, &two, true);
+    assert_int_equal(full.n_cpu, 0);
+    assert_int_equal(full.n_moe, n_layer);
+    assert_int_equal(all.n_cpu, n_layer);
+    assert_int_equal(two.n_cpu, 2);
+    /* the device holds fewer weights: the experts left in host memory */
+    assert_true(all.bytes < two.bytes && two.bytes < full.bytes);
+    /* against everything on the device: the same likeliest token at every position, the
+     * logits within the CPU's and the device's kernels' differences */
+    double worst = 0;
+    size_t far = 0;
+    for (size_t t = 0; t < n; t++) {
+        const float *a = full.l + t * nv;
+        float scale = 0;
+        for (size_t i = 0; i < nv; i++) scale = fmaxf(scale, fabsf(a[i]));
+        const struct offload_run *o[] = {&all, &two};
+        for (size_t k = 0; k < 2; k++) {
+            const float *b = o[k]->l + t * nv;
+            size_t ia = 0, ib = 0;
+            double d = 0;
+            for (size_t i = 0; i < nv; i++) {
+                if (a[i] > a[ia]) ia = i;
+                if (b[i] > b[ib]) ib = i;
+                d = fmax(d, fabs((double)a[i] - b[i]));
+            }
+            if (ia != ib && fabs((double)a[ia] - a[ib]) > 1e-3 * scale)
+                fail_msg("%s: position %zu: the likeliest token %zu on the device, %zu with %s experts on the CPU", rel,
+                         t, ia, ib, k ? "two layers'" : "every layer's");
+            far += d > 2e-2 * scale;
+            worst = fmax(worst, d / scale);
+        }
+    }
+    /* within 2 % of the largest logit but where the CPU's and the device's router logits
+     * break a near-tie of the top-k differently (a token's expert changes): at most one
+     * position in eight, and never by half the largest logit */
+    if (far > 2 * n / 8 || worst > 0.5)
+        fail_msg("%s: %zu of %zu positions differ by more than 2 %% of the largest logit, the most %.3f", rel, far,
+                 2 * n, worst);
+    /* auto: a device with room for the last n_layer - 2 layers' experts (two.bytes -
+     * all.bytes) and half a layer's more beside the rest and the reserve keeps the first
+     * two on the CPU: the bits of asking for them */
+    char cap[32];
+    snprintf(cap, sizeof cap, "%zu", two.bytes + (1u << 20) + (full.bytes - two.bytes) / 4);
+    offload_run(rel, TERN_CPU_MOE_AUTO, cap, toks, n, &au, false);
+    assert_int_equal(au.n_cpu, 2);
+    assert_int_equal(au.bytes, two.bytes);
+    assert_memory_equal(au.l, two.l, n * nv * sizeof(float));
+    assert_true(au.hash == two.hash);
+    /* auto with room for everything: nothing on the CPU, the device's own bits */
+    offload_run(rel, TERN_CPU_MOE_AUTO, NULL, toks, n, &au0, false);
+    assert_int_equal(au0.n_cpu, 0);
+    assert_memory_equal(au0.l, full.l, n * nv * sizeof(float));
+    printf("%-28s cpu-moe: all/2/auto(%u of %u) layers' experts on the CPU (%.1f/%.1f KiB off the device); with 2, token "
+           "by token = chunks; logits of %zu of %zu positions past 2 %% of the device's, the most %.3f\n",
+           rel, au.n_cpu, n_layer, (full.bytes - all.bytes) / 1024.0, (full.bytes - two.bytes) / 1024.0, far, 2 * n,
+           worst);
+    struct offload_run *rs[] = {&full, &all, &two, &au, &au0};
+    for (size_t i = 0; i < 5; i++) free(rs[i]->l);
+    free(toks);
+}
+
+static void test_cpu_moe(void **state) {
+    (void)state;
+    check_cpu_moe("models/tiny-qwen35moe-q4_k_m.gguf");
+    if (lite) return;
+    check_cpu_moe("models/tiny-gptoss-mxfp4.gguf");
+    check_cpu_moe("models/tiny-qwen3moe-q8_0.gguf");
+    /* the device's batches with two layers' experts on the CPU: each item's bits its own */
+    load_cpu_moe = 2;
+    check_batch("models/tiny-qwen35moe-q4_k_m.gguf");
+    load_cpu_moe = 0;
+}
+
 static void test_qwen35_vram_full(void **state) {
     (void)state;
     vram_full("models/tiny-qwen35-f32.gguf", 1.5f);
@@ -1002,8 +1135,8 @@ static void test_qwen35_q8_0(void **state) {
     check_model("models/tiny-qwen35-q8_0.gguf", true);
 }
 
-int main(void) {
-    th_require_shared("models/tiny-qwen3-f32.gguf");
+int main(int argc, char **argv) {
+    lite = argc > 1 && !strcmp(argv[1], "lite");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen3_f32),
         cmocka_unit_test(test_qwen3_q8_0),
@@ -1019,6 +1152,18 @@ int main(void) {
         cmocka_unit_test(test_batch_qwen3),
         cmocka_unit_test(test_batch_qwen35),
         cmocka_unit_test(test_lanes32_chunks),
+        cmocka_unit_test(test_cpu_moe),
     };
+    const struct CMUnitTest lite_tests[] = {
+        cmocka_unit_test(test_qwen35_f32),
+        cmocka_unit_test(test_qwen35_vram),
+        cmocka_unit_test(test_qwen35_vram_full),
+        cmocka_unit_test(test_pages_qwen35),
+        cmocka_unit_test(test_pages_full),
+        cmocka_unit_test(test_batch_qwen35),
+        cmocka_unit_test(test_lanes32_chunks),
+        cmocka_unit_test(test_cpu_moe),
+    };
+    if (lite) return cmocka_run_group_tests(lite_tests, setup, NULL);
     return cmocka_run_group_tests(tests, setup, NULL);
 }

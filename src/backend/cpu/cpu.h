@@ -129,6 +129,12 @@ void moe_state_free(struct moe_state *st);
  * out may not alias h). */
 void moe_forward(struct tern_session *s, const struct moe_hparams *hp, const struct moe_layer *L,
                  struct moe_state *st, const float *h, uint32_t n_tok, float *out);
+/* moe_forward with the shared expert's output sd (n_tok, n_embd) and gate logits sw
+ * (n_tok) computed elsewhere (a device: partial offload, backend/vulkan/forward.c); NULL:
+ * computed here. The routed experts and the combine are moe_forward's. */
+void moe_forward_shared(struct tern_session *s, const struct moe_hparams *hp, const struct moe_layer *L,
+                        struct moe_state *st, const float *h, uint32_t n_tok, float *out, const float *sd,
+                        const float *sw);
 
 /* The routing of one token: softmax over logits[n_expert] in place (probabilities), the
  * n_used largest in descending order (ties to the lowest id) into sel, their weights

@@ -301,6 +301,12 @@ static void shared_swiglu_item(void *ctx, uint32_t t) {
 
 void moe_forward(struct tern_session *s, const struct moe_hparams *hp, const struct moe_layer *L,
                  struct moe_state *st, const float *h, uint32_t n_tok, float *out) {
+    moe_forward_shared(s, hp, L, st, h, n_tok, out, NULL, NULL);
+}
+
+void moe_forward_shared(struct tern_session *s, const struct moe_hparams *hp, const struct moe_layer *L,
+                        struct moe_state *st, const float *h, uint32_t n_tok, float *out, const float *sd,
+                        const float *sw) {
     TERN_ASSERT(n_tok <= st->n_chunk && h != out);
     const uint32_t X = hp->n_expert, K = hp->n_used;
     struct moe_ctx *c = &(struct moe_ctx){.hp = hp, .L = L, .st = st, .h = h, .out = out, .n_tok = n_tok};
@@ -334,7 +340,10 @@ void moe_forward(struct tern_session *s, const struct moe_hparams *hp, const str
     run_proj(s, c, PROJ_DOWN);
 
     /* shared expert */
-    if (hp->n_ff_shexp) {
+    if (hp->n_ff_shexp && sd) {
+        memcpy(st->sd, sd, (size_t)n_tok * L->router.k * sizeof(float));
+        memcpy(st->sw, sw, (size_t)n_tok * sizeof(float));
+    } else if (hp->n_ff_shexp) {
         const struct mm_out gu[] = {{&L->sh_gate, st->sg}, {&L->sh_up, st->su}, {&L->sh_gate_inp, st->sw}};
         model_matmul(s, h, n_tok, gu, 3);
         model_parallel_for(s, n_tok, shared_swiglu_item, c);

@@ -18,6 +18,14 @@
  * trip: the routing decides which expert rows a slot reads and the order of the workgroups
  * (neighbours read the same expert's rows), not what is dispatched nor any slot's bits.
  *
+ * Partial offload (tern_model_set_cpu_moe): the routed experts of the first n_host layers
+ * stay in host memory (never uploaded) and run on the CPU's MoE block (backend/cpu/moe.c:
+ * the router, the experts' matmuls, the combine), the layer's shared expert on the device
+ * before it; the step's recording is submitted there, the normed rows and the shared
+ * expert's output read back, and the block's output uploaded for the rest of the step.
+ * Both halves compute a token from its own rows alone, so the bits still do not depend on
+ * the chunk or the batch.
+ *
  * What runs on the host: the step's inputs, the embedding rows (dequantized) and the RoPE
  * angles (model_rope_row_angles, the CPU's exact values), uploaded before the step's
  * recording starts (an upload may need the command buffer, vulkan.c), and the MTP head's
@@ -26,6 +34,7 @@
 
 #include "backend/vulkan/vulkan.h"
 #include "backend/backend.h"
+#include "backend/cpu/cpu.h"
 #include "util/log.h"
 #include "util/mem.h"
 
@@ -75,6 +84,14 @@ struct tern_gpu {
     size_t zeros_n;
     const struct tern_deltanet_shape *dn; /* the DeltaNet layers' shape (NULL: none) */
     struct tern_vk_buf *hid; /* (n_chunk, n_embd) the output-normed hidden rows (models with an MTP head) */
+    /* Partial offload: the model's MoE layers (a copy the upload pass makes: n_layer
+     * entries, gate.data NULL for a dense layer) and their hyperparameters; the routed
+     * experts of layers [0, n_host) stay in host memory and run on the CPU (host_moe).
+     * auto_moe: n_host is chosen once the rest is on the device (offload_auto). */
+    struct moe_layer *moe_l;
+    struct moe_hparams moe_hp;
+    uint32_t n_moe_l, n_host;
+    bool auto_moe;
 };
 
 /* One conversation's device state (NULL entries for the layers of the other kind). */
@@ -130,6 +147,12 @@ static enum tern_status put(struct tern_gpu *g, const void *key, const void *src
         g->wt = wt;
         g->cap_wt = cap;
     }
+    const uint64_t have = tern_vk_info(g->vk)->device_local_bytes;
+    if (have && used_bytes(g) + bytes > have)
+        return tern_errorf(TERN_ERR_NOMEM, "gpu: the weights do not fit device '%s' (%.1f MiB): %.1f MiB are "
+                                           "uploaded and a tensor of %.1f MiB is next (--n-cpu-moe keeps a MoE "
+                                           "model's experts in host memory)", tern_vk_info(g->vk)->name,
+                           (double)have / 1048576.0, (double)used_bytes(g) / 1048576.0, (double)bytes / 1048576.0);
     struct tern_vk_buf *b;
     enum tern_status st = newbuf(g, bytes, &b);
     if (!st && (st = tern_vk_upload(b, 0, src, bytes))) tern_vk_buf_free(b);
@@ -178,13 +201,34 @@ void tern_gpu_free(struct tern_gpu *g) {
     free(g->host_cs);
     free(g->host_toks);
     free(g->zeros);
+    free(g->moe_l);
     tern_vk_buf_free(g->hid);
     if (!g->parent) pthread_mutex_destroy(&g->own_mu);
     free(g);
 }
 
-/* A layer's MoE block: router, experts, shared expert, biases. */
-static enum tern_status upload_moe(struct tern_gpu *g, const struct moe_hparams *hp, const struct moe_layer *ml) {
+/* Whether layer ml's routed experts stay in host memory (partial offload). */
+static bool host_experts(const struct tern_gpu *g, const struct moe_layer *ml) {
+    for (uint32_t il = 0; il < g->n_host && il < g->n_moe_l; il++)
+        if (g->moe_l[il].gate.data && g->moe_l[il].gate.data == ml->gate.data) return true;
+    return false;
+}
+
+/* Bytes of a layer's router, routed experts and their biases (what partial offload keeps
+ * in host memory; 0 for a dense layer). */
+static uint64_t expert_bytes(const struct moe_hparams *hp, const struct moe_layer *ml) {
+    if (!ml->gate.data) return 0;
+    const uint64_t X = hp->n_expert, F = ml->gate.n, E = ml->down.n;
+    uint64_t b = (uint64_t)ml->router.n * ml->router.row_bytes + X * (ml->gate_stride + ml->up_stride + ml->down_stride);
+    if (ml->router_b) b += X * sizeof(float);
+    if (ml->gate_b) b += X * F * sizeof(float);
+    if (ml->up_b) b += X * F * sizeof(float);
+    if (ml->down_b) b += X * E * sizeof(float);
+    return b;
+}
+
+/* A layer's router, routed experts and their biases. */
+static enum tern_status upload_experts(struct tern_gpu *g, const struct moe_hparams *hp, const struct moe_layer *ml) {
     enum tern_status st;
     const size_t X = hp->n_expert;
     if ((st = put_mat(g, &ml->router)) || (st = put_mats(g, &ml->gate, ml->gate_stride, hp->n_expert)) ||
@@ -195,6 +239,14 @@ static enum tern_status upload_moe(struct tern_gpu *g, const struct moe_hparams 
     if ((st = put_vec(g, ml->router_b, X)) || (st = put_vec(g, ml->gate_b, X * ml->gate.n)) ||
         (st = put_vec(g, ml->up_b, X * ml->up.n)) || (st = put_vec(g, ml->down_b, X * ml->down.n)))
         return st;
+    return TERN_OK;
+}
+
+/* A layer's MoE block: router, experts (unless they stay in host memory), shared expert,
+ * biases. */
+static enum tern_status upload_moe(struct tern_gpu *g, const struct moe_hparams *hp, const struct moe_layer *ml) {
+    enum tern_status st;
+    if (!host_experts(g, ml) && (st = upload_experts(g, hp, ml))) return st;
     if (!hp->n_ff_shexp) return TERN_OK;
     if ((st = put_mat(g, &ml->sh_gate_inp)) || (st = put_mat(g, &ml->sh_gate)) || (st = put_mat(g, &ml->sh_up)) ||
         (st = put_mat(g, &ml->sh_down)))
@@ -252,7 +304,56 @@ static void gpu_act_free(void *ctx, struct model_act *a) {
  * output (n_chunk, n_embd). */
 struct gpu_moe_ws {
     struct tern_vk_buf *probs, *ids, *order, *wts, *g, *u, *d, *s_g, *s_u, *s_w, *s_d;
+    struct host_moe *host; /* partial offload (NULL: none) */
 };
+
+/* The host half of partial offload: the CPU's MoE scratch for one chunk, a session view
+ * of it for the CPU's kernels (the model's pool, one prepared-activation buffer for the
+ * router) and the rows that cross: the normed input, the output, the shared expert's
+ * output and gate logits (each (n_chunk, n_embd) but the last, (n_chunk)). */
+struct host_moe {
+    struct tern_session s;
+    struct moe_state st;
+    float *h, *y, *sd, *sw;
+};
+
+static void host_moe_free(struct host_moe *hm) {
+    if (!hm) return;
+    moe_state_free(&hm->st);
+    tern_aligned_free(hm->s.act[0]);
+    tern_aligned_free(hm->h);
+    tern_aligned_free(hm->y);
+    tern_aligned_free(hm->sd);
+    tern_aligned_free(hm->sw);
+    free(hm);
+}
+
+/* The host half for layers [0, n_host) of g's MoE layers, chunks of n_chunk rows. */
+static enum tern_status host_moe_new(struct tern_gpu *g, const struct moe_hparams *hp, uint32_t n_chunk,
+                                     struct host_moe **out, size_t *bytes) {
+    const struct tern_model *m = g->m;
+    struct host_moe *hm = tern_calloc(1, sizeof *hm);
+    if (!hm) return tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
+    *out = hm;
+    const uint32_t n_l = TERN_MIN(g->n_host, g->n_moe_l);
+    enum tern_status st = moe_state_new(m, hp, g->moe_l, n_l, n_chunk, &hm->st);
+    if (st) return st;
+    size_t rb = 0;
+    for (uint32_t il = 0; il < n_l; il++)
+        if (g->moe_l[il].gate.data)
+            rb = TERN_MAX(rb, tern_act_row_bytes(g->moe_l[il].router.type, g->moe_l[il].router.k));
+    const size_t E = m->hp.n_embd, n = n_chunk;
+    hm->s.m = (struct tern_model *)(uintptr_t)m; /* the pool, the layers: read only */
+    hm->s.rs_chunk = n_chunk;
+    hm->s.act[0] = tern_aligned_alloc(n * (rb ? rb : 1));
+    hm->h = tern_aligned_alloc(n * E * sizeof(float));
+    hm->y = tern_aligned_alloc(n * E * sizeof(float));
+    hm->sd = tern_aligned_alloc(n * E * sizeof(float));
+    hm->sw = tern_aligned_alloc(n * sizeof(float));
+    if (!hm->s.act[0] || !hm->h || !hm->y || !hm->sd || !hm->sw) return tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
+    *bytes += hm->st.bytes + n * rb + n * (3 * E + 1) * sizeof(float);
+    return TERN_OK;
+}
 
 static void gpu_moe_ws_free(void *ctx, struct model_moe_ws *p) {
     (void)ctx;
@@ -261,6 +362,7 @@ static void gpu_moe_ws_free(void *ctx, struct model_moe_ws *p) {
     struct tern_vk_buf *bufs[] = {ws->probs, ws->ids, ws->order, ws->wts, ws->g,  ws->u,
                                   ws->d,     ws->s_g, ws->s_u,   ws->s_w, ws->s_d};
     for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) tern_vk_buf_free(bufs[i]);
+    host_moe_free(ws->host);
     free(ws);
 }
 
@@ -288,6 +390,7 @@ static enum tern_status gpu_moe_ws_new(void *ctx, const struct tern_model *m, co
     if (!st && S) st = scratch(g, n, &ws->s_w);
     if (!st && S) st = scratch(g, n * E, &ws->s_d);
     *bytes += g->bytes - before;
+    if (!st && g->n_host) st = host_moe_new(g, hp, n_chunk, &ws->host, bytes);
     return st;
 }
 
@@ -432,10 +535,57 @@ static void gpu_rope(const struct model_step *f, const struct model_rope *r, str
     DO(f, tern_vk_rope(vk, BUF(k), (size_t)n_head_kv * head_dim, n_head_kv, head_dim, nr, BUF(cs), n, r->neox));
 }
 
+/* The shared expert's gate/up, gate logit and down (ws->s_w, ws->s_d) of the rows h. */
+static void gpu_shared_expert(const struct model_step *f, const struct moe_layer *ml, struct gpu_moe_ws *ws,
+                              const struct model_act *h, uint32_t S) {
+    struct tern_vk *vk = STEP(f)->g->vk;
+    const uint32_t E = f->m->hp.n_embd, n = STEP(f)->n;
+    const struct mat *sm[] = {&ml->sh_gate, &ml->sh_up, &ml->sh_gate_inp, &ml->sh_down};
+    struct tern_vk_buf *sb[4];
+    for (int i = 0; i < 4; i++) sb[i] = wbuf(f, sm[i]->data, sm[i]->name);
+    DO(f, tern_vk_matmul(vk, ml->sh_gate.type, sb[0], E, S, BUF(h), n, ws->s_g));
+    DO(f, tern_vk_matmul(vk, ml->sh_up.type, sb[1], E, S, BUF(h), n, ws->s_u));
+    DO(f, tern_vk_matmul(vk, ml->sh_gate_inp.type, sb[2], E, 1, BUF(h), n, ws->s_w));
+    DO(f, tern_vk_swiglu(vk, ws->s_g, ws->s_u, n, S));
+    DO(f, tern_vk_matmul(vk, ml->sh_down.type, sb[3], S, E, ws->s_g, n, ws->s_d));
+}
+
+/* A layer whose routed experts stay in host memory: the shared expert on the device, the
+ * recording submitted, the rows read back, the CPU's MoE block over them (its router, the
+ * experts, the combine with the shared expert's rows), the output uploaded. Bytes moved
+ * per row: 2 n_embd floats (3 n_embd + 1 with a shared expert). */
+static void gpu_moe_host(const struct model_step *f, const struct moe_hparams *mh, const struct moe_layer *ml,
+                         struct gpu_moe_ws *ws, const struct model_act *h, struct model_act *out) {
+    struct gpu_step *p = STEP(f);
+    struct host_moe *hm = ws->host;
+    const uint32_t S = mh->n_ff_shexp, n = p->n;
+    const size_t rb = (size_t)n * f->m->hp.n_embd * sizeof(float);
+    if (!hm) {
+        keep(f, tern_errorf(TERN_ERR_INTERNAL, "gpu: a host MoE layer without its scratch"));
+        return;
+    }
+    if (S) gpu_shared_expert(f, ml, ws, h, S);
+    if (p->recording) {
+        p->recording = false;
+        keep(f, tern_vk_end(p->g->vk));
+    }
+    if (p->st) return;
+    keep(f, tern_vk_download(BUF(h), 0, hm->h, rb));
+    if (S) keep(f, tern_vk_download(ws->s_d, 0, hm->sd, rb));
+    if (S) keep(f, tern_vk_download(ws->s_w, 0, hm->sw, (size_t)n * sizeof(float)));
+    if (p->st) return;
+    moe_forward_shared(&hm->s, mh, ml, &hm->st, hm->h, n, hm->y, S ? hm->sd : NULL, S ? hm->sw : NULL);
+    keep(f, tern_vk_upload(BUF(out), 0, hm->y, rb));
+}
+
 /* moe_forward's steps on the device, from the normed rows h into out. */
 static void gpu_moe(const struct model_step *f, const struct moe_hparams *mh, const struct moe_layer *ml,
                     struct model_moe_ws *p, const struct model_act *h, struct model_act *out) {
     struct gpu_moe_ws *ws = (struct gpu_moe_ws *)p;
+    if (host_experts(STEP(f)->g, ml)) {
+        gpu_moe_host(f, mh, ml, ws, h, out);
+        return;
+    }
     struct tern_vk *vk = STEP(f)->g->vk;
     const uint32_t E = f->m->hp.n_embd, X = mh->n_expert, K = mh->n_used, F = mh->n_ff_exp, S = mh->n_ff_shexp;
     const uint32_t n = STEP(f)->n, slots = n * K;
@@ -459,16 +609,7 @@ static void gpu_moe(const struct model_step *f, const struct moe_hparams *mh, co
                             ws->d));
     /* (down + its expert's bias), then times the weight in the combine: the CPU's order */
     if (ml->down_b) DO(f, tern_vk_moe_expert_bias(vk, ws->d, ws->ids, vbuf(f, ml->down_b), slots, E, X));
-    if (S) {
-        const struct mat *sm[] = {&ml->sh_gate, &ml->sh_up, &ml->sh_gate_inp, &ml->sh_down};
-        struct tern_vk_buf *sb[4];
-        for (int i = 0; i < 4; i++) sb[i] = wbuf(f, sm[i]->data, sm[i]->name);
-        DO(f, tern_vk_matmul(vk, ml->sh_gate.type, sb[0], E, S, BUF(h), n, ws->s_g));
-        DO(f, tern_vk_matmul(vk, ml->sh_up.type, sb[1], E, S, BUF(h), n, ws->s_u));
-        DO(f, tern_vk_matmul(vk, ml->sh_gate_inp.type, sb[2], E, 1, BUF(h), n, ws->s_w));
-        DO(f, tern_vk_swiglu(vk, ws->s_g, ws->s_u, n, S));
-        DO(f, tern_vk_matmul(vk, ml->sh_down.type, sb[3], S, E, ws->s_g, n, ws->s_d));
-    }
+    if (S) gpu_shared_expert(f, ml, ws, h, S);
     DO(f, tern_vk_moe_combine(vk, BUF(out), ws->d, ws->wts, n, E, K, S ? ws->s_d : NULL, S ? ws->s_w : NULL));
 }
 
@@ -641,8 +782,20 @@ static void up_act_free(void *ctx, struct model_act *a) { (void)ctx, (void)a; }
 static enum tern_status up_moe_ws_new(void *ctx, const struct tern_model *m, const struct moe_hparams *hp,
                                       const struct moe_layer *layers, uint32_t n_layer, uint32_t n_chunk,
                                       struct model_moe_ws **out, size_t *bytes) {
-    (void)ctx, (void)m, (void)hp, (void)layers, (void)n_layer, (void)n_chunk, (void)bytes;
+    (void)m, (void)n_chunk, (void)bytes;
+    struct tern_gpu *g = ((struct gpu_upload *)ctx)->g;
     *out = (struct model_moe_ws *)&up_act;
+    /* the MoE layers, for partial offload (an MTP head's ride with the main model's) */
+    const uint32_t req = g->m->cpu_moe_req;
+    if (g->parent || g->moe_l) return TERN_OK;
+    if (!(g->moe_l = tern_malloc((n_layer ? n_layer : 1) * sizeof *g->moe_l)))
+        return tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
+    memcpy(g->moe_l, layers, n_layer * sizeof *layers);
+    g->n_moe_l = n_layer;
+    g->moe_hp = *hp;
+    g->auto_moe = req == TERN_CPU_MOE_AUTO;
+    /* auto: every layer's experts in host memory until the rest is on the device */
+    g->n_host = g->auto_moe ? n_layer : TERN_MIN(req, n_layer);
     return TERN_OK;
 }
 
@@ -822,6 +975,39 @@ static uint64_t device_bytes(const struct tern_gpu *g) { return tern_vk_info(g->
 
 static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
 
+/* Partial offload's auto: the routed experts of the last layers uploaded, last first,
+ * while they fit with the model's reserve (a session's state) left free beside the weights
+ * and scratch already on the device; the first layers' stay in host memory. A device
+ * that does not say its memory takes them all. */
+static enum tern_status offload_auto(struct tern_gpu *g) {
+    const uint64_t have = device_bytes(g), reserve = g->m->cpu_moe_reserve;
+    uint64_t used = used_bytes(g);
+    uint32_t n = have ? g->n_moe_l : 0;
+    for (; n > 0; n--) {
+        const uint64_t b = expert_bytes(&g->moe_hp, &g->moe_l[n - 1]);
+        if (used + b + reserve > have) break;
+        used += b;
+    }
+    const uint32_t was = g->n_host;
+    g->n_host = n;
+    enum tern_status st = TERN_OK;
+    for (uint32_t il = n; il < was && il < g->n_moe_l && !st; il++)
+        if (g->moe_l[il].gate.data) st = upload_experts(g, &g->moe_hp, &g->moe_l[il]);
+    qsort(g->wt, g->n_wt, sizeof *g->wt, weight_cmp);
+    return st;
+}
+
+void tern_gpu_cpu_moe(const struct tern_gpu *g, uint32_t *n_host, uint32_t *n_moe) {
+    uint32_t h = 0, t = 0;
+    for (uint32_t il = 0; il < g->n_moe_l; il++) {
+        if (!g->moe_l[il].gate.data) continue;
+        t++;
+        if (il < g->n_host) h++;
+    }
+    *n_host = h;
+    *n_moe = t;
+}
+
 /* tern_gpu_new, or with parent an MTP head's (its arch qwen35-mtp). */
 static enum tern_status gpu_make(struct tern_vk *vk, const struct tern_model *m, const struct tern_gpu *parent,
                                  uint32_t n_chunk, struct tern_gpu **out) {
@@ -835,7 +1021,7 @@ static enum tern_status gpu_make(struct tern_vk *vk, const struct tern_model *m,
         return tern_errorf(TERN_ERR_INVALID, "gpu: chunk %u must be positive (at most 65535)", n_chunk);
     /* Before anything is allocated: the weights alone against the device's memory. */
     const uint64_t have = tern_vk_info(vk)->device_local_bytes;
-    if (!head && have && m->info.weight_bytes > have)
+    if (!head && have && !m->cpu_moe_req && m->info.weight_bytes > have)
         return tern_errorf(TERN_ERR_NOMEM, "gpu: %s: the weights need %.1f MiB, but device '%s' has %.1f MiB of "
                                            "device-local memory", m->name, mib(m->info.weight_bytes),
                            tern_vk_info(vk)->name, mib(have));
@@ -858,6 +1044,7 @@ static enum tern_status gpu_make(struct tern_vk *vk, const struct tern_model *m,
     const struct model_backend be = {&gpu_ops, g};
     if (!st) st = m->arch->state_new(m, &be, n_chunk, &g->rs);
     if (!st) st = scratch(g, (size_t)n_chunk * hp->n_vocab, &g->logits);
+    if (!st && g->auto_moe) st = offload_auto(g);
     if (st) {
         tern_error_prefix(st, "gpu: %s", m->name);
         tern_gpu_free(g);

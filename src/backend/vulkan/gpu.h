@@ -46,6 +46,10 @@ void tern_gpu_free(struct tern_gpu *g);
 enum tern_status tern_gpu_head(struct tern_gpu *main, const struct tern_model *view, uint32_t n_chunk,
                                struct tern_gpu **out);
 uint32_t tern_gpu_n_chunk(const struct tern_gpu *g);
+/* Partial offload (tern_model_set_cpu_moe, read from g's model when it is made): of the
+ * n_moe MoE layers, the n_host whose routed experts stay in host memory and run on the
+ * CPU (auto resolved). */
+void tern_gpu_cpu_moe(const struct tern_gpu *g, uint32_t *n_host, uint32_t *n_moe);
 /* Device bytes of the weights and the scratch. */
 size_t tern_gpu_bytes(const struct tern_gpu *g);
 /* Device bytes of one state holding all of n_ctx positions. */
