@@ -88,6 +88,8 @@ run)
       "$dev/bin/tern" mkmodel --preset "$1" --type "$2" ${3:+--n-layer $3} --out "$f" >/dev/null 2>&1 || { echo "no preset $1"; continue; }
       "$dev/bin/tern" bench --model "$f" -p 512 -n 128 -r 2 --device vulkan
       "$dev/bin/tern" bench --model "$f" -p 512 -n 128 -r 2 --device cpu
+      # partial offload: the MoE shape with two of its layers' experts on the CPU
+      [ -n "${3:-}" ] && "$dev/bin/tern" bench --model "$f" -p 512 -n 128 -r 2 --device vulkan --n-cpu-moe 2
       rm -f "$f"
     done
   } 2>&1 | tee "$out/device-check.log"

@@ -768,47 +768,75 @@ static void test_moe(void **state) {
     assert_int_equal(tern_vk_upload(bwt, 0, w, X * stride), TERN_OK);
     assert_int_equal(tern_vk_buf_new(vk, T * K * n * sizeof(float), &by), TERN_OK);
     assert_int_equal(tern_vk_upload(bids, 0, ids, sizeof ids), TERN_OK);
-    /* the slots grouped by expert: a stable counting sort of the ids */
-    struct tern_vk_buf *bord, *bident;
-    assert_int_equal(tern_vk_buf_new(vk, T * K * sizeof(uint32_t), &bord), TERN_OK);
+    /* the slots grouped by expert (a stable counting sort of the ids), then the tiles: each
+     * expert's run cut into tiles of up to 8 */
+    const size_t ow = tern_vk_moe_order_words(T * K, X);
+    struct tern_vk_buf *bord;
+    assert_int_equal(tern_vk_buf_new(vk, ow * sizeof(uint32_t), &bord), TERN_OK);
     assert_int_equal(tern_vk_moe_group(vk, bids, bord, T * K, X), TERN_OK);
-    uint32_t order[13 * 2], ident[13 * 2], want[13 * 2];
-    assert_int_equal(tern_vk_download(bord, 0, order, sizeof order), TERN_OK);
-    size_t nw = 0;
-    for (uint32_t e = 0; e < X; e++)
+    uint32_t order[13 * 2 + 1 + 2 * 26], want[13 * 2 + 1 + 2 * 26];
+    assert_true(ow <= sizeof order / sizeof *order);
+    assert_int_equal(tern_vk_download(bord, 0, order, ow * sizeof(uint32_t)), TERN_OK);
+    size_t nw = 0, nt = 0, multi = 0;
+    for (uint32_t e = 0; e < X; e++) {
+        const size_t from = nw;
         for (uint32_t sl = 0; sl < T * K; sl++)
             if (ids[sl] == e) want[nw++] = sl;
+        for (size_t i = from; i < nw; i += 8, nt++) {
+            want[T * K + 1 + 2 * nt] = (uint32_t)i;
+            want[T * K + 2 + 2 * nt] = (uint32_t)(nw - i < 8 ? nw - i : 8);
+            multi += nw - i > 1;
+        }
+    }
+    want[T * K] = (uint32_t)nt;
     assert_int_equal(nw, T * K);
-    assert_memory_equal(order, want, sizeof order);
-    for (uint32_t sl = 0; sl < T * K; sl++) ident[sl] = sl;
-    assert_memory_not_equal(order, ident, sizeof order); /* the test means something */
-    bident = NULL;
-    assert_int_equal(tern_vk_buf_new(vk, sizeof ident, &bident), TERN_OK);
-    assert_int_equal(tern_vk_upload(bident, 0, ident, sizeof ident), TERN_OK);
+    assert_true(multi > 0 && nt < T * K); /* tiles of several slots: the test means something */
+    assert_memory_equal(order, want, (T * K + 1 + 2 * nt) * sizeof(uint32_t));
     assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, stride, X, k, n, bids, bord, bx, K, T * K, by), TERN_OK);
-    float *y = malloc(T * K * n * sizeof(float)), *yp = malloc(n * sizeof(float)), *yi = malloc(T * K * n * sizeof(float));
+    float *y = malloc(T * K * n * sizeof(float)), *yp = malloc(n * sizeof(float));
     host_floats(by, y, T * K * n);
-    /* the dispatch order changes no bits */
-    assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, stride, X, k, n, bids, bident, bx, K, T * K, by), TERN_OK);
-    host_floats(by, yi, T * K * n);
-    assert_memory_equal(yi, y, T * K * n * sizeof(float));
-    free(yi);
+    /* the tiles change no bits: each slot's row is the plain matmul's of its token alone */
     for (size_t s = 0; s < T * K; s++) {
         device_matmul(TERN_DTYPE_Q4_K, w + ids[s] * stride, rb * n, k, n, x + (s / K) * k, 1, yp);
         assert_memory_equal(yp, y + s * n, n * sizeof(float));
     }
+    /* runs longer than a tile: 13 slots each of experts 3 and 5, cut into tiles of 8 and 5 */
+    {
+        uint32_t ids2[13 * 2], o2[13 * 2 + 1];
+        for (uint32_t sl = 0; sl < T * K; sl++) ids2[sl] = sl % 2 ? 3 : 5;
+        struct tern_vk_buf *bids2, *by2;
+        assert_int_equal(tern_vk_buf_new(vk, sizeof ids2, &bids2), TERN_OK);
+        assert_int_equal(tern_vk_buf_new(vk, T * K * n * sizeof(float), &by2), TERN_OK);
+        assert_int_equal(tern_vk_upload(bids2, 0, ids2, sizeof ids2), TERN_OK);
+        assert_int_equal(tern_vk_moe_group(vk, bids2, bord, T * K, X), TERN_OK);
+        assert_int_equal(tern_vk_download(bord, 0, o2, sizeof o2), TERN_OK);
+        assert_int_equal(o2[T * K], 4); /* 8 + 5 slots of expert 3, then of expert 5 */
+        assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, stride, X, k, n, bids2, bord, bx, K, T * K, by2),
+                         TERN_OK);
+        float *y2 = malloc(T * K * n * sizeof(float));
+        host_floats(by2, y2, T * K * n);
+        for (size_t sl = 0; sl < T * K; sl++) {
+            device_matmul(TERN_DTYPE_Q4_K, w + ids2[sl] * stride, rb * n, k, n, x + (sl / K) * k, 1, yp);
+            assert_memory_equal(yp, y2 + sl * n, n * sizeof(float));
+        }
+        free(y2);
+        tern_vk_buf_free(bids2), tern_vk_buf_free(by2);
+    }
     /* a slot alone (x_div 1: its own row) gives its batch bits */
-    struct tern_vk_buf *bx1 = dev_floats(x + 6 * k, k), *bid1, *by1;
+    struct tern_vk_buf *bx1 = dev_floats(x + 6 * k, k), *bid1, *by1, *bord1;
     assert_int_equal(tern_vk_buf_new(vk, sizeof(uint32_t), &bid1), TERN_OK);
     assert_int_equal(tern_vk_upload(bid1, 0, &ids[13], sizeof(uint32_t)), TERN_OK);
     assert_int_equal(tern_vk_buf_new(vk, n * sizeof(float), &by1), TERN_OK);
-    assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, stride, X, k, n, bid1, bident, bx1, 1, 1, by1), TERN_OK);
+    assert_int_equal(tern_vk_buf_new(vk, tern_vk_moe_order_words(1, X) * sizeof(uint32_t), &bord1), TERN_OK);
+    assert_int_equal(tern_vk_moe_group(vk, bid1, bord1, 1, X), TERN_OK);
+    assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, stride, X, k, n, bid1, bord1, bx1, 1, 1, by1), TERN_OK);
     host_floats(by1, yp, n);
     assert_memory_equal(yp, y + 13 * n, n * sizeof(float));
     /* an id past the experts gives NaN, not a stray read; bad shapes are refused */
     const uint32_t bad = 9;
     assert_int_equal(tern_vk_upload(bid1, 0, &bad, sizeof bad), TERN_OK);
-    assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, stride, X, k, n, bid1, bident, bx1, 1, 1, by1), TERN_OK);
+    assert_int_equal(tern_vk_moe_group(vk, bid1, bord1, 1, X), TERN_OK);
+    assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, stride, X, k, n, bid1, bord1, bx1, 1, 1, by1), TERN_OK);
     host_floats(by1, yp, n);
     assert_true(isnan(yp[0]) && isnan(yp[n - 1]));
     assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, stride, X + 1, k, n, bids, bord, bx, K, T * K, by),
@@ -894,7 +922,7 @@ static void test_moe(void **state) {
         free(eb), free(g0), free(u0), free(gg), free(gr);
     }
 
-    struct tern_vk_buf *bufs[] = {blg, bids, bw, bwt, bx, by, bx1, bid1, by1, bsd, bsw, bout, bb, bord, bident};
+    struct tern_vk_buf *bufs[] = {blg, bids, bw, bwt, bx, by, bx1, bid1, by1, bsd, bsw, bout, bb, bord, bord1};
     for (size_t i = 0; i < TERN_ARRAY_LEN(bufs); i++) tern_vk_buf_free(bufs[i]);
     free(lg), free(lg_cpu), free(w), free(wf), free(x), free(y), free(yp), free(sd), free(ref), free(got);
 }

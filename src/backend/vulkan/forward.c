@@ -380,7 +380,7 @@ static enum tern_status gpu_moe_ws_new(void *ctx, const struct tern_model *m, co
     const size_t before = g->bytes;
     enum tern_status st = scratch(g, n * hp->n_expert, &ws->probs);
     if (!st) st = scratch(g, slots, &ws->ids);
-    if (!st) st = scratch(g, slots, &ws->order);
+    if (!st) st = scratch(g, tern_vk_moe_order_words(slots, hp->n_expert), &ws->order);
     if (!st) st = scratch(g, slots, &ws->wts);
     if (!st) st = scratch(g, slots * hp->n_ff_exp, &ws->g);
     if (!st) st = scratch(g, slots * hp->n_ff_exp, &ws->u);

@@ -812,7 +812,8 @@ enum tern_status tern_vk_matmul_id(struct tern_vk *vk, enum tern_dtype wtype, co
                            "vulkan: expert matmul of %zu experts %zu bytes apart (%zu rows of %llu bytes each, "
                            "at most 1024 experts and 4 GiB)",
                            n_expert, expert_stride, n, (unsigned long long)rb);
-    if (w->bytes < wbytes || ids->bytes < n_slots * sizeof(uint32_t) || order->bytes < n_slots * sizeof(uint32_t) ||
+    if (w->bytes < wbytes || ids->bytes < n_slots * sizeof(uint32_t) ||
+        order->bytes < tern_vk_moe_order_words(n_slots, n_expert) * sizeof(uint32_t) ||
         x->bytes < (n_slots + x_div - 1) / x_div * k * sizeof(float) || y->bytes < n_slots * n * sizeof(float))
         return tern_errorf(TERN_ERR_RANGE, "vulkan: expert matmul buffers too small for k %zu, n %zu, %zu slots", k, n,
                            n_slots);
@@ -822,7 +823,8 @@ enum tern_status tern_vk_matmul_id(struct tern_vk *vk, enum tern_dtype wtype, co
     const struct tern_vk_buf *bufs[6] = {w, x, y, ids, order, vk->iq_codes};
     uint32_t gx, gz;
     matmul_groups(vk, n, &gx, &gz);
-    return record(vk, N_MATMUL + matmul_pipe(wtype), bufs, 6, pc, sizeof pc, gx, (uint32_t)n_slots, gz);
+    return record(vk, N_MATMUL + matmul_pipe(wtype), bufs, 6, pc, sizeof pc, gx,
+                  (uint32_t)tern_vk_moe_max_tiles(n_slots, n_expert), gz);
 }
 
 /* moe.comp's push constants */
@@ -853,7 +855,8 @@ enum tern_status tern_vk_moe_group(struct tern_vk *vk, const struct tern_vk_buf 
     enum tern_status st;
     if (n_expert == 0 || n_expert > 1024)
         return tern_errorf(TERN_ERR_INVALID, "vulkan: grouping the slots of %zu experts (at most 1024)", n_expert);
-    if ((st = check_rows("moe expert ids", ids, n_slots, 1)) || (st = check_rows("moe slot order", order, n_slots, 1)))
+    if ((st = check_rows("moe expert ids", ids, n_slots, 1)) ||
+        (st = check_rows("moe slot order", order, tern_vk_moe_order_words(n_slots, n_expert), 1)))
         return st;
     if (!n_slots) return TERN_OK;
     const struct moe_pc pc = {(uint32_t)n_slots, (uint32_t)n_expert, 1, 0, 1.0f, 0, 0, 0};

@@ -100,20 +100,34 @@ enum tern_status tern_vk_matmul(struct tern_vk *vk, enum tern_dtype wtype, const
 /* The experts' matmul (MoE): w holds n_expert matrices of n rows of k elements of wtype,
  * expert_stride bytes apart (stacked as GGUF's ffn_*_exps); for each of n_slots slots s,
  * y[s * n + r] = dot(row r of expert ids[s], x row s / x_div) (ids: n_slots uint32; x_div
- * = n_used when a token's slots share its input row, 1 when each slot has its own). The
- * slots are dispatched in the order order[] (n_slots uint32, a permutation: from
- * tern_vk_moe_group, slots grouped by expert, so neighbouring workgroups read the same
- * expert's rows); the order decides which workgroup computes a slot, never its bits: the
+ * = n_used when a token's slots share its input row, 1 when each slot has its own). order
+ * is tern_vk_moe_group's (tern_vk_moe_order_words): the slots grouped by expert and cut
+ * into tiles of up to 8 slots of one expert, each tile a workgroup that reads the expert's
+ * rows once for all its slots (neighbouring workgroups read the same expert). The tile
+ * decides which workgroup computes a slot and beside which others, never its bits: the
  * same fixed-order reduction as tern_vk_matmul, so a slot's row does not depend on the
- * other slots. An id past n_expert gives NaN rows, never a read outside w. Errors as
- * tern_vk_matmul's; more than 1024 experts or 4 GiB of them (TERN_ERR_RANGE). */
+ * other slots. An id past n_expert gives NaN rows, never a read outside w; a malformed
+ * tile computes nothing. Errors as tern_vk_matmul's; more than 1024 experts or 4 GiB of
+ * them, an order too small (TERN_ERR_RANGE). */
 enum tern_status tern_vk_matmul_id(struct tern_vk *vk, enum tern_dtype wtype, const struct tern_vk_buf *w,
                                    size_t expert_stride, size_t n_expert, size_t k, size_t n,
                                    const struct tern_vk_buf *ids, const struct tern_vk_buf *order,
                                    const struct tern_vk_buf *x, size_t x_div, size_t n_slots, struct tern_vk_buf *y);
 /* order[0..n_slots) = the slots 0..n_slots ordered by their expert ids[s], the slots of one
  * expert in slot order (a stable counting sort on the device, as the CPU groups them); ids
- * past n_expert last. At most 1024 experts. */
+ * past n_expert last. Then the experts' matmul's tiles: order[n_slots] = how many, then a
+ * (first index into the grouping, count) pair per tile, each expert's run cut into tiles of
+ * up to 8. order holds tern_vk_moe_order_words(n_slots, n_expert) uint32. At most 1024
+ * experts. */
+static inline size_t tern_vk_moe_max_tiles(size_t n_slots, size_t n_expert) {
+    /* a run per expert (and one of bad ids), each cut into tiles of up to 8 */
+    const size_t runs = n_expert + 1 < n_slots ? n_expert + 1 : n_slots;
+    const size_t tiles = (n_slots + 7) / 8 + runs;
+    return tiles < n_slots ? tiles : n_slots;
+}
+static inline size_t tern_vk_moe_order_words(size_t n_slots, size_t n_expert) {
+    return n_slots + 1 + 2 * tern_vk_moe_max_tiles(n_slots, n_expert);
+}
 enum tern_status tern_vk_moe_group(struct tern_vk *vk, const struct tern_vk_buf *ids, struct tern_vk_buf *order,
                                    size_t n_slots, size_t n_expert);
 

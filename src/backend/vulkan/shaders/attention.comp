@@ -11,6 +11,10 @@
 // depends on the block and the query's position alone. A token's result therefore depends
 // only on its own positions, never on the other queries.
 //
+// Cost: 4 (pos + 1) d_head bytes of F16 K and V per query head and token (a KV head's rows
+// read again by each head of its group and each token), 4 (pos + 1) d_head FLOP: about 1
+// FLOP per byte, bandwidth-bound (docs/gpu.md).
+//
 // Cache layout: pages of 256 positions, [page][n_kv][256][head_dim] (the CPU's pages end
 // to end), F32 or (F16 = 1) halves packed in uints.
 // Queries and outputs are rows row0.. of their buffers (one sequence of a step over

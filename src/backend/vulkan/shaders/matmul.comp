@@ -26,18 +26,24 @@ layout(constant_id = 2) const uint LANES = 32u;
 // Invocations per workgroup (3: 128 with several lanes, 64 with one; vulkan.c).
 layout(constant_id = 3) const uint WG_SIZE = 128u;
 const uint WG_ROWS = WG_SIZE / LANES;
+// Cost per output (docs/gpu.md, "What each kernel moves"): k b / 8T bytes of weights (b bits
+// per weight, T tokens in the tile), 4k of activations (shared by the workgroup's rows, from
+// cache), 2k FLOP: 16T / b FLOP per weight byte (Q4_K: 3.6 at decode, 28 at T = 8).
 // Workgroups along x before the row index carries into z (the dispatch's x is at most GX).
 const uint GX = 1024u;
 layout(local_size_x_id = 3, local_size_y = 1, local_size_z = 1) in;
 
 layout(constant_id = 0) const uint WTYPE = 0;
 // INDEXED (the MoE experts' matmul): W holds n_expert matrices expert_stride bytes apart;
-// the y index of the dispatch walks the slots in the order order[] gives (slots grouped by
-// expert, so that neighbouring workgroups read the same expert's rows), and slot s's expert
-// is ids[s], its input row x row s / x_div (each token's n_used slots share its row for
-// gate/up: x_div = n_used; down: 1), its output row y row s. The same reduction as the
-// plain matmul, from the expert's rows: the order changes which workgroup computes a slot,
-// never its bits.
+// order[] holds the slots grouped by expert (tern_vk_moe_group) and then the tiles: at
+// order[n_tok] their count, then (start, count) pairs, each up to TT consecutive entries of
+// the grouping that share one expert. The y index of the dispatch is the tile: its slots
+// read the expert's rows once for all of them (as the plain matmul's tile of tokens), and
+// neighbouring workgroups read the same expert. Slot s's expert is ids[s], its input row x
+// row s / x_div (each token's n_used slots share its row for gate/up: x_div = n_used;
+// down: 1), its output row y row s. The same reduction as the plain matmul, from the
+// expert's rows: the tile decides which workgroup computes a slot and beside which
+// others, never its bits.
 layout(constant_id = 1) const uint INDEXED = 0;
 
 layout(std430, binding = 0) readonly buffer W { uint w[]; };
@@ -169,12 +175,13 @@ uint lowbit_bytes() {
          : WTYPE == 18 ? 98u : WTYPE == 21 ? 110u : WTYPE == 19 ? 50u : 56u;
 }
 
-// A tile: one invocation computes row r for up to TT tokens (the INDEXED matmul: one
-// slot), decoding each weight once for all of them. What an output computes does not
+// A tile: one invocation computes row r for up to TT tokens (the INDEXED matmul: up to TT
+// slots of one expert), decoding each weight once for all of them. What an output computes does not
 // change with the tile: the same products and sums in the same order as alone.
 const uint TT = 8u;
 uint nt;       // tokens in this tile (1..TT)
 uint xo[TT];   // their x rows' offsets
+uint yr[TT];   // their y rows
 // Each invocation's sums for the tile's tokens, for the reduction across the row's lanes.
 shared float part[128u * TT];
 // The float types' elements of this lane: chunks of 32, lane l taking chunks l, l + LANES, ...
@@ -196,24 +203,37 @@ void main() {
     uint t0 = 0u;
     nt = 1u;
     if (INDEXED != 0) {
-        const uint slot = gl_WorkGroupID.y;
-        live = live && slot < p.n_tok;
-        if (live) t0 = order[slot];
-        live = live && t0 < p.n_tok; // a bad order entry: nothing to write
+        const uint tile = gl_WorkGroupID.y;
+        live = live && tile < order[p.n_tok];
+        uint first = 0u;
         if (live) {
-            const uint e = ids[t0];
+            first = order[p.n_tok + 1u + 2u * tile];
+            nt = order[p.n_tok + 2u + 2u * tile];
+        }
+        live = live && nt >= 1u && nt <= TT && first < p.n_tok && nt <= p.n_tok - first; // a bad tile: nothing
+        for (uint u = 0u; u < TT; u++) {
+            yr[u] = live ? order[first + min(u, nt - 1u)] : 0u;
+            live = live && yr[u] < p.n_tok; // a bad order entry: nothing to write
+        }
+        if (live) {
+            const uint e = ids[yr[0]];
             if (e >= p.n_expert) { // a routing bug must not read out of the weights: NaN marks it
-                if (lane == 0u) y[t0 * p.n + r] = uintBitsToFloat(0x7fc00000u);
+                if (lane == 0u)
+                    for (uint u = 0u; u < TT; u++)
+                        if (u < nt) y[yr[u] * p.n + r] = uintBitsToFloat(0x7fc00000u);
                 live = false;
             }
-            xo[0] = (t0 / p.x_div) * p.k;
+            for (uint u = 0u; u < TT; u++) xo[u] = (yr[u] / p.x_div) * p.k;
             ro += e * p.expert_stride;
         }
     } else {
         t0 = gl_WorkGroupID.y * TT;
         live = live && t0 < p.n_tok;
         if (live) nt = min(TT, p.n_tok - t0);
-        for (uint u = 0u; u < TT; u++) xo[u] = (t0 + min(u, nt - 1u)) * p.k;
+        for (uint u = 0u; u < TT; u++) {
+            xo[u] = (t0 + min(u, nt - 1u)) * p.k;
+            yr[u] = t0 + u;
+        }
     }
     precise float acc[TT];
     for (uint u = 0u; u < TT; u++) acc[u] = 0.0;
@@ -415,5 +435,5 @@ void main() {
     }
     if (live && lane == 0u)
         for (uint u = 0u; u < TT; u++)
-            if (u < nt) y[(t0 + u) * p.n + r] = acc[u];
+            if (u < nt) y[yr[u] * p.n + r] = acc[u];
 }

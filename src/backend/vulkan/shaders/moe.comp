@@ -11,7 +11,9 @@
 //   2 group:   one invocation: the n_tok slots (here: ids[0..n_tok)) ordered by expert, slots
 //              of one expert in slot order (the CPU's grouping), into order[]: a stable
 //              counting sort, so the order is a function of the ids alone. Ids past
-//              n_expert go last.
+//              n_expert go last. Then the tiles of the experts' matmul: order[n_tok] = their
+//              count, then (start, count) per tile, each expert's run cut into tiles of
+//              up to 8 consecutive slots (the matmul's tile), in order.
 //   3 bias:    one invocation per element of n_tok slot rows of n: y[s][i] += eb[ids[s]][i],
 //              the expert's own bias row (gpt-oss's gate, up and down biases); an id past
 //              n_expert gives NaN, never a read outside eb.
@@ -119,6 +121,17 @@ void group() {
         const uint e = min(ids[s], p.n_expert);
         order[start[e]++] = s;
     }
+    // start[e] is now the end of expert e's run (the bucket of bad ids last)
+    uint n_tiles = 0u, from = 0u;
+    for (uint e = 0; e <= p.n_expert; e++) {
+        for (uint i = from; i < start[e]; i += 8u) {
+            order[p.n_tok + 1u + 2u * n_tiles] = i;
+            order[p.n_tok + 2u + 2u * n_tiles] = min(8u, start[e] - i);
+            n_tiles++;
+        }
+        from = start[e];
+    }
+    order[p.n_tok] = n_tiles;
 }
 
 void main() {
