@@ -215,6 +215,15 @@ void engine_metrics(void *self, struct tern_buf *b) {
              SRV_U(v.fallbacks)},
         };
         srv_metrics_put(b, vram_rows, TERN_ARRAY_LEN(vram_rows));
+        uint32_t n_cpu_moe, n_moe;
+        tern_model_cpu_moe(e->model, &n_cpu_moe, &n_moe);
+        const struct srv_metric moe_rows[] = {
+            {"tern_device_moe_layers", "gauge", "MoE layers of the model on the device.", SRV_U(n_moe)},
+            {"tern_device_cpu_moe_layers", "gauge",
+             "MoE layers whose routed experts stay in host memory and run on the CPU (--cpu-moe, --n-cpu-moe).",
+             SRV_U(n_cpu_moe)},
+        };
+        srv_metrics_put(b, moe_rows, TERN_ARRAY_LEN(moe_rows));
         srv_metric_head(b, "tern_cache_vram_restores_total", "counter",
                         "Restores and forks from a checkpoint, by where it was.");
         tern_buf_printf(b,
