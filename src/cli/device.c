@@ -3,6 +3,8 @@
 #include "cli/cli.h"
 
 #include "backend/vulkan/vulkan.h"
+#include "model/ctx-default.h"
+#include "model/model.h" /* TERN_KV_PAGE */
 
 #include <stdio.h>
 #include <string.h>
@@ -64,9 +66,9 @@ int cli_cpu_moe_parse(const char *cmd, bool all, const char *n, uint32_t *out) {
 static uint64_t session_reserve(const struct tern_model *m, const struct tern_session_params *sp) {
     if (!sp) return 0;
     const struct tern_model_info *in = tern_model_info(m);
-    uint64_t n_ctx = sp->n_ctx ? sp->n_ctx : (in->n_ctx_train && in->n_ctx_train < 32768 ? in->n_ctx_train : 32768);
-    n_ctx = (n_ctx + 255) / 256 * 256;
-    return n_ctx * in->kv_bytes_per_token_f16 * (sp->kv_type == TERN_KV_F32 ? 2 : 1) + in->recurrent_bytes;
+    uint64_t n_ctx = sp->n_ctx ? sp->n_ctx : tern_n_ctx_default(in->n_ctx_train);
+    n_ctx = (n_ctx + TERN_KV_PAGE - 1) / TERN_KV_PAGE * TERN_KV_PAGE; /* whole pages */
+    return n_ctx * tern_state_kv_row_bytes(m, sp->kv_type) + in->recurrent_bytes;
 }
 
 int cli_device_use(const char *cmd, struct tern_model *m, int *dev, bool is_auto, uint32_t n_chunk,
