@@ -25,6 +25,8 @@ extern const struct tern_kernel_table tern_kernels_portable;
 /* Every half as a float (filled by tern_kernels_init before any kernel runs): the
  * SIMD kernels turn block scales into floats with one load instead of three ALU ops. */
 extern float tern_fp16_lut[65536];
+/* tern_e8m0_half of every byte (MXFP4's block scales), likewise. */
+extern float tern_e8m0_half_lut[256];
 
 extern const struct tern_kernel_table tern_kernels_avx2;
 /* AVX-512 tiles for batches with the AVX2 tiles' bits (x86/wide-avx512.c); consulted before

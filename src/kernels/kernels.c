@@ -45,9 +45,11 @@ static bool cpu_has_avx512_tiles(void) {
 }
 
 float tern_fp16_lut[65536];
+float tern_e8m0_half_lut[256];
 
 static void init_isa(void) {
     for (uint32_t h = 0; h < 65536; h++) tern_fp16_lut[h] = tern_fp16_to_f32((tern_fp16)h);
+    for (uint32_t e = 0; e < 256; e++) tern_e8m0_half_lut[e] = tern_e8m0_half((uint8_t)e);
     have_avx2 = cpu_has_avx2_fma_f16c();
     active_isa = have_avx2 ? TERN_ISA_AVX2 : TERN_ISA_PORTABLE;
     have_avx512 = have_avx2 && cpu_has_avx512_tiles();

@@ -36,8 +36,9 @@ bool tern_kernels_isa_available(enum tern_isa isa);
  * if the CPU lacks it). Not thread-safe with respect to running kernels. */
 bool tern_kernels_set_isa(enum tern_isa isa);
 
-/* Within the AVX2 ISA, batches (n_tok > 1) of F16, Q8_0, MXFP4, Q4_K, Q5_K and Q6_K weights may run
- * on AVX-512 tiles (F, BW, VL, DQ, VNNI): two (row, token) pairs per register, every lane
+/* Within the AVX2 ISA, batches (n_tok > 1) and single tokens of F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
+ * Q5_1, IQ4_NL, IQ4_XS, MXFP4, Q4_K, Q5_K and Q6_K weights may run on AVX-512 tiles (F, BW, VL,
+ * DQ, VNNI), and the low-bit types on their AVX-512 kernels: two (row, token) pairs per register, every lane
  * through the AVX2 tile's operations, so the bits are the AVX2 kernels' (the kernel test
  * checks that bit for bit). On by default where the CPU has them; TERN_AVX512=0 turns
  * them off. set returns false (and changes nothing) when asked for tiles the CPU lacks.

@@ -418,9 +418,9 @@ static void test_iq4_twins_same_bits(void **state) {
 
 /* The AVX-512 tiles for batches give the AVX2 tiles' bits: every type (those without such
  * tiles trivially), row counts that leave every tile shape and a last odd row, token counts
- * from a single token (the AVX-512 GEMV for Q4_K, Q5_K and Q6_K, AVX2 for the others) to
- * several full tiles and their edges, several k
- * (F16 also one that is not a multiple of 8), every weight and activation mode. */
+ * from a single token (the one-row AVX-512 GEMV for Q4_K, Q5_K, Q6_K and IQ4_XS, the tiles'
+ * one-token column for the other tiled types) to several full tiles and their edges,
+ * several k (F16 also one that is not a multiple of 8), every weight and activation mode. */
 static void test_avx512_tiles_same_bits(void **state) {
     (void)state;
     if (n_isas < 2 || !tern_kernels_avx512_available()) {

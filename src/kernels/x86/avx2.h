@@ -94,6 +94,74 @@ AVX2_INLINE __m256i dot_u8s8_32(__m256i u, __m256i s) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
+/* ---- the 32-element quants' levels (q32-avx2.c and the AVX-512 tiles) ------------------- */
+
+enum q32_kind { K_Q8_0, K_Q4_0, K_Q5_0, K_Q4_1, K_Q5_1, K_IQ4_NL, K_MXFP4 };
+
+AVX2_INLINE size_t q32_block_bytes(int kind) {
+    switch (kind) {
+    case K_Q8_0: return sizeof(struct tern_block_q8_0);
+    case K_Q4_0: return sizeof(struct tern_block_q4_0);
+    case K_Q5_0: return sizeof(struct tern_block_q5_0);
+    case K_Q4_1: return sizeof(struct tern_block_q4_1);
+    case K_IQ4_NL: return sizeof(struct tern_block_iq4_nl);
+    case K_MXFP4: return sizeof(struct tern_block_mxfp4);
+    default: return sizeof(struct tern_block_q5_1);
+    }
+}
+
+/* Levels that are signed bytes (multiplied by the sign trick); the others are unsigned. */
+AVX2_INLINE bool q32_signed(int kind) { return kind == K_Q8_0 || kind == K_IQ4_NL || kind == K_MXFP4; }
+
+/* The block's levels as 32 bytes: signed for Q8_0 and IQ4_NL (the table value of each
+ * nibble, by one byte shuffle), unsigned otherwise. */
+AVX2_INLINE __m256i q32_levels(int kind, const uint8_t *blk) {
+    switch (kind) {
+    case K_Q8_0: return loadu256(blk + 2);
+    case K_IQ4_NL: return _mm256_shuffle_epi8(iq4nl_table(), nibbles32(blk + 2));
+    case K_MXFP4: return _mm256_shuffle_epi8(mxfp4_table(), nibbles32(blk + 1));
+    case K_Q4_0: return nibbles32(blk + 2);
+    case K_Q4_1: return nibbles32(blk + 4);
+    default: {
+        const size_t qh_off = kind == K_Q5_0 ? 2 : 4;
+        uint32_t qh;
+        memcpy(&qh, blk + qh_off, 4);
+        const __m256i hi = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
+        return _mm256_or_si256(nibbles32(blk + qh_off + 4), hi);
+    }
+    }
+}
+
+/* Level offset subtracted through the activation sums (Q4_0: 8, Q5_0: 16). */
+AVX2_INLINE int q32_offset(int kind) { return kind == K_Q4_0 ? 8 : kind == K_Q5_0 ? 16 : 0; }
+AVX2_INLINE bool q32_has_min(int kind) { return kind == K_Q4_1 || kind == K_Q5_1; }
+
+/* ---- IQ4_XS's head (qk-avx2.c and the AVX-512 tiles) --------------------------------- */
+
+#define IQ4XS_D offsetof(struct tern_block_iq4_xs, d)
+#define IQ4XS_QS offsetof(struct tern_block_iq4_xs, qs)
+
+/* The 8 sub-block scales of a block as int16 (ls - 32), in both 128-bit lanes, without a
+ * per-scale loop: the 8 low nibbles (scales_l) and the 8 two-bit highs (scales_h) are
+ * spread to one byte each by shifts and masks, then widened. */
+AVX2_INLINE __m256i iq4xs_scales16(const uint8_t *blk) {
+    uint16_t h;
+    uint32_t l;
+    memcpy(&h, blk + offsetof(struct tern_block_iq4_xs, scales_h), 2);
+    memcpy(&l, blk + offsetof(struct tern_block_iq4_xs, scales_l), 4);
+    uint64_t x = l; /* nibble j -> low nibble of byte j */
+    x = (x | (x << 16)) & 0x0000FFFF0000FFFFull;
+    x = (x | (x << 8)) & 0x00FF00FF00FF00FFull;
+    x = (x | (x << 4)) & 0x0F0F0F0F0F0F0F0Full;
+    uint64_t y = h; /* 2-bit group j -> bits 0-1 of byte j */
+    y = (y | (y << 24)) & 0x000000FF000000FFull;
+    y = (y | (y << 12)) & 0x000F000F000F000Full;
+    y = (y | (y << 6)) & 0x0303030303030303ull;
+    const __m128i ls = _mm_cvtsi64_si128((long long)(x | (y << 4)));
+    const __m128i s16 = _mm_sub_epi16(_mm_cvtepu8_epi16(ls), _mm_set1_epi16(32));
+    return _mm256_broadcastsi128_si256(s16);
+}
+
 /* ---- tiling driver ------------------------------------------------------------------- */
 
 /* Computes rows [0, R) x tokens [0, T) of one tile: y[t * ldy + r]. w points at the

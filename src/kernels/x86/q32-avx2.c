@@ -17,46 +17,6 @@
  * acc = fma(lanes of a, m*da, acc). hsum8 at the end. */
 #include "kernels/x86/avx2.h"
 
-enum q32_kind { K_Q8_0, K_Q4_0, K_Q5_0, K_Q4_1, K_Q5_1, K_IQ4_NL, K_MXFP4 };
-
-AVX2_INLINE size_t q32_block_bytes(int kind) {
-    switch (kind) {
-    case K_Q8_0: return sizeof(struct tern_block_q8_0);
-    case K_Q4_0: return sizeof(struct tern_block_q4_0);
-    case K_Q5_0: return sizeof(struct tern_block_q5_0);
-    case K_Q4_1: return sizeof(struct tern_block_q4_1);
-    case K_IQ4_NL: return sizeof(struct tern_block_iq4_nl);
-    case K_MXFP4: return sizeof(struct tern_block_mxfp4);
-    default: return sizeof(struct tern_block_q5_1);
-    }
-}
-
-/* Levels that are signed bytes (multiplied by the sign trick); the others are unsigned. */
-AVX2_INLINE bool q32_signed(int kind) { return kind == K_Q8_0 || kind == K_IQ4_NL || kind == K_MXFP4; }
-
-/* The block's levels as 32 bytes: signed for Q8_0 and IQ4_NL (the table value of each
- * nibble, by one byte shuffle), unsigned otherwise. */
-AVX2_INLINE __m256i q32_levels(int kind, const uint8_t *blk) {
-    switch (kind) {
-    case K_Q8_0: return loadu256(blk + 2);
-    case K_IQ4_NL: return _mm256_shuffle_epi8(iq4nl_table(), nibbles32(blk + 2));
-    case K_MXFP4: return _mm256_shuffle_epi8(mxfp4_table(), nibbles32(blk + 1));
-    case K_Q4_0: return nibbles32(blk + 2);
-    case K_Q4_1: return nibbles32(blk + 4);
-    default: {
-        const size_t qh_off = kind == K_Q5_0 ? 2 : 4;
-        uint32_t qh;
-        memcpy(&qh, blk + qh_off, 4);
-        const __m256i hi = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
-        return _mm256_or_si256(nibbles32(blk + qh_off + 4), hi);
-    }
-    }
-}
-
-/* Level offset subtracted through the activation sums (Q4_0: 8, Q5_0: 16). */
-AVX2_INLINE int q32_offset(int kind) { return kind == K_Q4_0 ? 8 : kind == K_Q5_0 ? 16 : 0; }
-AVX2_INLINE bool q32_has_min(int kind) { return kind == K_Q4_1 || kind == K_Q5_1; }
-
 AVX2_INLINE void q32_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb,
                           size_t k, float *y, size_t ldy) {
     const size_t bb = q32_block_bytes(kind);

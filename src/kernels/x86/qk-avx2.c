@@ -195,30 +195,6 @@ AVX2_INLINE void q6k_tile(int R, int T, const uint8_t *w, size_t wrb, const uint
  * a multiply and an add, not fused. The portable twin (ref/matmul-ref.c) performs these
  * same operations (without needing fmaf), so both ISAs give the same bits. */
 
-#define IQ4XS_D offsetof(struct tern_block_iq4_xs, d)
-#define IQ4XS_QS offsetof(struct tern_block_iq4_xs, qs)
-
-/* The 8 sub-block scales of a block as int16 (ls - 32), in both 128-bit lanes, without a
- * per-scale loop: the 8 low nibbles (scales_l) and the 8 two-bit highs (scales_h) are
- * spread to one byte each by shifts and masks, then widened. */
-AVX2_INLINE __m256i iq4xs_scales16(const uint8_t *blk) {
-    uint16_t h;
-    uint32_t l;
-    memcpy(&h, blk + offsetof(struct tern_block_iq4_xs, scales_h), 2);
-    memcpy(&l, blk + offsetof(struct tern_block_iq4_xs, scales_l), 4);
-    uint64_t x = l; /* nibble j -> low nibble of byte j */
-    x = (x | (x << 16)) & 0x0000FFFF0000FFFFull;
-    x = (x | (x << 8)) & 0x00FF00FF00FF00FFull;
-    x = (x | (x << 4)) & 0x0F0F0F0F0F0F0F0Full;
-    uint64_t y = h; /* 2-bit group j -> bits 0-1 of byte j */
-    y = (y | (y << 24)) & 0x000000FF000000FFull;
-    y = (y | (y << 12)) & 0x000F000F000F000Full;
-    y = (y | (y << 6)) & 0x0303030303030303ull;
-    const __m128i ls = _mm_cvtsi64_si128((long long)(x | (y << 4)));
-    const __m128i s16 = _mm_sub_epi16(_mm_cvtepu8_epi16(ls), _mm_set1_epi16(32));
-    return _mm256_broadcastsi128_si256(s16);
-}
-
 AVX2_INLINE void iq4xs_tile(int R, int T, const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb, size_t k,
                             float *y, size_t ldy) {
     const size_t bb = sizeof(struct tern_block_iq4_xs);

@@ -1,4 +1,4 @@
-/* AVX-512 tiles for batches (prompt processing) and the K-quant GEMV (decode), used by the
+/* AVX-512 tiles for batches (prompt processing) and single tokens (decode), used by the
  * AVX2 kernel table where the CPU has AVX-512 F, BW, VL and VNNI (CPUID, kernels.c;
  * TERN_AVX512=0 turns them off).
  *
@@ -9,17 +9,18 @@
  * integer parts are exact, so how they are formed does not matter), then the same hsum8
  * on each half. What changes is how many pairs one instruction serves, and the integer
  * dot products:
- *   Q8_0:       vpdpbusd of (activation + 128, unsigned) by the signed weight bytes, started
- *               from -128 * (the weight lane sums), instead of sign / maddubs / madd: the
- *               same exact lane sums in one instruction per two pairs;
- *   Q4_K/Q5_K/Q6_K: maddubs, then vpdpwssd (the scale multiply and the add in one);
- *   MXFP4:      Q8_0's vpdpbusd over the table levels (one byte shuffle per row);
+ *   the 32-element quants (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL, MXFP4): vpdpbusd of the
+ *               levels as unsigned bytes (the signed ones + 128) by the signed activation
+ *               bytes, started from minus the offset's lanes (once per token and block),
+ *               instead of sign / maddubs / madd: the same exact lane sums in one
+ *               instruction per two pairs;
+ *   Q4_K/Q5_K/Q6_K, IQ4_XS: maddubs, then vpdpwssd (the scale multiply and the add in one);
  *   F16, BF16:  the AVX2 tile's conversions and fmas, two pairs per instruction.
- * A single token (GEMV, decode) of Q4_K, Q5_K or Q6_K goes to the one-row GEMV below (the
- * same construction, one row at a time); of other types, a last odd row and a k the tiles
- * do not handle go to the AVX2 entry points: the mix is free, as every pair's bits are the
- * same either way (the kernel test compares the two tile sets bit for bit on odd shapes,
- * single tokens included). */
+ * A single token (GEMV, decode) of Q4_K, Q5_K, Q6_K or IQ4_XS goes to the one-row GEMV below
+ * (the same construction, one row at a time), of the others to the tiles' one-token column;
+ * a last odd row and a k the tiles do not handle go to the AVX2 entry points: the mix is
+ * free, as every pair's bits are the same either way (the kernel test compares the two tile
+ * sets bit for bit on odd shapes, single tokens included). */
 #include "kernels/lowbit.h"
 #include "kernels/x86/avx2.h"
 
@@ -62,73 +63,62 @@ AVX2_INLINE void store_pair(__m512 acc, float *y0, float *y1) {
     UNROLL for (int t = 0; t < (T); t++) UNROLL for (int p = 0; p < (RP); p++)                                  \
         store_pair(acc[p][t], y + (size_t)t * ldy + 2 * p, y + (size_t)t * ldy + 2 * p + 1)
 
-/* ---- Q8_0 ------------------------------------------------------------------------------ */
-
-AVX2_INLINE void q8_0_wtile(int RP, int T, const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb, size_t k,
-                            float *y, size_t ldy, size_t pf) {
-    const size_t bb = sizeof(struct tern_block_q8_0);
-    const __m512i x80 = _mm512_set1_epi8((char)0x80);
-    __m512 acc[W_RPMAX][W_TMAX];
-    UNROLL for (int p = 0; p < RP; p++) UNROLL for (int t = 0; t < T; t++) acc[p][t] = _mm512_setzero_ps();
-    for (size_t b = 0; b < k / TERN_QK; b++) {
-        __m512i wq[W_RPMAX], nc[W_RPMAX];
-        __m512 dw[W_RPMAX];
-        UNROLL for (int p = 0; p < RP; p++) {
-            const uint8_t *b0 = w + (size_t)(2 * p) * wrb + b * bb, *b1 = b0 + wrb;
-            if (pf) {
-                avx2_prefetch(b0 + pf);
-                avx2_prefetch(b1 + pf);
-            }
-            wq[p] = pair_i(b0 + 2, b1 + 2);
-            /* -128 * (sum of each lane's 4 weights): cancels the +128 of the activations */
-            nc[p] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), x80, wq[p]));
-            dw[p] = lut_pair(b0, b1);
-        }
-        UNROLL for (int t = 0; t < T; t++) {
-            const uint8_t *ab = a + (size_t)t * arb + b * bb;
-            const __m512i au = _mm512_xor_si512(bcast_i(ab + 2), x80); /* a + 128, as unsigned bytes */
-            const __m512 da = lut16(ab);
-            UNROLL for (int p = 0; p < RP; p++) {
-                const __m512i l = _mm512_dpbusd_epi32(nc[p], au, wq[p]);
-                acc[p][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), _mm512_mul_ps(dw[p], da), acc[p][t]);
-            }
-        }
+/* ---- the 32-element quants (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, IQ4_NL, MXFP4) -----------------
+ *
+ * The AVX2 tile's exact lane sums (q32-avx2.c: 4 products level x activation byte per int32
+ * lane) by one vpdpbusd of unsigned levels by the signed activation bytes, then its float
+ * operations on each lane. The signed levels (Q8_0, IQ4_NL, MXFP4) are read + 128 (a byte
+ * xor, or the table + 128), and every lane starts from minus its offset times the lane's
+ * activation sum, once per token and block for all rows: 128 for those, Q4_0's 8 and Q5_0's
+ * 16 (which the AVX2 tile subtracts the same way); Q4_1/Q5_1's activation sums by one more
+ * vpdpbusd. The unsigned levels are q32_levels', two rows side by side. */
+AVX2_INLINE __m256i q32_ulevels(int kind, const uint8_t *blk) {
+    const __m256i x80 = _mm256_set1_epi8((char)0x80);
+    switch (kind) {
+    case K_Q8_0: return _mm256_xor_si256(loadu256(blk + 2), x80);
+    case K_IQ4_NL: return _mm256_shuffle_epi8(_mm256_xor_si256(iq4nl_table(), x80), nibbles32(blk + 2));
+    case K_MXFP4: return _mm256_shuffle_epi8(_mm256_xor_si256(mxfp4_table(), x80), nibbles32(blk + 1));
+    default: return q32_levels(kind, blk);
     }
-    W_STORE(RP, T);
 }
 
-/* ---- MXFP4 ------------------------------------------------------------------------------ */
-
-/* Q8_0's vpdpbusd lanes over the table levels (exact), then the AVX2 tile's unfused
- * acc + lanes * (dw * da). */
-AVX2_INLINE void mxfp4_wtile(int RP, int T, const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb, size_t k,
-                             float *y, size_t ldy, size_t pf) {
-    const size_t bb = sizeof(struct tern_block_mxfp4), ab = sizeof(struct tern_block_q8_0);
-    const __m512i x80 = _mm512_set1_epi8((char)0x80);
+AVX2_INLINE void q32_wtile(int kind, int RP, int T, const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb,
+                           size_t k, float *y, size_t ldy, size_t pf) {
+    const size_t bb = q32_block_bytes(kind), ab = sizeof(struct tern_block_q8_0);
+    const __m512i zero = _mm512_setzero_si512();
+    const int off = q32_signed(kind) ? 128 : q32_offset(kind);
     __m512 acc[W_RPMAX][W_TMAX];
     UNROLL for (int p = 0; p < RP; p++) UNROLL for (int t = 0; t < T; t++) acc[p][t] = _mm512_setzero_ps();
     for (size_t b = 0; b < k / TERN_QK; b++) {
-        __m512i wq[W_RPMAX], nc[W_RPMAX];
-        __m512 dw[W_RPMAX];
+        __m512i wu[W_RPMAX];
+        __m512 dw[W_RPMAX], mw[W_RPMAX];
         UNROLL for (int p = 0; p < RP; p++) {
             const uint8_t *b0 = w + (size_t)(2 * p) * wrb + b * bb, *b1 = b0 + wrb;
             if (pf) {
                 avx2_prefetch(b0 + pf);
                 avx2_prefetch(b1 + pf);
             }
-            const __m256i l0 = _mm256_shuffle_epi8(mxfp4_table(), nibbles32(b0 + 1));
-            const __m256i l1 = _mm256_shuffle_epi8(mxfp4_table(), nibbles32(b1 + 1));
-            wq[p] = _mm512_inserti64x4(_mm512_castsi256_si512(l0), l1, 1);
-            nc[p] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), x80, wq[p]));
-            dw[p] = pair_ps(_mm256_set1_ps(tern_e8m0_half(b0[0])), _mm256_set1_ps(tern_e8m0_half(b1[0])));
+            wu[p] = _mm512_inserti64x4(_mm512_castsi256_si512(q32_ulevels(kind, b0)), q32_ulevels(kind, b1), 1);
+            dw[p] = kind == K_MXFP4 ? pair_ps(_mm256_broadcast_ss(&tern_e8m0_half_lut[b0[0]]),
+                                              _mm256_broadcast_ss(&tern_e8m0_half_lut[b1[0]]))
+                                    : lut_pair(b0, b1);
+            if (q32_has_min(kind)) mw[p] = lut_pair(b0 + 2, b1 + 2);
         }
         UNROLL for (int t = 0; t < T; t++) {
             const uint8_t *ablk = a + (size_t)t * arb + b * ab;
-            const __m512i au = _mm512_xor_si512(bcast_i(ablk + 2), x80);
+            const __m512i aq = bcast_i(ablk + 2);
             const __m512 da = lut16(ablk);
+            __m512i start = zero;
+            __m512 asum = _mm512_setzero_ps();
+            if (off) start = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8((char)off), aq));
+            if (q32_has_min(kind)) asum = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, _mm512_set1_epi8(1), aq));
             UNROLL for (int p = 0; p < RP; p++) {
-                const __m512i l = _mm512_dpbusd_epi32(nc[p], au, wq[p]);
-                acc[p][t] = _mm512_add_ps(acc[p][t], _mm512_mul_ps(_mm512_cvtepi32_ps(l), _mm512_mul_ps(dw[p], da)));
+                const __m512i l = _mm512_dpbusd_epi32(start, wu[p], aq);
+                if (kind == K_IQ4_NL || kind == K_MXFP4) /* multiply, then add: the AVX2 tile's */
+                    acc[p][t] = _mm512_add_ps(acc[p][t], _mm512_mul_ps(_mm512_cvtepi32_ps(l), _mm512_mul_ps(dw[p], da)));
+                else
+                    acc[p][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), _mm512_mul_ps(dw[p], da), acc[p][t]);
+                if (q32_has_min(kind)) acc[p][t] = _mm512_fmadd_ps(asum, _mm512_mul_ps(mw[p], da), acc[p][t]);
             }
         }
     }
@@ -327,6 +317,98 @@ AVX2_INLINE void q6k_wtile(int RP, int T, const uint8_t *w, size_t wrb, const ui
     W_STORE(RP, T);
 }
 
+/* ---- IQ4_XS -------------------------------------------------------------------------------
+ *
+ * The AVX2 tile's lanes (qk-avx2.c): per sub-block of 32, the table levels times the
+ * activation bytes by the sign trick, maddubs(|q|, a * sign(q)) (AVX-512 has no vpsignb: the
+ * activation bytes under q's sign mask are negated, the same wrapping byte), and the int16
+ * pairs times the sub-block's scale into the int32 lanes by vpdpwssd (exact: the same
+ * integers as madd then add). Per super-block acc + lanes * (d * dy), unfused. */
+AVX2_INLINE void iq4xs_wtile(int RP, int T, const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb, size_t k,
+                             float *y, size_t ldy, size_t pf) {
+    const size_t bb = sizeof(struct tern_block_iq4_xs), ab = sizeof(struct tern_block_q8_k);
+    const __m256i table = iq4nl_table();
+    const __m512i zero = _mm512_setzero_si512();
+    __m512 acc[W_RPMAX][W_TMAX];
+    UNROLL for (int p = 0; p < RP; p++) UNROLL for (int t = 0; t < T; t++) acc[p][t] = _mm512_setzero_ps();
+    for (size_t b = 0; b < k / TERN_QK_K; b++) {
+        __m512i sc[W_RPMAX];
+        __m512 dw[W_RPMAX];
+        UNROLL for (int p = 0; p < RP; p++) {
+            const uint8_t *b0 = w + (size_t)(2 * p) * wrb + b * bb, *b1 = b0 + wrb;
+            pf_pair(b0, b1, bb, pf);
+            dw[p] = lut_pair(b0 + IQ4XS_D, b1 + IQ4XS_D);
+            sc[p] = _mm512_inserti64x4(_mm512_castsi256_si512(iq4xs_scales16(b0)), iq4xs_scales16(b1), 1);
+        }
+        __m512i sumi[W_RPMAX][W_TMAX];
+        UNROLL for (int p = 0; p < RP; p++) UNROLL for (int t = 0; t < T; t++) sumi[p][t] = zero;
+        UNROLL for (int j = 0; j < 8; j++) {
+            __m512i qa[W_RPMAX], s16[W_RPMAX];
+            __mmask64 neg[W_RPMAX];
+            UNROLL for (int p = 0; p < RP; p++) {
+                const uint8_t *q0 = w + (size_t)(2 * p) * wrb + b * bb + IQ4XS_QS + 16 * j;
+                const __m256i l0 = _mm256_shuffle_epi8(table, nibbles32(q0));
+                const __m256i l1 = _mm256_shuffle_epi8(table, nibbles32(q0 + wrb));
+                const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(l0), l1, 1);
+                qa[p] = _mm512_abs_epi8(q);
+                neg[p] = _mm512_movepi8_mask(q);
+                s16[p] = i16_bcast(sc[p], j);
+            }
+            UNROLL for (int t = 0; t < T; t++) {
+                const __m512i av = bcast_i(a + (size_t)t * arb + b * ab + Q8K_QS + 32 * j);
+                UNROLL for (int p = 0; p < RP; p++) {
+                    const __m512i sa = _mm512_mask_sub_epi8(av, neg[p], zero, av);
+                    sumi[p][t] = _mm512_dpwssd_epi32(sumi[p][t], _mm512_maddubs_epi16(qa[p], sa), s16[p]);
+                }
+            }
+        }
+        UNROLL for (int t = 0; t < T; t++) {
+            const __m512 dy = _mm512_set1_ps(*(const float *)(a + (size_t)t * arb + b * ab + Q8K_D));
+            UNROLL for (int p = 0; p < RP; p++)
+                acc[p][t] = _mm512_add_ps(acc[p][t], _mm512_mul_ps(_mm512_cvtepi32_ps(sumi[p][t]), _mm512_mul_ps(dw[p], dy)));
+        }
+    }
+    W_STORE(RP, T);
+}
+
+/* One token: one row at a time, 64 weights (two sub-blocks) per register with their 64
+ * activation bytes (one load), the two halves' lanes summed at the end of the super-block. */
+AVX2_INLINE void iq4xs_gemv(const uint8_t *w, size_t wrb, const uint8_t *a, size_t k, float *y, size_t n_rows) {
+    const size_t bb = sizeof(struct tern_block_iq4_xs), ab = sizeof(struct tern_block_q8_k);
+    const __m512i table = _mm512_broadcast_i32x4(loadu128(tern_iq4nl_values));
+    const __m512i m4 = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
+    /* step c: int16 scale 2c in the low 256 bits, 2c + 1 in the high ones */
+    __m512i sidx[4];
+    UNROLL for (int c = 0; c < 4; c++)
+        sidx[c] = _mm512_inserti64x4(_mm512_set1_epi16((short)(0x0100 + 0x0202 * (2 * c))),
+                                     _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * c + 1))), 1);
+    for (size_t r = 0; r < n_rows; r++) {
+        const uint8_t *row = w + r * wrb;
+        __m256 acc = _mm256_setzero_ps();
+        for (size_t b = 0; b < k / TERN_QK_K; b++) {
+            const uint8_t *blk = row + b * bb, *ablk = a + b * ab;
+            UNROLL for (size_t o = 0; o < bb; o += 64) avx2_prefetch(blk + (size_t)AVX2_PF_ROWS * wrb + o);
+            const __m512i sc = _mm512_broadcast_i32x4(_mm256_castsi256_si128(iq4xs_scales16(blk)));
+            __m512i sum = zero;
+            UNROLL for (int c = 0; c < 4; c++) {
+                /* bytes 32c..32c+31 hold sub-blocks 2c and 2c + 1: [x0 x0 x1 x1], the second
+                 * copy of each shifted to its high nibbles: weights 64c..64c+63 in order */
+                const __m512i x = _mm512_castsi256_si512(loadu256(blk + IQ4XS_QS + 32 * c));
+                const __m512i z = _mm512_shuffle_i64x2(x, x, _MM_SHUFFLE(1, 1, 0, 0));
+                const __m512i q = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_mask_srli_epi16(z, 0xFF00FF00u, z, 4), m4));
+                const __m512i av = _mm512_loadu_si512(ablk + Q8K_QS + 64 * c);
+                const __m512i sa = _mm512_mask_sub_epi8(av, _mm512_movepi8_mask(q), zero, av);
+                sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(_mm512_abs_epi8(q), sa), _mm512_shuffle_epi8(sc, sidx[c]));
+            }
+            const __m256i sumi = _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
+            const __m256 dw = lut_bcast(blk + IQ4XS_D);
+            const __m256 dy = _mm256_broadcast_ss((const float *)(ablk + Q8K_D));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(dw, dy)));
+        }
+        y[r] = hsum8(acc);
+    }
+}
+
 /* ---- single-token GEMV (decode) for the K-quants ----------------------------------------
  *
  * One row at a time, as the AVX2 GEMV tile (R = 1, T = 1), and the same float operations on
@@ -446,6 +528,9 @@ static void q5_k_gemv(const uint8_t *w, size_t wrb, const uint8_t *a, size_t k, 
 static void q6_k_gemv(const uint8_t *w, size_t wrb, const uint8_t *a, size_t k, float *y, size_t n_rows) {
     q6k_gemv(w, wrb, a, k, y, n_rows);
 }
+static void iq4_xs_gemv(const uint8_t *w, size_t wrb, const uint8_t *a, size_t k, float *y, size_t n_rows) {
+    iq4xs_gemv(w, wrb, a, k, y, n_rows);
+}
 
 /* ---- the driver ------------------------------------------------------------------------- */
 
@@ -526,21 +611,33 @@ static void w_drive(const struct w_tiles *tl, const void *wv, size_t wrb, size_t
         gemv_rp};                                                                                           \
     W_ENTRY(name)
 
-#define Q8_0_W(RP, T, ...) q8_0_wtile(RP, T, __VA_ARGS__)
+#define Q8_0_W(RP, T, ...) q32_wtile(K_Q8_0, RP, T, __VA_ARGS__)
+#define Q4_0_W(RP, T, ...) q32_wtile(K_Q4_0, RP, T, __VA_ARGS__)
+#define Q5_0_W(RP, T, ...) q32_wtile(K_Q5_0, RP, T, __VA_ARGS__)
+#define Q4_1_W(RP, T, ...) q32_wtile(K_Q4_1, RP, T, __VA_ARGS__)
+#define Q5_1_W(RP, T, ...) q32_wtile(K_Q5_1, RP, T, __VA_ARGS__)
+#define IQ4_NL_W(RP, T, ...) q32_wtile(K_IQ4_NL, RP, T, __VA_ARGS__)
+#define IQ4_XS_W(RP, T, ...) iq4xs_wtile(RP, T, __VA_ARGS__)
 #define F16_W(RP, T, ...) half_wtile(0, RP, T, __VA_ARGS__)
 #define BF16_W(RP, T, ...) half_wtile(1, RP, T, __VA_ARGS__)
 #define Q4_K_W(RP, T, ...) k4_wtile(0, RP, T, __VA_ARGS__)
 #define Q5_K_W(RP, T, ...) k4_wtile(1, RP, T, __VA_ARGS__)
 #define Q6_K_W(RP, T, ...) q6k_wtile(RP, T, __VA_ARGS__)
-#define MXFP4_W(RP, T, ...) mxfp4_wtile(RP, T, __VA_ARGS__)
+#define MXFP4_W(RP, T, ...) q32_wtile(K_MXFP4, RP, T, __VA_ARGS__)
 
 W_TILES3(tern_avx512_matmul_q8_0, Q8_0_W, 4, TERN_QK, tern_avx2_matmul_q8_0, true, 0)
 W_TILES3(tern_avx512_matmul_mxfp4, MXFP4_W, 4, TERN_QK, tern_avx2_matmul_mxfp4, true, 0)
+W_TILES3(tern_avx512_matmul_q4_0, Q4_0_W, 4, TERN_QK, tern_avx2_matmul_q4_0, true, 0)
+W_TILES3(tern_avx512_matmul_q5_0, Q5_0_W, 4, TERN_QK, tern_avx2_matmul_q5_0, true, 0)
+W_TILES3(tern_avx512_matmul_q4_1, Q4_1_W, 4, TERN_QK, tern_avx2_matmul_q4_1, true, 0)
+W_TILES3(tern_avx512_matmul_q5_1, Q5_1_W, 4, TERN_QK, tern_avx2_matmul_q5_1, true, 0)
+W_TILES3(tern_avx512_matmul_iq4_nl, IQ4_NL_W, 4, TERN_QK, tern_avx2_matmul_iq4_nl, true, 0)
 W_TILES3(tern_avx512_matmul_f16, F16_W, 6, 8, tern_avx2_matmul_f16, true, 2)
 W_TILES3(tern_avx512_matmul_bf16, BF16_W, 6, 8, tern_avx2_matmul_bf16, true, 2)
 W_TILES2(tern_avx512_matmul_q4_k, Q4_K_W, 4, TERN_QK_K, tern_avx2_matmul_q4_k, q4_k_gemv)
 W_TILES2(tern_avx512_matmul_q5_k, Q5_K_W, 4, TERN_QK_K, tern_avx2_matmul_q5_k, q5_k_gemv)
 W_TILES2(tern_avx512_matmul_q6_k, Q6_K_W, 4, TERN_QK_K, tern_avx2_matmul_q6_k, q6_k_gemv)
+W_TILES2(tern_avx512_matmul_iq4_xs, IQ4_XS_W, 4, TERN_QK_K, tern_avx2_matmul_iq4_xs, iq4_xs_gemv)
 
 #pragma GCC pop_options
 
@@ -555,6 +652,12 @@ const struct tern_kernel_table tern_kernels_avx512_tiles = {
             [TERN_DTYPE_Q5_K] = tern_avx512_matmul_q5_k,
             [TERN_DTYPE_Q6_K] = tern_avx512_matmul_q6_k,
             [TERN_DTYPE_MXFP4] = tern_avx512_matmul_mxfp4,
+            [TERN_DTYPE_Q4_0] = tern_avx512_matmul_q4_0,
+            [TERN_DTYPE_Q5_0] = tern_avx512_matmul_q5_0,
+            [TERN_DTYPE_Q4_1] = tern_avx512_matmul_q4_1,
+            [TERN_DTYPE_Q5_1] = tern_avx512_matmul_q5_1,
+            [TERN_DTYPE_IQ4_NL] = tern_avx512_matmul_iq4_nl,
+            [TERN_DTYPE_IQ4_XS] = tern_avx512_matmul_iq4_xs,
             LOWBIT_TABLE(tern_lowbit_avx512),
         },
 };
