@@ -66,7 +66,7 @@ static void init_isa(void) {
         }
     }
     TERN_LOG_DEBUG("kernels: %s%s", tern_isa_name(active_isa),
-                   active_isa == TERN_ISA_AVX2 && use_avx512 ? " (AVX-512 tiles for batches and K-quant decode)" : "");
+                   active_isa == TERN_ISA_AVX2 && use_avx512 ? " (AVX-512 tiles)" : "");
 }
 
 void tern_kernels_init(void) { pthread_once(&init_once, init_isa); }
