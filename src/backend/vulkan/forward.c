@@ -169,7 +169,8 @@ static enum tern_status put_mats(struct tern_gpu *g, const struct mat *w, size_t
     if (!tern_vk_matmul_supported(w->type))
         return tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: tensor '%s' is %s, which the Vulkan matmul does not handle yet",
                            w->name, tern_dtype_name((uint32_t)w->type));
-    return put(g, w->data, w->data, n_mat > 1 ? (size_t)n_mat * stride : (size_t)w->n * w->row_bytes);
+    enum tern_status st = tern_vk_matmul_prepare(g->vk, w->type, n_mat > 1);
+    return st ? st : put(g, w->data, w->data, n_mat > 1 ? (size_t)n_mat * stride : (size_t)w->n * w->row_bytes);
 }
 
 static enum tern_status put_mat(struct tern_gpu *g, const struct mat *w) { return put_mats(g, w, 0, 1); }

@@ -68,6 +68,10 @@ bool tern_vk_matmul_supported(enum tern_dtype wtype) {
     (void)wtype;
     return false;
 }
+enum tern_status tern_vk_matmul_prepare(struct tern_vk *vk, enum tern_dtype wtype, bool indexed) {
+    (void)vk, (void)wtype, (void)indexed;
+    return NOT_BUILT;
+}
 enum tern_status tern_vk_matmul(struct tern_vk *vk, enum tern_dtype wtype, const struct tern_vk_buf *w, size_t k,
                                 size_t n, const struct tern_vk_buf *x, size_t n_tok, struct tern_vk_buf *y) {
     (void)vk, (void)wtype, (void)w, (void)k, (void)n, (void)x, (void)n_tok, (void)y;

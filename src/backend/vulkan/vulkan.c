@@ -283,6 +283,44 @@ static enum tern_status add_pool(struct tern_vk *vk) {
  * one lane on a CPU device (the first shader's workgroup, which lavapipe ran fastest). */
 static uint32_t matmul_wg(const struct tern_vk *vk) { return vk->matmul_lanes == 1 ? 64 : 128; }
 
+/* Pipeline i (its module and specialisation), made once. */
+static enum tern_status make_pipe(struct tern_vk *vk, int i) {
+    if (vk->pipes[i]) return TERN_OK;
+    VkResult r;
+    int mod;
+    uint32_t spec_val[4] = {0, 0, 0, 0};
+    if (i < 2 * N_MATMUL)
+        mod = 0, spec_val[0] = (uint32_t)matmul_types[i % N_MATMUL], spec_val[1] = i >= N_MATMUL,
+        spec_val[2] = vk->matmul_lanes, spec_val[3] = matmul_wg(vk);
+    else if (i == PIPE_RMSNORM) mod = 1;
+    else if (i == PIPE_ROPE) mod = 3;
+    else if (i == PIPE_ATTN_F32 || i == PIPE_ATTN_F16) mod = 4, spec_val[0] = i == PIPE_ATTN_F16;
+    else if (i == PIPE_KVSTORE_F32 || i == PIPE_KVSTORE_F16) mod = 5, spec_val[0] = i == PIPE_KVSTORE_F16;
+    else if (i == PIPE_DNCONV) mod = 6;
+    else if (i == PIPE_DNHEADS) mod = 7;
+    else if (i == PIPE_SPLIT) mod = 8;
+    else if (i >= PIPE_MOE_ROUTE && i <= PIPE_MOE_BIAS) mod = 9, spec_val[0] = (uint32_t)(i - PIPE_MOE_ROUTE);
+    else mod = 2, spec_val[0] = (uint32_t)(i - PIPE_ADD); /* rows.comp: add, swiglu, sigmoid-mul, bias, swiglu-oai */
+    const VkSpecializationMapEntry me[4] = {{0, 0, sizeof(uint32_t)},
+                                            {1, sizeof(uint32_t), sizeof(uint32_t)},
+                                            {2, 2 * sizeof(uint32_t), sizeof(uint32_t)},
+                                            {3, 3 * sizeof(uint32_t), sizeof(uint32_t)}};
+    const uint32_t n_spec = i < 2 * N_MATMUL ? 4 : 1;
+    const VkSpecializationInfo spec = {n_spec, me, n_spec * sizeof(uint32_t), spec_val};
+    const VkComputePipelineCreateInfo ci = {
+        .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+        .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
+                  .stage = VK_SHADER_STAGE_COMPUTE_BIT,
+                  .module = vk->modules[mod],
+                  .pName = "main",
+                  .pSpecializationInfo =
+                      (i == PIPE_RMSNORM || i == PIPE_ROPE || (i >= PIPE_DNCONV && i <= PIPE_SPLIT)) ? NULL : &spec},
+        .layout = vk->layout};
+    if ((r = vk->f.vkCreateComputePipelines(vk->dev, VK_NULL_HANDLE, 1, &ci, NULL, &vk->pipes[i])))
+        return vk_fail(vk, r, "a compute pipeline");
+    return TERN_OK;
+}
+
 static enum tern_status make_pipelines(struct tern_vk *vk) {
     VkResult r;
     VkDescriptorSetLayoutBinding b[N_BINDINGS];
@@ -315,39 +353,11 @@ static enum tern_status make_pipelines(struct tern_vk *vk) {
                                               .pCode = mods[i].code};
         if ((r = vk->f.vkCreateShaderModule(vk->dev, &sci, NULL, &vk->modules[i]))) return vk_fail(vk, r, "a shader module");
     }
-    for (int i = 0; i < N_PIPES; i++) {
-        int mod;
-        uint32_t spec_val[4] = {0, 0, 0, 0};
-        if (i < 2 * N_MATMUL)
-            mod = 0, spec_val[0] = (uint32_t)matmul_types[i % N_MATMUL], spec_val[1] = i >= N_MATMUL,
-            spec_val[2] = vk->matmul_lanes, spec_val[3] = matmul_wg(vk);
-        else if (i == PIPE_RMSNORM) mod = 1;
-        else if (i == PIPE_ROPE) mod = 3;
-        else if (i == PIPE_ATTN_F32 || i == PIPE_ATTN_F16) mod = 4, spec_val[0] = i == PIPE_ATTN_F16;
-        else if (i == PIPE_KVSTORE_F32 || i == PIPE_KVSTORE_F16) mod = 5, spec_val[0] = i == PIPE_KVSTORE_F16;
-        else if (i == PIPE_DNCONV) mod = 6;
-        else if (i == PIPE_DNHEADS) mod = 7;
-        else if (i == PIPE_SPLIT) mod = 8;
-        else if (i >= PIPE_MOE_ROUTE && i <= PIPE_MOE_BIAS) mod = 9, spec_val[0] = (uint32_t)(i - PIPE_MOE_ROUTE);
-        else mod = 2, spec_val[0] = (uint32_t)(i - PIPE_ADD); /* rows.comp: add, swiglu, sigmoid-mul, bias, swiglu-oai */
-        const VkSpecializationMapEntry me[4] = {{0, 0, sizeof(uint32_t)},
-                                                {1, sizeof(uint32_t), sizeof(uint32_t)},
-                                                {2, 2 * sizeof(uint32_t), sizeof(uint32_t)},
-                                                {3, 3 * sizeof(uint32_t), sizeof(uint32_t)}};
-        const uint32_t n_spec = i < 2 * N_MATMUL ? 4 : 1;
-        const VkSpecializationInfo spec = {n_spec, me, n_spec * sizeof(uint32_t), spec_val};
-        const VkComputePipelineCreateInfo ci = {
-            .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
-            .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
-                      .stage = VK_SHADER_STAGE_COMPUTE_BIT,
-                      .module = vk->modules[mod],
-                      .pName = "main",
-                      .pSpecializationInfo =
-                          (i == PIPE_RMSNORM || i == PIPE_ROPE || (i >= PIPE_DNCONV && i <= PIPE_SPLIT)) ? NULL : &spec},
-            .layout = vk->layout};
-        if ((r = vk->f.vkCreateComputePipelines(vk->dev, VK_NULL_HANDLE, 1, &ci, NULL, &vk->pipes[i])))
-            return vk_fail(vk, r, "a compute pipeline");
-    }
+    /* the matmul's pipelines (two per weight type) wait for their first use or
+     * tern_vk_matmul_prepare: specialising the large matmul shader for every type a model
+     * does not have cost lavapipe 1.4 s per device open */
+    for (int i = 2 * N_MATMUL; i < N_PIPES; i++)
+        if ((st = make_pipe(vk, i))) return st;
     return TERN_OK;
 }
 
@@ -709,6 +719,10 @@ static enum tern_status record(struct tern_vk *vk, int pipe, const struct tern_v
                                const void *push, size_t push_bytes, uint32_t gx, uint32_t gy, uint32_t gz) {
     const bool own = !vk->recording;
     enum tern_status st;
+    if ((st = make_pipe(vk, pipe))) {
+        vk->recording = false;
+        return st;
+    }
     if (own && (st = tern_vk_begin(vk))) return st;
     if (vk->n_sets == MAX_SETS) {
         /* a full pool: the next (made when there is none), the recording goes on */
@@ -781,6 +795,13 @@ static int matmul_pipe(enum tern_dtype wtype) {
 }
 
 bool tern_vk_matmul_supported(enum tern_dtype wtype) { return matmul_pipe(wtype) >= 0; }
+
+enum tern_status tern_vk_matmul_prepare(struct tern_vk *vk, enum tern_dtype wtype, bool indexed) {
+    const int pipe = matmul_pipe(wtype);
+    if (pipe < 0)
+        return tern_errorf(TERN_ERR_UNSUPPORTED, "vulkan: no matmul for %s", tern_dtype_name((uint32_t)wtype));
+    return make_pipe(vk, pipe + (indexed ? N_MATMUL : 0));
+}
 
 static enum tern_status check_rows(const char *op, const struct tern_vk_buf *b, size_t n_tok, size_t n);
 

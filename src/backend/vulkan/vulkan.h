@@ -86,6 +86,10 @@ enum tern_status tern_vk_copy_rows(struct tern_vk *vk, const struct tern_vk_buf 
 /* Whether tern_vk_matmul handles weights of this type (F32, F16, BF16, Q4_0, Q4_1, Q5_0,
  * Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4). */
 bool tern_vk_matmul_supported(enum tern_dtype wtype);
+/* Makes the matmul pipeline of a weight type now (indexed: tern_vk_matmul_id's) rather than
+ * at its first dispatch, so that a model's load, not its first request, pays for it and
+ * reports a failure. */
+enum tern_status tern_vk_matmul_prepare(struct tern_vk *vk, enum tern_dtype wtype, bool indexed);
 
 /* y[t * n + r] = dot(w row r, x row t) for r < n, t < n_tok: w holds n rows of k
  * elements of wtype (row r at r * row_bytes), x n_tok rows of k floats, y n_tok rows of
