@@ -92,6 +92,7 @@ struct tern_gpu {
     struct moe_hparams moe_hp;
     uint32_t n_moe_l, n_host;
     bool auto_moe;
+    struct gpu_moe_ws *moe_ws; /* the RunState's MoE scratch (NULL: none) */
 };
 
 /* One conversation's device state (NULL entries for the layers of the other kind). */
@@ -392,6 +393,7 @@ static enum tern_status gpu_moe_ws_new(void *ctx, const struct tern_model *m, co
     if (!st && S) st = scratch(g, n * E, &ws->s_d);
     *bytes += g->bytes - before;
     if (!st && g->n_host) st = host_moe_new(g, hp, n_chunk, &ws->host, bytes);
+    g->moe_ws = ws;
     return st;
 }
 
@@ -991,6 +993,10 @@ static enum tern_status offload_auto(struct tern_gpu *g) {
     }
     const uint32_t was = g->n_host;
     g->n_host = n;
+    if (!n && g->moe_ws) { /* every layer's experts on the device: no host half */
+        host_moe_free(g->moe_ws->host);
+        g->moe_ws->host = NULL;
+    }
     enum tern_status st = TERN_OK;
     for (uint32_t il = n; il < was && il < g->n_moe_l && !st; il++)
         if (g->moe_l[il].gate.data) st = upload_experts(g, &g->moe_hp, &g->moe_l[il]);
