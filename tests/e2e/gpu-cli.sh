@@ -177,6 +177,21 @@ for sm in "$tmp/mtp.gguf" "$tmp/echo.gguf"; do
   echo "ok $(basename "$sm"): --spec mtp on vulkan:0 prints the ids of --spec off, one state"
 done
 
+# an MTP head on a MoE model whose routed experts all stay in host memory (--cpu-moe): the
+# head's stay there too (it says so), and --spec mtp prints the ids of --spec off in that
+# configuration and ends in its state (an echo head: drafts accepted)
+"$bin" mkmodel --preset tiny-qwen35moe --n-layer 4 --mtp 1 --mtp-echo --tied --out "$tmp/moemtp.gguf" >/dev/null 2>&1 ||
+  fail "mkmodel tiny-qwen35moe --mtp-echo"
+mrun() { TERN_STATE_HASH=1 "$bin" run -m "$tmp/moemtp.gguf" -p "Once upon a time, there was a little girl. Once upon a time" \
+  -n 24 --temp 0 -c 256 --print-ids --device vulkan:0 --cpu-moe "$@"; }
+mrun --spec off >"$tmp/off.ids" 2>"$tmp/off.err" || fail "MoE head --spec off: $(cat "$tmp/off.err")"
+mrun --spec mtp >"$tmp/spec.ids" 2>"$tmp/spec.err" || fail "MoE head --spec mtp: $(cat "$tmp/spec.err")"
+grep -q "MTP head's routed experts in host memory" "$tmp/spec.err" || fail "the MoE head's experts: $(cat "$tmp/spec.err")"
+cmp -s "$tmp/off.ids" "$tmp/spec.ids" || fail "MoE head --cpu-moe: --spec mtp printed other ids than --spec off"
+[ "$(grep state-hash "$tmp/off.err")" = "$(grep state-hash "$tmp/spec.err")" ] || fail "MoE head --cpu-moe: another state"
+grep -Eq "spec mtp: drafted=[1-9][0-9]* accepted=[1-9]" "$tmp/spec.err" || fail "MoE head's drafts: $(grep drafted "$tmp/spec.err")"
+echo "ok --cpu-moe keeps the MTP head's experts in host memory too; --spec mtp prints the ids of --spec off"
+
 # no Vulkan loader: vulkan names what is missing; auto runs on the CPU and says why
 TERN_VULKAN_LOADER=/nonexistent/libvulkan.so.1 "$bin" run -m "$m" --ids "1 2 3" -n 6 --temp 0 --device vulkan 2>"$tmp/err" >/dev/null; rc=$?
 [ $rc -eq 1 ] && grep -q "no Vulkan loader" "$tmp/err" && grep -q "apt-get install" "$tmp/err" || fail "no loader, vulkan: exit $rc, $(cat "$tmp/err")"

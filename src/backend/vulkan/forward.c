@@ -788,17 +788,23 @@ static enum tern_status up_moe_ws_new(void *ctx, const struct tern_model *m, con
     (void)m, (void)n_chunk, (void)bytes;
     struct tern_gpu *g = ((struct gpu_upload *)ctx)->g;
     *out = (struct model_moe_ws *)&up_act;
-    /* the MoE layers, for partial offload (an MTP head's ride with the main model's) */
+    /* the MoE layers, for partial offload; an MTP head's (the model's last layer) stay in
+     * host memory when the main model keeps every MoE layer's there */
     const uint32_t req = g->m->cpu_moe_req;
-    if (g->parent || g->moe_l) return TERN_OK;
+    if (g->moe_l) return TERN_OK;
+    if (g->parent) {
+        uint32_t n_host, n_moe;
+        tern_gpu_cpu_moe(g->parent, &n_host, &n_moe);
+        if (!n_moe || n_host < n_moe) return TERN_OK;
+    }
     if (!(g->moe_l = tern_malloc((n_layer ? n_layer : 1) * sizeof *g->moe_l)))
         return tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
     memcpy(g->moe_l, layers, n_layer * sizeof *layers);
     g->n_moe_l = n_layer;
     g->moe_hp = *hp;
-    g->auto_moe = req == TERN_CPU_MOE_AUTO;
+    g->auto_moe = !g->parent && req == TERN_CPU_MOE_AUTO;
     /* auto: every layer's experts in host memory until the rest is on the device */
-    g->n_host = g->auto_moe ? n_layer : TERN_MIN(req, n_layer);
+    g->n_host = g->parent || g->auto_moe ? n_layer : TERN_MIN(req, n_layer);
     return TERN_OK;
 }
 
@@ -1086,6 +1092,8 @@ enum tern_status tern_gpu_head(struct tern_gpu *main, const struct tern_model *v
             free(hl);
         } else {
             main->head_m = hm;
+            if (main->head->n_host)
+                TERN_LOG_INFO("gpu: the MTP head's routed experts in host memory, on the CPU (as the model's)");
         }
     }
     *out = main->head;
