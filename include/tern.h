@@ -143,6 +143,19 @@ void tern_model_set_cpu_moe(struct tern_model *m, uint32_t n_layers, uint64_t re
 /* The MoE layers whose experts run on the CPU (after tern_model_use_device resolved
  * auto), and the MoE layers in all. */
 void tern_model_cpu_moe(const struct tern_model *m, uint32_t *n_cpu, uint32_t *n_moe);
+/* Partial offload of any model (docs/gpu.md, "Partial offload"): on a device, the weight
+ * matrices of the first n layers (the file's blk.0 .. blk.n-1) are uploaded and those of
+ * the later layers stay in host memory, their matmuls run by the CPU's kernels (the
+ * step's rows read back, multiplied, the products uploaded: one round trip per matmul of
+ * such a layer; a MoE layer's router and routed experts as with tern_model_set_cpu_moe).
+ * Everything else of every layer runs on the device: attention or the DeltaNet, the norms,
+ * the shared expert, the KV cache and the recurrent state, so sessions, checkpoints,
+ * reuse and state hashes are unchanged. TERN_GPU_LAYERS_ALL (the default): every layer.
+ * Set it before tern_model_use_device; on the CPU it is ignored. Within one setting a
+ * token's logits do not depend on its chunk or batch; across settings the parity rules
+ * apply (the CPU's kernels read quantized activations). */
+#define TERN_GPU_LAYERS_ALL UINT32_MAX
+void tern_model_set_gpu_layers(struct tern_model *m, uint32_t n_layers);
 /* "cpu", or "vulkan:N 'device name'". Owned by the model. */
 const char *tern_model_device(const struct tern_model *m);
 

@@ -65,6 +65,11 @@ void tern_model_set_cpu_moe(struct tern_model *m, uint32_t n_layers, uint64_t re
     m->cpu_moe_reserve = reserve_bytes;
 }
 
+void tern_model_set_gpu_layers(struct tern_model *m, uint32_t n_layers) {
+    m->gpu_layers_set = n_layers != TERN_GPU_LAYERS_ALL;
+    m->gpu_layers = n_layers;
+}
+
 void tern_model_cpu_moe(const struct tern_model *m, uint32_t *n_cpu, uint32_t *n_moe) {
     *n_cpu = model_on_device(m) ? m->cpu_moe_n : 0;
     *n_moe = m->cpu_moe_total;

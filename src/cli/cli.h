@@ -72,13 +72,17 @@ int cli_device_resolve(const char *cmd, const char *d, int *out, bool *is_auto);
  * little device memory: the message has the sizes) is the exit code 1 for a named
  * device; for auto it is logged and *dev becomes -1 (the model back on the CPU). */
 int cli_device_use(const char *cmd, struct tern_model *m, int *dev, bool is_auto, uint32_t n_chunk,
-                   const struct tern_session_params *sp, uint32_t cpu_moe);
+                   const struct tern_session_params *sp, uint32_t cpu_moe, uint32_t gpu_layers);
 /* Partial offload of a MoE model (tern_model_set_cpu_moe): --cpu-moe (every layer's
  * routed experts in host memory) and --n-cpu-moe N|auto (the first N layers'; auto: as
  * few as let the rest and one session of the whole context fit the device), the option
  * table's entries and their value: 0 (none), N, TERN_CPU_MOE_ALL or TERN_CPU_MOE_AUTO
  * into *out. Returns 0 or a usage error's exit code. */
-#define CLI_CPU_MOE_OPTS(all, n)                                                                                   \
+#define CLI_CPU_MOE_OPTS(all, n, gl)                                                                               \
+    CLI_STR("gpu-layers", (gl), "N|all",                                                                           \
+            "with --device: the weight matrices of the first N layers on the device, the later layers' in host "    \
+            "memory, their matmuls on the CPU (partial offload; default all)"),                                     \
+    CLI_STR("n-gpu-layers", (gl), "N|all", NULL),                                                                  \
     CLI_FLAG("cpu-moe", (all),                                                                                     \
              "with --device: every MoE layer's routed experts stay in host memory and run on the CPU (partial "    \
              "offload)"),                                                                                          \
@@ -86,6 +90,9 @@ int cli_device_use(const char *cmd, struct tern_model *m, int *dev, bool is_auto
             "with --device: the routed experts of the first N layers stay in host memory; auto: as few as let the " \
             "rest and a session of the whole context fit the device's memory")
 int cli_cpu_moe_parse(const char *cmd, bool all, const char *n, uint32_t *out);
+/* --gpu-layers N|all (tern_model_set_gpu_layers) into *out: N, or TERN_GPU_LAYERS_ALL for
+ * all or NULL. Returns 0 or a usage error's exit code. */
+int cli_gpu_layers_parse(const char *cmd, const char *s, uint32_t *out);
 
 
 /* `tern bench <what>`: benchmarks register themselves the same way. `tern bench` with

@@ -114,7 +114,7 @@ static int bench_model_main(int argc, char **argv) {
     int kv = TERN_KV_F16;
     const char *device = getenv("TERN_DEVICE");
     bool cpu_moe_all = false;
-    const char *n_cpu_moe = NULL;
+    const char *n_cpu_moe = NULL, *gpu_layers_s = NULL;
     const struct cli_opt opts[] = {
         CLI_STR1("m|model", &model, "FILE", "the GGUF model"),
         CLI_INT("p|n-prompt", &n_prompt, 0, 1 << 20, "N", "prompt tokens (default 512; 0 = skip)"),
@@ -132,7 +132,7 @@ static int bench_model_main(int argc, char **argv) {
         CLI_STR("device", &device, "D",
                 "cpu (default; or $TERN_DEVICE), vulkan[:N] (the Vulkan backend, every architecture: docs/gpu.md), "
                 "auto (a GPU when there is one)"),
-        CLI_CPU_MOE_OPTS(&cpu_moe_all, &n_cpu_moe),
+        CLI_CPU_MOE_OPTS(&cpu_moe_all, &n_cpu_moe, &gpu_layers_s),
         CLI_END,
     };
     int c = cli_parse(&bench_cli, opts, argc, argv, NULL);
@@ -142,8 +142,10 @@ static int bench_model_main(int argc, char **argv) {
     int dev = -1;
     bool dev_auto = false;
     if ((c = cli_device_resolve("bench", device, &dev, &dev_auto))) return c;
-    uint32_t cpu_moe;
-    if ((c = cli_cpu_moe_parse("bench", cpu_moe_all, n_cpu_moe, &cpu_moe))) return c;
+    uint32_t cpu_moe, gpu_layers;
+    if ((c = cli_cpu_moe_parse("bench", cpu_moe_all, n_cpu_moe, &cpu_moe)) ||
+        (c = cli_gpu_layers_parse("bench", gpu_layers_s, &gpu_layers)))
+        return c;
 
     struct weight_stats ws;
     if (weight_stats(model, &ws)) return cli_fail("bench", "%s", tern_last_error());
@@ -166,7 +168,7 @@ static int bench_model_main(int argc, char **argv) {
     /* --device: the same runs in a session on the device (the weights uploaded once; each
      * token's logits read back, as a server would) */
     const double t_up = tern_now_s();
-    if (cli_device_use("bench", m, &dev, dev_auto, sp.n_chunk, &sp, cpu_moe)) {
+    if (cli_device_use("bench", m, &dev, dev_auto, sp.n_chunk, &sp, cpu_moe, gpu_layers)) {
         tern_model_free(m);
         return 1;
     }

@@ -193,7 +193,7 @@ int cli_chat_main(int argc, char **argv) {
     bool no_think = false, seed_set = false, chat = false;
     const char *device = getenv("TERN_DEVICE");
     bool cpu_moe_all = false;
-    const char *n_cpu_moe = NULL;
+    const char *n_cpu_moe = NULL, *gpu_layers_s = NULL;
     int kv = TERN_KV_F16;
     /* tern run --chat hands its arguments over unchanged: run's names where they mean
      * the same */
@@ -216,7 +216,7 @@ int cli_chat_main(int argc, char **argv) {
                  "speculative decoding by prompt lookup or the MTP head (default off; same output)"),
         CLI_INT("spec-max", &cs.spec.max, 1, SPEC_MAX_DRAFT, "N", "tokens per draft, 1-32 (default 8)"),
         CLI_STR("device", &device, "D", "cpu (default; or $TERN_DEVICE), vulkan, vulkan:N or auto, as for tern serve"),
-        CLI_CPU_MOE_OPTS(&cpu_moe_all, &n_cpu_moe),
+        CLI_CPU_MOE_OPTS(&cpu_moe_all, &n_cpu_moe, &gpu_layers_s),
         CLI_END,
     };
     int c = cli_parse(&chat_cli, opts, argc, argv, NULL);
@@ -227,8 +227,10 @@ int cli_chat_main(int argc, char **argv) {
     int dev = -1;
     bool dev_auto = false;
     if ((c = cli_device_resolve("chat", device, &dev, &dev_auto))) return c;
-    uint32_t cpu_moe;
-    if ((c = cli_cpu_moe_parse("chat", cpu_moe_all, n_cpu_moe, &cpu_moe))) return c;
+    uint32_t cpu_moe, gpu_layers;
+    if ((c = cli_cpu_moe_parse("chat", cpu_moe_all, n_cpu_moe, &cpu_moe)) ||
+        (c = cli_gpu_layers_parse("chat", gpu_layers_s, &gpu_layers)))
+        return c;
     char *tsrc = NULL;
     size_t tlen = 0;
     if (tmpl && !(tsrc = slurp(tmpl, &tlen))) return cli_fail("chat", "cannot read --chat-template '%s'", tmpl);
@@ -237,7 +239,7 @@ int cli_chat_main(int argc, char **argv) {
     /* the device's chunk: --chunk, at most 1024 (its scratch holds one chunk's activations
      * and logits; the bits do not depend on it) */
     const uint32_t dev_chunk = !cp.session.n_chunk ? TERN_DEFAULT_CHUNK : TERN_MIN(cp.session.n_chunk, 1024u);
-    if (!st && dev >= 0 && cli_device_use("chat", cs.model, &dev, dev_auto, dev_chunk, &cp.session, cpu_moe)) {
+    if (!st && dev >= 0 && cli_device_use("chat", cs.model, &dev, dev_auto, dev_chunk, &cp.session, cpu_moe, gpu_layers)) {
         free(tsrc);
         tern_model_free(cs.model);
         return 1;

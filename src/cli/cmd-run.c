@@ -135,7 +135,7 @@ static int run_main(int argc, char **argv) {
     const char *oracle_str = NULL;
     const char *device = getenv("TERN_DEVICE");
     bool cpu_moe_all = false;
-    const char *n_cpu_moe = NULL;
+    const char *n_cpu_moe = NULL, *gpu_layers_s = NULL;
     bool chat = false;
     const struct cli_opt opts[] = {
         CLI_STR1("m|model", &model, "FILE", "the GGUF model"),
@@ -161,7 +161,7 @@ static int run_main(int argc, char **argv) {
                 "cpu (default; or $TERN_DEVICE), vulkan (the first GPU, else device 0), vulkan:N (Vulkan device N, "
                 "see tern devices) or auto (a discrete or integrated GPU when there is one and the model runs on "
                 "it, else the CPU; says which and why). On a GPU the whole forward pass runs there (--spec too)"),
-        CLI_CPU_MOE_OPTS(&cpu_moe_all, &n_cpu_moe),
+        CLI_CPU_MOE_OPTS(&cpu_moe_all, &n_cpu_moe, &gpu_layers_s),
         CLI_FLAG("chat", &chat, "an interactive chat instead (see tern chat --help)"),
         CLI_END,
     };
@@ -190,9 +190,10 @@ static int run_main(int argc, char **argv) {
 
     int dev = -1;
     bool dev_auto = false;
-    uint32_t cpu_moe = 0;
+    uint32_t cpu_moe = 0, gpu_layers = TERN_GPU_LAYERS_ALL;
     if ((c = cli_device_resolve("run", device, &dev, &dev_auto)) ||
-        (c = cli_cpu_moe_parse("run", cpu_moe_all, n_cpu_moe, &cpu_moe))) {
+        (c = cli_cpu_moe_parse("run", cpu_moe_all, n_cpu_moe, &cpu_moe)) ||
+        (c = cli_gpu_layers_parse("run", gpu_layers_s, &gpu_layers))) {
         free(oracle_ids);
         return c;
     }
@@ -249,7 +250,7 @@ static int run_main(int argc, char **argv) {
     sep.n_ctx = (uint32_t)ctx;
     sep.kv_type = (enum tern_kv_type)kv;
     sep.n_chunk = (uint32_t)chunk;
-    if (cli_device_use("run", m, &dev, dev_auto, (uint32_t)chunk, &sep, cpu_moe)) goto done;
+    if (cli_device_use("run", m, &dev, dev_auto, (uint32_t)chunk, &sep, cpu_moe, gpu_layers)) goto done;
     if (tern_session_new(m, &sep, &s) || tern_sampler_new(&sp, info->n_vocab, &smp)) {
         cli_fail("run", "%s", tern_last_error());
         goto done;

@@ -124,7 +124,7 @@ static int cmd_serve(int argc, char **argv) {
     bool parse_special_in_content = false;
     const char *device = getenv("TERN_DEVICE");
     bool cpu_moe_all = false;
-    const char *n_cpu_moe = NULL;
+    const char *n_cpu_moe = NULL, *gpu_layers_s = NULL;
     size_t vram_bytes = 0; /* --cache-vram */
     int kv = TERN_KV_F16;
     struct cli_list keys = {key_v, 0, MAX_API_KEYS};
@@ -204,7 +204,7 @@ static int cmd_serve(int argc, char **argv) {
                  "vulkan:N (see tern devices), auto (a GPU when there is one and the model runs on it; says which "
                  "and why). On a device every session keeps its KV cache (pages of 256 positions, taken as it "
                  "grows; a whole --ctx-size must fit at start) and state there, --spec included"),
-        CLI_CPU_MOE_OPTS(&cpu_moe_all, &n_cpu_moe),
+        CLI_CPU_MOE_OPTS(&cpu_moe_all, &n_cpu_moe, &gpu_layers_s),
         CLI_SET("no-mmap", &mmap_mode, 0,
                 "read the weights into memory (default: read when the file takes at most half of the available "
                 "memory, else map)"),
@@ -220,8 +220,10 @@ static int cmd_serve(int argc, char **argv) {
     int dev = -1;
     bool dev_auto = false;
     if ((c = cli_device_resolve("serve", device, &dev, &dev_auto))) return c;
-    uint32_t cpu_moe;
-    if ((c = cli_cpu_moe_parse("serve", cpu_moe_all, n_cpu_moe, &cpu_moe))) return c;
+    uint32_t cpu_moe, gpu_layers;
+    if ((c = cli_cpu_moe_parse("serve", cpu_moe_all, n_cpu_moe, &cpu_moe)) ||
+        (c = cli_gpu_layers_parse("serve", gpu_layers_s, &gpu_layers)))
+        return c;
     cp.affinity = env_flag("TERN_AFFINITY", true);
     cp.pool = env_flag("TERN_REUSE_POOL", true);
     cp.ckpt_reread = env_flag("TERN_CKPT_REREAD", false);
@@ -297,7 +299,7 @@ static int cmd_serve(int argc, char **argv) {
     /* the device's chunk: --chunk, at most 1024 (its scratch holds one chunk's activations
      * and logits; the bits do not depend on it) */
     const uint32_t dev_chunk = !cp.session.n_chunk ? TERN_DEFAULT_CHUNK : TERN_MIN(cp.session.n_chunk, 1024u);
-    if (!st && dev >= 0 && cli_device_use("serve", model, &dev, dev_auto, dev_chunk, &cp.session, cpu_moe)) {
+    if (!st && dev >= 0 && cli_device_use("serve", model, &dev, dev_auto, dev_chunk, &cp.session, cpu_moe, gpu_layers)) {
         srv_stop(srv);
         tern_model_free(model);
         free(tmpl_src);

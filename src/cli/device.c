@@ -61,6 +61,15 @@ int cli_cpu_moe_parse(const char *cmd, bool all, const char *n, uint32_t *out) {
     return 0;
 }
 
+int cli_gpu_layers_parse(const char *cmd, const char *s, uint32_t *out) {
+    *out = TERN_GPU_LAYERS_ALL;
+    if (!s || !strcmp(s, "all")) return 0;
+    long v;
+    if (!cli_parse_int(s, 0, 1 << 20, &v)) return cli_usage_error(cmd, "bad --gpu-layers '%s' (N or all)", s);
+    *out = (uint32_t)v;
+    return 0;
+}
+
 /* Device bytes of one session of sp's whole context (its KV pages and recurrent state):
  * what --n-cpu-moe auto leaves free. */
 static uint64_t session_reserve(const struct tern_model *m, const struct tern_session_params *sp) {
@@ -72,14 +81,18 @@ static uint64_t session_reserve(const struct tern_model *m, const struct tern_se
 }
 
 int cli_device_use(const char *cmd, struct tern_model *m, int *dev, bool is_auto, uint32_t n_chunk,
-                   const struct tern_session_params *sp, uint32_t cpu_moe) {
+                   const struct tern_session_params *sp, uint32_t cpu_moe, uint32_t gpu_layers) {
     if (*dev < 0) {
-        if (cpu_moe) fprintf(stderr, "tern %s: --cpu-moe / --n-cpu-moe ignored: the sessions run on the CPU\n", cmd);
+        if (cpu_moe || gpu_layers != TERN_GPU_LAYERS_ALL)
+            fprintf(stderr, "tern %s: --gpu-layers / --cpu-moe / --n-cpu-moe ignored: the sessions run on the CPU\n",
+                    cmd);
         return 0;
     }
     char name[32];
     snprintf(name, sizeof name, "vulkan:%d", *dev);
     tern_model_set_cpu_moe(m, cpu_moe, session_reserve(m, sp));
+    const uint32_t n_layer = tern_model_info(m)->n_layer;
+    tern_model_set_gpu_layers(m, gpu_layers);
     enum tern_status st = tern_model_use_device(m, name, n_chunk);
     if (!st && sp) {
         /* one session's device state of the whole context, made and freed now: a context
@@ -94,7 +107,10 @@ int cli_device_use(const char *cmd, struct tern_model *m, int *dev, bool is_auto
     if (!st) {
         uint32_t n_cpu, n_moe;
         tern_model_cpu_moe(m, &n_cpu, &n_moe);
-        if (cpu_moe && n_moe)
+        if (gpu_layers < n_layer)
+            fprintf(stderr, "device: %s; the weight matrices of %u of %u layers in host memory, on the CPU\n",
+                    tern_model_device(m), n_layer - gpu_layers, n_layer);
+        else if (cpu_moe && n_moe)
             fprintf(stderr, "device: %s; the routed experts of %u of %u MoE layers in host memory, on the CPU\n",
                     tern_model_device(m), n_cpu, n_moe);
         else

@@ -204,6 +204,10 @@ struct tern_model {
     uint32_t cpu_moe_req;
     uint64_t cpu_moe_reserve;
     uint32_t cpu_moe_n, cpu_moe_total;
+    /* tern_model_set_gpu_layers: the weight matrices of layers [gpu_layers, ...) stay in
+     * host memory (TERN_GPU_LAYERS_ALL, or gpu_layers_set false: none) */
+    bool gpu_layers_set;
+    uint32_t gpu_layers;
     /* Checkpoints kept in device memory (session.c, tern_model_set_ckpt_vram): the budget,
      * the list of those on the device (least recently taken or restored first) and the
      * counters, under ckpt_mu (taken before the tern_gpu's lock, never while holding it;

@@ -66,6 +66,33 @@ if [ -f "$shared/models/stories260K.gguf" ]; then
   [ $rc -eq 2 ] && grep -q "bad --n-cpu-moe" "$tmp/err" || fail "--n-cpu-moe two: exit $rc, $(cat "$tmp/err")"
   "$bin" run -m "$mm" --ids "1" -n 1 --device vulkan:0 --cpu-moe --n-cpu-moe 2 2>"$tmp/err" >/dev/null; rc=$?
   [ $rc -eq 2 ] && grep -q "give one" "$tmp/err" || fail "--cpu-moe with --n-cpu-moe: exit $rc, $(cat "$tmp/err")"
+  # --gpu-layers: the matrices of the later layers in host memory, said at start; the F32
+  # models' greedy ids stay the CPU's (a hybrid MoE and an attention-only model); one state
+  # token by token and in chunks; bad values are usage errors, the CPU ignores it
+  gl=("$mm:785 264 1000 300 12:16")
+  full && gl+=("$shared/models/tiny-qwen3-f32.gguf:785 264 1000 300 12:16")
+  for e in "${gl[@]}"; do
+    gm=${e%%:*} r=${e#*:}
+    gi=${r%:*} gn=${r##*:}
+    c=$("$bin" run -m "$gm" --ids "$gi" -n "$gn" --temp 0 --print-ids -c 256 --device cpu 2>/dev/null)
+    h0=
+    for o in "--gpu-layers 1" "--gpu-layers 1 --chunk 1" "--n-gpu-layers 0"; do
+      # shellcheck disable=SC2086
+      g=$(TERN_STATE_HASH=1 "$bin" run -m "$gm" --ids "$gi" -n "$gn" --temp 0 --print-ids -c 256 --device vulkan:0 $o \
+        2>"$tmp/err") || fail "$o: $(cat "$tmp/err")"
+      n_host=4
+      case "$o" in --gpu-layers\ 1*) n_host=3 ;; esac
+      grep -q "weight matrices of $n_host of 4 layers in host memory" "$tmp/err" || fail "$o does not say it: $(cat "$tmp/err")"
+      [ "$g" = "$c" ] || fail "$(basename "$gm") $o: greedy ids '$g' vs the cpu's '$c'"
+      h=$(grep state-hash "$tmp/err") || fail "$o: no state hash"
+      case "$o" in --gpu-layers\ 1*) [ -z "$h0" ] && h0=$h; [ "$h" = "$h0" ] || fail "$o: another state: $h vs $h0" ;; esac
+    done
+  done
+  "$bin" run -m "$mm" --ids "1" -n 1 --device vulkan:0 --gpu-layers some 2>"$tmp/err" >/dev/null; rc=$?
+  [ $rc -eq 2 ] && grep -q "bad --gpu-layers" "$tmp/err" || fail "--gpu-layers some: exit $rc, $(cat "$tmp/err")"
+  "$bin" run -m "$mm" --ids "1" -n 1 --device cpu --gpu-layers 2 2>"$tmp/err" >/dev/null || fail "--gpu-layers on the cpu"
+  grep -q "ignored" "$tmp/err" || fail "--gpu-layers on the cpu: not said: $(cat "$tmp/err")"
+  echo "ok --gpu-layers 1 and 0: said at start, the cpu's greedy ids, one state token by token and in chunks"
 elif [ "${TERN_REQUIRE_SHARED:-0}" = 1 ]; then
   fail "TERN_REQUIRE_SHARED=1 but $shared/models/stories260K.gguf is missing"
 fi

@@ -74,6 +74,7 @@
 
 static int dev = -1;
 static uint32_t load_cpu_moe; /* load()'s partial offload (tern_model_set_cpu_moe) */
+static uint32_t load_gpu_layers = TERN_GPU_LAYERS_ALL; /* and tern_model_set_gpu_layers */
 static bool lite;              /* the sanitizer build's twin (above) */
 
 static int setup(void **state) {
@@ -91,6 +92,7 @@ static struct tern_model *load(const char *rel, bool gpu) {
     struct tern_model *m = NULL;
     if (tern_model_load(&mp, &m)) fail_msg("%s: %s", rel, tern_last_error());
     tern_model_set_cpu_moe(m, load_cpu_moe, 1u << 20);
+    tern_model_set_gpu_layers(m, load_gpu_layers);
     if (gpu && th_use_vulkan(m, dev, 64)) fail_msg("%s on vulkan:%d: %s", rel, dev, tern_last_error());
     return m;
 }
@@ -1102,6 +1104,75 @@ static void test_cpu_moe(void **state) {
     load_cpu_moe = 0;
 }
 
+/* --gpu-layers (tern_model_set_gpu_layers): the matrices of the layers past the first N in
+ * host memory, their matmuls on the CPU between the device's operations. */
+static void check_gpu_layers(const char *rel, double tol) {
+    struct tern_model *m0 = load(rel, false);
+    const size_t nv = tern_model_info(m0)->n_vocab, n = 32;
+    tern_model_free(m0);
+    int32_t *toks = tx_prompt(n);
+    for (size_t i = 0; i < n; i++) toks[i] %= (int32_t)nv;
+    struct offload_run full, two, none;
+    offload_run(rel, 0, NULL, toks, n, &full, false);
+    load_gpu_layers = 2;
+    offload_run(rel, 0, NULL, toks, n, &two, true); /* token by token = chunks of 7 = 64 */
+    load_gpu_layers = 0;
+    offload_run(rel, 0, NULL, toks, n, &none, false);
+    load_gpu_layers = TERN_GPU_LAYERS_ALL;
+    /* the device holds fewer weights: the later layers' matrices left in host memory */
+    assert_true(none.bytes < two.bytes && two.bytes < full.bytes);
+    /* against everything on the device: the logits within tol of the largest, and the
+     * likeliest token at every position but where the device's best two are within 1e-3
+     * of the largest logit or, with quantized weights (tol > 1e-2), at one position in
+     * eight (the CPU's kernels read quantized activations where the device reads F32
+     * ones: a random model's near-ties break either way) */
+    double worst = 0;
+    size_t flips = 0;
+    for (size_t t = 0; t < n; t++) {
+        const float *a = full.l + t * nv;
+        float scale = 0;
+        for (size_t i = 0; i < nv; i++) scale = fmaxf(scale, fabsf(a[i]));
+        const struct offload_run *o[] = {&two, &none};
+        for (size_t k = 0; k < 2; k++) {
+            const float *b = o[k]->l + t * nv;
+            size_t ia = 0, ib = 0;
+            double d = 0;
+            for (size_t i = 0; i < nv; i++) {
+                if (a[i] > a[ia]) ia = i;
+                if (b[i] > b[ib]) ib = i;
+                d = fmax(d, fabs((double)a[i] - b[i]));
+            }
+            if (ia != ib && fabs((double)a[ia] - a[ib]) > 1e-3 * scale) {
+                if (tol <= 1e-2)
+                    fail_msg("%s: position %zu: the likeliest token %zu on the device, %zu with %s layers on the CPU",
+                             rel, t, ia, ib, k ? "all" : "two");
+                flips++;
+            }
+            worst = fmax(worst, d / scale);
+        }
+    }
+    if (worst > tol || flips > 2 * n / 8)
+        fail_msg("%s: the logits differ by %.3g of the largest (bound %.3g), the likeliest token at %zu of %zu positions",
+                 rel, worst, tol, flips, 2 * n);
+    printf("%-28s gpu-layers: 2 and 0 (%.1f/%.1f KiB off the device); with 2, token by token = chunks; logits within "
+           "%.2g of the largest of the device's, the likeliest token other at %zu of %zu positions\n",
+           rel, (full.bytes - two.bytes) / 1024.0, (full.bytes - none.bytes) / 1024.0, worst, flips, 2 * n);
+    free(full.l), free(two.l), free(none.l), free(toks);
+}
+
+static void test_gpu_layers(void **state) {
+    (void)state;
+    check_gpu_layers("models/tiny-qwen35-f32.gguf", 1e-3);
+    check_gpu_layers("models/tiny-qwen35moe-q4_k_m.gguf", 0.5); /* (routing near-ties: test_cpu_moe) */
+    if (lite) return;
+    check_gpu_layers("models/tiny-qwen3-q8_0.gguf", 0.1);
+    check_gpu_layers("models/tiny-gptoss-mxfp4.gguf", 0.5);
+    /* the device's batches with two layers on the device: each item's bits its own */
+    load_gpu_layers = 2;
+    check_batch("models/tiny-qwen35moe-q4_k_m.gguf");
+    load_gpu_layers = TERN_GPU_LAYERS_ALL;
+}
+
 static void test_qwen35_vram_full(void **state) {
     (void)state;
     vram_full("models/tiny-qwen35-f32.gguf", 1.5f);
@@ -1153,6 +1224,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_batch_qwen35),
         cmocka_unit_test(test_lanes32_chunks),
         cmocka_unit_test(test_cpu_moe),
+        cmocka_unit_test(test_gpu_layers),
     };
     const struct CMUnitTest lite_tests[] = {
         cmocka_unit_test(test_qwen35_f32),
@@ -1163,6 +1235,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_batch_qwen35),
         cmocka_unit_test(test_lanes32_chunks),
         cmocka_unit_test(test_cpu_moe),
+        cmocka_unit_test(test_gpu_layers),
     };
     if (lite) return cmocka_run_group_tests(lite_tests, setup, NULL);
     return cmocka_run_group_tests(tests, setup, NULL);

@@ -93,7 +93,44 @@ struct tern_gpu {
     uint32_t n_moe_l, n_host;
     bool auto_moe;
     struct gpu_moe_ws *moe_ws; /* the RunState's MoE scratch (NULL: none) */
+    /* --gpu-layers (tern_model_set_gpu_layers): the matrices of layers [gpu_layers, ...)
+     * stay in host memory and their matmuls run on the CPU (host_mm: scratch for the
+     * largest k, n and prepared row among them) */
+    uint32_t gpu_layers, n_host_mats;
+    uint64_t host_mat_bytes;
+    size_t hm_k, hm_n, hm_rb;
+    struct host_mm *hmm;
 };
+
+/* The host half of --gpu-layers: a session view for the CPU's matmul (the model's pool,
+ * its prepared-activation buffers) and the rows that cross: the input (n_chunk, hm_k) and
+ * up to four products (n_chunk, hm_n) each. */
+struct host_mm {
+    struct tern_session s;
+    float *x, *y;
+};
+
+static void host_mm_free(struct host_mm *h) {
+    if (!h) return;
+    for (int i = 0; i < MODEL_MAX_ACT_KINDS; i++) tern_aligned_free(h->s.act[i]);
+    tern_aligned_free(h->x);
+    tern_aligned_free(h->y);
+    free(h);
+}
+
+/* The layer of a "blk.N." tensor, UINT32_MAX for the others (embeddings, output). */
+static uint32_t tensor_layer(const char *name) {
+    unsigned v;
+    int used = 0;
+    if (name && sscanf(name, "blk.%u.%n", &v, &used) == 1 && used) return v;
+    return UINT32_MAX;
+}
+
+/* Whether matrix w stays in host memory (--gpu-layers: its layer is past the device's). */
+static bool host_matrix(const struct tern_gpu *g, const struct mat *w) {
+    const uint32_t il = tensor_layer(w->name);
+    return il != UINT32_MAX && il >= g->gpu_layers;
+}
 
 /* One conversation's device state (NULL entries for the layers of the other kind). */
 struct tern_gpu_state {
@@ -151,8 +188,9 @@ static enum tern_status put(struct tern_gpu *g, const void *key, const void *src
     const uint64_t have = tern_vk_info(g->vk)->device_local_bytes;
     if (have && used_bytes(g) + bytes > have)
         return tern_errorf(TERN_ERR_NOMEM, "gpu: the weights do not fit device '%s' (%.1f MiB): %.1f MiB are "
-                                           "uploaded and a tensor of %.1f MiB is next (--n-cpu-moe keeps a MoE "
-                                           "model's experts in host memory)", tern_vk_info(g->vk)->name,
+                                           "uploaded and a tensor of %.1f MiB is next (--gpu-layers N keeps the "
+                                           "later layers' matrices in host memory, --n-cpu-moe a MoE model's "
+                                           "experts)", tern_vk_info(g->vk)->name,
                            (double)have / 1048576.0, (double)used_bytes(g) / 1048576.0, (double)bytes / 1048576.0);
     struct tern_vk_buf *b;
     enum tern_status st = newbuf(g, bytes, &b);
@@ -165,8 +203,23 @@ static enum tern_status put_vec(struct tern_gpu *g, const float *v, size_t n) {
     return v ? put(g, v, v, n * sizeof(float)) : TERN_OK;
 }
 
-/* A matrix, or n_mat of them stride bytes apart (the stacked experts). */
-static enum tern_status put_mats(struct tern_gpu *g, const struct mat *w, size_t stride, uint32_t n_mat) {
+/* A matrix that stays in host memory (--gpu-layers), counted once. */
+static void note_host_mat(struct tern_gpu *g, const struct mat *w) {
+    g->n_host_mats++;
+    g->host_mat_bytes += (uint64_t)w->n * w->row_bytes;
+    g->hm_k = TERN_MAX(g->hm_k, (size_t)w->k);
+    g->hm_n = TERN_MAX(g->hm_n, (size_t)w->n);
+    g->hm_rb = TERN_MAX(g->hm_rb, tern_act_row_bytes(w->type, w->k));
+}
+
+/* A matrix, or n_mat of them stride bytes apart (the stacked experts); one past the
+ * device's layers (--gpu-layers) stays in host memory unless dev. */
+static enum tern_status put_mats_on(struct tern_gpu *g, const struct mat *w, size_t stride, uint32_t n_mat,
+                                    bool dev) {
+    if (!dev && n_mat == 1 && host_matrix(g, w)) {
+        note_host_mat(g, w);
+        return TERN_OK;
+    }
     if (!tern_vk_matmul_supported(w->type))
         return tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: tensor '%s' is %s, which the Vulkan matmul does not handle yet",
                            w->name, tern_dtype_name((uint32_t)w->type));
@@ -174,7 +227,12 @@ static enum tern_status put_mats(struct tern_gpu *g, const struct mat *w, size_t
     return st ? st : put(g, w->data, w->data, n_mat > 1 ? (size_t)n_mat * stride : (size_t)w->n * w->row_bytes);
 }
 
+static enum tern_status put_mats(struct tern_gpu *g, const struct mat *w, size_t stride, uint32_t n_mat) {
+    return put_mats_on(g, w, stride, n_mat, false);
+}
 static enum tern_status put_mat(struct tern_gpu *g, const struct mat *w) { return put_mats(g, w, 0, 1); }
+/* (the shared expert: on the device in every layer, as gpu_shared_expert reads it) */
+static enum tern_status put_dev_mat(struct tern_gpu *g, const struct mat *w) { return put_mats_on(g, w, 0, 1, true); }
 
 static int weight_cmp(const void *a, const void *b) {
     const uintptr_t x = ((const struct gpu_weight *)a)->host, y = ((const struct gpu_weight *)b)->host;
@@ -204,6 +262,7 @@ void tern_gpu_free(struct tern_gpu *g) {
     free(g->host_toks);
     free(g->zeros);
     free(g->moe_l);
+    host_mm_free(g->hmm);
     tern_vk_buf_free(g->hid);
     if (!g->parent) pthread_mutex_destroy(&g->own_mu);
     free(g);
@@ -211,6 +270,7 @@ void tern_gpu_free(struct tern_gpu *g) {
 
 /* Whether layer ml's routed experts stay in host memory (partial offload). */
 static bool host_experts(const struct tern_gpu *g, const struct moe_layer *ml) {
+    if (ml->gate.data && host_matrix(g, &ml->gate)) return true;
     for (uint32_t il = 0; il < g->n_host && il < g->n_moe_l; il++)
         if (g->moe_l[il].gate.data && g->moe_l[il].gate.data == ml->gate.data) return true;
     return false;
@@ -250,8 +310,8 @@ static enum tern_status upload_moe(struct tern_gpu *g, const struct moe_hparams 
     enum tern_status st;
     if (!host_experts(g, ml) && (st = upload_experts(g, hp, ml))) return st;
     if (!hp->n_ff_shexp) return TERN_OK;
-    if ((st = put_mat(g, &ml->sh_gate_inp)) || (st = put_mat(g, &ml->sh_gate)) || (st = put_mat(g, &ml->sh_up)) ||
-        (st = put_mat(g, &ml->sh_down)))
+    if ((st = put_dev_mat(g, &ml->sh_gate_inp)) || (st = put_dev_mat(g, &ml->sh_gate)) ||
+        (st = put_dev_mat(g, &ml->sh_up)) || (st = put_dev_mat(g, &ml->sh_down)))
         return st;
     return TERN_OK;
 }
@@ -330,20 +390,19 @@ static void host_moe_free(struct host_moe *hm) {
     free(hm);
 }
 
-/* The host half for layers [0, n_host) of g's MoE layers, chunks of n_chunk rows. */
-static enum tern_status host_moe_new(struct tern_gpu *g, const struct moe_hparams *hp, uint32_t n_chunk,
-                                     struct host_moe **out, size_t *bytes) {
+/* The host half for g's MoE layers (n_layer entries, sized for the largest), chunks of
+ * n_chunk rows. */
+static enum tern_status host_moe_new(struct tern_gpu *g, const struct moe_hparams *hp, const struct moe_layer *layers,
+                                     uint32_t n_layer, uint32_t n_chunk, struct host_moe **out, size_t *bytes) {
     const struct tern_model *m = g->m;
     struct host_moe *hm = tern_calloc(1, sizeof *hm);
     if (!hm) return tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
     *out = hm;
-    const uint32_t n_l = TERN_MIN(g->n_host, g->n_moe_l);
-    enum tern_status st = moe_state_new(m, hp, g->moe_l, n_l, n_chunk, &hm->st);
+    enum tern_status st = moe_state_new(m, hp, layers, n_layer, n_chunk, &hm->st);
     if (st) return st;
     size_t rb = 0;
-    for (uint32_t il = 0; il < n_l; il++)
-        if (g->moe_l[il].gate.data)
-            rb = TERN_MAX(rb, tern_act_row_bytes(g->moe_l[il].router.type, g->moe_l[il].router.k));
+    for (uint32_t il = 0; il < n_layer; il++)
+        if (layers[il].gate.data) rb = TERN_MAX(rb, tern_act_row_bytes(layers[il].router.type, layers[il].router.k));
     const size_t E = m->hp.n_embd, n = n_chunk;
     hm->s.m = (struct tern_model *)(uintptr_t)m; /* the pool, the layers: read only */
     hm->s.rs_chunk = n_chunk;
@@ -371,8 +430,6 @@ static void gpu_moe_ws_free(void *ctx, struct model_moe_ws *p) {
 static enum tern_status gpu_moe_ws_new(void *ctx, const struct tern_model *m, const struct moe_hparams *hp,
                                        const struct moe_layer *layers, uint32_t n_layer, uint32_t n_chunk,
                                        struct model_moe_ws **out, size_t *bytes) {
-    (void)layers;
-    (void)n_layer;
     struct tern_gpu *g = ctx;
     *out = NULL;
     struct gpu_moe_ws *ws = tern_calloc(1, sizeof *ws);
@@ -392,7 +449,9 @@ static enum tern_status gpu_moe_ws_new(void *ctx, const struct tern_model *m, co
     if (!st && S) st = scratch(g, n, &ws->s_w);
     if (!st && S) st = scratch(g, n * E, &ws->s_d);
     *bytes += g->bytes - before;
-    if (!st && g->n_host) st = host_moe_new(g, hp, n_chunk, &ws->host, bytes);
+    bool host = g->n_host > 0; /* --n-cpu-moe, or a layer past --gpu-layers */
+    for (uint32_t il = 0; il < n_layer && !host; il++) host = host_experts(g, &layers[il]);
+    if (!st && host) st = host_moe_new(g, hp, layers, n_layer, n_chunk, &ws->host, bytes);
     g->moe_ws = ws;
     return st;
 }
@@ -476,8 +535,49 @@ static void gpu_hidden_in(const struct model_step *f, struct model_act *x) {
     }
 }
 
+/* Ends the step's recording (submitted, waited for): what a host half needs before it
+ * reads rows back. */
+static void step_flush(const struct model_step *f) {
+    struct gpu_step *p = STEP(f);
+    if (p->recording) {
+        p->recording = false;
+        keep(f, tern_vk_end(p->g->vk));
+    }
+}
+
+/* A matmul whose matrices stay in host memory (--gpu-layers): the recording submitted,
+ * the input rows read back, the CPU's matmul (model_matmul: batch-invariant rows), the
+ * products uploaded. Bytes moved per row: k + the outputs' n floats. */
+static void gpu_matmul_host(const struct model_step *f, const struct model_act *x, const struct model_mm *outs,
+                            size_t n_outs) {
+    struct gpu_step *p = STEP(f);
+    struct host_mm *h = p->g->hmm;
+    if (!h || n_outs > 4) {
+        keep(f, tern_errorf(TERN_ERR_INTERNAL, "gpu: a host matmul without its scratch"));
+        return;
+    }
+    step_flush(f);
+    if (p->st) return;
+    const size_t n = p->n, k = outs[0].w->k;
+    keep(f, tern_vk_download(BUF(x), 0, h->x, n * k * sizeof(float)));
+    if (p->st) return;
+    struct mm_out mo[4];
+    float *y = h->y;
+    for (size_t i = 0; i < n_outs; i++) {
+        mo[i] = (struct mm_out){outs[i].w, y};
+        y += n * outs[i].w->n;
+    }
+    model_matmul(&h->s, h->x, (uint32_t)n, mo, n_outs);
+    for (size_t i = 0; i < n_outs; i++)
+        keep(f, tern_vk_upload(BUF(outs[i].y), 0, mo[i].y, n * outs[i].w->n * sizeof(float)));
+}
+
 static void gpu_matmul(const struct model_step *f, const struct model_act *x, const struct model_mm *outs,
                        size_t n_outs) {
+    if (host_matrix(STEP(f)->g, outs[0].w)) { /* (the outputs of one input: one layer's) */
+        gpu_matmul_host(f, x, outs, n_outs);
+        return;
+    }
     for (size_t i = 0; i < n_outs; i++) {
         const struct mat *w = outs[i].w;
         struct tern_vk_buf *b = wbuf(f, w->data, w->name);
@@ -568,10 +668,7 @@ static void gpu_moe_host(const struct model_step *f, const struct moe_hparams *m
         return;
     }
     if (S) gpu_shared_expert(f, ml, ws, h, S);
-    if (p->recording) {
-        p->recording = false;
-        keep(f, tern_vk_end(p->g->vk));
-    }
+    step_flush(f);
     if (p->st) return;
     keep(f, tern_vk_download(BUF(h), 0, hm->h, rb));
     if (S) keep(f, tern_vk_download(ws->s_d, 0, hm->sd, rb));
@@ -1021,6 +1118,24 @@ void tern_gpu_cpu_moe(const struct tern_gpu *g, uint32_t *n_host, uint32_t *n_mo
     *n_moe = t;
 }
 
+/* The host half of --gpu-layers, for the matrices upload_weights kept in host memory. */
+static enum tern_status host_mm_new(struct tern_gpu *g) {
+    struct host_mm *h = g->hmm = tern_calloc(1, sizeof *h);
+    if (!h) return tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
+    const size_t n = g->n_chunk;
+    h->s.m = (struct tern_model *)(uintptr_t)g->m; /* the pool: read only */
+    h->s.rs_chunk = g->n_chunk;
+    for (int i = 0; i < MODEL_MAX_ACT_KINDS; i++)
+        if (!(h->s.act[i] = tern_aligned_alloc(n * (g->hm_rb ? g->hm_rb : 1))))
+            return tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
+    h->x = tern_aligned_alloc(n * g->hm_k * sizeof(float));
+    h->y = tern_aligned_alloc(4 * n * g->hm_n * sizeof(float));
+    if (!h->x || !h->y) return tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
+    TERN_LOG_DEBUG("gpu: %u matrices (%.1f MiB) of layers %u.. in host memory, on the CPU", g->n_host_mats,
+                   (double)g->host_mat_bytes / 1048576.0, g->gpu_layers);
+    return TERN_OK;
+}
+
 /* tern_gpu_new, or with parent an MTP head's (its arch qwen35-mtp). */
 static enum tern_status gpu_make(struct tern_vk *vk, const struct tern_model *m, const struct tern_gpu *parent,
                                  uint32_t n_chunk, struct tern_gpu **out) {
@@ -1034,7 +1149,7 @@ static enum tern_status gpu_make(struct tern_vk *vk, const struct tern_model *m,
         return tern_errorf(TERN_ERR_INVALID, "gpu: chunk %u must be positive (at most 65535)", n_chunk);
     /* Before anything is allocated: the weights alone against the device's memory. */
     const uint64_t have = tern_vk_info(vk)->device_local_bytes;
-    if (!head && have && !m->cpu_moe_req && m->info.weight_bytes > have)
+    if (!head && have && !m->cpu_moe_req && !m->gpu_layers_set && m->info.weight_bytes > have)
         return tern_errorf(TERN_ERR_NOMEM, "gpu: %s: the weights need %.1f MiB, but device '%s' has %.1f MiB of "
                                            "device-local memory", m->name, mib(m->info.weight_bytes),
                            tern_vk_info(vk)->name, mib(have));
@@ -1046,6 +1161,7 @@ static enum tern_status gpu_make(struct tern_vk *vk, const struct tern_model *m,
     g->vk = vk;
     g->m = m;
     g->n_chunk = n_chunk;
+    g->gpu_layers = m->gpu_layers_set ? m->gpu_layers : UINT32_MAX;
     enum tern_status st = TERN_OK;
     g->host_x = tern_malloc((size_t)n_chunk * hp->n_embd * sizeof(float));
     g->host_cs = tern_malloc((size_t)n_chunk * hp->rope.n_rot * sizeof(float) + sizeof(float));
@@ -1053,6 +1169,7 @@ static enum tern_status gpu_make(struct tern_vk *vk, const struct tern_model *m,
     if (!g->host_x || !g->host_cs || !g->host_toks) st = tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
     /* (a head's caller holds the main model's lock: one Vulkan context) */
     if (!st) st = upload_weights(g);
+    if (!st && g->n_host_mats) st = host_mm_new(g);
     if (!st) qsort(g->wt, g->n_wt, sizeof *g->wt, weight_cmp);
     const struct model_backend be = {&gpu_ops, g};
     if (!st) st = m->arch->state_new(m, &be, n_chunk, &g->rs);
