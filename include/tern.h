@@ -156,6 +156,9 @@ void tern_model_cpu_moe(const struct tern_model *m, uint32_t *n_cpu, uint32_t *n
  * apply (the CPU's kernels read quantized activations). */
 #define TERN_GPU_LAYERS_ALL UINT32_MAX
 void tern_model_set_gpu_layers(struct tern_model *m, uint32_t n_layers);
+/* The layers whose weight matrices stay in host memory (0 on the CPU or without
+ * --gpu-layers). */
+uint32_t tern_model_cpu_layers(const struct tern_model *m);
 /* "cpu", or "vulkan:N 'device name'". Owned by the model. */
 const char *tern_model_device(const struct tern_model *m);
 

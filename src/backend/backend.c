@@ -70,6 +70,11 @@ void tern_model_set_gpu_layers(struct tern_model *m, uint32_t n_layers) {
     m->gpu_layers = n_layers;
 }
 
+uint32_t tern_model_cpu_layers(const struct tern_model *m) {
+    if (!model_on_device(m) || !m->gpu_layers_set || m->gpu_layers >= m->n_layer) return 0;
+    return m->n_layer - m->gpu_layers;
+}
+
 void tern_model_cpu_moe(const struct tern_model *m, uint32_t *n_cpu, uint32_t *n_moe) {
     *n_cpu = model_on_device(m) ? m->cpu_moe_n : 0;
     *n_moe = m->cpu_moe_total;

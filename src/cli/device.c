@@ -91,7 +91,6 @@ int cli_device_use(const char *cmd, struct tern_model *m, int *dev, bool is_auto
     char name[32];
     snprintf(name, sizeof name, "vulkan:%d", *dev);
     tern_model_set_cpu_moe(m, cpu_moe, session_reserve(m, sp));
-    const uint32_t n_layer = tern_model_info(m)->n_layer;
     tern_model_set_gpu_layers(m, gpu_layers);
     enum tern_status st = tern_model_use_device(m, name, n_chunk);
     if (!st && sp) {
@@ -105,11 +104,12 @@ int cli_device_use(const char *cmd, struct tern_model *m, int *dev, bool is_auto
         if (st) (void)tern_model_use_device(m, "cpu", 0);
     }
     if (!st) {
+        const uint32_t n_layer = tern_model_info(m)->n_layer;
         uint32_t n_cpu, n_moe;
         tern_model_cpu_moe(m, &n_cpu, &n_moe);
-        if (gpu_layers < n_layer)
+        if (tern_model_cpu_layers(m))
             fprintf(stderr, "device: %s; the weight matrices of %u of %u layers in host memory, on the CPU\n",
-                    tern_model_device(m), n_layer - gpu_layers, n_layer);
+                    tern_model_device(m), tern_model_cpu_layers(m), n_layer);
         else if (cpu_moe && n_moe)
             fprintf(stderr, "device: %s; the routed experts of %u of %u MoE layers in host memory, on the CPU\n",
                     tern_model_device(m), n_cpu, n_moe);

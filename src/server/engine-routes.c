@@ -222,6 +222,9 @@ void engine_metrics(void *self, struct tern_buf *b) {
             {"tern_device_cpu_moe_layers", "gauge",
              "MoE layers whose routed experts stay in host memory and run on the CPU (--cpu-moe, --n-cpu-moe).",
              SRV_U(n_cpu_moe)},
+            {"tern_device_cpu_layers", "gauge",
+             "Layers whose weight matrices stay in host memory, their matmuls on the CPU (--gpu-layers).",
+             SRV_U(tern_model_cpu_layers(e->model))},
         };
         srv_metrics_put(b, moe_rows, TERN_ARRAY_LEN(moe_rows));
         srv_metric_head(b, "tern_cache_vram_restores_total", "counter",

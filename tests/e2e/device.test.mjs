@@ -17,7 +17,8 @@
 //   --spec mtp drafts with the head on the device; both answer as the cold server does,
 //   with the same state;
 // - $TERN_DEVICE chooses the device as --device does.
-// - --n-cpu-moe 2 on a hybrid MoE: said at start and on /metrics, resumed equals cold.
+// - --n-cpu-moe 2 and --gpu-layers 2 on a hybrid MoE: said at start and on /metrics, resumed
+//   equals cold.
 // Skips (77) without a Vulkan device unless TERN_REQUIRE_VULKAN=1.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -247,36 +248,41 @@ test('qwen35: --cache-vram keeps checkpoints on the device; resumed equals cold'
   }
 });
 
-// Partial offload: a hybrid MoE with two layers' experts on the CPU (--n-cpu-moe 2), said
-// at start and on /metrics; a rewritten turn resumes from a checkpoint, equal to a cold
-// server with the same offload (output and state hash).
-test('qwen35moe --n-cpu-moe 2: said at start and on /metrics; resumed equals cold', async () => {
-  const moe = makeModel('tiny-qwen35moe');
-  const args = ['--model', moe, '--device', 'vulkan:0', '--n-cpu-moe', '2', ...common];
-  const on = await startServer(args, env);
-  const off = await startServer([...args, '--prompt-cache', '0'], offEnv);
-  try {
-    await logged(on, /routed experts of 2 of 4 MoE layers in host memory/);
-    assert.equal(await metric(on, 'tern_device_cpu_moe_layers'), 2);
-    assert.equal(await metric(on, 'tern_device_moe_layers'), 4);
-    const pair = async (body, salt) => {
-      const a = await chat(on, body);
-      const b = await chat(off, { ...body, session_id: undefined, cache_salt: salt });
-      assert.deepEqual(a.choices[0].message, b.choices[0].message, 'resumed output equals cold output');
-      assert.equal(await stateHash(on, a.id), await stateHash(off, b.id), 'resumed state equals cold state');
-      return a;
-    };
-    const key = { session_id: 'cpu-moe' };
-    const u1 = { role: 'user', content: 'Write a haiku about rivers.' };
-    await pair({ ...key, messages: [u1] }, 'cpu-moe-1');
-    const r2 = await pair({ ...key, messages: [u1, { role: 'assistant', content: 'Water runs downhill.' },
-      { role: 'user', content: 'Another one.' }] }, 'cpu-moe-2');
-    assert.ok(r2.usage.prompt_tokens_details.cached_tokens > 0, JSON.stringify(r2.tern.reuse));
-  } finally {
-    assert.equal(await on.stop(), 0);
-    assert.equal(await off.stop(), 0);
-  }
-});
+// Partial offload: a hybrid MoE with two layers' experts on the CPU (--n-cpu-moe 2), or
+// the matrices of its last two layers (--gpu-layers 2), said at start and on /metrics; a
+// rewritten turn resumes from a checkpoint, equal to a cold server with the same offload
+// (output and state hash).
+for (const [flag, said, gauge] of [['--n-cpu-moe', /routed experts of 2 of 4 MoE layers in host memory/,
+  'tern_device_cpu_moe_layers'], ['--gpu-layers', /weight matrices of 2 of 4 layers in host memory/,
+  'tern_device_cpu_layers']]) {
+  test(`qwen35moe ${flag} 2: said at start and on /metrics; resumed equals cold`, async () => {
+    const moe = makeModel('tiny-qwen35moe');
+    const args = ['--model', moe, '--device', 'vulkan:0', flag, '2', ...common];
+    const on = await startServer(args, env);
+    const off = await startServer([...args, '--prompt-cache', '0'], offEnv);
+    try {
+      await logged(on, said);
+      assert.equal(await metric(on, gauge), 2);
+      assert.equal(await metric(on, 'tern_device_moe_layers'), 4);
+      const pair = async (body, salt) => {
+        const a = await chat(on, body);
+        const b = await chat(off, { ...body, session_id: undefined, cache_salt: salt });
+        assert.deepEqual(a.choices[0].message, b.choices[0].message, 'resumed output equals cold output');
+        assert.equal(await stateHash(on, a.id), await stateHash(off, b.id), 'resumed state equals cold state');
+        return a;
+      };
+      const key = { session_id: `offload${flag}` };
+      const u1 = { role: 'user', content: 'Write a haiku about rivers.' };
+      await pair({ ...key, messages: [u1] }, `offload${flag}-1`);
+      const r2 = await pair({ ...key, messages: [u1, { role: 'assistant', content: 'Water runs downhill.' },
+        { role: 'user', content: 'Another one.' }] }, `offload${flag}-2`);
+      assert.ok(r2.usage.prompt_tokens_details.cached_tokens > 0, JSON.stringify(r2.tern.reuse));
+    } finally {
+      assert.equal(await on.stop(), 0);
+      assert.equal(await off.stop(), 0);
+    }
+  });
+}
 
 test('qwen35: predictive priming runs on the device; the next turn equals cold', async () => {
   const srv = await startServer(['--model', models.qwen35, '--device', 'vulkan:0', ...common, '--predict-chunk', '16'],
