@@ -155,7 +155,10 @@ void tern_model_cpu_moe(const struct tern_model *m, uint32_t *n_cpu, uint32_t *n
  * token's logits do not depend on its chunk or batch; across settings the parity rules
  * apply (the CPU's kernels read quantized activations). */
 #define TERN_GPU_LAYERS_ALL UINT32_MAX
-void tern_model_set_gpu_layers(struct tern_model *m, uint32_t n_layers);
+/* TERN_GPU_LAYERS_AUTO: as many first layers as fit the device's memory with reserve_bytes
+ * (a session's state) left free after everything else (not with TERN_CPU_MOE_AUTO). */
+#define TERN_GPU_LAYERS_AUTO (UINT32_MAX - 1)
+void tern_model_set_gpu_layers(struct tern_model *m, uint32_t n_layers, uint64_t reserve_bytes);
 /* The layers whose weight matrices stay in host memory (0 on the CPU or without
  * --gpu-layers). */
 uint32_t tern_model_cpu_layers(const struct tern_model *m);

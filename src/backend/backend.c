@@ -65,14 +65,15 @@ void tern_model_set_cpu_moe(struct tern_model *m, uint32_t n_layers, uint64_t re
     m->cpu_moe_reserve = reserve_bytes;
 }
 
-void tern_model_set_gpu_layers(struct tern_model *m, uint32_t n_layers) {
+void tern_model_set_gpu_layers(struct tern_model *m, uint32_t n_layers, uint64_t reserve_bytes) {
     m->gpu_layers_set = n_layers != TERN_GPU_LAYERS_ALL;
     m->gpu_layers = n_layers;
+    m->gpu_layers_reserve = reserve_bytes;
 }
 
 uint32_t tern_model_cpu_layers(const struct tern_model *m) {
-    if (!model_on_device(m) || !m->gpu_layers_set || m->gpu_layers >= m->n_layer) return 0;
-    return m->n_layer - m->gpu_layers;
+    if (!model_on_device(m) || !m->gpu_layers_set || m->gpu_layers_n >= m->n_layer) return 0;
+    return m->n_layer - m->gpu_layers_n;
 }
 
 void tern_model_cpu_moe(const struct tern_model *m, uint32_t *n_cpu, uint32_t *n_moe) {

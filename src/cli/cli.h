@@ -79,10 +79,11 @@ int cli_device_use(const char *cmd, struct tern_model *m, int *dev, bool is_auto
  * table's entries and their value: 0 (none), N, TERN_CPU_MOE_ALL or TERN_CPU_MOE_AUTO
  * into *out. Returns 0 or a usage error's exit code. */
 #define CLI_CPU_MOE_OPTS(all, n, gl)                                                                               \
-    CLI_STR("gpu-layers", (gl), "N|all",                                                                           \
+    CLI_STR("gpu-layers", (gl), "N|all|auto",                                                                      \
             "with --device: the weight matrices of the first N layers on the device, the later layers' in host "    \
-            "memory, their matmuls on the CPU (partial offload; default all)"),                                     \
-    CLI_STR("n-gpu-layers", (gl), "N|all", NULL),                                                                  \
+            "memory, their matmuls on the CPU (partial offload; default all; auto: as many as fit beside a "        \
+            "session of the whole context)"),                                                                       \
+    CLI_STR("n-gpu-layers", (gl), "N|all|auto", NULL),                                                             \
     CLI_FLAG("cpu-moe", (all),                                                                                     \
              "with --device: every MoE layer's routed experts stay in host memory and run on the CPU (partial "    \
              "offload)"),                                                                                          \
@@ -90,9 +91,10 @@ int cli_device_use(const char *cmd, struct tern_model *m, int *dev, bool is_auto
             "with --device: the routed experts of the first N layers stay in host memory; auto: as few as let the " \
             "rest and a session of the whole context fit the device's memory")
 int cli_cpu_moe_parse(const char *cmd, bool all, const char *n, uint32_t *out);
-/* --gpu-layers N|all (tern_model_set_gpu_layers) into *out: N, or TERN_GPU_LAYERS_ALL for
- * all or NULL. Returns 0 or a usage error's exit code. */
-int cli_gpu_layers_parse(const char *cmd, const char *s, uint32_t *out);
+/* --gpu-layers N|all|auto (tern_model_set_gpu_layers) into *out: N, TERN_GPU_LAYERS_AUTO,
+ * or TERN_GPU_LAYERS_ALL for all or NULL (auto not with --n-cpu-moe auto, cpu_moe).
+ * Returns 0 or a usage error's exit code. */
+int cli_gpu_layers_parse(const char *cmd, const char *s, uint32_t cpu_moe, uint32_t *out);
 
 
 /* `tern bench <what>`: benchmarks register themselves the same way. `tern bench` with

@@ -144,7 +144,7 @@ static int bench_model_main(int argc, char **argv) {
     if ((c = cli_device_resolve("bench", device, &dev, &dev_auto))) return c;
     uint32_t cpu_moe, gpu_layers;
     if ((c = cli_cpu_moe_parse("bench", cpu_moe_all, n_cpu_moe, &cpu_moe)) ||
-        (c = cli_gpu_layers_parse("bench", gpu_layers_s, &gpu_layers)))
+        (c = cli_gpu_layers_parse("bench", gpu_layers_s, cpu_moe, &gpu_layers)))
         return c;
 
     struct weight_stats ws;

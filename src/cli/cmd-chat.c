@@ -229,7 +229,7 @@ int cli_chat_main(int argc, char **argv) {
     if ((c = cli_device_resolve("chat", device, &dev, &dev_auto))) return c;
     uint32_t cpu_moe, gpu_layers;
     if ((c = cli_cpu_moe_parse("chat", cpu_moe_all, n_cpu_moe, &cpu_moe)) ||
-        (c = cli_gpu_layers_parse("chat", gpu_layers_s, &gpu_layers)))
+        (c = cli_gpu_layers_parse("chat", gpu_layers_s, cpu_moe, &gpu_layers)))
         return c;
     char *tsrc = NULL;
     size_t tlen = 0;

@@ -193,7 +193,7 @@ static int run_main(int argc, char **argv) {
     uint32_t cpu_moe = 0, gpu_layers = TERN_GPU_LAYERS_ALL;
     if ((c = cli_device_resolve("run", device, &dev, &dev_auto)) ||
         (c = cli_cpu_moe_parse("run", cpu_moe_all, n_cpu_moe, &cpu_moe)) ||
-        (c = cli_gpu_layers_parse("run", gpu_layers_s, &gpu_layers))) {
+        (c = cli_gpu_layers_parse("run", gpu_layers_s, cpu_moe, &gpu_layers))) {
         free(oracle_ids);
         return c;
     }

@@ -222,7 +222,7 @@ static int cmd_serve(int argc, char **argv) {
     if ((c = cli_device_resolve("serve", device, &dev, &dev_auto))) return c;
     uint32_t cpu_moe, gpu_layers;
     if ((c = cli_cpu_moe_parse("serve", cpu_moe_all, n_cpu_moe, &cpu_moe)) ||
-        (c = cli_gpu_layers_parse("serve", gpu_layers_s, &gpu_layers)))
+        (c = cli_gpu_layers_parse("serve", gpu_layers_s, cpu_moe, &gpu_layers)))
         return c;
     cp.affinity = env_flag("TERN_AFFINITY", true);
     cp.pool = env_flag("TERN_REUSE_POOL", true);

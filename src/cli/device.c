@@ -61,11 +61,16 @@ int cli_cpu_moe_parse(const char *cmd, bool all, const char *n, uint32_t *out) {
     return 0;
 }
 
-int cli_gpu_layers_parse(const char *cmd, const char *s, uint32_t *out) {
+int cli_gpu_layers_parse(const char *cmd, const char *s, uint32_t cpu_moe, uint32_t *out) {
     *out = TERN_GPU_LAYERS_ALL;
     if (!s || !strcmp(s, "all")) return 0;
+    if (!strcmp(s, "auto")) {
+        if (cpu_moe == TERN_CPU_MOE_AUTO) return cli_usage_error(cmd, "--gpu-layers auto and --n-cpu-moe auto: give one");
+        *out = TERN_GPU_LAYERS_AUTO;
+        return 0;
+    }
     long v;
-    if (!cli_parse_int(s, 0, 1 << 20, &v)) return cli_usage_error(cmd, "bad --gpu-layers '%s' (N or all)", s);
+    if (!cli_parse_int(s, 0, 1 << 20, &v)) return cli_usage_error(cmd, "bad --gpu-layers '%s' (N, all or auto)", s);
     *out = (uint32_t)v;
     return 0;
 }
@@ -91,7 +96,7 @@ int cli_device_use(const char *cmd, struct tern_model *m, int *dev, bool is_auto
     char name[32];
     snprintf(name, sizeof name, "vulkan:%d", *dev);
     tern_model_set_cpu_moe(m, cpu_moe, session_reserve(m, sp));
-    tern_model_set_gpu_layers(m, gpu_layers);
+    tern_model_set_gpu_layers(m, gpu_layers, session_reserve(m, sp));
     enum tern_status st = tern_model_use_device(m, name, n_chunk);
     if (!st && sp) {
         /* one session's device state of the whole context, made and freed now: a context

@@ -208,6 +208,8 @@ struct tern_model {
      * host memory (TERN_GPU_LAYERS_ALL, or gpu_layers_set false: none) */
     bool gpu_layers_set;
     uint32_t gpu_layers;
+    uint64_t gpu_layers_reserve;
+    uint32_t gpu_layers_n; /* what it resolved to on the device (auto) */
     /* Checkpoints kept in device memory (session.c, tern_model_set_ckpt_vram): the budget,
      * the list of those on the device (least recently taken or restored first) and the
      * counters, under ckpt_mu (taken before the tern_gpu's lock, never while holding it;

@@ -92,7 +92,7 @@ static struct tern_model *load(const char *rel, bool gpu) {
     struct tern_model *m = NULL;
     if (tern_model_load(&mp, &m)) fail_msg("%s: %s", rel, tern_last_error());
     tern_model_set_cpu_moe(m, load_cpu_moe, 1u << 20);
-    tern_model_set_gpu_layers(m, load_gpu_layers);
+    tern_model_set_gpu_layers(m, load_gpu_layers, 1u << 20);
     if (gpu && th_use_vulkan(m, dev, 64)) fail_msg("%s on vulkan:%d: %s", rel, dev, tern_last_error());
     return m;
 }
@@ -990,6 +990,7 @@ struct offload_run {
     uint64_t hash;
     size_t bytes;        /* tern_gpu_bytes */
     uint32_t n_cpu, n_moe;
+    uint32_t n_cpu_layers; /* tern_model_cpu_layers */
 };
 
 static void offload_run(const char *rel, uint32_t req, const char *cap, const int32_t *toks, size_t n,
@@ -1002,6 +1003,7 @@ static void offload_run(const char *rel, uint32_t req, const char *cap, const in
     const size_t nv = tern_model_info(m)->n_vocab;
     r->bytes = tern_gpu_bytes(GPU_OF(m));
     tern_model_cpu_moe(m, &r->n_cpu, &r->n_moe);
+    r->n_cpu_layers = tern_model_cpu_layers(m);
     r->l = malloc(n * nv * sizeof(float));
     struct tern_session *s = primed(m, toks, n, 64, r->l);
     r->hash = tern_session_hash(s);
@@ -1109,16 +1111,34 @@ static void test_cpu_moe(void **state) {
 static void check_gpu_layers(const char *rel, double tol) {
     struct tern_model *m0 = load(rel, false);
     const size_t nv = tern_model_info(m0)->n_vocab, n = 32;
+    const uint32_t n_layer = tern_model_info(m0)->n_layer;
     tern_model_free(m0);
     int32_t *toks = tx_prompt(n);
     for (size_t i = 0; i < n; i++) toks[i] %= (int32_t)nv;
-    struct offload_run full, two, none;
+    struct offload_run full, two, none, au, au_all;
     offload_run(rel, 0, NULL, toks, n, &full, false);
     load_gpu_layers = 2;
     offload_run(rel, 0, NULL, toks, n, &two, true); /* token by token = chunks of 7 = 64 */
     load_gpu_layers = 0;
     offload_run(rel, 0, NULL, toks, n, &none, false);
+    /* auto: a device with room for two layers' matrices and half of a third beside the
+     * rest and the reserve (1 MiB) takes two: the bits of asking for them; with room for
+     * everything, the device's own bits */
+    char cap[32];
+    snprintf(cap, sizeof cap, "%zu", two.bytes + (1u << 20) + (two.bytes - none.bytes) / 4);
+    load_gpu_layers = TERN_GPU_LAYERS_AUTO;
+    offload_run(rel, 0, cap, toks, n, &au, false);
+    offload_run(rel, 0, NULL, toks, n, &au_all, false);
     load_gpu_layers = TERN_GPU_LAYERS_ALL;
+    assert_int_equal(full.n_cpu_layers, 0);
+    assert_int_equal(two.n_cpu_layers, n_layer - 2);
+    assert_int_equal(none.n_cpu_layers, n_layer);
+    assert_int_equal(au.n_cpu_layers, n_layer - 2);
+    assert_int_equal(au.bytes, two.bytes);
+    assert_memory_equal(au.l, two.l, n * nv * sizeof(float));
+    assert_true(au.hash == two.hash);
+    assert_int_equal(au_all.n_cpu_layers, 0);
+    assert_memory_equal(au_all.l, full.l, n * nv * sizeof(float));
     /* the device holds fewer weights: the later layers' matrices left in host memory */
     assert_true(none.bytes < two.bytes && two.bytes < full.bytes);
     /* against everything on the device: the logits within tol of the largest, and the
@@ -1154,10 +1174,10 @@ static void check_gpu_layers(const char *rel, double tol) {
     if (worst > tol || flips > 2 * n / 8)
         fail_msg("%s: the logits differ by %.3g of the largest (bound %.3g), the likeliest token at %zu of %zu positions",
                  rel, worst, tol, flips, 2 * n);
-    printf("%-28s gpu-layers: 2 and 0 (%.1f/%.1f KiB off the device); with 2, token by token = chunks; logits within "
+    printf("%-28s gpu-layers: 2, 0 and auto (%.1f/%.1f KiB off the device); with 2, token by token = chunks; logits within "
            "%.2g of the largest of the device's, the likeliest token other at %zu of %zu positions\n",
            rel, (full.bytes - two.bytes) / 1024.0, (full.bytes - none.bytes) / 1024.0, worst, flips, 2 * n);
-    free(full.l), free(two.l), free(none.l), free(toks);
+    free(full.l), free(two.l), free(none.l), free(au.l), free(au_all.l), free(toks);
 }
 
 static void test_gpu_layers(void **state) {

@@ -20,11 +20,17 @@ static enum tern_status vk_open(struct tern_model *m, int index, uint32_t n_chun
     m->backend_ctx = g;
     snprintf(m->device, sizeof m->device, "vulkan:%d '%s'", index, tern_vk_info(vk)->name);
     tern_gpu_cpu_moe(g, &m->cpu_moe_n, &m->cpu_moe_total);
+    const uint32_t gl = tern_gpu_layers(g);
+    m->gpu_layers_n = gl < m->n_layer ? gl : m->n_layer;
     TERN_LOG_INFO("model: %s on %s: %.1f MiB of weights and scratch on the device, chunks of up to %u tokens", m->name,
                   m->device, (double)tern_gpu_bytes(g) / (1024.0 * 1024.0), n_chunk);
     if (m->cpu_moe_req && m->cpu_moe_total)
         TERN_LOG_INFO("model: the routed experts of %u of %u MoE layers (the first) in host memory, run on the CPU%s",
                       m->cpu_moe_n, m->cpu_moe_total, m->cpu_moe_req == TERN_CPU_MOE_AUTO ? " (auto)" : "");
+    if (m->gpu_layers_n < m->n_layer)
+        TERN_LOG_INFO("model: the weight matrices of layers %u.. (%u of %u) in host memory, run on the CPU%s",
+                      m->gpu_layers_n, m->n_layer - m->gpu_layers_n, m->n_layer,
+                      m->gpu_layers == TERN_GPU_LAYERS_AUTO ? " (auto)" : "");
     return TERN_OK;
 }
 

@@ -100,6 +100,9 @@ struct tern_gpu {
     uint64_t host_mat_bytes;
     size_t hm_k, hm_n, hm_rb;
     struct host_mm *hmm;
+    bool auto_layers;               /* gpu_layers chosen once the rest is on the device */
+    const struct mat **host_mats;   /* (n_host_mats) the matrices kept in host memory */
+    uint32_t cap_host_mats;
 };
 
 /* The host half of --gpu-layers: a session view for the CPU's matmul (the model's pool,
@@ -204,22 +207,27 @@ static enum tern_status put_vec(struct tern_gpu *g, const float *v, size_t n) {
 }
 
 /* A matrix that stays in host memory (--gpu-layers), counted once. */
-static void note_host_mat(struct tern_gpu *g, const struct mat *w) {
-    g->n_host_mats++;
+static enum tern_status note_host_mat(struct tern_gpu *g, const struct mat *w) {
+    if (g->n_host_mats == g->cap_host_mats) {
+        const uint32_t cap = g->cap_host_mats ? 2 * g->cap_host_mats : 64;
+        const struct mat **hm = realloc(g->host_mats, cap * sizeof *hm);
+        if (!hm) return tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
+        g->host_mats = hm;
+        g->cap_host_mats = cap;
+    }
+    g->host_mats[g->n_host_mats++] = w;
     g->host_mat_bytes += (uint64_t)w->n * w->row_bytes;
     g->hm_k = TERN_MAX(g->hm_k, (size_t)w->k);
     g->hm_n = TERN_MAX(g->hm_n, (size_t)w->n);
     g->hm_rb = TERN_MAX(g->hm_rb, tern_act_row_bytes(w->type, w->k));
+    return TERN_OK;
 }
 
 /* A matrix, or n_mat of them stride bytes apart (the stacked experts); one past the
  * device's layers (--gpu-layers) stays in host memory unless dev. */
 static enum tern_status put_mats_on(struct tern_gpu *g, const struct mat *w, size_t stride, uint32_t n_mat,
                                     bool dev) {
-    if (!dev && n_mat == 1 && host_matrix(g, w)) {
-        note_host_mat(g, w);
-        return TERN_OK;
-    }
+    if (!dev && n_mat == 1 && host_matrix(g, w)) return note_host_mat(g, w);
     if (!tern_vk_matmul_supported(w->type))
         return tern_errorf(TERN_ERR_UNSUPPORTED, "gpu: tensor '%s' is %s, which the Vulkan matmul does not handle yet",
                            w->name, tern_dtype_name((uint32_t)w->type));
@@ -263,6 +271,7 @@ void tern_gpu_free(struct tern_gpu *g) {
     free(g->zeros);
     free(g->moe_l);
     host_mm_free(g->hmm);
+    free(g->host_mats);
     tern_vk_buf_free(g->hid);
     if (!g->parent) pthread_mutex_destroy(&g->own_mu);
     free(g);
@@ -1107,6 +1116,8 @@ static enum tern_status offload_auto(struct tern_gpu *g) {
     return st;
 }
 
+uint32_t tern_gpu_layers(const struct tern_gpu *g) { return g->gpu_layers; }
+
 void tern_gpu_cpu_moe(const struct tern_gpu *g, uint32_t *n_host, uint32_t *n_moe) {
     uint32_t h = 0, t = 0;
     for (uint32_t il = 0; il < g->n_moe_l; il++) {
@@ -1116,6 +1127,47 @@ void tern_gpu_cpu_moe(const struct tern_gpu *g, uint32_t *n_host, uint32_t *n_mo
     }
     *n_host = h;
     *n_moe = t;
+}
+
+/* --gpu-layers auto: everything but the layers' matrices (and their experts) is on the
+ * device; the layers' are uploaded in order, first layer first, while they fit beside
+ * the model's reserve (a session's state); the rest stay in host memory. A device that
+ * does not say its memory takes them all. */
+static enum tern_status layers_auto(struct tern_gpu *g) {
+    const uint64_t have = device_bytes(g), reserve = g->m->gpu_layers_reserve;
+    uint64_t used = used_bytes(g);
+    uint32_t top = 0; /* layers with host matrices: [0, top) */
+    for (uint32_t i = 0; i < g->n_host_mats; i++) top = TERN_MAX(top, tensor_layer(g->host_mats[i]->name) + 1);
+    uint32_t n = 0;
+    for (; n < top; n++) {
+        uint64_t b = 0;
+        for (uint32_t i = 0; i < g->n_host_mats; i++)
+            if (tensor_layer(g->host_mats[i]->name) == n) b += (uint64_t)g->host_mats[i]->n * g->host_mats[i]->row_bytes;
+        if (n < g->n_moe_l && n >= g->n_host) b += expert_bytes(&g->moe_hp, &g->moe_l[n]);
+        if (have && used + b + reserve > have) break;
+        used += b;
+    }
+    g->gpu_layers = n == top ? UINT32_MAX : n;
+    /* upload what now belongs on the device; the rest is noted again */
+    const struct mat **hm = g->host_mats;
+    const uint32_t nh = g->n_host_mats;
+    g->host_mats = NULL;
+    g->n_host_mats = g->cap_host_mats = 0;
+    g->host_mat_bytes = 0;
+    g->hm_k = g->hm_n = g->hm_rb = 0;
+    enum tern_status st = TERN_OK;
+    for (uint32_t i = 0; i < nh && !st; i++) st = put_mats(g, hm[i], 0, 1);
+    free(hm);
+    for (uint32_t il = g->n_host; il < n && il < g->n_moe_l && !st; il++)
+        if (g->moe_l[il].gate.data) st = upload_experts(g, &g->moe_hp, &g->moe_l[il]);
+    bool host_moe = false;
+    for (uint32_t il = 0; il < g->n_moe_l; il++) host_moe |= host_experts(g, &g->moe_l[il]);
+    if (!host_moe && g->moe_ws) { /* every layer's experts on the device: no host half */
+        host_moe_free(g->moe_ws->host);
+        g->moe_ws->host = NULL;
+    }
+    qsort(g->wt, g->n_wt, sizeof *g->wt, weight_cmp);
+    return st;
 }
 
 /* The host half of --gpu-layers, for the matrices upload_weights kept in host memory. */
@@ -1161,7 +1213,12 @@ static enum tern_status gpu_make(struct tern_vk *vk, const struct tern_model *m,
     g->vk = vk;
     g->m = m;
     g->n_chunk = n_chunk;
-    g->gpu_layers = m->gpu_layers_set ? m->gpu_layers : UINT32_MAX;
+    g->auto_layers = m->gpu_layers_set && m->gpu_layers == TERN_GPU_LAYERS_AUTO && !head &&
+                     m->cpu_moe_req != TERN_CPU_MOE_AUTO; /* (one auto at a time: the CLI refuses both) */
+    /* auto: every layer's matrices in host memory until the rest is on the device */
+    g->gpu_layers = head                                                  ? parent->gpu_layers
+                    : !m->gpu_layers_set || m->gpu_layers == TERN_GPU_LAYERS_AUTO ? (g->auto_layers ? 0 : UINT32_MAX)
+                                                                          : m->gpu_layers;
     enum tern_status st = TERN_OK;
     g->host_x = tern_malloc((size_t)n_chunk * hp->n_embd * sizeof(float));
     g->host_cs = tern_malloc((size_t)n_chunk * hp->rope.n_rot * sizeof(float) + sizeof(float));
@@ -1169,12 +1226,13 @@ static enum tern_status gpu_make(struct tern_vk *vk, const struct tern_model *m,
     if (!g->host_x || !g->host_cs || !g->host_toks) st = tern_errorf(TERN_ERR_NOMEM, "gpu: out of memory");
     /* (a head's caller holds the main model's lock: one Vulkan context) */
     if (!st) st = upload_weights(g);
-    if (!st && g->n_host_mats) st = host_mm_new(g);
     if (!st) qsort(g->wt, g->n_wt, sizeof *g->wt, weight_cmp);
     const struct model_backend be = {&gpu_ops, g};
     if (!st) st = m->arch->state_new(m, &be, n_chunk, &g->rs);
     if (!st) st = scratch(g, (size_t)n_chunk * hp->n_vocab, &g->logits);
     if (!st && g->auto_moe) st = offload_auto(g);
+    if (!st && g->auto_layers) st = layers_auto(g);
+    if (!st && g->n_host_mats) st = host_mm_new(g);
     if (st) {
         tern_error_prefix(st, "gpu: %s", m->name);
         tern_gpu_free(g);

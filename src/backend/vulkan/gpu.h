@@ -50,6 +50,8 @@ uint32_t tern_gpu_n_chunk(const struct tern_gpu *g);
  * n_moe MoE layers, the n_host whose routed experts stay in host memory and run on the
  * CPU (auto resolved). */
 void tern_gpu_cpu_moe(const struct tern_gpu *g, uint32_t *n_host, uint32_t *n_moe);
+/* --gpu-layers: the layers whose matrices are on the device, [0, n) (UINT32_MAX: all). */
+uint32_t tern_gpu_layers(const struct tern_gpu *g);
 /* Device bytes of the weights and the scratch. */
 size_t tern_gpu_bytes(const struct tern_gpu *g);
 /* Device bytes of one state holding all of n_ctx positions. */
