@@ -90,6 +90,8 @@ run)
       "$dev/bin/tern" bench --model "$f" -p 512 -n 128 -r 2 --device cpu
       # partial offload: the MoE shape with two of its layers' experts on the CPU
       [ -n "${3:-}" ] && "$dev/bin/tern" bench --model "$f" -p 512 -n 128 -r 2 --device vulkan --n-cpu-moe 2
+      # and the 8B shape with its last half's matrices on the CPU (--gpu-layers 18 of 36)
+      [ "$1" = qwen3-8b ] && "$dev/bin/tern" bench --model "$f" -p 512 -n 128 -r 2 --device vulkan --gpu-layers 18
       rm -f "$f"
     done
   } 2>&1 | tee "$out/device-check.log"
