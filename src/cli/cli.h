@@ -67,18 +67,21 @@ bool cli_parse_float(const char *s, double min, double max, double *out);
  * machine lacks (the message names what is missing). */
 int cli_device_resolve(const char *cmd, const char *d, int *out, bool *is_auto);
 /* Puts the loaded model's sessions on Vulkan device *dev (nothing when -1), chunks of at
- * most n_chunk tokens, and says so on stderr; with sp, one session of those parameters is
+ * most n_chunk tokens, with the partial offload cpu_moe and gpu_layers asks for (below),
+ * and says so on stderr; with sp, one session of those parameters is
  * made and freed to check that its state fits. A failure (an unsupported tensor, too
  * little device memory: the message has the sizes) is the exit code 1 for a named
  * device; for auto it is logged and *dev becomes -1 (the model back on the CPU). */
 int cli_device_use(const char *cmd, struct tern_model *m, int *dev, bool is_auto, uint32_t n_chunk,
                    const struct tern_session_params *sp, uint32_t cpu_moe, uint32_t gpu_layers);
-/* Partial offload of a MoE model (tern_model_set_cpu_moe): --cpu-moe (every layer's
+/* Partial offload, the option table's entries: --gpu-layers N|all|auto (the weight
+ * matrices of the first N layers on the device, tern_model_set_gpu_layers; also
+ * --n-gpu-layers), and for a MoE model (tern_model_set_cpu_moe) --cpu-moe (every layer's
  * routed experts in host memory) and --n-cpu-moe N|auto (the first N layers'; auto: as
- * few as let the rest and one session of the whole context fit the device), the option
- * table's entries and their value: 0 (none), N, TERN_CPU_MOE_ALL or TERN_CPU_MOE_AUTO
- * into *out. Returns 0 or a usage error's exit code. */
-#define CLI_CPU_MOE_OPTS(all, n, gl)                                                                               \
+ * few as let the rest and one session of the whole context fit the device), whose value
+ * cli_cpu_moe_parse puts into *out: 0 (none), N, TERN_CPU_MOE_ALL or TERN_CPU_MOE_AUTO.
+ * Returns 0 or a usage error's exit code. */
+#define CLI_OFFLOAD_OPTS(all, n, gl)                                                                               \
     CLI_STR("gpu-layers", (gl), "N|all|auto",                                                                      \
             "with --device: the weight matrices of the first N layers on the device, the later layers' in host "    \
             "memory, their matmuls on the CPU (partial offload; default all; auto: as many as fit beside a "        \

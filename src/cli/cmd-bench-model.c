@@ -132,7 +132,7 @@ static int bench_model_main(int argc, char **argv) {
         CLI_STR("device", &device, "D",
                 "cpu (default; or $TERN_DEVICE), vulkan[:N] (the Vulkan backend, every architecture: docs/gpu.md), "
                 "auto (a GPU when there is one)"),
-        CLI_CPU_MOE_OPTS(&cpu_moe_all, &n_cpu_moe, &gpu_layers_s),
+        CLI_OFFLOAD_OPTS(&cpu_moe_all, &n_cpu_moe, &gpu_layers_s),
         CLI_END,
     };
     int c = cli_parse(&bench_cli, opts, argc, argv, NULL);

@@ -216,7 +216,7 @@ int cli_chat_main(int argc, char **argv) {
                  "speculative decoding by prompt lookup or the MTP head (default off; same output)"),
         CLI_INT("spec-max", &cs.spec.max, 1, SPEC_MAX_DRAFT, "N", "tokens per draft, 1-32 (default 8)"),
         CLI_STR("device", &device, "D", "cpu (default; or $TERN_DEVICE), vulkan, vulkan:N or auto, as for tern serve"),
-        CLI_CPU_MOE_OPTS(&cpu_moe_all, &n_cpu_moe, &gpu_layers_s),
+        CLI_OFFLOAD_OPTS(&cpu_moe_all, &n_cpu_moe, &gpu_layers_s),
         CLI_END,
     };
     int c = cli_parse(&chat_cli, opts, argc, argv, NULL);

@@ -161,7 +161,7 @@ static int run_main(int argc, char **argv) {
                 "cpu (default; or $TERN_DEVICE), vulkan (the first GPU, else device 0), vulkan:N (Vulkan device N, "
                 "see tern devices) or auto (a discrete or integrated GPU when there is one and the model runs on "
                 "it, else the CPU; says which and why). On a GPU the whole forward pass runs there (--spec too)"),
-        CLI_CPU_MOE_OPTS(&cpu_moe_all, &n_cpu_moe, &gpu_layers_s),
+        CLI_OFFLOAD_OPTS(&cpu_moe_all, &n_cpu_moe, &gpu_layers_s),
         CLI_FLAG("chat", &chat, "an interactive chat instead (see tern chat --help)"),
         CLI_END,
     };

@@ -204,7 +204,7 @@ static int cmd_serve(int argc, char **argv) {
                  "vulkan:N (see tern devices), auto (a GPU when there is one and the model runs on it; says which "
                  "and why). On a device every session keeps its KV cache (pages of 256 positions, taken as it "
                  "grows; a whole --ctx-size must fit at start) and state there, --spec included"),
-        CLI_CPU_MOE_OPTS(&cpu_moe_all, &n_cpu_moe, &gpu_layers_s),
+        CLI_OFFLOAD_OPTS(&cpu_moe_all, &n_cpu_moe, &gpu_layers_s),
         CLI_SET("no-mmap", &mmap_mode, 0,
                 "read the weights into memory (default: read when the file takes at most half of the available "
                 "memory, else map)"),
