@@ -131,6 +131,7 @@ static uint32_t tensor_layer(const char *name) {
 
 /* Whether matrix w stays in host memory (--gpu-layers: its layer is past the device's). */
 static bool host_matrix(const struct tern_gpu *g, const struct mat *w) {
+    if (g->gpu_layers == UINT32_MAX) return false; /* (the usual case: no name to parse) */
     const uint32_t il = tensor_layer(w->name);
     return il != UINT32_MAX && il >= g->gpu_layers;
 }
@@ -583,7 +584,8 @@ static void gpu_matmul_host(const struct model_step *f, const struct model_act *
 
 static void gpu_matmul(const struct model_step *f, const struct model_act *x, const struct model_mm *outs,
                        size_t n_outs) {
-    if (host_matrix(STEP(f)->g, outs[0].w)) { /* (the outputs of one input: one layer's) */
+    /* (the outputs of one input: one layer's; an uploaded matrix needs no name parsed) */
+    if (!weight(STEP(f)->g, outs[0].w->data) && host_matrix(STEP(f)->g, outs[0].w)) {
         gpu_matmul_host(f, x, outs, n_outs);
         return;
     }

@@ -178,6 +178,13 @@ AVX2_INLINE void k4_scales(const uint8_t *blk, __m128i *sc, __m128i *mn) {
     *mn = _mm256_extracti128_si256(sm, 1);
 }
 
+/* The one-row GEMVs' step c (64 weights: sub-blocks 2c and 2c + 1 side by side): the byte
+ * shuffle that spreads int16 scale 2c over the low 256 bits and 2c + 1 over the high ones. */
+AVX2_INLINE __m512i scale_pair_idx(int c) {
+    return _mm512_inserti64x4(_mm512_set1_epi16((short)(0x0100 + 0x0202 * (2 * c))),
+                              _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * c + 1))), 1);
+}
+
 /* int16 element j of each 128-bit lane, in all of that lane's int16 slots. */
 AVX2_INLINE __m512i i16_bcast(__m512i x, int j) {
     return _mm512_shuffle_epi8(x, _mm512_set1_epi16((short)(0x0100 + 0x0202 * j)));
@@ -377,11 +384,8 @@ AVX2_INLINE void iq4xs_gemv(const uint8_t *w, size_t wrb, const uint8_t *a, size
     const size_t bb = sizeof(struct tern_block_iq4_xs), ab = sizeof(struct tern_block_q8_k);
     const __m512i table = _mm512_broadcast_i32x4(loadu128(tern_iq4nl_values));
     const __m512i m4 = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
-    /* step c: int16 scale 2c in the low 256 bits, 2c + 1 in the high ones */
     __m512i sidx[4];
-    UNROLL for (int c = 0; c < 4; c++)
-        sidx[c] = _mm512_inserti64x4(_mm512_set1_epi16((short)(0x0100 + 0x0202 * (2 * c))),
-                                     _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * c + 1))), 1);
+    UNROLL for (int c = 0; c < 4; c++) sidx[c] = scale_pair_idx(c);
     for (size_t r = 0; r < n_rows; r++) {
         const uint8_t *row = w + r * wrb;
         __m256 acc = _mm256_setzero_ps();
@@ -433,8 +437,7 @@ AVX2_INLINE void k4_gemv(int kind5, const uint8_t *w, size_t wrb, const uint8_t 
      * 2c (low) or 2c + 1 (high) of each qh byte (hsel). Set once, not per row. */
     __m512i sidx[4], hsel[4];
     UNROLL for (int c = 0; c < 4; c++) {
-        sidx[c] = _mm512_inserti64x4(_mm512_set1_epi16((short)(0x0100 + 0x0202 * (2 * c))),
-                                     _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * c + 1))), 1);
+        sidx[c] = scale_pair_idx(c);
         hsel[c] = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * c))),
                                      _mm256_set1_epi8((char)(1 << (2 * c + 1))), 1);
     }
