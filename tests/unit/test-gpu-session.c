@@ -1023,6 +1023,41 @@ static void offload_run(const char *rel, uint32_t req, const char *cap, const in
     tern_model_free(m);
 }
 
+/* Two offload runs (o[0], o[1]) against everything on the device (ref), position by
+ * position: the largest difference relative to the position's largest logit (worst), the
+ * positions past 2 % of it (far), and the positions whose likeliest token differs where
+ * the device's best two are more than 1e-3 of it apart (flips; the first in *flip_at). */
+struct logit_diff {
+    double worst;
+    size_t far, flips, flip_at;
+};
+
+static struct logit_diff offload_diff(const struct offload_run *ref, const struct offload_run *const o[2], size_t n,
+                                      size_t nv) {
+    struct logit_diff r = {0, 0, 0, SIZE_MAX};
+    for (size_t t = 0; t < n; t++) {
+        const float *a = ref->l + t * nv;
+        float scale = 0;
+        for (size_t i = 0; i < nv; i++) scale = fmaxf(scale, fabsf(a[i]));
+        for (size_t k = 0; k < 2; k++) {
+            const float *b = o[k]->l + t * nv;
+            size_t ia = 0, ib = 0;
+            double d = 0;
+            for (size_t i = 0; i < nv; i++) {
+                if (a[i] > a[ia]) ia = i;
+                if (b[i] > b[ib]) ib = i;
+                d = fmax(d, fabs((double)a[i] - b[i]));
+            }
+            if (ia != ib && fabs((double)a[ia] - a[ib]) > 1e-3 * scale) {
+                if (!r.flips++) r.flip_at = t;
+            }
+            r.far += d > 2e-2 * scale;
+            r.worst = fmax(r.worst, d / scale);
+        }
+    }
+    return r;
+}
+
 static void check_cpu_moe(const char *rel) {
     struct tern_model *m0 = load(rel, false);
     const size_t nv = tern_model_info(m0)->n_vocab, n = 32;
@@ -1042,29 +1077,13 @@ static void check_cpu_moe(const char *rel) {
     assert_true(all.bytes < two.bytes && two.bytes < full.bytes);
     /* against everything on the device: the same likeliest token at every position, the
      * logits within the CPU's and the device's kernels' differences */
-    double worst = 0;
-    size_t far = 0;
-    for (size_t t = 0; t < n; t++) {
-        const float *a = full.l + t * nv;
-        float scale = 0;
-        for (size_t i = 0; i < nv; i++) scale = fmaxf(scale, fabsf(a[i]));
-        const struct offload_run *o[] = {&all, &two};
-        for (size_t k = 0; k < 2; k++) {
-            const float *b = o[k]->l + t * nv;
-            size_t ia = 0, ib = 0;
-            double d = 0;
-            for (size_t i = 0; i < nv; i++) {
-                if (a[i] > a[ia]) ia = i;
-                if (b[i] > b[ib]) ib = i;
-                d = fmax(d, fabs((double)a[i] - b[i]));
-            }
-            if (ia != ib && fabs((double)a[ia] - a[ib]) > 1e-3 * scale)
-                fail_msg("%s: position %zu: the likeliest token %zu on the device, %zu with %s experts on the CPU", rel,
-                         t, ia, ib, k ? "two layers'" : "every layer's");
-            far += d > 2e-2 * scale;
-            worst = fmax(worst, d / scale);
-        }
-    }
+    const struct offload_run *o[] = {&all, &two};
+    const struct logit_diff df = offload_diff(&full, o, n, nv);
+    if (df.flips)
+        fail_msg("%s: position %zu (and %zu more): the likeliest token differs with experts on the CPU", rel,
+                 df.flip_at, df.flips - 1);
+    const double worst = df.worst;
+    const size_t far = df.far;
     /* within 2 % of the largest logit but where the CPU's and the device's router logits
      * break a near-tie of the top-k differently (a token's expert changes): at most one
      * position in eight, and never by half the largest logit */
@@ -1146,31 +1165,13 @@ static void check_gpu_layers(const char *rel, double tol) {
      * of the largest logit or, with quantized weights (tol > 1e-2), at one position in
      * eight (the CPU's kernels read quantized activations where the device reads F32
      * ones: a random model's near-ties break either way) */
-    double worst = 0;
-    size_t flips = 0;
-    for (size_t t = 0; t < n; t++) {
-        const float *a = full.l + t * nv;
-        float scale = 0;
-        for (size_t i = 0; i < nv; i++) scale = fmaxf(scale, fabsf(a[i]));
-        const struct offload_run *o[] = {&two, &none};
-        for (size_t k = 0; k < 2; k++) {
-            const float *b = o[k]->l + t * nv;
-            size_t ia = 0, ib = 0;
-            double d = 0;
-            for (size_t i = 0; i < nv; i++) {
-                if (a[i] > a[ia]) ia = i;
-                if (b[i] > b[ib]) ib = i;
-                d = fmax(d, fabs((double)a[i] - b[i]));
-            }
-            if (ia != ib && fabs((double)a[ia] - a[ib]) > 1e-3 * scale) {
-                if (tol <= 1e-2)
-                    fail_msg("%s: position %zu: the likeliest token %zu on the device, %zu with %s layers on the CPU",
-                             rel, t, ia, ib, k ? "all" : "two");
-                flips++;
-            }
-            worst = fmax(worst, d / scale);
-        }
-    }
+    const struct offload_run *o[] = {&two, &none};
+    const struct logit_diff df = offload_diff(&full, o, n, nv);
+    if (tol <= 1e-2 && df.flips)
+        fail_msg("%s: position %zu (and %zu more): the likeliest token differs with layers on the CPU", rel, df.flip_at,
+                 df.flips - 1);
+    const double worst = df.worst;
+    const size_t flips = df.flips;
     if (worst > tol || flips > 2 * n / 8)
         fail_msg("%s: the logits differ by %.3g of the largest (bound %.3g), the likeliest token at %zu of %zu positions",
                  rel, worst, tol, flips, 2 * n);
