@@ -40,16 +40,17 @@ static int devices_main(int argc, char **argv) {
     const int pick = st ? -1 : tern_vk_pick_auto(d, n);
     const char *isa = tern_isa_name(tern_kernels_isa());
     if (json) {
-        printf("{\"cpu\":{\"cores\":%d,\"kernels\":\"%s\"},\"vulkan_built\":%s,\"vulkan\":[", tern_n_cores(), isa,
+        printf("{\"cpu\":{\"cores\":%d,\"kernels\":\"%s\",\"avx512_tiles\":%s},\"vulkan_built\":%s,\"vulkan\":[",
+               tern_n_cores(), isa, tern_kernels_isa() == TERN_ISA_AVX2 && tern_kernels_avx512() ? "true" : "false",
                tern_vk_built() ? "true" : "false");
         for (uint32_t i = 0; i < n; i++) {
             printf("%s{\"index\":%u,\"name\":\"", i ? "," : "", i);
             for (const char *p = d[i].name; *p; p++)
                 if (*p == '"' || *p == '\\') printf("\\%c", *p);
                 else if ((unsigned char)*p >= 0x20) putchar(*p);
-            printf("\",\"type\":\"%s\",\"device_local_bytes\":%llu,\"subgroup_size\":%u,\"coopmat\":%s,\"fp16\":%s,"
+            printf("\",\"type\":\"%s\",\"device_local_bytes\":%llu,\"subgroup_size\":%u,\"shared_bytes\":%u,\"coopmat\":%s,\"fp16\":%s,"
                    "\"vulkan\":\"%u.%u\"}",
-                   d[i].type, (unsigned long long)d[i].device_local_bytes, d[i].subgroup_size,
+                   d[i].type, (unsigned long long)d[i].device_local_bytes, d[i].subgroup_size, d[i].shared_bytes,
                    d[i].coopmat ? "true" : "false", d[i].fp16 ? "true" : "false", d[i].api_version >> 22,
                    (d[i].api_version >> 12) & 0x3ff);
         }
@@ -66,11 +67,14 @@ static int devices_main(int argc, char **argv) {
         printf("}\n");
         return 0;
     }
-    printf("cpu          %d cores, %s kernels%s\n", tern_n_cores(), isa, pick < 0 ? "   <- auto" : "");
+    printf("cpu          %d cores, %s kernels%s%s\n", tern_n_cores(), isa,
+           tern_kernels_isa() == TERN_ISA_AVX2 && tern_kernels_avx512() ? " with AVX-512 tiles" : "",
+           pick < 0 ? "   <- auto" : "");
     for (uint32_t i = 0; i < n; i++)
-        printf("vulkan:%-5u %s (%s, Vulkan %u.%u), %.1f GiB device-local, subgroup %u%s%s%s\n", i, d[i].name, d[i].type,
+        printf("vulkan:%-5u %s (%s, Vulkan %u.%u), %.1f GiB device-local, subgroup %u, %u KiB shared%s%s%s\n", i, d[i].name,
+               d[i].type,
                d[i].api_version >> 22, (d[i].api_version >> 12) & 0x3ff, (double)d[i].device_local_bytes / (1 << 30),
-               d[i].subgroup_size, d[i].coopmat ? ", cooperative matrix" : "", d[i].fp16 ? ", fp16" : "",
+               d[i].subgroup_size, d[i].shared_bytes / 1024, d[i].coopmat ? ", cooperative matrix" : "", d[i].fp16 ? ", fp16" : "",
                (int)i == pick ? "   <- auto" : "");
     if (why) printf("%s\n", why);
     else if (pick < 0 && n) printf("auto picks the CPU: no discrete or integrated GPU (a CPU Vulkan device is used only when named)\n");

@@ -23,6 +23,9 @@ if ! "$bin" devices --json 2>/dev/null | grep -q '"index":0'; then
   [ "${TERN_REQUIRE_VULKAN:-0}" = 1 ] && fail "TERN_REQUIRE_VULKAN=1 but no Vulkan device: $("$bin" devices 2>&1 | tail -3)"
   echo "SKIP: no Vulkan device"; exit 77
 fi
+# the device's shared memory (the attention tile's stage is sized by it) and the CPU's kernels
+"$bin" devices --json | grep -q '"shared_bytes":[1-9][0-9]*,' || fail "devices --json has no shared_bytes: $("$bin" devices --json)"
+"$bin" devices --json | grep -q '"avx512_tiles":\(true\|false\)' || fail "devices --json has no avx512_tiles"
 
 # same greedy ids on the CPU and on vulkan:0 (F32 weights: the backends differ in the last bits only)
 same() { # model, prompt ids, n

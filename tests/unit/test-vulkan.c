@@ -504,6 +504,26 @@ static void check_attention(bool f16, size_t hd, size_t window, bool with_sinks)
     assert_int_equal(tern_vk_attention(vk, bq, nh * hd, kc, vc, bo, nh * hd, 0, 2, n_pages * 256 - 1, nh, nkv, hd,
                                        scale, f16, window, bs),
                      TERN_ERR_RANGE);
+    /* every tile shape (query heads x tokens per workgroup): the same bits; heads of two
+     * where the group has three (tiles of 2 and 1), tokens past the chunk's end */
+    {
+        static const size_t tiles[][2] = {{1, 1}, {3, 1}, {2, 4}, {1, 8}, {3, 2}, {8, 1}};
+        float *other = malloc(T * nh * hd * sizeof(float));
+        struct tern_vk_buf *bo3;
+        assert_int_equal(tern_vk_buf_new(vk, T * nh * hd * sizeof(float), &bo3), TERN_OK);
+        for (size_t i = 0; i < TERN_ARRAY_LEN(tiles); i++) {
+            assert_int_equal(tern_vk_attention_tile(vk, bq, nh * hd, kc, vc, bo3, nh * hd, 0, T, pos0, nh, nkv, hd,
+                                                    scale, f16, window, bs, tiles[i][0], tiles[i][1]),
+                             TERN_OK);
+            host_floats(bo3, other, T * nh * hd);
+            assert_memory_equal(other, out, T * nh * hd * sizeof(float));
+        }
+        assert_int_equal(tern_vk_attention_tile(vk, bq, nh * hd, kc, vc, bo3, nh * hd, 0, T, pos0, nh, nkv, hd, scale,
+                                                f16, window, bs, 3, 3),
+                         TERN_ERR_INVALID);
+        tern_vk_buf_free(bo3);
+        free(other);
+    }
     /* a token alone: the bits it got among T */
     float *one = malloc(nh * hd * sizeof(float));
     struct tern_vk_buf *bq1 = dev_floats(q + 3 * nh * hd, nh * hd), *bo1;

@@ -131,6 +131,16 @@ enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf 
         (void)pos0, (void)n_head, (void)n_kv_head, (void)head_dim, (void)scale, (void)f16, (void)window, (void)sinks;
     return NOT_BUILT;
 }
+enum tern_status tern_vk_attention_tile(struct tern_vk *vk, const struct tern_vk_buf *q, size_t q_stride,
+                                        const struct tern_vk_buf *kc, const struct tern_vk_buf *vc,
+                                        struct tern_vk_buf *out, size_t out_stride, size_t row0, size_t n_tok,
+                                        size_t pos0, size_t n_head, size_t n_kv_head, size_t head_dim, float scale,
+                                        bool f16, size_t window, const struct tern_vk_buf *sinks, size_t qh,
+                                        size_t qt) {
+    (void)qh, (void)qt;
+    return tern_vk_attention(vk, q, q_stride, kc, vc, out, out_stride, row0, n_tok, pos0, n_head, n_kv_head,
+                             head_dim, scale, f16, window, sinks);
+}
 enum tern_status tern_vk_deltanet_conv(struct tern_vk *vk, struct tern_vk_buf *window,
                                              const struct tern_vk_buf *conv_wt, const struct tern_vk_buf *x, size_t ldx,
                                              struct tern_vk_buf *y, size_t ldy, size_t C, size_t n_conv, size_t row0,

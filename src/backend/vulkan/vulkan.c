@@ -137,6 +137,7 @@ static void describe(VkPhysicalDevice pd, struct tern_vk_device_info *d) {
     d->device_id = p2.properties.deviceID;
     d->api_version = p2.properties.apiVersion;
     d->subgroup_size = sub.subgroupSize;
+    d->shared_bytes = p2.properties.limits.maxComputeSharedMemorySize;
     VkPhysicalDeviceMemoryProperties mp;
     p_vkGetPhysicalDeviceMemoryProperties(pd, &mp);
     for (uint32_t i = 0; i < mp.memoryHeapCount; i++)
@@ -283,6 +284,18 @@ static enum tern_status add_pool(struct tern_vk *vk) {
  * one lane on a CPU device (the first shader's workgroup, which lavapipe ran fastest). */
 static uint32_t matmul_wg(const struct tern_vk *vk) { return vk->matmul_lanes == 1 ? 64 : 128; }
 
+/* attention.comp's shared memory: each query's scores and lane partials (ATTN_QMAX of
+ * them) and STAGE words of staged cache rows, 16 KiB where the device has room (every GPU
+ * of the last decade has 32 KiB or more), else what the device's limit leaves, in whole
+ * rows of 256 F32 elements (at least one: Vulkan guarantees 16 KiB). */
+#define ATTN_QMAX 8
+static uint32_t attn_stage_words(const struct tern_vk *vk) {
+    const uint32_t fixed = ATTN_QMAX * (256 + 64) * 4, want = 16384;
+    const uint32_t lim = vk->info.shared_bytes;
+    uint32_t b = lim >= fixed + want ? want : lim > fixed + 1024 ? (lim - fixed) & ~1023u : 1024;
+    return b / 4;
+}
+
 /* Pipeline i (its module and specialisation), made once. */
 static enum tern_status make_pipe(struct tern_vk *vk, int i) {
     if (vk->pipes[i]) return TERN_OK;
@@ -294,7 +307,8 @@ static enum tern_status make_pipe(struct tern_vk *vk, int i) {
         spec_val[2] = vk->matmul_lanes, spec_val[3] = matmul_wg(vk);
     else if (i == PIPE_RMSNORM) mod = 1;
     else if (i == PIPE_ROPE) mod = 3;
-    else if (i == PIPE_ATTN_F32 || i == PIPE_ATTN_F16) mod = 4, spec_val[0] = i == PIPE_ATTN_F16;
+    else if (i == PIPE_ATTN_F32 || i == PIPE_ATTN_F16)
+        mod = 4, spec_val[0] = i == PIPE_ATTN_F16, spec_val[1] = attn_stage_words(vk);
     else if (i == PIPE_KVSTORE_F32 || i == PIPE_KVSTORE_F16) mod = 5, spec_val[0] = i == PIPE_KVSTORE_F16;
     else if (i == PIPE_DNCONV) mod = 6;
     else if (i == PIPE_DNHEADS) mod = 7;
@@ -305,7 +319,7 @@ static enum tern_status make_pipe(struct tern_vk *vk, int i) {
                                             {1, sizeof(uint32_t), sizeof(uint32_t)},
                                             {2, 2 * sizeof(uint32_t), sizeof(uint32_t)},
                                             {3, 3 * sizeof(uint32_t), sizeof(uint32_t)}};
-    const uint32_t n_spec = i < 2 * N_MATMUL ? 4 : 1;
+    const uint32_t n_spec = i < 2 * N_MATMUL ? 4 : i == PIPE_ATTN_F32 || i == PIPE_ATTN_F16 ? 2 : 1;
     const VkSpecializationInfo spec = {n_spec, me, n_spec * sizeof(uint32_t), spec_val};
     const VkComputePipelineCreateInfo ci = {
         .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
@@ -1041,12 +1055,16 @@ enum tern_status tern_vk_kv_store(struct tern_vk *vk, const struct tern_vk_buf *
                   (uint32_t)n_kv_head, (uint32_t)n_tok);
 }
 
-enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf *q, size_t q_stride,
-                                   const struct tern_vk_buf *kc, const struct tern_vk_buf *vc, struct tern_vk_buf *out,
-                                   size_t out_stride, size_t row0, size_t n_tok, size_t pos0, size_t n_head,
-                                   size_t n_kv_head, size_t head_dim, float scale, bool f16, size_t window,
-                                   const struct tern_vk_buf *sinks) {
+enum tern_status tern_vk_attention_tile(struct tern_vk *vk, const struct tern_vk_buf *q, size_t q_stride,
+                                        const struct tern_vk_buf *kc, const struct tern_vk_buf *vc,
+                                        struct tern_vk_buf *out, size_t out_stride, size_t row0, size_t n_tok,
+                                        size_t pos0, size_t n_head, size_t n_kv_head, size_t head_dim, float scale,
+                                        bool f16, size_t window, const struct tern_vk_buf *sinks, size_t qh,
+                                        size_t qt) {
     enum tern_status st;
+    if (qh == 0 || qt == 0 || qh * qt > ATTN_QMAX)
+        return tern_errorf(TERN_ERR_INVALID, "vulkan: an attention tile of %zu heads x %zu tokens (at most %d)", qh,
+                           qt, ATTN_QMAX);
     if (head_dim == 0 || head_dim > 256 || (f16 && head_dim % 2) || n_kv_head == 0 || n_head % n_kv_head ||
         q_stride < n_head * head_dim || out_stride < n_head * head_dim || pos0 + n_tok > UINT32_MAX ||
         window > UINT32_MAX)
@@ -1061,14 +1079,31 @@ enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf 
     if (kc->bytes < need || vc->bytes < need)
         return tern_errorf(TERN_ERR_RANGE, "vulkan: the caches have no page for position %zu", pos0 + n_tok - 1);
     if (!n_tok) return TERN_OK;
+    const size_t group = n_head / n_kv_head;
+    if (qh > group) qh = group;
     struct {
         uint32_t head_dim, n_kv, q_stride, out_stride, pos0, group;
         float scale;
-        uint32_t n_tok, row0, window, sinks;
+        uint32_t n_tok, row0, window, sinks, qh, qt;
     } pc = {(uint32_t)head_dim, (uint32_t)n_kv_head, (uint32_t)q_stride, (uint32_t)out_stride, (uint32_t)pos0,
-            (uint32_t)(n_head / n_kv_head), scale, (uint32_t)n_tok, (uint32_t)row0, (uint32_t)window, sinks != NULL};
+            (uint32_t)group,    scale,  (uint32_t)n_tok, (uint32_t)row0,  (uint32_t)window,
+            sinks != NULL,      (uint32_t)qh, (uint32_t)qt};
     const struct tern_vk_buf *bufs[5] = {q, kc, vc, out, sinks ? sinks : q};
-    return record(vk, f16 ? PIPE_ATTN_F16 : PIPE_ATTN_F32, bufs, 5, &pc, sizeof pc, (uint32_t)n_tok, (uint32_t)n_head, 1);
+    return record(vk, f16 ? PIPE_ATTN_F16 : PIPE_ATTN_F32, bufs, 5, &pc, sizeof pc, (uint32_t)((n_tok + qt - 1) / qt),
+                  (uint32_t)(n_kv_head * ((group + qh - 1) / qh)), 1);
+}
+
+/* The tile: the whole group of query heads that read one KV head's rows (up to
+ * ATTN_QMAX), times as many tokens as fit beside them. */
+enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf *q, size_t q_stride,
+                                   const struct tern_vk_buf *kc, const struct tern_vk_buf *vc, struct tern_vk_buf *out,
+                                   size_t out_stride, size_t row0, size_t n_tok, size_t pos0, size_t n_head,
+                                   size_t n_kv_head, size_t head_dim, float scale, bool f16, size_t window,
+                                   const struct tern_vk_buf *sinks) {
+    const size_t group = n_kv_head && n_head % n_kv_head == 0 ? n_head / n_kv_head : 1;
+    const size_t qh = group < ATTN_QMAX ? group : ATTN_QMAX, qt = ATTN_QMAX / qh;
+    return tern_vk_attention_tile(vk, q, q_stride, kc, vc, out, out_stride, row0, n_tok, pos0, n_head, n_kv_head,
+                                  head_dim, scale, f16, window, sinks, qh, qt < n_tok ? qt : n_tok ? n_tok : 1);
 }
 
 enum tern_status tern_vk_deltanet_conv(struct tern_vk *vk, struct tern_vk_buf *window,

@@ -33,6 +33,7 @@ struct tern_vk_device_info {
     uint32_t api_version;      /* VK_MAKE_API_VERSION packed */
     uint64_t device_local_bytes; /* sum of the device-local heaps */
     uint32_t subgroup_size;
+    uint32_t shared_bytes;     /* maxComputeSharedMemorySize */
     bool coopmat;              /* VK_KHR_cooperative_matrix (or the NV one) is offered */
     bool fp16;                 /* shaderFloat16 */
 };
@@ -207,6 +208,16 @@ enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf 
                                    size_t out_stride, size_t row0, size_t n_tok, size_t pos0, size_t n_head,
                                    size_t n_kv_head, size_t head_dim, float scale, bool f16, size_t window,
                                    const struct tern_vk_buf *sinks);
+/* The same with the workgroup's tile of queries named: qh query heads of one KV head
+ * (clamped to the group) times qt tokens, qh qt <= 8. The tile changes which workgroup
+ * computes a query and which cache reads it shares, never the query's bits (tests compare
+ * them; tern_vk_attention picks the group times as many tokens as fit). */
+enum tern_status tern_vk_attention_tile(struct tern_vk *vk, const struct tern_vk_buf *q, size_t q_stride,
+                                        const struct tern_vk_buf *kc, const struct tern_vk_buf *vc,
+                                        struct tern_vk_buf *out, size_t out_stride, size_t row0, size_t n_tok,
+                                        size_t pos0, size_t n_head, size_t n_kv_head, size_t head_dim, float scale,
+                                        bool f16, size_t window, const struct tern_vk_buf *sinks, size_t qh,
+                                        size_t qt);
 
 /* Gated DeltaNet (kernels/deltanet.h) on the device, tokens in order. conv: the causal
  * depthwise convolution + SiLU over C channels with n_conv taps (conv_wt tap-major

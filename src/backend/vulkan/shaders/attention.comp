@@ -1,19 +1,26 @@
 #version 450
-// Attention of one query head of one token per workgroup, over the cache rows [key0, pos]
-// (key0 = 0, or with a sliding window of W keys pos + 1 - W once pos + 1 > W): in the
-// CPU's pages of 256 positions, from the page of key0, an online softmax per page:
+// Attention over the cache rows [key0, pos] of each query (key0 = 0, or with a sliding
+// window of W keys pos + 1 - W once pos + 1 > W), a tile of queries per workgroup: up to QH
+// query heads of one KV head (the heads of a GQA group read the same K and V rows) times up
+// to QT consecutive tokens, at most QMAX queries. The tile streams the rows its queries see
+// through shared memory, `rows` at a time, so each K and V row is read from device memory
+// once per tile instead of once per query ("flash" attention's tiles). Per query the
+// arithmetic is fixed by its own position alone, in the CPU's pages of 256 positions from
+// the page of key0, with an online softmax per page:
 //   s_j = scale * q . k_j           (each by one invocation, sequential over the head)
 //   m' = max(m, max_j s_j); c = exp(m - m'); l = l c + sum_j exp(s_j - m')
 //   acc = acc c + sum_j exp(s_j - m') v_j   (each output dim by one invocation, j in order)
+// where the sum over a page is 64 lane partials (lane i: j = j0 + i, j0 + i + 64, ... in
+// order) met in a fixed pairwise tree. The tile decides which workgroup computes a query
+// and beside which others, never its bits: a query gives the same bits alone, among the
+// tokens of a chunk, and in any tile shape (test-vulkan checks 1 x 1 against the others).
 // With sinks (gpt-oss), head h's learned logit sk[h] joins the max and the denominator
 // at the end and takes no value: m* = max(m, sk); out = acc e^(m - m*) / (l e^(m - m*) +
-// e^(sk - m*)), as the CPU's attn_item. The sums over a block use a tree whose shape
-// depends on the block and the query's position alone. A token's result therefore depends
-// only on its own positions, never on the other queries.
+// e^(sk - m*)), as the CPU's attn_item.
 //
-// Cost: 4 (pos + 1) d_head bytes of F16 K and V per query head and token (a KV head's rows
-// read again by each head of its group and each token), 4 (pos + 1) d_head FLOP: about 1
-// FLOP per byte, bandwidth-bound (docs/gpu.md).
+// Cost (docs/gpu.md): per tile, 2 (pos + 1) d_head cache elements (F16: 4 (pos + 1) d_head
+// bytes) read from device memory once and 4 (pos + 1) d_head FLOP per query: up to QMAX
+// (8) FLOP per byte for a full tile, where one query per workgroup was about 1.
 //
 // Cache layout: pages of 256 positions, [page][n_kv][256][head_dim] (the CPU's pages end
 // to end), F32 or (F16 = 1) halves packed in uints.
@@ -21,6 +28,9 @@
 // several; token t of the dispatch is at position pos0 + t).
 layout(local_size_x = 64) in;
 layout(constant_id = 0) const uint F16 = 0;
+// Words of shared memory for staged cache rows (16 KiB where the device has 32; vulkan.c).
+layout(constant_id = 1) const uint STAGE = 4096u;
+const uint QMAX = 8u;
 
 layout(std430, binding = 0) readonly buffer Q { float q[]; };
 layout(std430, binding = 1) readonly buffer K { uint kc[]; };
@@ -40,91 +50,158 @@ layout(push_constant) uniform P {
     uint row0;      // the dispatch's first row of q and o
     uint window;    // keys a query sees, its own included (0: every earlier key)
     uint sinks;     // 1: add sk[h] to head h's softmax
+    uint qh;        // the tile: query heads (of one group) ...
+    uint qt;        // ... times tokens, qh qt <= QMAX
 } p;
 
-shared float s[256];
-shared float red[64];
+shared float s[QMAX * 256u]; // each query's scores, then weights, of the page
+shared float red[QMAX * 64u]; // each query's lane partials
+shared uint kv[STAGE];        // cache rows [r0, r0 + nr) of the page, K or V
 
-float cache_at(uint which, uint idx) {
+// Query i's rows [j0, nb) of the page at b0 (empty when nb <= j0); its token is t0 + i / nh.
+void qrange(uint i, uint nh, uint t0, uint b0, out uint j0, out uint nb) {
+    const uint pos = p.pos0 + t0 + i / nh;
+    const uint key0 = p.window != 0u && pos + 1u > p.window ? pos + 1u - p.window : 0u;
+    j0 = key0 > b0 ? key0 - b0 : 0u;
+    nb = pos < b0 ? 0u : min(256u, pos + 1u - b0);
+}
+
+// Element e of staged row j (rw words a row).
+float staged(uint j, uint rw, uint e) {
     if (F16 != 0u) {
-        const vec2 v = unpackHalf2x16(which == 0u ? kc[idx >> 1] : vc[idx >> 1]);
-        return (idx & 1u) == 0u ? v.x : v.y;
+        const vec2 v = unpackHalf2x16(kv[j * rw + (e >> 1)]);
+        return (e & 1u) == 0u ? v.x : v.y;
     }
-    return uintBitsToFloat(which == 0u ? kc[idx] : vc[idx]);
+    return uintBitsToFloat(kv[j * rw + e]);
 }
 
 void main() {
-    const uint t = gl_WorkGroupID.x, h = gl_WorkGroupID.y;
     const uint lid = gl_LocalInvocationID.x;
-    const uint hd = p.head_dim, g = h / p.group;
-    const uint pos = p.pos0 + t;
-    const uint qo = (p.row0 + t) * p.q_stride + h * hd;
-    float m = -1.0 / 0.0, l = 0.0;
-    float acc[4] = float[4](0.0, 0.0, 0.0, 0.0); // dims lid, lid + 64, lid + 128, lid + 192
-    const uint key0 = p.window != 0u && pos + 1u > p.window ? pos + 1u - p.window : 0u;
-    for (uint b0 = key0 & ~255u; b0 <= pos; b0 += 256u) {
-        const uint j0 = key0 > b0 ? key0 - b0 : 0u; // the page's rows [j0, nb)
-        const uint nb = min(256u, pos + 1u - b0);
-        const uint base = ((b0 >> 8) * p.n_kv + g) * 256u * hd; // head g's rows of this page
-        for (uint j = j0 + lid; j < nb; j += 64u) {
-            precise float d = 0.0;
-            const uint ko = base + j * hd;
-            for (uint e = 0u; e < hd; e++) d += q[qo + e] * cache_at(0u, ko + e);
-            s[j] = p.scale * d;
-        }
-        barrier();
-        float mx = -1.0 / 0.0;
-        for (uint j = j0 + lid; j < nb; j += 64u) mx = max(mx, s[j]);
-        red[lid] = mx;
-        barrier();
-        for (uint w = 32u; w > 0u; w >>= 1) {
-            if (lid < w) red[lid] = max(red[lid], red[lid + w]);
+    const uint hd = p.head_dim, rw = F16 != 0u ? hd / 2u : hd;
+    const uint tiles_h = (p.group + p.qh - 1u) / p.qh;
+    const uint g = gl_WorkGroupID.y / tiles_h;
+    const uint h0 = g * p.group + (gl_WorkGroupID.y % tiles_h) * p.qh;
+    const uint nh = min(p.qh, (g + 1u) * p.group - h0);
+    const uint t0 = gl_WorkGroupID.x * p.qt;
+    const uint nq = nh * min(p.qt, p.n_tok - t0); // query i: head h0 + i % nh, token t0 + i / nh
+    const uint rows = min(256u, STAGE / rw);
+    float m[QMAX], l[QMAX], mn[QMAX], c[QMAX];
+    float acc[QMAX * 4u]; // query i's dims lid, lid + 64, lid + 128, lid + 192 at 4 i ..
+    for (uint i = 0u; i < QMAX; i++) m[i] = -1.0 / 0.0, l[i] = 0.0, mn[i] = 0.0, c[i] = 0.0;
+    for (uint i = 0u; i < QMAX * 4u; i++) acc[i] = 0.0;
+    const uint posf = p.pos0 + t0, posl = p.pos0 + t0 + nq / nh - 1u;
+    const uint keyf = p.window != 0u && posf + 1u > p.window ? posf + 1u - p.window : 0u;
+    for (uint b0 = keyf & ~255u; b0 <= posl; b0 += 256u) {
+        // the rows any query of the tile sees: from the first token's start to the last's end
+        const uint ja = keyf > b0 ? keyf - b0 : 0u, jb = min(256u, posl + 1u - b0);
+        const uint wbase = ((b0 >> 8) * p.n_kv + g) * 256u * rw; // head g's rows of this page
+        for (uint r0 = ja; r0 < jb; r0 += rows) {
+            const uint nr = min(rows, jb - r0);
+            barrier(); // every reader of the rows before is done
+            for (uint x = lid; x < nr * rw; x += 64u) kv[x] = kc[wbase + r0 * rw + x];
             barrier();
-        }
-        const float mn = max(m, red[0]);
-        const float c = exp(m - mn);
-        barrier();
-        precise float ps = 0.0;
-        for (uint j = j0 + lid; j < nb; j += 64u) {
-            const float e = exp(s[j] - mn);
-            s[j] = e;
-            ps += e;
-        }
-        red[lid] = ps;
-        barrier();
-        for (uint w = 32u; w > 0u; w >>= 1) {
-            if (lid < w) {
-                precise float v = red[lid] + red[lid + w];
-                red[lid] = v;
+            for (uint x = lid; x < nq * nr; x += 64u) {
+                const uint i = x / nr, j = r0 + x % nr;
+                uint j0, nb;
+                qrange(i, nh, t0, b0, j0, nb);
+                if (j < j0 || j >= nb) continue;
+                const uint qo = (p.row0 + t0 + i / nh) * p.q_stride + (h0 + i % nh) * hd;
+                precise float d = 0.0;
+                for (uint e = 0u; e < hd; e++) d += q[qo + e] * staged(j - r0, rw, e);
+                s[i * 256u + j] = p.scale * d;
             }
+        }
+        barrier();
+        for (uint i = 0u; i < nq; i++) {
+            uint j0, nb;
+            qrange(i, nh, t0, b0, j0, nb);
+            float mx = -1.0 / 0.0;
+            for (uint j = j0 + lid; j < nb; j += 64u) mx = max(mx, s[i * 256u + j]);
+            red[i * 64u + lid] = mx;
+        }
+        barrier();
+        for (uint w = 32u; w > 0u; w >>= 1) {
+            if (lid < w)
+                for (uint i = 0u; i < nq; i++) red[i * 64u + lid] = max(red[i * 64u + lid], red[i * 64u + lid + w]);
             barrier();
         }
-        precise float ln = l * c + red[0];
-        l = ln;
+        for (uint i = 0u; i < nq; i++) {
+            mn[i] = max(m[i], red[i * 64u]);
+            c[i] = exp(m[i] - mn[i]);
+        }
+        barrier();
+        for (uint i = 0u; i < nq; i++) {
+            uint j0, nb;
+            qrange(i, nh, t0, b0, j0, nb);
+            precise float ps = 0.0;
+            for (uint j = j0 + lid; j < nb; j += 64u) {
+                const float e = exp(s[i * 256u + j] - mn[i]);
+                s[i * 256u + j] = e;
+                ps += e;
+            }
+            red[i * 64u + lid] = ps;
+        }
+        barrier();
+        for (uint w = 32u; w > 0u; w >>= 1) {
+            if (lid < w)
+                for (uint i = 0u; i < nq; i++) {
+                    precise float v = red[i * 64u + lid] + red[i * 64u + lid + w];
+                    red[i * 64u + lid] = v;
+                }
+            barrier();
+        }
+        for (uint i = 0u; i < nq; i++) {
+            uint j0, nb;
+            qrange(i, nh, t0, b0, j0, nb);
+            if (nb <= j0) continue; // the page is not this query's: nothing changes
+            precise float ln = l[i] * c[i] + red[i * 64u];
+            l[i] = ln;
+            for (uint r = 0u; r < 4u; r++) {
+                precise float a = acc[i * 4u + r] * c[i];
+                acc[i * 4u + r] = a;
+            }
+        }
+        for (uint r0 = ja; r0 < jb; r0 += rows) {
+            const uint nr = min(rows, jb - r0);
+            barrier();
+            for (uint x = lid; x < nr * rw; x += 64u) kv[x] = vc[wbase + r0 * rw + x];
+            barrier();
+            for (uint i = 0u; i < nq; i++) {
+                uint j0, nb;
+                qrange(i, nh, t0, b0, j0, nb);
+                const uint js = max(j0, r0), je = min(nb, r0 + nr);
+                for (uint r = 0u; r < 4u; r++) {
+                    const uint e = lid + 64u * r;
+                    if (e >= hd) break;
+                    precise float a = acc[i * 4u + r];
+                    for (uint j = js; j < je; j++) a += s[i * 256u + j] * staged(j - r0, rw, e);
+                    acc[i * 4u + r] = a;
+                }
+            }
+        }
+        for (uint i = 0u; i < nq; i++) {
+            uint j0, nb;
+            qrange(i, nh, t0, b0, j0, nb);
+            if (nb > j0) m[i] = mn[i];
+        }
+    }
+    for (uint i = 0u; i < nq; i++) {
+        const uint h = h0 + i % nh, row = p.row0 + t0 + i / nh;
+        float a = 1.0;
+        precise float lt = l[i];
+        if (p.sinks != 0u) { // one more logit in the max and the denominator, no value
+            const float sv = sk[h];
+            if (sv > m[i]) {
+                a = exp(m[i] - sv);
+                lt = l[i] * a + 1.0;
+            } else {
+                lt = l[i] + exp(sv - m[i]);
+            }
+        }
+        const float inv = a / lt;
         for (uint r = 0u; r < 4u; r++) {
             const uint e = lid + 64u * r;
-            if (e >= hd) break;
-            precise float a = acc[r] * c;
-            for (uint j = j0; j < nb; j++) a += s[j] * cache_at(1u, base + j * hd + e);
-            acc[r] = a;
+            if (e < hd) o[row * p.out_stride + h * hd + e] = acc[i * 4u + r] * inv;
         }
-        m = mn;
-        barrier();
-    }
-    float a = 1.0;
-    precise float lt = l;
-    if (p.sinks != 0u) { // one more logit in the max and the denominator, no value
-        const float sv = sk[h];
-        if (sv > m) {
-            a = exp(m - sv);
-            lt = l * a + 1.0;
-        } else {
-            lt = l + exp(sv - m);
-        }
-    }
-    const float inv = a / lt;
-    for (uint r = 0u; r < 4u; r++) {
-        const uint e = lid + 64u * r;
-        if (e < hd) o[(p.row0 + t) * p.out_stride + h * hd + e] = acc[r] * inv;
     }
 }
