@@ -32,7 +32,15 @@ AVX2_INLINE float hsum8(__m256 v) {
 }
 
 
-/* A block's half scale at p, as a float in all 8 lanes (one table load, no ALU). */
+/* The half at p as a float in all 8 lanes by F16C (exact, as the table): the 32-element
+ * quants' scales, where a table look-up per block and row went to L2 (the table is 256 KiB). */
+AVX2_INLINE __m256 cvt_bcast(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+}
+/* A block's half scale at p, as a float in all 8 lanes (one table load, no ALU): the
+ * K-quants, one scale per 256 elements. */
 AVX2_INLINE __m256 lut_bcast(const uint8_t *p) {
     tern_fp16 h;
     memcpy(&h, p, 2);

@@ -37,12 +37,33 @@ AVX2_INLINE __m512i pair_i(const void *lo, const void *hi) {
 AVX2_INLINE __m512 pair_ps(__m256 lo, __m256 hi) { return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1); }
 /* 32 bytes in both halves (a broadcast load, no ALU work). */
 AVX2_INLINE __m512i bcast_i(const void *p) { return _mm512_broadcast_i64x4(loadu256(p)); }
-/* A block's half scale as a float: in all 16 lanes, or per half for two rows. */
-AVX2_INLINE __m512 lut16(const uint8_t *p) {
-    tern_fp16 h;
+/* A block's half scale as a float in all 16 lanes (F16C, exact, as cvt_bcast). */
+AVX2_INLINE __m512 cvt16(const uint8_t *p) {
+    uint16_t h;
     memcpy(&h, p, 2);
-    return _mm512_set1_ps(tern_fp16_lut[h]);
+    return _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
 }
+/* The halves at p0 and p1 as floats, [p0's in 8 lanes | p1's in 8], by F16C: the 32-element
+ * quants' scales, where a table look-up per block and row went to L2. */
+AVX2_INLINE __m512 cvt_pair(const uint8_t *p0, const uint8_t *p1) {
+    uint16_t h0, h1;
+    memcpy(&h0, p0, 2);
+    memcpy(&h1, p1, 2);
+    const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)(h0 | ((uint32_t)h1 << 16))));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                 _mm512_castps128_ps512(f));
+}
+/* Both halves of two rows' blocks that start with (d, m), as [d0 | d1] and [m0 | m1]: one
+ * conversion of the four halves. */
+AVX2_INLINE void cvt_pair_dm(const uint8_t *p0, const uint8_t *p1, __m512 *d, __m512 *m) {
+    uint32_t h0, h1;
+    memcpy(&h0, p0, 4);
+    memcpy(&h1, p1, 4);
+    const __m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_set_epi32(0, 0, (int)h1, (int)h0)));
+    *d = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2), f);
+    *m = _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3), f);
+}
+/* The same by the table (the K-quants: one scale per 256 elements). */
 AVX2_INLINE __m512 lut_pair(const uint8_t *p0, const uint8_t *p1) { return pair_ps(lut_bcast(p0), lut_bcast(p1)); }
 /* Prefetches a super-block (bytes long) of two rows at distance pf (0: none). */
 AVX2_INLINE void pf_pair(const uint8_t *b0, const uint8_t *b1, size_t bytes, size_t pf) {
@@ -99,15 +120,18 @@ AVX2_INLINE void q32_wtile(int kind, int RP, int T, const uint8_t *w, size_t wrb
                 avx2_prefetch(b1 + pf);
             }
             wu[p] = _mm512_inserti64x4(_mm512_castsi256_si512(q32_ulevels(kind, b0)), q32_ulevels(kind, b1), 1);
-            dw[p] = kind == K_MXFP4 ? pair_ps(_mm256_broadcast_ss(&tern_e8m0_half_lut[b0[0]]),
-                                              _mm256_broadcast_ss(&tern_e8m0_half_lut[b1[0]]))
-                                    : lut_pair(b0, b1);
-            if (q32_has_min(kind)) mw[p] = lut_pair(b0 + 2, b1 + 2);
+            if (kind == K_MXFP4)
+                dw[p] = pair_ps(_mm256_broadcast_ss(&tern_e8m0_half_lut[b0[0]]),
+                                _mm256_broadcast_ss(&tern_e8m0_half_lut[b1[0]]));
+            else if (q32_has_min(kind))
+                cvt_pair_dm(b0, b1, &dw[p], &mw[p]);
+            else
+                dw[p] = cvt_pair(b0, b1);
         }
         UNROLL for (int t = 0; t < T; t++) {
             const uint8_t *ablk = a + (size_t)t * arb + b * ab;
             const __m512i aq = bcast_i(ablk + 2);
-            const __m512 da = lut16(ablk);
+            const __m512 da = cvt16(ablk);
             __m512i start = zero;
             __m512 asum = _mm512_setzero_ps();
             if (off) start = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8((char)off), aq));
