@@ -31,14 +31,14 @@ AVX2_INLINE void q32_tile(int kind, int R, int T, const uint8_t *w, size_t wrb, 
         UNROLL for (int r = 0; r < R; r++) {
             const uint8_t *blk = w + (size_t)r * wrb + b * bb;
             if (T == 1) avx2_prefetch(blk + (size_t)(R > AVX2_PF_ROWS ? R : AVX2_PF_ROWS) * wrb);
-            dw[r] = kind == K_MXFP4 ? _mm256_set1_ps(tern_e8m0_half(blk[0])) : cvt_bcast(blk);
-            if (q32_has_min(kind)) mw[r] = cvt_bcast(blk + 2);
+            dw[r] = kind == K_MXFP4 ? _mm256_set1_ps(tern_e8m0_half(blk[0])) : T > 1 ? lut_bcast(blk) : cvt_bcast(blk);
+            if (q32_has_min(kind)) mw[r] = T > 1 ? lut_bcast(blk + 2) : cvt_bcast(blk + 2);
             wq[r] = q32_levels(kind, blk);
             wu[r] = q32_signed(kind) ? _mm256_sign_epi8(wq[r], wq[r]) : wq[r];
         }
         UNROLL for (int t = 0; t < T; t++) {
             const uint8_t *ablk = a + (size_t)t * arb + b * ab;
-            const __m256 da = cvt_bcast(ablk);
+            const __m256 da = T > 1 ? lut_bcast(ablk) : cvt_bcast(ablk);
             const __m256i aq = loadu256(ablk + 2);
             __m256i corr = _mm256_setzero_si256();
             __m256 asum = _mm256_setzero_ps();

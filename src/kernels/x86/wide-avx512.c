@@ -37,11 +37,18 @@ AVX2_INLINE __m512i pair_i(const void *lo, const void *hi) {
 AVX2_INLINE __m512 pair_ps(__m256 lo, __m256 hi) { return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1); }
 /* 32 bytes in both halves (a broadcast load, no ALU work). */
 AVX2_INLINE __m512i bcast_i(const void *p) { return _mm512_broadcast_i64x4(loadu256(p)); }
-/* A block's half scale as a float in all 16 lanes (F16C, exact, as cvt_bcast). */
+/* A block's half scale as a float in all 16 lanes: by F16C (cvt16, exact, as cvt_bcast)
+ * or by the table (lut16; the batches' tiles, where the look-ups stay in L1 and a load
+ * costs less than a conversion). */
 AVX2_INLINE __m512 cvt16(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
     return _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+}
+AVX2_INLINE __m512 lut16(const uint8_t *p) {
+    tern_fp16 h;
+    memcpy(&h, p, 2);
+    return _mm512_set1_ps(tern_fp16_lut[h]);
 }
 /* The halves at p0 and p1 as floats, [p0's in 8 lanes | p1's in 8], by F16C: the 32-element
  * quants' scales, where a table look-up per block and row went to L2. */
@@ -120,10 +127,15 @@ AVX2_INLINE void q32_wtile(int kind, int RP, int T, const uint8_t *w, size_t wrb
                 avx2_prefetch(b1 + pf);
             }
             wu[p] = _mm512_inserti64x4(_mm512_castsi256_si512(q32_ulevels(kind, b0)), q32_ulevels(kind, b1), 1);
+            /* one token: the scales by F16C (the table's look-ups went to L2); a batch: by
+             * the table (hot in L1, a load instead of a conversion per token) */
             if (kind == K_MXFP4)
                 dw[p] = pair_ps(_mm256_broadcast_ss(&tern_e8m0_half_lut[b0[0]]),
                                 _mm256_broadcast_ss(&tern_e8m0_half_lut[b1[0]]));
-            else if (q32_has_min(kind))
+            else if (T > 1) {
+                dw[p] = lut_pair(b0, b1);
+                if (q32_has_min(kind)) mw[p] = lut_pair(b0 + 2, b1 + 2);
+            } else if (q32_has_min(kind))
                 cvt_pair_dm(b0, b1, &dw[p], &mw[p]);
             else
                 dw[p] = cvt_pair(b0, b1);
@@ -131,7 +143,7 @@ AVX2_INLINE void q32_wtile(int kind, int RP, int T, const uint8_t *w, size_t wrb
         UNROLL for (int t = 0; t < T; t++) {
             const uint8_t *ablk = a + (size_t)t * arb + b * ab;
             const __m512i aq = bcast_i(ablk + 2);
-            const __m512 da = cvt16(ablk);
+            const __m512 da = T > 1 ? lut16(ablk) : cvt16(ablk);
             __m512i start = zero;
             __m512 asum = _mm512_setzero_ps();
             if (off) start = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8((char)off), aq));
