@@ -415,7 +415,7 @@ static void test_row_ops(void **state) {
 
 /* window (0: none) and sinks: gpt-oss's attention (the CPU's attn_item) */
 static void check_attention(bool f16, size_t hd, size_t window, bool with_sinks) {
-    const size_t nkv = 2, nh = 6, pos0 = 300, T = 7, P = pos0 + T, n_pages = (P + 255) / 256;
+    const size_t nkv = 2, nh = 6, pos0 = 560, T = 7, P = pos0 + T, n_pages = (P + 255) / 256;
     const float scale = 1.0f / sqrtf((float)hd);
     struct tern_rng r;
     tern_rng_seed(&r, 5 + hd + f16);
@@ -504,22 +504,26 @@ static void check_attention(bool f16, size_t hd, size_t window, bool with_sinks)
     assert_int_equal(tern_vk_attention(vk, bq, nh * hd, kc, vc, bo, nh * hd, 0, 2, n_pages * 256 - 1, nh, nkv, hd,
                                        scale, f16, window, bs),
                      TERN_ERR_RANGE);
-    /* every tile shape (query heads x tokens per workgroup): the same bits; heads of two
-     * where the group has three (tiles of 2 and 1), tokens past the chunk's end */
+    /* every tile shape (query heads x tokens per workgroup), folded in one dispatch or
+     * split over the pages: the same bits; heads of two where the group has three (tiles of
+     * 2 and 1), tokens past the chunk's end */
     {
         static const size_t tiles[][2] = {{1, 1}, {3, 1}, {2, 4}, {1, 8}, {3, 2}, {8, 1}};
         float *other = malloc(T * nh * hd * sizeof(float));
         struct tern_vk_buf *bo3;
         assert_int_equal(tern_vk_buf_new(vk, T * nh * hd * sizeof(float), &bo3), TERN_OK);
-        for (size_t i = 0; i < TERN_ARRAY_LEN(tiles); i++) {
+        for (size_t i = 0; i < 2 * TERN_ARRAY_LEN(tiles); i++) {
+            const size_t *tl = tiles[i / 2];
+            memset(other, 0xff, T * nh * hd * sizeof(float)); /* NaNs where nothing is written */
+            assert_int_equal(tern_vk_upload(bo3, 0, other, T * nh * hd * sizeof(float)), TERN_OK);
             assert_int_equal(tern_vk_attention_tile(vk, bq, nh * hd, kc, vc, bo3, nh * hd, 0, T, pos0, nh, nkv, hd,
-                                                    scale, f16, window, bs, tiles[i][0], tiles[i][1]),
+                                                    scale, f16, window, bs, tl[0], tl[1], (int)(i % 2)),
                              TERN_OK);
             host_floats(bo3, other, T * nh * hd);
             assert_memory_equal(other, out, T * nh * hd * sizeof(float));
         }
         assert_int_equal(tern_vk_attention_tile(vk, bq, nh * hd, kc, vc, bo3, nh * hd, 0, T, pos0, nh, nkv, hd, scale,
-                                                f16, window, bs, 3, 3),
+                                                f16, window, bs, 3, 3, 0),
                          TERN_ERR_INVALID);
         tern_vk_buf_free(bo3);
         free(other);
@@ -564,8 +568,9 @@ static void test_attention(void **state) {
     check_attention(true, 64, 0, false);
     check_attention(false, 40, 0, false);
     check_attention(true, 256, 0, false);
-    /* gpt-oss: windows that start on the first page (300), across the page boundary (60:
-     * keys from 241..247) and inside the last page (20), with and without sinks */
+    /* gpt-oss: windows that start on the second page (300: keys from 261), across a page
+     * boundary (60: keys from 501..507) and inside the last page (20), with and without
+     * sinks; queries at 560..566, three pages */
     check_attention(false, 64, 60, true);
     check_attention(true, 64, 60, false);
     check_attention(false, 64, 300, false);

@@ -136,8 +136,8 @@ enum tern_status tern_vk_attention_tile(struct tern_vk *vk, const struct tern_vk
                                         struct tern_vk_buf *out, size_t out_stride, size_t row0, size_t n_tok,
                                         size_t pos0, size_t n_head, size_t n_kv_head, size_t head_dim, float scale,
                                         bool f16, size_t window, const struct tern_vk_buf *sinks, size_t qh,
-                                        size_t qt) {
-    (void)qh, (void)qt;
+                                        size_t qt, int split) {
+    (void)qh, (void)qt, (void)split;
     return tern_vk_attention(vk, q, q_stride, kc, vc, out, out_stride, row0, n_tok, pos0, n_head, n_kv_head,
                              head_dim, scale, f16, window, sinks);
 }

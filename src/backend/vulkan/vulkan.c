@@ -241,6 +241,9 @@ struct tern_vk {
     /* the I-quant grid codes (matmul.comp binding 5): IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
      * IQ3_S, IQ1_S, two 16-bit codes per word, at the word offsets matmul.comp names */
     struct tern_vk_buf *iq_codes;
+    /* attention's page partials when a dispatch is split over its pages (attention.comp's
+     * binding 5, ATTN_PART_BYTES) */
+    struct tern_vk_buf *attn_part;
 };
 
 struct tern_vk_buf {
@@ -289,6 +292,12 @@ static uint32_t matmul_wg(const struct tern_vk *vk) { return vk->matmul_lanes ==
  * of the last decade has 32 KiB or more), else what the device's limit leaves, in whole
  * rows of 256 F32 elements (at least one: Vulkan guarantees 16 KiB). */
 #define ATTN_QMAX 8
+/* The page partials' room: one decode token of 64 heads of 128 over 32K positions (128 pages
+ * of (128 + 2) floats), or 8 tokens over 4K. A dispatch that needs more folds in the shader. */
+#define ATTN_PART_BYTES ((size_t)8 << 20)
+/* Workgroups below which a dispatch spanning several pages is split over them: a GPU has
+ * tens of compute units, and a decode step has one per KV head (and head tile) alone. */
+#define ATTN_SPLIT_BELOW 64
 static uint32_t attn_stage_words(const struct tern_vk *vk) {
     const uint32_t fixed = ATTN_QMAX * (256 + 64) * 4, want = 16384;
     const uint32_t lim = vk->info.shared_bytes;
@@ -477,7 +486,8 @@ enum tern_status tern_vk_open(int index, struct tern_vk **out) {
         tern_vk_close(vk);
         return st;
     }
-    if ((st = make_pipelines(vk)) || (st = upload_iq_codes(vk))) {
+    if ((st = make_pipelines(vk)) || (st = upload_iq_codes(vk)) ||
+        (st = tern_vk_buf_new(vk, ATTN_PART_BYTES, &vk->attn_part))) {
         tern_vk_close(vk);
         return st;
     }
@@ -489,7 +499,8 @@ enum tern_status tern_vk_open(int index, struct tern_vk **out) {
 void tern_vk_close(struct tern_vk *vk) {
     if (!vk) return;
     tern_vk_buf_free(vk->iq_codes);
-    vk->iq_codes = NULL;
+    tern_vk_buf_free(vk->attn_part);
+    vk->iq_codes = vk->attn_part = NULL;
     if (vk->dev) {
         for (int i = 0; i < N_PIPES; i++)
             if (vk->pipes[i]) vk->f.vkDestroyPipeline(vk->dev, vk->pipes[i], NULL);
@@ -1060,7 +1071,7 @@ enum tern_status tern_vk_attention_tile(struct tern_vk *vk, const struct tern_vk
                                         struct tern_vk_buf *out, size_t out_stride, size_t row0, size_t n_tok,
                                         size_t pos0, size_t n_head, size_t n_kv_head, size_t head_dim, float scale,
                                         bool f16, size_t window, const struct tern_vk_buf *sinks, size_t qh,
-                                        size_t qt) {
+                                        size_t qt, int split) {
     enum tern_status st;
     if (qh == 0 || qt == 0 || qh * qt > ATTN_QMAX)
         return tern_errorf(TERN_ERR_INVALID, "vulkan: an attention tile of %zu heads x %zu tokens (at most %d)", qh,
@@ -1081,16 +1092,41 @@ enum tern_status tern_vk_attention_tile(struct tern_vk *vk, const struct tern_vk
     if (!n_tok) return TERN_OK;
     const size_t group = n_head / n_kv_head;
     if (qh > group) qh = group;
+    /* the pages the dispatch's queries see: from its first token's first key to its last */
+    const size_t key0 = window && pos0 + 1 > window ? pos0 + 1 - window : 0;
+    const size_t page0 = key0 / 256, npages = (pos0 + n_tok - 1) / 256 + 1 - page0;
+    const size_t gx = (n_tok + qt - 1) / qt, gy = n_kv_head * ((group + qh - 1) / qh);
+    const bool fits = n_tok * n_head * npages * (head_dim + 2) * sizeof(float) <= vk->attn_part->bytes;
+    if (split > 0 && !fits)
+        return tern_errorf(TERN_ERR_RANGE, "vulkan: attention of %zu tokens over %zu pages does not fit its partials",
+                           n_tok, npages);
+    if (split < 0) split = npages > 1 && fits && gx * gy < ATTN_SPLIT_BELOW;
     struct {
         uint32_t head_dim, n_kv, q_stride, out_stride, pos0, group;
         float scale;
-        uint32_t n_tok, row0, window, sinks, qh, qt;
+        uint32_t n_tok, row0, window, sinks, qh, qt, split, page0, npages;
     } pc = {(uint32_t)head_dim, (uint32_t)n_kv_head, (uint32_t)q_stride, (uint32_t)out_stride, (uint32_t)pos0,
             (uint32_t)group,    scale,  (uint32_t)n_tok, (uint32_t)row0,  (uint32_t)window,
-            sinks != NULL,      (uint32_t)qh, (uint32_t)qt};
-    const struct tern_vk_buf *bufs[5] = {q, kc, vc, out, sinks ? sinks : q};
-    return record(vk, f16 ? PIPE_ATTN_F16 : PIPE_ATTN_F32, bufs, 5, &pc, sizeof pc, (uint32_t)((n_tok + qt - 1) / qt),
-                  (uint32_t)(n_kv_head * ((group + qh - 1) / qh)), 1);
+            sinks != NULL,      (uint32_t)qh, (uint32_t)qt, split != 0, (uint32_t)page0, (uint32_t)npages};
+    const struct tern_vk_buf *bufs[6] = {q, kc, vc, out, sinks ? sinks : q, vk->attn_part};
+    const int pipe = f16 ? PIPE_ATTN_F16 : PIPE_ATTN_F32;
+    if (!split) return record(vk, pipe, bufs, 6, &pc, sizeof pc, (uint32_t)gx, (uint32_t)gy, 1);
+    /* a workgroup per tile and page writes the partials, then one per token and head folds
+     * them in page order; recorded together (the caller's recording, or one of their own) */
+    const bool own = !vk->recording;
+    if (own && (st = tern_vk_begin(vk))) return st;
+    if (!(st = record(vk, pipe, bufs, 6, &pc, sizeof pc, (uint32_t)gx, (uint32_t)gy, (uint32_t)npages))) {
+        pc.split = 2;
+        st = record(vk, pipe, bufs, 6, &pc, sizeof pc, (uint32_t)n_tok, (uint32_t)n_head, 1);
+    }
+    if (own) {
+        if (st) {
+            vk->recording = false;
+            return st;
+        }
+        return tern_vk_end(vk);
+    }
+    return st;
 }
 
 /* The tile: the whole group of query heads that read one KV head's rows (up to
@@ -1103,7 +1139,7 @@ enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf 
     const size_t group = n_kv_head && n_head % n_kv_head == 0 ? n_head / n_kv_head : 1;
     const size_t qh = group < ATTN_QMAX ? group : ATTN_QMAX, qt = ATTN_QMAX / qh;
     return tern_vk_attention_tile(vk, q, q_stride, kc, vc, out, out_stride, row0, n_tok, pos0, n_head, n_kv_head,
-                                  head_dim, scale, f16, window, sinks, qh, qt < n_tok ? qt : n_tok ? n_tok : 1);
+                                  head_dim, scale, f16, window, sinks, qh, qt < n_tok ? qt : n_tok ? n_tok : 1, -1);
 }
 
 enum tern_status tern_vk_deltanet_conv(struct tern_vk *vk, struct tern_vk_buf *window,

@@ -211,13 +211,17 @@ enum tern_status tern_vk_attention(struct tern_vk *vk, const struct tern_vk_buf 
 /* The same with the workgroup's tile of queries named: qh query heads of one KV head
  * (clamped to the group) times qt tokens, qh qt <= 8. The tile changes which workgroup
  * computes a query and which cache reads it shares, never the query's bits (tests compare
- * them; tern_vk_attention picks the group times as many tokens as fit). */
+ * them; tern_vk_attention picks the group times as many tokens as fit). split: 1 gives each
+ * of the dispatch's pages of 256 positions its own workgroups and folds their partials in a
+ * second dispatch (TERN_ERR_RANGE where they do not fit the device's room for them), 0 folds
+ * in the one dispatch, -1 (tern_vk_attention) splits a dispatch over several pages with few
+ * workgroups (a decode step); the same bits either way. */
 enum tern_status tern_vk_attention_tile(struct tern_vk *vk, const struct tern_vk_buf *q, size_t q_stride,
                                         const struct tern_vk_buf *kc, const struct tern_vk_buf *vc,
                                         struct tern_vk_buf *out, size_t out_stride, size_t row0, size_t n_tok,
                                         size_t pos0, size_t n_head, size_t n_kv_head, size_t head_dim, float scale,
                                         bool f16, size_t window, const struct tern_vk_buf *sinks, size_t qh,
-                                        size_t qt);
+                                        size_t qt, int split);
 
 /* Gated DeltaNet (kernels/deltanet.h) on the device, tokens in order. conv: the causal
  * depthwise convolution + SiLU over C channels with n_conv taps (conv_wt tap-major
