@@ -30,6 +30,8 @@ uint32_t tern_vk_matmul_lanes(const struct tern_vk *vk) {
     (void)vk;
     return 0;
 }
+void tern_vk_set_attention_split(struct tern_vk *vk, bool on) { (void)vk, (void)on; }
+
 enum tern_status tern_vk_buf_new(struct tern_vk *vk, size_t bytes, struct tern_vk_buf **out) {
     (void)vk, (void)bytes;
     *out = NULL;

@@ -244,6 +244,7 @@ struct tern_vk {
     /* attention's page partials when a dispatch is split over its pages (attention.comp's
      * binding 5, ATTN_PART_BYTES) */
     struct tern_vk_buf *attn_part;
+    bool attn_split; /* whether tern_vk_attention splits a dispatch of few workgroups */
 };
 
 struct tern_vk_buf {
@@ -432,6 +433,11 @@ enum tern_status tern_vk_open(int index, struct tern_vk **out) {
         const long l = strtol(lanes, NULL, 10);
         if (l >= 1 && l <= 32 && !(l & (l - 1))) vk->matmul_lanes = (uint32_t)l;
     }
+    /* Attention split over pages where a dispatch has few workgroups: a GPU's compute units
+     * sit idle otherwise; lavapipe runs workgroups on a few threads and showed no gain
+     * (decode at 4,000 positions: 11.3-17.4 t/s split, 13.0-14.1 not, in the noise), so
+     * there it is for tests (tern_vk_set_attention_split). */
+    vk->attn_split = strcmp(vk->info.type, "cpu") != 0;
     p_vkGetPhysicalDeviceMemoryProperties(vk->pd, &vk->mem);
 
     uint32_t nq = 0;
@@ -805,6 +811,8 @@ static enum tern_status record(struct tern_vk *vk, int pipe, const struct tern_v
 
 uint32_t tern_vk_matmul_lanes(const struct tern_vk *vk) { return vk->matmul_lanes; }
 
+void tern_vk_set_attention_split(struct tern_vk *vk, bool on) { vk->attn_split = on; }
+
 /* The x and z sizes of a matmul dispatch over n rows (matmul_wg / lanes rows per
  * workgroup). */
 static void matmul_groups(const struct tern_vk *vk, size_t n, uint32_t *gx, uint32_t *gz) {
@@ -1100,7 +1108,7 @@ enum tern_status tern_vk_attention_tile(struct tern_vk *vk, const struct tern_vk
     if (split > 0 && !fits)
         return tern_errorf(TERN_ERR_RANGE, "vulkan: attention of %zu tokens over %zu pages does not fit its partials",
                            n_tok, npages);
-    if (split < 0) split = npages > 1 && fits && gx * gy < ATTN_SPLIT_BELOW;
+    if (split < 0) split = vk->attn_split && npages > 1 && fits && gx * gy < ATTN_SPLIT_BELOW;
     struct {
         uint32_t head_dim, n_kv, q_stride, out_stride, pos0, group;
         float scale;

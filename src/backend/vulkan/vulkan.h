@@ -57,6 +57,9 @@ const struct tern_vk_device_info *tern_vk_info(const struct tern_vk *vk);
 /* Invocations per weight row in the matmul: 32 on a GPU (a coalesced read, a fixed tree),
  * 1 on a CPU device such as lavapipe (docs/gpu.md, "Exactness on the GPU"). */
 uint32_t tern_vk_matmul_lanes(const struct tern_vk *vk);
+/* Whether tern_vk_attention splits a dispatch of few workgroups over its pages (a GPU: on;
+ * a CPU device: off). The same bits either way; tests turn it on and off. */
+void tern_vk_set_attention_split(struct tern_vk *vk, bool on);
 
 /* A buffer of bytes bytes (device-local, host-visible where the device offers both,
  * else uploads and downloads go through a staging copy). */
