@@ -92,6 +92,8 @@ run)
       [ -n "${3:-}" ] && "$dev/bin/tern" bench --model "$f" -p 512 -n 128 -r 2 --device vulkan --n-cpu-moe 2
       # and the 8B shape with its last half's matrices on the CPU (--gpu-layers 18 of 36)
       [ "$1" = qwen3-8b ] && "$dev/bin/tern" bench --model "$f" -p 512 -n 128 -r 2 --device vulkan --gpu-layers 18
+      # decode at a long context: attention split over the cache's pages (docs/gpu.md)
+      [ "$1" = qwen3-8b ] && "$dev/bin/tern" bench --model "$f" -p 0 -n 64 -r 2 --device vulkan --ctx-fill 16384
       rm -f "$f"
     done
   } 2>&1 | tee "$out/device-check.log"
