@@ -13,6 +13,7 @@
  *                      [--shapes 3072x1024,...] [--isa portable|avx2] [--quick] [--cputime]
  * --cputime times 1-thread GEMM runs by thread CPU time (for a machine shared with others;
  * GEMV stays on wall time, like the bandwidth it is compared with). */
+#include "bench-data.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 #include "util/dtype.h"
@@ -139,47 +140,7 @@ static double stream_bw(const uint8_t *buf, size_t size, int nt, int passes) {
     return best;
 }
 
-/* ---- data ------------------------------------------------------------------------------ */
-
-static uint64_t rng = 88172645463325252ull;
-static uint32_t rnd(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 32);
-}
-
-/* Random contents with sane scales: speed does not depend on the values. */
-static void fill_weights(enum tern_dtype t, uint8_t *w, size_t bytes) {
-    const struct tern_dtype_info *info = tern_dtype_info(t);
-    if (t == TERN_DTYPE_F32) {
-        for (size_t i = 0; i + 4 <= bytes; i += 4) {
-            const float v = ((float)(rnd() & 0xFFFF) - 32768.0f) * 1e-6f;
-            memcpy(w + i, &v, 4);
-        }
-        return;
-    }
-    for (size_t i = 0; i < bytes; i++) w[i] = (uint8_t)rnd();
-    if (t == TERN_DTYPE_F16 || t == TERN_DTYPE_BF16) {
-        for (size_t i = 0; i + 2 <= bytes; i += 2) {
-            const float v = ((float)(rnd() & 0xFFFF) - 32768.0f) * 1e-6f;
-            const uint16_t h = t == TERN_DTYPE_F16 ? tern_f32_to_fp16(v) : tern_f32_to_bf16(v);
-            memcpy(w + i, &h, 2);
-        }
-        return;
-    }
-    if (t == TERN_DTYPE_MXFP4) { /* E8M0 exponent bytes of 2^-8 (no subnormal products) */
-        for (size_t b = 0; b + info->type_size <= bytes; b += info->type_size) w[b] = 120;
-        return;
-    }
-    const tern_fp16 s = tern_f32_to_fp16(0.01f);
-    const size_t off = t == TERN_DTYPE_Q6_K ? 208 : 0;
-    for (size_t b = 0; b + info->type_size <= bytes; b += info->type_size) {
-        memcpy(w + b + off, &s, 2);
-        if (t == TERN_DTYPE_Q4_1 || t == TERN_DTYPE_Q5_1 || t == TERN_DTYPE_Q4_K || t == TERN_DTYPE_Q5_K)
-            memcpy(w + b + 2, &s, 2);
-    }
-}
+/* ---- data: bench-data.h (rnd, fill_weights) ------------------------------------------ */
 
 /* ---- measurements ---------------------------------------------------------------------- */
 

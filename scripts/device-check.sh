@@ -24,7 +24,7 @@ pack)
   ./scripts/deps.sh
   ./scripts/build.sh build -DTERN_TEST_HOOKS=ON # test-vulkan checks the other matmul lane count by a hook
   rm -rf "$dev" && mkdir -p "$dev/bin" "$dev/lib" "$dev/deb"
-  cp build/tern build/test-vulkan "$dev/bin/"
+  cp build/tern build/test-vulkan build/bench-vulkan "$dev/bin/"
   # every shared library the binaries load, except the C library's own
   for b in "$dev"/bin/*; do
     ldd "$b" | awk '/=> \// {print $3}'
@@ -80,6 +80,8 @@ run)
       echo "$a: [$ids] $(grep -o 'drafted=[0-9]* accepted=[0-9]*' /tmp/tern-spec-err)"
     done
     rm -f "$f" /tmp/tern-spec-err
+    echo "== bench-vulkan: per kernel, GB/s and GFLOP/s against the device's copy bandwidth"
+    "$dev/bin/bench-vulkan"
     echo "== benchmarks: tern bench --device vulkan and --device cpu on generated real shapes"
     # an MoE shape too: Qwen3-30B-A3B's layers (128 experts, 8 used), 4 of its 48
     for spec in "qwen3-0.6b q8_0" "qwen3-0.6b q4_k_m" "${TERN_BENCH_BIG:-qwen3-8b q4_k_m}" "qwen3-30b-a3b q4_k_m 4"; do

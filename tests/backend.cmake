@@ -1,5 +1,8 @@
 # The Vulkan backend (docs/gpu.md): device layer and kernels on lavapipe or a real GPU.
 tern_unit_test(test-vulkan ${CMAKE_SOURCE_DIR}/tests/unit/test-vulkan.c LABELS vulkan TIMEOUT 300)
+# bench-vulkan (scripts/device-check.sh's per-kernel table) runs every kernel it times on
+# small shapes: a smoke test, its figures not read.
+tern_script_test(bench-vulkan-smoke $<TARGET_FILE:bench-vulkan> --quick LABELS vulkan no-asan TIMEOUT 120)
 # Models on the Vulkan backend against the CPU path (kit models).
 tern_unit_test(test-gpu-model ${CMAKE_SOURCE_DIR}/tests/unit/test-gpu-model.c ${CMAKE_SOURCE_DIR}/tests/unit/exact.c
   LABELS vulkan no-asan TIMEOUT 900)
