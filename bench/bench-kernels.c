@@ -13,7 +13,7 @@
  *                      [--shapes 3072x1024,...] [--isa portable|avx2] [--quick] [--cputime]
  * --cputime times 1-thread GEMM runs by thread CPU time (for a machine shared with others;
  * GEMV stays on wall time, like the bandwidth it is compared with). */
-#include "bench-data.h"
+#include "bench-common.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 #include "util/dtype.h"
@@ -140,7 +140,7 @@ static double stream_bw(const uint8_t *buf, size_t size, int nt, int passes) {
     return best;
 }
 
-/* ---- data: bench-data.h (rnd, fill_weights) ------------------------------------------ */
+/* ---- data: bench-common.h (rnd, fill_weights) ------------------------------------------ */
 
 /* ---- measurements ---------------------------------------------------------------------- */
 
@@ -241,18 +241,6 @@ static double bench_gemm(enum tern_dtype t, struct shape s, size_t n_tok, double
 }
 
 /* ---- main -------------------------------------------------------------------------------- */
-
-static int parse_list(const char *s, long *out, int max) {
-    int n = 0;
-    while (*s && n < max) {
-        char *end;
-        out[n++] = strtol(s, &end, 10);
-        if (end == s) return -1;
-        s = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') return -1;
-    }
-    return n;
-}
 
 int main(int argc, char **argv) {
     const char *types_arg = "f32,f16,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,q4_k,q5_k,q6_k,iq4_nl,iq4_xs";

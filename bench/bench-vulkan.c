@@ -18,7 +18,7 @@
  * usage: bench-vulkan [--device N] [--types q8_0,q4_k,...] [--shape ROWSxK] [--ntok 1,8,512]
  *                     [--ctx 4096,16384] [--chunk 512] [--quick]
  * --quick: small shapes (a smoke test's, or lavapipe's). */
-#include "bench-data.h"
+#include "bench-common.h"
 #include "backend/vulkan/vulkan.h"
 #include "util/dtype.h"
 #include "util/fp16.h"
@@ -195,18 +195,6 @@ static void bench_attention(size_t ctx, size_t chunk, double copy_gbs) {
     printf("attention 32x128 (8 kv) ctx %-6zu n=%-4zu %9.1f us  %8.1f GFLOP/s\n", ctx, chunk, t * 1e6,
            4.0 * keys * (double)hd * (double)nh / t * 1e-9);
     tern_vk_buf_free(o.k), tern_vk_buf_free(o.v), tern_vk_buf_free(o.x), tern_vk_buf_free(o.y);
-}
-
-static int parse_list(const char *s, long *out, int max) {
-    int n = 0;
-    while (*s && n < max) {
-        char *end;
-        out[n++] = strtol(s, &end, 10);
-        if (end == s || out[n - 1] <= 0) return -1;
-        s = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') return -1;
-    }
-    return n;
 }
 
 int main(int argc, char **argv) {

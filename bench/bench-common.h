@@ -1,13 +1,15 @@
-/* Random weights and activations for the benchmarks (bench-kernels, bench-vulkan): the
- * same generator and contents in both, so that their figures are about the same data. */
-#ifndef TERN_BENCH_DATA_H
-#define TERN_BENCH_DATA_H
+/* What the C benchmarks share (bench-kernels, bench-vulkan): random weights with the same
+ * generator and contents, so that their figures are about the same data, and the
+ * comma-separated number lists of their options. */
+#ifndef TERN_BENCH_COMMON_H
+#define TERN_BENCH_COMMON_H
 
 #include "util/dtype.h"
 #include "util/fp16.h"
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 static uint64_t rng = 88172645463325252ull;
@@ -48,6 +50,19 @@ static inline void fill_weights(enum tern_dtype t, uint8_t *w, size_t bytes) {
         if (t == TERN_DTYPE_Q4_1 || t == TERN_DTYPE_Q5_1 || t == TERN_DTYPE_Q4_K || t == TERN_DTYPE_Q5_K)
             memcpy(w + b + 2, &s, 2);
     }
+}
+
+/* "1,64,512" into out (at most max numbers, each > 0); their count, or -1 when malformed. */
+static inline int parse_list(const char *s, long *out, int max) {
+    int n = 0;
+    while (*s && n < max) {
+        char *end;
+        out[n++] = strtol(s, &end, 10);
+        if (end == s || out[n - 1] <= 0) return -1;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return -1;
+    }
+    return n;
 }
 
 #endif
