@@ -7,7 +7,9 @@
 #include "util/dtype.h"
 #include "util/fp16.h"
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +52,23 @@ static inline void fill_weights(enum tern_dtype t, uint8_t *w, size_t bytes) {
         if (t == TERN_DTYPE_Q4_1 || t == TERN_DTYPE_Q5_1 || t == TERN_DTYPE_Q4_K || t == TERN_DTYPE_Q5_K)
             memcpy(w + b + 2, &s, 2);
     }
+}
+
+/* "q8_0,q4_k" into out (at most max types), each one supported() takes; their count, or
+ * -1 with the name that is not such a type in *bad (pointing into a static copy). */
+static inline int parse_types(const char *arg, bool (*supported)(enum tern_dtype), enum tern_dtype *out, int max,
+                              const char **bad) {
+    static char names[256];
+    snprintf(names, sizeof names, "%s", arg);
+    int n = 0;
+    for (char *tok = strtok(names, ","); tok && n < max; tok = strtok(NULL, ",")) {
+        if (!tern_dtype_from_name(tok, &out[n]) || !supported(out[n])) {
+            *bad = tok;
+            return -1;
+        }
+        n++;
+    }
+    return n;
 }
 
 /* "1,64,512" into out (at most max numbers, each > 0); their count, or -1 when malformed. */

@@ -297,20 +297,21 @@ int main(int argc, char **argv) {
     printf("\n");
     tern_aligned_free(buf);
 
+    enum tern_dtype types[TERN_DTYPE_COUNT];
+    const char *bad = NULL;
+    const int n_types = parse_types(types_arg, tern_matmul_supported, types, TERN_DTYPE_COUNT, &bad);
+    if (n_types < 0) {
+        fprintf(stderr, "bench-kernels: unknown or unsupported type '%s'\n", bad);
+        return 2;
+    }
     printf("%-5s %-12s %3s", "type", "rows x k", "thr");
     for (int n = 0; n < n_ntok; n++) {
         if (ntoks[n] == 1) printf("   GEMV GB/s (bound)");
         else printf("  GEMM n=%-3ld GFLOP/s", ntoks[n]);
     }
     printf("\n");
-    char types[256];
-    snprintf(types, sizeof types, "%s", types_arg);
-    for (char *tok = strtok(types, ","); tok; tok = strtok(NULL, ",")) {
-        enum tern_dtype t;
-        if (!tern_dtype_from_name(tok, &t) || !tern_matmul_supported(t)) {
-            fprintf(stderr, "bench-kernels: unknown or unsupported type '%s'\n", tok);
-            return 2;
-        }
+    for (int ty = 0; ty < n_types; ty++) {
+        const enum tern_dtype t = types[ty];
         for (int si = 0; si < n_shapes; si++) {
             if (shapes[si].k % tern_matmul_k_multiple(t)) continue;
             for (int ti = 0; ti < n_thr; ti++) {

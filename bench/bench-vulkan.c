@@ -203,8 +203,9 @@ int main(int argc, char **argv) {
     long ntoks[8] = {1, 8, 512}, ctxs[8] = {4096, 16384};
     int n_ntok = 3, n_ctx = 2, device = 0;
     size_t chunk = 512;
+    bool types_set = false; /* --quick keeps the types named */
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--types") && i + 1 < argc) types_arg = argv[++i];
+        if (!strcmp(argv[i], "--types") && i + 1 < argc) types_arg = argv[++i], types_set = true;
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
             if (sscanf(argv[++i], "%zux%zu", &rows, &k) != 2 || !rows || !k) n_ntok = -1;
@@ -212,7 +213,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) n_ctx = parse_list(argv[++i], ctxs, 8);
         else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) chunk = strtoul(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--quick")) {
-            types_arg = "q8_0,q4_k", rows = 512, k = 1024, copy_bytes = (size_t)16 << 20;
+            if (!types_set) types_arg = "q8_0,q4_k";
+            rows = 512, k = 1024, copy_bytes = (size_t)16 << 20;
             ntoks[0] = 1, ntoks[1] = 16, n_ntok = 2, ctxs[0] = 600, n_ctx = 1, chunk = 16;
         } else {
             fprintf(stderr, "usage: bench-vulkan [--device N] [--types q8_0,q4_k,...] [--shape ROWSxK] "
@@ -222,6 +224,13 @@ int main(int argc, char **argv) {
     }
     if (n_ntok <= 0 || n_ctx <= 0 || chunk == 0) {
         fprintf(stderr, "bench-vulkan: bad --shape, --ntok, --ctx or --chunk\n");
+        return 2;
+    }
+    enum tern_dtype types[TERN_DTYPE_COUNT];
+    const char *bad = NULL;
+    const int n_types = parse_types(types_arg, tern_vk_matmul_supported, types, TERN_DTYPE_COUNT, &bad);
+    if (n_types < 0) {
+        fprintf(stderr, "bench-vulkan: no device matmul for type '%s'\n", bad);
         return 2;
     }
     if (tern_vk_open(device, &vk)) {
@@ -237,17 +246,7 @@ int main(int argc, char **argv) {
            (double)di->device_local_bytes / (1u << 30), tern_vk_matmul_lanes(vk));
     const double copy_gbs = bench_copy(copy_bytes);
     printf("copy %zu MiB device to device: %.1f GB/s read + written (the bound below)\n", copy_bytes >> 20, copy_gbs);
-    char types[256];
-    snprintf(types, sizeof types, "%s", types_arg);
-    for (char *tok = strtok(types, ","); tok; tok = strtok(NULL, ",")) {
-        enum tern_dtype t;
-        if (!tern_dtype_from_name(tok, &t) || !tern_vk_matmul_supported(t)) {
-            fprintf(stderr, "bench-vulkan: no device matmul for type '%s'\n", tok);
-            tern_vk_close(vk);
-            return 2;
-        }
-        bench_matmul(t, rows, k, ntoks, n_ntok, copy_gbs);
-    }
+    for (int i = 0; i < n_types; i++) bench_matmul(types[i], rows, k, ntoks, n_ntok, copy_gbs);
     for (int i = 0; i < n_ctx; i++) bench_attention((size_t)ctxs[i], chunk, copy_gbs);
     tern_vk_close(vk);
     return 0;
