@@ -1127,14 +1127,7 @@ enum tern_status tern_vk_attention_tile(struct tern_vk *vk, const struct tern_vk
         pc.split = 2;
         st = record(vk, pipe, bufs, 6, &pc, sizeof pc, (uint32_t)n_tok, (uint32_t)n_head, 1);
     }
-    if (own) {
-        if (st) {
-            vk->recording = false;
-            return st;
-        }
-        return tern_vk_end(vk);
-    }
-    return st;
+    return own && !st ? tern_vk_end(vk) : st; /* a failed record() ended the recording */
 }
 
 /* The tile: the whole group of query heads that read one KV head's rows (up to

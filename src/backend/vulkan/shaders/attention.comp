@@ -124,6 +124,11 @@ void finish(uint row, uint h, float m, float l, vec4 a) {
     }
 }
 
+// Where query (dispatch token t, head h)'s partial of page pg starts in `part`.
+uint part_at(uint t, uint h, uint pg) {
+    return ((t * p.group * p.n_kv + h) * p.npages + pg - p.page0) * (p.head_dim + 2u);
+}
+
 // Mode 2: query (token x, head y)'s page partials folded in page order.
 void fold_pages() {
     const uint lid = gl_LocalInvocationID.x, hd = p.head_dim;
@@ -132,7 +137,7 @@ void fold_pages() {
     float m = -1.0 / 0.0, l = 0.0;
     vec4 a = vec4(0.0);
     for (uint pg = key0 >> 8; pg <= pos >> 8; pg++) {
-        const uint base = ((t * p.group * p.n_kv + h) * p.npages + pg - p.page0) * (hd + 2u);
+        const uint base = part_at(t, h, pg);
         vec4 ap = vec4(0.0);
         for (uint r = 0u; r < 4u; r++)
             if (lid + 64u * r < hd) ap[r] = part[base + 2u + lid + 64u * r];
@@ -249,8 +254,7 @@ void main() {
                 fold(m[i], l[i], a[i], mp[i], lp[i], acc[i]);
                 continue;
             }
-            const uint t = t0 + i / nh, h = h0 + i % nh;
-            const uint base = ((t * p.group * p.n_kv + h) * p.npages + (b0 >> 8) - p.page0) * (hd + 2u);
+            const uint base = part_at(t0 + i / nh, h0 + i % nh, b0 >> 8);
             if (lid == 0u) part[base] = mp[i], part[base + 1u] = lp[i];
             for (uint r = 0u; r < 4u; r++)
                 if (lid + 64u * r < hd) part[base + 2u + lid + 64u * r] = acc[i][r];
