@@ -794,7 +794,7 @@ static void test_moe(void **state) {
     assert_int_equal(tern_vk_buf_new(vk, T * K * n * sizeof(float), &by), TERN_OK);
     assert_int_equal(tern_vk_upload(bids, 0, ids, sizeof ids), TERN_OK);
     /* the slots grouped by expert (a stable counting sort of the ids), then the tiles: each
-     * expert's run cut into tiles of up to 8 */
+     * expert's run cut into tiles of up to 8 (more than TERN_VK_MOE_ONE_SLOT slots) */
     const size_t ow = tern_vk_moe_order_words(T * K, X);
     struct tern_vk_buf *bord;
     assert_int_equal(tern_vk_buf_new(vk, ow * sizeof(uint32_t), &bord), TERN_OK);
@@ -846,6 +846,33 @@ static void test_moe(void **state) {
         }
         free(y2);
         tern_vk_buf_free(bids2), tern_vk_buf_free(by2);
+    }
+    /* at most TERN_VK_MOE_ONE_SLOT slots (one or two tokens' experts): tiles of one slot
+     * each, read by the one-slot pipeline, and the same bits as in tiles of up to 8 */
+    {
+        const size_t ns = TERN_VK_MOE_ONE_SLOT;
+        assert_true(ns < T * K && tern_vk_moe_tile(ns) == 1 && tern_vk_moe_tile(T * K) == 8);
+        uint32_t o1[3 * TERN_VK_MOE_ONE_SLOT + 1];
+        assert_int_equal(tern_vk_moe_order_words(ns, X), TERN_ARRAY_LEN(o1));
+        assert_int_equal(tern_vk_moe_group(vk, bids, bord, ns, X), TERN_OK);
+        assert_int_equal(tern_vk_download(bord, 0, o1, sizeof o1), TERN_OK);
+        assert_int_equal(o1[ns], ns);
+        size_t shared = 0;
+        for (size_t i = 0; i < ns; i++) {
+            assert_int_equal(o1[ns + 2 + 2 * i], 1);
+            assert_int_equal(o1[ns + 1 + 2 * i], i);
+            shared += i > 0 && ids[o1[i]] == ids[o1[i - 1]];
+        }
+        assert_true(shared > 0); /* an expert with several slots, read once per slot here */
+        struct tern_vk_buf *by16;
+        assert_int_equal(tern_vk_buf_new(vk, ns * n * sizeof(float), &by16), TERN_OK);
+        assert_int_equal(tern_vk_matmul_id(vk, TERN_DTYPE_Q4_K, bwt, stride, X, k, n, bids, bord, bx, K, ns, by16),
+                         TERN_OK);
+        float *y16 = malloc(ns * n * sizeof(float));
+        host_floats(by16, y16, ns * n);
+        assert_memory_equal(y16, y, ns * n * sizeof(float));
+        free(y16);
+        tern_vk_buf_free(by16);
     }
     /* a slot alone (x_div 1: its own row) gives its batch bits */
     struct tern_vk_buf *bx1 = dev_floats(x + 6 * k, k), *bid1, *by1, *bord1;

@@ -199,11 +199,16 @@ static const enum tern_dtype matmul_types[] = {
     TERN_DTYPE_Q2_K, TERN_DTYPE_Q3_K, TERN_DTYPE_IQ2_XXS, TERN_DTYPE_IQ2_XS, TERN_DTYPE_IQ2_S, TERN_DTYPE_IQ3_XXS,
     TERN_DTYPE_IQ3_S, TERN_DTYPE_IQ1_S, TERN_DTYPE_IQ1_M};
 #define N_MATMUL ((int)(sizeof matmul_types / sizeof matmul_types[0]))
+/* Tokens per workgroup of the matmul (matmul.comp's TT, a specialization constant): 8, or 1
+ * for a dispatch of one token (and the experts' matmul of at most TERN_VK_MOE_ONE_SLOT
+ * slots, whose tiles are single slots). The tile never changes a bit of an output. */
+#define MATMUL_TILE 8u
 
 /* Every pipeline: a shader, its specialization constants. Matmuls come first (plain, then
- * the experts' indexed ones); the rows operations are contiguous in rows.comp's OP order. */
+ * the experts' indexed ones, with tiles of MATMUL_TILE; then both again with tiles of one:
+ * matmul_pipe_at); the rows operations are contiguous in rows.comp's OP order. */
 enum {
-    PIPE_RMSNORM = 2 * N_MATMUL, PIPE_ADD, PIPE_SWIGLU, PIPE_SIGMOID_MUL, PIPE_ADD_BIAS, PIPE_SWIGLU_OAI, PIPE_ROPE,
+    PIPE_RMSNORM = 4 * N_MATMUL, PIPE_ADD, PIPE_SWIGLU, PIPE_SIGMOID_MUL, PIPE_ADD_BIAS, PIPE_SWIGLU_OAI, PIPE_ROPE,
     PIPE_ATTN_F32, PIPE_ATTN_F16, PIPE_KVSTORE_F32, PIPE_KVSTORE_F16, PIPE_DNCONV, PIPE_DNHEADS, PIPE_SPLIT,
     PIPE_MOE_ROUTE, PIPE_MOE_COMBINE, PIPE_MOE_GROUP, PIPE_MOE_BIAS, N_PIPES
 };
@@ -311,10 +316,10 @@ static enum tern_status make_pipe(struct tern_vk *vk, int i) {
     if (vk->pipes[i]) return TERN_OK;
     VkResult r;
     int mod;
-    uint32_t spec_val[4] = {0, 0, 0, 0};
-    if (i < 2 * N_MATMUL)
-        mod = 0, spec_val[0] = (uint32_t)matmul_types[i % N_MATMUL], spec_val[1] = i >= N_MATMUL,
-        spec_val[2] = vk->matmul_lanes, spec_val[3] = matmul_wg(vk);
+    uint32_t spec_val[5] = {0, 0, 0, 0, 0};
+    if (i < 4 * N_MATMUL)
+        mod = 0, spec_val[0] = (uint32_t)matmul_types[i % N_MATMUL], spec_val[1] = (i / N_MATMUL) & 1,
+        spec_val[2] = vk->matmul_lanes, spec_val[3] = matmul_wg(vk), spec_val[4] = i < 2 * N_MATMUL ? MATMUL_TILE : 1;
     else if (i == PIPE_RMSNORM) mod = 1;
     else if (i == PIPE_ROPE) mod = 3;
     else if (i == PIPE_ATTN_F32 || i == PIPE_ATTN_F16)
@@ -325,11 +330,12 @@ static enum tern_status make_pipe(struct tern_vk *vk, int i) {
     else if (i == PIPE_SPLIT) mod = 8;
     else if (i >= PIPE_MOE_ROUTE && i <= PIPE_MOE_BIAS) mod = 9, spec_val[0] = (uint32_t)(i - PIPE_MOE_ROUTE);
     else mod = 2, spec_val[0] = (uint32_t)(i - PIPE_ADD); /* rows.comp: add, swiglu, sigmoid-mul, bias, swiglu-oai */
-    const VkSpecializationMapEntry me[4] = {{0, 0, sizeof(uint32_t)},
+    const VkSpecializationMapEntry me[5] = {{0, 0, sizeof(uint32_t)},
                                             {1, sizeof(uint32_t), sizeof(uint32_t)},
                                             {2, 2 * sizeof(uint32_t), sizeof(uint32_t)},
-                                            {3, 3 * sizeof(uint32_t), sizeof(uint32_t)}};
-    const uint32_t n_spec = i < 2 * N_MATMUL ? 4 : i == PIPE_ATTN_F32 || i == PIPE_ATTN_F16 ? 2 : 1;
+                                            {3, 3 * sizeof(uint32_t), sizeof(uint32_t)},
+                                            {4, 4 * sizeof(uint32_t), sizeof(uint32_t)}};
+    const uint32_t n_spec = i < 4 * N_MATMUL ? 5 : i == PIPE_ATTN_F32 || i == PIPE_ATTN_F16 ? 2 : 1;
     const VkSpecializationInfo spec = {n_spec, me, n_spec * sizeof(uint32_t), spec_val};
     const VkComputePipelineCreateInfo ci = {
         .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
@@ -377,10 +383,10 @@ static enum tern_status make_pipelines(struct tern_vk *vk) {
                                               .pCode = mods[i].code};
         if ((r = vk->f.vkCreateShaderModule(vk->dev, &sci, NULL, &vk->modules[i]))) return vk_fail(vk, r, "a shader module");
     }
-    /* the matmul's pipelines (two per weight type) wait for their first use or
+    /* the matmul's pipelines (four per weight type) wait for their first use or
      * tern_vk_matmul_prepare: specialising the large matmul shader for every type a model
      * does not have cost lavapipe 1.4 s per device open */
-    for (int i = 2 * N_MATMUL; i < N_PIPES; i++)
+    for (int i = 4 * N_MATMUL; i < N_PIPES; i++)
         if ((st = make_pipe(vk, i))) return st;
     return TERN_OK;
 }
@@ -804,9 +810,7 @@ static enum tern_status record(struct tern_vk *vk, int pipe, const struct tern_v
 
 /* ---- kernels ---------------------------------------------------------------------- */
 
-/* Tokens per workgroup of the plain matmul (matmul.comp's TT) and workgroups along x
- * before the row index carries into z (GX). */
-#define MATMUL_TILE 8u
+/* Workgroups along x before the row index carries into z (matmul.comp's GX). */
 #define MATMUL_GX 1024u
 
 uint32_t tern_vk_matmul_lanes(const struct tern_vk *vk) { return vk->matmul_lanes; }
@@ -827,13 +831,19 @@ static int matmul_pipe(enum tern_dtype wtype) {
     return -1;
 }
 
+/* The pipeline of matmul_pipe's type index t, plain or indexed, with tiles of `tile` tokens
+ * or slots (MATMUL_TILE or 1). */
+static int matmul_pipe_at(int t, bool indexed, uint32_t tile) {
+    return t + (indexed ? N_MATMUL : 0) + (tile == 1 ? 2 * N_MATMUL : 0);
+}
+
 bool tern_vk_matmul_supported(enum tern_dtype wtype) { return matmul_pipe(wtype) >= 0; }
 
 enum tern_status tern_vk_matmul_prepare(struct tern_vk *vk, enum tern_dtype wtype, bool indexed) {
-    const int pipe = matmul_pipe(wtype);
-    if (pipe < 0)
-        return tern_errorf(TERN_ERR_UNSUPPORTED, "vulkan: no matmul for %s", tern_dtype_name((uint32_t)wtype));
-    return make_pipe(vk, pipe + (indexed ? N_MATMUL : 0));
+    const int t = matmul_pipe(wtype);
+    if (t < 0) return tern_errorf(TERN_ERR_UNSUPPORTED, "vulkan: no matmul for %s", tern_dtype_name((uint32_t)wtype));
+    enum tern_status st = make_pipe(vk, matmul_pipe_at(t, indexed, MATMUL_TILE));
+    return st ? st : make_pipe(vk, matmul_pipe_at(t, indexed, 1));
 }
 
 static enum tern_status check_rows(const char *op, const struct tern_vk_buf *b, size_t n_tok, size_t n);
@@ -877,7 +887,9 @@ enum tern_status tern_vk_matmul_id(struct tern_vk *vk, enum tern_dtype wtype, co
     const struct tern_vk_buf *bufs[6] = {w, x, y, ids, order, vk->iq_codes};
     uint32_t gx, gz;
     matmul_groups(vk, n, &gx, &gz);
-    return record(vk, N_MATMUL + matmul_pipe(wtype), bufs, 6, pc, sizeof pc, gx,
+    const uint32_t tile = (uint32_t)tern_vk_moe_tile(n_slots);
+    TERN_ASSERT(tile == 1 || tile == MATMUL_TILE);
+    return record(vk, matmul_pipe_at(matmul_pipe(wtype), true, tile), bufs, 6, pc, sizeof pc, gx,
                   (uint32_t)tern_vk_moe_max_tiles(n_slots, n_expert), gz);
 }
 
@@ -885,7 +897,7 @@ enum tern_status tern_vk_matmul_id(struct tern_vk *vk, enum tern_dtype wtype, co
 struct moe_pc {
     uint32_t n_tok, n_expert, n_used, norm_topk;
     float scale;
-    uint32_t n, shared_, softmax_weight;
+    uint32_t n, shared_, softmax_weight, tile;
 };
 
 enum tern_status tern_vk_moe_route(struct tern_vk *vk, struct tern_vk_buf *logits, struct tern_vk_buf *ids,
@@ -899,7 +911,7 @@ enum tern_status tern_vk_moe_route(struct tern_vk *vk, struct tern_vk_buf *logit
         return st;
     if (!n_tok) return TERN_OK;
     const struct moe_pc pc = {(uint32_t)n_tok, (uint32_t)n_expert, (uint32_t)n_used, norm_topk, scale, 0, 0,
-                              softmax_weight};
+                              softmax_weight, 0};
     const struct tern_vk_buf *bufs[3] = {logits, ids, wts};
     return record(vk, PIPE_MOE_ROUTE, bufs, 3, &pc, sizeof pc, (uint32_t)((n_tok + 63) / 64), 1, 1);
 }
@@ -913,7 +925,7 @@ enum tern_status tern_vk_moe_group(struct tern_vk *vk, const struct tern_vk_buf 
         (st = check_rows("moe slot order", order, tern_vk_moe_order_words(n_slots, n_expert), 1)))
         return st;
     if (!n_slots) return TERN_OK;
-    const struct moe_pc pc = {(uint32_t)n_slots, (uint32_t)n_expert, 1, 0, 1.0f, 0, 0, 0};
+    const struct moe_pc pc = {(uint32_t)n_slots, (uint32_t)n_expert, 1, 0, 1.0f, 0, 0, 0, (uint32_t)tern_vk_moe_tile(n_slots)};
     const struct tern_vk_buf *bufs[7] = {order, ids, order, order, order, order, order};
     return record(vk, PIPE_MOE_GROUP, bufs, 7, &pc, sizeof pc, 1, 1, 1);
 }
@@ -930,7 +942,7 @@ enum tern_status tern_vk_moe_combine(struct tern_vk *vk, struct tern_vk_buf *y, 
         (sw && (st = check_rows("moe shared gate", sw, n_tok, 1))))
         return st;
     if (!n_tok || !n) return TERN_OK;
-    const struct moe_pc pc = {(uint32_t)n_tok, 0, (uint32_t)n_used, 0, 1.0f, (uint32_t)n, sd != NULL, 0};
+    const struct moe_pc pc = {(uint32_t)n_tok, 0, (uint32_t)n_used, 0, 1.0f, (uint32_t)n, sd != NULL, 0, 0};
     const struct tern_vk_buf *bufs[6] = {y, wts, wts, sd ? sd : y, sw ? sw : y, d};
     return record(vk, PIPE_MOE_COMBINE, bufs, 6, &pc, sizeof pc, (uint32_t)((n + 63) / 64), (uint32_t)n_tok, 1);
 }
@@ -945,7 +957,7 @@ enum tern_status tern_vk_moe_expert_bias(struct tern_vk *vk, struct tern_vk_buf 
         (st = check_rows("moe expert biases", bias, n_expert, n)))
         return st;
     if (!n_slots || !n) return TERN_OK;
-    const struct moe_pc pc = {(uint32_t)n_slots, (uint32_t)n_expert, 1, 0, 1.0f, (uint32_t)n, 0, 0};
+    const struct moe_pc pc = {(uint32_t)n_slots, (uint32_t)n_expert, 1, 0, 1.0f, (uint32_t)n, 0, 0, 0};
     const struct tern_vk_buf *bufs[8] = {y, ids, y, y, y, y, y, bias};
     return record(vk, PIPE_MOE_BIAS, bufs, 8, &pc, sizeof pc, (uint32_t)((n + 63) / 64), (uint32_t)n_slots, 1);
 }
@@ -953,7 +965,6 @@ enum tern_status tern_vk_moe_expert_bias(struct tern_vk *vk, struct tern_vk_buf 
 enum tern_status tern_vk_matmul(struct tern_vk *vk, enum tern_dtype wtype, const struct tern_vk_buf *w,
                                 size_t k, size_t n, const struct tern_vk_buf *x, size_t n_tok,
                                 struct tern_vk_buf *y) {
-    const int pipe = matmul_pipe(wtype);
     uint64_t rb;
     enum tern_status st = matmul_check(wtype, k, n, n_tok, &rb);
     if (st) return st;
@@ -962,10 +973,13 @@ enum tern_status tern_vk_matmul(struct tern_vk *vk, enum tern_dtype wtype, const
     if (n == 0 || n_tok == 0) return TERN_OK;
     const uint32_t pc[4] = {(uint32_t)k, (uint32_t)n, (uint32_t)n_tok, (uint32_t)rb};
     const struct tern_vk_buf *bufs[6] = {w, x, y, w, w, vk->iq_codes}; /* 3, 4: unused here */
-    /* matmul.comp: a workgroup per matmul_wg / lanes rows and tile of MATMUL_TILE tokens */
+    /* matmul.comp: a workgroup per matmul_wg / lanes rows and tile of MATMUL_TILE tokens (a
+     * single token: the one-token pipeline) */
+    const uint32_t tile = n_tok == 1 ? 1 : MATMUL_TILE;
     uint32_t gx, gz;
     matmul_groups(vk, n, &gx, &gz);
-    return record(vk, pipe, bufs, 6, pc, sizeof pc, gx, (uint32_t)((n_tok + MATMUL_TILE - 1) / MATMUL_TILE), gz);
+    return record(vk, matmul_pipe_at(matmul_pipe(wtype), false, tile), bufs, 6, pc, sizeof pc, gx,
+                  (uint32_t)((n_tok + tile - 1) / tile), gz);
 }
 
 static enum tern_status check_rows(const char *op, const struct tern_vk_buf *b, size_t n_tok, size_t n) {

@@ -110,7 +110,7 @@ enum tern_status tern_vk_matmul(struct tern_vk *vk, enum tern_dtype wtype, const
  * y[s * n + r] = dot(row r of expert ids[s], x row s / x_div) (ids: n_slots uint32; x_div
  * = n_used when a token's slots share its input row, 1 when each slot has its own). order
  * is tern_vk_moe_group's (tern_vk_moe_order_words): the slots grouped by expert and cut
- * into tiles of up to 8 slots of one expert, each tile a workgroup that reads the expert's
+ * into tiles of up to tern_vk_moe_tile(n_slots) slots of one expert, each tile a workgroup that reads the expert's
  * rows once for all its slots (neighbouring workgroups read the same expert). The tile
  * decides which workgroup computes a slot and beside which others, never its bits: the
  * same fixed-order reduction as tern_vk_matmul, so a slot's row does not depend on the
@@ -125,16 +125,24 @@ enum tern_status tern_vk_matmul_id(struct tern_vk *vk, enum tern_dtype wtype, co
  * expert in slot order (a stable counting sort on the device, as the CPU groups them); ids
  * past n_expert last. Then the experts' matmul's tiles: order[n_slots] = how many, then a
  * (first index into the grouping, count) pair per tile, each expert's run cut into tiles of
- * up to 8. order holds tern_vk_moe_order_words(n_slots, n_expert) uint32. At most 1024
- * experts. */
+ * up to tern_vk_moe_tile(n_slots). order holds tern_vk_moe_order_words(n_slots, n_expert)
+ * uint32. At most 1024 experts. */
+#define TERN_VK_MOE_ONE_SLOT 16
+/* Slots per tile: 8, or 1 for at most TERN_VK_MOE_ONE_SLOT slots — one token's experts
+ * (distinct, so its tiles have a slot each anyway), or two tokens', where an expert they
+ * share is read twice by the matmul's one-slot pipeline instead of once by the 8-slot one. */
+static inline size_t tern_vk_moe_tile(size_t n_slots) { return n_slots <= TERN_VK_MOE_ONE_SLOT ? 1 : 8; }
 static inline size_t tern_vk_moe_max_tiles(size_t n_slots, size_t n_expert) {
-    /* a run per expert (and one of bad ids), each cut into tiles of up to 8 */
-    const size_t runs = n_expert + 1 < n_slots ? n_expert + 1 : n_slots;
-    const size_t tiles = (n_slots + 7) / 8 + runs;
+    /* a run per expert (and one of bad ids), each cut into tiles of up to tern_vk_moe_tile */
+    const size_t t = tern_vk_moe_tile(n_slots), runs = n_expert + 1 < n_slots ? n_expert + 1 : n_slots;
+    const size_t tiles = (n_slots + t - 1) / t + runs;
     return tiles < n_slots ? tiles : n_slots;
 }
+/* Room for a tile per slot, whatever the tile size: a buffer made for n slots holds the
+ * order of any dispatch of fewer (the tile-bound count is not monotone in n_slots). */
 static inline size_t tern_vk_moe_order_words(size_t n_slots, size_t n_expert) {
-    return n_slots + 1 + 2 * tern_vk_moe_max_tiles(n_slots, n_expert);
+    (void)n_expert;
+    return 3 * n_slots + 1;
 }
 enum tern_status tern_vk_moe_group(struct tern_vk *vk, const struct tern_vk_buf *ids, struct tern_vk_buf *order,
                                    size_t n_slots, size_t n_expert);

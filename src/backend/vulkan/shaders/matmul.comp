@@ -177,8 +177,11 @@ uint lowbit_bytes() {
 
 // A tile: one invocation computes row r for up to TT tokens (the INDEXED matmul: up to TT
 // slots of one expert), decoding each weight once for all of them. What an output computes does not
-// change with the tile: the same products and sums in the same order as alone.
-const uint TT = 8u;
+// change with the tile: the same products and sums in the same order as alone. TT is 8, or 1
+// for a dispatch of one token (decode; vulkan.c): a one-token pipeline keeps one sum per
+// lane instead of eight (fewer registers on a GPU, and on lavapipe, which runs every
+// iteration of the tile's loops masked, 2-2.5x less time per decoded token).
+layout(constant_id = 4) const uint TT = 8u;
 uint nt;       // tokens in this tile (1..TT)
 uint xo[TT];   // their x rows' offsets
 uint yr[TT];   // their y rows

@@ -13,7 +13,7 @@
 //              counting sort, so the order is a function of the ids alone. Ids past
 //              n_expert go last. Then the tiles of the experts' matmul: order[n_tok] = their
 //              count, then (start, count) per tile, each expert's run cut into tiles of
-//              up to 8 consecutive slots (the matmul's tile), in order.
+//              up to `tile` consecutive slots (the matmul's tile: 8, or 1), in order.
 //   3 bias:    one invocation per element of n_tok slot rows of n: y[s][i] += eb[ids[s]][i],
 //              the expert's own bias row (gpt-oss's gate, up and down biases); an id past
 //              n_expert gives NaN, never a read outside eb.
@@ -39,6 +39,7 @@ layout(push_constant) uniform P {
     uint n;         // combine: the row length
     uint shared_;   // combine: add the shared expert
     uint softmax_weight; // route: gpt-oss's gate
+    uint tile;      // group: slots per tile (8, or 1: tern_vk_moe_tile)
 } p;
 
 // The softmax over the X logits from lo, in place (the CPU's order).
@@ -122,11 +123,12 @@ void group() {
         order[start[e]++] = s;
     }
     // start[e] is now the end of expert e's run (the bucket of bad ids last)
+    const uint tile = max(p.tile, 1u);
     uint n_tiles = 0u, from = 0u;
     for (uint e = 0; e <= p.n_expert; e++) {
-        for (uint i = from; i < start[e]; i += 8u) {
+        for (uint i = from; i < start[e]; i += tile) {
             order[p.n_tok + 1u + 2u * n_tiles] = i;
-            order[p.n_tok + 2u + 2u * n_tiles] = min(8u, start[e] - i);
+            order[p.n_tok + 2u + 2u * n_tiles] = min(tile, start[e] - i);
             n_tiles++;
         }
         from = start[e];
