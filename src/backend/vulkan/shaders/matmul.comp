@@ -47,6 +47,9 @@ layout(constant_id = 0) const uint WTYPE = 0;
 layout(constant_id = 1) const uint INDEXED = 0;
 
 layout(std430, binding = 0) readonly buffer W { uint w[]; };
+// The same weights as 16-byte words (an alias of binding 0): Q4_K and Q5_K read their
+// 32-byte runs of nibbles and fifth bits with two such loads (load32).
+layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
 layout(std430, binding = 1) readonly buffer X { float x[]; };
 layout(std430, binding = 2) writeonly buffer Y { float y[]; };
 layout(std430, binding = 3) readonly buffer I { uint ids[]; };
@@ -73,6 +76,29 @@ int sbyte(uint o) { const uint u = wbyte(o); return int(u) - int((u & 0x80u) << 
 uint whalf(uint o) { return (w[o >> 2] >> ((o & 2u) * 8u)) & 0xffffu; }
 // The 32-bit little-endian value at any byte offset.
 uint wword(uint o) { return wbyte(o) | (wbyte(o + 1u) << 8) | (wbyte(o + 2u) << 16) | (wbyte(o + 3u) << 24); }
+
+// The 32 bytes at byte offset o as eight words: two 16-byte loads where o is a multiple of
+// 16 (Q4_K and Q5_K blocks are 144 and 176 bytes, so in every row of a matrix, and of an
+// expert whose stride keeps it so); else the eight or nine words that hold them, shifted
+// into place (Q6_K's 210-byte blocks): the same bytes either way.
+void load32(uint o, out uint v[8]) {
+    const uint b = o >> 2, sh = (o & 3u) * 8u;
+    if ((o & 15u) == 0u) {
+        const uvec4 a = w4[o >> 4], c = w4[(o >> 4) + 1u];
+        v = uint[8](a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w);
+    } else if (sh == 0u) {
+        for (uint t = 0u; t < 8u; t++) v[t] = w[b + t];
+    } else {
+        uint lo = w[b];
+        for (uint t = 0u; t < 8u; t++) {
+            const uint hi = w[b + t + 1u]; // within the 32 bytes' last word
+            v[t] = (lo >> sh) | (hi << (32u - sh));
+            lo = hi;
+        }
+    }
+}
+// Byte l (0..31) of load32's words.
+#define BYTE32(v, l) (((v)[(l) >> 2] >> (((l) & 3u) * 8u)) & 0xffu)
 
 // IQ4_NL / IQ4_XS: a 4-bit index stands for one of these levels (a fact of the format).
 const int IQ4_LEVELS[16] = int[16](-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
@@ -283,35 +309,46 @@ void main() {
         }
     } else if (WTYPE == 12) { // Q4_K: d, dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles
         const uint nb = p.k / 256u;
-        for (uint c = lane; c < nb * 8u; c += LANES) { // chunk c: block c / 8, its elements 32 (c % 8) ..
-            const uint b = c >> 3, i0 = (c & 7u) * 32u;
+        // Chunk c is sub-block sb = c % 8 of block c / 8: its scale and min, its 32 nibbles
+        // (the low or high halves of the 32 bytes of pair sb / 2) read once per chunk. Each
+        // weight is (d sc) q - dmin mn, as ggml forms it, then summed in element order.
+        for (uint c = lane; c < nb * 8u; c += LANES) {
+            const uint b = c >> 3, sb = c & 7u, hi = sb & 1u;
             const uint bo = ro + b * 144u;
             const float d = unpackHalf2x16(whalf(bo)).x;
             const float dmin = unpackHalf2x16(whalf(bo + 2u)).x;
+            uint sc, mn;
+            k_scale_min(bo + 4u, sb, sc, mn);
+            precise const float dsc = d * float(sc), dmn = dmin * float(mn);
+            uint qs[8];
+            load32(bo + 16u + 32u * (sb >> 1), qs);
             BLOCK_BEGIN
-            for (uint i = i0; i < i0 + 32u; i++) {
-                const uint j = i >> 6, hi = (i >> 5) & 1u, l = i & 31u, sb = 2u * j + hi;
-                uint sc, mn;
-                k_scale_min(bo + 4u, sb, sc, mn);
-                const uint q = (wbyte(bo + 16u + 32u * j + l) >> (hi * 4u)) & 15u;
-                ADD((d * float(sc)) * float(q) - dmin * float(mn), b * 256u + i)
+            for (uint l = 0u; l < 32u; l++) {
+                const uint q = (BYTE32(qs, l) >> (hi * 4u)) & 15u;
+                ADD(dsc * float(q) - dmn, b * 256u + sb * 32u + l)
             }
             BLOCK_END1
         }
     } else if (WTYPE == 14) { // Q6_K: 128 bytes low nibbles, 64 bytes high 2-bits, 16 int8 scales, d
         const uint nb = p.k / 256u;
-        for (uint c = lane; c < nb * 8u; c += LANES) { // chunk c: block c / 8, its elements 32 (c % 8) ..
-            const uint b = c >> 3, i0 = (c & 7u) * 32u;
+        // Chunk c: elements 32 (c % 8) .. of block c / 8, in half n = (c % 8) / 4, quarter
+        // qt = c % 4: low nibbles from 32 bytes at 64 n + 32 (qt % 2) (shifted by 4 (qt / 2)),
+        // high bits from the 32 at 128 + 32 n (shifted by 2 qt), scales 8 n + 2 qt and the
+        // next (16 elements each). Each weight (d sc) q, as ggml forms it.
+        for (uint c = lane; c < nb * 8u; c += LANES) {
+            const uint b = c >> 3, n = (c & 7u) >> 2, qt = c & 3u;
             const uint bo = ro + b * 210u;
             const float d = unpackHalf2x16(whalf(bo + 208u)).x;
+            precise const float ds0 = d * float(sbyte(bo + 192u + 8u * n + 2u * qt));
+            precise const float ds1 = d * float(sbyte(bo + 193u + 8u * n + 2u * qt));
+            uint ql[8], qh[8];
+            load32(bo + 64u * n + 32u * (qt & 1u), ql);
+            load32(bo + 128u + 32u * n, qh);
             BLOCK_BEGIN
-            for (uint i = i0; i < i0 + 32u; i++) {
-                const uint n = i >> 7, rr = i & 127u, qt = rr >> 5, l = rr & 31u;
-                const uint lo = (wbyte(bo + 64u * n + l + (qt & 1u) * 32u) >> ((qt >> 1) * 4u)) & 15u;
-                const uint hb = (wbyte(bo + 128u + 32u * n + l) >> (2u * qt)) & 3u;
-                const int q = int(lo | (hb << 4)) - 32;
-                const float sc = float(sbyte(bo + 192u + 8u * n + (l >> 4) + 2u * qt));
-                ADD((d * sc) * float(q), b * 256u + i)
+            for (uint l = 0u; l < 32u; l++) {
+                const uint lo = (BYTE32(ql, l) >> ((qt >> 1) * 4u)) & 15u;
+                const uint hb = (BYTE32(qh, l) >> (2u * qt)) & 3u;
+                ADD((l < 16u ? ds0 : ds1) * float(int(lo | (hb << 4)) - 32), b * 256u + (c & 7u) * 32u + l)
             }
             BLOCK_END1
         }
@@ -392,19 +429,22 @@ void main() {
         }
     } else if (WTYPE == 13) { // Q5_K: d, dmin, 12 bytes of scales/mins, 32 bytes of fifth bits, 128 of nibbles
         const uint nb = p.k / 256u;
-        for (uint c = lane; c < nb * 8u; c += LANES) { // chunk c: block c / 8, its elements 32 (c % 8) ..
-            const uint b = c >> 3, i0 = (c & 7u) * 32u;
+        // As Q4_K, with the fifth bit of element l from bit sb of byte l of the 32 qh bytes.
+        for (uint c = lane; c < nb * 8u; c += LANES) {
+            const uint b = c >> 3, sb = c & 7u, hi = sb & 1u;
             const uint bo = ro + b * 176u;
             const float d = unpackHalf2x16(whalf(bo)).x;
             const float dmin = unpackHalf2x16(whalf(bo + 2u)).x;
+            uint sc, mn;
+            k_scale_min(bo + 4u, sb, sc, mn);
+            precise const float dsc = d * float(sc), dmn = dmin * float(mn);
+            uint qs[8], qh[8];
+            load32(bo + 48u + 32u * (sb >> 1), qs);
+            load32(bo + 16u, qh);
             BLOCK_BEGIN
-            for (uint i = i0; i < i0 + 32u; i++) {
-                const uint j = i >> 6, hi = (i >> 5) & 1u, l = i & 31u, sb = 2u * j + hi;
-                uint sc, mn;
-                k_scale_min(bo + 4u, sb, sc, mn);
-                const uint lo = (wbyte(bo + 48u + 32u * j + l) >> (hi * 4u)) & 15u;
-                const uint q = lo | (((wbyte(bo + 16u + l) >> sb) & 1u) << 4);
-                ADD((d * float(sc)) * float(q) - dmin * float(mn), b * 256u + i)
+            for (uint l = 0u; l < 32u; l++) {
+                const uint q = ((BYTE32(qs, l) >> (hi * 4u)) & 15u) | (((BYTE32(qh, l) >> sb) & 1u) << 4);
+                ADD(dsc * float(q) - dmn, b * 256u + sb * 32u + l)
             }
             BLOCK_END1
         }
