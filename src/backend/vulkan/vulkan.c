@@ -925,7 +925,8 @@ enum tern_status tern_vk_moe_group(struct tern_vk *vk, const struct tern_vk_buf 
         (st = check_rows("moe slot order", order, tern_vk_moe_order_words(n_slots, n_expert), 1)))
         return st;
     if (!n_slots) return TERN_OK;
-    const struct moe_pc pc = {(uint32_t)n_slots, (uint32_t)n_expert, 1, 0, 1.0f, 0, 0, 0, (uint32_t)tern_vk_moe_tile(n_slots)};
+    const struct moe_pc pc = {(uint32_t)n_slots, (uint32_t)n_expert, 1, 0, 1.0f, 0, 0, 0,
+                              (uint32_t)tern_vk_moe_tile(n_slots)};
     const struct tern_vk_buf *bufs[7] = {order, ids, order, order, order, order, order};
     return record(vk, PIPE_MOE_GROUP, bufs, 7, &pc, sizeof pc, 1, 1, 1);
 }

@@ -110,12 +110,12 @@ enum tern_status tern_vk_matmul(struct tern_vk *vk, enum tern_dtype wtype, const
  * y[s * n + r] = dot(row r of expert ids[s], x row s / x_div) (ids: n_slots uint32; x_div
  * = n_used when a token's slots share its input row, 1 when each slot has its own). order
  * is tern_vk_moe_group's (tern_vk_moe_order_words): the slots grouped by expert and cut
- * into tiles of up to tern_vk_moe_tile(n_slots) slots of one expert, each tile a workgroup that reads the expert's
- * rows once for all its slots (neighbouring workgroups read the same expert). The tile
- * decides which workgroup computes a slot and beside which others, never its bits: the
- * same fixed-order reduction as tern_vk_matmul, so a slot's row does not depend on the
- * other slots. An id past n_expert gives NaN rows, never a read outside w; a malformed
- * tile computes nothing. Errors as tern_vk_matmul's; more than 1024 experts or 4 GiB of
+ * into tiles of up to tern_vk_moe_tile(n_slots) slots of one expert, each tile a workgroup
+ * that reads the expert's rows once for all its slots (neighbouring workgroups read the
+ * same expert). The tile decides which workgroup computes a slot and beside which
+ * others, never its bits: the same fixed-order reduction as tern_vk_matmul, so a slot's
+ * row does not depend on the other slots. An id past n_expert gives NaN rows, never a
+ * read outside w; a malformed tile computes nothing. Errors as tern_vk_matmul's; more than 1024 experts or 4 GiB of
  * them, an order too small (TERN_ERR_RANGE). */
 enum tern_status tern_vk_matmul_id(struct tern_vk *vk, enum tern_dtype wtype, const struct tern_vk_buf *w,
                                    size_t expert_stride, size_t n_expert, size_t k, size_t n,
