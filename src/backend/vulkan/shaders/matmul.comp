@@ -145,20 +145,8 @@ bool sign7(uint s7, uint e) { return e < 7u ? ((s7 >> e) & 1u) != 0u : (bitCount
 
 // Weight i (0..255) of the low-bit super-block at bo, as ggml's dequantize_row_* forms it.
 float lowbit_weight(uint bo, uint i) {
-    const uint j = i >> 4, ib = i >> 5, g = (i >> 3) & 3u, e = i & 7u;
-    if (WTYPE == 10) { // Q2_K: 16 scales, 64 bytes of 2-bit levels, d, dmin
-        const uint sc = wbyte(bo + j), h = i >> 7, jj = (i & 127u) >> 5, l = i & 31u;
-        const uint q = (wbyte(bo + 16u + 32u * h + l) >> (2u * jj)) & 3u;
-        const float d = unpackHalf2x16(whalf(bo + 80u)).x, dmin = unpackHalf2x16(whalf(bo + 82u)).x;
-        return (d * float(sc & 15u)) * float(q) - dmin * float(sc >> 4);
-    } else if (WTYPE == 11) { // Q3_K: hmask, 2-bit levels, 12 bytes of 6-bit scales, d
-        const uint h = i >> 7, jj = (i & 127u) >> 5, l = i & 31u;
-        const uint lo = (wbyte(bo + 96u + (j & 7u)) >> (4u * (j >> 3))) & 15u;
-        const uint hi = (wbyte(bo + 104u + (j & 3u)) >> (2u * (j >> 2))) & 3u;
-        const int q = int((wbyte(bo + 32u + 32u * h + l) >> (2u * jj)) & 3u) -
-                      (((wbyte(bo + l) >> (4u * h + jj)) & 1u) != 0u ? 0 : 4);
-        return (unpackHalf2x16(whalf(bo + 108u)).x * float(int(lo | (hi << 4)) - 32)) * float(q);
-    } else if (WTYPE == 16 || WTYPE == 17 || WTYPE == 22) { // IQ2_XXS, IQ2_XS, IQ2_S
+    const uint ib = i >> 5, g = (i >> 3) & 3u, e = i & 7u;
+    if (WTYPE == 16 || WTYPE == 17 || WTYPE == 22) { // IQ2_XXS, IQ2_XS, IQ2_S
         uint idx, signs, ls;
         if (WTYPE == 16) {
             const uint aux = wword(bo + 6u + 8u * ib);
@@ -211,8 +199,8 @@ float lowbit_weight(uint bo, uint i) {
 
 // Bytes of a low-bit super-block.
 uint lowbit_bytes() {
-    return WTYPE == 10 ? 84u : WTYPE == 11 ? 110u : WTYPE == 16 ? 66u : WTYPE == 17 ? 74u : WTYPE == 22 ? 82u
-         : WTYPE == 18 ? 98u : WTYPE == 21 ? 110u : WTYPE == 19 ? 50u : 56u;
+    return WTYPE == 16 ? 66u : WTYPE == 17 ? 74u : WTYPE == 22 ? 82u : WTYPE == 18 ? 98u : WTYPE == 21 ? 110u
+         : WTYPE == 19 ? 50u : 56u;
 }
 
 // A tile: one invocation computes row r for up to TT tokens (the INDEXED matmul: up to TT
@@ -481,8 +469,55 @@ void main() {
             }
             BLOCK_END1
         }
-    } else if (WTYPE == 10 || WTYPE == 11 || WTYPE == 16 || WTYPE == 17 || WTYPE == 22 || WTYPE == 18 ||
-               WTYPE == 21 || WTYPE == 19 || WTYPE == 29) { // the low-bit types: weight by weight
+    } else if (WTYPE == 10 || WTYPE == 11) {
+        // Q2_K (84 bytes: 16 scale bytes, 64 bytes of 2-bit levels, d, dmin) and Q3_K (110:
+        // 32 bytes of high bits, 64 of 2-bit levels, 12 of 6-bit scales, d). Chunk c is
+        // elements 32 (c % 8) .. of block c / 8: half h = (c % 8) / 4, step jj = c % 4, so its
+        // levels are bits 2 jj of the 32 bytes at h; scales 2 (c % 8) and the next (16
+        // elements each). Each weight as ggml forms it: Q2_K (d sc) q - dmin m, Q3_K
+        // (d (s - 32)) (q - 4 [high bit clear]).
+        const uint nb = p.k / 256u, bb = WTYPE == 10 ? 84u : 110u;
+        for (uint c = lane; c < nb * 8u; c += LANES) {
+            const uint b = c >> 3, h = (c & 7u) >> 2, jj = c & 3u, j0 = 2u * (c & 7u);
+            const uint bo = ro + b * bb;
+            uint qs[8], hm[8];
+            float dl[2], ml[2];
+            if (WTYPE == 10) {
+                const float d = unpackHalf2x16(whalf(bo + 80u)).x, dmin = unpackHalf2x16(whalf(bo + 82u)).x;
+                for (uint t = 0u; t < 2u; t++) {
+                    const uint sc = wbyte(bo + j0 + t);
+                    precise const float a = d * float(sc & 15u), m = dmin * float(sc >> 4);
+                    dl[t] = a;
+                    ml[t] = m;
+                }
+                load32(bo + 16u + 32u * h, qs);
+            } else {
+                const float d = unpackHalf2x16(whalf(bo + 108u)).x;
+                for (uint t = 0u; t < 2u; t++) {
+                    const uint j = j0 + t;
+                    const uint lo = (wbyte(bo + 96u + (j & 7u)) >> (4u * (j >> 3))) & 15u;
+                    const uint hi = (wbyte(bo + 104u + (j & 3u)) >> (2u * (j >> 2))) & 3u;
+                    precise const float a = d * float(int(lo | (hi << 4)) - 32);
+                    dl[t] = a;
+                    ml[t] = 0.0;
+                }
+                load32(bo + 32u + 32u * h, qs);
+                load32(bo, hm);
+            }
+            BLOCK_BEGIN
+            for (uint l = 0u; l < 32u; l++) {
+                const uint u = (VBYTE(qs, l) >> (2u * jj)) & 3u;
+                if (WTYPE == 10) {
+                    ADD(dl[l >> 4] * float(u) - ml[l >> 4], b * 256u + (c & 7u) * 32u + l)
+                } else {
+                    const int q = int(u) - (((VBYTE(hm, l) >> (4u * h + jj)) & 1u) != 0u ? 0 : 4);
+                    ADD(dl[l >> 4] * float(q), b * 256u + (c & 7u) * 32u + l)
+                }
+            }
+            BLOCK_END1
+        }
+    } else if (WTYPE == 16 || WTYPE == 17 || WTYPE == 22 || WTYPE == 18 || WTYPE == 21 || WTYPE == 19 ||
+               WTYPE == 29) { // the I-quants: weight by weight
         const uint nb = p.k / 256u, bb = lowbit_bytes();
         for (uint c = lane; c < nb * 8u; c += LANES) { // chunk c: block c / 8, its elements 32 (c % 8) ..
             const uint b = c >> 3, i0 = (c & 7u) * 32u;
