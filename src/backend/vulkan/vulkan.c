@@ -202,7 +202,7 @@ static const enum tern_dtype matmul_types[] = {
 /* Tokens per workgroup of the matmul (matmul.comp's TT, a specialization constant): 8, or 1
  * for a dispatch of one token (and the experts' matmul of at most TERN_VK_MOE_ONE_SLOT
  * slots, whose tiles are single slots). The tile never changes a bit of an output. */
-#define MATMUL_TILE 8u
+#define MATMUL_TILE ((uint32_t)TERN_VK_MATMUL_TILE)
 
 /* Every pipeline: a shader, its specialization constants. Matmuls come first (plain, then
  * the experts' indexed ones, with tiles of MATMUL_TILE; then both again with tiles of one:
@@ -888,7 +888,6 @@ enum tern_status tern_vk_matmul_id(struct tern_vk *vk, enum tern_dtype wtype, co
     uint32_t gx, gz;
     matmul_groups(vk, n, &gx, &gz);
     const uint32_t tile = (uint32_t)tern_vk_moe_tile(n_slots);
-    TERN_ASSERT(tile == 1 || tile == MATMUL_TILE);
     return record(vk, matmul_pipe_at(matmul_pipe(wtype), true, tile), bufs, 6, pc, sizeof pc, gx,
                   (uint32_t)tern_vk_moe_max_tiles(n_slots, n_expert), gz);
 }

@@ -128,10 +128,14 @@ enum tern_status tern_vk_matmul_id(struct tern_vk *vk, enum tern_dtype wtype, co
  * up to tern_vk_moe_tile(n_slots). order holds tern_vk_moe_order_words(n_slots, n_expert)
  * uint32. At most 1024 experts. */
 #define TERN_VK_MOE_ONE_SLOT 16
-/* Slots per tile: 8, or 1 for at most TERN_VK_MOE_ONE_SLOT slots — one token's experts
+/* Tokens (or one expert's slots) per workgroup of the matmul: matmul.comp's TT. */
+#define TERN_VK_MATMUL_TILE 8
+/* Slots per tile: TERN_VK_MATMUL_TILE, or 1 for at most TERN_VK_MOE_ONE_SLOT slots — one token's experts
  * (distinct, so its tiles have a slot each anyway), or two tokens', where an expert they
  * share is read twice by the matmul's one-slot pipeline instead of once by the 8-slot one. */
-static inline size_t tern_vk_moe_tile(size_t n_slots) { return n_slots <= TERN_VK_MOE_ONE_SLOT ? 1 : 8; }
+static inline size_t tern_vk_moe_tile(size_t n_slots) {
+    return n_slots <= TERN_VK_MOE_ONE_SLOT ? 1 : TERN_VK_MATMUL_TILE;
+}
 static inline size_t tern_vk_moe_max_tiles(size_t n_slots, size_t n_expert) {
     /* a run per expert (and one of bad ids), each cut into tiles of up to tern_vk_moe_tile */
     const size_t t = tern_vk_moe_tile(n_slots), runs = n_expert + 1 < n_slots ? n_expert + 1 : n_slots;
