@@ -585,7 +585,6 @@ struct w_tiles {
     tern_matmul_fn avx2;                    /* single tokens, the last odd row, other k */
     w_gemv_fn gemv;                         /* single tokens where not NULL (k a multiple of k_multiple) */
     bool wide_gemv;                         /* single tokens (gemv NULL) on the tiles' one-token column */
-    int gemv_rp;                            /* row pairs of that column's tiles (0: rp) */
 };
 
 static void w_drive(const struct w_tiles *tl, const void *wv, size_t wrb, size_t k, const void *av, size_t arb,
@@ -600,9 +599,11 @@ static void w_drive(const struct w_tiles *tl, const void *wv, size_t wrb, size_t
     }
     const uint8_t *w = wv;
     const uint8_t *a = av;
-    /* the one-token column may take fewer rows at a time: F16 and BF16 decode run faster on
-     * 4 rows than on 6 (Zen 5: 28 -> 30 t/s with one thread, 50 -> 55 with two), Q8_0 slower */
-    const size_t RP = (size_t)(n_tok == 1 && tl->gemv_rp ? tl->gemv_rp : tl->rp), T = (size_t)tl->t;
+    /* every type's one-token column takes as many rows as its batches' tiles: F16 and BF16
+     * once ran decode on 4 rows, faster then than 6, but on the Zen 5 guest of 2026-12-07 6
+     * rows were faster (Qwen3.5-0.8B F16, one thread: 1.12x, bench/vs-llama.sh --tern-base;
+     * two threads 1.06-1.10x; bench-kernels F16 248320x1024: 22-24 -> 24-27 GB/s) */
+    const size_t RP = (size_t)tl->rp, T = (size_t)tl->t;
     const size_t r_even = r0 + (r1 - r0) / 2 * 2;
     size_t tb = AVX2_ACT_BLOCK_BYTES / (arb ? arb : 1);
     tb = tb < T ? T : tb / T * T;
@@ -641,13 +642,12 @@ static void w_drive(const struct w_tiles *tl, const void *wv, size_t wrb, size_t
 #define W_TILES2(name, body, T, kmul, avx2fn, gemvfn)                                                        \
     W_ROW##T(body, 1) W_ROW##T(body, 2)                                                                      \
     static const struct w_tiles name##_tiles = {                                                             \
-        {W_SLOTS##T(body, 1), W_SLOTS##T(body, 2)}, 2, T, kmul, avx2fn, gemvfn, false, 0};                   \
+        {W_SLOTS##T(body, 1), W_SLOTS##T(body, 2)}, 2, T, kmul, avx2fn, gemvfn, false};                      \
     W_ENTRY(name)
-#define W_TILES3(name, body, T, kmul, avx2fn, wide, gemv_rp)                                                 \
+#define W_TILES3(name, body, T, kmul, avx2fn, wide)                                                          \
     W_ROW##T(body, 1) W_ROW##T(body, 2) W_ROW##T(body, 3)                                                    \
     static const struct w_tiles name##_tiles = {                                                             \
-        {W_SLOTS##T(body, 1), W_SLOTS##T(body, 2), W_SLOTS##T(body, 3)}, 3, T, kmul, avx2fn, NULL, wide,     \
-        gemv_rp};                                                                                           \
+        {W_SLOTS##T(body, 1), W_SLOTS##T(body, 2), W_SLOTS##T(body, 3)}, 3, T, kmul, avx2fn, NULL, wide};    \
     W_ENTRY(name)
 
 #define Q8_0_W(RP, T, ...) q32_wtile(K_Q8_0, RP, T, __VA_ARGS__)
@@ -664,15 +664,15 @@ static void w_drive(const struct w_tiles *tl, const void *wv, size_t wrb, size_t
 #define Q6_K_W(RP, T, ...) q6k_wtile(RP, T, __VA_ARGS__)
 #define MXFP4_W(RP, T, ...) q32_wtile(K_MXFP4, RP, T, __VA_ARGS__)
 
-W_TILES3(tern_avx512_matmul_q8_0, Q8_0_W, 4, TERN_QK, tern_avx2_matmul_q8_0, true, 0)
-W_TILES3(tern_avx512_matmul_mxfp4, MXFP4_W, 4, TERN_QK, tern_avx2_matmul_mxfp4, true, 0)
-W_TILES3(tern_avx512_matmul_q4_0, Q4_0_W, 4, TERN_QK, tern_avx2_matmul_q4_0, true, 0)
-W_TILES3(tern_avx512_matmul_q5_0, Q5_0_W, 4, TERN_QK, tern_avx2_matmul_q5_0, true, 0)
-W_TILES3(tern_avx512_matmul_q4_1, Q4_1_W, 4, TERN_QK, tern_avx2_matmul_q4_1, true, 0)
-W_TILES3(tern_avx512_matmul_q5_1, Q5_1_W, 4, TERN_QK, tern_avx2_matmul_q5_1, true, 0)
-W_TILES3(tern_avx512_matmul_iq4_nl, IQ4_NL_W, 4, TERN_QK, tern_avx2_matmul_iq4_nl, true, 0)
-W_TILES3(tern_avx512_matmul_f16, F16_W, 6, 8, tern_avx2_matmul_f16, true, 2)
-W_TILES3(tern_avx512_matmul_bf16, BF16_W, 6, 8, tern_avx2_matmul_bf16, true, 2)
+W_TILES3(tern_avx512_matmul_q8_0, Q8_0_W, 4, TERN_QK, tern_avx2_matmul_q8_0, true)
+W_TILES3(tern_avx512_matmul_mxfp4, MXFP4_W, 4, TERN_QK, tern_avx2_matmul_mxfp4, true)
+W_TILES3(tern_avx512_matmul_q4_0, Q4_0_W, 4, TERN_QK, tern_avx2_matmul_q4_0, true)
+W_TILES3(tern_avx512_matmul_q5_0, Q5_0_W, 4, TERN_QK, tern_avx2_matmul_q5_0, true)
+W_TILES3(tern_avx512_matmul_q4_1, Q4_1_W, 4, TERN_QK, tern_avx2_matmul_q4_1, true)
+W_TILES3(tern_avx512_matmul_q5_1, Q5_1_W, 4, TERN_QK, tern_avx2_matmul_q5_1, true)
+W_TILES3(tern_avx512_matmul_iq4_nl, IQ4_NL_W, 4, TERN_QK, tern_avx2_matmul_iq4_nl, true)
+W_TILES3(tern_avx512_matmul_f16, F16_W, 6, 8, tern_avx2_matmul_f16, true)
+W_TILES3(tern_avx512_matmul_bf16, BF16_W, 6, 8, tern_avx2_matmul_bf16, true)
 W_TILES2(tern_avx512_matmul_q4_k, Q4_K_W, 4, TERN_QK_K, tern_avx2_matmul_q4_k, q4_k_gemv)
 W_TILES2(tern_avx512_matmul_q5_k, Q5_K_W, 4, TERN_QK_K, tern_avx2_matmul_q5_k, q5_k_gemv)
 W_TILES2(tern_avx512_matmul_q6_k, Q6_K_W, 4, TERN_QK_K, tern_avx2_matmul_q6_k, q6_k_gemv)
