@@ -177,7 +177,7 @@ AVX2_INLINE __m256i iq4xs_scales16(const uint8_t *blk) {
 typedef void (*avx2_tile_fn)(const uint8_t *w, size_t wrb, const uint8_t *a, size_t arb, size_t k,
                              float *y, size_t ldy);
 
-#define AVX2_RMAX 4
+#define AVX2_RMAX 6
 #define AVX2_TMAX 4
 
 struct avx2_tiles {
