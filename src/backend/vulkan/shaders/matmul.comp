@@ -13,7 +13,7 @@
 // WTYPE (ggml's type numbers): 0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1, 8 Q8_0,
 // 12 Q4_K, 13 Q5_K, 14 Q6_K, 20 IQ4_NL, 23 IQ4_XS, 30 BF16, 39 MXFP4, and the low-bit types 10 Q2_K,
 // 11 Q3_K, 16 IQ2_XXS, 17 IQ2_XS, 22 IQ2_S, 18 IQ3_XXS, 21 IQ3_S, 19 IQ1_S, 29 IQ1_M (each
-// weight formed as ggml dequantizes it, lowbit_weight), with ggml's block layouts. Weights are read as 32-bit words (any byte offset); block
+// weight formed as ggml dequantizes it), with ggml's block layouts. Weights are read as 32-bit words (any byte offset); block
 // sizes with an F16 scale are even, so those scales sit at even offsets (MXFP4's 17-byte
 // blocks have a byte exponent, read bytewise). Within a chunk the products are summed in
 // element order, then scaled (a block's d) and added to the lane's sum chunk by chunk.
@@ -142,60 +142,6 @@ const uint IQ3XXS_LEVELS[8] = uint[8](4u, 12u, 20u, 28u, 36u, 44u, 52u, 62u);
 
 // Sign bit e (0..7) of a 7-bit sign index: the eighth makes the count of negatives even.
 bool sign7(uint s7, uint e) { return e < 7u ? ((s7 >> e) & 1u) != 0u : (bitCount(s7) & 1) != 0; }
-
-// Weight i (0..255) of the low-bit super-block at bo, as ggml's dequantize_row_* forms it.
-float lowbit_weight(uint bo, uint i) {
-    const uint ib = i >> 5, g = (i >> 3) & 3u, e = i & 7u;
-    if (WTYPE == 16 || WTYPE == 17 || WTYPE == 22) { // IQ2_XXS, IQ2_XS, IQ2_S
-        uint idx, signs, ls;
-        if (WTYPE == 16) {
-            const uint aux = wword(bo + 6u + 8u * ib);
-            idx = IQ_CODE(IQ2XXS_CODES, wbyte(bo + 2u + 8u * ib + g));
-            signs = (aux >> (7u * g)) & 127u;
-            ls = aux >> 28;
-        } else if (WTYPE == 17) {
-            const uint v = whalf(bo + 2u + 2u * (4u * ib + g));
-            idx = IQ_CODE(IQ2XS_CODES, v & 511u);
-            signs = v >> 9;
-            ls = (wbyte(bo + 66u + ib) >> (4u * (g >> 1))) & 15u;
-        } else {
-            const uint ix = wbyte(bo + 2u + 4u * ib + g) | ((wbyte(bo + 66u + ib) << (8u - 2u * g)) & 0x300u);
-            idx = IQ_CODE(IQ2S_CODES, ix);
-            signs = wbyte(bo + 34u + 4u * ib + g);
-            ls = (wbyte(bo + 74u + ib) >> (4u * (g >> 1))) & 15u;
-        }
-        const bool neg = WTYPE == 22 ? ((signs >> e) & 1u) != 0u : sign7(signs, e);
-        const float db = unpackHalf2x16(whalf(bo)).x * (0.5 + float(ls)) * 0.25;
-        return db * float(IQ2_LEVELS[(idx >> (2u * e)) & 3u]) * (neg ? -1.0 : 1.0);
-    } else if (WTYPE == 18) { // IQ3_XXS: 64 grid indices, per sub-block 4 x 7 sign bits and a scale
-        const uint aux = wword(bo + 66u + 4u * ib);
-        const uint idx = IQ_CODE(IQ3XXS_CODES, wbyte(bo + 2u + 8u * ib + 2u * g + (e >> 2)));
-        const float db = unpackHalf2x16(whalf(bo)).x * (0.5 + float(aux >> 28)) * 0.5;
-        return db * float(IQ3XXS_LEVELS[(idx >> (3u * (e & 3u))) & 7u]) * (sign7((aux >> (7u * g)) & 127u, e) ? -1.0 : 1.0);
-    } else if (WTYPE == 21) { // IQ3_S: 9-bit indices (qs, qh), 8 sign bits per group, 4-bit scales
-        const uint qh = wbyte(bo + 66u + ib);
-        const uint ix = wbyte(bo + 2u + 8u * ib + 2u * g + (e >> 2)) | ((qh << (8u - 2u * g - (e >> 2))) & 256u);
-        const uint ls = (wbyte(bo + 106u + (ib >> 1)) >> (4u * (ib & 1u))) & 15u;
-        const float db = unpackHalf2x16(whalf(bo)).x * float(1u + 2u * ls);
-        const bool neg = ((wbyte(bo + 74u + 4u * ib + g) >> e) & 1u) != 0u;
-        return db * float(2u * ((IQ_CODE(IQ3S_CODES, ix) >> (3u * (e & 3u))) & 7u) + 1u) * (neg ? -1.0 : 1.0);
-    } else if (WTYPE == 19) { // IQ1_S: 11-bit indices into the -1/0/+1 grid, per sub-block scale and shift
-        const uint qh = whalf(bo + 34u + 2u * ib);
-        const uint ix = wbyte(bo + 2u + 4u * ib + g) | (((qh >> (3u * g)) & 7u) << 8);
-        const float dl = unpackHalf2x16(whalf(bo)).x * float(2u * ((qh >> 12) & 7u) + 1u);
-        const float delta = (qh & 0x8000u) != 0u ? -0.125 : 0.125;
-        return dl * (float(int((IQ_CODE(IQ1S_CODES, ix) >> (2u * e)) & 3u) - 1) + delta);
-    } else { // IQ1_M: as IQ1_S with a shift per group and 3-bit scales per 16; d spread over the scales
-        const uint s0 = whalf(bo + 48u), s1 = whalf(bo + 50u), s2 = whalf(bo + 52u), s3 = whalf(bo + 54u);
-        const float d = unpackHalf2x16((s0 >> 12) | ((s1 >> 8) & 0xf0u) | ((s2 >> 4) & 0xf00u) | (s3 & 0xf000u)).x;
-        const uint sw = whalf(bo + 48u + 2u * (ib >> 1));
-        const float dl = d * float(2u * ((sw >> (6u * (ib & 1u) + 3u * (g >> 1))) & 7u) + 1u);
-        const uint qh = wbyte(bo + 32u + 2u * ib + (g >> 1));
-        const uint ix = wbyte(bo + 4u * ib + g) | (((g & 1u) == 0u ? qh << 8 : qh << 4) & 0x700u);
-        const float delta = (qh & ((g & 1u) == 0u ? 0x08u : 0x80u)) != 0u ? -0.125 : 0.125;
-        return dl * (float(int((IQ_CODE(IQ1S_CODES, ix) >> (2u * e)) & 3u) - 1) + delta);
-    }
-}
 
 // Bytes of a low-bit super-block.
 uint lowbit_bytes() {
@@ -517,13 +463,89 @@ void main() {
             BLOCK_END1
         }
     } else if (WTYPE == 16 || WTYPE == 17 || WTYPE == 22 || WTYPE == 18 || WTYPE == 21 || WTYPE == 19 ||
-               WTYPE == 29) { // the I-quants: weight by weight
+               WTYPE == 29) { // the I-quants, as ggml's dequantize_row_* forms each weight
+        // A chunk is sub-block ib of a super-block: its scale once, each group of 8 weights'
+        // grid code and signs once, then the 8 weights (the weights, products and sums those
+        // of one weight at a time, in the same order).
         const uint nb = p.k / 256u, bb = lowbit_bytes();
         for (uint c = lane; c < nb * 8u; c += LANES) { // chunk c: block c / 8, its elements 32 (c % 8) ..
-            const uint b = c >> 3, i0 = (c & 7u) * 32u;
+            const uint b = c >> 3, ib = c & 7u, xb = b * 256u + ib * 32u;
             const uint bo = ro + b * bb;
+            const float d = unpackHalf2x16(whalf(bo)).x;
             BLOCK_BEGIN
-            for (uint i = i0; i < i0 + 32u; i++) ADD(lowbit_weight(bo, i), b * 256u + i)
+            if (WTYPE == 16 || WTYPE == 17 || WTYPE == 22) { // IQ2_XXS, IQ2_XS, IQ2_S
+                const uint aux = WTYPE == 16 ? wword(bo + 6u + 8u * ib) : 0u;
+                for (uint g = 0u; g < 4u; g++) {
+                    uint idx, signs, ls;
+                    if (WTYPE == 16) {
+                        idx = IQ_CODE(IQ2XXS_CODES, wbyte(bo + 2u + 8u * ib + g));
+                        signs = (aux >> (7u * g)) & 127u;
+                        ls = aux >> 28;
+                    } else if (WTYPE == 17) {
+                        const uint v = whalf(bo + 2u + 2u * (4u * ib + g));
+                        idx = IQ_CODE(IQ2XS_CODES, v & 511u);
+                        signs = v >> 9;
+                        ls = (wbyte(bo + 66u + ib) >> (4u * (g >> 1))) & 15u;
+                    } else {
+                        const uint ix = wbyte(bo + 2u + 4u * ib + g) | ((wbyte(bo + 66u + ib) << (8u - 2u * g)) & 0x300u);
+                        idx = IQ_CODE(IQ2S_CODES, ix);
+                        signs = wbyte(bo + 34u + 4u * ib + g);
+                        ls = (wbyte(bo + 74u + ib) >> (4u * (g >> 1))) & 15u;
+                    }
+                    const float db = d * (0.5 + float(ls)) * 0.25;
+                    for (uint e = 0u; e < 8u; e++) {
+                        const bool neg = WTYPE == 22 ? ((signs >> e) & 1u) != 0u : sign7(signs, e);
+                        ADD(db * float(IQ2_LEVELS[(idx >> (2u * e)) & 3u]) * (neg ? -1.0 : 1.0), xb + 8u * g + e)
+                    }
+                }
+            } else if (WTYPE == 18) { // IQ3_XXS: 64 grid indices, per sub-block 4 x 7 sign bits and a scale
+                const uint aux = wword(bo + 66u + 4u * ib);
+                const float db = d * (0.5 + float(aux >> 28)) * 0.5;
+                for (uint g = 0u; g < 4u; g++) {
+                    const uint s7 = (aux >> (7u * g)) & 127u;
+                    for (uint h = 0u; h < 2u; h++) {
+                        const uint idx = IQ_CODE(IQ3XXS_CODES, wbyte(bo + 2u + 8u * ib + 2u * g + h));
+                        for (uint e = 0u; e < 4u; e++)
+                            ADD(db * float(IQ3XXS_LEVELS[(idx >> (3u * e)) & 7u]) * (sign7(s7, 4u * h + e) ? -1.0 : 1.0),
+                                xb + 8u * g + 4u * h + e)
+                    }
+                }
+            } else if (WTYPE == 21) { // IQ3_S: 9-bit indices (qs, qh), 8 sign bits per group, 4-bit scales
+                const uint qh = wbyte(bo + 66u + ib);
+                const uint ls = (wbyte(bo + 106u + (ib >> 1)) >> (4u * (ib & 1u))) & 15u;
+                const float db = d * float(1u + 2u * ls);
+                for (uint g = 0u; g < 4u; g++) {
+                    const uint signs = wbyte(bo + 74u + 4u * ib + g);
+                    for (uint h = 0u; h < 2u; h++) {
+                        const uint ix = wbyte(bo + 2u + 8u * ib + 2u * g + h) | ((qh << (8u - 2u * g - h)) & 256u);
+                        const uint code = IQ_CODE(IQ3S_CODES, ix);
+                        for (uint e = 0u; e < 4u; e++)
+                            ADD(db * float(2u * ((code >> (3u * e)) & 7u) + 1u) * (((signs >> (4u * h + e)) & 1u) != 0u ? -1.0 : 1.0),
+                                xb + 8u * g + 4u * h + e)
+                    }
+                }
+            } else if (WTYPE == 19) { // IQ1_S: 11-bit indices into the -1/0/+1 grid, per sub-block scale and shift
+                const uint qh = whalf(bo + 34u + 2u * ib);
+                const float dl = d * float(2u * ((qh >> 12) & 7u) + 1u);
+                const float delta = (qh & 0x8000u) != 0u ? -0.125 : 0.125;
+                for (uint g = 0u; g < 4u; g++) {
+                    const uint code = IQ_CODE(IQ1S_CODES, wbyte(bo + 2u + 4u * ib + g) | (((qh >> (3u * g)) & 7u) << 8));
+                    for (uint e = 0u; e < 8u; e++)
+                        ADD(dl * (float(int((code >> (2u * e)) & 3u) - 1) + delta), xb + 8u * g + e)
+                }
+            } else { // IQ1_M: as IQ1_S with a shift per group and 3-bit scales per 16; d spread over the scales
+                const uint s0 = whalf(bo + 48u), s1 = whalf(bo + 50u), s2 = whalf(bo + 52u), s3 = whalf(bo + 54u);
+                const float dm = unpackHalf2x16((s0 >> 12) | ((s1 >> 8) & 0xf0u) | ((s2 >> 4) & 0xf00u) | (s3 & 0xf000u)).x;
+                const uint sw = whalf(bo + 48u + 2u * (ib >> 1));
+                for (uint g = 0u; g < 4u; g++) {
+                    const float dl = dm * float(2u * ((sw >> (6u * (ib & 1u) + 3u * (g >> 1))) & 7u) + 1u);
+                    const uint qh = wbyte(bo + 32u + 2u * ib + (g >> 1));
+                    const uint code = IQ_CODE(IQ1S_CODES, wbyte(bo + 4u * ib + g) | (((g & 1u) == 0u ? qh << 8 : qh << 4) & 0x700u));
+                    const float delta = (qh & ((g & 1u) == 0u ? 0x08u : 0x80u)) != 0u ? -0.125 : 0.125;
+                    for (uint e = 0u; e < 8u; e++)
+                        ADD(dl * (float(int((code >> (2u * e)) & 3u) - 1) + delta), xb + 8u * g + e)
+                }
+            }
             BLOCK_END1
         }
     }
