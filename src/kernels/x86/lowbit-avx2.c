@@ -232,13 +232,14 @@ static inline __m128i lowbit_avx2_ls_top(__m256i w) {
     return _mm256_castsi256_si128(_mm256_permute4x64_epi64(v, 0x08));
 }
 
-static inline __m128i lowbit_avx2_ls_nib(const uint8_t *p, bool twice) {
-    const __m128i b = _mm_loadl_epi64((const __m128i *)p), m4 = _mm_set1_epi8(0xF);
+/* the nibbles of the low 8 bytes of b, low then high, as bytes (each twice if twice) */
+static inline __m128i lowbit_avx2_ls_nib(__m128i b, bool twice) {
+    const __m128i m4 = _mm_set1_epi8(0xF);
     const __m128i n = _mm_unpacklo_epi8(_mm_and_si128(b, m4), _mm_and_si128(_mm_srli_epi16(b, 4), m4));
     return twice ? _mm_unpacklo_epi8(n, n) : n;
 }
 
-static inline void lowbit_iq_prep_avx2(enum tern_dtype t, const uint8_t *blk, struct lowbit_iq_rb2 *o) {
+static inline __attribute__((always_inline)) void lowbit_iq_prep_avx2(enum tern_dtype t, const uint8_t *blk, struct lowbit_iq_rb2 *o) {
     switch (t) {
     case TERN_DTYPE_IQ2_XXS: {
         const uint8_t *q = blk + 2;
@@ -284,7 +285,7 @@ static inline void lowbit_iq_prep_avx2(enum tern_dtype t, const uint8_t *blk, st
         }
         /* words to bytes in order: packus works per lane, permute4x64 restores it */
         o->sg = _mm256_permute4x64_epi64(_mm256_packus_epi16(sb[0], sb[1]), 0xD8);
-        o->scb = lowbit_avx2_sc(lowbit_avx2_ls_nib(q + 64, false));
+        o->scb = lowbit_avx2_sc(lowbit_avx2_ls_nib(_mm_loadl_epi64((const __m128i *)(q + 64)), false));
 #pragma GCC unroll 8
         for (int ib = 0; ib < 8; ib++) {
             uint16_t v[4];
@@ -298,7 +299,7 @@ static inline void lowbit_iq_prep_avx2(enum tern_dtype t, const uint8_t *blk, st
     case TERN_DTYPE_IQ2_S: {
         const struct tern_block_iq2_s *b = (const void *)blk;
         o->sg = _mm256_loadu_si256((const __m256i *)(b->qs + 32));
-        o->scb = lowbit_avx2_sc(lowbit_avx2_ls_nib(b->scales, false));
+        o->scb = lowbit_avx2_sc(lowbit_avx2_ls_nib(_mm_loadl_epi64((const __m128i *)b->scales), false));
 #pragma GCC unroll 8
         for (int ib = 0; ib < 8; ib++) {
             const uint8_t *i = b->qs + 4 * ib;
@@ -322,11 +323,13 @@ static inline void lowbit_iq_prep_avx2(enum tern_dtype t, const uint8_t *blk, st
             const struct tern_block_iq1_s *b = (const void *)blk;
             uint16_t qh[8];
             memcpy(qh, b->qh, 16);
-            uint8_t ls[16];
+            /* the 8 scales (bits 12..14 of each qh), each twice, as 16 bytes: by vector ops,
+             * not bytes stored and read back (a store-forwarding stall per row and block) */
+            const __m128i l7 = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)b->qh), 12),
+                                             _mm_set1_epi16(7));
 #pragma GCC unroll 8
             for (int ib = 0; ib < 8; ib++) {
                 const unsigned h = qh[ib];
-                ls[2 * ib] = ls[2 * ib + 1] = (uint8_t)((h >> 12) & 7);
                 const uint8_t *i = b->qs + 4 * ib;
                 const __m256i g = _mm256_setr_epi64x((long long)tern_iq1s_grid[i[0] | ((h << 8) & 0x700)],
                                                      (long long)tern_iq1s_grid[i[1] | ((h << 5) & 0x700)],
@@ -335,17 +338,25 @@ static inline void lowbit_iq_prep_avx2(enum tern_dtype t, const uint8_t *blk, st
                 o->g[ib] = _mm256_add_epi8(_mm256_shuffle_epi8(tab, _mm256_add_epi8(g, one)),
                                            _mm256_set1_epi8((h & 0x8000) ? -1 : 1));
             }
-            o->scb = lowbit_avx2_sc(_mm_loadu_si128((const __m128i *)ls));
+            o->scb = lowbit_avx2_sc(_mm_or_si128(l7, _mm_slli_epi16(l7, 8)));
         } else {
             const struct tern_block_iq1_m *b = (const void *)blk;
-            uint16_t sw[4];
-            memcpy(sw, b->scales, 8);
-            uint8_t ls[16];
+            /* the 16 3-bit scales (bits 0..11 of each of the 4 scale words, 4 per word) as
+             * 16 bytes, in registers (see IQ1_S) */
+            uint64_t sc64;
+            memcpy(&sc64, b->scales, 8);
+            uint64_t lo = 0, hi = 0;
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                const uint64_t wj = (sc64 >> (16 * j)) & 0xFFF;
+                const uint64_t v = (wj & 7) | ((wj >> 3 & 7) << 8) | ((wj >> 6 & 7) << 16) | ((wj >> 9 & 7) << 24);
+                if (j < 2)
+                    lo |= v << (32 * j);
+                else
+                    hi |= v << (32 * (j - 2));
+            }
 #pragma GCC unroll 8
             for (int ib = 0; ib < 8; ib++) {
-                const unsigned w = sw[ib / 2], sh = 6 * (ib % 2);
-                ls[2 * ib] = (uint8_t)((w >> sh) & 7);
-                ls[2 * ib + 1] = (uint8_t)((w >> (sh + 3)) & 7);
                 const unsigned h0 = b->qh[2 * ib], h1 = b->qh[2 * ib + 1];
                 const uint8_t *i = b->qs + 4 * ib;
                 const __m256i g = _mm256_setr_epi64x((long long)tern_iq1s_grid[i[0] | ((h0 << 8) & 0x700)],
@@ -357,16 +368,16 @@ static inline void lowbit_iq_prep_avx2(enum tern_dtype t, const uint8_t *blk, st
                     (h1 & 0x08) ? -1 : 0x0101010101010101ll, (h1 & 0x80) ? -1 : 0x0101010101010101ll);
                 o->g[ib] = _mm256_add_epi8(_mm256_shuffle_epi8(tab, _mm256_add_epi8(g, one)), delta);
             }
-            o->scb = lowbit_avx2_sc(_mm_loadu_si128((const __m128i *)ls));
+            o->scb = lowbit_avx2_sc(_mm_set_epi64x((long long)hi, (long long)lo));
         }
         break;
     }
     default: { /* IQ3_S */
         const struct tern_block_iq3_s *b = (const void *)blk;
         o->sg = _mm256_loadu_si256((const __m256i *)b->signs);
-        uint8_t sc8[8] = {0};
-        memcpy(sc8, b->scales, 4);
-        o->scb = lowbit_avx2_sc(lowbit_avx2_ls_nib(sc8, true));
+        uint32_t sc4;
+        memcpy(&sc4, b->scales, 4);
+        o->scb = lowbit_avx2_sc(lowbit_avx2_ls_nib(_mm_cvtsi32_si128((int)sc4), true));
         const uint32_t *G = tern_iq3s_grid;
 #pragma GCC unroll 8
         for (int ib = 0; ib < 8; ib++) {
@@ -382,9 +393,11 @@ static inline void lowbit_iq_prep_avx2(enum tern_dtype t, const uint8_t *blk, st
     }
 }
 
-size_t tern_lowbit_decode8_iq_avx2(enum tern_dtype t, const void *w, size_t wrb, size_t k, const void *act,
-                                   size_t n_tok, float *y, size_t r0, size_t r1) {
-    if (n_tok != 1 || !tern_lowbit_type(t) || t == TERN_DTYPE_Q2_K || t == TERN_DTYPE_Q3_K) return r0;
+/* One type's rows (t a constant after inlining: the prep's switch and IQ1's missing signs
+ * resolved at compile time). */
+static inline __attribute__((always_inline)) size_t lowbit_decode8_iq_avx2_t(enum tern_dtype t, const void *w,
+                                                                             size_t wrb, size_t k, const void *act,
+                                                                             float *y, size_t r0, size_t r1) {
     const size_t nb = k / TERN_QK_K;
     const bool iq1 = t == TERN_DTYPE_IQ1_S || t == TERN_DTYPE_IQ1_M;
     const size_t bb = t == TERN_DTYPE_IQ2_XXS   ? sizeof(struct tern_block_iq2_xxs)
@@ -415,10 +428,13 @@ size_t tern_lowbit_decode8_iq_avx2(enum tern_dtype t, const void *w, size_t wrb,
                 __m256i s = _mm256_setzero_si256();
 #pragma GCC unroll 8
                 for (int ib = 0; ib < 8; ib++) {
-                    const __m256i sd = _mm256_permutevar8x32_epi32(rb.sg, _mm256_set1_epi32(ib));
-                    const __m256i neg = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(sd, rep), bit), bit);
-                    const __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(ab->qs + 32 * ib)),
-                                                       _mm256_or_si256(neg, one));
+                    __m256i x = _mm256_loadu_si256((const __m256i *)(ab->qs + 32 * ib));
+                    if (!iq1) { /* IQ1 has no signs */
+                        const __m256i sd = _mm256_permutevar8x32_epi32(rb.sg, _mm256_set1_epi32(ib));
+                        const __m256i neg =
+                            _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(sd, rep), bit), bit);
+                        x = _mm256_sign_epi8(x, _mm256_or_si256(neg, one));
+                    }
                     const __m256i sc =
                         _mm256_shuffle_epi8(rb.scb, _mm256_loadu_si256((const __m256i *)lowbit_avx2_spread[ib]));
                     s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(rb.g[ib], x), sc));
@@ -447,6 +463,24 @@ size_t tern_lowbit_decode8_iq_avx2(enum tern_dtype t, const void *w, size_t wrb,
         _mm256_storeu_ps(y + r0, _mm256_mul_ps(acc, _mm256_set1_ps(post)));
     }
     return r0;
+}
+
+size_t tern_lowbit_decode8_iq_avx2(enum tern_dtype t, const void *w, size_t wrb, size_t k, const void *act,
+                                   size_t n_tok, float *y, size_t r0, size_t r1) {
+    if (n_tok != 1) return r0;
+    switch (t) {
+#define IQ_CASE(T)                                                                                                     \
+    case T: return lowbit_decode8_iq_avx2_t(T, w, wrb, k, act, y, r0, r1);
+        IQ_CASE(TERN_DTYPE_IQ2_XXS)
+        IQ_CASE(TERN_DTYPE_IQ2_XS)
+        IQ_CASE(TERN_DTYPE_IQ2_S)
+        IQ_CASE(TERN_DTYPE_IQ3_XXS)
+        IQ_CASE(TERN_DTYPE_IQ3_S)
+        IQ_CASE(TERN_DTYPE_IQ1_S)
+        IQ_CASE(TERN_DTYPE_IQ1_M)
+#undef IQ_CASE
+    default: return r0;
+    }
 }
 
 static size_t lowbit_pre_avx2(enum tern_dtype t, const void *w, size_t wrb, size_t k, const void *act,
