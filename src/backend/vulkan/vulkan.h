@@ -115,8 +115,8 @@ enum tern_status tern_vk_matmul(struct tern_vk *vk, enum tern_dtype wtype, const
  * same expert). The tile decides which workgroup computes a slot and beside which
  * others, never its bits: the same fixed-order reduction as tern_vk_matmul, so a slot's
  * row does not depend on the other slots. An id past n_expert gives NaN rows, never a
- * read outside w; a malformed tile computes nothing. Errors as tern_vk_matmul's; more than 1024 experts or 4 GiB of
- * them, an order too small (TERN_ERR_RANGE). */
+ * read outside w; a malformed tile computes nothing. Errors as tern_vk_matmul's; more
+ * than 1024 experts or 4 GiB of them, an order too small (TERN_ERR_RANGE). */
 enum tern_status tern_vk_matmul_id(struct tern_vk *vk, enum tern_dtype wtype, const struct tern_vk_buf *w,
                                    size_t expert_stride, size_t n_expert, size_t k, size_t n,
                                    const struct tern_vk_buf *ids, const struct tern_vk_buf *order,
@@ -130,9 +130,10 @@ enum tern_status tern_vk_matmul_id(struct tern_vk *vk, enum tern_dtype wtype, co
 #define TERN_VK_MOE_ONE_SLOT 16
 /* Tokens (or one expert's slots) per workgroup of the matmul: matmul.comp's TT. */
 #define TERN_VK_MATMUL_TILE 8
-/* Slots per tile: TERN_VK_MATMUL_TILE, or 1 for at most TERN_VK_MOE_ONE_SLOT slots — one token's experts
- * (distinct, so its tiles have a slot each anyway), or two tokens', where an expert they
- * share is read twice by the matmul's one-slot pipeline instead of once by the 8-slot one. */
+/* Slots per tile: TERN_VK_MATMUL_TILE, or 1 for at most TERN_VK_MOE_ONE_SLOT slots — one
+ * token's experts (distinct, so its tiles have a slot each anyway), or two tokens', where
+ * an expert they share is read twice by the matmul's one-slot pipeline instead of once by
+ * the 8-slot one. */
 static inline size_t tern_vk_moe_tile(size_t n_slots) {
     return n_slots <= TERN_VK_MOE_ONE_SLOT ? 1 : TERN_VK_MATMUL_TILE;
 }

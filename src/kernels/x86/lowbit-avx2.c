@@ -318,7 +318,6 @@ static inline __attribute__((always_inline)) void lowbit_iq_prep_avx2(enum tern_
         const __m256i tab = _mm256_setr_epi8(1, 9, 17, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 9, 17, 0, 0, 0, 0, 0,
                                              0, 0, 0, 0, 0, 0, 0, 0);
         const __m256i one = _mm256_set1_epi8(1);
-        o->sg = _mm256_setzero_si256();
         if (t == TERN_DTYPE_IQ1_S) {
             const struct tern_block_iq1_s *b = (const void *)blk;
             uint16_t qh[8];

@@ -638,16 +638,16 @@ static void w_drive(const struct w_tiles *tl, const void *wv, size_t wrb, size_t
         w_drive(&name##_tiles, w, wrb, k, a, arb, n_tok, y, ldy, r0, r1);                                    \
     }
 /* Tiles up to 2 (W_TILES2) or 3 (W_TILES3) row pairs x T (4 or 6) tokens, the middle ones
- * the largest. */
+ * the largest; single tokens on W_TILES2's gemvfn, on W_TILES3's one-token column. */
 #define W_TILES2(name, body, T, kmul, avx2fn, gemvfn)                                                        \
     W_ROW##T(body, 1) W_ROW##T(body, 2)                                                                      \
     static const struct w_tiles name##_tiles = {                                                             \
         {W_SLOTS##T(body, 1), W_SLOTS##T(body, 2)}, 2, T, kmul, avx2fn, gemvfn, false};                      \
     W_ENTRY(name)
-#define W_TILES3(name, body, T, kmul, avx2fn, wide)                                                          \
+#define W_TILES3(name, body, T, kmul, avx2fn)                                                                \
     W_ROW##T(body, 1) W_ROW##T(body, 2) W_ROW##T(body, 3)                                                    \
     static const struct w_tiles name##_tiles = {                                                             \
-        {W_SLOTS##T(body, 1), W_SLOTS##T(body, 2), W_SLOTS##T(body, 3)}, 3, T, kmul, avx2fn, NULL, wide};    \
+        {W_SLOTS##T(body, 1), W_SLOTS##T(body, 2), W_SLOTS##T(body, 3)}, 3, T, kmul, avx2fn, NULL, true};    \
     W_ENTRY(name)
 
 #define Q8_0_W(RP, T, ...) q32_wtile(K_Q8_0, RP, T, __VA_ARGS__)
@@ -664,15 +664,15 @@ static void w_drive(const struct w_tiles *tl, const void *wv, size_t wrb, size_t
 #define Q6_K_W(RP, T, ...) q6k_wtile(RP, T, __VA_ARGS__)
 #define MXFP4_W(RP, T, ...) q32_wtile(K_MXFP4, RP, T, __VA_ARGS__)
 
-W_TILES3(tern_avx512_matmul_q8_0, Q8_0_W, 4, TERN_QK, tern_avx2_matmul_q8_0, true)
-W_TILES3(tern_avx512_matmul_mxfp4, MXFP4_W, 4, TERN_QK, tern_avx2_matmul_mxfp4, true)
-W_TILES3(tern_avx512_matmul_q4_0, Q4_0_W, 4, TERN_QK, tern_avx2_matmul_q4_0, true)
-W_TILES3(tern_avx512_matmul_q5_0, Q5_0_W, 4, TERN_QK, tern_avx2_matmul_q5_0, true)
-W_TILES3(tern_avx512_matmul_q4_1, Q4_1_W, 4, TERN_QK, tern_avx2_matmul_q4_1, true)
-W_TILES3(tern_avx512_matmul_q5_1, Q5_1_W, 4, TERN_QK, tern_avx2_matmul_q5_1, true)
-W_TILES3(tern_avx512_matmul_iq4_nl, IQ4_NL_W, 4, TERN_QK, tern_avx2_matmul_iq4_nl, true)
-W_TILES3(tern_avx512_matmul_f16, F16_W, 6, 8, tern_avx2_matmul_f16, true)
-W_TILES3(tern_avx512_matmul_bf16, BF16_W, 6, 8, tern_avx2_matmul_bf16, true)
+W_TILES3(tern_avx512_matmul_q8_0, Q8_0_W, 4, TERN_QK, tern_avx2_matmul_q8_0)
+W_TILES3(tern_avx512_matmul_mxfp4, MXFP4_W, 4, TERN_QK, tern_avx2_matmul_mxfp4)
+W_TILES3(tern_avx512_matmul_q4_0, Q4_0_W, 4, TERN_QK, tern_avx2_matmul_q4_0)
+W_TILES3(tern_avx512_matmul_q5_0, Q5_0_W, 4, TERN_QK, tern_avx2_matmul_q5_0)
+W_TILES3(tern_avx512_matmul_q4_1, Q4_1_W, 4, TERN_QK, tern_avx2_matmul_q4_1)
+W_TILES3(tern_avx512_matmul_q5_1, Q5_1_W, 4, TERN_QK, tern_avx2_matmul_q5_1)
+W_TILES3(tern_avx512_matmul_iq4_nl, IQ4_NL_W, 4, TERN_QK, tern_avx2_matmul_iq4_nl)
+W_TILES3(tern_avx512_matmul_f16, F16_W, 6, 8, tern_avx2_matmul_f16)
+W_TILES3(tern_avx512_matmul_bf16, BF16_W, 6, 8, tern_avx2_matmul_bf16)
 W_TILES2(tern_avx512_matmul_q4_k, Q4_K_W, 4, TERN_QK_K, tern_avx2_matmul_q4_k, q4_k_gemv)
 W_TILES2(tern_avx512_matmul_q5_k, Q5_K_W, 4, TERN_QK_K, tern_avx2_matmul_q5_k, q5_k_gemv)
 W_TILES2(tern_avx512_matmul_q6_k, Q6_K_W, 4, TERN_QK_K, tern_avx2_matmul_q6_k, q6_k_gemv)

@@ -69,8 +69,9 @@ layout(push_constant) uniform P {
 
 // The byte at byte offset o of the weights.
 uint wbyte(uint o) { return (w[o >> 2] >> ((o & 3u) * 8u)) & 0xffu; }
-// The byte at o as a signed int8.
-int sbyte(uint o) { const uint u = wbyte(o); return int(u) - int((u & 0x80u) << 1); }
+// A byte as a signed int8, and the byte at o so.
+int sext8(uint u) { return int(u) - int((u & 0x80u) << 1); }
+int sbyte(uint o) { return sext8(wbyte(o)); }
 // The 16-bit little-endian value at an even byte offset.
 uint whalf(uint o) { return (w[o >> 2] >> ((o & 2u) * 8u)) & 0xffffu; }
 // The 32-bit little-endian value at any byte offset.
@@ -229,8 +230,7 @@ void main() {
             load32(bo + 2u, qs); // the 32 int8 (never 16-byte aligned: the words, shifted)
             BLOCK_BEGIN
             for (uint i = 0; i < 32u; i++) {
-                const uint u = VBYTE(qs, i);
-                ADD(float(int(u) - int((u & 0x80u) << 1)), b * 32u + i)
+                ADD(float(sext8(VBYTE(qs, i))), b * 32u + i)
             }
             BLOCK_END(d)
         }
@@ -471,7 +471,7 @@ void main() {
         for (uint c = lane; c < nb * 8u; c += LANES) { // chunk c: block c / 8, its elements 32 (c % 8) ..
             const uint b = c >> 3, ib = c & 7u, xb = b * 256u + ib * 32u;
             const uint bo = ro + b * bb;
-            const float d = unpackHalf2x16(whalf(bo)).x;
+            const float d = unpackHalf2x16(whalf(bo)).x; // the block's d (IQ1_M's is spread over its scales)
             BLOCK_BEGIN
             if (WTYPE == 16 || WTYPE == 17 || WTYPE == 22) { // IQ2_XXS, IQ2_XS, IQ2_S
                 const uint aux = WTYPE == 16 ? wword(bo + 6u + 8u * ib) : 0u;
