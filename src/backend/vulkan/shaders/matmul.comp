@@ -74,8 +74,13 @@ int sext8(uint u) { return int(u) - int((u & 0x80u) << 1); }
 int sbyte(uint o) { return sext8(wbyte(o)); }
 // The 16-bit little-endian value at an even byte offset.
 uint whalf(uint o) { return (w[o >> 2] >> ((o & 2u) * 8u)) & 0xffffu; }
-// The 32-bit little-endian value at any byte offset.
-uint wword(uint o) { return wbyte(o) | (wbyte(o + 1u) << 8) | (wbyte(o + 2u) << 16) | (wbyte(o + 3u) << 24); }
+// The 32-bit little-endian value at any byte offset: one load where o is a multiple of 4, else
+// the two words it straddles (never a word that holds none of its bytes).
+uint wword(uint o) {
+    const uint s = (o & 3u) * 8u;
+    const uint lo = w[o >> 2];
+    return s == 0u ? lo : (lo >> s) | (w[(o >> 2) + 1u] << (32u - s));
+}
 
 // The 16 bytes at byte offset o as four words: one 16-byte load where o is a multiple of 16
 // (Q4_K and Q5_K blocks are 144 and 176 bytes, so in every row of a matrix, and of an
@@ -253,7 +258,7 @@ void main() {
         for (uint b = lane; b < nb; b += LANES) {
             const uint bo = ro + b * 22u;
             const float d = unpackHalf2x16(whalf(bo)).x;
-            const uint qh = wbyte(bo + 2u) | (wbyte(bo + 3u) << 8) | (wbyte(bo + 4u) << 16) | (wbyte(bo + 5u) << 24);
+            const uint qh = wword(bo + 2u);
             uint qn[4];
             load16(bo + 6u, qn); // the 16 bytes of nibbles
             BLOCK_BEGIN
@@ -474,23 +479,28 @@ void main() {
             const float d = unpackHalf2x16(whalf(bo)).x; // the block's d (IQ1_M's is spread over its scales)
             BLOCK_BEGIN
             if (WTYPE == 16 || WTYPE == 17 || WTYPE == 22) { // IQ2_XXS, IQ2_XS, IQ2_S
+                // the chunk's code bytes, sign bytes and scale bytes, each read once by words
                 const uint aux = WTYPE == 16 ? wword(bo + 6u + 8u * ib) : 0u;
+                const uint q4 = WTYPE == 16 ? wword(bo + 2u + 8u * ib) : WTYPE == 22 ? wword(bo + 2u + 4u * ib) : 0u;
+                const uint s4 = WTYPE == 22 ? wword(bo + 34u + 4u * ib) : 0u;
+                const uint hb = WTYPE == 22 ? wbyte(bo + 66u + ib) : 0u;
+                const uint lb = WTYPE == 17 ? wbyte(bo + 66u + ib) : WTYPE == 22 ? wbyte(bo + 74u + ib) : 0u;
                 for (uint g = 0u; g < 4u; g++) {
                     uint idx, signs, ls;
                     if (WTYPE == 16) {
-                        idx = IQ_CODE(IQ2XXS_CODES, wbyte(bo + 2u + 8u * ib + g));
+                        idx = IQ_CODE(IQ2XXS_CODES, (q4 >> (8u * g)) & 255u);
                         signs = (aux >> (7u * g)) & 127u;
                         ls = aux >> 28;
                     } else if (WTYPE == 17) {
                         const uint v = whalf(bo + 2u + 2u * (4u * ib + g));
                         idx = IQ_CODE(IQ2XS_CODES, v & 511u);
                         signs = v >> 9;
-                        ls = (wbyte(bo + 66u + ib) >> (4u * (g >> 1))) & 15u;
+                        ls = (lb >> (4u * (g >> 1))) & 15u;
                     } else {
-                        const uint ix = wbyte(bo + 2u + 4u * ib + g) | ((wbyte(bo + 66u + ib) << (8u - 2u * g)) & 0x300u);
+                        const uint ix = ((q4 >> (8u * g)) & 255u) | ((hb << (8u - 2u * g)) & 0x300u);
                         idx = IQ_CODE(IQ2S_CODES, ix);
-                        signs = wbyte(bo + 34u + 4u * ib + g);
-                        ls = (wbyte(bo + 74u + ib) >> (4u * (g >> 1))) & 15u;
+                        signs = (s4 >> (8u * g)) & 255u;
+                        ls = (lb >> (4u * (g >> 1))) & 15u;
                     }
                     const float db = d * (0.5 + float(ls)) * 0.25;
                     for (uint e = 0u; e < 8u; e++) {
@@ -500,11 +510,12 @@ void main() {
                 }
             } else if (WTYPE == 18) { // IQ3_XXS: 64 grid indices, per sub-block 4 x 7 sign bits and a scale
                 const uint aux = wword(bo + 66u + 4u * ib);
+                const uint q8[2] = uint[2](wword(bo + 2u + 8u * ib), wword(bo + 6u + 8u * ib)); // the 8 code bytes
                 const float db = d * (0.5 + float(aux >> 28)) * 0.5;
                 for (uint g = 0u; g < 4u; g++) {
                     const uint s7 = (aux >> (7u * g)) & 127u;
                     for (uint h = 0u; h < 2u; h++) {
-                        const uint idx = IQ_CODE(IQ3XXS_CODES, wbyte(bo + 2u + 8u * ib + 2u * g + h));
+                        const uint idx = IQ_CODE(IQ3XXS_CODES, (q8[g >> 1] >> (16u * (g & 1u) + 8u * h)) & 255u);
                         for (uint e = 0u; e < 4u; e++)
                             ADD(db * float(IQ3XXS_LEVELS[(idx >> (3u * e)) & 7u]) * (sign7(s7, 4u * h + e) ? -1.0 : 1.0),
                                 xb + 8u * g + 4u * h + e)
@@ -514,10 +525,12 @@ void main() {
                 const uint qh = wbyte(bo + 66u + ib);
                 const uint ls = (wbyte(bo + 106u + (ib >> 1)) >> (4u * (ib & 1u))) & 15u;
                 const float db = d * float(1u + 2u * ls);
+                const uint q8[2] = uint[2](wword(bo + 2u + 8u * ib), wword(bo + 6u + 8u * ib)); // the 8 code bytes
+                const uint s4 = wword(bo + 74u + 4u * ib);                                         // the 4 sign bytes
                 for (uint g = 0u; g < 4u; g++) {
-                    const uint signs = wbyte(bo + 74u + 4u * ib + g);
+                    const uint signs = (s4 >> (8u * g)) & 255u;
                     for (uint h = 0u; h < 2u; h++) {
-                        const uint ix = wbyte(bo + 2u + 8u * ib + 2u * g + h) | ((qh << (8u - 2u * g - h)) & 256u);
+                        const uint ix = ((q8[g >> 1] >> (16u * (g & 1u) + 8u * h)) & 255u) | ((qh << (8u - 2u * g - h)) & 256u);
                         const uint code = IQ_CODE(IQ3S_CODES, ix);
                         for (uint e = 0u; e < 4u; e++)
                             ADD(db * float(2u * ((code >> (3u * e)) & 7u) + 1u) * (((signs >> (4u * h + e)) & 1u) != 0u ? -1.0 : 1.0),
@@ -528,8 +541,9 @@ void main() {
                 const uint qh = whalf(bo + 34u + 2u * ib);
                 const float dl = d * float(2u * ((qh >> 12) & 7u) + 1u);
                 const float delta = (qh & 0x8000u) != 0u ? -0.125 : 0.125;
+                const uint q4 = wword(bo + 2u + 4u * ib);
                 for (uint g = 0u; g < 4u; g++) {
-                    const uint code = IQ_CODE(IQ1S_CODES, wbyte(bo + 2u + 4u * ib + g) | (((qh >> (3u * g)) & 7u) << 8));
+                    const uint code = IQ_CODE(IQ1S_CODES, ((q4 >> (8u * g)) & 255u) | (((qh >> (3u * g)) & 7u) << 8));
                     for (uint e = 0u; e < 8u; e++)
                         ADD(dl * (float(int((code >> (2u * e)) & 3u) - 1) + delta), xb + 8u * g + e)
                 }
@@ -537,10 +551,11 @@ void main() {
                 const uint s0 = whalf(bo + 48u), s1 = whalf(bo + 50u), s2 = whalf(bo + 52u), s3 = whalf(bo + 54u);
                 const float dm = unpackHalf2x16((s0 >> 12) | ((s1 >> 8) & 0xf0u) | ((s2 >> 4) & 0xf00u) | (s3 & 0xf000u)).x;
                 const uint sw = whalf(bo + 48u + 2u * (ib >> 1));
+                const uint q4 = wword(bo + 4u * ib), qh2 = whalf(bo + 32u + 2u * ib);
                 for (uint g = 0u; g < 4u; g++) {
                     const float dl = dm * float(2u * ((sw >> (6u * (ib & 1u) + 3u * (g >> 1))) & 7u) + 1u);
-                    const uint qh = wbyte(bo + 32u + 2u * ib + (g >> 1));
-                    const uint code = IQ_CODE(IQ1S_CODES, wbyte(bo + 4u * ib + g) | (((g & 1u) == 0u ? qh << 8 : qh << 4) & 0x700u));
+                    const uint qh = (qh2 >> (8u * (g >> 1))) & 255u;
+                    const uint code = IQ_CODE(IQ1S_CODES, ((q4 >> (8u * g)) & 255u) | (((g & 1u) == 0u ? qh << 8 : qh << 4) & 0x700u));
                     const float delta = (qh & ((g & 1u) == 0u ? 0x08u : 0x80u)) != 0u ? -0.125 : 0.125;
                     for (uint e = 0u; e < 8u; e++)
                         ADD(dl * (float(int((code >> (2u * e)) & 3u) - 1) + delta), xb + 8u * g + e)
