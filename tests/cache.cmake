@@ -19,7 +19,7 @@ if(TERN_NODE)
   find_program(TERN_ENV env)
   tern_script_test(reuse-e2e-vulkan ${TERN_ENV} TERN_TEST_DEVICE=vulkan:0 ${TERN_NODE} --test-reporter=spec
                    --test-name-pattern=^qwen ${CMAKE_SOURCE_DIR}/tests/e2e/reuse.test.mjs
-                   TIMEOUT 1200 LABELS e2e vulkan no-asan)
+                   TIMEOUT 1800 LABELS e2e vulkan no-asan)
   # The disk tier (--cache-dir): restarts, corrupt and foreign files, kill -9, budget,
   # a full tmpfs (skipped where mount is not permitted), the switches, a stream that keeps
   # decoding while the writer thread writes another conversation.
